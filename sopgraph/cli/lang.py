@@ -1,0 +1,78 @@
+"""Language commands: compile, decide."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import main
+from .params import fail, load_or_exit, sop_file, write_output
+
+
+@main.command("compile")
+@sop_file
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write here instead of stdout.")
+@click.option("--format", "fmt", type=click.Choice(["json", "graphml", "dot"]), default="json",
+              show_default=True, help="node-link JSON, GraphML, or Graphviz DOT.")
+def compile_cmd(file: Path, out: Path | None, fmt: str) -> None:
+    """Compile FILE into its SOP graph (deterministic output)."""
+    from ..compile import compile_graph, graph_to_graphml, graph_to_json
+
+    scenario = load_or_exit(file)
+    graph = compile_graph(scenario)
+    if fmt == "json":
+        text = graph_to_json(graph)
+    elif fmt == "graphml":
+        text = graph_to_graphml(graph)
+    else:
+        from ..render import to_dot
+
+        text = to_dot(scenario, graph)
+    write_output(text, out)
+
+
+@main.command("decide")
+@sop_file
+@click.option("--values", "values_json", default=None, metavar="JSON",
+              help="One JSON object of field/system values. Without it, JSON Lines are read from stdin.")
+def decide_cmd(file: Path, values_json: str | None) -> None:
+    """Reference path and finals for values (one JSON line out per input, in order).
+
+    Output per line: {"path": [...], "finals": {...}} or {"error": "..."}; the batch continues
+    past failures and the exit status is 1 if any line failed.
+    """
+    from ..engine import DecideError, engine_for
+
+    scenario = load_or_exit(file)
+    engine = engine_for(scenario)
+    lines = [values_json] if values_json is not None else sys.stdin
+    failed = 0
+    out = sys.stdout
+    for lineno, line in enumerate(lines, 1):
+        if values_json is None and not line.strip():
+            continue
+        try:
+            values = json.loads(line)
+            if not isinstance(values, dict):
+                raise ValueError("expected a JSON object")
+        except ValueError as exc:
+            failed += 1
+            out.write(json.dumps({"error": f"line {lineno}: invalid JSON object: {exc}"}) + "\n")
+            continue
+        try:
+            path, finals = engine.decide_raw(values)
+            out.write(json.dumps({"path": path, "finals": finals}, ensure_ascii=False) + "\n")
+        except DecideError as exc:
+            failed += 1
+            out.write(json.dumps({"error": exc.message}, ensure_ascii=False) + "\n")
+    out.flush()
+    if failed:
+        if values_json is None:
+            click.echo(f"{failed} of {lineno if lines else 0} inputs failed", err=True)
+        sys.exit(1)
+    if values_json is not None and not values_json.strip():
+        fail("empty --values")

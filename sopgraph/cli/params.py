@@ -1,0 +1,41 @@
+"""Options and helpers shared by every command (one place, so behaviour is uniform)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from ..diagnostics import SopError
+from ..ir import Scenario
+
+sop_file = click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def load_or_exit(path: Path, *, check: bool = True) -> Scenario:
+    """Load (and check) a `.sop` file; on problems print compiler diagnostics and exit 1."""
+    from .. import load
+
+    try:
+        return load(path, check=check)
+    except SopError as exc:
+        click.echo(exc.render(), err=True)
+        n = sum(1 for d in exc.diagnostics if d.is_error)
+        click.echo(f"\n{n} error{'s' if n != 1 else ''} in {path}", err=True)
+        sys.exit(1)
+
+
+def write_output(text: str, out: Path | None) -> None:
+    """Write to a file (creating parents) or to stdout."""
+    if out is None:
+        click.echo(text, nl=not text.endswith("\n"))
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")

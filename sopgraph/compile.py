@@ -1,0 +1,149 @@
+"""IR → graph. One builder owns `nx.DiGraph` construction; edges always point from a stage to
+the stage or action its branch leads to (start → entry, stage → stage/action, action → end).
+
+Several branches of one stage may lead to the same place (e.g. two credit tiers ending in the same
+action); a DiGraph has one edge per pair, so the edge carries the ordered list of those branches.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import networkx as nx
+
+from . import ir
+
+START = "start"
+END = "end"
+ACTION_PREFIX = "action:"
+
+
+def action_node(name: str) -> str:
+    return ACTION_PREFIX + name
+
+
+def reads(expr: Any) -> list[str]:
+    """Variables an expression mentions, in first-seen order."""
+    seen: dict[str, None] = {}
+
+    def walk(e: Any) -> None:
+        if isinstance(e, ir.Var):
+            seen.setdefault(e.name, None)
+        elif isinstance(e, ir.Unary):
+            walk(e.operand)
+        elif isinstance(e, (ir.Binary, ir.Compare)):
+            walk(e.left)
+            walk(e.right)
+        elif isinstance(e, ir.InSet):
+            walk(e.operand)
+        elif isinstance(e, ir.BoolOp):
+            for o in e.operands:
+                walk(o)
+        elif isinstance(e, ir.Call):
+            for a in e.args:
+                walk(a)
+        elif isinstance(e, ir.Case):
+            for arm in e.arms:
+                walk(arm.when)
+                walk(arm.then)
+            walk(e.otherwise)
+
+    walk(expr)
+    return list(seen)
+
+
+def stage_reads(stage: ir.Stage) -> list[str]:
+    names: dict[str, None] = {}
+    for branch in stage.branches:
+        if branch.guard is not None:
+            for n in reads(branch.guard):
+                names.setdefault(n, None)
+    return list(names)
+
+
+def compile_graph(scenario: ir.Scenario) -> nx.DiGraph:
+    """Build the SOP graph. Assumes the scenario passed `check` (targets exist)."""
+    g = nx.DiGraph(
+        name=scenario.name,
+        title=scenario.title,
+        source_hash=scenario.source_hash,
+        start=scenario.start,
+        ir_version=ir.IR_VERSION,
+    )
+    g.add_node(START, kind="start", label="start")
+    for stage in scenario.stages.values():
+        g.add_node(
+            stage.id,
+            kind="decision",
+            label=stage.title or stage.id,
+            title=stage.title,
+            text=stage.text,
+            branching=len(stage.branches) > 1,
+            classify=list(stage.classify),
+            reads=stage_reads(stage),
+            span=str(stage.span),
+            origin=stage.origin,
+        )
+    for action in scenario.actions.values():
+        g.add_node(
+            action_node(action.name),
+            kind="action",
+            label=action.name,
+            action=action.name,
+            description=action.description,
+            attributes=list(action.attributes),
+            span=str(action.span),
+        )
+    g.add_node(END, kind="end", label="end")
+    if scenario.start is not None and scenario.start in scenario.stages:
+        g.add_edge(START, scenario.start, branches=[], label="")
+    for stage in scenario.stages.values():
+        for index, branch in enumerate(stage.branches):
+            tgt = branch.target
+            node = tgt.stage if tgt.kind == "stage" else action_node(tgt.action or "")
+            if node not in g:
+                continue  # undefined target: reported by the checker, not drawn
+            record = {
+                "index": index,
+                "guard": ir.branch_label(stage, branch),
+                "outputs": {a.name: ir.show(a.value) for a in tgt.outputs},
+                "span": str(branch.span),
+            }
+            if g.has_edge(stage.id, node):
+                g.edges[stage.id, node]["branches"].append(record)
+            else:
+                g.add_edge(stage.id, node, branches=[record])
+    for u, v, data in g.edges(data=True):
+        labels = [b["guard"] for b in data["branches"] if b["guard"]]
+        data["label"] = " | ".join(labels)
+    for action in scenario.actions.values():
+        node = action_node(action.name)
+        if g.in_degree(node):
+            g.add_edge(node, END, branches=[], label="")
+    return g
+
+
+def graph_to_json(g: nx.DiGraph) -> str:
+    """Deterministic node-link JSON (insertion order is declaration order; keys sorted)."""
+    data = nx.node_link_data(g, edges="links")
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def graph_to_graphml(g: nx.DiGraph) -> str:
+    """GraphML needs scalar attributes: lists and dicts are stored as JSON strings."""
+    flat = nx.DiGraph()
+    flat.graph.update({k: _scalar(v) for k, v in g.graph.items()})
+    for n, d in g.nodes(data=True):
+        flat.add_node(n, **{k: _scalar(v) for k, v in d.items()})
+    for u, v, d in g.edges(data=True):
+        flat.add_edge(u, v, **{k: _scalar(x) for k, x in d.items()})
+    return "\n".join(nx.generate_graphml(flat, prettyprint=True)) + "\n"
+
+
+def _scalar(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return value

@@ -1,0 +1,141 @@
+"""Compiler-style diagnostics: one record type, one renderer, one root error.
+
+Every user-facing problem with a `.sop` file becomes a `Diagnostic` with a stable code, so that
+tools can match on codes and people get `file:line:col`, the source line, a caret and a hint.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from .ir import Span
+
+Severity = Literal["error", "warning", "info"]
+
+# Stable codes. Never renumber; add new ones at the end of their block.
+CODES: dict[str, str] = {
+    # syntax and loading
+    "E001": "syntax error",
+    "E002": "unclosed block",
+    "E003": "cannot read file",
+    "E004": "include cycle",
+    "E005": "invalid character",
+    # names
+    "E101": "undefined name",
+    "E102": "duplicate declaration",
+    "E103": "undefined stage",
+    "E104": "undefined action",
+    "E105": "undefined subflow or parameter",
+    "E106": "unknown attribute",
+    "E107": "undefined output",
+    # types
+    "E201": "type mismatch",
+    "E202": "value not in the enum",
+    "E203": "empty or inverted range",
+    "E204": "bad output value",
+    "E205": "derived variable cycle",
+    # flow
+    "E301": "non-exhaustive branching",
+    "E302": "cycle in the stage graph",
+    "E303": "stage cannot reach an end",
+    "E304": "no stages",
+    "W301": "overlapping guards",
+    "W302": "unreachable stage",
+    "W303": "infeasible path",
+    "W304": "branch can never be taken",
+    "W305": "duplicate match value",
+    # hygiene
+    "W401": "unused declaration",
+    "W402": "missing description",
+}
+
+
+class Diagnostic(BaseModel):
+    """One problem found in a program."""
+
+    code: str
+    severity: Severity
+    message: str
+    span: Span | None = None
+    hint: str | None = None
+    witness: dict[str, Any] | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    def render(self, sources: dict[str, str] | None = None) -> str:
+        """Render like rustc: header, source line, caret, hint."""
+        where = f"{self.span}: " if self.span and self.span.line else ""
+        lines = [f"{where}{self.severity}[{self.code}]: {self.message}"]
+        text = (sources or {}).get(self.span.file) if self.span else None
+        if text is not None and self.span and self.span.line:
+            src_lines = text.splitlines()
+            if 0 < self.span.line <= len(src_lines):
+                src = src_lines[self.span.line - 1].replace("\t", " ")
+                gutter = f"{self.span.line:>4} | "
+                lines.append(gutter + src)
+                width = 1
+                if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
+                    width = self.span.end_col - self.span.col
+                width = max(1, min(width, max(1, len(src) - self.span.col + 1)))
+                lines.append(" " * (len(gutter) + self.span.col - 1) + "^" * width)
+        if self.witness:
+            shown = ", ".join(f"{k}={_show(v)}" for k, v in self.witness.items())
+            lines.append(f"  = example: {shown}")
+        for note in self.notes:
+            lines.append(f"  = note: {note}")
+        if self.hint:
+            lines.append(f"  = hint: {self.hint}")
+        return "\n".join(lines)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class SopError(Exception):
+    """The one root error for problems in user input; it carries diagnostics, never a traceback."""
+
+    def __init__(self, diagnostics: Sequence[Diagnostic], sources: dict[str, str] | None = None):
+        self.diagnostics = list(diagnostics)
+        self.sources = sources or {}
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return "\n\n".join(d.render(self.sources) for d in self.diagnostics)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
+    """A 'did you mean' hint for a misspelt name, or None when nothing is close."""
+    pool = list(candidates)
+    match = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
+    if not match:
+        lowered = {c.lower(): c for c in pool}
+        if name.lower() in lowered:
+            match = [lowered[name.lower()]]
+    return f"did you mean `{match[0]}`?" if match else None
+
+
+def error(code: str, message: str, span: Span | None, hint: str | None = None, **kw: Any) -> Diagnostic:
+    return Diagnostic(code=code, severity="error", message=message, span=span, hint=hint, **kw)
+
+
+def warning(code: str, message: str, span: Span | None, hint: str | None = None, **kw: Any) -> Diagnostic:
+    return Diagnostic(code=code, severity="warning", message=message, span=span, hint=hint, **kw)
+
+
+def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
+    return any(d.is_error for d in diagnostics)
+
+
+def sort_key(diag: Diagnostic) -> tuple:
+    span = diag.span or Span()
+    return (span.file, span.line, span.col, diag.code, diag.message)

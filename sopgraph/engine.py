@@ -1,0 +1,529 @@
+"""The deterministic rule engine: values → reference path and final outputs.
+
+Two implementations of one semantics:
+- `interpret` walks the IR. It is the reference: simple, precise error messages (which stage needed
+  which value).
+- `Engine` generates a Python function from the IR. For acyclic SOPs of moderate size it expands the
+  graph into one nested if/else tree whose leaves return constant paths — as fast as a hand-written
+  if/else function; larger or cyclic SOPs use a table-driven loop. On any error it re-runs `interpret`
+  so that messages are identical in both.
+
+Semantics: from the entry stage, evaluate a stage's branches in order; the first true guard (or
+`otherwise`) fires. A value is needed only when a guard actually reads it (`and`/`or` short-circuit),
+so values the path never reads are not required. A needed value that is missing or outside its
+declared domain is an error, never a silent default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from . import ir
+
+EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
+
+
+class DecideError(Exception):
+    """A value the path needs is missing or outside its domain (or the SOP is not exhaustive)."""
+
+    def __init__(self, message: str, variable: str | None = None, stage: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.variable = variable
+        self.stage = stage
+
+
+class Decision(BaseModel):
+    """The engine's answer: the stage ids visited and the final outputs (Action first)."""
+
+    path: list[str]
+    finals: dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# Value validation shared by both implementations
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def validate_value(var: ir.Variable, value: Any) -> Any:
+    """Return the value (ints normalised) or raise DecideError if it is outside the domain."""
+    vtype = var.type
+    if value is None:
+        raise DecideError(f"missing value for `{var.name}`", var.name)
+    if isinstance(vtype, ir.EnumType):
+        if not isinstance(value, str) or value not in vtype.values:
+            raise DecideError(f"value {_fmt(value)} is not in the domain of `{var.name}` "
+                              f"({' | '.join(vtype.values)})", var.name)
+        return value
+    if isinstance(vtype, ir.BoolType):
+        if value is not True and value is not False:
+            raise DecideError(f"value {_fmt(value)} of `{var.name}` is not a bool", var.name)
+        return value
+    if isinstance(vtype, ir.NumType):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DecideError(f"value {_fmt(value)} of `{var.name}` is not a number", var.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DecideError(f"value {_fmt(value)} of `{var.name}` is not finite", var.name)
+        if vtype.kind == "int":
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise DecideError(f"value {_fmt(value)} of `{var.name}` is not an integer", var.name)
+                value = int(value)
+        if not vtype.contains(value):
+            raise DecideError(f"value {_fmt(value)} of `{var.name}` is outside {vtype.describe()}",
+                              var.name)
+        return value
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference interpreter
+
+
+class _Interp:
+    def __init__(self, scenario: ir.Scenario, values: Mapping[str, Any]):
+        self.s = scenario
+        self.values = values
+        self.cache: dict[str, Any] = {}
+        self.stage: str | None = None
+
+    def var(self, name: str) -> Any:
+        if name in self.cache:
+            return self.cache[name]
+        var = self.s.variables[name]
+        if var.role == "derived":
+            assert var.expr is not None
+            value = self.eval(var.expr)
+        else:
+            value = validate_value(var, self.values.get(name))
+        self.cache[name] = value
+        return value
+
+    def eval(self, e: Any) -> Any:
+        if isinstance(e, ir.Lit):
+            return e.value
+        if isinstance(e, ir.Var):
+            return self.var(e.name)
+        if isinstance(e, ir.Unary):
+            x = self.eval(e.operand)
+            return (not x) if e.op == "not" else -x
+        if isinstance(e, ir.Binary):
+            a, b = self.eval(e.left), self.eval(e.right)
+            return _arith(e.op, a, b)
+        if isinstance(e, ir.Compare):
+            return _compare(e.op, self.eval(e.left), self.eval(e.right))
+        if isinstance(e, ir.InSet):
+            x = self.eval(e.operand)
+            hit = x in {v.value for v in e.values}
+            return not hit if e.negated else hit
+        if isinstance(e, ir.BoolOp):
+            if e.op == "and":
+                return all(self.eval(o) for o in e.operands)
+            return any(self.eval(o) for o in e.operands)
+        if isinstance(e, ir.Call):
+            args = [self.eval(a) for a in e.args]
+            if e.func == "count":
+                return sum(1 for a in args if a)
+            return min(args) if e.func == "min" else max(args)
+        if isinstance(e, ir.Case):
+            for arm in e.arms:
+                if self.eval(arm.when):
+                    return self.eval(arm.then)
+            return self.eval(e.otherwise)
+        raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
+
+
+def _arith(op: str, a: Any, b: Any) -> Any:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return _div(a, b)
+
+
+def _div(a: Any, b: Any) -> Any:
+    if b == 0:
+        raise DecideError("division by zero")
+    return a / b
+
+
+def _compare(op: str, a: Any, b: Any) -> bool:
+    if op == "==":
+        return a == b
+    if op == "!=":
+        return a != b
+    try:
+        if op == "<":
+            return a < b
+        if op == "<=":
+            return a <= b
+        if op == ">":
+            return a > b
+        return a >= b
+    except TypeError:
+        raise DecideError(f"cannot compare {_fmt(a)} {op} {_fmt(b)}") from None
+
+
+def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate) -> dict[str, Any]:
+    """Finals of a leaf: Action, then every declared output (assigned, else its default)."""
+    finals: dict[str, Any] = {"Action": target.action}
+    assigned = {a.name: a.value for a in target.outputs}
+    for name, out in scenario.outputs.items():
+        if name in assigned:
+            finals[name] = evaluate(assigned[name])
+        else:
+            finals[name] = out.default.value if out.default is not None else None
+    return finals
+
+
+def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
+    """Reference semantics (slow, precise errors)."""
+    it = _Interp(scenario, values)
+    path: list[str] = []
+    stage_id = scenario.start
+    limit = len(scenario.stages) + 1
+    while stage_id is not None:
+        if len(path) >= limit:
+            raise DecideError(f"the SOP loops: {' -> '.join(path[-5:])} -> ...", stage=stage_id)
+        stage = scenario.stages.get(stage_id)
+        if stage is None:
+            raise DecideError(f"undefined stage `{stage_id}`", stage=stage_id)
+        path.append(stage_id)
+        it.stage = stage_id
+        chosen: ir.Branch | None = None
+        try:
+            for branch in stage.branches:
+                if branch.guard is None or it.eval(branch.guard):
+                    chosen = branch
+                    break
+        except DecideError as exc:
+            where = f" (needed at {stage_id})" if exc.variable else f" (at {stage_id})"
+            raise DecideError(exc.message + where, exc.variable, stage_id) from None
+        if chosen is None:
+            raise DecideError(f"no branch of `{stage_id}` applies to these values", stage=stage_id)
+        target = chosen.target
+        if target.kind == "action":
+            try:
+                finals = leaf_finals(scenario, target, it.eval)
+            except DecideError as exc:
+                raise DecideError(exc.message + f" (needed for the outputs of {stage_id})",
+                                  exc.variable, stage_id) from None
+            return Decision(path=path, finals=finals)
+        stage_id = target.stage
+    raise DecideError("the SOP has no entry stage")
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated engine
+
+
+class _Gen:
+    """Emits Python source for one scenario."""
+
+    def __init__(self, scenario: ir.Scenario):
+        self.s = scenario
+        self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError}
+        self.lines: list[str] = []
+        self.var_index = {name: i for i, name in enumerate(scenario.variables)}
+        self.consts = 0
+        self.tmp = 0
+
+    # -- helpers
+    def const(self, value: Any) -> str:
+        name = f"K{self.consts}"
+        self.consts += 1
+        self.ns[name] = value
+        return name
+
+    @staticmethod
+    def _bad(name: str, value: Any) -> None:
+        raise DecideError(f"bad value for `{name}`: {_fmt(value)}", name)
+
+    def readers(self) -> None:
+        for name, var in self.s.variables.items():
+            i = self.var_index[name]
+            out = [f"def R{i}(v):"]
+            if var.role == "derived":
+                out.append(f"    return {self.expr(var.expr)}")
+            else:
+                out.append(f"    x = v.get({name!r})")
+                out += [f"    {line}" for line in self.check_lines(var, "x")]
+                out.append("    return x")
+            self.lines += out
+
+    def check_lines(self, var: ir.Variable, x: str) -> list[str]:
+        vtype = var.type
+        n = repr(var.name)
+        if isinstance(vtype, ir.EnumType):
+            return [f"if {x} not in {self.const(frozenset(vtype.values))}: _bad({n}, {x})"]
+        if isinstance(vtype, ir.BoolType):
+            return [f"if {x} is not True and {x} is not False: _bad({n}, {x})"]
+        if isinstance(vtype, ir.NumType):
+            lines = []
+            if vtype.kind == "int":
+                lines.append(f"if {x}.__class__ is not int: _bad({n}, {x})")
+            else:
+                lines.append(f"if {x}.__class__ is not float and {x}.__class__ is not int: "
+                             f"_bad({n}, {x})")
+            if vtype.lo is not None:
+                op = "<=" if vtype.lo_open else "<"
+                lines.append(f"if {x} {op} {vtype.lo!r}: _bad({n}, {x})")
+            if vtype.hi is not None:
+                op = ">=" if vtype.hi_open else ">"
+                lines.append(f"if {x} {op} {vtype.hi!r}: _bad({n}, {x})")
+            return lines
+        return []
+
+    def expr(self, e: Any) -> str:
+        if isinstance(e, ir.Lit):
+            return repr(e.value)
+        if isinstance(e, ir.Var):
+            return f"R{self.var_index[e.name]}(v)"
+        if isinstance(e, ir.Unary):
+            return f"(not {self.expr(e.operand)})" if e.op == "not" else f"(-{self.expr(e.operand)})"
+        if isinstance(e, ir.Binary):
+            if e.op == "/":
+                return f"_div({self.expr(e.left)}, {self.expr(e.right)})"
+            return f"({self.expr(e.left)} {e.op} {self.expr(e.right)})"
+        if isinstance(e, ir.Compare):
+            return f"({self.expr(e.left)} {e.op} {self.expr(e.right)})"
+        if isinstance(e, ir.InSet):
+            kw = "not in" if e.negated else "in"
+            return f"({self.expr(e.operand)} {kw} {self.const(frozenset(v.value for v in e.values))})"
+        if isinstance(e, ir.BoolOp):
+            return "(" + f" {e.op} ".join(self.expr(o) for o in e.operands) + ")"
+        if isinstance(e, ir.Call):
+            args = [self.expr(a) for a in e.args]
+            if e.func == "count":
+                return "(" + " + ".join(f"(1 if {a} else 0)" for a in args) + ")"
+            return f"{e.func}({', '.join(args)})"
+        if isinstance(e, ir.Case):
+            code = self.expr(e.otherwise)
+            for arm in reversed(e.arms):
+                code = f"({self.expr(arm.then)} if {self.expr(arm.when)} else {code})"
+            return code
+        raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
+
+    def leaf(self, target: ir.Target) -> str:
+        base: dict[str, Any] = {"Action": target.action}
+        dynamic: list[tuple[str, str]] = []
+        assigned = {a.name: a.value for a in target.outputs}
+        for name, out in self.s.outputs.items():
+            if name in assigned:
+                val = assigned[name]
+                if isinstance(val, ir.Lit):
+                    base[name] = val.value
+                else:
+                    base[name] = None
+                    dynamic.append((name, self.expr(val)))
+            else:
+                base[name] = out.default.value if out.default is not None else None
+        k = self.const(base)
+        if not dynamic:
+            return k
+        return "{**" + k + ", " + ", ".join(f"{n!r}: {c}" for n, c in dynamic) + "}"
+
+    def branch_code(self, stage: ir.Stage, emit_target, indent: str) -> list[str]:
+        """Lines evaluating a stage's branches; `emit_target(target, indent)` writes each target."""
+        out: list[str] = []
+        subject = stage.subject
+        fast_enum = (
+            stage.kind == "match" and isinstance(subject, ir.Var)
+            and self.s.variables[subject.name].role != "derived"
+            and isinstance(self.s.variables[subject.name].type, (ir.EnumType, ir.BoolType))
+        )
+        if fast_enum:
+            var = self.s.variables[subject.name]
+            x = f"x{self.tmp}"
+            self.tmp += 1
+            out.append(f"{indent}{x} = v.get({var.name!r})")
+            kw = "if"
+            otherwise = None
+            for branch in stage.branches:
+                if not branch.values:
+                    otherwise = branch
+                    continue
+                vals = [v.value for v in branch.values]
+                if len(vals) == 1:
+                    cond = f"{x} is {vals[0]!r}" if isinstance(vals[0], bool) else f"{x} == {vals[0]!r}"
+                else:
+                    cond = f"{x} in {self.const(frozenset(vals))}"
+                out.append(f"{indent}{kw} {cond}:")
+                out += emit_target(branch.target, indent + "    ")
+                kw = "elif"
+            out.append(f"{indent}else:")
+            out += [f"{indent}    {line}" for line in self.check_lines(var, x)]
+            if otherwise is not None:
+                out += emit_target(otherwise.target, indent + "    ")
+            else:
+                out.append(f"{indent}    raise DecideError('no branch')")
+            return out
+        kw = "if"
+        closed = False
+        for branch in stage.branches:
+            if branch.guard is None:
+                if kw == "if":
+                    out += emit_target(branch.target, indent)
+                else:
+                    out.append(f"{indent}else:")
+                    out += emit_target(branch.target, indent + "    ")
+                closed = True
+                break
+            out.append(f"{indent}{kw} {self.expr(branch.guard)}:")
+            out += emit_target(branch.target, indent + "    ")
+            kw = "elif"
+        if not closed:
+            out.append(f"{indent}raise DecideError('no branch')")
+        return out
+
+
+def _expanded_size(scenario: ir.Scenario) -> int | None:
+    """Stage occurrences in the fully expanded tree, or None if cyclic / over the limit."""
+    memo: dict[str, int] = {}
+    visiting: set[str] = set()
+
+    def size(stage_id: str) -> int | None:
+        if stage_id in memo:
+            return memo[stage_id]
+        if stage_id in visiting:
+            return None
+        stage = scenario.stages.get(stage_id)
+        if stage is None:
+            return None
+        visiting.add(stage_id)
+        total = 1
+        for branch in stage.branches:
+            if branch.target.kind == "stage":
+                sub = size(branch.target.stage or "")
+                if sub is None:
+                    visiting.discard(stage_id)
+                    return None
+                total += sub
+                if total > EXPAND_LIMIT:
+                    visiting.discard(stage_id)
+                    return None
+        visiting.discard(stage_id)
+        memo[stage_id] = total
+        return total
+
+    if scenario.start is None:
+        return None
+    import sys
+
+    if len(scenario.stages) > sys.getrecursionlimit() // 4:
+        return None
+    return size(scenario.start)
+
+
+class Engine:
+    """A compiled decision function for one scenario."""
+
+    def __init__(self, scenario: ir.Scenario):
+        self.scenario = scenario
+        gen = _Gen(scenario)
+        gen.readers()
+        size = _expanded_size(scenario)
+        self.mode = "tree" if size is not None else "loop"
+        if self.mode == "tree":
+            self._build_tree(gen)
+        else:
+            self._build_loop(gen)
+        self.source = "\n".join(gen.lines) + "\n"
+        exec(compile(self.source, f"<sop engine {scenario.name}>", "exec"), gen.ns)  # noqa: S102
+        self._fn = gen.ns["decide"]
+
+    def _build_tree(self, gen: _Gen) -> None:
+        def emit_stage(stage_id: str, prefix: tuple[str, ...], indent: str) -> list[str]:
+            stage = self.scenario.stages[stage_id]
+            path = prefix + (stage_id,)
+
+            def emit_target(target: ir.Target, ind: str) -> list[str]:
+                if target.kind == "action":
+                    return [f"{ind}return {gen.const(list(path))}, {gen.leaf(target)}"]
+                return emit_stage(target.stage or "", path, ind)
+
+            return gen.branch_code(stage, emit_target, indent)
+
+        gen.lines.append("def decide(v):")
+        gen.lines += emit_stage(self.scenario.start or "", (), "    ")
+
+    def _build_loop(self, gen: _Gen) -> None:
+        index = {sid: i for i, sid in enumerate(self.scenario.stages)}
+        for sid, stage in self.scenario.stages.items():
+
+            def emit_target(target: ir.Target, ind: str) -> list[str]:
+                if target.kind == "action":
+                    return [f"{ind}return {gen.leaf(target)}"]
+                return [f"{ind}return {index.get(target.stage or '', -1)}"]
+
+            gen.lines.append(f"def S{index[sid]}(v):")
+            gen.lines += gen.branch_code(stage, emit_target, "    ")
+        gen.ns["IDS"] = list(self.scenario.stages)
+        gen.lines.append("FUNCS = [" + ", ".join(f"S{i}" for i in range(len(index))) + "]")
+        start = index.get(self.scenario.start or "", -1)
+        limit = len(index) + 1
+        gen.lines += [
+            "def decide(v):",
+            "    p = []",
+            f"    s = {start}",
+            f"    for _ in range({limit}):",
+            "        if s < 0: raise DecideError('undefined stage')",
+            "        p.append(IDS[s])",
+            "        r = FUNCS[s](v)",
+            "        if r.__class__ is not int: return p, r",
+            "        s = r",
+            "    raise DecideError('loop')",
+        ]
+
+    def decide_raw(self, values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+        """Fast path for batches: (path, finals); the returned objects must not be mutated."""
+        try:
+            return self._fn(values)
+        except DecideError:
+            decision = interpret(self.scenario, values)  # re-run for a precise message
+            return decision.path, decision.finals  # pragma: no cover - interpret raises too
+        except (TypeError, ValueError, OverflowError) as exc:
+            try:
+                decision = interpret(self.scenario, values)
+            except DecideError:
+                raise
+            except Exception:  # noqa: BLE001 - a value of the wrong shape deep in an expression
+                raise DecideError(f"cannot evaluate: {exc}") from None
+            return decision.path, decision.finals
+
+    def decide(self, values: Mapping[str, Any]) -> Decision:
+        path, finals = self.decide_raw(values)
+        return Decision(path=list(path), finals=dict(finals))
+
+    def decide_many(self, rows: Iterable[Mapping[str, Any]]) -> Iterator[Decision | DecideError]:
+        """Decide a batch; failures are yielded as DecideError values so the batch continues."""
+        for row in rows:
+            try:
+                yield self.decide(row)
+            except DecideError as exc:
+                yield exc
+
+
+def engine_for(scenario: ir.Scenario) -> Engine:
+    """The scenario's compiled engine, built once and kept on the scenario object."""
+    if scenario._engine is None:
+        scenario._engine = Engine(scenario)
+    return scenario._engine  # type: ignore[return-value]
+
+
+def decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
+    """Reference path and finals for one assignment of field and system values."""
+    return engine_for(scenario).decide(values)

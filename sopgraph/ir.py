@@ -1,0 +1,375 @@
+"""The intermediate representation of a `.sop` program.
+
+Every node is a pydantic model carrying the `Span` it was written at, so that every later stage
+(checker, compiler, engine errors, path reports) can point back at the user's source.
+The IR is the single place an SOP's logic lives after parsing; graph, engine, prompt text,
+output schema and path list are all derived from it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+IR_VERSION = 1
+
+
+class Span(BaseModel):
+    """A source region: 1-based line and column, end exclusive."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file: str = "<string>"
+    line: int = 0
+    col: int = 0
+    end_line: int = 0
+    end_col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+NO_SPAN = Span()
+
+
+class Node(BaseModel):
+    """Base of every IR node: a source span and nothing else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    span: Span = NO_SPAN
+
+
+# ---------------------------------------------------------------------------------------------
+# Types
+
+
+class EnumType(Node):
+    kind: Literal["enum"] = "enum"
+    values: list[str]
+
+
+class BoolType(Node):
+    kind: Literal["bool"] = "bool"
+
+
+class NumType(Node):
+    """An int or float with an optional interval; `None` bounds are unbounded."""
+
+    kind: Literal["int", "float"]
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
+            return False
+        if self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)):
+            return False
+        return True
+
+    def describe(self) -> str:
+        if self.lo is None and self.hi is None:
+            return self.kind
+        lo = "" if self.lo is None else _fmt_num(self.lo)
+        hi = "" if self.hi is None else _fmt_num(self.hi)
+        left = "(" if self.lo_open or self.lo is None else "["
+        right = ")" if self.hi_open or self.hi is None else "]"
+        return f"{self.kind}{left}{lo}..{hi}{right}"
+
+
+VarType = Annotated[Union[EnumType, BoolType, NumType], Field(discriminator="kind")]
+
+
+def _fmt_num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def describe_type(vtype: EnumType | BoolType | NumType | None) -> str:
+    """Human text for a type, as used in diagnostics and prompts."""
+    if vtype is None:
+        return "unknown"
+    if isinstance(vtype, EnumType):
+        return " | ".join(vtype.values)
+    if isinstance(vtype, BoolType):
+        return "bool"
+    return vtype.describe()
+
+
+# ---------------------------------------------------------------------------------------------
+# Expressions
+
+Scalar = Union[bool, int, float, str]
+
+
+class Lit(Node):
+    """A literal. `bare` marks an identifier written without quotes that resolved to an enum value."""
+
+    kind: Literal["lit"] = "lit"
+    value: Scalar
+    bare: bool = False
+
+
+class Var(Node):
+    """A reference to a declared field, system variable or derived variable (or, before
+    resolution, any bare identifier)."""
+
+    kind: Literal["var"] = "var"
+    name: str
+
+
+class Unary(Node):
+    kind: Literal["unary"] = "unary"
+    op: Literal["not", "neg"]
+    operand: Expr
+
+
+class Binary(Node):
+    kind: Literal["binary"] = "binary"
+    op: Literal["+", "-", "*", "/"]
+    left: Expr
+    right: Expr
+
+
+class Compare(Node):
+    kind: Literal["compare"] = "compare"
+    op: Literal["==", "!=", "<", "<=", ">", ">="]
+    left: Expr
+    right: Expr
+
+
+class InSet(Node):
+    kind: Literal["in"] = "in"
+    operand: Expr
+    values: list[Lit]
+    negated: bool = False
+
+
+class BoolOp(Node):
+    kind: Literal["bool"] = "bool"
+    op: Literal["and", "or"]
+    operands: list[Expr]
+
+
+class Call(Node):
+    """`count(...)` counts true conditions; `min`/`max` are numeric."""
+
+    kind: Literal["call"] = "call"
+    func: Literal["count", "min", "max"]
+    args: list[Expr]
+
+
+class CaseArm(Node):
+    when: Expr
+    then: Expr
+
+
+class Case(Node):
+    kind: Literal["case"] = "case"
+    arms: list[CaseArm]
+    otherwise: Expr
+
+
+Expr = Annotated[
+    Union[Lit, Var, Unary, Binary, Compare, InSet, BoolOp, Call, Case],
+    Field(discriminator="kind"),
+]
+
+for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, Case):
+    _model.model_rebuild()
+
+
+# ---------------------------------------------------------------------------------------------
+# Declarations
+
+Role = Literal["field", "system", "derived"]
+
+
+class Variable(Node):
+    """A classification field (inferred by the agent), a system variable (from the backend) or a
+    derived variable (computed from the others)."""
+
+    name: str
+    role: Role
+    type: VarType | None = None
+    description: str = ""
+    unit: str | None = None
+    money: bool = False
+    hidden: bool = False
+    expr: Expr | None = None
+
+
+ACTION_ATTRIBUTES = ("escalation", "moves_money", "irreversible", "ends_dialogue")
+
+
+class Action(Node):
+    name: str
+    description: str = ""
+    attributes: list[str] = Field(default_factory=list)
+    attribute_spans: list[Span] = Field(default_factory=list)
+
+    @property
+    def risky(self) -> bool:
+        """Risky actions are the ones whose wrong use is a catastrophic failure."""
+        return "moves_money" in self.attributes or "irreversible" in self.attributes
+
+
+class Output(Node):
+    """An extra final output besides `Action` (e.g. SAGE's PLAN)."""
+
+    name: str
+    type: VarType
+    default: Lit | None = None
+    description: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+
+
+class OutputAssign(Node):
+    name: str
+    value: Expr
+
+
+class Target(Node):
+    """Where a branch goes: another stage, or a leaf that ends the SOP with an action."""
+
+    kind: Literal["stage", "action"]
+    stage: str | None = None
+    action: str | None = None
+    outputs: list[OutputAssign] = Field(default_factory=list)
+
+    def describe(self) -> str:
+        return self.stage if self.kind == "stage" else f"do {self.action}"
+
+
+class Branch(Node):
+    """One ordered arm. `guard is None` means `otherwise` (or the single arm of `-> target`).
+    For `match` arms, `values` holds the arm's values and `guard` the equivalent membership test."""
+
+    guard: Expr | None = None
+    target: Target
+    values: list[Lit] = Field(default_factory=list)
+
+
+class Stage(Node):
+    id: str
+    title: str = ""
+    text: str = ""
+    classify: list[str] = Field(default_factory=list)
+    kind: Literal["goto", "match", "when"]
+    subject: Expr | None = None
+    branches: list[Branch]
+    origin: str | None = None  # the `use` instance a stage was inlined from
+
+
+class MetaEntry(Node):
+    key: str
+    value: str
+
+
+class Scenario(Node):
+    """A whole program after includes are merged and subflows inlined."""
+
+    ir_version: int = IR_VERSION
+    name: str
+    title: str = ""
+    description: str = ""
+    meta: dict[str, str] = Field(default_factory=dict)
+    variables: dict[str, Variable] = Field(default_factory=dict)
+    actions: dict[str, Action] = Field(default_factory=dict)
+    outputs: dict[str, Output] = Field(default_factory=dict)
+    stages: dict[str, Stage] = Field(default_factory=dict)
+    start: str | None = None
+    files: list[str] = Field(default_factory=list)
+    source_hash: str = ""
+    _engine: object = PrivateAttr(default=None)  # the compiled engine, built on first use
+
+    @property
+    def fields(self) -> list[Variable]:
+        return [v for v in self.variables.values() if v.role == "field"]
+
+    @property
+    def system_vars(self) -> list[Variable]:
+        return [v for v in self.variables.values() if v.role == "system"]
+
+    @property
+    def derived(self) -> list[Variable]:
+        return [v for v in self.variables.values() if v.role == "derived"]
+
+    @property
+    def money_variable(self) -> str | None:
+        """The variable summed for revenue at risk: `meta money`, else the first `money` variable."""
+        if "money" in self.meta:
+            return self.meta["money"]
+        for var in self.variables.values():
+            if var.money:
+                return var.name
+        return None
+
+    def actions_with(self, attribute: str) -> list[str]:
+        return [a.name for a in self.actions.values() if attribute in a.attributes]
+
+
+# ---------------------------------------------------------------------------------------------
+# Unparsing: expressions back to `.sop` syntax (edge labels, prompts, diagnostics)
+
+_PREC = {"or": 1, "and": 2, "not": 3, "compare": 4, "in": 4, "+": 5, "-": 5, "*": 6, "/": 6,
+         "neg": 7}
+
+
+def show_value(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return _fmt_num(value)
+    return str(value)
+
+
+def show(expr: object, parent: int = 0) -> str:
+    """Render an expression in `.sop` syntax with minimal parentheses."""
+    text, prec = _show(expr)
+    return f"({text})" if prec < parent else text
+
+
+def _show(e: object) -> tuple[str, int]:
+    if isinstance(e, Lit):
+        if isinstance(e.value, str) and not e.bare:
+            return '"' + e.value.replace('"', '\\"') + '"', 9
+        return show_value(e.value), 9
+    if isinstance(e, Var):
+        return e.name, 9
+    if isinstance(e, Unary):
+        if e.op == "not":
+            return "not " + show(e.operand, 3), 3
+        return "-" + show(e.operand, 7), 7
+    if isinstance(e, Binary):
+        p = _PREC[e.op]
+        return f"{show(e.left, p)} {e.op} {show(e.right, p + 1)}", p
+    if isinstance(e, Compare):
+        return f"{show(e.left, 5)} {e.op} {show(e.right, 5)}", 4
+    if isinstance(e, InSet):
+        values = ", ".join(show(v) for v in e.values)
+        kw = "not in" if e.negated else "in"
+        return f"{show(e.operand, 5)} {kw} {{{values}}}", 4
+    if isinstance(e, BoolOp):
+        p = _PREC[e.op]
+        return f" {e.op} ".join(show(o, p + 1) for o in e.operands), p
+    if isinstance(e, Call):
+        return f"{e.func}({', '.join(show(a) for a in e.args)})", 9
+    if isinstance(e, Case):
+        arms = " ".join(f"when {show(a.when)} -> {show(a.then)}" for a in e.arms)
+        return f"case {{ {arms} otherwise -> {show(e.otherwise)} }}", 9
+    return str(e), 9
+
+
+def branch_label(stage: Stage, branch: Branch) -> str:
+    """The guard of a branch as a short label: match values, a condition, or `otherwise`."""
+    if stage.kind == "match" and branch.values:
+        return ", ".join(show(v) for v in branch.values)
+    if branch.guard is None:
+        return "otherwise" if stage.kind != "goto" else ""
+    return show(branch.guard)

@@ -1,0 +1,832 @@
+"""Text → IR: the Lark LALR parser, syntax errors named in user terms, includes and subflows.
+
+`load()` is the front door: it reads a file (and the files it includes), inlines subflows,
+resolves bare identifiers, and returns a `Scenario`. Syntax and loading problems become
+`Diagnostic`s; nothing the user writes can make this module raise anything but `SopError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import (
+    LarkError,
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+    VisitError,
+)
+
+from . import ir
+from .diagnostics import Diagnostic, SopError, did_you_mean, error
+
+KEYWORDS = (
+    "scenario include start field system let action output stage subflow use as classify match "
+    "when otherwise do and or not in true false case count min max bool int float unit money hidden"
+).split()
+DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
+                 "stage", "subflow", "use")
+
+
+def grammar_path() -> Path:
+    """The grammar ships inside the wheel (sopgraph/grammars) and lives in grammars/ in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "grammars" / "sop.lark", here.parent / "grammars" / "sop.lark"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("sop.lark grammar not found next to the sopgraph package")
+
+
+@lru_cache(maxsize=1)
+def parser() -> Lark:
+    return Lark(
+        grammar_path().read_text(encoding="utf-8"),
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw program (one file) before includes/subflows are resolved
+
+
+class Subflow(ir.Node):
+    name: str
+    params: list[str]
+    stages: list[ir.Stage]
+
+
+class Use(ir.Node):
+    subflow: str
+    instance: str
+    bindings: dict[str, ir.Target]
+
+
+class Include(ir.Node):
+    path: str
+
+
+class ScenarioHeader(ir.Node):
+    name: str
+    title: str = ""
+    description: str = ""
+    meta: list[ir.MetaEntry] = []
+
+
+class StartDecl(ir.Node):
+    stage: str
+
+
+class Program(ir.Node):
+    """One parsed file: its top-level items in source order."""
+
+    file: str
+    items: list[Any]
+
+
+def _span(file: str, meta: Any) -> ir.Span:
+    if getattr(meta, "empty", False) or not hasattr(meta, "line"):
+        return ir.Span(file=file)
+    return ir.Span(file=file, line=meta.line, col=meta.column, end_line=meta.end_line,
+                   end_col=meta.end_column)
+
+
+def _tok_span(file: str, tok: Token) -> ir.Span:
+    return ir.Span(file=file, line=tok.line or 0, col=tok.column or 0,
+                   end_line=tok.end_line or tok.line or 0, end_col=tok.end_column or tok.column or 0)
+
+
+def _unquote(tok: str) -> str:
+    if tok.startswith('"""'):
+        return tok[3:-3].strip("\n")
+    body = tok[1:-1]
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+
+
+def _number(text: str, negative: bool = False) -> int | float:
+    value: int | float = float(text) if "." in text else int(text)
+    return -value if negative else value
+
+
+@v_args(meta=True)
+class _ToIR(Transformer):
+    """Tree → IR nodes. Kept mechanical: all cross-item logic lives in `_resolve`."""
+
+    def __init__(self, file: str):
+        super().__init__()
+        self.file = file
+
+    def sp(self, meta: Any) -> ir.Span:
+        return _span(self.file, meta)
+
+    # -- helpers for tokens
+    def text(self, meta, children):
+        return _unquote(str(children[0]))
+
+    def action_name(self, meta, children):
+        tok = children[0]
+        name = _unquote(str(tok)) if tok.type == "STRING" else str(tok)
+        return (name, _tok_span(self.file, tok))
+
+    # -- top level
+    def start(self, meta, children):
+        return Program(file=self.file, items=children, span=self.sp(meta))
+
+    def scenario_decl(self, meta, children):
+        name = children[0]
+        texts = [c for c in children[1:] if isinstance(c, str)]
+        meta_entries = next((c for c in children[1:] if isinstance(c, list)), [])
+        return ScenarioHeader(name=str(name), title=texts[0] if texts else "",
+                              description="\n".join(texts[1:]), meta=meta_entries, span=self.sp(meta))
+
+    def meta_block(self, meta, children):
+        return list(children)
+
+    def meta_entry(self, meta, children):
+        return ir.MetaEntry(key=str(children[0]), value=children[1], span=self.sp(meta))
+
+    def include_decl(self, meta, children):
+        return Include(path=_unquote(str(children[0])), span=self.sp(meta))
+
+    def start_decl(self, meta, children):
+        return StartDecl(stage=str(children[0]), span=_tok_span(self.file, children[0]))
+
+    def _variable(self, role: str, meta, children) -> ir.Variable:
+        name_tok, vtype, *rest = children
+        kw: dict[str, Any] = {}
+        for item in rest:
+            if isinstance(item, str):
+                kw["description"] = item
+            elif isinstance(item, tuple):
+                kw[item[0]] = item[1]
+        return ir.Variable(name=str(name_tok), role=role, type=vtype, span=_tok_span(self.file, name_tok),
+                           **kw)
+
+    def field_decl(self, meta, children):
+        return self._variable("field", meta, children)
+
+    def system_decl(self, meta, children):
+        return self._variable("system", meta, children)
+
+    def derived_decl(self, meta, children):
+        name_tok, expr, *rest = children
+        return ir.Variable(name=str(name_tok), role="derived", expr=expr,
+                           description=rest[0] if rest else "", span=_tok_span(self.file, name_tok))
+
+    def unit_attr(self, meta, children):
+        return ("unit", _unquote(str(children[0])))
+
+    def money_attr(self, meta, children):
+        return ("money", True)
+
+    def hidden_attr(self, meta, children):
+        return ("hidden", True)
+
+    def output_decl(self, meta, children):
+        name_tok, vtype, *rest = children
+        default = next((c for c in rest if isinstance(c, ir.Lit)), None)
+        desc = next((c for c in rest if isinstance(c, str)), "")
+        return ir.Output(name=str(name_tok), type=vtype, default=default, description=desc,
+                         span=_tok_span(self.file, name_tok))
+
+    def action_decl(self, meta, children):
+        (name, span), *rest = children
+        desc = next((c for c in rest if isinstance(c, str)), "")
+        attrs = next((c for c in rest if isinstance(c, list)), [])
+        return ir.Action(name=name, description=desc, attributes=[a for a, _ in attrs],
+                         attribute_spans=[s for _, s in attrs], span=span)
+
+    def attr_list(self, meta, children):
+        return [(str(c), _tok_span(self.file, c)) for c in children if c is not None]
+
+    # -- types
+    def enum_type(self, meta, children):
+        return ir.EnumType(values=[str(c) for c in children], span=self.sp(meta))
+
+    def bool_type(self, meta, children):
+        return ir.BoolType(span=self.sp(meta))
+
+    def _num_type(self, kind: str, meta, children):
+        if not children:
+            return ir.NumType(kind=kind, span=self.sp(meta))
+        return ir.NumType(kind=kind, span=self.sp(meta), **children[0])
+
+    def int_type(self, meta, children):
+        return self._num_type("int", meta, children)
+
+    def float_type(self, meta, children):
+        return self._num_type("float", meta, children)
+
+    def range(self, meta, children):
+        left, *mid, right = children
+        bounds = dict(mid)
+        lo, hi = bounds.get("lo"), bounds.get("hi")
+        return {"lo": lo, "hi": hi, "lo_open": left == "open" or lo is None,
+                "hi_open": right == "open" or hi is None}
+
+    def range_lo(self, meta, children):
+        return ("lo", children[0])
+
+    def range_hi(self, meta, children):
+        return ("hi", children[0])
+
+    def closed(self, meta, children):
+        return "closed"
+
+    def open(self, meta, children):
+        return "open"
+
+    def bound(self, meta, children):
+        tok = children[-1]
+        return _number(str(tok), negative=len(children) == 2)
+
+    # -- stages
+    def stage_decl(self, meta, children):
+        name_tok = children[0]
+        rest = children[1:]
+        title = rest[0] if rest and isinstance(rest[0], str) else ""
+        body = rest[-1]
+        return ir.Stage(id=str(name_tok), title=title, span=_tok_span(self.file, name_tok), **body)
+
+    def stage_body(self, meta, children):
+        texts = [c for c in children if isinstance(c, str)]
+        classify = next((c for c in children if isinstance(c, tuple) and c[0] == "classify"), None)
+        decision = children[-1]
+        out = dict(decision)
+        out["text"] = "\n".join(texts)
+        out["classify"] = classify[1] if classify else []
+        return out
+
+    def classify_stmt(self, meta, children):
+        return ("classify", [str(c) for c in children])
+
+    def goto(self, meta, children):
+        return {"kind": "goto", "branches": [ir.Branch(target=children[0], span=self.sp(meta))]}
+
+    def match_block(self, meta, children):
+        subject, *arms = children
+        branches = []
+        for arm in arms:
+            if isinstance(arm, ir.Branch):
+                branches.append(arm)
+            else:
+                values, target, span = arm
+                guard = ir.InSet(operand=subject, values=values, span=span)
+                branches.append(ir.Branch(guard=guard, target=target, values=values, span=span))
+        return {"kind": "match", "subject": subject, "branches": branches}
+
+    def match_arm(self, meta, children):
+        *values, target = children
+        return (values, target, self.sp(meta))
+
+    def when_block(self, meta, children):
+        return {"kind": "when", "branches": list(children)}
+
+    def when_arm(self, meta, children):
+        return ir.Branch(guard=children[0], target=children[1], span=self.sp(meta))
+
+    def otherwise_arm(self, meta, children):
+        return ir.Branch(guard=None, target=children[0], span=self.sp(meta))
+
+    def stage_target(self, meta, children):
+        return ir.Target(kind="stage", stage=str(children[0]), span=self.sp(meta))
+
+    def action_target(self, meta, children):
+        (name, _span_), *rest = children
+        outputs = rest[0] if rest else []
+        return ir.Target(kind="action", action=name, outputs=outputs, span=self.sp(meta))
+
+    def output_block(self, meta, children):
+        return list(children)
+
+    def output_assign(self, meta, children):
+        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self.sp(meta))
+
+    # -- subflows
+    def subflow_decl(self, meta, children):
+        name = children[0]
+        params = [str(c) for c in children[1:] if isinstance(c, Token)]
+        stages = [c for c in children[1:] if isinstance(c, ir.Stage)]
+        return Subflow(name=str(name), params=params, stages=stages, span=_tok_span(self.file, name))
+
+    def use_decl(self, meta, children):
+        sub, inst, *binds = children
+        return Use(subflow=str(sub), instance=str(inst), bindings=dict(b for b in binds if b),
+                   span=_tok_span(self.file, inst))
+
+    def binding(self, meta, children):
+        return (str(children[0]), children[1])
+
+    # -- expressions
+    def or_op(self, meta, children):
+        return self._flatten("or", meta, children)
+
+    def and_op(self, meta, children):
+        return self._flatten("and", meta, children)
+
+    def _flatten(self, op: str, meta, children):
+        operands: list[Any] = []
+        for child in children:
+            if isinstance(child, ir.BoolOp) and child.op == op:
+                operands.extend(child.operands)
+            else:
+                operands.append(child)
+        return ir.BoolOp(op=op, operands=operands, span=self.sp(meta))
+
+    def not_op(self, meta, children):
+        return ir.Unary(op="not", operand=children[0], span=self.sp(meta))
+
+    def neg(self, meta, children):
+        inner = children[0]
+        if isinstance(inner, ir.Lit) and isinstance(inner.value, (int, float)) and not isinstance(
+                inner.value, bool):
+            return ir.Lit(value=-inner.value, span=self.sp(meta))
+        return ir.Unary(op="neg", operand=inner, span=self.sp(meta))
+
+    def compare(self, meta, children):
+        return ir.Compare(op=str(children[1]), left=children[0], right=children[2], span=self.sp(meta))
+
+    def in_set(self, meta, children):
+        return ir.InSet(operand=children[0], values=children[1], span=self.sp(meta))
+
+    def not_in_set(self, meta, children):
+        return ir.InSet(operand=children[0], values=children[1], negated=True, span=self.sp(meta))
+
+    def value_set(self, meta, children):
+        return list(children)
+
+    def _bin(self, op: str, meta, children):
+        return ir.Binary(op=op, left=children[0], right=children[1], span=self.sp(meta))
+
+    def add(self, meta, children):
+        return self._bin("+", meta, children)
+
+    def sub(self, meta, children):
+        return self._bin("-", meta, children)
+
+    def mul(self, meta, children):
+        return self._bin("*", meta, children)
+
+    def div(self, meta, children):
+        return self._bin("/", meta, children)
+
+    def count_expr(self, meta, children):
+        return ir.Call(func="count", args=list(children), span=self.sp(meta))
+
+    def min_expr(self, meta, children):
+        return ir.Call(func="min", args=list(children), span=self.sp(meta))
+
+    def max_expr(self, meta, children):
+        return ir.Call(func="max", args=list(children), span=self.sp(meta))
+
+    def case_expr(self, meta, children):
+        *arms, otherwise = children
+        return ir.Case(arms=arms, otherwise=otherwise, span=self.sp(meta))
+
+    def case_arm(self, meta, children):
+        return ir.CaseArm(when=children[0], then=children[1], span=self.sp(meta))
+
+    def var_ref(self, meta, children):
+        return ir.Var(name=str(children[0]), span=_tok_span(self.file, children[0]))
+
+    def number(self, meta, children):
+        return ir.Lit(value=_number(str(children[0])), span=self.sp(meta))
+
+    def number_value(self, meta, children):
+        return ir.Lit(value=_number(str(children[-1]), negative=len(children) == 2), span=self.sp(meta))
+
+    def true(self, meta, children):
+        return ir.Lit(value=True, span=self.sp(meta))
+
+    def false(self, meta, children):
+        return ir.Lit(value=False, span=self.sp(meta))
+
+    def string(self, meta, children):
+        return ir.Lit(value=_unquote(str(children[0])), span=self.sp(meta))
+
+    def name_value(self, meta, children):
+        return ir.Lit(value=str(children[0]), bare=True, span=_tok_span(self.file, children[0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Syntax errors, named by what the user was writing
+
+_TOKEN_WORDS = {
+    "NAME": "a name", "STRING": "a quoted string", "LONG_STRING": "a quoted string",
+    "NUMBER": "a number", "COMP_OP": "a comparison (==, <, ...)", "$END": "end of file",
+}
+
+
+def _describe_terminal(name: str) -> str:
+    if name in _TOKEN_WORDS:
+        return _TOKEN_WORDS[name]
+    for term in parser().terminals:
+        if term.name == name:
+            pattern = term.pattern
+            if pattern.type == "str":
+                return f"`{pattern.value}`"
+    return name.lower()
+
+
+def _expected_words(expected: set[str]) -> list[str]:
+    words = sorted({_describe_terminal(e) for e in expected})
+    return words
+
+
+def _unclosed_brace(text: str) -> tuple[int, int] | None:
+    """Position (line, col) of the last `{` never closed, skipping strings and comments."""
+    stack: list[tuple[int, int]] = []
+    line, col, i, n = 1, 1, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "#" or text.startswith("//", i):
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if text.startswith('"""', i):
+            end = text.find('"""', i + 3)
+            end = n if end < 0 else end + 3
+            chunk = text[i:end]
+            line += chunk.count("\n")
+            col = (len(chunk) - chunk.rfind("\n")) if "\n" in chunk else col + len(chunk)
+            i = end
+            continue
+        if ch == '"':
+            j = i + 1
+            while j < n and text[j] not in '"\n':
+                j += 2 if text[j] == "\\" else 1
+            col += j + 1 - i
+            i = j + 1
+            continue
+        if ch == "{":
+            stack.append((line, col))
+        elif ch == "}" and stack:
+            stack.pop()
+        if ch == "\n":
+            line, col = line + 1, 1
+        else:
+            col += 1
+        i += 1
+    return stack[-1] if stack else None
+
+
+def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
+    line = getattr(exc, "line", 0) or 0
+    col = getattr(exc, "column", 0) or 0
+    if isinstance(exc, UnexpectedCharacters):
+        ch = text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(text) else "?"
+        hint = None
+        if ch == "'":
+            hint = 'strings use double quotes: "like this"'
+        elif ch in "=!<>":
+            hint = "comparisons are ==, !=, <, <=, >, >=; branches use ->"
+        elif ch == "&" or ch == "|":
+            hint = "write `and` / `or` in conditions; `|` separates enum values in a declaration"
+        return error("E005", f"invalid character `{ch}`", ir.Span(file=file, line=line, col=col,
+                     end_line=line, end_col=col + 1), hint)
+    token = getattr(exc, "token", None)
+    expected = set(getattr(exc, "expected", None) or getattr(exc, "accepts", None) or [])
+    at_end = isinstance(exc, UnexpectedEOF) or (token is not None and token.type == "$END")
+    if at_end:
+        brace = _unclosed_brace(text)
+        lines = text.splitlines() or [""]
+        if brace is not None:
+            b_line, b_col = brace
+            return error("E002", "unclosed block: this `{` is never closed",
+                         ir.Span(file=file, line=b_line, col=b_col, end_line=b_line, end_col=b_col + 1),
+                         "add the matching `}` at the end of the block")
+        end_line = len(lines)
+        end_col = len(lines[-1]) + 1
+        return error("E001", "unexpected end of file: the last declaration is incomplete",
+                     ir.Span(file=file, line=end_line, col=end_col, end_line=end_line, end_col=end_col),
+                     "expected " + ", ".join(_expected_words(expected)) if expected else None)
+    found = str(token) if token is not None else "?"
+    span = ir.Span(file=file, line=line, col=col, end_line=line, end_col=col + max(1, len(found)))
+    words = _expected_words(expected)
+    arrow = "`->`" in words
+    if arrow and len(words) <= 4:
+        message = f"missing `->` before `{found}`"
+        hint = "branches are written `value -> target` or `when condition -> target`"
+    elif token is not None and token.type == "NAME" and "`stage`" in words:
+        message = f"unexpected `{found}` at top level"
+        hint = did_you_mean(found, DECL_KEYWORDS) or (
+            "top-level items start with " + ", ".join(f"`{k}`" for k in DECL_KEYWORDS))
+    elif found == "}" and {"`->`", "`match`", "`when`"} <= set(words):
+        message = "stage has no decision"
+        hint = "end the stage with `-> next`, a `match X { ... }` block, or `when ... -> ...` guards"
+    elif found == "{" and "`|`" in words:
+        message = "an enum type needs at least two values"
+        hint = "write `field X: A | B`, or use `bool`"
+    elif token is not None and token.type == "NAME" and found in KEYWORDS:
+        message = f"`{found}` is a reserved word and cannot be used here"
+        hint = "rename it; reserved words: " + ", ".join(KEYWORDS)
+    else:
+        message = f"unexpected `{found}`"
+        hint = "expected " + ", ".join(words[:8]) + (" ..." if len(words) > 8 else "")
+        if token is not None and token.type == "NAME":
+            close = did_you_mean(found, KEYWORDS)
+            if close:
+                hint = close
+    return error("E001", message, span, hint)
+
+
+def parse_text(text: str, file: str = "<string>") -> Program:
+    """Parse one file's text into a `Program`; syntax errors raise `SopError`."""
+    try:
+        tree = parser().parse(text)
+    except UnexpectedInput as exc:
+        raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
+    except (LarkError, RecursionError) as exc:  # pragma: no cover - defensive
+        raise SopError([error("E001", f"cannot parse: {exc}", ir.Span(file=file))], {file: text}) from None
+    try:
+        return _ToIR(file).transform(tree)
+    except VisitError as exc:
+        raise SopError([error("E001", f"cannot build the program: {exc.orig_exc}",
+                              ir.Span(file=file))], {file: text}) from None
+
+
+def parse_tree(text: str) -> Tree:
+    """The raw Lark tree (for benchmarks comparing against Lark alone)."""
+    return parser().parse(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: includes, merge, subflow inlining, name resolution
+
+
+class Loaded(ir.Node):
+    """The result of loading: a scenario (if one could be built), diagnostics and sources."""
+
+    scenario: ir.Scenario | None = None
+    diagnostics: list[Diagnostic] = []
+    sources: dict[str, str] = {}
+
+
+def load_source(path: str | Path | None = None, *, text: str | None = None,
+                name: str | None = None) -> Loaded:
+    """Load a program, collecting every loading diagnostic instead of stopping at the first."""
+    sources: dict[str, str] = {}
+    diags: list[Diagnostic] = []
+    programs: list[Program] = []
+    if text is None:
+        assert path is not None
+        file = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            return Loaded(diagnostics=[error("E003", f"cannot read {file}: {_reason(exc)}",
+                                             ir.Span(file=file))])
+        base = Path(path).resolve().parent
+    else:
+        file = name or (str(path) if path else "<string>")
+        base = Path(path).resolve().parent if path else Path.cwd()
+    text = text.replace("\r\n", "\n")
+    sources[file] = text
+    try:
+        main = parse_text(text, file)
+    except SopError as exc:
+        return Loaded(diagnostics=exc.diagnostics, sources=sources)
+    programs.append(main)
+    _collect_includes(main, base, [str(Path(file).resolve()) if path else file], programs, sources, diags)
+    if any(d.is_error for d in diags):
+        return Loaded(diagnostics=diags, sources=sources)
+    scenario = _merge(programs, diags)
+    digest = hashlib.sha256()
+    for f in sources:
+        digest.update(sources[f].encode("utf-8"))
+    scenario.source_hash = digest.hexdigest()[:16]
+    scenario.files = list(sources)
+    return Loaded(scenario=scenario, diagnostics=diags, sources=sources)
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def _collect_includes(program: Program, base: Path, chain: list[str], programs: list[Program],
+                      sources: dict[str, str], diags: list[Diagnostic]) -> None:
+    for item in program.items:
+        if not isinstance(item, Include):
+            continue
+        target = (base / item.path).resolve()
+        key = str(target)
+        if key in chain:
+            diags.append(error("E004", f"include cycle: {' -> '.join(Path(c).name for c in chain)} -> "
+                               f"{target.name}", item.span))
+            continue
+        if any(str(Path(p.file).resolve()) == key for p in programs):
+            continue  # included twice through different routes: once is enough
+        try:
+            text = target.read_text(encoding="utf-8").replace("\r\n", "\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            diags.append(error("E003", f"cannot include `{item.path}`: {_reason(exc)}", item.span,
+                               "include paths are relative to the including file"))
+            continue
+        sources[str(target)] = text
+        try:
+            sub = parse_text(text, str(target))
+        except SopError as exc:
+            diags.extend(exc.diagnostics)
+            continue
+        programs.append(sub)
+        _collect_includes(sub, target.parent, chain + [key], programs, sources, diags)
+
+
+def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
+    header: ScenarioHeader | None = None
+    variables: dict[str, ir.Variable] = {}
+    actions: dict[str, ir.Action] = {}
+    outputs: dict[str, ir.Output] = {}
+    stages: dict[str, ir.Stage] = {}
+    subflows: dict[str, Subflow] = {}
+    uses: list[Use] = []
+    start: StartDecl | None = None
+    seen: dict[str, tuple[str, ir.Span]] = {}  # every top-level name shares one namespace
+
+    def declare(name: str, kind: str, span: ir.Span) -> bool:
+        if name in seen:
+            prev_kind, prev = seen[name]
+            diags.append(error("E102", f"`{name}` is already declared as {prev_kind} at {prev}", span,
+                               "rename one of them"))
+            return False
+        seen[name] = (kind, span)
+        return True
+
+    # The main file comes first, so its stages come first: the first stage is the entry.
+    for program in programs:
+        for item in program.items:
+            if isinstance(item, ScenarioHeader):
+                if program is programs[0] and header is None:
+                    header = item
+            elif isinstance(item, ir.Variable):
+                if declare(item.name, f"a {item.role} variable", item.span):
+                    variables[item.name] = item
+            elif isinstance(item, ir.Action):
+                if item.name in actions:
+                    diags.append(error("E102", f"action `{item.name}` is already declared at "
+                                       f"{actions[item.name].span}", item.span))
+                else:
+                    actions[item.name] = item
+            elif isinstance(item, ir.Output):
+                if item.name == "Action":
+                    diags.append(error("E102", "`Action` is the built-in final output", item.span,
+                                       "choose another output name"))
+                elif declare(item.name, "an output", item.span):
+                    outputs[item.name] = item
+            elif isinstance(item, ir.Stage):
+                if declare(item.id, "a stage", item.span):
+                    stages[item.id] = item
+            elif isinstance(item, Subflow):
+                if declare(item.name, "a subflow", item.span):
+                    subflows[item.name] = item
+            elif isinstance(item, Use):
+                if declare(item.instance, "a subflow instance", item.span):
+                    uses.append(item)
+            elif isinstance(item, StartDecl):
+                start = start or item
+    entries = _inline_subflows(subflows, uses, stages, diags, declare)
+    if entries:
+        for stage in stages.values():
+            for branch in stage.branches:
+                _retarget(branch.target, entries)
+    scenario = ir.Scenario(
+        name=header.name if header else Path(programs[0].file).stem,
+        title=header.title if header else "",
+        description=header.description if header else "",
+        meta={m.key: m.value for m in (header.meta if header else [])},
+        variables=variables, actions=actions, outputs=outputs, stages=stages,
+        start=(start.stage if start else next(iter(stages), None)),
+        span=header.span if header else ir.Span(file=programs[0].file),
+    )
+    _resolve_names(scenario)
+    return scenario
+
+
+def _retarget(target: ir.Target, entries: dict[str, str]) -> None:
+    if target.kind == "stage" and target.stage in entries:
+        target.stage = entries[target.stage]
+
+
+def _inline_subflows(subflows: dict[str, Subflow], uses: list[Use], stages: dict[str, ir.Stage],
+                     diags: list[Diagnostic], declare) -> dict[str, str]:
+    """Expand each `use S as I(p -> t)` into stages `I.<id>`; returns instance → entry stage id."""
+    entries: dict[str, str] = {}
+    for use in uses:
+        sub = subflows.get(use.subflow)
+        if sub is None:
+            diags.append(error("E105", f"undefined subflow `{use.subflow}`", use.span,
+                               did_you_mean(use.subflow, subflows)))
+            continue
+        if not sub.stages:
+            continue
+        for param in sub.params:
+            if param not in use.bindings:
+                diags.append(error("E105", f"`use {use.subflow}` does not bind parameter `{param}`",
+                                   use.span, f"add `{param} -> <stage or do Action>`"))
+        for bound in use.bindings:
+            if bound not in sub.params:
+                diags.append(error("E105", f"subflow `{sub.name}` has no parameter `{bound}`", use.span,
+                                   did_you_mean(bound, sub.params)))
+        local = {s.id for s in sub.stages}
+        prefix = use.instance + "."
+        entries[use.instance] = prefix + sub.stages[0].id
+        for stage in sub.stages:
+            copy = stage.model_copy(deep=True)
+            copy.id = prefix + stage.id
+            copy.origin = use.instance
+            for branch in copy.branches:
+                tgt = branch.target
+                if tgt.kind == "stage":
+                    if tgt.stage in sub.params and tgt.stage in use.bindings:
+                        bound = use.bindings[tgt.stage].model_copy(deep=True)
+                        branch.target = bound
+                    elif tgt.stage in local:
+                        tgt.stage = prefix + tgt.stage
+            if declare(copy.id, "a stage", copy.span):
+                stages[copy.id] = copy
+    return entries
+
+
+def _resolve_names(scenario: ir.Scenario) -> None:
+    """Bare identifiers that are not variables become enum-value literals (checked later)."""
+    names = scenario.variables
+
+    def fix(expr: Any) -> Any:
+        if isinstance(expr, ir.Var):
+            if expr.name in names:
+                return expr
+            return ir.Lit(value=expr.name, bare=True, span=expr.span)
+        if isinstance(expr, ir.Unary):
+            expr.operand = fix(expr.operand)
+        elif isinstance(expr, (ir.Binary, ir.Compare)):
+            expr.left = fix(expr.left)
+            expr.right = fix(expr.right)
+        elif isinstance(expr, ir.InSet):
+            expr.operand = fix(expr.operand)
+        elif isinstance(expr, ir.BoolOp):
+            expr.operands = [fix(o) for o in expr.operands]
+        elif isinstance(expr, ir.Call):
+            expr.args = [fix(a) for a in expr.args]
+        elif isinstance(expr, ir.Case):
+            for arm in expr.arms:
+                arm.when = fix(arm.when)
+                arm.then = fix(arm.then)
+            expr.otherwise = fix(expr.otherwise)
+        return expr
+
+    for var in scenario.variables.values():
+        if var.expr is not None:
+            var.expr = fix(var.expr)
+    for stage in scenario.stages.values():
+        if stage.subject is not None:
+            stage.subject = fix(stage.subject)
+        for branch in stage.branches:
+            if branch.guard is not None:
+                branch.guard = fix(branch.guard)
+                if isinstance(branch.guard, ir.InSet) and stage.subject is not None and branch.values:
+                    branch.guard.operand = stage.subject
+            for assign in branch.target.outputs:
+                assign.value = fix(assign.value)
+
+
+def unresolved_var_names(expr: Any) -> list[ir.Lit]:
+    """Bare literals inside an expression (used by the checker to report undefined names)."""
+    found: list[ir.Lit] = []
+
+    def walk(e: Any) -> None:
+        if isinstance(e, ir.Lit) and e.bare:
+            found.append(e)
+        for child in iter_children(e):
+            walk(child)
+
+    walk(expr)
+    return found
+
+
+def iter_children(expr: Any) -> list[Any]:
+    """Direct sub-expressions of an expression node."""
+    if isinstance(expr, ir.Unary):
+        return [expr.operand]
+    if isinstance(expr, (ir.Binary, ir.Compare)):
+        return [expr.left, expr.right]
+    if isinstance(expr, ir.InSet):
+        return [expr.operand, *expr.values]
+    if isinstance(expr, ir.BoolOp):
+        return list(expr.operands)
+    if isinstance(expr, ir.Call):
+        return list(expr.args)
+    if isinstance(expr, ir.Case):
+        out: list[Any] = []
+        for arm in expr.arms:
+            out += [arm.when, arm.then]
+        return out + [expr.otherwise]
+    return []
