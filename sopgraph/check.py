@@ -1,10 +1,867 @@
-"""Static checks (placeholder wiring; the full pass list lands with the checker work)."""
+"""Static checks: an ordered tuple of pure passes over a loaded scenario.
+
+Each pass is a function `(scenario, graph) -> list[Diagnostic]`; `check` runs them in order and
+collects every diagnostic before anyone fails, so a user sees all problems of a file at once.
+A pass may name error-code prefixes that block it (`Pass.blocked_by`): the flow analysis, for
+example, only makes sense once names and types are clean, and would otherwise drown the real
+problem in consequences of it.
+
+The one deliberate side effect: the type pass records the inferred type of each derived variable
+on `Variable.type`, so later stages (flow analysis, prompts, the engine's callers) can use it.
+"""
 
 from __future__ import annotations
 
-from .diagnostics import Diagnostic
-from .ir import Scenario
+import importlib
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+from pydantic import BaseModel, Field
+
+from . import ir
+from .compile import START, compile_graph, reads
+from .diagnostics import Diagnostic, did_you_mean, error, sort_key, warning
+
+PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
 
-def check(scenario: Scenario) -> list[Diagnostic]:
-    return []
+@dataclass(frozen=True)
+class Pass:
+    """One static check. It is skipped when an earlier pass reported an error whose code starts
+    with one of `blocked_by` (its findings would only be consequences of that error)."""
+
+    name: str
+    run: PassFn
+    blocked_by: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+_SUGGEST_BUDGET = 400  # did-you-mean lookups per check; keeps pathological inputs fast
+
+
+class _Suggester:
+    """`did_you_mean` with a budget, so ten thousand typos against ten thousand names stay fast."""
+
+    def __init__(self) -> None:
+        self.left = _SUGGEST_BUDGET
+
+    def __call__(self, name: str, candidates: Iterable[str]) -> str | None:
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        pool = [c for c in candidates if abs(len(c) - len(name)) <= max(3, len(name) // 2)]
+        return did_you_mean(name, pool)
+
+
+def _quote_list(values: Iterable[str], limit: int = 8) -> str:
+    items = [f"`{v}`" for v in values]
+    if len(items) > limit:
+        return ", ".join(items[:limit]) + f", ... ({len(items)} in all)"
+    return ", ".join(items)
+
+
+def _span_or(span: ir.Span, fallback: ir.Span) -> ir.Span:
+    return span if span.line else fallback
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 1: declarations (ranges, enum values, action attributes, classify lists, the entry)
+
+
+def _range_empty(t: ir.NumType) -> bool:
+    """True when no value (no integer, for int) lies in the declared interval."""
+    if t.lo is None or t.hi is None:
+        return False
+    if t.kind == "int":
+        import math
+
+        lo = math.floor(t.lo) + 1 if (t.lo_open and float(t.lo).is_integer()) else math.ceil(t.lo)
+        hi = math.ceil(t.hi) - 1 if (t.hi_open and float(t.hi).is_integer()) else math.floor(t.hi)
+        return lo > hi
+    return t.lo > t.hi or (t.lo == t.hi and (t.lo_open or t.hi_open))
+
+
+def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    if isinstance(vtype, ir.NumType) and _range_empty(vtype):
+        inverted = vtype.lo is not None and vtype.hi is not None and vtype.lo > vtype.hi
+        what = "inverted" if inverted else "empty"
+        out.append(error("E203", f"the range of `{owner}` is {what}: {vtype.describe()} contains no value",
+                         _span_or(vtype.span, span),
+                         "write the lower bound first, e.g. `int[1..5]`" if inverted
+                         else "widen the range or close its bounds, e.g. `int[1..2]`"))
+    if isinstance(vtype, ir.EnumType):
+        seen: set[str] = set()
+        for value in vtype.values:
+            if value in seen:
+                out.append(error("E102", f"enum value `{value}` of `{owner}` is listed twice",
+                                 _span_or(vtype.span, span), "remove the repeated value"))
+            seen.add(value)
+    return out
+
+
+def check_declarations(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """Ranges (E203), repeated enum values, action attributes (E106), classify lists, the entry."""
+    out: list[Diagnostic] = []
+    suggest = _Suggester()
+    for var in scenario.variables.values():
+        if var.role != "derived":
+            out += _check_type_decl(var.name, var.type, var.span)
+    for output in scenario.outputs.values():
+        out += _check_type_decl(output.name, output.type, output.span)
+    for action in scenario.actions.values():
+        seen: set[str] = set()
+        spans = list(action.attribute_spans) + [action.span] * len(action.attributes)
+        for attr, span in zip(action.attributes, spans, strict=False):
+            if attr not in ir.ACTION_ATTRIBUTES:
+                out.append(error("E106", f"unknown attribute `{attr}` on action `{action.name}`", span,
+                                 suggest(attr, ir.ACTION_ATTRIBUTES)
+                                 or "attributes are " + _quote_list(ir.ACTION_ATTRIBUTES)))
+            elif attr in seen:
+                out.append(warning("W403", f"attribute `{attr}` is listed twice on `{action.name}`", span,
+                                   "remove the repeated attribute"))
+            seen.add(attr)
+    fields = [v.name for v in scenario.fields]
+    for stage in scenario.stages.values():
+        seen = set()
+        for name in stage.classify:
+            var = scenario.variables.get(name)
+            if var is None:
+                out.append(error("E101", f"undefined field `{name}` in `classify` of stage `{stage.id}`",
+                                 stage.span, suggest(name, fields)
+                                 or ("declare it: `field " + name + ": A | B`")))
+            elif var.role != "field":
+                out.append(error("E108", f"`classify` lists `{name}`, which is a {var.role} variable, "
+                                 "not a field", stage.span,
+                                 "only fields are classified by the agent; "
+                                 + ("system values come from the backend" if var.role == "system"
+                                    else "derived values are computed from the others")))
+            elif name in seen:
+                out.append(warning("W403", f"`{name}` is listed twice in `classify` of stage `{stage.id}`",
+                                   stage.span, "remove the repeated name"))
+            seen.add(name)
+    if scenario.stages and scenario.start is not None and scenario.start not in scenario.stages:
+        out.append(error("E103", f"the entry stage `{scenario.start}` is not declared", scenario.span,
+                         suggest(scenario.start, scenario.stages) or "`start` must name a declared stage"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 2: names used by branches (stages, actions, outputs)
+
+
+def check_targets(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """Undefined stages (E103), actions (E104) and outputs (E107); outputs assigned twice (E102)."""
+    out: list[Diagnostic] = []
+    suggest = _Suggester()
+    for stage in scenario.stages.values():
+        for branch in stage.branches:
+            tgt = branch.target
+            span = _span_or(tgt.span, branch.span)
+            if tgt.kind == "stage":
+                if tgt.stage not in scenario.stages:
+                    name = tgt.stage or ""
+                    hint = suggest(name, scenario.stages)
+                    if hint is None and name in scenario.actions:
+                        hint = f"`{name}` is an action: write `do {name}`"
+                    out.append(error("E103", f"undefined stage `{name}`", span,
+                                     hint or "declare it with `stage " + name + " { ... }`"))
+                continue
+            if tgt.action not in scenario.actions:
+                name = tgt.action or ""
+                hint = suggest(name, scenario.actions)
+                if hint is None and name in scenario.stages:
+                    hint = f"`{name}` is a stage: write `-> {name}` without `do`"
+                out.append(error("E104", f"undefined action `{name}`", span,
+                                 hint or f'declare it with `action {name} "what it does"`'))
+            seen: set[str] = set()
+            for assign in tgt.outputs:
+                if assign.name == "Action":
+                    out.append(error("E107", "`Action` is set by `do` and cannot be assigned",
+                                     assign.span, "remove this assignment"))
+                elif assign.name not in scenario.outputs:
+                    out.append(error("E107", f"undefined output `{assign.name}`", assign.span,
+                                     suggest(assign.name, scenario.outputs)
+                                     or f"declare it with `output {assign.name}: A | B`"))
+                elif assign.name in seen:
+                    out.append(error("E102", f"output `{assign.name}` is assigned twice", assign.span,
+                                     "keep one assignment"))
+                seen.add(assign.name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 3: types
+
+
+@dataclass(frozen=True)
+class _Sym:
+    """A bare identifier or quoted string: an enum value if the context has an enum, else a name
+    that is not declared."""
+
+    value: str
+    bare: bool
+    span: ir.Span
+
+
+_Ty = ir.EnumType | ir.BoolType | ir.NumType | _Sym | None
+
+
+def _kind(t: _Ty) -> str:
+    if isinstance(t, _Sym):
+        return f"the value `{t.value}`" if t.bare else f'the string "{t.value}"'
+    if isinstance(t, ir.EnumType):
+        return "an enum (" + ir.describe_type(t) + ")" if len(t.values) <= 6 else "an enum"
+    if isinstance(t, ir.BoolType):
+        return "a bool"
+    if isinstance(t, ir.NumType):
+        return "a number" if t.kind == "float" else "an integer"
+    return "unknown"
+
+
+def _num(kind: str, lo: float | None, hi: float | None) -> ir.NumType:
+    return ir.NumType(kind=kind, lo=lo, hi=hi, lo_open=lo is None, hi_open=hi is None)
+
+
+def _mul_bounds(a: ir.NumType, b: ir.NumType) -> tuple[float | None, float | None]:
+    if None in (a.lo, a.hi, b.lo, b.hi):
+        # Keep the common case exact: a non-negative quantity times a non-negative constant.
+        if (a.lo is not None and a.lo >= 0 and b.lo is not None and b.lo >= 0):
+            hi = None if (a.hi is None or b.hi is None) else a.hi * b.hi
+            return a.lo * b.lo, hi
+        return None, None
+    products = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]  # type: ignore[operator]
+    return min(products), max(products)
+
+
+def _add(x: float | None, y: float | None, sign: int = 1) -> float | None:
+    return None if x is None or y is None else x + sign * y
+
+
+class _Typer:
+    """Infers expression types, reporting each misuse once, and derived variables' types."""
+
+    def __init__(self, scenario: ir.Scenario):
+        self.s = scenario
+        self.out: list[Diagnostic] = []
+        self.derived: dict[str, _Ty] = {}
+        self.visiting: list[str] = []
+        self.suggest = _Suggester()
+        self.cycles: set[frozenset[str]] = set()
+
+    # -- reporting
+    def undefined(self, sym: _Sym, context: str | None = None) -> None:
+        if not sym.bare:
+            self.out.append(error("E201", f'the string "{sym.value}" is used {context or "as a value"}',
+                                  sym.span, "strings are only values of enums"))
+            return
+        hint = self.suggest(sym.value, self.s.variables)
+        self.out.append(error("E101", f"undefined name `{sym.value}`", sym.span,
+                              hint or context_hint(sym.value, context)))
+
+    def mismatch(self, message: str, span: ir.Span, hint: str | None = None, code: str = "E201") -> None:
+        self.out.append(error(code, message, span, hint))
+
+    # -- variables
+    def var_type(self, name: str, span: ir.Span) -> _Ty:
+        var = self.s.variables.get(name)
+        if var is None:
+            return None
+        if var.role != "derived":
+            return var.type
+        if name in self.derived:
+            return self.derived[name]
+        if name in self.visiting:
+            cycle = self.visiting[self.visiting.index(name):] + [name]
+            key = frozenset(cycle)
+            if key not in self.cycles:
+                self.cycles.add(key)
+                first = self.s.variables[cycle[0]]
+                self.out.append(error("E205", "derived variable cycle: " + " -> ".join(cycle), first.span,
+                                      "a derived variable cannot depend on itself; compute it from fields "
+                                      "and system variables"))
+            return None
+        self.visiting.append(name)
+        t = self.infer(var.expr) if var.expr is not None else None
+        self.visiting.pop()
+        if isinstance(t, _Sym):
+            self.undefined(t, "as the whole value of a derived variable")
+            t = None
+        self.derived[name] = t
+        return t
+
+    # -- expectations
+    def expect_bool(self, e: Any, what: str) -> None:
+        t = self.infer(e)
+        if isinstance(t, _Sym):
+            self.undefined(t, "as a condition")
+        elif t is not None and not isinstance(t, ir.BoolType):
+            hint = None
+            if isinstance(t, ir.EnumType):
+                hint = f"compare it with a value: `{ir.show(e)} == {t.values[0]}`"
+            elif isinstance(t, ir.NumType):
+                hint = f"compare it with a number: `{ir.show(e)} > 0`"
+            self.mismatch(f"{what} `{ir.show(e)}` is {_kind(t)}, not a condition", e.span, hint)
+
+    def expect_num(self, e: Any, t: _Ty, what: str) -> ir.NumType | None:
+        if isinstance(t, ir.NumType):
+            return t
+        if isinstance(t, _Sym):
+            self.undefined(t, f"in {what}")
+        elif t is not None:
+            self.mismatch(f"{what} on {_kind(t)}: `{ir.show(e)}` is not a number", e.span,
+                          "arithmetic works on int and float values only")
+        return None
+
+    # -- inference
+    def infer(self, e: Any) -> _Ty:
+        if isinstance(e, ir.Lit):
+            v = e.value
+            if isinstance(v, bool):
+                return ir.BoolType(span=e.span)
+            if isinstance(v, (int, float)):
+                return _num("int" if isinstance(v, int) else "float", float(v), float(v))
+            return _Sym(v, e.bare, e.span)
+        if isinstance(e, ir.Var):
+            return self.var_type(e.name, e.span)
+        if isinstance(e, ir.Unary):
+            if e.op == "not":
+                self.expect_bool(e.operand, "`not` of")
+                return ir.BoolType(span=e.span)
+            t = self.expect_num(e.operand, self.infer(e.operand), "negation")
+            if t is None:
+                return None
+            return _num(t.kind, None if t.hi is None else -t.hi, None if t.lo is None else -t.lo)
+        if isinstance(e, ir.Binary):
+            return self.binary(e)
+        if isinstance(e, ir.Compare):
+            self.compare(e)
+            return ir.BoolType(span=e.span)
+        if isinstance(e, ir.InSet):
+            self.membership(e.operand, self.infer(e.operand), e.values, "`in` set")
+            return ir.BoolType(span=e.span)
+        if isinstance(e, ir.BoolOp):
+            for operand in e.operands:
+                self.expect_bool(operand, f"`{e.op}` needs conditions, but")
+            return ir.BoolType(span=e.span)
+        if isinstance(e, ir.Call):
+            return self.call(e)
+        if isinstance(e, ir.Case):
+            return self.case(e)
+        return None
+
+    def binary(self, e: ir.Binary) -> _Ty:
+        what = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}[e.op]
+        a = self.expect_num(e.left, self.infer(e.left), what)
+        b = self.expect_num(e.right, self.infer(e.right), what)
+        if a is None or b is None:
+            return None
+        kind = "int" if a.kind == b.kind == "int" and e.op != "/" else "float"
+        if e.op == "+":
+            return _num(kind, _add(a.lo, b.lo), _add(a.hi, b.hi))
+        if e.op == "-":
+            return _num(kind, _add(a.lo, b.hi, -1), _add(a.hi, b.lo, -1))
+        if e.op == "*":
+            return _num(kind, *_mul_bounds(a, b))
+        return _num(kind, None, None)
+
+    def call(self, e: ir.Call) -> _Ty:
+        if e.func == "count":
+            for arg in e.args:
+                self.expect_bool(arg, "`count` counts conditions, but")
+            return _num("int", 0.0, float(len(e.args)))
+        nums = [self.expect_num(a, self.infer(a), f"`{e.func}`") for a in e.args]
+        if any(n is None for n in nums):
+            return None
+        kind = "int" if all(n.kind == "int" for n in nums) else "float"  # type: ignore[union-attr]
+        los = [n.lo for n in nums]  # type: ignore[union-attr]
+        his = [n.hi for n in nums]  # type: ignore[union-attr]
+        pick = min if e.func == "min" else max
+        lo = None if (None in los and e.func == "min") else pick(x for x in los if x is not None) \
+            if any(x is not None for x in los) else None
+        hi = None if (None in his and e.func == "max") else pick(x for x in his if x is not None) \
+            if any(x is not None for x in his) else None
+        return _num(kind, lo, hi)
+
+    def case(self, e: ir.Case) -> _Ty:
+        for arm in e.arms:
+            self.expect_bool(arm.when, "`when` needs a condition, but")
+        exprs = [arm.then for arm in e.arms] + [e.otherwise]
+        types = [(x, self.infer(x)) for x in exprs]
+        known = [(x, t) for x, t in types if t is not None]
+        if not known:
+            return None
+        has_value = [t for _, t in known if isinstance(t, (_Sym, ir.EnumType))]
+        if len(has_value) == len(known):
+            values: dict[str, None] = {}
+            for _, t in known:
+                for v in ([t.value] if isinstance(t, _Sym) else t.values):  # type: ignore[union-attr]
+                    values.setdefault(v, None)
+            if len(values) == 1 and all(isinstance(t, _Sym) for _, t in known):
+                pass  # a single constant: still an enum of one value
+            return ir.EnumType(values=list(values), span=e.span)
+        # Mixed: bare names among numbers/bools are names that were meant to be variables.
+        for _x, t in known:
+            if isinstance(t, _Sym):
+                self.undefined(t, "as a `case` result")
+        rest = [(x, t) for x, t in known if not isinstance(t, _Sym)]
+        first_x, first = rest[0]
+        for x, t in rest[1:]:
+            if type(t) is not type(first):
+                self.mismatch(f"`case` results have different types: `{ir.show(first_x)}` is {_kind(first)} "
+                              f"but `{ir.show(x)}` is {_kind(t)}", x.span,
+                              "every arm of a `case` must give the same type")
+                return None
+        if isinstance(first, ir.NumType):
+            nums = [t for _, t in rest]
+            kind = "int" if all(n.kind == "int" for n in nums) else "float"  # type: ignore[union-attr]
+            los = [n.lo for n in nums]  # type: ignore[union-attr]
+            his = [n.hi for n in nums]  # type: ignore[union-attr]
+            return _num(kind, None if None in los else min(los), None if None in his else max(his))
+        if isinstance(first, ir.EnumType):
+            values = {}
+            for _, t in rest:
+                for v in t.values:  # type: ignore[union-attr]
+                    values.setdefault(v, None)
+            return ir.EnumType(values=list(values), span=e.span)
+        return first
+
+    def compare(self, e: ir.Compare) -> None:
+        lt, rt = self.infer(e.left), self.infer(e.right)
+        if lt is None or rt is None:
+            return
+        ordering = e.op not in ("==", "!=")
+        shown = ir.show(e)
+        if isinstance(lt, _Sym) and isinstance(rt, _Sym):
+            if lt.bare:
+                self.undefined(lt, "in a comparison")
+            elif rt.bare:
+                self.undefined(rt, "in a comparison")
+            else:
+                self.mismatch(f"`{shown}` compares two constants", e.span, "compare a variable with a value")
+            return
+        if isinstance(rt, ir.EnumType) and not isinstance(lt, ir.EnumType):
+            lt, rt = rt, lt
+            left_e, right_e = e.right, e.left
+        else:
+            left_e, right_e = e.left, e.right
+        if isinstance(lt, ir.EnumType):
+            if isinstance(rt, _Sym):
+                if ordering:
+                    self.mismatch(f"enum values have no order: `{shown}`", e.span,
+                                  "use `==`, `!=` or `in { ... }` with enum values")
+                self.enum_value(lt, rt, left_e)
+            elif isinstance(rt, ir.EnumType):
+                if ordering:
+                    self.mismatch(f"enum values have no order: `{shown}`", e.span,
+                                  "use `==` or `!=` with enum values")
+                elif not set(lt.values) & set(rt.values):
+                    self.mismatch(f"`{ir.show(left_e)}` and `{ir.show(right_e)}` have no value in common, so "
+                                  f"`{shown}` is constant", e.span)
+            else:
+                self.mismatch(f"comparing an enum with {_kind(rt)}: `{shown}`", e.span,
+                              self.collision_hint(lt, right_e)
+                              or f"`{ir.show(left_e)}` is one of " + _quote_list(lt.values))
+            return
+        if isinstance(lt, _Sym) or isinstance(rt, _Sym):
+            sym, other = (lt, rt) if isinstance(lt, _Sym) else (rt, lt)
+            ctx = "as a bool: compare with true or false" if isinstance(other, ir.BoolType) \
+                else "in a comparison with a number"
+            self.undefined(sym, ctx)  # type: ignore[arg-type]
+            return
+        if isinstance(lt, ir.BoolType) and isinstance(rt, ir.BoolType):
+            if ordering:
+                self.mismatch(f"bools have no order: `{shown}`", e.span, "use `==`, `!=` or `not`")
+            return
+        if isinstance(lt, ir.NumType) and isinstance(rt, ir.NumType):
+            return
+        self.mismatch(f"comparing {_kind(lt)} with {_kind(rt)}: `{shown}`", e.span)
+
+    def collision_hint(self, enum: ir.EnumType, other: Any) -> str | None:
+        if isinstance(other, ir.Var) and other.name in enum.values:
+            return (f"`{other.name}` is both a variable and a value of this enum; rename one of them, or "
+                    f'write the value as "{other.name}"')
+        return None
+
+    def enum_value(self, enum: ir.EnumType, sym: _Sym, subject: Any, code: str = "E202") -> bool:
+        if sym.value in enum.values:
+            return True
+        hint = self.suggest(sym.value, enum.values) or "its values are " + _quote_list(enum.values)
+        self.out.append(error(code, f"`{sym.value}` is not a value of `{ir.show(subject)}`", sym.span, hint))
+        return False
+
+    def membership(self, subject: Any, st: _Ty, values: list[ir.Lit], what: str) -> None:
+        """Values of a `match` arm or an `in { ... }` set against the subject's type."""
+        if isinstance(st, _Sym):
+            self.undefined(st, f"as the subject of {what}")
+            return
+        if st is None:
+            return
+        for lit in values:
+            lt = self.infer(lit)
+            if isinstance(st, ir.EnumType):
+                if isinstance(lt, _Sym):
+                    self.enum_value(st, lt, subject)
+                else:
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, but `{ir.show(subject)}` "
+                                  f"is {_kind(st)}", lit.span,
+                                  "its values are " + _quote_list(st.values))
+            elif isinstance(st, ir.BoolType):
+                if not isinstance(lt, ir.BoolType):
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, but `{ir.show(subject)}` "
+                                  "is a bool", lit.span, "a bool is matched with `true` and `false`")
+            elif isinstance(st, ir.NumType):
+                if not isinstance(lt, ir.NumType):
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, but `{ir.show(subject)}` "
+                                  "is a number", lit.span)
+                elif st.kind == "int" and isinstance(lit.value, float) and not lit.value.is_integer():
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is not an integer, but "
+                                  f"`{ir.show(subject)}` is an integer", lit.span)
+
+    def output_value(self, output: ir.Output, e: Any, span: ir.Span) -> None:
+        """An assigned or default value against the output's declared type (E204)."""
+        t = self.infer(e)
+        ot = output.type
+        if t is None:
+            return
+        name = output.name
+        if isinstance(ot, ir.EnumType):
+            if isinstance(t, _Sym):
+                self.enum_value(ot, t, ir.Var(name=name), code="E204")
+            elif isinstance(t, ir.EnumType):
+                extra = [v for v in t.values if v not in ot.values]
+                if extra:
+                    self.mismatch(f"`{ir.show(e)}` can be {_quote_list(extra)}, which is not a value of "
+                                  f"output `{name}`", span, "the output's values are " + _quote_list(ot.values),
+                                  code="E204")
+            else:
+                self.mismatch(f"output `{name}` is an enum but `{ir.show(e)}` is {_kind(t)}", span,
+                              "its values are " + _quote_list(ot.values), code="E204")
+            return
+        if isinstance(t, _Sym):
+            if t.bare:
+                self.undefined(t, f"as the value of output `{name}`")
+            else:
+                self.mismatch(f"output `{name}` is {_kind(ot)} but is given a string", span, code="E204")
+            return
+        if isinstance(ot, ir.BoolType):
+            if not isinstance(t, ir.BoolType):
+                self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span, code="E204")
+            return
+        if not isinstance(t, ir.NumType):
+            self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span, code="E204")
+            return
+        if isinstance(e, ir.Lit) and not isinstance(e.value, bool):
+            value = e.value
+            if ot.kind == "int" and isinstance(value, float) and not value.is_integer():
+                self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` is not", span, code="E204")
+            elif isinstance(value, (int, float)) and not ot.contains(value):
+                self.mismatch(f"`{ir.show(e)}` is outside the range {ot.describe()} of output `{name}`",
+                              span, code="E204")
+        elif ot.kind == "int" and t.kind == "float":
+            self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` may be fractional", span,
+                          "round it in the SOP, or declare the output as float", code="E204")
+
+
+def context_hint(name: str, context: str | None) -> str:
+    base = f"declare `{name}` as a field, system or derived variable"
+    return base if context is None else f"`{name}` is used {context}; {base}"
+
+
+def _typer(scenario: ir.Scenario) -> _Typer:
+    """A typer that has inferred (and recorded on `Variable.type`) every derived variable."""
+    typer = _Typer(scenario)
+    for var in scenario.derived:
+        typer.var_type(var.name, var.span)
+    for var in scenario.derived:
+        t = typer.derived.get(var.name)
+        var.type = t if isinstance(t, (ir.EnumType, ir.BoolType, ir.NumType)) else None
+    return typer
+
+
+def infer_types(scenario: ir.Scenario) -> list[Diagnostic]:
+    """Infer each derived variable's type and store it on `Variable.type` (None when it cannot be
+    typed); returns the diagnostics found in derived expressions. Idempotent."""
+    return _typer(scenario).out
+
+
+def check_types(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """Type errors in derived variables, guards, match arms, output values and defaults; infers
+    and records derived variables' types (see `infer_types`)."""
+    typer = _typer(scenario)
+    for output in scenario.outputs.values():
+        if output.default is not None:
+            typer.output_value(output, output.default, _span_or(output.default.span, output.span))
+    for stage in scenario.stages.values():
+        if stage.kind == "match" and stage.subject is not None:
+            st = typer.infer(stage.subject)
+            if isinstance(st, _Sym):
+                typer.undefined(st, "as the subject of `match`")
+                st = None
+            for branch in stage.branches:
+                if branch.values:
+                    typer.membership(stage.subject, st, branch.values, "match arm")
+        else:
+            for branch in stage.branches:
+                if branch.guard is not None:
+                    typer.expect_bool(branch.guard, "the condition")
+        for branch in stage.branches:
+            for assign in branch.target.outputs:
+                output = scenario.outputs.get(assign.name)
+                if output is None:
+                    typer.infer(assign.value)  # still report undefined names inside
+                else:
+                    typer.output_value(output, assign.value, _span_or(assign.value.span, assign.span))
+    return typer.out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 4: the stage graph (no stages, unreachable stages, cycles, stages that cannot end)
+
+
+def _bfs_order(graph: nx.DiGraph, source: str) -> dict[str, int]:
+    order: dict[str, int] = {}
+    if source not in graph:
+        return order
+    queue = deque([source])
+    order[source] = 0
+    while queue:
+        node = queue.popleft()
+        for nxt in graph.successors(node):
+            if nxt not in order:
+                order[nxt] = len(order)
+                queue.append(nxt)
+    return order
+
+
+def _shortest_cycle(graph: nx.DiGraph, members: set[str], head: str) -> list[str]:
+    """A shortest cycle through `head` inside one strongly connected component."""
+    parent: dict[str, str | None] = {head: None}
+    queue = deque([head])
+    while queue:
+        node = queue.popleft()
+        for nxt in graph.successors(node):
+            if nxt == head:
+                path = [node]
+                while parent[path[-1]] is not None:
+                    path.append(parent[path[-1]])  # type: ignore[arg-type]
+                return list(reversed(path)) + [head]
+            if nxt in members and nxt not in parent:
+                parent[nxt] = node
+                queue.append(nxt)
+    return [head, head]  # pragma: no cover - an SCC always has a cycle through each member
+
+
+def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """No stages (E304), cycles (E302, printed as `a -> b -> a`), cycles without exit (E303) and
+    stages unreachable from the entry (W302)."""
+    if not scenario.stages:
+        return [error("E304", f"scenario `{scenario.name}` has no stages", scenario.span,
+                      "add at least one `stage step1 { ... -> do SomeAction }`")]
+    out: list[Diagnostic] = []
+    stage_graph = graph.subgraph(scenario.stages).copy()
+    order = _bfs_order(graph, START)
+    declared = {sid: i for i, sid in enumerate(scenario.stages)}
+
+    def rank(sid: str) -> tuple[int, int]:
+        return (order.get(sid, len(order) + declared[sid]), declared[sid])
+
+    # Branches to undefined stages/actions are reported as names; count them as ending here so
+    # that one typo does not also claim that everything before it can never end.
+    ends = {sid for sid, st in scenario.stages.items() for b in st.branches
+            if (b.target.kind == "action") or b.target.stage not in scenario.stages}
+    can_end: set[str] = set()
+    rev = deque(ends)
+    can_end.update(ends)
+    while rev:
+        node = rev.popleft()
+        for pred in stage_graph.predecessors(node):
+            if pred not in can_end:
+                can_end.add(pred)
+                rev.append(pred)
+    for scc in nx.strongly_connected_components(stage_graph):
+        if len(scc) == 1:
+            (only,) = scc
+            if not stage_graph.has_edge(only, only):
+                continue
+        head = min(scc, key=rank)
+        cycle = _shortest_cycle(stage_graph, set(scc), head)
+        closing = scenario.stages[cycle[-2]]
+        branch = next(b for b in closing.branches if b.target.kind == "stage" and b.target.stage == head)
+        notes = []
+        if len(scc) > len(cycle) - 1:
+            notes.append(f"{len(scc)} stages are caught in this loop: " + ", ".join(sorted(scc, key=rank)))
+        escapes = not scc.isdisjoint(can_end)
+        out.append(error("E302", "cycle in the stage graph: " + " -> ".join(cycle),
+                         _span_or(branch.target.span, branch.span),
+                         "the engine decides with fixed values, so a reachable cycle never ends; route "
+                         "this branch to a later stage or an action", notes=notes))
+        if not escapes:
+            out.append(error("E303", f"stage `{head}` cannot reach an end: every branch of "
+                             + ", ".join(f"`{s}`" for s in sorted(scc, key=rank)) + " leads back into the cycle",
+                             scenario.stages[head].span, "give one of these stages a branch that ends in `do "
+                             "<Action>`"))
+    reachable = set(order)
+    for sid, stage in scenario.stages.items():
+        if sid not in reachable:
+            out.append(warning("W302", f"stage `{sid}` is unreachable from the entry `{scenario.start}`",
+                               stage.span, "route a branch to it, or delete it"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 5: unused declarations
+
+
+def _used_variables(scenario: ir.Scenario) -> set[str]:
+    used: set[str] = set()
+    for var in scenario.derived:
+        if var.expr is not None:
+            used.update(reads(var.expr))
+    for stage in scenario.stages.values():
+        used.update(stage.classify)
+        if stage.subject is not None:
+            used.update(reads(stage.subject))
+        for branch in stage.branches:
+            if branch.guard is not None:
+                used.update(reads(branch.guard))
+            for assign in branch.target.outputs:
+                used.update(reads(assign.value))
+    return used
+
+
+def check_unused(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """Variables never read, actions never done, outputs never set and without default (W401)."""
+    out: list[Diagnostic] = []
+    used = _used_variables(scenario)
+    role_word = {"field": "field", "system": "system variable", "derived": "derived variable"}
+    for var in scenario.variables.values():
+        if var.name not in used:
+            out.append(warning("W401", f"{role_word[var.role]} `{var.name}` is never used", var.span,
+                               "no guard, derived variable, output or `classify` reads it; use it or "
+                               "delete it"))
+    done = {b.target.action for st in scenario.stages.values() for b in st.branches
+            if b.target.kind == "action"}
+    for action in scenario.actions.values():
+        if action.name not in done:
+            out.append(warning("W401", f"action `{action.name}` is never used", action.span,
+                               "no branch ends in `do " + action.name + "`"))
+    assigned = {a.name for st in scenario.stages.values() for b in st.branches for a in b.target.outputs}
+    for output in scenario.outputs.values():
+        if output.name not in assigned and output.default is None:
+            out.append(warning("W401", f"output `{output.name}` is never assigned and has no default",
+                               output.span, f"give it a default (`= value`) or set it in a `do "
+                               f"<Action> {{ {output.name} = ... }}` block"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 6: flow analysis (exhaustiveness, overlaps, infeasible paths) from `sopgraph.flow`
+
+
+def _flow_module() -> Any | None:
+    try:
+        return importlib.import_module(f"{__package__}.flow")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"{__package__}.flow":
+            return None
+        raise
+
+
+def check_flow(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """E301/W301/W303/W304/W305 from the constraint domain (a no-op until `sopgraph.flow` exists)."""
+    module = _flow_module()
+    if module is None or not hasattr(module, "flow_diagnostics"):
+        return []
+    return list(module.flow_diagnostics(scenario))
+
+
+# ---------------------------------------------------------------------------------------------
+# The pass list and the entry points
+
+PASSES: tuple[Pass, ...] = (
+    Pass("declarations", check_declarations),
+    Pass("targets", check_targets),
+    Pass("types", check_types),
+    Pass("structure", check_structure),
+    Pass("unused", check_unused),
+    Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
+)
+
+
+def _dedupe(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
+    seen: set[tuple] = set()
+    out: list[Diagnostic] = []
+    for d in diags:
+        key = (d.code, d.message, d.span)
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES) -> list[Diagnostic]:
+    """Run every pass and return all diagnostics, sorted by file, line and column."""
+    graph = compile_graph(scenario)
+    found: list[Diagnostic] = []
+    for p in passes:
+        if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
+            continue
+        try:
+            found += p.run(scenario, graph)
+        except RecursionError:
+            found.append(error("E001", "the program is nested too deeply to check", scenario.span,
+                               "split very long or deeply nested expressions into derived variables"))
+            break
+    return sorted(_dedupe(found), key=sort_key)
+
+
+class Checked(BaseModel):
+    """The result of checking one file: every diagnostic (loading and static) and the sources."""
+
+    file: str
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for d in self.diagnostics if d.severity == "error")
+
+    @property
+    def warnings(self) -> int:
+        return sum(1 for d in self.diagnostics if d.severity == "warning")
+
+
+def check_file(path: str | Path, *, text: str | None = None) -> Checked:
+    """Load and check one file. Static checks run when the loader built a scenario and found no
+    errors other than duplicate declarations (whose later copies it drops), so nothing is reported
+    twice and a broken include or subflow does not cascade into undefined-stage errors."""
+    from .parse import load_source
+
+    loaded = load_source(path, text=text)
+    diags = list(loaded.diagnostics)
+    if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
+        diags += check(loaded.scenario)
+    return Checked(file=str(path), diagnostics=sorted(_dedupe(diags), key=sort_key), sources=loaded.sources)
+
+
+__all__ = [
+    "PASSES",
+    "Checked",
+    "Pass",
+    "check",
+    "check_declarations",
+    "check_file",
+    "check_flow",
+    "check_structure",
+    "check_targets",
+    "check_types",
+    "check_unused",
+    "infer_types",
+]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,46 @@ def _number(text: str, negative: bool = False) -> int | float:
     return -value if negative else value
 
 
-@v_args(meta=True)
+class _ChildMeta:
+    """Position of a rule computed from its children (Lark gives no meta to inline transformers).
+
+    Keywords are filtered from the tree, so a span starts at the first name, value or sub-node."""
+
+    __slots__ = ("empty", "line", "column", "end_line", "end_column")
+
+    def __init__(self, children: list[Any]):
+        first = last = None
+        for child in children:
+            for item in (child if isinstance(child, list) else (child,)):
+                pos = _position(item)
+                if pos is not None:
+                    if first is None:
+                        first = pos
+                    last = pos
+        self.empty = first is None
+        if first is not None and last is not None:
+            self.line, self.column = first[0], first[1]
+            self.end_line, self.end_column = last[2], last[3]
+
+
+def _position(child: Any) -> tuple[int, int, int, int] | None:
+    if isinstance(child, Token):
+        if child.line is None:
+            return None
+        return (child.line, child.column, child.end_line, child.end_column)
+    span = getattr(child, "span", None)
+    if span is None and isinstance(child, tuple) and len(child) == 2 and isinstance(child[1], ir.Span):
+        span = child[1]
+    if isinstance(span, ir.Span) and span.line:
+        return (span.line, span.col, span.end_line, span.end_col)
+    return None
+
+
+def _with_child_meta(func: Any, _data: str, children: list[Any], _meta: Any) -> Any:
+    return func(_ChildMeta(children), children)
+
+
+@v_args(wrapper=_with_child_meta)
 class _ToIR(Transformer):
     """Tree → IR nodes. Kept mechanical: all cross-item logic lives in `_resolve`."""
 
@@ -511,7 +551,7 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     span = ir.Span(file=file, line=line, col=col, end_line=line, end_col=col + max(1, len(found)))
     words = _expected_words(expected)
     arrow = "`->`" in words
-    if arrow and len(words) <= 4:
+    if arrow and token is not None and token.type in ("NAME", "STRING", "NUMBER"):
         message = f"missing `->` before `{found}`"
         hint = "branches are written `value -> target` or `when condition -> target`"
     elif token is not None and token.type == "NAME" and "`stage`" in words:
@@ -537,19 +577,32 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     return error("E001", message, span, hint)
 
 
+_BUILDER_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _building_parser() -> tuple[Lark, _ToIR]:
+    """A parser that builds the IR while parsing (no intermediate tree): about as fast as Lark alone."""
+    builder = _ToIR("<string>")
+    return Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr", transformer=builder,
+                maybe_placeholders=False), builder
+
+
 def parse_text(text: str, file: str = "<string>") -> Program:
     """Parse one file's text into a `Program`; syntax errors raise `SopError`."""
+    lark, builder = _building_parser()
     try:
-        tree = parser().parse(text)
+        with _BUILDER_LOCK:
+            builder.file = file
+            return lark.parse(text)
     except UnexpectedInput as exc:
         raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
-    except (LarkError, RecursionError) as exc:  # pragma: no cover - defensive
-        raise SopError([error("E001", f"cannot parse: {exc}", ir.Span(file=file))], {file: text}) from None
-    try:
-        return _ToIR(file).transform(tree)
-    except VisitError as exc:
-        raise SopError([error("E001", f"cannot build the program: {exc.orig_exc}",
-                              ir.Span(file=file))], {file: text}) from None
+    except RecursionError:
+        raise SopError([error("E001", "the program nests too deeply to parse", ir.Span(file=file),
+                              "split deeply nested expressions")], {file: text}) from None
+    except (LarkError, VisitError, ValueError, TypeError) as exc:
+        raise SopError([error("E001", f"cannot build the program: {exc}", ir.Span(file=file))],
+                       {file: text}) from None
 
 
 def parse_tree(text: str) -> Tree:

@@ -1,0 +1,904 @@
+"""The one door to language models: litellm behind retries, a cache, a concurrency cap and redaction.
+
+Why one module: every model call of sopgraph (agent under test, user
+simulator, judges, built-in baselines) goes through ``Gateway.complete`` so
+that retry policy, infrastructure-failure reporting, caching, cost accounting
+and secret hygiene are uniform.  This is the only module that imports
+litellm, and it does so lazily (the import takes about two seconds) and
+offline-safe (``LITELLM_LOCAL_MODEL_COST_MAP`` is set before the import, so
+litellm never fetches its cost map).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sopgraph import providers
+
+# Set at import, before litellm can ever be imported (only ``load_litellm`` imports it):
+# otherwise litellm fetches its cost map from the internet at import time.
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+
+__all__ = [
+    "CONTEXT_METADATA_KEY",
+    "DEFAULT_JUDGE_MODEL",
+    "DEFAULT_USER_MODEL",
+    "Completion",
+    "Gateway",
+    "GatewayStats",
+    "InfraFailure",
+    "ModelOptionError",
+    "ModelParams",
+    "ModelSpec",
+    "ResponseCache",
+    "RoleSet",
+    "Usage",
+    "default_cache_dir",
+    "load_litellm",
+    "parse_model_option",
+    "redact",
+    "roles_from_options",
+]
+
+DEFAULT_USER_MODEL: Final = "scripted/user"
+DEFAULT_JUDGE_MODEL: Final = "scripted/truth"
+JUDGE_ROLES: Final = ("judge1", "judge2", "judge3")
+ROLE_NAMES: Final = ("agent", "user", "judge", *JUDGE_ROLES)
+
+CONTEXT_METADATA_KEY: Final = "sopgraph_context"
+"""Built-in providers receive the context as ``metadata[CONTEXT_METADATA_KEY]`` of the litellm call."""
+
+_CACHE_VERSION: Final = 1
+_log = logging.getLogger(__name__)
+
+
+# =========================================================================== records
+class ModelParams(BaseModel):
+    """Sampling and transport parameters of one role's model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+    api_base: str | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Passed through to ``litellm.acompletion`` (e.g. ``top_p``, ``seed``, ``drop_params``)."""
+
+
+class ModelSpec(BaseModel):
+    """Which model plays a role, and how it is called."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: str
+    model: str
+    """litellm model string (``openai/gpt-4o``, ``ollama/llama3``, ``hosted_vllm/...``) or a built-in."""
+    params: ModelParams = Field(default_factory=ModelParams)
+    structured: bool = False
+    """Ask for JSON-schema structured output (schema from ``context['response_schema']``)."""
+    cache: bool | None = None
+    """``None``: cache when temperature == 0; ``True``/``False`` forces it on/off."""
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("model name is empty")
+        if providers.is_builtin(value) and value not in providers.BUILTIN_MODELS:
+            known = ", ".join(sorted(providers.BUILTIN_MODELS))
+            raise ValueError(f"unknown built-in model {value!r}; known: {known}")
+        return value
+
+    @property
+    def provider(self) -> str:
+        """The litellm provider prefix (``openai``, ``baseline``, ...), or '' if none."""
+        return self.model.split("/", 1)[0] if "/" in self.model else ""
+
+    @property
+    def is_builtin(self) -> bool:
+        """Whether an offline built-in provider answers (no network, context-driven)."""
+        return providers.is_builtin(self.model)
+
+    def with_role(self, role: str) -> ModelSpec:
+        """A copy playing another role."""
+        return self.model_copy(update={"role": role})
+
+
+class Usage(BaseModel):
+    """Token counts reported by the provider (zero when it reports none)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class Completion(BaseModel):
+    """One model answer, with its accounting."""
+
+    text: str
+    model: str
+    role: str
+    usage: Usage = Field(default_factory=Usage)
+    cost: float = 0.0
+    """USD spent by this call (0 for cache hits and built-ins)."""
+    cost_known: bool = True
+    """False when litellm's cost map does not price the model (cost is then 0)."""
+    latency: float = 0.0
+    """Seconds from the call to the answer, including retries and waiting for a slot."""
+    cached: bool = False
+    attempts: int = 0
+    """Provider calls made (0 for a cache hit)."""
+    finish_reason: str | None = None
+
+
+class GatewayStats(BaseModel):
+    """Totals over a gateway's lifetime."""
+
+    calls: int = 0
+    attempts: int = 0
+    retries: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float = 0.0
+    unknown_cost_calls: int = 0
+
+
+class InfraFailure(Exception):
+    """The model could not be reached or answered garbage: an infrastructure failure, never a model failure.
+
+    Raised after retries are exhausted, or at once for non-retryable errors
+    (authentication, bad request).  The message is redacted of secrets and no
+    provider exception is chained (``__cause__`` is None) so that tracebacks
+    cannot leak keys either.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str,
+        role: str = "",
+        model: str = "",
+        attempts: int = 0,
+        status_code: int | None = None,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+        self.role = role
+        self.model = model
+        self.attempts = attempts
+        self.status_code = status_code
+        self.retryable = retryable
+
+
+class ModelOptionError(ValueError):
+    """A ``--model`` option that cannot be understood."""
+
+
+# =========================================================================== --model parsing
+_FLOAT_KEYS: Final = frozenset({"temperature", "timeout"})
+_INT_KEYS: Final = frozenset({"max_tokens"})
+_BOOL_KEYS: Final = frozenset({"structured", "cache"})
+_FORBIDDEN_KEYS: Final = frozenset({"api_key", "key", "token", "secret", "authorization"})
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _coerce(text: str) -> Any:
+    """Best-effort typed value for an unknown ``key=value`` (bool, int, float, JSON, else str)."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for conv in (int, float):
+        with contextlib.suppress(ValueError):
+            return conv(text)
+    if text[:1] in "[{":
+        with contextlib.suppress(ValueError):
+            return json.loads(text)
+    return text
+
+
+def parse_model_option(text: str) -> ModelSpec:
+    """Parse ``ROLE=NAME[,key=value...]`` (the CLI's repeatable ``--model`` option).
+
+    Known keys: ``temperature``, ``max_tokens``, ``api_base``, ``timeout``,
+    ``structured``, ``cache``; anything else goes to ``params.extra`` with a
+    guessed type.  ``api_key`` is refused: keys come from the environment
+    (``api_key_env=VAR`` names the variable holding it).
+    """
+    pieces = [p.strip() for p in text.split(",")]
+    head, rest = pieces[0], [p for p in pieces[1:] if p]
+    role, sep, model = head.partition("=")
+    role, model = role.strip().lower(), model.strip()
+    if not sep or not role or not model:
+        raise ModelOptionError(f"expected ROLE=MODEL[,key=value...], got {text!r}")
+    if role not in ROLE_NAMES:
+        raise ModelOptionError(f"unknown role {role!r} in {text!r}; roles: {', '.join(ROLE_NAMES)}")
+    params: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    flags: dict[str, Any] = {}
+    for piece in rest:
+        key, sep, value = piece.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or not key:
+            raise ModelOptionError(f"expected key=value, got {piece!r} in {text!r}")
+        if key in _FORBIDDEN_KEYS or key.endswith("api_key"):
+            raise ModelOptionError(
+                f"{key!r} is not accepted on the command line: put the key in an environment variable "
+                "(e.g. OPENAI_API_KEY) or name it with api_key_env=VAR"
+            )
+        try:
+            if key in _FLOAT_KEYS:
+                params[key] = float(value)
+            elif key in _INT_KEYS:
+                params[key] = int(value)
+            elif key == "api_base":
+                params[key] = value
+            elif key in _BOOL_KEYS:
+                flags[key] = _parse_bool(value)
+            else:
+                extra[key] = _coerce(value)
+        except ValueError as exc:
+            raise ModelOptionError(f"bad value for {key!r} in {text!r}: {exc}") from None
+    try:
+        return ModelSpec(role=role, model=model, params=ModelParams(**params, extra=extra), **flags)
+    except ValueError as exc:
+        raise ModelOptionError(f"invalid --model {text!r}: {exc}") from None
+
+
+class RoleSet(BaseModel):
+    """The models for one evaluation run: agent, user simulator and three judges."""
+
+    model_config = ConfigDict(frozen=True)
+
+    agent: ModelSpec | None
+    user: ModelSpec
+    judges: tuple[ModelSpec, ModelSpec, ModelSpec]
+
+    def by_role(self, role: str) -> ModelSpec:
+        """The spec for ``agent``, ``user`` or ``judge1``..``judge3``."""
+        if role == "agent":
+            if self.agent is None:
+                raise KeyError("no agent model configured")
+            return self.agent
+        if role == "user":
+            return self.user
+        if role in JUDGE_ROLES:
+            return self.judges[JUDGE_ROLES.index(role)]
+        raise KeyError(role)
+
+    def all(self) -> list[ModelSpec]:
+        """Every configured spec (agent first if set)."""
+        head = [self.agent] if self.agent is not None else []
+        return [*head, self.user, *self.judges]
+
+
+def roles_from_options(options: Iterable[str | ModelSpec], *, require_agent: bool = True) -> RoleSet:
+    """Resolve repeated ``--model`` options into a ``RoleSet`` with defaults.
+
+    ``judge`` may be given up to three times (filling judge1..judge3 in order,
+    after any explicit ``judgeN``); one judge is used for all three slots; two
+    is ambiguous and refused.  Defaults: user ``scripted/user``, judges
+    ``scripted/truth`` x3.
+    """
+    agent: ModelSpec | None = None
+    user: ModelSpec | None = None
+    slots: dict[str, ModelSpec] = {}
+    generic: list[ModelSpec] = []
+    for option in options:
+        spec = option if isinstance(option, ModelSpec) else parse_model_option(option)
+        if spec.role == "agent":
+            if agent is not None:
+                raise ModelOptionError("the agent model is given twice")
+            agent = spec
+        elif spec.role == "user":
+            if user is not None:
+                raise ModelOptionError("the user model is given twice")
+            user = spec
+        elif spec.role in JUDGE_ROLES:
+            if spec.role in slots:
+                raise ModelOptionError(f"{spec.role} is given twice")
+            slots[spec.role] = spec
+        elif spec.role == "judge":
+            generic.append(spec)
+        else:
+            raise ModelOptionError(f"unknown role {spec.role!r}")
+    given = len(slots) + len(generic)
+    if given > 3:
+        raise ModelOptionError(f"at most three judges, got {given}")
+    if given == 2:
+        raise ModelOptionError("give one judge (used for all three slots) or three judges, not two")
+    if given == 0:
+        judges = [ModelSpec(role=r, model=DEFAULT_JUDGE_MODEL) for r in JUDGE_ROLES]
+    elif given == 1:
+        only = next(iter(slots.values())) if slots else generic[0]
+        judges = [only.with_role(r) for r in JUDGE_ROLES]
+    else:
+        free = iter(generic)
+        judges = [slots[r] if r in slots else next(free).with_role(r) for r in JUDGE_ROLES]
+    if agent is None and require_agent:
+        raise ModelOptionError("no agent model: pass --model agent=PROVIDER/MODEL")
+    return RoleSet(
+        agent=agent,
+        user=user or ModelSpec(role="user", model=DEFAULT_USER_MODEL),
+        judges=(judges[0], judges[1], judges[2]),
+    )
+
+
+# =========================================================================== redaction
+_SECRET_PATTERNS: Final = (
+    re.compile(r"sk-[A-Za-z0-9_\-]{6,}"),
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9_\-\.=:+/]{8,}"),
+)
+_SECRET_ENV_SUFFIXES: Final = ("_API_KEY", "_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
+_REDACTED: Final = "***REDACTED***"
+
+
+def _secret_env_values() -> list[str]:
+    """Values of secret-looking environment variables, longest first (≥ 8 chars to spare real words)."""
+    values = {
+        v for k, v in os.environ.items() if k.upper().endswith(_SECRET_ENV_SUFFIXES) and v and len(v) >= 8
+    }
+    return sorted(values, key=len, reverse=True)
+
+
+def redact(text: str, extra_secrets: Iterable[str] = ()) -> str:
+    """Remove API-key-like strings (``sk-...``, bearer tokens, values of ``*_API_KEY`` etc. env vars)."""
+    if not text:
+        return text
+    for secret in [*_secret_env_values(), *(s for s in extra_secrets if s and len(s) >= 4)]:
+        if secret in text:
+            text = text.replace(secret, _REDACTED)
+    text = _SECRET_PATTERNS[0].sub(_REDACTED, text)
+    return _SECRET_PATTERNS[1].sub(lambda m: m.group(1) + _REDACTED, text)
+
+
+# =========================================================================== cache
+def default_cache_dir() -> Path:
+    """``$SOPGRAPH_CACHE_DIR`` or ``~/.cache/sopgraph/llm``."""
+    env = os.environ.get("SOPGRAPH_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sopgraph" / "llm"
+
+
+class _CacheEntry(BaseModel):
+    v: int = _CACHE_VERSION
+    model: str
+    text: str
+    usage: Usage
+    finish_reason: str | None = None
+    cost: float = 0.0
+    created: float = 0.0
+
+
+class ResponseCache:
+    """On-disk response cache: one small JSON file per key, sharded by the first two hex digits.
+
+    Why files, not one database: concurrent runs (several CLI processes) can
+    share it safely: writes go to a temp file then ``os.replace``, which is
+    atomic, and readers never see a half-written entry.  Only responses are
+    stored (no prompts, no keys).
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    @staticmethod
+    def key(payload: Mapping[str, Any]) -> str:
+        """sha256 of the canonical JSON of ``payload``."""
+        blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.directory / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> _CacheEntry | None:
+        """The entry for ``key``, or None (also for unreadable or stale-version files)."""
+        try:
+            raw = self._path(key).read_bytes()
+            entry = _CacheEntry.model_validate_json(raw)
+        except (OSError, ValueError):
+            return None
+        return entry if entry.v == _CACHE_VERSION else None
+
+    def put(self, key: str, entry: _CacheEntry) -> None:
+        """Store atomically; a failure to write is logged, never raised (the cache is an optimisation)."""
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(entry.model_dump_json().encode())
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            _log.warning("response cache write failed: %s", exc)
+
+
+# =========================================================================== litellm loading
+_LITELLM: ModuleType | None = None
+_LOAD_LOCK = threading.Lock()
+
+
+def load_litellm() -> ModuleType:
+    """Import litellm once, quiet and offline, with the built-in providers registered."""
+    global _LITELLM
+    if _LITELLM is not None:
+        return _LITELLM
+    with _LOAD_LOCK:
+        if _LITELLM is not None:
+            return _LITELLM
+        import litellm
+
+        litellm.telemetry = False
+        litellm.suppress_debug_info = True
+        litellm.turn_off_message_logging = True
+        if not os.environ.get("SOPGRAPH_LITELLM_DEBUG"):
+            for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+        _register_builtins(litellm)
+        _LITELLM = litellm
+        return litellm
+
+
+def _register_builtins(litellm: ModuleType) -> None:
+    """Register ``baseline/*`` and ``scripted/*`` as litellm custom providers, priced at zero."""
+    from litellm.llms.custom_llm import CustomLLMError
+
+    class _BuiltinLLM(litellm.CustomLLM):  # type: ignore[misc,name-defined]
+        """Answers from ``sopgraph.providers`` using the context passed in the call's metadata."""
+
+        def __init__(self, provider: str) -> None:
+            super().__init__()
+            self.provider = provider
+
+        def _answer(self, kwargs: Mapping[str, Any]) -> Any:
+            name = f"{self.provider}/{kwargs['model']}"
+            litellm_params = kwargs.get("litellm_params") or {}
+            metadata = litellm_params.get("metadata") or {}
+            context = metadata.get(CONTEXT_METADATA_KEY) or {}
+            try:
+                text = providers.respond(name, kwargs.get("messages") or [], context)
+            except Exception as exc:
+                # 400: a provider bug or bad context is deterministic, so never retried.
+                raise CustomLLMError(status_code=400, message=f"built-in {name} failed: {exc!r}") from exc
+            response = kwargs["model_response"]
+            response.choices[0].message.content = text
+            response.choices[0].finish_reason = "stop"
+            response.model = name
+            response.usage = litellm.Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+            return response
+
+        def completion(self, *args: Any, **kwargs: Any) -> Any:
+            return self._answer(kwargs)
+
+        async def acompletion(self, *args: Any, **kwargs: Any) -> Any:
+            return self._answer(kwargs)
+
+    existing = [
+        item for item in litellm.custom_provider_map if item.get("provider") not in providers.BUILTIN_PROVIDERS
+    ]
+    litellm.custom_provider_map = existing + [
+        {"provider": p, "custom_handler": _BuiltinLLM(p)} for p in sorted(providers.BUILTIN_PROVIDERS)
+    ]
+    free = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0, "mode": "chat"}
+    with contextlib.suppress(Exception):
+        litellm.register_model(
+            {name: {**free, "litellm_provider": name.split("/", 1)[0]} for name in providers.BUILTIN_MODELS}
+        )
+
+
+# =========================================================================== errors
+class _MalformedResponse(Exception):
+    """The provider answered 200 but without a usable message."""
+
+
+_RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
+_AUTH_STATUS: Final = frozenset({401, 403})
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds from a ``Retry-After`` header on the error, if any."""
+    for attr in ("litellm_response_headers", "headers"):
+        headers = getattr(exc, attr, None)
+        if headers:
+            break
+    else:
+        response = getattr(exc, "response", None)
+        headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    try:
+        value = headers.get("retry-after") or headers.get("Retry-After")
+    except AttributeError:
+        return None
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    with contextlib.suppress(TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(str(value))
+        return max(when.timestamp() - time.time(), 0.0)
+    return None
+
+
+def _classify(exc: BaseException) -> tuple[str, bool, int | None]:
+    """(kind, retryable, status) for an exception raised while calling a provider."""
+    if isinstance(exc, _MalformedResponse):
+        return "malformed", True, None
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return "timeout", True, None
+    litellm = _LITELLM
+    name = type(exc).__name__
+    status = getattr(exc, "status_code", None)
+    status = status if isinstance(status, int) else None
+    if litellm is not None:
+        if isinstance(exc, litellm.Timeout):
+            return "timeout", True, status
+        if isinstance(exc, litellm.UnsupportedParamsError | litellm.ContextWindowExceededError):
+            return "bad_request", False, status
+        if isinstance(exc, litellm.APIConnectionError):
+            return "connection", True, status
+    if status is not None:
+        if status == 429:
+            return "rate_limit", True, status
+        if status in _RETRYABLE_STATUS or status >= 500:
+            message = str(exc)
+            if "Connection error" in message:
+                return "connection", True, status
+            if "Expecting value" in message or "Unterminated" in message or "JSON" in message:
+                return "malformed", True, status
+            return "server_error", True, status
+        if status in _AUTH_STATUS:
+            return "auth", False, status
+        if 400 <= status < 500:
+            return "bad_request", False, status
+    if isinstance(exc, ConnectionError | OSError) or "Connection" in name:
+        return "connection", True, status
+    if isinstance(exc, ValueError | KeyError | IndexError | AttributeError | TypeError):
+        # Response parsing blew up inside litellm/openai: the body was not what a provider should send.
+        return "malformed", True, status
+    return "unknown", True, status
+
+
+def _short(message: str, limit: int = 600) -> str:
+    message = message.split("\nTraceback", 1)[0].strip()
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def _sanitize_url(url: str | None) -> str | None:
+    """``url`` without userinfo, query or fragment (those may carry credentials)."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _is_secret_key(name: str) -> bool:
+    low = name.lower()
+    return any(word in low for word in ("key", "token", "secret", "password", "authorization", "header"))
+
+
+# =========================================================================== gateway
+class Gateway:
+    """Async model gateway shared by every role of a run.
+
+    One instance per run: it owns the concurrency cap (an ``asyncio.Semaphore``
+    over all provider calls of all roles), the retry policy, the response cache
+    and the running totals.  Built-in providers bypass the cap and the cache
+    (they are local, free and deterministic) but still go through litellm.
+    """
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 16,
+        max_retries: int = 4,
+        base_delay: float = 0.5,
+        max_delay: float = 30.0,
+        default_timeout: float = 120.0,
+        cache: bool = True,
+        cache_dir: str | Path | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self.concurrency = concurrency
+        self.max_retries = max_retries
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.default_timeout = default_timeout
+        self.cache_enabled = cache
+        self.cache = ResponseCache(cache_dir if cache_dir is not None else default_cache_dir())
+        self._rng = random.Random(seed)
+        self._stats = GatewayStats()
+        self._sem: asyncio.Semaphore | None = None
+        self._sem_loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ public
+    @property
+    def stats(self) -> GatewayStats:
+        """A snapshot of the running totals."""
+        return self._stats.model_copy()
+
+    async def complete(
+        self,
+        spec: ModelSpec,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        context: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        """Ask ``spec``'s model for the next message; raise ``InfraFailure`` if it cannot be had.
+
+        ``context`` carries per-dialogue facts for built-in providers (sent as
+        litellm call metadata, never in the prompt; not sent to real
+        providers) and, with ``spec.structured``, the ``response_schema``.
+        """
+        started = time.perf_counter()
+        self._stats.calls += 1
+        msgs = [dict(m) for m in messages]
+        kwargs = self._call_kwargs(spec, msgs, context)
+        key = self._cache_key(spec, msgs, kwargs) if self._use_cache(spec) else None
+        if key is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self._stats.cache_hits += 1
+                return Completion(
+                    text=hit.text,
+                    model=spec.model,
+                    role=spec.role,
+                    usage=hit.usage,
+                    cost=0.0,
+                    cost_known=True,
+                    latency=time.perf_counter() - started,
+                    cached=True,
+                    attempts=0,
+                    finish_reason=hit.finish_reason,
+                )
+        completion = await self._call_with_retries(spec, kwargs, started)
+        if key is not None:
+            self.cache.put(
+                key,
+                _CacheEntry(
+                    model=spec.model,
+                    text=completion.text,
+                    usage=completion.usage,
+                    finish_reason=completion.finish_reason,
+                    cost=completion.cost,
+                    created=time.time(),
+                ),
+            )
+        return completion
+
+    def complete_sync(
+        self,
+        spec: ModelSpec,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        context: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        """``complete`` for synchronous callers (runs its own event loop)."""
+        return asyncio.run(self.complete(spec, messages, context=context))
+
+    # ------------------------------------------------------------------ internals
+    def _semaphore(self) -> asyncio.Semaphore:
+        """The concurrency cap of the running loop (recreated if the loop changed, e.g. across tests)."""
+        loop = asyncio.get_running_loop()
+        if self._sem is None or self._sem_loop is not loop:
+            self._sem = asyncio.Semaphore(self.concurrency)
+            self._sem_loop = loop
+        return self._sem
+
+    def _use_cache(self, spec: ModelSpec) -> bool:
+        if not self.cache_enabled or spec.is_builtin:
+            return False
+        if spec.cache is not None:
+            return spec.cache
+        return spec.params.temperature == 0
+
+    def _call_kwargs(
+        self, spec: ModelSpec, messages: list[dict[str, Any]], context: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        p = spec.params
+        extra = dict(p.extra)
+        kwargs: dict[str, Any] = {
+            "model": spec.model,
+            "messages": messages,
+            "timeout": p.timeout or self.default_timeout,
+            "max_retries": 0,  # ours, not the SDK's: we count attempts and classify failures
+            "num_retries": 0,
+        }
+        if p.temperature is not None:
+            kwargs["temperature"] = p.temperature
+        if p.max_tokens is not None:
+            kwargs["max_tokens"] = p.max_tokens
+        if p.api_base:
+            kwargs["api_base"] = p.api_base
+        key_env = extra.pop("api_key_env", None)
+        if key_env:
+            value = os.environ.get(str(key_env))
+            if value:
+                kwargs["api_key"] = value
+        elif p.api_base and spec.provider == "openai" and not os.environ.get("OPENAI_API_KEY"):
+            # Local OpenAI-compatible servers (llama.cpp, vLLM) need no key, but the SDK insists on one.
+            kwargs["api_key"] = "no-key-required"
+        kwargs.update(extra)
+        if spec.is_builtin:
+            kwargs["metadata"] = {CONTEXT_METADATA_KEY: dict(context or {})}
+        elif spec.structured:
+            schema = (context or {}).get("response_schema")
+            if isinstance(schema, Mapping):
+                name = str((context or {}).get("response_schema_name") or "response")
+                kwargs["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": name, "schema": dict(schema)},
+                }
+            else:
+                kwargs["response_format"] = {"type": "json_object"}
+        return kwargs
+
+    @staticmethod
+    def _cache_key(spec: ModelSpec, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> str:
+        """Key over model, messages and sampling params; never keys, headers or credentials."""
+        params = {
+            k: v
+            for k, v in kwargs.items()
+            if k not in ("model", "messages", "api_key", "timeout", "max_retries", "num_retries", "metadata")
+            and not _is_secret_key(k)
+        }
+        if "api_base" in params:
+            params["api_base"] = _sanitize_url(params["api_base"])
+        return ResponseCache.key({"v": _CACHE_VERSION, "model": spec.model, "messages": messages, "params": params})
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        """Exponential backoff with full jitter, at least ``Retry-After`` (both capped by ``max_delay``)."""
+        ceiling = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+        delay = self._rng.uniform(0.0, ceiling)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.max_delay))
+        return delay
+
+    async def _call_with_retries(self, spec: ModelSpec, kwargs: dict[str, Any], started: float) -> Completion:
+        loading = time.perf_counter()
+        litellm = load_litellm()
+        started += time.perf_counter() - loading  # the one-time import is not the model's latency
+        secrets = [kwargs["api_key"]] if "api_key" in kwargs else []
+        attempts = 0
+        timeout = float(kwargs["timeout"])
+        while True:
+            attempts += 1
+            self._stats.attempts += 1
+            try:
+                # A guard above the transport timeout, so a wedged call can never hang a run.
+                async with asyncio.timeout(timeout * 1.5 + 5.0):
+                    if spec.is_builtin:
+                        response = await litellm.acompletion(**kwargs)
+                    else:
+                        async with self._semaphore():
+                            response = await litellm.acompletion(**kwargs)
+                return self._to_completion(spec, response, attempts, started, secrets)
+            except Exception as exc:  # noqa: BLE001 - every provider failure is classified below
+                kind, retryable, status = _classify(exc)
+                if not retryable or attempts > self.max_retries:
+                    self._stats.failures += 1
+                    detail = redact(_short(str(exc) or type(exc).__name__), secrets)
+                    what = f"after {attempts} attempts" if retryable else "(not retryable)"
+                    raise InfraFailure(
+                        f"{spec.role or 'model'} {spec.model}: {kind} {what}: {detail}",
+                        kind=kind,
+                        role=spec.role,
+                        model=spec.model,
+                        attempts=attempts,
+                        status_code=status,
+                        retryable=retryable,
+                    ) from None
+                self._stats.retries += 1
+                await asyncio.sleep(self._backoff(attempts, _retry_after(exc)))
+
+    def _to_completion(
+        self, spec: ModelSpec, response: Any, attempts: int, started: float, secrets: list[str]
+    ) -> Completion:
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise _MalformedResponse("response has no choices")
+        message = getattr(choices[0], "message", None)
+        text = getattr(message, "content", None)
+        if not isinstance(text, str):
+            raise _MalformedResponse("response message has no text content")
+        usage = _usage(getattr(response, "usage", None))
+        cost, known = self._cost(spec, response)
+        self._stats.prompt_tokens += usage.prompt_tokens
+        self._stats.completion_tokens += usage.completion_tokens
+        self._stats.reasoning_tokens += usage.reasoning_tokens
+        self._stats.cost += cost
+        self._stats.unknown_cost_calls += 0 if known else 1
+        return Completion(
+            text=redact(text, secrets),
+            model=spec.model,
+            role=spec.role,
+            usage=usage,
+            cost=cost,
+            cost_known=known,
+            latency=time.perf_counter() - started,
+            cached=False,
+            attempts=attempts,
+            finish_reason=getattr(choices[0], "finish_reason", None),
+        )
+
+    @staticmethod
+    def _cost(spec: ModelSpec, response: Any) -> tuple[float, bool]:
+        """(USD, known) from litellm: its computed ``response_cost`` first, else ``completion_cost``."""
+        if spec.is_builtin:
+            return 0.0, True
+        hidden = getattr(response, "_hidden_params", None) or {}
+        if "response_cost" in hidden:
+            value = hidden.get("response_cost")
+            if isinstance(value, int | float):
+                return float(value), True
+            return 0.0, False  # litellm already tried and could not price the model
+        litellm = _LITELLM
+        if litellm is None:
+            return 0.0, False
+        try:
+            return float(litellm.completion_cost(completion_response=response, model=spec.model)), True
+        except Exception:  # noqa: BLE001 - an unpriced model is not an error
+            return 0.0, False
+
+
+def _usage(raw: Any) -> Usage:
+    if raw is None:
+        return Usage()
+    details = getattr(raw, "completion_tokens_details", None)
+    reasoning = getattr(details, "reasoning_tokens", None) if details is not None else None
+    return Usage(
+        prompt_tokens=int(getattr(raw, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(raw, "completion_tokens", 0) or 0),
+        reasoning_tokens=int(reasoning or 0),
+    )

@@ -1,0 +1,526 @@
+"""Graph → pictures: Graphviz DOT (and SVG/PNG through the `dot` binary) and Mermaid.
+
+The picture is derived from the compiled graph, so it shows exactly what the engine runs: one edge per
+(stage, target) pair, labelled with the guards of every branch that takes it, in branch order.
+Shapes say what a node is (decision stage, plain stage, action leaf, start/end); colours of action leaves
+say how dangerous they are (red: moves money or irreversible, amber: escalation, green: otherwise).
+
+An optional `heat` map (node id or `(u, v)` edge → count) recolours the picture by frequency, e.g. for
+`sop coverage`: covered items get a colour by count, uncovered items are drawn dashed grey and say
+"uncovered". Output is deterministic: nodes and edges come in declaration order, no timestamps.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import networkx as nx
+
+from . import ir
+from .compile import ACTION_PREFIX, END, START, compile_graph
+
+Format = Literal["dot", "svg", "png", "mmd"]
+FORMATS: tuple[str, ...] = ("svg", "png", "dot", "mmd")
+SUFFIXES: dict[str, str] = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".mmd": "mmd",
+                            ".mermaid": "mmd"}
+DOT_TIMEOUT_S = 60.0
+INSTALL_HINT = "install graphviz: apt-get install -y graphviz"
+
+# Heat is a count → colour scale of five classes (ColorBrewer YlOrRd for nodes, Blues for edges).
+NODE_HEAT = ("#ffffb2", "#fecc5c", "#fd8d3c", "#f03b20", "#bd0026")
+EDGE_HEAT = ("#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#084594")
+UNCOVERED_COLOR = "#9e9e9e"
+UNCOVERED_FONT = "#757575"
+
+# Action leaves by risk. `risky` = moves_money or irreversible (see ir.Action.risky).
+ACTION_STYLE = {
+    "risky": {"fillcolor": "#f8d7da", "color": "#c62828"},
+    "escalation": {"fillcolor": "#ffe8b3", "color": "#e08e00"},
+    "safe": {"fillcolor": "#d7f0d8", "color": "#2e7d32"},
+}
+DECISION_FILL = "#dbe9f8"
+DECISION_BORDER = "#1f5fa8"
+LABEL_ATTRIBUTES = ("escalation", "moves_money", "irreversible")  # shown on the leaf; all are in the tooltip
+LABEL_WIDTH = 36  # wrap edge labels at about this many characters, on word boundaries
+
+
+class RenderError(Exception):
+    """A picture could not be produced (no `dot` binary, `dot` failed or timed out)."""
+
+
+HeatMap = Mapping[Any, int | float]
+
+
+# ---------------------------------------------------------------------------------------------
+# What to draw (shared by DOT and Mermaid)
+
+
+def action_class(action: ir.Action | None) -> str:
+    """`risky`, `escalation` or `safe`: the colour class of an action leaf."""
+    if action is None:
+        return "safe"
+    if action.risky:
+        return "risky"
+    if "escalation" in action.attributes:
+        return "escalation"
+    return "safe"
+
+
+def _wrap(text: str, width: int = LABEL_WIDTH) -> str:
+    lines: list[str] = []
+    for para in text.split("\n"):
+        lines += textwrap.wrap(para, width, break_long_words=False, break_on_hyphens=False) or [""]
+    return "\n".join(lines)
+
+
+def branch_text(branch: Mapping[str, Any]) -> str:
+    """One branch of an edge as label text: its guard and the outputs it assigns."""
+    guard = str(branch.get("guard") or "")
+    outputs = branch.get("outputs") or {}
+    if outputs:
+        assigned = ", ".join(f"{k} = {v}" for k, v in outputs.items())
+        guard = f"{guard} [{assigned}]" if guard else f"[{assigned}]"
+    return guard
+
+
+def edge_text(data: Mapping[str, Any]) -> str:
+    """All branches of one (stage, target) edge, one per line, in branch order."""
+    parts = [branch_text(b) for b in sorted(data.get("branches") or [], key=lambda b: b.get("index", 0))]
+    return "\n".join(_wrap(p) for p in parts if p)
+
+
+def _node_label(node: str, data: Mapping[str, Any]) -> str:
+    kind = data.get("kind")
+    if kind == "decision":
+        title = data.get("title") or ""
+        return f"{node}\n{_wrap(title, 28)}" if title else node
+    if kind == "action":
+        attrs = [a for a in data.get("attributes") or [] if a in LABEL_ATTRIBUTES]
+        name = data.get("action") or node[len(ACTION_PREFIX):]
+        return f"{name}\n[{', '.join(attrs)}]" if attrs else name
+    return str(data.get("label") or node)
+
+
+def _node_tooltip(node: str, data: Mapping[str, Any]) -> str:
+    kind = data.get("kind")
+    if kind == "decision":
+        parts = [f"{node}: {data.get('title') or ''}".rstrip(": ")]
+        if data.get("text"):
+            parts.append(str(data["text"]))
+        if data.get("reads"):
+            parts.append("reads: " + ", ".join(data["reads"]))
+        return "\n".join(parts)
+    if kind == "action":
+        parts = [f"action {data.get('action')}"]
+        if data.get("description"):
+            parts.append(str(data["description"]))
+        if data.get("attributes"):
+            parts.append("attributes: " + ", ".join(data["attributes"]))
+        return "\n".join(parts)
+    return node
+
+
+def _is_branching(data: Mapping[str, Any]) -> bool:
+    return bool(data.get("branching"))
+
+
+class _Heat:
+    """Counts for nodes and edges, and the colour class of each count."""
+
+    def __init__(self, heat: HeatMap, graph: nx.DiGraph):
+        self.nodes: dict[str, float] = {}
+        self.edges: dict[tuple[str, str], float] = {}
+        for key, value in heat.items():
+            count = float(value or 0)
+            if isinstance(key, tuple) and len(key) == 2:
+                self.edges[(str(key[0]), str(key[1]))] = count
+            else:
+                self.nodes[str(key)] = count
+        node_counts = [c for n, c in self.nodes.items() if n in graph and c > 0]
+        edge_counts = [c for e, c in self.edges.items() if graph.has_edge(*e) and c > 0]
+        self.node_max = max(node_counts, default=0.0)
+        self.edge_max = max(edge_counts, default=0.0)
+
+    def node(self, node: str, kind: str) -> float | None:
+        """Count of a node; None for start/end when the map says nothing about them (not an item)."""
+        if node in self.nodes:
+            return self.nodes[node]
+        if kind in ("start", "end"):
+            return None
+        return 0.0
+
+    def edge(self, u: str, v: str) -> float | None:
+        """Count of an edge. Edges out of start / into end inherit the entry / action count."""
+        if (u, v) in self.edges:
+            return self.edges[(u, v)]
+        if u == START:
+            return self.nodes.get(v, 0.0)
+        if v == END:
+            return self.nodes.get(u, 0.0)
+        return 0.0
+
+    @staticmethod
+    def level(count: float, top: float) -> int:
+        if top <= 0:
+            return 0
+        return min(4, max(0, math.ceil(count / top * 5) - 1))
+
+
+def _fmt_count(count: float) -> str:
+    return str(int(count)) if float(count).is_integer() else f"{count:.3g}"
+
+
+def _coverage_summary(graph: nx.DiGraph, heat: _Heat) -> str:
+    items = covered = 0
+    for node, data in graph.nodes(data=True):
+        count = heat.node(node, data.get("kind", ""))
+        if count is None:
+            continue
+        items += 1
+        covered += count > 0
+    for u, v in graph.edges():
+        if u == START or v == END:
+            continue
+        items += 1
+        covered += (heat.edge(u, v) or 0) > 0
+    return f"coverage: {covered} of {items} stages, actions and branches"
+
+
+def _clusters(graph: nx.DiGraph) -> dict[str, list[str]]:
+    """Stages inlined from the same `use` instance, grouped (declaration order)."""
+    groups: dict[str, list[str]] = {}
+    for node, data in graph.nodes(data=True):
+        origin = data.get("origin")
+        if data.get("kind") == "decision" and origin:
+            groups.setdefault(str(origin), []).append(node)
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# DOT
+
+
+def dot_quote(text: str) -> str:
+    """A DOT double-quoted string. Backslashes are doubled so that user text never turns into a
+    Graphviz escape such as \\N; newlines become the centred line break `\\n`."""
+    text = str(text).replace("\r\n", "\n").replace("\r", "\n")
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{text}"'
+
+
+def _attrs(attrs: Mapping[str, Any]) -> str:
+    parts = []
+    for key, value in attrs.items():
+        if value is None:
+            continue
+        parts.append(f"{key}={dot_quote(str(value))}")
+    return "[" + ", ".join(parts) + "]"
+
+
+def _dot_node_attrs(node: str, data: Mapping[str, Any], actions: Mapping[str, ir.Action]) -> dict[str, Any]:
+    kind = data.get("kind")
+    attrs: dict[str, Any] = {"label": _node_label(node, data), "tooltip": _node_tooltip(node, data)}
+    if kind == "start":
+        attrs.update(shape="circle", style="filled", fillcolor="#424242", fontcolor="white",
+                     width="0.6", fixedsize="true", fontsize="10")
+    elif kind == "end":
+        attrs.update(shape="doublecircle", style="filled", fillcolor="#424242", fontcolor="white",
+                     width="0.5", fixedsize="true", fontsize="10")
+    elif kind == "action":
+        cls = action_class(actions.get(str(data.get("action"))))
+        attrs.update(shape="box", style="rounded,filled", penwidth="1.6", **ACTION_STYLE[cls])
+        attrs["class"] = f"action {cls}"
+    elif _is_branching(data):
+        attrs.update(shape="diamond", style="filled", fillcolor=DECISION_FILL, color=DECISION_BORDER,
+                     penwidth="1.4", margin="0.02,0.02")
+        attrs["class"] = "stage decision"
+    else:
+        attrs.update(shape="box", style="solid", color="#424242")
+        attrs["class"] = "stage"
+    return attrs
+
+
+def _apply_node_heat(attrs: dict[str, Any], count: float | None, heat: _Heat) -> None:
+    if count is None:
+        return
+    if count <= 0:
+        attrs["style"] = ",".join([s for s in str(attrs.get("style", "")).split(",")
+                                   if s and s not in ("filled", "solid")] + ["dashed"])
+        attrs.update(color=UNCOVERED_COLOR, fontcolor=UNCOVERED_FONT, fillcolor=None)
+        attrs["label"] = f"{attrs['label']}\nuncovered"
+        attrs["tooltip"] = f"{attrs['tooltip']}\nuncovered"
+        attrs["class"] = f"{attrs.get('class', '')} uncovered".strip()
+        return
+    level = heat.level(count, heat.node_max)
+    style = [s for s in str(attrs.get("style", "")).split(",") if s and s not in ("solid", "filled")]
+    attrs["style"] = ",".join(style + ["filled"])
+    attrs["fillcolor"] = NODE_HEAT[level]
+    attrs["fontcolor"] = "white" if level >= 3 else "black"
+    attrs["label"] = f"{attrs['label']}\n({_fmt_count(count)})"
+    attrs["tooltip"] = f"{attrs['tooltip']}\ncount: {_fmt_count(count)}"
+    attrs["class"] = f"{attrs.get('class', '')} heat{level}".strip()
+
+
+def _apply_edge_heat(attrs: dict[str, Any], count: float | None, heat: _Heat) -> None:
+    if count is None:
+        return
+    if count <= 0:
+        attrs.update(style="dashed", color=UNCOVERED_COLOR, fontcolor=UNCOVERED_FONT)
+        label = attrs.get("label") or ""
+        attrs["label"] = f"{label}\nuncovered" if label else "uncovered"
+        attrs["tooltip"] = f"{attrs.get('tooltip') or ''}\nuncovered".lstrip("\n")
+        return
+    level = heat.level(count, heat.edge_max)
+    attrs["color"] = EDGE_HEAT[level]
+    attrs["penwidth"] = f"{1 + level * 0.75:g}"
+    label = attrs.get("label") or ""
+    attrs["label"] = f"{label} ({_fmt_count(count)})" if label else f"({_fmt_count(count)})"
+    attrs["tooltip"] = f"{attrs.get('tooltip') or ''}\ncount: {_fmt_count(count)}".lstrip("\n")
+
+
+def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: HeatMap | None = None) -> str:
+    """The scenario's graph as Graphviz DOT text.
+
+    Args:
+        scenario: the loaded scenario (actions' attributes pick the colours of action leaves).
+        graph: its compiled graph (compiled here when omitted).
+        heat: optional counts keyed by node id (`"step3"`, `"action:GoodBye"`) and by `(u, v)` edge;
+            items missing from the map (or with count 0) are drawn as uncovered. Start/end and the edges
+            touching them are only marked when the map mentions them (or their neighbour).
+    """
+    g = graph if graph is not None else compile_graph(scenario)
+    hot = _Heat(heat, g) if heat is not None else None
+    title = scenario.name + (f" — {scenario.title}" if scenario.title else "")
+    if hot is not None:
+        title += "\n" + _coverage_summary(g, hot)
+    lines = [
+        f"digraph {dot_quote(scenario.name)} {{",
+        "  " + " ".join(f"{k}={dot_quote(v)};" for k, v in (
+            ("rankdir", "TB"), ("newrank", "true"), ("nodesep", "0.35"), ("ranksep", "0.45"),
+            ("fontname", "Helvetica"), ("labelloc", "t"), ("fontsize", "16"), ("label", title))),
+        '  node [fontname="Helvetica", fontsize="11"];',
+        '  edge [fontname="Helvetica", fontsize="9", color="#555555", arrowsize="0.7"];',
+    ]
+    clusters = _clusters(g)
+    clustered = {n for members in clusters.values() for n in members}
+
+    def node_line(node: str, data: Mapping[str, Any], indent: str = "  ") -> str:
+        attrs = _dot_node_attrs(node, data, scenario.actions)
+        if hot is not None:
+            _apply_node_heat(attrs, hot.node(node, str(data.get("kind"))), hot)
+        return f"{indent}{dot_quote(node)} {_attrs(attrs)};"
+
+    for node, data in g.nodes(data=True):
+        if node not in clustered:
+            lines.append(node_line(node, data))
+    for i, (origin, members) in enumerate(clusters.items()):
+        lines.append(f"  subgraph {dot_quote(f'cluster_{i}_{origin}')} {{")
+        lines.append(f'    label={dot_quote(f"use {origin}")}; style="rounded,dashed"; color="#9e9e9e";'
+                     f' fontsize="10";')
+        for node in members:
+            lines.append(node_line(node, g.nodes[node], "    "))
+        lines.append("  }")
+    # Actions share the bottom rank so that the leaves read as one row of outcomes.
+    action_nodes = [n for n, d in g.nodes(data=True) if d.get("kind") == "action" and g.in_degree(n)]
+    if action_nodes:
+        lines.append("  { rank=same; " + " ".join(dot_quote(n) + ";" for n in action_nodes) + " }")
+    for u, v, data in g.edges(data=True):
+        label = edge_text(data)
+        attrs: dict[str, Any] = {"label": label or None, "tooltip": f"{u} -> {v}" + (
+            "\n" + label if label else "")}
+        if u == START or v == END:
+            attrs["color"] = "#9e9e9e"
+        if hot is not None:
+            _apply_edge_heat(attrs, hot.edge(u, v), hot)
+        lines.append(f"  {dot_quote(u)} -> {dot_quote(v)} {_attrs(attrs)};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def dot_binary() -> str | None:
+    """Path of Graphviz `dot`, or None when it is not installed."""
+    return shutil.which("dot")
+
+
+def run_dot(dot_text: str, fmt: Literal["svg", "png"], *, timeout: float = DOT_TIMEOUT_S) -> bytes:
+    """Lay out DOT text with the `dot` binary. Raises RenderError with an actionable message."""
+    binary = dot_binary()
+    if binary is None:
+        raise RenderError(f"graphviz `dot` was not found on PATH; {INSTALL_HINT}")
+    try:
+        proc = subprocess.run([binary, f"-T{fmt}"], input=dot_text.encode("utf-8"), capture_output=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise RenderError(f"graphviz `dot` did not finish within {timeout:g} s") from None
+    except OSError as exc:
+        raise RenderError(f"cannot run graphviz `dot` ({exc.strerror or exc}); {INSTALL_HINT}") from None
+    if proc.returncode != 0:
+        msg = proc.stderr.decode("utf-8", "replace").strip() or f"exit status {proc.returncode}"
+        raise RenderError(f"graphviz `dot` failed: {msg}")
+    return proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Mermaid
+
+
+_MERMAID_ENTITIES = {"#": "#35;", '"': "#quot;", "<": "#lt;", ">": "#gt;", "&": "#amp;", "`": "#96;",
+                     "|": "#124;", "{": "#123;", "}": "#125;", "[": "#91;", "]": "#93;"}
+
+
+def mermaid_text(text: str) -> str:
+    """Text safe inside a quoted Mermaid label: special characters as entity codes, newlines as <br/>."""
+    text = str(text).replace("\r\n", "\n").replace("\r", "\n")
+    out = "".join(_MERMAID_ENTITIES.get(ch, ch) for ch in text)
+    return out.replace("\n", "<br/>")
+
+
+def _mermaid_ids(graph: nx.DiGraph) -> dict[str, str]:
+    """Node ids Mermaid accepts (letters, digits, `_`; never the keyword `end`), unique and stable."""
+    ids: dict[str, str] = {}
+    used: set[str] = set()
+    for node, data in graph.nodes(data=True):
+        kind = data.get("kind")
+        if kind == "start":
+            base = "sop_start"
+        elif kind == "end":
+            base = "sop_end"
+        elif kind == "action":
+            base = "a_" + re.sub(r"[^A-Za-z0-9_]", "_", node[len(ACTION_PREFIX):])
+        else:
+            base = "s_" + re.sub(r"[^A-Za-z0-9_]", "_", node)
+        candidate, n = base, 2
+        while candidate in used:
+            candidate, n = f"{base}_{n}", n + 1
+        used.add(candidate)
+        ids[node] = candidate
+    return ids
+
+
+def to_mermaid(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *,
+               heat: HeatMap | None = None) -> str:
+    """The scenario's graph as a Mermaid flowchart (same content and heat rules as `to_dot`)."""
+    g = graph if graph is not None else compile_graph(scenario)
+    hot = _Heat(heat, g) if heat is not None else None
+    ids = _mermaid_ids(g)
+    title = scenario.name + (f" — {scenario.title}" if scenario.title else "")
+    lines = ["---", f"title: {_yaml_str(title)}", "---", "flowchart TB"]
+    lines += [
+        f"  classDef decision fill:{DECISION_FILL},stroke:{DECISION_BORDER},stroke-width:1.4px",
+        "  classDef stage fill:#ffffff,stroke:#424242",
+        "  classDef terminal fill:#424242,stroke:#424242,color:#ffffff",
+    ]
+    for cls, style in ACTION_STYLE.items():
+        lines.append(f"  classDef {cls} fill:{style['fillcolor']},stroke:{style['color']},stroke-width:1.6px")
+    if hot is not None:
+        for level, colour in enumerate(NODE_HEAT):
+            font = "#ffffff" if level >= 3 else "#000000"
+            lines.append(f"  classDef heat{level} fill:{colour},color:{font}")
+        lines.append(f"  classDef uncovered fill:#ffffff,stroke:{UNCOVERED_COLOR},color:{UNCOVERED_FONT},"
+                     "stroke-dasharray:5 5")
+    clusters = _clusters(g)
+    clustered = {n for members in clusters.values() for n in members}
+    classes: list[tuple[str, str]] = []
+
+    def node_line(node: str, data: Mapping[str, Any], indent: str = "  ") -> str:
+        kind = data.get("kind")
+        label = _node_label(node, data)
+        if kind == "action":
+            cls = action_class(scenario.actions.get(str(data.get("action"))))
+        elif kind == "decision":
+            cls = "decision" if _is_branching(data) else "stage"
+        else:
+            cls = "terminal"
+        if hot is not None:
+            count = hot.node(node, str(kind))
+            if count is not None and count <= 0:
+                label += "\nuncovered"
+                cls = "uncovered"
+            elif count is not None:
+                label += f"\n({_fmt_count(count)})"
+                cls = f"heat{hot.level(count, hot.node_max)}"
+        classes.append((ids[node], cls))
+        text = mermaid_text(label)
+        nid = ids[node]
+        if kind == "start":
+            return f'{indent}{nid}(("{text}"))'
+        if kind == "end":
+            return f'{indent}{nid}((("{text}")))'
+        if kind == "action":
+            return f'{indent}{nid}("{text}")'
+        if _is_branching(data):
+            return f'{indent}{nid}{{"{text}"}}'
+        return f'{indent}{nid}["{text}"]'
+
+    for node, data in g.nodes(data=True):
+        if node not in clustered:
+            lines.append(node_line(node, data))
+    for i, (origin, members) in enumerate(clusters.items()):
+        sid = f"sf_{i}_" + re.sub(r"[^A-Za-z0-9_]", "_", origin)
+        lines.append(f'  subgraph {sid} ["{mermaid_text("use " + origin)}"]')
+        for node in members:
+            lines.append(node_line(node, g.nodes[node], "    "))
+        lines.append("  end")
+    link_styles: list[str] = []
+    for index, (u, v, data) in enumerate(g.edges(data=True)):
+        label = edge_text(data)
+        if hot is not None:
+            count = hot.edge(u, v)
+            if count is not None and count <= 0:
+                label = f"{label}\nuncovered" if label else "uncovered"
+                link_styles.append(f"  linkStyle {index} stroke:{UNCOVERED_COLOR},stroke-dasharray:5 5")
+            elif count is not None:
+                label = f"{label} ({_fmt_count(count)})" if label else f"({_fmt_count(count)})"
+                level = hot.level(count, hot.edge_max)
+                link_styles.append(f"  linkStyle {index} stroke:{EDGE_HEAT[level]},"
+                                   f"stroke-width:{1 + level * 0.75:g}px")
+        arrow = f'-->|"{mermaid_text(label)}"|' if label else "-->"
+        lines.append(f"  {ids[u]} {arrow} {ids[v]}")
+    lines += link_styles
+    for nid, cls in classes:
+        lines.append(f"  class {nid} {cls}")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
+# ---------------------------------------------------------------------------------------------
+# Front door
+
+
+def format_for(out: str | Path | None, explicit: str | None = None) -> str:
+    """The output format: `explicit` if given, else from the file suffix, else DOT."""
+    if explicit:
+        if explicit not in FORMATS:
+            raise RenderError(f"unknown format `{explicit}` (choose from {', '.join(FORMATS)})")
+        return explicit
+    if out is None:
+        return "dot"
+    suffix = Path(out).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise RenderError(f"cannot tell the format from `{Path(out).name}`: use a .svg, .png, .dot or .mmd "
+                          "file name, or --format")
+    return SUFFIXES[suffix]
+
+
+def render(scenario: ir.Scenario, fmt: str, *, graph: nx.DiGraph | None = None,
+           heat: HeatMap | None = None, timeout: float = DOT_TIMEOUT_S) -> bytes:
+    """The picture in one of FORMATS, as bytes (UTF-8 text for dot/mmd/svg)."""
+    g = graph if graph is not None else compile_graph(scenario)
+    if fmt == "mmd":
+        return to_mermaid(scenario, g, heat=heat).encode("utf-8")
+    dot_text = to_dot(scenario, g, heat=heat)
+    if fmt == "dot":
+        return dot_text.encode("utf-8")
+    if fmt in ("svg", "png"):
+        return run_dot(dot_text, fmt, timeout=timeout)  # type: ignore[arg-type]
+    raise RenderError(f"unknown format `{fmt}` (choose from {', '.join(FORMATS)})")
