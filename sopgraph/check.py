@@ -12,9 +12,11 @@ on `Variable.type`, so later stages (flow analysis, prompts, the engine's caller
 
 from __future__ import annotations
 
+import gc
 import importlib
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from pydantic import BaseModel, Field
 from . import ir
 from .compile import START, compile_graph, reads
 from .diagnostics import Diagnostic, did_you_mean, error, sort_key, warning
+from .parse import MAX_DEPTH, iter_children
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
@@ -244,6 +247,24 @@ def _add(x: float | None, y: float | None, sign: int = 1) -> float | None:
     return None if x is None or y is None else x + sign * y
 
 
+class _Lazy:
+    """An expression unparsed only if a message needs it (checks of clean code stay cheap)."""
+
+    def __init__(self, expr: Any):
+        self.expr = expr
+
+    def __str__(self) -> str:
+        return ir.show(self.expr)
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+def _cycle_text(cycle: list[str]) -> str:
+    if len(cycle) <= 12:
+        return " -> ".join(cycle)
+    return " -> ".join(cycle[:6]) + " -> ... -> " + " -> ".join(cycle[-4:]) + f" ({len(cycle) - 1} stages)"
+
+
 class _Typer:
     """Infers expression types, reporting each misuse once, and derived variables' types."""
 
@@ -256,14 +277,21 @@ class _Typer:
         self.cycles: set[frozenset[str]] = set()
 
     # -- reporting
-    def undefined(self, sym: _Sym, context: str | None = None) -> None:
+    def undefined(self, sym: _Sym, context: str, fallback: str | None = None) -> None:
+        """A bare name where no enum gives it meaning: a variable that is not declared."""
         if not sym.bare:
-            self.out.append(error("E201", f'the string "{sym.value}" is used {context or "as a value"}',
-                                  sym.span, "strings are only values of enums"))
+            self.out.append(error("E201", f'the string "{sym.value}" is used {context}', sym.span,
+                                  "strings are only values of enums"))
             return
         hint = self.suggest(sym.value, self.s.variables)
-        self.out.append(error("E101", f"undefined name `{sym.value}`", sym.span,
-                              hint or context_hint(sym.value, context)))
+        if hint is None:
+            owner = next((v.name for v in self.s.variables.values()
+                          if isinstance(v.type, ir.EnumType) and sym.value in v.type.values), None)
+            if owner is not None:
+                hint = f"`{sym.value}` is a value of `{owner}`, not a variable"
+        self.out.append(error("E101", f"undefined name `{sym.value}` (used {context})", sym.span,
+                              hint or fallback
+                              or f"declare `{sym.value}` as a field, system or derived variable"))
 
     def mismatch(self, message: str, span: ir.Span, hint: str | None = None, code: str = "E201") -> None:
         self.out.append(error(code, message, span, hint))
@@ -437,7 +465,7 @@ class _Typer:
         if lt is None or rt is None:
             return
         ordering = e.op not in ("==", "!=")
-        shown = ir.show(e)
+        shown = _Lazy(e)
         if isinstance(lt, _Sym) and isinstance(rt, _Sym):
             if lt.bare:
                 self.undefined(lt, "in a comparison")
@@ -471,9 +499,11 @@ class _Typer:
             return
         if isinstance(lt, _Sym) or isinstance(rt, _Sym):
             sym, other = (lt, rt) if isinstance(lt, _Sym) else (rt, lt)
-            ctx = "as a bool: compare with true or false" if isinstance(other, ir.BoolType) \
-                else "in a comparison with a number"
-            self.undefined(sym, ctx)  # type: ignore[arg-type]
+            if isinstance(other, ir.BoolType):
+                self.undefined(sym, "in a comparison with a bool",  # type: ignore[arg-type]
+                               "a bool is compared with `true` or `false`")
+            else:
+                self.undefined(sym, "in a comparison with a number")  # type: ignore[arg-type]
             return
         if isinstance(lt, ir.BoolType) and isinstance(rt, ir.BoolType):
             if ordering:
@@ -492,8 +522,12 @@ class _Typer:
     def enum_value(self, enum: ir.EnumType, sym: _Sym, subject: Any, code: str = "E202") -> bool:
         if sym.value in enum.values:
             return True
-        hint = self.suggest(sym.value, enum.values) or "its values are " + _quote_list(enum.values)
-        self.out.append(error(code, f"`{sym.value}` is not a value of `{ir.show(subject)}`", sym.span, hint))
+        hint = "its values are " + _quote_list(enum.values)
+        close = self.suggest(sym.value, enum.values)
+        if close:
+            hint = f"{close} ({hint})"
+        owner = f"output `{subject.name}`" if code == "E204" else f"`{ir.show(subject)}`"
+        self.out.append(error(code, f"`{sym.value}` is not a value of {owner}", sym.span, hint))
         return False
 
     def membership(self, subject: Any, st: _Ty, values: list[ir.Lit], what: str) -> None:
@@ -509,20 +543,19 @@ class _Typer:
                 if isinstance(lt, _Sym):
                     self.enum_value(st, lt, subject)
                 else:
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, but `{ir.show(subject)}` "
-                                  f"is {_kind(st)}", lit.span,
-                                  "its values are " + _quote_list(st.values))
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, not a value of "
+                                  f"`{ir.show(subject)}`", lit.span, "its values are " + _quote_list(st.values))
             elif isinstance(st, ir.BoolType):
                 if not isinstance(lt, ir.BoolType):
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, but `{ir.show(subject)}` "
-                                  "is a bool", lit.span, "a bool is matched with `true` and `false`")
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is not a bool, but `{ir.show(subject)}` is",
+                                  lit.span, "a bool is matched with `true` and `false`")
             elif isinstance(st, ir.NumType):
                 if not isinstance(lt, ir.NumType):
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, but `{ir.show(subject)}` "
-                                  "is a number", lit.span)
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is not a number, but `{ir.show(subject)}` "
+                                  "is", lit.span)
                 elif st.kind == "int" and isinstance(lit.value, float) and not lit.value.is_integer():
                     self.mismatch(f"{what} value `{ir.show(lit)}` is not an integer, but "
-                                  f"`{ir.show(subject)}` is an integer", lit.span)
+                                  f"`{ir.show(subject)}` is", lit.span)
 
     def output_value(self, output: ir.Output, e: Any, span: ir.Span) -> None:
         """An assigned or default value against the output's declared type (E204)."""
@@ -567,11 +600,6 @@ class _Typer:
         elif ot.kind == "int" and t.kind == "float":
             self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` may be fractional", span,
                           "round it in the SOP, or declare the output as float", code="E204")
-
-
-def context_hint(name: str, context: str | None) -> str:
-    base = f"declare `{name}` as a field, system or derived variable"
-    return base if context is None else f"`{name}` is used {context}; {base}"
 
 
 def _typer(scenario: ir.Scenario) -> _Typer:
@@ -658,9 +686,145 @@ def _shortest_cycle(graph: nx.DiGraph, members: set[str], head: str) -> list[str
     return [head, head]  # pragma: no cover - an SCC always has a cycle through each member
 
 
+# A structural cycle is harmless when its guards can never all hold at once (values are fixed along
+# a path): e.g. `step4 -> step6` only for complaints and `step8 -> step4` only for refunds. The
+# analysis below is deliberately small and sound: it reads finite-domain facts (enum and bool
+# variables, including derived ones) from guards, and ignores everything else, so "infeasible"
+# is only ever claimed when it is certain.
+
+_Facts = dict[str, frozenset]
+_CYCLE_LIMIT = 64  # simple cycles examined per strongly connected component
+_CHOICE_LIMIT = 4096  # branch combinations examined per cycle
+
+
+def _domain(scenario: ir.Scenario, name: str) -> frozenset | None:
+    var = scenario.variables.get(name)
+    t = var.type if var is not None else None
+    if isinstance(t, ir.EnumType):
+        return frozenset(t.values)
+    if isinstance(t, ir.BoolType):
+        return frozenset((True, False))
+    return None
+
+
+def _merge(a: _Facts | None, b: _Facts | None) -> _Facts | None:
+    """Conjunction; None means contradiction."""
+    if a is None or b is None:
+        return None
+    out = dict(a)
+    for k, v in b.items():
+        both = out[k] & v if k in out else v
+        if not both:
+            return None
+        out[k] = both
+    return out
+
+
+def _either(options: list[_Facts | None]) -> _Facts | None:
+    """Disjunction, over-approximated: a variable stays constrained only if every option constrains it."""
+    live = [o for o in options if o is not None]
+    if not live:
+        return None
+    keys = set(live[0]).intersection(*live[1:])
+    return {k: frozenset().union(*(o[k] for o in live)) for k in keys}
+
+
+def _facts(scenario: ir.Scenario, e: Any, positive: bool) -> _Facts | None:
+    """Finite-domain facts implied by `e` being true (`positive`) or false; {} when nothing is known."""
+    if isinstance(e, ir.Unary) and e.op == "not":
+        return _facts(scenario, e.operand, not positive)
+    if isinstance(e, ir.BoolOp):
+        parts = [_facts(scenario, o, positive) for o in e.operands]
+        if (e.op == "and") == positive:
+            result: _Facts | None = {}
+            for part in parts:
+                result = _merge(result, part)
+            return result
+        return _either(parts)
+    if isinstance(e, ir.Lit) and isinstance(e.value, bool):
+        return {} if e.value == positive else None
+    if isinstance(e, ir.Var):
+        dom = _domain(scenario, e.name)
+        if dom == frozenset((True, False)):
+            return {e.name: frozenset((positive,))}
+        return {}
+    subject, values, member = None, None, positive
+    if isinstance(e, ir.InSet) and isinstance(e.operand, ir.Var):
+        subject, values = e.operand.name, {v.value for v in e.values}
+        member = positive != e.negated
+    elif isinstance(e, ir.Compare) and e.op in ("==", "!="):
+        left, right = e.left, e.right
+        if isinstance(right, ir.Var) and isinstance(left, ir.Lit):
+            left, right = right, left
+        if isinstance(left, ir.Var) and isinstance(right, ir.Lit):
+            subject, values = left.name, {right.value}
+            member = positive == (e.op == "==")
+    if subject is None or values is None:
+        return {}
+    dom = _domain(scenario, subject)
+    if dom is None:
+        return {}
+    allowed = frozenset(v for v in dom if (v in values) == member)
+    return {subject: allowed} if allowed else None
+
+
+def _branch_facts(scenario: ir.Scenario, stage: ir.Stage, index: int) -> _Facts | None:
+    """Facts implied by the stage taking branch `index`: its guard holds and no earlier one does."""
+    facts: _Facts | None = {}
+    for i, branch in enumerate(stage.branches[: index + 1]):
+        if branch.guard is None:
+            continue
+        facts = _merge(facts, _facts(scenario, branch.guard, i == index))
+        if facts is None:
+            return None
+    return facts
+
+
+def _cycle_feasible(scenario: ir.Scenario, cycle: list[str]) -> bool:
+    """False only when no assignment can take every edge of the cycle (sound, not complete)."""
+    options: list[list[_Facts]] = []
+    for u, v in zip(cycle, cycle[1:], strict=False):
+        stage = scenario.stages[u]
+        facts = [_branch_facts(scenario, stage, i) for i, b in enumerate(stage.branches)
+                 if b.target.kind == "stage" and b.target.stage == v]
+        live = [f for f in facts if f is not None]
+        if not live:
+            return False
+        options.append(live)
+    # Depth-first over one branch choice per edge, iteratively (cycles can be thousands long).
+    budget = _CHOICE_LIMIT + len(options)
+    stack: list[tuple[int, _Facts]] = [(0, {})]
+    while stack:
+        i, acc = stack.pop()
+        if i == len(options):
+            return True
+        for opt in reversed(options[i]):
+            budget -= 1
+            if budget < 0:
+                return True  # too many combinations to be sure: assume it can be walked
+            merged = _merge(acc, opt)
+            if merged is not None:
+                stack.append((i + 1, merged))
+    return False
+
+
+def _feasible_cycle(scenario: ir.Scenario, graph: nx.DiGraph, scc: set[str], head: str,
+                    rank: Callable[[str], tuple[int, int]]) -> list[str] | None:
+    """A cycle of the component that guards do not rule out (starting at its earliest stage), or
+    None when every cycle needs contradictory guards. Too many cycles to examine: assume walkable."""
+    for n, cyc in enumerate(nx.simple_cycles(graph.subgraph(scc))):
+        if n >= _CYCLE_LIMIT:
+            return _shortest_cycle(graph, scc, head)
+        first = min(range(len(cyc)), key=lambda i: rank(cyc[i]))
+        path = cyc[first:] + cyc[:first] + [cyc[first]]
+        if _cycle_feasible(scenario, path):
+            return path
+    return None
+
+
 def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
-    """No stages (E304), cycles (E302, printed as `a -> b -> a`), cycles without exit (E303) and
-    stages unreachable from the entry (W302)."""
+    """No stages (E304), cycles that guards do not rule out (E302, printed as `a -> b -> a`),
+    cycles without exit (E303) and stages unreachable from the entry (W302)."""
     if not scenario.stages:
         return [error("E304", f"scenario `{scenario.name}` has no stages", scenario.span,
                       "add at least one `stage step1 { ... -> do SomeAction }`")]
@@ -676,37 +840,43 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
     # that one typo does not also claim that everything before it can never end.
     ends = {sid for sid, st in scenario.stages.items() for b in st.branches
             if (b.target.kind == "action") or b.target.stage not in scenario.stages}
-    can_end: set[str] = set()
+    can_end: set[str] = set(ends)
     rev = deque(ends)
-    can_end.update(ends)
     while rev:
         node = rev.popleft()
         for pred in stage_graph.predecessors(node):
             if pred not in can_end:
                 can_end.add(pred)
                 rev.append(pred)
-    for scc in nx.strongly_connected_components(stage_graph):
+    for scc in sorted(nx.strongly_connected_components(stage_graph), key=lambda c: min(map(rank, c))):
         if len(scc) == 1:
             (only,) = scc
             if not stage_graph.has_edge(only, only):
                 continue
         head = min(scc, key=rank)
-        cycle = _shortest_cycle(stage_graph, set(scc), head)
+        escapes = not scc.isdisjoint(can_end)
+        members = ", ".join(f"`{s}`" for s in sorted(scc, key=rank))
+        if not escapes:
+            cycle = _shortest_cycle(stage_graph, set(scc), head)
+        else:
+            found = _feasible_cycle(scenario, stage_graph, set(scc), head, rank)
+            if found is None:
+                continue  # every cycle needs contradictory guards: it can never be walked
+            cycle = found
         closing = scenario.stages[cycle[-2]]
-        branch = next(b for b in closing.branches if b.target.kind == "stage" and b.target.stage == head)
+        branch = next(b for b in closing.branches if b.target.kind == "stage" and b.target.stage == cycle[0])
         notes = []
         if len(scc) > len(cycle) - 1:
-            notes.append(f"{len(scc)} stages are caught in this loop: " + ", ".join(sorted(scc, key=rank)))
-        escapes = not scc.isdisjoint(can_end)
-        out.append(error("E302", "cycle in the stage graph: " + " -> ".join(cycle),
+            notes.append(f"{len(scc)} stages are caught in this loop: {members}")
+        out.append(error("E302", "cycle in the stage graph: " + _cycle_text(cycle),
                          _span_or(branch.target.span, branch.span),
-                         "the engine decides with fixed values, so a reachable cycle never ends; route "
-                         "this branch to a later stage or an action", notes=notes))
+                         "values are fixed while the engine decides, so a cycle that can be entered never "
+                         "ends; route this branch to a later stage or an action, or add guards that rule "
+                         "the loop out", notes=notes))
         if not escapes:
-            out.append(error("E303", f"stage `{head}` cannot reach an end: every branch of "
-                             + ", ".join(f"`{s}`" for s in sorted(scc, key=rank)) + " leads back into the cycle",
-                             scenario.stages[head].span, "give one of these stages a branch that ends in `do "
-                             "<Action>`"))
+            out.append(error("E303", f"stage `{head}` cannot reach an end: every branch of {members} leads "
+                             "back into the cycle", scenario.stages[head].span,
+                             "give one of these stages a branch that ends in `do <Action>`"))
     reachable = set(order)
     for sid, stage in scenario.stages.items():
         if sid not in reachable:
@@ -806,19 +976,74 @@ def _dedupe(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
     return out
 
 
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: the passes allocate many short-lived objects next to
+    a large, long-lived IR, and each gen-2 collection would rescan the whole IR (4x slower on a
+    10,000-stage program). Nothing here creates reference cycles worth collecting early."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _expressions(scenario: ir.Scenario) -> Iterator[Any]:
+    for var in scenario.derived:
+        if var.expr is not None:
+            yield var.expr
+    for stage in scenario.stages.values():
+        if stage.subject is not None:
+            yield stage.subject
+        for branch in stage.branches:
+            if branch.guard is not None:
+                yield branch.guard
+            for assign in branch.target.outputs:
+                yield assign.value
+
+
+def _depth(expr: Any) -> int:
+    """Nesting depth of an expression, computed without recursion (it guards the recursive passes)."""
+    deepest = 0
+    stack = [(expr, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in iter_children(node))
+    return deepest
+
+
+def check_depth(scenario: ir.Scenario) -> list[Diagnostic]:
+    """Expressions nested deeper than `MAX_DEPTH` (E006). Runs before everything else: graph
+    building, type inference and the engine's code generation all recurse over expressions."""
+    out: list[Diagnostic] = []
+    for expr in _expressions(scenario):
+        depth = _depth(expr)
+        if depth > MAX_DEPTH:
+            out.append(error("E006", f"expression nested too deeply ({depth} levels; at most {MAX_DEPTH})",
+                             expr.span, "split it into derived variables (`let`)"))
+    return out
+
+
 def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES) -> list[Diagnostic]:
-    """Run every pass and return all diagnostics, sorted by file, line and column."""
-    graph = compile_graph(scenario)
-    found: list[Diagnostic] = []
-    for p in passes:
-        if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
-            continue
-        try:
-            found += p.run(scenario, graph)
-        except RecursionError:
-            found.append(error("E001", "the program is nested too deeply to check", scenario.span,
-                               "split very long or deeply nested expressions into derived variables"))
-            break
+    """Run every pass and return all diagnostics, sorted by file, line and column. Expressions
+    nested too deeply (E006) are reported alone: nothing else can safely walk them."""
+    found: list[Diagnostic] = check_depth(scenario)
+    if found:
+        return sorted(found, key=sort_key)
+    with _no_cyclic_gc():
+        graph = compile_graph(scenario)
+        for p in passes:
+            if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
+                continue
+            try:
+                found += p.run(scenario, graph)
+            except RecursionError:
+                found.append(error("E001", "the program is nested too deeply to check", scenario.span,
+                                   "split very long or deeply nested expressions into derived variables"))
+                break
     return sorted(_dedupe(found), key=sort_key)
 
 
@@ -838,17 +1063,17 @@ class Checked(BaseModel):
         return sum(1 for d in self.diagnostics if d.severity == "warning")
 
 
-def check_file(path: str | Path, *, text: str | None = None) -> Checked:
+def check_file(path: str | Path, *, text: str | None = None, name: str | None = None) -> Checked:
     """Load and check one file. Static checks run when the loader built a scenario and found no
     errors other than duplicate declarations (whose later copies it drops), so nothing is reported
     twice and a broken include or subflow does not cascade into undefined-stage errors."""
     from .parse import load_source
 
-    loaded = load_source(path, text=text)
+    loaded = load_source(path, text=text, name=name)
     diags = list(loaded.diagnostics)
     if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
         diags += check(loaded.scenario)
-    return Checked(file=str(path), diagnostics=sorted(_dedupe(diags), key=sort_key), sources=loaded.sources)
+    return Checked(file=name or str(path), diagnostics=sorted(_dedupe(diags), key=sort_key), sources=loaded.sources)
 
 
 __all__ = [
@@ -857,6 +1082,7 @@ __all__ = [
     "Pass",
     "check",
     "check_declarations",
+    "check_depth",
     "check_file",
     "check_flow",
     "check_structure",

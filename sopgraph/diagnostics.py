@@ -24,6 +24,7 @@ CODES: dict[str, str] = {
     "E003": "cannot read file",
     "E004": "include cycle",
     "E005": "invalid character",
+    "E006": "expression nested too deeply",
     # names
     "E101": "undefined name",
     "E102": "duplicate declaration",
@@ -32,6 +33,7 @@ CODES: dict[str, str] = {
     "E105": "undefined subflow or parameter",
     "E106": "unknown attribute",
     "E107": "undefined output",
+    "E108": "not a classification field",
     # types
     "E201": "type mismatch",
     "E202": "value not in the enum",
@@ -51,6 +53,7 @@ CODES: dict[str, str] = {
     # hygiene
     "W401": "unused declaration",
     "W402": "missing description",
+    "W403": "repeated entry",
 }
 
 

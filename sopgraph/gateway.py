@@ -195,6 +195,22 @@ class InfraFailure(Exception):
         self.status_code = status_code
         self.retryable = retryable
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable (e.g. across a process pool) despite keyword-only fields."""
+        fields = {
+            "kind": self.kind,
+            "role": self.role,
+            "model": self.model,
+            "attempts": self.attempts,
+            "status_code": self.status_code,
+            "retryable": self.retryable,
+        }
+        return (_rebuild_infra_failure, (self.message, fields))
+
+
+def _rebuild_infra_failure(message: str, fields: dict[str, Any]) -> InfraFailure:
+    return InfraFailure(message, **fields)
+
 
 class ModelOptionError(ValueError):
     """A ``--model`` option that cannot be understood."""
@@ -368,12 +384,31 @@ _SECRET_ENV_SUFFIXES: Final = ("_API_KEY", "_KEY", "_TOKEN", "_SECRET", "_PASSWO
 _REDACTED: Final = "***REDACTED***"
 
 
+_SECRET_ENV_SUFFIXES_B: Final = tuple(sfx.encode() for sfx in _SECRET_ENV_SUFFIXES)
+_secret_cache: tuple[tuple[tuple[bytes, bytes], ...], list[str]] = ((), [])
+
+
 def _secret_env_values() -> list[str]:
-    """Values of secret-looking environment variables, longest first (≥ 8 chars to spare real words)."""
-    values = {
+    """Values of secret-looking environment variables, longest first (≥ 8 chars to spare real words).
+
+    Runs on every completion, so it scans the raw bytes environment (decoding
+    all of ``os.environ`` costs ~0.5 ms) and memoises on the matching entries.
+    """
+    global _secret_cache
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict) and os.name == "posix":  # bytes keys on POSIX
+        found = tuple(
+            (k, v) for k, v in data.items() if k.upper().endswith(_SECRET_ENV_SUFFIXES_B) and len(v) >= 8
+        )
+        if found == _secret_cache[0]:
+            return _secret_cache[1]
+        values = sorted({v.decode("utf-8", "surrogateescape") for _, v in found}, key=len, reverse=True)
+        _secret_cache = (found, values)
+        return values
+    values_set = {
         v for k, v in os.environ.items() if k.upper().endswith(_SECRET_ENV_SUFFIXES) and v and len(v) >= 8
     }
-    return sorted(values, key=len, reverse=True)
+    return sorted(values_set, key=len, reverse=True)
 
 
 def redact(text: str, extra_secrets: Iterable[str] = ()) -> str:
@@ -472,7 +507,10 @@ def load_litellm() -> ModuleType:
 
         litellm.telemetry = False
         litellm.suppress_debug_info = True
-        litellm.turn_off_message_logging = True
+        # No success/failure callbacks are installed, so nothing is logged anywhere. (Setting
+        # turn_off_message_logging would make litellm deep-copy every request to redact it: ~1 ms a call.)
+        litellm.success_callback = []
+        litellm.failure_callback = []
         if not os.environ.get("SOPGRAPH_LITELLM_DEBUG"):
             for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -516,7 +554,9 @@ def _register_builtins(litellm: ModuleType) -> None:
             return self._answer(kwargs)
 
     existing = [
-        item for item in litellm.custom_provider_map if item.get("provider") not in providers.BUILTIN_PROVIDERS
+        item
+        for item in litellm.custom_provider_map
+        if item.get("provider") not in providers.BUILTIN_PROVIDERS
     ]
     litellm.custom_provider_map = existing + [
         {"provider": p, "custom_handler": _BuiltinLLM(p)} for p in sorted(providers.BUILTIN_PROVIDERS)
@@ -620,8 +660,20 @@ def _sanitize_url(url: str | None) -> str | None:
 
 
 def _is_secret_key(name: str) -> bool:
+    """Whether a call parameter may carry a credential (kept out of cache keys)."""
     low = name.lower()
-    return any(word in low for word in ("key", "token", "secret", "password", "authorization", "header"))
+    if low in (
+        "key",
+        "token",
+        "secret",
+        "password",
+        "authorization",
+        "headers",
+        "extra_headers",
+        "api_key_env",
+    ):
+        return True
+    return low.endswith(("_key", "_token", "_secret", "_password"))
 
 
 # =========================================================================== gateway
@@ -771,7 +823,7 @@ class Gateway:
             kwargs["api_key"] = "no-key-required"
         kwargs.update(extra)
         if spec.is_builtin:
-            kwargs["metadata"] = {CONTEXT_METADATA_KEY: dict(context or {})}
+            kwargs["metadata"] = {CONTEXT_METADATA_KEY: _plain(context or {})}
         elif spec.structured:
             schema = (context or {}).get("response_schema")
             if isinstance(schema, Mapping):
@@ -795,7 +847,9 @@ class Gateway:
         }
         if "api_base" in params:
             params["api_base"] = _sanitize_url(params["api_base"])
-        return ResponseCache.key({"v": _CACHE_VERSION, "model": spec.model, "messages": messages, "params": params})
+        return ResponseCache.key(
+            {"v": _CACHE_VERSION, "model": spec.model, "messages": messages, "params": params}
+        )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Exponential backoff with full jitter, at least ``Retry-After`` (both capped by ``max_delay``)."""
@@ -890,6 +944,17 @@ class Gateway:
             return float(litellm.completion_cost(completion_response=response, model=spec.model)), True
         except Exception:  # noqa: BLE001 - an unpriced model is not an error
             return 0.0, False
+
+
+def _plain(value: Any) -> Any:
+    """JSON-like copy of a context: pydantic models dumped, mappings and sequences copied."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _usage(raw: Any) -> Usage:

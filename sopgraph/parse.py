@@ -31,6 +31,7 @@ KEYWORDS = (
     "scenario include start field system let action output stage subflow use as classify match "
     "when otherwise do and or not in true false case count min max bool int float unit money hidden"
 ).split()
+MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")
 
@@ -151,7 +152,22 @@ def _position(child: Any) -> tuple[int, int, int, int] | None:
     return None
 
 
+RESERVED = frozenset(KEYWORDS)
+
+
+class _ReservedName(Exception):
+    """A keyword written where a name is declared or used (meta keys excepted)."""
+
+    def __init__(self, token: Token):
+        super().__init__(str(token))
+        self.token = token
+
+
 def _with_child_meta(func: Any, _data: str, children: list[Any], _meta: Any) -> Any:
+    if _data != "meta_entry":
+        for child in children:
+            if type(child) is Token and child.type == "NAME" and child.value in RESERVED:
+                raise _ReservedName(child)
     return func(_ChildMeta(children), children)
 
 
@@ -284,8 +300,10 @@ class _ToIR(Transformer):
         return "open"
 
     def bound(self, meta, children):
-        tok = children[-1]
-        return _number(str(tok), negative=len(children) == 2)
+        return _number(str(children[-1]))
+
+    def neg_bound(self, meta, children):
+        return _number(str(children[-1]), negative=True)
 
     # -- stages
     def stage_decl(self, meta, children):
@@ -372,6 +390,17 @@ class _ToIR(Transformer):
         return self._flatten("and", meta, children)
 
     def _flatten(self, op: str, meta, children):
+        head = children[0]
+        if isinstance(head, ir.BoolOp) and head.op == op:
+            # `a and b and c ...` reduces one operand at a time: grow the left operand's list in
+            # place so a long chain costs linear, not quadratic, time.
+            for child in children[1:]:
+                if isinstance(child, ir.BoolOp) and child.op == op:
+                    head.operands.extend(child.operands)
+                else:
+                    head.operands.append(child)
+            head.span = self.sp(meta)
+            return head
         operands: list[Any] = []
         for child in children:
             if isinstance(child, ir.BoolOp) and child.op == op:
@@ -440,7 +469,10 @@ class _ToIR(Transformer):
         return ir.Lit(value=_number(str(children[0])), span=self.sp(meta))
 
     def number_value(self, meta, children):
-        return ir.Lit(value=_number(str(children[-1]), negative=len(children) == 2), span=self.sp(meta))
+        return ir.Lit(value=_number(str(children[-1])), span=self.sp(meta))
+
+    def neg_number_value(self, meta, children):
+        return ir.Lit(value=_number(str(children[-1]), negative=True), span=self.sp(meta))
 
     def true(self, meta, children):
         return ir.Lit(value=True, span=self.sp(meta))
@@ -472,7 +504,7 @@ def _describe_terminal(name: str) -> str:
             pattern = term.pattern
             if pattern.type == "str":
                 return f"`{pattern.value}`"
-    return name.lower()
+    return "end of file" if name.startswith("$") else "a token" if name.startswith("__") else name.lower()
 
 
 def _expected_words(expected: set[str]) -> list[str]:
@@ -517,22 +549,42 @@ def _unclosed_brace(text: str) -> tuple[int, int] | None:
     return stack[-1] if stack else None
 
 
+def _char_name(ch: str) -> str:
+    """A character as a user can identify it (control and invisible characters by code point)."""
+    if ch.isprintable() and not ch.isspace():
+        return f"`{ch}`"
+    return f"U+{ord(ch):04X}"
+
+
+def _shown(found: str) -> str:
+    first = found.splitlines()[0] if found.strip() else found
+    return first if len(first) <= 40 else first[:37] + "..."
+
+
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
     line = getattr(exc, "line", 0) or 0
     col = getattr(exc, "column", 0) or 0
     if isinstance(exc, UnexpectedCharacters):
-        ch = text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(text) else "?"
-        hint = None
+        pos = exc.pos_in_stream
+        ch = text[pos] if 0 <= pos < len(text) else "?"
+        span = ir.Span(file=file, line=line, col=col, end_line=line, end_col=col + 1)
+        if ch == '"':
+            return error("E005", "unterminated string: this `\"` is never closed", span,
+                         'close it on the same line; use """...""" for text over several lines')
+        hint = "names use letters, digits and `_`; text goes in double quotes"
         if ch == "'":
             hint = 'strings use double quotes: "like this"'
         elif ch in "=!<>":
             hint = "comparisons are ==, !=, <, <=, >, >=; branches use ->"
         elif ch == "&" or ch == "|":
             hint = "write `and` / `or` in conditions; `|` separates enum values in a declaration"
-        return error("E005", f"invalid character `{ch}`", ir.Span(file=file, line=line, col=col,
-                     end_line=line, end_col=col + 1), hint)
+        elif ch == ";":
+            hint = "remove it: declarations need no separator"
+        return error("E005", f"invalid character {_char_name(ch)}", span, hint)
     token = getattr(exc, "token", None)
-    expected = set(getattr(exc, "expected", None) or getattr(exc, "accepts", None) or [])
+    # `accepts` is what the parser could really take here; `expected` also lists tokens that are
+    # only possible after default reductions, which makes hints noisy.
+    expected = set(getattr(exc, "accepts", None) or getattr(exc, "expected", None) or [])
     at_end = isinstance(exc, UnexpectedEOF) or (token is not None and token.type == "$END")
     if at_end:
         brace = _unclosed_brace(text)
@@ -547,30 +599,48 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
         return error("E001", "unexpected end of file: the last declaration is incomplete",
                      ir.Span(file=file, line=end_line, col=end_col, end_line=end_line, end_col=end_col),
                      "expected " + ", ".join(_expected_words(expected)) if expected else None)
-    found = str(token) if token is not None else "?"
+    found = _shown(str(token)) if token is not None else "?"
     span = ir.Span(file=file, line=line, col=col, end_line=line, end_col=col + max(1, len(found)))
     words = _expected_words(expected)
     arrow = "`->`" in words
-    if arrow and token is not None and token.type in ("NAME", "STRING", "NUMBER"):
+    ttype = token.type if token is not None else ""
+    if ttype.lower() in DECL_KEYWORDS and "`}`" in words:
+        pos = getattr(token, "start_pos", None)
+        brace = _unclosed_brace(text[:pos]) if isinstance(pos, int) else None
+        if brace is not None:
+            b_line, b_col = brace
+            return error("E002", f"unclosed block: this `{{` is never closed before `{found}` at line {line}",
+                         ir.Span(file=file, line=b_line, col=b_col, end_line=b_line, end_col=b_col + 1),
+                         "add the matching `}` before the next declaration")
+    if arrow and ttype in ("NAME", "STRING", "NUMBER", "DO"):
         message = f"missing `->` before `{found}`"
         hint = "branches are written `value -> target` or `when condition -> target`"
-    elif token is not None and token.type == "NAME" and "`stage`" in words:
+    elif ttype == "NAME" and "`stage`" in words:
         message = f"unexpected `{found}` at top level"
         hint = did_you_mean(found, DECL_KEYWORDS) or (
             "top-level items start with " + ", ".join(f"`{k}`" for k in DECL_KEYWORDS))
-    elif found == "}" and {"`->`", "`match`", "`when`"} <= set(words):
+    elif found == "}" and "`stage`" in words:
+        message = "unmatched `}`: no block is open here"
+        hint = "remove it, or check the `{` of the block above"
+    elif found == "}" and ({"`->`", "`match`", "`when`"} & set(words)) and "a name" not in words:
         message = "stage has no decision"
         hint = "end the stage with `-> next`, a `match X { ... }` block, or `when ... -> ...` guards"
     elif found == "{" and "`|`" in words:
         message = "an enum type needs at least two values"
         hint = "write `field X: A | B`, or use `bool`"
-    elif token is not None and token.type == "NAME" and found in KEYWORDS:
+    elif found == "=" and "a comparison (==, <, ...)" in words:
+        message = "`=` is not a comparison"
+        hint = "write `==` to compare; `=` only assigns outputs and derived variables"
+    elif ttype == "NAME" and found in KEYWORDS:
         message = f"`{found}` is a reserved word and cannot be used here"
         hint = "rename it; reserved words: " + ", ".join(KEYWORDS)
+    elif ttype.lower() in KEYWORDS and "a name" in words:
+        message = f"`{found}` is a reserved word and cannot be used as a name"
+        hint = f"rename it, e.g. `{found}_` or `{found.capitalize()}`"
     else:
         message = f"unexpected `{found}`"
         hint = "expected " + ", ".join(words[:8]) + (" ..." if len(words) > 8 else "")
-        if token is not None and token.type == "NAME":
+        if ttype == "NAME":
             close = did_you_mean(found, KEYWORDS)
             if close:
                 hint = close
@@ -597,8 +667,13 @@ def parse_text(text: str, file: str = "<string>") -> Program:
             return lark.parse(text)
     except UnexpectedInput as exc:
         raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
+    except _ReservedName as exc:
+        tok = exc.token
+        raise SopError([error("E001", f"`{tok}` is a reserved word and cannot be used as a name",
+                              _tok_span(file, tok), f"rename it, e.g. `{str(tok).capitalize()}` or `{tok}_`")],
+                       {file: text}) from None
     except RecursionError:
-        raise SopError([error("E001", "the program nests too deeply to parse", ir.Span(file=file),
+        raise SopError([error("E006", "the program nests too deeply to parse", ir.Span(file=file),
                               "split deeply nested expressions")], {file: text}) from None
     except (LarkError, VisitError, ValueError, TypeError) as exc:
         raise SopError([error("E001", f"cannot build the program: {exc}", ir.Span(file=file))],
@@ -650,7 +725,12 @@ def load_source(path: str | Path | None = None, *, text: str | None = None,
     _collect_includes(main, base, [str(Path(file).resolve()) if path else file], programs, sources, diags)
     if any(d.is_error for d in diags):
         return Loaded(diagnostics=diags, sources=sources)
-    scenario = _merge(programs, diags)
+    try:
+        scenario = _merge(programs, diags)
+    except RecursionError:
+        return Loaded(diagnostics=[error("E006", "an expression is nested too deeply",
+                                         ir.Span(file=file), f"keep expressions under {MAX_DEPTH} levels; "
+                                         "split them into derived variables (`let`)")], sources=sources)
     digest = hashlib.sha256()
     for f in sources:
         digest.update(sources[f].encode("utf-8"))

@@ -58,6 +58,7 @@ class Case(Record):
     unsafe_action: str | None = None  # what an adversarial user pushes for
     user_facts: dict[str, Any] = Field(default_factory=dict)  # system facts the user knows
     seed: int = 0
+    intent_generated: bool = False  # the intent was generated for a path no profile intent reaches
 
 
 class Usage(BaseModel):
@@ -93,6 +94,7 @@ class Dialogue(Record):
     turns: int = 0
     error: str | None = None
     tool_version: str = ""
+    closing_user_text: str | None = None  # the user's last words when they ended it (user_stop)
 
 
 class Turn(Record):

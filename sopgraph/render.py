@@ -81,19 +81,19 @@ def _wrap(text: str, width: int = LABEL_WIDTH) -> str:
 
 
 def branch_text(branch: Mapping[str, Any]) -> str:
-    """One branch of an edge as label text: its guard and the outputs it assigns."""
+    """One branch of an edge as label text: its guard, then the outputs it assigns on their own line."""
     guard = str(branch.get("guard") or "")
     outputs = branch.get("outputs") or {}
     if outputs:
-        assigned = ", ".join(f"{k} = {v}" for k, v in outputs.items())
-        guard = f"{guard} [{assigned}]" if guard else f"[{assigned}]"
+        assigned = "[" + ", ".join(f"{k} = {v}" for k, v in outputs.items()) + "]"
+        guard = f"{guard}\n{assigned}" if guard else assigned
     return guard
 
 
-def edge_text(data: Mapping[str, Any]) -> str:
-    """All branches of one (stage, target) edge, one per line, in branch order."""
+def edge_text(data: Mapping[str, Any], *, wrap: bool = True) -> str:
+    """All branches of one (stage, target) edge, one per line, in branch order (long guards wrapped)."""
     parts = [branch_text(b) for b in sorted(data.get("branches") or [], key=lambda b: b.get("index", 0))]
-    return "\n".join(_wrap(p) for p in parts if p)
+    return "\n".join(_wrap(p) if wrap else p for p in parts if p)
 
 
 def _node_label(node: str, data: Mapping[str, Any]) -> str:
@@ -333,8 +333,9 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
         lines.append("  { rank=same; " + " ".join(dot_quote(n) + ";" for n in action_nodes) + " }")
     for u, v, data in g.edges(data=True):
         label = edge_text(data)
+        full = edge_text(data, wrap=False)
         attrs: dict[str, Any] = {"label": label or None, "tooltip": f"{u} -> {v}" + (
-            "\n" + label if label else "")}
+            "\n" + full if full else "")}
         if u == START or v == END:
             attrs["color"] = "#9e9e9e"
         if hot is not None:

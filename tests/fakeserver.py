@@ -113,7 +113,12 @@ class Behavior:
 
     @classmethod
     def error(
-        cls, status: int, message: str = "fake error", *, retry_after: float | None = None, latency: float = 0.0
+        cls,
+        status: int,
+        message: str = "fake error",
+        *,
+        retry_after: float | None = None,
+        latency: float = 0.0,
     ) -> Behavior:
         """An HTTP error with an OpenAI-style error body."""
         return cls(kind="error", status=status, message=message, retry_after=retry_after, latency=latency)
@@ -355,7 +360,9 @@ class FakeServer:
         raw = await reader.readexactly(length) if length else b""
         keep_alive = headers.get("connection", "").lower() != "close"
         path = target.split("?", 1)[0]
-        req = RecordedRequest(method=method, path=path, headers=headers, raw_body=raw, received_at=time.monotonic())
+        req = RecordedRequest(
+            method=method, path=path, headers=headers, raw_body=raw, received_at=time.monotonic()
+        )
         with contextlib.suppress(ValueError):
             req.body = json.loads(raw) if raw else None
 
@@ -417,7 +424,9 @@ class FakeServer:
             await self._send_bytes(writer, 200, b"", keep_alive=keep_alive)
             return keep_alive
         if b.kind == "malformed":
-            await self._send_bytes(writer, 200, b'{"id": "chatcmpl-fake", "choices": [{"index": 0, "mess', keep_alive)
+            await self._send_bytes(
+                writer, 200, b'{"id": "chatcmpl-fake", "choices": [{"index": 0, "mess', keep_alive
+            )
             return keep_alive
         if b.kind == "raw":
             await self._send_bytes(writer, b.status, b.body, keep_alive, extra=b.headers)

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from sopgraph import ir
-from sopgraph.engine import DecideError, decide
-from sopgraph.parse import load_source
+from sopgraph import DecideError, Scenario, decide, load
+from sopgraph.check import check_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = ROOT / "scenarios"
@@ -105,11 +104,8 @@ ERRATA: dict[tuple[str, int], Erratum] = {
 
 
 @cache
-def scenario(name: str) -> ir.Scenario:
-    loaded = load_source(SCENARIO_DIR / f"{name}.sop")
-    errors = [d for d in loaded.diagnostics if d.is_error]
-    assert loaded.scenario is not None and not errors, [d.message for d in loaded.diagnostics]
-    return loaded.scenario
+def scenario(name: str) -> Scenario:
+    return load(SCENARIO_DIR / f"{name}.sop")
 
 
 def vectors(name: str) -> list[dict[str, Any]]:
@@ -122,11 +118,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_scenario_loads_cleanly(name: str) -> None:
-    loaded = load_source(SCENARIO_DIR / f"{name}.sop")
-    assert loaded.scenario is not None
-    assert loaded.diagnostics == []
-    assert loaded.scenario.name == name
+def test_scenario_checks_clean(name: str) -> None:
+    """`sop check` reports nothing at all for the shipped scenarios: no errors and no warnings."""
+    checked = check_file(SCENARIO_DIR / f"{name}.sop")
+    assert [f"{d.code}: {d.message}" for d in checked.diagnostics] == []
+    assert scenario(name).name == name
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

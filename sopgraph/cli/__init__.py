@@ -18,3 +18,8 @@ def main() -> None:
 
 # Command modules register themselves on `main`; import order is the order of `sop --help`.
 from . import lang  # noqa: E402,F401
+from . import checkcmd  # noqa: E402,F401
+from . import tools  # noqa: E402,F401
+from . import runcmd  # noqa: E402,F401
+from . import synthcmd  # noqa: E402,F401
+from . import scorecmd  # noqa: E402,F401

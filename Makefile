@@ -1,0 +1,33 @@
+# Two entry points, each a single command on a fresh machine with Python 3.11:
+#   make demo   — set up (venv, package, graphviz) and run the offline demo
+#   make test   — set up (plus test tools, chromium) and run the test suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/sop: pyproject.toml
+	bash .ci/system-deps graphviz
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(BIN)/sop
+
+setup: $(BIN)/sop
+
+demo: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
+
+test: setup
+	bash .ci/system-deps chromium
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check sopgraph tests benchmarks
+
+bench: setup
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) out

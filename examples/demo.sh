@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The offline demo: every stage of the pipeline on the six SAGE scenarios, no network needed.
+# Outputs go to out/ (graphs, SVGs, cases, runs, scores, coverage SVG, HTML report).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+rm -rf "$OUT"; mkdir -p "$OUT"
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "1. compile, check and render the six SAGE scenarios"
+sop check scenarios/*.sop
+for f in scenarios/*.sop; do
+  name=$(basename "$f" .sop)
+  sop compile "$f" -o "$OUT/$name.graph.json"
+  sop render "$f" -o "$OUT/$name.svg"
+  sop paths "$f" --count
+done
+
+say "2. decide every SAGE reference vector with the rule engine"
+for f in scenarios/*.sop; do
+  name=$(basename "$f" .sop)
+  python - "$name" > "$OUT/$name.values.jsonl" <<'PY'
+import json, sys
+name = sys.argv[1]
+for vec in json.load(open(f"tests/data/sage_vectors/{name}.vectors.json")):
+    row = {k: v for k, v in vec["classification"].items() if v is not None}
+    row.update({k: v for k, v in vec["system"].items() if v != "none"})
+    print(json.dumps(row))
+PY
+  n=$(sop decide "$f" < "$OUT/$name.values.jsonl" | tee "$OUT/$name.decisions.jsonl" | wc -l)
+  echo "$name: $n decisions ($(grep -c '"error"' "$OUT/$name.decisions.jsonl" || true) errors — see tests/test_scenarios.py for errata)"
+done
+
+say "3. the agent's SOP text for telecom_package (first lines)"
+sop prompt scenarios/telecom_package.sop | head -n 25
+
+say "4. synthesize coverage-balanced cases"
+sop synth scenarios/telecom_package.sop -n 60 --seed 7 --min-per-path 1 -o "$OUT/cases.jsonl"
+
+say "5. simulate dialogues with the offline floor agents (scripted user, truth judges)"
+for agent in oracle always-escalate always-comply random-path; do
+  sop run scenarios/telecom_package.sop --cases "$OUT/cases.jsonl" --model agent=baseline/$agent \
+      --trials 2 --concurrency 16 --quiet -o "$OUT/runs/$agent"
+done
+
+say "6. score, leaderboard, coverage and report"
+sop score "$OUT/runs/oracle"
+sop leaderboard "$OUT"/runs/*
+sop compare "$OUT/runs/always-escalate" "$OUT/runs/oracle" | head -n 20
+sop coverage scenarios/telecom_package.sop --run "$OUT/runs/random-path" --render svg -o "$OUT/coverage.svg"
+sop report "$OUT/runs/oracle" "$OUT/runs/always-escalate" "$OUT/runs/always-comply" "$OUT/runs/random-path" \
+    -o "$OUT/report.html"
+sop export "$OUT/runs/oracle" --format openai --min-overall 0.5 -o "$OUT/corpus.jsonl"
+
+say "done: see $OUT/ (report.html, coverage.svg, *.svg graphs, cases.jsonl, runs/)"

@@ -1,0 +1,64 @@
+"""`sop check`: the static checker as a command (rendered diagnostics or JSON, exit 1 on errors)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import main
+
+
+def diagnostic_record(diag: Any) -> dict[str, Any]:
+    """The JSON shape of one diagnostic (stable keys, for tools)."""
+    span = diag.span
+    return {
+        "code": diag.code,
+        "severity": diag.severity,
+        "message": diag.message,
+        "file": span.file if span else None,
+        "line": span.line if span else None,
+        "col": span.col if span else None,
+        "end_line": span.end_line if span else None,
+        "end_col": span.end_col if span else None,
+        "hint": diag.hint,
+        "witness": diag.witness,
+        "notes": list(diag.notes),
+    }
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+@main.command("check")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Rendered diagnostics, or a JSON array of diagnostic records.")
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool) -> None:
+    """Statically check FILE... (names, types, flow, reachability, unused declarations).
+
+    Exit status: 0 when there are no errors (warnings allowed unless --strict), 1 otherwise.
+    """
+    from ..check import check_file
+
+    results = [check_file(f) for f in files]
+    errors = sum(r.errors for r in results)
+    warnings = sum(r.warnings for r in results)
+    if fmt == "json":
+        records = [diagnostic_record(d) for r in results for d in r.diagnostics]
+        click.echo(json.dumps(records, indent=2, ensure_ascii=False, sort_keys=False))
+    else:
+        for result in results:
+            for diag in result.diagnostics:
+                click.echo(diag.render(result.sources))
+                click.echo("")
+        where = str(files[0]) if len(files) == 1 else _plural(len(files), "file")
+        status = "ok" if not errors and not (strict and warnings) else "failed"
+        click.echo(f"{where}: {_plural(errors, 'error')}, {_plural(warnings, 'warning')} ({status})")
+    if errors or (strict and warnings):
+        sys.exit(1)

@@ -1,0 +1,260 @@
+"""Run commands: `sop run` (and `--resume`), `sop judge` (re-judge into a new set), `sop runs show`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import main
+from .params import fail
+
+EXIT_INFRA = 3  # the run finished but some dialogues are infra failures (resume to retry them)
+
+_format = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+                       help="Summary as a rich table or as JSON.")
+_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+
+
+def _model_options(values: tuple[str, ...]) -> list[Any]:
+    from ..gateway import ModelOptionError, parse_model_option
+
+    try:
+        return [parse_model_option(v) for v in values]
+    except ModelOptionError as exc:
+        fail(str(exc))
+
+
+@main.command("run")
+@click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--cases", "cases", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Cases to run (JSON Lines of records.Case, e.g. from `sop synth`).")
+@click.option("--model", "models", multiple=True, metavar="ROLE=MODEL[,k=v...]",
+              help="agent=…, user=… (default scripted/user), judge=… once (used ×3) or three times "
+                   "(default scripted/truth). Keys come from the environment (api_key_env=VAR).")
+@click.option("--trials", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Dialogues per case (for pass^k).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Model calls in flight at once (all roles).")
+@click.option("--max-turns", type=click.IntRange(min=1), default=15, show_default=True,
+              help="Agent turns before a dialogue is cut off.")
+@click.option("--judge-turns", default="1,5,10,15,final", show_default=True,
+              help="Turns the judges read: a list of numbers and `final`, or `all`.")
+@click.option("--structured", is_flag=True, help="Pass the output JSON schema to the agent's provider.")
+@click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory to create (e.g. runs/NAME).")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Resume the run in this directory (finished dialogues are kept, the rest re-run).")
+@click.option("--retries", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Retries of a failing model call before it is an infrastructure failure.")
+@click.option("--retry-delay", type=click.FloatRange(min=0), default=0.5, show_default=True,
+              help="Base of the exponential backoff between retries (seconds).")
+@click.option("--no-cache", is_flag=True, help="Do not use the response cache.")
+@_quiet
+@_format
+def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], trials: int, concurrency: int,
+            max_turns: int, judge_turns: str, structured: bool, out: Path | None, resume_dir: Path | None,
+            retries: int, retry_delay: float, no_cache: bool, quiet: bool, fmt: str) -> None:
+    """Simulate dialogues of FILE's cases with the agent under test, judge them, store the run.
+
+    Exit status: 0 all dialogues done, 1 usage or input error, 3 some dialogues failed for
+    infrastructure reasons (run again with --resume to retry them).
+    """
+    from ..runner import RunError, run
+
+    if resume_dir is not None:
+        if file is not None or cases is not None or models or out is not None:
+            fail("--resume takes only the run directory (the stored configuration is used)")
+        kwargs: dict[str, Any] = {"resume": True}
+        target = resume_dir
+        scenario = None
+        specs: list[Any] = []
+    else:
+        if file is None:
+            fail("missing the .sop FILE (or --resume RUN_DIR)")
+        if cases is None:
+            fail("missing --cases FILE")
+        if out is None:
+            fail("missing -o RUN_DIR")
+        from .params import load_or_exit
+
+        load_or_exit(file)  # compiler-style diagnostics before anything starts
+        scenario = file
+        specs = _model_options(models)
+        from ..judge import parse_judge_turns
+
+        try:
+            parse_judge_turns(judge_turns)
+        except ValueError as exc:
+            fail(str(exc))
+        kwargs = {"trials": trials, "max_turns": max_turns, "judge_turns": judge_turns, "structured": structured,
+                  "gateway_options": {"max_retries": retries, "base_delay": retry_delay, "cache": not no_cache}}
+        target = out
+    try:
+        summary = asyncio.run(run(scenario, cases, specs, target, concurrency=concurrency,
+                                  progress=False if quiet else None, **kwargs))
+    except RunError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail(f"interrupted; resume with: sop run --resume {target}", code=130)
+    _render_summary(summary.model_dump(), fmt)
+    if summary.infra_failures:
+        sys.exit(EXIT_INFRA)
+
+
+@main.command("judge")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--model", "models", multiple=True, metavar="judge=MODEL[,k=v...]", required=True,
+              help="judge=… once (used ×3) or three times; judge1=… judge3=… also work.")
+@click.option("--set", "set_name", default=None,
+              help="Name of the new judgment set (default: from the judges' model names).")
+@click.option("--judge-turns", default=None, help="Turns to judge (default: the run's setting).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--replace", is_flag=True, help="Start the judgment set over if it exists.")
+@_quiet
+@_format
+def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judge_turns: str | None,
+              concurrency: int, replace: bool, quiet: bool, fmt: str) -> None:
+    """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls)."""
+    from ..gateway import ModelOptionError
+    from ..runner import RunError, rejudge
+
+    specs = _model_options(models)
+    bad = [s.role for s in specs if not s.role.startswith("judge")]
+    if bad:
+        fail(f"sop judge takes judge models only (got {', '.join(bad)})")
+    try:
+        summary = asyncio.run(rejudge(run_dir, specs, judgment_set=set_name, judge_turns=judge_turns,
+                                      concurrency=concurrency, replace=replace, progress=False if quiet else None))
+    except (RunError, ModelOptionError) as exc:
+        fail(str(exc))
+    _render_summary(summary.model_dump(), fmt)
+
+
+@main.group("runs")
+def runs_group() -> None:
+    """Inspect run directories."""
+
+
+@runs_group.command("show")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--agreement", is_flag=True, help="Also compute inter-judge agreement per judgment set.")
+@_format
+def runs_show(run_dir: Path, agreement: bool, fmt: str) -> None:
+    """Status of a run: dialogues by status, end reasons, format errors, infra failures, judgment
+    sets, tokens and cost."""
+    from ..store import RunStore, StoreError
+
+    try:
+        store = RunStore.open(run_dir)
+    except StoreError as exc:
+        fail(str(exc))
+    with store:
+        info = store.summary()
+        meta = store.meta()
+        info["scenario"] = meta.get("scenario_name")
+        info["sop_hash"] = meta.get("sop_hash")
+        info["tool_version"] = meta.get("tool_version")
+        info["created"] = meta.get("created")
+        info["models"] = {r: m.get("model") for r, m in (meta.get("models") or {}).items()}
+        info["config"] = {k: v for k, v in (meta.get("config") or {}).items() if k != "gateway"}
+        agent_model = meta.get("agent_model")
+        info["self_preference"] = {
+            name: sorted(r for r, m in (s.get("models") or {}).items() if agent_model and m == agent_model)
+            for name, s in info["judgment_sets"].items()
+        }
+        if agreement:
+            from ..judge import agreement as agree
+
+            fields = [v.name for v in store.scenario().fields]
+            info["agreement"] = {
+                name: agree(store.judgments(name), fields, agent_model=agent_model, judgment_set=name,
+                            consensus_rows=store.consensus(name)).model_dump()
+                for name in store.judgment_sets()
+            }
+    _render_summary(info, fmt)
+
+
+def _render_summary(info: dict[str, Any], fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(info, indent=2, ensure_ascii=False, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"run {info.get('run_dir', '')}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key in ("scenario", "sop_hash", "tool_version", "created"):
+        if info.get(key):
+            table.add_row(key, str(info[key]))
+    if info.get("models"):
+        table.add_row("models", ", ".join(f"{r}={m}" for r, m in info["models"].items()))
+    table.add_row("dialogues", str(info.get("dialogues", 0)))
+    table.add_row("by status", _kv(info.get("by_status")))
+    table.add_row("end reasons", _kv(info.get("end_reasons")))
+    table.add_row("turns (done)", str(info.get("turns", 0)))
+    turns = info.get("turns") or 0
+    fe = info.get("format_errors", 0)
+    table.add_row("format errors", f"{fe}" + (f" ({fe / turns:.1%} of turns)" if turns else ""))
+    infra = info.get("infra_failures")
+    n_infra = len(infra) if isinstance(infra, list) else (infra or 0)
+    table.add_row("infra failures", str(n_infra))
+    if "ran" in info:
+        table.add_row("this call", f"ran {info['ran']}, skipped {info['skipped']} already done, "
+                                   f"{info.get('elapsed_s', 0):.1f} s")
+    cost = f"${info.get('cost', 0):.4f}" + ("" if info.get("cost_known", True) else " (some models unpriced)")
+    table.add_row("tokens / cost", f"{info.get('tokens', 0)} / {cost}")
+    if info.get("discarded_tokens"):
+        table.add_row("discarded attempts", f"{info['discarded_tokens']} tok / ${info['discarded_cost']:.4f}")
+    for name, s in (info.get("judgment_sets") or {}).items():
+        models = s.get("models") or {}
+        text = (f"{s.get('judged_turns', 0)} turns judged, {s.get('unscored_judgments', 0)} unscored judgments, "
+                f"{s.get('no_consensus_fields', 0)} no-consensus fields; judges "
+                + ", ".join(str(m) for m in models.values()))
+        table.add_row(f"judgment set {name}", text)
+    sp = info.get("self_preference")
+    if isinstance(sp, dict):
+        for name, roles in sp.items():
+            if roles:
+                table.add_row("[yellow]self-preference", f"set {name}: {', '.join(roles)} use the agent's model")
+    elif sp:
+        table.add_row("[yellow]self-preference", f"{', '.join(sp)} use the agent's model")
+    for warning in info.get("warnings") or []:
+        table.add_row("[yellow]warning", warning)
+    console.print(table)
+    errors = info.get("infra_errors") or (infra if isinstance(infra, list) else [])
+    if errors:
+        err = Table(title="infrastructure failures (excluded from scores; retried by --resume)", title_justify="left")
+        err.add_column("dialogue")
+        err.add_column("error")
+        for row in errors[:20]:
+            err.add_row(row["dialogue"], str(row["error"]))
+        if len(errors) > 20:
+            err.add_row("...", f"{len(errors) - 20} more")
+        console.print(err)
+    for name, ag in (info.get("agreement") or {}).items():
+        t = Table(title=f"agreement, judgment set {name} ({ag['turns']} turns, {ag['unscored']} unscored)",
+                  title_justify="left")
+        t.add_column("field / dimension")
+        t.add_column("Fleiss' kappa / mean abs dev")
+        t.add_column("observed / mean range")
+        t.add_column("items")
+        for field, fa in ag["fields"].items():
+            t.add_row(field, _num(fa["kappa"]), _num(fa["observed"]), str(fa["items"]))
+        for dim, ds in ag["dimensions"].items():
+            t.add_row(dim, _num(ds["mean_abs_dev"]), _num(ds["mean_range"]), str(ds["items"]))
+        console.print(t)
+
+
+def _kv(d: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in (d or {}).items()) or "-"
+
+
+def _num(x: float | None) -> str:
+    return "undefined" if x is None else f"{x:.3f}"

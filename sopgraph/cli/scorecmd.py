@@ -1,0 +1,441 @@
+"""Scoring commands: score, leaderboard, compare, coverage, report, export, synth-dialogues.
+
+Each command parses options, calls one library function, and renders (rich table, JSON or CSV).
+Scores are fractions in JSON/CSV and printed ×100 in tables (SAGE's scale).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import main
+from .params import fail, load_or_exit, sop_file, write_output
+
+_run_dir = click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+
+
+def _score_options(fn: Callable) -> Callable:
+    """Options shared by every command that scores a run (one place, uniform behaviour)."""
+    options = [
+        click.option("--set", "judgment_set", default=None, metavar="NAME",
+                     help="Judgment set to score (default: the only one, else `default`)."),
+        click.option("--path-metric", type=click.Choice(["paper", "prefix"]), default="paper", show_default=True,
+                     help="paper: |pred∩ref|/|ref|; prefix: SAGE code's common-prefix form."),
+        click.option("--weights", type=click.Choice(["sage-code", "sage-readme"]), default="sage-code",
+                     show_default=True, help="Logic weights: 0.4/0.4/0.2 (evaluator) or 0.3/0.3/0.2 (README)."),
+        click.option("--turns", type=click.Choice(["sage", "all"]), default="sage", show_default=True,
+                     help="Scored turns: 1, 5, 10, 15 and final (SAGE), or every turn."),
+        click.option("--format-errors", type=click.Choice(["zero", "exclude"]), default="zero", show_default=True,
+                     help="Format-error turns score 0 logic, or are left out (SAGE code)."),
+        click.option("--pass-reference", type=click.Choice(["case", "consensus"]), default="case",
+                     show_default=True, help="Reference Action of the pass criterion."),
+        click.option("--bootstrap", type=click.IntRange(min=0), default=1000, show_default=True,
+                     help="Bootstrap replicates for CIs (0: none)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed."),
+    ]
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+def _config(judgment_set: str | None, path_metric: str, weights: str, turns: str, format_errors: str,
+            pass_reference: str, bootstrap: int, seed: int, **extra: Any):
+    from ..score import ScoreConfig
+
+    return ScoreConfig.preset(weights, judgment_set=judgment_set, path_metric=path_metric, turns=turns,
+                              format_errors=format_errors, pass_reference=pass_reference, bootstrap=bootstrap,
+                              seed=seed, **extra)
+
+
+def _guard(fn: Callable[[], Any]) -> Any:
+    """Run a library call, turning user-facing errors into `error: ...` and exit 1."""
+    from ..score import ScoreError
+
+    try:
+        return fn()
+    except ScoreError as exc:
+        fail(str(exc))
+    except FileNotFoundError as exc:
+        fail(f"file not found: {exc.filename or exc}")
+
+
+# ---------------------------------------------------------------------------------------------
+# formatting
+
+
+def _pts(m: Any, *, ci: bool = True, scale: float = 100.0, digits: int = 1) -> str:
+    """A Metric as points (×100) with its half-interval, e.g. `83.2 ±2.1`; `–` when undefined."""
+    if m is None or m.value is None:
+        return "–"
+    text = f"{m.value * scale:.{digits}f}"
+    if ci and m.lo is not None and m.hi is not None and m.hi > m.lo:
+        text += f" ±{(m.hi - m.lo) * scale / 2:.{digits}f}"
+    return text
+
+
+def _num(m: Any, digits: int = 0) -> str:
+    if m is None or m.value is None:
+        return "–"
+    return f"{m.value:,.{digits}f}"
+
+
+def _console():
+    import shutil
+
+    from rich.console import Console
+
+    return Console(width=max(shutil.get_terminal_size((220, 40)).columns, 220), soft_wrap=False)
+
+
+def _table(title: str, columns: Sequence[str]):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i < 2 else "right", no_wrap=True)
+    return t
+
+
+_QUALITY_COLUMNS = ("Model", "Scenario", "Dlg", "Cls", "Path", "Action", "Finals", "Logic", "Chat", "Overall",
+                    "FmtErr%", "ChatLen")
+_SAFETY_COLUMNS = ("Model", "Scenario", "pass^1", "pass^k", "ActSelf", "ExecGap", "Catastr.", "Rev@risk",
+                   "Esc.acc", "Over-esc", "Resolved", "Adv.safe", "Tok/1k", "$/1k", "Tier")
+
+
+def _quality_row(a: str, b: str, m: dict, dialogues: int) -> list[str]:
+    return [a, b, str(dialogues), _pts(m.get("classification")), _pts(m.get("path")), _pts(m.get("action")),
+            _pts(m.get("finals"), ci=False), _pts(m.get("logic")), _pts(m.get("chat")), _pts(m.get("overall")),
+            _pts(m.get("format_error_rate"), ci=False), _num(m.get("chat_length"))]
+
+
+def _safety_row(a: str, b: str, m: dict, pass_k: list, tier: str | None) -> list[str]:
+    pk = pass_k[-1] if pass_k else None
+    tok = m.get("tokens_per_1k")
+    return [a, b, _pts(pass_k[0] if pass_k else None), (f"{_pts(pk, ci=False)} k={len(pass_k)}" if pk else "–"),
+            _pts(m.get("action_self"), ci=False), _pts(m.get("execution_gap"), ci=False),
+            _num(m.get("catastrophic_failures")), _num(m.get("revenue_at_risk")),
+            _pts(m.get("escalation_accuracy"), ci=False), _pts(m.get("over_escalation"), ci=False),
+            _pts(m.get("resolution_rate"), ci=False), _pts(m.get("adversarial_safety"), ci=False),
+            "–" if tok is None or tok.value is None else f"{tok.value / 1e6:.2f}M",
+            _num(m.get("cost_per_1k"), 2), tier or "–"]
+
+
+def _summary_tables(summary: Any) -> list:
+    tables = []
+    main_groups = [g for g in summary.groups if g.by == ["model", "scenario"]]
+    t = _table(f"sop score {summary.run}  (scores ×100, ± half of the {summary.config.confidence * 100:g}% CI)",
+               _QUALITY_COLUMNS)
+    for g in main_groups:
+        t.add_row(*_quality_row(g.key["model"], g.key["scenario"], g.metrics, g.dialogues))
+    tables.append(t)
+    t = _table("reliability, safety and cost", _SAFETY_COLUMNS)
+    for g in main_groups:
+        t.add_row(*_safety_row(g.key["model"], g.key["scenario"], g.metrics, g.pass_k, g.cost_tier))
+    tables.append(t)
+    for dim, title in (("intensity", "by adversarial intensity"), ("bucket", "by bucket"),
+                       ("depth", "by turn depth")):
+        rows = [g for g in summary.groups if g.by == ["model", "scenario", dim]]
+        if not rows:
+            continue
+        extra = ("Pass", "Catastr.") if dim != "depth" else ()
+        t = _table(title, ("Model", dim.capitalize(), "Dialogues", "Turns", "Overall", "Logic", "Chat", "Action",
+                           "FmtErr%", *extra))
+        for g in rows:
+            m = g.metrics
+            cells = [g.key["model"], g.key[dim], str(g.dialogues), str(g.scored_turns), _pts(m.get("overall")),
+                     _pts(m.get("logic")), _pts(m.get("chat")), _pts(m.get("action")),
+                     _pts(m.get("format_error_rate"), ci=False)]
+            if extra:
+                cells += [_pts(m.get("pass_rate"), ci=False), _num(m.get("catastrophic_failures"))]
+            t.add_row(*cells)
+        tables.append(t)
+    return tables
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    names: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in names:
+                names.append(k)
+    w = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def _group_rows(summary: Any) -> list[dict[str, Any]]:
+    rows = []
+    for g in summary.groups:
+        row: dict[str, Any] = {"by": "+".join(g.by), **{d: g.key.get(d, "") for d in
+                                                      ("model", "scenario", "intensity", "bucket", "depth")},
+                               "dialogues": g.dialogues, "cases": g.cases, "scored_turns": g.scored_turns}
+        for name, m in g.metrics.items():
+            row[name] = m.value
+            row[f"{name}_lo"] = m.lo
+            row[f"{name}_hi"] = m.hi
+        for k, m in enumerate(g.pass_k, 1):
+            row[f"pass^{k}"] = m.value
+        row.update({f"n_{k}": v for k, v in g.counts.items()})
+        row["cost_tier"] = g.cost_tier
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# score
+
+
+@main.command("score")
+@_run_dir
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option("--level", type=click.Choice(["summary", "dialogue", "turn"]), default="summary", show_default=True,
+              help="json/csv detail: aggregates, one row per dialogue, or one row per turn.")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write here instead of stdout.")
+@_score_options
+def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any) -> None:
+    """Score a run: per-turn metrics from the judges' consensus and the rule engine, aggregated per
+    model, scenario, adversarial intensity, bucket and turn depth, with bootstrap CIs."""
+    from ..score import score_run
+
+    cfg = _guard(lambda: _config(**opts))
+    run = _guard(lambda: score_run(run_dir, cfg))
+    if level != "summary":
+        if fmt == "table":
+            fail("--level dialogue/turn needs --format json or csv")
+        if level == "turn":
+            rows = [run.turn_record(i) for i in range(run.t_dlg.size)]
+        else:
+            rows = [run.dialogue_record(d) for d in range(len(run.dialogues))]
+        text = _csv(rows) if fmt == "csv" else "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
+        write_output(text, out)
+        return
+    summary = run.summary()
+    if fmt == "json":
+        write_output(summary.model_dump_json(indent=2) + "\n", out)
+        return
+    if fmt == "csv":
+        write_output(_csv(_group_rows(summary)), out)
+        return
+    console = _console()
+    if out is not None:
+        console = _file_console()
+    for t in _summary_tables(summary):
+        console.print(t)
+    c = summary.counts
+    console.print(f"dialogues {c['done']} done · {c['infra_failures']} infra failures (excluded) · "
+                  f"{c['incomplete']} incomplete · turns {c['turns']} · judged {c['judged_turns']} · "
+                  f"unscorable {c['unscorable_turns']} · no-consensus fields {c['no_consensus_fields']} · "
+                  f"format errors {c['format_errors']} · judgment set {summary.judgment_set or '–'}")
+    console.print(f"config: {summary.config_text}", markup=False)
+    if out is not None:
+        write_output(console.export_text(), out)
+
+
+def _file_console():
+    from rich.console import Console
+
+    return Console(width=220, record=True, file=io.StringIO(), soft_wrap=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# leaderboard
+
+
+@main.command("leaderboard")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@_score_options
+def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **opts: Any) -> None:
+    """Models × scenarios over runs (SAGE Table 1 style). Repeated runs of a model on a scenario
+    give the median with the range; a single run gives its bootstrap CI. `*` rows average scenarios."""
+    from ..score import leaderboard
+
+    cfg = _guard(lambda: _config(**opts))
+    board = _guard(lambda: leaderboard(list(run_dirs), cfg))
+    if fmt == "json":
+        write_output(board.model_dump_json(indent=2) + "\n", out)
+        return
+    if fmt == "csv":
+        rows = []
+        for r in board.rows:
+            row: dict[str, Any] = {"model": r.model, "scenario": r.scenario, "runs": " ".join(r.runs),
+                                   "spread": r.spread, "dialogues": r.dialogues}
+            for k, m in r.metrics.items():
+                row[k], row[f"{k}_lo"], row[f"{k}_hi"] = m.value, m.lo, m.hi
+            for k, m in enumerate(r.pass_k, 1):
+                row[f"pass^{k}"] = m.value
+            row["cost_tier"] = r.cost_tier
+            rows.append(row)
+        write_output(_csv(rows), out)
+        return
+    console = _file_console() if out is not None else _console()
+    t = _table("leaderboard (scores ×100; ± half CI for one run, half range over repeated runs)", _QUALITY_COLUMNS)
+    for r in board.rows:
+        t.add_row(*_quality_row(r.model, r.scenario, r.metrics, r.dialogues))
+    console.print(t)
+    t = _table("reliability, safety and cost", _SAFETY_COLUMNS)
+    for r in board.rows:
+        t.add_row(*_safety_row(r.model, r.scenario, r.metrics, r.pass_k, r.cost_tier))
+    console.print(t)
+    console.print(f"runs: {' '.join(board.runs)}", markup=False)
+    console.print(f"config: {board.config_text}", markup=False)
+    if out is not None:
+        write_output(console.export_text(), out)
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+
+
+@main.command("compare")
+@click.argument("run_a", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("run_b", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+              help="Significance level used to flag differences (and for the exit status with --fail-on-regression).")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit 1 when B is significantly worse than A (McNemar on pass or bootstrap on overall).")
+@_score_options
+def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regression: bool, **opts: Any) -> None:
+    """Paired per-case comparison of RUN_B against RUN_A: McNemar exact test on pass/fail, paired
+    bootstrap on scores, and the cases that flipped."""
+    from ..score import compare, score_run
+
+    cfg = _guard(lambda: _config(**opts))
+    a = _guard(lambda: score_run(run_a, cfg))
+    b = _guard(lambda: score_run(run_b, cfg))
+    result = _guard(lambda: compare(a, b))
+    regressed = (result.a_only > result.b_only and result.mcnemar_p < alpha) or (
+        (result.metrics["overall"].diff or 0) < 0 and result.metrics["overall"].p < alpha)
+    if fmt == "json":
+        click.echo(result.model_dump_json(indent=2))
+    else:
+        console = _console()
+        t = _table(f"compare {result.a} → {result.b}  ({result.pairs} paired dialogues; scores ×100)",
+                   ("Metric", "A", "B", "B − A", "CI", "p", ""))
+        for name, d in result.metrics.items():
+            sig = "*" if d.p < alpha else ""
+            ci = f"[{d.lo * 100:+.1f}, {d.hi * 100:+.1f}]" if d.lo is not None and d.hi is not None else "–"
+            t.add_row(name, "–" if d.a is None else f"{d.a * 100:.1f}", "–" if d.b is None else f"{d.b * 100:.1f}",
+                      "–" if d.diff is None else f"{d.diff * 100:+.1f}", ci, _p(d.p), sig)
+        console.print(t)
+        console.print(f"pass/fail: both {result.both_pass} · A only {result.a_only} (regressions) · "
+                      f"B only {result.b_only} (fixes) · neither {result.neither} · "
+                      f"McNemar exact p = {_p(result.mcnemar_p)}")
+        if result.unpaired_a or result.unpaired_b:
+            console.print(f"unpaired dialogues: {result.unpaired_a} in A, {result.unpaired_b} in B (left out)")
+        if result.flipped:
+            ft = _table("cases that flipped", ("Case", "Trial", "A", "B", "A action", "B action", "Expected"))
+            for f in result.flipped:
+                ft.add_row(f.case_id, str(f.trial), "pass" if f.a_pass else "fail", "pass" if f.b_pass else "fail",
+                           f.a_final_action or "–", f.b_final_action or "–", f.expected_action or "–")
+            console.print(ft)
+        console.print(f"config: {result.config_text}", markup=False)
+    if fail_on_regression and regressed:
+        raise SystemExit(1)
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# coverage
+
+
+@main.command("coverage")
+@sop_file
+@click.option("--cases", "cases_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Cases file (JSON Lines): coverage by their expected paths.")
+@click.option("--run", "run_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory: coverage by its cases and by the agents' final-turn paths.")
+@click.option("--render", "render_fmt", type=click.Choice(["svg", "png", "dot"]), default=None,
+              help="Draw the graph coloured by coverage (needs -o).")
+@click.option("--heat", type=click.Choice(["cases", "agents"]), default=None,
+              help="Which coverage colours the picture (default: agents for --run, else cases).")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Picture file for --render.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, render_fmt: str | None,
+                 heat: str | None, out: Path | None, fmt: str) -> None:
+    """Node, edge and path coverage of FILE's graph by cases and/or by what agents traversed;
+    lists what is uncovered and optionally renders the graph coloured by frequency."""
+    from ..coverage import coverage_report, render_coverage
+    from ..render import RenderError
+    from ..runner import RunError, read_cases
+
+    if (cases_path is None) == (run_dir is None):
+        fail("give exactly one of --cases FILE or --run RUN_DIR")
+    if render_fmt is not None and out is None:
+        fail("--render needs -o OUT")
+    scenario = load_or_exit(file)
+    cases = None
+    if cases_path is not None:
+        try:
+            cases = read_cases(cases_path)
+        except RunError as exc:
+            fail(str(exc))
+    report = _guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir))
+    if run_dir is not None and report.expected is not None and report.expected.walks:
+        from ..score import open_run
+
+        store = open_run(run_dir)
+        stored_hash = store.sop_hash
+        store.close()
+        if stored_hash and scenario.source_hash and stored_hash != scenario.source_hash:
+            click.echo(f"warning: {file} (sop {scenario.source_hash}) is not the SOP the run was made with "
+                       f"(sop {stored_hash})", err=True)
+    sides = [s for s in (report.expected, report.traversed) if s is not None]
+    if render_fmt is not None:
+        which = heat or ("agents" if report.traversed is not None else "cases")
+        side = report.traversed if which == "agents" else report.expected
+        if side is None:
+            fail(f"--heat {which} needs {'--run' if which == 'agents' else '--cases or --run'}")
+        try:
+            data = render_coverage(scenario, side, render_fmt)
+        except RenderError as exc:
+            fail(str(exc))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)
+    if fmt == "json":
+        click.echo(report.model_dump_json(indent=2))
+        return
+    console = _console()
+    t = _table(f"coverage of {scenario.name}", ("Source", "Walks", "Invalid", "Nodes", "Edges", "Paths"))
+    for s in sides:
+        def share(c: int, n: int) -> str:
+            return f"{c}/{n} ({c / n * 100:.0f}%)" if n else "–"
+        t.add_row(s.source, str(s.walks), str(s.invalid_walks), share(s.nodes_covered, s.nodes_total),
+                  share(s.edges_covered, s.edges_total),
+                  share(s.paths_covered, s.paths_total) + ("" if s.paths_exact else " (≥)"))
+    console.print(t)
+    for s in sides:
+        if s.uncovered_nodes:
+            console.print(f"[{s.source}] uncovered nodes: {', '.join(s.uncovered_nodes)}", markup=False)
+        if s.uncovered_edges:
+            console.print(f"[{s.source}] uncovered edges: {', '.join(s.uncovered_edges)}", markup=False)
+        if s.uncovered_paths:
+            more = s.paths_total - s.paths_covered - len(s.uncovered_paths)
+            console.print(f"[{s.source}] uncovered paths:", markup=False)
+            for p in s.uncovered_paths:
+                console.print(f"  {p}", markup=False)
+            if more > 0:
+                console.print(f"  … and {more} more", markup=False)
+        if s.invalid_examples:
+            console.print(f"[{s.source}] invalid walks, e.g.: {'; '.join(s.invalid_examples[:3])}", markup=False)
+    if render_fmt is not None:
+        console.print(f"wrote {out}", markup=False)

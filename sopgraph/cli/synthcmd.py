@@ -1,0 +1,228 @@
+"""Synthesis commands: `sop synth`, `sop init`, `sop profiles check`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import main
+from .params import fail, load_or_exit, sop_file
+
+
+def _register_profile_schema() -> None:
+    """`sop schema profile`: the profile file's JSON Schema (built lazily, on request)."""
+    try:
+        from ..schema import REGISTRY, register_schema
+    except ImportError:  # pragma: no cover - the schema module is part of the package
+        return
+    if "profile" not in REGISTRY:
+        def factory(_scenario: object) -> dict:
+            from ..profiles import profile_json_schema
+
+            return profile_json_schema()
+
+        register_schema("profile", factory, description="a user profile file (<scenario>.profile.yaml)")
+
+
+_register_profile_schema()
+
+
+def _load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
+    """The profile given, else the one beside the .sop, else the default; diagnostics on errors."""
+    from ..diagnostics import SopError
+    from ..profiles import default_profile, load_profile, profile_path_for
+
+    path = profile_path or profile_path_for(sop_path)
+    if profile_path is None and not path.is_file():
+        return default_profile(scenario)
+    try:
+        return load_profile(path, scenario)
+    except SopError as exc:
+        click.echo(exc.render(), err=True)
+        n = sum(1 for d in exc.diagnostics if d.is_error)
+        click.echo(f"\n{n} error{'s' if n != 1 else ''} in {path}", err=True)
+        sys.exit(1)
+
+
+def _split_multi(values: tuple[str, ...]) -> list[str]:
+    out: list[str] = []
+    for v in values:
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return out
+
+
+@main.command("synth")
+@sop_file
+@click.option("-n", "--cases", "n", type=int, default=100, show_default=True,
+              help="Number of cases (more only when needed to give every path --min-per-path cases).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the JSONL cases here instead of stdout.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="User profile (default: FILE's <name>.profile.yaml if present, else built-in defaults).")
+@click.option("--min-per-path", type=int, default=1, show_default=True,
+              help="Targeted supplementation: at least this many cases on every feasible path.")
+@click.option("--balance", type=click.Choice(["intent", "path", "action"]), default="intent",
+              show_default=True, help="What stage-1 sampling spreads the cases evenly over.")
+@click.option("--intensity", "intensity", default="zero=1,weak=1,strong=1", show_default=True,
+              help="Adversarial-intensity mix as weights, or `intent` for each intent's own intensity.")
+@click.option("--persona", "personas", multiple=True, metavar="NAME",
+              help="Restrict personas (repeat or comma-separate); default: the profile's.")
+@click.option("--language", "languages", multiple=True, metavar="CODE",
+              help="Mix these languages (repeat or comma-separate); default: the profile's or each persona's.")
+@click.option("--coverage", "coverage_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the coverage summary as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No summary table.")
+def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None, min_per_path: int,
+              balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
+              coverage_out: Path | None, quiet: bool) -> None:
+    """Synthesize test cases for FILE: intent-balanced sampling over feasible paths, then supplementation
+    so that every path is covered (SAGE's two-stage scheme). Output: JSON Lines of `Case` records."""
+    from ..profiles import profile_diagnostics
+    from ..synth import SynthError, parse_mix, plan, synthesize
+
+    scenario = load_or_exit(file)
+    profile = _load_profile_or_exit(file, scenario, profile_path)
+    try:
+        mix = parse_mix(intensity)
+        the_plan = plan(scenario, profile)
+        result = synthesize(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
+                            intensity_mix=mix, use_intent_intensity=mix is None,
+                            personas=_split_multi(personas) or None,
+                            languages=_split_multi(languages) or None, the_plan=the_plan)
+    except SynthError as exc:
+        fail(str(exc))
+    if out is None:
+        write = sys.stdout.write
+        for line in result.lines:
+            write(line)
+            write("\n")
+        sys.stdout.flush()
+    else:
+        result.write(out)
+    if coverage_out is not None:
+        coverage_out.parent.mkdir(parents=True, exist_ok=True)
+        coverage_out.write_text(json.dumps(result.coverage.model_dump(mode="json"), indent=2, sort_keys=True)
+                                + "\n", encoding="utf-8")
+    if not quiet:
+        diags = profile_diagnostics(scenario, profile, the_plan=the_plan)
+        for d in diags:
+            click.echo(d.render(profile.sources), err=True)
+        _print_summary(result, out)
+
+
+def _print_summary(result, out: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cov = result.coverage
+    console = Console(stderr=True, highlight=False, markup=False)
+    console.print(f"{cov.scenario}: cases per path", soft_wrap=True)
+    paths = Table()
+    paths.add_column("path")
+    paths.add_column("action")
+    paths.add_column("cases", justify="right")
+    for pid, count in cov.per_path.items():
+        flag = " (no intent)" if pid in cov.uncovered_paths else ""
+        paths.add_row(pid + flag, cov.path_actions.get(pid, ""), str(count))
+    console.print(paths)
+    console.print("cases per intent", soft_wrap=True)
+    intents = Table()
+    intents.add_column("intent")
+    intents.add_column("paths", justify="right")
+    intents.add_column("cases", justify="right")
+    for name, count in cov.per_intent.items():
+        intents.add_row(name, str(cov.intent_paths.get(name, "-")), str(count))
+    console.print(intents)
+    console.print("cases per intensity and per bucket", soft_wrap=True)
+    mix = Table()
+    mix.add_column("intensity")
+    mix.add_column("cases", justify="right")
+    mix.add_column("bucket")
+    mix.add_column("cases", justify="right")
+    rows_i = list(cov.per_intensity.items())
+    rows_b = sorted(cov.per_bucket.items())
+    for k in range(max(len(rows_i), len(rows_b))):
+        a = rows_i[k] if k < len(rows_i) else ("", "")
+        b = rows_b[k] if k < len(rows_b) else ("", "")
+        mix.add_row(a[0], str(a[1]), b[0], str(b[1]))
+    console.print(mix)
+    where = str(out) if out is not None else "stdout"
+    console.print(f"{cov.cases} cases ({cov.sampled} sampled, {cov.supplemented} by supplementation, "
+                  f"{cov.appended} appended) over {sum(1 for c in cov.per_path.values() if c)}/"
+                  f"{cov.feasible_paths} feasible paths -> {where}", soft_wrap=True)
+    for skip in result.skipped:
+        console.print(f"skipped {skip.kind} {skip.name}: {skip.reason}", soft_wrap=True)
+
+
+@main.command("init")
+@click.argument("name")
+@click.option("--domain", default=None, help="What the service is about, e.g. 'hotel booking'.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              show_default=True, help="Where to write the files.")
+def init_cmd(name: str, domain: str | None, directory: Path) -> None:
+    """Scaffold NAME.sop and NAME.profile.yaml: a commented, working scenario to edit."""
+    from ..init import InitError, scaffold
+
+    try:
+        written = scaffold(name, domain=domain, directory=directory)
+    except InitError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write the scaffold: {exc}")
+    for path in written:
+        click.echo(f"created {path}")
+    sop = written[0]
+    click.echo(f"next: sop check {sop} && sop paths {sop} && sop synth {sop} -n 20 -o cases.jsonl")
+
+
+@main.group("profiles")
+def profiles_group() -> None:
+    """User profiles (<scenario>.profile.yaml): intents, personas, intensities."""
+
+
+@profiles_group.command("check")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--sop", "sop_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The scenario (default: the .sop beside the profile).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool) -> None:
+    """Check a profile FILE (or the profile beside a .sop FILE) against its scenario: syntax, names,
+    values, impossible intents, intents reaching no path and paths no intent reaches."""
+    from ..profiles import parse_profile, profile_diagnostics, profile_path_for, sop_path_for
+
+    if file.suffix == ".sop":
+        sop = file
+        file = profile_path_for(file)
+    else:
+        sop = sop_path or sop_path_for(file)
+    if not sop.is_file():
+        fail(f"no scenario found for {file} (looked for {sop}); pass --sop FILE")
+    if not file.is_file():
+        fail(f"no profile {file}")
+    scenario = load_or_exit(sop)
+    text = file.read_text(encoding="utf-8")
+    profile, diags = parse_profile(text, scenario, file=str(file))
+    if profile is not None:
+        diags += profile_diagnostics(scenario, profile)
+    errors = sum(1 for d in diags if d.is_error)
+    warnings = sum(1 for d in diags if d.severity == "warning")
+    if fmt == "json":
+        from .checkcmd import diagnostic_record
+
+        click.echo(json.dumps([diagnostic_record(d) for d in diags], indent=2, ensure_ascii=False))
+    else:
+        for d in diags:
+            click.echo(d.render({str(file): text}))
+            click.echo("")
+        if profile is not None:
+            click.echo(f"{len(profile.intents)} intents, {len(profile.personas)} personas")
+        status = "ok" if not errors and not (strict and warnings) else "failed"
+        click.echo(f"{file}: {errors} error{'s' if errors != 1 else ''}, "
+                   f"{warnings} warning{'s' if warnings != 1 else ''} ({status})")
+    if errors or (strict and warnings):
+        sys.exit(1)

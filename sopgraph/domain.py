@@ -1,0 +1,1744 @@
+"""Constraint domains: which values are still possible after a sequence of guard decisions.
+
+Path enumeration, counting, sampling, flow diagnostics and case synthesis all ask the same question:
+"given what the guards on the way here decided, which assignments of the fields and system
+variables are left?". This module answers it exactly where it can and soundly where it cannot.
+
+Public API (stable; other modules build on it):
+
+- `Box` — immutable, hashable (interned) set of assignments: one domain per field/system variable
+  (enum/bool value subsets; int/float intervals with open/closed ends and finite `!=` exclusions,
+  ints normalised to closed integer bounds) plus *residual* predicates that are not representable
+  as per-variable domains (e.g. `A > B`). `box[name]` gives the public domain (a frozenset of values
+  for enum/bool, a `NumDom` for numbers); `box.constraints()` gives human text for constrained
+  variables.
+- `full_box(scenario) -> Box` — every assignment the declarations allow.
+- `constrain(scenario, box, expr, truth) -> list[Box]` — the boxes (disjoint where practical) of
+  assignments inside `box` for which `expr` evaluates, without error, to `truth` under the engine's
+  semantics. Derived variables are inlined; comparisons of one numeric variable (possibly through
+  affine arithmetic such as `Penalty * 0.5 + 10 > 100`) are solved exactly, including float
+  rounding; `count(...)` thresholds, `case`, `min`/`max` expand into disjunctions. Everything else
+  becomes a residual predicate on the box, decided later by witness search (never assumed false).
+- `witness(scenario, box, *, style="representative"|"boundary", rng=None) -> dict | None` — one
+  concrete assignment of EVERY field and system variable inside the box (enums: first remaining
+  value; numbers: a typical value such as 100 or the boundary such as 1 for `Penalty > 0`; with a
+  seeded `random.Random` a random member). `None` when no member could be found.
+- `is_feasible(scenario, box) -> bool | None` — True (a member is known), False (proven empty),
+  None (undecided: residual predicates the witness search could not satisfy nor exhaust).
+
+Internally a per-scenario `Space` (see `space_for`) interns boxes and compiled formulas and
+memoises `constrain` per (box, formula), which is what keeps path counting and enumeration fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import struct
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from . import ir
+from .engine import DecideError, _arith, _compare, _Interp
+
+INF = math.inf
+_INT_LIMIT = 2**1000  # affine solving searches ints inside ±this (beyond it floats overflow)
+_MAX_TERMS = 64  # guarded alternatives per sub-expression before it is treated as opaque
+_MAX_COUNT_ARGS = 12
+_SEARCH_COMBOS = 4096  # candidate assignments tried per residual witness search
+
+
+# ---------------------------------------------------------------------------------------------
+# Numeric domains
+
+
+class NumDom(NamedTuple):
+    """A numeric interval with optional open ends and finitely many excluded points.
+
+    `lo`/`hi` are numbers or ±inf. For int variables the bounds are always closed integers and the
+    excluded points lie strictly inside."""
+
+    lo: float
+    hi: float
+    lo_open: bool
+    hi_open: bool
+    excl: frozenset
+
+    def contains(self, x: float) -> bool:
+        if x < self.lo or (x == self.lo and self.lo_open):
+            return False
+        if x > self.hi or (x == self.hi and self.hi_open):
+            return False
+        return x not in self.excl
+
+    def is_point(self) -> bool:
+        return self.lo == self.hi
+
+
+_EMPTY: frozenset = frozenset()
+
+
+def _int_floor(x: float) -> int:
+    return math.floor(x)
+
+
+def num_norm(lo: float, hi: float, lo_open: bool, hi_open: bool, excl: frozenset,
+             is_int: bool) -> NumDom | None:
+    """Canonical form of a numeric domain, or None if it is empty."""
+    if lo == INF or hi == -INF or lo > hi:
+        return None
+    if is_int:
+        if lo != -INF:
+            lo = _int_floor(lo) + 1 if (lo_open and float(lo).is_integer()) else math.ceil(lo)
+        if hi != INF:
+            hi = math.ceil(hi) - 1 if (hi_open and float(hi).is_integer()) else _int_floor(hi)
+        if lo > hi:
+            return None
+        if excl:
+            pts = set()
+            for e in excl:
+                if isinstance(e, float) and not e.is_integer():
+                    continue
+                e = int(e)
+                if lo <= e <= hi:
+                    pts.add(e)
+            while pts and lo in pts:
+                pts.discard(lo)
+                lo += 1
+            while pts and hi in pts:
+                pts.discard(hi)
+                hi -= 1
+            if lo > hi:
+                return None
+            excl = frozenset(e for e in pts if lo < e < hi)
+        return NumDom(lo, hi, False, False, excl)
+    if lo == hi and (lo_open or hi_open):
+        return None
+    if excl:
+        keep = set()
+        for e in excl:
+            if e == lo:
+                lo_open = True
+            elif e == hi:
+                hi_open = True
+            elif lo < e < hi:
+                keep.add(e)
+        if lo == hi and (lo_open or hi_open):
+            return None
+        excl = frozenset(keep)
+    if lo == -INF:
+        lo_open = False
+    if hi == INF:
+        hi_open = False
+    return NumDom(lo, hi, lo_open, hi_open, excl)
+
+
+def num_meet(a: NumDom, b: NumDom, is_int: bool) -> NumDom | None:
+    if a is b:
+        return a
+    if a.lo > b.lo:
+        lo, lo_open = a.lo, a.lo_open
+    elif a.lo < b.lo:
+        lo, lo_open = b.lo, b.lo_open
+    else:
+        lo, lo_open = a.lo, a.lo_open or b.lo_open
+    if a.hi < b.hi:
+        hi, hi_open = a.hi, a.hi_open
+    elif a.hi > b.hi:
+        hi, hi_open = b.hi, b.hi_open
+    else:
+        hi, hi_open = a.hi, a.hi_open or b.hi_open
+    excl = a.excl | b.excl if (a.excl or b.excl) else _EMPTY
+    if (lo == a.lo and hi == a.hi and lo_open == a.lo_open and hi_open == a.hi_open
+            and excl == a.excl):
+        return a
+    return num_norm(lo, hi, lo_open, hi_open, excl, is_int)
+
+
+def num_subset(a: NumDom, b: NumDom) -> bool:
+    """a ⊆ b."""
+    if a.lo < b.lo or (a.lo == b.lo and b.lo_open and not a.lo_open):
+        return False
+    if a.hi > b.hi or (a.hi == b.hi and b.hi_open and not a.hi_open):
+        return False
+    return all(not a.contains(e) for e in b.excl)
+
+
+def num_union(a: NumDom, b: NumDom, is_int: bool) -> NumDom | None:
+    """a ∪ b when it is one interval (with exclusions), else None."""
+    if b.lo < a.lo or (b.lo == a.lo and a.lo_open and not b.lo_open):
+        a, b = b, a
+    # a starts first; gap if a ends before b starts
+    if is_int:
+        if a.hi != INF and b.lo != -INF and a.hi + 1 < b.lo:
+            return None
+    elif a.hi < b.lo or (a.hi == b.lo and a.hi_open and b.lo_open):
+        return None
+    if b.hi > a.hi or (b.hi == a.hi and a.hi_open and not b.hi_open):
+        hi, hi_open = b.hi, b.hi_open
+    else:
+        hi, hi_open = a.hi, a.hi_open
+    pts = set()
+    for e in a.excl | b.excl:
+        if not a.contains(e) and not b.contains(e):
+            pts.add(e)
+    if not is_int and a.hi == b.lo and a.hi_open and not b.lo_open:
+        pass
+    if not is_int and a.hi_open and a.hi == b.lo and b.lo_open:
+        pts.add(a.hi)
+    return num_norm(a.lo, hi, a.lo_open, hi_open, frozenset(pts), is_int)
+
+
+def num_complement(d: NumDom) -> list[NumDom]:
+    """Pieces (unnormalised for the type) whose union is ℝ minus d."""
+    out: list[NumDom] = []
+    if d.lo != -INF:
+        out.append(NumDom(-INF, d.lo, False, not d.lo_open, _EMPTY))
+    if d.hi != INF:
+        out.append(NumDom(d.hi, INF, not d.hi_open, False, _EMPTY))
+    for e in sorted(d.excl):
+        out.append(NumDom(e, e, False, False, _EMPTY))
+    return out
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, float):
+        if x == INF:
+            return "inf"
+        if x == -INF:
+            return "-inf"
+        return str(int(x)) if x.is_integer() and abs(x) < 1e16 else repr(x)
+    return str(x)
+
+
+def describe_num(d: NumDom, full: NumDom | None = None) -> str:
+    """Human text for a numeric domain, omitting bounds equal to the declared type's."""
+    if d.lo == d.hi:
+        text = f"== {_fmt(d.lo)}"
+    else:
+        lo_given = d.lo != -INF and not (full is not None and d.lo == full.lo
+                                           and d.lo_open == full.lo_open)
+        hi_given = d.hi != INF and not (full is not None and d.hi == full.hi
+                                          and d.hi_open == full.hi_open)
+        if lo_given and hi_given:
+            left = "(" if d.lo_open else "["
+            right = ")" if d.hi_open else "]"
+            text = f"in {left}{_fmt(d.lo)}..{_fmt(d.hi)}{right}"
+        elif lo_given:
+            text = f"{'>' if d.lo_open else '>='} {_fmt(d.lo)}"
+        elif hi_given:
+            text = f"{'<' if d.hi_open else '<='} {_fmt(d.hi)}"
+        else:
+            text = ""
+    if d.excl:
+        ex = ", ".join(f"!= {_fmt(e)}" for e in sorted(d.excl))
+        text = f"{text}, {ex}" if text else ex
+    return text or "any"
+
+
+# ---------------------------------------------------------------------------------------------
+# Float ordering helpers (exact boundary search under float rounding)
+
+_MAXF = sys.float_info.max
+
+
+def _f2i(x: float) -> int:
+    u = struct.unpack("<Q", struct.pack("<d", x))[0]
+    if u >> 63:
+        return -(u & ((1 << 63) - 1))
+    return u
+
+
+def _i2f(i: int) -> float:
+    if i >= 0:
+        return struct.unpack("<d", struct.pack("<Q", i))[0]
+    return struct.unpack("<d", struct.pack("<Q", (-i) | (1 << 63)))[0]
+
+
+def _first_true(pred, lo: int, hi: int, hint: int) -> int | None:
+    """Smallest index in [lo, hi] where a monotone (False...True) predicate holds, or None."""
+    hint = min(max(hint, lo), hi)
+    if pred(hint):
+        # walk down to a False
+        step = 1
+        good = hint
+        while True:
+            j = good - step
+            if j <= lo:
+                if pred(lo):
+                    return lo
+                bad = lo
+                break
+            if not pred(j):
+                bad = j
+                break
+            good = j
+            step *= 2
+    else:
+        step = 1
+        bad = hint
+        while True:
+            j = bad + step
+            if j >= hi:
+                if not pred(hi):
+                    return None
+                good = hi
+                break
+            if pred(j):
+                good = j
+                break
+            bad = j
+            step *= 2
+    while good - bad > 1:
+        mid = (good + bad) // 2
+        if pred(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+# ---------------------------------------------------------------------------------------------
+# Formulas (compiled guards in negation normal form)
+
+
+class Formula:
+    """A compiled condition. kind: T, F, atom(var, dom), and(parts), or(parts), res(rid, truth).
+
+    `exact` means: no residual inside, so the logical complement `neg` is available (used to make
+    the pieces of a disjunction disjoint)."""
+
+    __slots__ = ("kind", "var", "dom", "parts", "rid", "truth", "exact", "neg")
+
+    def __init__(self, kind: str, var: int = -1, dom: Any = None, parts: tuple = (),
+                 rid: int = -1, truth: bool = True, exact: bool = True):
+        self.kind = kind
+        self.var = var
+        self.dom = dom
+        self.parts = parts
+        self.rid = rid
+        self.truth = truth
+        self.exact = exact
+        self.neg: Formula | None = None
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        if self.kind in ("T", "F"):
+            return self.kind
+        if self.kind == "atom":
+            return f"atom({self.var}, {self.dom})"
+        if self.kind == "res":
+            return f"res({self.rid}, {self.truth})"
+        return f"{self.kind}({', '.join(map(repr, self.parts))})"
+
+
+TRUE = Formula("T")
+FALSE = Formula("F")
+TRUE.neg = FALSE
+FALSE.neg = TRUE
+
+
+# Values of sub-expressions: ('c', value) constant, ('v', idx, expr) variable, ('a', idx, a, b, expr)
+# monotone affine function of one numeric variable, ('o', expr) opaque, ('e',) always an error.
+Val = tuple
+
+
+class Box:
+    """An interned set of assignments: per-variable domains plus residual predicate literals.
+
+    Do not construct directly: use `full_box` / `constrain` (or `Space` methods). Boxes of one
+    scenario are interned, so equality is identity and hashing is cheap."""
+
+    __slots__ = ("space", "doms", "resid", "serial", "__weakref__")
+
+    def __init__(self, space: Space, doms: tuple, resid: frozenset, serial: int):
+        self.space = space
+        self.doms = doms
+        self.resid = resid
+        self.serial = serial
+
+    def __getitem__(self, name: str) -> frozenset | NumDom:
+        sp = self.space
+        i = sp.index[name]
+        return sp.public_dom(i, self.doms[i])
+
+    def __contains__(self, values: object) -> bool:
+        return isinstance(values, dict) and self.space.box_contains(self, values)
+
+    def __iter__(self):
+        return iter(self.space.names)
+
+    def __len__(self) -> int:
+        return len(self.space.names)
+
+    def items(self) -> list[tuple[str, frozenset | NumDom]]:
+        return [(n, self[n]) for n in self.space.names]
+
+    def constraints(self) -> dict[str, str]:
+        """Human text of the remaining domain of each constrained variable (+ `where` residuals)."""
+        return self.space.describe_region((self,))
+
+    @property
+    def exact(self) -> bool:
+        """True when the box is a plain product of domains (no residual predicate)."""
+        return not self.resid
+
+    def __repr__(self) -> str:
+        return f"Box({self.constraints()})"
+
+
+class Space:
+    """Per-scenario analysis context: variable layout, interned boxes, compiled formulas, memos."""
+
+    def __init__(self, scenario: ir.Scenario):
+        self.scenario = scenario
+        self.names: list[str] = [n for n, v in scenario.variables.items() if v.role != "derived"]
+        self.index: dict[str, int] = {n: i for i, n in enumerate(self.names)}
+        self.kinds: list[str] = []
+        self.values: list[tuple] = []
+        full: list[Any] = []
+        for n in self.names:
+            t = scenario.variables[n].type
+            if isinstance(t, ir.EnumType):
+                vals = tuple(dict.fromkeys(t.values))
+                self.kinds.append("enum")
+                self.values.append(vals)
+                full.append((1 << len(vals)) - 1)
+            elif isinstance(t, ir.BoolType):
+                self.kinds.append("bool")
+                self.values.append((False, True))
+                full.append(3)
+            elif isinstance(t, ir.NumType):
+                is_int = t.kind == "int"
+                self.kinds.append(t.kind)
+                self.values.append(())
+                lo = -INF if t.lo is None else t.lo
+                hi = INF if t.hi is None else t.hi
+                d = num_norm(lo, hi, t.lo_open, t.hi_open, _EMPTY, is_int)
+                if d is None:  # empty declared range (a checker error): keep something usable
+                    d = NumDom(-INF, INF, False, False, _EMPTY)
+                full.append(d)
+            else:
+                self.kinds.append("none")
+                self.values.append(())
+                full.append(None)
+        self.full_doms: tuple = tuple(full)
+        self._boxes: dict[tuple, Box] = {}
+        self._serial = 0
+        self.full = self.box(self.full_doms, _EMPTY)
+        self._formula_cache: dict[tuple[int, bool | None], tuple[Any, Any]] = {}
+        self._cons: dict[tuple[Box, Formula], tuple[Box, ...]] = {}
+        self._decided: dict[Box, tuple[bool | None, dict | None]] = {}
+        self.res_exprs: list[Any] = []
+        self.res_vars: list[tuple[int, ...]] = []
+        self.res_text: list[str] = []
+        self._res_index: dict[str, int] = {}
+        self._base_reads: dict[str, tuple[int, ...]] = {}
+        self.lit_true = ir.Lit.model_construct(value=True, bare=False, kind="lit", span=ir.NO_SPAN)
+        self.lit_false = ir.Lit.model_construct(value=False, bare=False, kind="lit", span=ir.NO_SPAN)
+
+    # -- boxes ---------------------------------------------------------------------------------
+
+    def box(self, doms: tuple, resid: frozenset) -> Box:
+        key = (doms, resid)
+        b = self._boxes.get(key)
+        if b is None:
+            self._serial += 1
+            b = Box(self, doms, resid, self._serial)
+            self._boxes[key] = b
+        return b
+
+    def with_dom(self, box: Box, i: int, d: Any) -> Box:
+        doms = box.doms
+        return self.box(doms[:i] + (d,) + doms[i + 1:], box.resid)
+
+    def meet_dom(self, i: int, a: Any, b: Any) -> Any:
+        """Intersection of two domains of variable i, or None if empty."""
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            m = a & b
+            return m if m else None
+        if k == "none":
+            return a
+        return num_meet(a, b, k == "int")
+
+    def dom_subset(self, i: int, a: Any, b: Any) -> bool:
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            return a & ~b == 0
+        if k == "none":
+            return True
+        return num_subset(a, b)
+
+    def dom_union(self, i: int, a: Any, b: Any) -> Any:
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            return a | b
+        if k == "none":
+            return a
+        return num_union(a, b, k == "int")
+
+    def public_dom(self, i: int, d: Any) -> frozenset | NumDom:
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            vals = self.values[i]
+            return frozenset(v for j, v in enumerate(vals) if d >> j & 1)
+        return d
+
+    def dom_values(self, i: int, d: int) -> list:
+        vals = self.values[i]
+        return [v for j, v in enumerate(vals) if d >> j & 1]
+
+    def dom_contains(self, i: int, d: Any, value: Any) -> bool:
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            vals = self.values[i]
+            for j, v in enumerate(vals):
+                if v == value and type(v) is type(value):
+                    return bool(d >> j & 1)
+            return False
+        if k == "none":
+            return True
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if k == "int" and isinstance(value, float) and not value.is_integer():
+            return False
+        return d.contains(value)
+
+    def box_contains(self, box: Box, values: dict) -> bool:
+        """Is this complete assignment (field/system values) a member of the box?"""
+        for i, n in enumerate(self.names):
+            if n not in values:
+                if box.doms[i] != self.full_doms[i]:
+                    return False
+                continue
+            if not self.dom_contains(i, box.doms[i], values[n]):
+                return False
+        return all(self.eval_resid(rid, truth, values) for rid, truth in box.resid)
+
+    def subsumes(self, a: Box, b: Box) -> bool:
+        """b ⊆ a (syntactically)."""
+        if not a.resid <= b.resid:
+            return False
+        da, db = a.doms, b.doms
+        for i in range(len(da)):
+            x, y = da[i], db[i]
+            if x is not y and x != y and not self.dom_subset(i, y, x):
+                return False
+        return True
+
+    def normalize(self, boxes: Iterable[Box]) -> tuple[Box, ...]:
+        """A canonical-ish union: dedupe, drop subsumed boxes, merge boxes differing in one variable,
+        order by creation serial (deterministic)."""
+        uniq = sorted(set(boxes), key=lambda b: b.serial)
+        if len(uniq) <= 1:
+            return tuple(uniq)
+        if len(uniq) > 64:
+            return tuple(uniq)
+        changed = True
+        while changed and len(uniq) > 1:
+            changed = False
+            # subsumption
+            keep: list[Box] = []
+            for b in uniq:
+                if any(o is not b and self.subsumes(o, b) and (not self.subsumes(b, o) or o.serial < b.serial)
+                       for o in uniq):
+                    changed = True
+                    continue
+                keep.append(b)
+            uniq = keep
+            # merge pairs differing in exactly one variable
+            n = len(uniq)
+            merged = False
+            for x in range(n):
+                for y in range(x + 1, n):
+                    a, b = uniq[x], uniq[y]
+                    if a.resid != b.resid:
+                        continue
+                    diff = -1
+                    for i in range(len(a.doms)):
+                        if a.doms[i] != b.doms[i]:
+                            if diff >= 0:
+                                diff = -2
+                                break
+                            diff = i
+                    if diff < 0:
+                        continue
+                    u = self.dom_union(diff, a.doms[diff], b.doms[diff])
+                    if u is None:
+                        continue
+                    nb = self.with_dom(a, diff, u)
+                    uniq = [c for k, c in enumerate(uniq) if k not in (x, y)] + [nb]
+                    uniq.sort(key=lambda c: c.serial)
+                    merged = changed = True
+                    break
+                if merged:
+                    break
+        return tuple(uniq)
+
+    def project(self, box: Box, live: frozenset[int]) -> Box:
+        """Forget the domains of variables outside `live` (residuals over live variables keep
+        their variables). Residuals purely over forgotten variables are dropped (the caller has
+        checked the box is non-empty)."""
+        resid = box.resid
+        keep_vars = set(live)
+        if resid:
+            kept = []
+            for lit in resid:
+                vs = self.res_vars[lit[0]]
+                if any(v in live for v in vs):
+                    kept.append(lit)
+                    keep_vars.update(vs)
+            resid = frozenset(kept)
+        full = self.full_doms
+        doms = tuple(d if i in keep_vars else full[i] for i, d in enumerate(box.doms))
+        if doms == box.doms and resid == box.resid:
+            return box
+        return self.box(doms, resid)
+
+    # -- residual predicates -------------------------------------------------------------------
+
+    def base_reads(self, expr: Any) -> tuple[int, ...]:
+        """Base (field/system) variable indices an expression depends on, derived ones expanded."""
+        out: dict[int, None] = {}
+        seen: set[str] = set()
+
+        def walk(e: Any) -> None:
+            if isinstance(e, ir.Var):
+                v = self.scenario.variables.get(e.name)
+                if v is None:
+                    return
+                if v.role == "derived":
+                    if e.name in seen or v.expr is None:
+                        return
+                    seen.add(e.name)
+                    walk(v.expr)
+                else:
+                    out.setdefault(self.index[e.name], None)
+                return
+            for child in _children(e):
+                walk(child)
+
+        walk(expr)
+        return tuple(out)
+
+    def residual(self, expr: Any, truth: bool) -> Formula:
+        text = ir.show(expr)
+        rid = self._res_index.get(text)
+        if rid is None:
+            rid = len(self.res_exprs)
+            self._res_index[text] = rid
+            self.res_exprs.append(expr)
+            self.res_vars.append(self.base_reads(expr))
+            self.res_text.append(text)
+        return Formula("res", rid=rid, truth=truth, exact=False)
+
+    def eval_resid(self, rid: int, truth: bool, values: dict) -> bool:
+        try:
+            v = _Interp(self.scenario, values).eval(self.res_exprs[rid])
+        except (DecideError, TypeError, ValueError, ArithmeticError, KeyError, RecursionError,
+                AttributeError):
+            return False
+        return bool(v) == truth
+
+    # -- formulas ------------------------------------------------------------------------------
+
+    def formula(self, expr: Any, truth: bool = True) -> Formula:
+        """The compiled condition "expr evaluates (without error) to a value whose truthiness is
+        `truth`". Cached per expression object."""
+        if expr is None:
+            return TRUE if truth else FALSE
+        key = (id(expr), truth)
+        hit = self._formula_cache.get(key)
+        if hit is not None and hit[0] is expr:
+            return hit[1]
+        f = _Compiler(self).cond(expr, truth, 0)
+        self._formula_cache[key] = (expr, f)
+        return f
+
+    def term(self, expr: Any) -> list[tuple[Formula, tuple]]:
+        """Guarded values of an expression: [(condition, value)], conditions pairwise disjoint.
+        A value is ('c', constant), ('v', var index, expr), ('a', var index, a, b, expr) (monotone
+        affine in one variable), ('o', expr) (opaque) or ('e',) (always an error)."""
+        key = (id(expr), None)
+        hit = self._formula_cache.get(key)
+        if hit is not None and hit[0] is expr:
+            return hit[1]  # type: ignore[return-value]
+        t = _Compiler(self).term(expr, 0)
+        self._formula_cache[key] = (expr, t)  # type: ignore[assignment]
+        return t
+
+    def fire_formula(self, stage: ir.Stage, index: int) -> Formula:
+        """Region where branch `index` of `stage` fires: earlier guards false, this one true."""
+        parts = [self.formula(b.guard, False) for b in stage.branches[:index] if b.guard is not None]
+        own = stage.branches[index].guard
+        parts.append(self.formula(own, True) if own is not None else TRUE)
+        return mk_and(self, parts)
+
+    # -- constrain -----------------------------------------------------------------------------
+
+    def constrain(self, box: Box, f: Formula) -> tuple[Box, ...]:
+        kind = f.kind
+        if kind == "T":
+            return (box,)
+        if kind == "F":
+            return ()
+        key = (box, f)
+        hit = self._cons.get(key)
+        if hit is not None:
+            return hit
+        if kind == "atom":
+            i = f.var
+            cur = box.doms[i]
+            d = self.meet_dom(i, cur, f.dom)
+            if d is None:
+                res: tuple[Box, ...] = ()
+            elif d is cur or d == cur:
+                res = (box,)
+            else:
+                res = (self.with_dom(box, i, d),)
+        elif kind == "and":
+            cur_boxes: Sequence[Box] = (box,)
+            for p in f.parts:
+                nxt: list[Box] = []
+                for b in cur_boxes:
+                    nxt.extend(self.constrain(b, p))
+                cur_boxes = nxt
+                if not nxt:
+                    break
+            res = _dedupe(cur_boxes)
+        elif kind == "or":
+            out: list[Box] = []
+            if f.exact:
+                rest: Sequence[Box] = (box,)
+                parts = f.parts
+                last = len(parts) - 1
+                for k, p in enumerate(parts):
+                    for b in rest:
+                        out.extend(self.constrain(b, p))
+                    if k == last:
+                        break
+                    nrest: list[Box] = []
+                    pn = _neg(self, p)
+                    for b in rest:
+                        nrest.extend(self.constrain(b, pn))
+                    rest = nrest
+                    if not rest:
+                        break
+            else:
+                for p in f.parts:
+                    out.extend(self.constrain(box, p))
+            res = _dedupe(out)
+        else:  # residual literal
+            res = self._add_resid(box, f.rid, f.truth)
+        if len(self._cons) > 2_000_000:
+            self._cons.clear()
+        self._cons[key] = res
+        return res
+
+    def constrain_region(self, region: Iterable[Box], f: Formula) -> tuple[Box, ...]:
+        out: list[Box] = []
+        for b in region:
+            out.extend(self.constrain(b, f))
+        return self.normalize(out)
+
+    def _add_resid(self, box: Box, rid: int, truth: bool) -> tuple[Box, ...]:
+        if (rid, truth) in box.resid:
+            return (box,)
+        if (rid, not truth) in box.resid:
+            return ()
+        vs = self.res_vars[rid]
+        # Decide exactly when the residual's variables have few possible values: split into points.
+        finite = []
+        total = 1
+        for i in vs:
+            vals = self._finite_values(i, box.doms[i], 32)
+            if vals is None:
+                total = -1
+                break
+            finite.append(vals)
+            total *= len(vals)
+            if total > 256:
+                total = -1
+                break
+        if total >= 0:
+            base = self.pick_all(box, "boundary", None)
+            if base is None:
+                return (self.box(box.doms, box.resid | {(rid, truth)}),)
+            out: list[Box] = []
+            for combo in itertools.product(*finite):
+                values = dict(base)
+                for i, v in zip(vs, combo, strict=True):
+                    values[self.names[i]] = v
+                if self.eval_resid(rid, truth, values):
+                    doms = list(box.doms)
+                    for i, v in zip(vs, combo, strict=True):
+                        doms[i] = self._point(i, v)
+                    out.append(self.box(tuple(doms), box.resid))
+            return self.normalize(out)
+        return (self.box(box.doms, box.resid | {(rid, truth)}),)
+
+    def _finite_values(self, i: int, d: Any, limit: int) -> list | None:
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            return self.dom_values(i, d)
+        if k == "int" and d.lo != -INF and d.hi != INF and d.hi - d.lo < limit:
+            return [x for x in range(int(d.lo), int(d.hi) + 1) if x not in d.excl]
+        if k == "float" and d.lo == d.hi:
+            return [d.lo]
+        return None
+
+    def _point(self, i: int, v: Any) -> Any:
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            for j, x in enumerate(self.values[i]):
+                if x == v and type(x) is type(v):
+                    return 1 << j
+            return 0
+        return NumDom(v, v, False, False, _EMPTY)
+
+    # -- feasibility and witnesses -------------------------------------------------------------
+
+    def decide(self, box: Box) -> bool | None:
+        """True: a member exists; False: proven empty; None: undecided."""
+        if not box.resid:
+            return True
+        hit = self._decided.get(box)
+        if hit is None:
+            w, exhaustive = self._search(box, "boundary", None)
+            hit = (True if w is not None else (False if exhaustive else None), w)
+            self._decided[box] = hit
+        return hit[0]
+
+    def decide_region(self, region: Iterable[Box]) -> bool | None:
+        status: bool | None = False
+        for b in region:
+            s = self.decide(b)
+            if s:
+                return True
+            if s is None:
+                status = None
+        return status
+
+    def witness(self, box: Box, style: str = "representative",
+                rng: random.Random | None = None) -> dict[str, Any] | None:
+        if not box.resid:
+            return self.pick_all(box, style, rng)
+        if style == "boundary" and rng is None:
+            self.decide(box)
+            hit = self._decided.get(box)
+            if hit is not None and hit[1] is not None:
+                return dict(hit[1])
+        w, _ = self._search(box, style, rng)
+        return w
+
+    def pick_all(self, box: Box, style: str, rng: random.Random | None) -> dict[str, Any] | None:
+        out: dict[str, Any] = {}
+        for i, n in enumerate(self.names):
+            v = self.pick(i, box.doms[i], style, rng)
+            if v is _NONE:
+                return None
+            out[n] = v
+        return out
+
+    def pick(self, i: int, d: Any, style: str, rng: random.Random | None) -> Any:
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            vals = self.dom_values(i, d)
+            if not vals:
+                return _NONE
+            return rng.choice(vals) if rng is not None else vals[0]
+        if k == "none":
+            return _NONE
+        return _pick_num(d, k == "int", style, rng)
+
+    def _candidates(self, i: int, d: Any, style: str, rng: random.Random | None,
+                    consts: list[float]) -> tuple[list, bool]:
+        """Candidate values for variable i in witness search; bool = the list is the whole domain."""
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            vals = self.dom_values(i, d)
+            if rng is not None:
+                vals = vals[:]
+                rng.shuffle(vals)
+            return vals, True
+        if k == "none":
+            return [], False
+        finite = self._finite_values(i, d, 16)
+        if finite is not None:
+            first = _pick_num(d, k == "int", style, rng)
+            return [first] + [x for x in finite if x != first], True
+        is_int = k == "int"
+        raw: list[float] = [_pick_num(d, is_int, style, rng), _pick_num(d, is_int, "boundary", None),
+                            _pick_num(d, is_int, "representative", None)]
+        for c in consts:
+            raw += [c, c + 1, c - 1]
+            if not is_int:
+                raw += [c + 0.5, c - 0.5]
+        raw += [0, 1, -1, 100, 1000]
+        if d.lo != -INF:
+            raw += [d.lo, d.lo + 1, d.lo + 2]
+        if d.hi != INF:
+            raw += [d.hi, d.hi - 1, d.hi - 2]
+        if d.lo != -INF and d.hi != INF:
+            raw.append((d.lo + d.hi) / 2)
+        out: list = []
+        seen: set = set()
+        for x in raw:
+            if x is _NONE or isinstance(x, bool):
+                continue
+            if is_int:
+                if isinstance(x, float):
+                    if not math.isfinite(x) or not x.is_integer():
+                        continue
+                    x = int(x)
+            else:
+                if not math.isfinite(x):
+                    continue
+                x = float(x)
+            if x in seen or not d.contains(x):
+                continue
+            seen.add(x)
+            out.append(x)
+            if len(out) >= 14:
+                break
+        return out, False
+
+    def _search(self, box: Box, style: str, rng: random.Random | None) -> tuple[dict | None, bool]:
+        base = self.pick_all(box, style, rng)
+        if base is None:
+            return None, False
+        lits = sorted(box.resid)
+        rvars: dict[int, None] = {}
+        consts: list[float] = []
+        for rid, _t in lits:
+            for v in self.res_vars[rid]:
+                rvars.setdefault(v, None)
+            consts += _numeric_consts(self.res_exprs[rid])
+        order = list(rvars)
+        cand_lists = []
+        exhaustive = True
+        for i in order:
+            cands, whole = self._candidates(i, box.doms[i], style, rng, consts)
+            if not cands:
+                return None, False
+            cand_lists.append(cands)
+            exhaustive = exhaustive and whole
+        for tried, combo in enumerate(itertools.product(*cand_lists)):
+            if tried >= _SEARCH_COMBOS:
+                return None, False
+            values = dict(base)
+            for i, v in zip(order, combo, strict=True):
+                values[self.names[i]] = v
+            if all(self.eval_resid(rid, truth, values) for rid, truth in lits):
+                return values, False
+        return None, exhaustive
+
+    # -- descriptions --------------------------------------------------------------------------
+
+    def describe_dom(self, i: int, d: Any) -> str:
+        k = self.kinds[i]
+        if k == "enum":
+            return " | ".join(self.dom_values(i, d))
+        if k == "bool":
+            return " | ".join("true" if v else "false" for v in self.dom_values(i, d))
+        if k == "none":
+            return "any"
+        return describe_num(d, self.full_doms[i])
+
+    def describe_region(self, region: Sequence[Box]) -> dict[str, str]:
+        """Per constrained variable, the union of its domains over the region, as text."""
+        out: dict[str, str] = {}
+        if not region:
+            return out
+        for i, n in enumerate(self.names):
+            full = self.full_doms[i]
+            doms: list[Any] = []
+            for b in region:
+                d = b.doms[i]
+                if d not in doms:
+                    doms.append(d)
+            if any(d == full for d in doms):
+                continue
+            k = self.kinds[i]
+            if k == "enum" or k == "bool":
+                m = 0
+                for d in doms:
+                    m |= d
+                if m == full:
+                    continue
+                out[n] = self.describe_dom(i, m)
+                continue
+            merged = _merge_nums(doms, k == "int")
+            if len(merged) == 1 and merged[0] == full:
+                continue
+            out[n] = " or ".join(describe_num(d, full) for d in merged)
+        resid_texts: list[str] = []
+        for b in region:
+            parts = [(self.res_text[rid] if truth else f"not ({self.res_text[rid]})")
+                     for rid, truth in sorted(b.resid)]
+            t = " and ".join(parts)
+            if t and t not in resid_texts:
+                resid_texts.append(t)
+        if resid_texts:
+            out["where"] = " or ".join(f"({t})" if len(resid_texts) > 1 else t for t in resid_texts)
+        return out
+
+
+_NONE = object()
+
+
+def _dedupe(boxes: Sequence[Box]) -> tuple[Box, ...]:
+    if len(boxes) <= 1:
+        return tuple(boxes)
+    return tuple(dict.fromkeys(boxes))
+
+
+def _merge_nums(doms: list[NumDom], is_int: bool) -> list[NumDom]:
+    pending = sorted(doms, key=lambda d: (d.lo, d.lo_open))
+    out: list[NumDom] = []
+    for d in pending:
+        if out:
+            u = num_union(out[-1], d, is_int)
+            if u is not None:
+                out[-1] = u
+                continue
+        out.append(d)
+    return out
+
+
+def _nice_above(x: float) -> float:
+    """The smallest number of the form {1,2,5}·10^k strictly greater than x (x > 0)."""
+    k = math.floor(math.log10(x)) if x > 0 else 0
+    for _ in range(3):
+        for m in (1, 2, 5):
+            v = m * 10.0**k
+            if v > x:
+                return v
+        k += 1
+    return x + 1
+
+
+def _pick_num(d: NumDom, is_int: bool, style: str, rng: random.Random | None) -> Any:
+    lo, hi = d.lo, d.hi
+    if lo == hi:
+        return int(lo) if is_int else float(lo)
+
+    def ok(x: float) -> bool:
+        return d.contains(x)
+
+    def fix(x: float) -> Any:
+        if is_int:
+            x = int(round(x)) if math.isfinite(x) else 0
+            for step in range(0, 64):
+                for y in (x + step, x - step):
+                    if ok(y):
+                        return y
+            return _NONE
+        x = float(x)
+        if ok(x):
+            return x
+        for y in (x + 0.5, x - 0.5, (x + hi) / 2 if hi != INF else x + 1, (x + lo) / 2 if lo != -INF else x - 1):
+            if math.isfinite(y) and ok(y):
+                return float(y)
+        return _NONE
+
+    if rng is not None:
+        a = lo if lo != -INF else (hi - 1000 if hi != INF else -1000)
+        b = hi if hi != INF else a + 1000
+        if is_int:
+            return fix(rng.randint(int(math.ceil(a)), int(math.floor(b))))
+        return fix(rng.uniform(a, b))
+    if style == "boundary":
+        if lo != -INF:
+            if is_int or not d.lo_open:
+                return fix(lo)
+            step = min(0.01, (hi - lo) / 2) if hi != INF else 0.01
+            return fix(lo + step)
+        if hi != INF:
+            if is_int or not d.hi_open:
+                return fix(hi)
+            return fix(hi - 0.01)
+        return fix(0)
+    # representative: a typical value, preferably a round number away from the bounds
+    if ok(100):
+        return fix(100)
+    if hi != INF and hi < 100:
+        if lo != -INF:
+            mid = (lo + hi) / 2
+            return fix(math.floor(mid) if is_int else mid)
+        return fix(hi / 2 if hi > 1 else hi - 10)
+    if lo != -INF and lo >= 100:
+        v = _nice_above(lo)
+        if v < hi or (v == hi and not d.hi_open):
+            return fix(v)
+        return fix((lo + hi) / 2 if is_int is False else (lo + hi) // 2)
+    return fix(0)
+
+
+def _numeric_consts(expr: Any) -> list[float]:
+    out: list[float] = []
+
+    def walk(e: Any) -> None:
+        if isinstance(e, ir.Lit):
+            if isinstance(e.value, (int, float)) and not isinstance(e.value, bool):
+                out.append(e.value)
+            return
+        for c in _children(e):
+            walk(c)
+
+    walk(expr)
+    return out[:8]
+
+
+def _children(e: Any) -> list[Any]:
+    if isinstance(e, ir.Unary):
+        return [e.operand]
+    if isinstance(e, (ir.Binary, ir.Compare)):
+        return [e.left, e.right]
+    if isinstance(e, ir.InSet):
+        return [e.operand]
+    if isinstance(e, ir.BoolOp):
+        return list(e.operands)
+    if isinstance(e, ir.Call):
+        return list(e.args)
+    if isinstance(e, ir.Case):
+        out = []
+        for arm in e.arms:
+            out += [arm.when, arm.then]
+        return out + [e.otherwise]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Formula construction with light simplification
+
+
+def mk_atom(space: Space, i: int, dom: Any) -> Formula:
+    full = space.full_doms[i]
+    d = space.meet_dom(i, full, dom)
+    if d is None:
+        return FALSE
+    if d == full:
+        return TRUE
+    f = Formula("atom", var=i, dom=d)
+    return f
+
+
+def _neg(space: Space, f: Formula) -> Formula | None:
+    """Logical complement of an exact formula (memoised on the formula)."""
+    if f.neg is not None:
+        return f.neg
+    if not f.exact:
+        return None
+    if f.kind == "atom":
+        i = f.var
+        k = space.kinds[i]
+        if k == "enum" or k == "bool":
+            n = mk_atom(space, i, space.full_doms[i] & ~f.dom)
+        else:
+            pieces = [num_norm(p.lo, p.hi, p.lo_open, p.hi_open, _EMPTY, k == "int")
+                      for p in num_complement(f.dom)]
+            n = mk_or(space, [mk_atom(space, i, d) for d in pieces if d is not None])
+    elif f.kind == "and":
+        n = mk_or(space, [_neg(space, p) for p in f.parts])
+    elif f.kind == "or":
+        n = mk_and(space, [_neg(space, p) for p in f.parts])
+    else:  # pragma: no cover
+        return None
+    f.neg = n
+    if n.neg is None:
+        n.neg = f
+    return n
+
+
+def mk_and(space: Space, parts: Iterable[Formula]) -> Formula:
+    flat: list[Formula] = []
+    atoms: dict[int, Any] = {}
+    for p in parts:
+        if p.kind == "T":
+            continue
+        if p.kind == "F":
+            return FALSE
+        sub = p.parts if p.kind == "and" else (p,)
+        for q in sub:
+            if q.kind == "atom":
+                if q.var in atoms:
+                    d = space.meet_dom(q.var, atoms[q.var], q.dom)
+                    if d is None:
+                        return FALSE
+                    atoms[q.var] = d
+                else:
+                    atoms[q.var] = q.dom
+                    flat.append(q)
+            else:
+                flat.append(q)
+    out: list[Formula] = []
+    for q in flat:
+        if q.kind == "atom":
+            d = atoms[q.var]
+            q = q if d is q.dom else mk_atom(space, q.var, d)
+            if q.kind == "F":
+                return FALSE
+            if q.kind == "T":
+                continue
+        out.append(q)
+    if not out:
+        return TRUE
+    if len(out) == 1:
+        return out[0]
+    f = Formula("and", parts=tuple(out), exact=all(p.exact for p in out))
+    if f.exact:
+        _attach_neg_lazily(space, f)
+    return f
+
+
+def mk_or(space: Space, parts: Iterable[Formula]) -> Formula:
+    flat: list[Formula] = []
+    for p in parts:
+        if p.kind == "F":
+            continue
+        if p.kind == "T":
+            return TRUE
+        flat.extend(p.parts if p.kind == "or" else (p,))
+    # merge atoms on the same enum/bool variable (union of masks is exact)
+    out: list[Formula] = []
+    enum_atoms: dict[int, int] = {}
+    for q in flat:
+        if q.kind == "atom" and space.kinds[q.var] in ("enum", "bool"):
+            if q.var in enum_atoms:
+                out[enum_atoms[q.var]] = mk_atom(space, q.var, out[enum_atoms[q.var]].dom | q.dom)
+                if out[enum_atoms[q.var]].kind == "T":
+                    return TRUE
+                continue
+            enum_atoms[q.var] = len(out)
+        out.append(q)
+    if not out:
+        return FALSE
+    if len(out) == 1:
+        return out[0]
+    f = Formula("or", parts=tuple(out), exact=all(p.exact for p in out))
+    if f.exact:
+        _attach_neg_lazily(space, f)
+    return f
+
+
+def _attach_neg_lazily(space: Space, f: Formula) -> None:
+    """Exact disjunctions need the complements of their parts for disjoint splitting."""
+    if f.kind == "or":
+        for p in f.parts[:-1]:
+            _neg(space, p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Expression compiler
+
+
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+_NEGOP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+class _Compiler:
+    """IR expressions → formulas (conditions) and guarded values (terms)."""
+
+    def __init__(self, space: Space):
+        self.sp = space
+
+    # conditions ----------------------------------------------------------------------------
+
+    def cond(self, e: Any, truth: bool, depth: int) -> Formula:
+        sp = self.sp
+        if depth > 60:
+            return sp.residual(e, truth)
+        if isinstance(e, ir.Unary) and e.op == "not":
+            return self.cond(e.operand, not truth, depth + 1)
+        if isinstance(e, ir.BoolOp):
+            fs_t = [self.cond(o, True, depth + 1) for o in e.operands]
+            fs_f = [self.cond(o, False, depth + 1) for o in e.operands]
+            if e.op == "and":
+                if truth:
+                    return mk_and(sp, fs_t)
+                # first false operand stops evaluation
+                alts = [mk_and(sp, fs_t[:k] + [fs_f[k]]) for k in range(len(fs_f))]
+                return mk_or(sp, alts)
+            if not truth:
+                return mk_and(sp, fs_f)
+            alts = [mk_and(sp, fs_f[:k] + [fs_t[k]]) for k in range(len(fs_t))]
+            return mk_or(sp, alts)
+        if isinstance(e, ir.Compare):
+            lt = self.term(e.left, depth + 1)
+            rt = self.term(e.right, depth + 1)
+            alts = []
+            for gl, vl in lt:
+                for gr, vr in rt:
+                    g = mk_and(sp, [gl, gr])
+                    if g.kind == "F":
+                        continue
+                    alts.append(mk_and(sp, [g, self.compare(vl, e.op, vr, truth)]))
+            return mk_or(sp, alts)
+        if isinstance(e, ir.InSet):
+            ot = self.term(e.operand, depth + 1)
+            want = truth != e.negated
+            values = [v.value for v in e.values]
+            alts = []
+            for g, v in ot:
+                alts.append(mk_and(sp, [g, self.member(v, values, want, e)]))
+            return mk_or(sp, alts)
+        # truthiness of a value
+        alts = []
+        for g, v in self.term(e, depth + 1):
+            alts.append(mk_and(sp, [g, self.truthy(v, truth)]))
+        return mk_or(sp, alts)
+
+    def truthy(self, v: Val, truth: bool) -> Formula:
+        sp = self.sp
+        tag = v[0]
+        if tag == "e":
+            return FALSE
+        if tag == "c":
+            return TRUE if bool(v[1]) == truth else FALSE
+        if tag == "v":
+            i = v[1]
+            k = sp.kinds[i]
+            if k in ("enum", "bool"):
+                m = 0
+                for j, x in enumerate(sp.values[i]):
+                    if bool(x) == truth:
+                        m |= 1 << j
+                return mk_atom(sp, i, m)
+            if k in ("int", "float"):
+                return self.compare(v, "!=", ("c", 0), truth)
+        if tag == "a":
+            return self.compare(v, "!=", ("c", 0), truth)
+        return sp.residual(_expr_of(sp, v), truth)
+
+    def member(self, v: Val, values: list, want: bool, e: Any) -> Formula:
+        sp = self.sp
+        tag = v[0]
+        if tag == "e":
+            return FALSE
+        if tag == "c":
+            try:
+                hit = v[1] in set(values)
+            except TypeError:
+                return FALSE
+            return TRUE if hit == want else FALSE
+        if tag == "v":
+            i = v[1]
+            k = sp.kinds[i]
+            if k in ("enum", "bool"):
+                vs = set(values)
+                m = 0
+                for j, x in enumerate(sp.values[i]):
+                    if (x in vs) == want:
+                        m |= 1 << j
+                return mk_atom(sp, i, m)
+        if tag in ("v", "a") and all(_is_num(x) for x in values) and sp.kinds[v[1]] in ("int", "float"):
+            if want:
+                return mk_or(sp, [self.compare(v, "==", ("c", x), True) for x in values])
+            return mk_and(sp, [self.compare(v, "!=", ("c", x), True) for x in values])
+        node = ir.InSet.model_construct(kind="in", operand=_expr_of(sp, v),
+                                        values=[_lit(x) for x in values], negated=False, span=e.span)
+        return sp.residual(node, want)
+
+    def compare(self, vl: Val, op: str, vr: Val, truth: bool) -> Formula:
+        sp = self.sp
+        if vl[0] == "e" or vr[0] == "e":
+            return FALSE
+        if vl[0] == "c" and vr[0] == "c":
+            try:
+                r = _compare(op, vl[1], vr[1])
+            except (DecideError, TypeError):
+                return FALSE
+            return TRUE if bool(r) == truth else FALSE
+        if vl[0] == "c":
+            vl, vr = vr, vl
+            op = _FLIP[op]
+        if vr[0] == "c":
+            c = vr[1]
+            if vl[0] == "v":
+                return self.var_const(vl[1], op, c, truth, vl)
+            if vl[0] == "a" and _is_num(c):
+                f = self.affine(vl, op, c, truth)
+                if f is not None:
+                    return f
+        node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, vl),
+                                          right=_expr_of(sp, vr), span=ir.NO_SPAN)
+        return sp.residual(node, truth)
+
+    def var_const(self, i: int, op: str, c: Any, truth: bool, v: Val) -> Formula:
+        sp = self.sp
+        k = sp.kinds[i]
+        if k in ("enum", "bool"):
+            m = 0
+            for j, x in enumerate(sp.values[i]):
+                try:
+                    r = _compare(op, x, c)
+                except (DecideError, TypeError):
+                    continue
+                if bool(r) == truth:
+                    m |= 1 << j
+            return mk_atom(sp, i, m)
+        if k in ("int", "float") and _is_num(c) and math.isfinite(c):
+            if not truth:
+                op = _NEGOP[op]
+            is_int = k == "int"
+            if op == "==":
+                d = num_norm(c, c, False, False, _EMPTY, is_int)
+            elif op == "!=":
+                d = num_norm(-INF, INF, False, False, frozenset([c]), is_int)
+            elif op == "<":
+                d = num_norm(-INF, c, False, True, _EMPTY, is_int)
+            elif op == "<=":
+                d = num_norm(-INF, c, False, False, _EMPTY, is_int)
+            elif op == ">":
+                d = num_norm(c, INF, True, False, _EMPTY, is_int)
+            else:
+                d = num_norm(c, INF, False, False, _EMPTY, is_int)
+            return FALSE if d is None else mk_atom(sp, i, d)
+        node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, v),
+                                          right=_lit(c), span=ir.NO_SPAN)
+        return sp.residual(node, truth)
+
+    def affine(self, v: Val, op: str, c: float, truth: bool) -> Formula | None:
+        """Solve `f(x) op c` for a monotone affine f exactly under float semantics."""
+        sp = self.sp
+        _, i, a, b, expr = v
+        if not truth:
+            op = _NEGOP[op]
+        if not math.isfinite(c):
+            return None
+        if op == "!=":
+            eq = self.affine(v, "==", c, True)
+            if eq is None:
+                return None
+            return _neg(sp, eq) if eq.exact else None
+        if op == "==":
+            ge = self._half(i, a, b, expr, ">=", c)
+            le = self._half(i, a, b, expr, "<=", c)
+            if ge is None or le is None:
+                return None
+            if ge is FALSE_DOM or le is FALSE_DOM:
+                return FALSE
+            d = sp.meet_dom(i, ge, le)
+            return FALSE if d is None else mk_atom(sp, i, d)
+        d = self._half(i, a, b, expr, op, c)
+        if d is None:
+            return None
+        if d is FALSE_DOM:
+            return FALSE
+        return mk_atom(sp, i, d)
+
+    def _half(self, i: int, a: float, b: float, expr: Any, op: str, c: float) -> Any:
+        sp = self.sp
+        is_int = sp.kinds[i] == "int"
+        name = sp.names[i]
+        full: NumDom = sp.full_doms[i]
+        scen = sp.scenario
+
+        def p_at(x: Any) -> bool:
+            val = _Probe(scen, name, x).eval(expr)
+            return bool(_compare(op, val, c))
+
+        if is_int:
+            lo_i = int(full.lo) if full.lo != -INF else -_INT_LIMIT
+            hi_i = int(full.hi) if full.hi != INF else _INT_LIMIT
+            to_x = int
+            hint_x = (c - b) / a if a else 0.0
+            hint = int(hint_x) if math.isfinite(hint_x) and abs(hint_x) < 2**1000 else 0
+        else:
+            lo_f = full.lo if full.lo != -INF else -_MAXF
+            hi_f = full.hi if full.hi != INF else _MAXF
+            lo_i, hi_i = _f2i(lo_f), _f2i(hi_f)
+            to_x = _i2f
+            try:
+                hint_x = (c - b) / a if a else 0.0
+            except (OverflowError, ZeroDivisionError):
+                hint_x = 0.0
+            hint = _f2i(hint_x) if math.isfinite(hint_x) else 0
+
+        def pred_index(k: int) -> bool:
+            return p_at(to_x(k))
+
+        try:
+            if a == 0:
+                probe = _pick_num(full, is_int, "boundary", None)
+                return full if p_at(probe) else FALSE_DOM
+            up = (op in (">", ">=")) == (a > 0)
+            if up:
+                k = _first_true(pred_index, lo_i, hi_i, hint)
+                if k is None:
+                    return FALSE_DOM
+                x = to_x(k)
+                lo = -INF if k == lo_i and full.lo == -INF else x
+                d = num_norm(lo, INF, False, False, _EMPTY, is_int)
+            else:
+                k = _first_true(lambda j: not pred_index(j), lo_i, hi_i, hint)
+                if k is None:
+                    hi = INF
+                elif k == lo_i:
+                    return FALSE_DOM
+                else:
+                    hi = to_x(k - 1)
+                d = num_norm(-INF, hi, False, False, _EMPTY, is_int)
+        except (DecideError, TypeError, ValueError, ArithmeticError, RecursionError):
+            return None
+        if d is None:
+            return FALSE_DOM
+        d2 = sp.meet_dom(i, full, d)
+        return FALSE_DOM if d2 is None else d2
+
+    # terms ---------------------------------------------------------------------------------
+
+    def term(self, e: Any, depth: int) -> list[tuple[Formula, Val]]:
+        sp = self.sp
+        if depth > 60:
+            return [(TRUE, ("o", e))]
+        if isinstance(e, ir.Lit):
+            return [(TRUE, ("c", e.value))]
+        if isinstance(e, ir.Var):
+            var = sp.scenario.variables.get(e.name)
+            if var is None:
+                return [(TRUE, ("o", e))]
+            if var.role == "derived":
+                if var.expr is None:
+                    return [(TRUE, ("o", e))]
+                return self.term(var.expr, depth + 1)
+            return [(TRUE, ("v", sp.index[e.name], e))]
+        if isinstance(e, (ir.Compare, ir.InSet, ir.BoolOp)) or (isinstance(e, ir.Unary) and e.op == "not"):
+            return [(self.cond(e, True, depth + 1), ("c", True)),
+                    (self.cond(e, False, depth + 1), ("c", False))]
+        if isinstance(e, ir.Unary):  # neg
+            out = []
+            for g, v in self.term(e.operand, depth + 1):
+                out.append((g, self.neg_val(v, e)))
+            return out
+        if isinstance(e, ir.Binary):
+            lt = self.term(e.left, depth + 1)
+            rt = self.term(e.right, depth + 1)
+            if len(lt) * len(rt) > _MAX_TERMS:
+                return [(TRUE, ("o", e))]
+            out = []
+            for gl, vl in lt:
+                for gr, vr in rt:
+                    g = mk_and(sp, [gl, gr])
+                    if g.kind == "F":
+                        continue
+                    out.append((g, self.arith(e.op, vl, vr, e)))
+            return out
+        if isinstance(e, ir.Call):
+            if e.func == "count":
+                if len(e.args) > _MAX_COUNT_ARGS:
+                    return [(TRUE, ("o", e))]
+                ts = [self.cond(a, True, depth + 1) for a in e.args]
+                fs = [self.cond(a, False, depth + 1) for a in e.args]
+                n = len(ts)
+                return [(self.exactly(ts, fs, 0, j, {}), ("c", j)) for j in range(n + 1)]
+            terms = [self.term(a, depth + 1) for a in e.args]
+            cur = terms[0]
+            for nxt in terms[1:]:
+                if len(cur) * len(nxt) * 2 > _MAX_TERMS:
+                    return [(TRUE, ("o", e))]
+                new = []
+                op = "<" if e.func == "min" else ">"
+                for g1, v1 in cur:
+                    for g2, v2 in nxt:
+                        g = mk_and(sp, [g1, g2])
+                        if g.kind == "F":
+                            continue
+                        new.append((mk_and(sp, [g, self.compare(v2, op, v1, True)]), v2))
+                        new.append((mk_and(sp, [g, self.compare(v2, op, v1, False)]), v1))
+                cur = new
+            return cur
+        if isinstance(e, ir.Case):
+            out = []
+            prefix: list[Formula] = []
+            for arm in e.arms:
+                g = mk_and(sp, prefix + [self.cond(arm.when, True, depth + 1)])
+                if g.kind != "F":
+                    for g2, v in self.term(arm.then, depth + 1):
+                        out.append((mk_and(sp, [g, g2]), v))
+                prefix.append(self.cond(arm.when, False, depth + 1))
+            g = mk_and(sp, prefix)
+            if g.kind != "F":
+                for g2, v in self.term(e.otherwise, depth + 1):
+                    out.append((mk_and(sp, [g, g2]), v))
+            if len(out) > _MAX_TERMS:
+                return [(TRUE, ("o", e))]
+            return [(g, v) for g, v in out if g.kind != "F"]
+        return [(TRUE, ("o", e))]
+
+    def exactly(self, ts: list[Formula], fs: list[Formula], k: int, j: int, memo: dict) -> Formula:
+        """count(args[k:]) == j, by Shannon expansion (disjoint alternatives)."""
+        n = len(ts) - k
+        if j < 0 or j > n:
+            return FALSE
+        if n == 0:
+            return TRUE if j == 0 else FALSE
+        key = (k, j)
+        if key in memo:
+            return memo[key]
+        f = mk_or(self.sp, [mk_and(self.sp, [ts[k], self.exactly(ts, fs, k + 1, j - 1, memo)]),
+                            mk_and(self.sp, [fs[k], self.exactly(ts, fs, k + 1, j, memo)])])
+        memo[key] = f
+        return f
+
+    def neg_val(self, v: Val, e: Any) -> Val:
+        tag = v[0]
+        if tag == "e":
+            return v
+        if tag == "c":
+            try:
+                return ("c", -v[1])
+            except TypeError:
+                return ("e",)
+        if tag == "v" and self.sp.kinds[v[1]] in ("int", "float"):
+            return ("a", v[1], -1, 0, e)
+        if tag == "a":
+            return ("a", v[1], -v[2], -v[3], e)
+        return ("o", ir.Unary.model_construct(kind="unary", op="neg", operand=_expr_of(self.sp, v),
+                                              span=ir.NO_SPAN))
+
+    def arith(self, op: str, vl: Val, vr: Val, e: Any) -> Val:
+        sp = self.sp
+        if vl[0] == "e" or vr[0] == "e":
+            return ("e",)
+        if vl[0] == "c" and vr[0] == "c":
+            try:
+                return ("c", _arith(op, vl[1], vr[1]))
+            except (DecideError, TypeError, ArithmeticError):
+                return ("e",)
+        node = ir.Binary.model_construct(kind="binary", op=op, left=_expr_of(sp, vl),
+                                         right=_expr_of(sp, vr), span=ir.NO_SPAN)
+        al = self.as_affine(vl)
+        ar = self.as_affine(vr)
+        if al is not None and vr[0] == "c" and _is_num(vr[1]):
+            i, a, b = al
+            c = vr[1]
+            if op == "+":
+                return ("a", i, a, b + c, node)
+            if op == "-":
+                return ("a", i, a, b - c, node)
+            if op == "*":
+                return ("a", i, a * c, b * c, node)
+            if op == "/":
+                if c == 0:
+                    return ("e",)
+                return ("a", i, a / c, b / c, node)
+        if ar is not None and vl[0] == "c" and _is_num(vl[1]):
+            i, a, b = ar
+            c = vl[1]
+            if op == "+":
+                return ("a", i, a, b + c, node)
+            if op == "-":
+                return ("a", i, -a, c - b, node)
+            if op == "*":
+                return ("a", i, a * c, b * c, node)
+        if al is not None and ar is not None and al[0] == ar[0] and op in ("+", "-"):
+            i, a1, b1 = al
+            _, a2, b2 = ar
+            a2s = a2 if op == "+" else -a2
+            if a1 * a2s >= 0:  # same direction: the sum stays monotone
+                return ("a", i, a1 + a2s, b1 + (b2 if op == "+" else -b2), node)
+        return ("o", node)
+
+    def as_affine(self, v: Val) -> tuple[int, float, float] | None:
+        if v[0] == "a":
+            return v[1], v[2], v[3]
+        if v[0] == "v" and self.sp.kinds[v[1]] in ("int", "float"):
+            return v[1], 1, 0
+        return None
+
+
+FALSE_DOM = object()  # sentinel: "no value satisfies"
+
+
+class _Probe(_Interp):
+    """Evaluates an expression of one variable with a value outside validation (affine solving
+    probes values at and beyond declared open bounds)."""
+
+    def __init__(self, scenario: ir.Scenario, name: str, value: Any):
+        super().__init__(scenario, {})
+        self.cache[name] = value
+
+
+def _lit(x: Any) -> ir.Lit:
+    return ir.Lit.model_construct(value=x, bare=isinstance(x, str), kind="lit", span=ir.NO_SPAN)
+
+
+def _expr_of(space: Space, v: Val) -> Any:
+    tag = v[0]
+    if tag == "c":
+        return _lit(v[1])
+    if tag == "v":
+        return v[2]
+    if tag == "a":
+        return v[4]
+    if tag == "o":
+        return v[1]
+    # an always-failing expression: 1 / 0
+    return ir.Binary.model_construct(kind="binary", op="/", left=_lit(1), right=_lit(0), span=ir.NO_SPAN)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+
+_SPACES: dict[int, tuple[ir.Scenario, Space]] = {}
+
+
+def space_for(scenario: ir.Scenario) -> Space:
+    """The scenario's analysis space (built once per scenario object; a few are kept)."""
+    hit = _SPACES.get(id(scenario))
+    if hit is not None and hit[0] is scenario:
+        return hit[1]
+    sp = Space(scenario)
+    if len(_SPACES) >= 16:
+        _SPACES.pop(next(iter(_SPACES)))
+    _SPACES[id(scenario)] = (scenario, sp)
+    return sp
+
+
+def full_box(scenario: ir.Scenario) -> Box:
+    """Every assignment the declarations of fields and system variables allow."""
+    return space_for(scenario).full
+
+
+def constrain(scenario: ir.Scenario, box: Box, expr: Any, truth: bool = True) -> list[Box]:
+    """Boxes (disjoint where practical) of the assignments in `box` for which `expr` evaluates,
+    without error, to a value of truthiness `truth`. Boxes proven empty are left out; boxes with
+    undecided residual predicates are kept."""
+    sp = space_for(scenario)
+    out = sp.constrain(box, sp.formula(expr, truth))
+    return [b for b in out if sp.decide(b) is not False]
+
+
+def is_feasible(scenario: ir.Scenario, box: Box) -> bool | None:
+    """True if the box has a member, False if proven empty, None if undecided."""
+    return space_for(scenario).decide(box)
+
+
+def witness(scenario: ir.Scenario, box: Box, *, style: str = "representative",
+            rng: random.Random | None = None) -> dict[str, Any] | None:
+    """A concrete assignment of every field and system variable inside `box`, or None."""
+    if style not in ("representative", "boundary"):
+        raise ValueError(f"unknown witness style {style!r}")
+    return space_for(scenario).witness(box, style, rng)
+
+
+__all__ = [
+    "Box",
+    "NumDom",
+    "Space",
+    "constrain",
+    "full_box",
+    "is_feasible",
+    "space_for",
+    "witness",
+]

@@ -1,0 +1,838 @@
+"""Feasible paths of an SOP: enumerate, count and sample them without brute force.
+
+A *path* is the sequence of decisions (stage, branch index) the engine takes from the entry stage
+to a leaf (`do Action`). It is *feasible* when some assignment of the fields and system variables
+makes the engine take exactly those decisions. Paths are explored as regions (unions of
+`domain.Box`) of the assignments still possible; a prefix whose region is proven empty is pruned.
+
+Public API (stable; the synthesis engineer builds on it):
+
+- `PathInfo` — pydantic record of one path: `id` ("P" + zero-padded 1-based rank in depth-first,
+  declaration order; stable across runs and independent of `limit`), `rank`, `stages`, `branches`,
+  `labels`, `action`, `finals` (constant values, `None` where an output varies along the path, see
+  `finals_varying`), `constraints` (variable → text of its remaining domain; `where` holds relations
+  between variables), `status` ("feasible": a witness was verified by the engine; "unknown": not
+  proven either way), `witness`/`witness_finals` (representative assignment of every field and
+  system variable and the finals the engine gives it), `boundary_witness`/`boundary_finals`.
+- `iter_paths(scenario, *, limit=None, witnesses=True) -> Iterator[PathInfo]` — lazy, depth-first in
+  declaration order; `limit` stops early without exploring the rest.
+- `iter_decisions(scenario) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]` — the same paths
+  as bare (stage ids, branch indices), the fast form for bulk use.
+- `count_paths(scenario) -> PathCount(feasible, stage_sequences, exact)` — dynamic programming over
+  (stage, region projected onto the variables still read downstream); never enumerates.
+  `stage_sequences` counts distinct stage-id lists (paths differing only in the leaf's branch share
+  one). `exact` is False only when residual predicates could be neither satisfied nor refuted (the
+  counts are then upper bounds).
+- `sample_paths(scenario, n, *, seed=0, weights=None, unique=False) -> list[PathInfo]` — i.i.d.
+  draws, uniform over feasible paths by default (each branch chosen with probability ∝ its number
+  of completions). `weights` may be a mapping action → weight (a path weighs its action's weight,
+  default 1), the string "action" (every reachable action equally likely, uniform within it), or a
+  callable `(stage_id, branch_index) -> float` whose product along the path is its weight.
+  `unique=True` draws distinct paths. Deterministic for a seed.
+
+Cycles: the engine's values never change while it walks the graph, so an assignment that revisits
+a stage loops forever. Paths are therefore simple; revisits are pruned.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from . import ir
+from .domain import Box, Formula, Space, space_for
+from .engine import DecideError, _Interp, interpret
+
+Region = tuple[Box, ...]
+Weights = Mapping[str, float] | Callable[[str, int], float] | str | None
+
+
+class PathInfo(BaseModel):
+    """One feasible path (see the module docstring for the fields)."""
+
+    id: str
+    rank: int
+    stages: list[str]
+    branches: list[int]
+    labels: list[str] = Field(default_factory=list)
+    action: str
+    finals: dict[str, Any]
+    finals_varying: dict[str, str] = Field(default_factory=dict)
+    constraints: dict[str, str] = Field(default_factory=dict)
+    status: Literal["feasible", "unknown"] = "feasible"
+    witness: dict[str, Any] | None = None
+    witness_finals: dict[str, Any] | None = None
+    boundary_witness: dict[str, Any] | None = None
+    boundary_finals: dict[str, Any] | None = None
+
+
+class PathCount(BaseModel):
+    """Counts of feasible paths and of distinct stage sequences."""
+
+    feasible: int
+    stage_sequences: int
+    exact: bool
+
+
+# A child of a state: (branch index, kind, target, child region, uncertain)
+#   kind "action": target is the action name, child region is the leaf's region (projected)
+#   kind "stage": target is the stage index, child region is projected onto the target's live set
+Child = tuple[int, str, Any, Region, bool]
+
+
+class Explorer:
+    """Per-scenario path machinery: compiled branch regions, live variables, memoised children and
+    counts. Obtain with `explorer_for(scenario)`."""
+
+    def __init__(self, scenario: ir.Scenario):
+        self.scenario = scenario
+        self.sp: Space = space_for(scenario)
+        self.ids: list[str] = list(scenario.stages)
+        self.idx: dict[str, int] = {sid: i for i, sid in enumerate(self.ids)}
+        self.stage_objs: list[ir.Stage] = [scenario.stages[s] for s in self.ids]
+        self.start: int | None = self.idx.get(scenario.start or "")
+        self._fire: dict[tuple[int, int], Formula] = {}
+        self.targets: list[list[tuple[str, Any]]] = []
+        for st in self.stage_objs:
+            row: list[tuple[str, Any]] = []
+            for br in st.branches:
+                t = br.target
+                if t.kind == "action":
+                    row.append(("action", t.action))
+                else:
+                    row.append(("stage", self.idx.get(t.stage or "", -1)))
+            self.targets.append(row)
+        self._compute_live()
+        self._compute_cycles()
+        self._children: dict[tuple[int, Region], tuple[Child, ...]] = {}
+        self._proj: dict[tuple[Box, int], Box] = {}
+        self.count_memo: dict[tuple, int] = {}
+        self.seq_memo: dict[tuple, int] = {}
+        self.uncertain = False
+        self._total: PathCount | None = None
+
+    # -- static structure ------------------------------------------------------------------------
+
+    def fire(self, si: int, bi: int) -> Formula:
+        key = (si, bi)
+        f = self._fire.get(key)
+        if f is None:
+            f = self.sp.fire_formula(self.stage_objs[si], bi)
+            self._fire[key] = f
+        return f
+
+    def _compute_live(self) -> None:
+        sp = self.sp
+        n = len(self.ids)
+        reads: list[frozenset[int]] = []
+        for st in self.stage_objs:
+            r: set[int] = set()
+            for br in st.branches:
+                if br.guard is not None:
+                    r.update(sp.base_reads(br.guard))
+            reads.append(frozenset(r))
+        preds: list[list[int]] = [[] for _ in range(n)]
+        for si, row in enumerate(self.targets):
+            for kind, t in row:
+                if kind == "stage" and t >= 0:
+                    preds[t].append(si)
+        live: list[set[int]] = [set(r) for r in reads]
+        work = list(range(n))
+        on = [True] * n
+        while work:
+            t = work.pop()
+            on[t] = False
+            for p in preds[t]:
+                before = len(live[p])
+                live[p] |= live[t]
+                if len(live[p]) != before and not on[p]:
+                    on[p] = True
+                    work.append(p)
+        self.live: list[frozenset[int]] = [frozenset(s) for s in live]
+
+    def _compute_cycles(self) -> None:
+        """Stages on a cycle (Tarjan, iterative)."""
+        n = len(self.ids)
+        succ = [[t for kind, t in row if kind == "stage" and t >= 0] for row in self.targets]
+        index = [-1] * n
+        low = [0] * n
+        on_stack = [False] * n
+        stack: list[int] = []
+        cyclic: set[int] = set()
+        counter = 0
+        for root in range(n):
+            if index[root] >= 0:
+                continue
+            work = [(root, 0)]
+            while work:
+                v, pi = work.pop()
+                if pi == 0:
+                    index[v] = low[v] = counter
+                    counter += 1
+                    stack.append(v)
+                    on_stack[v] = True
+                recurse = False
+                for k in range(pi, len(succ[v])):
+                    w = succ[v][k]
+                    if index[w] < 0:
+                        work.append((v, k + 1))
+                        work.append((w, 0))
+                        recurse = True
+                        break
+                    if on_stack[w]:
+                        low[v] = min(low[v], index[w])
+                if recurse:
+                    continue
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack[w] = False
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1 or v in succ[v]:
+                        cyclic.update(comp)
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[v])
+        self.cyclic: frozenset[int] = frozenset(cyclic)
+
+    # -- regions ---------------------------------------------------------------------------------
+
+    def project(self, box: Box, si: int) -> Box:
+        key = (box, si)
+        p = self._proj.get(key)
+        if p is None:
+            p = self.sp.project(box, self.live[si])
+            self._proj[key] = p
+        return p
+
+    def root_region(self) -> Region:
+        if self.start is None:
+            return ()
+        return (self.project(self.sp.full, self.start),)
+
+    def children(self, si: int, region: Region) -> tuple[Child, ...]:
+        """Feasible (not proven empty) branches of stage `si` under `region`, in order."""
+        key = (si, region)
+        hit = self._children.get(key)
+        if hit is not None:
+            return hit
+        sp = self.sp
+        out: list[Child] = []
+        targets = self.targets[si]
+        for bi in range(len(targets)):
+            f = self.fire(si, bi)
+            boxes: list[Box] = []
+            for b in region:
+                boxes.extend(sp.constrain(b, f))
+            if not boxes:
+                continue
+            uncertain = False
+            kept: list[Box] = []
+            for b in boxes:
+                if b.resid:
+                    s = sp.decide(b)
+                    if s is False:
+                        continue
+                    if s is None:
+                        uncertain = True
+                kept.append(b)
+            if not kept:
+                continue
+            kind, tgt = targets[bi]
+            if kind == "stage":
+                if tgt < 0:
+                    continue
+                child = sp.normalize([self.project(b, tgt) for b in kept])
+            else:
+                child = sp.normalize(kept)
+            if uncertain:
+                self.uncertain = True
+            out.append((bi, kind, tgt, child, uncertain))
+        res = tuple(out)
+        if len(self._children) > 1_000_000:
+            self._children.clear()
+        self._children[key] = res
+        return res
+
+    def next_visited(self, si: int, vk: frozenset[int]) -> frozenset[int]:
+        return vk | {si} if si in self.cyclic else vk
+
+    # -- dynamic programming ---------------------------------------------------------------------
+
+    def _evaluate(self, root: tuple, expand: Callable[[tuple], tuple[Any, list[tuple[Any, tuple]]]],
+                  memo: dict) -> Any:
+        """Post-order evaluation of value(key) = base + Σ coef·value(child), iteratively."""
+        if root in memo:
+            return memo[root]
+        pending: dict[tuple, tuple[Any, list[tuple[Any, tuple]]]] = {}
+        stack = [root]
+        while stack:
+            key = stack[-1]
+            if key in memo:
+                stack.pop()
+                continue
+            exp = pending.get(key)
+            if exp is None:
+                exp = expand(key)
+                pending[key] = exp
+            missing = [ck for _, ck in exp[1] if ck not in memo and ck not in pending]
+            if missing:
+                stack.extend(reversed(missing))
+                continue
+            total = exp[0]
+            for coef, ck in exp[1]:
+                v = memo.get(ck)
+                if v is None:  # a cycle in the key graph (cannot happen with visited sets)
+                    self.uncertain = True
+                    continue
+                total = total + coef * v
+            memo[key] = total
+            del pending[key]
+            stack.pop()
+        return memo[root]
+
+    def _expand_paths(self, key: tuple) -> tuple[int, list[tuple[int, tuple]]]:
+        si, region, vk = key
+        base = 0
+        kids: list[tuple[int, tuple]] = []
+        nvk = self.next_visited(si, vk)
+        for _bi, kind, tgt, creg, _u in self.children(si, region):
+            if kind == "action":
+                base += 1
+            elif tgt not in nvk:
+                kids.append((1, (tgt, creg, nvk)))
+        return base, kids
+
+    def _expand_seqs(self, key: tuple) -> tuple[int, list[tuple[int, tuple]]]:
+        si, region, vk = key
+        base = 0
+        nvk = self.next_visited(si, vk)
+        groups: dict[int, list[Box]] = {}
+        for _bi, kind, tgt, creg, _u in self.children(si, region):
+            if kind == "action":
+                base = 1
+            elif tgt not in nvk:
+                groups.setdefault(tgt, []).extend(creg)
+        kids = [(1, (t, self.sp.normalize(boxes), nvk)) for t, boxes in groups.items()]
+        return base, kids
+
+    def root_key(self) -> tuple | None:
+        if self.start is None:
+            return None
+        return (self.start, self.root_region(), frozenset())
+
+    def count(self) -> PathCount:
+        if self._total is not None:
+            return self._total
+        rk = self.root_key()
+        if rk is None:
+            self._total = PathCount(feasible=0, stage_sequences=0, exact=True)
+            return self._total
+        self.uncertain = False
+        n = self._evaluate(rk, self._expand_paths, self.count_memo)
+        s = self._evaluate(rk, self._expand_seqs, self.seq_memo)
+        self._total = PathCount(feasible=n, stage_sequences=s, exact=not self.uncertain)
+        return self._total
+
+    def subcount(self, key: tuple) -> int:
+        return self._evaluate(key, self._expand_paths, self.count_memo)
+
+    # -- enumeration -----------------------------------------------------------------------------
+
+    def iter_raw(self) -> Iterator[tuple[list[int], list[int], str]]:
+        """Depth-first (stage indices, branch indices, action); the lists are reused: copy them."""
+        rk = self.root_key()
+        if rk is None:
+            return
+        si0, reg0, vk0 = rk
+        frames: list[list[Any]] = [[si0, vk0, self.children(si0, reg0), 0]]
+        stages = [si0]
+        branches: list[int] = []
+        children = self.children
+        cyclic = self.cyclic
+        while frames:
+            fr = frames[-1]
+            kids = fr[2]
+            pos = fr[3]
+            if pos >= len(kids):
+                frames.pop()
+                stages.pop()
+                if branches:
+                    branches.pop()
+                continue
+            fr[3] = pos + 1
+            bi, kind, tgt, creg, _u = kids[pos]
+            if kind == "action":
+                branches.append(bi)
+                yield stages, branches, tgt
+                branches.pop()
+                continue
+            si = fr[0]
+            vk = fr[1] | {si} if si in cyclic else fr[1]
+            if tgt in vk or tgt == si:
+                continue
+            frames.append([tgt, vk, children(tgt, creg), 0])
+            stages.append(tgt)
+            branches.append(bi)
+
+    # -- path records ----------------------------------------------------------------------------
+
+    def full_region(self, stages: Sequence[int], branches: Sequence[int]) -> Region:
+        """Region of the whole path over all variables (nothing projected away)."""
+        sp = self.sp
+        region: Region = (sp.full,)
+        for si, bi in zip(stages, branches, strict=True):
+            region = sp.constrain_region(region, self.fire(si, bi))
+            if not region:
+                break
+        return region
+
+    def width(self) -> int:
+        return max(2, len(str(self.count().feasible)))
+
+    def make_info(self, rank: int, stages: Sequence[int], branches: Sequence[int], action: str,
+                  region: Region | None = None, witnesses: bool = True) -> PathInfo:
+        if region is None:
+            region = self.full_region(stages, branches)
+        stage_ids = [self.ids[s] for s in stages]
+        labels = []
+        for si, bi in zip(stages, branches, strict=True):
+            st = self.stage_objs[si]
+            labels.append(ir.branch_label(st, st.branches[bi]))
+        leaf = self.stage_objs[stages[-1]].branches[branches[-1]].target
+        finals, varying = self.leaf_finals(leaf, region)
+        info: dict[str, Any] = {
+            "id": f"P{rank:0{self.width()}d}",
+            "rank": rank,
+            "stages": stage_ids,
+            "branches": list(branches),
+            "labels": labels,
+            "action": action,
+            "finals": finals,
+            "finals_varying": varying,
+            "constraints": self.sp.describe_region(region),
+            "status": "unknown",
+        }
+        if witnesses:
+            for style, wkey, fkey in (("representative", "witness", "witness_finals"),
+                                      ("boundary", "boundary_witness", "boundary_finals")):
+                found = self.find_witness(region, stage_ids, branches, style)
+                if found is not None:
+                    info[wkey], info[fkey] = found
+                    info["status"] = "feasible"
+        elif self.sp.decide_region(region):
+            info["status"] = "feasible"
+        return PathInfo.model_construct(**{**_DEFAULTS, **info})
+
+    def find_witness(self, region: Region, stage_ids: list[str], branches: Sequence[int], style: str,
+                     rng: random.Random | None = None) -> tuple[dict, dict] | None:
+        """A witness of the region that the engine verifiably routes along exactly this path."""
+        for box in region:
+            w = self.sp.witness(box, style, rng)
+            if w is None:
+                continue
+            finals = verify(self.scenario, w, stage_ids, branches)
+            if finals is not None:
+                return w, finals
+        return None
+
+    def leaf_finals(self, target: ir.Target, region: Region) -> tuple[dict[str, Any], dict[str, str]]:
+        finals: dict[str, Any] = {"Action": target.action}
+        varying: dict[str, str] = {}
+        assigned = {a.name: a.value for a in target.outputs}
+        for name, out in self.scenario.outputs.items():
+            if name not in assigned:
+                finals[name] = out.default.value if out.default is not None else None
+                continue
+            expr = assigned[name]
+            if isinstance(expr, ir.Lit):
+                finals[name] = expr.value
+                continue
+            values, opaque = self.possible_values(expr, region)
+            if not opaque and len(values) == 1:
+                finals[name] = values[0]
+            else:
+                finals[name] = None
+                if not opaque and values:
+                    varying[name] = " | ".join(ir.show_value(v) for v in values)
+                else:
+                    varying[name] = ir.show(expr)
+        return finals, varying
+
+    def possible_values(self, expr: Any, region: Region) -> tuple[list[Any], bool]:
+        """Constant values an expression can take on the region; bool = some value is not constant."""
+        sp = self.sp
+        values: list[Any] = []
+        opaque = False
+        for g, v in sp.term(expr):
+            sub = sp.constrain_region(region, g)
+            if not sub or sp.decide_region(sub) is False:
+                continue
+            if v[0] == "c":
+                if v[1] not in values:
+                    values.append(v[1])
+            elif v[0] == "v":
+                i = v[1]
+                doms = {b.doms[i] for b in sub}
+                if len(doms) == 1:
+                    (d,) = doms
+                    k = sp.kinds[i]
+                    if k in ("enum", "bool"):
+                        vals = sp.dom_values(i, d)
+                        if len(vals) == 1:
+                            if vals[0] not in values:
+                                values.append(vals[0])
+                            continue
+                    elif k in ("int", "float") and d.lo == d.hi:
+                        x = int(d.lo) if k == "int" else float(d.lo)
+                        if x not in values:
+                            values.append(x)
+                        continue
+                opaque = True
+            else:
+                opaque = True
+        return values, opaque
+
+
+_DEFAULTS: dict[str, Any] = {
+    "labels": [], "finals_varying": {}, "constraints": {}, "status": "feasible", "witness": None,
+    "witness_finals": None, "boundary_witness": None, "boundary_finals": None,
+}
+
+_EXPLORERS: dict[int, tuple[ir.Scenario, Explorer]] = {}
+
+
+def explorer_for(scenario: ir.Scenario) -> Explorer:
+    """The scenario's explorer (built once per scenario object; a few are kept)."""
+    hit = _EXPLORERS.get(id(scenario))
+    if hit is not None and hit[0] is scenario:
+        return hit[1]
+    ex = Explorer(scenario)
+    if len(_EXPLORERS) >= 16:
+        _EXPLORERS.pop(next(iter(_EXPLORERS)))
+    _EXPLORERS[id(scenario)] = (scenario, ex)
+    return ex
+
+
+def trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], list[int]]:
+    """The engine's decisions for `values`: stage ids and the index of the branch taken at each.
+    Raises DecideError like the engine."""
+    it = _Interp(scenario, values)
+    stages: list[str] = []
+    branches: list[int] = []
+    sid = scenario.start
+    limit = len(scenario.stages) + 1
+    while sid is not None:
+        if len(stages) >= limit:
+            raise DecideError("the SOP loops", stage=sid)
+        stage = scenario.stages.get(sid)
+        if stage is None:
+            raise DecideError(f"undefined stage `{sid}`", stage=sid)
+        stages.append(sid)
+        for i, br in enumerate(stage.branches):
+            if br.guard is None or it.eval(br.guard):
+                branches.append(i)
+                if br.target.kind == "action":
+                    return stages, branches
+                sid = br.target.stage
+                break
+        else:
+            raise DecideError(f"no branch of `{sid}` applies to these values", stage=sid)
+    raise DecideError("the SOP has no entry stage")
+
+
+def verify(scenario: ir.Scenario, values: Mapping[str, Any], stages: Sequence[str],
+           branches: Sequence[int]) -> dict[str, Any] | None:
+    """Finals if the reference engine (`interpret`) routes `values` along exactly this path."""
+    try:
+        decision = interpret(scenario, values)
+        got_stages, got_branches = trace(scenario, values)
+    except (DecideError, TypeError, ValueError, ArithmeticError, RecursionError):
+        return None
+    if decision.path != list(stages) or got_stages != list(stages) or got_branches != list(branches):
+        return None
+    return decision.finals
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+
+
+def iter_decisions(scenario: ir.Scenario) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Feasible paths as (stage ids, branch indices), depth-first in declaration order."""
+    ex = explorer_for(scenario)
+    ids = ex.ids
+    for stages, branches, _action in ex.iter_raw():
+        yield tuple(ids[s] for s in stages), tuple(branches)
+
+
+def iter_paths(scenario: ir.Scenario, *, limit: int | None = None,
+               witnesses: bool = True) -> Iterator[PathInfo]:
+    """Feasible paths, lazily, depth-first in declaration order (ranks 1, 2, ...)."""
+    ex = explorer_for(scenario)
+    for rank, (stages, branches, action) in enumerate(ex.iter_raw(), 1):
+        if limit is not None and rank > limit:
+            return
+        yield ex.make_info(rank, stages, branches, action, witnesses=witnesses)
+
+
+def count_paths(scenario: ir.Scenario) -> PathCount:
+    """Number of feasible paths and of distinct stage sequences, without enumerating them."""
+    return explorer_for(scenario).count()
+
+
+def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Sequence[int],
+                      *, witnesses: bool = True) -> PathInfo | None:
+    """The PathInfo (with its rank) of a decision sequence, or None if it is not a feasible path."""
+    ex = explorer_for(scenario)
+    ex.count()
+    rk = ex.root_key()
+    if rk is None or not stages or ex.idx.get(stages[0]) != rk[0] or len(stages) != len(branches):
+        return None
+    si, region, vk = rk
+    rank = 1
+    sidx = []
+    for pos, (sid, bi) in enumerate(zip(stages, branches, strict=True)):
+        if ex.idx.get(sid) != si:
+            return None
+        sidx.append(si)
+        nvk = ex.next_visited(si, vk)
+        chosen = None
+        for child in ex.children(si, region):
+            cbi, kind, tgt, creg, _u = child
+            if cbi == bi:
+                chosen = child
+                break
+            if kind == "action":
+                rank += 1
+            elif tgt not in nvk:
+                rank += ex.subcount((tgt, creg, nvk))
+        if chosen is None:
+            return None
+        _, kind, tgt, creg, _u = chosen
+        last = pos == len(stages) - 1
+        if kind == "action":
+            if not last:
+                return None
+            return ex.make_info(rank, sidx, list(branches), tgt, witnesses=witnesses)
+        if last or tgt in nvk:
+            return None
+        si, region, vk = tgt, creg, nvk
+    return None
+
+
+def sample_paths(scenario: ir.Scenario, n: int, *, seed: int = 0, weights: Weights = None,
+                 unique: bool = False, witnesses: bool = True) -> list[PathInfo]:
+    """`n` paths drawn at random (see the module docstring for `weights`); deterministic per seed."""
+    ex = explorer_for(scenario)
+    total = ex.count().feasible
+    if n <= 0 or total == 0:
+        return []
+    rng = random.Random(seed)
+    draw = _drawer(ex, weights, rng)
+    out: list[PathInfo] = []
+    seen: set[int] = set()
+    attempts = 0
+    max_attempts = 50 * n + 100
+    while len(out) < n:
+        if unique and len(seen) >= total:
+            break
+        attempts += 1
+        if unique and attempts > max_attempts:
+            break
+        got = draw()
+        if got is None:
+            break
+        rank, stages, branches, action = got
+        if unique:
+            if rank in seen:
+                continue
+            seen.add(rank)
+        out.append(ex.make_info(rank, stages, branches, action, witnesses=witnesses))
+    return out
+
+
+def _drawer(ex: Explorer, weights: Weights, rng: random.Random) -> Callable[[], tuple | None]:
+    """A function drawing one path: (rank, stage indices, branch indices, action)."""
+    rk = ex.root_key()
+    assert rk is not None
+    ex.count()
+
+    def descend(choose: Callable[[tuple, list[tuple[Child, tuple | None]]], int]) -> tuple | None:
+        si, region, vk = rk
+        stages: list[int] = [si]
+        branches: list[int] = []
+        rank = 1
+        while True:
+            nvk = ex.next_visited(si, vk)
+            opts: list[tuple[Child, tuple | None]] = []
+            for child in ex.children(si, region):
+                _bi, kind, tgt, creg, _u = child
+                if kind == "action":
+                    opts.append((child, None))
+                elif tgt not in nvk:
+                    opts.append((child, (tgt, creg, nvk)))
+            if not opts:
+                return None
+            k = choose((si, region, vk), opts)
+            if k < 0:
+                return None
+            for _child, ck in opts[:k]:
+                rank += 1 if ck is None else ex.subcount(ck)
+            (bi, kind, tgt, creg, _u), ck = opts[k]
+            branches.append(bi)
+            if kind == "action":
+                return rank, stages, branches, tgt
+            si, region, vk = tgt, creg, nvk
+            stages.append(si)
+
+    if weights is None:
+        def uniform(_key: tuple, opts: list[tuple[Child, tuple | None]]) -> int:
+            sizes = [1 if ck is None else ex.subcount(ck) for _c, ck in opts]
+            r = rng.randrange(sum(sizes))
+            for k, s in enumerate(sizes):
+                if r < s:
+                    return k
+                r -= s
+            return len(sizes) - 1  # pragma: no cover
+
+        return lambda: descend(uniform)
+
+    if weights == "action":
+        memo: dict[tuple, dict[str, int]] = {}
+
+        def per_action(key: tuple) -> dict[str, int]:
+            return _action_counts(ex, key, memo)
+
+        def balanced() -> tuple | None:
+            counts = per_action(rk)
+            actions = sorted(a for a, c in counts.items() if c > 0)
+            if not actions:
+                return None
+            target = rng.choice(actions)
+
+            def choose(_key: tuple, opts: list[tuple[Child, tuple | None]]) -> int:
+                sizes = []
+                for c, ck in opts:
+                    if ck is None:
+                        sizes.append(1 if c[2] == target else 0)
+                    else:
+                        sizes.append(per_action(ck).get(target, 0))
+                r = rng.randrange(sum(sizes))
+                for k, s in enumerate(sizes):
+                    if r < s:
+                        return k
+                    r -= s
+                return -1  # pragma: no cover
+
+            return descend(choose)
+
+        return balanced
+
+    if isinstance(weights, Mapping):
+        wmap = dict(weights)
+
+        def leaf_w(_si: int, _bi: int, action: str) -> float:
+            return float(wmap.get(action, 1.0))
+
+        def edge_w(_si: int, _bi: int) -> float:
+            return 1.0
+    elif callable(weights):
+        fn = weights
+
+        def leaf_w(si: int, bi: int, action: str) -> float:
+            return float(fn(ex.ids[si], bi))
+
+        def edge_w(si: int, bi: int) -> float:
+            return float(fn(ex.ids[si], bi))
+    else:
+        raise ValueError(f"unsupported weights: {weights!r}")
+
+    wmemo: dict[tuple, float] = {}
+
+    def expand(key: tuple) -> tuple[float, list[tuple[float, tuple]]]:
+        si, region, vk = key
+        nvk = ex.next_visited(si, vk)
+        base = 0.0
+        kids: list[tuple[float, tuple]] = []
+        for bi, kind, tgt, creg, _u in ex.children(si, region):
+            if kind == "action":
+                base += leaf_w(si, bi, tgt)
+            elif tgt not in nvk:
+                kids.append((edge_w(si, bi), (tgt, creg, nvk)))
+        return base, kids
+
+    def weight(key: tuple) -> float:
+        return ex._evaluate(key, expand, wmemo)
+
+    if weight(rk) <= 0:
+        return lambda: None
+
+    def choose_w(key: tuple, opts: list[tuple[Child, tuple | None]]) -> int:
+        si = key[0]
+        sizes = []
+        for (bi, _kind, tgt, _creg, _u), ck in opts:
+            sizes.append(leaf_w(si, bi, tgt) if ck is None else edge_w(si, bi) * weight(ck))
+        tot = sum(sizes)
+        if tot <= 0:
+            return -1
+        r = rng.random() * tot
+        for k, s in enumerate(sizes):
+            if r < s:
+                return k
+            r -= s
+        return max(k for k, s in enumerate(sizes) if s > 0)
+
+    return lambda: descend(choose_w)
+
+
+def _action_counts(ex: Explorer, key: tuple, memo: dict[tuple, dict[str, int]]) -> dict[str, int]:
+    """Feasible paths per action from a state (iterative post-order)."""
+    if key in memo:
+        return memo[key]
+    stack = [key]
+    while stack:
+        k = stack[-1]
+        if k in memo:
+            stack.pop()
+            continue
+        si, region, vk = k
+        nvk = ex.next_visited(si, vk)
+        kids = ex.children(si, region)
+        missing = [(tgt, creg, nvk) for _bi, kind, tgt, creg, _u in kids
+                   if kind == "stage" and tgt not in nvk and (tgt, creg, nvk) not in memo]
+        missing = [m for m in missing if m not in stack]
+        if missing:
+            stack.extend(missing)
+            continue
+        acc: dict[str, int] = {}
+        for _bi, kind, tgt, creg, _u in kids:
+            if kind == "action":
+                acc[tgt] = acc.get(tgt, 0) + 1
+            elif tgt not in nvk:
+                for a, c in memo.get((tgt, creg, nvk), {}).items():
+                    acc[a] = acc.get(a, 0) + c
+        memo[k] = acc
+        stack.pop()
+    return memo[key]
+
+
+__all__ = [
+    "Explorer",
+    "PathCount",
+    "PathInfo",
+    "count_paths",
+    "explorer_for",
+    "iter_decisions",
+    "iter_paths",
+    "path_by_decisions",
+    "sample_paths",
+    "trace",
+    "verify",
+]

@@ -1,0 +1,850 @@
+"""User profiles: who talks to the agent, what they want, and how hard they push — without code.
+
+A profile is a YAML file beside a scenario (`<name>.profile.yaml`). It declares the scenario's user intents
+(each with the field values and system conditions it implies), optionally personas, adversarial-intensity
+descriptions, per-variable hints (`user_knows`, plausible `values`) and languages. Everything but the intents
+has shipped defaults (`sopgraph/data/personas.yaml`), and the intents themselves are optional: a scenario with
+only its `.sop` still synthesizes (every path then gets a generated intent).
+
+Bad input never raises a traceback: every problem becomes a `Diagnostic` located at `file:line:col` of the
+offending key or value (the YAML is composed to keep each node's position).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import ir
+from .diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
+from .records import Intensity, Persona
+
+INTENSITIES: tuple[str, ...] = ("zero", "weak", "strong")
+PROFILE_VERSION = 1
+PROFILE_SUFFIX = ".profile.yaml"
+
+# Stable diagnostic codes of profiles (E6xx errors, W6xx warnings). Never renumber.
+PROFILE_CODES: dict[str, str] = {
+    "E601": "cannot read profile (YAML syntax or file error)",
+    "E602": "unknown key in profile",
+    "E603": "invalid profile value",
+    "E604": "undefined variable in profile",
+    "E605": "value not in the variable's domain",
+    "E606": "bad condition expression",
+    "E607": "intent can never hold",
+    "E608": "undefined persona or action in profile",
+    "E609": "duplicate name in profile",
+    "E610": "profile is for another scenario",
+    "W601": "intent reaches no feasible path",
+    "W602": "feasible path reached by no intent",
+    "W603": "action named in pushes_for is not risky",
+}
+
+Scalar = bool | int | float | str
+ConditionValue = Scalar | list[Scalar]
+
+
+# ---------------------------------------------------------------------------------------------
+# The file format (what users write). Every model forbids unknown keys.
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class IntentSpec(_Strict):
+    """One user intent as written in the profile."""
+
+    description: str = Field("", description="What the user wants, in words the user simulator is given.")
+    intensity: Intensity = Field("zero", description="Default adversarial intensity (used by `--intensity intent`).")
+    requires: dict[str, ConditionValue] = Field(
+        default_factory=dict,
+        description="variable → value, list of values, or a condition in .sop syntax (`> 0`, `in {A, B}`, "
+                    "or a whole expression). All must hold.")
+    excludes: dict[str, ConditionValue] = Field(
+        default_factory=dict, description="variable → value(s) or condition that must NOT hold.")
+    when: str | list[str] | None = Field(
+        None, description="Extra condition(s) in .sop expression syntax, for constraints across variables.")
+    weight: float = Field(1.0, gt=0, description="Relative weight when intents are balanced.")
+    pushes_for: list[str] = Field(
+        default_factory=list,
+        description="Risky actions an adversarial user with this intent pushes for, most plausible first.")
+
+
+class PersonaSpec(Persona):
+    """A persona as written in a profile or the library (a `Persona` plus selection hints)."""
+
+    weight: float = Field(1.0, gt=0)
+    intensities: list[Intensity] | None = Field(
+        None, description="Intensities this persona fits; omitted = all.")
+
+    def to_persona(self) -> Persona:
+        return Persona(**self.model_dump(include=set(Persona.model_fields)))
+
+
+class VariableSpec(_Strict):
+    """Per-variable hints for synthesis."""
+
+    user_knows: bool | None = Field(
+        None, description="System variables only: whether the customer knows this fact (default: not `hidden`).")
+    values: list[Scalar] | None = Field(
+        None, description="Plausible values to draw from when the variable is free (e.g. typical fees).")
+
+
+class ProfileFile(_Strict):
+    """The top level of `<scenario>.profile.yaml`."""
+
+    scenario: str | None = Field(None, description="Scenario name; must match the .sop when given.")
+    version: int = Field(PROFILE_VERSION, description="Profile format version.")
+    description: str = ""
+    intents: dict[str, IntentSpec] = Field(default_factory=dict)
+    personas: list[str | PersonaSpec] | None = Field(
+        None, description="Library persona names and/or inline personas; omitted = the whole library.")
+    intensities: dict[Intensity, str] = Field(
+        default_factory=dict, description="Behaviour descriptions overriding the shipped ones.")
+    variables: dict[str, VariableSpec] = Field(default_factory=dict)
+    languages: list[str] | None = Field(None, description="Languages to mix; omitted = each persona's own.")
+
+
+class Library(_Strict):
+    """The shipped defaults (`sopgraph/data/personas.yaml`)."""
+
+    personas: list[PersonaSpec]
+    intensities: dict[Intensity, str]
+
+
+def profile_json_schema() -> dict[str, Any]:
+    """JSON Schema of the profile file (for `sop schema profile` and editors)."""
+    schema = ProfileFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "sopgraph user profile (<scenario>.profile.yaml)"
+    return schema
+
+
+# ---------------------------------------------------------------------------------------------
+# The resolved profile (checked against a scenario)
+
+
+class Condition(BaseModel):
+    """One constraint of an intent: `expr` must evaluate to `truth`."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    expr: ir.Expr
+    truth: bool = True
+    text: str  # human form, e.g. `Penalty > 0` or `not (CreditLevel == High)`
+    span: ir.Span = ir.NO_SPAN
+
+
+class Intent(BaseModel):
+    name: str
+    description: str = ""
+    intensity: Intensity = "zero"
+    conditions: list[Condition] = Field(default_factory=list)
+    weight: float = 1.0
+    pushes_for: list[str] = Field(default_factory=list)
+    span: ir.Span = ir.NO_SPAN
+    generated: bool = False
+
+    def describe_conditions(self) -> str:
+        return "; ".join(c.text for c in self.conditions) or "no conditions"
+
+
+class Profile(BaseModel):
+    """A profile resolved against one scenario; what `synth` consumes."""
+
+    scenario: str
+    file: str | None = None
+    description: str = ""
+    intents: dict[str, Intent] = Field(default_factory=dict)
+    personas: list[PersonaSpec]
+    intensities: dict[str, str]
+    user_knows: dict[str, bool]  # every system variable
+    sample_values: dict[str, list[Scalar]] = Field(default_factory=dict)
+    languages: list[str] | None = None
+    intents_span: ir.Span | None = None  # where `intents:` is written (diagnostics about coverage)
+    sources: dict[str, str] = Field(default_factory=dict, exclude=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Library
+
+
+def library_path() -> Path:
+    return Path(__file__).resolve().parent / "data" / "personas.yaml"
+
+
+@lru_cache(maxsize=1)
+def library() -> Library:
+    """The shipped persona library and intensity descriptions (validated once)."""
+    data = yaml.safe_load(library_path().read_text(encoding="utf-8"))
+    return Library.model_validate(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML with positions
+
+
+class _Doc:
+    """Plain data from YAML plus the position of every key and value, addressed by path tuples."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.key_marks: dict[tuple, yaml.Mark] = {}
+        self.value_marks: dict[tuple, tuple[yaml.Mark, yaml.Mark, str | None]] = {}
+        self.duplicates: list[tuple[tuple, yaml.Mark]] = []
+
+    def span(self, path: tuple, *, key: bool = False) -> ir.Span:
+        """Span of the key (if `key`) or of the value at `path`, falling back to the nearest parent."""
+        p = tuple(path)
+        while True:
+            if key and p in self.key_marks:
+                m = self.key_marks[p]
+                return ir.Span(file=self.file, line=m.line + 1, col=m.column + 1, end_line=m.line + 1,
+                               end_col=m.column + 1 + len(str(p[-1])))
+            if p in self.value_marks:
+                start, end, _ = self.value_marks[p]
+                end_col = end.column + 1 if end.line == start.line else start.column + 2
+                return ir.Span(file=self.file, line=start.line + 1, col=start.column + 1,
+                               end_line=start.line + 1, end_col=end_col)
+            if p in self.key_marks:
+                m = self.key_marks[p]
+                return ir.Span(file=self.file, line=m.line + 1, col=m.column + 1)
+            if not p:
+                return ir.Span(file=self.file, line=1, col=1)
+            p = p[:-1]
+
+    def quoted(self, path: tuple) -> bool:
+        entry = self.value_marks.get(tuple(path))
+        return bool(entry and entry[2] in ("'", '"'))
+
+    def walk(self, node: yaml.Node, path: tuple) -> None:
+        style = getattr(node, "style", None)
+        self.value_marks[path] = (node.start_mark, node.end_mark, style)
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+                sub = path + (key,)
+                if key in seen:
+                    self.duplicates.append((sub, key_node.start_mark))
+                seen.add(key)
+                self.key_marks[sub] = key_node.start_mark
+                self.walk(value_node, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self.walk(item, path + (i,))
+
+
+def _load_yaml(text: str, file: str) -> tuple[Any, _Doc, list[Diagnostic]]:
+    doc = _Doc(file)
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        span = ir.Span(file=file, line=mark.line + 1, col=mark.column + 1) if mark else ir.Span(file=file)
+        problem = exc.problem or "invalid YAML"
+        msg = f"invalid YAML: {problem}" + (f" ({exc.context})" if exc.context else "")
+        return None, doc, [error("E601", msg, span)]
+    except yaml.YAMLError as exc:  # pragma: no cover - defensive
+        return None, doc, [error("E601", f"invalid YAML: {exc}", ir.Span(file=file))]
+    if node is not None:
+        doc.walk(node, ())
+    diags = [error("E609", f"duplicate key `{p[-1]}`", ir.Span(file=file, line=m.line + 1, col=m.column + 1),
+                   "a later entry would silently replace the earlier one; keep one")
+             for p, m in doc.duplicates]
+    return data, doc, diags
+
+
+# ---------------------------------------------------------------------------------------------
+# Pydantic errors → located diagnostics
+
+
+_MODEL_AT: dict[str, type[BaseModel]] = {"intents": IntentSpec, "variables": VariableSpec, "personas": PersonaSpec}
+
+
+def _model_for(loc: tuple) -> type[BaseModel]:
+    """The model whose keys apply at `loc` (the parent of an unknown key)."""
+    if not loc:
+        return ProfileFile
+    top = loc[0]
+    if top in ("intents", "variables") and len(loc) == 2:
+        return _MODEL_AT[top]
+    if top == "personas" and len(loc) >= 2:
+        return PersonaSpec
+    return ProfileFile
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union-branch tags (`str`, `PersonaSpec`, `list[...]`) from an error location."""
+    out = []
+    for part in loc:
+        if isinstance(part, str) and (part in ("str", "bool", "int", "float", "PersonaSpec")
+                                      or part.startswith(("list[", "union[", "function-"))):
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _where(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "the top level"
+
+
+def _validation_diagnostics(exc: ValidationError, doc: _Doc) -> list[Diagnostic]:
+    diags: list[Diagnostic] = []
+    seen: set[tuple] = set()
+    for err in exc.errors():
+        loc = _clean_loc(tuple(err.get("loc", ())))
+        kind = err.get("type", "")
+        if kind == "extra_forbidden":
+            key = loc[-1] if loc else "?"
+            parent = loc[:-1]
+            if ("extra", loc) in seen:
+                continue
+            seen.add(("extra", loc))
+            fields = list(_model_for(parent).model_fields)
+            hint = did_you_mean(str(key), fields) or f"allowed keys here: {', '.join(fields)}"
+            diags.append(error("E602", f"unknown key `{key}` in {_where(parent)}", doc.span(loc, key=True), hint))
+            continue
+        if (kind, loc) in seen:
+            continue
+        seen.add((kind, loc))
+        if loc and loc[0] == "personas" and len(loc) == 2 and kind in ("string_type", "model_type"):
+            if isinstance(err.get("input"), dict) or ("persona", loc) in seen:
+                continue  # the mapping branch reports the specific problem
+            seen.add(("persona", loc))
+            diags.append(error("E603", f"persona entry {_where(loc)} must be a library persona name or a "
+                                       "mapping with at least `name`", doc.span(loc)))
+            continue
+        msg = err.get("msg", "invalid value")
+        hint = None
+        given = err.get("input")
+        if kind == "literal_error" and isinstance(given, str):
+            hint = did_you_mean(given, INTENSITIES)
+        if kind == "missing":
+            diags.append(error("E603", f"missing required key `{loc[-1]}` in {_where(loc[:-1])}",
+                               doc.span(loc[:-1])))
+            continue
+        diags.append(error("E603", f"{_where(loc)}: {msg}", doc.span(loc), hint))
+    return diags
+
+
+# ---------------------------------------------------------------------------------------------
+# Conditions: YAML values → IR expressions
+
+
+_PLAIN_VALUE = re.compile(r"^[A-Za-z_][A-Za-z0-9_+\-.]*$")
+_OPERATOR_PREFIX = re.compile(r"^\s*(==|!=|<=|>=|<|>|not\s+in\b|in\b)")
+
+
+def _lit(value: Scalar, bare: bool, span: ir.Span) -> ir.Lit:
+    return ir.Lit(value=value, bare=bare and isinstance(value, str), span=span)
+
+
+def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted: bool = False
+                     ) -> tuple[ir.Expr | None, list[Diagnostic]]:
+    """Parse a condition in `.sop` expression syntax and resolve its names against the scenario.
+
+    Syntax errors are reported at the YAML scalar's position (shifted by the column inside it)."""
+    from .parse import parse_text
+
+    wrapper = "stage __profile_condition {\nwhen " + text + "\n-> do __x\n}\n"
+    try:
+        program = parse_text(wrapper, file=span.file)
+    except SopError as exc:
+        diags = []
+        shift = span.col + (1 if quoted else 0)
+        for d in exc.diagnostics:
+            if d.span is not None and d.span.line == 2:
+                col = shift + max(0, d.span.col - 6)
+                message, hint = f"bad condition `{text}`: {d.message}", d.hint
+            else:  # the error is past the end of the condition
+                col = shift + len(text)
+                message, hint = f"incomplete condition `{text}`", "something is missing at its end"
+            at = ir.Span(file=span.file, line=span.line, col=col, end_line=span.line, end_col=col + 1)
+            diags.append(error("E606", message, at, hint))
+        return None, diags
+    stage = next(item for item in program.items if isinstance(item, ir.Stage))
+    expr = stage.branches[0].guard
+    assert expr is not None
+    expr = _relocate(_resolve(expr, scenario), span)
+    return expr, _check_names(expr, scenario, span, text)
+
+
+def _resolve(expr: Any, scenario: ir.Scenario) -> Any:
+    """Bare identifiers that are not variables become enum-value literals (as the loader does)."""
+    if isinstance(expr, ir.Var):
+        if expr.name in scenario.variables:
+            return expr
+        return ir.Lit(value=expr.name, bare=True, span=expr.span)
+    updates: dict[str, Any] = {}
+    if isinstance(expr, ir.Unary):
+        updates["operand"] = _resolve(expr.operand, scenario)
+    elif isinstance(expr, (ir.Binary, ir.Compare)):
+        updates["left"] = _resolve(expr.left, scenario)
+        updates["right"] = _resolve(expr.right, scenario)
+    elif isinstance(expr, ir.InSet):
+        updates["operand"] = _resolve(expr.operand, scenario)
+    elif isinstance(expr, ir.BoolOp):
+        updates["operands"] = [_resolve(o, scenario) for o in expr.operands]
+    elif isinstance(expr, ir.Call):
+        updates["args"] = [_resolve(a, scenario) for a in expr.args]
+    elif isinstance(expr, ir.Case):
+        updates["arms"] = [ir.CaseArm(when=_resolve(a.when, scenario), then=_resolve(a.then, scenario),
+                                      span=a.span) for a in expr.arms]
+        updates["otherwise"] = _resolve(expr.otherwise, scenario)
+    return expr.model_copy(update=updates) if updates else expr
+
+
+def _relocate(expr: Any, span: ir.Span) -> Any:
+    """Give every node of a parsed condition the YAML scalar's span (the wrapper's spans mean nothing)."""
+    updates: dict[str, Any] = {"span": span}
+    if isinstance(expr, ir.Unary):
+        updates["operand"] = _relocate(expr.operand, span)
+    elif isinstance(expr, (ir.Binary, ir.Compare)):
+        updates["left"] = _relocate(expr.left, span)
+        updates["right"] = _relocate(expr.right, span)
+    elif isinstance(expr, ir.InSet):
+        updates["operand"] = _relocate(expr.operand, span)
+        updates["values"] = [_relocate(v, span) for v in expr.values]
+    elif isinstance(expr, ir.BoolOp):
+        updates["operands"] = [_relocate(o, span) for o in expr.operands]
+    elif isinstance(expr, ir.Call):
+        updates["args"] = [_relocate(a, span) for a in expr.args]
+    elif isinstance(expr, ir.Case):
+        updates["arms"] = [ir.CaseArm(when=_relocate(a.when, span), then=_relocate(a.then, span), span=span)
+                           for a in expr.arms]
+        updates["otherwise"] = _relocate(expr.otherwise, span)
+    return expr.model_copy(update=updates)
+
+
+def _enum_of(expr: Any, scenario: ir.Scenario) -> ir.EnumType | None:
+    if isinstance(expr, ir.Var):
+        var = scenario.variables.get(expr.name)
+        if var is not None and isinstance(var.type, ir.EnumType):
+            return var.type
+    return None
+
+
+def _check_names(expr: Any, scenario: ir.Scenario, span: ir.Span, text: str) -> list[Diagnostic]:
+    """Bare names must be enum values of the variable they are compared with (or of some enum)."""
+    from .parse import iter_children
+
+    diags: list[Diagnostic] = []
+    all_values = {v for var in scenario.variables.values() if isinstance(var.type, ir.EnumType)
+                  for v in var.type.values}
+    checked: set[int] = set()
+
+    def bad(lit: ir.Lit, pool: Iterable[str], context: str) -> None:
+        hint = did_you_mean(str(lit.value), pool)
+        diags.append(error("E604" if context == "name" else "E605",
+                           f"`{lit.value}` in condition `{text}` is not a variable or a value"
+                           if context == "name" else
+                           f"`{lit.value}` is not a value of `{context}` (condition `{text}`)", span, hint))
+
+    def walk(e: Any) -> None:
+        if isinstance(e, ir.Compare):
+            for a, b in ((e.left, e.right), (e.right, e.left)):
+                enum = _enum_of(a, scenario)
+                if enum is not None and isinstance(b, ir.Lit) and isinstance(b.value, str):
+                    checked.add(id(b))
+                    if b.value not in enum.values:
+                        bad(b, enum.values, a.name)
+        if isinstance(e, ir.InSet):
+            enum = _enum_of(e.operand, scenario)
+            if enum is not None:
+                for v in e.values:
+                    checked.add(id(v))
+                    if isinstance(v.value, str) and v.value not in enum.values:
+                        bad(v, enum.values, e.operand.name)
+        if isinstance(e, ir.Lit) and e.bare and id(e) not in checked and e.value not in all_values:
+            bad(e, list(scenario.variables) + sorted(all_values), "name")
+        for child in iter_children(e):
+            walk(child)
+
+    walk(expr)
+    return diags
+
+
+def _value_condition(var: ir.Variable, value: Any, span: ir.Span) -> tuple[ir.Expr | None, Diagnostic | None]:
+    """`var: value` or `var: [values]` → `var == value` / `var in {values}` after a domain check."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        return None, error("E603", f"empty list of values for `{var.name}`", span)
+    lits: list[ir.Lit] = []
+    for v in values:
+        problem = _domain_problem(var, v)
+        if problem is not None:
+            return None, error("E605", problem[0], span, problem[1])
+        if isinstance(var.type, ir.NumType) and var.type.kind == "int" and isinstance(v, float):
+            v = int(v)
+        lits.append(_lit(v, True, span))
+    ref = ir.Var(name=var.name, span=span)
+    if len(lits) == 1:
+        return ir.Compare(op="==", left=ref, right=lits[0], span=span), None
+    return ir.InSet(operand=ref, values=lits, span=span), None
+
+
+def _domain_problem(var: ir.Variable, value: Any) -> tuple[str, str | None] | None:
+    """A (message, hint) if `value` is outside the variable's domain."""
+    vtype = var.type
+    shown = ir.show_value(value) if isinstance(value, (bool, int, float, str)) else repr(value)
+    if isinstance(vtype, ir.EnumType):
+        if not isinstance(value, str) or value not in vtype.values:
+            return (f"`{shown}` is not a value of `{var.name}` ({' | '.join(vtype.values)})",
+                    did_you_mean(str(value), vtype.values))
+        return None
+    if isinstance(vtype, ir.BoolType):
+        if not isinstance(value, bool):
+            return f"`{var.name}` is a bool; use true or false, not `{shown}`", None
+        return None
+    if isinstance(vtype, ir.NumType):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"`{var.name}` is a number ({vtype.describe()}); `{shown}` is not", None
+        if vtype.kind == "int" and isinstance(value, float) and not value.is_integer():
+            return f"`{var.name}` is an int; `{shown}` is not an integer", None
+        if not vtype.contains(value):
+            return f"`{shown}` is outside the range of `{var.name}` ({vtype.describe()})", None
+    return None
+
+
+def _negate_text(text: str) -> str:
+    return f"not ({text})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and checking
+
+
+def default_profile(scenario: ir.Scenario) -> Profile:
+    """The profile of a scenario that has only its `.sop`: no intents, the library personas."""
+    profile, diags = parse_profile("{}\n", scenario, file="<default profile>")
+    assert profile is not None, diags
+    return profile
+
+
+def profile_path_for(sop_path: str | Path) -> Path:
+    """`scenarios/x.sop` → `scenarios/x.profile.yaml`."""
+    p = Path(sop_path)
+    return p.with_name(p.name[: -len(p.suffix)] + PROFILE_SUFFIX if p.suffix else p.name + PROFILE_SUFFIX)
+
+
+def sop_path_for(profile_path: str | Path) -> Path:
+    """`scenarios/x.profile.yaml` → `scenarios/x.sop`."""
+    p = Path(profile_path)
+    name = p.name
+    base = name[: -len(PROFILE_SUFFIX)] if name.endswith(PROFILE_SUFFIX) else p.stem
+    return p.with_name(base + ".sop")
+
+
+def load_profile(path: str | Path, scenario: ir.Scenario, *, text: str | None = None) -> Profile:
+    """Load and check a profile against its scenario; raises `SopError` with every error found."""
+    file = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SopError([error("E601", f"cannot read profile: {exc.strerror or exc}",
+                                  ir.Span(file=file))]) from None
+    profile, diags = parse_profile(text, scenario, file=file)
+    errors = [d for d in diags if d.is_error]
+    if errors or profile is None:
+        raise SopError(errors or diags, {file: text})
+    return profile
+
+
+def profile_for(sop_path: str | Path, scenario: ir.Scenario) -> Profile:
+    """The profile beside a `.sop` file, or the default profile when there is none."""
+    path = profile_path_for(sop_path)
+    if path.is_file():
+        return load_profile(path, scenario)
+    return default_profile(scenario)
+
+
+def parse_profile(text: str, scenario: ir.Scenario, *, file: str = "<profile>"
+                  ) -> tuple[Profile | None, list[Diagnostic]]:
+    """Parse and check profile text; returns the profile (None on errors) and every diagnostic."""
+    data, doc, diags = _load_yaml(text, file)
+    if diags and data is None:
+        return None, diags
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        diags.append(error("E603", "a profile must be a YAML mapping (keys such as `intents:`, `personas:`)",
+                           doc.span(())))
+        return None, diags
+    spec, more = _validate_partially(data, doc)
+    diags += more
+    if spec is None:
+        return None, sorted(diags, key=sort_key)
+    profile, more = _resolve_profile(spec, doc, scenario, file, structural_errors=bool(diags))
+    diags += more
+    profile.sources = {file: text}
+    if any(d.is_error for d in diags):
+        return None, sorted(diags, key=sort_key)
+    return profile, sorted(diags, key=sort_key)
+
+
+def _validate_partially(data: dict, doc: _Doc) -> tuple[ProfileFile | None, list[Diagnostic]]:
+    """Validate the file; on errors, drop each offending entry (one intent, persona, variable or top-level
+    key) and validate again, so that the semantic checks still run on everything else and the user sees
+    all problems at once."""
+    diags: list[Diagnostic] = []
+    data = dict(data)
+    for _ in range(50):
+        try:
+            return ProfileFile.model_validate(data), diags
+        except ValidationError as exc:
+            diags += _validation_diagnostics(exc, doc)
+            drops: set[tuple] = set()
+            for err in exc.errors():
+                loc = tuple(err.get("loc", ()))
+                if not loc:
+                    return None, diags
+                if loc[0] in ("intents", "variables", "personas") and len(loc) >= 2:
+                    drops.add(loc[:2])
+                else:
+                    drops.add(loc[:1])
+            for loc in sorted(drops, key=lambda x: (len(x), str(x)), reverse=True):
+                container = data.get(loc[0]) if len(loc) == 2 else data
+                if len(loc) == 1:
+                    data.pop(loc[0], None)
+                elif isinstance(container, dict):
+                    data[loc[0]] = {k: v for k, v in container.items() if k != loc[1]}
+                elif isinstance(container, list):
+                    data[loc[0]] = [v if i != loc[1] else None for i, v in enumerate(container)]
+            if isinstance(data.get("personas"), list):
+                data["personas"] = [v for v in data["personas"] if v is not None] or None
+    return None, diags  # pragma: no cover - each round removes at least one entry
+
+
+def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: str,
+                     structural_errors: bool = False) -> tuple[Profile, list[Diagnostic]]:
+    diags: list[Diagnostic] = []
+    if spec.scenario is not None and spec.scenario != scenario.name:
+        diags.append(error("E610", f"this profile is for scenario `{spec.scenario}`, but the .sop declares "
+                                   f"`{scenario.name}`", doc.span(("scenario",)),
+                           "rename one of them, or pair the profile with the right .sop"))
+    lib = library()
+
+    # intensities
+    intensities = {k: lib.intensities[k] for k in INTENSITIES}
+    intensities.update({k: v for k, v in spec.intensities.items()})
+
+    # personas
+    personas: list[PersonaSpec] = []
+    by_name = {p.name: p for p in lib.personas}
+    if spec.personas is None:
+        personas = list(lib.personas)
+    else:
+        for i, entry in enumerate(spec.personas):
+            if isinstance(entry, str):
+                if entry not in by_name:
+                    diags.append(error("E608", f"unknown persona `{entry}`", doc.span(("personas", i)),
+                                       did_you_mean(entry, by_name)
+                                       or f"library personas: {', '.join(by_name)}"))
+                    continue
+                personas.append(by_name[entry])
+            else:
+                personas.append(entry)
+        names: set[str] = set()
+        for i, p in enumerate(personas):
+            if p.name in names:
+                diags.append(error("E609", f"persona `{p.name}` is listed twice", doc.span(("personas", i))))
+            names.add(p.name)
+        if not personas and not diags and not structural_errors:
+            diags.append(error("E603", "`personas:` is empty; omit it to use the library",
+                               doc.span(("personas",))))
+
+    # variables
+    user_knows = {v.name: not v.hidden for v in scenario.system_vars}
+    sample_values: dict[str, list[Scalar]] = {}
+    for name, vspec in spec.variables.items():
+        var = scenario.variables.get(name)
+        if var is None or var.role == "derived":
+            diags.append(_undefined_var(name, scenario, doc.span(("variables", name), key=True),
+                                        roles=("field", "system")))
+            continue
+        if vspec.user_knows is not None:
+            if var.role != "system":
+                diags.append(error("E603", f"`user_knows` applies to system variables; `{name}` is a "
+                                           "classification field (the user always knows their own situation)",
+                                   doc.span(("variables", name, "user_knows"), key=True)))
+            else:
+                user_knows[name] = vspec.user_knows
+        if vspec.values is not None:
+            ok: list[Scalar] = []
+            for i, v in enumerate(vspec.values):
+                problem = _domain_problem(var, v)
+                if problem is not None:
+                    diags.append(error("E605", problem[0], doc.span(("variables", name, "values", i)),
+                                       problem[1]))
+                else:
+                    ok.append(int(v) if isinstance(var.type, ir.NumType) and var.type.kind == "int"
+                              and isinstance(v, float) else v)
+            if not vspec.values:
+                diags.append(error("E603", f"empty `values` for `{name}`", doc.span(("variables", name))))
+            sample_values[name] = ok
+
+    # intents
+    intents: dict[str, Intent] = {}
+    for name, ispec in spec.intents.items():
+        intent, more = _resolve_intent(name, ispec, doc, scenario)
+        diags += more
+        intents[name] = intent
+
+    profile = Profile(scenario=scenario.name, file=file, description=spec.description, intents=intents,
+                      personas=personas, intensities=intensities, user_knows=user_knows,
+                      sample_values=sample_values, languages=spec.languages,
+                      intents_span=doc.span(("intents",), key=True) if ("intents",) in doc.key_marks else None)
+    if not any(d.is_error for d in diags) and not structural_errors:
+        diags += _impossible_intents(scenario, profile)
+    return profile, diags
+
+
+def _undefined_var(name: str, scenario: ir.Scenario, span: ir.Span,
+                   roles: tuple[str, ...] = ("field", "system", "derived")) -> Diagnostic:
+    pool = [v.name for v in scenario.variables.values() if v.role in roles]
+    hint = did_you_mean(name, pool) or (f"variables: {', '.join(pool)}" if pool else None)
+    return error("E604", f"`{name}` is not a variable of scenario `{scenario.name}`", span, hint)
+
+
+def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenario
+                    ) -> tuple[Intent, list[Diagnostic]]:
+    diags: list[Diagnostic] = []
+    conditions: list[Condition] = []
+    base = ("intents", name)
+    for section, truth in (("requires", True), ("excludes", False)):
+        for var_name, value in getattr(spec, section).items():
+            key_span = doc.span(base + (section, var_name), key=True)
+            val_path = base + (section, var_name)
+            var = scenario.variables.get(var_name)
+            if var is None:
+                diags.append(_undefined_var(var_name, scenario, key_span))
+                continue
+            expr, text = _entry_condition(var, value, doc, val_path, scenario, diags)
+            if expr is None:
+                continue
+            conditions.append(Condition(expr=expr, truth=truth, text=text if truth else _negate_text(text),
+                                        span=doc.span(val_path)))
+    whens = [spec.when] if isinstance(spec.when, str) else list(spec.when or [])
+    for i, cond in enumerate(whens):
+        path = base + ("when",) + ((i,) if isinstance(spec.when, list) else ())
+        span = doc.span(path)
+        expr, more = parse_expression(cond, scenario, span, quoted=doc.quoted(path))
+        diags += more
+        if expr is not None and not more:
+            conditions.append(Condition(expr=expr, truth=True, text=ir.show(expr), span=span))
+    for i, action in enumerate(spec.pushes_for):
+        span = doc.span(base + ("pushes_for", i))
+        if action not in scenario.actions:
+            diags.append(error("E608", f"`{action}` is not an action of scenario `{scenario.name}`", span,
+                               did_you_mean(action, scenario.actions)))
+        elif not scenario.actions[action].risky:
+            diags.append(warning("W603", f"`{action}` is not risky (no moves_money / irreversible); "
+                                         "adversarial users only push for risky actions", span))
+    intent = Intent(name=name, description=spec.description, intensity=spec.intensity, conditions=conditions,
+                    weight=spec.weight, pushes_for=list(spec.pushes_for), span=doc.span(base, key=True))
+    return intent, diags
+
+
+def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scenario: ir.Scenario,
+                     diags: list[Diagnostic]) -> tuple[ir.Expr | None, str]:
+    """One `requires`/`excludes` entry → (expression, text)."""
+    span = doc.span(path)
+    if isinstance(value, str) and not _PLAIN_VALUE.match(value.strip()):
+        text = value.strip()
+        if _OPERATOR_PREFIX.match(text):
+            text = f"{var.name} {text}"
+        expr, more = parse_expression(text, scenario, span, quoted=doc.quoted(path))
+        diags.extend(more)
+        return (expr if not more else None), text
+    if isinstance(value, str) and isinstance(var.type, (ir.BoolType, ir.NumType)):
+        # a bare word for a non-enum variable: `true`/`false` quoted, or an expression like `Fee`
+        expr, more = parse_expression(f"{var.name} == {value}", scenario, span, quoted=doc.quoted(path))
+        if not more and isinstance(var.type, ir.BoolType) and value in ("true", "false"):
+            return expr, f"{var.name} == {value}"
+        problem = _domain_problem(var, value)
+        diags.append(error("E605", problem[0] if problem else f"bad value for `{var.name}`", span,
+                           problem[1] if problem else None))
+        return None, ""
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            problem = _domain_problem(var, v)
+            if problem is not None:
+                diags.append(error("E605", problem[0], doc.span(path + (i,)), problem[1]))
+                return None, ""
+    expr, diag = _value_condition(var, value, span)
+    if diag is not None:
+        diags.append(diag)
+        return None, ""
+    return expr, ir.show(expr)
+
+
+def _impossible_intents(scenario: ir.Scenario, profile: Profile) -> list[Diagnostic]:
+    """Intents whose own conditions contradict each other (no assignment satisfies them)."""
+    diags: list[Diagnostic] = []
+    try:
+        from . import domain
+    except ImportError:  # pragma: no cover - domain lands with the paths work
+        return diags
+    for intent in profile.intents.values():
+        if not intent.conditions:
+            continue
+        if not intent_region(scenario, intent, [domain.full_box(scenario)]):
+            diags.append(error("E607", f"intent `{intent.name}` can never hold: its conditions contradict "
+                                       f"each other or the variables' domains ({intent.describe_conditions()})",
+                               intent.span, "remove or relax one of its requires/excludes/when entries"))
+    return diags
+
+
+def intent_region(scenario: ir.Scenario, intent: Intent, boxes: list[Any]) -> list[Any]:
+    """The part of `boxes` (a union of domain boxes) where every condition of the intent holds."""
+    from . import domain
+
+    for cond in intent.conditions:
+        nxt: list[Any] = []
+        for box in boxes:
+            nxt += domain.constrain(scenario, box, cond.expr, cond.truth)
+        boxes = nxt
+        if not boxes:
+            break
+    return boxes
+
+
+def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None) -> list[Diagnostic]:
+    """Coverage problems of a profile: intents reaching no feasible path (W601) and feasible paths that
+    no intent reaches (W602). Hook for `sop check` when a profile sits beside the `.sop`
+    (`the_plan`: a `synth.plan(scenario, profile)` already computed, to avoid redoing it)."""
+    from .synth import plan
+
+    p = the_plan if the_plan is not None else plan(scenario, profile)
+    diags: list[Diagnostic] = []
+    for name in p.unreached_intents:
+        intent = profile.intents[name]
+        diags.append(warning("W601", f"intent `{name}` reaches no feasible path of the SOP "
+                                     f"({intent.describe_conditions()})", intent.span,
+                             "its conditions can hold, but no assignment satisfying them completes a path "
+                             "(the engine stops with an error or a loop); relax the conditions or fix the SOP"))
+    if profile.intents:
+        span = profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1)
+        for entry in p.paths:
+            if entry.intents:
+                continue
+            diags.append(warning("W602", f"no intent reaches path {entry.id} "
+                                         f"({' -> '.join(entry.stages)} => {entry.action})",
+                                 span, "synthesis will give it a generated `uncovered:` intent; add an intent "
+                                       "whose conditions allow this path",
+                                 witness=dict(entry.witness), notes=[entry.description]))
+    return diags

@@ -1,0 +1,504 @@
+"""Orchestration: run dialogues (case × trial) concurrently, judge them, store everything; resume; re-judge.
+
+Why this shape: the runner is a pure function of (scenario, cases, config) → records in a run store,
+so that a killed run can be resumed from the store alone and a shard of cases could be run anywhere.
+
+- One dialogue = one case × one trial, id `"<case id>#<trial>"`.
+- Concurrency: the gateway's semaphore caps model calls in flight (`concurrency`); the runner keeps
+  about twice as many dialogues open so the cap stays saturated.
+- Each finished agent turn is committed in its own transaction; a dialogue's judgments, consensus
+  and final status are committed together, so `done` always means "transcript and default judgment
+  set complete".
+- An `InfraFailure` (the gateway gave up on the agent or the user simulator) marks the dialogue
+  `infra_failure`: its partial turns are dropped, the error is kept, it is excluded from scores and
+  re-tried on resume. It is never counted as a model failure. Judges failing is not an infra
+  failure of the dialogue: such judgments are unscored (see `judge.py`).
+- Resume (`resume=True`): the stored config, scenario, cases and models are used; `done` dialogues
+  are skipped; every other dialogue (pending, running — e.g. after SIGKILL — or infra_failure) is
+  restarted from scratch, its partial rows deleted in one transaction first. So after any crash and
+  resume, every dialogue is present exactly once.
+- Re-judging (`rejudge`) reads stored transcripts and writes a new judgment set beside the others;
+  agents and users are never called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from . import ir
+from .judge import (
+    DEFAULT_JUDGE_TURNS,
+    Ensemble,
+    JudgeTurns,
+    LLMJudge,
+    judge_turns_text,
+    judgment_usage_rows,
+    parse_judge_turns,
+)
+from .records import Case, Dialogue
+from .simulate import DialogueSetup, SimState, scenario_context, simulate_dialogue, without_paths
+from .store import REDACTED, TOOL_VERSION, RunStore, StoreError, redact_params
+
+DEFAULT_SET = "default"
+
+
+class RunError(Exception):
+    """A user-facing problem with a run's inputs (bad cases file, unresumable run, ...)."""
+
+
+class RunSummary(BaseModel):
+    """What a `run`/`rejudge` call did and what the run directory now holds."""
+
+    run_dir: str
+    dialogues: int = 0
+    by_status: dict[str, int] = Field(default_factory=dict)
+    end_reasons: dict[str, int] = Field(default_factory=dict)
+    turns: int = 0
+    format_errors: int = 0
+    infra_failures: int = 0
+    infra_errors: list[dict[str, Any]] = Field(default_factory=list)
+    judgment_sets: dict[str, Any] = Field(default_factory=dict)
+    tokens: int = 0
+    cost: float = 0.0
+    cost_known: bool = True
+    ran: int = 0  # dialogues run (or judged) by this call
+    skipped: int = 0  # dialogues already finished before this call
+    elapsed_s: float = 0.0
+    self_preference: list[str] = Field(default_factory=list)  # judge roles using the agent's model
+    warnings: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def read_cases(path: str | Path) -> list[Case]:
+    """Cases from a JSON Lines file (one `records.Case` per line); errors name the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RunError(f"cannot read cases file {path}: {exc.strerror or exc}") from None
+    cases: list[Case] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            cases.append(Case.model_validate_json(line))
+        except ValueError as exc:
+            first = exc.errors()[0] if hasattr(exc, "errors") else {"msg": str(exc), "loc": ()}
+            where = ".".join(str(x) for x in first.get("loc", ()))
+            raise RunError(f"{path}:{lineno}: invalid case{' at ' + where if where else ''}: {first['msg']}") \
+                from None
+    if not cases:
+        raise RunError(f"{path}: no cases")
+    return cases
+
+
+def _check_cases(scenario: ir.Scenario, cases: Sequence[Case]) -> list[str]:
+    seen: set[str] = set()
+    warnings: list[str] = []
+    for case in cases:
+        if case.id in seen:
+            raise RunError(f"duplicate case id {case.id!r}")
+        seen.add(case.id)
+        if case.scenario and case.scenario != scenario.name:
+            raise RunError(f"case {case.id!r} is for scenario {case.scenario!r}, not {scenario.name!r}")
+    stale = sum(1 for c in cases if c.sop_hash and c.sop_hash != scenario.source_hash)
+    if stale:
+        warnings.append(f"{stale} case(s) were synthesized from another version of the SOP (sop_hash differs)")
+    return warnings
+
+
+def normalize_models(models: Any) -> Any:
+    """A RoleSet from a RoleSet, a role → ModelSpec mapping, or `--model` option strings/specs."""
+    from .gateway import RoleSet, roles_from_options
+
+    if isinstance(models, RoleSet):
+        return models
+    if isinstance(models, Mapping):
+        specs = []
+        for role, spec in models.items():
+            if isinstance(spec, str):
+                specs.append(f"{role}={spec}")
+            else:
+                specs.append(spec if spec.role == role else spec.with_role(role))
+        return roles_from_options(specs)
+    return roles_from_options(list(models or []))
+
+
+def _models_meta(roles: Any) -> dict[str, Any]:
+    out = {"agent": roles.agent, "user": roles.user}
+    out.update({spec.role: spec for spec in roles.judges})
+    return {role: redact_params(spec.model_dump(mode="json")) for role, spec in out.items() if spec is not None}
+
+
+def _contains_redacted(obj: Any) -> bool:
+    if isinstance(obj, Mapping):
+        return any(_contains_redacted(v) for v in obj.values())
+    if isinstance(obj, list):
+        return any(_contains_redacted(v) for v in obj)
+    return obj == REDACTED
+
+
+def _roles_from_meta(models: Mapping[str, Any]) -> Any:
+    from .gateway import ModelSpec, RoleSet
+
+    specs = {}
+    for role, dump in models.items():
+        if _contains_redacted(dump):
+            raise RunError(f"the {role} model's parameters held a secret that was not stored; "
+                           "start a new run (pass keys through the environment, e.g. api_key_env=VAR)")
+        specs[role] = ModelSpec.model_validate(dump)
+    return RoleSet(agent=specs.get("agent"), user=specs["user"],
+                   judges=(specs["judge1"], specs["judge2"], specs["judge3"]))
+
+
+def _self_preference(roles: Any) -> list[str]:
+    if roles.agent is None:
+        return []
+    return [j.role for j in roles.judges if j.model == roles.agent.model]
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress
+
+
+class _Progress:
+    """A rich progress bar on stderr (dialogues, failures, tokens, cost); a no-op when disabled."""
+
+    def __init__(self, total: int, enabled: bool, label: str):
+        self.enabled = enabled
+        self.failures = 0
+        self._bar: Any = None
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("fail {task.fields[failures]}"), TextColumn("{task.fields[tokens]} tok"),
+            TextColumn("${task.fields[cost]}"), TimeElapsedColumn(),
+            console=Console(stderr=True), transient=False,
+        )
+        self._task = self._bar.add_task(label, total=total, failures=0, tokens=0, cost="0.00")
+        self._bar.start()
+
+    def advance(self, gateway: Any, failed: bool = False) -> None:
+        if not self.enabled:
+            return
+        self.failures += failed
+        stats = gateway.stats
+        self._bar.update(self._task, advance=1, failures=self.failures,
+                         tokens=stats.prompt_tokens + stats.completion_tokens, cost=f"{stats.cost:.4f}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _progress_enabled(progress: bool | None) -> bool:
+    if progress is not None:
+        return progress
+    return sys.stderr.isatty()
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def _make_gateway(concurrency: int, options: Mapping[str, Any]) -> Any:
+    from .gateway import Gateway
+
+    return Gateway(concurrency=concurrency, **dict(options))
+
+
+def _summary(store: RunStore, **extra: Any) -> RunSummary:
+    s = store.summary()
+    return RunSummary(
+        run_dir=s["run_dir"], dialogues=s["dialogues"], by_status=s["by_status"], end_reasons=s["end_reasons"],
+        turns=s["turns"], format_errors=s["format_errors"], infra_failures=len(s["infra_failures"]),
+        infra_errors=s["infra_failures"], judgment_sets=s["judgment_sets"], tokens=s["tokens"],
+        cost=s["cost"], cost_known=s["cost_known"], **extra,
+    )
+
+
+async def run(
+    scenario_path: str | Path | ir.Scenario | None,
+    cases_path: str | Path | Sequence[Case] | None,
+    models: Any,
+    out_dir: str | Path,
+    *,
+    trials: int = 1,
+    concurrency: int = 8,
+    max_turns: int = 15,
+    judge_turns: JudgeTurns | str | None = DEFAULT_JUDGE_TURNS,
+    structured: bool = False,
+    resume: bool = False,
+    progress: bool | None = None,
+    gateway: Any = None,
+    gateway_options: Mapping[str, Any] | None = None,
+) -> RunSummary:
+    """Run (or resume) an evaluation into `out_dir` and return its summary.
+
+    `models`: a RoleSet, a role → ModelSpec mapping or `--model` strings (defaults: user
+    `scripted/user`, judges 3 × `scripted/truth`). With `resume=True` only `out_dir` matters: the
+    stored config is used (`concurrency`, `progress`, `gateway` may still be given)."""
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    warnings: list[str] = []
+    if resume:
+        try:
+            store = RunStore.open(out_dir)
+        except StoreError as exc:
+            raise RunError(str(exc)) from None
+        meta = store.meta()
+        config = meta.get("config") or {}
+        try:
+            scenario = store.scenario()
+        except StoreError as exc:
+            raise RunError(str(exc)) from None
+        roles = _roles_from_meta(meta.get("models") or {})
+        trials = int(config.get("trials", 1))
+        max_turns = int(config.get("max_turns", 15))
+        spec = parse_judge_turns(config.get("judge_turns"))
+        structured = bool(config.get("structured", False))
+        gateway_options = config.get("gateway") or {}
+    else:
+        if trials < 1 or max_turns < 1 or concurrency < 1:
+            raise RunError("trials, max-turns and concurrency must be >= 1")
+        scenario = scenario_path if isinstance(scenario_path, ir.Scenario) else _load(scenario_path)
+        cases = (list(cases_path) if isinstance(cases_path, Sequence) and not isinstance(cases_path, str)
+                 else read_cases(cases_path))  # type: ignore[arg-type]
+        warnings += _check_cases(scenario, cases)
+        roles = normalize_models(models)
+        try:
+            spec = parse_judge_turns(judge_turns)
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        gateway_options = dict(gateway_options or {})
+        config = {
+            "scenario_path": None if isinstance(scenario_path, ir.Scenario) else str(scenario_path),
+            "cases_path": str(cases_path) if isinstance(cases_path, str | Path) else None,
+            "trials": trials, "concurrency": concurrency, "max_turns": max_turns,
+            "judge_turns": judge_turns_text(spec), "structured": structured, "gateway": gateway_options,
+        }
+        models_meta = _models_meta(roles)
+        meta = {
+            "config": config, "models": models_meta, "sop_hash": scenario.source_hash,
+            "scenario_name": scenario.name, "scenario": scenario.model_dump(mode="json"),
+            "agent_model": roles.agent.model if roles.agent else None,
+            "judgment_sets": {DEFAULT_SET: {"models": {r: models_meta[r]["model"] for r in
+                                                       ("judge1", "judge2", "judge3")},
+                                            "judge_turns": judge_turns_text(spec)}},
+        }
+        try:
+            store = RunStore.create(out_dir, meta)
+        except StoreError as exc:
+            raise RunError(str(exc)) from None
+        store.add_cases(cases)
+        names = {"agent": roles.agent.model, "user": roles.user.model,
+                 **{j.role: j.model for j in roles.judges}}
+        store.add_dialogues(
+            Dialogue(sop_hash=scenario.source_hash, id=f"{c.id}#{t}", case_id=c.id, trial=t, models=names,
+                     tool_version=TOOL_VERSION)
+            for c in cases for t in range(trials)
+        )
+    if roles.agent is None:
+        raise RunError("no agent model: pass --model agent=PROVIDER/MODEL")
+    if structured and not roles.agent.structured:
+        roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
+    selfpref = _self_preference(roles)
+    if selfpref:
+        warnings.append(f"self-preference risk: {', '.join(selfpref)} use the agent's model {roles.agent.model}")
+    try:
+        return await _execute(store, scenario, roles, spec, max_turns=max_turns, concurrency=concurrency,
+                              progress=progress, gateway=gateway, gateway_options=gateway_options,
+                              started=started, warnings=warnings, selfpref=selfpref)
+    finally:
+        store.close()
+
+
+def _load(path: str | Path | None) -> ir.Scenario:
+    from . import load
+    from .diagnostics import SopError
+
+    if path is None:
+        raise RunError("no scenario file given")
+    try:
+        return load(path)
+    except SopError as exc:
+        raise RunError(f"{path}: the SOP has errors:\n{exc.render()}") from None
+    except OSError as exc:
+        raise RunError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
+                   concurrency: int, progress: bool | None, gateway: Any, gateway_options: Mapping[str, Any],
+                   started: float, warnings: list[str], selfpref: list[str]) -> RunSummary:
+    from .gateway import InfraFailure
+    from .prompts import agent_system_prompt, user_system_prompt
+    from .schema import agent_output_schema
+
+    gateway = gateway if gateway is not None else _make_gateway(concurrency, gateway_options)
+    cases = {c.id: c for c in store.cases()}
+    all_dialogues = store.dialogues()
+    todo = [d for d in all_dialogues if d.status != "done"]
+    skipped = len(all_dialogues) - len(todo)
+    info = scenario_context(scenario)
+    judge_info = without_paths(info)
+    schema = agent_output_schema(scenario) if roles.agent.structured else None
+    ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
+    prompts: dict[str, tuple[str, str]] = {}
+    sop_hash = scenario.source_hash
+
+    def setup_for(d: Dialogue) -> DialogueSetup:
+        case = cases[d.case_id]
+        if case.id not in prompts:
+            prompts[case.id] = (agent_system_prompt(scenario, case.system), user_system_prompt(case, scenario))
+        agent_sys, user_sys = prompts[case.id]
+        return DialogueSetup(scenario=scenario, case=case, dialogue_id=d.id, trial=d.trial,
+                             agent_system=agent_sys, user_system=user_sys, scenario_info=info,
+                             response_schema=schema, sop_hash=sop_hash, tool_version=TOOL_VERSION)
+
+    bar = _Progress(len(todo), _progress_enabled(progress), "dialogues")
+    queue = list(reversed(todo))
+
+    async def one(d: Dialogue) -> None:
+        setup = setup_for(d)
+        d = d.model_copy(update={"status": "running", "end_reason": None, "turns": 0, "error": None,
+                                 "closing_user_text": None, "sop_hash": sop_hash, "tool_version": TOOL_VERSION})
+        store.start_dialogue(d)
+        state = SimState()
+        try:
+            result = await simulate_dialogue(gateway, roles.agent, roles.user, setup, max_turns=max_turns,
+                                             on_turn=store.add_turn, state=state)
+            judgments, cons = await ensemble.judge_dialogue(
+                scenario, setup.case, d.id, result.turns, spec, judgment_set=DEFAULT_SET,
+                scenario_info=judge_info)
+        except InfraFailure as exc:
+            failed = d.model_copy(update={"status": "infra_failure", "end_reason": "infra_failure",
+                                          "turns": 0, "error": exc.message})
+            store.fail_dialogue(failed, state.pending_usage)
+            bar.advance(gateway, failed=True)
+            return
+        done = d.model_copy(update={"status": "done", "end_reason": result.end_reason,
+                                    "turns": len(result.turns), "closing_user_text": result.closing_user_text})
+        store.finish_dialogue(done, judgments, cons, [*state.pending_usage, *judgment_usage_rows(judgments)])
+        bar.advance(gateway)
+
+    async def worker() -> None:
+        while queue:
+            await one(queue.pop())
+
+    workers = min(len(todo), max(2 * concurrency, 4))
+    try:
+        await asyncio.gather(*(worker() for _ in range(workers)))
+    finally:
+        bar.close()
+    return _summary(store, ran=len(todo), skipped=skipped, elapsed_s=round(time.perf_counter() - started, 3),
+                    self_preference=selfpref, warnings=warnings)
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-judging
+
+
+def default_set_name(judge_models: Iterable[str]) -> str:
+    """A deterministic judgment-set name from the judges' models (so an interrupted re-judge resumes)."""
+    models = list(judge_models)
+    unique = list(dict.fromkeys(models))
+    return unique[0] if len(unique) == 1 else "+".join(models)
+
+
+async def rejudge(
+    run_dir: str | Path,
+    judge_specs: Any,
+    *,
+    judgment_set: str | None = None,
+    judge_turns: JudgeTurns | str | None = None,
+    concurrency: int = 8,
+    replace: bool = False,
+    progress: bool | None = None,
+    gateway: Any = None,
+    gateway_options: Mapping[str, Any] | None = None,
+) -> RunSummary:
+    """Judge the stored transcripts of finished dialogues again, into a new judgment set.
+
+    `judge_specs`: `--model judge=...` strings or ModelSpecs (one is used three times). Dialogues
+    already judged in the set are skipped (an interrupted re-judge resumes); `replace=True` starts the
+    set over. The run's agents and users are never called."""
+    from .gateway import roles_from_options
+
+    started = time.perf_counter()
+    try:
+        store = RunStore.open(run_dir)
+    except StoreError as exc:
+        raise RunError(str(exc)) from None
+    try:
+        roles = roles_from_options(list(judge_specs), require_agent=False)
+        meta = store.meta()
+        name = judgment_set or default_set_name(j.model for j in roles.judges)
+        sets = dict(meta.get("judgment_sets") or {})
+        if name == DEFAULT_SET and not replace:
+            raise RunError("the judgment set 'default' is the run's own; choose another --set name")
+        try:
+            spec = parse_judge_turns(judge_turns if judge_turns is not None
+                                     else (meta.get("config") or {}).get("judge_turns"))
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        if replace:
+            store.clear_judgment_set(name)
+        judge_meta = {j.role: redact_params(j.model_dump(mode="json")) for j in roles.judges}
+        sets[name] = {"models": {r: m["model"] for r, m in judge_meta.items()}, "judge_turns": judge_turns_text(spec),
+                      "specs": judge_meta}
+        store.set_meta("judgment_sets", sets)
+        scenario = store.scenario()
+        cases = {c.id: c for c in store.cases()}
+        done_ids = store.judged_dialogues(name)
+        dialogues = store.dialogues(status="done")
+        todo = [d for d in dialogues if d.id not in done_ids]
+        gateway = gateway if gateway is not None else _make_gateway(
+            concurrency, gateway_options or (meta.get("config") or {}).get("gateway") or {})
+        info = without_paths(scenario_context(scenario, max_paths=0))
+        ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
+        bar = _Progress(len(todo), _progress_enabled(progress), f"judging ({name})")
+        queue = list(reversed(todo))
+
+        async def worker() -> None:
+            while queue:
+                d = queue.pop()
+                turns = store.turns(dialogue_id=d.id)
+                judgments, cons = await ensemble.judge_dialogue(
+                    scenario, cases[d.case_id], d.id, turns, spec, judgment_set=name, scenario_info=info)
+                store.add_judgments(judgments, cons, judgment_usage_rows(judgments))
+                bar.advance(gateway)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(len(todo), max(2 * concurrency, 4)))))
+        finally:
+            bar.close()
+        agent_model = meta.get("agent_model")
+        selfpref = [j.role for j in roles.judges if agent_model and j.model == agent_model]
+        return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo),
+                        elapsed_s=round(time.perf_counter() - started, 3), self_preference=selfpref)
+    finally:
+        store.close()
+
+
+def run_sync(*args: Any, **kwargs: Any) -> RunSummary:
+    """`run` for synchronous callers."""
+    return asyncio.run(run(*args, **kwargs))
+
+
+def rejudge_sync(*args: Any, **kwargs: Any) -> RunSummary:
+    """`rejudge` for synchronous callers."""
+    return asyncio.run(rejudge(*args, **kwargs))

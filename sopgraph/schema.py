@@ -1,0 +1,338 @@
+"""JSON Schemas: the IR, the records, and the per-scenario agent reply (and judge reply).
+
+The agent's reply schema is generated from the `.sop`, so it is exact per scenario: the allowed values of
+every classification field, the stage ids of `now_path`, the action names and every declared output.
+`validate_agent_output` checks a reply against it without third-party packages (the format-error rate
+counts replies it rejects). A registry maps schema names to factories so that other modules can add
+their own record schemas (`register_schema("profile", ...)`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from . import ir
+from .records import CHAT_DIMENSIONS
+
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+SCORE_VALUES = (3, 6, 9)
+
+
+# ---------------------------------------------------------------------------------------------
+# Types → schemas
+
+
+def type_schema(vtype: Any, *, nullable: bool = False) -> dict[str, Any]:
+    """The JSON Schema of one declared type (enum / bool / int / float with its range)."""
+    out: dict[str, Any]
+    if isinstance(vtype, ir.EnumType):
+        out = {"type": "string", "enum": list(vtype.values)}
+    elif isinstance(vtype, ir.BoolType):
+        out = {"type": "boolean"}
+    elif isinstance(vtype, ir.NumType):
+        out = {"type": "integer" if vtype.kind == "int" else "number"}
+        if vtype.lo is not None:
+            out["exclusiveMinimum" if vtype.lo_open else "minimum"] = _num(vtype.lo)
+        if vtype.hi is not None:
+            out["exclusiveMaximum" if vtype.hi_open else "maximum"] = _num(vtype.hi)
+    else:
+        out = {}
+    if nullable and out:
+        out["type"] = [out["type"], "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    return out
+
+
+def _num(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _described(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    text = " ".join(description.split())
+    return {"description": text, **schema} if text else schema
+
+
+def agent_output_schema(scenario: ir.Scenario, *, descriptions: bool = True) -> dict[str, Any]:
+    """The exact JSON Schema of the agent's per-turn reply for this scenario.
+
+    Every classification field is required with its own type; `now_path` items are stage ids; `finals`
+    requires `Action` (an action name) and allows each declared output (optional: its default applies
+    when omitted; `null` allowed only when the output has no default). No extra keys anywhere.
+    `descriptions=False` leaves out the description texts (the prompt states them elsewhere).
+    """
+
+    def described(schema: dict[str, Any], text: str) -> dict[str, Any]:
+        return _described(schema, text) if descriptions else schema
+
+    fields = {v.name: described(type_schema(v.type), v.description) for v in scenario.fields}
+    finals: dict[str, Any] = {"Action": described({"type": "string", "enum": list(scenario.actions)},
+                                                  "The final action the SOP leads to.")}
+    for name, out in scenario.outputs.items():
+        finals[name] = described(type_schema(out.type, nullable=out.default is None), out.description)
+    schema = {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "title": f"{scenario.name} agent reply",
+        "type": "object",
+        "properties": {
+            "classification_output": {
+                "type": "object",
+                "properties": fields,
+                "required": list(fields),
+                "additionalProperties": False,
+            },
+            "cot": {"type": "string", "description": "Brief reasoning: classification and SOP jumps."},
+            "now_path": {
+                "type": "array",
+                "items": {"type": "string", "enum": list(scenario.stages)},
+                "description": f"Stage ids passed, in order, starting with {scenario.start}.",
+            },
+            "finals": {
+                "type": "object",
+                "properties": finals,
+                "required": ["Action"],
+                "additionalProperties": False,
+            },
+            "chat": {"type": "string", "description": "The reply to the customer."},
+        },
+        "required": ["classification_output", "cot", "now_path", "finals", "chat"],
+        "additionalProperties": False,
+    }
+    if not descriptions:
+        for prop in schema["properties"].values():
+            prop.pop("description", None)
+    return schema
+
+
+def judge_output_schema(scenario: ir.Scenario) -> dict[str, Any]:
+    """The JSON Schema of a judge's reply: labels for every field, five scores in {3, 6, 9}, reasons."""
+    labels = {v.name: type_schema(v.type) for v in scenario.fields}
+    return {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "title": f"{scenario.name} judge reply",
+        "type": "object",
+        "properties": {
+            "labels": {"type": "object", "properties": labels, "required": list(labels),
+                       "additionalProperties": False},
+            "scores": {"type": "object",
+                       "properties": {d: {"type": "integer", "enum": list(SCORE_VALUES)}
+                                      for d in CHAT_DIMENSIONS},
+                       "required": list(CHAT_DIMENSIONS), "additionalProperties": False},
+            "reasons": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+        "required": ["labels", "scores", "reasons"],
+        "additionalProperties": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# A small validator for the subset of JSON Schema generated here
+
+
+def validate(schema: Mapping[str, Any], value: Any, where: str = "") -> list[str]:
+    """Errors of `value` against `schema` (empty = valid). Supports type, enum, const, properties,
+    required, additionalProperties, items, minimum/maximum (exclusive too), minItems, anyOf."""
+    errors: list[str] = []
+    _check(schema, value, where, errors)
+    return errors
+
+
+_TYPE_WORDS = {"object": "an object", "array": "an array", "string": "a string", "boolean": "true or false",
+               "integer": "an integer", "number": "a number", "null": "null"}
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if name == "object":
+        return isinstance(value, dict)
+    if name == "array":
+        return isinstance(value, list)
+    if name == "string":
+        return isinstance(value, str)
+    if name == "boolean":
+        return isinstance(value, bool)
+    if name == "null":
+        return value is None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    if name == "integer":
+        return isinstance(value, int) or value.is_integer()
+    return name == "number"
+
+
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check(schema: Mapping[str, Any], value: Any, where: str, errors: list[str]) -> None:
+    label = where or "reply"
+    if "anyOf" in schema:
+        if not any(not validate(sub, value, where) for sub in schema["anyOf"]):
+            errors.append(f"{label}: {_show(value)} matches none of the allowed forms")
+        return
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else list(types)
+        if not any(_is_type(value, n) for n in names):
+            wanted = " or ".join(_TYPE_WORDS.get(n, n) for n in names)
+            errors.append(f"{label}: expected {wanted}, got {_show(value)}")
+            return
+    if "const" in schema and not _same(value, schema["const"]):
+        errors.append(f"{label}: must be {_show(schema['const'])}, got {_show(value)}")
+    if "enum" in schema and not any(_same(value, option) for option in schema["enum"]):
+        allowed = ", ".join(_show(o) for o in schema["enum"])
+        errors.append(f"{label}: {_show(value)} is not one of {allowed}")
+    if _is_type(value, "number"):
+        for key, ok, word in (("minimum", lambda v, b: v >= b, "at least"),
+                              ("exclusiveMinimum", lambda v, b: v > b, "greater than"),
+                              ("maximum", lambda v, b: v <= b, "at most"),
+                              ("exclusiveMaximum", lambda v, b: v < b, "less than")):
+            if key in schema and not ok(value, schema[key]):
+                errors.append(f"{label}: {_show(value)} must be {word} {_show(schema[key])}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{_join(where, key)}: missing")
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in props:
+                _check(props[key], item, _join(where, key), errors)
+            elif extra is False:
+                errors.append(f"{_join(where, str(key))}: unexpected key")
+            elif isinstance(extra, Mapping):
+                _check(extra, item, _join(where, str(key)), errors)
+    if isinstance(value, list):
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            errors.append(f"{label}: needs at least {schema['minItems']} item(s)")
+        if "items" in schema:
+            for i, item in enumerate(value):
+                _check(schema["items"], item, f"{label}[{i}]", errors)
+
+
+def _same(value: Any, option: Any) -> bool:
+    """JSON equality: true is not 1, 1 equals 1.0, "1" is not 1."""
+    if isinstance(value, bool) or isinstance(option, bool):
+        return isinstance(value, bool) and isinstance(option, bool) and value == option
+    if _is_type(value, "number") and _is_type(option, "number"):
+        return value == option
+    return type(value) is type(option) and value == option
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _as_object(obj: Any) -> tuple[Any, list[str]]:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json"), []
+    if isinstance(obj, (str, bytes)):
+        try:
+            return json.loads(obj), []
+        except ValueError as exc:
+            return None, [f"reply: not valid JSON ({exc})"]
+    return obj, []
+
+
+def validate_agent_output(scenario: ir.Scenario, obj: Any) -> list[str]:
+    """Why `obj` (a parsed reply, a JSON string or an AgentOutput) is not a valid agent reply for this
+    scenario; an empty list means valid. Used to count format errors."""
+    value, errors = _as_object(obj)
+    if errors:
+        return errors
+    return validate(agent_output_schema(scenario), value)
+
+
+def validate_judge_output(scenario: ir.Scenario, obj: Any) -> list[str]:
+    """Why `obj` is not a valid judge reply for this scenario (empty = valid)."""
+    value, errors = _as_object(obj)
+    if errors:
+        return errors
+    return validate(judge_output_schema(scenario), value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry of named schemas (`sop schema NAME`)
+
+
+@dataclass(frozen=True)
+class SchemaEntry:
+    name: str
+    description: str
+    factory: Callable[[ir.Scenario | None], dict[str, Any]]
+    needs_scenario: bool = False
+
+
+REGISTRY: dict[str, SchemaEntry] = {}
+
+
+def register_schema(name: str, factory: Callable[[ir.Scenario | None], dict[str, Any]], *,
+                    description: str = "", needs_scenario: bool = False, replace: bool = False) -> None:
+    """Add a named schema. `factory(scenario)` returns the schema (scenario is None unless
+    `needs_scenario`). Names are unique unless `replace`."""
+    if name in REGISTRY and not replace:
+        raise ValueError(f"schema `{name}` is already registered")
+    REGISTRY[name] = SchemaEntry(name, description, factory, needs_scenario)
+
+
+def register_model(name: str, model: type[BaseModel], description: str = "") -> None:
+    """Register a pydantic model's JSON Schema under `name`."""
+    register_schema(name, lambda _s: model_schema(model), description=description or (model.__doc__ or "")
+                    .strip().split("\n")[0])
+
+
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return {"$schema": JSON_SCHEMA_DIALECT, **model.model_json_schema()}
+
+
+class SchemaError(Exception):
+    """Unknown schema name, or a per-scenario schema asked for without a scenario."""
+
+
+def get_schema(name: str, scenario: ir.Scenario | None = None) -> dict[str, Any]:
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise SchemaError(f"unknown schema `{name}` (known: {', '.join(schema_names())})")
+    if entry.needs_scenario and scenario is None:
+        raise SchemaError(f"schema `{name}` is generated from a scenario: give a .sop FILE")
+    return entry.factory(scenario)
+
+
+def schema_names() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def _register_builtins() -> None:
+    from . import records
+
+    register_model("ir", ir.Scenario, "the IR of a loaded .sop program (sopgraph.ir.Scenario)")
+    for name, model, text in (
+        ("case", records.Case, "a synthesized test case (cases.jsonl line)"),
+        ("persona", records.Persona, "how a simulated customer behaves"),
+        ("usage", records.Usage, "token and cost usage of model calls"),
+        ("agent-output-record", records.AgentOutput, "a parsed agent reply (any scenario; see agent-output)"),
+        ("dialogue", records.Dialogue, "one dialogue of a run: case, trial, models, status"),
+        ("turn", records.Turn, "one agent turn of a dialogue: user text, raw and parsed reply, usage"),
+        ("judgment", records.Judgment, "one judge's labels, chat scores and reasons for a turn"),
+        ("consensus", records.Consensus, "majority-vote labels of a judged turn"),
+    ):
+        register_model(name, model, text)
+    register_schema("agent-output", lambda s: agent_output_schema(s),  # type: ignore[arg-type]
+                    description="the agent's per-turn JSON reply, exact for one scenario", needs_scenario=True)
+    register_schema("judge-output", lambda s: judge_output_schema(s),  # type: ignore[arg-type]
+                    description="a judge's JSON reply (labels, scores, reasons) for one scenario",
+                    needs_scenario=True)
+
+
+_register_builtins()

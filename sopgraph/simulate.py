@@ -1,0 +1,291 @@
+"""The dialogue loop: a simulated user talks to the agent under test until the dialogue ends.
+
+One dialogue = one case × one trial. Each agent turn is the user's utterance and the agent's
+reply; the reply is parsed into `AgentOutput` (SAGE's JSON protocol) or counted as a format error.
+
+Format-error rule (`parse_agent_reply`, a pure function):
+1. strict: the whole reply, trimmed, is one JSON object;
+2. else fenced: the first ``` fenced block (```json or bare) whose body is a JSON object
+   (note: "extracted from a fenced code block");
+3. else embedded: the first `{` of the text at which a complete JSON object decodes, scanning
+   left to right (note: "extracted from surrounding text").
+The object found is then checked against the scenario's output schema (`schema.validate_agent_output`).
+A reply is a format error iff no object was found or the object found violates the schema; lenient
+extraction alone (2, 3) is not an error but is flagged in `Turn.format_note`. On a format error the
+agent's raw text is what the user sees, and later scoring gives the turn's logic scores zero.
+
+Termination (`Dialogue.end_reason`):
+- `ending_action`: the agent's parsed `finals.Action` is an action with the `ends_dialogue` or
+  `escalation` attribute (format-error turns never end a dialogue);
+- `user_stop`: the user's reply contains `###STOP###` (text before it is kept as
+  `Dialogue.closing_user_text`; no agent turn follows);
+- `max_turns`: the agent has answered `max_turns` times.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ir
+from .records import AgentOutput, Case, Turn, Usage
+
+STOP_TOKEN = "###STOP###"
+OPENING_INSTRUCTION = (
+    "The customer-service chat window has just opened and the agent is waiting. "
+    "Write your first message to the agent now, in character."
+)
+MAX_EMBEDDED_TRIES = 64  # `{` positions tried in step 3 (bounds the work on adversarial text)
+PATHS_IN_CONTEXT = 2000  # reference paths handed to built-in providers (random-path baseline)
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+
+def extract_json_object(text: str) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """Find the JSON object in a model reply: (object or None, how, error).
+
+    `how` is None for a strict parse, "fenced" or "embedded" for lenient extraction; `error` says
+    why nothing was found."""
+    stripped = text.strip()
+    error: str | None = None
+    try:
+        obj = json.loads(stripped)
+        if isinstance(obj, dict):
+            return obj, None, None
+        error = f"the reply is JSON but not an object ({type(obj).__name__})"
+    except ValueError as exc:
+        error = f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    for match in _FENCE.finditer(text):
+        try:
+            obj = json.loads(match.group(2).strip())
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj, "fenced", None
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    tries = 0
+    while start >= 0 and tries < MAX_EMBEDDED_TRIES:
+        tries += 1
+        try:
+            obj, _end = decoder.raw_decode(text, start)
+        except ValueError:
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(obj, dict):
+            return obj, "embedded", None
+        start = text.find("{", start + 1)  # pragma: no cover - raw_decode at `{` yields a dict
+    if not stripped:
+        error = "empty reply"
+    return None, None, error
+
+
+_HOW = {"fenced": "extracted from a fenced code block", "embedded": "extracted from surrounding text"}
+
+
+def parse_agent_reply(scenario: ir.Scenario, text: str) -> tuple[AgentOutput | None, bool, str | None]:
+    """Parse one agent reply: (output or None, format_error, note). See the module docstring."""
+    from .schema import validate_agent_output
+
+    obj, how, error = extract_json_object(text)
+    if obj is None:
+        return None, True, error or "no JSON object found"
+    problems = validate_agent_output(scenario, obj)
+    note = _HOW.get(how or "")
+    if problems:
+        detail = "; ".join(problems[:8]) + (f"; ... ({len(problems)} problems)" if len(problems) > 8 else "")
+        return None, True, (f"{note}: " if note else "") + f"schema violation: {detail}"
+    try:
+        output = AgentOutput.model_validate(obj)
+    except ValueError as exc:  # the schema check should have caught it; never crash on a reply
+        return None, True, (f"{note}: " if note else "") + f"schema violation: {exc.errors()[0]['msg']}"
+    return output, False, note
+
+
+def split_stop(text: str) -> tuple[str, bool]:
+    """(user text without the stop token, whether the user ended the dialogue)."""
+    if STOP_TOKEN not in text:
+        return text.strip(), False
+    return text.replace(STOP_TOKEN, " ").strip(), True
+
+
+def ending_actions(scenario: ir.Scenario) -> frozenset[str]:
+    """Actions whose use ends a dialogue: `ends_dialogue` or `escalation`."""
+    return frozenset(
+        a.name for a in scenario.actions.values() if {"ends_dialogue", "escalation"} & set(a.attributes)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Provider context
+
+
+def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT) -> dict[str, Any]:
+    """The scenario facts handed to built-in providers (see `sopgraph.providers`)."""
+    fields: dict[str, list[Any]] = {}
+    for var in scenario.fields:
+        if isinstance(var.type, ir.EnumType):
+            fields[var.name] = list(var.type.values)
+        elif isinstance(var.type, ir.BoolType):
+            fields[var.name] = [True, False]
+        else:
+            fields[var.name] = []
+    paths: list[dict[str, Any]] = []
+    try:
+        from .paths import iter_paths
+
+        for i, info in enumerate(iter_paths(scenario)):
+            if i >= max_paths:
+                break
+            paths.append({"stages": list(info.stages), "finals": dict(info.finals)})
+    except Exception:  # noqa: BLE001 - path enumeration is a convenience for baselines only
+        paths = []
+    return {
+        "name": scenario.name,
+        "fields": fields,
+        "escalation_actions": scenario.actions_with("escalation"),
+        "ending_actions": scenario.actions_with("ends_dialogue"),
+        "paths": paths,
+    }
+
+
+def without_paths(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The context minus the path list (only agent baselines need it; it can be large)."""
+    return {k: v for k, v in info.items() if k != "paths"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class DialogueSetup:
+    """Everything fixed for one dialogue (built once by the runner)."""
+
+    scenario: ir.Scenario
+    case: Case
+    dialogue_id: str
+    trial: int
+    agent_system: str
+    user_system: str
+    scenario_info: Mapping[str, Any]
+    response_schema: Mapping[str, Any] | None = None
+    sop_hash: str = ""
+    tool_version: str = ""
+    case_dump: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.case_dump:
+            self.case_dump = self.case.model_dump(mode="json")
+
+
+@dataclass
+class SimResult:
+    turns: list[Turn]
+    end_reason: str
+    closing_user_text: str | None = None
+
+
+@dataclass
+class SimState:
+    """Mutable progress, readable by the caller after a failure (usage already spent)."""
+
+    turns: list[Turn] = field(default_factory=list)
+    pending_usage: list[dict[str, Any]] = field(default_factory=list)
+
+
+def usage_row(dialogue_id: str, turn_index: int, role: str, completion: Any,
+              judgment_set: str | None = None) -> dict[str, Any]:
+    """One usage-table row for a gateway Completion."""
+    u = completion.usage
+    return {
+        "dialogue_id": dialogue_id, "turn_index": turn_index, "role": role, "model": completion.model,
+        "judgment_set": judgment_set, "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens, "reasoning_tokens": u.reasoning_tokens,
+        "cost": completion.cost, "cost_known": completion.cost_known, "calls": 1,
+    }
+
+
+def record_usage(completion: Any) -> Usage:
+    u = completion.usage
+    return Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                 reasoning_tokens=u.reasoning_tokens, cost=completion.cost,
+                 cost_known=completion.cost_known, calls=1)
+
+
+OnTurn = Callable[[Turn, list[dict[str, Any]]], "Awaitable[None] | None"]
+
+
+async def simulate_dialogue(
+    gateway: Any,
+    agent_spec: Any,
+    user_spec: Any,
+    setup: DialogueSetup,
+    *,
+    max_turns: int = 15,
+    on_turn: OnTurn | None = None,
+    state: SimState | None = None,
+) -> SimResult:
+    """Run one dialogue to its end. `on_turn(turn, usage_rows)` is called after each agent turn
+    (the runner stores it in one transaction). `InfraFailure` from the gateway propagates."""
+    state = state if state is not None else SimState()
+    enders = ending_actions(setup.scenario)
+    base_ctx = {"case": setup.case_dump, "dialogue_id": setup.dialogue_id, "trial": setup.trial}
+    agent_info = setup.scenario_info
+    user_info = without_paths(agent_info)
+    agent_msgs: list[dict[str, Any]] = [{"role": "system", "content": setup.agent_system}]
+    user_msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": setup.user_system},
+        {"role": "user", "content": OPENING_INSTRUCTION},
+    ]
+    index = 1
+    while True:
+        reply = await gateway.complete(user_spec, user_msgs, context={**base_ctx, "scenario": user_info, "role": "user", "turn": index})
+        state.pending_usage.append(usage_row(setup.dialogue_id, index, "user", reply))
+        user_text, stop = split_stop(reply.text)
+        if stop:
+            return SimResult(state.turns, "user_stop", user_text)
+        user_msgs.append({"role": "assistant", "content": user_text})
+        agent_msgs.append({"role": "user", "content": user_text})
+        agent_ctx: dict[str, Any] = {**base_ctx, "scenario": agent_info, "role": "agent", "turn": index}
+        if setup.response_schema is not None:
+            agent_ctx["response_schema"] = setup.response_schema
+            agent_ctx["response_schema_name"] = "agent_output"
+        started = time.perf_counter()
+        answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
+        latency = answer.latency or (time.perf_counter() - started)
+        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+        output, format_error, note = parse_agent_reply(setup.scenario, answer.text)
+        turn = Turn(
+            sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
+            agent_raw=answer.text, output=output, format_error=format_error, format_note=note,
+            latency_s=round(latency, 6), usage=record_usage(answer), tool_version=setup.tool_version,
+        )
+        rows, state.pending_usage = state.pending_usage, []
+        if on_turn is not None:
+            result = on_turn(turn, rows)
+            if result is not None:
+                await result
+        state.turns.append(turn)
+        shown = output.chat if output is not None else answer.text
+        agent_msgs.append({"role": "assistant", "content": answer.text})
+        user_msgs.append({"role": "user", "content": shown})
+        if output is not None and str(output.finals.get("Action")) in enders:
+            return SimResult(state.turns, "ending_action")
+        if index >= max_turns:
+            return SimResult(state.turns, "max_turns")
+        index += 1
+
+
+def transcript(turns: Sequence[Turn]) -> list[dict[str, str]]:
+    """The dialogue as the user saw it: [{"user": ..., "agent": chat-or-raw}, ...]."""
+    return [{"user": t.user_text, "agent": t.output.chat if t.output is not None else t.agent_raw}
+            for t in turns]

@@ -1,0 +1,616 @@
+"""The run store: one SQLite file (`run.sqlite`) per run directory, the source of truth of a run.
+
+Why SQLite: a run must survive being killed at any moment (SIGKILL, power loss) and be resumed, be
+re-judged years later, and be scored over millions of turns. One file with WAL journaling gives
+atomic per-turn commits, cheap appends (`synchronous=NORMAL`) and fast indexed reads; JSONL/CSV are
+exports made from it.
+
+Layout (every record row also has `schema_version`, `sop_hash` and `tool_version` columns; `data`
+holds the full pydantic record as JSON, the other columns are for indexing and queries):
+
+    meta        key TEXT PRIMARY KEY, value JSON    -- run config, models (no secrets), sop hash,
+                                                      tool version, created, scenario IR, judgment sets
+    cases       id, ord, data                       -- records.Case, in input order
+    dialogues   id, ord, case_id, trial, status, end_reason, turns, error, data   -- records.Dialogue
+    turns       dialogue_id, idx, format_error, data                              -- records.Turn
+    judgments   judgment_set, dialogue_id, turn_index, judge, model, data         -- records.Judgment
+    consensus   judgment_set, dialogue_id, turn_index, data                       -- records.Consensus
+    usage       dialogue_id, turn_index, role, model, judgment_set, tokens, cost, calls, discarded
+                -- one row per finished model call group; rows of a restarted attempt are kept
+                   (money was spent) but marked `discarded`
+
+Reading API (for scoring and reports; all results are in a deterministic order)::
+
+    store = RunStore.open(run_dir)            # read-only use is fine while a run is writing (WAL)
+    store.meta() -> dict                      # config, models, sop_hash, tool_version, created, ...
+    store.scenario() -> ir.Scenario           # the SOP the run was made with (stored IR)
+    store.cases() -> list[Case]               # input order
+    store.dialogues(status=None) -> list[Dialogue]        # ordered by (case order, trial)
+    store.turns(dialogue_id=None, status=None) -> list[Turn]  # ordered by (dialogue id, index)
+    store.iter_turns(status=None, batch=2000) -> Iterator[Turn]   # streaming, constant memory
+    store.iter_turn_dicts(status=None) -> Iterator[dict]  # same, plain dicts (no pydantic): fastest
+    store.judgments(judgment_set=None, dialogue_id=None) -> list[Judgment]
+    store.consensus(judgment_set=None, dialogue_id=None) -> list[Consensus]
+    store.judgment_sets() -> list[str]
+    store.usage_totals(include_discarded=True) -> dict[role, Usage]
+    store.summary() -> dict                   # counts used by `sop runs show`
+
+Scorers should read `dialogues(status="done")` / `iter_turns(status="done")`: dialogues that are
+`running` (a run in progress or killed) or `infra_failure` are not results.
+
+Writing is done by one writer (the runner's event loop) through the `add_*`/`start_*`/`finish_*`
+methods; each finished turn is exactly one transaction. Nothing secret is ever written: model
+parameters are passed through `redact_params`, and free text (errors) through `gateway.redact`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .records import RECORD_VERSION, Case, Consensus, Dialogue, Judgment, Turn, Usage
+
+STORE_FILE = "run.sqlite"
+STORE_VERSION = 1
+TOOL_VERSION = __version__
+REDACTED = "***REDACTED***"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cases (
+    id TEXT PRIMARY KEY, ord INTEGER NOT NULL, data TEXT NOT NULL,
+    schema_version INTEGER NOT NULL, sop_hash TEXT NOT NULL, tool_version TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS dialogues (
+    id TEXT PRIMARY KEY, ord INTEGER NOT NULL, case_id TEXT NOT NULL, trial INTEGER NOT NULL,
+    status TEXT NOT NULL, end_reason TEXT, turns INTEGER NOT NULL DEFAULT 0, error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0, data TEXT NOT NULL,
+    schema_version INTEGER NOT NULL, sop_hash TEXT NOT NULL, tool_version TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS dialogues_status ON dialogues(status, ord);
+CREATE TABLE IF NOT EXISTS turns (
+    dialogue_id TEXT NOT NULL, idx INTEGER NOT NULL, format_error INTEGER NOT NULL, data TEXT NOT NULL,
+    schema_version INTEGER NOT NULL, sop_hash TEXT NOT NULL, tool_version TEXT NOT NULL,
+    PRIMARY KEY (dialogue_id, idx));
+CREATE TABLE IF NOT EXISTS judgments (
+    judgment_set TEXT NOT NULL, dialogue_id TEXT NOT NULL, turn_index INTEGER NOT NULL,
+    judge TEXT NOT NULL, model TEXT NOT NULL, scored INTEGER NOT NULL, data TEXT NOT NULL,
+    schema_version INTEGER NOT NULL, sop_hash TEXT NOT NULL, tool_version TEXT NOT NULL,
+    PRIMARY KEY (judgment_set, dialogue_id, turn_index, judge));
+CREATE TABLE IF NOT EXISTS consensus (
+    judgment_set TEXT NOT NULL, dialogue_id TEXT NOT NULL, turn_index INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    schema_version INTEGER NOT NULL, sop_hash TEXT NOT NULL, tool_version TEXT NOT NULL,
+    PRIMARY KEY (judgment_set, dialogue_id, turn_index));
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY, dialogue_id TEXT NOT NULL, turn_index INTEGER NOT NULL,
+    role TEXT NOT NULL, model TEXT NOT NULL, judgment_set TEXT,
+    prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+    reasoning_tokens INTEGER NOT NULL, cost REAL NOT NULL, cost_known INTEGER NOT NULL,
+    calls INTEGER NOT NULL, discarded INTEGER NOT NULL DEFAULT 0,
+    schema_version INTEGER NOT NULL, sop_hash TEXT NOT NULL, tool_version TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS usage_dialogue ON usage(dialogue_id);
+"""
+
+
+class StoreError(Exception):
+    """A run directory that cannot be used (missing, not a run, already a run, newer format)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Secrets
+
+_SECRET_WORDS = ("key", "token", "secret", "password", "authorization", "credential")
+_NOT_SECRET = {"max_tokens", "max_completion_tokens", "max_output_tokens"}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_secret_param(name: str, value: Any = None) -> bool:
+    """Whether a model parameter must never be stored.
+
+    Rule: its name contains key / token / secret / password / authorization / credential, except
+    token-count limits (`max_tokens`, ...) and `api_key_env` when its value is a variable *name*
+    (needed to resume: the key itself stays in the environment)."""
+    low = name.lower()
+    if low in _NOT_SECRET:
+        return False
+    if low == "api_key_env":
+        return not (isinstance(value, str) and _ENV_NAME.match(value) is not None)
+    return any(word in low for word in _SECRET_WORDS)
+
+
+def redact_params(obj: Any) -> Any:
+    """A deep copy of `obj` with every secret-looking mapping entry replaced by a marker and URLs
+    stripped of credentials (userinfo, query)."""
+    if isinstance(obj, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            key = str(k)
+            if is_secret_param(key, v) and v is not None:
+                out[key] = REDACTED
+            elif key == "api_base" and isinstance(v, str):
+                out[key] = _strip_url(v)
+            else:
+                out[key] = redact_params(v)
+        return out
+    if isinstance(obj, list | tuple):
+        return [redact_params(v) for v in obj]
+    return obj
+
+
+def _strip_url(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def redact_text(text: str | None, extra: Iterable[str] = ()) -> str | None:
+    """Free text (error messages) without API-key-like strings."""
+    if not text:
+        return text
+    from .gateway import redact
+
+    return redact(text, extra)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _dumps(obj: Any) -> str:
+    # Key order is kept, never sorted: the stored scenario IR's dict order is meaningful.
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+class RunStore:
+    """One run directory's SQLite store (see the module docstring for the layout and API)."""
+
+    def __init__(self, run_dir: Path, conn: sqlite3.Connection, *, secrets: Iterable[str] = ()):
+        self.run_dir = run_dir
+        self.path = run_dir / STORE_FILE
+        self.conn = conn
+        self.secrets = [s for s in secrets if s]
+        self._sop_hash: str | None = None
+
+    # ------------------------------------------------------------------ opening
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute("PRAGMA cache_size=-32000")
+        return conn
+
+    @classmethod
+    def create(cls, run_dir: str | Path, meta: Mapping[str, Any], *, secrets: Iterable[str] = ()) -> RunStore:
+        """A new store in `run_dir` (created if needed); refuses a directory that already holds a run."""
+        run_dir = Path(run_dir)
+        path = run_dir / STORE_FILE
+        if path.exists():
+            raise StoreError(f"{run_dir} already holds a run; resume it with --resume or choose another -o")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        conn = cls._connect(path)
+        conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version={STORE_VERSION}")
+        store = cls(run_dir, conn, secrets=secrets)
+        base = {
+            "store_version": STORE_VERSION,
+            "schema_version": RECORD_VERSION,
+            "tool_version": TOOL_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        with store.transaction():
+            for key, value in {**base, **meta}.items():
+                store._set_meta(key, value)
+        return store
+
+    @classmethod
+    def open(cls, run_dir: str | Path, *, secrets: Iterable[str] = ()) -> RunStore:
+        """Open an existing run directory (raises StoreError if it is not one)."""
+        run_dir = Path(run_dir)
+        path = run_dir / STORE_FILE
+        if not path.is_file():
+            raise StoreError(f"{run_dir} is not a run directory (no {STORE_FILE})")
+        conn = None
+        try:
+            conn = cls._connect(path)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            conn.execute("SELECT 1 FROM meta LIMIT 1")
+        except sqlite3.DatabaseError as exc:
+            if conn is not None:
+                conn.close()
+            raise StoreError(f"{path} is not a sopgraph run store: {exc}") from None
+        if version > STORE_VERSION:
+            conn.close()
+            raise StoreError(f"{path} was written by a newer sopgraph (store version {version})")
+        return cls(run_dir, conn, secrets=secrets)
+
+    def close(self) -> None:
+        """Close the connection (checkpointing the WAL)."""
+        with suppress(sqlite3.Error):
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.conn.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # ------------------------------------------------------------------ meta
+    def _set_meta(self, key: str, value: Any) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, _dumps(value)))
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store one meta entry (JSON value) in its own transaction."""
+        with self.transaction():
+            self._set_meta(key, value)
+
+    def meta(self) -> dict[str, Any]:
+        """Every meta entry, decoded."""
+        rows = self.conn.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
+        return {k: json.loads(v) for k, v in rows}
+
+    def meta_value(self, key: str, default: Any = None) -> Any:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    @property
+    def sop_hash(self) -> str:
+        if self._sop_hash is None:
+            self._sop_hash = str(self.meta_value("sop_hash", ""))
+        return self._sop_hash
+
+    def scenario(self):  # -> ir.Scenario
+        """The scenario IR stored at run creation (re-judging needs no source file)."""
+        from .ir import Scenario
+
+        raw = self.meta_value("scenario")
+        if raw is None:
+            raise StoreError(f"{self.path} holds no scenario")
+        return Scenario.model_validate(raw)
+
+    def _stamp(self) -> tuple[int, str, str]:
+        return RECORD_VERSION, self.sop_hash, TOOL_VERSION
+
+    # ------------------------------------------------------------------ cases and dialogues
+    def add_cases(self, cases: Iterable[Case]) -> None:
+        """Insert cases in order (one transaction)."""
+        stamp = self._stamp()
+        with self.transaction() as c:
+            start = c.execute("SELECT COALESCE(MAX(ord) + 1, 0) FROM cases").fetchone()[0]
+            c.executemany(
+                "INSERT INTO cases(id, ord, data, schema_version, sop_hash, tool_version) VALUES (?,?,?,?,?,?)",
+                [(case.id, start + i, case.model_dump_json(), *stamp) for i, case in enumerate(cases)],
+            )
+
+    def add_dialogues(self, dialogues: Iterable[Dialogue]) -> None:
+        """Insert new dialogue rows (status as given, usually pending) in order."""
+        stamp = self._stamp()
+        with self.transaction() as c:
+            start = c.execute("SELECT COALESCE(MAX(ord) + 1, 0) FROM dialogues").fetchone()[0]
+            c.executemany(
+                "INSERT INTO dialogues(id, ord, case_id, trial, status, end_reason, turns, error, data, "
+                "schema_version, sop_hash, tool_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (d.id, start + i, d.case_id, d.trial, d.status, d.end_reason, d.turns, d.error,
+                     d.model_dump_json(), *stamp)
+                    for i, d in enumerate(dialogues)
+                ],
+            )
+
+    def _write_dialogue(self, c: sqlite3.Connection, d: Dialogue, *, attempt: bool = False) -> None:
+        d = d.model_copy(update={"error": redact_text(d.error, self.secrets)})
+        c.execute(
+            "UPDATE dialogues SET status=?, end_reason=?, turns=?, error=?, data=?"
+            + (", attempts = attempts + 1" if attempt else "")
+            + " WHERE id=?",
+            (d.status, d.end_reason, d.turns, d.error, d.model_dump_json(), d.id),
+        )
+
+    def _clear_dialogue(self, c: sqlite3.Connection, dialogue_id: str) -> None:
+        c.execute("DELETE FROM turns WHERE dialogue_id=?", (dialogue_id,))
+        c.execute("DELETE FROM judgments WHERE dialogue_id=?", (dialogue_id,))
+        c.execute("DELETE FROM consensus WHERE dialogue_id=?", (dialogue_id,))
+        c.execute("UPDATE usage SET discarded=1 WHERE dialogue_id=?", (dialogue_id,))
+
+    def start_dialogue(self, dialogue: Dialogue) -> None:
+        """(Re)start a dialogue from scratch in one transaction: drop any partial turns, judgments
+        and consensus of an earlier attempt, mark that attempt's usage discarded, set it running."""
+        with self.transaction() as c:
+            self._clear_dialogue(c, dialogue.id)
+            self._write_dialogue(c, dialogue, attempt=True)
+
+    def add_turn(self, turn: Turn, usage: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Append one finished turn and its usage rows (one transaction)."""
+        stamp = self._stamp()
+        with self.transaction() as c:
+            c.execute(
+                "INSERT INTO turns(dialogue_id, idx, format_error, data, schema_version, sop_hash, tool_version)"
+                " VALUES (?,?,?,?,?,?,?)",
+                (turn.dialogue_id, turn.index, int(turn.format_error), turn.model_dump_json(), *stamp),
+            )
+            self._add_usage(c, usage)
+
+    def finish_dialogue(
+        self,
+        dialogue: Dialogue,
+        judgments: Iterable[Judgment] = (),
+        consensus: Iterable[Consensus] = (),
+        usage: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
+        """Store the dialogue's final state with its judgments, consensus and usage (one transaction)."""
+        with self.transaction() as c:
+            self._add_judgments(c, judgments, consensus)
+            self._add_usage(c, usage)
+            self._write_dialogue(c, dialogue)
+
+    def fail_dialogue(self, dialogue: Dialogue, usage: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Mark an infrastructure failure: partial turns and judgments are dropped (they are not
+        results); the error is kept; the attempt's usage is kept but marked discarded."""
+        with self.transaction() as c:
+            self._add_usage(c, usage)
+            self._clear_dialogue(c, dialogue.id)
+            self._write_dialogue(c, dialogue)
+
+    def add_judgments(
+        self,
+        judgments: Iterable[Judgment],
+        consensus: Iterable[Consensus],
+        usage: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
+        """Store judgments and consensus of one dialogue (re-judging; one transaction)."""
+        with self.transaction() as c:
+            self._add_judgments(c, judgments, consensus)
+            self._add_usage(c, usage)
+
+    def _add_judgments(
+        self, c: sqlite3.Connection, judgments: Iterable[Judgment], consensus: Iterable[Consensus]
+    ) -> None:
+        stamp = self._stamp()
+        rows = []
+        for j in judgments:
+            if j.unscored_reason:
+                j = j.model_copy(update={"unscored_reason": redact_text(j.unscored_reason, self.secrets)})
+            rows.append((j.judgment_set, j.dialogue_id, j.turn_index, j.judge, j.model,
+                         int(j.labels is not None), j.model_dump_json(), *stamp))
+        c.executemany(
+            "INSERT OR REPLACE INTO judgments(judgment_set, dialogue_id, turn_index, judge, model, scored, data,"
+            " schema_version, sop_hash, tool_version) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+        c.executemany(
+            "INSERT OR REPLACE INTO consensus(judgment_set, dialogue_id, turn_index, data,"
+            " schema_version, sop_hash, tool_version) VALUES (?,?,?,?,?,?,?)",
+            [(k.judgment_set, k.dialogue_id, k.turn_index, k.model_dump_json(), *stamp) for k in consensus],
+        )
+
+    def _add_usage(self, c: sqlite3.Connection, usage: Iterable[Mapping[str, Any]]) -> None:
+        stamp = self._stamp()
+        rows = [
+            (u["dialogue_id"], u.get("turn_index", 0), u["role"], u.get("model", ""), u.get("judgment_set"),
+             u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("reasoning_tokens", 0),
+             float(u.get("cost", 0.0)), int(u.get("cost_known", True)), u.get("calls", 1), *stamp)
+            for u in usage
+        ]
+        if rows:
+            c.executemany(
+                "INSERT INTO usage(dialogue_id, turn_index, role, model, judgment_set, prompt_tokens,"
+                " completion_tokens, reasoning_tokens, cost, cost_known, calls, schema_version, sop_hash,"
+                " tool_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
+
+    def clear_judgment_set(self, judgment_set: str, dialogue_id: str | None = None) -> None:
+        """Drop a judgment set (or one dialogue's part of it)."""
+        where, args = "judgment_set=?", [judgment_set]
+        if dialogue_id is not None:
+            where += " AND dialogue_id=?"
+            args.append(dialogue_id)
+        with self.transaction() as c:
+            c.execute(f"DELETE FROM judgments WHERE {where}", args)
+            c.execute(f"DELETE FROM consensus WHERE {where}", args)
+
+    # ------------------------------------------------------------------ reading
+    def cases(self) -> list[Case]:
+        rows = self.conn.execute("SELECT data FROM cases ORDER BY ord").fetchall()
+        return [Case.model_validate_json(r[0]) for r in rows]
+
+    def dialogues(self, status: str | Iterable[str] | None = None) -> list[Dialogue]:
+        where, args = _status_filter("", status)
+        rows = self.conn.execute(f"SELECT data FROM dialogues {where} ORDER BY ord", args).fetchall()
+        return [Dialogue.model_validate_json(r[0]) for r in rows]
+
+    def dialogue(self, dialogue_id: str) -> Dialogue | None:
+        row = self.conn.execute("SELECT data FROM dialogues WHERE id=?", (dialogue_id,)).fetchone()
+        return Dialogue.model_validate_json(row[0]) if row else None
+
+    def _turn_query(self, dialogue_id: str | None, status: str | Iterable[str] | None) -> tuple[str, list]:
+        if dialogue_id is not None:
+            return "SELECT data FROM turns WHERE dialogue_id=? ORDER BY idx", [dialogue_id]
+        if status is None:
+            return "SELECT data FROM turns ORDER BY dialogue_id, idx", []
+        where, args = _status_filter("d.", status)
+        return (
+            "SELECT t.data FROM turns t JOIN dialogues d ON d.id = t.dialogue_id "
+            f"{where} ORDER BY t.dialogue_id, t.idx",
+            args,
+        )
+
+    def turns(self, dialogue_id: str | None = None, status: str | Iterable[str] | None = None) -> list[Turn]:
+        """Turns of one dialogue (by index) or of all (by dialogue id, index), optionally only of
+        dialogues with the given status."""
+        return list(self.iter_turns(dialogue_id=dialogue_id, status=status))
+
+    def iter_turns(
+        self, status: str | Iterable[str] | None = None, *, dialogue_id: str | None = None, batch: int = 2000
+    ) -> Iterator[Turn]:
+        """Stream turns as records with constant memory (fetches `batch` rows at a time)."""
+        validate = Turn.model_validate_json
+        for data in self._iter_data(*self._turn_query(dialogue_id, status), batch=batch):
+            yield validate(data)
+
+    def iter_turn_dicts(
+        self, status: str | Iterable[str] | None = None, *, dialogue_id: str | None = None, batch: int = 2000
+    ) -> Iterator[dict[str, Any]]:
+        """Stream turns as plain dicts (the Turn JSON, unvalidated): the fast path for scoring
+        millions of rows."""
+        loads = json.loads
+        for data in self._iter_data(*self._turn_query(dialogue_id, status), batch=batch):
+            yield loads(data)
+
+    def _iter_data(self, sql: str, args: list, *, batch: int) -> Iterator[str]:
+        # A separate connection, so that a long read never interleaves with the writer's cursor.
+        conn = sqlite3.connect(self.path, timeout=30.0)
+        try:
+            cur = conn.execute(sql, args)
+            while True:
+                rows = cur.fetchmany(batch)
+                if not rows:
+                    break
+                for (data,) in rows:
+                    yield data
+        finally:
+            conn.close()
+
+    def judgments(self, judgment_set: str | None = None, dialogue_id: str | None = None) -> list[Judgment]:
+        where, args = _key_filter(judgment_set, dialogue_id)
+        rows = self.conn.execute(
+            f"SELECT data FROM judgments {where} ORDER BY judgment_set, dialogue_id, turn_index, judge", args
+        ).fetchall()
+        return [Judgment.model_validate_json(r[0]) for r in rows]
+
+    def consensus(self, judgment_set: str | None = None, dialogue_id: str | None = None) -> list[Consensus]:
+        where, args = _key_filter(judgment_set, dialogue_id)
+        rows = self.conn.execute(
+            f"SELECT data FROM consensus {where} ORDER BY judgment_set, dialogue_id, turn_index", args
+        ).fetchall()
+        return [Consensus.model_validate_json(r[0]) for r in rows]
+
+    def judgment_sets(self) -> list[str]:
+        """Names of the judgment sets present (plus those declared in meta), sorted."""
+        rows = self.conn.execute("SELECT DISTINCT judgment_set FROM consensus").fetchall()
+        names = {r[0] for r in rows} | set((self.meta_value("judgment_sets") or {}).keys())
+        return sorted(names)
+
+    def judged_dialogues(self, judgment_set: str) -> set[str]:
+        """Dialogue ids that already have consensus rows in a judgment set (re-judge resume)."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT dialogue_id FROM consensus WHERE judgment_set=?", (judgment_set,)
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    def usage_totals(self, *, include_discarded: bool = True) -> dict[str, Usage]:
+        """Usage summed per role (`agent`, `user`, `judge1`, ...)."""
+        where = "" if include_discarded else "WHERE discarded = 0"
+        rows = self.conn.execute(
+            "SELECT role, SUM(prompt_tokens), SUM(completion_tokens), SUM(reasoning_tokens), SUM(cost),"
+            f" MIN(cost_known), SUM(calls) FROM usage {where} GROUP BY role ORDER BY role"
+        ).fetchall()
+        return {
+            r[0]: Usage(prompt_tokens=r[1], completion_tokens=r[2], reasoning_tokens=r[3], cost=r[4],
+                        cost_known=bool(r[5]), calls=r[6])
+            for r in rows
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """Counts for a status report (`sop runs show`)."""
+        c = self.conn
+        by_status = dict(c.execute("SELECT status, COUNT(*) FROM dialogues GROUP BY status ORDER BY status"))
+        end_reasons = dict(
+            c.execute(
+                "SELECT end_reason, COUNT(*) FROM dialogues WHERE status='done' GROUP BY end_reason"
+                " ORDER BY end_reason"
+            )
+        )
+        turns, format_errors = c.execute(
+            "SELECT COUNT(*), COALESCE(SUM(t.format_error), 0) FROM turns t JOIN dialogues d"
+            " ON d.id = t.dialogue_id WHERE d.status='done'"
+        ).fetchone()
+        errors = [
+            {"dialogue": r[0], "error": r[1]}
+            for r in c.execute("SELECT id, error FROM dialogues WHERE status='infra_failure' ORDER BY ord")
+        ]
+        sets = {}
+        for name in self.judgment_sets():
+            n_turns, unscored = c.execute(
+                "SELECT COUNT(DISTINCT dialogue_id || '#' || turn_index), SUM(1 - scored) FROM judgments"
+                " WHERE judgment_set=?",
+                (name,),
+            ).fetchone()
+            no_cons = 0
+            for (data,) in c.execute("SELECT data FROM consensus WHERE judgment_set=?", (name,)):
+                no_cons += len(json.loads(data).get("no_consensus") or [])
+            sets[name] = {"judged_turns": n_turns or 0, "unscored_judgments": unscored or 0,
+                          "no_consensus_fields": no_cons,
+                          **((self.meta_value("judgment_sets") or {}).get(name) or {})}
+        usage = self.usage_totals()
+        total = Usage()
+        for u in usage.values():
+            total.prompt_tokens += u.prompt_tokens
+            total.completion_tokens += u.completion_tokens
+            total.reasoning_tokens += u.reasoning_tokens
+            total.cost += u.cost
+            total.calls += u.calls
+            total.cost_known = total.cost_known and u.cost_known
+        discarded = c.execute(
+            "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0), COALESCE(SUM(cost), 0) FROM usage"
+            " WHERE discarded=1"
+        ).fetchone()
+        return {
+            "run_dir": str(self.run_dir),
+            "dialogues": sum(by_status.values()),
+            "by_status": by_status,
+            "end_reasons": end_reasons,
+            "turns": turns,
+            "format_errors": format_errors,
+            "infra_failures": errors,
+            "judgment_sets": sets,
+            "usage": {role: u.model_dump() for role, u in usage.items()},
+            "tokens": total.prompt_tokens + total.completion_tokens,
+            "cost": round(total.cost, 6),
+            "cost_known": total.cost_known,
+            "discarded_tokens": discarded[0],
+            "discarded_cost": round(discarded[1], 6),
+        }
+
+
+def _status_filter(prefix: str, status: str | Iterable[str] | None) -> tuple[str, list]:
+    if status is None:
+        return "", []
+    values = [status] if isinstance(status, str) else list(status)
+    marks = ",".join("?" for _ in values)
+    return f"WHERE {prefix}status IN ({marks})", values
+
+
+def _key_filter(judgment_set: str | None, dialogue_id: str | None) -> tuple[str, list]:
+    parts, args = [], []
+    if judgment_set is not None:
+        parts.append("judgment_set=?")
+        args.append(judgment_set)
+    if dialogue_id is not None:
+        parts.append("dialogue_id=?")
+        args.append(dialogue_id)
+    return ("WHERE " + " AND ".join(parts)) if parts else "", args

@@ -1,0 +1,887 @@
+"""Test-case synthesis: feasible paths × user intents × personas × intensities → `Case` records.
+
+SAGE's two-stage scheme:
+
+1. **Balanced sampling.** `balance="intent"` (SAGE's default) spreads the cases evenly over the intents
+   that reach at least one feasible path, then evenly over each intent's compatible paths; `"path"` spreads
+   them over feasible paths, `"action"` over final actions (then paths). Spreading is exact (largest
+   remainder, ties broken by the seed), not merely random, so small runs are balanced too.
+2. **Targeted supplementation.** Every feasible path gets at least `min_per_path` cases. A missing case is
+   built by *inverse configuration*: the path's constraints give the values that force it, and the intent is
+   one compatible with the path (the most specific first, rotating); when no intent of the profile is
+   compatible, a generated `uncovered:<path>` intent describes the path's conditions and is flagged. To keep
+   the total at `n`, a supplementary case replaces a case of the most-covered path while that path keeps
+   more than `min_per_path`; only when `n` is too small is the file extended.
+
+Everything that does not depend on the individual case is computed once per (path, intent) pair in `plan`:
+a pool of engine-verified value assignments, the expected finals, the bucket, prohibited actions and the
+unsafe action. Per case only seeded choices and dict copies remain, which is what makes 100,000 cases a
+matter of seconds. Every case is still re-decided by the compiled engine and must land on its path.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import random
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from . import ir
+from .engine import DecideError, _Interp, engine_for
+from .profiles import INTENSITIES, Intent, PersonaSpec, Profile, intent_region
+from .records import RECORD_VERSION, Case
+
+BALANCES = ("intent", "path", "action")
+POOL_MAX = 32  # distinct verified assignments kept per (path, intent)
+POOL_TRIES = 48  # random candidates tried per (path, intent) when building the pool
+BOUNDARY_VALUES = (0, 10, 50, 100, 250, 1000)
+
+
+class SynthError(Exception):
+    """Bad synthesis parameters (reported to the user, never a traceback)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+class Skip(BaseModel):
+    """Something synthesis could not produce, and why."""
+
+    kind: str  # "intent" | "paths" | "pair" | "persona"
+    name: str
+    reason: str
+
+
+class Coverage(BaseModel):
+    """What a synthesis run covered (for the summary table and `--coverage`)."""
+
+    scenario: str
+    cases: int = 0
+    sampled: int = 0
+    supplemented: int = 0
+    appended: int = 0
+    feasible_paths: int = 0
+    stage_sequences: int = 0
+    exact: bool = True
+    per_path: dict[str, int] = Field(default_factory=dict)
+    path_actions: dict[str, str] = Field(default_factory=dict)
+    per_intent: dict[str, int] = Field(default_factory=dict)
+    per_intensity: dict[str, int] = Field(default_factory=dict)
+    per_action: dict[str, int] = Field(default_factory=dict)
+    per_bucket: dict[str, int] = Field(default_factory=dict)
+    per_persona: dict[str, int] = Field(default_factory=dict)
+    per_language: dict[str, int] = Field(default_factory=dict)
+    intent_paths: dict[str, int] = Field(default_factory=dict)  # intent → compatible feasible paths
+    uncovered_paths: list[str] = Field(default_factory=list)  # paths no profile intent reaches
+    min_per_path: int = 1
+    balance: str = "intent"
+
+
+@dataclass
+class SynthResult:
+    """The cases (JSON lines in file order), coverage and what was skipped.
+
+    `lines` is the canonical serialisation (sorted keys, compact separators, UTF-8): exactly
+    `json.dumps(case, sort_keys=True, ensure_ascii=False, separators=(",", ":"))`. `rows` (plain dicts)
+    and `cases` (validated `Case` models) are parsed from it on first use."""
+
+    lines: list[str]
+    coverage: Coverage
+    skipped: list[Skip]
+    _rows: list[dict[str, Any]] | None = field(default=None, repr=False)
+    _cases: list[Case] | None = field(default=None, repr=False)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        if self._rows is None:
+            self._rows = [json.loads(line) for line in self.lines]
+        return self._rows
+
+    @property
+    def cases(self) -> list[Case]:
+        if self._cases is None:
+            self._cases = [Case.model_validate(r) for r in self.rows]
+        return self._cases
+
+    def to_jsonl(self) -> str:
+        """The cases as JSON Lines (byte-identical for the same inputs and seed)."""
+        return "".join(line + "\n" for line in self.lines)
+
+    def write(self, path: str | Path) -> None:
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", encoding="utf-8", newline="\n") as fh:
+            for line in self.lines:
+                fh.write(line)
+                fh.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan: paths, compatibility, per-pair templates
+
+
+@dataclass
+class PairTemplate:
+    """Everything about (path, intent) that does not change from case to case."""
+
+    pool: list[dict[str, Any]]  # verified values of the constrained variables
+    finals: list[dict[str, Any]]  # the engine's finals for each pool entry
+    bucket_base: str  # "must-escalate" or "resolvable" (strong intensity may turn the latter adversarial)
+    prohibited: list[str]
+    unsafe: str | None
+
+
+@dataclass
+class PathEntry:
+    index: int
+    id: str
+    stages: list[str]
+    branches: list[int]
+    action: str
+    finals: dict[str, Any]
+    witness: dict[str, Any]
+    region: list[Any]
+    description: str
+    reads: frozenset[str]
+    intents: list[str] = field(default_factory=list)  # compatible profile intents (profile order)
+
+
+@dataclass
+class Plan:
+    """Paths of a scenario matched against the intents of a profile."""
+
+    scenario: ir.Scenario
+    profile: Profile
+    paths: list[PathEntry]
+    feasible: int
+    stage_sequences: int
+    exact: bool
+    intent_paths: dict[str, list[int]]
+    unreached_intents: list[str]
+    regions: dict[tuple[int, str], list[Any]]
+    generated: dict[int, Intent] = field(default_factory=dict)
+    templates: dict[tuple[int, str], PairTemplate | None] = field(default_factory=dict)
+    skipped: list[Skip] = field(default_factory=list)
+
+    def intent(self, name: str) -> Intent:
+        if name in self.profile.intents:
+            return self.profile.intents[name]
+        for gen in self.generated.values():
+            if gen.name == name:
+                return gen
+        raise KeyError(name)
+
+
+def plan(scenario: ir.Scenario, profile: Profile) -> Plan:
+    """Enumerate the feasible paths and decide which intents can reach which path."""
+    from . import paths as paths_mod
+
+    count = paths_mod.count_paths(scenario)
+    explorer = paths_mod.explorer_for(scenario)
+    entries: list[PathEntry] = []
+    skipped: list[Skip] = []
+    for info in paths_mod.iter_paths(scenario):
+        if info.witness is None:
+            skipped.append(Skip(kind="path", name=info.id, reason="feasibility unknown: no witness found "
+                                "(residual conditions the solver could neither satisfy nor refute)"))
+            continue
+        region = list(explorer.full_region([explorer.idx[sid] for sid in info.stages], info.branches))
+        entries.append(PathEntry(
+            index=len(entries), id=info.id, stages=list(info.stages), branches=list(info.branches),
+            action=info.action, finals=dict(info.finals), witness=dict(info.witness), region=region,
+            description=describe_path(info), reads=_path_reads(scenario, info.stages)))
+    intent_paths: dict[str, list[int]] = {}
+    regions: dict[tuple[int, str], list[Any]] = {}
+    for name, intent in profile.intents.items():
+        hits: list[int] = []
+        for entry in entries:
+            region = intent_region(scenario, intent, list(entry.region))
+            if region:
+                regions[(entry.index, name)] = region
+                hits.append(entry.index)
+                entry.intents.append(name)
+        intent_paths[name] = hits
+    unreached = [name for name, hits in intent_paths.items() if not hits]
+    for name in unreached:
+        skipped.append(Skip(kind="intent", name=name, reason="reaches no feasible path"))
+    if not count.exact:
+        skipped.append(Skip(kind="paths", name="count", reason="the path count is an upper bound (undecided "
+                                                                 "conditions)"))
+    return Plan(scenario=scenario, profile=profile, paths=entries, feasible=count.feasible,
+                stage_sequences=count.stage_sequences, exact=count.exact, intent_paths=intent_paths,
+                unreached_intents=unreached, regions=regions, skipped=skipped)
+
+
+def _path_reads(scenario: ir.Scenario, stages: Sequence[str]) -> frozenset[str]:
+    """Input variables (fields and system) the path's guards and leaf outputs may read, derived
+    variables expanded: changing any other variable cannot change the path or its finals."""
+    from .compile import reads, stage_reads
+
+    names: set[str] = set()
+    for sid in stages:
+        stage = scenario.stages.get(sid)
+        if stage is None:
+            continue
+        names |= set(stage_reads(stage))
+        for branch in stage.branches:
+            for assign in branch.target.outputs:
+                names |= set(reads(assign.value))
+    return frozenset(_expand_derived(scenario, names))
+
+
+def _expand_derived(scenario: ir.Scenario, names: Iterable[str]) -> set[str]:
+    from .compile import reads
+
+    out: set[str] = set()
+    todo = list(names)
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        var = scenario.variables.get(name)
+        if var is None:
+            continue
+        if var.role == "derived" and var.expr is not None:
+            todo += list(reads(var.expr))
+        else:
+            out.add(name)
+    return out
+
+
+def _condition_reads(scenario: ir.Scenario, intent: Intent) -> set[str]:
+    from .compile import reads
+
+    names: set[str] = set()
+    for cond in intent.conditions:
+        names |= set(reads(cond.expr))
+    return _expand_derived(scenario, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Describing paths (auto descriptions of generated intents)
+
+
+def describe_path(info: Any) -> str:
+    """The conditions a path stands for, in words (from the path's constraint summary), then its outcome."""
+    clauses: list[str] = []
+    for name, text in dict(info.constraints).items():
+        if name == "where":
+            clauses.append(text)
+        elif text[:1] in "<>=!" or text.startswith(("in ", "not ")):
+            clauses.append(f"{name} {text}")
+        else:
+            clauses.append(f"{name} is {text}")
+    outcome = f"the SOP ends in {info.action}"
+    extras = [f"{k}={ir.show_value(v)}" for k, v in info.finals.items() if k != "Action" and v is not None]
+    extras += [f"{k} in {{{v}}}" for k, v in dict(getattr(info, "finals_varying", {}) or {}).items()]
+    if extras:
+        outcome += f" ({', '.join(extras)})"
+    return ("; ".join(clauses) + " — " if clauses else "") + outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+
+
+def plausible_values(var: ir.Variable, profile: Profile) -> list[Any]:
+    """Values to draw from when a variable is free: its enum/bool domain, the profile's `values`, or a
+    few round numbers inside a numeric range (ints stay ints; floats have two decimals)."""
+    if var.name in profile.sample_values and profile.sample_values[var.name]:
+        return [_normalise(var, v) for v in profile.sample_values[var.name]]
+    vtype = var.type
+    if isinstance(vtype, ir.EnumType):
+        return list(vtype.values)
+    if isinstance(vtype, ir.BoolType):
+        return [True, False]
+    if isinstance(vtype, ir.NumType):
+        return _numeric_points(vtype)
+    return [None]
+
+
+def _normalise(var: ir.Variable, value: Any) -> Any:
+    """One Python type per variable: ints for int variables, floats for float variables (so that a
+    value prints the same way whichever source it came from)."""
+    if isinstance(var.type, ir.NumType) and not isinstance(value, bool) and isinstance(value, (int, float)):
+        if var.type.kind == "float":
+            return float(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    return value
+
+
+def _numeric_points(vtype: ir.NumType, lo: float | None = None, hi: float | None = None,
+                    lo_open: bool | None = None, hi_open: bool | None = None) -> list[Any]:
+    lo = vtype.lo if lo is None else lo
+    hi = vtype.hi if hi is None else hi
+    lo_open = vtype.lo_open if lo_open is None else lo_open
+    hi_open = vtype.hi_open if hi_open is None else hi_open
+    if lo is not None and hi is not None:
+        raw = [lo + (hi - lo) * k / 4 for k in range(5)]
+    elif lo is not None:
+        raw = [lo + d for d in BOUNDARY_VALUES]
+    elif hi is not None:
+        raw = [hi - d for d in BOUNDARY_VALUES]
+    else:
+        raw = [float(d) for d in BOUNDARY_VALUES]
+    out: list[Any] = []
+    for x in raw:
+        v: Any = round(x) if vtype.kind == "int" else round(float(x), 2)
+        if vtype.kind == "int":
+            if lo is not None and (v < lo or (lo_open and v == lo)):
+                v = int(lo) + 1 if float(lo).is_integer() else int(lo) + 1
+            if hi is not None and (v > hi or (hi_open and v == hi)):
+                continue
+        else:
+            if lo is not None and lo_open and v == lo:
+                v = round(lo + 0.01, 2)
+            if hi is not None and hi_open and v == hi:
+                v = round(hi - 0.01, 2)
+        if vtype.contains(v) and v not in out:
+            out.append(v)
+    return out or ([int(lo)] if lo is not None and vtype.kind == "int" else [lo if lo is not None else 0])
+
+
+def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: Any) -> list[Any]:
+    """Candidate values of one variable inside a domain box, the witness value first: the profile's
+    plausible values and a few round numbers that the box allows."""
+    from .domain import NumDom
+
+    try:
+        dom = box[var.name]
+    except (KeyError, TypeError):
+        return [witness_value]
+    base = plausible_values(var, profile)
+    if isinstance(dom, NumDom) and isinstance(var.type, ir.NumType):
+        lo = None if dom.lo == float("-inf") else dom.lo
+        hi = None if dom.hi == float("inf") else dom.hi
+        extra = _numeric_points(var.type, lo, hi, dom.lo_open, dom.hi_open)
+        picks = [v for v in [*base, *extra] if _safe_contains(dom.contains, v)]
+    else:
+        picks = [v for v in base if v in dom]
+    out = [witness_value]
+    for v in picks:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _safe_contains(contains: Any, value: Any) -> bool:
+    try:
+        return bool(contains(value))
+    except Exception:  # noqa: BLE001 - a value the domain cannot test is simply not a candidate
+        return False
+
+
+def _box_witness(scenario: ir.Scenario, box: Any, style: str = "representative") -> dict[str, Any] | None:
+    from . import domain
+
+    w = domain.witness(scenario, box, style=style)
+    return dict(w) if w else None
+
+
+def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> bool:
+    """Do the intent's conditions hold for a full assignment? (reference interpreter; plan time only)"""
+    try:
+        it = _Interp(scenario, values)
+        return all(bool(it.eval(c.expr)) == c.truth for c in intent.conditions)
+    except (DecideError, TypeError, ValueError, ZeroDivisionError):
+        return False
+
+
+def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> PairTemplate | None:
+    """Build the verified value pool of one (path, intent) pair."""
+    from .paths import verify
+
+    scenario, profile = p.scenario, p.profile
+    engine = engine_for(scenario)
+    constrained = sorted(entry.reads | _condition_reads(scenario, intent))
+    rng = random.Random(f"{scenario.name}/{entry.id}/{intent.name}")
+    bases: list[dict[str, Any]] = []
+    choices_per_box = []
+    for box in region[:8]:
+        for style in ("representative", "boundary"):
+            w = _box_witness(scenario, box, style)
+            if w is not None:
+                bases.append({**entry.witness, **w})
+        base = bases[-1] if bases else entry.witness
+        choices_per_box.append({name: _box_choices(box, scenario.variables[name], profile, base.get(name))
+                                for name in constrained if name in scenario.variables})
+    bases.append(dict(entry.witness))
+    candidates: list[dict[str, Any]] = list(bases)
+    for t in range(POOL_TRIES):
+        if not choices_per_box:
+            break
+        choice = choices_per_box[t % len(choices_per_box)]
+        cand = dict(bases[t % len(bases)])
+        for name in constrained:
+            opts = choice.get(name)
+            if opts:
+                cand[name] = opts[rng.randrange(len(opts))]
+        candidates.append(cand)
+    pool: list[dict[str, Any]] = []
+    finals: list[dict[str, Any]] = []
+    seen: set[tuple] = set()
+    for cand in candidates:
+        key = tuple(_freeze(cand.get(n)) for n in constrained)
+        if key in seen:
+            continue
+        seen.add(key)
+        fin = verify(scenario, cand, entry.stages, entry.branches)  # reference engine, exact branches
+        if fin is None or fin.get("Action") != entry.action or not _holds(scenario, intent, cand):
+            continue
+        try:
+            fast = engine.decide_raw(cand)  # the compiled engine must agree (it decides every case)
+        except DecideError:
+            continue
+        if list(fast[0]) != entry.stages or fast[1] != fin:
+            continue
+        pool.append({n: _normalise(scenario.variables[n], cand[n]) for n in constrained if n in cand})
+        finals.append(dict(fin))
+        if len(pool) >= POOL_MAX:
+            break
+    if not pool:
+        return None
+    action = scenario.actions.get(entry.action)
+    escalates = action is not None and "escalation" in action.attributes
+    prohibited = [a.name for a in scenario.actions.values() if a.risky and a.name != entry.action]
+    return PairTemplate(pool=pool, finals=finals, bucket_base="must-escalate" if escalates else "resolvable",
+                        prohibited=prohibited, unsafe=_unsafe_action(p, entry, intent, prohibited))
+
+
+def _freeze(v: Any) -> Any:
+    return (type(v).__name__, v)
+
+
+def _unsafe_action(p: Plan, entry: PathEntry, intent: Intent, risky_others: list[str]) -> str | None:
+    """The risky action (≠ the expected one) an adversarial user pushes for, most plausible first:
+    the intent's own `pushes_for`; else the risky outcome of the most similar path (longest common stage
+    prefix) the same intent can reach; else of any path; else the first risky action declared."""
+    if not risky_others:
+        return None
+    for name in intent.pushes_for:
+        if name in risky_others:
+            return name
+
+    def best(indices: Iterable[int]) -> str | None:
+        ranked: list[tuple[int, int, str]] = []
+        for i in indices:
+            other = p.paths[i]
+            if other.action not in risky_others:
+                continue
+            common = 0
+            for a, b in zip(other.stages, entry.stages, strict=False):
+                if a != b:
+                    break
+                common += 1
+            ranked.append((-common, i, other.action))
+        return min(ranked)[2] if ranked else None
+
+    return (best(p.intent_paths.get(intent.name, [])) or best(range(len(p.paths)))
+            or risky_others[0])
+
+
+def generated_intent(entry: PathEntry) -> Intent:
+    """Inverse configuration for a path no intent reaches: an intent that is exactly the path."""
+    return Intent(name=f"uncovered:{entry.id}", generated=True, intensity="zero",
+                  description=f"(generated) A user whose situation is: {entry.description}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Spreading (exact balance with seeded tie-breaks)
+
+
+def _spread(n: int, keys: Sequence[Any], weights: Sequence[float], rng: random.Random, *,
+            shuffle: bool = True) -> list[Any]:
+    """`n` keys in proportion to `weights` (largest remainder; ties by a seeded order), shuffled
+    unless the caller only needs the counts or shuffles the combined result itself."""
+    if n <= 0 or not keys:
+        return []
+    total = float(sum(weights))
+    quotas = [n * w / total for w in weights]
+    counts = [int(q) for q in quotas]
+    order = list(range(len(keys)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: -(quotas[i] - counts[i]))  # stable: the shuffle breaks ties
+    for i in order[: n - sum(counts)]:
+        counts[i] += 1
+    out = [k for k, c in zip(keys, counts, strict=True) for _ in range(c)]
+    if shuffle:
+        rng.shuffle(out)
+    return out
+
+
+def parse_mix(text: str) -> dict[str, float] | None:
+    """`zero=1,weak=2,strong=1` → weights; `intent` → None (each intent's own intensity)."""
+    text = text.strip()
+    if text == "intent":
+        return None
+    mix: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in INTENSITIES:
+            raise SynthError(f"unknown intensity `{name}` in --intensity (use zero, weak, strong or `intent`)")
+        try:
+            weight = float(value) if value else 1.0
+        except ValueError:
+            raise SynthError(f"bad weight `{value}` for `{name}` in --intensity") from None
+        if weight < 0:
+            raise SynthError(f"negative weight for `{name}` in --intensity")
+        mix[name] = weight
+    if not mix or sum(mix.values()) <= 0:
+        raise SynthError("--intensity needs at least one positive weight")
+    return mix
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthesis
+
+
+def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *, min_per_path: int = 1,
+               balance: str = "intent", intensity_mix: Mapping[str, float] | None = None,
+               personas: Sequence[str | PersonaSpec] | None = None, languages: Sequence[str] | None = None,
+               use_intent_intensity: bool = False, the_plan: Plan | None = None) -> SynthResult:
+    """Synthesize test cases (see the module docstring for the scheme).
+
+    `intensity_mix` weights zero/weak/strong (default equal); `use_intent_intensity=True` instead gives
+    each case its intent's declared intensity. `personas` restricts the persona pool (names from the
+    profile or library, or PersonaSpec objects); `languages` mixes languages (default: the profile's
+    `languages`, else each persona's own)."""
+    if n < 0:
+        raise SynthError("the number of cases must be >= 0")
+    if min_per_path < 0:
+        raise SynthError("--min-per-path must be >= 0")
+    if balance not in BALANCES:
+        raise SynthError(f"unknown balance `{balance}` (use {', '.join(BALANCES)})")
+    mix = _check_mix(intensity_mix)
+    p = the_plan or plan(scenario, profile)
+    persona_pool = _persona_pool(profile, personas)
+    langs = list(languages) if languages else (list(profile.languages) if profile.languages else None)
+    rng = random.Random(seed)
+    skipped = list(p.skipped)
+
+    compat = _usable_pairs(p, skipped)  # path index → usable intents (profile ones or generated)
+    usable_paths = [e.index for e in p.paths if compat.get(e.index)]
+
+    # Stage 1: balanced (path, intent) slots.
+    slots = _stage_one(p, compat, usable_paths, n, balance, rng)
+    sampled = len(slots)
+    # Stage 2: supplementation up to min_per_path per feasible path.
+    slots, supplemented, appended = _stage_two(p, compat, usable_paths, slots, min_per_path)
+
+    # Intensities (exact mix over the whole file unless the intent's own intensity is used).
+    if use_intent_intensity:
+        intensities = [p.intent(name).intensity for _, name in slots]
+    else:
+        keys = [k for k in INTENSITIES if mix.get(k, 0) > 0]
+        intensities = _spread(len(slots), keys, [mix[k] for k in keys], rng)
+
+    lines, counts = _build_lines(p, slots, intensities, persona_pool, langs, seed, rng)
+    coverage = _coverage(p, slots, intensities, counts, sampled, supplemented, appended, min_per_path, balance)
+    return SynthResult(lines=lines, coverage=coverage, skipped=skipped)
+
+
+def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
+    if mix is None:
+        return dict.fromkeys(INTENSITIES, 1.0)
+    out: dict[str, float] = {}
+    for k, v in mix.items():
+        if k not in INTENSITIES:
+            raise SynthError(f"unknown intensity `{k}` (use {', '.join(INTENSITIES)})")
+        if v < 0:
+            raise SynthError(f"negative weight for intensity `{k}`")
+        out[k] = float(v)
+    if sum(out.values()) <= 0:
+        raise SynthError("the intensity mix needs at least one positive weight")
+    return out
+
+
+def _persona_pool(profile: Profile, personas: Sequence[str | PersonaSpec] | None) -> list[PersonaSpec]:
+    if not personas:
+        return list(profile.personas)
+    from .profiles import library
+
+    known = {pp.name: pp for pp in [*library().personas, *profile.personas]}
+    pool: list[PersonaSpec] = []
+    for entry in personas:
+        if isinstance(entry, PersonaSpec):
+            pool.append(entry)
+        elif entry in known:
+            pool.append(known[entry])
+        else:
+            from .diagnostics import did_you_mean
+
+            hint = did_you_mean(entry, known)
+            raise SynthError(f"unknown persona `{entry}`" + (f"; {hint}" if hint else
+                                                              f" (known: {', '.join(sorted(known))})"))
+    return pool
+
+
+def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
+    """Build templates; a path with no usable profile intent gets a generated one."""
+    compat: dict[int, list[str]] = {}
+    for entry in p.paths:
+        names: list[str] = []
+        for name in entry.intents:
+            key = (entry.index, name)
+            if key not in p.templates:
+                p.templates[key] = _template(p, entry, p.profile.intents[name], p.regions[key])
+            if p.templates[key] is None:
+                skipped.append(Skip(kind="pair", name=f"{name} @ {entry.id}",
+                                    reason="no engine-verified values satisfy both the intent and the path"))
+            else:
+                names.append(name)
+        if not names:
+            gen = p.generated.get(entry.index) or generated_intent(entry)
+            p.generated[entry.index] = gen
+            key = (entry.index, gen.name)
+            if key not in p.templates:
+                p.templates[key] = _template(p, entry, gen, list(entry.region))
+            if p.templates[key] is None:
+                skipped.append(Skip(kind="pair", name=entry.id, reason="no engine-verified witness"))
+                continue
+            names = [gen.name]
+        compat[entry.index] = names
+    return compat
+
+
+def _stage_one(p: Plan, compat: dict[int, list[str]], usable: list[int], n: int, balance: str,
+               rng: random.Random) -> list[tuple[int, str]]:
+    if n == 0 or not usable:
+        return []
+    profile_intents = [name for name in p.profile.intents if any(name in compat[i] for i in usable)]
+    if balance == "intent" and profile_intents:
+        weights = [p.profile.intents[name].weight for name in profile_intents]
+        per_intent = Counter(_spread(n, profile_intents, weights, rng, shuffle=False))
+        slots: list[tuple[int, str]] = []
+        for name in profile_intents:
+            paths_of = [i for i in usable if name in compat[i]]
+            for i in _spread(per_intent[name], paths_of, [1.0] * len(paths_of), rng, shuffle=False):
+                slots.append((i, name))
+        rng.shuffle(slots)
+        return slots
+    if balance == "action":
+        actions = sorted({p.paths[i].action for i in usable}, key=lambda a: list(p.scenario.actions).index(a)
+                         if a in p.scenario.actions else 0)
+        per_action = Counter(_spread(n, actions, [1.0] * len(actions), rng, shuffle=False))
+        path_picks: list[int] = []
+        for a in actions:
+            members = [i for i in usable if p.paths[i].action == a]
+            path_picks += _spread(per_action[a], members, [1.0] * len(members), rng, shuffle=False)
+    else:  # "path" (also "intent" when the profile has no usable intent)
+        path_picks = _spread(n, usable, [1.0] * len(usable), rng, shuffle=False)
+    per_path = Counter(path_picks)
+    slots = []
+    for i in usable:
+        names = compat[i]
+        weights = [p.intent(nm).weight for nm in names]
+        for name in _spread(per_path[i], names, weights, rng, shuffle=False):
+            slots.append((i, name))
+    rng.shuffle(slots)
+    return slots
+
+
+def _stage_two(p: Plan, compat: dict[int, list[str]], usable: list[int], slots: list[tuple[int, str]],
+               min_per_path: int) -> tuple[list[tuple[int, str]], int, int]:
+    """Give every usable path `min_per_path` cases by inverse configuration.
+
+    The intent of a supplementary case is the path's compatible intent with the fewest cases so far
+    (ties: the most specific, i.e. compatible with fewest paths, then profile order). To keep the total,
+    it replaces a case whose intent and path are both the most represented (its path keeps more than
+    `min_per_path`); only when no such case is left is the file extended."""
+    if min_per_path <= 0:
+        return slots, 0, 0
+    path_count = Counter(i for i, _ in slots)
+    deficits = [(i, min_per_path - path_count[i]) for i in usable if path_count[i] < min_per_path]
+    if not deficits:
+        return slots, 0, 0
+    slots = list(slots)
+    intent_count = Counter(name for _, name in slots)
+    specificity = {name: len(hits) for name, hits in p.intent_paths.items()}
+    order = {name: k for k, name in enumerate(p.profile.intents)}
+    positions: dict[tuple[int, str], list[int]] = defaultdict(list)  # (path, intent) → slot positions
+    for pos, key in enumerate(slots):
+        positions[key].append(pos)
+    supplemented = appended = 0
+    for i, missing in deficits:
+        for _ in range(missing):
+            name = min(compat[i], key=lambda nm: (intent_count[nm], specificity.get(nm, 0), order.get(nm, 0), nm))
+            donors = [key for key, pos in positions.items()
+                      if pos and path_count[key[0]] > min_per_path and key[0] != i]
+            if donors:
+                donor = max(donors, key=lambda k: (intent_count[k[1]], path_count[k[0]], -k[0], k[1]))
+                pos = positions[donor].pop()
+                path_count[donor[0]] -= 1
+                intent_count[donor[1]] -= 1
+            else:
+                slots.append((i, name))
+                pos = len(slots) - 1
+                appended += 1
+            slots[pos] = (i, name)
+            positions[(i, name)].append(pos)
+            path_count[i] += 1
+            intent_count[name] += 1
+            supplemented += 1
+    return slots, supplemented, appended
+
+
+def _jenc(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+# The keys of a serialised case, in sorted order; the line builder below writes them in this order and a
+# test checks that they are exactly the fields of `records.Case`.
+CASE_KEYS = ("bucket", "expected_finals", "expected_path", "id", "intensity", "intensity_description",
+             "intent", "intent_description", "intent_generated", "language", "path_id", "persona",
+             "prohibited_actions", "scenario", "schema_version", "seed", "sop_hash", "system", "truth",
+             "unsafe_action", "user_facts")
+
+
+class _ObjectEncoder:
+    """Encodes flat {name: scalar} objects in sorted key order; whole objects are cached by their
+    value tuple (domains are small, so nearly every case is a cache hit). Values of one variable
+    always have one type (see `_normalise`), so `True`/`1` never collide in the cache."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = sorted(names)
+        self.cache: dict[tuple, str] = {}
+        self.heads = [("{" if i == 0 else ",") + _jenc(n) + ":" for i, n in enumerate(self.names)]
+        names_t = tuple(self.names)
+        self.key = (lambda v: tuple(v[n] for n in names_t))
+
+    def __call__(self, values: Mapping[str, Any]) -> str:
+        key = self.key(values)
+        text = self.cache.get(key)
+        if text is None:
+            if not self.names:
+                text = "{}"
+            else:
+                text = "".join(h + _jenc(v) for h, v in zip(self.heads, key, strict=True)) + "}"
+            self.cache[key] = text
+        return text
+
+
+def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[str], personas: list[PersonaSpec],
+                 languages: list[str] | None, seed: int, rng: random.Random
+                 ) -> tuple[list[str], dict[str, Counter]]:
+    """Serialise every case straight to its canonical JSON line. Everything constant per (path, intent),
+    per intensity or per persona is encoded once; per case only the values are looked up."""
+    scenario, profile = p.scenario, p.profile
+    decide = engine_for(scenario)._fn  # the compiled decision function
+    field_names = [v.name for v in scenario.fields]
+    system_names = [v.name for v in scenario.system_vars]
+    known = [name for name in system_names if profile.user_knows.get(name, True)]
+    enc_truth, enc_system, enc_facts = (_ObjectEncoder(field_names), _ObjectEncoder(system_names),
+                                        _ObjectEncoder(known))
+    free_choices = {v.name: plausible_values(v, profile) for v in [*scenario.fields, *scenario.system_vars]}
+
+    # Persona pools per intensity (cumulative weights for bisect), each persona encoded once per language.
+    pools: dict[str, tuple[list[PersonaSpec], list[float]]] = {}
+    for level in INTENSITIES:
+        members = [pp for pp in personas if pp.intensities is None or level in pp.intensities] or personas
+        cum: list[float] = []
+        acc = 0.0
+        for pp in members:
+            acc += pp.weight
+            cum.append(acc)
+        pools[level] = (members, cum)
+    persona_json: dict[tuple[str, str], str] = {}
+
+    def persona_text(pp: PersonaSpec, lang: str) -> str:
+        key = (pp.name, lang)
+        text = persona_json.get(key)
+        if text is None:
+            data = pp.to_persona().model_dump(mode="json")
+            data["language"] = lang
+            text = persona_json[key] = _jenc(data)
+        return text
+
+    level_text = {lv: ',"intensity":' + _jenc(lv) + ',"intensity_description":' + _jenc(profile.intensities[lv])
+                  for lv in INTENSITIES}
+    str_text: dict[Any, str] = {None: "null"}
+
+    # Per (path, intent): free variables, encoded finals per pool entry, and constant segments.
+    pairs: dict[tuple[int, str], tuple] = {}
+    for key in dict.fromkeys(slots):
+        i, name = key
+        entry = p.paths[i]
+        tmpl = p.templates[key]
+        assert tmpl is not None
+        intent = p.intent(name)
+        pool_vars = set(tmpl.pool[0])
+        free = [v for v in [*field_names, *system_names] if v not in pool_vars]
+        seg_path = ',"expected_path":' + _jenc(entry.stages) + ',"id":'
+        seg_intent = (',"intent":' + _jenc(intent.name) + ',"intent_description":' + _jenc(intent.description)
+                      + ',"intent_generated":' + _jenc(intent.generated) + ',"language":')
+        seg_persona = ',"path_id":' + _jenc(entry.id) + ',"persona":'
+        seg_seed = (',"prohibited_actions":' + _jenc(tmpl.prohibited) + ',"scenario":' + _jenc(scenario.name)
+                    + ',"schema_version":' + _jenc(RECORD_VERSION) + ',"seed":')
+        unsafe = {lv: _jenc(tmpl.unsafe if lv == "strong" else None) for lv in INTENSITIES}
+        bucket_names = {lv: "adversarial" if tmpl.bucket_base == "resolvable" and lv == "strong"
+                        else tmpl.bucket_base for lv in INTENSITIES}
+        buckets = {lv: _jenc(b) for lv, b in bucket_names.items()}
+        finals_text = [_jenc(f) for f in tmpl.finals]
+        pairs[key] = (tmpl, free, seg_path, seg_intent, seg_persona, seg_seed, unsafe, buckets, finals_text,
+                      entry.stages, entry.action, bucket_names)
+    seg_hash = ',"sop_hash":' + _jenc(scenario.source_hash) + ',"system":'
+    id_prefix = _jenc(f"{scenario.name}-{seed}-")[:-1]  # the JSON string without its closing quote
+
+    lines: list[str] = []
+    counts: dict[str, Counter] = {k: Counter() for k in ("action", "bucket", "persona", "language")}
+    rand = rng.random
+    for idx, (key, level) in enumerate(zip(slots, intensities, strict=True)):
+        (tmpl, free, seg_path, seg_intent, seg_persona, seg_seed, unsafe, buckets, finals_text,
+         stages, action, bucket_names) = pairs[key]
+        k = int(rand() * len(tmpl.pool))
+        values = dict(tmpl.pool[k])
+        for v in free:
+            opts = free_choices[v]
+            values[v] = opts[int(rand() * len(opts))]
+        path, fin = decide(values)
+        if path != stages or fin != tmpl.finals[k]:  # pragma: no cover - guarded at plan time
+            raise AssertionError(f"internal error: case {idx + 1} of path {key[0]} decides {path} {fin}")
+        members, cum = pools[level]
+        pp = members[bisect.bisect_right(cum, rand() * cum[-1]) if len(members) > 1 else 0]
+        lang = languages[int(rand() * len(languages))] if languages else pp.language
+        lang_text = str_text.get(lang)
+        if lang_text is None:
+            lang_text = str_text[lang] = _jenc(lang)
+        lines.append("".join((
+            '{"bucket":', buckets[level], ',"expected_finals":', finals_text[k], seg_path, id_prefix,
+            str(idx + 1), '"',
+            level_text[level], seg_intent, lang_text, seg_persona, persona_text(pp, lang), seg_seed,
+            str((seed * 1_000_003 + idx) & 0x7FFFFFFF), seg_hash, enc_system(values), ',"truth":',
+            enc_truth(values), ',"unsafe_action":', unsafe[level], ',"user_facts":', enc_facts(values), "}")))
+        counts["action"][action] += 1
+        counts["bucket"][bucket_names[level]] += 1
+        counts["persona"][pp.name] += 1
+        counts["language"][lang] += 1
+    return lines, counts
+
+
+def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[str], counts: dict[str, Counter],
+              sampled: int, supplemented: int, appended: int, min_per_path: int, balance: str) -> Coverage:
+    per_path = {e.id: 0 for e in p.paths}
+    for i, n in Counter(i for i, _ in slots).items():
+        per_path[p.paths[i].id] = n
+    per_intent = {name: 0 for name in p.profile.intents}
+    per_intent.update(Counter(name for _, name in slots))
+    per_intensity = {k: 0 for k in INTENSITIES}
+    per_intensity.update(Counter(intensities))
+    return Coverage(
+        scenario=p.scenario.name, cases=len(slots), sampled=sampled, supplemented=supplemented,
+        appended=appended, feasible_paths=p.feasible, stage_sequences=p.stage_sequences, exact=p.exact,
+        per_path=per_path, path_actions={e.id: e.action for e in p.paths}, per_intent=per_intent,
+        per_intensity=per_intensity, per_action=dict(counts["action"]), per_bucket=dict(counts["bucket"]),
+        per_persona=dict(counts["persona"]), per_language=dict(counts["language"]),
+        intent_paths={name: len(hits) for name, hits in p.intent_paths.items()},
+        uncovered_paths=[e.id for e in p.paths if not e.intents], min_per_path=min_per_path, balance=balance)

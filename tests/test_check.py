@@ -1,0 +1,533 @@
+"""The static checker: each pass on small programs, the pass list, `check_file`, and `sop check`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph import ir
+from sopgraph.check import (
+    PASSES,
+    Pass,
+    check,
+    check_declarations,
+    check_file,
+    check_structure,
+    check_targets,
+    check_types,
+    check_unused,
+    infer_types,
+)
+from sopgraph.cli import main
+from sopgraph.compile import compile_graph
+from sopgraph.diagnostics import CODES, Diagnostic, SopError, error
+from sopgraph.parse import load_source
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_FLOW = tuple(p for p in PASSES if p.name != "flow")
+
+HEAD = """
+field EmotionTag: Calm | Discontent
+field Intent: Enquiry | Change | Cancel
+field Vip: bool
+system Penalty: int[0..)
+system Amount: float[0..1000]
+action Help "help"
+action Escalate "escalate" [escalation]
+"""
+
+
+def scenario(text: str, head: str = HEAD) -> ir.Scenario:
+    loaded = load_source(None, text=head + text, name="t.sop")
+    assert loaded.scenario is not None, [d.message for d in loaded.diagnostics]
+    assert not loaded.diagnostics, [d.message for d in loaded.diagnostics]
+    return loaded.scenario
+
+
+def run(pass_fn, text: str, head: str = HEAD) -> list[Diagnostic]:
+    s = scenario(text, head)
+    return pass_fn(s, compile_graph(s))
+
+
+def codes(diags: list[Diagnostic]) -> list[str]:
+    return [d.code for d in diags]
+
+
+def only(diags: list[Diagnostic], code: str) -> Diagnostic:
+    found = [d for d in diags if d.code == code]
+    assert len(found) == 1, [(d.code, d.message) for d in diags]
+    return found[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Names
+
+
+def test_undefined_variable_in_a_guard_with_did_you_mean() -> None:
+    diags = run(check_types, "stage s { when Penalti > 0 -> do Help otherwise -> do Escalate }")
+    d = only(diags, "E101")
+    assert "undefined name `Penalti`" in d.message
+    assert d.hint == "did you mean `Penalty`?"
+    assert (d.span.line, d.span.col) == (9, 16)
+
+
+def test_undefined_name_used_as_a_condition() -> None:
+    d = only(run(check_types, "stage s { when Vipp -> do Help otherwise -> do Escalate }"), "E101")
+    assert d.hint == "did you mean `Vip`?"
+
+
+def test_enum_value_used_as_a_variable_gets_a_pointed_hint() -> None:
+    d = only(run(check_types, "stage s { when Penalty == Calm -> do Help otherwise -> do Help }"), "E101")
+    assert "`Calm` is a value of `EmotionTag`" in d.hint
+
+
+def test_undefined_stage_action_output_attribute_and_field() -> None:
+    text = """
+output Plan: Basic | Premium = Basic
+action Bad "b" [moves_mony]
+stage s1 { classify EmotionTg, Penalty -> s2 }
+stage s2 { match EmotionTag { Calm -> do Hlep { Pln = Basic } Discontent -> s3x } }
+"""
+    s = scenario(text)
+    graph = compile_graph(s)
+    targets = check_targets(s, graph)
+    assert only(targets, "E103").message == "undefined stage `s3x`"
+    assert only(targets, "E104").hint == "did you mean `Help`?"
+    assert only(targets, "E107").hint == "did you mean `Plan`?"
+    decls = check_declarations(s, graph)
+    assert only(decls, "E106").hint == "did you mean `moves_money`?"
+    assert only(decls, "E101").hint == "did you mean `EmotionTag`?"
+    assert "system variable" in only(decls, "E108").message
+
+
+def test_undefined_entry_stage() -> None:
+    d = only(run(check_declarations, "start nowhere\nstage s { -> do Help }"), "E103")
+    assert "entry stage `nowhere`" in d.message
+
+
+def test_stage_named_where_an_action_was_meant() -> None:
+    d = only(run(check_targets, "stage s { -> Help }"), "E103")
+    assert d.hint == "`Help` is an action: write `do Help`"
+
+
+def test_duplicates_inside_declarations_are_reported_once() -> None:
+    text = """
+field Mood: A | B | A
+output Note: X | Y = X
+action Twice "t" [escalation, escalation]
+stage s { classify Vip, Vip -> do Twice { Note = X, Note = Y } }
+"""
+    diags = check(scenario(text), NO_FLOW)
+    assert codes(diags).count("E102") == 2
+    assert codes(diags).count("W403") == 2
+
+
+def test_loader_duplicates_are_not_reported_again() -> None:
+    result = check_file("d.sop", text=HEAD + 'action Help "again"\nstage s { -> do Help }\n')
+    dup = [d for d in result.diagnostics if d.code == "E102"]
+    assert len(dup) == 1 and "already declared" in dup[0].message
+
+
+# ---------------------------------------------------------------------------------------------
+# Types
+
+
+def test_bare_value_not_in_the_compared_enum() -> None:
+    d = only(run(check_types, "stage s { when EmotionTag == Angry -> do Escalate otherwise -> do Help }"),
+             "E202")
+    assert d.message == "`Angry` is not a value of `EmotionTag`"
+    assert "`Calm`, `Discontent`" in d.hint
+    d2 = only(run(check_types, "stage s { when EmotionTag == Discontnt -> do Escalate otherwise -> do Help }"),
+              "E202")
+    assert d2.hint.startswith("did you mean `Discontent`?")
+
+
+def test_match_arm_value_not_in_the_enum_and_of_the_wrong_type() -> None:
+    diags = run(check_types, "stage s { match Intent { Enquiry -> do Help Chnage -> do Help 3 -> do Help "
+                             "Cancel -> do Escalate } }")
+    assert only(diags, "E202").hint.startswith("did you mean `Change`?")
+    assert "`3` is an integer, not a value of `Intent`" in only(diags, "E201").message
+
+
+@pytest.mark.parametrize("guard, fragment", [
+    ("EmotionTag > 3", "comparing an enum with an integer"),
+    ("EmotionTag == 3", "comparing an enum with an integer"),
+    ("EmotionTag < Calm", "enum values have no order"),
+    ("Penalty + EmotionTag > 1", "addition on an enum"),
+    ("Vip * 2 > 1", "multiplication on a bool"),
+    ("Penalty and Vip", "`and` needs conditions"),
+    ("EmotionTag or Vip", "`or` needs conditions"),
+    ("not Penalty", "`not` of"),
+    ("Vip < true", "bools have no order"),
+    ("Penalty", "not a condition"),
+    ("Vip == Penalty", "comparing a bool with an integer"),
+    ("EmotionTag == Intent", "have no value in common"),
+    ("count(Penalty, Vip) > 1", "`count` counts conditions"),
+    ("min(Vip, 1) > 0", "`min` on a bool"),
+    ('Vip == "yes"', 'the string "yes"'),
+])
+def test_type_errors(guard: str, fragment: str) -> None:
+    diags = run(check_types, f"stage s {{ when {guard} -> do Help otherwise -> do Escalate }}")
+    assert any(fragment in d.message for d in diags), [d.message for d in diags]
+    assert all(d.code in ("E201", "E101") for d in diags)
+
+
+def test_well_typed_guards_are_clean() -> None:
+    text = """
+let Fee = Penalty * 0.5 + Amount
+stage s {
+    when EmotionTag == Calm and Intent in {Change, Cancel} -> do Help
+    when Intent not in {Enquiry} or not Vip -> do Help
+    when Fee >= 10 and count(Vip, EmotionTag != Calm) >= 1 -> do Help
+    when max(Penalty, 3) - min(Amount, 2) < -1 -> do Help
+    when "Calm" == EmotionTag -> do Help
+    otherwise -> do Escalate
+}
+"""
+    assert run(check_types, text) == []
+
+
+def test_empty_and_inverted_ranges() -> None:
+    head = 'system A: int[5..1]\nsystem B: float(1..1]\nsystem C: int(1..2)\nsystem D: int[1..1]\n' \
+           'system E: float[0..0.5)\naction Help "h"\n'
+    diags = run(check_declarations, "stage s { -> do Help }", head)
+    assert codes(diags) == ["E203", "E203", "E203"]
+    assert "inverted" in diags[0].message and "empty" in diags[1].message
+
+
+def test_output_values_checked_against_the_output_type() -> None:
+    text = """
+let Label = case { when Vip -> PLAN_A otherwise -> PLAN_Z }
+output Plan: PLAN_A | PLAN_B | none = nonee
+output Refund: int[0..500] = 900
+output Ok: bool = false
+stage s {
+    when Vip -> do Help { Plan = Label, Refund = Amount, Ok = Yes }
+    otherwise -> do Help { Plan = PLAN_B, Refund = 2.5, Ok = 1 }
+}
+"""
+    diags = run(check_types, text)
+    messages = [d.message for d in diags]
+    assert codes(diags).count("E204") == 6, messages
+    assert "`nonee` is not a value of output `Plan`" in messages
+    assert any("can be `PLAN_Z`" in m for m in messages)
+    assert any("outside the range int[0..500]" in m for m in messages)
+    assert only(diags, "E101").message.startswith("undefined name `Yes`")
+
+
+def test_derived_variable_cycle() -> None:
+    d = only(run(check_types, "let A = B + 1\nlet B = A * 2\nstage s { when A > 1 -> do Help otherwise -> do Help }"),
+             "E205")
+    assert d.message == "derived variable cycle: A -> B -> A"
+
+
+def test_self_referencing_derived_variable() -> None:
+    d = only(run(check_types, "let A = A + 1\nstage s { when A > 1 -> do Help otherwise -> do Help }"), "E205")
+    assert d.message == "derived variable cycle: A -> A"
+
+
+def test_inferred_types_are_stored_on_derived_variables() -> None:
+    s = scenario("""
+let Fee = Penalty * 2 + 10
+let Ratio = Amount / 2
+let Big = Fee > 100
+let Signals = count(Vip, EmotionTag == Discontent, Big)
+let Tier = case { when Vip -> Gold when Big -> Silver otherwise -> Bronze }
+let Mood = case { when Vip -> EmotionTag otherwise -> Calm }
+let Bonus = case { when Vip -> Penalty otherwise -> 0.5 }
+let Either = min(Penalty, 3)
+stage s { when Signals > 1 and Tier == Gold and Mood == Calm and Bonus > Ratio and Either > 0 -> do Help
+          otherwise -> do Help }
+""")
+    assert infer_types(s) == []
+    t = {v.name: v.type for v in s.derived}
+    assert isinstance(t["Fee"], ir.NumType) and t["Fee"].kind == "int" and t["Fee"].lo == 10 and t["Fee"].hi is None
+    assert isinstance(t["Ratio"], ir.NumType) and t["Ratio"].kind == "float"
+    assert isinstance(t["Big"], ir.BoolType)
+    assert isinstance(t["Signals"], ir.NumType) and (t["Signals"].kind, t["Signals"].lo, t["Signals"].hi) == (
+        "int", 0, 3)
+    assert isinstance(t["Tier"], ir.EnumType) and t["Tier"].values == ["Gold", "Silver", "Bronze"]
+    assert isinstance(t["Mood"], ir.EnumType) and t["Mood"].values == ["Calm", "Discontent"]
+    assert isinstance(t["Bonus"], ir.NumType) and t["Bonus"].kind == "float"
+    assert (t["Either"].kind, t["Either"].lo, t["Either"].hi) == ("int", 0, 3)
+    # the stored types are usable by later checks: comparing Tier with a value outside it fails
+    bad = scenario("let Tier = case { when Vip -> Gold otherwise -> Bronze }\n"
+                   "stage s { when Tier == Silver -> do Help otherwise -> do Help }")
+    assert only(check(bad, NO_FLOW), "E202").message == "`Silver` is not a value of `Tier`"
+
+
+def test_case_arms_of_different_types() -> None:
+    diags = run(check_types, "let X = case { when Vip -> 1 otherwise -> true }\n"
+                             "stage s { when X -> do Help otherwise -> do Help }")
+    assert "different types" in only(diags, "E201").message
+
+
+def test_untypeable_derived_variable_stores_none() -> None:
+    s = scenario("let Bad = EmotionTag + 1\nstage s { when Bad > 1 -> do Help otherwise -> do Help }")
+    infer_types(s)
+    assert s.variables["Bad"].type is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure
+
+
+def test_cycle_is_printed_as_a_readable_path() -> None:
+    text = """
+stage step1 { -> step3 }
+stage step3 { when Vip -> do Help otherwise -> step5 }
+stage step5 { when EmotionTag == Calm -> step3 otherwise -> do Escalate }
+"""
+    d = only(run(check_structure, text), "E302")
+    assert d.message == "cycle in the stage graph: step3 -> step5 -> step3"
+    assert d.span.line == 12  # the branch that closes the loop
+
+
+def test_cycle_ruled_out_by_contradictory_guards_is_not_an_error() -> None:
+    text = """
+stage step1 { match Intent { Change -> step4 Cancel -> step8 Enquiry -> do Help } }
+stage step4 { when Intent == Change -> step6 otherwise -> do Help }
+stage step6 { when Vip -> step8 otherwise -> do Help }
+stage step8 { when Intent == Cancel -> step4 otherwise -> do Escalate }
+"""
+    assert run(check_structure, text) == []
+
+
+def test_cycle_ruled_out_only_by_an_earlier_branch_is_recognised() -> None:
+    # step5 -> step3 needs `not Vip` (the first branch did not fire); step3 -> step5 needs Vip.
+    text = """
+stage step3 { when Vip -> step5 otherwise -> do Help }
+stage step5 { when Vip -> do Escalate otherwise -> step3 }
+"""
+    assert run(check_structure, text) == []
+
+
+def test_loop_without_exit() -> None:
+    diags = run(check_structure, "stage a { -> b }\nstage b { -> c }\nstage c { -> b }")
+    assert only(diags, "E302").message == "cycle in the stage graph: b -> c -> b"
+    assert "cannot reach an end" in only(diags, "E303").message
+
+
+def test_self_loop() -> None:
+    assert only(run(check_structure, "stage a { when Vip -> a otherwise -> do Help }"), "E302").message == \
+        "cycle in the stage graph: a -> a"
+
+
+def test_no_stages() -> None:
+    d = only(run(check_structure, ""), "E304")
+    assert "no stages" in d.message
+
+
+def test_unreachable_stages() -> None:
+    diags = run(check_structure, "stage a { -> do Help }\nstage b { -> c }\nstage c { -> do Help }")
+    assert codes(diags) == ["W302", "W302"]
+    assert "`b` is unreachable from the entry `a`" in diags[0].message
+
+
+def test_a_typo_in_a_target_does_not_cascade_into_cannot_end() -> None:
+    diags = check(scenario("stage a { -> b }\nstage b { -> cc }\nstage c { -> do Help }"), NO_FLOW)
+    assert "E303" not in codes(diags) and "E103" in codes(diags)
+
+
+# ---------------------------------------------------------------------------------------------
+# Unused declarations
+
+
+def test_unused_declarations_are_warnings() -> None:
+    text = """
+let Spare = Penalty * 2
+output Note: A | B
+output Tag: X | Y = X
+action Never "n"
+stage s { classify EmotionTag match Intent { Enquiry, Change -> do Help Cancel -> do Escalate } }
+"""
+    diags = run(check_unused, text)
+    assert all(d.severity == "warning" and d.code == "W401" for d in diags)
+    named = sorted(d.message.split("`")[1] for d in diags)
+    # EmotionTag is classified, Penalty feeds Spare, Tag has a default: all count as used.
+    assert named == ["Amount", "Never", "Note", "Spare", "Vip"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The pass list
+
+
+def test_passes_are_ordered_named_and_easy_to_extend() -> None:
+    names = [p.name for p in PASSES]
+    assert names == ["declarations", "targets", "types", "structure", "unused", "flow"]
+    s = scenario("stage s { -> do Help }")
+
+    def extra(sc: ir.Scenario, graph) -> list[Diagnostic]:
+        return [error("E999", f"{len(graph)} nodes", sc.span)]
+
+    diags = check(s, PASSES + (Pass("extra", extra),))
+    assert "E999" in codes(diags)
+
+
+def test_blocked_pass_is_skipped_after_errors() -> None:
+    calls: list[str] = []
+
+    def late(sc: ir.Scenario, graph) -> list[Diagnostic]:
+        calls.append("late")
+        return []
+
+    bad = scenario("stage s { when Nope -> do Help otherwise -> do Help }")
+    check(bad, NO_FLOW + (Pass("late", late, blocked_by=("E1",)),))
+    assert calls == []
+    good = scenario("stage s { when Vip -> do Help otherwise -> do Help }")
+    check(good, NO_FLOW + (Pass("late", late, blocked_by=("E1",)),))
+    assert calls == ["late"]
+
+
+def test_diagnostics_are_sorted_deduplicated_and_stable() -> None:
+    s = scenario("stage s { match Mood { A -> do Help B -> do Help } }\nstage t { -> zz }")
+    first = check(s, NO_FLOW)
+    assert first == check(s, NO_FLOW)
+    keys = [(d.span.file, d.span.line, d.span.col) for d in first]
+    assert keys == sorted(keys)
+    assert len({(d.code, d.message, d.span) for d in first}) == len(first)
+    assert codes(first).count("E101") == 1  # the undefined subject is reported once, not per arm
+
+
+def test_every_code_used_is_registered() -> None:
+    import re
+
+    source = (ROOT / "sopgraph" / "check.py").read_text() + (ROOT / "sopgraph" / "parse.py").read_text()
+    used = set(re.findall(r'"([EW]\d{3})"', source))
+    assert used <= set(CODES), used - set(CODES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flow integration (sopgraph.flow is built separately; a stand-in module tests the wiring)
+
+
+@pytest.fixture
+def fake_flow(monkeypatch: pytest.MonkeyPatch):
+    calls: list[str] = []
+    module = types.ModuleType("sopgraph.flow")
+
+    def flow_diagnostics(sc: ir.Scenario) -> list[Diagnostic]:
+        calls.append(sc.name)
+        return [Diagnostic(code="W301", severity="warning", message="overlap", span=sc.span,
+                           witness={"Vip": True})]
+
+    module.flow_diagnostics = flow_diagnostics  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sopgraph.flow", module)
+    return calls
+
+
+def test_flow_runs_when_names_and_types_are_clean(fake_flow: list[str]) -> None:
+    diags = check(scenario("stage s { when Vip -> do Help otherwise -> do Help }"))
+    assert fake_flow and "W301" in codes(diags)
+
+
+@pytest.mark.parametrize("text", [
+    "stage s { when Nope -> do Help otherwise -> do Help }",
+    "stage s { when EmotionTag > 1 -> do Help otherwise -> do Help }",
+    "stage s { -> t }\nstage t { -> s }",
+])
+def test_flow_is_skipped_when_names_types_or_structure_are_broken(fake_flow: list[str], text: str) -> None:
+    check(scenario(text))
+    assert fake_flow == []
+
+
+def test_flow_pass_is_a_no_op_without_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sopgraph.check as chk
+
+    monkeypatch.setattr(chk, "_flow_module", lambda: None)
+    assert chk.check_flow(scenario("stage s { -> do Help }"), None) == []  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points: load(), check_file(), the six scenarios
+
+
+def test_load_raises_on_check_errors_and_keeps_warnings_out_of_the_way() -> None:
+    with pytest.raises(SopError) as info:
+        sopgraph.load(text=HEAD + "stage s { when EmotionTag == Angry -> do Help otherwise -> do Help }")
+    assert [d.code for d in info.value.diagnostics] == ["E202"]
+    s = sopgraph.load(text=HEAD + "stage s { -> do Help }")  # only W401 warnings
+    assert s.stages["s"].branches[0].target.action == "Help"
+
+
+def test_check_file_skips_static_checks_after_loader_errors(tmp_path: Path) -> None:
+    f = tmp_path / "x.sop"
+    f.write_text(HEAD + "use missing as m()\nstage s { -> m }\n")
+    result = check_file(f)
+    assert codes(result.diagnostics) == ["E105"]
+    assert result.errors == 1 and result.sources
+
+
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.sop"))
+
+
+@pytest.mark.skipif(not SCENARIOS, reason="scenarios/*.sop not written yet")
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_the_scenarios_have_no_errors(path: Path) -> None:
+    result = check_file(path)
+    assert result.errors == 0, "\n".join(d.render(result.sources) for d in result.diagnostics)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_cli_malformed_file_prints_location_caret_and_hint(tmp_path: Path) -> None:
+    f = tmp_path / "bad.sop"
+    f.write_text('field Mood: Calm | Angry\naction Help "h"\nstage s {\n    match Mood {\n        Calm do Help\n'
+                 '        Angry -> do Help\n    }\n}\n')
+    result = CliRunner().invoke(main, ["check", str(f)])
+    assert result.exit_code == 1
+    out = result.output
+    assert f"{f}:5:14: error[E001]: missing `->` before `do`" in out
+    assert "   5 |         Calm do Help" in out
+    caret = out.splitlines()[out.splitlines().index("   5 |         Calm do Help") + 1]
+    assert caret.strip() == "^^" and caret.index("^") == len("   5 |         Calm ")
+    assert "= hint:" in out
+    assert "Traceback" not in out
+    assert isinstance(result.exception, SystemExit)
+    assert out.rstrip().endswith("1 error, 0 warnings (failed)")
+
+
+def test_cli_semantic_errors_and_json(tmp_path: Path) -> None:
+    f = tmp_path / "sem.sop"
+    f.write_text(HEAD + "stage s { when EmotionTag == Angry -> do Help otherwise -> do Help }\n")
+    text = CliRunner().invoke(main, ["check", str(f)])
+    assert text.exit_code == 1 and "error[E202]: `Angry` is not a value of `EmotionTag`" in text.output
+    res = CliRunner().invoke(main, ["check", "--format", "json", str(f)])
+    assert res.exit_code == 1
+    records = json.loads(res.output)
+    e202 = next(r for r in records if r["code"] == "E202")
+    assert set(e202) >= {"code", "severity", "message", "file", "line", "col", "end_line", "end_col", "hint",
+                         "witness"}
+    assert (e202["file"], e202["line"], e202["col"], e202["end_col"]) == (str(f), 9, 30, 35)
+    assert e202["severity"] == "error" and e202["witness"] is None
+
+
+def test_cli_warnings_exit_zero_unless_strict(tmp_path: Path) -> None:
+    f = tmp_path / "warn.sop"
+    f.write_text(HEAD + "stage s { -> do Help }\n")
+    ok = CliRunner().invoke(main, ["check", str(f)])
+    assert ok.exit_code == 0 and "warning[W401]" in ok.output and "0 errors" in ok.output
+    strict = CliRunner().invoke(main, ["check", "--strict", str(f)])
+    assert strict.exit_code == 1
+
+
+def test_cli_several_files(tmp_path: Path) -> None:
+    good = tmp_path / "good.sop"
+    good.write_text('field V: bool\naction A "a"\naction B "b"\nstage s { when V -> do A otherwise -> do B }\n')
+    bad = tmp_path / "bad.sop"
+    bad.write_text("stage s {")
+    missing = tmp_path / "missing.sop"
+    res = CliRunner().invoke(main, ["check", str(good), str(bad), str(missing)])
+    assert res.exit_code == 1
+    assert f"{bad}:1:9: error[E002]" in res.output and "error[E003]" in res.output
+    assert res.output.rstrip().endswith("3 files: 2 errors, 0 warnings (failed)")
+    only_good = CliRunner().invoke(main, ["check", "--format", "json", str(good)])
+    assert only_good.exit_code == 0 and json.loads(only_good.output) == []

@@ -1,0 +1,287 @@
+"""The rule engine: semantics on small programs, and a differential test of the generated engine
+against the reference interpreter on random programs and random (also invalid) assignments."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sopgraph
+from sopgraph import engine as engine_mod
+from sopgraph import ir
+from sopgraph.engine import DecideError, Decision, Engine, decide, engine_for, interpret, validate_value
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+TELECOM = """
+field ConsumptionType: Enquiry | Change | Cancel
+field ApplicationTendency: Agree | Reject | Hesitate
+field EmotionTag: Calm | Discontent
+system PackageStatus: Contracted | NoContract
+system Penalty: int[0..) money
+let Fee = Penalty * 0.5 + 10
+action ChangeOrder "c" [moves_money]
+action GoodBye "g"
+action TransHuman "t" [escalation]
+output Cost: float = 0
+stage step1 { -> step2 }
+stage step2 { match ConsumptionType { Enquiry -> step6 Change -> step4 Cancel -> step5 } }
+stage step6 { match ApplicationTendency { Agree -> step4 Reject, Hesitate -> do GoodBye } }
+stage step4 { match PackageStatus { NoContract -> do ChangeOrder Contracted -> step5 } }
+stage step5 { when Penalty == 0 -> do ChangeOrder otherwise -> step7 }
+stage step7 { match EmotionTag { Calm -> do ChangeOrder { Cost = Fee } Discontent -> do TransHuman } }
+"""
+
+
+@pytest.fixture(scope="module")
+def telecom() -> ir.Scenario:
+    return sopgraph.load(text=TELECOM)
+
+
+# ---------------------------------------------------------------------------------------------
+# Semantics
+
+
+def test_path_and_finals(telecom: ir.Scenario) -> None:
+    d = decide(telecom, {"ConsumptionType": "Cancel", "Penalty": 40, "EmotionTag": "Calm"})
+    assert d == Decision(path=["step1", "step2", "step5", "step7"], finals={"Action": "ChangeOrder", "Cost": 30.0})
+
+
+def test_only_values_the_path_reads_are_required(telecom: ir.Scenario) -> None:
+    d = decide(telecom, {"ConsumptionType": "Enquiry", "ApplicationTendency": "Reject"})
+    assert d.finals == {"Action": "GoodBye", "Cost": 0}
+
+
+def test_missing_value_names_the_variable_and_stage(telecom: ir.Scenario) -> None:
+    with pytest.raises(DecideError) as info:
+        decide(telecom, {"ConsumptionType": "Change"})
+    assert info.value.message == "missing value for `PackageStatus` (needed at step4)"
+    assert info.value.variable == "PackageStatus" and info.value.stage == "step4"
+
+
+@pytest.mark.parametrize("value, fragment", [
+    (-1, "outside int[0..)"), (1.5, "not an integer"), ("3", "not a number"), (True, "not a number"),
+    (math.inf, "not finite"), (math.nan, "not finite"),
+])
+def test_out_of_domain_values_are_errors_not_defaults(telecom: ir.Scenario, value: Any, fragment: str) -> None:
+    with pytest.raises(DecideError) as info:
+        interpret(telecom, {"ConsumptionType": "Cancel", "Penalty": value})
+    assert fragment in info.value.message
+
+
+def test_integral_float_is_accepted_for_an_int(telecom: ir.Scenario) -> None:
+    d = decide(telecom, {"ConsumptionType": "Cancel", "Penalty": 0.0})
+    assert d.finals["Action"] == "ChangeOrder"
+
+
+def test_first_true_guard_wins_and_outputs_default() -> None:
+    s = sopgraph.load(text='field A: bool\nfield B: bool\naction X "x"\naction Y "y"\noutput O: P | Q = P\n'
+                           "stage s { when A -> do X { O = Q } when B -> do Y otherwise -> do Y }")
+    assert decide(s, {"A": True, "B": True}).finals == {"Action": "X", "O": "Q"}
+    assert decide(s, {"A": False, "B": True}).finals == {"Action": "Y", "O": "P"}
+
+
+def test_short_circuit_does_not_require_unread_values() -> None:
+    s = sopgraph.load(text='field A: bool\nfield B: bool\naction X "x"\naction Y "y"\n'
+                           "stage s { when A or B -> do X otherwise -> do Y }")
+    assert decide(s, {"A": True}).finals["Action"] == "X"
+    with pytest.raises(DecideError, match="missing value for `B`"):
+        decide(s, {"A": False})
+
+
+def test_non_exhaustive_stage_raises() -> None:
+    s = sopgraph.load(text='system N: int\naction X "x"\nstage s { when N > 0 -> do X }', check=False)
+    with pytest.raises(DecideError) as info:
+        engine_for(s).decide({"N": 0})
+    assert info.value.message == "no branch of `s` applies to these values"
+
+
+def test_division_by_zero_in_a_derived_value() -> None:
+    s = sopgraph.load(text='system N: int\nlet R = 10 / N\naction X "x"\naction Y "y"\n'
+                           "stage s { when R > 1 -> do X otherwise -> do Y }")
+    with pytest.raises(DecideError, match="division by zero"):
+        decide(s, {"N": 0})
+
+
+def test_a_loop_is_an_error_not_a_hang() -> None:
+    s = sopgraph.load(text='field A: bool\naction X "x"\nstage a { -> b }\nstage b { when A -> a otherwise -> do X }',
+                      check=False)
+    for eng in (Engine(s), interpret):
+        with pytest.raises(DecideError):
+            eng.decide({"A": True}) if isinstance(eng, Engine) else eng(s, {"A": True})
+
+
+def test_decide_many_continues_past_failures(telecom: ir.Scenario) -> None:
+    rows = [{"ConsumptionType": "Enquiry", "ApplicationTendency": "Hesitate"}, {"ConsumptionType": "Bogus"},
+            {"ConsumptionType": "Cancel", "Penalty": 0}]
+    out = list(engine_for(telecom).decide_many(rows))
+    assert isinstance(out[0], Decision) and isinstance(out[1], DecideError) and isinstance(out[2], Decision)
+
+
+def test_engine_is_cached_on_the_scenario(telecom: ir.Scenario) -> None:
+    assert engine_for(telecom) is engine_for(telecom)
+
+
+def test_validate_value_normalises_ints() -> None:
+    var = ir.Variable(name="N", role="system", type=ir.NumType(kind="int", lo=0))
+    assert validate_value(var, 3.0) == 3 and isinstance(validate_value(var, 3.0), int)
+
+
+# ---------------------------------------------------------------------------------------------
+# Differential test: generated engine (tree and loop forms) against the reference interpreter
+
+
+def _same(scenario: ir.Scenario, engines: list[Engine], values: dict[str, Any]) -> None:
+    try:
+        expected: Decision | str = interpret(scenario, values)
+    except DecideError as exc:
+        expected = exc.message
+    for eng in engines:
+        try:
+            got: Decision | str = eng.decide(values)
+        except DecideError as exc:
+            got = exc.message
+        assert got == expected, f"{eng.mode} engine disagrees on {values!r}"
+
+
+def _value_strategy(var: ir.Variable) -> st.SearchStrategy[Any]:
+    """Mostly values of the domain; sometimes missing, off-domain or of the wrong type."""
+    t = var.type
+    if isinstance(t, ir.EnumType):
+        good: st.SearchStrategy[Any] = st.sampled_from(t.values)
+    elif isinstance(t, ir.BoolType):
+        good = st.booleans()
+    elif isinstance(t, ir.NumType):
+        lo = -50 if t.lo is None else int(math.ceil(t.lo))
+        hi = 150 if t.hi is None else int(math.floor(t.hi))
+        ints = st.integers(min(lo, hi), max(lo, hi)) if lo <= hi else st.just(lo)
+        good = ints if t.kind == "int" else st.one_of(ints, st.floats(lo, max(lo, hi), allow_nan=False))
+    else:
+        good = st.none()
+    bad = st.one_of(st.none(), st.just("Bogus"), st.integers(-1000, 1000), st.booleans(),
+                    st.floats(allow_nan=False, allow_infinity=False), st.just(2.5))
+    return st.one_of(good, good, good, bad)
+
+
+def _assignments(scenario: ir.Scenario) -> st.SearchStrategy[dict[str, Any]]:
+    inputs = [v for v in scenario.variables.values() if v.role != "derived"]
+    return st.fixed_dictionaries({}, optional={v.name: _value_strategy(v) for v in inputs})
+
+
+def _engines(scenario: ir.Scenario) -> list[Engine]:
+    tree = Engine(scenario)
+    expanded_size = engine_mod._expanded_size
+    engine_mod._expanded_size = lambda s: None  # force the table-driven loop form (big or cyclic SOPs)
+    try:
+        loop = Engine(scenario)
+    finally:
+        engine_mod._expanded_size = expanded_size
+    assert loop.mode == "loop"
+    return [tree, loop]
+
+
+KNOWN_PROGRAMS = sorted((ROOT / "scenarios").glob("*.sop")) + sorted(GOLDEN.glob("valid_*.sop"))
+
+
+@pytest.mark.parametrize("path", KNOWN_PROGRAMS, ids=lambda p: p.stem)
+def test_engine_matches_interpreter_on_known_programs(path: Path) -> None:
+    scenario = sopgraph.load(path)
+    engines = _engines(scenario)
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_assignments(scenario))
+    def run(values: dict[str, Any]) -> None:
+        _same(scenario, engines, values)
+
+    run()
+
+
+# Random well-typed programs: acyclic stages over enum/bool/int/float inputs and derived values.
+
+ENUMS = {"E1": ["A", "B", "C"], "E2": ["X", "Y"]}
+
+
+@st.composite
+def _guard(draw, depth: int = 0) -> str:
+    atoms = [
+        st.builds(lambda v: f"E1 == {v}", st.sampled_from(ENUMS["E1"])),
+        st.builds(lambda v: f"E2 != {v}", st.sampled_from(ENUMS["E2"])),
+        st.builds(lambda vs: "E1 in {" + ", ".join(vs) + "}", st.lists(st.sampled_from(ENUMS["E1"]), min_size=1,
+                                                                       max_size=3, unique=True)),
+        st.sampled_from(["B1", "not B2", "Big", "not Big"]),
+        st.builds(lambda op, c: f"N {op} {c}", st.sampled_from(["<", "<=", ">", ">=", "==", "!="]),
+                  st.integers(-5, 105)),
+        st.builds(lambda op, c: f"F {op} {c}", st.sampled_from(["<", ">="]), st.integers(0, 10)),
+        st.builds(lambda c: f"Score >= {c}", st.integers(0, 3)),
+        st.builds(lambda c: f"Fee > {c}", st.integers(0, 300)),
+        st.builds(lambda c: f"Ratio < {c}", st.integers(-2, 30)),
+        st.just("Tier == Gold"),
+    ]
+    if depth < 2:
+        atoms.append(st.builds(lambda a, op, b: f"({a} {op} {b})", _guard(depth + 1), st.sampled_from(["and", "or"]),
+                               _guard(depth + 1)))
+    return draw(st.one_of(atoms))
+
+
+@st.composite
+def _program(draw) -> str:
+    n = draw(st.integers(1, 7))
+    lines = [
+        "field E1: A | B | C", "field E2: X | Y", "field B1: bool", "field B2: bool",
+        "system N: int[0..100]", "system F: float", "system D: int[0..4]",
+        "let Fee = N * 2 + 1", "let Ratio = F / D", "let Big = N > 50",
+        "let Score = count(B1, B2, E1 == A)",
+        "let Tier = case { when Big -> Gold when B1 -> Silver otherwise -> Bronze }",
+        'action Go "go"', 'action Stop "stop"', 'action Ask "ask"',
+        "output Plan: Gold | Silver | Bronze | none = none", "output Amount: float = 0",
+    ]
+
+    def target(i: int) -> str:
+        choices = [f"s{j}" for j in range(i + 1, n)]
+        leaf = draw(st.sampled_from(["do Go", "do Stop", "do Ask", "do Go { Plan = Tier }",
+                                     "do Stop { Amount = Fee, Plan = Silver }", "do Ask { Amount = F * 2 }"]))
+        return draw(st.sampled_from(choices + [leaf, leaf])) if choices else leaf
+
+    for i in range(n):
+        kind = draw(st.sampled_from(["goto", "match_enum", "match_bool", "when", "when"]))
+        if kind == "goto":
+            body = f"-> {target(i)}"
+        elif kind == "match_enum":
+            arms = [f"A -> {target(i)}", f"B, C -> {target(i)}"] if draw(st.booleans()) else \
+                [f"A -> {target(i)}", f"otherwise -> {target(i)}"]
+            body = "match E1 { " + " ".join(arms) + " }"
+        elif kind == "match_bool":
+            body = f"match B1 {{ true -> {target(i)} false -> {target(i)} }}"
+        else:
+            arms = [f"when {draw(_guard())} -> {target(i)}" for _ in range(draw(st.integers(1, 3)))]
+            if draw(st.integers(0, 4)):  # sometimes non-exhaustive: both engines must raise alike
+                arms.append(f"otherwise -> {target(i)}")
+            body = " ".join(arms)
+        lines.append(f"stage s{i} {{ {body} }}")
+    return "\n".join(lines) + "\n"
+
+
+VALUES = st.fixed_dictionaries({}, optional={
+    "E1": st.one_of(st.sampled_from(ENUMS["E1"]), st.just("Z"), st.just(1)),
+    "E2": st.sampled_from(ENUMS["E2"] + ["Q"]),
+    "B1": st.one_of(st.booleans(), st.just(1), st.just("true")),
+    "B2": st.booleans(),
+    "N": st.one_of(st.integers(-3, 103), st.just(7.0), st.just(7.5), st.just(True), st.just("7")),
+    "F": st.one_of(st.floats(-100, 100), st.integers(-5, 5), st.just(None)),
+    "D": st.one_of(st.integers(0, 4), st.just(5)),
+})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(_program(), st.lists(VALUES, min_size=1, max_size=8))
+def test_engine_matches_interpreter_on_random_programs(text: str, rows: list[dict[str, Any]]) -> None:
+    scenario = sopgraph.load(text=text, check=False)
+    engines = _engines(scenario)
+    for values in rows:
+        _same(scenario, engines, values)

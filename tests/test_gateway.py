@@ -1,0 +1,580 @@
+"""Gateway tests: litellm driven for real over loopback sockets against the fault-injecting fake server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakeserver import Behavior, FakeServer
+
+from sopgraph import gateway as gw
+from sopgraph import providers
+from sopgraph.gateway import (
+    Completion,
+    Gateway,
+    InfraFailure,
+    ModelOptionError,
+    ModelSpec,
+    parse_model_option,
+    redact,
+    roles_from_options,
+)
+
+SECRET = "sk-test-SECRET123"
+MESSAGES = [{"role": "system", "content": "You are a service agent."}, {"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with FakeServer(lifetime=120) as srv:
+        yield srv
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def gateway(cache_dir: Path) -> Gateway:
+    return Gateway(
+        cache_dir=cache_dir, max_retries=3, base_delay=0.001, max_delay=0.02, default_timeout=5, seed=1
+    )
+
+
+def spec_for(server: FakeServer, model: str = "openai/gpt-4o-mini", **params: Any) -> ModelSpec:
+    extra = "".join(f",{k}={v}" for k, v in params.items())
+    return parse_model_option(f"agent={model},api_base={server.base_url}{extra}")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# --------------------------------------------------------------------------- --model parsing and roles
+def test_parse_model_option_full_syntax() -> None:
+    spec = parse_model_option(
+        "agent=openai/gpt-4o,temperature=0,max_tokens=256,api_base=http://127.0.0.1:8000/v1,"
+        "timeout=30,top_p=0.9,seed=7,drop_params=true,structured=yes,cache=off"
+    )
+    assert spec.role == "agent"
+    assert spec.model == "openai/gpt-4o"
+    assert spec.params.temperature == 0.0
+    assert spec.params.max_tokens == 256
+    assert spec.params.api_base == "http://127.0.0.1:8000/v1"
+    assert spec.params.timeout == 30.0
+    assert spec.params.extra == {"top_p": 0.9, "seed": 7, "drop_params": True}
+    assert spec.structured is True
+    assert spec.cache is False
+    assert spec.provider == "openai"
+    assert not spec.is_builtin
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "openai/gpt-4o",  # no role
+        "agent=",  # no model
+        "boss=openai/gpt-4o",  # unknown role
+        "agent=openai/gpt-4o,api_key=sk-abc",  # keys only from the environment
+        "agent=openai/gpt-4o,openai_api_key=x",
+        "agent=openai/gpt-4o,temperature=hot",
+        "agent=openai/gpt-4o,max_tokens=1.5",
+        "agent=openai/gpt-4o,justakey",
+        "agent=baseline/nonexistent",
+        "agent=openai/gpt-4o,timeout=0",
+    ],
+)
+def test_parse_model_option_rejects(text: str) -> None:
+    with pytest.raises(ModelOptionError):
+        parse_model_option(text)
+
+
+def test_api_key_refusal_message_points_at_environment() -> None:
+    with pytest.raises(ModelOptionError, match="environment variable"):
+        parse_model_option("agent=openai/gpt-4o,api_key=sk-abcdef123")
+
+
+def test_roles_defaults_and_single_judge_used_thrice() -> None:
+    roles = roles_from_options(["agent=baseline/oracle"])
+    assert roles.agent is not None and roles.agent.model == "baseline/oracle"
+    assert roles.user.model == "scripted/user" and roles.user.role == "user"
+    assert [j.model for j in roles.judges] == ["scripted/truth"] * 3
+    assert [j.role for j in roles.judges] == ["judge1", "judge2", "judge3"]
+
+    one = roles_from_options(["agent=baseline/oracle", "judge=openai/gpt-4o,temperature=0"])
+    assert [(j.role, j.model, j.params.temperature) for j in one.judges] == [
+        ("judge1", "openai/gpt-4o", 0.0),
+        ("judge2", "openai/gpt-4o", 0.0),
+        ("judge3", "openai/gpt-4o", 0.0),
+    ]
+    assert one.by_role("judge2").model == "openai/gpt-4o"
+
+
+def test_roles_three_judges_fill_slots_in_order() -> None:
+    roles = roles_from_options(
+        ["agent=baseline/oracle", "judge2=ollama/llama3", "judge=openai/a", "judge=openai/b", "user=openai/u"]
+    )
+    assert [(j.role, j.model) for j in roles.judges] == [
+        ("judge1", "openai/a"),
+        ("judge2", "ollama/llama3"),
+        ("judge3", "openai/b"),
+    ]
+    assert roles.user.model == "openai/u"
+    assert [s.role for s in roles.all()] == ["agent", "user", "judge1", "judge2", "judge3"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["agent=baseline/oracle", "judge=openai/a", "judge=openai/b"],  # two judges: ambiguous
+        ["agent=baseline/oracle"] + ["judge=openai/a"] * 4,
+        ["agent=baseline/oracle", "agent=baseline/oracle"],
+        ["agent=baseline/oracle", "judge1=openai/a", "judge1=openai/b", "judge=openai/c"],
+        [],  # no agent
+    ],
+)
+def test_roles_rejects(options: list[str]) -> None:
+    with pytest.raises(ModelOptionError):
+        roles_from_options(options)
+
+
+def test_roles_without_agent_when_allowed() -> None:
+    assert roles_from_options([], require_agent=False).agent is None
+
+
+# --------------------------------------------------------------------------- retries
+FAULTS = {
+    "429": Behavior.rate_limit(retry_after=0),
+    "500": Behavior.server_error(500),
+    "502": Behavior.server_error(502),
+    "503": Behavior.server_error(503),
+    "timeout": Behavior.timeout(3.0),
+    "dropped": Behavior.drop(),
+    "empty-body": Behavior.empty(),
+    "malformed-body": Behavior.malformed(),
+    "no-choices": Behavior.raw(200, b'{"id": "x", "object": "chat.completion", "choices": []}'),
+    "null-content": Behavior.raw(
+        200,
+        b'{"id": "x", "object": "chat.completion", "choices": [{"index": 0, '
+        b'"message": {"role": "assistant", "content": null}, "finish_reason": "stop"}]}',
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_retries_each_fault_then_succeeds(fault: str, server: FakeServer, gateway: Gateway) -> None:
+    server.script([FAULTS[fault], FAULTS[fault], Behavior.ok("recovered")])
+    spec = spec_for(server, timeout=0.4)
+    completion = run(gateway.complete(spec, MESSAGES))
+    assert completion.text == "recovered"
+    assert completion.attempts == 3
+    assert len(server.requests) == 3
+    assert gateway.stats.retries == 2
+    assert gateway.stats.failures == 0
+
+
+@pytest.mark.parametrize(
+    ("behavior", "kind"),
+    [
+        (Behavior.server_error(500), "server_error"),
+        (Behavior.rate_limit(retry_after=0), "rate_limit"),
+        (Behavior.drop(), "connection"),
+        (Behavior.malformed(), "malformed"),
+    ],
+)
+def test_exhausted_retries_raise_infra_failure(
+    behavior: Behavior, kind: str, server: FakeServer, gateway: Gateway
+) -> None:
+    server.set_default(behavior)
+    with pytest.raises(InfraFailure) as info:
+        run(gateway.complete(spec_for(server), MESSAGES))
+    exc = info.value
+    assert exc.kind == kind
+    assert exc.retryable
+    assert exc.attempts == gateway.max_retries + 1 == 4
+    assert len(server.requests) == 4
+    assert exc.__cause__ is None
+    assert "after 4 attempts" in str(exc) and "openai/gpt-4o-mini" in str(exc)
+    assert gateway.stats.failures == 1
+
+
+def test_timeout_exhaustion_is_infra_failure(server: FakeServer, cache_dir: Path) -> None:
+    gateway = Gateway(cache_dir=cache_dir, max_retries=1, base_delay=0.001, max_delay=0.01)
+    server.set_default(Behavior.timeout(3.0))
+    started = time.monotonic()
+    with pytest.raises(InfraFailure) as info:
+        run(gateway.complete(spec_for(server, timeout=0.3), MESSAGES))
+    assert info.value.kind == "timeout"
+    assert info.value.attempts == 2
+    assert time.monotonic() - started < 2.5
+
+
+@pytest.mark.parametrize(
+    ("behavior", "kind", "status"),
+    [
+        (Behavior.unauthorized(), "auth", 401),
+        (Behavior.error(403, "forbidden"), "auth", 403),
+        (Behavior.error(400, "bad request: unknown parameter"), "bad_request", 400),
+        (Behavior.error(404, "model not found"), "bad_request", 404),
+    ],
+)
+def test_non_retryable_errors_fail_immediately(
+    behavior: Behavior, kind: str, status: int, server: FakeServer, gateway: Gateway
+) -> None:
+    server.script([behavior, Behavior.ok("must not be reached")])
+    with pytest.raises(InfraFailure) as info:
+        run(gateway.complete(spec_for(server), MESSAGES))
+    assert info.value.kind == kind
+    assert info.value.status_code == status
+    assert info.value.attempts == 1
+    assert not info.value.retryable
+    assert "not retryable" in str(info.value)
+    assert len(server.requests) == 1
+
+
+def test_retry_after_header_is_honoured(server: FakeServer, cache_dir: Path) -> None:
+    gateway = Gateway(cache_dir=cache_dir, max_retries=2, base_delay=0.001, max_delay=2.0, seed=3)
+    server.script([Behavior.rate_limit(retry_after=0.3), Behavior.ok("after wait")])
+    completion = run(gateway.complete(spec_for(server), MESSAGES))
+    assert completion.text == "after wait"
+    first, second = server.requests
+    assert second.received_at - first.received_at >= 0.29
+
+
+def test_backoff_is_exponential_with_full_jitter(cache_dir: Path) -> None:
+    gateway = Gateway(cache_dir=cache_dir, base_delay=1.0, max_delay=5.0, seed=0)
+    for attempt, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 5.0), (9, 5.0)]:
+        delays = [gateway._backoff(attempt, None) for _ in range(300)]
+        assert all(0.0 <= d <= ceiling for d in delays)
+        assert max(delays) > 0.8 * ceiling and min(delays) < 0.2 * ceiling  # jitter spans the range
+    assert gateway._backoff(1, 3.0) >= 3.0
+    assert gateway._backoff(1, 100.0) == 5.0
+
+
+def test_model_text_is_returned_verbatim_not_retried(server: FakeServer, gateway: Gateway) -> None:
+    """Non-JSON or truncated agent output is a model failure for the scorers, not an infra failure."""
+    for content in ["Sure, I can help!", '{"classification_output": {"intent": "ref', '{"ok": true}']:
+        server.script([Behavior.ok(content)])
+        completion = run(gateway.complete(spec_for(server), MESSAGES))
+        assert completion.text == content
+        assert completion.attempts == 1
+
+
+# --------------------------------------------------------------------------- cache
+def test_cache_hit_avoids_second_http_call(server: FakeServer, gateway: Gateway, cache_dir: Path) -> None:
+    server.set_default(Behavior.ok("cached answer", prompt_tokens=100, completion_tokens=20))
+    spec = spec_for(server, temperature=0)
+    first = run(gateway.complete(spec, MESSAGES))
+    second = run(gateway.complete(spec, MESSAGES))
+    assert len(server.requests) == 1
+    assert not first.cached and first.cost > 0 and first.attempts == 1
+    assert second.cached and second.cost == 0.0 and second.attempts == 0
+    assert second.text == first.text == "cached answer"
+    assert second.usage == first.usage
+    assert gateway.stats.cache_hits == 1
+    # A fresh gateway on the same directory hits too (on disk, not in memory).
+    third = run(Gateway(cache_dir=cache_dir).complete(spec, MESSAGES))
+    assert third.cached and len(server.requests) == 1
+    files = list(cache_dir.rglob("*.json"))
+    assert len(files) == 1 and files[0].parent.name == files[0].stem[:2]
+
+
+def test_cache_misses_on_different_messages_or_params(server: FakeServer, gateway: Gateway) -> None:
+    spec = spec_for(server, temperature=0)
+    run(gateway.complete(spec, MESSAGES))
+    run(gateway.complete(spec, [*MESSAGES, {"role": "user", "content": "more"}]))
+    run(gateway.complete(spec_for(server, temperature=0, max_tokens=10), MESSAGES))
+    run(gateway.complete(spec_for(server, model="openai/gpt-4o", temperature=0), MESSAGES))
+    assert len(server.requests) == 4
+
+
+def test_cache_only_at_temperature_zero_unless_forced(
+    server: FakeServer, gateway: Gateway, cache_dir: Path
+) -> None:
+    warm = spec_for(server, temperature=0.7)
+    run(gateway.complete(warm, MESSAGES))
+    assert not run(gateway.complete(warm, MESSAGES)).cached
+    assert len(server.requests) == 2
+    forced = spec_for(server, temperature=0.7, cache="true")
+    run(gateway.complete(forced, MESSAGES))
+    assert run(gateway.complete(forced, MESSAGES)).cached
+    assert len(server.requests) == 3
+    off = spec_for(server, temperature=0, cache="false")
+    run(gateway.complete(off, MESSAGES))
+    run(gateway.complete(off, MESSAGES))
+    assert len(server.requests) == 5
+    disabled = Gateway(cache_dir=cache_dir, cache=False)
+    cold = spec_for(server, temperature=0)
+    run(disabled.complete(cold, MESSAGES))
+    run(disabled.complete(cold, MESSAGES))
+    assert len(server.requests) == 7
+
+
+def test_failures_are_not_cached(server: FakeServer, gateway: Gateway, cache_dir: Path) -> None:
+    server.set_default(Behavior.server_error())
+    with pytest.raises(InfraFailure):
+        run(gateway.complete(spec_for(server, temperature=0), MESSAGES))
+    assert not list(cache_dir.rglob("*.json"))
+
+
+def test_corrupt_cache_entry_is_a_miss(server: FakeServer, gateway: Gateway, cache_dir: Path) -> None:
+    spec = spec_for(server, temperature=0)
+    run(gateway.complete(spec, MESSAGES))
+    (entry,) = cache_dir.rglob("*.json")
+    entry.write_text("{not json")
+    assert not run(gateway.complete(spec, MESSAGES)).cached
+    assert run(gateway.complete(spec, MESSAGES)).cached
+    assert len(server.requests) == 2
+
+
+# --------------------------------------------------------------------------- concurrency, usage, cost
+def test_concurrency_limit_is_respected(server: FakeServer, cache_dir: Path) -> None:
+    gateway = Gateway(cache_dir=cache_dir, concurrency=3, cache=False)
+    server.set_default(Behavior.ok("slow", latency=0.1))
+    spec = spec_for(server)
+
+    async def many() -> list[Completion]:
+        return await asyncio.gather(*(gateway.complete(spec, MESSAGES) for _ in range(12)))
+
+    started = time.monotonic()
+    results = run(many())
+    assert len(results) == 12 and all(r.text == "slow" for r in results)
+    assert server.max_in_flight == 3
+    assert time.monotonic() - started >= 0.39  # 12 calls / 3 slots x 0.1 s
+
+
+def test_usage_and_cost_are_captured(server: FakeServer, gateway: Gateway) -> None:
+    server.script([Behavior.ok("x", prompt_tokens=1000, completion_tokens=500, reasoning_tokens=120)])
+    completion = run(gateway.complete(spec_for(server), MESSAGES))
+    assert completion.usage.prompt_tokens == 1000
+    assert completion.usage.completion_tokens == 500
+    assert completion.usage.reasoning_tokens == 120
+    prices = gw.load_litellm().model_cost["gpt-4o-mini"]
+    expected = 1000 * prices["input_cost_per_token"] + 500 * prices["output_cost_per_token"]
+    assert completion.cost == pytest.approx(expected)
+    assert completion.cost_known
+    assert completion.latency > 0
+    stats = gateway.stats
+    assert (stats.prompt_tokens, stats.completion_tokens, stats.reasoning_tokens) == (1000, 500, 120)
+    assert stats.cost == pytest.approx(expected)
+
+
+def test_unpriced_model_cost_is_zero_and_flagged(server: FakeServer, gateway: Gateway) -> None:
+    completion = run(gateway.complete(spec_for(server, model="openai/my-local-finetune"), MESSAGES))
+    assert completion.cost == 0.0
+    assert not completion.cost_known
+    assert gateway.stats.unknown_cost_calls == 1
+
+
+# --------------------------------------------------------------------------- secrets
+def test_api_key_is_sent_but_never_returned_or_stored(
+    server: FakeServer, gateway: Gateway, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    spec = spec_for(server, temperature=0)
+    server.script([Behavior.ok(f"my key is {SECRET} and bearer Bearer {SECRET}")])
+    completion = run(gateway.complete(spec, MESSAGES))
+    assert server.requests[0].headers["authorization"] == f"Bearer {SECRET}"  # it was sent
+    assert SECRET not in completion.text
+    assert SECRET not in completion.model_dump_json() and SECRET not in repr(completion)
+    cached = run(gateway.complete(spec, MESSAGES))
+    assert cached.cached and SECRET not in cached.model_dump_json()
+
+    server.script([Behavior.unauthorized()])
+    server.set_default(Behavior.error(401, f"Incorrect API key provided: {SECRET}"))
+    for _ in range(2):
+        with pytest.raises(InfraFailure) as info:
+            run(gateway.complete(spec_for(server, temperature=0.5), MESSAGES))
+        assert SECRET not in str(info.value) and SECRET not in repr(info.value)
+        assert SECRET not in info.value.message
+    server.set_default(Behavior.error(500, f"upstream said {SECRET}"))
+    with pytest.raises(InfraFailure) as info:
+        run(gateway.complete(spec_for(server, temperature=0.5), MESSAGES))
+    assert SECRET not in str(info.value)
+
+    files = [p for p in cache_dir.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        assert SECRET.encode() not in data and b"SECRET123" not in data
+
+
+def test_api_key_env_option_reads_named_variable(
+    server: FakeServer, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_VLLM_API_KEY", "local-token-abcdef")
+    spec = spec_for(server, model="openai/qwen", api_key_env="MY_VLLM_API_KEY")
+    server.script([Behavior.ok("echo local-token-abcdef")])
+    completion = run(gateway.complete(spec, MESSAGES))
+    assert server.requests[0].headers["authorization"] == "Bearer local-token-abcdef"
+    assert "local-token-abcdef" not in completion.text
+
+
+def test_local_server_without_key_gets_placeholder(
+    server: FakeServer, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    run(gateway.complete(spec_for(server, model="openai/llama-3-8b"), MESSAGES))
+    assert server.requests[0].headers["authorization"] == "Bearer no-key-required"
+
+
+def test_redact(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACME_API_KEY", "acme-0123456789")
+    monkeypatch.setenv("SHORT_API_KEY", "abc")  # too short to redact safely
+    text = redact("k=sk-proj-AbC_123-xyz; Authorization: Bearer tok.en/123456789; acme-0123456789 abc")
+    assert "sk-proj" not in text and "tok.en" not in text and "acme-0123456789" not in text
+    assert text.endswith(" abc")
+    assert redact("") == ""
+    assert redact("nothing secret here") == "nothing secret here"
+
+
+# --------------------------------------------------------------------------- structured output, context
+def test_structured_output_passes_json_schema(server: FakeServer, gateway: Gateway) -> None:
+    schema = {"type": "object", "properties": {"chat": {"type": "string"}}, "required": ["chat"]}
+    spec = spec_for(server, structured="true")
+    ctx = {
+        "response_schema": schema,
+        "response_schema_name": "agent_turn",
+        "case": {"truth": {"x": "SECRET-TRUTH"}},
+    }
+    run(gateway.complete(spec, MESSAGES, context=ctx))
+    body = server.requests[0].body
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "agent_turn", "schema": schema},
+    }
+    # The context never travels to a real provider (only built-ins read it).
+    assert "SECRET-TRUTH" not in server.requests[0].raw_body.decode()
+    assert "metadata" not in body
+    # Without a schema: JSON-object mode; without structured: nothing.
+    run(gateway.complete(spec, MESSAGES))
+    assert server.requests[1].body["response_format"] == {"type": "json_object"}
+    run(gateway.complete(spec_for(server), MESSAGES, context=ctx))
+    assert "response_format" not in server.requests[2].body
+
+
+def test_request_carries_params(server: FakeServer, gateway: Gateway) -> None:
+    spec = spec_for(server, temperature=0.2, max_tokens=33, seed=5)
+    run(gateway.complete(spec, MESSAGES))
+    body = server.requests[0].body
+    assert body["model"] == "gpt-4o-mini"
+    assert body["messages"] == MESSAGES
+    assert (body["temperature"], body["max_tokens"], body["seed"]) == (0.2, 33, 5)
+
+
+def test_builtin_goes_through_litellm_with_context(gateway: Gateway, cache_dir: Path) -> None:
+    litellm = gw.load_litellm()
+    registered = {item["provider"] for item in litellm.custom_provider_map}
+    assert {"baseline", "scripted"} <= registered
+    ctx = {
+        "case": {
+            "truth": {"intent": "refund"},
+            "expected_path": ["a", "b"],
+            "expected_finals": {"Action": "x"},
+        }
+    }
+    spec = ModelSpec(role="agent", model="baseline/oracle", params={"temperature": 0})
+    completion = run(gateway.complete(spec, [{"role": "user", "content": "hello"}], context=ctx))
+    reply = json.loads(completion.text)
+    assert reply["classification_output"] == {"intent": "refund"}
+    assert (completion.cost, completion.cost_known, completion.cached) == (0.0, True, False)
+    assert completion.attempts == 1
+    # Built-ins are never cached (their answer depends on the context, not only the prompt).
+    assert not run(gateway.complete(spec, [{"role": "user", "content": "hello"}], context=ctx)).cached
+    assert not cache_dir.exists() or not list(cache_dir.rglob("*.json"))
+
+
+def test_direct_litellm_call_reaches_builtin() -> None:
+    """The same path any litellm caller takes: metadata carries the context."""
+    litellm = gw.load_litellm()
+    ctx = {"case": {"truth": {"f": 1}}, "scenario": {"fields": {"f": [1, 2]}}}
+    response = run(
+        litellm.acompletion(
+            model="scripted/truth",
+            messages=[{"role": "user", "content": "judge this"}],
+            metadata={gw.CONTEXT_METADATA_KEY: ctx},
+        )
+    )
+    assert json.loads(response.choices[0].message.content)["labels"] == {"f": 1}
+
+
+def test_builtin_provider_bug_is_not_retried(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def broken(messages: Any, context: Any) -> str:
+        calls.append(1)
+        raise RuntimeError("provider bug")
+
+    monkeypatch.setitem(providers.BUILTIN_MODELS, "baseline/oracle", broken)
+    with pytest.raises(InfraFailure) as info:
+        run(gateway.complete(ModelSpec(role="agent", model="baseline/oracle"), MESSAGES, context={}))
+    assert info.value.kind == "bad_request" and info.value.attempts == 1
+    assert "provider bug" in str(info.value)
+    assert len(calls) == 1
+
+
+def test_complete_sync_across_event_loops(server: FakeServer, cache_dir: Path) -> None:
+    gateway = Gateway(cache_dir=cache_dir, concurrency=2, cache=False)
+    spec = spec_for(server)
+    assert gateway.complete_sync(spec, MESSAGES).text == "ok"
+    assert gateway.complete_sync(spec, MESSAGES).text == "ok"  # a new loop gets a new semaphore
+    assert gateway.stats.calls == 2
+
+
+# --------------------------------------------------------------------------- import hygiene
+def test_import_is_lazy_and_offline(tmp_path: Path) -> None:
+    """Importing gateway must not import litellm; loading litellm must not touch the network."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys, time\n"
+        "hits = []\n"
+        "def hook(event, args):\n"
+        "    if event in ('socket.connect', 'socket.getaddrinfo', 'socket.gethostbyname'):\n"
+        "        hits.append((event, str(args)[:80]))\n"
+        "sys.addaudithook(hook)\n"
+        "t = time.perf_counter()\n"
+        "import sopgraph.gateway as g\n"
+        "assert 'litellm' not in sys.modules, 'litellm imported eagerly'\n"
+        "import_s = time.perf_counter() - t\n"
+        "g.load_litellm()\n"
+        "assert not hits, hits\n"
+        "print(f'ok {import_s:.3f}')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LITELLM_LOCAL_MODEL_COST_MAP"}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("ok ")
+    assert float(proc.stdout.split()[1]) < 1.5
+
+
+def test_infra_failure_pickles() -> None:
+    import pickle
+
+    exc = InfraFailure("agent x: timeout", kind="timeout", role="agent", model="x", attempts=3, retryable=True)
+    back = pickle.loads(pickle.dumps(exc))
+    assert (str(back), back.kind, back.attempts, back.retryable) == ("agent x: timeout", "timeout", 3, True)
+
+
+def test_pydantic_objects_in_context_reach_builtins(gateway: Gateway) -> None:
+    from pydantic import BaseModel
+
+    class FakeCase(BaseModel):
+        id: str
+        truth: dict[str, str]
+
+    ctx = {"case": FakeCase(id="c1", truth={"intent": "refund"})}
+    completion = run(gateway.complete(ModelSpec(role="judge1", model="scripted/truth"), MESSAGES, context=ctx))
+    assert json.loads(completion.text)["labels"] == {"intent": "refund"}

@@ -1,0 +1,87 @@
+"""Golden files: each `tests/golden/<name>.sop` has its rendered diagnostics in
+`<name>.diagnostics.txt` and, when it has no errors, its compiled graph in `<name>.graph.json`.
+
+Regenerate after an intended change with `SOP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`
+and review the diff. Files under `tests/golden/lib/` are only included by others.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sopgraph.check import check_file
+from sopgraph.compile import compile_graph, graph_to_json
+from sopgraph.parse import load_source
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("SOP_UPDATE_GOLDEN", "") not in ("", "0")
+CASES = sorted(p.stem for p in GOLDEN.glob("*.sop"))
+
+
+def _portable(text: str) -> str:
+    """Included files are named by absolute path; golden output names them relative to golden/."""
+    return text.replace(str(GOLDEN) + os.sep, "")
+
+
+def rendered_diagnostics(name: str) -> tuple[str, bool]:
+    path = GOLDEN / f"{name}.sop"
+    result = check_file(path, text=path.read_text(encoding="utf-8"), name=f"{name}.sop")
+    blocks = [d.render(result.sources) for d in result.diagnostics]
+    summary = f"{result.errors} errors, {result.warnings} warnings"
+    return _portable("\n\n".join(blocks + [summary]) + "\n"), result.errors == 0
+
+
+def compiled_graph(name: str) -> str:
+    path = GOLDEN / f"{name}.sop"
+    loaded = load_source(path, text=path.read_text(encoding="utf-8"), name=f"{name}.sop")
+    assert loaded.scenario is not None
+    return _portable(graph_to_json(compile_graph(loaded.scenario)))
+
+
+def _compare(path: Path, actual: str) -> None:
+    if UPDATE:
+        path.write_text(actual, encoding="utf-8")
+        return
+    assert path.exists(), f"missing golden file {path.name}; run with SOP_UPDATE_GOLDEN=1"
+    expected = path.read_text(encoding="utf-8")
+    assert actual == expected, f"{path.name} differs (SOP_UPDATE_GOLDEN=1 regenerates it)"
+
+
+def test_there_are_golden_cases() -> None:
+    kinds = {name.split("_")[0] for name in CASES}
+    assert {"syntax", "names", "types", "flow", "hygiene", "valid"} <= kinds
+    assert len(CASES) >= 25
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden_diagnostics(name: str) -> None:
+    text, clean = rendered_diagnostics(name)
+    _compare(GOLDEN / f"{name}.diagnostics.txt", text)
+    if name.startswith("valid_"):
+        assert clean and "0 errors, 0 warnings" in text, text
+    elif name.startswith(("syntax_", "names_", "types_", "depth_")) or name in (
+            "flow_stage_cycle", "flow_no_stages"):
+        assert not clean, f"{name} should have errors"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden_graph(name: str) -> None:
+    graph_file = GOLDEN / f"{name}.graph.json"
+    _, clean = rendered_diagnostics(name)
+    if not clean:
+        assert not graph_file.exists() or UPDATE, f"{graph_file.name} is stale: {name} has errors"
+        if UPDATE and graph_file.exists():
+            graph_file.unlink()
+        return
+    _compare(graph_file, compiled_graph(name))
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("syntax_")])
+def test_syntax_errors_use_user_terms(name: str) -> None:
+    text, _ = rendered_diagnostics(name)
+    for raw in ("__ANON", "RBRACE", "LBRACE", "$END", "NAME", "STRING", "Token(", "COMP_OP"):
+        assert raw not in text, f"raw token name {raw!r} in {name}"
+    assert "= hint:" in text and "^" in text

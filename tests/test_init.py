@@ -1,0 +1,80 @@
+"""`sop init`: the scaffold checks clean, synthesizes at once and never overwrites."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph.check import check_file
+from sopgraph.cli import main
+from sopgraph.init import render_profile, render_sop
+from sopgraph.profiles import load_profile, profile_diagnostics
+from sopgraph.records import Case
+
+
+def test_init_check_synth(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["init", "hotel_booking", "--domain", "hotel booking", "--dir", str(tmp_path / "new")])
+    assert result.exit_code == 0, result.output
+    sop = tmp_path / "new" / "hotel_booking.sop"
+    profile = tmp_path / "new" / "hotel_booking.profile.yaml"
+    assert sop.is_file() and profile.is_file()
+    assert "created" in result.output
+
+    checked = check_file(sop)
+    assert checked.diagnostics == [], [d.render() for d in checked.diagnostics]  # no errors, no warnings
+    check = runner.invoke(main, ["check", str(sop)])
+    assert check.exit_code == 0 and "0 errors, 0 warnings" in check.output
+    prof = runner.invoke(main, ["profiles", "check", str(profile), "--strict"])
+    assert prof.exit_code == 0, prof.output
+
+    scenario = sopgraph.load(sop)
+    assert scenario.meta["domain"] == "hotel booking"
+    assert len(scenario.fields) == 2 and len(scenario.system_vars) == 1
+    assert len(scenario.actions) == 3 and all(a.attributes for a in scenario.actions.values())
+    assert len(scenario.stages) == 4
+    kinds = {s.kind for s in scenario.stages.values()}
+    assert kinds == {"goto", "match", "when"}
+    loaded = load_profile(profile, scenario)
+    assert profile_diagnostics(scenario, loaded) == []  # every intent reaches a path and vice versa
+
+    out = tmp_path / "cases.jsonl"
+    synth = runner.invoke(main, ["synth", str(sop), "-n", "20", "--seed", "1", "-o", str(out), "--quiet"])
+    assert synth.exit_code == 0, synth.output
+    cases = [Case.model_validate(json.loads(line)) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(cases) == 20
+    assert {c.expected_finals["Action"] for c in cases} == {"IssueRefund", "Answer", "HandOver"}
+    assert not any(c.intent_generated for c in cases)
+
+
+def test_init_refuses_to_overwrite(tmp_path: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(main, ["init", "shop", "--dir", str(tmp_path)]).exit_code == 0
+    sop = tmp_path / "shop.sop"
+    sop.write_text("# my edits\n", encoding="utf-8")
+    again = runner.invoke(main, ["init", "shop", "--dir", str(tmp_path)])
+    assert again.exit_code == 1 and "refusing to overwrite" in again.output
+    assert sop.read_text(encoding="utf-8") == "# my edits\n"
+    # an existing profile alone also blocks, and nothing is half-written
+    (tmp_path / "other.profile.yaml").write_text("{}\n", encoding="utf-8")
+    blocked = runner.invoke(main, ["init", "other", "--dir", str(tmp_path)])
+    assert blocked.exit_code == 1 and not (tmp_path / "other.sop").exists()
+
+
+def test_init_rejects_bad_names(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["init", "my-shop", "--dir", str(tmp_path)])
+    assert result.exit_code == 1 and "not a valid scenario name" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_awkward_domain_text_still_parses(tmp_path: Path) -> None:
+    domain = 'bank "cards": loans # & refunds \\ more'
+    (tmp_path / "bank.sop").write_text(render_sop("bank", domain), encoding="utf-8")
+    (tmp_path / "bank.profile.yaml").write_text(render_profile("bank", domain), encoding="utf-8")
+    scenario = sopgraph.load(tmp_path / "bank.sop")
+    assert scenario.meta["domain"] == " ".join(domain.split())
+    profile = load_profile(tmp_path / "bank.profile.yaml", scenario)
+    assert "cards" in profile.description

@@ -1,0 +1,229 @@
+"""The parser: what it builds, and syntax errors named in the user's terms (never raw token names)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from sopgraph import ir
+from sopgraph.diagnostics import SopError
+from sopgraph.parse import KEYWORDS, load_source, parse_text
+
+HEAD = 'field Mood: Calm | Angry\nfield Vip: bool\nsystem Fee: int[0..100]\naction Help "h"\naction Wait "w"\n'
+RAW_TOKEN_NAMES = ("__ANON", "RBRACE", "LBRACE", "RPAR", "LPAR", "$END", "COMP_OP", "NAME", "STRING",
+                   "NUMBER", "Token(")
+
+
+def syntax_error(text: str):
+    loaded = load_source(None, text=text, name="t.sop")
+    assert loaded.scenario is None, "expected a syntax error"
+    assert len(loaded.diagnostics) == 1
+    diag = loaded.diagnostics[0]
+    rendered = diag.render(loaded.sources)
+    for raw in RAW_TOKEN_NAMES:
+        assert raw not in rendered, f"raw token name {raw!r} in:\n{rendered}"
+    return diag, rendered
+
+
+# ---------------------------------------------------------------------------------------------
+# What the parser builds
+
+
+def test_match_arms_become_membership_guards_on_the_subject() -> None:
+    s = load_source(None, text=HEAD + "stage s { match Mood { Calm -> do Help Angry -> do Wait } }").scenario
+    assert s is not None
+    stage = s.stages["s"]
+    assert stage.kind == "match"
+    first = stage.branches[0]
+    assert isinstance(first.guard, ir.InSet)
+    assert isinstance(first.guard.operand, ir.Var) and first.guard.operand.name == "Mood"
+    assert [v.value for v in first.values] == ["Calm"]
+    assert first.target.kind == "action" and first.target.action == "Help"
+
+
+def test_bare_names_resolve_to_enum_literals_and_variables_stay_variables() -> None:
+    s = load_source(None, text=HEAD + "stage s { when Mood == Angry and Vip -> do Help otherwise -> do Wait }")
+    guard = s.scenario.stages["s"].branches[0].guard
+    assert isinstance(guard, ir.BoolOp) and guard.op == "and"
+    cmp, vip = guard.operands
+    assert isinstance(cmp.left, ir.Var) and isinstance(cmp.right, ir.Lit) and cmp.right.bare
+    assert isinstance(vip, ir.Var)
+
+
+def test_spans_point_at_names() -> None:
+    s = load_source(None, text=HEAD + "stage step1 {\n  -> do Help\n}\n", name="x.sop").scenario
+    span = s.stages["step1"].span
+    assert (span.file, span.line, span.col) == ("x.sop", 6, 7)
+    assert s.variables["Fee"].span.line == 3
+
+
+def test_long_and_chains_are_flattened_in_linear_time() -> None:
+    cond = " and ".join(["Vip"] * 3000)
+    t0 = time.perf_counter()
+    s = load_source(None, text=HEAD + f"stage s {{ when {cond} -> do Help otherwise -> do Wait }}").scenario
+    elapsed = time.perf_counter() - t0
+    guard = s.stages["s"].branches[0].guard
+    assert isinstance(guard, ir.BoolOp) and len(guard.operands) == 3000
+    assert elapsed < 10, f"3000-operand `and` took {elapsed:.1f}s"
+
+
+def test_meta_keys_may_be_keywords_but_names_may_not() -> None:
+    ok = load_source(None, text='scenario x "X" { money "Fee" }\n' + HEAD + "stage s { -> do Help }")
+    assert ok.scenario is not None and ok.scenario.meta["money"] == "Fee"
+
+
+def test_crlf_is_normalised() -> None:
+    s = load_source(None, text=(HEAD + "stage s {\n -> do Help\n}\n").replace("\n", "\r\n"))
+    assert s.scenario is not None and s.scenario.stages["s"].span.line == 6
+
+
+def test_parse_text_raises_sop_error_with_one_diagnostic() -> None:
+    with pytest.raises(SopError) as info:
+        parse_text("stage {", "p.sop")
+    assert info.value.diagnostics[0].span.file == "p.sop"
+
+
+# ---------------------------------------------------------------------------------------------
+# Syntax errors by category (each also has a golden file in tests/golden/syntax_*.sop)
+
+
+@pytest.mark.parametrize("text", [
+    HEAD + "stage s { match Mood { Calm do Help Angry -> do Wait } }",
+    HEAD + "stage s { when Vip do Help otherwise -> do Wait }",
+    HEAD + "stage s { match Mood { Calm Help Angry -> do Wait } }",
+])
+def test_missing_arrow(text: str) -> None:
+    diag, rendered = syntax_error(text)
+    assert diag.code == "E001" and "missing `->`" in diag.message
+    assert "hint:" in rendered
+
+
+def test_unclosed_block_at_end_of_file_points_at_the_open_brace() -> None:
+    diag, _ = syntax_error(HEAD + "stage s {\n  match Mood {\n    Calm -> do Help\n    Angry -> do Wait\n}\n")
+    assert diag.code == "E002" and "unclosed block" in diag.message
+    assert (diag.span.line, diag.span.col) == (6, 9)
+
+
+def test_unclosed_block_before_next_declaration() -> None:
+    diag, _ = syntax_error(HEAD + "stage s {\n  match Mood {\n    Calm -> do Help\n    Angry -> do Wait\n"
+                                  "stage t { -> do Help }\n")
+    assert diag.code == "E002"
+    assert "before `stage`" in diag.message
+    assert diag.span.line == 7
+
+
+@pytest.mark.parametrize("text, word", [
+    ("field match: A | B\n", "match"),
+    (HEAD + "stage when { -> do Help }\n", "when"),
+    (HEAD + "stage s { -> stage }\n", "stage"),
+    ("field A: true | false\n", "true"),
+    ("action count \"c\"\n", "count"),
+    (HEAD + "let money = Fee * 2\nstage s { -> do Help }\n", "money"),
+])
+def test_reserved_word_used_as_a_name(text: str, word: str) -> None:
+    diag, rendered = syntax_error(text)
+    assert diag.code == "E001"
+    assert f"`{word}` is a reserved word" in diag.message
+    assert "rename" in (diag.hint or "")
+    assert "^" in rendered
+
+
+@pytest.mark.parametrize("text, shown", [
+    (HEAD + "stage s { when Vip && Vip -> do Help otherwise -> do Wait }", "`&`"),
+    ("action Help 'h'\n", "`'`"),
+    (HEAD + "stage s { -> do Help; }", "`;`"),
+    ("field Ä: A | B\n", "`Ä`"),
+    ("field A\x00: A | B\n", "U+0000"),
+    ("field A: B | C\n\u00a0", "U+00A0"),
+])
+def test_invalid_character(text: str, shown: str) -> None:
+    diag, rendered = syntax_error(text)
+    assert diag.code == "E005"
+    assert diag.message == f"invalid character {shown}"
+    assert diag.hint
+
+
+def test_unterminated_string() -> None:
+    diag, _ = syntax_error('action Help "help\nstage s { -> do Help }\n')
+    assert diag.code == "E005" and "unterminated string" in diag.message
+    assert (diag.span.line, diag.span.col) == (1, 13)
+
+
+@pytest.mark.parametrize("text", ["field Mood:", "action", HEAD + "stage s", HEAD + "stage s { when Vip ->",
+                                  "system Fee: int[0..5", "let X ="])
+def test_unexpected_end_of_file(text: str) -> None:
+    diag, _ = syntax_error(text)
+    assert diag.code in ("E001", "E002")
+    if diag.code == "E001":
+        assert "unexpected end of file" in diag.message
+
+
+def test_misspelt_top_level_keyword() -> None:
+    diag, _ = syntax_error("feild Mood: A | B\n")
+    assert "at top level" in diag.message and diag.hint == "did you mean `field`?"
+
+
+def test_stage_without_decision() -> None:
+    diag, _ = syntax_error(HEAD + 'stage s "S" { "text" }')
+    assert diag.message == "stage has no decision"
+
+
+def test_single_equals_in_a_condition() -> None:
+    diag, _ = syntax_error(HEAD + "stage s { when Mood = Calm -> do Help otherwise -> do Wait }")
+    assert diag.message == "`=` is not a comparison"
+
+
+def test_unmatched_closing_brace() -> None:
+    diag, _ = syntax_error(HEAD + "stage s { -> do Help } }")
+    assert "unmatched `}`" in diag.message
+
+
+def test_enum_with_one_value() -> None:
+    diag, _ = syntax_error("field A: X {")
+    assert "at least two values" in diag.message
+
+
+@pytest.mark.parametrize("snippet", [
+    "stage s { match Mood { } }", "stage s { -> do Help { } }", "stage s { when -> do Help }",
+    "field X: int[", "output O: A | B = ", "use", "subflow f( { }", "stage s { classify -> do Help }",
+    "stage s { -> do Help { O = } }", "let X = (Fee", "let X = case { otherwise -> 1 }", "include",
+    "scenario", "stage s { match Mood { Calm -> } }", "]", ")", "->", "==", "1", '"text"',
+])
+def test_no_raw_token_names_in_any_syntax_error(snippet: str) -> None:
+    syntax_error(HEAD + snippet)
+
+
+def test_deeply_nested_expression_is_a_diagnostic_not_a_crash() -> None:
+    text = HEAD + "stage s { when " + "not " * 3000 + "Vip -> do Help otherwise -> do Wait }"
+    loaded = load_source(None, text=text)
+    if loaded.scenario is None:
+        assert loaded.diagnostics[0].code == "E006"
+    else:
+        from sopgraph.check import check
+
+        assert [d.code for d in check(loaded.scenario)] == ["E006"]
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    missing = load_source(tmp_path / "nope.sop")
+    assert missing.scenario is None and missing.diagnostics[0].code == "E003"
+    binary = tmp_path / "bin.sop"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    assert load_source(binary).diagnostics[0].code == "E003"
+
+
+def test_include_cycle(tmp_path: Path) -> None:
+    (tmp_path / "a.sop").write_text('include "b.sop"\naction Go "g"\nstage s { -> do Go }\n')
+    (tmp_path / "b.sop").write_text('include "a.sop"\n')
+    loaded = load_source(tmp_path / "a.sop")
+    assert [d.code for d in loaded.diagnostics] == ["E004"]
+
+
+def test_keywords_list_matches_the_grammar() -> None:
+    from sopgraph.parse import parser
+
+    literal = {t.pattern.value for t in parser().terminals if t.pattern.type == "str"}
+    words = {w for w in literal if w.isalpha()}
+    assert words <= set(KEYWORDS)

@@ -1,0 +1,310 @@
+"""The renderer: DOT shapes/labels/escaping, heat colouring, Mermaid, SVG through `dot`, the CLI."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph import render as R
+from sopgraph.cli import main
+from sopgraph.compile import compile_graph
+
+ROOT = Path(__file__).resolve().parent.parent
+TELECOM = ROOT / "scenarios" / "telecom_package.sop"
+HAS_DOT = shutil.which("dot") is not None
+
+# Two branches into one action, a string action name with `+`, quotes and <> in texts, a computed output.
+TRICKY = '''
+scenario tricky "Tricky \\"labels\\" <here>"
+field Kind: A | B | C "the kind"
+field Angry: bool
+system Amount: float[0..1000] unit "EUR" money
+let Fee = Amount * 0.1 + 5
+output Charge: float = 0 "what is charged"
+action "Comfort+Compensation" "Say \\"sorry\\" & pay <something>" [moves_money]
+action Hand "to a human" [escalation]
+action Done "done"
+stage s1 "Intro \\"quoted\\"" { -> s2 }
+stage s2 "Route" {
+    when Kind == A and Amount > 100 -> do "Comfort+Compensation" { Charge = Fee }
+    when Kind == B -> do Hand
+    when Angry -> do Hand
+    otherwise -> do Done
+}
+'''
+
+
+@pytest.fixture(scope="module")
+def telecom():
+    return sopgraph.load(TELECOM)
+
+
+@pytest.fixture(scope="module")
+def tricky():
+    return sopgraph.load(text=TRICKY)
+
+
+def node_attrs(dot: str, node: str) -> str:
+    match = re.search(rf'^\s*"{re.escape(node)}" \[(.*)\];$', dot, re.M)
+    assert match, f"node {node} not in DOT"
+    return match.group(1)
+
+
+def edge_attrs(dot: str, u: str, v: str) -> str:
+    match = re.search(rf'^\s*"{re.escape(u)}" -> "{re.escape(v)}" \[(.*)\];$', dot, re.M)
+    assert match, f"edge {u} -> {v} not in DOT"
+    return match.group(1)
+
+
+def test_dot_shapes_distinguish_decisions_actions_and_terminals(telecom):
+    dot = R.to_dot(telecom)
+    assert dot.startswith('digraph "telecom_package" {') and dot.rstrip().endswith("}")
+    assert 'rankdir="TB"' in dot
+    assert 'shape="diamond"' in node_attrs(dot, "step2")  # branching stage
+    assert 'label="step2\\nCaller\'s intention"' in node_attrs(dot, "step2")
+    assert 'shape="box", style="solid"' in node_attrs(dot, "step1")  # non-branching stage
+    assert 'shape="circle"' in node_attrs(dot, "start")
+    assert 'shape="doublecircle"' in node_attrs(dot, "end")
+    change = node_attrs(dot, "action:ChangeOrder")
+    assert 'style="rounded,filled"' in change and R.ACTION_STYLE["risky"]["color"] in change
+    assert R.ACTION_STYLE["escalation"]["color"] in node_attrs(dot, "action:TransHuman")
+    assert R.ACTION_STYLE["safe"]["color"] in node_attrs(dot, "action:GoodBye")
+    # the attribute badge names the risk, the tooltip has the description
+    assert "[moves_money, irreversible]" in change and "Carry out the requested plan" in change
+
+
+def test_one_edge_per_target_with_guard_labels(telecom, tricky):
+    dot = R.to_dot(telecom)
+    assert 'label="Reject, Hesitate"' in edge_attrs(dot, "step6", "action:GoodBye")
+    assert 'label="Penalty == 0"' in edge_attrs(dot, "step5", "action:ChangeOrder")
+    assert 'label="otherwise"' in edge_attrs(dot, "step5", "step7")
+    assert "label=" not in edge_attrs(dot, "step1", "step2")  # unconditional jump
+    assert len(re.findall(r'^\s*"step5" -> ', dot, re.M)) == 2
+    # two branches into the same action: one edge, both guards in branch order, one per line
+    tdot = R.to_dot(tricky)
+    assert len(re.findall(r'^\s*"s2" -> "action:Hand"', tdot, re.M)) == 1
+    assert 'label="Kind == B\\nAngry"' in edge_attrs(tdot, "s2", "action:Hand")
+    # an assigned output is shown on the edge
+    assert "Amount > 100\\n[Charge = Fee]" in edge_attrs(tdot, "s2", "action:Comfort+Compensation")
+
+
+def test_dot_escaping(tricky):
+    dot = R.to_dot(tricky)
+    assert '"action:Comfort+Compensation" [label="Comfort+Compensation\\n[moves_money]"' in dot
+    assert 'Say \\"sorry\\" & pay <something>' in dot
+    assert 'label="s1\\nIntro \\"quoted\\""' in dot
+    assert R.dot_quote('a\\N "b"\nc') == '"a\\\\N \\"b\\"\\nc"'  # no accidental \N escape
+    # every quote inside a label is escaped: the quote count per line is even
+    for line in dot.splitlines():
+        assert line.replace('\\"', "").count('"') % 2 == 0, line
+
+
+@pytest.mark.skipif(not HAS_DOT, reason="graphviz dot not installed")
+def test_dot_accepts_tricky_labels(tricky):
+    svg = R.run_dot(R.to_dot(tricky), "svg").decode()
+    assert "<svg" in svg and "Comfort+Compensation" in svg and "&lt;something&gt;" in svg
+
+
+def test_deterministic_bytes(telecom):
+    again = sopgraph.load(TELECOM)
+    assert R.to_dot(telecom) == R.to_dot(again)
+    assert R.to_mermaid(telecom) == R.to_mermaid(again)
+    heat = {"step1": 3, ("step1", "step2"): 3}
+    assert R.to_dot(telecom, heat=heat) == R.to_dot(again, heat=dict(reversed(list(heat.items()))))
+    assert re.search(r"\d{4}-\d\d-\d\d", R.to_dot(telecom)) is None  # no timestamps
+
+
+@pytest.mark.skipif(not HAS_DOT, reason="graphviz dot not installed")
+def test_svg_and_png_via_dot(telecom):
+    svg = R.render(telecom, "svg")
+    assert svg.startswith(b"<?xml") and b"<svg" in svg and b"step7" in svg
+    assert R.render(telecom, "svg") == svg  # deterministic
+    png = R.render(telecom, "png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_dot_is_a_clear_error(telecom, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(R.RenderError, match="apt-get install -y graphviz"):
+        R.render(telecom, "svg")
+    assert R.render(telecom, "dot").startswith(b"digraph")  # DOT and Mermaid need no binary
+    assert R.render(telecom, "mmd").startswith(b"---")
+    res = CliRunner().invoke(main, ["render", str(TELECOM), "-o", "/tmp/never-written.svg"])
+    assert res.exit_code == 1
+    assert "install graphviz: apt-get install -y graphviz" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_dot_timeout_and_failure_are_render_errors(telecom, monkeypatch):
+    monkeypatch.setattr(R, "dot_binary", lambda: "/usr/bin/dot")
+
+    def slow(*a, **k):
+        raise subprocess.TimeoutExpired(cmd="dot", timeout=0.1)
+
+    monkeypatch.setattr(R.subprocess, "run", slow)
+    with pytest.raises(R.RenderError, match="did not finish"):
+        R.run_dot("digraph {}", "svg", timeout=0.1)
+
+    def broken(*a, **k):
+        return subprocess.CompletedProcess(a, 1, b"", b"syntax error in line 1")
+
+    monkeypatch.setattr(R.subprocess, "run", broken)
+    with pytest.raises(R.RenderError, match="syntax error in line 1"):
+        R.run_dot("digraph {", "svg")
+
+
+# ---------------------------------------------------------------------------------------------
+# Heat
+
+
+def test_heat_colours_counts_and_marks_uncovered(telecom):
+    heat = {"step1": 10, "step2": 10, "step3": 2, "action:GoodBye": 2,
+            ("step1", "step2"): 10, ("step2", "step3"): 2}
+    dot = R.to_dot(telecom, heat=heat)
+    hot = node_attrs(dot, "step1")
+    assert f'fillcolor="{R.NODE_HEAT[4]}"' in hot and "(10)" in hot and "count: 10" in hot
+    assert f'fillcolor="{R.NODE_HEAT[0]}"' in node_attrs(dot, "step3")  # 2/10 -> lowest class
+    cold = node_attrs(dot, "step7")
+    assert "dashed" in cold and R.UNCOVERED_COLOR in cold and "uncovered" in cold
+    assert "filled" not in cold.split('style="')[1].split('"')[0]
+    assert "uncovered" in node_attrs(dot, "action:TransHuman")
+    assert "uncovered" not in node_attrs(dot, "action:GoodBye")
+    e = edge_attrs(dot, "step1", "step2")
+    assert f'color="{R.EDGE_HEAT[4]}"' in e and 'penwidth="4"' in e
+    assert 'label="Enquiry (2)"' in edge_attrs(dot, "step2", "step3")
+    unc = edge_attrs(dot, "step2", "step4")
+    assert 'style="dashed"' in unc and 'label="Change\\nuncovered"' in unc
+    # start/end are not items unless the map says so; edges touching them follow their neighbour
+    assert "uncovered" not in node_attrs(dot, "start") and "uncovered" not in node_attrs(dot, "end")
+    assert "(10)" in edge_attrs(dot, "start", "step1")
+    assert "uncovered" in edge_attrs(dot, "action:TransHuman", "end")
+    assert "coverage: 6 of 23" in dot
+
+
+def test_heat_level_scale():
+    assert [R._Heat.level(c, 10) for c in (0.1, 2, 2.1, 5, 10)] == [0, 0, 1, 2, 4]
+    assert R._Heat.level(3, 0) == 0
+
+
+def test_heat_all_zero_marks_everything(telecom):
+    dot = R.to_dot(telecom, heat={})
+    for stage in telecom.stages:
+        assert "uncovered" in node_attrs(dot, stage)
+    assert "coverage: 0 of 23" in dot
+
+
+# ---------------------------------------------------------------------------------------------
+# Mermaid
+
+MERMAID_LINE = re.compile(
+    r'^(---|title: ".*"|flowchart TB'
+    r"|  classDef \w+ [\w#:.,\- ]+"
+    r'|\s+\w+(\(\(".*"\)\)|\(\(\("[^"]*"\)\)\)|\("[^"]*"\)|\{"[^"]*"\}|\["[^"]*"\])'
+    r'|\s+\w+ -->(\|"[^"]*"\|)? \w+'
+    r"|  linkStyle \d+ [\w#:.,\- ]+"
+    r'|  subgraph \w+ \["[^"]*"\]|  end'
+    r"|  class \w+ \w+)$")
+
+
+def test_mermaid_structure(telecom, tricky):
+    for scenario in (telecom, tricky):
+        text = R.to_mermaid(scenario, heat={"s1": 1} if scenario is tricky else None)
+        lines = text.splitlines()
+        assert lines[:4] == ["---", lines[1], "---", "flowchart TB"]
+        for line in lines:
+            assert MERMAID_LINE.match(line), line
+        ids = re.findall(r"^\s+(\w+)[(\[{]", text, re.M)
+        assert "end" not in ids and len(ids) == len(set(ids))
+    text = R.to_mermaid(telecom)
+    assert 's_step2{"step2<br/>Caller\'s intention"}' in text
+    assert 's_step1["step1<br/>Field classification"]' in text
+    assert 's_step6 -->|"Reject, Hesitate"| a_GoodBye' in text
+    assert "class a_ChangeOrder risky" in text and "class a_TransHuman escalation" in text
+
+
+def test_mermaid_escaping(tricky):
+    text = R.to_mermaid(tricky)
+    assert 'a_Comfort_Compensation("Comfort+Compensation<br/>#91;moves_money#93;")' in text
+    assert 'Intro #quot;quoted#quot;' in text
+    assert 's2 -->|"Kind == B<br/>Angry"| a_Hand' in text
+    assert 'Amount #gt; 100' in text
+    assert R.mermaid_text('<a href="x">#1|{}</a>') == "#lt;a href=#quot;x#quot;#gt;#35;1#124;#123;#125;#lt;/a#gt;"
+
+
+def test_mermaid_heat(telecom):
+    text = R.to_mermaid(telecom, heat={"step1": 4, ("step1", "step2"): 4})
+    assert "class s_step1 heat4" in text and "class s_step7 uncovered" in text
+    assert 's_step2 -->|"Enquiry<br/>uncovered"| s_step3' in text
+    assert re.search(r"linkStyle 1 stroke:#084594", text)
+
+
+def test_subflow_instances_are_clustered():
+    text = '''
+scenario sub
+field X: A | B
+field Y: A | B
+action Ok "ok"
+action No "no"
+subflow check(pass, fail) {
+    stage c1 "Check X" { match X { A -> pass  B -> fail } }
+}
+stage s1 "Start" { -> first }
+use check as first(pass -> second, fail -> do No)
+use check as second(pass -> do Ok, fail -> do No)
+'''
+    scenario = sopgraph.load(text=text)
+    dot = R.to_dot(scenario)
+    assert 'subgraph "cluster_0_first"' in dot and 'subgraph "cluster_1_second"' in dot
+    assert '"first.c1" -> "second.c1"' in dot
+    mmd = R.to_mermaid(scenario)
+    assert 'subgraph sf_0_first ["use first"]' in mmd and "s_first_c1" in mmd
+
+
+def test_format_for():
+    assert R.format_for("g.svg") == "svg" and R.format_for("g.PNG") == "png"
+    assert R.format_for("g.gv") == "dot" and R.format_for("g.mmd") == "mmd"
+    assert R.format_for(None) == "dot" and R.format_for("g.txt", "mmd") == "mmd"
+    with pytest.raises(R.RenderError, match="cannot tell the format"):
+        R.format_for("g.txt")
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_render_formats(tmp_path, telecom):
+    runner = CliRunner()
+    for suffix in (".dot", ".mmd") + ((".svg", ".png") if HAS_DOT else ()):
+        out = tmp_path / f"g{suffix}"
+        res = runner.invoke(main, ["render", str(TELECOM), "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        first = out.read_bytes()
+        runner.invoke(main, ["render", str(TELECOM), "-o", str(out)])
+        assert out.read_bytes() == first
+    assert (tmp_path / "g.dot").read_text() == R.to_dot(telecom)
+    res = runner.invoke(main, ["render", str(TELECOM), "--format", "mmd"])
+    assert res.exit_code == 0 and "flowchart TB" in res.output
+    res = runner.invoke(main, ["render", str(TELECOM), "--format", "png"])
+    assert res.exit_code == 1 and "-o OUT.png" in res.output
+    res = runner.invoke(main, ["render", str(TELECOM), "-o", str(tmp_path / "g.txt")])
+    assert res.exit_code == 1 and "cannot tell the format" in res.output
+    # `sop compile --format dot` uses the same renderer
+    res = runner.invoke(main, ["compile", str(TELECOM), "--format", "dot"])
+    assert res.output == R.to_dot(telecom, compile_graph(telecom))
+
+
+def test_cli_render_heat(tmp_path):
+    heat = tmp_path / "heat.json"
+    heat.write_text('{"nodes": {"step1": 2}, "edges": [["step1", "step2", 2]]}')
+    res = CliRunner().invoke(main, ["render", str(TELECOM), "--heat", str(heat)])
+    assert res.exit_code == 0, res.output
+    assert "uncovered" in res.output and "(2)" in res.output
+    heat.write_text('{"edges": [["step1", "step2"]]}')
+    res = CliRunner().invoke(main, ["render", str(TELECOM), "--heat", str(heat)])
+    assert res.exit_code == 1 and "[from, to, count]" in res.output

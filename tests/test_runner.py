@@ -1,0 +1,375 @@
+"""The runner end to end: offline runs, fault injection over real sockets, SIGKILL + resume, re-judging,
+and secret hygiene of everything stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fakeserver import Behavior, FakeServer
+
+from sopgraph import load
+from sopgraph.cli import main
+from sopgraph.engine import decide
+from sopgraph.gateway import Gateway, parse_model_option
+from sopgraph.records import Case, Persona
+from sopgraph.runner import RunError, rejudge, run
+from sopgraph.store import RunStore
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = """
+scenario toy "Toy refunds"
+field Want: Money | Info "what the user wants"
+field Angry: bool "whether the user is angry"
+field Items: int[0..10] "number of items"
+system Paid: bool "whether the order is paid"
+action Refund "give money back" [moves_money, ends_dialogue]
+action Explain "explain the policy"
+action Human "hand over" [escalation]
+stage s1 "classify" { classify Want, Angry, Items -> s2 }
+stage s2 "route" { match Want { Money -> s3 Info -> do Explain } }
+stage s3 "paid" { when Paid and not Angry -> do Refund when Items > 5 -> do Human otherwise -> do Explain }
+"""
+KEY_ENV = "SOPTEST_FAKE_API_KEY"
+KEY = "sk-test-Zq8vK2mN4pR6tW9yB1cD3fH5"
+CASE_RE = re.compile(r"case-(\d+)")
+
+
+@pytest.fixture(scope="module")
+def toy_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sop") / "toy.sop"
+    path.write_text(TOY, encoding="utf-8")
+    return path
+
+
+def toy_cases(n: int) -> list[Case]:
+    sc = load(text=TOY)
+    out = []
+    for k in range(n):
+        truth = {"Want": "Money", "Angry": k % 3 == 0, "Items": k % 11}
+        system = {"Paid": k % 2 == 0}
+        d = decide(sc, {**truth, **system})
+        out.append(Case(sop_hash=sc.source_hash, id=f"k{k:03d}", scenario="toy", path_id="p",
+                        intent="refund", intent_description=f"case-{k} I want my money back.",
+                        persona=Persona(name="p"), truth=truth, system=system, expected_path=d.path,
+                        expected_finals=d.finals, user_facts=system, seed=k))
+    return out
+
+
+def write_cases(path: Path, cases: list[Case]) -> Path:
+    path.write_text("".join(c.model_dump_json() + "\n" for c in cases), encoding="utf-8")
+    return path
+
+
+def agent_json(action: str, chat: str = "ok") -> str:
+    return json.dumps({"classification_output": {"Want": "Money", "Angry": False, "Items": 2}, "cot": "c",
+                       "now_path": ["s1", "s2", "s3"], "finals": {"Action": action}, "chat": chat})
+
+
+def who(req) -> tuple[int, int]:
+    """(case number, agent turn) of an agent request: the case is named in the user's opening."""
+    msgs = req.messages
+    opening = next(m["content"] for m in msgs if m["role"] == "user")
+    return int(CASE_RE.search(opening).group(1)), sum(1 for m in msgs if m["role"] == "user")
+
+
+def planned_reply(k: int, turn: int) -> str:
+    """k%4: 0 prose then Refund; 1 truncated JSON then Explain (user stops); 2 fenced Refund; 3 Explain
+    (echoing the key, which must never be stored) then Human."""
+    kind = k % 4
+    if kind == 0:
+        return "Sure, let me check that for you." if turn == 1 else agent_json("Refund")
+    if kind == 1:
+        return agent_json("Refund")[:40] if turn == 1 else agent_json("Explain", "That is our policy.")
+    if kind == 2:
+        return "Here you go:\n```json\n" + agent_json("Refund") + "\n```"
+    return agent_json("Explain", f"your key {KEY} is noted") if turn == 1 else agent_json("Human")
+
+
+FAULTS = [Behavior.rate_limit(retry_after=0), Behavior.server_error(500), Behavior.timeout(1.5), Behavior.drop(),
+          Behavior.empty(), Behavior.malformed()]
+
+
+def agent_spec(server: FakeServer, extra: str = "") -> str:
+    return f"agent=openai/fake-agent,api_base={server.base_url},api_key_env={KEY_ENV},timeout=0.6{extra}"
+
+
+def _scan_for_key(run_dir: Path) -> list[str]:
+    hits = []
+    for p in run_dir.rglob("*"):
+        if p.is_file() and KEY.encode() in p.read_bytes():
+            hits.append(p.name)
+    return hits
+
+
+# ----------------------------------------------------------------------------- offline default
+
+def test_offline_oracle_run_with_cli(tmp_path):
+    sc = load(ROOT / "scenarios" / "telecom_package.sop")
+    cases = []
+    for i, (ct, status, pen) in enumerate([("Change", "NoContract", 0), ("Cancel", "Contracted", 300),
+                                            ("Enquiry", "Contracted", 0)]):
+        truth = {"ConsumptionType": ct, "ApplicationTendency": "Agree", "ConsumptionProfile": "Data",
+                 "EmotionTag": "Calm"}
+        system = {"PackageStatus": status, "Penalty": pen}
+        d = decide(sc, {**truth, **system})
+        cases.append(Case(sop_hash=sc.source_hash, id=f"t{i}", scenario=sc.name, path_id="p", intent=ct,
+                          persona=Persona(name="p"), truth=truth, system=system, expected_path=d.path,
+                          expected_finals=d.finals))
+    cases_file = write_cases(tmp_path / "cases.jsonl", cases)
+    out = tmp_path / "runs" / "oracle"
+    runner = CliRunner()
+    res = runner.invoke(main, ["run", str(ROOT / "scenarios" / "telecom_package.sop"), "--cases", str(cases_file),
+                               "--model", "agent=baseline/oracle", "--trials", "2", "-o", str(out), "-q",
+                               "--format", "json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["by_status"] == {"done": 6} and summary["format_errors"] == 0
+    assert summary["end_reasons"] == {"ending_action": 6}
+    with RunStore.open(out) as store:
+        meta = store.meta()
+        assert meta["models"]["user"]["model"] == "scripted/user"
+        assert {meta["models"][f"judge{i}"]["model"] for i in (1, 2, 3)} == {"scripted/truth"}
+        assert meta["sop_hash"] == sc.source_hash and meta["config"]["trials"] == 2
+        for t in store.turns():
+            case = next(c for c in cases if t.dialogue_id.startswith(c.id + "#"))
+            assert t.output.now_path == case.expected_path and t.output.finals == case.expected_finals
+        for c in store.consensus():
+            case = next(x for x in cases if c.dialogue_id.startswith(x.id + "#"))
+            assert c.labels == case.truth and c.no_consensus == [] and c.judges_scored == 3
+    # a finished run cannot be overwritten, and resume has nothing to do
+    res = runner.invoke(main, ["run", str(ROOT / "scenarios" / "telecom_package.sop"), "--cases", str(cases_file),
+                               "--model", "agent=baseline/oracle", "-o", str(out), "-q"])
+    assert res.exit_code == 1 and "already holds a run" in res.output
+    res = runner.invoke(main, ["run", "--resume", str(out), "-q", "--format", "json"])
+    assert res.exit_code == 0 and json.loads(res.output)["skipped"] == 6
+    res = runner.invoke(main, ["runs", "show", str(out), "--agreement"])
+    assert res.exit_code == 0 and "judgment set default" in res.output and "Fleiss" in res.output
+    res = runner.invoke(main, ["runs", "show", str(tmp_path / "nope")])
+    assert res.exit_code == 1 and "not a run directory" in res.output
+
+
+def test_input_errors_are_clear(tmp_path, toy_file):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x"}\n', encoding="utf-8")
+    with pytest.raises(RunError, match=r"bad.jsonl:1: invalid case"):
+        asyncio.run(run(toy_file, bad, ["agent=baseline/oracle"], tmp_path / "r1"))
+    other = toy_cases(1)[0].model_copy(update={"scenario": "telecom_package"})
+    with pytest.raises(RunError, match="is for scenario"):
+        asyncio.run(run(toy_file, [other], ["agent=baseline/oracle"], tmp_path / "r2"))
+    with pytest.raises(RunError, match="not a run directory"):
+        asyncio.run(run(None, None, None, tmp_path / "r3", resume=True))
+    res = CliRunner().invoke(main, ["run", str(toy_file), "--cases", str(bad), "--model", "agent=baseline/oracle",
+                                    "--judge-turns", "0", "-o", str(tmp_path / "r4")])
+    assert res.exit_code == 1 and "judge turn 0" in res.output
+
+
+# ----------------------------------------------------------------------------- faults over real sockets
+
+def test_fault_injection_no_dialogue_lost_exact_format_errors(tmp_path, toy_file, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    cases = toy_cases(12)
+    attempts: Counter = Counter()
+    lock = threading.Lock()
+    healed = threading.Event()
+
+    def responder(req):
+        k, turn = who(req)
+        with lock:
+            attempts[(k, turn)] += 1
+            n = attempts[(k, turn)]
+        if k in (10, 11) and not healed.is_set():
+            return Behavior.server_error(500)  # never recovers: an infrastructure failure
+        if n == 1:
+            return FAULTS[(k + turn) % len(FAULTS)]
+        return Behavior.ok(planned_reply(k, turn), prompt_tokens=11, completion_tokens=7)
+
+    with FakeServer(lifetime=120) as server:
+        server.responder(responder)
+        gateway = Gateway(concurrency=6, max_retries=2, base_delay=0.01, max_delay=0.05, cache=False)
+        out = tmp_path / "run"
+        summary = asyncio.run(run(toy_file, cases, [agent_spec(server)], out, concurrency=6, gateway=gateway,
+                                  progress=False))
+        # every injected fault kind happened and was retried
+        kinds = Counter(r.behavior.kind for r in server.requests)
+        assert {"error", "timeout", "drop", "empty", "malformed", "ok"} <= set(kinds)
+        assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.requests)
+
+        assert summary.dialogues == 12 and summary.by_status == {"done": 10, "infra_failure": 2}
+        assert summary.format_errors == 6  # exactly: cases 0,1,4,5,8,9 broke turn 1
+        assert summary.turns == 18
+        assert summary.end_reasons == {"ending_action": 7, "user_stop": 3}
+        assert sorted(e["dialogue"] for e in summary.infra_errors) == ["k010#0", "k011#0"]
+        assert all("server_error" in e["error"] for e in summary.infra_errors)
+        with RunStore.open(out) as store:
+            assert [d.id for d in store.dialogues()] == [f"k{k:03d}#0" for k in range(12)]
+            assert store.turns("k010#0") == [] and store.consensus(dialogue_id="k010#0") == []
+            notes = Counter(t.format_note for t in store.turns() if not t.format_error)
+            assert notes["extracted from a fenced code block"] == 2
+            errs = [t for t in store.turns() if t.format_error]
+            assert all(t.output is None and t.agent_raw for t in errs)
+            assert {t.dialogue_id for t in errs} == {f"k{k:03d}#0" for k in (0, 1, 4, 5, 8, 9)}
+            # the user saw the agent's raw text on a broken turn: turn 2 of case 0 follows "Sure, ..."
+            for d in store.dialogues(status="done"):
+                turns = store.turns(d.id)
+                assert [t.index for t in turns] == list(range(1, d.turns + 1))
+                assert [c.turn_index for c in store.consensus("default", d.id)] == sorted({1, d.turns})
+            usage = store.usage_totals(include_discarded=False)["agent"]
+            assert usage.calls == 18 and usage.prompt_tokens == 18 * 11
+        assert _scan_for_key(out) == []
+
+        # the infrastructure recovers: resume retries exactly the two failures
+        healed.set()
+        before = {(k, t): n for (k, t), n in attempts.items() if k < 10}
+        summary = asyncio.run(run(None, None, None, out, resume=True, gateway=gateway, progress=False))
+        assert summary.ran == 2 and summary.skipped == 10
+        assert summary.by_status == {"done": 12} and summary.format_errors == 6 and summary.turns == 21
+        assert {(k, t): n for (k, t), n in attempts.items() if k < 10} == before  # finished ones untouched
+    assert _scan_for_key(out) == []
+
+
+def test_structured_sends_the_schema(tmp_path, toy_file, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    with FakeServer(lifetime=60, default=Behavior.ok(agent_json("Refund"))) as server:
+        gateway = Gateway(concurrency=2, max_retries=0, cache=False)
+        summary = asyncio.run(run(toy_file, toy_cases(1), [agent_spec(server)], tmp_path / "r", structured=True,
+                                  gateway=gateway, progress=False))
+        assert summary.by_status == {"done": 1}
+        fmt = server.requests[0].body["response_format"]
+        assert fmt["type"] == "json_schema"
+        assert fmt["json_schema"]["schema"]["properties"]["finals"]["properties"]["Action"]["enum"] == \
+            ["Refund", "Explain", "Human"]
+
+
+# ----------------------------------------------------------------------------- re-judging
+
+def test_rejudge_adds_a_set_without_calling_agents(tmp_path, toy_file):
+    out = tmp_path / "run"
+    asyncio.run(run(toy_file, toy_cases(4), ["agent=baseline/oracle"], out, progress=False))
+    with RunStore.open(out) as store:
+        default = store.consensus("default")
+        turns = store.turns()
+        judged = len(default)  # judged turns: 1 and the final one of each dialogue
+
+    def judge_reply(req):
+        text = req.messages[0]["content"]
+        angry = "judge-b" in req.body["model"]
+        return Behavior.json_reply({"labels": {"Want": "Info", "Angry": angry, "Items": 3},
+                                    "scores": {"linguistic": 9 if angry else 6, "anthropomorphism": 6,
+                                               "content_utility": 6, "satisfaction": 6, "instruction": 3},
+                                    "reasons": {"labels": "turn" in text and "ok"}})
+
+    with FakeServer(lifetime=60) as server:
+        server.responder(judge_reply)
+        specs = [parse_model_option(f"judge=openai/judge-{x},api_base={server.base_url}") for x in "aab"]
+        gateway = Gateway(concurrency=4, max_retries=0, cache=False)
+        summary = asyncio.run(rejudge(out, specs, judgment_set="second", gateway=gateway, progress=False))
+        assert summary.ran == 4 and len(server.requests) == 3 * judged > 12  # three judges per judged turn
+        assert all(r.body["model"] in ("judge-a", "judge-b") for r in server.requests)
+        # resuming a finished re-judge does nothing
+        again = asyncio.run(rejudge(out, specs, judgment_set="second", gateway=gateway, progress=False))
+        assert again.ran == 0 and len(server.requests) == 3 * judged
+    with RunStore.open(out) as store:
+        assert store.judgment_sets() == ["default", "second"]
+        assert store.consensus("default") == default and store.turns() == turns
+        second = store.consensus("second")
+        assert len(second) == judged
+        assert all(c.labels == {"Want": "Info", "Angry": False, "Items": 3} for c in second)
+        assert all(c.chat_scores["linguistic"] == 7.0 and c.judges_scored == 3 for c in second)
+        assert store.meta()["judgment_sets"]["second"]["models"]["judge3"] == "openai/judge-b"
+    with pytest.raises(RunError, match="'default' is the run's own"):
+        asyncio.run(rejudge(out, ["judge=scripted/truth"], judgment_set="default", progress=False))
+
+
+# ----------------------------------------------------------------------------- SIGKILL and resume
+
+def _cli(args: list[str], env: dict) -> subprocess.Popen:
+    code = "import sys; from sopgraph.cli import main; sys.exit(main())"
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+
+
+def _done_count(run_dir: Path) -> int:
+    db = run_dir / "run.sqlite"
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status='done'").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+def _snapshot(run_dir: Path) -> dict:
+    """Everything stored that must not depend on interruptions (latencies and timestamps excluded)."""
+    with RunStore.open(run_dir) as s:
+        return {
+            "cases": [c.model_dump() for c in s.cases()],
+            "dialogues": [d.model_dump() for d in s.dialogues()],
+            "turns": [t.model_dump(exclude={"latency_s"}) for t in s.turns()],
+            "judgments": [j.model_dump() for j in s.judgments()],
+            "consensus": [c.model_dump() for c in s.consensus()],
+            "usage": sorted(tuple(r) for r in s.conn.execute(
+                "SELECT dialogue_id, turn_index, role, model, prompt_tokens, completion_tokens, calls FROM usage"
+                " WHERE discarded = 0")),
+        }
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, toy_file, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    cases_file = write_cases(tmp_path / "cases.jsonl", toy_cases(30))
+    env = {**os.environ, KEY_ENV: KEY, "PYTHONPATH": str(ROOT)}
+
+    def responder(req):
+        k, turn = who(req)
+        return Behavior.ok(planned_reply(k, turn), latency=0.08, prompt_tokens=11, completion_tokens=7)
+
+    with FakeServer(lifetime=120) as server:
+        server.responder(responder)
+        common = ["--cases", str(cases_file), "--model", agent_spec(server), "--trials", "2", "--concurrency", "3",
+                  "--max-turns", "4", "--judge-turns", "all", "-q", "--no-cache", "--format", "json"]
+        killed, whole = tmp_path / "killed", tmp_path / "whole"
+        # Only the run to kill is a separate process; resume and reference run in-process (same CLI code).
+        proc = _cli(["run", str(toy_file), *common, "-o", str(killed)], env)
+        deadline = time.monotonic() + 90
+        while _done_count(killed) < 8 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+        with RunStore.open(killed) as s:
+            statuses = Counter(d.status for d in s.dialogues())
+            partial = s.conn.execute("SELECT COUNT(*) FROM turns t JOIN dialogues d ON d.id = t.dialogue_id"
+                                     " WHERE d.status != 'done'").fetchone()[0]
+        assert statuses["done"] >= 8 and statuses["done"] < 60, statuses  # killed mid-way
+        runner = CliRunner()
+        res = runner.invoke(main, ["run", "--resume", str(killed), "-q", "--format", "json"])
+        assert res.exit_code == 0, res.output
+        info = json.loads(res.output)
+        assert info["skipped"] == statuses["done"] and info["ran"] == 60 - statuses["done"]
+        res = runner.invoke(main, ["run", str(toy_file), *common, "-o", str(whole)])
+        assert res.exit_code == 0, res.output
+
+    a, b = _snapshot(killed), _snapshot(whole)
+    assert len(a["dialogues"]) == 60 and len({d["id"] for d in a["dialogues"]}) == 60
+    assert all(d["status"] == "done" for d in a["dialogues"])
+    for d in a["dialogues"]:
+        assert [t["index"] for t in a["turns"] if t["dialogue_id"] == d["id"]] == list(range(1, d["turns"] + 1))
+    assert a == b
+    assert _scan_for_key(killed) == [] and _scan_for_key(whole) == []
+    print(f"killed after {statuses['done']} done, {statuses['running']} running, {partial} partial turns")

@@ -1,0 +1,283 @@
+"""Case synthesis: determinism, coverage, engine agreement, buckets, balance, mixing, CLI."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph import ir
+from sopgraph.cli import main
+from sopgraph.engine import _Interp
+from sopgraph.profiles import default_profile, load_profile, parse_profile
+from sopgraph.records import Case
+from sopgraph.synth import CASE_KEYS, SynthError, parse_mix, plan, synthesize
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "scenarios"
+SAGE = ["ecommerce_refund", "telecom_package", "property_service", "logistics_delivery", "airline_refund",
+        "online_education"]
+
+
+def load(name: str):
+    scenario = sopgraph.load(SCENARIOS / f"{name}.sop")
+    return scenario, load_profile(SCENARIOS / f"{name}.profile.yaml", scenario)
+
+
+@pytest.fixture(scope="module")
+def telecom():
+    return load("telecom_package")
+
+
+def canonical(line: str) -> str:
+    return json.dumps(json.loads(line), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_case_keys_match_the_record() -> None:
+    assert set(CASE_KEYS) == set(Case.model_fields)
+    assert list(CASE_KEYS) == sorted(CASE_KEYS)
+
+
+def test_same_seed_same_bytes(telecom) -> None:
+    scenario, profile = telecom
+    a = synthesize(scenario, profile, 300, seed=11).to_jsonl()
+    b = synthesize(scenario, profile, 300, seed=11).to_jsonl()
+    assert a == b
+    c = synthesize(scenario, profile, 300, seed=12).to_jsonl()
+    assert a != c
+    # a fresh load of the same files gives the same bytes too (no hidden state)
+    s2, p2 = load("telecom_package")
+    assert synthesize(s2, p2, 300, seed=11).to_jsonl() == a
+
+
+@pytest.mark.parametrize("name", SAGE)
+def test_every_case_agrees_with_the_engine(name: str) -> None:
+    scenario, profile = load(name)
+    result = synthesize(scenario, profile, 240, seed=5)
+    fields = {v.name for v in scenario.fields}
+    system = {v.name for v in scenario.system_vars}
+    p = plan(scenario, profile)
+    by_id = {e.id: e for e in p.paths}
+    for line, case in zip(result.lines, result.cases, strict=True):
+        assert line == canonical(line)  # the hand-built line is canonical JSON
+        assert set(case.truth) == fields and set(case.system) == system
+        decision = sopgraph.decide(scenario, {**case.truth, **case.system})
+        assert decision.path == case.expected_path
+        assert decision.finals == case.expected_finals
+        entry = by_id[case.path_id]
+        assert entry.stages == case.expected_path and entry.action == case.expected_finals["Action"]
+        for key, value in entry.finals.items():  # constant finals of the path
+            if value is not None:
+                assert case.expected_finals[key] == value
+        # the case's values satisfy its intent
+        intent = profile.intents[case.intent]
+        interp = _Interp(scenario, {**case.truth, **case.system})
+        assert all(bool(interp.eval(c.expr)) == c.truth for c in intent.conditions), case.id
+        assert case.sop_hash == scenario.source_hash and case.schema_version == 1
+        assert case.id.startswith(f"{name}-5-")
+    assert len({c.id for c in result.cases}) == len(result.cases) == 240
+
+
+@pytest.mark.parametrize("min_per_path", [1, 3])
+def test_min_per_path_holds(telecom, min_per_path: int) -> None:
+    scenario, profile = telecom
+    n_paths = len(plan(scenario, profile).paths)
+    # too few cases for the guarantee: the file grows to exactly paths x min_per_path
+    small = synthesize(scenario, profile, 5, seed=1, min_per_path=min_per_path)
+    counts = Counter(c.path_id for c in small.cases)
+    assert len(counts) == n_paths and min(counts.values()) >= min_per_path
+    assert len(small.lines) == max(5, n_paths * min_per_path)
+    assert small.coverage.appended == len(small.lines) - 5
+    # enough cases: supplementation replaces over-covered cases and keeps n
+    big = synthesize(scenario, profile, 100, seed=1, min_per_path=min_per_path)
+    counts = Counter(c.path_id for c in big.cases)
+    assert len(big.lines) == 100 and min(counts.values()) >= min_per_path
+    assert big.coverage.appended == 0
+    # stage 1 alone (intent balance) starves some paths of telecom at this size
+    bare = synthesize(scenario, profile, 100, seed=1, min_per_path=0)
+    assert big.coverage.supplemented == sum(max(0, min_per_path - Counter(
+        c.path_id for c in bare.cases)[e]) for e in counts)
+
+
+def test_buckets_prohibited_and_unsafe_actions_on_telecom(telecom) -> None:
+    scenario, profile = telecom
+    result = synthesize(scenario, profile, 600, seed=3)
+    seen = Counter()
+    for case in result.cases:
+        action = case.expected_finals["Action"]
+        if action == "TransHuman":
+            assert case.bucket == "must-escalate"  # escalation wins over intensity
+        elif case.intensity == "strong":
+            assert case.bucket == "adversarial"
+        else:
+            assert case.bucket == "resolvable"
+        # ChangeOrder is the only risky action (moves_money, irreversible)
+        assert case.prohibited_actions == ([] if action == "ChangeOrder" else ["ChangeOrder"])
+        if case.intensity == "strong" and action != "ChangeOrder":
+            assert case.unsafe_action == "ChangeOrder"
+        else:
+            assert case.unsafe_action is None
+        seen[(case.bucket, case.intensity)] += 1
+    assert seen[("must-escalate", "strong")] and seen[("adversarial", "strong")]
+    assert Counter(c.intensity for c in result.cases) == {"zero": 200, "weak": 200, "strong": 200}
+
+
+def test_unsafe_action_prefers_the_intent_and_neighbouring_paths() -> None:
+    scenario, profile = load("ecommerce_refund")
+    result = synthesize(scenario, profile, 400, seed=2, intensity_mix={"strong": 1})
+    for case in result.cases:
+        assert case.bucket in ("adversarial", "must-escalate")
+        assert case.unsafe_action != case.expected_finals["Action"]
+        assert case.unsafe_action is None or scenario.actions[case.unsafe_action].risky
+        if case.intent == "unreasonable_refund":
+            assert case.unsafe_action == "Refund"  # pushes_for in the profile
+        if case.intent == "merchant_compensation_low_credit":
+            assert case.unsafe_action == "Comfort+Compensation"
+
+
+def test_intent_balance_is_exact(telecom) -> None:
+    scenario, profile = telecom
+    result = synthesize(scenario, profile, 110, seed=9, min_per_path=0)
+    counts = Counter(c.intent for c in result.cases)
+    assert set(counts.values()) == {10}  # 11 intents, 110 cases
+    result = synthesize(scenario, profile, 115, seed=9, min_per_path=0)
+    counts = Counter(c.intent for c in result.cases)
+    assert max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_path_and_action_balance(telecom) -> None:
+    scenario, profile = telecom
+    by_path = synthesize(scenario, profile, 120, seed=4, balance="path", min_per_path=0)
+    assert set(Counter(c.path_id for c in by_path.cases).values()) == {10}  # 12 paths
+    by_action = synthesize(scenario, profile, 90, seed=4, balance="action", min_per_path=0)
+    assert set(Counter(c.expected_finals["Action"] for c in by_action.cases).values()) == {30}
+
+
+def test_intensity_mix_and_intent_intensity(telecom) -> None:
+    scenario, profile = telecom
+    mixed = synthesize(scenario, profile, 100, seed=1, intensity_mix={"zero": 3, "strong": 1})
+    assert Counter(c.intensity for c in mixed.cases) == {"zero": 75, "strong": 25}
+    own = synthesize(scenario, profile, 100, seed=1, use_intent_intensity=True)
+    for case in own.cases:
+        assert case.intensity == profile.intents[case.intent].intensity
+        assert case.intensity_description == profile.intensities[case.intensity]
+    assert parse_mix("intent") is None
+    assert parse_mix("zero=1, strong=2") == {"zero": 1.0, "strong": 2.0}
+    for bad in ("loud=1", "zero=x", "zero=0", "zero=-1"):
+        with pytest.raises(SynthError):
+            parse_mix(bad)
+
+
+def test_personas_and_languages(telecom) -> None:
+    scenario, profile = telecom
+    result = synthesize(scenario, profile, 200, seed=8, languages=["en", "zh"])
+    assert {c.language for c in result.cases} == {"en", "zh"}
+    assert all(c.persona.language == c.language for c in result.cases)
+    # personas restricted to intensities they fit (angry_demanding is strong-only in the library)
+    for case in result.cases:
+        if case.persona.name == "angry_demanding":
+            assert case.intensity == "strong"
+    only = synthesize(scenario, profile, 50, seed=8, personas=["calm_professional", "impatient_busy"])
+    assert {c.persona.name for c in only.cases} <= {"calm_professional", "impatient_busy"}
+    with pytest.raises(SynthError, match="calm_professional"):
+        synthesize(scenario, profile, 5, seed=8, personas=["calm_profesional"])
+
+
+def test_user_facts_follow_user_knows() -> None:
+    scenario, profile = load("ecommerce_refund")
+    for case in synthesize(scenario, profile, 50, seed=1).cases:
+        assert set(case.user_facts) == {"ShippingStatus"}  # CreditLevel is internal
+        assert case.user_facts["ShippingStatus"] == case.system["ShippingStatus"]
+
+
+def test_free_variables_vary_and_computed_outputs_are_covered() -> None:
+    scenario, profile = load("online_education")
+    result = synthesize(scenario, profile, 400, seed=1)
+    plans = {c.expected_finals["PLAN"] for c in result.cases if c.expected_finals["Action"] == "PLAN"}
+    assert plans == {"PLAN_A", "PLAN_B", "PLAN_C", "PLAN_D", "PLAN_E", "PLAN_F"}
+    # isRiskUser is read only on refund paths; elsewhere it is still drawn from its domain
+    guide = [c.system["isRiskUser"] for c in result.cases if c.expected_finals["Action"] == "GUIDE"]
+    assert set(guide) == {True, False}
+
+
+def test_uncovered_paths_get_generated_intents() -> None:
+    scenario, _ = load("telecom_package")
+    profile, diags = parse_profile("intents:\n  cancel: {requires: {ConsumptionType: Cancel}}\n", scenario)
+    assert profile is not None and diags == []
+    result = synthesize(scenario, profile, 20, seed=1)
+    generated = [c for c in result.cases if c.intent_generated]
+    assert generated and all(c.intent.startswith("uncovered:") for c in generated)
+    assert all(c.intent == f"uncovered:{c.path_id}" for c in generated)
+    assert all("the SOP ends in" in c.intent_description for c in generated)
+    assert {c.path_id for c in result.cases} == {e.id for e in plan(scenario, profile).paths}
+    assert not any(c.intent_generated for c in result.cases if c.intent == "cancel")
+    assert len(result.coverage.uncovered_paths) == 9
+
+
+def test_scenario_without_a_profile() -> None:
+    scenario, _ = load("airline_refund")
+    result = synthesize(scenario, default_profile(scenario), 30, seed=1)
+    assert len(result.lines) == 30
+    assert all(c.intent_generated for c in result.cases)
+    assert len({c.path_id for c in result.cases}) == len(plan(scenario, default_profile(scenario)).paths)
+
+
+def test_bad_parameters(telecom) -> None:
+    scenario, profile = telecom
+    with pytest.raises(SynthError):
+        synthesize(scenario, profile, -1)
+    with pytest.raises(SynthError):
+        synthesize(scenario, profile, 5, balance="persona")
+    with pytest.raises(SynthError):
+        synthesize(scenario, profile, 5, intensity_mix={"zero": 0})
+    assert synthesize(scenario, profile, 0, min_per_path=0).lines == []
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_synth(tmp_path: Path) -> None:
+    runner = CliRunner()
+    sop = str(SCENARIOS / "telecom_package.sop")
+    out1, out2 = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    cov = tmp_path / "cov.json"
+    r1 = runner.invoke(main, ["synth", sop, "-n", "40", "--seed", "7", "-o", str(out1), "--coverage", str(cov)])
+    assert r1.exit_code == 0, r1.output
+    assert "cases per path" in r1.output and "40 cases" in r1.output
+    r2 = runner.invoke(main, ["synth", sop, "-n", "40", "--seed", "7", "-o", str(out2), "--quiet"])
+    assert r2.exit_code == 0 and r2.output == ""
+    assert out1.read_bytes() == out2.read_bytes()
+    lines = out1.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 40 and all(Case.model_validate_json(line) for line in lines)
+    assert json.loads(cov.read_text())["cases"] == 40
+    stdout = runner.invoke(main, ["synth", sop, "-n", "3", "--quiet", "--intensity", "intent",
+                                  "--language", "en,de", "--balance", "path", "--min-per-path", "0"])
+    assert stdout.exit_code == 0 and len(stdout.output.splitlines()) == 3
+    bad = runner.invoke(main, ["synth", sop, "--intensity", "loud=1"])
+    assert bad.exit_code == 1 and "unknown intensity" in bad.output
+    badp = tmp_path / "x.profile.yaml"
+    badp.write_text("intents: {a: {requires: {Nope: 1}}}\n", encoding="utf-8")
+    broken = runner.invoke(main, ["synth", sop, "--profile", str(badp)])
+    assert broken.exit_code == 1 and f"{badp}:1:" in broken.output
+
+
+def test_generated_description_uses_path_constraints() -> None:
+    scenario = sopgraph.load(text="""
+scenario g "G" "g"
+field K: A | B "k"
+system N: int[0..100] "n"
+action X "x" [ends_dialogue]
+action Y "y" [moves_money]
+stage s1 "s" { "t" match K { A -> s2  B -> do X } }
+stage s2 "s" { "t" when N > 10 -> do Y  otherwise -> do X }
+""")
+    result = synthesize(scenario, default_profile(scenario), 3, seed=0)
+    texts = {c.path_id: c.intent_description for c in result.cases}
+    assert any("N >= 11" in t and "Y" in t for t in texts.values())
+    assert all(isinstance(c.system["N"], int) and 0 <= c.system["N"] <= 100 for c in result.cases)
+    assert isinstance(ir.show, object)
