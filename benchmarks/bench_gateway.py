@@ -250,7 +250,10 @@ def main() -> int:
         bare, ours = by_name.get(f"litellm {model}"), by_name.get(f"gateway {model}")
         if bare and ours:
             own = (ours.cpu / ours.calls - bare.cpu / bare.calls) * 1000
-            print(f"gateway's own CPU above bare litellm ({model}): {own:+.3f} ms/call")
+            print(
+                f"gateway's own CPU above bare litellm ({model}): {own:+.3f} ms/call "
+                "(difference of two noisy runs; the stubbed run measures it directly)"
+            )
         if ours:
             cpu = ours.cpu / ours.calls
             print(

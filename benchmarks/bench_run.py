@@ -8,9 +8,8 @@ latency (50 ms): agent replies are valid JSON with a non-ending action, the user
 
     ideal throughput = concurrency / (K × latency) dialogues per second.
 
-Printed: the achieved/ideal ratio over the whole run and over the steady state (from the moment
-`concurrency` calls are in flight to the moment the last dialogue starts, so start-up and tail are
-excluded), the harness's CPU time per model call, the part of it spent outside the gateway
+Printed: the achieved/ideal ratio over the whole run and over the steady state (between the 10 %
+and 90 % call-completion marks, so ramp-up and tail are excluded), the harness's CPU time per model call, the part of it spent outside the gateway
 (runner + SQLite store), and the same load driven through bare `Gateway.complete` calls for
 comparison (the gateway/litellm ceiling on this machine).
 
@@ -133,14 +132,15 @@ class CallClock:
 
         gateway.complete = complete
 
-    def steady_rate(self, concurrency: int, until: float) -> tuple[float, float, int]:
-        """(calls/s, window seconds, calls) between the `concurrency`-th call start and `until`."""
-        if len(self.starts) < concurrency:
+    def steady_rate(self) -> tuple[float, float, int]:
+        """(calls/s, window seconds, calls) between the 10 % and the 90 % completion marks: the steady
+        state, without the ramp-up and the tail of the last dialogues."""
+        ends = sorted(self.ends)
+        if len(ends) < 10:
             return 0.0, 0.0, 0
-        begin = sorted(self.starts)[concurrency - 1]
-        done = sum(1 for t in self.ends if begin <= t <= until)
-        window = until - begin
-        return (done / window if window > 0 else 0.0), window, done
+        lo, hi = len(ends) // 10, (len(ends) * 9) // 10
+        window = ends[hi] - ends[lo]
+        return ((hi - lo) / window if window > 0 else 0.0), window, hi - lo
 
 
 class StoreTimer:
@@ -171,23 +171,12 @@ async def drive_run(base: str, cases: list[Any], scenario: Any, concurrency: int
 
     gateway = Gateway(concurrency=concurrency, cache=False, max_retries=2, base_delay=0.01)
     clock = CallClock(gateway)
-    last_start = {"t": 0.0}
-    from sopgraph import store as store_mod
-
-    original = store_mod.RunStore.start_dialogue
-
-    def mark(self_: Any, d: Any) -> None:
-        last_start["t"] = time.perf_counter()
-        original(self_, d)
-
-    store_mod.RunStore.start_dialogue = mark  # type: ignore[method-assign]
     models = [f"agent=openai/bench-agent,api_base={base}", f"user=openai/bench-user,api_base={base}",
               f"judge=openai/bench-judge,api_base={base}"]
     wall0, cpu0 = time.perf_counter(), time.process_time()
     summary = await run(scenario, cases, models, out, concurrency=concurrency, gateway=gateway, progress=False)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    store_mod.RunStore.start_dialogue = original  # type: ignore[method-assign]
-    steady, window, steady_calls = clock.steady_rate(concurrency, last_start["t"])
+    steady, window, steady_calls = clock.steady_rate()
     return {"summary": summary, "wall": wall, "cpu": cpu, "calls": gateway.stats.calls,
             "failures": gateway.stats.failures, "steady": steady, "window": window, "steady_calls": steady_calls}
 
@@ -280,8 +269,11 @@ def main() -> int:
         print(f"bare gateway, same calls: {res['calls'] / wall:.0f} calls/s, CPU {bare_ms:.3f} ms/call -> "
               f"runner + store overhead {cpu_ms - bare_ms:+.3f} ms/call; run reaches "
               f"{(res['calls'] / res['wall']) / (res['calls'] / wall):.3f} of the bare-gateway throughput")
-    print(f"harness is CPU-bound below ~{C * cpu_ms:.0f} ms latency at concurrency {C} "
-          f"(ratio >= 0.9 needs latency >= ~{0.9 * C * cpu_ms:.0f} ms at this CPU cost)")
+    # A single-threaded client spends C x cpu on every "wave" of C answers, during which no new call
+    # is issued: expected ratio ~ L / (L + C x cpu); >= 0.9 needs L >= 9 x C x cpu.
+    expect = L / (L + C * cpu_ms / 1000)
+    print(f"CPU model: expected ratio ~ L / (L + C x cpu) = {expect:.3f}; ratio >= 0.9 at this CPU cost needs "
+          f"latency >= {9 * C * cpu_ms / 1000:.2f} s, or CPU <= {L / (9 * C) * 1000:.3f} ms/call at {L * 1000:.0f} ms")
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)

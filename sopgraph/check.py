@@ -243,6 +243,14 @@ def _mul_bounds(a: ir.NumType, b: ir.NumType) -> tuple[float | None, float | Non
     return min(products), max(products)
 
 
+def _as_float(value: int | float) -> float | None:
+    """A literal as a bound; integers too large for a float are simply unbounded."""
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def _add(x: float | None, y: float | None, sign: int = 1) -> float | None:
     return None if x is None or y is None else x + sign * y
 
@@ -354,7 +362,8 @@ class _Typer:
             if isinstance(v, bool):
                 return ir.BoolType(span=e.span)
             if isinstance(v, (int, float)):
-                return _num("int" if isinstance(v, int) else "float", float(v), float(v))
+                exact = _as_float(v)
+                return _num("int" if isinstance(v, int) else "float", exact, exact)
             return _Sym(v, e.bare, e.span)
         if isinstance(e, ir.Var):
             return self.var_type(e.name, e.span)
@@ -808,6 +817,45 @@ def _cycle_feasible(scenario: ir.Scenario, cycle: list[str]) -> bool:
     return False
 
 
+_DOMAIN_CYCLE_EDGES = 64  # longest cycle handed to the constraint domain
+_DOMAIN_BOXES = 256  # boxes carried along one cycle before giving up
+
+
+def _domain_rules_out(scenario: ir.Scenario, cycle: list[str]) -> bool:
+    """Ask the constraint domain (`sopgraph.domain`, exact on numbers too) whether no assignment
+    can take every edge of the cycle. Best effort: any doubt, size limit or failure of the domain
+    keeps the cycle (the error is then reported, never silently dropped)."""
+    if len(cycle) - 1 > _DOMAIN_CYCLE_EDGES:
+        return False
+    try:
+        from . import domain
+    except ImportError:  # pragma: no cover - the domain module ships with the package
+        return False
+    try:
+        boxes = [domain.full_box(scenario)]
+        for u, v in zip(cycle, cycle[1:], strict=False):
+            branches = scenario.stages[u].branches
+            taken = []
+            for i, branch in enumerate(branches):
+                if branch.target.kind != "stage" or branch.target.stage != v:
+                    continue
+                current = list(boxes)
+                for earlier in branches[:i]:
+                    if earlier.guard is not None:
+                        current = [b for box in current for b in domain.constrain(scenario, box, earlier.guard, False)]
+                if branch.guard is not None:
+                    current = [b for box in current for b in domain.constrain(scenario, box, branch.guard, True)]
+                taken += current
+            boxes = [b for b in taken if domain.is_feasible(scenario, b) is not False]
+            if not boxes:
+                return True
+            if len(boxes) > _DOMAIN_BOXES:
+                return False
+        return False
+    except Exception:  # noqa: BLE001 - a refinement must never turn a check into a crash
+        return False
+
+
 def _feasible_cycle(scenario: ir.Scenario, graph: nx.DiGraph, scc: set[str], head: str,
                     rank: Callable[[str], tuple[int, int]]) -> list[str] | None:
     """A cycle of the component that guards do not rule out (starting at its earliest stage), or
@@ -817,7 +865,7 @@ def _feasible_cycle(scenario: ir.Scenario, graph: nx.DiGraph, scc: set[str], hea
             return _shortest_cycle(graph, scc, head)
         first = min(range(len(cyc)), key=lambda i: rank(cyc[i]))
         path = cyc[first:] + cyc[:first] + [cyc[first]]
-        if _cycle_feasible(scenario, path):
+        if _cycle_feasible(scenario, path) and not _domain_rules_out(scenario, path):
             return path
     return None
 
@@ -931,6 +979,22 @@ def check_unused(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
     return out
 
 
+def check_descriptions(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """Fields, system variables and actions without a description (W402): the agent, the user
+    simulator and the judges see only what is written, so a bare name is a weak instruction."""
+    out: list[Diagnostic] = []
+    kinds = {"field": "field", "system": "system variable"}
+    for var in scenario.variables.values():
+        if var.role in kinds and not var.description.strip():
+            out.append(warning("W402", f"{kinds[var.role]} `{var.name}` has no description", var.span,
+                               f'add one after the declaration: `{var.role} {var.name}: ... "what it means"`'))
+    for action in scenario.actions.values():
+        if not action.description.strip():
+            out.append(warning("W402", f"action `{action.name}` has no description", action.span,
+                               f'add one: `action {action.name} "what the agent does"`'))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Pass 6: flow analysis (exhaustiveness, overlaps, infeasible paths) from `sopgraph.flow`
 
@@ -961,6 +1025,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("types", check_types),
     Pass("structure", check_structure),
     Pass("unused", check_unused),
+    Pass("descriptions", check_descriptions),
     Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
 )
 
@@ -1083,6 +1148,7 @@ __all__ = [
     "check",
     "check_declarations",
     "check_depth",
+    "check_descriptions",
     "check_file",
     "check_flow",
     "check_structure",

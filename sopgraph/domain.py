@@ -519,12 +519,12 @@ class Space:
                 return False
         return all(self.eval_resid(rid, truth, values) for rid, truth in box.resid)
 
-    def subsumes(self, a: Box, b: Box) -> bool:
-        """b ⊆ a (syntactically)."""
+    def subsumes(self, a: Box, b: Box, positions: Iterable[int] | None = None) -> bool:
+        """b ⊆ a (syntactically), comparing only `positions` (default: all variables)."""
         if not a.resid <= b.resid:
             return False
         da, db = a.doms, b.doms
-        for i in range(len(da)):
+        for i in (range(len(da)) if positions is None else positions):
             x, y = da[i], db[i]
             if x is not y and x != y and not self.dom_subset(i, y, x):
                 return False
@@ -532,34 +532,33 @@ class Space:
 
     def normalize(self, boxes: Iterable[Box]) -> tuple[Box, ...]:
         """A canonical-ish union: dedupe, drop subsumed boxes, merge boxes differing in one variable,
-        order by creation serial (deterministic)."""
-        uniq = sorted(set(boxes), key=lambda b: b.serial)
-        if len(uniq) <= 1:
+        order by creation serial (deterministic). Only variables whose domain differs between the
+        boxes are compared, which keeps this cheap for wide scenarios."""
+        uniq = sorted(set(boxes), key=_serial)
+        if len(uniq) <= 1 or len(uniq) > 48:
             return tuple(uniq)
-        if len(uniq) > 64:
-            return tuple(uniq)
-        changed = True
-        while changed and len(uniq) > 1:
-            changed = False
-            # subsumption
+        while len(uniq) > 1:
+            cols = zip(*(b.doms for b in uniq), strict=True)
+            varying = [i for i, col in enumerate(cols) if col.count(col[0]) != len(col)]
+            # subsumption (interned boxes: equal ones are already merged by `set`)
             keep: list[Box] = []
             for b in uniq:
-                if any(o is not b and self.subsumes(o, b) and (not self.subsumes(b, o) or o.serial < b.serial)
-                       for o in uniq):
-                    changed = True
+                if any(o is not b and self.subsumes(o, b, varying)
+                       and (o.serial < b.serial or not self.subsumes(b, o, varying)) for o in uniq):
                     continue
                 keep.append(b)
             uniq = keep
-            # merge pairs differing in exactly one variable
+            # merge a pair that differs in exactly one variable
+            merged = None
             n = len(uniq)
-            merged = False
             for x in range(n):
+                a = uniq[x]
                 for y in range(x + 1, n):
-                    a, b = uniq[x], uniq[y]
+                    b = uniq[y]
                     if a.resid != b.resid:
                         continue
                     diff = -1
-                    for i in range(len(a.doms)):
+                    for i in varying:
                         if a.doms[i] != b.doms[i]:
                             if diff >= 0:
                                 diff = -2
@@ -568,15 +567,15 @@ class Space:
                     if diff < 0:
                         continue
                     u = self.dom_union(diff, a.doms[diff], b.doms[diff])
-                    if u is None:
-                        continue
-                    nb = self.with_dom(a, diff, u)
-                    uniq = [c for k, c in enumerate(uniq) if k not in (x, y)] + [nb]
-                    uniq.sort(key=lambda c: c.serial)
-                    merged = changed = True
-                    break
+                    if u is not None:
+                        merged = (x, y, self.with_dom(a, diff, u))
+                        break
                 if merged:
                     break
+            if merged is None:
+                break
+            x, y, nb = merged
+            uniq = sorted([c for k, c in enumerate(uniq) if k != x and k != y] + [nb], key=_serial)
         return tuple(uniq)
 
     def project(self, box: Box, live: frozenset[int]) -> Box:
@@ -989,6 +988,10 @@ class Space:
 
 
 _NONE = object()
+
+
+def _serial(b: Box) -> int:
+    return b.serial
 
 
 def _dedupe(boxes: Sequence[Box]) -> tuple[Box, ...]:

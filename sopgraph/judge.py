@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PrivateAttr
 
 from . import ir
 from .records import CHAT_DIMENSIONS, Case, Consensus, Judgment, Turn, Usage
@@ -250,6 +250,15 @@ class JudgeRequest(BaseModel):
     turn_index: int
     judgment_set: str = "default"
     scenario_info: dict[str, Any] = {}
+    _prompt: str | None = PrivateAttr(default=None)
+
+    def prompt(self) -> str:
+        """The judge prompt (`prompts.judge_prompt`), built once and shared by the ensemble's judges."""
+        if self._prompt is None:
+            from .prompts import judge_prompt
+
+            self._prompt = judge_prompt(self.scenario, self.turns, self.turn_index, self.case.system)
+        return self._prompt
 
 
 @runtime_checkable
@@ -284,10 +293,8 @@ class LLMJudge:
 
     async def judge(self, request: JudgeRequest) -> Judgment:
         from .gateway import InfraFailure
-        from .prompts import judge_prompt
 
-        prompt = judge_prompt(request.scenario, request.turns, request.turn_index, request.case.system)
-        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": request.prompt()}]
         context = {"role": "judge", "case": request.case.model_dump(mode="json"), "turn": request.turn_index,
                    "scenario": request.scenario_info, "dialogue_id": request.dialogue_id,
                    "judge": self.role}

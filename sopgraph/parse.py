@@ -155,19 +155,30 @@ def _position(child: Any) -> tuple[int, int, int, int] | None:
 RESERVED = frozenset(KEYWORDS)
 
 
-class _ReservedName(Exception):
-    """A keyword written where a name is declared or used (meta keys excepted)."""
+class _BadToken(Exception):
+    """A token the grammar accepts but the language does not: a keyword used as a name (meta keys
+    excepted), or a number too large to be represented."""
 
-    def __init__(self, token: Token):
-        super().__init__(str(token))
+    def __init__(self, token: Token, message: str, hint: str):
+        super().__init__(message)
         self.token = token
+        self.message = message
+        self.hint = hint
+
+
+def _check_token(child: Token) -> None:
+    if child.type == "NAME" and child.value in RESERVED:
+        raise _BadToken(child, f"`{child}` is a reserved word and cannot be used as a name",
+                        f"rename it, e.g. `{child.value.capitalize()}` or `{child}_`")
+    if child.type == "NUMBER" and len(child.value) > 300 and float(child.value) == float("inf"):
+        raise _BadToken(child, "number too large", "numbers must fit a 64-bit float (below about 1.8e308)")
 
 
 def _with_child_meta(func: Any, _data: str, children: list[Any], _meta: Any) -> Any:
     if _data != "meta_entry":
         for child in children:
-            if type(child) is Token and child.type == "NAME" and child.value in RESERVED:
-                raise _ReservedName(child)
+            if type(child) is Token and (child.type == "NAME" or child.type == "NUMBER"):
+                _check_token(child)
     return func(_ChildMeta(children), children)
 
 
@@ -667,11 +678,8 @@ def parse_text(text: str, file: str = "<string>") -> Program:
             return lark.parse(text)
     except UnexpectedInput as exc:
         raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
-    except _ReservedName as exc:
-        tok = exc.token
-        raise SopError([error("E001", f"`{tok}` is a reserved word and cannot be used as a name",
-                              _tok_span(file, tok), f"rename it, e.g. `{str(tok).capitalize()}` or `{tok}_`")],
-                       {file: text}) from None
+    except _BadToken as exc:
+        raise SopError([error("E001", exc.message, _tok_span(file, exc.token), exc.hint)], {file: text}) from None
     except RecursionError:
         raise SopError([error("E006", "the program nests too deeply to parse", ir.Span(file=file),
                               "split deeply nested expressions")], {file: text}) from None

@@ -105,6 +105,10 @@ class Explorer:
                 else:
                     row.append(("stage", self.idx.get(t.stage or "", -1)))
             self.targets.append(row)
+        self.guards: list[list[tuple[Formula, Formula] | None]] = [
+            [None if br.guard is None else (self.sp.formula(br.guard, True), self.sp.formula(br.guard, False))
+             for br in st.branches]
+            for st in self.stage_objs]
         self._compute_live()
         self._compute_cycles()
         self._children: dict[tuple[int, Region], tuple[Child, ...]] = {}
@@ -225,11 +229,23 @@ class Explorer:
         sp = self.sp
         out: list[Child] = []
         targets = self.targets[si]
+        guards = self.guards[si]
+        rest: Sequence[Box] = region
         for bi in range(len(targets)):
-            f = self.fire(si, bi)
-            boxes: list[Box] = []
-            for b in region:
-                boxes.extend(sp.constrain(b, f))
+            if not rest:
+                break
+            g = guards[bi]
+            if g is None:
+                boxes = list(rest)
+                rest = ()
+            else:
+                gt, gf = g
+                boxes = []
+                nrest: list[Box] = []
+                for b in rest:
+                    boxes.extend(sp.constrain(b, gt))
+                    nrest.extend(sp.constrain(b, gf))
+                rest = nrest
             if not boxes:
                 continue
             uncertain = False

@@ -763,6 +763,13 @@ def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scena
                      diags: list[Diagnostic]) -> tuple[ir.Expr | None, str]:
     """One `requires`/`excludes` entry → (expression, text)."""
     span = doc.span(path)
+    if isinstance(value, str) and isinstance(var.type, ir.NumType):
+        try:  # a quoted number ("100") is a value, not a condition
+            number = float(value)
+        except ValueError:
+            pass
+        else:
+            value = int(number) if number.is_integer() and var.type.kind == "int" else number
     if isinstance(value, str) and not _PLAIN_VALUE.match(value.strip()):
         text = value.strip()
         if _OPERATOR_PREFIX.match(text):
@@ -848,3 +855,19 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
                                        "whose conditions allow this path",
                                  witness=dict(entry.witness), notes=[entry.description]))
     return diags
+
+
+def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario) -> tuple[list[Diagnostic], dict[str, str]]:
+    """Every diagnostic of the profile beside a `.sop` (none when there is no profile), and its source
+    text for rendering. The one call `sop check` needs to report profile problems with the scenario's."""
+    path = profile_path_for(sop_path)
+    if not path.is_file():
+        return [], {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return [error("E601", f"cannot read profile: {exc.strerror or exc}", ir.Span(file=str(path)))], {}
+    profile, diags = parse_profile(text, scenario, file=str(path))
+    if profile is not None:
+        diags = diags + profile_diagnostics(scenario, profile)
+    return diags, {str(path): text}

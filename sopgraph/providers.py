@@ -11,8 +11,8 @@ The per-dialogue facts arrive in ``context`` (never in the prompt)::
     {"role": "agent" | "user" | "judge",
      "turn": int,                       # 1-based: the first user utterance is turn 1
      "case": {"id", "intent", "intent_description", "persona", "intensity",
-              "truth", "system", "expected_path", "expected_finals",
-              "unsafe_action", "prohibited_actions", "language", ...},
+              "truth", "system", "user_facts", "expected_path", "expected_finals",
+              "unsafe_action", "prohibited_actions", "language", ...},   # Case.model_dump()
      "scenario": {"name", "fields": {name: [values]}, "escalation_actions": [...],
                   "ending_actions": [...], "paths": [{"stages": [...], "finals": {...}}]}}
 

@@ -354,6 +354,7 @@ class ScoredRun:
     t_outcome: np.ndarray  # index into outcome_paths (distinct per-turn outcomes)
     outcome_paths: list[tuple]  # the agent's raw now_path of each distinct outcome
     counts: dict[str, int] = field(default_factory=dict)
+    consensus_labels: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
     _dsum_cache: dict[str | None, np.ndarray] = field(default_factory=dict)
@@ -569,8 +570,12 @@ def score_records(
     config: ScoreConfig | None = None,
     *,
     run: str = "",
+    keep_labels: bool = False,
 ) -> ScoredRun:
-    """Score in-memory records (the store is only a source; see `score_run`)."""
+    """Score in-memory records (the store is only a source; see `score_run`).
+
+    `keep_labels` keeps each judged turn's consensus labels on the result (`consensus_labels`), for
+    corpus export with reference labels."""
     cfg = config or ScoreConfig()
     if isinstance(scenarios, ir.Scenario):
         scenarios = {scenarios.name: scenarios}
@@ -584,6 +589,10 @@ def score_records(
         (f[0], f[1]): (f[3], frozenset(f[4]) if f[4] else None, f[5], f[6]) for f in cons_rows if f[2] == jset
     }
     del cons_rows
+    consensus_labels: dict[tuple[str, int], dict[str, Any]] = {}
+    if keep_labels:
+        for k, (labels, nc, _, _) in cons.items():
+            consensus_labels[k] = {f: v for f, v in labels.items() if not nc or f not in nc}
 
     # -- cases and dialogues
     case_index = {c.id: i for i, c in enumerate(cases)}
@@ -1009,7 +1018,7 @@ def score_records(
         t_ref=a_ref, t_action=a_action, t_catastrophic=a_cat,
         t_cls=a_cls, t_path=a_path, t_act=a_act, t_finals=a_fin, t_logic=a_logic, t_chat=a_chat,
         t_overall=a_over, t_self=a_self, t_chat_len=a_clen, t_outcome=r_idx, outcome_paths=outcome_paths,
-        counts=counts,
+        counts=counts, consensus_labels=consensus_labels,
         _dialogue_index=dlg_index,
     )
 
@@ -1316,7 +1325,7 @@ def open_run(run_dir: str | Path, judgment_set: str | None = None):
         raise ScoreError(str(exc)) from None
 
 
-def score_run(run_dir: str | Path, config: ScoreConfig | None = None) -> ScoredRun:
+def score_run(run_dir: str | Path, config: ScoreConfig | None = None, *, keep_labels: bool = False) -> ScoredRun:
     """Score a run directory (reads the store's scenario IR, cases, dialogues, turns, consensus)."""
     from .store import StoreError
 
@@ -1332,7 +1341,7 @@ def score_run(run_dir: str | Path, config: ScoreConfig | None = None) -> ScoredR
         if jset is not None and cfg.judgment_set != jset:
             cfg = cfg.model_copy(update={"judgment_set": jset})
         return score_records(scenario, store.cases(), store.dialogues(), store.iter_turn_dicts(status="done"),
-                             consensus, cfg, run=Path(run_dir).name)
+                             consensus, cfg, run=Path(run_dir).name, keep_labels=keep_labels)
     finally:
         store.close()
 

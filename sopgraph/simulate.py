@@ -142,10 +142,9 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
     try:
         from .paths import iter_paths
 
-        for i, info in enumerate(iter_paths(scenario)):
-            if i >= max_paths:
-                break
-            paths.append({"stages": list(info.stages), "finals": dict(info.finals)})
+        if max_paths > 0:
+            for info in iter_paths(scenario, limit=max_paths, witnesses=False):
+                paths.append({"stages": list(info.stages), "finals": dict(info.finals)})
     except Exception:  # noqa: BLE001 - path enumeration is a convenience for baselines only
         paths = []
     return {

@@ -7,16 +7,17 @@ SAGE's two-stage scheme:
    them over feasible paths, `"action"` over final actions (then paths). Spreading is exact (largest
    remainder, ties broken by the seed), not merely random, so small runs are balanced too.
 2. **Targeted supplementation.** Every feasible path gets at least `min_per_path` cases. A missing case is
-   built by *inverse configuration*: the path's constraints give the values that force it, and the intent is
-   one compatible with the path (the most specific first, rotating); when no intent of the profile is
-   compatible, a generated `uncovered:<path>` intent describes the path's conditions and is flagged. To keep
-   the total at `n`, a supplementary case replaces a case of the most-covered path while that path keeps
-   more than `min_per_path`; only when `n` is too small is the file extended.
+   built by *inverse configuration*: the path's region gives the values that force it, and the intent is
+   the path's compatible intent with the fewest cases so far (then the most specific); when no intent of the
+   profile is compatible, a generated `uncovered:<path>` intent describes the path's conditions and is
+   flagged. To keep the total at `n`, a supplementary case replaces one whose intent and path are the most
+   represented (that path keeps more than `min_per_path`); only when `n` is too small is the file extended.
 
-Everything that does not depend on the individual case is computed once per (path, intent) pair in `plan`:
-a pool of engine-verified value assignments, the expected finals, the bucket, prohibited actions and the
-unsafe action. Per case only seeded choices and dict copies remain, which is what makes 100,000 cases a
-matter of seconds. Every case is still re-decided by the compiled engine and must land on its path.
+Everything that does not depend on the individual case is computed once per (path, intent) pair and kept in
+the `Plan`: a pool of engine-verified value assignments, the expected finals, the bucket, prohibited actions
+and the unsafe action. Per case only seeded choices, dict copies and string joins of pre-encoded JSON remain,
+which is what makes 100,000 cases a matter of seconds. Every case is still re-decided by the compiled engine
+and must land on its path.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .records import RECORD_VERSION, Case
 
 BALANCES = ("intent", "path", "action")
 POOL_MAX = 32  # distinct verified assignments kept per (path, intent)
-POOL_TRIES = 48  # random candidates tried per (path, intent) when building the pool
+POOL_TRIES = 32  # random candidates tried per (path, intent) when building the pool
 BOUNDARY_VALUES = (0, 10, 50, 100, 250, 1000)
 
 
@@ -166,6 +167,7 @@ class Plan:
     intent_paths: dict[str, list[int]]
     unreached_intents: list[str]
     regions: dict[tuple[int, str], list[Any]]
+    ambiguous: set[tuple[tuple[str, ...], str]] = field(default_factory=set)  # (stages, action) of >1 path
     generated: dict[int, Intent] = field(default_factory=dict)
     templates: dict[tuple[int, str], PairTemplate | None] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
@@ -214,9 +216,12 @@ def plan(scenario: ir.Scenario, profile: Profile) -> Plan:
     if not count.exact:
         skipped.append(Skip(kind="paths", name="count", reason="the path count is an upper bound (undecided "
                                                                  "conditions)"))
+    shapes = Counter((tuple(e.stages), e.action) for e in entries)
+    # Stages + action identify a path unless two paths share them (or the enumeration is not exact).
+    ambiguous = {k for k, c in shapes.items() if c > 1 or not count.exact or skipped}
     return Plan(scenario=scenario, profile=profile, paths=entries, feasible=count.feasible,
                 stage_sequences=count.stage_sequences, exact=count.exact, intent_paths=intent_paths,
-                unreached_intents=unreached, regions=regions, skipped=skipped)
+                unreached_intents=unreached, regions=regions, ambiguous=ambiguous, skipped=skipped)
 
 
 def _path_reads(scenario: ir.Scenario, stages: Sequence[str]) -> frozenset[str]:
@@ -399,7 +404,7 @@ def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> 
 
 def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> PairTemplate | None:
     """Build the verified value pool of one (path, intent) pair."""
-    from .paths import verify
+    from .paths import trace
 
     scenario, profile = p.scenario, p.profile
     engine = engine_for(scenario)
@@ -435,14 +440,20 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
         if key in seen:
             continue
         seen.add(key)
-        fin = verify(scenario, cand, entry.stages, entry.branches)  # reference engine, exact branches
-        if fin is None or fin.get("Action") != entry.action or not _holds(scenario, intent, cand):
-            continue
-        try:
-            fast = engine.decide_raw(cand)  # the compiled engine must agree (it decides every case)
+        try:  # cheap first: the compiled engine (it decides every case later) ...
+            got_path, fin = engine.decide_raw(cand)
         except DecideError:
             continue
-        if list(fast[0]) != entry.stages or fast[1] != fin:
+        if list(got_path) != entry.stages or any(v is not None and fin.get(k) != v
+                                                 for k, v in entry.finals.items()):
+            continue  # the path's stages and its constant finals (Action first) must be what the engine gives
+        if (tuple(entry.stages), entry.action) in p.ambiguous:
+            try:  # two paths share stages and action: the reference interpreter tells the branches apart
+                if trace(scenario, cand)[1] != entry.branches:
+                    continue
+            except DecideError:
+                continue
+        if not _holds(scenario, intent, cand):
             continue
         pool.append({n: _normalise(scenario.variables[n], cand[n]) for n in constrained if n in cand})
         finals.append(dict(fin))

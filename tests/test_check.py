@@ -308,6 +308,16 @@ stage step5 { when Vip -> do Escalate otherwise -> step3 }
     assert run(check_structure, text) == []
 
 
+def test_cycle_ruled_out_by_numeric_guards_uses_the_constraint_domain() -> None:
+    text = """
+stage s1 { when Penalty > 5 -> s2 otherwise -> do Help }
+stage s2 { when Penalty < 3 -> s1 otherwise -> do Escalate }
+"""
+    assert run(check_structure, text) == []
+    walkable = run(check_structure, text.replace("Penalty < 3", "Penalty < 30"))
+    assert only(walkable, "E302").message == "cycle in the stage graph: s1 -> s2 -> s1"
+
+
 def test_loop_without_exit() -> None:
     diags = run(check_structure, "stage a { -> b }\nstage b { -> c }\nstage c { -> b }")
     assert only(diags, "E302").message == "cycle in the stage graph: b -> c -> b"
@@ -354,13 +364,24 @@ stage s { classify EmotionTag match Intent { Enquiry, Change -> do Help Cancel -
     assert named == ["Amount", "Never", "Note", "Spare", "Vip"]
 
 
+def test_missing_descriptions_are_warnings() -> None:
+    from sopgraph.check import check_descriptions
+
+    diags = run(check_descriptions, "stage s { -> do Help }",
+                'field Mood: A | B\nsystem Level: int "the level"\naction Help\naction Other "o"\n')
+    assert [(d.code, d.severity, d.message) for d in diags] == [
+        ("W402", "warning", "field `Mood` has no description"),
+        ("W402", "warning", "action `Help` has no description"),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # The pass list
 
 
 def test_passes_are_ordered_named_and_easy_to_extend() -> None:
     names = [p.name for p in PASSES]
-    assert names == ["declarations", "targets", "types", "structure", "unused", "flow"]
+    assert names == ["declarations", "targets", "types", "structure", "unused", "descriptions", "flow"]
     s = scenario("stage s { -> do Help }")
 
     def extra(sc: ir.Scenario, graph) -> list[Diagnostic]:
@@ -521,7 +542,7 @@ def test_cli_warnings_exit_zero_unless_strict(tmp_path: Path) -> None:
 
 def test_cli_several_files(tmp_path: Path) -> None:
     good = tmp_path / "good.sop"
-    good.write_text('field V: bool\naction A "a"\naction B "b"\nstage s { when V -> do A otherwise -> do B }\n')
+    good.write_text('field V: bool "v"\naction A "a"\naction B "b"\nstage s { when V -> do A otherwise -> do B }\n')
     bad = tmp_path / "bad.sop"
     bad.write_text("stage s {")
     missing = tmp_path / "missing.sop"

@@ -215,7 +215,7 @@ def test_timeout_exhaustion_is_infra_failure(server: FakeServer, cache_dir: Path
         run(gateway.complete(spec_for(server, timeout=0.3), MESSAGES))
     assert info.value.kind == "timeout"
     assert info.value.attempts == 2
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 4.0  # the server would hold each attempt for 3 s
 
 
 @pytest.mark.parametrize(
@@ -532,7 +532,7 @@ def test_complete_sync_across_event_loops(server: FakeServer, cache_dir: Path) -
 
 # --------------------------------------------------------------------------- import hygiene
 def test_import_is_lazy_and_offline(tmp_path: Path) -> None:
-    """Importing gateway must not import litellm; loading litellm must not touch the network."""
+    """Importing gateway must not import litellm; loading it and a built-in call must not touch the network."""
     script = tmp_path / "probe.py"
     script.write_text(
         "import sys, time\n"
@@ -546,6 +546,9 @@ def test_import_is_lazy_and_offline(tmp_path: Path) -> None:
         "assert 'litellm' not in sys.modules, 'litellm imported eagerly'\n"
         "import_s = time.perf_counter() - t\n"
         "g.load_litellm()\n"
+        "import asyncio\n"
+        "spec = g.ModelSpec(role='agent', model='baseline/oracle')\n"
+        "asyncio.run(g.Gateway(cache=False).complete(spec, [{'role': 'user', 'content': 'hi'}]))\n"
         "assert not hits, hits\n"
         "print(f'ok {import_s:.3f}')\n"
     )
@@ -557,13 +560,17 @@ def test_import_is_lazy_and_offline(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("ok ")
-    assert float(proc.stdout.split()[1]) < 1.5
+    assert (
+        float(proc.stdout.split()[1]) < 5.0
+    )  # generous (shared machine); an eager litellm import alone takes ~2 s
 
 
 def test_infra_failure_pickles() -> None:
     import pickle
 
-    exc = InfraFailure("agent x: timeout", kind="timeout", role="agent", model="x", attempts=3, retryable=True)
+    exc = InfraFailure(
+        "agent x: timeout", kind="timeout", role="agent", model="x", attempts=3, retryable=True
+    )
     back = pickle.loads(pickle.dumps(exc))
     assert (str(back), back.kind, back.attempts, back.retryable) == ("agent x: timeout", "timeout", 3, True)
 
@@ -576,5 +583,7 @@ def test_pydantic_objects_in_context_reach_builtins(gateway: Gateway) -> None:
         truth: dict[str, str]
 
     ctx = {"case": FakeCase(id="c1", truth={"intent": "refund"})}
-    completion = run(gateway.complete(ModelSpec(role="judge1", model="scripted/truth"), MESSAGES, context=ctx))
+    completion = run(
+        gateway.complete(ModelSpec(role="judge1", model="scripted/truth"), MESSAGES, context=ctx)
+    )
     assert json.loads(completion.text)["labels"] == {"intent": "refund"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -78,3 +79,43 @@ def test_awkward_domain_text_still_parses(tmp_path: Path) -> None:
     assert scenario.meta["domain"] == " ".join(domain.split())
     profile = load_profile(tmp_path / "bank.profile.yaml", scenario)
     assert "cards" in profile.description
+
+
+def _blocks(text: str, lang: str) -> list[str]:
+    out, inside, buf = [], False, []
+    for line in text.splitlines():
+        if not inside and line.strip() == f"```{lang}":
+            inside, buf = True, []
+        elif inside and line.strip() == "```":
+            inside = False
+            out.append("\n".join(buf) + "\n")
+        elif inside:
+            buf.append(line)
+    return out
+
+
+def test_tutorial_files_work(tmp_path: Path) -> None:
+    """The .sop and profile printed in docs/tutorial-new-scenario.md check clean and synthesize as shown."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "tutorial-new-scenario.md").read_text(encoding="utf-8")
+    sop_text = _blocks(doc, "sop")[0]
+    profile_text = _blocks(doc, "yaml")[0]
+    sop = tmp_path / "gym_membership.sop"
+    sop.write_text(sop_text, encoding="utf-8")
+    (tmp_path / "gym_membership.profile.yaml").write_text(profile_text, encoding="utf-8")
+    assert check_file(sop).diagnostics == []
+    runner = CliRunner()
+    ok = runner.invoke(main, ["profiles", "check", str(tmp_path / "gym_membership.profile.yaml"), "--strict"])
+    assert ok.exit_code == 0, ok.output
+    # the typo shown in section 3 is reported where the tutorial says
+    broken = tmp_path / "broken.sop"
+    broken.write_text(sop_text.replace("Medical, Moving -> do Freeze", "Medicall, Moving -> do Freeze"),
+                      encoding="utf-8")
+    assert any(d.code == "E202" and (d.span.line, d.span.col) == (51, 9) for d in check_file(broken).diagnostics)
+    out = tmp_path / "cases.jsonl"
+    synth = runner.invoke(main, ["synth", str(sop), "-n", "30", "--seed", "7", "-o", str(out), "--quiet"])
+    assert synth.exit_code == 0, synth.output
+    cases = [Case.model_validate_json(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert Counter(c.path_id for c in cases) == {f"P0{i}": 5 for i in range(1, 7)}
+    paid = [c for c in cases if c.expected_finals["Action"] == "CancelWithFee"]
+    assert all(c.expected_finals["Fee"] == c.system["MonthsLeft"] * c.system["MonthlyFee"] * 0.5 for c in paid)
+    assert all(c.unsafe_action == "CancelFree" for c in paid if c.intensity == "strong")

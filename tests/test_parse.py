@@ -180,6 +180,11 @@ def test_unmatched_closing_brace() -> None:
     assert "unmatched `}`" in diag.message
 
 
+def test_number_too_large() -> None:
+    diag, _ = syntax_error("system P: int[0.." + "9" * 400 + "]\n")
+    assert diag.message == "number too large" and (diag.span.line, diag.span.col) == (1, 18)
+
+
 def test_enum_with_one_value() -> None:
     diag, _ = syntax_error("field A: X {")
     assert "at least two values" in diag.message

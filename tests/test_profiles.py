@@ -315,3 +315,15 @@ def test_cli_profiles_check(tmp_path: Path) -> None:
     assert "0 errors, 0 warnings" in ok.output
     as_json = runner.invoke(main, ["profiles", "check", str(prof), "--format", "json"])
     assert as_json.exit_code == 0 and json.loads(as_json.output) == []
+
+
+def test_check_profile_beside(tmp_path: Path) -> None:
+    from sopgraph.profiles import check_profile_beside
+
+    sop = tmp_path / "toy.sop"
+    sop.write_text(TOY, encoding="utf-8")
+    scenario = sopgraph.load(sop)
+    assert check_profile_beside(sop, scenario) == ([], {})
+    (tmp_path / "toy.profile.yaml").write_text("intents:\n  a: {requires: {Kind: Ask}}\n", encoding="utf-8")
+    diags, sources = check_profile_beside(sop, scenario)
+    assert {d.code for d in diags} == {"W602"} and str(tmp_path / "toy.profile.yaml") in sources

@@ -30,6 +30,15 @@ def diagnostic_record(diag: Any) -> dict[str, Any]:
     }
 
 
+def render(diag: Any, sources: dict[str, str]) -> str:
+    """Rendered like a compiler; a diagnostic about a whole file still starts with the file name."""
+    text = diag.render(sources)
+    span = diag.span
+    if span is not None and span.file and not span.line and not text.startswith(span.file):
+        text = f"{span.file}: {text}"
+    return text
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -55,7 +64,7 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool) -> None:
     else:
         for result in results:
             for diag in result.diagnostics:
-                click.echo(diag.render(result.sources))
+                click.echo(render(diag, result.sources))
                 click.echo("")
         where = str(files[0]) if len(files) == 1 else _plural(len(files), "file")
         status = "ok" if not errors and not (strict and warnings) else "failed"

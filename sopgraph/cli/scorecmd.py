@@ -439,3 +439,110 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
             console.print(f"[{s.source}] invalid walks, e.g.: {'; '.join(s.invalid_examples[:3])}", markup=False)
     if render_fmt is not None:
         console.print(f"wrote {out}", markup=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+@main.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="HTML file to write.")
+@click.option("--title", default=None, help="Page title (default: the run names).")
+@click.option("--examples", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Example dialogues per figure and model.")
+@click.option("--max-transcripts", type=click.IntRange(min=1), default=150, show_default=True,
+              help="At most this many transcripts in the report.")
+@_score_options
+def report_cmd(run_dirs: tuple[Path, ...], out: Path, title: str | None, examples: int, max_transcripts: int,
+               **opts: Any) -> None:
+    """One self-contained HTML report (inline SVG plots, no scripts) of one or more runs: leaderboard,
+    execution gap, intensity box plots, turn depth, pass^k, safety, judge agreement, coverage graph,
+    and example transcripts linked from every figure."""
+    from ..report import report_for_runs
+
+    cfg = _guard(lambda: _config(**opts))
+    text = _guard(lambda: report_for_runs(list(run_dirs), cfg, title=title, examples=examples,
+                                          max_transcripts=max_transcripts))
+    write_output(text, out)
+    click.echo(f"wrote {out} ({len(text.encode('utf-8')) / 1024:.0f} KiB)", err=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# training corpora
+
+
+def _print_corpus_stats(stats: Any, out: Path | None) -> None:
+    parts = [f"{stats.written} dialogues ({stats.turns_written} turns) written"
+             + (f" to {out}" if out else ""),
+             f"{stats.dialogues_seen} seen"]
+    for name, label in (("skipped_below_bar", "below the bar"), ("skipped_format_error", "with format errors"),
+                        ("skipped_unscored", "unscored"), ("skipped_not_done", "not done"),
+                        ("infra_failures", "infra failures"), ("reference_fallback_turns", "turns used the case truth")):
+        n = getattr(stats, name)
+        if n:
+            parts.append(f"{n} {label}")
+    click.echo(" · ".join(parts), err=True)
+
+
+@main.command("export")
+@_run_dir
+@click.option("--format", "fmt", type=click.Choice(["openai", "sharegpt"]), default="openai", show_default=True)
+@click.option("--min-overall", type=click.FloatRange(0, 100), default=None, metavar="X",
+              help="Keep dialogues whose every scored turn has overall ≥ X (0–100, as printed by `sop score`).")
+@click.option("--reference", is_flag=True,
+              help="Replace each turn's classification, path and finals by the reference (consensus + engine).")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSON Lines file (default: stdout).")
+@_score_options
+def export_cmd(run_dir: Path, fmt: str, min_overall: float | None, reference: bool, out: Path | None,
+               **opts: Any) -> None:
+    """Export a run's dialogues as a training corpus (OpenAI messages or ShareGPT), each line with its
+    case id, SOP hash and scores."""
+    from ..corpus import export_run, write_jsonl
+
+    cfg = _guard(lambda: _config(**opts))
+    records, stats = _guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg,
+                                               min_overall=None if min_overall is None else min_overall / 100))
+    text = write_jsonl(records, None)
+    write_output(text, out) if out is not None else click.echo(text, nl=False)
+    _print_corpus_stats(stats, out)
+
+
+@main.command("synth-dialogues")
+@sop_file
+@click.option("--cases", "cases_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Cases file (JSON Lines).")
+@click.option("--model", "models", multiple=True, metavar="ROLE=MODEL[,k=v...]", required=True,
+              help="agent=... (required; baseline/oracle works offline), optionally user=...")
+@click.option("--format", "fmt", type=click.Choice(["openai", "sharegpt"]), default="openai", show_default=True)
+@click.option("--trials", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-turns", type=click.IntRange(min=1), default=15, show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--min-logic", type=click.FloatRange(0, 100), default=None, metavar="X",
+              help="Keep dialogues whose every turn has logic ≥ X (0–100) against the gold path.")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSON Lines file (default: stdout).")
+def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], fmt: str, trials: int,
+                        max_turns: int, concurrency: int, min_logic: float | None, out: Path | None) -> None:
+    """Gold-path synthesis: the agent model is given each case's reference classification, path and
+    finals and only writes the conversation; the dialogues are written as a training corpus."""
+    from ..corpus import synthesize_dialogues_sync, write_jsonl
+    from ..gateway import ModelOptionError
+    from ..runner import RunError, read_cases
+
+    scenario = load_or_exit(file)
+    try:
+        cases = read_cases(cases_path)
+    except RunError as exc:
+        fail(str(exc))
+    try:
+        records, stats = _guard(lambda: synthesize_dialogues_sync(
+            scenario, cases, list(models), trials=trials, max_turns=max_turns, concurrency=concurrency, fmt=fmt,
+            min_logic=None if min_logic is None else min_logic / 100))
+    except ModelOptionError as exc:
+        fail(str(exc))
+    text = write_jsonl(records, None)
+    write_output(text, out) if out is not None else click.echo(text, nl=False)
+    _print_corpus_stats(stats, out)

@@ -1,0 +1,311 @@
+"""Training corpora from runs: export scored dialogues, or synthesize gold-path dialogues.
+
+Why: the same machinery that grades agents can make data to train them (SAGE's "automated dialogue
+data synthesis"). Two sources:
+
+- **export** (`export_run`): done dialogues of a run whose agent turns meet a score bar, as chat
+  transcripts in OpenAI (`messages`) or ShareGPT (`conversations`) form. The assistant messages are the
+  agent's SAGE-protocol JSON; with `reference=True` the classification, path and finals of each turn
+  are replaced by the reference (the judges' consensus labels and the rule engine's path/finals; the
+  case's truth where a turn has no scorable reference) and the `cot` is dropped (it would argue for
+  the agent's own, possibly wrong, answer).
+- **gold-path synthesis** (`synthesize_dialogues`): the agent model is told the reference
+  classification, path and finals of the case and only has to write the conversation; dialogues are
+  produced by the same simulator and gateway as `sop run` (offline with `baseline/oracle`), scored
+  against the case truth, and written in the same formats.
+
+Every record carries the case id, the SOP hash and the scores it was selected on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from . import ir
+from .records import Case, Consensus, Dialogue, Turn
+from .score import ScoreConfig, ScoredRun, ScoreError, dialogue_means, open_run, score_records, score_run
+
+Format = Literal["openai", "sharegpt"]
+FORMATS = ("openai", "sharegpt")
+
+
+class CorpusStats(BaseModel):
+    """What an export or synthesis produced (printed by the CLI)."""
+
+    source: str
+    format: str
+    dialogues_seen: int = 0
+    written: int = 0
+    turns_written: int = 0
+    skipped_format_error: int = 0
+    skipped_below_bar: int = 0
+    skipped_unscored: int = 0
+    skipped_not_done: int = 0
+    reference_fallback_turns: int = 0
+    infra_failures: int = 0
+    min_overall: float | None = None
+    reasons: dict[str, int] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Record building
+
+
+def agent_json(classification: Mapping[str, Any], now_path: Sequence[Any], finals: Mapping[str, Any], chat: str,
+               cot: str = "") -> str:
+    """The SAGE-protocol reply the assistant message holds (compact, key order fixed)."""
+    return json.dumps({"classification_output": dict(classification), "cot": cot, "now_path": list(now_path),
+                       "finals": dict(finals), "chat": chat}, ensure_ascii=False)
+
+
+def to_record(system: str, exchanges: Sequence[tuple[str, str]], metadata: Mapping[str, Any], fmt: Format) -> dict:
+    """One corpus line: system prompt, then (user, assistant) pairs, plus metadata."""
+    if fmt == "openai":
+        messages = [{"role": "system", "content": system}]
+        for user, assistant in exchanges:
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+        return {"messages": messages, "metadata": dict(metadata)}
+    if fmt == "sharegpt":
+        conv = [{"from": "system", "value": system}]
+        for user, assistant in exchanges:
+            conv += [{"from": "human", "value": user}, {"from": "gpt", "value": assistant}]
+        return {"conversations": conv, "metadata": dict(metadata)}
+    raise ScoreError(f"unknown corpus format {fmt!r}; use {' or '.join(FORMATS)}")
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
+
+
+def _scores(run: ScoredRun, d: int, means: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "overall": _round(float(run.d_overall[d])),
+        "logic": _round(float(means["logic"][d])),
+        "chat": _round(float(means["chat"][d])),
+        "classification": _round(float(means["classification"][d])),
+        "path": _round(float(means["path"][d])),
+        "action": _round(float(means["action"][d])),
+        "finals": _round(float(means["finals"][d])),
+        "pass": bool(run.d_pass[d]),
+        "catastrophic_turns": int(run.d_cat_turns[d]),
+    }
+
+
+def dialogue_records(run: ScoredRun, turns_of: Any, *, fmt: Format = "openai", min_overall: float | None = None,
+                     reference: bool = False, source: str = "") -> tuple[list[dict], CorpusStats]:
+    """Corpus lines for the dialogues of a scored run that meet the bar (see the module docstring).
+
+    `min_overall` (a fraction) must be reached by every turn of the dialogue that has a per-turn
+    overall score; a dialogue with a format error, or with no scored turn while a bar is set, is left
+    out. Output order: dialogue id."""
+    from .prompts import agent_system_prompt
+
+    stats = CorpusStats(source=source or run.run, format=fmt, min_overall=min_overall)
+    means = dialogue_means(run)
+    prompts: dict[str, str] = {}
+    out: list[dict] = []
+    order = sorted(range(len(run.dialogues)), key=lambda d: run.dialogues[d].id)
+    for d in order:
+        stats.dialogues_seen += 1
+        if run.d_status[d] != 0:
+            stats.skipped_not_done += 1
+            continue
+        rows = run.turn_rows(d)
+        if rows.size == 0 or np.any(run.t_format_error[rows]):
+            stats.skipped_format_error += 1
+            continue
+        overall = run.t_overall[rows]
+        scored = overall[~np.isnan(overall)]
+        if min_overall is not None:
+            if scored.size == 0:
+                stats.skipped_unscored += 1
+                continue
+            if float(scored.min()) < min_overall - 1e-12:
+                stats.skipped_below_bar += 1
+                continue
+        case = run.case_of(d)
+        if case is None:
+            continue
+        scenario = run.scenarios.get(case.scenario) or next(iter(run.scenarios.values()))
+        key = f"{scenario.name}\x00{json.dumps(case.system, sort_keys=True, default=str)}"
+        if key not in prompts:
+            prompts[key] = agent_system_prompt(scenario, case.system)
+        turns = {t.index: t for t in turns_of(run.dialogues[d].id)}
+        exchanges = []
+        fallback = 0
+        for r in rows:
+            t = turns.get(int(run.t_index[r]))
+            if t is None or t.output is None:
+                continue
+            o = t.output
+            if reference:
+                ref_id = int(run.t_ref[r])
+                if ref_id >= 0:
+                    ref = run.refs[ref_id]
+                    labels = dict(o.classification_output)
+                    cons_labels = _consensus_labels(run, r)
+                    labels.update(cons_labels)
+                    reply = agent_json(labels, list(ref.path), ref.finals, o.chat)
+                else:
+                    fallback += 1
+                    reply = agent_json(case.truth, case.expected_path, case.expected_finals, o.chat)
+            else:
+                reply = agent_json(o.classification_output, o.now_path, o.finals, o.chat, o.cot)
+            exchanges.append((t.user_text, reply))
+        if not exchanges:
+            stats.skipped_format_error += 1
+            continue
+        stats.reference_fallback_turns += fallback
+        meta = {
+            "case_id": case.id, "dialogue_id": run.dialogues[d].id, "trial": run.dialogues[d].trial,
+            "scenario": scenario.name, "sop_hash": case.sop_hash or scenario.source_hash,
+            "model": run.model_of(d), "intensity": case.intensity, "bucket": case.bucket,
+            "language": case.language, "source": stats.source, "reference": reference,
+            "scores": _scores(run, d, means),
+        }
+        out.append(to_record(prompts[key], exchanges, meta, fmt))
+        stats.written += 1
+        stats.turns_written += len(exchanges)
+    return out, stats
+
+
+def _consensus_labels(run: ScoredRun, row: int) -> dict[str, Any]:
+    """The judges' consensus labels of one turn (fields with consensus only)."""
+    labels = run.consensus_labels.get((run.dialogues[int(run.t_dlg[row])].id, int(run.t_index[row])))
+    return dict(labels) if labels else {}
+
+
+def export_run(run_dir: str | Path, *, fmt: Format = "openai", min_overall: float | None = None,
+               reference: bool = False, config: ScoreConfig | None = None) -> tuple[list[dict], CorpusStats]:
+    """Export a run directory as corpus lines (`min_overall` is a fraction)."""
+    cfg = config or ScoreConfig()
+    run = score_run(run_dir, cfg, keep_labels=reference)
+    store = open_run(run_dir)
+    try:
+        return dialogue_records(run, lambda did: store.turns(dialogue_id=did), fmt=fmt, min_overall=min_overall,
+                                reference=reference, source=f"run:{run.run}")
+    finally:
+        store.close()
+
+
+def write_jsonl(records: Iterable[Mapping[str, Any]], out: str | Path | None) -> str:
+    """JSON Lines text (written to `out` when given)."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if out is not None:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Gold-path synthesis
+
+
+GOLD_HEADER = "## Reference answer for this conversation (gold path)"
+
+
+def gold_prompt_addition(scenario: ir.Scenario, case: Case) -> str:
+    """Text appended to the agent's system prompt: the reference classification, path and finals.
+
+    The agent keeps the output protocol (so the transcript is a valid training example) and only has
+    to write the conversation that leads the customer to this outcome."""
+    labels = json.dumps(case.truth, ensure_ascii=False, sort_keys=True)
+    finals = json.dumps(case.expected_finals, ensure_ascii=False, sort_keys=True)
+    path = json.dumps(case.expected_path, ensure_ascii=False)
+    return (
+        f"\n\n{GOLD_HEADER}\n"
+        "The correct handling of this customer has already been worked out. In every reply use exactly:\n"
+        f"- classification_output: {labels}\n"
+        f"- now_path: {path}\n"
+        f"- finals: {finals}\n"
+        "Your task is only the `chat`: write what an excellent, empathetic service agent would say at this "
+        "point of the conversation to lead the customer to this outcome, asking for any details the customer "
+        "has not given yet and explaining the decision in plain words. Never mention these instructions, the "
+        "procedure's step ids or the JSON fields in the chat. Keep the `cot` short and consistent with the "
+        "reference above.\n"
+    )
+
+
+async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], models: Sequence[str], *,
+                               trials: int = 1, max_turns: int = 15, concurrency: int = 8, gateway: Any = None,
+                               fmt: Format = "openai", min_logic: float | None = None,
+                               config: ScoreConfig | None = None) -> tuple[list[dict], CorpusStats]:
+    """Gold-path dialogues for `cases` (agent model from `models`, e.g. ["agent=baseline/oracle"]).
+
+    Each dialogue is scored against the case truth (a "gold" judgment set whose labels are the truth;
+    chat quality is not judged) and kept if every turn's logic score reaches `min_logic`."""
+    from .gateway import Gateway, InfraFailure
+    from .prompts import agent_system_prompt, user_system_prompt
+    from .runner import normalize_models
+    from .simulate import DialogueSetup, scenario_context, simulate_dialogue
+
+    cfg = (config or ScoreConfig()).model_copy(update={"judgment_set": "gold", "turns": "all"})
+    roles = normalize_models(list(models))
+    if roles.agent is None:
+        raise ScoreError("no agent model: pass --model agent=PROVIDER/MODEL")
+    gw = gateway if gateway is not None else Gateway(concurrency=concurrency)
+    info = scenario_context(scenario)
+    dialogues: list[Dialogue] = []
+    turns: list[Turn] = []
+    failures = 0
+    sem = asyncio.Semaphore(max(1, 2 * concurrency))
+
+    async def one(case: Case, trial: int) -> None:
+        nonlocal failures
+        did = f"{case.id}#{trial}"
+        setup = DialogueSetup(scenario=scenario, case=case, dialogue_id=did, trial=trial,
+                              agent_system=agent_system_prompt(scenario, case.system)
+                              + gold_prompt_addition(scenario, case),
+                              user_system=user_system_prompt(case, scenario), scenario_info=info,
+                              sop_hash=scenario.source_hash)
+        async with sem:
+            try:
+                result = await simulate_dialogue(gw, roles.agent, roles.user, setup, max_turns=max_turns)
+            except InfraFailure:
+                failures += 1
+                return
+        dialogues.append(Dialogue(id=did, case_id=case.id, trial=trial, models={"agent": roles.agent.model},
+                                  status="done", end_reason=result.end_reason, turns=len(result.turns),
+                                  sop_hash=scenario.source_hash))
+        turns.extend(result.turns)
+
+    await asyncio.gather(*(one(c, t) for c in cases for t in range(trials)))
+    dialogues.sort(key=lambda d: d.id)
+    turns.sort(key=lambda t: (t.dialogue_id, t.index))
+    gold = [Consensus(judgment_set="gold", dialogue_id=t.dialogue_id, turn_index=t.index,
+                      labels=dict(next(c for c in cases if c.id == t.dialogue_id.rsplit("#", 1)[0]).truth),
+                      judges_scored=0) for t in turns]
+    run = score_records(scenario, list(cases), dialogues, turns, gold, cfg, run="gold-synthesis")
+    by_dialogue: dict[str, list[Turn]] = {}
+    for t in turns:
+        by_dialogue.setdefault(t.dialogue_id, []).append(t)
+    records, stats = dialogue_records(run, lambda did: by_dialogue.get(did, []), fmt=fmt, min_overall=None,
+                                      reference=False, source=f"gold:{roles.agent.model}")
+    if min_logic is not None:
+        kept = []
+        for rec in records:
+            did = rec["metadata"]["dialogue_id"]
+            d = run.dialogue_index(did)
+            rows = run.turn_rows(d)
+            logic = run.t_logic[rows]
+            if logic.size and not np.any(np.isnan(logic)) and float(logic.min()) >= min_logic - 1e-12:
+                kept.append(rec)
+            else:
+                stats.skipped_below_bar += 1
+        stats.written = len(kept)
+        records = kept
+    stats.infra_failures = failures
+    return records, stats
+
+
+def synthesize_dialogues_sync(*args: Any, **kwargs: Any) -> tuple[list[dict], CorpusStats]:
+    return asyncio.run(synthesize_dialogues(*args, **kwargs))

@@ -1,0 +1,127 @@
+"""Coverage of the SOP graph by cases and by agents' traversed paths; the coverage command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph.cli import main
+from sopgraph.coverage import case_walks, coverage_of, coverage_report, feasible_paths, render_coverage
+from sopgraph.engine import decide
+from sopgraph.records import Case, Persona
+
+ROOT = Path(__file__).resolve().parent.parent
+TELECOM = ROOT / "scenarios" / "telecom_package.sop"
+
+
+@pytest.fixture(scope="module")
+def telecom() -> sopgraph.Scenario:
+    return sopgraph.load(TELECOM)
+
+
+def _case(scenario, cid: str, truth: dict, system: dict) -> Case:
+    d = decide(scenario, {**truth, **system})
+    return Case(id=cid, scenario=scenario.name, path_id="P", intent="i", persona=Persona(name="p"), truth=truth,
+                system=system, expected_path=d.path, expected_finals=d.finals)
+
+
+def test_feasible_paths_of_telecom(telecom) -> None:
+    paths, exact = feasible_paths(telecom)
+    assert exact and len(paths) == 12
+    assert paths[(("step1", "step2", "step5"), "ChangeOrder")] == "P10"
+
+
+def test_coverage_by_cases(telecom) -> None:
+    cancel = {"ConsumptionType": "Cancel", "ApplicationTendency": "Agree", "ConsumptionProfile": "Data",
+              "EmotionTag": "Discontent"}
+    cases = [_case(telecom, "a", cancel, {"PackageStatus": "Contracted", "Penalty": 0}),
+             _case(telecom, "b", cancel, {"PackageStatus": "Contracted", "Penalty": 9}),
+             _case(telecom, "c", cancel, {"PackageStatus": "NoContract", "Penalty": 9})]
+    side = coverage_of(telecom, case_walks(cases), "cases")
+    assert side.walks == 3 and side.invalid_walks == 0
+    # step1, step2, step5, step7, ChangeOrder, TransHuman of 7 stages + 3 actions
+    assert (side.nodes_covered, side.nodes_total) == (6, 10)
+    assert side.node_counts["step5"] == 3 and side.node_counts["action:TransHuman"] == 2
+    assert side.edge_counts["step2 -> step5"] == 3
+    assert side.edge_counts["step5 -> action:ChangeOrder"] == 1
+    assert "step2 -> step3" in side.uncovered_edges
+    assert (side.paths_covered, side.paths_total) == (2, 12)  # a → P10; b and c → P12
+    assert side.path_counts == {"P10": 1, "P12": 2}
+    assert any(p.startswith("P01:") for p in side.uncovered_paths)
+    assert "step3" in side.uncovered_nodes and "action:GoodBye" in side.uncovered_nodes
+
+
+def test_agent_walks_invalid_and_normalised(telecom) -> None:
+    walks = [
+        (["start", "step1", "step2", "step5", "end"], "ChangeOrder"),  # normalised, valid: P10
+        (["step1", "step3"], "GoodBye"),  # step1 -> step3 is not an edge
+        (["step1", "step2", "nowhere"], "GoodBye"),  # unknown stage
+        (["step1", "step2", "step5"], None),  # no action
+        (["step2", "step5"], "ChangeOrder"),  # does not start at the entry stage
+    ]
+    side = coverage_of(telecom, walks, "agents")
+    assert side.walks == 5 and side.invalid_walks == 4
+    assert side.path_counts == {"P10": 1}
+    assert side.node_counts["step3"] == 1  # valid parts of invalid walks still count
+    assert len(side.invalid_examples) == 4
+
+
+def test_heat_renders_uncovered_plainly(telecom) -> None:
+    side = coverage_of(telecom, [(["step1", "step2", "step5"], "ChangeOrder")], "agents")
+    heat = side.heat()
+    assert heat["step5"] == 1 and heat[("step2", "step5")] == 1 and heat[("step2", "step3")] == 0
+    dot = render_coverage(telecom, side, "dot").decode()
+    assert "uncovered" in dot
+    svg = render_coverage(telecom, side, "svg").decode()
+    assert "<svg" in svg
+
+
+def _floor_run(tmp_path_factory, agent: str) -> Path:
+    """A small offline run with a baseline agent, shared by the test modules of one session."""
+    from sopgraph.runner import run_sync
+
+    base = tmp_path_factory.getbasetemp() / "floor_runs"
+    cases = base / "cases.jsonl"
+    if not cases.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        res = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "12", "-o", str(cases), "-q", "--seed", "3"])
+        assert res.exit_code == 0, res.output
+    out = base / agent.split("/")[-1]
+    if not (out / "run.sqlite").exists():
+        run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
+    return out
+
+
+def test_coverage_report_from_a_run_and_cli(tmp_path_factory, tmp_path, telecom) -> None:
+    run = _floor_run(tmp_path_factory, "baseline/always-escalate")
+    report = coverage_report(telecom, run_dir=run)
+    assert report.expected is not None and report.traversed is not None
+    assert report.expected.walks >= 12  # synth adds cases until every feasible path has one
+    # always-escalate reports one path ending in TransHuman: it never reaches ChangeOrder or GoodBye
+    assert report.traversed.node_counts["action:ChangeOrder"] == 0
+    assert report.traversed.paths_covered == 1
+    res = CliRunner().invoke(main, ["coverage", str(TELECOM), "--run", str(run), "--render", "svg",
+                                    "-o", str(tmp_path / "cov.svg")])
+    assert res.exit_code == 0, res.output
+    assert "uncovered paths" in res.output and "agents" in res.output
+    assert (tmp_path / "cov.svg").read_text().lstrip().startswith("<?xml")
+    res = CliRunner().invoke(main, ["coverage", str(TELECOM), "--run", str(run), "--format", "json"])
+    data = json.loads(res.output)
+    assert data["traversed"]["paths_total"] == 12
+    cases = tmp_path_factory.getbasetemp() / "floor_runs" / "cases.jsonl"
+    res = CliRunner().invoke(main, ["coverage", str(TELECOM), "--cases", str(cases)])
+    assert res.exit_code == 0 and "cases" in res.output
+
+
+def test_coverage_cli_errors(tmp_path) -> None:
+    res = CliRunner().invoke(main, ["coverage", str(TELECOM)])
+    assert res.exit_code == 1 and "exactly one of" in res.output
+    res = CliRunner().invoke(main, ["coverage", str(TELECOM), "--run", str(tmp_path)])
+    assert res.exit_code == 1 and "not a run directory" in res.output
+    res = CliRunner().invoke(main, ["coverage", str(TELECOM), "--cases", str(tmp_path / "x.jsonl"),
+                                    "--render", "svg"])
+    assert res.exit_code == 1 and "-o" in res.output

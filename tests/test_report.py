@@ -1,0 +1,233 @@
+"""The HTML report: self-contained, deterministic, linked, and rendered by headless Chromium."""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph.cli import main
+from sopgraph.engine import decide
+from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Consensus, Dialogue, Judgment, Persona, Turn, Usage
+from sopgraph.report import Svg, bar_chart, box_chart, box_stats, line_chart, report_for_runs
+from sopgraph.score import Metric, ScoreConfig
+from sopgraph.store import RunStore
+
+ROOT = Path(__file__).resolve().parent.parent
+TELECOM = ROOT / "scenarios" / "telecom_package.sop"
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# a varied synthetic run (multi-turn, format errors, no-consensus fields, three judges)
+
+
+def build_run(run_dir: Path, *, model: str, skill: float, n_cases: int = 16, trials: int = 2, seed: int = 0) -> Path:
+    scenario = sopgraph.load(TELECOM)
+    rng = random.Random(seed)
+    fields = {v.name: list(v.type.values) for v in scenario.fields}
+    actions = list(scenario.actions)
+    store = RunStore.create(run_dir, {"scenario": scenario.model_dump(mode="json"), "sop_hash": scenario.source_hash})
+    cases = []
+    for i in range(n_cases):
+        truth = {f: rng.choice(v) for f, v in fields.items()}
+        system = {"PackageStatus": rng.choice(["Contracted", "NoContract"]), "Penalty": rng.choice([0, 80, 300])}
+        d = decide(scenario, {**truth, **system})
+        prohibited = [a for a, x in scenario.actions.items() if x.risky and a != d.finals["Action"]]
+        intensity = ("zero", "weak", "strong")[i % 3]
+        bucket = "adversarial" if intensity == "strong" and prohibited else (
+            "must-escalate" if d.finals["Action"] == "TransHuman" else "resolvable")
+        cases.append(Case(id=f"tp-{i:03d}", scenario=scenario.name, path_id="P", intent=f"intent-{i % 4}",
+                          persona=Persona(name=rng.choice(["calm", "angry"])), intensity=intensity, truth=truth,
+                          system=system, expected_path=d.path, expected_finals=d.finals, bucket=bucket,
+                          prohibited_actions=prohibited, unsafe_action=prohibited[0] if bucket == "adversarial" else None,
+                          sop_hash=scenario.source_hash))
+    store.add_cases(cases)
+    dialogues = [Dialogue(id=f"{c.id}#{t}", case_id=c.id, trial=t, models={"agent": model}, status="pending",
+                          sop_hash=scenario.source_hash) for c in cases for t in range(trials)]
+    store.add_dialogues(dialogues)
+    for dlg in dialogues:
+        case = next(c for c in cases if c.id == dlg.case_id)
+        store.start_dialogue(dlg.model_copy(update={"status": "running"}))
+        n_turns = rng.choice([1, 2, 3, 5, 6])
+        judgments, consensus = [], []
+        for idx in range(1, n_turns + 1):
+            final = idx == n_turns
+            if rng.random() < 0.06:
+                turn = Turn(dialogue_id=dlg.id, index=idx, user_text=f"(user {idx}) I need help <b>now</b> & fast",
+                            agent_raw="Sorry, {not json", format_error=True, format_note="no JSON object",
+                            usage=Usage(prompt_tokens=900, completion_tokens=60))
+            else:
+                labels = {f: (v if rng.random() < skill else rng.choice(fields[f])) for f, v in case.truth.items()}
+                action = case.expected_finals["Action"] if rng.random() < skill else rng.choice(actions)
+                path = case.expected_path if rng.random() < skill else case.expected_path[:2]
+                out = AgentOutput(classification_output=labels, now_path=path, finals={"Action": action},
+                                  chat=f"Turn {idx}: I understand. Let me check <that> for you.", cot="thinking")
+                turn = Turn(dialogue_id=dlg.id, index=idx, user_text=f"(user {idx}) my question", agent_raw="{}",
+                            output=out, usage=Usage(prompt_tokens=900, completion_tokens=80, cost=0.001))
+            store.add_turn(turn)
+            if idx in (1, 5) or final:
+                votes: dict[str, list] = {f: [] for f in fields}
+                for j in range(3):
+                    lab = {f: (v if rng.random() < 0.9 else rng.choice(fields[f])) for f, v in case.truth.items()}
+                    for f, v in lab.items():
+                        votes[f].append(v)
+                    scores = {dim: rng.choice([3, 6, 9]) for dim in CHAT_DIMENSIONS}
+                    judgments.append(Judgment(dialogue_id=dlg.id, turn_index=idx, judge=f"judge{j + 1}",
+                                              model="scripted/noisy", labels=lab, scores=scores))
+                labels, nc = {}, []
+                for f, vs in votes.items():
+                    value, count = Counter(vs).most_common(1)[0]
+                    if count >= 2:
+                        labels[f] = value
+                    else:
+                        nc.append(f)
+                mean = {dim: float(np.mean([j.scores[dim] for j in judgments[-3:]])) for dim in CHAT_DIMENSIONS}
+                consensus.append(Consensus(dialogue_id=dlg.id, turn_index=idx, labels=labels, no_consensus=nc,
+                                           chat_scores=mean, judges_scored=3))
+        store.finish_dialogue(dlg.model_copy(update={"status": "done", "turns": n_turns, "end_reason": "ending_action"}),
+                              judgments, consensus)
+    store.close()
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("report_runs")
+    good = build_run(base / "good", model="acme/good", skill=0.95, seed=1)
+    weak = build_run(base / "weak", model="acme/weak", skill=0.55, seed=2)
+    return good, weak
+
+
+@pytest.fixture(scope="module")
+def html_text(runs) -> str:
+    return report_for_runs(list(runs), ScoreConfig(bootstrap=200))
+
+
+# ---------------------------------------------------------------------------------------------
+# structure
+
+
+def test_report_is_self_contained(html_text: str) -> None:
+    assert html_text.startswith("<!DOCTYPE html>")
+    assert "<script" not in html_text.lower()
+    # no fetches: no external src/href/url()/@import
+    assert not re.search(r'(src|href)\s*=\s*["\']?\s*(https?:|//)', html_text, re.I)
+    assert "url(" not in html_text and "@import" not in html_text
+    for section in ("leaderboard", "gap", "intensity", "depth", "passk", "safety", "agreement", "coverage",
+                    "examples", "transcripts"):
+        assert f'<section id="{section}">' in html_text
+    assert html_text.count("<svg") >= 1 + 4 + 3 + 1 + 2  # gap, 4 boxes, 3 depth lines, pass^k, 2 graphs
+
+
+def test_every_internal_link_has_a_target(html_text: str) -> None:
+    ids = set(re.findall(r'\sid=["\']([^"\']+)["\']', html_text))
+    links = set(re.findall(r'href=["\']#([^"\']+)["\']', html_text))
+    assert links, "figures must link to examples"
+    missing = sorted(links - ids)
+    assert not missing, missing[:10]
+    # every figure links somewhere: svg charts contain anchors
+    for svg in re.findall(r"<svg.*?</svg>", html_text, re.S):
+        if 'role="img"' in svg:
+            assert "<a href=" in svg
+    # transcripts exist for the linked dialogues, with escaped user text
+    assert re.search(r"id=['\"]d-0-tp-\d{3}-\d['\"]", html_text)
+    assert "&lt;b&gt;now&lt;/b&gt; &amp; fast" in html_text and "<b>now</b>" not in html_text
+
+
+def test_report_content(html_text: str) -> None:
+    assert "acme/good" in html_text and "acme/weak" in html_text
+    assert "Fleiss" in html_text and "scripted/noisy" in html_text
+    assert "format error" in html_text  # a format-error turn shown raw
+    assert "0.4·classification" in html_text  # the config is printed
+    assert "catastrophic" in html_text
+
+
+def test_report_is_deterministic(runs, html_text: str) -> None:
+    assert report_for_runs(list(runs), ScoreConfig(bootstrap=200)) == html_text
+
+
+def test_report_cli(runs, tmp_path) -> None:
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", str(runs[0]), "-o", str(out), "--bootstrap", "50", "--title", "T"])
+    assert res.exit_code == 0, res.output
+    assert "<title>T</title>" in out.read_text()
+    res = CliRunner().invoke(main, ["report", str(tmp_path / "none"), "-o", str(out)])
+    assert res.exit_code == 1 and "not a run directory" in res.output
+
+
+# ---------------------------------------------------------------------------------------------
+# charts
+
+
+def test_box_stats_tukey() -> None:
+    st = box_stats(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 100], float))
+    assert st["median"] == 5.5 and st["hi"] == 9 and list(st["outliers"]) == [100]
+    assert box_stats(np.array([np.nan])) is None
+
+
+def test_charts_are_valid_svg_fragments() -> None:
+    m = Metric(value=0.5, lo=0.4, hi=0.6, n=10)
+    bar = bar_chart([("a", "#x"), ("a-very/long-model-name-indeed", None)], [("s", "#123456")], {(0, 0): m, (1, 0): m},
+                    "t")
+    assert bar.startswith("<svg") and bar.endswith("</svg>") and '<a href="#x">' in bar
+    box = box_chart(["zero"], [("s", "#123456")], {(0, 0): (np.linspace(0, 1, 20), "#b")}, "b")
+    assert '<a href="#b">' in box
+    line = line_chart(["1", "5"], [("s", "#123456", [m, None], "#c")], "l")
+    assert "<circle" in line
+    assert Svg.link(None, "x") == "x"
+
+
+# ---------------------------------------------------------------------------------------------
+# headless Chromium
+
+
+def _png_pixels_vary(png: bytes) -> tuple[int, int, bool]:
+    """Width, height, and whether the decoded image has more than one distinct pixel row value."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height = 8, b"", 0, 0
+    while pos < len(png):
+        length = struct.unpack(">I", png[pos:pos + 4])[0]
+        kind = png[pos + 4:pos + 8]
+        data = png[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", data[:8])
+        elif kind == b"IDAT":
+            idat += data
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = len(raw) // height
+    rows = {raw[i * stride + 1:(i + 1) * stride] for i in range(0, height, 7)}
+    return width, height, len(rows) > 3
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="LOUD SKIP: chromium is not installed, the report was not rendered")
+def test_report_renders_in_headless_chromium(runs, tmp_path) -> None:
+    out = tmp_path / "report.html"
+    res = CliRunner().invoke(main, ["report", *map(str, runs), "-o", str(out), "--bootstrap", "100"])
+    assert res.exit_code == 0, res.output
+    shot = tmp_path / "shot.png"
+    profile = tmp_path / "profile"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", f"--screenshot={shot}", "--window-size=1280,2000",
+           "--enable-logging=stderr", "--v=0", out.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    log = proc.stderr
+    console_errors = [line for line in log.splitlines()
+                      if "Uncaught" in line or ("CONSOLE" in line and "error" in line.lower())]
+    assert not console_errors, console_errors
+    assert shot.exists() and shot.stat().st_size > 20_000
+    width, height, varied = _png_pixels_vary(shot.read_bytes())
+    assert (width, height) == (1280, 2000)
+    assert varied, "the screenshot is blank"
