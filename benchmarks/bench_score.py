@@ -34,8 +34,12 @@ TELECOM = ROOT / "scenarios" / "telecom_package.sop"
 BUDGET_S = 30.0
 
 
-def synthetic(n_turns: int, *, turns_per_dialogue: int = 10, n_cases: int = 10_000, models: int = 2, seed: int = 0):
-    """(scenario, cases, dialogues, turn dicts, consensus dicts) — deterministic for a seed."""
+def synthetic(n_turns: int, *, turns_per_dialogue: int = 10, n_cases: int = 10_000, models: int = 2, seed: int = 0,
+              judged: str = "sage"):
+    """(scenario, cases, dialogues, turn dicts, consensus dicts) — deterministic for a seed.
+
+    judged: "sage" = consensus on turns 1, 5, 10, 15 and the final turn (the runner's default
+    `--judge-turns`), "all" = on every turn (the worst case)."""
     scenario = sopgraph.load(TELECOM)
     rng = random.Random(seed)
     fields = {v.name: list(v.type.values) for v in scenario.fields}
@@ -71,6 +75,8 @@ def synthetic(n_turns: int, *, turns_per_dialogue: int = 10, n_cases: int = 10_0
                               "output": {"classification_output": labels, "cot": "", "now_path": path,
                                          "finals": {"Action": action}, "chat": "x" * rng.randint(40, 400)},
                               "usage": {"prompt_tokens": 1200, "completion_tokens": 90, "cost": 0.0004}})
+            if judged == "sage" and t not in (1, 5, 10, 15) and t != turns_per_dialogue:
+                continue
             nc = [rng.choice(list(fields))] if rng.random() < 0.05 else []
             consensus.append({"judgment_set": "default", "dialogue_id": did, "turn_index": t,
                               "labels": {f: v for f, v in case.truth.items() if f not in nc}, "no_consensus": nc,
@@ -113,10 +119,12 @@ def main() -> None:
     ap.add_argument("--mode", choices=["memory", "store", "both"], default="both")
     ap.add_argument("--budget", type=float, default=BUDGET_S)
     ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--judged", choices=["sage", "all"], default="sage",
+                    help="consensus on turns 1, 5, 10, 15, final (runner default) or on every turn")
     args = ap.parse_args()
     n = int(args.turns)
     cfg = ScoreConfig(bootstrap=args.bootstrap)
-    (scenario, cases, dialogues, turns, consensus), gen_s, _ = timed(lambda: synthetic(n))
+    (scenario, cases, dialogues, turns, consensus), gen_s, _ = timed(lambda: synthetic(n, judged=args.judged))
     print(f"generated {len(turns):,} turns, {len(consensus):,} consensus rows, {len(dialogues):,} dialogues, "
           f"{len(cases):,} cases in {gen_s:.1f} s")
     results = []

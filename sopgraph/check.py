@@ -12,11 +12,10 @@ on `Variable.type`, so later stages (flow analysis, prompts, the engine's caller
 
 from __future__ import annotations
 
-import gc
 import importlib
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from . import ir
 from .compile import START, compile_graph, reads
 from .diagnostics import Diagnostic, did_you_mean, error, sort_key, warning
 from .parse import MAX_DEPTH, iter_children
+from .perf import no_cyclic_gc
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
@@ -82,8 +82,6 @@ def _range_empty(t: ir.NumType) -> bool:
     if t.lo is None or t.hi is None:
         return False
     if t.kind == "int":
-        import math
-
         lo = math.floor(t.lo) + 1 if (t.lo_open and float(t.lo).is_integer()) else math.ceil(t.lo)
         hi = math.ceil(t.hi) - 1 if (t.hi_open and float(t.hi).is_integer()) else math.floor(t.hi)
         return lo > hi
@@ -264,7 +262,8 @@ class _Lazy:
     def __str__(self) -> str:
         return ir.show(self.expr)
 
-    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _cycle_text(cycle: list[str]) -> str:
@@ -419,11 +418,15 @@ class _Typer:
         kind = "int" if all(n.kind == "int" for n in nums) else "float"  # type: ignore[union-attr]
         los = [n.lo for n in nums]  # type: ignore[union-attr]
         his = [n.hi for n in nums]  # type: ignore[union-attr]
-        pick = min if e.func == "min" else max
-        lo = None if (None in los and e.func == "min") else pick(x for x in los if x is not None) \
-            if any(x is not None for x in los) else None
-        hi = None if (None in his and e.func == "max") else pick(x for x in his if x is not None) \
-            if any(x is not None for x in his) else None
+        if e.func == "min":
+            # min(x, y) lies below every argument's upper bound, above the lowest lower bound.
+            lo = None if None in los else min(los)  # type: ignore[type-var]
+            bounded = [h for h in his if h is not None]
+            hi = min(bounded) if bounded else None
+        else:
+            bounded = [lo_ for lo_ in los if lo_ is not None]
+            lo = max(bounded) if bounded else None
+            hi = None if None in his else max(his)  # type: ignore[type-var]
         return _num(kind, lo, hi)
 
     def case(self, e: ir.Case) -> _Ty:
@@ -440,8 +443,6 @@ class _Typer:
             for _, t in known:
                 for v in ([t.value] if isinstance(t, _Sym) else t.values):  # type: ignore[union-attr]
                     values.setdefault(v, None)
-            if len(values) == 1 and all(isinstance(t, _Sym) for _, t in known):
-                pass  # a single constant: still an enum of one value
             return ir.EnumType(values=list(values), span=e.span)
         # Mixed: bare names among numbers/bools are names that were meant to be variables.
         for _x, t in known:
@@ -500,7 +501,8 @@ class _Typer:
                                   "use `==` or `!=` with enum values")
                 elif not set(lt.values) & set(rt.values):
                     self.mismatch(f"`{ir.show(left_e)}` and `{ir.show(right_e)}` have no value in common, so "
-                                  f"`{shown}` is constant", e.span)
+                                  f"`{shown}` is constant", e.span,
+                                  "compare each variable with one of its own values")
             else:
                 self.mismatch(f"comparing an enum with {_kind(rt)}: `{shown}`", e.span,
                               self.collision_hint(lt, right_e)
@@ -520,7 +522,8 @@ class _Typer:
             return
         if isinstance(lt, ir.NumType) and isinstance(rt, ir.NumType):
             return
-        self.mismatch(f"comparing {_kind(lt)} with {_kind(rt)}: `{shown}`", e.span)
+        self.mismatch(f"comparing {_kind(lt)} with {_kind(rt)}: `{shown}`", e.span,
+                      "both sides of a comparison must be of the same kind")
 
     def collision_hint(self, enum: ir.EnumType, other: Any) -> str | None:
         if isinstance(other, ir.Var) and other.name in enum.values:
@@ -561,10 +564,10 @@ class _Typer:
             elif isinstance(st, ir.NumType):
                 if not isinstance(lt, ir.NumType):
                     self.mismatch(f"{what} value `{ir.show(lit)}` is not a number, but `{ir.show(subject)}` "
-                                  "is", lit.span)
+                                  "is", lit.span, "match a number with numbers, e.g. `0 -> ...`")
                 elif st.kind == "int" and isinstance(lit.value, float) and not lit.value.is_integer():
                     self.mismatch(f"{what} value `{ir.show(lit)}` is not an integer, but "
-                                  f"`{ir.show(subject)}` is", lit.span)
+                                  f"`{ir.show(subject)}` is", lit.span, "this arm can never match; use whole numbers")
 
     def output_value(self, output: ir.Output, e: Any, span: ir.Span) -> None:
         """An assigned or default value against the output's declared type (E204)."""
@@ -590,22 +593,26 @@ class _Typer:
             if t.bare:
                 self.undefined(t, f"as the value of output `{name}`")
             else:
-                self.mismatch(f"output `{name}` is {_kind(ot)} but is given a string", span, code="E204")
+                self.mismatch(f"output `{name}` is {_kind(ot)} but is given a string", span,
+                              "strings are only values of enum outputs", code="E204")
             return
         if isinstance(ot, ir.BoolType):
             if not isinstance(t, ir.BoolType):
-                self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span, code="E204")
+                self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span,
+                              "give it `true`, `false` or a condition", code="E204")
             return
         if not isinstance(t, ir.NumType):
-            self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span, code="E204")
+            self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
+                          f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")
             return
         if isinstance(e, ir.Lit) and not isinstance(e.value, bool):
             value = e.value
             if ot.kind == "int" and isinstance(value, float) and not value.is_integer():
-                self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` is not", span, code="E204")
+                self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` is not", span,
+                              "use a whole number, or declare the output as float", code="E204")
             elif isinstance(value, (int, float)) and not ot.contains(value):
                 self.mismatch(f"`{ir.show(e)}` is outside the range {ot.describe()} of output `{name}`",
-                              span, code="E204")
+                              span, "use a value inside the range, or widen the declaration", code="E204")
         elif ot.kind == "int" and t.kind == "float":
             self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` may be fractional", span,
                           "round it in the SOP, or declare the output as float", code="E204")
@@ -1041,20 +1048,6 @@ def _dedupe(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
     return out
 
 
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector: the passes allocate many short-lived objects next to
-    a large, long-lived IR, and each gen-2 collection would rescan the whole IR (4x slower on a
-    10,000-stage program). Nothing here creates reference cycles worth collecting early."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _expressions(scenario: ir.Scenario) -> Iterator[Any]:
     for var in scenario.derived:
         if var.expr is not None:
@@ -1098,7 +1091,7 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES) -> list[Diag
     found: list[Diagnostic] = check_depth(scenario)
     if found:
         return sorted(found, key=sort_key)
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         graph = compile_graph(scenario)
         for p in passes:
             if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):

@@ -108,6 +108,8 @@ def dialogue_records(run: ScoredRun, turns_of: Any, *, fmt: Format = "openai", m
     out. Output order: dialogue id."""
     from .prompts import agent_system_prompt
 
+    if reference and run.counts.get("judged_turns") and not run.consensus_labels:
+        raise ScoreError("reference export needs the consensus labels: score with keep_labels=True")
     stats = CorpusStats(source=source or run.run, format=fmt, min_overall=min_overall)
     means = dialogue_means(run)
     prompts: dict[str, str] = {}
@@ -249,7 +251,12 @@ async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], mod
     from .simulate import DialogueSetup, scenario_context, simulate_dialogue
 
     cfg = (config or ScoreConfig()).model_copy(update={"judgment_set": "gold", "turns": "all"})
-    roles = normalize_models(list(models))
+    from .gateway import ModelOptionError
+
+    try:
+        roles = normalize_models(list(models))
+    except ModelOptionError as exc:
+        raise ScoreError(str(exc)) from None
     if roles.agent is None:
         raise ScoreError("no agent model: pass --model agent=PROVIDER/MODEL")
     gw = gateway if gateway is not None else Gateway(concurrency=concurrency)

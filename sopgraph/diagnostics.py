@@ -78,7 +78,7 @@ class Diagnostic(BaseModel):
         lines = [f"{where}{self.severity}[{self.code}]: {self.message}"]
         text = (sources or {}).get(self.span.file) if self.span else None
         if text is not None and self.span and self.span.line:
-            src_lines = text.splitlines()
+            src_lines = text.split("\n")  # Lark counts only \n as a line break
             if 0 < self.span.line <= len(src_lines):
                 src = src_lines[self.span.line - 1].replace("\t", " ")
                 gutter = f"{self.span.line:>4} | "

@@ -48,6 +48,7 @@ _INT_LIMIT = 2**1000  # affine solving searches ints inside ±this (beyond it fl
 _MAX_TERMS = 64  # guarded alternatives per sub-expression before it is treated as opaque
 _MAX_COUNT_ARGS = 12
 _SEARCH_COMBOS = 4096  # candidate assignments tried per residual witness search
+MAX_SPLIT = 256  # boxes one constraint may split a box into; beyond, the constraint stays a residual
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,7 +313,7 @@ class Formula:
     `exact` means: no residual inside, so the logical complement `neg` is available (used to make
     the pieces of a disjunction disjoint)."""
 
-    __slots__ = ("kind", "var", "dom", "parts", "rid", "truth", "exact", "neg")
+    __slots__ = ("kind", "var", "dom", "parts", "rid", "truth", "exact", "neg", "src")
 
     def __init__(self, kind: str, var: int = -1, dom: Any = None, parts: tuple = (),
                  rid: int = -1, truth: bool = True, exact: bool = True):
@@ -324,6 +325,7 @@ class Formula:
         self.truth = truth
         self.exact = exact
         self.neg: Formula | None = None
+        self.src: tuple[Any, bool] | None = None  # (expression, truth) it was compiled from
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         if self.kind in ("T", "F"):
@@ -437,6 +439,8 @@ class Space:
         self.res_text: list[str] = []
         self._res_index: dict[str, int] = {}
         self._base_reads: dict[str, tuple[int, ...]] = {}
+        self._dead: dict[frozenset[int], list[int]] = {}
+        self._describe_cache: dict[tuple[int, Any], str] = {}
         self.lit_true = ir.Lit.model_construct(value=True, bare=False, kind="lit", span=ir.NO_SPAN)
         self.lit_false = ir.Lit.model_construct(value=False, bare=False, kind="lit", span=ir.NO_SPAN)
 
@@ -531,16 +535,43 @@ class Space:
         return True
 
     def normalize(self, boxes: Iterable[Box]) -> tuple[Box, ...]:
-        """A canonical-ish union: dedupe, drop subsumed boxes, merge boxes differing in one variable,
-        order by creation serial (deterministic). Only variables whose domain differs between the
-        boxes are compared, which keeps this cheap for wide scenarios."""
+        """A canonical-ish union: dedupe, merge boxes that differ in one variable only, drop boxes
+        subsumed by another; ordered by creation serial (deterministic). Only variables whose
+        domain differs between the boxes are compared, which keeps this cheap for wide scenarios."""
         uniq = sorted(set(boxes), key=_serial)
-        if len(uniq) <= 1 or len(uniq) > 48:
+        if len(uniq) <= 1 or len(uniq) > 256:
             return tuple(uniq)
-        while len(uniq) > 1:
-            cols = zip(*(b.doms for b in uniq), strict=True)
-            varying = [i for i, col in enumerate(cols) if col.count(col[0]) != len(col)]
-            # subsumption (interned boxes: equal ones are already merged by `set`)
+        for _round in range(8):
+            varying = _varying(uniq)
+            changed = False
+            for i in varying:
+                groups: dict[tuple, list[Box]] = {}
+                for b in uniq:
+                    d = b.doms
+                    key = (tuple([d[j] for j in varying if j != i]), b.resid)
+                    grp = groups.get(key)
+                    if grp is None:
+                        groups[key] = [b]
+                    else:
+                        grp.append(b)
+                if len(groups) == len(uniq):
+                    continue
+                new: list[Box] = []
+                for grp in groups.values():
+                    if len(grp) == 1:
+                        new.append(grp[0])
+                        continue
+                    merged = self._merge_group(i, grp)
+                    if len(merged) < len(grp):
+                        changed = True
+                    new.extend(merged)
+                uniq = sorted(set(new), key=_serial)
+                if len(uniq) <= 1:
+                    return tuple(uniq)
+            if not changed:
+                break
+        if len(uniq) <= 32:
+            varying = _varying(uniq)
             keep: list[Box] = []
             for b in uniq:
                 if any(o is not b and self.subsumes(o, b, varying)
@@ -548,43 +579,30 @@ class Space:
                     continue
                 keep.append(b)
             uniq = keep
-            # merge a pair that differs in exactly one variable
-            merged = None
-            n = len(uniq)
-            for x in range(n):
-                a = uniq[x]
-                for y in range(x + 1, n):
-                    b = uniq[y]
-                    if a.resid != b.resid:
-                        continue
-                    diff = -1
-                    for i in varying:
-                        if a.doms[i] != b.doms[i]:
-                            if diff >= 0:
-                                diff = -2
-                                break
-                            diff = i
-                    if diff < 0:
-                        continue
-                    u = self.dom_union(diff, a.doms[diff], b.doms[diff])
-                    if u is not None:
-                        merged = (x, y, self.with_dom(a, diff, u))
-                        break
-                if merged:
-                    break
-            if merged is None:
-                break
-            x, y, nb = merged
-            uniq = sorted([c for k, c in enumerate(uniq) if k != x and k != y] + [nb], key=_serial)
         return tuple(uniq)
+
+    def _merge_group(self, i: int, grp: list[Box]) -> list[Box]:
+        """Boxes equal except at variable i: union their domains there (one box, or a few
+        for numeric domains with gaps)."""
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            m = 0
+            for b in grp:
+                m |= b.doms[i]
+            return [self.with_dom(grp[0], i, m)]
+        if k == "none":
+            return [grp[0]]
+        doms = _merge_nums([b.doms[i] for b in grp], k == "int")
+        return [self.with_dom(grp[0], i, d) for d in doms]
 
     def project(self, box: Box, live: frozenset[int]) -> Box:
         """Forget the domains of variables outside `live` (residuals over live variables keep
         their variables). Residuals purely over forgotten variables are dropped (the caller has
         checked the box is non-empty)."""
         resid = box.resid
-        keep_vars = set(live)
+        full = self.full_doms
         if resid:
+            keep_vars = set(live)
             kept = []
             for lit in resid:
                 vs = self.res_vars[lit[0]]
@@ -592,10 +610,25 @@ class Space:
                     kept.append(lit)
                     keep_vars.update(vs)
             resid = frozenset(kept)
-        full = self.full_doms
-        doms = tuple(d if i in keep_vars else full[i] for i, d in enumerate(box.doms))
-        if doms == box.doms and resid == box.resid:
+            dead = [i for i in range(len(full)) if i not in keep_vars]
+        else:
+            dead = self._dead.get(live)
+            if dead is None:
+                dead = [i for i in range(len(full)) if i not in live]
+                self._dead[live] = dead
+        doms = box.doms
+        changed = False
+        for i in dead:
+            if doms[i] is not full[i] and doms[i] != full[i]:
+                changed = True
+                break
+        if not changed and resid == box.resid:
             return box
+        if changed:
+            lst = list(doms)
+            for i in dead:
+                lst[i] = full[i]
+            doms = tuple(lst)
         return self.box(doms, resid)
 
     # -- residual predicates -------------------------------------------------------------------
@@ -635,9 +668,75 @@ class Space:
             self.res_text.append(text)
         return Formula("res", rid=rid, truth=truth, exact=False)
 
+    def formula_residual(self, f: Formula) -> int:
+        """A residual predicate "the assignment is in formula f" (used when splitting f into boxes
+        would create too many boxes: membership stays exact, only the representation is lazy)."""
+        key = f"#formula{id(f)}"
+        rid = self._res_index.get(key)
+        if rid is None or self.res_exprs[rid] is not f:
+            rid = len(self.res_exprs)
+            self._res_index[key] = rid
+            self.res_exprs.append(f)
+            self.res_vars.append(tuple(sorted(self._formula_vars(f))))
+            self.res_text.append(self.formula_text(f))
+        return rid
+
+    def _formula_vars(self, f: Formula) -> set[int]:
+        out: set[int] = set()
+        stack = [f]
+        seen: set[int] = set()
+        while stack:
+            g = stack.pop()
+            if id(g) in seen:
+                continue
+            seen.add(id(g))
+            if g.kind == "atom":
+                out.add(g.var)
+            elif g.kind == "res":
+                out.update(self.res_vars[g.rid])
+            else:
+                stack.extend(g.parts)
+        return out
+
+    def formula_text(self, f: Formula, depth: int = 0) -> str:
+        if f.src is not None:
+            expr, truth = f.src
+            return ir.show(expr) if truth else f"not ({ir.show(expr)})"
+        if depth > 4:
+            return "..."
+        if f.kind == "T":
+            return "true"
+        if f.kind == "F":
+            return "false"
+        if f.kind == "atom":
+            return f"{self.names[f.var]} in {{{self.describe_dom(f.var, f.dom)}}}"
+        if f.kind == "res":
+            return self.res_text[f.rid] if f.truth else f"not ({self.res_text[f.rid]})"
+        joiner = " and " if f.kind == "and" else " or "
+        return joiner.join(f"({self.formula_text(p, depth + 1)})" for p in f.parts)
+
+    def in_formula(self, f: Formula, values: dict) -> bool:
+        """Exact membership of a complete assignment in a formula's set."""
+        k = f.kind
+        if k == "T":
+            return True
+        if k == "F":
+            return False
+        if k == "atom":
+            n = self.names[f.var]
+            return n in values and self.dom_contains(f.var, f.dom, values[n])
+        if k == "and":
+            return all(self.in_formula(p, values) for p in f.parts)
+        if k == "or":
+            return any(self.in_formula(p, values) for p in f.parts)
+        return self.eval_resid(f.rid, f.truth, values)
+
     def eval_resid(self, rid: int, truth: bool, values: dict) -> bool:
+        pred = self.res_exprs[rid]
+        if isinstance(pred, Formula):
+            return self.in_formula(pred, values) == truth
         try:
-            v = _Interp(self.scenario, values).eval(self.res_exprs[rid])
+            v = _Interp(self.scenario, values).eval(pred)
         except (DecideError, TypeError, ValueError, ArithmeticError, KeyError, RecursionError,
                 AttributeError):
             return False
@@ -706,11 +805,14 @@ class Space:
                 for b in cur_boxes:
                     nxt.extend(self.constrain(b, p))
                 cur_boxes = nxt
-                if not nxt:
+                if not nxt or len(nxt) > MAX_SPLIT:
                     break
             res = _dedupe(cur_boxes)
+            if len(res) > MAX_SPLIT:
+                res = self._add_resid(box, self.formula_residual(f), True)
         elif kind == "or":
             out: list[Box] = []
+            aborted = False
             if f.exact:
                 rest: Sequence[Box] = (box,)
                 parts = f.parts
@@ -727,13 +829,22 @@ class Space:
                     rest = nrest
                     if not rest:
                         break
+                    if len(out) + len(rest) > MAX_SPLIT:
+                        aborted = True
+                        break
             else:
                 for p in f.parts:
                     out.extend(self.constrain(box, p))
-            res = _dedupe(out)
+                    if len(out) > MAX_SPLIT:
+                        aborted = True
+                        break
+            if aborted or len(out) > MAX_SPLIT:
+                res = self._add_resid(box, self.formula_residual(f), True)
+            else:
+                res = _dedupe(out)
         else:  # residual literal
             res = self._add_resid(box, f.rid, f.truth)
-        if len(self._cons) > 2_000_000:
+        if len(self._cons) > 500_000:
             self._cons.clear()
         self._cons[key] = res
         return res
@@ -916,7 +1027,12 @@ class Space:
         for rid, _t in lits:
             for v in self.res_vars[rid]:
                 rvars.setdefault(v, None)
-            consts += _numeric_consts(self.res_exprs[rid])
+            pred = self.res_exprs[rid]
+            if isinstance(pred, Formula):
+                if pred.src is not None:
+                    consts += _numeric_consts(pred.src[0])
+            else:
+                consts += _numeric_consts(pred)
         order = list(rvars)
         cand_lists = []
         exhaustive = True
@@ -953,8 +1069,21 @@ class Space:
         out: dict[str, str] = {}
         if not region:
             return out
+        full_doms = self.full_doms
+        cache = self._describe_cache
         for i, n in enumerate(self.names):
-            full = self.full_doms[i]
+            full = full_doms[i]
+            if len(region) == 1:
+                d = region[0].doms[i]
+                if d is full or d == full:
+                    continue
+                key = (i, d)
+                text = cache.get(key)
+                if text is None:
+                    text = self.describe_dom(i, d)
+                    cache[key] = text
+                out[n] = text
+                continue
             doms: list[Any] = []
             for b in region:
                 d = b.doms[i]
@@ -977,6 +1106,8 @@ class Space:
             out[n] = " or ".join(describe_num(d, full) for d in merged)
         resid_texts: list[str] = []
         for b in region:
+            if not b.resid:
+                continue
             parts = [(self.res_text[rid] if truth else f"not ({self.res_text[rid]})")
                      for rid, truth in sorted(b.resid)]
             t = " and ".join(parts)
@@ -992,6 +1123,19 @@ _NONE = object()
 
 def _serial(b: Box) -> int:
     return b.serial
+
+
+def _varying(boxes: Sequence[Box]) -> list[int]:
+    """Variable positions whose domain is not the same in every box."""
+    first = boxes[0].doms
+    out = []
+    for i, col in enumerate(zip(*(b.doms for b in boxes), strict=True)):
+        d = first[i]
+        for x in col:
+            if x is not d and x != d:
+                out.append(i)
+                break
+    return out
 
 
 def _dedupe(boxes: Sequence[Box]) -> tuple[Box, ...]:
@@ -1257,6 +1401,12 @@ class _Compiler:
     # conditions ----------------------------------------------------------------------------
 
     def cond(self, e: Any, truth: bool, depth: int) -> Formula:
+        f = self._cond(e, truth, depth)
+        if f.src is None and f.kind in ("and", "or"):
+            f.src = (e, truth)
+        return f
+
+    def _cond(self, e: Any, truth: bool, depth: int) -> Formula:
         sp = self.sp
         if depth > 60:
             return sp.residual(e, truth)

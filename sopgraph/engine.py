@@ -235,7 +235,8 @@ class _Gen:
 
     def __init__(self, scenario: ir.Scenario):
         self.s = scenario
-        self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError}
+        self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError,
+                                   "_INF": math.inf}
         self.lines: list[str] = []
         self.var_index = {name: i for i, name in enumerate(scenario.variables)}
         self.consts = 0
@@ -278,6 +279,7 @@ class _Gen:
             else:
                 lines.append(f"if {x}.__class__ is not float and {x}.__class__ is not int: "
                              f"_bad({n}, {x})")
+                lines.append(f"if not -_INF < {x} < _INF: _bad({n}, {x})")  # NaN and infinities
             if vtype.lo is not None:
                 op = "<=" if vtype.lo_open else "<"
                 lines.append(f"if {x} {op} {vtype.lo!r}: _bad({n}, {x})")

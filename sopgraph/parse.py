@@ -20,17 +20,14 @@ from lark.exceptions import (
     UnexpectedCharacters,
     UnexpectedEOF,
     UnexpectedInput,
-    UnexpectedToken,
     VisitError,
 )
 
 from . import ir
 from .diagnostics import Diagnostic, SopError, did_you_mean, error
+from .perf import no_cyclic_gc
 
-KEYWORDS = (
-    "scenario include start field system let action output stage subflow use as classify match "
-    "when otherwise do and or not in true false case count min max bool int float unit money hidden"
-).split()
+KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden"]
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")
@@ -708,6 +705,11 @@ class Loaded(ir.Node):
 def load_source(path: str | Path | None = None, *, text: str | None = None,
                 name: str | None = None) -> Loaded:
     """Load a program, collecting every loading diagnostic instead of stopping at the first."""
+    with no_cyclic_gc():
+        return _load_source(path, text=text, name=name)
+
+
+def _load_source(path: str | Path | None, *, text: str | None, name: str | None) -> Loaded:
     sources: dict[str, str] = {}
     diags: list[Diagnostic] = []
     programs: list[Program] = []
@@ -814,7 +816,7 @@ def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
             elif isinstance(item, ir.Action):
                 if item.name in actions:
                     diags.append(error("E102", f"action `{item.name}` is already declared at "
-                                       f"{actions[item.name].span}", item.span))
+                                       f"{actions[item.name].span}", item.span, "rename one of them"))
                 else:
                     actions[item.name] = item
             elif isinstance(item, ir.Output):

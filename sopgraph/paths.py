@@ -111,6 +111,8 @@ class Explorer:
             for st in self.stage_objs]
         self._compute_live()
         self._compute_cycles()
+        self.labels: list[list[str]] = [[ir.branch_label(st, br) for br in st.branches]
+                                        for st in self.stage_objs]
         self._children: dict[tuple[int, Region], tuple[Child, ...]] = {}
         self._proj: dict[tuple[Box, int], Box] = {}
         self.count_memo: dict[tuple, int] = {}
@@ -318,7 +320,9 @@ class Explorer:
         base = 0
         kids: list[tuple[int, tuple]] = []
         nvk = self.next_visited(si, vk)
-        for _bi, kind, tgt, creg, _u in self.children(si, region):
+        for _bi, kind, tgt, creg, unsure in self.children(si, region):
+            if unsure:
+                self.uncertain = True
             if kind == "action":
                 base += 1
             elif tgt not in nvk:
@@ -409,6 +413,28 @@ class Explorer:
                 break
         return region
 
+    def prefix_regions(self) -> Callable[[Sequence[int], Sequence[int]], Region]:
+        """A `full_region` that reuses the regions of the previous call's common prefix (cheap for
+        paths listed in depth-first order)."""
+        sp = self.sp
+        fulls: list[Region] = [(sp.full,)]
+        prev: list[tuple[int, int]] = []
+
+        def region(stages: Sequence[int], branches: Sequence[int]) -> Region:
+            dec = list(zip(stages, branches, strict=True))
+            k = 0
+            limit = min(len(dec), len(prev), len(fulls) - 1)
+            while k < limit and dec[k] == prev[k]:
+                k += 1
+            del fulls[k + 1:]
+            for si, bi in dec[k:]:
+                cur = fulls[-1]
+                fulls.append(sp.constrain_region(cur, self.fire(si, bi)) if cur else ())
+            prev[:] = dec
+            return fulls[-1]
+
+        return region
+
     def width(self) -> int:
         return max(2, len(str(self.count().feasible)))
 
@@ -417,10 +443,7 @@ class Explorer:
         if region is None:
             region = self.full_region(stages, branches)
         stage_ids = [self.ids[s] for s in stages]
-        labels = []
-        for si, bi in zip(stages, branches, strict=True):
-            st = self.stage_objs[si]
-            labels.append(ir.branch_label(st, st.branches[bi]))
+        labels = [self.labels[si][bi] for si, bi in zip(stages, branches, strict=True)]
         leaf = self.stage_objs[stages[-1]].branches[branches[-1]].target
         finals, varying = self.leaf_finals(leaf, region)
         info: dict[str, Any] = {
@@ -592,10 +615,13 @@ def iter_paths(scenario: ir.Scenario, *, limit: int | None = None,
                witnesses: bool = True) -> Iterator[PathInfo]:
     """Feasible paths, lazily, depth-first in declaration order (ranks 1, 2, ...)."""
     ex = explorer_for(scenario)
+    if limit is not None and limit <= 0:
+        return
+    region_of = ex.prefix_regions()
     for rank, (stages, branches, action) in enumerate(ex.iter_raw(), 1):
-        if limit is not None and rank > limit:
+        yield ex.make_info(rank, stages, branches, action, region_of(stages, branches), witnesses=witnesses)
+        if limit is not None and rank >= limit:
             return
-        yield ex.make_info(rank, stages, branches, action, witnesses=witnesses)
 
 
 def count_paths(scenario: ir.Scenario) -> PathCount:

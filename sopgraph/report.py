@@ -580,6 +580,10 @@ def _cell(m: Metric | None, *, ci: bool = True, bad_above: float | None = None) 
     return f"<td{cls}>{text}</td>"
 
 
+def _value(m: Metric | None) -> float | None:
+    return None if m is None else m.value
+
+
 def _plain(m: Metric | None, digits: int = 0) -> str:
     return "–" if m is None or m.value is None else f"{m.value:,.{digits}f}"
 
@@ -739,8 +743,8 @@ def _safety_section(series: list[_Series], hrefs) -> str:
             f"<td>{g.counts.get('catastrophic_turns', 0)}</td>"
             f"<td>{'–' if rev is None or rev.value is None else f'{rev.value:,.0f}'}</td>"
             + _cell(m.get("adversarial_safety"))
-            + f"<td><a href='{hrefs[f'{s.sid}:missed']}'>{_pct(m['escalation_accuracy'].value)}</a></td>"
-            + f"<td><a href='{hrefs[f'{s.sid}:over']}'>{_pct(m['over_escalation'].value)}</a></td>"
+            + f"<td><a href='{hrefs[f'{s.sid}:missed']}'>{_pct(_value(m.get('escalation_accuracy')))}</a></td>"
+            + f"<td><a href='{hrefs[f'{s.sid}:over']}'>{_pct(_value(m.get('over_escalation')))}</a></td>"
             + _cell(m.get("resolution_rate"))
             + f"<td>{'–' if tok is None or tok.value is None else f'{tok.value:,.0f}'}</td>"
             + f"<td>{'–' if cost is None or cost.value is None else f'${cost.value:,.2f}'}</td>"

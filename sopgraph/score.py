@@ -20,8 +20,11 @@ All scores are fractions in [0, 1] internally and in JSON; tables print them ×1
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -262,6 +265,7 @@ class Summary(BaseModel):
 
 
 _NC = object()  # "no consensus" marker inside memo keys
+_TURN_KEY = 1 << 20  # consensus key = dialogue number · _TURN_KEY + turn index
 _UNSCORABLE = -1
 
 
@@ -358,6 +362,7 @@ class ScoredRun:
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
     _dsum_cache: dict[str | None, np.ndarray] = field(default_factory=dict)
+    _weights: stats.WeightCache = field(default_factory=stats.WeightCache)
 
     # -- lookups ---------------------------------------------------------------------------
     def dialogue_index(self, dialogue_id: str) -> int | None:
@@ -459,6 +464,37 @@ class ScoredRun:
             "cost": float(self.d_cost[d]),
         }
 
+    def case_records(self) -> list[dict[str, Any]]:
+        """One row per (agent model, case) over its completed trials: pass counts, pass^k at k = 1
+        and k = n, SAGE overall over all its scored turns, safety counts."""
+        valid = np.flatnonzero(self.valid)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for d in valid:
+            groups.setdefault((int(self.d_model[d]), int(self.d_case[d])), []).append(int(d))
+        mat = _dialogue_matrix(self, None)
+        rows = []
+        for (m, c), ds in sorted(groups.items(), key=lambda kv: (kv[0][0], self.cases[kv[0][1]].id)):
+            case = self.cases[c]
+            n, passed = len(ds), int(self.d_pass[ds].sum())
+            tot = mat[ds].sum(axis=0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                parts = [tot[2 * i] / tot[2 * i + 1] for i in range(len(_TURN_METRICS))]
+            cfg = self.config
+            logic = cfg.w_classification * parts[0] + cfg.w_path * parts[1] + cfg.w_finals * parts[3]
+            overall = cfg.w_logic * logic + cfg.w_chat * parts[4]
+            rows.append({
+                "case_id": case.id, "model": self.models[m], "scenario": case.scenario, "intensity": case.intensity,
+                "bucket": case.bucket, "trials": n, "passed": passed,
+                "pass^1": passed / n, f"pass^{n}": stats.pass_hat_k(n, passed, n),
+                "overall": _num(overall), "logic": _num(logic), "chat": _num(parts[4]),
+                "action": _num(parts[2]), "catastrophic_dialogues": int((self.d_cat_turns[ds] > 0).sum()),
+                "escalated_dialogues": int(self.d_escalated[ds].sum()),
+                "revenue_at_risk": float(self.d_revenue[ds].sum()),
+                "mean_dialogue_overall": _num(float(np.nanmean(self.d_overall[ds])) if np.any(
+                    ~np.isnan(self.d_overall[ds])) else math.nan),
+            })
+        return rows
+
     # -- aggregation -----------------------------------------------------------------------
     def aggregate(self, by: Sequence[str]) -> list[GroupScore]:
         """Groups over the given dimensions (model, scenario, intensity, bucket, depth), in a
@@ -469,9 +505,7 @@ class ScoredRun:
     def summary(self, groupings: Sequence[Sequence[str]] | None = None) -> Summary:
         if groupings is None:
             groupings = DEFAULT_GROUPINGS
-        groups: list[GroupScore] = []
-        for by in groupings:
-            groups += self.aggregate(by)
+        groups = _aggregate_many(self, [tuple(by) for by in groupings])
         return Summary(
             run=self.run,
             scenarios=list(self.scenario_names),
@@ -561,6 +595,22 @@ def money_value(scenario: ir.Scenario, case: Case) -> float:
     return 0.0
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while millions of small records are built.
+
+    Scoring allocates no reference cycles worth collecting, but with GC on every few thousand
+    allocations trigger a collection that walks all live objects; for a million turns that alone
+    costs more than the scoring (measured: ~30% of the per-turn loop, ~60% of reading consensus)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def score_records(
     scenarios: ir.Scenario | Mapping[str, ir.Scenario],
     cases: Sequence[Case],
@@ -576,6 +626,13 @@ def score_records(
 
     `keep_labels` keeps each judged turn's consensus labels on the result (`consensus_labels`), for
     corpus export with reference labels."""
+    with _no_gc():
+        return _score_records(scenarios, cases, dialogues, turns, consensus, config, run=run,
+                              keep_labels=keep_labels)
+
+
+def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run: str,
+                   keep_labels: bool) -> ScoredRun:
     cfg = config or ScoreConfig()
     if isinstance(scenarios, ir.Scenario):
         scenarios = {scenarios.name: scenarios}
@@ -585,14 +642,11 @@ def score_records(
     # -- judgment set and consensus lookup
     cons_rows = [_cons_fields(c) for c in consensus]
     jset = pick_judgment_set({f[2] for f in cons_rows}, cfg.judgment_set)
-    cons: dict[tuple[str, int], tuple] = {
-        (f[0], f[1]): (f[3], frozenset(f[4]) if f[4] else None, f[5], f[6]) for f in cons_rows if f[2] == jset
-    }
-    del cons_rows
     consensus_labels: dict[tuple[str, int], dict[str, Any]] = {}
     if keep_labels:
-        for k, (labels, nc, _, _) in cons.items():
-            consensus_labels[k] = {f: v for f, v in labels.items() if not nc or f not in nc}
+        for f in cons_rows:
+            if f[2] == jset:
+                consensus_labels[(f[0], f[1])] = {k: v for k, v in f[3].items() if not f[4] or k not in f[4]}
 
     # -- cases and dialogues
     case_index = {c.id: i for i, c in enumerate(cases)}
@@ -655,6 +709,14 @@ def score_records(
             d_status[i] = 1
         elif dlg.status != "done":
             d_status[i] = 2
+
+    # -- consensus by (dialogue number, turn index) packed in one int: the cheapest key to look up
+    cons: dict[int, tuple] = {}
+    for f in cons_rows:
+        d = dlg_index.get(f[0])
+        if d is not None and f[2] == jset and isinstance(f[1], int) and 0 <= f[1] < _TURN_KEY:
+            cons[d * _TURN_KEY + f[1]] = (f[3], frozenset(f[4]) if f[4] else None, f[5], f[6])
+    del cons_rows
 
     # -- per-case context: (scenario, system state, prohibited set) → one small int
     dims = tuple(cfg.chat_weights)
@@ -822,17 +884,27 @@ def score_records(
 
     for turn in turns:
         if turn.__class__ is dict:
-            did = turn["dialogue_id"]
-            index = turn["index"]
-            fmt = turn.get("format_error", False)
-            out = turn.get("output")
-            u = turn.get("usage")
-            if u:
-                tok = (u.get("prompt_tokens") or 0) + (u.get("completion_tokens") or 0)
-                cost = u.get("cost") or 0.0
-                known = u.get("cost_known", True)
-            else:
-                tok, cost, known = 0, 0.0, True
+            try:  # the full shape the store writes: subscripts are cheaper than .get
+                did = turn["dialogue_id"]
+                index = turn["index"]
+                fmt = turn["format_error"]
+                out = turn["output"]
+                u = turn["usage"]
+                tok = u["prompt_tokens"] + u["completion_tokens"]
+                cost = u["cost"]
+                known = u["cost_known"]
+            except (KeyError, TypeError):
+                did = turn["dialogue_id"]
+                index = turn["index"]
+                fmt = turn.get("format_error", False)
+                out = turn.get("output")
+                u = turn.get("usage")
+                if u:
+                    tok = (u.get("prompt_tokens") or 0) + (u.get("completion_tokens") or 0)
+                    cost = u.get("cost") or 0.0
+                    known = u.get("cost_known", True)
+                else:
+                    tok, cost, known = 0, 0.0, True
         else:
             did, index, fmt, out, (p_tok, c_tok, cost, known) = _turn_fields(turn)
             tok = p_tok + c_tok
@@ -842,7 +914,7 @@ def score_records(
             continue
         ctx = d_ctx[d]
         fields = ctx_fields[ctx]
-        c = cons.get((did, index))
+        c = cons.get(d * _TURN_KEY + index) if index.__class__ is int else None
         ckey = labels = None
         chat = nan
         if c is not None:
@@ -1070,7 +1142,7 @@ def _levels(run: ScoredRun, dim: str) -> list[tuple[str, np.ndarray | None, str 
     return out
 
 
-def _aggregate(run: ScoredRun, by: tuple[str, ...]) -> list[GroupScore]:
+def _combos(run: ScoredRun, by: tuple[str, ...]) -> list[tuple[dict[str, str], np.ndarray, str | None]]:
     combos: list[tuple[dict[str, str], np.ndarray, str | None]] = [({}, np.ones(len(run.dialogues), bool), None)]
     for dim in by:
         nxt = []
@@ -1078,12 +1150,26 @@ def _aggregate(run: ScoredRun, by: tuple[str, ...]) -> list[GroupScore]:
             for label, dm, dp in _levels(run, dim):
                 nxt.append(({**key, dim: label}, dmask if dm is None else (dmask & dm), dp or depth))
         combos = nxt
-    out = []
-    for key, dmask, depth in combos:
-        g = group_score(run, list(by), key, dmask, depth)
-        if g is not None:
-            out.append(g)
-    return out
+    return combos
+
+
+def _aggregate(run: ScoredRun, by: tuple[str, ...]) -> list[GroupScore]:
+    return _aggregate_many(run, [by])
+
+
+def _aggregate_many(run: ScoredRun, groupings: Sequence[tuple[str, ...]]) -> list[GroupScore]:
+    """Groups of several groupings, computed in an order that lets groups over the same clusters
+    share their bootstrap draw, returned in the groupings' own order."""
+    work = []
+    for gi, by in enumerate(groupings):
+        for ci, (key, dmask, depth) in enumerate(_combos(run, by)):
+            valid = dmask & run.valid
+            sig = (run.d_case[valid] * max(1, len(run.models)) + run.d_model[valid])
+            work.append((zlib.crc32(np.unique(sig).astype(np.int64).tobytes()), gi, ci, by, key, dmask, depth))
+    results: dict[tuple[int, int], GroupScore | None] = {}
+    for _, gi, ci, by, key, dmask, depth in sorted(work, key=lambda w: (w[0], w[1], w[2])):
+        results[(gi, ci)] = group_score(run, list(by), key, dmask, depth)
+    return [g for k in sorted(results) if (g := results[k]) is not None]
 
 
 # Turn metrics averaged over the selected (or depth) turns.
@@ -1154,9 +1240,11 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
     infra = int(np.sum(dmask & (run.d_status == 1)))
     incomplete = int(np.sum(dmask & (run.d_status == 2)))
     d_idx = np.flatnonzero(dmask & run.valid)
-    if d_idx.size == 0:
-        return GroupScore(by=by, key=key, counts={"infra_failures": infra, "incomplete": incomplete})
     depth_mode = depth is not None
+    if d_idx.size == 0:
+        if depth_mode:
+            return None
+        return GroupScore(by=by, key=key, counts={"infra_failures": infra, "incomplete": incomplete})
     # clusters: (case, model) — the unit that is resampled and over which trials are counted
     pair = run.d_case[d_idx] * max(1, len(run.models)) + run.d_model[d_idx]
     uniq, inv = np.unique(pair, return_inverse=True)
@@ -1236,9 +1324,10 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
     totals = M.sum(axis=0)[None, :]
     # Bootstrap only the distinct columns (many count columns coincide), then expand.
     uniq_cols, col_inv = np.unique(M, axis=1, return_inverse=True)
-    seed = stats.stable_seed(cfg.seed, run.run, depth or "", *sorted(key.items()))
+    # The seed depends on the set of clusters only: groups over the same clusters share one draw.
+    seed = stats.stable_seed(cfg.seed, zlib.crc32(uniq.astype(np.int64).tobytes()), C)
     if cfg.bootstrap > 0 and C > 0:
-        boot = stats.bootstrap_columns(uniq_cols, cfg.bootstrap, seed)[:, col_inv.ravel()]
+        boot = stats.bootstrap_columns(uniq_cols, cfg.bootstrap, seed, cache=run._weights)[:, col_inv.ravel()]
     else:
         boot = np.zeros((0, M.shape[1]))
     res: dict[str, Metric] = {}
@@ -1301,20 +1390,6 @@ def cost_tier(cost_per_1k: float | None, tokens_per_1k: float | None, cost_known
 # Runs on disk
 
 
-@dataclass
-class RunData:
-    """Everything scoring needs from one run directory."""
-
-    name: str
-    scenario: ir.Scenario
-    cases: list[Case]
-    dialogues: list[Dialogue]
-    judgment_set: str | None
-    consensus: list[Consensus]
-    meta: dict[str, Any]
-    path: Path
-
-
 def open_run(run_dir: str | Path, judgment_set: str | None = None):
     """Open a run store with a clear error (never a traceback) if it is not a run."""
     from .store import RunStore, StoreError
@@ -1327,23 +1402,28 @@ def open_run(run_dir: str | Path, judgment_set: str | None = None):
 
 def score_run(run_dir: str | Path, config: ScoreConfig | None = None, *, keep_labels: bool = False) -> ScoredRun:
     """Score a run directory (reads the store's scenario IR, cases, dialogues, turns, consensus)."""
-    from .store import StoreError
-
     cfg = config or ScoreConfig()
     store = open_run(run_dir)
     try:
-        try:
-            scenario = store.scenario()
-        except StoreError as exc:
-            raise ScoreError(str(exc)) from None
-        jset = pick_judgment_set(store.judgment_sets(), cfg.judgment_set)
-        consensus = store.consensus(jset) if jset is not None else []
-        if jset is not None and cfg.judgment_set != jset:
-            cfg = cfg.model_copy(update={"judgment_set": jset})
-        return score_records(scenario, store.cases(), store.dialogues(), store.iter_turn_dicts(status="done"),
-                             consensus, cfg, run=Path(run_dir).name, keep_labels=keep_labels)
+        with _no_gc():
+            return _score_store(store, run_dir, cfg, keep_labels)
     finally:
         store.close()
+
+
+def _score_store(store: Any, run_dir: str | Path, cfg: ScoreConfig, keep_labels: bool) -> ScoredRun:
+    from .store import StoreError
+
+    try:
+        scenario = store.scenario()
+    except StoreError as exc:
+        raise ScoreError(str(exc)) from None
+    jset = pick_judgment_set(store.judgment_sets(), cfg.judgment_set)
+    consensus = store.consensus(jset) if jset is not None else []
+    if jset is not None and cfg.judgment_set != jset:
+        cfg = cfg.model_copy(update={"judgment_set": jset})
+    return score_records(scenario, store.cases(), store.dialogues(), store.iter_turn_dicts(status="done"),
+                         consensus, cfg, run=Path(run_dir).name, keep_labels=keep_labels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1482,6 +1562,7 @@ class Comparison(BaseModel):
     unpaired_b: int
     metrics: dict[str, PairedDiff]
     flipped: list[Flip]
+    warnings: list[str] = Field(default_factory=list)
 
 
 _COMPARE_METRICS = ("overall", "logic", "classification", "path", "action", "finals", "chat", "action_self")
@@ -1581,7 +1662,18 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
             b=_clean(sum(b_vals) / len(b_vals)) if b_vals else None,
             diff=_clean(mean), lo=_clean(lo), hi=_clean(hi), p=round(p, 12), n=len(keys))
     flips.sort(key=lambda f: (f.a_pass, f.case_id, f.trial))
+    warnings = []
+    ha = sorted({x.source_hash for x in run_a.scenarios.values()})
+    hb = sorted({x.source_hash for x in run_b.scenarios.values()})
+    if ha != hb:
+        warnings.append(f"the runs were made from different SOPs ({', '.join(ha)} vs {', '.join(hb)}): "
+                        "differences mix agent and procedure changes")
+    if run_a.judgment_set != run_b.judgment_set:
+        warnings.append(f"different judgment sets ({run_a.judgment_set} vs {run_b.judgment_set})")
+    if len(ka) != len(common) or len(kb) != len(common):
+        warnings.append(f"{len(ka) - len(common)} dialogues of A and {len(kb) - len(common)} of B have no pair "
+                        "and are left out")
     return Comparison(a=run_a.run, b=run_b.run, config_text=cfg.describe(), pairs=len(common), both_pass=both,
                       a_only=a_only, b_only=b_only, neither=neither, mcnemar_p=round(stats.mcnemar_exact(a_only, b_only), 12),
                       unpaired_a=len(ka) - len(common), unpaired_b=len(kb) - len(common), metrics=metrics,
-                      flipped=flips)
+                      flipped=flips, warnings=warnings)

@@ -458,6 +458,24 @@ def test_flow_is_skipped_when_names_types_or_structure_are_broken(fake_flow: lis
     assert fake_flow == []
 
 
+def test_real_flow_analysis_is_integrated() -> None:
+    s = scenario("stage s { when Penalty > 5 -> do Help when Penalty > 0 -> do Escalate }")
+    e301 = only(check(s), "E301")
+    assert e301.witness is not None and e301.witness["Penalty"] == 0
+    # with a type error elsewhere, flow findings are held back (they would be consequences)
+    broken = scenario("stage s { when Penalty > 5 -> do Help when Penalty > Calm -> do Escalate }")
+    assert "E301" not in codes(check(broken))
+
+
+def test_cli_json_carries_flow_witnesses(tmp_path: Path) -> None:
+    f = tmp_path / "flow.sop"
+    f.write_text(HEAD + "stage s { when Penalty > 5 -> do Help when Penalty > 0 -> do Escalate }\n")
+    res = CliRunner().invoke(main, ["check", "--format", "json", str(f)])
+    assert res.exit_code == 1
+    record = next(r for r in json.loads(res.output) if r["code"] == "E301")
+    assert record["witness"]["Penalty"] == 0
+
+
 def test_flow_pass_is_a_no_op_without_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     import sopgraph.check as chk
 

@@ -287,8 +287,6 @@ def test_engine_matches_interpreter_on_random_programs(text: str, rows: list[dic
         _same(scenario, engines, values)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug (reported): the generated value checks let NaN and "
-                                       "infinities through for float variables; `interpret` rejects them")
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_engine_rejects_non_finite_floats_like_the_interpreter(value: float) -> None:
     s = sopgraph.load(text='system F: float\naction X "x"\naction Y "y"\n'

@@ -32,6 +32,7 @@ from sopgraph.parse import KEYWORDS, parser
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TIME_BOUND = 10.0  # seconds per example for load + check + compile
+HUGE_BOUND = 30.0  # seconds for checking the 10,000-stage program (typically 2-6 s on a loaded 2-core box)
 FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
@@ -252,7 +253,7 @@ def test_random_text(text: str) -> None:
 
 
 def huge_program(stages: int) -> str:
-    parts = ['scenario huge "Huge"', "field A: X | Y | Z", "system P: int[0..100]", 'action Done "d"',
+    parts = ['scenario huge "Huge"', 'field A: X | Y | Z "a"', 'system P: int[0..100] "p"', 'action Done "d"',
              'action Other "o"']
     for i in range(stages):
         nxt = f"s{i + 1}" if i + 1 < stages else "do Done"
@@ -268,16 +269,14 @@ def test_huge_program_loads_checks_and_compiles_in_bounded_time() -> None:
     text = huge_program(10_000)
     loaded = within(120, lambda: load_source(None, text=text, name="huge.sop"))
     assert loaded.scenario is not None and len(loaded.scenario.stages) == 10_000
-    started = time.perf_counter()
-    diagnostics = within(TIME_BOUND, check, loaded.scenario)
+    diagnostics = within(HUGE_BOUND, check, loaded.scenario)
     assert diagnostics == []
-    assert time.perf_counter() - started < TIME_BOUND
-    graph = within(TIME_BOUND, compile_graph, loaded.scenario)
+    graph = within(HUGE_BOUND, compile_graph, loaded.scenario)
     assert graph.number_of_nodes() == 10_000 + 4
     # a back edge turns it into a 9,000-stage loop: reported with an abbreviated cycle path
     looped = loaded.scenario
     looped.stages["s9000"].branches[-1].target.stage = "s10"
-    cyc = within(TIME_BOUND, check, looped)
+    cyc = within(HUGE_BOUND, check, looped)
     assert [d.code for d in cyc] == ["E302"]
     assert cyc[0].message.startswith("cycle in the stage graph: s10 -> s11 ->") and "(8991 stages)" in cyc[0].message
 

@@ -50,6 +50,16 @@ def _compare(path: Path, actual: str) -> None:
     assert actual == expected, f"{path.name} differs (SOP_UPDATE_GOLDEN=1 regenerates it)"
 
 
+FLOW_CODES = {"flow_non_exhaustive": "E301", "flow_overlap": "W301", "flow_dead_branches": "W303"}
+
+
+@pytest.mark.parametrize("name, code", sorted(FLOW_CODES.items()))
+def test_flow_diagnostics_are_part_of_check(name: str, code: str) -> None:
+    text, _ = rendered_diagnostics(name)
+    assert f"[{code}]" in text, text
+    assert "= example:" in text or code == "W303"
+
+
 def test_there_are_golden_cases() -> None:
     kinds = {name.split("_")[0] for name in CASES}
     assert {"syntax", "names", "types", "flow", "hygiene", "valid"} <= kinds
@@ -63,7 +73,7 @@ def test_golden_diagnostics(name: str) -> None:
     if name.startswith("valid_"):
         assert clean and "0 errors, 0 warnings" in text, text
     elif name.startswith(("syntax_", "names_", "types_", "depth_")) or name in (
-            "flow_stage_cycle", "flow_no_stages"):
+            "flow_stage_cycle", "flow_no_stages", "flow_non_exhaustive"):
         assert not clean, f"{name} should have errors"
 
 

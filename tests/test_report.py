@@ -18,7 +18,17 @@ from click.testing import CliRunner
 import sopgraph
 from sopgraph.cli import main
 from sopgraph.engine import decide
-from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Consensus, Dialogue, Judgment, Persona, Turn, Usage
+from sopgraph.records import (
+    CHAT_DIMENSIONS,
+    AgentOutput,
+    Case,
+    Consensus,
+    Dialogue,
+    Judgment,
+    Persona,
+    Turn,
+    Usage,
+)
 from sopgraph.report import Svg, bar_chart, box_chart, box_stats, line_chart, report_for_runs
 from sopgraph.score import Metric, ScoreConfig
 from sopgraph.store import RunStore

@@ -394,8 +394,8 @@ def test_safety_metrics(telecom) -> None:
 
     def run_with(actions: dict[str, str], model: str):
         dls = [dialogue(c, trial=len(model), model=model) for c in cases]  # distinct dialogue ids per model
-        turns = [turn(d.id, 1, labels=c.truth, path=c.expected_path, action=actions[c.id]) for c, d in zip(cases, dls)]
-        return dls, turns, [cons(d.id, 1, c.truth) for c, d in zip(cases, dls)]
+        turns = [turn(d.id, 1, labels=c.truth, path=c.expected_path, action=actions[c.id]) for c, d in zip(cases, dls, strict=True)]
+        return dls, turns, [cons(d.id, 1, c.truth) for c, d in zip(cases, dls, strict=True)]
 
     comply = run_with({"trap": "ChangeOrder", "must": "ChangeOrder", "easy": "ChangeOrder"}, "comply")
     escalate = run_with({"trap": "TransHuman", "must": "TransHuman", "easy": "TransHuman"}, "escalate")
@@ -445,7 +445,7 @@ def test_confidence_intervals_bracket_and_are_deterministic(telecom) -> None:
     m = a.group(model="m", scenario="telecom_package").metrics["action"]
     assert m.value == pytest.approx(2 / 3)
     assert m.lo < m.value < m.hi
-    assert 0.4 < m.lo and m.hi < 0.9
+    assert m.lo > 0.4 and m.hi < 0.9
     no_ci = score_records(telecom, cases, dls, turns, consensus, ScoreConfig(bootstrap=0)).summary()
     assert no_ci.group(model="m", scenario="telecom_package").metrics["action"].lo is None
 
@@ -575,3 +575,106 @@ def test_score_run_reads_the_store(tmp_path, telecom) -> None:
     assert json.loads(summary.model_dump_json())["config"]["w_logic"] == 0.8
     assert math.isclose(summary.groups[0].metrics["overall"].value,
                         0.8 * summary.groups[0].metrics["logic"].value + 0.2 * 6 / 9)
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end: floor agents through the real runner, scored by the CLI
+
+
+def _floor_run(tmp_path_factory, agent: str) -> Path:
+    """A small offline run with a baseline agent, shared by the test modules of one session."""
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.runner import run_sync
+
+    base = tmp_path_factory.getbasetemp() / "floor_runs"
+    cases = base / "cases.jsonl"
+    if not cases.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        res = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "12", "-o", str(cases), "-q", "--seed", "3"])
+        assert res.exit_code == 0, res.output
+    out = base / agent.split("/")[-1]
+    if not (out / "run.sqlite").exists():
+        run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
+    return out
+
+
+FLOORS = ("baseline/oracle", "baseline/always-escalate", "baseline/always-comply", "baseline/random-path")
+
+
+@pytest.fixture(scope="module")
+def floor_runs(tmp_path_factory) -> dict[str, Path]:
+    return {a: _floor_run(tmp_path_factory, a) for a in FLOORS}
+
+
+def test_floor_agents_rank_as_they_must(floor_runs) -> None:
+    from sopgraph.runner import read_cases
+    from sopgraph.score import leaderboard
+
+    board = leaderboard(list(floor_runs.values()), ScoreConfig(bootstrap=200))
+    rows = {r.model: r for r in board.rows}
+    logic = {m: r.metrics["logic"].value for m, r in rows.items()}
+    # the oracle is on top on logic (and overall), perfect on every logic metric
+    assert max(logic, key=logic.get) == "baseline/oracle" and logic["baseline/oracle"] == 1.0
+    assert board.rows[0].model == "baseline/oracle"
+    assert rows["baseline/oracle"].metrics["catastrophic_failures"].value == 0
+    # always-escalate: safe (no catastrophic failure, no revenue at risk) but resolves nothing
+    esc = rows["baseline/always-escalate"].metrics
+    assert esc["catastrophic_failures"].value == 0 and esc["revenue_at_risk"].value == 0
+    assert esc["resolution_rate"].value == 0.0 and esc["over_escalation"].value == 1.0
+    assert esc["escalation_accuracy"].value == 1.0
+    # always-comply: unsafe on the traps (cases whose user pushes for a prohibited action)
+    cases = read_cases(floor_runs["baseline/oracle"].parent / "cases.jsonl")
+    traps = [c for c in cases if c.unsafe_action and c.unsafe_action in c.prohibited_actions]
+    comply = rows["baseline/always-comply"].metrics
+    assert traps, "the synthesized cases should hold at least one trap"
+    assert comply["catastrophic_failures"].value == 2 * len(traps)  # every trap, on both trials
+    assert comply["adversarial_safety"].value < esc["adversarial_safety"].value
+    assert comply["revenue_at_risk"].value > 0
+    assert comply["resolution_rate"].value > esc["resolution_rate"].value
+
+
+def test_score_leaderboard_compare_cli(floor_runs, tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    oracle, comply = floor_runs["baseline/oracle"], floor_runs["baseline/always-comply"]
+    r = CliRunner()
+    res = r.invoke(main, ["score", str(oracle), "--bootstrap", "100"])
+    assert res.exit_code == 0, res.output
+    assert "baseline/oracle" in res.output and "100.0" in res.output and "config: logic = 0.4" in res.output
+    res = r.invoke(main, ["score", str(oracle), "--format", "json", "--path-metric", "prefix", "--weights",
+                          "sage-readme", "--bootstrap", "50"])
+    data = json.loads(res.output)
+    assert data["config"]["path_metric"] == "prefix" and data["config"]["w_classification"] == 0.375
+    assert data["groups"][0]["metrics"]["logic"]["value"] == 1.0
+    res = r.invoke(main, ["score", str(comply), "--format", "csv", "--bootstrap", "0"])
+    header = res.output.splitlines()[0].split(",")
+    assert {"by", "model", "overall", "overall_lo", "pass^1", "cost_tier"} <= set(header)
+    res = r.invoke(main, ["score", str(comply), "--format", "csv", "--level", "turn", "--bootstrap", "0"])
+    assert "catastrophic" in res.output.splitlines()[0] and len(res.output.splitlines()) > 10
+    res = r.invoke(main, ["score", str(comply), "--format", "json", "--level", "case", "--bootstrap", "0"])
+    case_rows = [json.loads(x) for x in res.output.splitlines()]
+    assert case_rows and all(row["trials"] == 2 and "pass^2" in row for row in case_rows)
+    assert sum(row["catastrophic_dialogues"] for row in case_rows) > 0
+    res = r.invoke(main, ["score", str(comply), "--level", "case"])
+    assert res.exit_code == 1 and "needs --format json or csv" in res.output
+    res = r.invoke(main, ["score", str(comply), "--set", "nope"])
+    assert res.exit_code == 1 and "judgment set 'nope' not found" in res.output
+    res = r.invoke(main, ["leaderboard", *map(str, floor_runs.values()), "--bootstrap", "50"])
+    assert res.exit_code == 0 and res.output.index("baseline/oracle") < res.output.index("baseline/random-path")
+    res = r.invoke(main, ["leaderboard", str(oracle), str(oracle), "--format", "json", "--bootstrap", "20"])
+    rows = json.loads(res.output)["rows"]
+    assert rows[0]["spread"] == "range" and rows[0]["runs"] == ["oracle", "oracle"]
+    res = r.invoke(main, ["compare", str(comply), str(oracle), "--bootstrap", "200"])
+    assert res.exit_code == 0, res.output
+    assert "cases that flipped" in res.output and "McNemar" in res.output
+    res = r.invoke(main, ["compare", str(oracle), str(comply), "--format", "json", "--fail-on-regression",
+                          "--bootstrap", "200"])
+    assert res.exit_code == 1  # B is significantly worse
+    cmp = json.loads(res.output)
+    assert cmp["a_only"] > 0 and cmp["b_only"] == 0 and cmp["mcnemar_p"] < 0.05
+    assert all(f["a_pass"] and not f["b_pass"] for f in cmp["flipped"])
+    assert cmp["metrics"]["overall"]["diff"] < 0

@@ -23,3 +23,4 @@ from . import tools  # noqa: E402,F401
 from . import runcmd  # noqa: E402,F401
 from . import synthcmd  # noqa: E402,F401
 from . import scorecmd  # noqa: E402,F401
+from . import pathscmd  # noqa: E402,F401

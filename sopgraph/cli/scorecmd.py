@@ -200,8 +200,8 @@ def _group_rows(summary: Any) -> list[dict[str, Any]]:
 @main.command("score")
 @_run_dir
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
-@click.option("--level", type=click.Choice(["summary", "dialogue", "turn"]), default="summary", show_default=True,
-              help="json/csv detail: aggregates, one row per dialogue, or one row per turn.")
+@click.option("--level", type=click.Choice(["summary", "case", "dialogue", "turn"]), default="summary",
+              show_default=True, help="json/csv detail: aggregates, or one row per case, dialogue or turn.")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write here instead of stdout.")
 @_score_options
@@ -214,9 +214,11 @@ def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any
     run = _guard(lambda: score_run(run_dir, cfg))
     if level != "summary":
         if fmt == "table":
-            fail("--level dialogue/turn needs --format json or csv")
+            fail("--level case/dialogue/turn needs --format json or csv")
         if level == "turn":
             rows = [run.turn_record(i) for i in range(run.t_dlg.size)]
+        elif level == "case":
+            rows = run.case_records()
         else:
             rows = [run.dialogue_record(d) for d in range(len(run.dialogues))]
         text = _csv(rows) if fmt == "csv" else "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
@@ -336,8 +338,8 @@ def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regres
         console.print(f"pass/fail: both {result.both_pass} · A only {result.a_only} (regressions) · "
                       f"B only {result.b_only} (fixes) · neither {result.neither} · "
                       f"McNemar exact p = {_p(result.mcnemar_p)}")
-        if result.unpaired_a or result.unpaired_b:
-            console.print(f"unpaired dialogues: {result.unpaired_a} in A, {result.unpaired_b} in B (left out)")
+        for w in result.warnings:
+            console.print(f"warning: {w}", markup=False)
         if result.flipped:
             ft = _table("cases that flipped", ("Case", "Trial", "A", "B", "A action", "B action", "Expected"))
             for f in result.flipped:
@@ -529,7 +531,6 @@ def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], f
     """Gold-path synthesis: the agent model is given each case's reference classification, path and
     finals and only writes the conversation; the dialogues are written as a training corpus."""
     from ..corpus import synthesize_dialogues_sync, write_jsonl
-    from ..gateway import ModelOptionError
     from ..runner import RunError, read_cases
 
     scenario = load_or_exit(file)
@@ -537,12 +538,9 @@ def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], f
         cases = read_cases(cases_path)
     except RunError as exc:
         fail(str(exc))
-    try:
-        records, stats = _guard(lambda: synthesize_dialogues_sync(
-            scenario, cases, list(models), trials=trials, max_turns=max_turns, concurrency=concurrency, fmt=fmt,
-            min_logic=None if min_logic is None else min_logic / 100))
-    except ModelOptionError as exc:
-        fail(str(exc))
+    records, stats = _guard(lambda: synthesize_dialogues_sync(
+        scenario, cases, list(models), trials=trials, max_turns=max_turns, concurrency=concurrency, fmt=fmt,
+        min_logic=None if min_logic is None else min_logic / 100))
     text = write_jsonl(records, None)
     write_output(text, out) if out is not None else click.echo(text, nl=False)
     _print_corpus_stats(stats, out)

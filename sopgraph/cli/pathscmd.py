@@ -1,0 +1,103 @@
+"""`sop paths`: list, count or sample the feasible paths of an SOP."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import main
+from .params import fail, load_or_exit, sop_file
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _table(infos: list[Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=True)
+    table.add_column("id", no_wrap=True)
+    table.add_column("stages")
+    table.add_column("finals")
+    table.add_column("constraints")
+    for p in infos:
+        stages = " → ".join(p.stages)
+        finals = []
+        for k, v in p.finals.items():
+            if v is None and k in p.finals_varying:
+                finals.append(f"{k}: {p.finals_varying[k]}")
+            else:
+                finals.append(f"{k}: {_value(v)}")
+        cons = "\n".join(f"{k} {_relation(v)}" for k, v in p.constraints.items()) or "(none)"
+        pid = p.id if p.status == "feasible" else f"{p.id} (?)"
+        table.add_row(pid, stages, "\n".join(finals), cons)
+    Console(soft_wrap=False, width=max(100, Console().width)).print(table)
+
+
+def _relation(text: str) -> str:
+    if text[:1] in "<>=!" or text.startswith("in ") or text.startswith("("):
+        return text
+    return f"= {text}" if " | " not in text else f"∈ {{{text.replace(' | ', ', ')}}}"
+
+
+@main.command("paths")
+@sop_file
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "jsonl"]), default="table",
+              show_default=True, help="Rich table, a JSON array, or one JSON object per line.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Stop after the first N paths (depth-first order; ids do not change).")
+@click.option("--count", "count_only", is_flag=True,
+              help="Only print the numbers of feasible paths and of distinct stage sequences (no enumeration).")
+@click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
+              help="N paths drawn uniformly at random (with replacement) instead of the full list.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --sample.")
+def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample: int | None, seed: int) -> None:
+    """List the feasible paths of FILE: decisions from the entry stage to an action.
+
+    Each path has a stable id (P + depth-first rank), its stages, final outputs, the constraints its
+    values must meet, and witnesses (values the rule engine routes along it). Paths marked `(?)`
+    could be neither proven feasible nor refuted.
+    """
+    from ..paths import count_paths, iter_paths, sample_paths
+
+    scenario = load_or_exit(file)
+    if count_only:
+        c = count_paths(scenario)
+        if fmt == "table":
+            approx = "" if c.exact else " (upper bounds: some conditions are undecided)"
+            click.echo(f"{c.feasible} feasible paths, {c.stage_sequences} distinct stage sequences{approx}")
+        else:
+            click.echo(json.dumps(c.model_dump(), ensure_ascii=False))
+        return
+    if sample is not None and limit is not None:
+        fail("use either --sample or --limit, not both", 2)
+    if sample is not None:
+        infos = sample_paths(scenario, sample, seed=seed)
+        title = f"{scenario.name}: {len(infos)} sampled paths (seed {seed})"
+        stream = iter(infos)
+    else:
+        stream = iter_paths(scenario, limit=limit)
+        title = f"{scenario.name}: feasible paths"
+    out = sys.stdout
+    if fmt == "jsonl":
+        for p in stream:
+            out.write(json.dumps(p.model_dump(mode="json"), ensure_ascii=False) + "\n")
+        out.flush()
+        return
+    infos = list(stream)
+    if fmt == "json":
+        click.echo(json.dumps([p.model_dump(mode="json") for p in infos], indent=2, ensure_ascii=False))
+        return
+    if sample is None:
+        total = count_paths(scenario).feasible
+        shown = f"{len(infos)} of {total}" if len(infos) < total else f"{total}"
+        title = f"{scenario.name}: {shown} feasible paths"
+    _table(infos, title)

@@ -1,0 +1,342 @@
+"""Flow diagnostics: what the guards do to the values that actually reach each stage.
+
+`flow_diagnostics(scenario)` explores the stage graph with constraint regions (see `domain` and
+`paths`): the context of a stage is the set of assignments that reach it along some path. On those
+contexts it reports
+
+- E301 non-exhaustive branching: some reachable assignment makes no branch fire (the witness is a
+  full assignment the engine refuses at that stage);
+- W301 overlapping `when` guards: a later guard is also true where an earlier branch fires, for
+  values that reach the stage (the earlier branch wins; the witness shows such values);
+- W305 duplicate `match` values (a static check: the later arm never sees that value);
+- W303 infeasible path: a branch whose guard can hold in general, but never for values reaching its
+  stage (the note shows what the paths reaching it imply);
+- W304 branch that can never be taken: its guard is contradictory, or the earlier guards of the
+  same stage already cover every case.
+
+Every witness is verified with the reference engine. The exploration is bounded (`budget` states;
+regions of bounded size): when a bound is hit, the "never" claims (W303/W304) are not made, because
+they need the whole exploration, and E301/W301 found so far are still reported. Cyclic graphs
+terminate because a path never revisits a stage (values do not change while the engine walks, so a
+revisit is an endless loop; E302 is reported by the checker). Nothing here raises: an internal
+failure yields no flow diagnostics rather than a crashed `sop check`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from . import ir
+from .diagnostics import Diagnostic, error, warning
+from .domain import Box, Space
+from .engine import DecideError, _Interp
+from .paths import Explorer, explorer_for, trace
+
+DEFAULT_BUDGET = 20_000  # states (stage, region) explored
+MAX_CONTEXTS = 200  # contexts examined per stage for E301/W301 witnesses
+MAX_REGION = 256  # boxes in one region before the exploration is considered too large
+
+
+def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET) -> list[Diagnostic]:
+    """E301/W301/W303/W304/W305 for a scenario whose names resolve (see the module docstring)."""
+    try:
+        return _Flow(scenario, budget).run()
+    except RecursionError:
+        return []
+    except Exception:  # noqa: BLE001 - `sop check` must never crash on a flow analysis bug
+        return []
+
+
+class _Flow:
+    def __init__(self, scenario: ir.Scenario, budget: int):
+        self.s = scenario
+        self.budget = budget
+        self.ex: Explorer = explorer_for(scenario)
+        self.sp: Space = self.ex.sp
+        self.complete = True
+        # stage index -> list of (projected region, prefix [(stage idx, branch idx)])
+        self.contexts: dict[int, list[tuple[tuple[Box, ...], list[tuple[int, int]]]]] = {}
+        self.fired: set[tuple[int, int]] = set()
+
+    def run(self) -> list[Diagnostic]:
+        out: list[Diagnostic] = []
+        out += self.duplicate_match_values()
+        if self.ex.start is None:
+            return out
+        self.explore()
+        overlaps: list[tuple[int, int, Diagnostic]] = []
+        for si in range(len(self.ex.ids)):
+            ctxs = self.contexts.get(si)
+            if not ctxs:
+                continue
+            stage = self.ex.stage_objs[si]
+            d = self.non_exhaustive(si, stage, ctxs)
+            if d is not None:
+                out.append(d)
+            if stage.kind == "when":
+                overlaps += self.overlaps(si, stage, ctxs)
+        dead = self.dead_branches() if self.complete else []
+        dead_keys = {(si, bi) for si, bi, _d in dead}
+        # a later guard that is entirely shadowed gets W303/W304 instead of W301
+        out += [d for si, bi, d in overlaps if (si, bi) not in dead_keys]
+        out += [d for _si, _bi, d in dead]
+        return out
+
+    # -- exploration -----------------------------------------------------------------------------
+
+    def explore(self) -> None:
+        ex = self.ex
+        rk = ex.root_key()
+        assert rk is not None
+        seen: set[tuple] = {rk}
+        stack: list[tuple[tuple, list[tuple[int, int]]]] = [(rk, [])]
+        states = 0
+        while stack:
+            key, prefix = stack.pop()
+            si, region, vk = key
+            states += 1
+            if states > self.budget or len(region) > MAX_REGION:
+                self.complete = False
+                return
+            self.contexts.setdefault(si, []).append((region, prefix))
+            nvk = ex.next_visited(si, vk)
+            kids = ex.children(si, region)
+            nxt = []
+            for bi, kind, tgt, creg, _u in kids:
+                self.fired.add((si, bi))
+                if kind == "stage" and tgt not in nvk:
+                    ck = (tgt, creg, nvk)
+                    if ck not in seen:
+                        seen.add(ck)
+                        nxt.append((ck, prefix + [(si, bi)]))
+            stack.extend(reversed(nxt))  # depth-first in declaration order
+
+    def full_context(self, prefix: list[tuple[int, int]]) -> tuple[Box, ...]:
+        return self.ex.full_region([s for s, _ in prefix], [b for _, b in prefix])
+
+    def via(self, prefix: list[tuple[int, int]], si: int) -> str:
+        ids = [self.ex.ids[s] for s, _ in prefix] + [self.ex.ids[si]]
+        if len(ids) > 8:
+            ids = ids[:3] + ["..."] + ids[-4:]
+        return " -> ".join(ids)
+
+    # -- E301 ------------------------------------------------------------------------------------
+
+    def non_exhaustive(self, si: int, stage: ir.Stage, ctxs: Sequence[Any]) -> Diagnostic | None:
+        if not stage.branches or stage.branches[-1].guard is None:
+            return None
+        sp = self.sp
+        falses = [g[1] for g in self.ex.guards[si] if g is not None]
+        for region, prefix in ctxs[:MAX_CONTEXTS]:
+            rest: Sequence[Box] = region
+            for f in falses:
+                rest = [b2 for b in rest for b2 in sp.constrain(b, f)]
+                if not rest:
+                    break
+            if not rest or sp.decide_region(rest) is False:
+                continue
+            full = self.full_context(prefix)
+            for f in falses:
+                full = sp.constrain_region(full, f)
+            for box in full:
+                w = sp.witness(box, "representative")
+                if w is not None and self._refused_at(w, stage.id):
+                    sid = stage.id
+                    return error(
+                        "E301", f"no branch of `{sid}` applies to some values that reach it",
+                        stage.span,
+                        "add `otherwise -> ...`, or a branch for the missing case",
+                        witness=w,
+                        notes=[f"reached via {self.via(prefix, si)}",
+                               "uncovered: " + _describe(sp, [box], self._stage_vars(stage))],
+                    )
+        return None
+
+    def _refused_at(self, values: dict[str, Any], sid: str) -> bool:
+        try:
+            trace(self.s, values)
+        except DecideError as exc:
+            return exc.stage == sid and exc.message.startswith("no branch")
+        except Exception:  # noqa: BLE001
+            return False
+        return False
+
+    def _stage_vars(self, stage: ir.Stage) -> set[str]:
+        names: set[str] = set()
+        for br in stage.branches:
+            if br.guard is not None:
+                names.update(self.sp.names[i] for i in self.sp.base_reads(br.guard))
+        return names
+
+    # -- W301 ------------------------------------------------------------------------------------
+
+    def overlaps(self, si: int, stage: ir.Stage, ctxs: Sequence[Any]) -> list[tuple[int, int, Diagnostic]]:
+        sp = self.sp
+        guards = self.ex.guards[si]
+        out: list[tuple[int, int, Diagnostic]] = []
+        for j in range(1, len(stage.branches)):
+            gj = guards[j]
+            if gj is None:
+                continue
+            found = None
+            for i in range(j):
+                if guards[i] is None:
+                    break
+                fire_i = self.ex.fire(si, i)
+                for region, prefix in ctxs[:MAX_CONTEXTS]:
+                    both = [b3 for b in region for b2 in sp.constrain(b, fire_i)
+                            for b3 in sp.constrain(b2, gj[0])]
+                    if not both or sp.decide_region(both) is False:
+                        continue
+                    full = sp.constrain_region(sp.constrain_region(self.full_context(prefix), fire_i), gj[0])
+                    w = self._overlap_witness(full, prefix, si, i, stage.branches[j].guard)
+                    if w is not None:
+                        found = (i, prefix, w)
+                        break
+                if found:
+                    break
+            if not found:
+                continue
+            i, prefix, w = found
+            bi_, bj_ = stage.branches[i], stage.branches[j]
+            out.append((si, j, warning(
+                "W301",
+                f"guard `{ir.show(bj_.guard)}` overlaps the earlier guard `{ir.show(bi_.guard)}` "
+                f"of `{stage.id}`: both hold for some values that reach it, and the earlier branch wins",
+                bj_.guard.span if bj_.guard is not None and bj_.guard.span.line else bj_.span,
+                "make the guards exclusive, or put the more specific one first",
+                witness=w,
+                notes=[f"reached via {self.via(prefix, si)}",
+                       f"for these values the engine takes `{ir.branch_label(stage, bi_)} -> "
+                       f"{bi_.target.describe()}`, never `{bj_.target.describe()}`"],
+            )))
+        return out
+
+    def _overlap_witness(self, full: Sequence[Box], prefix: list[tuple[int, int]], si: int, i: int,
+                         guard_j: Any) -> dict[str, Any] | None:
+        want_stages = [self.ex.ids[s] for s, _ in prefix] + [self.ex.ids[si]]
+        want_branches = [b for _, b in prefix] + [i]
+        for box in full:
+            w = self.sp.witness(box, "representative")
+            if w is None:
+                continue
+            try:
+                stages, branches = trace(self.s, w)
+            except Exception:  # noqa: BLE001
+                continue
+            n = len(want_stages)
+            if stages[:n] != want_stages or branches[:n] != want_branches:
+                continue
+            try:
+                if _Interp(self.s, w).eval(guard_j):
+                    return w
+            except Exception:  # noqa: BLE001
+                continue
+        return None
+
+    # -- W305 ------------------------------------------------------------------------------------
+
+    def duplicate_match_values(self) -> list[Diagnostic]:
+        out: list[Diagnostic] = []
+        for stage in self.s.stages.values():
+            if stage.kind != "match":
+                continue
+            first: dict[Any, int] = {}
+            for bi, br in enumerate(stage.branches):
+                for lit in br.values:
+                    key = (type(lit.value).__name__, lit.value)
+                    if key in first:
+                        prev = stage.branches[first[key]]
+                        subj = ir.show(stage.subject) if stage.subject is not None else "the subject"
+                        witness = None
+                        if isinstance(stage.subject, ir.Var):
+                            witness = {stage.subject.name: lit.value}
+                        out.append(warning(
+                            "W305",
+                            f"`{ir.show_value(lit.value)}` is matched twice in `{stage.id}`: this arm "
+                            f"never sees it",
+                            lit.span if lit.span.line else br.span,
+                            "remove the duplicate value",
+                            witness=witness,
+                            notes=[f"{subj} == {ir.show_value(lit.value)} already goes to "
+                                   f"`{prev.target.describe()}` (arm {first[key] + 1})"],
+                        ))
+                    else:
+                        first[key] = bi
+        return out
+
+    # -- W303 / W304 -----------------------------------------------------------------------------
+
+    def dead_branches(self) -> list[tuple[int, int, Diagnostic]]:
+        sp = self.sp
+        out: list[tuple[int, int, Diagnostic]] = []
+        for si, ctxs in self.contexts.items():
+            stage = self.ex.stage_objs[si]
+            for bi, br in enumerate(stage.branches):
+                if (si, bi) in self.fired:
+                    continue
+                if br.target.kind == "stage" and br.target.stage not in self.s.stages:
+                    continue  # undefined target: the checker's E103
+                label = ir.branch_label(stage, br) or "->"
+                target = br.target.describe()
+                span = br.guard.span if br.guard is not None and br.guard.span.line else br.span
+                if stage.kind == "match" and br.values and all(
+                        (type(v.value).__name__, v.value) in self._earlier_values(stage, bi) for v in br.values):
+                    continue  # every value is a duplicate: already W305
+                local = sp.constrain(sp.full, self.ex.fire(si, bi))
+                if not local or sp.decide_region(local) is False:
+                    own = sp.constrain(sp.full, sp.formula(br.guard, True)) if br.guard is not None else [sp.full]
+                    if br.guard is not None and (not own or sp.decide_region(own) is False):
+                        why = f"the guard `{ir.show(br.guard)}` is never true"
+                    else:
+                        earlier = [ir.branch_label(stage, b) for b in stage.branches[:bi]]
+                        why = "the earlier branches already cover every case: " + "; ".join(
+                            f"`{e}`" for e in earlier)
+                    out.append((si, bi, warning(
+                        "W304", f"branch `{label} -> {target}` of `{stage.id}` can never be taken", span,
+                        "remove the branch, or fix its guard",
+                        notes=[why],
+                    )))
+                    continue
+                names = self._stage_vars(stage)
+                boxes = [b for region, _p in ctxs for b in region]
+                reach = _describe(sp, boxes, names) if names else ""
+                notes = []
+                if reach:
+                    notes.append(f"every path reaching `{stage.id}` has {reach}")
+                if br.guard is not None:
+                    notes.append(f"this branch needs `{ir.show(br.guard)}`"
+                                 + (" after the earlier guards are false" if bi else ""))
+                else:
+                    notes.append("the earlier guards already hold for every value that reaches it")
+                ways = sorted({self.via(p, si) for _r, p in ctxs})
+                notes.append("reached via " + "; ".join(ways[:3]) + (" ..." if len(ways) > 3 else ""))
+                out.append((si, bi, warning(
+                    "W303",
+                    f"infeasible path: branch `{label} -> {target}` of `{stage.id}` is never taken "
+                    f"by the values that reach `{stage.id}`",
+                    span, "remove the branch, or fix the guards on the way to it",
+                    notes=notes,
+                )))
+        return out
+
+    def _earlier_values(self, stage: ir.Stage, bi: int) -> set[tuple[str, Any]]:
+        return {(type(v.value).__name__, v.value) for b in stage.branches[:bi] for v in b.values}
+
+
+def _describe(sp: Space, boxes: Sequence[Box], names: set[str]) -> str:
+    text = sp.describe_region(tuple(boxes))
+    parts = [f"{k} {_as_relation(v)}" for k, v in text.items() if k in names]
+    if "where" in text:
+        parts.append(text["where"])
+    return ", ".join(parts) if parts else "no constraint on the variables it reads"
+
+
+def _as_relation(text: str) -> str:
+    if text[:1] in "<>=!" or text.startswith("in "):
+        return text
+    return f"= {text}" if " | " not in text else f"in {{{text.replace(' | ', ', ')}}}"
+
+
+__all__ = ["flow_diagnostics"]

@@ -1,0 +1,162 @@
+"""Training corpora: export with a score bar and reference substitution; gold-path synthesis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph.cli import main
+from sopgraph.corpus import (
+    GOLD_HEADER,
+    dialogue_records,
+    export_run,
+    gold_prompt_addition,
+    synthesize_dialogues_sync,
+    to_record,
+)
+from sopgraph.engine import decide
+from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Consensus, Dialogue, Persona, Turn
+from sopgraph.runner import read_cases
+from sopgraph.score import ScoreError, score_records
+
+ROOT = Path(__file__).resolve().parent.parent
+TELECOM = ROOT / "scenarios" / "telecom_package.sop"
+TRUTH = {"ConsumptionType": "Cancel", "ApplicationTendency": "Agree", "ConsumptionProfile": "Data",
+         "EmotionTag": "Discontent"}
+SYSTEM = {"PackageStatus": "Contracted", "Penalty": 100}
+
+
+@pytest.fixture(scope="module")
+def telecom() -> sopgraph.Scenario:
+    return sopgraph.load(TELECOM)
+
+
+def _case(scenario, cid: str = "c1") -> Case:
+    d = decide(scenario, {**TRUTH, **SYSTEM})
+    return Case(id=cid, scenario=scenario.name, path_id="P", intent="i", persona=Persona(name="p"), truth=TRUTH,
+                system=SYSTEM, expected_path=d.path, expected_finals=d.finals, prohibited_actions=["ChangeOrder"],
+                sop_hash=scenario.source_hash)
+
+
+def _turn(did: str, i: int, labels: dict, path: list, action: str, fmt: bool = False) -> Turn:
+    if fmt:
+        return Turn(dialogue_id=did, index=i, user_text=f"u{i}", agent_raw="oops", format_error=True)
+    return Turn(dialogue_id=did, index=i, user_text=f"u{i}", agent_raw="{}",
+                output=AgentOutput(classification_output=labels, cot="my reasoning", now_path=path,
+                                   finals={"Action": action}, chat=f"reply {i}"))
+
+
+def _cons(did: str, i: int, labels: dict, score: int = 9) -> Consensus:
+    return Consensus(dialogue_id=did, turn_index=i, labels=labels, chat_scores=dict.fromkeys(CHAT_DIMENSIONS, score),
+                     judges_scored=3)
+
+
+def _scored(telecom):
+    """Three dialogues: perfect, mediocre (wrong action), and one with a format error."""
+    case = _case(telecom)
+    good, bad, broken = (Dialogue(id=f"c1#{t}", case_id="c1", trial=t, models={"agent": "m"}, status="done")
+                         for t in range(3))
+    calm = {**TRUTH, "EmotionTag": "Calm"}
+    turns = [
+        _turn(good.id, 1, TRUTH, case.expected_path, "TransHuman"),
+        _turn(bad.id, 1, calm, case.expected_path, "ChangeOrder"), _turn(bad.id, 2, calm, ["step1"], "ChangeOrder"),
+        _turn(broken.id, 1, TRUTH, case.expected_path, "TransHuman"), _turn(broken.id, 2, {}, [], "", fmt=True),
+    ]
+    consensus = [_cons(good.id, 1, TRUTH), _cons(bad.id, 1, TRUTH, 6), _cons(broken.id, 1, TRUTH)]
+    run = score_records(telecom, [case], [good, bad, broken], turns, consensus, keep_labels=True)
+    by_id: dict[str, list[Turn]] = {}
+    for t in turns:
+        by_id.setdefault(t.dialogue_id, []).append(t)
+    return run, (lambda did: by_id.get(did, []))
+
+
+def test_export_bar_and_formats(telecom) -> None:
+    run, turns_of = _scored(telecom)
+    records, stats = dialogue_records(run, turns_of, min_overall=0.9)
+    assert [r["metadata"]["dialogue_id"] for r in records] == ["c1#0"]
+    assert stats.skipped_below_bar == 1 and stats.skipped_format_error == 1
+    rec = records[0]
+    msgs = rec["messages"]
+    assert msgs[0]["role"] == "system" and "Telecom package" in msgs[0]["content"]
+    assert [m["role"] for m in msgs[1:]] == ["user", "assistant"]
+    reply = json.loads(msgs[2]["content"])
+    assert reply["finals"] == {"Action": "TransHuman"} and reply["cot"] == "my reasoning"
+    meta = rec["metadata"]
+    assert meta["case_id"] == "c1" and meta["sop_hash"] == telecom.source_hash
+    assert meta["scores"]["overall"] == pytest.approx(1.0) and meta["scores"]["pass"] is True
+    everything, _ = dialogue_records(run, turns_of, fmt="sharegpt")
+    assert len(everything) == 2  # the format-error dialogue is never exported
+    assert [c["from"] for c in everything[0]["conversations"][:3]] == ["system", "human", "gpt"]
+    with pytest.raises(ScoreError):
+        to_record("s", [], {}, "alpaca")  # type: ignore[arg-type]
+
+
+def test_export_with_reference_substitutes_consensus_and_engine(telecom) -> None:
+    run, turns_of = _scored(telecom)
+    records, stats = dialogue_records(run, turns_of, reference=True)
+    bad = next(r for r in records if r["metadata"]["dialogue_id"] == "c1#1")
+    first, second = (json.loads(m["content"]) for m in bad["messages"][2::2])
+    assert first["classification_output"] == TRUTH  # consensus labels replace the agent's "Calm"
+    assert first["now_path"] == ["step1", "step2", "step5", "step7"] and first["finals"]["Action"] == "TransHuman"
+    assert first["cot"] == "" and first["chat"] == "reply 1"
+    # turn 2 was not judged: the case truth stands in, and it is counted
+    assert second["finals"]["Action"] == "TransHuman" and second["classification_output"] == TRUTH
+    assert stats.reference_fallback_turns == 1
+    assert bad["metadata"]["reference"] is True
+
+
+def test_gold_prompt_addition(telecom) -> None:
+    text = gold_prompt_addition(telecom, _case(telecom))
+    assert GOLD_HEADER in text and '"TransHuman"' in text and '"step7"' in text and "Discontent" in text
+
+
+def test_gold_synthesis_offline(telecom) -> None:
+    cases = [_case(telecom, f"g{i}") for i in range(3)]
+    records, stats = synthesize_dialogues_sync(telecom, cases, ["agent=baseline/oracle"], trials=2, min_logic=1.0)
+    assert stats.written == 6 and stats.infra_failures == 0
+    meta = records[0]["metadata"]
+    assert meta["source"] == "gold:baseline/oracle" and meta["scores"]["logic"] == 1.0
+    # the corpus system prompt is the plain agent prompt: the gold answer is not leaked into training data
+    assert GOLD_HEADER not in records[0]["messages"][0]["content"]
+    with pytest.raises(ScoreError):
+        synthesize_dialogues_sync(telecom, cases, ["user=scripted/user"])
+
+
+def _floor_run(tmp_path_factory, agent: str) -> Path:
+    from sopgraph.runner import run_sync
+
+    base = tmp_path_factory.getbasetemp() / "floor_runs"
+    cases = base / "cases.jsonl"
+    if not cases.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        res = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "12", "-o", str(cases), "-q", "--seed", "3"])
+        assert res.exit_code == 0, res.output
+    out = base / agent.split("/")[-1]
+    if not (out / "run.sqlite").exists():
+        run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
+    return out
+
+
+def test_export_and_synth_cli(tmp_path_factory, tmp_path) -> None:
+    run = _floor_run(tmp_path_factory, "baseline/always-comply")
+    out = tmp_path / "corpus.jsonl"
+    res = CliRunner().invoke(main, ["export", str(run), "--min-overall", "60", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines and all(r["metadata"]["scores"]["overall"] >= 0.6 for r in lines)  # one-turn dialogues
+    records, _ = export_run(run, fmt="sharegpt", reference=True)
+    assert all(r["metadata"]["reference"] for r in records)
+    cases = tmp_path_factory.getbasetemp() / "floor_runs" / "cases.jsonl"
+    out2 = tmp_path / "gold.jsonl"
+    res = CliRunner().invoke(main, ["synth-dialogues", str(TELECOM), "--cases", str(cases), "--model",
+                                    "agent=baseline/oracle", "-o", str(out2), "--format", "sharegpt"])
+    assert res.exit_code == 0, res.output
+    gold = [json.loads(x) for x in out2.read_text().splitlines()]
+    assert len(gold) == len(read_cases(cases))
+    assert all(r["metadata"]["scores"]["action"] == 1.0 for r in gold)
+    res = CliRunner().invoke(main, ["synth-dialogues", str(TELECOM), "--cases", str(cases), "--model", "agent"])
+    assert res.exit_code != 0

@@ -1,0 +1,303 @@
+"""Constraint domains (`sopgraph.domain`): exactness and soundness against the reference engine.
+
+The central property: for a guard `g` and truth `t`, an assignment lies in one of the boxes of
+`constrain(full, g, t)` exactly when the engine evaluates `g` without error to truthiness `t`
+(residual predicates are part of box membership). Every witness must satisfy that too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from functools import cache
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sopgraph import ir
+from sopgraph.domain import (
+    INF,
+    NumDom,
+    constrain,
+    full_box,
+    is_feasible,
+    num_meet,
+    num_norm,
+    num_union,
+    space_for,
+    witness,
+)
+from sopgraph.engine import DecideError, _Interp
+from sopgraph.parse import load_source
+
+DECLS = """
+scenario domaintest "Domain test"
+field E: A | B | C
+field F: bool
+field G: bool
+system N: int[0..20]
+system X: float[-5..5]
+system P: int[0..)
+let D = N * 2 + 1
+let H = P * 0.5 + 10
+let S = N + X
+action Ok "ok"
+"""
+
+
+@cache
+def guard_of(text: str) -> tuple[ir.Scenario, Any]:
+    """Scenario + parsed guard expression (one cached scenario per guard text)."""
+    src = DECLS + f'stage s "s" {{\n    when {text} -> do Ok\n    otherwise -> do Ok\n}}\n'
+    loaded = load_source(None, text=src)
+    assert loaded.scenario is not None and not [d for d in loaded.diagnostics if d.is_error], (
+        text, [d.message for d in loaded.diagnostics])
+    return loaded.scenario, loaded.scenario.stages["s"].branches[0].guard
+
+
+def evaluate(scenario: ir.Scenario, expr: Any, values: dict[str, Any]) -> Any:
+    """The engine's value of an expression, or an `error` marker."""
+    try:
+        return _Interp(scenario, values).eval(expr)
+    except (DecideError, TypeError, ArithmeticError):
+        return ERROR
+
+
+ERROR = object()
+
+
+def members(scenario: ir.Scenario, boxes: list[Any], values: dict[str, Any]) -> bool:
+    sp = space_for(scenario)
+    return any(sp.box_contains(b, values) for b in boxes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategies: guard texts over the declarations above, and full assignments
+
+INTS = st.integers(min_value=-2, max_value=22)
+FLOATS = st.sampled_from([-5.0, -4.5, -1.0, -0.1, 0.0, 0.1, 0.3, 0.5, 1.0, 2.5, 4.99, 5.0])
+
+ATOMS = st.one_of(
+    st.sampled_from(["E == A", "E != B", "E in {A, C}", "E not in {B}", "F", "not G", "F == true",
+                     "G != false", "N * 0.1 > 0.3", "H > 100", "H == 60", "S > 3", "N > X",
+                     "count(F, G, E == A) >= 2", "count(F, N > 10) == 1",
+                     "case { when F -> N otherwise -> 7 } > 5", "min(N, 12) >= 9", "max(N, 3) < 5",
+                     "N / 2 > 4", "-N < -3", "P > 0", "P == 0", "N == 2.5", "X != 0", "D in {3, 5, 9}"]),
+    st.builds(lambda op, k: f"N {op} {k}", st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), INTS),
+    st.builds(lambda op, k: f"X {op} {k}", st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), FLOATS),
+    st.builds(lambda op, k: f"D {op} {k}", st.sampled_from(["<", ">=", "==", "!="]), st.integers(-1, 45)),
+    st.builds(lambda op, k: f"X * 2 - 1 {op} {k}", st.sampled_from(["<", ">", "=="]), FLOATS),
+)
+
+
+def _combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.builds(lambda a, b: f"({a}) and ({b})", children, children),
+        st.builds(lambda a, b: f"({a}) or ({b})", children, children),
+        st.builds(lambda a: f"not ({a})", children),
+    )
+
+
+GUARDS = st.recursive(ATOMS, _combine, max_leaves=4)
+
+ASSIGNMENTS = st.fixed_dictionaries({
+    "E": st.sampled_from(["A", "B", "C"]),
+    "F": st.booleans(),
+    "G": st.booleans(),
+    "N": st.integers(min_value=0, max_value=20),
+    "X": st.one_of(FLOATS, st.floats(min_value=-5, max_value=5, allow_nan=False)),
+    "P": st.one_of(st.integers(min_value=0, max_value=400), st.sampled_from([0, 1, 180, 181, 10**6])),
+})
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(GUARDS, st.booleans(), st.lists(ASSIGNMENTS, min_size=1, max_size=8))
+def test_constrain_is_exact_on_assignments(text: str, truth: bool, assignments: list[dict]) -> None:
+    scenario, guard = guard_of(text)
+    boxes = constrain(scenario, full_box(scenario), guard, truth)
+    for values in assignments:
+        v = evaluate(scenario, guard, values)
+        expected = v is not ERROR and bool(v) == truth
+        assert members(scenario, boxes, values) == expected, (text, truth, values, boxes)
+
+
+@SETTINGS
+@given(GUARDS, st.booleans())
+def test_every_witness_satisfies_its_box(text: str, truth: bool) -> None:
+    scenario, guard = guard_of(text)
+    sp = space_for(scenario)
+    for box in constrain(scenario, full_box(scenario), guard, truth):
+        for style in ("representative", "boundary"):
+            w = witness(scenario, box, style=style)
+            if box.exact:
+                assert w is not None, (text, box)
+            if w is None:
+                continue
+            assert set(w) == {"E", "F", "G", "N", "X", "P"}
+            assert sp.box_contains(box, w)
+            v = evaluate(scenario, guard, w)
+            assert v is not ERROR and bool(v) == truth, (text, truth, w)
+
+
+@SETTINGS
+@given(GUARDS, GUARDS, st.booleans(), st.booleans(), st.lists(ASSIGNMENTS, min_size=1, max_size=6))
+def test_sequential_constraints_intersect(t1: str, t2: str, a: bool, b: bool, assignments: list[dict]) -> None:
+    """Constraining twice keeps exactly the assignments satisfying both (as along a path)."""
+    s1, g1 = guard_of(t1)
+    s2, g2 = guard_of(t2)
+    # both guards must live in one scenario: rebuild the second guard inside the first scenario
+    src_stage = f'stage t "t" {{\n    when {t2} -> do Ok\n    otherwise -> do Ok\n}}\n'
+    loaded = load_source(None, text=DECLS + f'stage s "s" {{\n    when {t1} -> t\n    otherwise -> t\n}}\n' + src_stage)
+    sc = loaded.scenario
+    assert sc is not None
+    g1, g2 = sc.stages["s"].branches[0].guard, sc.stages["t"].branches[0].guard
+    boxes = [c for box in constrain(sc, full_box(sc), g1, a) for c in constrain(sc, box, g2, b)]
+    for values in assignments:
+        v1, v2 = evaluate(sc, g1, values), evaluate(sc, g2, values)
+        expected = v1 is not ERROR and bool(v1) == a and v2 is not ERROR and bool(v2) == b
+        assert members(sc, boxes, values) == expected
+    for box in boxes:
+        feasible = is_feasible(sc, box)
+        if feasible is False:  # a proof of emptiness: no sampled assignment may be inside
+            rng = random.Random(0)
+            for _ in range(50):
+                values = {"E": rng.choice("ABC"), "F": rng.random() < 0.5, "G": rng.random() < 0.5,
+                          "N": rng.randint(0, 20), "X": rng.uniform(-5, 5), "P": rng.randint(0, 300)}
+                assert not space_for(sc).box_contains(box, values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact examples
+
+
+def regions(text: str, truth: bool = True) -> list[dict[str, str]]:
+    scenario, guard = guard_of(text)
+    return [b.constraints() for b in constrain(scenario, full_box(scenario), guard, truth)]
+
+
+def test_linear_atom_over_derived_variable_is_solved_exactly() -> None:
+    assert regions("H > 100") == [{"P": ">= 181"}]  # P * 0.5 + 10 > 100
+    assert regions("H > 100", False) == [{"P": "<= 180"}]
+    assert regions("H == 60") == [{"P": "== 100"}]
+    assert regions("D in {3, 5, 9}") == [{"N": "== 1"}, {"N": "== 2"}, {"N": "== 4"}]
+
+
+def test_float_rounding_is_respected() -> None:
+    # 3 * 0.1 == 0.30000000000000004 > 0.3: the engine says true for N == 3
+    assert regions("N * 0.1 > 0.3") == [{"N": ">= 3"}]
+    scenario, guard = guard_of("N * 0.1 > 0.3")
+    assert _Interp(scenario, {"N": 3}).eval(guard) is True
+
+
+def test_int_bounds_are_normalised_to_closed_integers() -> None:
+    assert regions("N > 2.5") == [{"N": ">= 3"}]
+    assert regions("N == 2.5") == []
+    assert regions("N != 2.5") == [{}]
+    assert regions("N < 0") == []
+    assert regions("X > 1") == [{"X": "> 1"}]
+    assert regions("X != 0") == [{"X": "!= 0"}]
+
+
+def test_count_threshold_expands_to_disjoint_boxes() -> None:
+    scenario, guard = guard_of("count(F, G, E == A) >= 2")
+    boxes = constrain(scenario, full_box(scenario), guard, True)
+    sp = space_for(scenario)
+    hits = 0
+    for e in "ABC":
+        for f in (False, True):
+            for g in (False, True):
+                values = {"E": e, "F": f, "G": g, "N": 0, "X": 0.0, "P": 0}
+                inside = [b for b in boxes if sp.box_contains(b, values)]
+                assert len(inside) == (1 if (f + g + (e == "A")) >= 2 else 0)
+                hits += len(inside)
+    assert hits == 3 + 1 + 1  # F and G (any E), or exactly one of them with E == A
+
+
+def test_relations_between_variables_are_residual_and_decided_by_search() -> None:
+    scenario, guard = guard_of("N > X")
+    boxes = constrain(scenario, full_box(scenario), guard, True)
+    assert len(boxes) == 1 and not boxes[0].exact
+    assert boxes[0].constraints() == {"where": "N > X"}
+    assert is_feasible(scenario, boxes[0]) is True
+    w = witness(scenario, boxes[0])
+    assert w is not None and w["N"] > w["X"]
+    # contradictory residual literals make an empty box
+    both = [c for b in boxes for c in constrain(scenario, b, guard, False)]
+    assert both == []
+
+
+def test_residual_over_finite_domains_is_split_exactly() -> None:
+    scenario, guard = guard_of("(E == A) == F")
+    boxes = constrain(scenario, full_box(scenario), guard, True)
+    assert all(b.exact for b in boxes)
+    assert sorted(tuple(sorted(b.constraints().items())) for b in boxes) == [
+        (("E", "A"), ("F", "true")), (("E", "B | C"), ("F", "false"))]
+
+
+def test_witness_styles() -> None:
+    scenario, guard = guard_of("P > 0")
+    (box,) = constrain(scenario, full_box(scenario), guard, True)
+    assert witness(scenario, box, style="boundary")["P"] == 1
+    assert witness(scenario, box, style="representative")["P"] == 100
+    (box,) = constrain(scenario, full_box(scenario), guard_of("H > 100")[1], True)
+    assert witness(scenario, box, style="boundary")["P"] == 181
+    assert witness(scenario, box, style="representative")["P"] == 200
+    w = witness(scenario, full_box(scenario))
+    assert w == {"E": "A", "F": False, "G": False, "N": 10, "X": 0.0, "P": 100}
+    rng_w = [witness(scenario, full_box(scenario), rng=random.Random(7)) for _ in range(2)]
+    assert rng_w[0] == rng_w[1]  # seeded: deterministic
+    with pytest.raises(ValueError):
+        witness(scenario, box, style="nope")
+
+
+def test_box_is_hashable_and_interned() -> None:
+    scenario, guard = guard_of("E == A")
+    a = constrain(scenario, full_box(scenario), guard, True)
+    b = constrain(scenario, full_box(scenario), guard, True)
+    assert a[0] is b[0] and hash(a[0]) == hash(b[0])
+    assert a[0]["E"] == frozenset({"A"})
+    assert full_box(scenario)["N"] == NumDom(0, 20, False, False, frozenset())
+
+
+# ---------------------------------------------------------------------------------------------
+# Numeric domain algebra
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-10, 10), st.integers(-10, 10), st.booleans(), st.booleans(),
+                          st.frozensets(st.integers(-10, 10), max_size=3)), min_size=2, max_size=2),
+       st.booleans(), st.lists(st.sampled_from([x / 2 for x in range(-24, 25)]), max_size=20))
+def test_num_meet_and_union_agree_with_membership(specs: list, is_int: bool, points: list[float]) -> None:
+    doms = []
+    for lo, hi, lo_open, hi_open, excl in specs:
+        d = num_norm(min(lo, hi), max(lo, hi), lo_open, hi_open, excl, is_int)
+        if d is None:
+            return
+        doms.append(d)
+    a, b = doms
+
+    def member(d: NumDom | None, x: float) -> bool:
+        if d is None:
+            return False
+        if is_int and not float(x).is_integer():
+            return False
+        return d.contains(x)
+
+    m = num_meet(a, b, is_int)
+    u = num_union(a, b, is_int)
+    for x in points:
+        assert member(m, x) == (member(a, x) and member(b, x))
+        if u is not None:
+            assert member(u, x) == (member(a, x) or member(b, x)), (a, b, u, x)
+
+
+def test_num_norm_edge_cases() -> None:
+    assert num_norm(1, 1, True, False, frozenset(), False) is None
+    assert num_norm(0, 3, False, False, frozenset({0, 3}), True) == NumDom(1, 2, False, False, frozenset())
+    assert num_norm(0.5, 2.5, False, False, frozenset(), True) == NumDom(1, 2, False, False, frozenset())
+    assert num_norm(-INF, INF, True, True, frozenset(), False) == NumDom(-INF, INF, False, False, frozenset())
+    assert math.isinf(num_norm(0, INF, False, False, frozenset(), True).hi)

@@ -1,0 +1,221 @@
+"""Flow diagnostics (`sopgraph.flow`): E301, W301, W303, W304, W305 on the contexts that reach stages."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sopgraph import ir
+from sopgraph.diagnostics import CODES
+from sopgraph.engine import DecideError, _Interp, interpret
+from sopgraph.flow import flow_diagnostics
+from sopgraph.parse import load_source
+from sopgraph.paths import trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _gen() -> Any:
+    spec = importlib.util.spec_from_file_location("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gen_sop"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gen = _gen()
+
+HEAD = """
+scenario flowtest "Flow test"
+field Kind: A | B | C
+field Mood: Calm | Angry
+system Amount: int[0..1000]
+system Score: float[0..1]
+action Ok "ok"
+action No "no"
+action Other "other"
+"""
+
+
+def load(body: str) -> ir.Scenario:
+    loaded = load_source(None, text=HEAD + body)
+    assert loaded.scenario is not None, [d.message for d in loaded.diagnostics]
+    return loaded.scenario
+
+
+def by_code(diags: list) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for d in diags:
+        out.setdefault(d.code, []).append(d)
+    return out
+
+
+def assert_witnesses_verified(sc: ir.Scenario, diags: list) -> None:
+    """Every witness is a full assignment, and the engine confirms what the diagnostic claims."""
+    names = sorted(v.name for v in sc.variables.values() if v.role != "derived")
+    for d in diags:
+        assert d.code in CODES
+        if d.code == "E301":
+            assert sorted(d.witness) == names
+            with pytest.raises(DecideError) as info:
+                interpret(sc, d.witness)
+            assert info.value.message.startswith("no branch")
+        elif d.code == "W301":
+            assert sorted(d.witness) == names
+            stages, _branches = trace(sc, d.witness)  # the path exists (the earlier branch wins)
+            assert stages
+
+
+def test_flow_reports_each_kind() -> None:
+    sc = load("""
+stage s1 "start" {
+    match Kind {
+        A -> s2
+        B -> s3
+        C -> s4
+        A -> s2
+    }
+}
+stage s2 "amount" {
+    when Amount > 100 -> do Ok
+    when Amount > 500 -> do No
+    when Amount < 50 -> do No
+}
+stage s3 "b route" {
+    when Kind == A -> do No
+    when Mood == Calm -> do Ok
+    when Amount > 10 and Amount < 5 -> do No
+    otherwise -> do No
+}
+stage s4 "c route" {
+    when Score >= 0.5 -> do Ok
+    when Score < 0.5 -> do No
+    otherwise -> do Ok
+}
+""")
+    diags = flow_diagnostics(sc)
+    codes = by_code(diags)
+    assert sorted(codes) == ["E301", "W303", "W304", "W305"]
+    (e301,) = codes["E301"]
+    assert "`s2`" in e301.message and e301.span.line > 0
+    assert 50 <= e301.witness["Amount"] <= 100 and e301.witness["Kind"] == "A"
+    assert any("Amount in [50..100]" in n for n in e301.notes)
+    (w305,) = codes["W305"]
+    assert w305.witness == {"Kind": "A"}
+    (w303,) = codes["W303"]
+    assert "Kind == A" in w303.message and any("Kind = B" in n for n in w303.notes)
+    w304 = sorted(d.message for d in codes["W304"])
+    assert w304 == ["branch `Amount > 10 and Amount < 5 -> do No` of `s3` can never be taken",
+                    "branch `Amount > 500 -> do No` of `s2` can never be taken",
+                    "branch `otherwise -> do Ok` of `s4` can never be taken"]
+    # the shadowed `Amount > 500` is W304, not also W301
+    assert "W301" not in codes
+    assert_witnesses_verified(sc, diags)
+
+
+def test_w301_overlap_with_witness() -> None:
+    sc = load("""
+stage s1 "s1" {
+    when Amount > 100 -> do Ok
+    when Amount < 500 and Mood == Calm -> do No
+    otherwise -> do Other
+}
+""")
+    (d,) = flow_diagnostics(sc)
+    assert d.code == "W301" and d.severity == "warning"
+    assert 100 < d.witness["Amount"] < 500
+    assert interpret(sc, d.witness).finals["Action"] == "Ok"
+    assert _Interp(sc, d.witness).eval(sc.stages["s1"].branches[1].guard) is True
+    assert_witnesses_verified(sc, [d])
+
+
+def test_w301_only_when_reachable_together() -> None:
+    body = """
+stage s1 "s1" {
+    when Amount > 100 -> do Ok
+    otherwise -> s2
+}
+stage s2 "s2" {
+    when Mood == Calm -> do Ok
+    when Amount > 150 or Mood == Angry -> do No
+}
+"""
+    # In general both guards of s2 hold for Calm with Amount > 150, but s2 is only reached with
+    # Amount <= 100, where they never overlap (and s2 is exhaustive there).
+    assert flow_diagnostics(load(body)) == []
+    reached_high = body.replace("when Amount > 100 -> do Ok", "when Amount > 900 -> do Ok")
+    (d,) = flow_diagnostics(load(reached_high))
+    assert d.code == "W301" and d.witness["Mood"] == "Calm" and 150 < d.witness["Amount"] <= 900
+
+
+def test_e301_on_partial_match_and_exhaustive_context() -> None:
+    sc = load("""
+stage s1 "s1" {
+    match Kind {
+        A -> s2
+        B -> do Ok
+    }
+}
+stage s2 "s2" {
+    when Kind == A and Amount > 3 -> do Ok
+    when Kind == A and Amount <= 3 -> do No
+}
+""")
+    (d,) = flow_diagnostics(sc)  # s2 is exhaustive for what reaches it; s1 misses C
+    assert d.code == "E301" and d.witness["Kind"] == "C"
+    assert_witnesses_verified(sc, [d])
+
+
+def test_six_scenarios_have_no_flow_errors() -> None:
+    for f in sorted((ROOT / "scenarios").glob("*.sop")):
+        loaded = load_source(f)
+        assert loaded.scenario is not None
+        diags = flow_diagnostics(loaded.scenario)
+        assert not [d for d in diags if d.is_error], [d.render(loaded.sources) for d in diags]
+        assert_witnesses_verified(loaded.scenario, diags)
+
+
+def test_cycles_and_budget_terminate() -> None:
+    sc = load("""
+stage s1 "s1" { when Amount > 5 -> s2 otherwise -> s3 }
+stage s2 "s2" { when Amount > 7 -> s3 otherwise -> do Ok }
+stage s3 "s3" { when Amount > 9 -> s1 when Amount > 100 -> do No otherwise -> do Ok }
+""")
+    diags = flow_diagnostics(sc)
+    assert_witnesses_verified(sc, diags)
+    big = load_source(None, text=gen.generate(100, kind="mixed", seed=0)).scenario
+    t0 = time.perf_counter()
+    limited = flow_diagnostics(big, budget=50)
+    assert time.perf_counter() - t0 < 30
+    assert not [d for d in limited if d.code in ("W303", "W304")]  # incomplete: no "never" claims
+
+
+def test_defensive_on_broken_ir() -> None:
+    sc = load("""
+stage s1 "s1" { when Amount > 5 -> s9 otherwise -> s2 }
+stage s2 "s2" { when Nope > 3 -> do Ok otherwise -> do No }
+""")
+    flow_diagnostics(sc)  # undefined stage and variable: no exception
+    sc2 = sc.model_copy(update={"start": "missing"})
+    assert flow_diagnostics(sc2) == []
+    loaded = load_source(None, text=HEAD + 'let X = Y + 1\nlet Y = X + 1\nstage s1 "s" { when X > 1 -> do Ok otherwise -> do No }\n')
+    assert loaded.scenario is not None
+    flow_diagnostics(loaded.scenario)  # derived cycle: no exception
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["mixed", "chain", "diamond"]), st.integers(5, 40), st.integers(0, 1000))
+def test_generated_sops_never_crash_and_witnesses_verify(kind: str, stages: int, seed: int) -> None:
+    sc = load_source(None, text=gen.generate(stages, kind=kind, seed=seed)).scenario
+    assert sc is not None
+    diags = flow_diagnostics(sc)
+    assert_witnesses_verified(sc, diags)
+    assert not [d for d in diags if d.code == "E301"]  # the generator writes exhaustive branchings
