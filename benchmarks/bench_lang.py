@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gen_sop import generate  # noqa: E402
 
-from sopgraph.check import check  # noqa: E402
+from sopgraph.checker import check  # noqa: E402
 from sopgraph.compile import compile_graph  # noqa: E402
 from sopgraph.engine import engine_for  # noqa: E402
 from sopgraph.parse import load_source, parser  # noqa: E402

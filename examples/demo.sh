@@ -27,12 +27,14 @@ for vec in json.load(open(f"tests/data/sage_vectors/{name}.vectors.json")):
     row.update({k: v for k, v in vec["system"].items() if v != "none"})
     print(json.dumps(row))
 PY
-  n=$(sop decide "$f" < "$OUT/$name.values.jsonl" | tee "$OUT/$name.decisions.jsonl" | wc -l)
-  echo "$name: $n decisions ($(grep -c '"error"' "$OUT/$name.decisions.jsonl" || true) errors — see tests/test_scenarios.py for errata)"
+  # exit status 1 when a line fails: SAGE's errata vectors (see tests/test_scenarios.py) do, on purpose
+  sop decide "$f" < "$OUT/$name.values.jsonl" > "$OUT/$name.decisions.jsonl" 2>/dev/null || true
+  echo "$name: $(wc -l < "$OUT/$name.decisions.jsonl") decisions, $(grep -c '"error"' "$OUT/$name.decisions.jsonl" || true) refused (errata)"
 done
 
 say "3. the agent's SOP text for telecom_package (first lines)"
-sop prompt scenarios/telecom_package.sop | head -n 25
+sop prompt scenarios/telecom_package.sop -o "$OUT/telecom_package.prompt.txt"
+head -n 25 "$OUT/telecom_package.prompt.txt"
 
 say "4. synthesize coverage-balanced cases"
 sop synth scenarios/telecom_package.sop -n 60 --seed 7 --min-per-path 1 -o "$OUT/cases.jsonl"
@@ -46,7 +48,8 @@ done
 say "6. score, leaderboard, coverage and report"
 sop score "$OUT/runs/oracle"
 sop leaderboard "$OUT"/runs/*
-sop compare "$OUT/runs/always-escalate" "$OUT/runs/oracle" | head -n 20
+sop compare "$OUT/runs/always-escalate" "$OUT/runs/oracle" > "$OUT/compare.txt"
+head -n 20 "$OUT/compare.txt"
 sop coverage scenarios/telecom_package.sop --run "$OUT/runs/random-path" --render svg -o "$OUT/coverage.svg"
 sop report "$OUT/runs/oracle" "$OUT/runs/always-escalate" "$OUT/runs/always-comply" "$OUT/runs/random-path" \
     -o "$OUT/report.html"

@@ -53,6 +53,20 @@ CODES: dict[str, str] = {
     # hygiene
     "W401": "unused declaration",
     "W402": "missing description",
+    # user profiles (NAME.profile.yaml beside a .sop; see sopgraph/profiles.py)
+    "E601": "cannot read profile (YAML syntax or file error)",
+    "E602": "unknown key in profile",
+    "E603": "invalid profile value",
+    "E604": "undefined variable in profile",
+    "E605": "value not in the variable's domain",
+    "E606": "bad condition expression",
+    "E607": "intent can never hold",
+    "E608": "undefined persona or action in profile",
+    "E609": "duplicate name in profile",
+    "E610": "profile is for another scenario",
+    "W601": "intent reaches no feasible path",
+    "W602": "feasible path reached by no intent",
+    "W603": "action named in pushes_for is not risky",
     "W403": "repeated entry",
 }
 

@@ -32,12 +32,14 @@ memoises `constrain` per (box, formula), which is what keeps path counting and e
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import math
 import random
 import struct
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from . import ir
@@ -172,23 +174,21 @@ def num_union(a: NumDom, b: NumDom, is_int: bool) -> NumDom | None:
     if b.lo < a.lo or (b.lo == a.lo and a.lo_open and not b.lo_open):
         a, b = b, a
     # a starts first; gap if a ends before b starts
+    pts = set()
     if is_int:
         if a.hi != INF and b.lo != -INF and a.hi + 1 < b.lo:
             return None
-    elif a.hi < b.lo or (a.hi == b.lo and a.hi_open and b.lo_open):
+    elif a.hi < b.lo:
         return None
+    elif a.hi == b.lo and a.hi_open and b.lo_open:
+        pts.add(a.hi)  # (.., x) ∪ (x, ..): one interval without the point x
     if b.hi > a.hi or (b.hi == a.hi and a.hi_open and not b.hi_open):
         hi, hi_open = b.hi, b.hi_open
     else:
         hi, hi_open = a.hi, a.hi_open
-    pts = set()
     for e in a.excl | b.excl:
         if not a.contains(e) and not b.contains(e):
             pts.add(e)
-    if not is_int and a.hi == b.lo and a.hi_open and not b.lo_open:
-        pass
-    if not is_int and a.hi_open and a.hi == b.lo and b.lo_open:
-        pts.add(a.hi)
     return num_norm(a.lo, hi, a.lo_open, hi_open, frozenset(pts), is_int)
 
 
@@ -637,24 +637,24 @@ class Space:
         """Base (field/system) variable indices an expression depends on, derived ones expanded."""
         out: dict[int, None] = {}
         seen: set[str] = set()
-
-        def walk(e: Any) -> None:
+        variables = self.scenario.variables
+        stack = [expr]
+        while stack:
+            e = stack.pop()
             if isinstance(e, ir.Var):
-                v = self.scenario.variables.get(e.name)
+                v = variables.get(e.name)
                 if v is None:
-                    return
+                    continue
                 if v.role == "derived":
-                    if e.name in seen or v.expr is None:
-                        return
-                    seen.add(e.name)
-                    walk(v.expr)
+                    if e.name not in seen and v.expr is not None:
+                        seen.add(e.name)
+                        stack.append(v.expr)
                 else:
                     out.setdefault(self.index[e.name], None)
-                return
-            for child in _children(e):
-                walk(child)
-
-        walk(expr)
+                continue
+            if isinstance(e, ir.Lit):
+                continue
+            stack.extend(reversed(_children(e)))
         return tuple(out)
 
     def residual(self, expr: Any, truth: bool) -> Formula:
@@ -935,6 +935,12 @@ class Space:
 
     def witness(self, box: Box, style: str = "representative",
                 rng: random.Random | None = None) -> dict[str, Any] | None:
+        w = self._witness(box, style, rng)
+        if w is not None and not self.box_contains(box, w):  # defensive: never hand out a non-member
+            return None
+        return w
+
+    def _witness(self, box: Box, style: str, rng: random.Random | None) -> dict[str, Any] | None:
         if not box.resid:
             return self.pick_all(box, style, rng)
         if style == "boundary" and rng is None:
@@ -1119,6 +1125,20 @@ class Space:
 
 
 _NONE = object()
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector during a burst of allocations (region exploration makes
+    millions of small objects that are never cyclic garbage; full collections over a large IR
+    would otherwise dominate the run time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _serial(b: Box) -> int:
@@ -1843,18 +1863,37 @@ def _expr_of(space: Space, v: Val) -> Any:
 # ---------------------------------------------------------------------------------------------
 # Public functions
 
-_SPACES: dict[int, tuple[ir.Scenario, Space]] = {}
+_SPACES: dict[int, tuple[ir.Scenario, tuple, Space]] = {}
+
+
+def variables_signature(scenario: ir.Scenario) -> tuple:
+    """What a Space depends on: the variables' names, roles, types and derived expressions (so a
+    scenario edited in place gets a fresh Space)."""
+    out = []
+    for name, v in scenario.variables.items():
+        t = v.type
+        if isinstance(t, ir.EnumType):
+            ts: tuple = ("enum", tuple(t.values))
+        elif isinstance(t, ir.NumType):
+            ts = (t.kind, t.lo, t.hi, t.lo_open, t.hi_open)
+        else:
+            ts = (type(t).__name__,)
+        out.append((name, v.role, ts, id(v.expr)))
+    return tuple(out)
 
 
 def space_for(scenario: ir.Scenario) -> Space:
-    """The scenario's analysis space (built once per scenario object; a few are kept)."""
+    """The scenario's analysis space (built once per scenario object and variable declarations;
+    a few are kept)."""
+    sig = variables_signature(scenario)
     hit = _SPACES.get(id(scenario))
-    if hit is not None and hit[0] is scenario:
-        return hit[1]
+    if hit is not None and hit[0] is scenario and hit[1] == sig:
+        return hit[2]
     sp = Space(scenario)
+    _SPACES.pop(id(scenario), None)
     if len(_SPACES) >= 16:
         _SPACES.pop(next(iter(_SPACES)))
-    _SPACES[id(scenario)] = (scenario, sp)
+    _SPACES[id(scenario)] = (scenario, sig, sp)
     return sp
 
 

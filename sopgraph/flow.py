@@ -29,7 +29,7 @@ from typing import Any
 
 from . import ir
 from .diagnostics import Diagnostic, error, warning
-from .domain import Box, Space
+from .domain import Box, Space, no_gc
 from .engine import DecideError, _Interp
 from .paths import Explorer, explorer_for, trace
 
@@ -41,7 +41,8 @@ MAX_REGION = 256  # boxes in one region before the exploration is considered too
 def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 for a scenario whose names resolve (see the module docstring)."""
     try:
-        return _Flow(scenario, budget).run()
+        with no_gc():
+            return _Flow(scenario, budget).run()
     except RecursionError:
         return []
     except Exception:  # noqa: BLE001 - `sop check` must never crash on a flow analysis bug
@@ -127,7 +128,7 @@ class _Flow:
         if not stage.branches or stage.branches[-1].guard is None:
             return None
         sp = self.sp
-        falses = [g[1] for g in self.ex.guards[si] if g is not None]
+        falses = [g[1] for g in self.ex.guards(si) if g is not None]
         for region, prefix in ctxs[:MAX_CONTEXTS]:
             rest: Sequence[Box] = region
             for f in falses:
@@ -173,7 +174,7 @@ class _Flow:
 
     def overlaps(self, si: int, stage: ir.Stage, ctxs: Sequence[Any]) -> list[tuple[int, int, Diagnostic]]:
         sp = self.sp
-        guards = self.ex.guards[si]
+        guards = self.ex.guards(si)
         out: list[tuple[int, int, Diagnostic]] = []
         for j in range(1, len(stage.branches)):
             gj = guards[j]

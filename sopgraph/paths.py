@@ -7,8 +7,9 @@ makes the engine take exactly those decisions. Paths are explored as regions (un
 
 Public API (stable; the synthesis engineer builds on it):
 
-- `PathInfo` — pydantic record of one path: `id` ("P" + zero-padded 1-based rank in depth-first,
-  declaration order; stable across runs and independent of `limit`), `rank`, `stages`, `branches`,
+- `PathInfo` — pydantic record of one path: `id` ("P" + 1-based rank in depth-first, declaration
+  order, zero-padded to the digits of the total — or to 12 digits when the total would cost more
+  than 50,000 DP states; stable across runs and independent of `limit`), `rank`, `stages`, `branches`,
   `labels`, `action`, `finals` (constant values, `None` where an output varies along the path, see
   `finals_varying`), `constraints` (variable → text of its remaining domain; `where` holds relations
   between variables), `status` ("feasible": a witness was verified by the engine; "unknown": not
@@ -29,6 +30,12 @@ Public API (stable; the synthesis engineer builds on it):
   default 1), the string "action" (every reachable action equally likely, uniform within it), or a
   callable `(stage_id, branch_index) -> float` whose product along the path is its weight.
   `unique=True` draws distinct paths. Deterministic for a seed.
+- `path_by_decisions(scenario, stages, branches) -> PathInfo | None` — the record (and rank) of one
+  decision sequence, computed from the counts (e.g. for the engine's answer on given values).
+- `trace(scenario, values) -> (stage ids, branch indices)` — the engine's decisions for values;
+  `verify(scenario, values, stages, branches) -> finals | None` — the check every witness passes.
+- `explorer_for(scenario)` — the memoised machinery behind all of the above (`full_region(stage
+  indices, branches)` gives a path's region as `domain.Box`es).
 
 Cycles: the engine's values never change while it walks the graph, so an assignment that revisits
 a stage loops forever. Paths are therefore simple; revisits are pruned.
@@ -43,10 +50,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from . import ir
-from .domain import Box, Formula, Space, space_for
+from .domain import Box, Formula, Space, no_gc, space_for
 from .engine import DecideError, _Interp, interpret
 
 Region = tuple[Box, ...]
+ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS
+WIDE_IDS = 12
+
+
+class _Budget(Exception):
+    """Internal: a bounded dynamic program ran out of states."""
 Weights = Mapping[str, float] | Callable[[str, int], float] | str | None
 
 
@@ -105,22 +118,37 @@ class Explorer:
                 else:
                     row.append(("stage", self.idx.get(t.stage or "", -1)))
             self.targets.append(row)
-        self.guards: list[list[tuple[Formula, Formula] | None]] = [
-            [None if br.guard is None else (self.sp.formula(br.guard, True), self.sp.formula(br.guard, False))
-             for br in st.branches]
-            for st in self.stage_objs]
+        self._guards: dict[int, list[tuple[Formula, Formula] | None]] = {}
         self._compute_live()
         self._compute_cycles()
-        self.labels: list[list[str]] = [[ir.branch_label(st, br) for br in st.branches]
-                                        for st in self.stage_objs]
+        self._labels: dict[int, list[str]] = {}
         self._children: dict[tuple[int, Region], tuple[Child, ...]] = {}
         self._proj: dict[tuple[Box, int], Box] = {}
         self.count_memo: dict[tuple, int] = {}
         self.seq_memo: dict[tuple, int] = {}
         self.uncertain = False
         self._total: PathCount | None = None
+        self._width: int | None = None
 
     # -- static structure ------------------------------------------------------------------------
+
+    def guards(self, si: int) -> list[tuple[Formula, Formula] | None]:
+        """Per branch of stage si: (guard true, guard false) formulas, None for `otherwise`."""
+        g = self._guards.get(si)
+        if g is None:
+            sp = self.sp
+            g = [None if br.guard is None else (sp.formula(br.guard, True), sp.formula(br.guard, False))
+                 for br in self.stage_objs[si].branches]
+            self._guards[si] = g
+        return g
+
+    def label(self, si: int, bi: int) -> str:
+        row = self._labels.get(si)
+        if row is None:
+            st = self.stage_objs[si]
+            row = [ir.branch_label(st, br) for br in st.branches]
+            self._labels[si] = row
+        return row[bi]
 
     def fire(self, si: int, bi: int) -> Formula:
         key = (si, bi)
@@ -228,10 +256,14 @@ class Explorer:
         hit = self._children.get(key)
         if hit is not None:
             return hit
+        with no_gc():
+            return self._compute_children(key, si, region)
+
+    def _compute_children(self, key: tuple[int, Region], si: int, region: Region) -> tuple[Child, ...]:
         sp = self.sp
         out: list[Child] = []
         targets = self.targets[si]
-        guards = self.guards[si]
+        guards = self.guards(si)
         rest: Sequence[Box] = region
         for bi in range(len(targets)):
             if not rest:
@@ -284,12 +316,14 @@ class Explorer:
     # -- dynamic programming ---------------------------------------------------------------------
 
     def _evaluate(self, root: tuple, expand: Callable[[tuple], tuple[Any, list[tuple[Any, tuple]]]],
-                  memo: dict) -> Any:
-        """Post-order evaluation of value(key) = base + Σ coef·value(child), iteratively."""
+                  memo: dict, max_states: int | None = None) -> Any:
+        """Post-order evaluation of value(key) = base + Σ coef·value(child), iteratively. Raises
+        `_Budget` after `max_states` new states (the memo keeps what was completed)."""
         if root in memo:
             return memo[root]
         pending: dict[tuple, tuple[Any, list[tuple[Any, tuple]]]] = {}
         stack = [root]
+        expanded = 0
         while stack:
             key = stack[-1]
             if key in memo:
@@ -297,6 +331,9 @@ class Explorer:
                 continue
             exp = pending.get(key)
             if exp is None:
+                expanded += 1
+                if max_states is not None and expanded > max_states:
+                    raise _Budget
                 exp = expand(key)
                 pending[key] = exp
             missing = [ck for _, ck in exp[1] if ck not in memo and ck not in pending]
@@ -355,8 +392,9 @@ class Explorer:
             self._total = PathCount(feasible=0, stage_sequences=0, exact=True)
             return self._total
         self.uncertain = False
-        n = self._evaluate(rk, self._expand_paths, self.count_memo)
-        s = self._evaluate(rk, self._expand_seqs, self.seq_memo)
+        with no_gc():
+            n = self._evaluate(rk, self._expand_paths, self.count_memo)
+            s = self._evaluate(rk, self._expand_seqs, self.seq_memo)
         self._total = PathCount(feasible=n, stage_sequences=s, exact=not self.uncertain)
         return self._total
 
@@ -436,14 +474,28 @@ class Explorer:
         return region
 
     def width(self) -> int:
-        return max(2, len(str(self.count().feasible)))
+        """Digits of the path ids: those of the total count, or WIDE_IDS when counting would take
+        more than ID_COUNT_BUDGET states (so that `--limit` stays instant on huge graphs)."""
+        if self._width is None:
+            if self._total is not None:
+                self._width = max(2, len(str(self._total.feasible)))
+            else:
+                rk = self.root_key()
+                try:
+                    with no_gc():
+                        n = 0 if rk is None else self._evaluate(rk, self._expand_paths, self.count_memo,
+                                                                ID_COUNT_BUDGET)
+                    self._width = max(2, len(str(n)))
+                except _Budget:
+                    self._width = WIDE_IDS
+        return self._width
 
     def make_info(self, rank: int, stages: Sequence[int], branches: Sequence[int], action: str,
                   region: Region | None = None, witnesses: bool = True) -> PathInfo:
         if region is None:
             region = self.full_region(stages, branches)
         stage_ids = [self.ids[s] for s in stages]
-        labels = [self.labels[si][bi] for si, bi in zip(stages, branches, strict=True)]
+        labels = [self.label(si, bi) for si, bi in zip(stages, branches, strict=True)]
         leaf = self.stage_objs[stages[-1]].branches[branches[-1]].target
         finals, varying = self.leaf_finals(leaf, region)
         info: dict[str, Any] = {
@@ -544,18 +596,29 @@ _DEFAULTS: dict[str, Any] = {
     "witness_finals": None, "boundary_witness": None, "boundary_finals": None,
 }
 
-_EXPLORERS: dict[int, tuple[ir.Scenario, Explorer]] = {}
+_EXPLORERS: dict[int, tuple[ir.Scenario, tuple, Explorer]] = {}
+
+
+def _structure(scenario: ir.Scenario) -> tuple:
+    """What an Explorer depends on besides the variables: entry, stages, guards and targets (so a
+    scenario edited in place gets a fresh Explorer)."""
+    return (scenario.start, tuple(
+        (sid, tuple((id(br.guard), br.target.kind, br.target.stage, br.target.action) for br in st.branches))
+        for sid, st in scenario.stages.items()))
 
 
 def explorer_for(scenario: ir.Scenario) -> Explorer:
-    """The scenario's explorer (built once per scenario object; a few are kept)."""
+    """The scenario's explorer (built once per scenario object and structure; a few are kept)."""
+    sig = _structure(scenario)
+    sp = space_for(scenario)
     hit = _EXPLORERS.get(id(scenario))
-    if hit is not None and hit[0] is scenario:
-        return hit[1]
+    if hit is not None and hit[0] is scenario and hit[1] == sig and hit[2].sp is sp:
+        return hit[2]
     ex = Explorer(scenario)
+    _EXPLORERS.pop(id(scenario), None)
     if len(_EXPLORERS) >= 16:
         _EXPLORERS.pop(next(iter(_EXPLORERS)))
-    _EXPLORERS[id(scenario)] = (scenario, ex)
+    _EXPLORERS[id(scenario)] = (scenario, sig, ex)
     return ex
 
 

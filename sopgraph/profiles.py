@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import ir
-from .diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
+from .diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
 from .records import Intensity, Persona
 
 INTENSITIES: tuple[str, ...] = ("zero", "weak", "strong")
@@ -30,21 +30,7 @@ PROFILE_VERSION = 1
 PROFILE_SUFFIX = ".profile.yaml"
 
 # Stable diagnostic codes of profiles (E6xx errors, W6xx warnings). Never renumber.
-PROFILE_CODES: dict[str, str] = {
-    "E601": "cannot read profile (YAML syntax or file error)",
-    "E602": "unknown key in profile",
-    "E603": "invalid profile value",
-    "E604": "undefined variable in profile",
-    "E605": "value not in the variable's domain",
-    "E606": "bad condition expression",
-    "E607": "intent can never hold",
-    "E608": "undefined persona or action in profile",
-    "E609": "duplicate name in profile",
-    "E610": "profile is for another scenario",
-    "W601": "intent reaches no feasible path",
-    "W602": "feasible path reached by no intent",
-    "W603": "action named in pushes_for is not risky",
-}
+PROFILE_CODES: dict[str, str] = {code: text for code, text in CODES.items() if code[1] == "6"}
 
 Scalar = bool | int | float | str
 ConditionValue = Scalar | list[Scalar]

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
 import sopgraph
-from sopgraph.check import check_file
+from sopgraph.checker import check_file
 from sopgraph.cli import main
 from sopgraph.compile import compile_graph, graph_to_json
 from sopgraph.diagnostics import CODES, SopError
@@ -263,7 +263,7 @@ def huge_program(stages: int) -> str:
 
 
 def test_huge_program_loads_checks_and_compiles_in_bounded_time() -> None:
-    from sopgraph.check import check
+    from sopgraph.checker import check
     from sopgraph.parse import load_source
 
     text = huge_program(10_000)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sopgraph.check import check_file
+from sopgraph.checker import check_file
 from sopgraph.compile import compile_graph, graph_to_json
 from sopgraph.parse import load_source
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 import sopgraph
-from sopgraph.check import check_file
+from sopgraph.checker import check_file
 from sopgraph.cli import main
 from sopgraph.init import render_profile, render_sop
 from sopgraph.profiles import load_profile, profile_diagnostics

@@ -206,7 +206,7 @@ def test_deeply_nested_expression_is_a_diagnostic_not_a_crash() -> None:
     if loaded.scenario is None:
         assert loaded.diagnostics[0].code == "E006"
     else:
-        from sopgraph.check import check
+        from sopgraph.checker import check
 
         assert [d.code for d in check(loaded.scenario)] == ["E006"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sopgraph import DecideError, Scenario, decide, load
-from sopgraph.check import check_file
+from sopgraph.checker import check_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = ROOT / "scenarios"

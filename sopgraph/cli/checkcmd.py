@@ -53,7 +53,7 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool) -> None:
 
     Exit status: 0 when there are no errors (warnings allowed unless --strict), 1 otherwise.
     """
-    from ..check import check_file
+    from ..checker import check_file
 
     results = [check_file(f) for f in files]
     errors = sum(r.errors for r in results)

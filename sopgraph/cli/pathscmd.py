@@ -12,6 +12,8 @@ import click
 from . import main
 from .params import fail, load_or_exit, sop_file
 
+MAX_LISTED = 100_000  # a table or JSON array beyond this needs --limit / --sample / jsonl
+
 
 def _value(v: Any) -> str:
     if isinstance(v, bool):
@@ -79,6 +81,11 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
         return
     if sample is not None and limit is not None:
         fail("use either --sample or --limit, not both", 2)
+    if sample is None and limit is None and fmt != "jsonl":
+        total = count_paths(scenario).feasible
+        if total > MAX_LISTED:
+            fail(f"{scenario.name} has {total} feasible paths: list them with --format jsonl, or use "
+                 f"--limit N, --sample N or --count", 2)
     if sample is not None:
         infos = sample_paths(scenario, sample, seed=seed)
         title = f"{scenario.name}: {len(infos)} sampled paths (seed {seed})"

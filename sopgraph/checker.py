@@ -1129,9 +1129,17 @@ def check_file(path: str | Path, *, text: str | None = None, name: str | None = 
 
     loaded = load_source(path, text=text, name=name)
     diags = list(loaded.diagnostics)
+    sources = dict(loaded.sources)
     if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
         diags += check(loaded.scenario)
-    return Checked(file=name or str(path), diagnostics=sorted(_dedupe(diags), key=sort_key), sources=loaded.sources)
+        if text is None and not any(d.is_error for d in diags):
+            # a user profile beside the .sop (NAME.profile.yaml) is part of the scenario: check it too
+            from .profiles import check_profile_beside
+
+            profile_diags, profile_sources = check_profile_beside(path, loaded.scenario)
+            diags += profile_diags
+            sources.update(profile_sources)
+    return Checked(file=name or str(path), diagnostics=sorted(_dedupe(diags), key=sort_key), sources=sources)
 
 
 __all__ = [

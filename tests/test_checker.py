@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import sopgraph
 from sopgraph import ir
-from sopgraph.check import (
+from sopgraph.checker import (
     PASSES,
     Pass,
     check,
@@ -365,7 +365,7 @@ stage s { classify EmotionTag match Intent { Enquiry, Change -> do Help Cancel -
 
 
 def test_missing_descriptions_are_warnings() -> None:
-    from sopgraph.check import check_descriptions
+    from sopgraph.checker import check_descriptions
 
     diags = run(check_descriptions, "stage s { -> do Help }",
                 'field Mood: A | B\nsystem Level: int "the level"\naction Help\naction Other "o"\n')
@@ -419,7 +419,8 @@ def test_diagnostics_are_sorted_deduplicated_and_stable() -> None:
 def test_every_code_used_is_registered() -> None:
     import re
 
-    source = (ROOT / "sopgraph" / "check.py").read_text() + (ROOT / "sopgraph" / "parse.py").read_text()
+    source = "".join((ROOT / "sopgraph" / f).read_text()
+                     for f in ("checker.py", "parse.py", "flow.py", "profiles.py"))
     used = set(re.findall(r'"([EW]\d{3})"', source))
     assert used <= set(CODES), used - set(CODES)
 
@@ -477,7 +478,7 @@ def test_cli_json_carries_flow_witnesses(tmp_path: Path) -> None:
 
 
 def test_flow_pass_is_a_no_op_without_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sopgraph.check as chk
+    import sopgraph.checker as chk
 
     monkeypatch.setattr(chk, "_flow_module", lambda: None)
     assert chk.check_flow(scenario("stage s { -> do Help }"), None) == []  # type: ignore[arg-type]
