@@ -114,7 +114,7 @@ def compile_graph(scenario: ir.Scenario) -> nx.DiGraph:
                 g.edges[stage.id, node]["branches"].append(record)
             else:
                 g.add_edge(stage.id, node, branches=[record])
-    for u, v, data in g.edges(data=True):
+    for _u, _v, data in g.edges(data=True):
         labels = [b["guard"] for b in data["branches"] if b["guard"]]
         data["label"] = " | ".join(labels)
     for action in scenario.actions.values():

@@ -75,11 +75,10 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
             raise DecideError(f"value {_fmt(value)} of `{var.name}` is not a number", var.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise DecideError(f"value {_fmt(value)} of `{var.name}` is not finite", var.name)
-        if vtype.kind == "int":
-            if isinstance(value, float):
-                if not value.is_integer():
-                    raise DecideError(f"value {_fmt(value)} of `{var.name}` is not an integer", var.name)
-                value = int(value)
+        if vtype.kind == "int" and isinstance(value, float):
+            if not value.is_integer():
+                raise DecideError(f"value {_fmt(value)} of `{var.name}` is not an integer", var.name)
+            value = int(value)
         if not vtype.contains(value):
             raise DecideError(f"value {_fmt(value)} of `{var.name}` is outside {vtype.describe()}",
                               var.name)

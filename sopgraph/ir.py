@@ -8,7 +8,7 @@ output schema and path list are all derived from it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -66,9 +66,7 @@ class NumType(Node):
     def contains(self, value: float) -> bool:
         if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
             return False
-        if self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)):
-            return False
-        return True
+        return not (self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)))
 
     def describe(self) -> str:
         if self.lo is None and self.hi is None:
@@ -80,7 +78,7 @@ class NumType(Node):
         return f"{self.kind}{left}{lo}..{hi}{right}"
 
 
-VarType = Annotated[Union[EnumType, BoolType, NumType], Field(discriminator="kind")]
+VarType = Annotated[EnumType | BoolType | NumType, Field(discriminator="kind")]
 
 
 def _fmt_num(value: float) -> str:
@@ -101,7 +99,7 @@ def describe_type(vtype: EnumType | BoolType | NumType | None) -> str:
 # ---------------------------------------------------------------------------------------------
 # Expressions
 
-Scalar = Union[bool, int, float, str]
+Scalar = bool | int | float | str
 
 
 class Lit(Node):
@@ -173,7 +171,7 @@ class Case(Node):
 
 
 Expr = Annotated[
-    Union[Lit, Var, Unary, Binary, Compare, InSet, BoolOp, Call, Case],
+    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | Case,
     Field(discriminator="kind"),
 ]
 

@@ -391,8 +391,7 @@ class Explorer:
         if rk is None:
             self._total = PathCount(feasible=0, stage_sequences=0, exact=True)
             return self._total
-        self.uncertain = False
-        with no_gc():
+        with no_gc():  # `uncertain` is sticky: set whenever an undecided child was met
             n = self._evaluate(rk, self._expand_paths, self.count_memo)
             s = self._evaluate(rk, self._expand_seqs, self.seq_memo)
         self._total = PathCount(feasible=n, stage_sequences=s, exact=not self.uncertain)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,19 +23,7 @@ from sopgraph.judge import (
 )
 from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Judgment, Persona, Turn
 
-TOY = """
-scenario toy "Toy refunds"
-field Want: Money | Info "what the user wants"
-field Angry: bool "whether the user is angry"
-field Items: int[0..10] "number of items"
-system Paid: bool "whether the order is paid"
-action Refund "give money back" [moves_money, ends_dialogue]
-action Explain "explain the policy"
-action Human "hand over" [escalation]
-stage s1 "classify" { classify Want, Angry, Items -> s2 }
-stage s2 "route" { match Want { Money -> s3 Info -> do Explain } }
-stage s3 "paid" { when Paid and not Angry -> do Refund when Items > 5 -> do Human otherwise -> do Explain }
-"""
+TOY = (Path(__file__).parent / "data" / "toy_refunds.sop").read_text()
 FIELDS = ["Want", "Angry", "Items"]
 SCORES = dict.fromkeys(CHAT_DIMENSIONS, 6)
 

@@ -29,19 +29,7 @@ from sopgraph.runner import RunError, rejudge, run
 from sopgraph.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
-TOY = """
-scenario toy "Toy refunds"
-field Want: Money | Info "what the user wants"
-field Angry: bool "whether the user is angry"
-field Items: int[0..10] "number of items"
-system Paid: bool "whether the order is paid"
-action Refund "give money back" [moves_money, ends_dialogue]
-action Explain "explain the policy"
-action Human "hand over" [escalation]
-stage s1 "classify" { classify Want, Angry, Items -> s2 }
-stage s2 "route" { match Want { Money -> s3 Info -> do Explain } }
-stage s3 "paid" { when Paid and not Angry -> do Refund when Items > 5 -> do Human otherwise -> do Explain }
-"""
+TOY = (Path(__file__).parent / "data" / "toy_refunds.sop").read_text()
 KEY_ENV = "SOPTEST_FAKE_API_KEY"
 KEY = "sk-test-Zq8vK2mN4pR6tW9yB1cD3fH5"
 CASE_RE = re.compile(r"case-(\d+)")

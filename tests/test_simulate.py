@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -20,19 +21,7 @@ from sopgraph.simulate import (
     split_stop,
 )
 
-TOY = """
-scenario toy "Toy refunds"
-field Want: Money | Info "what the user wants"
-field Angry: bool "whether the user is angry"
-field Items: int[0..10] "number of items"
-system Paid: bool "whether the order is paid"
-action Refund "give money back" [moves_money, ends_dialogue]
-action Explain "explain the policy"
-action Human "hand over" [escalation]
-stage s1 "classify" { classify Want, Angry, Items -> s2 }
-stage s2 "route" { match Want { Money -> s3 Info -> do Explain } }
-stage s3 "paid" { when Paid and not Angry -> do Refund when Items > 5 -> do Human otherwise -> do Explain }
-"""
+TOY = (Path(__file__).parent / "data" / "toy_refunds.sop").read_text()
 
 
 @pytest.fixture(scope="module")

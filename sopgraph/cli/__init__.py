@@ -16,11 +16,5 @@ def main() -> None:
     """sopgraph: compile customer-service SOPs into graphs and evaluate agents on them."""
 
 
-# Command modules register themselves on `main`; import order is the order of `sop --help`.
-from . import lang  # noqa: E402,F401
-from . import checkcmd  # noqa: E402,F401
-from . import tools  # noqa: E402,F401
-from . import runcmd  # noqa: E402,F401
-from . import synthcmd  # noqa: E402,F401
-from . import scorecmd  # noqa: E402,F401
-from . import pathscmd  # noqa: E402,F401
+# Command modules register themselves on `main` when imported.
+from . import checkcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools  # noqa: E402,F401
