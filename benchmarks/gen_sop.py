@@ -9,6 +9,10 @@ diagnostics and every branching is exhaustive):
   (about 3**stages): 40 stages give ~1e19 paths.
 - `chain`: a long chain where each stage may end the SOP (enum value, bool flag, or a decreasing
   threshold on a shared `Amount`) or go on; ~2-3 paths per stage, and deep (tests recursion).
+- `realistic`: what a very large real SOP looks like: ~50 shared variables (enum fields, bool flags,
+  money and day counts, a derived fee) read again and again by `stages` stages, each of which
+  continues to the next stage (so every stage is reachable) or jumps a little ahead or ends in an
+  action; every branching is exhaustive.
 - `mixed`: a random DAG over shared variables (enums revisited by later stages, int/float
   thresholds, a derived affine variable, `count(...)`, `and`/`or`), so many graph paths are
   infeasible and feasibility depends on the whole prefix.
@@ -23,7 +27,7 @@ import random
 import sys
 from pathlib import Path
 
-KINDS = ("diamond", "chain", "mixed")
+KINDS = ("diamond", "chain", "mixed", "realistic")
 
 
 def _sid(i: int, n: int) -> str:
@@ -37,7 +41,7 @@ def generate(stages: int, *, kind: str = "diamond", seed: int = 0) -> str:
     if stages < 1:
         raise ValueError("stages must be >= 1")
     rng = random.Random(seed)
-    return {"diamond": _diamond, "chain": _chain, "mixed": _mixed}[kind](stages, rng, seed)
+    return {"diamond": _diamond, "chain": _chain, "mixed": _mixed, "realistic": _realistic}[kind](stages, rng, seed)
 
 
 def _header(name: str, lines: list[str]) -> None:
@@ -176,6 +180,55 @@ def _mixed(n: int, rng: random.Random, seed: int) -> str:
         else:
             body = f"    -> {ids[i] if i < n else 'do ' + actions[0]}"
         lines.append(f'stage {sid} "stage {i}" {{\n{body}\n}}')
+    return "\n".join(lines) + "\n"
+
+
+def _realistic(n: int, rng: random.Random, seed: int) -> str:
+    lines: list[str] = []
+    _header(f"realistic_{n}_{seed}", lines)
+    enums = {f"Field{j}": [f"F{j}v{k}" for k in range(rng.choice((2, 3, 4)))] for j in range(24)}
+    bools = [f"Flag{j}" for j in range(16)]
+    for name, vals in enums.items():
+        lines.append(f'field {name}: {" | ".join(vals)} "classification field {name}"')
+    for b in bools:
+        lines.append(f'field {b}: bool "yes/no fact {b}"')
+    lines.append('system Amount: int[0..10000] unit "USD" money "order amount"')
+    lines.append('system Days: int[0..365] "days since purchase"')
+    lines.append('system Tier: Basic | Silver | Gold "membership tier"')
+    lines.append('let Fee = Amount * 0.1 + 5 "handling fee"')
+    lines.append("")
+    actions = _actions(lines, 6)
+    ids = [_sid(i, n) for i in range(1, n + 1)]
+
+    def ahead(i: int) -> str:
+        if i >= n:
+            return f"do {rng.choice(actions)}"
+        r = rng.random()
+        if r < 0.15:
+            return f"do {rng.choice(actions)}"
+        return ids[min(n, i + rng.choice((1, 2, 3))) - 1]
+
+    for i in range(1, n + 1):
+        sid = ids[i - 1]
+        nxt = ids[i] if i < n else f"do {actions[0]}"
+        kind = rng.choice(("match", "match", "flag", "amount", "fee", "tier", "days"))
+        if kind == "match":
+            var = rng.choice(list(enums))
+            vals = enums[var]
+            arms = [f"        {vals[0]} -> {nxt}"] + [f"        {v} -> {ahead(i)}" for v in vals[1:]]
+            body = f"    match {var} {{\n" + "\n".join(arms) + "\n    }"
+        elif kind == "flag":
+            body = f"    when {rng.choice(bools)} -> {ahead(i)}\n    otherwise -> {nxt}"
+        elif kind == "amount":
+            a = rng.randrange(100, 10000, 100)
+            body = f"    when Amount > {a} -> {ahead(i)}\n    otherwise -> {nxt}"
+        elif kind == "fee":
+            body = f"    when Fee > {rng.randrange(50, 1000, 25)} and Days < 30 -> {ahead(i)}\n    otherwise -> {nxt}"
+        elif kind == "tier":
+            body = f"    match Tier {{\n        Gold -> {ahead(i)}\n        Basic, Silver -> {nxt}\n    }}"
+        else:
+            body = f"    when Days > {rng.randrange(7, 365, 7)} -> {ahead(i)}\n    otherwise -> {nxt}"
+        lines.append(f'stage {sid} "stage {i}" {{\n    "Step {i} of the procedure."\n{body}\n}}')
     return "\n".join(lines) + "\n"
 
 

@@ -50,6 +50,7 @@ CODES: dict[str, str] = {
     "W303": "infeasible path",
     "W304": "branch can never be taken",
     "W305": "duplicate match value",
+    "I301": "flow analysis skipped (program too large)",
     # hygiene
     "W401": "unused declaration",
     "W402": "missing description",

@@ -1891,7 +1891,7 @@ def space_for(scenario: ir.Scenario) -> Space:
         return hit[2]
     sp = Space(scenario)
     _SPACES.pop(id(scenario), None)
-    if len(_SPACES) >= 16:
+    if len(_SPACES) >= 8:
         _SPACES.pop(next(iter(_SPACES)))
     _SPACES[id(scenario)] = (scenario, sig, sp)
     return sp

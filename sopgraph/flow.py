@@ -36,10 +36,26 @@ from .paths import Explorer, explorer_for, trace
 DEFAULT_BUDGET = 20_000  # states (stage, region) explored
 MAX_CONTEXTS = 200  # contexts examined per stage for E301/W301 witnesses
 MAX_REGION = 256  # boxes in one region before the exploration is considered too large
+MAX_WITNESS_CHECKS = 200  # engine runs to verify E301/W301 witnesses (each costs a walk of the path)
+
+
+MAX_WORK = 10_000_000  # stages x variables: regions are dense tuples over every variable
 
 
 def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 for a scenario whose names resolve (see the module docstring)."""
+    n_vars = sum(1 for v in scenario.variables.values() if v.role != "derived")
+    if n_vars * len(scenario.stages) > MAX_WORK:
+        # the analysis is linear in states but each state costs O(variables); past this size it
+        # would take minutes, and `sop check` must stay fast: say so instead of guessing
+        return [Diagnostic(
+            code="I301", severity="info",
+            message=f"flow analysis skipped: {len(scenario.stages)} stages x {n_vars} variables is over "
+                    f"the analysis budget ({MAX_WORK:,})",
+            span=scenario.span,
+            hint="exhaustiveness, overlap and infeasible-branch checks need fewer distinct variables; "
+                 "the engine still refuses values no branch covers at run time",
+        )]
     try:
         with no_gc():
             return _Flow(scenario, budget).run()
@@ -47,6 +63,16 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET) -> 
         return []
     except Exception:  # noqa: BLE001 - `sop check` must never crash on a flow analysis bug
         return []
+
+
+def _steps(prefix: Any) -> list[tuple[int, int]]:
+    """The (stage, branch) decisions of a parent-linked prefix, from the entry on."""
+    out: list[tuple[int, int]] = []
+    while prefix is not None:
+        prefix, si, bi = prefix
+        out.append((si, bi))
+    out.reverse()
+    return out
 
 
 class _Flow:
@@ -59,6 +85,12 @@ class _Flow:
         # stage index -> list of (projected region, prefix [(stage idx, branch idx)])
         self.contexts: dict[int, list[tuple[tuple[Box, ...], list[tuple[int, int]]]]] = {}
         self.fired: set[tuple[int, int]] = set()
+        self.checks_left = MAX_WITNESS_CHECKS
+
+    def _spend_check(self) -> bool:
+        """Witness checks are bounded so that huge SOPs stay linear; past the bound, stop looking."""
+        self.checks_left -= 1
+        return self.checks_left >= 0
 
     def run(self) -> list[Diagnostic]:
         out: list[Diagnostic] = []
@@ -91,7 +123,9 @@ class _Flow:
         rk = ex.root_key()
         assert rk is not None
         seen: set[tuple] = {rk}
-        stack: list[tuple[tuple, list[tuple[int, int]]]] = [(rk, [])]
+        # prefixes are parent-linked (parent, stage, branch) nodes, materialised only for a diagnostic:
+        # copying a list per state would be quadratic in the depth of the graph
+        stack: list[tuple[tuple, Any]] = [(rk, None)]
         states = 0
         while stack:
             key, prefix = stack.pop()
@@ -100,7 +134,9 @@ class _Flow:
             if states > self.budget or len(region) > MAX_REGION:
                 self.complete = False
                 return
-            self.contexts.setdefault(si, []).append((region, prefix))
+            ctxs = self.contexts.setdefault(si, [])
+            if len(ctxs) < MAX_CONTEXTS:
+                ctxs.append((region, prefix))
             nvk = ex.next_visited(si, vk)
             kids = ex.children(si, region)
             nxt = []
@@ -110,14 +146,15 @@ class _Flow:
                     ck = (tgt, creg, nvk)
                     if ck not in seen:
                         seen.add(ck)
-                        nxt.append((ck, prefix + [(si, bi)]))
+                        nxt.append((ck, (prefix, si, bi)))
             stack.extend(reversed(nxt))  # depth-first in declaration order
 
-    def full_context(self, prefix: list[tuple[int, int]]) -> tuple[Box, ...]:
-        return self.ex.full_region([s for s, _ in prefix], [b for _, b in prefix])
+    def full_context(self, prefix: Any) -> tuple[Box, ...]:
+        steps = _steps(prefix)
+        return self.ex.full_region([s for s, _ in steps], [b for _, b in steps])
 
-    def via(self, prefix: list[tuple[int, int]], si: int) -> str:
-        ids = [self.ex.ids[s] for s, _ in prefix] + [self.ex.ids[si]]
+    def via(self, prefix: Any, si: int) -> str:
+        ids = [self.ex.ids[s] for s, _ in _steps(prefix)] + [self.ex.ids[si]]
         if len(ids) > 8:
             ids = ids[:3] + ["..."] + ids[-4:]
         return " -> ".join(ids)
@@ -155,6 +192,8 @@ class _Flow:
         return None
 
     def _refused_at(self, values: dict[str, Any], sid: str) -> bool:
+        if not self._spend_check():
+            return False
         try:
             trace(self.s, values)
         except DecideError as exc:
@@ -181,9 +220,14 @@ class _Flow:
             if gj is None:
                 continue
             found = None
+            guard_j_vars = set(sp.base_reads(stage.branches[j].guard))
             for i in range(j):
                 if guards[i] is None:
                     break
+                if len(guard_j_vars) == 1 and set(sp.base_reads(stage.branches[i].guard)) == guard_j_vars:
+                    # ordered guards on one variable (`when N < 10 / when N < 50`) are the
+                    # threshold idiom: first match wins by design, so no ambiguity to report
+                    continue
                 fire_i = self.ex.fire(si, i)
                 for region, prefix in ctxs[:MAX_CONTEXTS]:
                     both = [b3 for b in region for b2 in sp.constrain(b, fire_i)
@@ -214,14 +258,17 @@ class _Flow:
             )))
         return out
 
-    def _overlap_witness(self, full: Sequence[Box], prefix: list[tuple[int, int]], si: int, i: int,
+    def _overlap_witness(self, full: Sequence[Box], prefix: Any, si: int, i: int,
                          guard_j: Any) -> dict[str, Any] | None:
-        want_stages = [self.ex.ids[s] for s, _ in prefix] + [self.ex.ids[si]]
-        want_branches = [b for _, b in prefix] + [i]
+        steps = _steps(prefix)
+        want_stages = [self.ex.ids[s] for s, _ in steps] + [self.ex.ids[si]]
+        want_branches = [b for _, b in steps] + [i]
         for box in full:
             w = self.sp.witness(box, "representative")
             if w is None:
                 continue
+            if not self._spend_check():
+                return None
             try:
                 stages, branches = trace(self.s, w)
             except Exception:  # noqa: BLE001

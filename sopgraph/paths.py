@@ -615,7 +615,7 @@ def explorer_for(scenario: ir.Scenario) -> Explorer:
         return hit[2]
     ex = Explorer(scenario)
     _EXPLORERS.pop(id(scenario), None)
-    if len(_EXPLORERS) >= 16:
+    if len(_EXPLORERS) >= 8:
         _EXPLORERS.pop(next(iter(_EXPLORERS)))
     _EXPLORERS[id(scenario)] = (scenario, sig, ex)
     return ex
