@@ -586,8 +586,31 @@ _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
 _AUTH_STATUS: Final = frozenset({401, 403})
 
 
+def _chain(exc: BaseException, limit: int = 8) -> Iterable[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (bounded, cycle-safe)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < limit:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _aiohttp_http_error(exc: BaseException) -> BaseException | None:
+    """The aiohttp HTTP error behind ``exc``, if any.
+
+    litellm's ``aiohttp_openai/`` route reports every HTTP error as a 500 (it reads ``status_code``
+    where aiohttp has ``status``); the original, with the real status and headers, is in the chain.
+    """
+    for item in _chain(exc):
+        if type(item).__module__.startswith("aiohttp") and isinstance(getattr(item, "status", None), int):
+            return item
+    return None
+
+
 def _retry_after(exc: BaseException) -> float | None:
     """Seconds from a ``Retry-After`` header on the error, if any."""
+    origin = _aiohttp_http_error(exc)
     for attr in ("litellm_response_headers", "headers"):
         headers = getattr(exc, attr, None)
         if headers:
@@ -595,6 +618,8 @@ def _retry_after(exc: BaseException) -> float | None:
     else:
         response = getattr(exc, "response", None)
         headers = getattr(response, "headers", None)
+    if origin is not None and getattr(origin, "headers", None):
+        headers = origin.headers  # type: ignore[attr-defined]
     if not headers:
         return None
     try:
@@ -623,7 +648,12 @@ def _classify(exc: BaseException) -> tuple[str, bool, int | None]:
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
     status = status if isinstance(status, int) else None
-    if litellm is not None:
+    origin = _aiohttp_http_error(exc)
+    if origin is not None:
+        status = origin.status  # type: ignore[attr-defined]
+    elif (status is None or status >= 500) and any(isinstance(i, json.JSONDecodeError) for i in _chain(exc)):
+        return "malformed", True, status  # a 200 body that is not JSON (aiohttp_openai/: "connection error")
+    elif litellm is not None:
         if isinstance(exc, litellm.Timeout):
             return "timeout", True, status
         if isinstance(exc, litellm.UnsupportedParamsError | litellm.ContextWindowExceededError):
@@ -818,13 +848,15 @@ class Gateway:
         loop = asyncio.get_running_loop()
         if self._session is not None and self._session_loop is loop and not self._session.closed:
             return self._session
+        import urllib.request
+
         import aiohttp
 
         litellm = load_litellm()
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            trust_env=not getattr(litellm, "disable_aiohttp_trust_env", False),
-        )
+        # Like litellm's own session, honour HTTP(S)_PROXY; but with no proxy configured, skip
+        # aiohttp's per-request environment and ~/.netrc lookups (two thread hops, ~0.3 ms a call).
+        trust_env = bool(urllib.request.getproxies()) and not getattr(litellm, "disable_aiohttp_trust_env", False)
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=trust_env)
         keeper = _close_at_loop_end(session)
         await keeper.__anext__()
         self._session, self._session_loop, self._session_keeper = session, loop, keeper

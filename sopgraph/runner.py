@@ -19,14 +19,26 @@ so that a killed run can be resumed from the store alone and a shard of cases co
   resume, every dialogue is present exactly once.
 - Re-judging (`rejudge`) reads stored transcripts and writes a new judgment set beside the others;
   agents and users are never called.
+- Worker processes (`workers=N`, opt-in): the dialogues to run are dealt round-robin to N processes,
+  each with its own event loop and gateway (concurrency/N). Workers never open the store: they send
+  every write (start, turn, finish, fail) through a pipe to the parent, the single SQLite writer, in
+  the order they happened. Per dialogue the writes are the same as in one process, so resume and
+  "every dialogue exactly once" hold unchanged. Why: litellm costs ~2 ms CPU per call, so one
+  process saturates one core long before a fast model does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import signal
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
 from typing import Any
 
@@ -193,12 +205,18 @@ class _Progress:
         self._bar.start()
 
     def advance(self, gateway: Any, failed: bool = False) -> None:
+        """One more dialogue finished; totals from `gateway.stats`."""
+        if not self.enabled:
+            return
+        stats = gateway.stats
+        self.advance_totals(stats.prompt_tokens + stats.completion_tokens, stats.cost, failed)
+
+    def advance_totals(self, tokens: int, cost: float, failed: bool = False) -> None:
+        """One more dialogue finished, with running token and cost totals."""
         if not self.enabled:
             return
         self.failures += failed
-        stats = gateway.stats
-        self._bar.update(self._task, advance=1, failures=self.failures,
-                         tokens=stats.prompt_tokens + stats.completion_tokens, cost=f"{stats.cost:.4f}")
+        self._bar.update(self._task, advance=1, failures=self.failures, tokens=tokens, cost=f"{cost:.4f}")
 
     def close(self) -> None:
         if self._bar is not None:
@@ -246,13 +264,20 @@ async def run(
     progress: bool | None = None,
     gateway: Any = None,
     gateway_options: Mapping[str, Any] | None = None,
+    workers: int = 1,
 ) -> RunSummary:
     """Run (or resume) an evaluation into `out_dir` and return its summary.
 
     `models`: a RoleSet, a role → ModelSpec mapping or `--model` strings (defaults: user
     `scripted/user`, judges 3 × `scripted/truth`). With `resume=True` only `out_dir` matters: the
-    stored config is used (`concurrency`, `progress`, `gateway` may still be given)."""
+    stored config is used (`concurrency`, `progress`, `gateway`, `workers` may still be given).
+    `workers > 1` runs the dialogues in that many processes (concurrency split between them; see the
+    module docstring); it cannot be combined with a `gateway` instance."""
     started = time.perf_counter()
+    if workers < 1:
+        raise RunError("workers must be >= 1")
+    if workers > 1 and gateway is not None:
+        raise RunError("a gateway instance cannot be shared with worker processes; pass gateway_options")
     out_dir = Path(out_dir)
     warnings: list[str] = []
     if resume:
@@ -322,7 +347,7 @@ async def run(
     try:
         return await _execute(store, scenario, roles, spec, max_turns=max_turns, concurrency=concurrency,
                               progress=progress, gateway=gateway, gateway_options=gateway_options,
-                              started=started, warnings=warnings, selfpref=selfpref)
+                              started=started, warnings=warnings, selfpref=selfpref, workers=workers)
     finally:
         store.close()
 
@@ -341,71 +366,240 @@ def _load(path: str | Path | None) -> ir.Scenario:
         raise RunError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
-                   concurrency: int, progress: bool | None, gateway: Any, gateway_options: Mapping[str, Any],
-                   started: float, warnings: list[str], selfpref: list[str]) -> RunSummary:
-    from .gateway import InfraFailure
-    from .prompts import agent_system_prompt, user_system_prompt
-    from .schema import agent_output_schema
+class _Dialogues:
+    """Runs single dialogues (simulate, then judge) and reports every write to a sink.
 
-    gateway = gateway if gateway is not None else _make_gateway(concurrency, gateway_options)
-    cases = {c.id: c for c in store.cases()}
-    all_dialogues = store.dialogues()
-    todo = [d for d in all_dialogues if d.status != "done"]
-    skipped = len(all_dialogues) - len(todo)
-    info = scenario_context(scenario)
-    judge_info = without_paths(info)
-    schema = agent_output_schema(scenario) if roles.agent.structured else None
-    ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
-    prompts: dict[str, tuple[str, str]] = {}
-    sop_hash = scenario.source_hash
+    The sink has the `RunStore` write methods (`start_dialogue`, `add_turn`, `finish_dialogue`,
+    `fail_dialogue`): the store itself in one process, a pipe to the parent in a worker."""
 
-    def setup_for(d: Dialogue) -> DialogueSetup:
-        case = cases[d.case_id]
-        if case.id not in prompts:
-            prompts[case.id] = (agent_system_prompt(scenario, case.system), user_system_prompt(case, scenario))
-        agent_sys, user_sys = prompts[case.id]
-        return DialogueSetup(scenario=scenario, case=case, dialogue_id=d.id, trial=d.trial,
-                             agent_system=agent_sys, user_system=user_sys, scenario_info=info,
-                             response_schema=schema, sop_hash=sop_hash, tool_version=TOOL_VERSION)
+    def __init__(self, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any, spec: JudgeTurns,
+                 max_turns: int, gateway: Any):
+        from .prompts import agent_system_prompt, user_system_prompt
+        from .schema import agent_output_schema
 
-    bar = _Progress(len(todo), _progress_enabled(progress), "dialogues")
-    queue = list(reversed(todo))
+        self._agent_prompt, self._user_prompt = agent_system_prompt, user_system_prompt
+        self.scenario, self.cases, self.roles, self.spec = scenario, cases, roles, spec
+        self.max_turns, self.gateway = max_turns, gateway
+        self.info = scenario_context(scenario)
+        self.judge_info = without_paths(self.info)
+        self.schema = agent_output_schema(scenario) if roles.agent.structured else None
+        self.ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
+        self.prompts: dict[str, tuple[str, str]] = {}
 
-    async def one(d: Dialogue) -> None:
-        setup = setup_for(d)
+    def setup_for(self, d: Dialogue) -> DialogueSetup:
+        case = self.cases[d.case_id]
+        if case.id not in self.prompts:
+            self.prompts[case.id] = (self._agent_prompt(self.scenario, case.system),
+                                     self._user_prompt(case, self.scenario))
+        agent_sys, user_sys = self.prompts[case.id]
+        return DialogueSetup(scenario=self.scenario, case=case, dialogue_id=d.id, trial=d.trial,
+                             agent_system=agent_sys, user_system=user_sys, scenario_info=self.info,
+                             response_schema=self.schema, sop_hash=self.scenario.source_hash,
+                             tool_version=TOOL_VERSION)
+
+    async def one(self, d: Dialogue, sink: Any) -> bool:
+        """Run dialogue `d` from scratch; True if it ended as an infrastructure failure."""
+        from .gateway import InfraFailure
+
+        setup = self.setup_for(d)
         d = d.model_copy(update={"status": "running", "end_reason": None, "turns": 0, "error": None,
-                                 "closing_user_text": None, "sop_hash": sop_hash, "tool_version": TOOL_VERSION})
-        store.start_dialogue(d)
+                                 "closing_user_text": None, "sop_hash": self.scenario.source_hash,
+                                 "tool_version": TOOL_VERSION})
+        sink.start_dialogue(d)
         state = SimState()
         try:
-            result = await simulate_dialogue(gateway, roles.agent, roles.user, setup, max_turns=max_turns,
-                                             on_turn=store.add_turn, state=state)
-            judgments, cons = await ensemble.judge_dialogue(
-                scenario, setup.case, d.id, result.turns, spec, judgment_set=DEFAULT_SET,
-                scenario_info=judge_info)
+            result = await simulate_dialogue(self.gateway, self.roles.agent, self.roles.user, setup,
+                                             max_turns=self.max_turns, on_turn=sink.add_turn, state=state)
+            judgments, cons = await self.ensemble.judge_dialogue(
+                self.scenario, setup.case, d.id, result.turns, self.spec, judgment_set=DEFAULT_SET,
+                scenario_info=self.judge_info)
         except InfraFailure as exc:
             failed = d.model_copy(update={"status": "infra_failure", "end_reason": "infra_failure",
                                           "turns": 0, "error": exc.message})
-            store.fail_dialogue(failed, state.pending_usage)
-            bar.advance(gateway, failed=True)
-            return
+            sink.fail_dialogue(failed, state.pending_usage)
+            return True
         done = d.model_copy(update={"status": "done", "end_reason": result.end_reason,
                                     "turns": len(result.turns), "closing_user_text": result.closing_user_text})
-        store.finish_dialogue(done, judgments, cons, [*state.pending_usage, *judgment_usage_rows(judgments)])
-        bar.advance(gateway)
+        sink.finish_dialogue(done, judgments, cons, [*state.pending_usage, *judgment_usage_rows(judgments)])
+        return False
 
-    async def worker() -> None:
-        while queue:
-            await one(queue.pop())
+    async def run_all(self, todo: Sequence[Dialogue], sink: Any, concurrency: int,
+                      on_done: Any = None) -> None:
+        """Run `todo` in order, keeping about 2 × concurrency dialogues open."""
+        queue = list(reversed(todo))
 
-    workers = min(len(todo), max(2 * concurrency, 4))
-    try:
-        await asyncio.gather(*(worker() for _ in range(workers)))
-    finally:
-        bar.close()
+        async def worker() -> None:
+            while queue:
+                failed = await self.one(queue.pop(), sink)
+                if on_done is not None:
+                    on_done(failed)
+
+        await asyncio.gather(*(worker() for _ in range(min(len(todo), max(2 * concurrency, 4)))))
+
+
+async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
+                   concurrency: int, progress: bool | None, gateway: Any, gateway_options: Mapping[str, Any],
+                   started: float, warnings: list[str], selfpref: list[str], workers: int = 1) -> RunSummary:
+    all_dialogues = store.dialogues()
+    todo = [d for d in all_dialogues if d.status != "done"]
+    skipped = len(all_dialogues) - len(todo)
+    cases = {c.id: c for c in store.cases()}
+    workers = min(workers, concurrency, len(todo))
+    if workers > 1:
+        await _execute_sharded(store, scenario, cases, roles, spec, todo, max_turns=max_turns,
+                               concurrency=concurrency, workers=workers, progress=progress,
+                               gateway_options=gateway_options)
+    else:
+        own = gateway is None
+        gateway = _make_gateway(concurrency, gateway_options) if own else gateway
+        runner = _Dialogues(scenario, cases, roles, spec, max_turns, gateway)
+        bar = _Progress(len(todo), _progress_enabled(progress), "dialogues")
+        try:
+            await runner.run_all(todo, store, concurrency, lambda failed: bar.advance(gateway, failed))
+        finally:
+            bar.close()
+            if own:
+                await gateway.aclose()
     return _summary(store, ran=len(todo), skipped=skipped, elapsed_s=round(time.perf_counter() - started, 3),
                     self_preference=selfpref, warnings=warnings)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes
+
+_START_METHOD: str | None = None
+"""multiprocessing start method for workers; None: `fork` on Linux when this process has no other
+thread (start-up in milliseconds, litellm already imported), else `spawn` (each worker imports
+sopgraph and litellm again, ~2-3 s). Workers never touch the parent's SQLite connection."""
+
+
+def _mp_context() -> Any:
+    method = _START_METHOD
+    if method is None:
+        forkable = sys.platform.startswith("linux") and threading.active_count() == 1
+        method = "fork" if forkable else "spawn"
+    return multiprocessing.get_context(method)
+
+
+class _PipeSink:
+    """A worker's store stand-in: every write goes to the parent, in order, with running totals."""
+
+    def __init__(self, conn: Connection, gateway: Any):
+        self.conn, self.gateway = conn, gateway
+
+    def _send(self, name: str, *args: Any) -> None:
+        stats = self.gateway.stats
+        self.conn.send((name, args, (stats.prompt_tokens + stats.completion_tokens, stats.cost)))
+
+    def start_dialogue(self, dialogue: Dialogue) -> None:
+        self._send("start_dialogue", dialogue)
+
+    def add_turn(self, turn: Any, usage: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._send("add_turn", turn, list(usage))
+
+    def finish_dialogue(self, dialogue: Dialogue, judgments: Iterable[Any] = (), consensus: Iterable[Any] = (),
+                        usage: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._send("finish_dialogue", dialogue, list(judgments), list(consensus), list(usage))
+
+    def fail_dialogue(self, dialogue: Dialogue, usage: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._send("fail_dialogue", dialogue, list(usage))
+
+
+def _worker_main(conn: Connection, job: dict[str, Any]) -> None:
+    """Entry point of a worker process: run its shard, report writes, then `("exit", error)`."""
+    # Ctrl-C is the parent's to handle (it stops the workers); a forked worker would otherwise run
+    # the parent's asyncio SIGINT handler on a copy of the parent's loop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    error = None
+    try:
+        asyncio.run(_worker_run(conn, job))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises RunError
+        error = traceback.format_exc(limit=20)
+    try:
+        conn.send(("exit", (error,), None))
+    finally:
+        conn.close()
+
+
+async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
+    gateway = _make_gateway(job["concurrency"], job["gateway_options"])
+    runner = _Dialogues(job["scenario"], job["cases"], job["roles"], job["spec"], job["max_turns"], gateway)
+    try:
+        await runner.run_all(job["todo"], _PipeSink(conn, gateway), job["concurrency"])
+    finally:
+        await gateway.aclose()
+
+
+async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
+                           spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
+                           workers: int, progress: bool | None, gateway_options: Mapping[str, Any]) -> None:
+    """Run `todo` in `workers` processes; this process applies their writes to the store, in order."""
+    from .gateway import load_litellm
+
+    ctx = _mp_context()
+    if ctx.get_start_method() == "fork":
+        load_litellm()  # imported once here, inherited by every worker
+    shards = [list(todo[i::workers]) for i in range(workers)]
+    share = [concurrency // workers + (1 if i < concurrency % workers else 0) for i in range(workers)]
+    procs: list[Any] = []
+    conns: dict[Connection, int] = {}
+    totals = [(0, 0.0)] * workers
+    errors: list[str] = []
+    try:
+        for i, shard in enumerate(shards):
+            reader, writer = ctx.Pipe(duplex=False)
+            needed = {d.case_id for d in shard}
+            job = {"scenario": scenario, "cases": {k: v for k, v in cases.items() if k in needed}, "roles": roles,
+                   "spec": spec, "max_turns": max_turns, "concurrency": max(1, share[i]), "todo": shard,
+                   "gateway_options": dict(gateway_options)}
+            proc = ctx.Process(target=_worker_main, args=(writer, job), name=f"sop-run-worker-{i}", daemon=True)
+            proc.start()
+            writer.close()  # the worker holds the only writing end: EOF when it is gone
+            procs.append(proc)
+            conns[reader] = i
+        bar = _Progress(len(todo), _progress_enabled(progress), f"dialogues ({workers} workers)")
+        exited: set[int] = set()
+        try:
+            while conns:
+                ready = await asyncio.to_thread(wait_connections, list(conns), 1.0)
+                for reader in ready:
+                    i = conns[reader]  # type: ignore[index]
+                    while True:
+                        try:
+                            if not reader.poll():  # type: ignore[union-attr]
+                                break
+                            name, args, total = reader.recv()  # type: ignore[union-attr]
+                        except (EOFError, OSError):
+                            name, args, total = "eof", (), None
+                        if total is not None:
+                            totals[i] = total
+                        if name == "exit":
+                            exited.add(i)
+                            if args[0]:
+                                errors.append(f"worker {i} failed:\n{args[0]}")
+                            continue
+                        if name == "eof":
+                            del conns[reader]  # type: ignore[arg-type]
+                            reader.close()  # type: ignore[union-attr]
+                            if i not in exited:
+                                procs[i].join(5)
+                                errors.append(f"worker {i} died (exit code {procs[i].exitcode})")
+                            break
+                        getattr(store, name)(*args)
+                        if name in ("finish_dialogue", "fail_dialogue"):
+                            bar.advance_totals(sum(t[0] for t in totals), sum(t[1] for t in totals),
+                                               failed=name == "fail_dialogue")
+        finally:
+            bar.close()
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(10)
+        for reader in conns:
+            reader.close()
+    if errors:
+        raise RunError("; ".join(errors) + " (the run is resumable: sop run --resume RUN_DIR)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -219,3 +219,19 @@ def test_generated_sops_never_crash_and_witnesses_verify(kind: str, stages: int,
     diags = flow_diagnostics(sc)
     assert_witnesses_verified(sc, diags)
     assert not [d for d in diags if d.code == "E301"]  # the generator writes exhaustive branchings
+
+
+def test_ordered_thresholds_on_one_variable_are_not_overlaps() -> None:
+    """`when Amount > 500 … when Amount > 100 …` is the threshold idiom (first match wins), not W301;
+    the same overlap across two variables is reported."""
+    idiom = load('stage s { when Amount > 500 -> do Ok when Amount > 100 -> do No otherwise -> do Other }')
+    assert "W301" not in by_code(flow_diagnostics(idiom))
+    mixed = load('stage s { when Amount > 500 -> do Ok when Mood == Angry -> do No otherwise -> do Other }')
+    assert "W301" in by_code(flow_diagnostics(mixed))
+
+
+def test_flow_is_skipped_with_a_note_on_programs_too_large_to_analyse() -> None:
+    sc = load_source(None, text=gen.generate(4000, kind="diamond", seed=3)).scenario
+    assert sc is not None
+    diags = flow_diagnostics(sc)
+    assert [d.code for d in diags] == ["I301"] and diags[0].severity == "info"

@@ -50,7 +50,7 @@ def gateway(cache_dir: Path) -> Gateway:
     )
 
 
-def spec_for(server: FakeServer, model: str = "openai/gpt-4o-mini", **params: Any) -> ModelSpec:
+def spec_for(server: FakeServer, model: str = os.environ.get("T_MODEL", "openai/gpt-4o-mini"), **params: Any) -> ModelSpec:
     extra = "".join(f",{k}={v}" for k, v in params.items())
     return parse_model_option(f"agent={model},api_base={server.base_url}{extra}")
 

@@ -304,7 +304,7 @@ def test_judge_prompt_from_turn_records(small):
 
 
 def test_templates_are_package_files():
-    names = {p.name for p in resources.files("sopgraph").joinpath("templates").iterdir()}
+    names = {p.name for p in resources.files("sopgraph").joinpath("templates").iterdir() if p.is_file()}
     assert {"agent_sop.md", "agent_system.md", "agent_output_format.md", "user_system.md", "judge.md"} <= names
     for name in names:
         assert "${" in prompts.template(name).template

@@ -368,3 +368,56 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, toy_file, monkey
     assert a == b
     assert _scan_for_key(killed) == [] and _scan_for_key(whole) == []
     print(f"killed after {statuses['done']} done, {statuses['running']} running, {partial} partial turns")
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_store_the_same_results_as_one_process(tmp_path, toy_file, monkeypatch, method):
+    from sopgraph import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "_START_METHOD", method)
+    cases = toy_cases(16)
+    models = ["agent=baseline/random-path", "judge=scripted/truth"]
+    kw = {"trials": 2, "concurrency": 4, "max_turns": 4, "judge_turns": "all", "progress": False}
+    one = asyncio.run(run(toy_file, cases, models, tmp_path / "one", **kw))
+    two = asyncio.run(run(toy_file, cases, models, tmp_path / "two", workers=2, **kw))
+    assert one.by_status == two.by_status == {"done": 32}
+    assert (two.ran, two.skipped, two.turns) == (32, 0, one.turns)
+    a, b = _snapshot(tmp_path / "one"), _snapshot(tmp_path / "two")
+    assert a["turns"] and a["judgments"] and a["usage"]
+    assert a == b
+
+
+def test_dead_worker_leaves_a_resumable_run(tmp_path, toy_file, monkeypatch):
+    from sopgraph import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "_START_METHOD", "fork")  # the patch below reaches forked workers
+    real_one = runner_mod._Dialogues.one
+
+    async def dying_one(self, d, sink):
+        if d.id == "k005#0":
+            sink.start_dialogue(d.model_copy(update={"status": "running"}))
+            os._exit(7)  # like an OOM kill, mid-dialogue
+        return await real_one(self, d, sink)
+
+    monkeypatch.setattr(runner_mod._Dialogues, "one", dying_one)
+    cases = toy_cases(12)
+    kw = {"concurrency": 2, "max_turns": 3, "progress": False}
+    with pytest.raises(RunError, match=r"worker \d died \(exit code 7\).*--resume"):
+        asyncio.run(run(toy_file, cases, ["agent=baseline/oracle"], tmp_path / "crashed", workers=2, **kw))
+    with RunStore.open(tmp_path / "crashed") as s:
+        assert s.dialogue("k005#0").status == "running"
+    monkeypatch.setattr(runner_mod._Dialogues, "one", real_one)
+    resumed = asyncio.run(run(None, None, None, tmp_path / "crashed", resume=True, workers=2, progress=False))
+    assert resumed.by_status == {"done": 12} and resumed.skipped + resumed.ran == 12 and resumed.ran >= 1
+    asyncio.run(run(toy_file, cases, ["agent=baseline/oracle"], tmp_path / "whole", **kw))
+    assert _snapshot(tmp_path / "crashed") == _snapshot(tmp_path / "whole")
+
+
+def test_workers_reject_a_shared_gateway(tmp_path, toy_file):
+    with pytest.raises(RunError, match="gateway instance"):
+        asyncio.run(run(toy_file, toy_cases(2), ["agent=baseline/oracle"], tmp_path / "r", workers=2,
+                        gateway=Gateway(cache=False)))
+    with pytest.raises(RunError, match="workers must be"):
+        asyncio.run(run(toy_file, toy_cases(2), ["agent=baseline/oracle"], tmp_path / "r", workers=0))
