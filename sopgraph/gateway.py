@@ -962,12 +962,12 @@ class Gateway:
             attempts += 1
             self._stats.attempts += 1
             try:
-                async with asyncio.timeout(guard):
-                    if spec.is_builtin:
+                if spec.is_builtin:
+                    async with asyncio.timeout(guard):
                         response = await litellm.acompletion(**kwargs)
-                    else:
-                        async with self._semaphore():
-                            response = await litellm.acompletion(**kwargs)
+                else:
+                    async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
+                        response = await litellm.acompletion(**kwargs)
                 return self._to_completion(spec, response, attempts, started, secrets)
             except Exception as exc:  # noqa: BLE001 - every provider failure is classified below
                 kind, retryable, status = _classify(exc)

@@ -50,13 +50,17 @@ def gateway(cache_dir: Path) -> Gateway:
     )
 
 
-def spec_for(server: FakeServer, model: str = os.environ.get("T_MODEL", "openai/gpt-4o-mini"), **params: Any) -> ModelSpec:
+def spec_for(server: FakeServer, model: str = "openai/gpt-4o-mini", **params: Any) -> ModelSpec:
     extra = "".join(f",{k}={v}" for k, v in params.items())
     return parse_model_option(f"agent={model},api_base={server.base_url}{extra}")
 
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+# The OpenAI SDK route and litellm's lighter aiohttp route must behave the same for every fault.
+ROUTES = ["openai/gpt-4o-mini", "aiohttp_openai/gpt-4o-mini"]
 
 
 # --------------------------------------------------------------------------- --model parsing and roles
@@ -170,10 +174,11 @@ FAULTS = {
 }
 
 
+@pytest.mark.parametrize("model", ROUTES)
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_retries_each_fault_then_succeeds(fault: str, server: FakeServer, gateway: Gateway) -> None:
+def test_retries_each_fault_then_succeeds(fault: str, model: str, server: FakeServer, gateway: Gateway) -> None:
     server.script([FAULTS[fault], FAULTS[fault], Behavior.ok("recovered")])
-    spec = spec_for(server, timeout=0.4)
+    spec = spec_for(server, model, timeout=0.4)
     completion = run(gateway.complete(spec, MESSAGES))
     assert completion.text == "recovered"
     assert completion.attempts == 3
@@ -182,6 +187,7 @@ def test_retries_each_fault_then_succeeds(fault: str, server: FakeServer, gatewa
     assert gateway.stats.failures == 0
 
 
+@pytest.mark.parametrize("model", ROUTES)
 @pytest.mark.parametrize(
     ("behavior", "kind"),
     [
@@ -192,32 +198,34 @@ def test_retries_each_fault_then_succeeds(fault: str, server: FakeServer, gatewa
     ],
 )
 def test_exhausted_retries_raise_infra_failure(
-    behavior: Behavior, kind: str, server: FakeServer, gateway: Gateway
+    behavior: Behavior, kind: str, model: str, server: FakeServer, gateway: Gateway
 ) -> None:
     server.set_default(behavior)
     with pytest.raises(InfraFailure) as info:
-        run(gateway.complete(spec_for(server), MESSAGES))
+        run(gateway.complete(spec_for(server, model), MESSAGES))
     exc = info.value
     assert exc.kind == kind
     assert exc.retryable
     assert exc.attempts == gateway.max_retries + 1 == 4
     assert len(server.requests) == 4
     assert exc.__cause__ is None
-    assert "after 4 attempts" in str(exc) and "openai/gpt-4o-mini" in str(exc)
+    assert "after 4 attempts" in str(exc) and model in str(exc)
     assert gateway.stats.failures == 1
 
 
-def test_timeout_exhaustion_is_infra_failure(server: FakeServer, cache_dir: Path) -> None:
+@pytest.mark.parametrize("model", ROUTES)
+def test_timeout_exhaustion_is_infra_failure(model: str, server: FakeServer, cache_dir: Path) -> None:
     gateway = Gateway(cache_dir=cache_dir, max_retries=1, base_delay=0.001, max_delay=0.01)
     server.set_default(Behavior.timeout(3.0))
     started = time.monotonic()
     with pytest.raises(InfraFailure) as info:
-        run(gateway.complete(spec_for(server, timeout=0.3), MESSAGES))
+        run(gateway.complete(spec_for(server, model, timeout=0.3), MESSAGES))
     assert info.value.kind == "timeout"
     assert info.value.attempts == 2
     assert time.monotonic() - started < 4.0  # the server would hold each attempt for 3 s
 
 
+@pytest.mark.parametrize("model", ROUTES)
 @pytest.mark.parametrize(
     ("behavior", "kind", "status"),
     [
@@ -228,11 +236,11 @@ def test_timeout_exhaustion_is_infra_failure(server: FakeServer, cache_dir: Path
     ],
 )
 def test_non_retryable_errors_fail_immediately(
-    behavior: Behavior, kind: str, status: int, server: FakeServer, gateway: Gateway
+    behavior: Behavior, kind: str, status: int, model: str, server: FakeServer, gateway: Gateway
 ) -> None:
     server.script([behavior, Behavior.ok("must not be reached")])
     with pytest.raises(InfraFailure) as info:
-        run(gateway.complete(spec_for(server), MESSAGES))
+        run(gateway.complete(spec_for(server, model), MESSAGES))
     assert info.value.kind == kind
     assert info.value.status_code == status
     assert info.value.attempts == 1
@@ -241,10 +249,11 @@ def test_non_retryable_errors_fail_immediately(
     assert len(server.requests) == 1
 
 
-def test_retry_after_header_is_honoured(server: FakeServer, cache_dir: Path) -> None:
+@pytest.mark.parametrize("model", ROUTES)
+def test_retry_after_header_is_honoured(model: str, server: FakeServer, cache_dir: Path) -> None:
     gateway = Gateway(cache_dir=cache_dir, max_retries=2, base_delay=0.001, max_delay=2.0, seed=3)
     server.script([Behavior.rate_limit(retry_after=0.3), Behavior.ok("after wait")])
-    completion = run(gateway.complete(spec_for(server), MESSAGES))
+    completion = run(gateway.complete(spec_for(server, model), MESSAGES))
     assert completion.text == "after wait"
     first, second = server.requests
     assert second.received_at - first.received_at >= 0.29
@@ -337,10 +346,11 @@ def test_corrupt_cache_entry_is_a_miss(server: FakeServer, gateway: Gateway, cac
 
 
 # --------------------------------------------------------------------------- concurrency, usage, cost
-def test_concurrency_limit_is_respected(server: FakeServer, cache_dir: Path) -> None:
+@pytest.mark.parametrize("model", ROUTES)
+def test_concurrency_limit_is_respected(model: str, server: FakeServer, cache_dir: Path) -> None:
     gateway = Gateway(cache_dir=cache_dir, concurrency=3, cache=False)
     server.set_default(Behavior.ok("slow", latency=0.1))
-    spec = spec_for(server)
+    spec = spec_for(server, model)
 
     async def many() -> list[Completion]:
         return await asyncio.gather(*(gateway.complete(spec, MESSAGES) for _ in range(12)))
@@ -350,6 +360,22 @@ def test_concurrency_limit_is_respected(server: FakeServer, cache_dir: Path) -> 
     assert len(results) == 12 and all(r.text == "slow" for r in results)
     assert server.max_in_flight == 3
     assert time.monotonic() - started >= 0.39  # 12 calls / 3 slots x 0.1 s
+
+
+@pytest.mark.parametrize("model", ROUTES)
+def test_waiting_for_a_slot_does_not_count_against_the_timeout(
+    model: str, server: FakeServer, cache_dir: Path
+) -> None:
+    gateway = Gateway(cache_dir=cache_dir, concurrency=1, cache=False, max_retries=0)
+    server.set_default(Behavior.ok("slow", latency=0.25))
+    spec = spec_for(server, model, timeout=0.6)
+
+    async def many() -> list[Completion]:
+        return await asyncio.gather(*(gateway.complete(spec, MESSAGES) for _ in range(4)))
+
+    results = run(many())  # the last call waits ~0.75 s for the slot, then takes 0.25 s
+    assert [r.attempts for r in results] == [1, 1, 1, 1]
+    assert max(r.latency for r in results) > 0.6
 
 
 def test_usage_and_cost_are_captured(server: FakeServer, gateway: Gateway) -> None:
@@ -368,19 +394,29 @@ def test_usage_and_cost_are_captured(server: FakeServer, gateway: Gateway) -> No
     assert stats.cost == pytest.approx(expected)
 
 
-def test_unpriced_model_cost_is_zero_and_flagged(server: FakeServer, gateway: Gateway) -> None:
-    completion = run(gateway.complete(spec_for(server, model="openai/my-local-finetune"), MESSAGES))
+@pytest.mark.parametrize("model", ["openai/my-local-finetune", "aiohttp_openai/my-local-finetune"])
+def test_unpriced_model_cost_is_zero_and_flagged(model: str, server: FakeServer, gateway: Gateway) -> None:
+    completion = run(gateway.complete(spec_for(server, model=model), MESSAGES))
     assert completion.cost == 0.0
     assert not completion.cost_known
     assert gateway.stats.unknown_cost_calls == 1
+    # After the first miss the model is priced at zero in litellm (so litellm stops searching its
+    # cost map on every call), and its calls are still reported as of unknown cost.
+    assert gw.load_litellm().model_cost[model]["input_cost_per_token"] == 0.0
+    again = run(gateway.complete(spec_for(server, model=model), MESSAGES))
+    assert (again.cost, again.cost_known, gateway.stats.unknown_cost_calls) == (0.0, False, 2)
+    # A priced model is unaffected.
+    priced = run(gateway.complete(spec_for(server), MESSAGES))
+    assert priced.cost > 0 and priced.cost_known
 
 
 # --------------------------------------------------------------------------- secrets
+@pytest.mark.parametrize("model", ROUTES)
 def test_api_key_is_sent_but_never_returned_or_stored(
-    server: FakeServer, gateway: Gateway, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+    model: str, server: FakeServer, gateway: Gateway, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
-    spec = spec_for(server, temperature=0)
+    spec = spec_for(server, model, temperature=0)
     server.script([Behavior.ok(f"my key is {SECRET} and bearer Bearer {SECRET}")])
     completion = run(gateway.complete(spec, MESSAGES))
     assert server.requests[0].headers["authorization"] == f"Bearer {SECRET}"  # it was sent
@@ -393,12 +429,12 @@ def test_api_key_is_sent_but_never_returned_or_stored(
     server.set_default(Behavior.error(401, f"Incorrect API key provided: {SECRET}"))
     for _ in range(2):
         with pytest.raises(InfraFailure) as info:
-            run(gateway.complete(spec_for(server, temperature=0.5), MESSAGES))
+            run(gateway.complete(spec_for(server, model, temperature=0.5), MESSAGES))
         assert SECRET not in str(info.value) and SECRET not in repr(info.value)
         assert SECRET not in info.value.message
     server.set_default(Behavior.error(500, f"upstream said {SECRET}"))
     with pytest.raises(InfraFailure) as info:
-        run(gateway.complete(spec_for(server, temperature=0.5), MESSAGES))
+        run(gateway.complete(spec_for(server, model, temperature=0.5), MESSAGES))
     assert SECRET not in str(info.value)
 
     files = [p for p in cache_dir.rglob("*") if p.is_file()]
@@ -419,11 +455,12 @@ def test_api_key_env_option_reads_named_variable(
     assert "local-token-abcdef" not in completion.text
 
 
+@pytest.mark.parametrize("model", ["openai/llama-3-8b", "aiohttp_openai/llama-3-8b"])
 def test_local_server_without_key_gets_placeholder(
-    server: FakeServer, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+    model: str, server: FakeServer, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    run(gateway.complete(spec_for(server, model="openai/llama-3-8b"), MESSAGES))
+    run(gateway.complete(spec_for(server, model=model), MESSAGES))
     assert server.requests[0].headers["authorization"] == "Bearer no-key-required"
 
 
@@ -438,9 +475,10 @@ def test_redact(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --------------------------------------------------------------------------- structured output, context
-def test_structured_output_passes_json_schema(server: FakeServer, gateway: Gateway) -> None:
+@pytest.mark.parametrize("model", ROUTES)
+def test_structured_output_passes_json_schema(model: str, server: FakeServer, gateway: Gateway) -> None:
     schema = {"type": "object", "properties": {"chat": {"type": "string"}}, "required": ["chat"]}
-    spec = spec_for(server, structured="true")
+    spec = spec_for(server, model, structured="true")
     ctx = {
         "response_schema": schema,
         "response_schema_name": "agent_turn",
@@ -458,12 +496,13 @@ def test_structured_output_passes_json_schema(server: FakeServer, gateway: Gatew
     # Without a schema: JSON-object mode; without structured: nothing.
     run(gateway.complete(spec, MESSAGES))
     assert server.requests[1].body["response_format"] == {"type": "json_object"}
-    run(gateway.complete(spec_for(server), MESSAGES, context=ctx))
+    run(gateway.complete(spec_for(server, model), MESSAGES, context=ctx))
     assert "response_format" not in server.requests[2].body
 
 
-def test_request_carries_params(server: FakeServer, gateway: Gateway) -> None:
-    spec = spec_for(server, temperature=0.2, max_tokens=33, seed=5)
+@pytest.mark.parametrize("model", ROUTES)
+def test_request_carries_params(model: str, server: FakeServer, gateway: Gateway) -> None:
+    spec = spec_for(server, model, temperature=0.2, max_tokens=33, seed=5)
     run(gateway.complete(spec, MESSAGES))
     body = server.requests[0].body
     assert body["model"] == "gpt-4o-mini"
@@ -522,12 +561,43 @@ def test_builtin_provider_bug_is_not_retried(gateway: Gateway, monkeypatch: pyte
     assert len(calls) == 1
 
 
-def test_complete_sync_across_event_loops(server: FakeServer, cache_dir: Path) -> None:
+@pytest.mark.parametrize("model", ROUTES)
+def test_complete_sync_across_event_loops(model: str, server: FakeServer, cache_dir: Path) -> None:
     gateway = Gateway(cache_dir=cache_dir, concurrency=2, cache=False)
-    spec = spec_for(server)
+    spec = spec_for(server, model)
     assert gateway.complete_sync(spec, MESSAGES).text == "ok"
     assert gateway.complete_sync(spec, MESSAGES).text == "ok"  # a new loop gets a new semaphore
     assert gateway.stats.calls == 2
+
+
+def test_aiohttp_session_is_per_loop_and_closed_with_it(
+    server: FakeServer, cache_dir: Path, recwarn: pytest.WarningsRecorder
+) -> None:
+    """litellm's own aiohttp session is bound to the first loop ("Event loop is closed" after it);
+    the gateway's is one per loop, reused within it, and closed when the loop ends or on aclose."""
+    gateway = Gateway(cache_dir=cache_dir, cache=False)
+    spec = spec_for(server, "aiohttp_openai/local-model")
+    sessions = []
+
+    async def twice() -> None:
+        for _ in range(2):
+            await gateway.complete(spec, MESSAGES)
+            sessions.append(gateway._session)
+
+    run(twice())
+    assert sessions[0] is sessions[1] and sessions[0].closed  # reused in the loop, closed at its end
+    run(twice())
+    assert sessions[2] is not sessions[0] and sessions[2].closed
+
+    async def explicit() -> bool:
+        async with Gateway(cache_dir=cache_dir, cache=False) as g:
+            await g.complete(spec, MESSAGES)
+            session = g._session
+        return session.closed
+
+    assert run(explicit())
+    assert len(server.requests) == 5
+    assert not [w for w in recwarn if "Unclosed" in str(w.message)]
 
 
 # --------------------------------------------------------------------------- import hygiene
