@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from . import main
-from .params import fail, load_or_exit, sop_file, write_output
+from .params import load_or_exit, sop_file, write_output
 
 
 @main.command("compile")
@@ -50,11 +50,12 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
     lines = [values_json] if values_json is not None else sys.stdin
-    failed = 0
+    failed = total = 0
     out = sys.stdout
     for lineno, line in enumerate(lines, 1):
         if values_json is None and not line.strip():
             continue
+        total += 1
         try:
             values = json.loads(line)
             if not isinstance(values, dict):
@@ -72,7 +73,5 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     out.flush()
     if failed:
         if values_json is None:
-            click.echo(f"{failed} of {lineno if lines else 0} inputs failed", err=True)
+            click.echo(f"{failed} of {total} inputs failed", err=True)
         sys.exit(1)
-    if values_json is not None and not values_json.strip():
-        fail("empty --values")
