@@ -54,6 +54,7 @@ __all__ = [
     "Usage",
     "default_cache_dir",
     "load_litellm",
+    "network_used",
     "parse_model_option",
     "redact",
     "roles_from_options",
@@ -497,6 +498,13 @@ class ResponseCache:
 # =========================================================================== litellm loading
 _LITELLM: ModuleType | None = None
 _LOAD_LOCK = threading.Lock()
+_NETWORK_USED = False
+
+
+def network_used() -> bool:
+    """Whether this process has called a non-built-in provider (so litellm may hold HTTP clients
+    with open connections, which a forked child must not inherit)."""
+    return _NETWORK_USED
 
 
 def load_litellm() -> ModuleType:
@@ -946,8 +954,11 @@ class Gateway:
         return delay
 
     async def _call_with_retries(self, spec: ModelSpec, kwargs: dict[str, Any], started: float) -> Completion:
+        global _NETWORK_USED
         loading = time.perf_counter()
         litellm = load_litellm()
+        if not spec.is_builtin:
+            _NETWORK_USED = True
         started += time.perf_counter() - loading  # the one-time import is not the model's latency
         secrets = [kwargs["api_key"]] if "api_key" in kwargs else []
         attempts = 0
@@ -1041,6 +1052,8 @@ class Gateway:
 
 _UNPRICED: set[str] = set()
 """Models litellm could not price, registered at zero cost so later calls skip its slow search."""
+_MAPPED: set[str] = set()
+"""Models litellm's cost map knows (a miss for them came from the response, e.g. no usage)."""
 
 
 def _register_unpriced(spec: ModelSpec) -> None:
@@ -1049,10 +1062,18 @@ def _register_unpriced(spec: ModelSpec) -> None:
     Why: for a model missing from the cost map, litellm searches every map entry and its
     generalisation rules on each call (~0.3-0.5 ms CPU), only to give up. After the first
     miss, the model is priced at zero and remembered in ``_UNPRICED``, so ``Completion.cost``
-    is 0 with ``cost_known=False`` exactly as before, without the search.
+    is 0 with ``cost_known=False`` exactly as before, without the search. A model the map
+    does know is never registered (its real price must stay).
     """
     litellm = _LITELLM
-    if litellm is None or spec.model in _UNPRICED or not spec.provider:
+    if litellm is None or spec.model in _UNPRICED or spec.model in _MAPPED or not spec.provider:
+        return
+    try:
+        litellm.get_model_info(model=spec.model)
+    except Exception:  # noqa: BLE001 - "not mapped" is what we are looking for
+        pass
+    else:
+        _MAPPED.add(spec.model)
         return
     _UNPRICED.add(spec.model)
     entry = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0, "litellm_provider": spec.provider}

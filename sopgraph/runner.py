@@ -468,17 +468,25 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
 # Worker processes
 
 _START_METHOD: str | None = None
-"""multiprocessing start method for workers; None: `fork` on Linux when this process has no other
-thread (start-up in milliseconds, litellm already imported), else `spawn` (each worker imports
-sopgraph and litellm again, ~2-3 s). Workers never touch the parent's SQLite connection."""
+"""multiprocessing start method for workers; None: `fork` on Linux when it is safe, else `spawn`.
+
+Fork starts a worker in milliseconds with litellm already imported; spawn makes each worker import
+sopgraph and litellm again (~2-3 s, ~2.5 s CPU). Fork is safe when this process has no other thread
+(whose locks a child would inherit held) and has made no provider call (litellm would hold HTTP
+clients whose sockets a child would share). Workers never touch the parent's SQLite connection."""
 
 
 def _mp_context() -> Any:
+    from .gateway import network_used
+
     method = _START_METHOD
     if method is None:
-        forkable = sys.platform.startswith("linux") and threading.active_count() == 1
+        forkable = sys.platform.startswith("linux") and threading.active_count() == 1 and not network_used()
         method = "fork" if forkable else "spawn"
     return multiprocessing.get_context(method)
+
+
+_WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue"})
 
 
 class _PipeSink:
@@ -514,7 +522,9 @@ def _worker_main(conn: Connection, job: dict[str, Any]) -> None:
     try:
         asyncio.run(_worker_run(conn, job))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises RunError
-        error = traceback.format_exc(limit=20)
+        from .gateway import redact
+
+        error = redact(traceback.format_exc(limit=20))
     try:
         conn.send(("exit", (error,), None))
     finally:
@@ -523,7 +533,8 @@ def _worker_main(conn: Connection, job: dict[str, Any]) -> None:
 
 async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
     gateway = _make_gateway(job["concurrency"], job["gateway_options"])
-    runner = _Dialogues(job["scenario"], job["cases"], job["roles"], job["spec"], job["max_turns"], gateway)
+    scenario = ir.Scenario.model_validate(job["scenario"])
+    runner = _Dialogues(scenario, job["cases"], job["roles"], job["spec"], job["max_turns"], gateway)
     try:
         await runner.run_all(job["todo"], _PipeSink(conn, gateway), job["concurrency"])
     finally:
@@ -541,6 +552,9 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
         load_litellm()  # imported once here, inherited by every worker
     shards = [list(todo[i::workers]) for i in range(workers)]
     share = [concurrency // workers + (1 if i < concurrency % workers else 0) for i in range(workers)]
+    # The scenario travels as its JSON dump (as in the store, for resume): the object may carry a
+    # compiled engine, which does not pickle (spawn).
+    scenario_dump = scenario.model_dump(mode="json")
     procs: list[Any] = []
     conns: dict[Connection, int] = {}
     totals = [(0, 0.0)] * workers
@@ -549,9 +563,9 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
         for i, shard in enumerate(shards):
             reader, writer = ctx.Pipe(duplex=False)
             needed = {d.case_id for d in shard}
-            job = {"scenario": scenario, "cases": {k: v for k, v in cases.items() if k in needed}, "roles": roles,
-                   "spec": spec, "max_turns": max_turns, "concurrency": max(1, share[i]), "todo": shard,
-                   "gateway_options": dict(gateway_options)}
+            job = {"scenario": scenario_dump, "cases": {k: v for k, v in cases.items() if k in needed},
+                   "roles": roles, "spec": spec, "max_turns": max_turns, "concurrency": max(1, share[i]),
+                   "todo": shard, "gateway_options": dict(gateway_options)}
             proc = ctx.Process(target=_worker_main, args=(writer, job), name=f"sop-run-worker-{i}", daemon=True)
             proc.start()
             writer.close()  # the worker holds the only writing end: EOF when it is gone
@@ -585,6 +599,8 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                                 procs[i].join(5)
                                 errors.append(f"worker {i} died (exit code {procs[i].exitcode})")
                             break
+                        if name not in _WRITES:
+                            raise RunError(f"worker {i} sent an unknown message {name!r}")
                         getattr(store, name)(*args)
                         if name in ("finish_dialogue", "fail_dialogue"):
                             bar.advance_totals(sum(t[0] for t in totals), sum(t[1] for t in totals),

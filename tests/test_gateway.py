@@ -410,6 +410,22 @@ def test_unpriced_model_cost_is_zero_and_flagged(model: str, server: FakeServer,
     assert priced.cost > 0 and priced.cost_known
 
 
+def test_a_priced_model_is_never_registered_at_zero() -> None:
+    """A response litellm could not price (e.g. no usage) for a model its cost map knows: that call
+    is of unknown cost, but the model keeps its real price for the next calls."""
+    litellm = gw.load_litellm()
+    price = litellm.model_cost["gpt-4o-mini"]["input_cost_per_token"]
+    spec = ModelSpec(role="agent", model="openai/gpt-4o-mini")
+    unpriced = litellm.ModelResponse(choices=[{"index": 0, "message": {"role": "assistant", "content": "x"}}])
+    unpriced._hidden_params["response_cost"] = None
+    assert Gateway._cost(spec, unpriced) == (0.0, False)
+    assert spec.model not in gw._UNPRICED and "openai/gpt-4o-mini" not in litellm.model_cost
+    assert litellm.model_cost["gpt-4o-mini"]["input_cost_per_token"] == price > 0
+    priced = litellm.ModelResponse(choices=[{"index": 0, "message": {"role": "assistant", "content": "x"}}])
+    priced._hidden_params["response_cost"] = 0.25
+    assert Gateway._cost(spec, priced) == (0.25, True)
+
+
 # --------------------------------------------------------------------------- secrets
 @pytest.mark.parametrize("model", ROUTES)
 def test_api_key_is_sent_but_never_returned_or_stored(

@@ -415,6 +415,26 @@ def test_dead_worker_leaves_a_resumable_run(tmp_path, toy_file, monkeypatch):
     assert _snapshot(tmp_path / "crashed") == _snapshot(tmp_path / "whole")
 
 
+def test_worker_exception_is_reported_with_its_traceback(tmp_path, toy_file, monkeypatch):
+    from sopgraph import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "_START_METHOD", "fork")
+    real_one = runner_mod._Dialogues.one
+
+    async def buggy_one(self, d, sink):
+        if d.id == "k002#0":
+            raise ValueError("a bug in the dialogue loop")
+        return await real_one(self, d, sink)
+
+    monkeypatch.setattr(runner_mod._Dialogues, "one", buggy_one)
+    with pytest.raises(RunError, match=r"(?s)worker \d failed:.*ValueError: a bug in the dialogue loop"):
+        asyncio.run(run(toy_file, toy_cases(6), ["agent=baseline/oracle"], tmp_path / "r", workers=2,
+                        concurrency=2, max_turns=3, progress=False))
+    with RunStore.open(tmp_path / "r") as s:
+        statuses = Counter(d.status for d in s.dialogues())
+    assert statuses["done"] >= 3 and sum(statuses.values()) == 6  # the other worker finished its share
+
+
 def test_workers_reject_a_shared_gateway(tmp_path, toy_file):
     with pytest.raises(RunError, match="gateway instance"):
         asyncio.run(run(toy_file, toy_cases(2), ["agent=baseline/oracle"], tmp_path / "r", workers=2,

@@ -42,6 +42,8 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
               help="Model calls in flight at once (all roles).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=15, show_default=True,
               help="Agent turns before a dialogue is cut off.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes sharing the dialogues and --concurrency (litellm costs CPU per call).")
 @click.option("--judge-turns", default="1,5,10,15,final", show_default=True,
               help="Turns the judges read: a list of numbers and `final`, or `all`.")
 @click.option("--structured", is_flag=True, help="Pass the output JSON schema to the agent's provider.")
@@ -57,7 +59,7 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
 @_quiet
 @_format
 def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], trials: int, concurrency: int,
-            max_turns: int, judge_turns: str, structured: bool, out: Path | None, resume_dir: Path | None,
+            max_turns: int, workers: int, judge_turns: str, structured: bool, out: Path | None, resume_dir: Path | None,
             retries: int, retry_delay: float, no_cache: bool, quiet: bool, fmt: str) -> None:
     """Simulate dialogues of FILE's cases with the agent under test, judge them, store the run.
 
@@ -95,7 +97,7 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
                   "gateway_options": {"max_retries": retries, "base_delay": retry_delay, "cache": not no_cache}}
         target = out
     try:
-        summary = asyncio.run(run(scenario, cases, specs, target, concurrency=concurrency,
+        summary = asyncio.run(run(scenario, cases, specs, target, concurrency=concurrency, workers=workers,
                                   progress=False if quiet else None, **kwargs))
     except RunError as exc:
         fail(str(exc))
