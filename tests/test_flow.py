@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers import gen_sop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,16 +20,7 @@ from sopgraph.paths import trace
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _gen() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_sop"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gen = _gen()
+gen = gen_sop()
 
 HEAD = """
 scenario flowtest "Flow test"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
-import sys
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers import gen_sop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,16 +36,7 @@ VECTORS = ROOT / "tests" / "data" / "sage_vectors"
 SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.sop"))
 
 
-def _gen_module() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_sop"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gen = _gen_module()
+gen = gen_sop()
 
 TOY = """
 scenario telecom_package "Telecom"
