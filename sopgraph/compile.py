@@ -13,6 +13,7 @@ from typing import Any
 import networkx as nx
 
 from . import ir
+from .perf import no_cyclic_gc
 
 START = "start"
 END = "end"
@@ -64,6 +65,11 @@ def stage_reads(stage: ir.Stage) -> list[str]:
 
 def compile_graph(scenario: ir.Scenario) -> nx.DiGraph:
     """Build the SOP graph. Assumes the scenario passed `check` (targets exist)."""
+    with no_cyclic_gc():
+        return _build(scenario)
+
+
+def _build(scenario: ir.Scenario) -> nx.DiGraph:
     g = nx.DiGraph(
         name=scenario.name,
         title=scenario.title,
