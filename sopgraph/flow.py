@@ -33,7 +33,7 @@ from .domain import Box, Space, no_gc
 from .engine import DecideError, _Interp
 from .paths import Explorer, explorer_for, trace
 
-DEFAULT_BUDGET = 20_000  # states (stage, region) explored
+DEFAULT_BUDGET = 10_000  # states (stage, region) explored
 MAX_CONTEXTS = 200  # contexts examined per stage for E301/W301 witnesses
 MAX_REGION = 256  # boxes in one region before the exploration is considered too large
 MAX_WITNESS_CHECKS = 200  # engine runs to verify E301/W301 witnesses (each costs a walk of the path)
