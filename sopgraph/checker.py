@@ -1088,14 +1088,17 @@ def check_depth(scenario: ir.Scenario) -> list[Diagnostic]:
     return out
 
 
-def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES) -> list[Diagnostic]:
+def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
+          graph: nx.DiGraph | None = None) -> list[Diagnostic]:
     """Run every pass and return all diagnostics, sorted by file, line and column. Expressions
-    nested too deeply (E006) are reported alone: nothing else can safely walk them."""
+    nested too deeply (E006) are reported alone: nothing else can safely walk them. Pass the
+    scenario's compiled `graph` when you have it (the passes only read it) to avoid building it twice."""
     found: list[Diagnostic] = check_depth(scenario)
     if found:
         return sorted(found, key=sort_key)
     with no_cyclic_gc():
-        graph = compile_graph(scenario)
+        if graph is None:
+            graph = compile_graph(scenario)
         for p in passes:
             if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
                 continue

@@ -117,23 +117,50 @@ def _number(text: str, negative: bool = False) -> int | float:
 class _ChildMeta:
     """Position of a rule computed from its children (Lark gives no meta to inline transformers).
 
-    Keywords are filtered from the tree, so a span starts at the first name, value or sub-node."""
+    Keywords are filtered from the tree, so a span starts at the first name, value or sub-node.
+    Computed lazily: many rules take their span from a token and never ask."""
 
-    __slots__ = ("empty", "line", "column", "end_line", "end_column")
+    __slots__ = ("_children", "_pos")
 
     def __init__(self, children: list[Any]):
-        first = last = None
-        for child in children:
-            for item in (child if isinstance(child, list) else (child,)):
-                pos = _position(item)
-                if pos is not None:
-                    if first is None:
-                        first = pos
-                    last = pos
-        self.empty = first is None
-        if first is not None and last is not None:
-            self.line, self.column = first[0], first[1]
-            self.end_line, self.end_column = last[2], last[3]
+        self._children = children
+        self._pos: tuple[bool, int, int, int, int] | None = None
+
+    def _get(self) -> tuple[bool, int, int, int, int]:
+        if self._pos is None:
+            first = last = None
+            for child in self._children:
+                for item in (child if isinstance(child, list) else (child,)):
+                    pos = _position(item)
+                    if pos is not None:
+                        if first is None:
+                            first = pos
+                        last = pos
+            if first is None or last is None:
+                self._pos = (True, 0, 0, 0, 0)
+            else:
+                self._pos = (False, first[0], first[1], last[2], last[3])
+        return self._pos
+
+    @property
+    def empty(self) -> bool:
+        return self._get()[0]
+
+    @property
+    def line(self) -> int:
+        return self._get()[1]
+
+    @property
+    def column(self) -> int:
+        return self._get()[2]
+
+    @property
+    def end_line(self) -> int:
+        return self._get()[3]
+
+    @property
+    def end_column(self) -> int:
+        return self._get()[4]
 
 
 def _position(child: Any) -> tuple[int, int, int, int] | None:
