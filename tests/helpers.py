@@ -20,3 +20,26 @@ def gen_sop() -> ModuleType:
     sys.modules["gen_sop"] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+TELECOM = ROOT / "scenarios" / "telecom_package.sop"
+
+
+def floor_run(tmp_path_factory, agent: str) -> Path:
+    """A small offline run of telecom cases with a baseline agent, shared by the test modules of one
+    session (score, coverage and corpus tests all read the same floor runs)."""
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.runner import run_sync
+
+    base = tmp_path_factory.getbasetemp() / "floor_runs"
+    cases = base / "cases.jsonl"
+    if not cases.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        res = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "12", "-o", str(cases), "-q", "--seed", "3"])
+        assert res.exit_code == 0, res.output
+    out = base / agent.split("/")[-1]
+    if not (out / "run.sqlite").exists():
+        run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
+    return out

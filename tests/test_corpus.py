@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import floor_run
 
 import sopgraph
 from sopgraph.cli import main
@@ -126,19 +127,7 @@ def test_gold_synthesis_offline(telecom) -> None:
         synthesize_dialogues_sync(telecom, cases, ["user=scripted/user"])
 
 
-def _floor_run(tmp_path_factory, agent: str) -> Path:
-    from sopgraph.runner import run_sync
-
-    base = tmp_path_factory.getbasetemp() / "floor_runs"
-    cases = base / "cases.jsonl"
-    if not cases.exists():
-        base.mkdir(parents=True, exist_ok=True)
-        res = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "12", "-o", str(cases), "-q", "--seed", "3"])
-        assert res.exit_code == 0, res.output
-    out = base / agent.split("/")[-1]
-    if not (out / "run.sqlite").exists():
-        run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
-    return out
+_floor_run = floor_run
 
 
 def test_export_and_synth_cli(tmp_path_factory, tmp_path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import floor_run
 
 import sopgraph
 from sopgraph.cli import main
@@ -80,20 +81,7 @@ def test_heat_renders_uncovered_plainly(telecom) -> None:
     assert "<svg" in svg
 
 
-def _floor_run(tmp_path_factory, agent: str) -> Path:
-    """A small offline run with a baseline agent, shared by the test modules of one session."""
-    from sopgraph.runner import run_sync
-
-    base = tmp_path_factory.getbasetemp() / "floor_runs"
-    cases = base / "cases.jsonl"
-    if not cases.exists():
-        base.mkdir(parents=True, exist_ok=True)
-        res = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "12", "-o", str(cases), "-q", "--seed", "3"])
-        assert res.exit_code == 0, res.output
-    out = base / agent.split("/")[-1]
-    if not (out / "run.sqlite").exists():
-        run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
-    return out
+_floor_run = floor_run
 
 
 def test_coverage_report_from_a_run_and_cli(tmp_path_factory, tmp_path, telecom) -> None:

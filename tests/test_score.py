@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import floor_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -581,23 +582,7 @@ def test_score_run_reads_the_store(tmp_path, telecom) -> None:
 # end to end: floor agents through the real runner, scored by the CLI
 
 
-def _floor_run(tmp_path_factory, agent: str) -> Path:
-    """A small offline run with a baseline agent, shared by the test modules of one session."""
-    from click.testing import CliRunner
-
-    from sopgraph.cli import main
-    from sopgraph.runner import run_sync
-
-    base = tmp_path_factory.getbasetemp() / "floor_runs"
-    cases = base / "cases.jsonl"
-    if not cases.exists():
-        base.mkdir(parents=True, exist_ok=True)
-        res = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "12", "-o", str(cases), "-q", "--seed", "3"])
-        assert res.exit_code == 0, res.output
-    out = base / agent.split("/")[-1]
-    if not (out / "run.sqlite").exists():
-        run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
-    return out
+_floor_run = floor_run
 
 
 FLOORS = ("baseline/oracle", "baseline/always-escalate", "baseline/always-comply", "baseline/random-path")
