@@ -32,14 +32,12 @@ memoises `constrain` per (box, formula), which is what keeps path counting and e
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 import math
 import random
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from . import ir
@@ -1125,20 +1123,6 @@ class Space:
 
 
 _NONE = object()
-
-
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector during a burst of allocations (region exploration makes
-    millions of small objects that are never cyclic garbage; full collections over a large IR
-    would otherwise dominate the run time)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _serial(b: Box) -> int:

@@ -29,9 +29,10 @@ from typing import Any
 
 from . import ir
 from .diagnostics import Diagnostic, error, warning
-from .domain import Box, Space, no_gc
+from .domain import Box, Space
 from .engine import DecideError, _Interp
 from .paths import Explorer, explorer_for, trace
+from .perf import no_cyclic_gc as no_gc
 
 DEFAULT_BUDGET = 10_000  # states (stage, region) explored
 MAX_CONTEXTS = 200  # contexts examined per stage for E301/W301 witnesses

@@ -50,8 +50,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from . import ir
-from .domain import Box, Formula, Space, no_gc, space_for
+from .domain import Box, Formula, Space, space_for
 from .engine import DecideError, _Interp, interpret
+from .perf import no_cyclic_gc as no_gc
 
 Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS

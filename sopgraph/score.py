@@ -20,11 +20,9 @@ All scores are fractions in [0, 1] internally and in JSON; tables print them ×1
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import ir, stats
 from .engine import DecideError, _Interp, engine_for
+from .perf import no_cyclic_gc
 from .records import CHAT_DIMENSIONS, Case, Consensus, Dialogue, Turn
 
 SCORE_VERSION = 1
@@ -595,22 +594,6 @@ def money_value(scenario: ir.Scenario, case: Case) -> float:
     return 0.0
 
 
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while millions of small records are built.
-
-    Scoring allocates no reference cycles worth collecting, but with GC on every few thousand
-    allocations trigger a collection that walks all live objects; for a million turns that alone
-    costs more than the scoring (measured: ~30% of the per-turn loop, ~60% of reading consensus)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def score_records(
     scenarios: ir.Scenario | Mapping[str, ir.Scenario],
     cases: Sequence[Case],
@@ -626,7 +609,7 @@ def score_records(
 
     `keep_labels` keeps each judged turn's consensus labels on the result (`consensus_labels`), for
     corpus export with reference labels."""
-    with _no_gc():
+    with no_cyclic_gc():
         return _score_records(scenarios, cases, dialogues, turns, consensus, config, run=run,
                               keep_labels=keep_labels)
 
@@ -1405,7 +1388,7 @@ def score_run(run_dir: str | Path, config: ScoreConfig | None = None, *, keep_la
     cfg = config or ScoreConfig()
     store = open_run(run_dir)
     try:
-        with _no_gc():
+        with no_cyclic_gc():
             return _score_store(store, run_dir, cfg, keep_labels)
     finally:
         store.close()
