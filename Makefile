@@ -21,6 +21,7 @@ demo: setup
 
 test: setup
 	bash .ci/system-deps chromium
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 lint: setup

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from sopgraph.gateway import Gateway, ModelSpec, load_litellm  # noqa: E402
+from sopgraph.simulation.gateway import Gateway, ModelSpec, load_litellm  # noqa: E402
 
 Call = Callable[[list[dict[str, str]]], Awaitable[str]]
 ROUTES = ("openai", "hosted_vllm", "aiohttp_openai")

@@ -21,10 +21,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from gen_sop import generate  # noqa: E402
 from lark import Lark  # noqa: E402
 
-from sopgraph.checker import check  # noqa: E402
-from sopgraph.compile import compile_graph  # noqa: E402
-from sopgraph.engine import engine_for  # noqa: E402
-from sopgraph.parse import grammar_path, load_source, parser  # noqa: E402
+from sopgraph.language.compile import compile_graph  # noqa: E402
+from sopgraph.language.parse import grammar_path, load_source, parser  # noqa: E402
+from sopgraph.logic.checker import check  # noqa: E402
+from sopgraph.logic.engine import engine_for  # noqa: E402
 
 
 def best_of(fn, repeat: int = 3) -> float:
@@ -88,7 +88,7 @@ def handwritten_telecom(v: dict) -> tuple[list[str], dict]:
 
 
 def bench_decide(n: int = 300_000) -> bool:
-    from sopgraph import load
+    from sopgraph.logic.checker import load
 
     scenario = load(ROOT / "scenarios" / "telecom_package.sop")
     engine = engine_for(scenario)

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gen_sop import generate  # noqa: E402
 
-from sopgraph import ir  # noqa: E402
-from sopgraph.domain import Box, Formula, Space, _neg, space_for  # noqa: E402
-from sopgraph.parse import load_source  # noqa: E402
-from sopgraph.paths import count_paths, explorer_for, iter_decisions, iter_paths  # noqa: E402
+from sopgraph.language import ir  # noqa: E402
+from sopgraph.language.parse import load_source  # noqa: E402
+from sopgraph.logic.domain import Box, Formula, Space, _neg, space_for  # noqa: E402
+from sopgraph.logic.paths import count_paths, explorer_for, iter_decisions, iter_paths  # noqa: E402
 
 
 def load(text: str) -> ir.Scenario:
@@ -128,7 +128,7 @@ def fresh_caches() -> None:
     collector slow down whatever runs next."""
     import gc
 
-    from sopgraph import domain, paths
+    from sopgraph.logic import domain, paths
 
     domain._SPACES.clear()
     paths._EXPLORERS.clear()

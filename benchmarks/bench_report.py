@@ -27,16 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_score import synthetic, write_store  # noqa: E402
 
+from sopgraph.evaluation.report import report_for_runs  # noqa: E402
+from sopgraph.evaluation.score import ScoreConfig  # noqa: E402
 from sopgraph.records import CHAT_DIMENSIONS  # noqa: E402
-from sopgraph.report import report_for_runs  # noqa: E402
-from sopgraph.score import ScoreConfig  # noqa: E402
 
 BUDGET_S = 20.0
 
 
 def add_judgments(run_dir: Path, consensus: list[dict], seed: int = 0) -> None:
     """Three judges per judged turn, agreeing with the consensus most of the time."""
-    from sopgraph.store import TOOL_VERSION, RunStore
+    from sopgraph.simulation.store import TOOL_VERSION, RunStore
 
     rng = random.Random(seed)
     store = RunStore.open(run_dir)

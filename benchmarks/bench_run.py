@@ -1,4 +1,4 @@
-"""Runner throughput benchmark: `sopgraph.runner.run` (what `sop run` does) against a fake server.
+"""Runner throughput benchmark: `sopgraph.simulation.runner.run` (what `sop run` does) against a fake server.
 
 Why: a run drives thousands of dialogues; with a slow model the harness (runner + store + gateway +
 litellm) must keep `concurrency` calls in flight. Every role (agent, user simulator, three judges) is
@@ -146,8 +146,8 @@ class Server:
 # --------------------------------------------------------------------------------------------- client
 
 def make_cases(n: int) -> tuple[Any, list[Any]]:
-    from sopgraph import load
-    from sopgraph.engine import decide
+    from sopgraph.logic.checker import load
+    from sopgraph.logic.engine import decide
     from sopgraph.records import Case, Persona
 
     sc = load(text=TOY)
@@ -235,7 +235,7 @@ class Stub:
 
 def run_once(name: str, route: str, tag: str, latency: float, n: int, concurrency: int, workers: int,
              base: str, tmp: Path, profile: int = 0) -> tuple[Result, Any]:
-    from sopgraph.runner import run
+    from sopgraph.simulation.runner import run
 
     scenario, cases = make_cases(n)
     lat_ms = round(latency * 1000)
@@ -271,7 +271,7 @@ def main() -> int:
     if args.serve:
         return serve(args.turns, args.lifetime)
 
-    from sopgraph.gateway import load_litellm
+    from sopgraph.simulation.gateway import load_litellm
 
     os.environ.setdefault("OPENAI_API_KEY", "sk-bench-not-a-real-key")
     started = time.perf_counter()
@@ -289,7 +289,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             # Multi-process runs first: workers are forked (fast start) only while this process has
-            # made no provider call itself (see sopgraph.runner._mp_context). Each is preceded by a
+            # made no provider call itself (see sopgraph.simulation.runner._mp_context). Each is preceded by a
             # short warm-up (imports, pools, prompt caches; not measured).
             route, workers = "aiohttp_openai", max(1, args.workers)
             multi = [(f"aiohttp/ x{workers}", "aiow", L, N)] + [

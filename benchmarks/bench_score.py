@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import sopgraph  # noqa: E402
-from sopgraph.engine import decide  # noqa: E402
+from sopgraph.evaluation.score import ScoreConfig, score_records, score_run  # noqa: E402
+from sopgraph.logic.engine import decide  # noqa: E402
 from sopgraph.records import CHAT_DIMENSIONS, Case, Dialogue, Persona  # noqa: E402
-from sopgraph.score import ScoreConfig, score_records, score_run  # noqa: E402
 
 TELECOM = ROOT / "scenarios" / "telecom_package.sop"
 BUDGET_S = 30.0
@@ -87,7 +87,7 @@ def synthetic(n_turns: int, *, turns_per_dialogue: int = 10, n_cases: int = 10_0
 
 def write_store(run_dir: Path, scenario, cases, dialogues, turns, consensus) -> None:
     """A run store holding the synthetic records (bulk rows in the store's documented layout)."""
-    from sopgraph.store import TOOL_VERSION, RunStore
+    from sopgraph.simulation.store import TOOL_VERSION, RunStore
 
     store = RunStore.create(run_dir, {"scenario": scenario.model_dump(mode="json"), "sop_hash": scenario.source_hash})
     store.add_cases(cases)

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import sopgraph  # noqa: E402
-from sopgraph.profiles import load_profile  # noqa: E402
-from sopgraph.synth import plan, synthesize  # noqa: E402
+from sopgraph.cases.profiles import load_profile  # noqa: E402
+from sopgraph.cases.synth import plan, synthesize  # noqa: E402
 
 BUDGET_S = 10.0
 SCENARIOS = ["telecom_package", "ecommerce_refund", "property_service", "logistics_delivery", "airline_refund",

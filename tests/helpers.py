@@ -31,7 +31,7 @@ def floor_run(tmp_path_factory, agent: str) -> Path:
     from click.testing import CliRunner
 
     from sopgraph.cli import main
-    from sopgraph.runner import run_sync
+    from sopgraph.simulation.runner import run_sync
 
     base = tmp_path_factory.getbasetemp() / "floor_runs"
     cases = base / "cases.jsonl"

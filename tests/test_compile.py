@@ -9,7 +9,7 @@ import networkx as nx
 import pytest
 
 import sopgraph
-from sopgraph.compile import END, START, action_node, compile_graph, graph_to_graphml, graph_to_json
+from sopgraph.language.compile import END, START, action_node, compile_graph, graph_to_graphml, graph_to_json
 
 SCENARIOS = sorted((Path(__file__).parent.parent / "scenarios").glob("*.sop"))
 

@@ -11,7 +11,7 @@ from helpers import floor_run
 
 import sopgraph
 from sopgraph.cli import main
-from sopgraph.corpus import (
+from sopgraph.evaluation.corpus import (
     GOLD_HEADER,
     dialogue_records,
     export_run,
@@ -19,10 +19,10 @@ from sopgraph.corpus import (
     synthesize_dialogues_sync,
     to_record,
 )
-from sopgraph.engine import decide
+from sopgraph.evaluation.score import ScoreError, score_records
+from sopgraph.logic.engine import decide
 from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Consensus, Dialogue, Persona, Turn
-from sopgraph.runner import read_cases
-from sopgraph.score import ScoreError, score_records
+from sopgraph.simulation.runner import read_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 TELECOM = ROOT / "scenarios" / "telecom_package.sop"

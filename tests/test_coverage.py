@@ -11,8 +11,14 @@ from helpers import floor_run
 
 import sopgraph
 from sopgraph.cli import main
-from sopgraph.coverage import case_walks, coverage_of, coverage_report, feasible_paths, render_coverage
-from sopgraph.engine import decide
+from sopgraph.evaluation.coverage import (
+    case_walks,
+    coverage_of,
+    coverage_report,
+    feasible_paths,
+    render_coverage,
+)
+from sopgraph.logic.engine import decide
 from sopgraph.records import Case, Persona
 
 ROOT = Path(__file__).resolve().parent.parent

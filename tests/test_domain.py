@@ -1,4 +1,4 @@
-"""Constraint domains (`sopgraph.domain`): exactness and soundness against the reference engine.
+"""Constraint domains (`sopgraph.logic.domain`): exactness and soundness against the reference engine.
 
 The central property: for a guard `g` and truth `t`, an assignment lies in one of the boxes of
 `constrain(full, g, t)` exactly when the engine evaluates `g` without error to truthiness `t`
@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sopgraph import ir
-from sopgraph.domain import (
+from sopgraph.language import ir
+from sopgraph.language.parse import load_source
+from sopgraph.logic.domain import (
     INF,
     NumDom,
     constrain,
@@ -29,8 +30,7 @@ from sopgraph.domain import (
     space_for,
     witness,
 )
-from sopgraph.engine import DecideError, _Interp
-from sopgraph.parse import load_source
+from sopgraph.logic.engine import DecideError, _Interp
 
 DECLS = """
 scenario domaintest "Domain test"

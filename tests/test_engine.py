@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sopgraph
-from sopgraph import engine as engine_mod
-from sopgraph import ir
-from sopgraph.engine import DecideError, Decision, Engine, decide, engine_for, interpret, validate_value
+from sopgraph.language import ir
+from sopgraph.logic import engine as engine_mod
+from sopgraph.logic.engine import DecideError, Decision, Engine, decide, engine_for, interpret, validate_value
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -1,4 +1,4 @@
-"""Flow diagnostics (`sopgraph.flow`): E301, W301, W303, W304, W305 on the contexts that reach stages."""
+"""Flow diagnostics (`sopgraph.logic.flow`): E301, W301, W303, W304, W305 on the contexts that reach stages."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from helpers import gen_sop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sopgraph import ir
-from sopgraph.diagnostics import CODES
-from sopgraph.engine import DecideError, _Interp, interpret
-from sopgraph.flow import flow_diagnostics
-from sopgraph.parse import load_source
-from sopgraph.paths import trace
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import CODES
+from sopgraph.language.parse import load_source
+from sopgraph.logic.engine import DecideError, _Interp, interpret
+from sopgraph.logic.flow import flow_diagnostics
+from sopgraph.logic.paths import trace
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
 import sopgraph
-from sopgraph.checker import check_file
 from sopgraph.cli import main
-from sopgraph.compile import compile_graph, graph_to_json
-from sopgraph.diagnostics import CODES, SopError
-from sopgraph.engine import DecideError, engine_for
-from sopgraph.parse import KEYWORDS, parser
+from sopgraph.language.compile import compile_graph, graph_to_json
+from sopgraph.language.diagnostics import CODES, SopError
+from sopgraph.language.parse import KEYWORDS, parser
+from sopgraph.logic.checker import check_file
+from sopgraph.logic.engine import DecideError, engine_for
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -129,7 +129,7 @@ def test_grammar_generated_programs_never_crash(text: str) -> None:
 
 def test_grammar_generation_is_productive() -> None:
     """The explicit terminal strategies make generated text parse (otherwise (a) tests little)."""
-    from sopgraph.parse import load_source
+    from sopgraph.language.parse import load_source
 
     parsed = 0
 
@@ -263,8 +263,8 @@ def huge_program(stages: int) -> str:
 
 
 def test_huge_program_loads_checks_and_compiles_in_bounded_time() -> None:
-    from sopgraph.checker import check
-    from sopgraph.parse import load_source
+    from sopgraph.language.parse import load_source
+    from sopgraph.logic.checker import check
 
     text = huge_program(10_000)
     loaded = within(120, lambda: load_source(None, text=text, name="huge.sop"))

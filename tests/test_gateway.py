@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from fakeserver import Behavior, FakeServer
 
-from sopgraph import gateway as gw
-from sopgraph import providers
-from sopgraph.gateway import (
+from sopgraph.simulation import gateway as gw
+from sopgraph.simulation import providers
+from sopgraph.simulation.gateway import (
     Completion,
     Gateway,
     InfraFailure,
@@ -630,7 +630,7 @@ def test_import_is_lazy_and_offline(tmp_path: Path) -> None:
         "        hits.append((event, str(args)[:80]))\n"
         "sys.addaudithook(hook)\n"
         "t = time.perf_counter()\n"
-        "import sopgraph.gateway as g\n"
+        "import sopgraph.simulation.gateway as g\n"
         "assert 'litellm' not in sys.modules, 'litellm imported eagerly'\n"
         "import_s = time.perf_counter() - t\n"
         "g.load_litellm()\n"

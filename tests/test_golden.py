@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sopgraph.checker import check_file
-from sopgraph.compile import compile_graph, graph_to_json
-from sopgraph.parse import load_source
+from sopgraph.language.compile import compile_graph, graph_to_json
+from sopgraph.language.parse import load_source
+from sopgraph.logic.checker import check_file
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("SOP_UPDATE_GOLDEN", "") not in ("", "0")

@@ -9,10 +9,11 @@ from pathlib import Path
 from click.testing import CliRunner
 
 import sopgraph
-from sopgraph.checker import check_file
+from sopgraph.cases.profiles import load_profile
+from sopgraph.cases.scaffold import render_profile, render_sop
+from sopgraph.cases.synth import profile_diagnostics
 from sopgraph.cli import main
-from sopgraph.init import render_profile, render_sop
-from sopgraph.profiles import load_profile, profile_diagnostics
+from sopgraph.logic.checker import check_file
 from sopgraph.records import Case
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sopgraph import load
-from sopgraph.judge import (
+from sopgraph.logic.checker import load
+from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Judgment, Persona, Turn
+from sopgraph.simulation.judge import (
     Ensemble,
     Judge,
     JudgeRequest,
@@ -21,7 +22,6 @@ from sopgraph.judge import (
     parse_judge_turns,
     select_turns,
 )
-from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Judgment, Persona, Turn
 
 TOY = (Path(__file__).parent / "data" / "toy_refunds.sop").read_text()
 FIELDS = ["Want", "Angry", "Items"]
@@ -164,13 +164,13 @@ class ScriptedGateway:
 
 
 def _specs():
-    from sopgraph.gateway import ModelSpec
+    from sopgraph.simulation.gateway import ModelSpec
 
     return [ModelSpec(role=f"judge{i}", model=f"openai/j{i}") for i in (1, 2, 3)]
 
 
 def test_ensemble_retries_malformed_then_unscored(toy):
-    from sopgraph.gateway import InfraFailure
+    from sopgraph.simulation.gateway import InfraFailure
 
     good = json.dumps({"labels": {"Want": "Money", "Angry": False, "Items": 2}, "scores": SCORES, "reasons": {}})
     gw = ScriptedGateway({

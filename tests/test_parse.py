@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sopgraph import ir
-from sopgraph.diagnostics import SopError
-from sopgraph.parse import KEYWORDS, load_source, parse_text
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.parse import KEYWORDS, load_source, parse_text
 
 HEAD = 'field Mood: Calm | Angry\nfield Vip: bool\nsystem Fee: int[0..100]\naction Help "h"\naction Wait "w"\n'
 RAW_TOKEN_NAMES = ("__ANON", "RBRACE", "LBRACE", "RPAR", "LPAR", "$END", "COMP_OP", "NAME", "STRING",
@@ -206,7 +206,7 @@ def test_deeply_nested_expression_is_a_diagnostic_not_a_crash() -> None:
     if loaded.scenario is None:
         assert loaded.diagnostics[0].code == "E006"
     else:
-        from sopgraph.checker import check
+        from sopgraph.logic.checker import check
 
         assert [d.code for d in check(loaded.scenario)] == ["E006"]
 
@@ -227,7 +227,7 @@ def test_include_cycle(tmp_path: Path) -> None:
 
 
 def test_keywords_list_matches_the_grammar() -> None:
-    from sopgraph.parse import parser
+    from sopgraph.language.parse import parser
 
     literal = {t.pattern.value for t in parser().terminals if t.pattern.type == "str"}
     words = {w for w in literal if w.isalpha()}

@@ -1,4 +1,4 @@
-"""Feasible paths (`sopgraph.paths`): enumeration, counting, sampling, SAGE vectors, CLI."""
+"""Feasible paths (`sopgraph.logic.paths`): enumeration, counting, sampling, SAGE vectors, CLI."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from helpers import gen_sop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sopgraph import ir
 from sopgraph.cli import main as cli
-from sopgraph.engine import DecideError, decide
-from sopgraph.parse import load_source
-from sopgraph.paths import (
+from sopgraph.language import ir
+from sopgraph.language.parse import load_source
+from sopgraph.logic.engine import DecideError, decide
+from sopgraph.logic.paths import (
     PathInfo,
     count_paths,
     explorer_for,

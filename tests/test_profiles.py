@@ -9,21 +9,20 @@ import pytest
 from click.testing import CliRunner
 
 import sopgraph
-from sopgraph import ir
-from sopgraph.cli import main
-from sopgraph.diagnostics import SopError
-from sopgraph.profiles import (
+from sopgraph.cases.profiles import (
     PROFILE_CODES,
     default_profile,
     library,
     load_profile,
     parse_profile,
-    profile_diagnostics,
     profile_json_schema,
     profile_path_for,
     sop_path_for,
 )
-from sopgraph.synth import plan
+from sopgraph.cases.synth import plan, profile_diagnostics
+from sopgraph.cli import main
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import SopError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -318,7 +317,7 @@ def test_cli_profiles_check(tmp_path: Path) -> None:
 
 
 def test_check_profile_beside(tmp_path: Path) -> None:
-    from sopgraph.profiles import check_profile_beside
+    from sopgraph.cases.synth import check_profile_beside
 
     sop = tmp_path / "toy.sop"
     sop.write_text(TOY, encoding="utf-8")

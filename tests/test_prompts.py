@@ -12,11 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 import sopgraph
-from sopgraph import ir, prompts
 from sopgraph.cli import main
-from sopgraph.engine import decide
+from sopgraph.language import ir
+from sopgraph.language.schema import validate_agent_output
+from sopgraph.logic.engine import decide
 from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Persona, Turn
-from sopgraph.schema import validate_agent_output
+from sopgraph.simulation import prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.sop"))

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sopgraph import providers
-from sopgraph.gateway import Gateway, ModelSpec
-from sopgraph.providers import STOP_TOKEN
+from sopgraph.simulation import providers
+from sopgraph.simulation.gateway import Gateway, ModelSpec
+from sopgraph.simulation.providers import STOP_TOKEN
 
 AGENT_BASELINES = [
     "baseline/always-escalate",

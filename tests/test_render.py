@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 import sopgraph
-from sopgraph import render as R
 from sopgraph.cli import main
-from sopgraph.compile import compile_graph
+from sopgraph.language import render as R
+from sopgraph.language.compile import compile_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 TELECOM = ROOT / "scenarios" / "telecom_package.sop"

@@ -17,7 +17,9 @@ from click.testing import CliRunner
 
 import sopgraph
 from sopgraph.cli import main
-from sopgraph.engine import decide
+from sopgraph.evaluation.report import Svg, bar_chart, box_chart, box_stats, line_chart, report_for_runs
+from sopgraph.evaluation.score import Metric, ScoreConfig
+from sopgraph.logic.engine import decide
 from sopgraph.records import (
     CHAT_DIMENSIONS,
     AgentOutput,
@@ -29,9 +31,7 @@ from sopgraph.records import (
     Turn,
     Usage,
 )
-from sopgraph.report import Svg, bar_chart, box_chart, box_stats, line_chart, report_for_runs
-from sopgraph.score import Metric, ScoreConfig
-from sopgraph.store import RunStore
+from sopgraph.simulation.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TELECOM = ROOT / "scenarios" / "telecom_package.sop"

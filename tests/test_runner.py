@@ -20,13 +20,13 @@ import pytest
 from click.testing import CliRunner
 from fakeserver import Behavior, FakeServer
 
-from sopgraph import load
 from sopgraph.cli import main
-from sopgraph.engine import decide
-from sopgraph.gateway import Gateway, parse_model_option
+from sopgraph.logic.checker import load
+from sopgraph.logic.engine import decide
 from sopgraph.records import Case, Persona
-from sopgraph.runner import RunError, rejudge, run
-from sopgraph.store import RunStore
+from sopgraph.simulation.gateway import Gateway, parse_model_option
+from sopgraph.simulation.runner import RunError, rejudge, run
+from sopgraph.simulation.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = (Path(__file__).parent / "data" / "toy_refunds.sop").read_text()
@@ -374,7 +374,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, toy_file, monkey
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_workers_store_the_same_results_as_one_process(tmp_path, toy_file, monkeypatch, method):
-    from sopgraph import runner as runner_mod
+    from sopgraph.simulation import runner as runner_mod
 
     monkeypatch.setattr(runner_mod, "_START_METHOD", method)
     cases = toy_cases(16)
@@ -390,7 +390,7 @@ def test_workers_store_the_same_results_as_one_process(tmp_path, toy_file, monke
 
 
 def test_dead_worker_leaves_a_resumable_run(tmp_path, toy_file, monkeypatch):
-    from sopgraph import runner as runner_mod
+    from sopgraph.simulation import runner as runner_mod
 
     monkeypatch.setattr(runner_mod, "_START_METHOD", "fork")  # the patch below reaches forked workers
     real_one = runner_mod._Dialogues.one
@@ -416,7 +416,7 @@ def test_dead_worker_leaves_a_resumable_run(tmp_path, toy_file, monkeypatch):
 
 
 def test_worker_exception_is_reported_with_its_traceback(tmp_path, toy_file, monkeypatch):
-    from sopgraph import runner as runner_mod
+    from sopgraph.simulation import runner as runner_mod
 
     monkeypatch.setattr(runner_mod, "_START_METHOD", "fork")
     real_one = runner_mod._Dialogues.one

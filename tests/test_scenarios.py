@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from sopgraph import DecideError, Scenario, decide, load
-from sopgraph.checker import check_file
+from sopgraph import DecideError, Scenario, decide
+from sopgraph.logic.checker import check_file, load
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = ROOT / "scenarios"

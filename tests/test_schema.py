@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 import sopgraph
-from sopgraph import ir
-from sopgraph import schema as S
 from sopgraph.cli import main
-from sopgraph.engine import decide
+from sopgraph.language import ir
+from sopgraph.language import schema as S
+from sopgraph.logic.engine import decide
 from sopgraph.records import AgentOutput
 
 ROOT = Path(__file__).resolve().parent.parent

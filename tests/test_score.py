@@ -17,9 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sopgraph
-from sopgraph.engine import DecideError, decide
-from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Consensus, Dialogue, Persona, Turn, Usage
-from sopgraph.score import (
+from sopgraph.evaluation.score import (
     ScoreConfig,
     ScoreError,
     chat_quality,
@@ -30,6 +28,8 @@ from sopgraph.score import (
     score_records,
     score_run,
 )
+from sopgraph.logic.engine import DecideError, decide
+from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Consensus, Dialogue, Persona, Turn, Usage
 
 ROOT = Path(__file__).resolve().parent.parent
 TELECOM = ROOT / "scenarios" / "telecom_package.sop"
@@ -552,7 +552,7 @@ def test_fast_path_matches_naive(rows) -> None:
 
 
 def test_score_run_reads_the_store(tmp_path, telecom) -> None:
-    from sopgraph.store import RunStore
+    from sopgraph.simulation.store import RunStore
 
     case = make_case(telecom, "c", CANCEL_ANGRY, CONTRACT)
     d0, d1 = dialogue(case, 0), dialogue(case, 1)
@@ -594,8 +594,8 @@ def floor_runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_floor_agents_rank_as_they_must(floor_runs) -> None:
-    from sopgraph.runner import read_cases
-    from sopgraph.score import leaderboard
+    from sopgraph.evaluation.score import leaderboard
+    from sopgraph.simulation.runner import read_cases
 
     board = leaderboard(list(floor_runs.values()), ScoreConfig(bootstrap=200))
     rows = {r.model: r for r in board.rows}

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sopgraph import load
-from sopgraph.gateway import InfraFailure, ModelSpec
+from sopgraph.logic.checker import load
 from sopgraph.records import Case, Persona
-from sopgraph.simulate import (
+from sopgraph.simulation.dialogue import (
     DialogueSetup,
     SimState,
     extract_json_object,
@@ -20,6 +19,7 @@ from sopgraph.simulate import (
     simulate_dialogue,
     split_stop,
 )
+from sopgraph.simulation.gateway import InfraFailure, ModelSpec
 
 TOY = (Path(__file__).parent / "data" / "toy_refunds.sop").read_text()
 

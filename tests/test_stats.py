@@ -1,4 +1,4 @@
-"""Estimators of sopgraph.stats against hand-computed values and known properties."""
+"""Estimators of sopgraph.evaluation.stats against hand-computed values and known properties."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sopgraph import stats
+from sopgraph.evaluation import stats
 
 
 def test_pass_hat_k_matches_definition() -> None:

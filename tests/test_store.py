@@ -7,7 +7,14 @@ import sqlite3
 import pytest
 
 from sopgraph.records import AgentOutput, Case, Consensus, Dialogue, Judgment, Persona, Turn, Usage
-from sopgraph.store import REDACTED, STORE_FILE, RunStore, StoreError, is_secret_param, redact_params
+from sopgraph.simulation.store import (
+    REDACTED,
+    STORE_FILE,
+    RunStore,
+    StoreError,
+    is_secret_param,
+    redact_params,
+)
 
 
 def _case(i: int) -> Case:
@@ -147,7 +154,7 @@ def test_iter_turns_streams_many_rows(store):
 
 
 def test_stored_scenario_keeps_declaration_order(tmp_path):
-    from sopgraph import load
+    from sopgraph.logic.checker import load
 
     sc = load(text="""
 scenario z "Z"

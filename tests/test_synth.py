@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 import sopgraph
-from sopgraph import ir
+from sopgraph.cases.profiles import default_profile, load_profile, parse_profile
+from sopgraph.cases.synth import CASE_KEYS, SynthError, parse_mix, plan, synthesize
 from sopgraph.cli import main
-from sopgraph.engine import _Interp
-from sopgraph.profiles import default_profile, load_profile, parse_profile
+from sopgraph.language import ir
+from sopgraph.logic.engine import _Interp
 from sopgraph.records import Case
-from sopgraph.synth import CASE_KEYS, SynthError, parse_mix, plan, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"

@@ -9,7 +9,9 @@ from typing import Any
 
 import click
 
-from . import main
+from sopgraph.cases.synth import check_profile_beside
+from sopgraph.language.diagnostics import sort_key
+from sopgraph.logic.checker import Checked, check_file
 
 
 def diagnostic_record(diag: Any) -> dict[str, Any]:
@@ -39,11 +41,23 @@ def render(diag: Any, sources: dict[str, str]) -> str:
     return text
 
 
+def _with_profile(result: Checked, path: Path) -> Checked:
+    """A user profile beside the `.sop` (NAME.profile.yaml) is part of the scenario: check it too,
+    once the program itself has no errors."""
+    if result.scenario is None or result.errors:
+        return result
+    diags, sources = check_profile_beside(path, result.scenario)
+    if not diags:
+        return result
+    merged = sorted([*result.diagnostics, *diags], key=sort_key)
+    return result.model_copy(update={"diagnostics": merged, "sources": {**result.sources, **sources}})
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-@main.command("check")
+@click.command("check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Rendered diagnostics, or a JSON array of diagnostic records.")
@@ -53,9 +67,7 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool) -> None:
 
     Exit status: 0 when there are no errors (warnings allowed unless --strict), 1 otherwise.
     """
-    from ..checker import check_file
-
-    results = [check_file(f) for f in files]
+    results = [_with_profile(check_file(f), f) for f in files]
     errors = sum(r.errors for r in results)
     warnings = sum(r.warnings for r in results)
     if fmt == "json":

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import click
 
-from . import main
+from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
+from sopgraph.language.render import to_dot
+from sopgraph.logic.engine import DecideError, engine_for
+
 from .params import load_or_exit, sop_file, write_output
 
 
-@main.command("compile")
+@click.command("compile")
 @sop_file
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write here instead of stdout.")
@@ -20,8 +23,6 @@ from .params import load_or_exit, sop_file, write_output
               show_default=True, help="node-link JSON, GraphML, or Graphviz DOT.")
 def compile_cmd(file: Path, out: Path | None, fmt: str) -> None:
     """Compile FILE into its SOP graph (deterministic output)."""
-    from ..compile import compile_graph, graph_to_graphml, graph_to_json
-
     scenario = load_or_exit(file)
     graph = compile_graph(scenario)
     if fmt == "json":
@@ -29,13 +30,12 @@ def compile_cmd(file: Path, out: Path | None, fmt: str) -> None:
     elif fmt == "graphml":
         text = graph_to_graphml(graph)
     else:
-        from ..render import to_dot
 
         text = to_dot(scenario, graph)
     write_output(text, out)
 
 
-@main.command("decide")
+@click.command("decide")
 @sop_file
 @click.option("--values", "values_json", default=None, metavar="JSON",
               help="One JSON object of field/system values. Without it, JSON Lines are read from stdin.")
@@ -45,8 +45,6 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     Output per line: {"path": [...], "finals": {...}} or {"error": "..."}; the batch continues
     past failures and the exit status is 1 if any line failed.
     """
-    from ..engine import DecideError, engine_for
-
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
     lines = [values_json] if values_json is not None else sys.stdin

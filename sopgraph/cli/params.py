@@ -8,8 +8,9 @@ from typing import NoReturn
 
 import click
 
-from ..diagnostics import SopError
-from ..ir import Scenario
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.ir import Scenario
+from sopgraph.logic.checker import load
 
 sop_file = click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 
@@ -21,8 +22,6 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def load_or_exit(path: Path, *, check: bool = True) -> Scenario:
     """Load (and check) a `.sop` file; on problems print compiler diagnostics and exit 1."""
-    from .. import load
-
     try:
         return load(path, check=check)
     except SopError as exc:

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from . import main
+from sopgraph.logic.paths import count_paths, iter_paths, sample_paths
+
 from .params import fail, load_or_exit, sop_file
 
 MAX_LISTED = 100_000  # a table or JSON array beyond this needs --limit / --sample / jsonl
@@ -50,7 +51,7 @@ def _relation(text: str) -> str:
     return f"= {text}" if " | " not in text else f"∈ {{{text.replace(' | ', ', ')}}}"
 
 
-@main.command("paths")
+@click.command("paths")
 @sop_file
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "jsonl"]), default="table",
               show_default=True, help="Rich table, a JSON array, or one JSON object per line.")
@@ -68,8 +69,6 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
     values must meet, and witnesses (values the rule engine routes along it). Paths marked `(?)`
     could be neither proven feasible nor refuted.
     """
-    from ..paths import count_paths, iter_paths, sample_paths
-
     scenario = load_or_exit(file)
     if count_only:
         c = count_paths(scenario)

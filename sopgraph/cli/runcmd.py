@@ -10,7 +10,12 @@ from typing import Any
 
 import click
 
-from . import main
+from sopgraph.simulation.gateway import ModelOptionError, parse_model_option
+from sopgraph.simulation.judge import agreement as agree
+from sopgraph.simulation.judge import parse_judge_turns
+from sopgraph.simulation.runner import RunError, rejudge, run
+from sopgraph.simulation.store import RunStore, StoreError
+
 from .params import fail
 
 EXIT_INFRA = 3  # the run finished but some dialogues are infra failures (resume to retry them)
@@ -21,7 +26,6 @@ _quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 
 
 def _model_options(values: tuple[str, ...]) -> list[Any]:
-    from ..gateway import ModelOptionError, parse_model_option
 
     try:
         return [parse_model_option(v) for v in values]
@@ -29,7 +33,7 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
         fail(str(exc))
 
 
-@main.command("run")
+@click.command("run")
 @click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--cases", "cases", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Cases to run (JSON Lines of records.Case, e.g. from `sop synth`).")
@@ -66,8 +70,6 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
     Exit status: 0 all dialogues done, 1 usage or input error, 3 some dialogues failed for
     infrastructure reasons (run again with --resume to retry them).
     """
-    from ..runner import RunError, run
-
     if resume_dir is not None:
         if file is not None or cases is not None or models or out is not None:
             fail("--resume takes only the run directory (the stored configuration is used)")
@@ -87,7 +89,6 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         load_or_exit(file)  # compiler-style diagnostics before anything starts
         scenario = file
         specs = _model_options(models)
-        from ..judge import parse_judge_turns
 
         try:
             parse_judge_turns(judge_turns)
@@ -108,7 +109,7 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         sys.exit(EXIT_INFRA)
 
 
-@main.command("judge")
+@click.command("judge")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--model", "models", multiple=True, metavar="judge=MODEL[,k=v...]", required=True,
               help="judge=… once (used ×3) or three times; judge1=… judge3=… also work.")
@@ -122,9 +123,6 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
 def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judge_turns: str | None,
               concurrency: int, replace: bool, quiet: bool, fmt: str) -> None:
     """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls)."""
-    from ..gateway import ModelOptionError
-    from ..runner import RunError, rejudge
-
     specs = _model_options(models)
     bad = [s.role for s in specs if not s.role.startswith("judge")]
     if bad:
@@ -137,7 +135,7 @@ def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judg
     _render_summary(summary.model_dump(), fmt)
 
 
-@main.group("runs")
+@click.group("runs")
 def runs_group() -> None:
     """Inspect run directories."""
 
@@ -149,8 +147,6 @@ def runs_group() -> None:
 def runs_show(run_dir: Path, agreement: bool, fmt: str) -> None:
     """Status of a run: dialogues by status, end reasons, format errors, infra failures, judgment
     sets, tokens and cost."""
-    from ..store import RunStore, StoreError
-
     try:
         store = RunStore.open(run_dir)
     except StoreError as exc:
@@ -170,7 +166,6 @@ def runs_show(run_dir: Path, agreement: bool, fmt: str) -> None:
             for name, s in info["judgment_sets"].items()
         }
         if agreement:
-            from ..judge import agreement as agree
 
             fields = [v.name for v in store.scenario().fields]
             info["agreement"] = {

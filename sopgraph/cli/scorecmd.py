@@ -15,7 +15,13 @@ from typing import Any
 
 import click
 
-from . import main
+from sopgraph.evaluation.corpus import export_run, synthesize_dialogues_sync, write_jsonl
+from sopgraph.evaluation.coverage import coverage_report, render_coverage
+from sopgraph.evaluation.report import report_for_runs
+from sopgraph.evaluation.score import ScoreConfig, ScoreError, compare, leaderboard, open_run, score_run
+from sopgraph.language.render import RenderError
+from sopgraph.simulation.runner import RunError, read_cases
+
 from .params import fail, load_or_exit, sop_file, write_output
 
 _run_dir = click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
@@ -47,7 +53,6 @@ def _score_options(fn: Callable) -> Callable:
 
 def _config(judgment_set: str | None, path_metric: str, weights: str, turns: str, format_errors: str,
             pass_reference: str, bootstrap: int, seed: int, **extra: Any):
-    from ..score import ScoreConfig
 
     return ScoreConfig.preset(weights, judgment_set=judgment_set, path_metric=path_metric, turns=turns,
                               format_errors=format_errors, pass_reference=pass_reference, bootstrap=bootstrap,
@@ -56,8 +61,6 @@ def _config(judgment_set: str | None, path_metric: str, weights: str, turns: str
 
 def _guard(fn: Callable[[], Any]) -> Any:
     """Run a library call, turning user-facing errors into `error: ...` and exit 1."""
-    from ..score import ScoreError
-
     try:
         return fn()
     except ScoreError as exc:
@@ -197,7 +200,7 @@ def _group_rows(summary: Any) -> list[dict[str, Any]]:
 # score
 
 
-@main.command("score")
+@click.command("score")
 @_run_dir
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option("--level", type=click.Choice(["summary", "case", "dialogue", "turn"]), default="summary",
@@ -208,8 +211,6 @@ def _group_rows(summary: Any) -> list[dict[str, Any]]:
 def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any) -> None:
     """Score a run: per-turn metrics from the judges' consensus and the rule engine, aggregated per
     model, scenario, adversarial intensity, bucket and turn depth, with bootstrap CIs."""
-    from ..score import score_run
-
     cfg = _guard(lambda: _config(**opts))
     run = _guard(lambda: score_run(run_dir, cfg))
     if level != "summary":
@@ -256,7 +257,7 @@ def _file_console():
 # leaderboard
 
 
-@main.command("leaderboard")
+@click.command("leaderboard")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None)
@@ -264,8 +265,6 @@ def _file_console():
 def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **opts: Any) -> None:
     """Models × scenarios over runs (SAGE Table 1 style). Repeated runs of a model on a scenario
     give the median with the range; a single run gives its bootstrap CI. `*` rows average scenarios."""
-    from ..score import leaderboard
-
     cfg = _guard(lambda: _config(**opts))
     board = _guard(lambda: leaderboard(list(run_dirs), cfg))
     if fmt == "json":
@@ -303,7 +302,7 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
 # compare
 
 
-@main.command("compare")
+@click.command("compare")
 @click.argument("run_a", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("run_b", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -315,8 +314,6 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
 def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regression: bool, **opts: Any) -> None:
     """Paired per-case comparison of RUN_B against RUN_A: McNemar exact test on pass/fail, paired
     bootstrap on scores, and the cases that flipped."""
-    from ..score import compare, score_run
-
     cfg = _guard(lambda: _config(**opts))
     a = _guard(lambda: score_run(run_a, cfg))
     b = _guard(lambda: score_run(run_b, cfg))
@@ -359,7 +356,7 @@ def _p(p: float) -> str:
 # coverage
 
 
-@main.command("coverage")
+@click.command("coverage")
 @sop_file
 @click.option("--cases", "cases_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Cases file (JSON Lines): coverage by their expected paths.")
@@ -376,10 +373,6 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
                  heat: str | None, out: Path | None, fmt: str) -> None:
     """Node, edge and path coverage of FILE's graph by cases and/or by what agents traversed;
     lists what is uncovered and optionally renders the graph coloured by frequency."""
-    from ..coverage import coverage_report, render_coverage
-    from ..render import RenderError
-    from ..runner import RunError, read_cases
-
     if (cases_path is None) == (run_dir is None):
         fail("give exactly one of --cases FILE or --run RUN_DIR")
     if render_fmt is not None and out is None:
@@ -393,7 +386,6 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
             fail(str(exc))
     report = _guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir))
     if run_dir is not None and report.expected is not None and report.expected.walks:
-        from ..score import open_run
 
         store = open_run(run_dir)
         stored_hash = store.sop_hash
@@ -447,7 +439,7 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
 # report
 
 
-@main.command("report")
+@click.command("report")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="HTML file to write.")
@@ -462,8 +454,6 @@ def report_cmd(run_dirs: tuple[Path, ...], out: Path, title: str | None, example
     """One self-contained HTML report (inline SVG plots, no scripts) of one or more runs: leaderboard,
     execution gap, intensity box plots, turn depth, pass^k, safety, judge agreement, coverage graph,
     and example transcripts linked from every figure."""
-    from ..report import report_for_runs
-
     cfg = _guard(lambda: _config(**opts))
     text = _guard(lambda: report_for_runs(list(run_dirs), cfg, title=title, examples=examples,
                                           max_transcripts=max_transcripts))
@@ -488,7 +478,7 @@ def _print_corpus_stats(stats: Any, out: Path | None) -> None:
     click.echo(" · ".join(parts), err=True)
 
 
-@main.command("export")
+@click.command("export")
 @_run_dir
 @click.option("--format", "fmt", type=click.Choice(["openai", "sharegpt"]), default="openai", show_default=True)
 @click.option("--min-overall", type=click.FloatRange(0, 100), default=None, metavar="X",
@@ -502,8 +492,6 @@ def export_cmd(run_dir: Path, fmt: str, min_overall: float | None, reference: bo
                **opts: Any) -> None:
     """Export a run's dialogues as a training corpus (OpenAI messages or ShareGPT), each line with its
     case id, SOP hash and scores."""
-    from ..corpus import export_run, write_jsonl
-
     cfg = _guard(lambda: _config(**opts))
     records, stats = _guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg,
                                                min_overall=None if min_overall is None else min_overall / 100))
@@ -512,7 +500,7 @@ def export_cmd(run_dir: Path, fmt: str, min_overall: float | None, reference: bo
     _print_corpus_stats(stats, out)
 
 
-@main.command("synth-dialogues")
+@click.command("synth-dialogues")
 @sop_file
 @click.option("--cases", "cases_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Cases file (JSON Lines).")
@@ -530,9 +518,6 @@ def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], f
                         max_turns: int, concurrency: int, min_logic: float | None, out: Path | None) -> None:
     """Gold-path synthesis: the agent model is given each case's reference classification, path and
     finals and only writes the conversation; the dialogues are written as a training corpus."""
-    from ..corpus import synthesize_dialogues_sync, write_jsonl
-    from ..runner import RunError, read_cases
-
     scenario = load_or_exit(file)
     try:
         cases = read_cases(cases_path)

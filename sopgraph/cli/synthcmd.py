@@ -8,19 +8,26 @@ from pathlib import Path
 
 import click
 
-from . import main
+from sopgraph.cases.profiles import (
+    default_profile,
+    load_profile,
+    parse_profile,
+    profile_json_schema,
+    profile_path_for,
+    sop_path_for,
+)
+from sopgraph.cases.scaffold import InitError, scaffold
+from sopgraph.cases.synth import SynthError, parse_mix, plan, profile_diagnostics, synthesize
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.schema import REGISTRY, register_schema
+
 from .params import fail, load_or_exit, sop_file
 
 
 def _register_profile_schema() -> None:
     """`sop schema profile`: the profile file's JSON Schema (built lazily, on request)."""
-    try:
-        from ..schema import REGISTRY, register_schema
-    except ImportError:  # pragma: no cover - the schema module is part of the package
-        return
     if "profile" not in REGISTRY:
         def factory(_scenario: object) -> dict:
-            from ..profiles import profile_json_schema
 
             return profile_json_schema()
 
@@ -32,9 +39,6 @@ _register_profile_schema()
 
 def _load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
     """The profile given, else the one beside the .sop, else the default; diagnostics on errors."""
-    from ..diagnostics import SopError
-    from ..profiles import default_profile, load_profile, profile_path_for
-
     path = profile_path or profile_path_for(sop_path)
     if profile_path is None and not path.is_file():
         return default_profile(scenario)
@@ -54,7 +58,7 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
     return out
 
 
-@main.command("synth")
+@click.command("synth")
 @sop_file
 @click.option("-n", "--cases", "n", type=int, default=100, show_default=True,
               help="Number of cases (more only when needed to give every path --min-per-path cases).")
@@ -81,9 +85,6 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
               coverage_out: Path | None, quiet: bool) -> None:
     """Synthesize test cases for FILE: intent-balanced sampling over feasible paths, then supplementation
     so that every path is covered (SAGE's two-stage scheme). Output: JSON Lines of `Case` records."""
-    from ..profiles import profile_diagnostics
-    from ..synth import SynthError, parse_mix, plan, synthesize
-
     scenario = load_or_exit(file)
     profile = _load_profile_or_exit(file, scenario, profile_path)
     try:
@@ -158,15 +159,13 @@ def _print_summary(result, out: Path | None) -> None:
         console.print(f"skipped {skip.kind} {skip.name}: {skip.reason}", soft_wrap=True)
 
 
-@main.command("init")
+@click.command("init")
 @click.argument("name")
 @click.option("--domain", default=None, help="What the service is about, e.g. 'hotel booking'.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="Where to write the files.")
 def init_cmd(name: str, domain: str | None, directory: Path) -> None:
     """Scaffold NAME.sop and NAME.profile.yaml: a commented, working scenario to edit."""
-    from ..init import InitError, scaffold
-
     try:
         written = scaffold(name, domain=domain, directory=directory)
     except InitError as exc:
@@ -179,7 +178,7 @@ def init_cmd(name: str, domain: str | None, directory: Path) -> None:
     click.echo(f"next: sop check {sop} && sop paths {sop} && sop synth {sop} -n 20 -o cases.jsonl")
 
 
-@main.group("profiles")
+@click.group("profiles")
 def profiles_group() -> None:
     """User profiles (<scenario>.profile.yaml): intents, personas, intensities."""
 
@@ -193,8 +192,6 @@ def profiles_group() -> None:
 def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool) -> None:
     """Check a profile FILE (or the profile beside a .sop FILE) against its scenario: syntax, names,
     values, impossible intents, intents reaching no path and paths no intent reaches."""
-    from ..profiles import parse_profile, profile_diagnostics, profile_path_for, sop_path_for
-
     if file.suffix == ".sop":
         sop = file
         file = profile_path_for(file)

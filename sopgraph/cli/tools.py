@@ -9,13 +9,17 @@ from typing import Any
 
 import click
 
-from . import main
+from sopgraph.language.render import RenderError, format_for, render
+from sopgraph.language.schema import REGISTRY, SchemaError, get_schema, schema_names
+from sopgraph.records import Case
+from sopgraph.simulation import prompts
+
 from .params import fail, load_or_exit, sop_file, write_output
 
 ROLES = ("agent", "user", "judge")
 
 
-@main.command("render")
+@click.command("render")
 @sop_file
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write here; the suffix (.svg .png .dot .mmd) picks the format.")
@@ -27,8 +31,6 @@ ROLES = ("agent", "user", "judge")
                    "items without a count are drawn as uncovered.")
 def render_cmd(file: Path, out: Path | None, fmt: str | None, heat_file: Path | None) -> None:
     """Draw FILE's SOP graph (Graphviz SVG/PNG/DOT or Mermaid)."""
-    from ..render import RenderError, format_for, render
-
     scenario = load_or_exit(file)
     try:
         kind = format_for(out, fmt)
@@ -72,7 +74,7 @@ def _count(value: Any) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-@main.command("prompt")
+@click.command("prompt")
 @sop_file
 @click.option("--role", type=click.Choice(ROLES), default="agent", show_default=True,
               help="Whose prompt: the agent under test, the user simulator or a judge.")
@@ -92,8 +94,6 @@ def prompt_cmd(file: Path, role: str, case_arg: str | None, case_id: str | None,
     Without --case the agent role prints the SOP text and output format; with a case it prints the full
     system prompt including that case's system values. The user and judge roles need a case.
     """
-    from .. import prompts
-
     scenario = load_or_exit(file)
     case = _read_case(case_arg, case_id) if case_arg is not None else None
     if case is not None and case.scenario and case.scenario != scenario.name:
@@ -118,7 +118,6 @@ def prompt_cmd(file: Path, role: str, case_arg: str | None, case_id: str | None,
 def _read_case(arg: str, case_id: str | None):
     from pydantic import ValidationError
 
-    from ..records import Case
 
     source = "--case"
     try:
@@ -167,7 +166,7 @@ def _read_dialogue(path: Path) -> list[Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-@main.command("schema")
+@click.command("schema")
 @click.argument("name", required=False)
 @click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -175,8 +174,6 @@ def _read_dialogue(path: Path) -> list[Any]:
 def schema_cmd(name: str | None, file: Path | None, out: Path | None) -> None:
     """Print a JSON Schema: NAME is ir, a record (case, turn, ...) or a per-scenario schema
     (agent-output, judge-output) generated from FILE. Without NAME, list the names."""
-    from ..schema import REGISTRY, SchemaError, get_schema, schema_names
-
     if name is None:
         width = max(len(n) for n in schema_names())
         for n in schema_names():

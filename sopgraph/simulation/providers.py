@@ -2,7 +2,7 @@
 
 Why: baselines, the scripted user and the scripted judge must run with no
 network and no model, yet travel the very same litellm code path as real
-models.  This module holds only their logic; ``sopgraph.gateway`` wraps each
+models.  This module holds only their logic; ``sopgraph.simulation.gateway`` wraps each
 one in a ``litellm.CustomLLM`` and registers it (this module never imports
 litellm).
 

@@ -33,10 +33,25 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from . import ir
-from .engine import DecideError, _Interp, engine_for
-from .profiles import INTENSITIES, Intent, PersonaSpec, Profile, intent_region
-from .records import RECORD_VERSION, Case
+from sopgraph.cases.profiles import (
+    INTENSITIES,
+    Intent,
+    PersonaSpec,
+    Profile,
+    intent_region,
+    library,
+    parse_profile,
+    profile_path_for,
+)
+from sopgraph.language import ir
+from sopgraph.language.compile import reads, stage_reads
+from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error, warning
+from sopgraph.logic import domain
+from sopgraph.logic import paths as paths_mod
+from sopgraph.logic.domain import NumDom
+from sopgraph.logic.engine import DecideError, _Interp, engine_for
+from sopgraph.logic.paths import trace
+from sopgraph.records import RECORD_VERSION, Case
 
 BALANCES = ("intent", "path", "action")
 POOL_MAX = 32  # distinct verified assignments kept per (path, intent)
@@ -54,7 +69,6 @@ class SynthError(Exception):
 
 class Skip(BaseModel):
     """Something synthesis could not produce, and why."""
-
     kind: str  # "intent" | "paths" | "pair" | "persona"
     name: str
     reason: str
@@ -62,7 +76,6 @@ class Skip(BaseModel):
 
 class Coverage(BaseModel):
     """What a synthesis run covered (for the summary table and `--coverage`)."""
-
     scenario: str
     cases: int = 0
     sampled: int = 0
@@ -92,7 +105,6 @@ class SynthResult:
     `lines` is the canonical serialisation (sorted keys, compact separators, UTF-8): exactly
     `json.dumps(case, sort_keys=True, ensure_ascii=False, separators=(",", ":"))`. `rows` (plain dicts)
     and `cases` (validated `Case` models) are parsed from it on first use."""
-
     lines: list[str]
     coverage: Coverage
     skipped: list[Skip]
@@ -131,7 +143,6 @@ class SynthResult:
 @dataclass
 class PairTemplate:
     """Everything about (path, intent) that does not change from case to case."""
-
     pool: list[dict[str, Any]]  # verified values of the constrained variables
     finals: list[dict[str, Any]]  # the engine's finals for each pool entry
     bucket_base: str  # "must-escalate" or "resolvable" (strong intensity may turn the latter adversarial)
@@ -157,7 +168,6 @@ class PathEntry:
 @dataclass
 class Plan:
     """Paths of a scenario matched against the intents of a profile."""
-
     scenario: ir.Scenario
     profile: Profile
     paths: list[PathEntry]
@@ -183,8 +193,6 @@ class Plan:
 
 def plan(scenario: ir.Scenario, profile: Profile) -> Plan:
     """Enumerate the feasible paths and decide which intents can reach which path."""
-    from . import paths as paths_mod
-
     count = paths_mod.count_paths(scenario)
     explorer = paths_mod.explorer_for(scenario)
     entries: list[PathEntry] = []
@@ -227,8 +235,6 @@ def plan(scenario: ir.Scenario, profile: Profile) -> Plan:
 def _path_reads(scenario: ir.Scenario, stages: Sequence[str]) -> frozenset[str]:
     """Input variables (fields and system) the path's guards and leaf outputs may read, derived
     variables expanded: changing any other variable cannot change the path or its finals."""
-    from .compile import reads, stage_reads
-
     names: set[str] = set()
     for sid in stages:
         stage = scenario.stages.get(sid)
@@ -242,7 +248,6 @@ def _path_reads(scenario: ir.Scenario, stages: Sequence[str]) -> frozenset[str]:
 
 
 def _expand_derived(scenario: ir.Scenario, names: Iterable[str]) -> set[str]:
-    from .compile import reads
 
     out: set[str] = set()
     todo = list(names)
@@ -263,7 +268,6 @@ def _expand_derived(scenario: ir.Scenario, names: Iterable[str]) -> set[str]:
 
 
 def _condition_reads(scenario: ir.Scenario, intent: Intent) -> set[str]:
-    from .compile import reads
 
     names: set[str] = set()
     for cond in intent.conditions:
@@ -358,8 +362,6 @@ def _numeric_points(vtype: ir.NumType, lo: float | None = None, hi: float | None
 def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: Any) -> list[Any]:
     """Candidate values of one variable inside a domain box, the witness value first: the profile's
     plausible values and a few round numbers that the box allows."""
-    from .domain import NumDom
-
     try:
         dom = box[var.name]
     except (KeyError, TypeError):
@@ -387,7 +389,6 @@ def _safe_contains(contains: Any, value: Any) -> bool:
 
 
 def _box_witness(scenario: ir.Scenario, box: Any, style: str = "representative") -> dict[str, Any] | None:
-    from . import domain
 
     w = domain.witness(scenario, box, style=style)
     return dict(w) if w else None
@@ -404,8 +405,6 @@ def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> 
 
 def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> PairTemplate | None:
     """Build the verified value pool of one (path, intent) pair."""
-    from .paths import trace
-
     scenario, profile = p.scenario, p.profile
     engine = engine_for(scenario)
     constrained = sorted(entry.reads | _condition_reads(scenario, intent))
@@ -619,7 +618,6 @@ def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
 def _persona_pool(profile: Profile, personas: Sequence[str | PersonaSpec] | None) -> list[PersonaSpec]:
     if not personas:
         return list(profile.personas)
-    from .profiles import library
 
     known = {pp.name: pp for pp in [*library().personas, *profile.personas]}
     pool: list[PersonaSpec] = []
@@ -629,7 +627,6 @@ def _persona_pool(profile: Profile, personas: Sequence[str | PersonaSpec] | None
         elif entry in known:
             pool.append(known[entry])
         else:
-            from .diagnostics import did_you_mean
 
             hint = did_you_mean(entry, known)
             raise SynthError(f"unknown persona `{entry}`" + (f"; {hint}" if hint else
@@ -761,7 +758,6 @@ class _ObjectEncoder:
     """Encodes flat {name: scalar} objects in sorted key order; whole objects are cached by their
     value tuple (domains are small, so nearly every case is a cache hit). Values of one variable
     always have one type (see `_normalise`), so `True`/`1` never collide in the cache."""
-
     def __init__(self, names: Sequence[str]):
         self.names = sorted(names)
         self.cache: dict[tuple, str] = {}
@@ -896,3 +892,48 @@ def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[str], cou
         per_persona=dict(counts["persona"]), per_language=dict(counts["language"]),
         intent_paths={name: len(hits) for name, hits in p.intent_paths.items()},
         uncovered_paths=[e.id for e in p.paths if not e.intents], min_per_path=min_per_path, balance=balance)
+
+
+# ---------------------------------------------------------------------------------------------
+# Profile coverage checks (they need the synthesis plan)
+
+
+def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None) -> list[Diagnostic]:
+    """Coverage problems of a profile: intents reaching no feasible path (W601) and feasible paths that
+    no intent reaches (W602). Hook for `sop check` when a profile sits beside the `.sop`
+    (`the_plan`: a `synth.plan(scenario, profile)` already computed, to avoid redoing it)."""
+    p = the_plan if the_plan is not None else plan(scenario, profile)
+    diags: list[Diagnostic] = []
+    for name in p.unreached_intents:
+        intent = profile.intents[name]
+        diags.append(warning("W601", f"intent `{name}` reaches no feasible path of the SOP "
+                                     f"({intent.describe_conditions()})", intent.span,
+                             "its conditions can hold, but no assignment satisfying them completes a path "
+                             "(the engine stops with an error or a loop); relax the conditions or fix the SOP"))
+    if profile.intents:
+        span = profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1)
+        for entry in p.paths:
+            if entry.intents:
+                continue
+            diags.append(warning("W602", f"no intent reaches path {entry.id} "
+                                         f"({' -> '.join(entry.stages)} => {entry.action})",
+                                 span, "synthesis will give it a generated `uncovered:` intent; add an intent "
+                                       "whose conditions allow this path",
+                                 witness=dict(entry.witness), notes=[entry.description]))
+    return diags
+
+
+def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario) -> tuple[list[Diagnostic], dict[str, str]]:
+    """Every diagnostic of the profile beside a `.sop` (none when there is no profile), and its source
+    text for rendering. The one call `sop check` needs to report profile problems with the scenario's."""
+    path = profile_path_for(sop_path)
+    if not path.is_file():
+        return [], {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return [error("E601", f"cannot read profile: {exc.strerror or exc}", ir.Span(file=str(path)))], {}
+    profile, diags = parse_profile(text, scenario, file=str(path))
+    if profile is not None:
+        diags = diags + profile_diagnostics(scenario, profile)
+    return diags, {str(path): text}

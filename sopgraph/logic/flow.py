@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import ir
-from .diagnostics import Diagnostic, error, warning
-from .domain import Box, Space
-from .engine import DecideError, _Interp
-from .paths import Explorer, explorer_for, trace
-from .perf import no_cyclic_gc as no_gc
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import Diagnostic, error, warning
+from sopgraph.logic.domain import Box, Space
+from sopgraph.logic.engine import DecideError, _Interp
+from sopgraph.logic.paths import Explorer, explorer_for, trace
+from sopgraph.perf import no_cyclic_gc as no_gc
 
 DEFAULT_BUDGET = 10_000  # states (stage, region) explored
 MAX_CONTEXTS = 200  # contexts examined per stage for E301/W301 witnesses

@@ -30,10 +30,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import ir, stats
-from .engine import DecideError, _Interp, engine_for
-from .perf import no_cyclic_gc
-from .records import CHAT_DIMENSIONS, Case, Consensus, Dialogue, Turn
+from sopgraph.evaluation import stats
+from sopgraph.language import ir
+from sopgraph.logic.engine import DecideError, _Interp, engine_for
+from sopgraph.perf import no_cyclic_gc
+from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Dialogue, Turn
+from sopgraph.simulation.store import RunStore, StoreError
 
 SCORE_VERSION = 1
 
@@ -63,7 +65,6 @@ class ScoreError(Exception):
 
 class ScoreConfig(BaseModel):
     """Every weight and policy of scoring in one place; printed with every result."""
-
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     weights: Literal["sage-code", "sage-readme", "custom"] = "sage-code"
@@ -214,7 +215,6 @@ def chat_quality(scores: Mapping[str, float] | None, config: ScoreConfig) -> flo
 
 class Metric(BaseModel):
     """One aggregate with its bootstrap interval and the number of units it averages."""
-
     value: float | None = None
     lo: float | None = None
     hi: float | None = None
@@ -223,7 +223,6 @@ class Metric(BaseModel):
 
 class GroupScore(BaseModel):
     """Aggregates of one group (e.g. one model on one scenario, or its strong-adversarial cases)."""
-
     by: list[str]
     key: dict[str, str]
     dialogues: int = 0
@@ -238,7 +237,6 @@ class GroupScore(BaseModel):
 
 class Summary(BaseModel):
     """What `sop score` prints: the config, counts and every group's aggregates."""
-
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCORE_VERSION
@@ -290,7 +288,6 @@ def _freeze_deep(key: tuple) -> tuple:
 @dataclass
 class Ref:
     """A distinct reference decision: stage path, finals, Action and the extra outputs that count."""
-
     path: tuple[str, ...]
     finals: dict[str, Any]
     action: str | None
@@ -300,7 +297,6 @@ class Ref:
 @dataclass
 class ScoredRun:
     """Everything scored, as columns (one row per turn / per dialogue), plus lookup tables."""
-
     config: ScoreConfig
     run: str
     scenarios: dict[str, ir.Scenario]
@@ -1375,8 +1371,6 @@ def cost_tier(cost_per_1k: float | None, tokens_per_1k: float | None, cost_known
 
 def open_run(run_dir: str | Path, judgment_set: str | None = None):
     """Open a run store with a clear error (never a traceback) if it is not a run."""
-    from .store import RunStore, StoreError
-
     try:
         return RunStore.open(run_dir)
     except StoreError as exc:
@@ -1395,7 +1389,6 @@ def score_run(run_dir: str | Path, config: ScoreConfig | None = None, *, keep_la
 
 
 def _score_store(store: Any, run_dir: str | Path, cfg: ScoreConfig, keep_labels: bool) -> ScoredRun:
-    from .store import StoreError
 
     try:
         scenario = store.scenario()
@@ -1422,7 +1415,6 @@ LEADERBOARD_METRICS = ("classification", "path", "action", "finals", "logic", "c
 
 class LeaderRow(BaseModel):
     """One model on one scenario (or `*` = macro average over its scenarios)."""
-
     model: str
     scenario: str
     runs: list[str]
@@ -1508,7 +1500,6 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
 
 class PairedDiff(BaseModel):
     """Per-case paired difference B − A of one metric with a paired-bootstrap CI and p-value."""
-
     a: float | None
     b: float | None
     diff: float | None

@@ -44,8 +44,29 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from . import ir
-from .judge import (
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.schema import agent_output_schema
+from sopgraph.logic.checker import load
+from sopgraph.records import Case, Dialogue
+from sopgraph.simulation.dialogue import (
+    DialogueSetup,
+    SimState,
+    scenario_context,
+    simulate_dialogue,
+    without_paths,
+)
+from sopgraph.simulation.gateway import (
+    Gateway,
+    InfraFailure,
+    ModelSpec,
+    RoleSet,
+    load_litellm,
+    network_used,
+    redact,
+    roles_from_options,
+)
+from sopgraph.simulation.judge import (
     DEFAULT_JUDGE_TURNS,
     Ensemble,
     JudgeTurns,
@@ -54,9 +75,8 @@ from .judge import (
     judgment_usage_rows,
     parse_judge_turns,
 )
-from .records import Case, Dialogue
-from .simulate import DialogueSetup, SimState, scenario_context, simulate_dialogue, without_paths
-from .store import REDACTED, TOOL_VERSION, RunStore, StoreError, redact_params
+from sopgraph.simulation.prompts import agent_system_prompt, user_system_prompt
+from sopgraph.simulation.store import REDACTED, TOOL_VERSION, RunStore, StoreError, redact_params
 
 DEFAULT_SET = "default"
 
@@ -67,7 +87,6 @@ class RunError(Exception):
 
 class RunSummary(BaseModel):
     """What a `run`/`rejudge` call did and what the run directory now holds."""
-
     run_dir: str
     dialogues: int = 0
     by_status: dict[str, int] = Field(default_factory=dict)
@@ -131,8 +150,6 @@ def _check_cases(scenario: ir.Scenario, cases: Sequence[Case]) -> list[str]:
 
 def normalize_models(models: Any) -> Any:
     """A RoleSet from a RoleSet, a role → ModelSpec mapping, or `--model` option strings/specs."""
-    from .gateway import RoleSet, roles_from_options
-
     if isinstance(models, RoleSet):
         return models
     if isinstance(models, Mapping):
@@ -161,7 +178,6 @@ def _contains_redacted(obj: Any) -> bool:
 
 
 def _roles_from_meta(models: Mapping[str, Any]) -> Any:
-    from .gateway import ModelSpec, RoleSet
 
     specs = {}
     for role, dump in models.items():
@@ -185,7 +201,6 @@ def _self_preference(roles: Any) -> list[str]:
 
 class _Progress:
     """A rich progress bar on stderr (dialogues, failures, tokens, cost); a no-op when disabled."""
-
     def __init__(self, total: int, enabled: bool, label: str):
         self.enabled = enabled
         self.failures = 0
@@ -234,7 +249,6 @@ def _progress_enabled(progress: bool | None) -> bool:
 
 
 def _make_gateway(concurrency: int, options: Mapping[str, Any]) -> Any:
-    from .gateway import Gateway
 
     return Gateway(concurrency=concurrency, **dict(options))
 
@@ -353,8 +367,6 @@ async def run(
 
 
 def _load(path: str | Path | None) -> ir.Scenario:
-    from . import load
-    from .diagnostics import SopError
 
     if path is None:
         raise RunError("no scenario file given")
@@ -371,11 +383,8 @@ class _Dialogues:
 
     The sink has the `RunStore` write methods (`start_dialogue`, `add_turn`, `finish_dialogue`,
     `fail_dialogue`): the store itself in one process, a pipe to the parent in a worker."""
-
     def __init__(self, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any, spec: JudgeTurns,
                  max_turns: int, gateway: Any):
-        from .prompts import agent_system_prompt, user_system_prompt
-        from .schema import agent_output_schema
 
         self._agent_prompt, self._user_prompt = agent_system_prompt, user_system_prompt
         self.scenario, self.cases, self.roles, self.spec = scenario, cases, roles, spec
@@ -399,8 +408,6 @@ class _Dialogues:
 
     async def one(self, d: Dialogue, sink: Any) -> bool:
         """Run dialogue `d` from scratch; True if it ended as an infrastructure failure."""
-        from .gateway import InfraFailure
-
         setup = self.setup_for(d)
         d = d.model_copy(update={"status": "running", "end_reason": None, "turns": 0, "error": None,
                                  "closing_user_text": None, "sop_hash": self.scenario.source_hash,
@@ -477,7 +484,6 @@ clients whose sockets a child would share). Workers never touch the parent's SQL
 
 
 def _mp_context() -> Any:
-    from .gateway import network_used
 
     method = _START_METHOD
     if method is None:
@@ -491,7 +497,6 @@ _WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dial
 
 class _PipeSink:
     """A worker's store stand-in: every write goes to the parent, in order, with running totals."""
-
     def __init__(self, conn: Connection, gateway: Any):
         self.conn, self.gateway = conn, gateway
 
@@ -522,7 +527,6 @@ def _worker_main(conn: Connection, job: dict[str, Any]) -> None:
     try:
         asyncio.run(_worker_run(conn, job))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises RunError
-        from .gateway import redact
 
         error = redact(traceback.format_exc(limit=20))
     try:
@@ -545,8 +549,6 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                            spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
                            workers: int, progress: bool | None, gateway_options: Mapping[str, Any]) -> None:
     """Run `todo` in `workers` processes; this process applies their writes to the store, in order."""
-    from .gateway import load_litellm
-
     ctx = _mp_context()
     if ctx.get_start_method() == "fork":
         load_litellm()  # imported once here, inherited by every worker
@@ -646,8 +648,6 @@ async def rejudge(
     `judge_specs`: `--model judge=...` strings or ModelSpecs (one is used three times). Dialogues
     already judged in the set are skipped (an interrupted re-judge resumes); `replace=True` starts the
     set over. The run's agents and users are never called."""
-    from .gateway import roles_from_options
-
     started = time.perf_counter()
     try:
         store = RunStore.open(run_dir)

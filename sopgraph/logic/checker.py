@@ -12,7 +12,6 @@ on `Variable.type`, so later stages (flow analysis, prompts, the engine's caller
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -23,11 +22,13 @@ from typing import Any
 import networkx as nx
 from pydantic import BaseModel, Field
 
-from . import ir
-from .compile import START, compile_graph, reads
-from .diagnostics import Diagnostic, did_you_mean, error, sort_key, warning
-from .parse import MAX_DEPTH, iter_children
-from .perf import no_cyclic_gc
+from sopgraph.language import ir
+from sopgraph.language.compile import START, compile_graph, reads
+from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
+from sopgraph.language.parse import MAX_DEPTH, iter_children, load_source
+from sopgraph.logic import domain
+from sopgraph.logic.flow import flow_diagnostics
+from sopgraph.perf import no_cyclic_gc
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
@@ -36,7 +37,6 @@ PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 class Pass:
     """One static check. It is skipped when an earlier pass reported an error whose code starts
     with one of `blocked_by` (its findings would only be consequences of that error)."""
-
     name: str
     run: PassFn
     blocked_by: tuple[str, ...] = ()
@@ -50,7 +50,6 @@ _SUGGEST_BUDGET = 400  # did-you-mean lookups per check; keeps pathological inpu
 
 class _Suggester:
     """`did_you_mean` with a budget, so ten thousand typos against ten thousand names stay fast."""
-
     def __init__(self) -> None:
         self.left = _SUGGEST_BUDGET
 
@@ -205,7 +204,6 @@ def check_targets(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
 class _Sym:
     """A bare identifier or quoted string: an enum value if the context has an enum, else a name
     that is not declared."""
-
     value: str
     bare: bool
     span: ir.Span
@@ -255,7 +253,6 @@ def _add(x: float | None, y: float | None, sign: int = 1) -> float | None:
 
 class _Lazy:
     """An expression unparsed only if a message needs it (checks of clean code stay cheap)."""
-
     def __init__(self, expr: Any):
         self.expr = expr
 
@@ -274,7 +271,6 @@ def _cycle_text(cycle: list[str]) -> str:
 
 class _Typer:
     """Infers expression types, reporting each misuse once, and derived variables' types."""
-
     def __init__(self, scenario: ir.Scenario):
         self.s = scenario
         self.out: list[Diagnostic] = []
@@ -829,14 +825,10 @@ _DOMAIN_BOXES = 256  # boxes carried along one cycle before giving up
 
 
 def _domain_rules_out(scenario: ir.Scenario, cycle: list[str]) -> bool:
-    """Ask the constraint domain (`sopgraph.domain`, exact on numbers too) whether no assignment
+    """Ask the constraint domain (`sopgraph.logic.domain`, exact on numbers too) whether no assignment
     can take every edge of the cycle. Best effort: any doubt, size limit or failure of the domain
     keeps the cycle (the error is then reported, never silently dropped)."""
     if len(cycle) - 1 > _DOMAIN_CYCLE_EDGES:
-        return False
-    try:
-        from . import domain
-    except ImportError:  # pragma: no cover - the domain module ships with the package
         return False
     try:
         boxes = [domain.full_box(scenario)]
@@ -1006,24 +998,12 @@ def check_descriptions(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnos
 
 
 # ---------------------------------------------------------------------------------------------
-# Pass 6: flow analysis (exhaustiveness, overlaps, infeasible paths) from `sopgraph.flow`
-
-
-def _flow_module() -> Any | None:
-    try:
-        return importlib.import_module(f"{__package__}.flow")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"{__package__}.flow":
-            return None
-        raise
+# Pass 6: flow analysis (exhaustiveness, overlaps, infeasible paths) from `sopgraph.logic.flow`
 
 
 def check_flow(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
-    """E301/W301/W303/W304/W305 from the constraint domain (a no-op until `sopgraph.flow` exists)."""
-    module = _flow_module()
-    if module is None or not hasattr(module, "flow_diagnostics"):
-        return []
-    return list(module.flow_diagnostics(scenario))
+    """E301/W301/W303/W304/W305 from the constraint domain (`sopgraph.logic.flow`)."""
+    return list(flow_diagnostics(scenario))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1111,12 +1091,15 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
     return sorted(_dedupe(found), key=sort_key)
 
 
+check_scenario = check  # `load` takes a `check` flag, so it reaches the passes by this name
+
+
 class Checked(BaseModel):
     """The result of checking one file: every diagnostic (loading and static) and the sources."""
-
     file: str
     diagnostics: list[Diagnostic] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict)
+    scenario: ir.Scenario | None = Field(default=None, exclude=True)
 
     @property
     def errors(self) -> int:
@@ -1131,24 +1114,30 @@ def check_file(path: str | Path, *, text: str | None = None, name: str | None = 
     """Load and check one file. Static checks run when the loader built a scenario and found no
     errors other than duplicate declarations (whose later copies it drops), so nothing is reported
     twice and a broken include or subflow does not cascade into undefined-stage errors."""
-    from .parse import load_source
-
     loaded = load_source(path, text=text, name=name)
     diags = list(loaded.diagnostics)
     sources = dict(loaded.sources)
     if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
         diags += check(loaded.scenario)
-        if text is None and not any(d.is_error for d in diags):
-            # a user profile beside the .sop (NAME.profile.yaml) is part of the scenario: check it too
-            from .profiles import check_profile_beside
+    return Checked(file=name or str(path), diagnostics=sorted(_dedupe(diags), key=sort_key), sources=sources,
+                   scenario=loaded.scenario)
 
-            profile_diags, profile_sources = check_profile_beside(path, loaded.scenario)
-            diags += profile_diags
-            sources.update(profile_sources)
-    return Checked(file=name or str(path), diagnostics=sorted(_dedupe(diags), key=sort_key), sources=sources)
+
+def load(path: str | Path | None = None, *, text: str | None = None, check: bool = True) -> ir.Scenario:
+    """Load a `.sop` program (file or text), merge includes, inline subflows and, by default,
+    run the static checker. Raises `SopError` (with every diagnostic) if there are errors."""
+    loaded = load_source(path, text=text)
+    diagnostics = list(loaded.diagnostics)
+    if loaded.scenario is not None and check and not any(d.is_error for d in diagnostics):
+        diagnostics += check_scenario(loaded.scenario)
+    errors = [d for d in diagnostics if d.is_error]
+    if errors or loaded.scenario is None:
+        raise SopError(errors or diagnostics, loaded.sources)
+    return loaded.scenario
 
 
 __all__ = [
+    "load",
     "PASSES",
     "Checked",
     "Pass",

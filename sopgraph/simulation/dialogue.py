@@ -31,8 +31,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ir
-from .records import AgentOutput, Case, Turn, Usage
+from sopgraph.language import ir
+from sopgraph.language.schema import validate_agent_output
+from sopgraph.logic.paths import iter_paths
+from sopgraph.records import AgentOutput, Case, Turn, Usage
 
 STOP_TOKEN = "###STOP###"
 OPENING_INSTRUCTION = (
@@ -93,8 +95,6 @@ _HOW = {"fenced": "extracted from a fenced code block", "embedded": "extracted f
 
 def parse_agent_reply(scenario: ir.Scenario, text: str) -> tuple[AgentOutput | None, bool, str | None]:
     """Parse one agent reply: (output or None, format_error, note). See the module docstring."""
-    from .schema import validate_agent_output
-
     obj, how, error = extract_json_object(text)
     if obj is None:
         return None, True, error or "no JSON object found"
@@ -129,7 +129,7 @@ def ending_actions(scenario: ir.Scenario) -> frozenset[str]:
 
 
 def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT) -> dict[str, Any]:
-    """The scenario facts handed to built-in providers (see `sopgraph.providers`)."""
+    """The scenario facts handed to built-in providers (see `sopgraph.simulation.providers`)."""
     fields: dict[str, list[Any]] = {}
     for var in scenario.fields:
         if isinstance(var.type, ir.EnumType):
@@ -140,7 +140,6 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
             fields[var.name] = []
     paths: list[dict[str, Any]] = []
     try:
-        from .paths import iter_paths
 
         if max_paths > 0:
             for info in iter_paths(scenario, limit=max_paths, witnesses=False):
@@ -168,7 +167,6 @@ def without_paths(info: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass
 class DialogueSetup:
     """Everything fixed for one dialogue (built once by the runner)."""
-
     scenario: ir.Scenario
     case: Case
     dialogue_id: str
@@ -196,7 +194,6 @@ class SimResult:
 @dataclass
 class SimState:
     """Mutable progress, readable by the caller after a failure (usage already spent)."""
-
     turns: list[Turn] = field(default_factory=list)
     pending_usage: list[dict[str, Any]] = field(default_factory=list)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import networkx as nx
 
-from . import ir
-from .perf import no_cyclic_gc
+from sopgraph.language import ir
+from sopgraph.perf import no_cyclic_gc
 
 START = "start"
 END = "end"

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import networkx as nx
 
-from . import ir
-from .compile import ACTION_PREFIX, END, START, compile_graph
+from sopgraph.language import ir
+from sopgraph.language.compile import ACTION_PREFIX, END, START, compile_graph
 
 Format = Literal["dot", "svg", "png", "mmd"]
 FORMATS: tuple[str, ...] = ("svg", "png", "dot", "mmd")

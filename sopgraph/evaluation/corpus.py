@@ -29,9 +29,21 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from . import ir
-from .records import Case, Consensus, Dialogue, Turn
-from .score import ScoreConfig, ScoredRun, ScoreError, dialogue_means, open_run, score_records, score_run
+from sopgraph.evaluation.score import (
+    ScoreConfig,
+    ScoredRun,
+    ScoreError,
+    dialogue_means,
+    open_run,
+    score_records,
+    score_run,
+)
+from sopgraph.language import ir
+from sopgraph.records import Case, Consensus, Dialogue, Turn
+from sopgraph.simulation.dialogue import DialogueSetup, scenario_context, simulate_dialogue
+from sopgraph.simulation.gateway import Gateway, InfraFailure, ModelOptionError
+from sopgraph.simulation.prompts import agent_system_prompt, user_system_prompt
+from sopgraph.simulation.runner import normalize_models
 
 Format = Literal["openai", "sharegpt"]
 FORMATS = ("openai", "sharegpt")
@@ -39,7 +51,6 @@ FORMATS = ("openai", "sharegpt")
 
 class CorpusStats(BaseModel):
     """What an export or synthesis produced (printed by the CLI)."""
-
     source: str
     format: str
     dialogues_seen: int = 0
@@ -106,8 +117,6 @@ def dialogue_records(run: ScoredRun, turns_of: Any, *, fmt: Format = "openai", m
     `min_overall` (a fraction) must be reached by every turn of the dialogue that has a per-turn
     overall score; a dialogue with a format error, or with no scored turn while a bar is set, is left
     out. Output order: dialogue id."""
-    from .prompts import agent_system_prompt
-
     if reference and run.counts.get("judged_turns") and not run.consensus_labels:
         raise ScoreError("reference export needs the consensus labels: score with keep_labels=True")
     stats = CorpusStats(source=source or run.run, format=fmt, min_overall=min_overall)
@@ -245,13 +254,7 @@ async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], mod
 
     Each dialogue is scored against the case truth (a "gold" judgment set whose labels are the truth;
     chat quality is not judged) and kept if every turn's logic score reaches `min_logic`."""
-    from .gateway import Gateway, InfraFailure
-    from .prompts import agent_system_prompt, user_system_prompt
-    from .runner import normalize_models
-    from .simulate import DialogueSetup, scenario_context, simulate_dialogue
-
     cfg = (config or ScoreConfig()).model_copy(update={"judgment_set": "gold", "turns": "all"})
-    from .gateway import ModelOptionError
 
     try:
         roles = normalize_models(list(models))

@@ -54,8 +54,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .records import RECORD_VERSION, Case, Consensus, Dialogue, Judgment, Turn, Usage
+from sopgraph._version import __version__
+from sopgraph.language.ir import Scenario
+from sopgraph.records import RECORD_VERSION, Case, Consensus, Dialogue, Judgment, Turn, Usage
+from sopgraph.simulation.gateway import redact
 
 STORE_FILE = "run.sqlite"
 STORE_VERSION = 1
@@ -159,7 +161,6 @@ def redact_text(text: str | None, extra: Iterable[str] = ()) -> str | None:
     """Free text (error messages) without API-key-like strings."""
     if not text:
         return text
-    from .gateway import redact
 
     return redact(text, extra)
 
@@ -174,7 +175,6 @@ def _dumps(obj: Any) -> str:
 
 class RunStore:
     """One run directory's SQLite store (see the module docstring for the layout and API)."""
-
     def __init__(self, run_dir: Path, conn: sqlite3.Connection, *, secrets: Iterable[str] = ()):
         self.run_dir = run_dir
         self.path = run_dir / STORE_FILE
@@ -285,8 +285,6 @@ class RunStore:
 
     def scenario(self):  # -> ir.Scenario
         """The scenario IR stored at run creation (re-judging needs no source file)."""
-        from .ir import Scenario
-
         raw = self.meta_value("scenario")
         if raw is None:
             raise StoreError(f"{self.path} holds no scenario")

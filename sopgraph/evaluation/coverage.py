@@ -23,15 +23,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from . import ir
-from .compile import ACTION_PREFIX, END, START, action_node, compile_graph
+from sopgraph.evaluation.score import normalize_path, open_run
+from sopgraph.language import ir
+from sopgraph.language.compile import ACTION_PREFIX, END, START, action_node, compile_graph
+from sopgraph.language.render import render
+from sopgraph.logic.paths import count_paths, iter_paths
 
 PATH_LIMIT = 200_000  # enumerate at most this many feasible paths (beyond: count only)
 
 
 class CoverageSide(BaseModel):
     """Coverage by one source of walks."""
-
     source: Literal["cases", "agents"]
     walks: int = 0
     invalid_walks: int = 0
@@ -83,15 +85,12 @@ def _edge_key(u: str, v: str) -> str:
 
 
 def _normalize(path: Iterable[Any], scenario: ir.Scenario) -> list[str]:
-    from .score import normalize_path
 
     return list(normalize_path(path, scenario))
 
 
 def feasible_paths(scenario: ir.Scenario, limit: int = PATH_LIMIT) -> tuple[dict[tuple, str], bool]:
     """(stage ids, Action) → path id for every feasible path (first id wins), and exactness."""
-    from .paths import iter_paths
-
     out: dict[tuple, str] = {}
     exact = True
     for i, p in enumerate(iter_paths(scenario, witnesses=False)):
@@ -160,7 +159,6 @@ def coverage_of(scenario: ir.Scenario, walks: Iterable[tuple[Sequence[str], str 
 
 
 def _count_paths(scenario: ir.Scenario) -> int:
-    from .paths import count_paths
 
     return count_paths(scenario).feasible
 
@@ -187,8 +185,6 @@ def agent_walks(run: Any) -> list[tuple[list[str], str | None]]:
 def coverage_report(scenario: ir.Scenario, *, cases: Sequence[Any] | None = None,
                     run_dir: str | Path | None = None) -> CoverageReport:
     """Coverage by cases (expected paths) and, for a run, by the agents' final-turn paths."""
-    from .score import open_run
-
     g = compile_graph(scenario)
     paths = feasible_paths(scenario)
     report = CoverageReport(scenario=scenario.name, sop_hash=scenario.source_hash)
@@ -207,8 +203,6 @@ def coverage_report(scenario: ir.Scenario, *, cases: Sequence[Any] | None = None
 
 def render_coverage(scenario: ir.Scenario, side: CoverageSide, fmt: str = "svg") -> bytes:
     """The SOP graph coloured by how often each node and edge was covered (uncovered: plain)."""
-    from .render import render
-
     return render(scenario, fmt, heat=side.heat())
 
 

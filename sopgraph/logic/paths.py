@@ -49,10 +49,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from . import ir
-from .domain import Box, Formula, Space, space_for
-from .engine import DecideError, _Interp, interpret
-from .perf import no_cyclic_gc as no_gc
+from sopgraph.language import ir
+from sopgraph.logic.domain import Box, Formula, Space, space_for
+from sopgraph.logic.engine import DecideError, _Interp, interpret
+from sopgraph.perf import no_cyclic_gc as no_gc
 
 Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS

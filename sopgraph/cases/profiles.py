@@ -21,9 +21,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import ir
-from .diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
-from .records import Intensity, Persona
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
+from sopgraph.language.parse import iter_children, parse_text
+from sopgraph.logic import domain
+from sopgraph.records import Intensity, Persona
 
 INTENSITIES: tuple[str, ...] = ("zero", "weak", "strong")
 PROFILE_VERSION = 1
@@ -46,7 +48,6 @@ class _Strict(BaseModel):
 
 class IntentSpec(_Strict):
     """One user intent as written in the profile."""
-
     description: str = Field("", description="What the user wants, in words the user simulator is given.")
     intensity: Intensity = Field("zero", description="Default adversarial intensity (used by `--intensity intent`).")
     requires: dict[str, ConditionValue] = Field(
@@ -65,7 +66,6 @@ class IntentSpec(_Strict):
 
 class PersonaSpec(Persona):
     """A persona as written in a profile or the library (a `Persona` plus selection hints)."""
-
     weight: float = Field(1.0, gt=0)
     intensities: list[Intensity] | None = Field(
         None, description="Intensities this persona fits; omitted = all.")
@@ -76,7 +76,6 @@ class PersonaSpec(Persona):
 
 class VariableSpec(_Strict):
     """Per-variable hints for synthesis."""
-
     user_knows: bool | None = Field(
         None, description="System variables only: whether the customer knows this fact (default: not `hidden`).")
     values: list[Scalar] | None = Field(
@@ -85,7 +84,6 @@ class VariableSpec(_Strict):
 
 class ProfileFile(_Strict):
     """The top level of `<scenario>.profile.yaml`."""
-
     scenario: str | None = Field(None, description="Scenario name; must match the .sop when given.")
     version: int = Field(PROFILE_VERSION, description="Profile format version.")
     description: str = ""
@@ -100,7 +98,6 @@ class ProfileFile(_Strict):
 
 class Library(_Strict):
     """The shipped defaults (`sopgraph/data/personas.yaml`)."""
-
     personas: list[PersonaSpec]
     intensities: dict[Intensity, str]
 
@@ -119,7 +116,6 @@ def profile_json_schema() -> dict[str, Any]:
 
 class Condition(BaseModel):
     """One constraint of an intent: `expr` must evaluate to `truth`."""
-
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     expr: ir.Expr
@@ -144,7 +140,6 @@ class Intent(BaseModel):
 
 class Profile(BaseModel):
     """A profile resolved against one scenario; what `synth` consumes."""
-
     scenario: str
     file: str | None = None
     description: str = ""
@@ -163,7 +158,7 @@ class Profile(BaseModel):
 
 
 def library_path() -> Path:
-    return Path(__file__).resolve().parent / "data" / "personas.yaml"
+    return Path(__file__).resolve().parent.parent / "data" / "personas.yaml"
 
 
 @lru_cache(maxsize=1)
@@ -179,7 +174,6 @@ def library() -> Library:
 
 class _Doc:
     """Plain data from YAML plus the position of every key and value, addressed by path tuples."""
-
     def __init__(self, file: str):
         self.file = file
         self.key_marks: dict[tuple, yaml.Mark] = {}
@@ -343,8 +337,6 @@ def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted:
     """Parse a condition in `.sop` expression syntax and resolve its names against the scenario.
 
     Syntax errors are reported at the YAML scalar's position (shifted by the column inside it)."""
-    from .parse import parse_text
-
     wrapper = "stage __profile_condition {\nwhen " + text + "\n-> do __x\n}\n"
     try:
         program = parse_text(wrapper, file=span.file)
@@ -425,8 +417,6 @@ def _enum_of(expr: Any, scenario: ir.Scenario) -> ir.EnumType | None:
 
 def _check_names(expr: Any, scenario: ir.Scenario, span: ir.Span, text: str) -> list[Diagnostic]:
     """Bare names must be enum values of the variable they are compared with (or of some enum)."""
-    from .parse import iter_children
-
     diags: list[Diagnostic] = []
     all_values = {v for var in scenario.variables.values() if isinstance(var.type, ir.EnumType)
                   for v in var.type.values}
@@ -788,10 +778,6 @@ def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scena
 def _impossible_intents(scenario: ir.Scenario, profile: Profile) -> list[Diagnostic]:
     """Intents whose own conditions contradict each other (no assignment satisfies them)."""
     diags: list[Diagnostic] = []
-    try:
-        from . import domain
-    except ImportError:  # pragma: no cover - domain lands with the paths work
-        return diags
     for intent in profile.intents.values():
         if not intent.conditions:
             continue
@@ -804,8 +790,6 @@ def _impossible_intents(scenario: ir.Scenario, profile: Profile) -> list[Diagnos
 
 def intent_region(scenario: ir.Scenario, intent: Intent, boxes: list[Any]) -> list[Any]:
     """The part of `boxes` (a union of domain boxes) where every condition of the intent holds."""
-    from . import domain
-
     for cond in intent.conditions:
         nxt: list[Any] = []
         for box in boxes:
@@ -814,46 +798,3 @@ def intent_region(scenario: ir.Scenario, intent: Intent, boxes: list[Any]) -> li
         if not boxes:
             break
     return boxes
-
-
-def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None) -> list[Diagnostic]:
-    """Coverage problems of a profile: intents reaching no feasible path (W601) and feasible paths that
-    no intent reaches (W602). Hook for `sop check` when a profile sits beside the `.sop`
-    (`the_plan`: a `synth.plan(scenario, profile)` already computed, to avoid redoing it)."""
-    from .synth import plan
-
-    p = the_plan if the_plan is not None else plan(scenario, profile)
-    diags: list[Diagnostic] = []
-    for name in p.unreached_intents:
-        intent = profile.intents[name]
-        diags.append(warning("W601", f"intent `{name}` reaches no feasible path of the SOP "
-                                     f"({intent.describe_conditions()})", intent.span,
-                             "its conditions can hold, but no assignment satisfying them completes a path "
-                             "(the engine stops with an error or a loop); relax the conditions or fix the SOP"))
-    if profile.intents:
-        span = profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1)
-        for entry in p.paths:
-            if entry.intents:
-                continue
-            diags.append(warning("W602", f"no intent reaches path {entry.id} "
-                                         f"({' -> '.join(entry.stages)} => {entry.action})",
-                                 span, "synthesis will give it a generated `uncovered:` intent; add an intent "
-                                       "whose conditions allow this path",
-                                 witness=dict(entry.witness), notes=[entry.description]))
-    return diags
-
-
-def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario) -> tuple[list[Diagnostic], dict[str, str]]:
-    """Every diagnostic of the profile beside a `.sop` (none when there is no profile), and its source
-    text for rendering. The one call `sop check` needs to report profile problems with the scenario's."""
-    path = profile_path_for(sop_path)
-    if not path.is_file():
-        return [], {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        return [error("E601", f"cannot read profile: {exc.strerror or exc}", ir.Span(file=str(path)))], {}
-    profile, diags = parse_profile(text, scenario, file=str(path))
-    if profile is not None:
-        diags = diags + profile_diagnostics(scenario, profile)
-    return diags, {str(path): text}

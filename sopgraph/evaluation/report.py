@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
-from .records import Case, Consensus, Judgment, Turn
-from .score import (
+from sopgraph._version import __version__
+from sopgraph.evaluation.coverage import case_walks, coverage_of, feasible_paths, render_coverage
+from sopgraph.evaluation.score import (
     BUCKETS,
     INTENSITIES,
     GroupScore,
@@ -38,6 +38,10 @@ from .score import (
     open_run,
     score_run,
 )
+from sopgraph.evaluation.stats import fleiss_kappa
+from sopgraph.language.render import RenderError
+from sopgraph.records import Case, Consensus, Judgment, Turn
+from sopgraph.simulation.judge import agreement
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
@@ -69,7 +73,6 @@ def _pct(v: float | None, digits: int = 1) -> str:
 @dataclass
 class ReportInput:
     """One scored run and the accessors the report needs beyond its scores."""
-
     run: ScoredRun
     turns_of: Callable[[str], list[Turn]]
     judgments: list[Judgment] = field(default_factory=list)
@@ -80,7 +83,6 @@ class ReportInput:
 @dataclass
 class _Series:
     """One (run, model): the unit plotted as one colour."""
-
     sid: int
     inp: ReportInput
     model: str
@@ -122,7 +124,6 @@ def report_for_runs(run_dirs: Sequence[str | Path], config: ScoreConfig | None =
 
 class Svg:
     """A tiny SVG builder: only what the charts need, with stable number formatting."""
-
     def __init__(self, width: float, height: float, label: str):
         self.w, self.h, self.label = width, height, label
         self.parts: list[str] = []
@@ -387,7 +388,6 @@ def _series(inputs: Sequence[ReportInput]) -> list[_Series]:
 
 class _Examples:
     """Example dialogues per (series, kind), and the set of dialogues to transcribe."""
-
     def __init__(self, per_group: int, max_transcripts: int):
         self.per_group = per_group
         self.max_transcripts = max_transcripts
@@ -765,7 +765,6 @@ def _agreement_section(inputs, series: list[_Series], hrefs) -> str:
         fields = sorted({v.name for s in run.scenarios.values() for v in s.fields})
         agent_model = run.models[0] if len(run.models) == 1 else None
         try:
-            from .judge import agreement
 
             ag = agreement(inp.judgments, fields, agent_model=agent_model, judgment_set=run.judgment_set,
                            consensus_rows=inp.consensus)
@@ -797,7 +796,6 @@ def _agreement_section(inputs, series: list[_Series], hrefs) -> str:
 
 
 def _agreement_fallback(inp: ReportInput, fields: Sequence[str]):
-    from .stats import fleiss_kappa
 
     by_turn: dict[tuple[str, int], list[Judgment]] = {}
     for j in inp.judgments:
@@ -812,8 +810,6 @@ def _agreement_fallback(inp: ReportInput, fields: Sequence[str]):
 
 
 def _coverage_section(inputs, series: list[_Series], hrefs) -> str:
-    from .coverage import case_walks, coverage_of, feasible_paths, render_coverage
-    from .render import RenderError
 
     out = []
     for inp in inputs:

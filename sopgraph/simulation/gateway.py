@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sopgraph import providers
+from sopgraph.simulation import providers
 
 # Set at import, before litellm can ever be imported (only ``load_litellm`` imports it):
 # otherwise litellm fetches its cost map from the internet at import time.
@@ -541,7 +541,7 @@ def _register_builtins(litellm: ModuleType) -> None:
     from litellm.llms.custom_llm import CustomLLMError
 
     class _BuiltinLLM(litellm.CustomLLM):  # type: ignore[misc,name-defined]
-        """Answers from ``sopgraph.providers`` using the context passed in the call's metadata."""
+        """Answers from ``sopgraph.simulation.providers`` using the context passed in the call's metadata."""
 
         def __init__(self, provider: str) -> None:
             super().__init__()

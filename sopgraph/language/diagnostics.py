@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .ir import Span
+from sopgraph.language.ir import Span
 
 Severity = Literal["error", "warning", "info"]
 
@@ -54,7 +54,7 @@ CODES: dict[str, str] = {
     # hygiene
     "W401": "unused declaration",
     "W402": "missing description",
-    # user profiles (NAME.profile.yaml beside a .sop; see sopgraph/profiles.py)
+    # user profiles (NAME.profile.yaml beside a .sop; see sopgraph/cases/profiles.py)
     "E601": "cannot read profile (YAML syntax or file error)",
     "E602": "unknown key in profile",
     "E603": "invalid profile value",

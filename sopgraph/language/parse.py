@@ -23,9 +23,9 @@ from lark.exceptions import (
     VisitError,
 )
 
-from . import ir
-from .diagnostics import Diagnostic, SopError, did_you_mean, error
-from .perf import no_cyclic_gc
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
+from sopgraph.perf import no_cyclic_gc
 
 KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden"]
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
@@ -35,7 +35,7 @@ DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "acti
 
 def grammar_path() -> Path:
     """The grammar ships inside the wheel (sopgraph/grammars) and lives in grammars/ in a checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the sopgraph package directory
     for candidate in (here / "grammars" / "sop.lark", here.parent / "grammars" / "sop.lark"):
         if candidate.is_file():
             return candidate

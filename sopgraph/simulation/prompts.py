@@ -18,8 +18,10 @@ from importlib import resources
 from string import Template
 from typing import Any
 
-from . import ir
-from .records import CHAT_DIMENSIONS, Case, Turn
+from sopgraph.language import ir
+from sopgraph.language.schema import agent_output_schema
+from sopgraph.logic.engine import DecideError, _Interp, decide
+from sopgraph.records import CHAT_DIMENSIONS, Case, Turn
 
 STOP_TOKEN = "###STOP###"
 CHAT_WORD_LIMIT = 40
@@ -398,8 +400,6 @@ def _example_value(var_type: Any) -> Any:
 def example_reply(scenario: ir.Scenario) -> dict[str, Any]:
     """A reply that the schema accepts and whose path and finals are what the engine gives for its own
     classification (first allowed value of each field) and example system values."""
-    from .engine import DecideError, _Interp, decide
-
     values = {v.name: _example_value(v.type) for v in scenario.variables.values() if v.role != "derived"}
     classification = {v.name: values[v.name] for v in scenario.fields}
     try:
@@ -459,8 +459,6 @@ def compact_json(value: Any, indent: str = "") -> str:
 
 def output_format_text(scenario: ir.Scenario) -> str:
     """The output-format block: the JSON Schema of the reply, an example and the rules."""
-    from .schema import agent_output_schema
-
     schema = compact_json(agent_output_schema(scenario, descriptions=False))
     example = compact_json(example_reply(scenario))
     return _fill("agent_output_format.md", schema=schema, example=example, start=str(scenario.start),

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import ir
+from sopgraph.language import ir
 
 EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
 

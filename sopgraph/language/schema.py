@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import ir
-from .records import CHAT_DIMENSIONS
+import sopgraph.records as records
+from sopgraph.language import ir
+from sopgraph.records import CHAT_DIMENSIONS
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCORE_VALUES = (3, 6, 9)
@@ -67,7 +68,6 @@ def agent_output_schema(scenario: ir.Scenario, *, descriptions: bool = True) -> 
     when omitted; `null` allowed only when the output has no default). No extra keys anywhere.
     `descriptions=False` leaves out the description texts (the prompt states them elsewhere).
     """
-
     def described(schema: dict[str, Any], text: str) -> dict[str, Any]:
         return _described(schema, text) if descriptions else schema
 
@@ -314,9 +314,8 @@ def schema_names() -> list[str]:
 
 
 def _register_builtins() -> None:
-    from . import records
 
-    register_model("ir", ir.Scenario, "the IR of a loaded .sop program (sopgraph.ir.Scenario)")
+    register_model("ir", ir.Scenario, "the IR of a loaded .sop program (sopgraph.language.ir.Scenario)")
     for name, model, text in (
         ("case", records.Case, "a synthesized test case (cases.jsonl line)"),
         ("persona", records.Persona, "how a simulated customer behaves"),

@@ -38,9 +38,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, PrivateAttr
 
-from . import ir
-from .records import CHAT_DIMENSIONS, Case, Consensus, Judgment, Turn, Usage
-from .simulate import extract_json_object, record_usage
+from sopgraph.language import ir
+from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Judgment, Turn, Usage
+from sopgraph.simulation.dialogue import extract_json_object, record_usage
+from sopgraph.simulation.gateway import InfraFailure
+from sopgraph.simulation.prompts import judge_prompt
 
 DEFAULT_JUDGE_TURNS: tuple[int | str, ...] = (1, 5, 10, 15, "final")
 SCORE_VALUES = (3, 6, 9)
@@ -240,7 +242,6 @@ def parse_judge_reply(scenario: ir.Scenario, text: str) -> ParsedJudgment:
 
 class JudgeRequest(BaseModel):
     """What a judge sees: the SOP, the case's backend facts, and the dialogue up to `turn_index`."""
-
     model_config = {"arbitrary_types_allowed": True}
 
     scenario: ir.Scenario
@@ -255,7 +256,6 @@ class JudgeRequest(BaseModel):
     def prompt(self) -> str:
         """The judge prompt (`prompts.judge_prompt`), built once and shared by the ensemble's judges."""
         if self._prompt is None:
-            from .prompts import judge_prompt
 
             self._prompt = judge_prompt(self.scenario, self.turns, self.turn_index, self.case.system)
         return self._prompt
@@ -265,7 +265,6 @@ class JudgeRequest(BaseModel):
 class Judge(Protocol):
     """A pluggable judge. `judge` returns a Judgment (unscored ones included); it may raise, in
     which case the ensemble records it as unscored."""
-
     role: str
     model: str
 
@@ -283,7 +282,6 @@ def unscored(request: JudgeRequest, role: str, model: str, reason: str, raw: str
 
 class LLMJudge:
     """A judge backed by a model through the gateway (prompt from `prompts.judge_prompt`)."""
-
     def __init__(self, spec: Any, gateway: Any, *, max_attempts: int = 3):
         self.spec = spec
         self.gateway = gateway
@@ -292,7 +290,6 @@ class LLMJudge:
         self.max_attempts = max(1, max_attempts)
 
     async def judge(self, request: JudgeRequest) -> Judgment:
-        from .gateway import InfraFailure
 
         messages: list[dict[str, Any]] = [{"role": "user", "content": request.prompt()}]
         context = {"role": "judge", "case": request.case.model_dump(mode="json"), "turn": request.turn_index,
@@ -381,7 +378,6 @@ def consensus(fields: Sequence[str], judgments: Sequence[Judgment], *, judgment_
 
 class Ensemble:
     """Runs its judges concurrently on a turn and reduces them to a Consensus."""
-
     def __init__(self, judges: Sequence[Judge]):
         if not judges:
             raise ValueError("an ensemble needs at least one judge")

@@ -40,8 +40,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from . import ir
-from .engine import DecideError, _arith, _compare, _Interp
+from sopgraph.language import ir
+from sopgraph.logic.engine import DecideError, _arith, _compare, _Interp
 
 INF = math.inf
 _INT_LIMIT = 2**1000  # affine solving searches ints inside ±this (beyond it floats overflow)
