@@ -43,3 +43,45 @@ def floor_run(tmp_path_factory, agent: str) -> Path:
     if not (out / "run.sqlite").exists():
         run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
     return out
+
+
+def scoring_sop(k: int, n: int, *, seed: int = 0) -> str:
+    """A fraud/risk/triage-style scoring SOP: `k` derived `count()` scores over `n` shared inputs
+    (bools, enum tests and numeric thresholds), the highest qualifying score picks a type (`max` +
+    `case`), then a risk tier. Every branching is exhaustive; deterministic for a seed.
+
+    This is the shape that made the flow analysis exponential in the number of scores (issue 13)."""
+    import random
+
+    rng = random.Random(seed)
+    lines = [f'scenario scoring_{k}_{n} "Scoring {k}x{n}" "Synthetic indicator-scoring SOP."', ""]
+    inputs: list[str] = []  # conditions over the shared inputs
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            lines.append(f'field I{i}: bool "indicator {i}"')
+            inputs.append(f"I{i}")
+        elif kind == 1:
+            lines.append(f'field I{i}: Low{i} | Mid{i} | High{i} "graded indicator {i}"')
+            inputs.append(f"I{i} == High{i}" if rng.random() < 0.5 else f"I{i} in {{Mid{i}, High{i}}}")
+        else:
+            lines.append(f'system I{i}: int[0..1000] "measured indicator {i}"')
+            inputs.append(f"I{i} > {rng.randrange(100, 900, 50)}")
+    per = max(2, min(n, (2 * n) // max(k, 1) + 1))
+    for j in range(k):
+        args = rng.sample(inputs, per)
+        lines.append(f'let S{j} = count({", ".join(args)}) "score {j}"')
+    lines.append("let Top = max(" + ", ".join(f"S{j}" for j in range(k)) + ") \"highest score\"")
+    qualify = max(1, per // 3)
+    arms = " ".join(f"when S{j} == Top -> T{j}" for j in range(k))
+    lines.append(f"let Type = case {{ when Top < {qualify} -> Clear {arms} otherwise -> Clear }} \"type\"")
+    hi, mid = max(qualify + 1, (2 * per) // 3), qualify
+    lines.append(f"let Tier = case {{ when Top >= {hi} -> High when Top >= {mid} -> Medium otherwise -> Low }}")
+    lines += ["", 'action Dismiss "nothing to do" [ends_dialogue]',
+              'action Review "queue for review"', 'action Block "block the account" [irreversible]',
+              'action Escalate "hand to the fraud team" [escalation]', ""]
+    lines.append('stage triage "Triage" {\n    "Score the indicators."\n    match Type {\n'
+                 "        Clear -> do Dismiss\n        otherwise -> tier\n    }\n}")
+    lines.append('stage tier "Tier" {\n    match Tier {\n        High -> do Block\n'
+                 "        Medium -> do Escalate\n        Low -> do Review\n    }\n}")
+    return "\n".join(lines) + "\n"

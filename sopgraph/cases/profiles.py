@@ -42,8 +42,11 @@ ConditionValue = Scalar | list[Scalar]
 # The file format (what users write). Every model forbids unknown keys.
 
 
+MAX_WEIGHT = 1e6  # intent/persona weights are relative; larger ones only overflow sums
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class IntentSpec(_Strict):
@@ -58,7 +61,8 @@ class IntentSpec(_Strict):
         default_factory=dict, description="variable → value(s) or condition that must NOT hold.")
     when: str | list[str] | None = Field(
         None, description="Extra condition(s) in .sop expression syntax, for constraints across variables.")
-    weight: float = Field(1.0, gt=0, description="Relative weight when intents are balanced.")
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, allow_inf_nan=False,
+                          description="Relative weight when intents are balanced.")
     pushes_for: list[str] = Field(
         default_factory=list,
         description="Risky actions an adversarial user with this intent pushes for, most plausible first.")
@@ -66,7 +70,7 @@ class IntentSpec(_Strict):
 
 class PersonaSpec(Persona):
     """A persona as written in a profile or the library (a `Persona` plus selection hints)."""
-    weight: float = Field(1.0, gt=0)
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, allow_inf_nan=False)
     intensities: list[Intensity] | None = Field(
         None, description="Intensities this persona fits; omitted = all.")
 
@@ -222,15 +226,101 @@ class _Doc:
                 self.walk(item, path + (i,))
 
 
+MAX_PROFILE_BYTES = 4 * 1024 * 1024  # a profile larger than this is refused before parsing
+MAX_YAML_DEPTH = 64  # nesting of mappings/sequences
+MAX_YAML_ALIASES = 200  # `*alias` uses: sharing is fine, a billion-laughs document is not
+MAX_YAML_NODES = 500_000  # nodes once aliases are expanded (what validation walks)
+
+
+class _YamlTooBig(Exception):
+    """The document breaks one of the safe-loading limits; `str()` says which."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with limits on nesting depth and alias uses (checked while composing,
+    so a deep or exploding document fails fast instead of recursing or allocating without end)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _YamlTooBig(f"more than {MAX_YAML_ALIASES} aliases (`*name`)")
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise _YamlTooBig(f"nested more than {MAX_YAML_DEPTH} levels deep")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _expanded_size(node: yaml.Node, limit: int) -> int:
+    """Nodes in the document with aliases expanded (stops counting past `limit`)."""
+    count = 0
+    stack = [node]
+    while stack and count <= limit:
+        n = stack.pop()
+        count += 1
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                stack += (k, v)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+    return count
+
+
+def decode_profile(data: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
+    """Profile bytes as text, or a located E601 naming the encoding problem (never a traceback)."""
+    if len(data) > MAX_PROFILE_BYTES:
+        return None, [error("E601", f"the profile is too large ({len(data):,} bytes; at most "
+                                    f"{MAX_PROFILE_BYTES:,})", ir.Span(file=file))]
+    try:
+        return data.decode("utf-8"), []
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        return None, [error("E601", f"the profile is not UTF-8 text (byte 0x{data[exc.start]:02x})",
+                            ir.Span(file=file, line=line, col=col), "save the file as UTF-8")]
+
+
+def read_profile_text(path: str | Path) -> tuple[str | None, list[Diagnostic]]:
+    """Read a profile file safely (size limit first, encoding errors named)."""
+    file = str(path)
+    try:
+        p = Path(path)
+        if p.stat().st_size > MAX_PROFILE_BYTES:
+            return None, [error("E601", f"the profile is too large ({p.stat().st_size:,} bytes; at most "
+                                        f"{MAX_PROFILE_BYTES:,})", ir.Span(file=file))]
+        with p.open("rb") as fh:
+            data = fh.read(MAX_PROFILE_BYTES + 1)
+    except OSError as exc:
+        return None, [error("E601", f"cannot read profile: {exc.strerror or exc}", ir.Span(file=file))]
+    return decode_profile(data, file)
+
+
 def _load_yaml(text: str, file: str) -> tuple[Any, _Doc, list[Diagnostic]]:
     doc = _Doc(file)
+    if len(text) > MAX_PROFILE_BYTES:
+        return None, doc, [error("E601", f"the profile is too large (more than {MAX_PROFILE_BYTES:,} "
+                                         "characters)", ir.Span(file=file))]
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _BoundedLoader(text)
         try:
             node = loader.get_single_node()
+            if node is not None and _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
+                raise _YamlTooBig(f"its aliases expand to more than {MAX_YAML_NODES:,} nodes")
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
+    except _YamlTooBig as exc:
+        return None, doc, [error("E601", f"the profile is too complex to load: {exc}", ir.Span(file=file),
+                                 "write a plain mapping of intents, personas and variables")]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         span = ir.Span(file=file, line=mark.line + 1, col=mark.column + 1) if mark else ir.Span(file=file)
@@ -239,6 +329,9 @@ def _load_yaml(text: str, file: str) -> tuple[Any, _Doc, list[Diagnostic]]:
         return None, doc, [error("E601", msg, span)]
     except yaml.YAMLError as exc:  # pragma: no cover - defensive
         return None, doc, [error("E601", f"invalid YAML: {exc}", ir.Span(file=file))]
+    except (ValueError, OverflowError, RecursionError) as exc:
+        # e.g. a 5,000-digit integer (Python's int-from-text limit) or a date out of range
+        return None, doc, [error("E601", f"invalid YAML value: {str(exc)[:200]}", ir.Span(file=file))]
     if node is not None:
         doc.walk(node, ())
     diags = [error("E609", f"duplicate key `{p[-1]}`", ir.Span(file=file, line=m.line + 1, col=m.column + 1),
@@ -528,11 +621,9 @@ def load_profile(path: str | Path, scenario: ir.Scenario, *, text: str | None = 
     """Load and check a profile against its scenario; raises `SopError` with every error found."""
     file = str(path)
     if text is None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SopError([error("E601", f"cannot read profile: {exc.strerror or exc}",
-                                  ir.Span(file=file))]) from None
+        text, problems = read_profile_text(path)
+        if text is None:
+            raise SopError(problems) from None
     profile, diags = parse_profile(text, scenario, file=file)
     errors = [d for d in diags if d.is_error]
     if errors or profile is None:

@@ -42,6 +42,7 @@ from sopgraph.cases.profiles import (
     library,
     parse_profile,
     profile_path_for,
+    read_profile_text,
 )
 from sopgraph.language import ir
 from sopgraph.language.compile import reads, stage_reads
@@ -929,10 +930,9 @@ def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario) -> tuple[l
     path = profile_path_for(sop_path)
     if not path.is_file():
         return [], {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        return [error("E601", f"cannot read profile: {exc.strerror or exc}", ir.Span(file=str(path)))], {}
+    text, problems = read_profile_text(path)
+    if text is None:
+        return problems, {}
     profile, diags = parse_profile(text, scenario, file=str(path))
     if profile is not None:
         diags = diags + profile_diagnostics(scenario, profile)

@@ -5,16 +5,43 @@ Each command module defines its commands; this module is the one place that asse
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import click
 
 from sopgraph._version import __version__
 from sopgraph.cli import checkcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
+from sopgraph.simulation.store import StoreError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Main(click.Group):
+    """The `sop` group: a store that turns out unreadable while a command reads it (corruption past
+    the integrity check, a row that is not a record) ends the command with one line, no traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except StoreError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(1)
+        except sqlite3.DatabaseError as exc:
+            click.echo(f"error: a run store could not be read ({exc}); restore it from a backup or start a "
+                       "new run in another directory", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="sop")
-def main() -> None:
+@click.option("--include-path", "include_path", multiple=True, metavar="DIR",
+              type=click.Path(file_okay=False, path_type=Path),
+              help="A directory `include` may read from besides the main file's own directory tree "
+                   "(repeatable). Includes are sandboxed: only .sop regular files under these directories.")
+@click.pass_context
+def main(ctx: click.Context, include_path: tuple[Path, ...]) -> None:
     """sopgraph: compile customer-service SOPs into graphs and evaluate agents on them."""
+    ctx.ensure_object(dict)
+    ctx.obj["include_path"] = tuple(include_path)
 
 
 COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools)

@@ -11,6 +11,7 @@ import click
 
 from sopgraph.cases.synth import check_profile_beside
 from sopgraph.language.diagnostics import sort_key
+from sopgraph.cli.params import include_dirs
 from sopgraph.logic.checker import Checked, check_file
 
 
@@ -67,7 +68,7 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool) -> None:
 
     Exit status: 0 when there are no errors (warnings allowed unless --strict), 1 otherwise.
     """
-    results = [_with_profile(check_file(f), f) for f in files]
+    results = [_with_profile(check_file(f, include_path=include_dirs()), f) for f in files]
     errors = sum(r.errors for r in results)
     warnings = sum(r.warnings for r in results)
     if fmt == "json":

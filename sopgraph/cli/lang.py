@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import click
 
@@ -47,29 +50,108 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     """
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
-    lines = [values_json] if values_json is not None else sys.stdin
+    if values_json is not None:
+        lines: Iterator[bytes | str] = iter([values_json])
+    else:
+        lines = _input_lines(sys.stdin.buffer)
     failed = total = 0
     out = sys.stdout
-    for lineno, line in enumerate(lines, 1):
-        if values_json is None and not line.strip():
-            continue
+    for lineno, raw in enumerate(lines, 1):
         total += 1
-        try:
-            values = json.loads(line)
-            if not isinstance(values, dict):
-                raise ValueError("expected a JSON object")
-        except ValueError as exc:
-            failed += 1
-            out.write(json.dumps({"error": f"line {lineno}: invalid JSON object: {exc}"}) + "\n")
-            continue
-        try:
-            path, finals = engine.decide_raw(values)
-            out.write(json.dumps({"path": path, "finals": finals}, ensure_ascii=False) + "\n")
-        except DecideError as exc:
-            failed += 1
-            out.write(json.dumps({"error": exc.message}, ensure_ascii=False) + "\n")
+        record = decide_line(engine, raw, lineno)
+        failed += "error" in record
+        out.write(_json_line(record) + "\n")
     out.flush()
     if failed:
         if values_json is None:
             click.echo(f"{failed} of {total} inputs failed", err=True)
         sys.exit(1)
+
+
+MAX_LINE_BYTES = 1 << 20  # one decide input line; longer lines are refused, not buffered
+
+
+def _input_lines(stream: BinaryIO) -> Iterator[bytes | str]:
+    """Input lines as bytes, each at most `MAX_LINE_BYTES` (a longer line yields an error marker
+    and is skipped to its end without being kept in memory)."""
+    while True:
+        chunk = stream.readline(MAX_LINE_BYTES + 1)
+        if not chunk:
+            return
+        if len(chunk) > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+            while chunk and not chunk.endswith(b"\n"):
+                chunk = stream.readline(MAX_LINE_BYTES)
+            yield _TOO_LONG
+            continue
+        yield chunk
+
+
+_TOO_LONG = "\x00too long"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is too large for a number")
+    return value
+
+
+def decide_line(engine: Any, raw: bytes | str, lineno: int) -> dict[str, Any]:
+    """The output record for one input line: {"path", "finals"} or {"error"}. Never raises: the
+    contract is one output line per input line, in order, and the batch goes on."""
+    if raw is _TOO_LONG:
+        return {"error": f"line {lineno}: longer than {MAX_LINE_BYTES:,} bytes"}
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        return {"error": f"line {lineno}: not UTF-8 text (byte {exc.start})"}
+    if not text.strip():
+        return {"error": f"line {lineno}: empty line (expected a JSON object of values)"}
+    try:
+        values = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        if not isinstance(values, dict):
+            raise ValueError("expected a JSON object")
+        _check_strings(values)
+    except RecursionError:
+        return {"error": f"line {lineno}: invalid JSON object: nested too deeply"}
+    except ValueError as exc:
+        return {"error": f"line {lineno}: invalid JSON object: {exc}"}
+    try:
+        path, finals = engine.decide_raw(values)
+    except DecideError as exc:
+        return {"error": exc.message}
+    except (RecursionError, MemoryError):
+        return {"error": f"line {lineno}: the decision is too deep to compute"}
+    except (ArithmeticError, ValueError, TypeError) as exc:
+        return {"error": f"line {lineno}: cannot decide: {exc}"}
+    bad = [k for k, v in finals.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        return {"error": f"line {lineno}: output `{bad[0]}` is not a finite number ({finals[bad[0]]}); "
+                         "the values are too large for the SOP's arithmetic"}
+    return {"path": path, "finals": finals}
+
+
+def _check_strings(values: dict[str, Any]) -> None:
+    """Refuse lone surrogates (text no encoder can write back) in keys and string values."""
+    for k, v in values.items():
+        for s in (k, v):
+            if isinstance(s, str):
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"`{k.encode('utf-8', 'backslashreplace').decode()}` holds a lone "
+                                     "surrogate (\\ud800-\\udfff), which is not text") from None
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    """One JSON line, always valid: no NaN/Infinity, lone surrogates escaped."""
+    try:
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        line.encode("utf-8")
+        return line
+    except (ValueError, UnicodeEncodeError):
+        return json.dumps(record, ensure_ascii=True, default=str).replace("NaN", "null")

@@ -20,10 +20,21 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-def load_or_exit(path: Path, *, check: bool = True) -> Scenario:
-    """Load (and check) a `.sop` file; on problems print compiler diagnostics and exit 1."""
+def include_dirs() -> tuple[Path, ...]:
+    """The `sop --include-path` directories of the running command (none outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    if root is None or not isinstance(root.obj, dict):
+        return ()
+    return tuple(root.obj.get("include_path", ()))
+
+
+def load_or_exit(path: Path, *, check: bool = True, flow: bool = False) -> Scenario:
+    """Load (and check) a `.sop` file; on problems print compiler diagnostics and exit 1.
+    Commands that only run an SOP skip the flow proofs (`flow=False`): names, types and structure
+    are checked, exhaustiveness is enforced by the engine at run time; `sop check` proves the rest."""
     try:
-        return load(path, check=check)
+        return load(path, check=check, flow=flow, include_path=include_dirs())
     except SopError as exc:
         click.echo(exc.render(), err=True)
         n = sum(1 for d in exc.diagnostics if d.is_error)

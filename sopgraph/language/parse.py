@@ -8,8 +8,11 @@ resolves bare identifiers, and returns a `Scenario`. Syntax and loading problems
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 import threading
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -730,13 +733,65 @@ class Loaded(ir.Node):
 
 
 def load_source(path: str | Path | None = None, *, text: str | None = None,
-                name: str | None = None) -> Loaded:
-    """Load a program, collecting every loading diagnostic instead of stopping at the first."""
+                name: str | None = None, include_path: Sequence[str | Path] = ()) -> Loaded:
+    """Load a program, collecting every loading diagnostic instead of stopping at the first.
+    Includes are sandboxed (see `read_sop_file`): they must lie under the main file's directory
+    or one of the `include_path` directories."""
     with no_cyclic_gc():
-        return _load_source(path, text=text, name=name)
+        return _load_source(path, text=text, name=name, include_path=include_path)
 
 
-def _load_source(path: str | Path | None, *, text: str | None, name: str | None) -> Loaded:
+MAX_SOURCE_BYTES = 8 * 1024 * 1024  # a .sop file (main or included) larger than this is refused
+_SYSTEM_TREES = ("/proc", "/sys", "/dev")  # pseudo-files: endless, blocking or secret
+
+
+class ReadRefused(Exception):
+    """A source file that must not be read; `str()` is the reason, `hint` says what to do."""
+
+    def __init__(self, reason: str, hint: str | None = None):
+        super().__init__(reason)
+        self.hint = hint
+
+
+def read_sop_file(path: str | Path, *, limit: int | None = None) -> str:
+    """Read a source file safely: only a regular file (no FIFO, device or /proc entry, which could
+    block forever, never end or leak secrets), at most `limit` bytes, UTF-8 text without NUL bytes.
+    Opened non-blocking and checked on the open descriptor, so a FIFO swapped in cannot hang us."""
+    limit = MAX_SOURCE_BYTES if limit is None else limit
+    name = str(path)
+    if "\0" in name:
+        raise ReadRefused("the path contains a NUL byte", "remove the NUL character from the path")
+    resolved = Path(path).resolve()
+    if any(str(resolved) == t or str(resolved).startswith(t + "/") for t in _SYSTEM_TREES):
+        raise ReadRefused(f"{resolved} is a system pseudo-file, not a source file", "name a .sop file")
+    try:
+        fd = os.open(resolved, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ReadRefused(_reason(exc)) from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ReadRefused("not a regular file", "name a .sop file, not a directory, device or pipe")
+        if info.st_size > limit:
+            raise ReadRefused(f"the file is too large ({info.st_size:,} bytes; at most {limit:,})",
+                              "split it into smaller files joined with `include`")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ReadRefused(f"the file is too large (more than {limit:,} bytes)",
+                          "split it into smaller files joined with `include`")
+    if b"\0" in data:
+        raise ReadRefused("the file contains NUL bytes (binary data, not a .sop program)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReadRefused(f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from exc
+
+
+def _load_source(path: str | Path | None, *, text: str | None, name: str | None,
+                 include_path: Sequence[str | Path] = ()) -> Loaded:
     sources: dict[str, str] = {}
     diags: list[Diagnostic] = []
     programs: list[Program] = []
@@ -744,10 +799,10 @@ def _load_source(path: str | Path | None, *, text: str | None, name: str | None)
         assert path is not None
         file = str(path)
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            return Loaded(diagnostics=[error("E003", f"cannot read {file}: {_reason(exc)}",
-                                             ir.Span(file=file))])
+            text = read_sop_file(path)
+        except ReadRefused as exc:
+            shown = file.replace("\0", "\\0")
+            return Loaded(diagnostics=[error("E003", f"cannot read {shown}: {exc}", ir.Span(file=shown), exc.hint)])
         base = Path(path).resolve().parent
     else:
         file = name or (str(path) if path else "<string>")
@@ -759,7 +814,9 @@ def _load_source(path: str | Path | None, *, text: str | None, name: str | None)
     except SopError as exc:
         return Loaded(diagnostics=exc.diagnostics, sources=sources)
     programs.append(main)
-    _collect_includes(main, base, [str(Path(file).resolve()) if path else file], programs, sources, diags)
+    roots = [base] + [Path(p).resolve() for p in include_path]
+    _collect_includes(main, base, [str(Path(file).resolve()) if path else file], programs, sources, diags,
+                      roots)
     if any(d.is_error for d in diags):
         return Loaded(diagnostics=diags, sources=sources)
     try:
@@ -782,12 +839,32 @@ def _reason(exc: Exception) -> str:
     return getattr(exc, "strerror", None) or str(exc)
 
 
+def _include_target(item: Any, base: Path, roots: Sequence[Path]) -> Path:
+    """The file an `include` names, if the sandbox allows it: a `.sop` file inside the main file's
+    directory tree or an `--include-path` directory. Raises `ReadRefused` otherwise."""
+    if "\0" in item.path:
+        raise ReadRefused("the path contains a NUL byte", "remove the NUL character from the path")
+    if not item.path.endswith(".sop"):
+        raise ReadRefused("only `.sop` files can be included", "name a file ending in `.sop`")
+    target = (base / item.path).resolve()
+    if not any(target == r or target.is_relative_to(r) for r in roots):
+        raise ReadRefused("it lies outside the main file's directory",
+                          "include files under the main file's directory, or name their directory with "
+                          "`sop --include-path DIR`")
+    return target
+
+
 def _collect_includes(program: Program, base: Path, chain: list[str], programs: list[Program],
-                      sources: dict[str, str], diags: list[Diagnostic]) -> None:
+                      sources: dict[str, str], diags: list[Diagnostic], roots: Sequence[Path] = ()) -> None:
     for item in program.items:
         if not isinstance(item, Include):
             continue
-        target = (base / item.path).resolve()
+        shown = item.path.replace("\0", "\\0")
+        try:
+            target = _include_target(item, base, roots or [base])
+        except ReadRefused as exc:
+            diags.append(error("E003", f"cannot include `{shown}`: {exc}", item.span, exc.hint))
+            continue
         key = str(target)
         if key in chain:
             diags.append(error("E004", f"include cycle: {' -> '.join(Path(c).name for c in chain)} -> "
@@ -796,10 +873,10 @@ def _collect_includes(program: Program, base: Path, chain: list[str], programs: 
         if any(str(Path(p.file).resolve()) == key for p in programs):
             continue  # included twice through different routes: once is enough
         try:
-            text = target.read_text(encoding="utf-8").replace("\r\n", "\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            diags.append(error("E003", f"cannot include `{item.path}`: {_reason(exc)}", item.span,
-                               "include paths are relative to the including file"))
+            text = read_sop_file(target).replace("\r\n", "\n")
+        except ReadRefused as exc:
+            diags.append(error("E003", f"cannot include `{shown}`: {exc}", item.span,
+                               exc.hint or "include paths are relative to the including file"))
             continue
         sources[str(target)] = text
         try:
@@ -808,7 +885,7 @@ def _collect_includes(program: Program, base: Path, chain: list[str], programs: 
             diags.extend(exc.diagnostics)
             continue
         programs.append(sub)
-        _collect_includes(sub, target.parent, chain + [key], programs, sources, diags)
+        _collect_includes(sub, target.parent, chain + [key], programs, sources, diags, roots)
 
 
 def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1018,6 +1018,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("descriptions", check_descriptions),
     Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
 )
+CHEAP_PASSES: tuple[Pass, ...] = tuple(p for p in PASSES if p.name != "flow")
 
 
 def _dedupe(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
@@ -1110,11 +1111,12 @@ class Checked(BaseModel):
         return sum(1 for d in self.diagnostics if d.severity == "warning")
 
 
-def check_file(path: str | Path, *, text: str | None = None, name: str | None = None) -> Checked:
+def check_file(path: str | Path, *, text: str | None = None, name: str | None = None,
+               include_path: Sequence[str | Path] = ()) -> Checked:
     """Load and check one file. Static checks run when the loader built a scenario and found no
     errors other than duplicate declarations (whose later copies it drops), so nothing is reported
     twice and a broken include or subflow does not cascade into undefined-stage errors."""
-    loaded = load_source(path, text=text, name=name)
+    loaded = load_source(path, text=text, name=name, include_path=include_path)
     diags = list(loaded.diagnostics)
     sources = dict(loaded.sources)
     if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
@@ -1123,13 +1125,16 @@ def check_file(path: str | Path, *, text: str | None = None, name: str | None = 
                    scenario=loaded.scenario)
 
 
-def load(path: str | Path | None = None, *, text: str | None = None, check: bool = True) -> ir.Scenario:
+def load(path: str | Path | None = None, *, text: str | None = None, check: bool = True,
+         flow: bool = True, include_path: Sequence[str | Path] = ()) -> ir.Scenario:
     """Load a `.sop` program (file or text), merge includes, inline subflows and, by default,
-    run the static checker. Raises `SopError` (with every diagnostic) if there are errors."""
-    loaded = load_source(path, text=text)
+    run the static checker. Raises `SopError` (with every diagnostic) if there are errors.
+    `flow=False` runs the cheap passes only (names, types, structure): what a command that just
+    runs the SOP needs; the flow proofs (exhaustiveness, overlaps, dead branches) are `sop check`'s."""
+    loaded = load_source(path, text=text, include_path=include_path)
     diagnostics = list(loaded.diagnostics)
     if loaded.scenario is not None and check and not any(d.is_error for d in diagnostics):
-        diagnostics += check_scenario(loaded.scenario)
+        diagnostics += check_scenario(loaded.scenario, PASSES if flow else CHEAP_PASSES)
     errors = [d for d in diagnostics if d.is_error]
     if errors or loaded.scenario is None:
         raise SopError(errors or diagnostics, loaded.sources)
@@ -1139,6 +1144,7 @@ def load(path: str | Path | None = None, *, text: str | None = None, check: bool
 __all__ = [
     "load",
     "PASSES",
+    "CHEAP_PASSES",
     "Checked",
     "Pass",
     "check",

@@ -44,6 +44,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from sopgraph.cases.validate import CaseFileError, check_cases, read_case_lines
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
@@ -111,41 +112,38 @@ class RunSummary(BaseModel):
 
 
 def read_cases(path: str | Path) -> list[Case]:
-    """Cases from a JSON Lines file (one `records.Case` per line); errors name the line."""
+    """Cases from a JSON Lines file (one `records.Case` per line); errors name the line. Read with
+    bounds (`cases.validate.read_case_lines`): a device, pipe or huge line is refused."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RunError(f"cannot read cases file {path}: {exc.strerror or exc}") from None
     cases: list[Case] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            cases.append(Case.model_validate_json(line))
-        except ValueError as exc:
-            first = exc.errors()[0] if hasattr(exc, "errors") else {"msg": str(exc), "loc": ()}
-            where = ".".join(str(x) for x in first.get("loc", ()))
-            raise RunError(f"{path}:{lineno}: invalid case{' at ' + where if where else ''}: {first['msg']}") \
-                from None
+    try:
+        for lineno, line in read_case_lines(path):
+            try:
+                cases.append(Case.model_validate_json(line))
+            except ValueError as exc:
+                first = exc.errors()[0] if hasattr(exc, "errors") else {"msg": str(exc), "loc": ()}
+                where = ".".join(str(x) for x in first.get("loc", ()))
+                raise RunError(f"{path}:{lineno}: invalid case{' at ' + where if where else ''}: "
+                               f"{first['msg']}") from None
+    except CaseFileError as exc:
+        raise RunError(str(exc)) from None
     if not cases:
         raise RunError(f"{path}: no cases")
     return cases
 
 
-def _check_cases(scenario: ir.Scenario, cases: Sequence[Case]) -> list[str]:
+def _check_cases(scenario: ir.Scenario, cases: Sequence[Case], source: str = "cases") -> list[str]:
+    """Refused at the start of a run: duplicate ids, and any case that does not fit the scenario
+    (`cases.validate.check_cases`: domains, ranges, expected path re-decided, schema version)."""
     seen: set[str] = set()
-    warnings: list[str] = []
     for case in cases:
         if case.id in seen:
             raise RunError(f"duplicate case id {case.id!r}")
         seen.add(case.id)
-        if case.scenario and case.scenario != scenario.name:
-            raise RunError(f"case {case.id!r} is for scenario {case.scenario!r}, not {scenario.name!r}")
-    stale = sum(1 for c in cases if c.sop_hash and c.sop_hash != scenario.source_hash)
-    if stale:
-        warnings.append(f"{stale} case(s) were synthesized from another version of the SOP (sop_hash differs)")
-    return warnings
+    try:
+        return check_cases(scenario, cases, source=source)
+    except CaseFileError as exc:
+        raise RunError(str(exc)) from None
 
 
 def normalize_models(models: Any) -> Any:
@@ -317,7 +315,8 @@ async def run(
         scenario = scenario_path if isinstance(scenario_path, ir.Scenario) else _load(scenario_path)
         cases = (list(cases_path) if isinstance(cases_path, Sequence) and not isinstance(cases_path, str)
                  else read_cases(cases_path))  # type: ignore[arg-type]
-        warnings += _check_cases(scenario, cases)
+        warnings += _check_cases(scenario, cases, str(cases_path) if isinstance(cases_path, str | Path)
+                                 else "cases")
         roles = normalize_models(models)
         try:
             spec = parse_judge_turns(judge_turns)
@@ -371,7 +370,7 @@ def _load(path: str | Path | None) -> ir.Scenario:
     if path is None:
         raise RunError("no scenario file given")
     try:
-        return load(path)
+        return load(path, flow=False)  # running needs no flow proofs (`sop check` does them)
     except SopError as exc:
         raise RunError(f"{path}: the SOP has errors:\n{exc.render()}") from None
     except OSError as exc:

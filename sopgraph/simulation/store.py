@@ -101,7 +101,41 @@ CREATE INDEX IF NOT EXISTS usage_dialogue ON usage(dialogue_id);
 
 
 class StoreError(Exception):
-    """A run directory that cannot be used (missing, not a run, already a run, newer format)."""
+    """A run directory that cannot be used (missing, not a run, already a run, newer format,
+    corrupted); the message names the file and says what to do."""
+
+
+_HINT = "restore it from a backup, or start a new run in another directory (-o)"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a file that is not a SQLite database without touching it (no connection is made)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if head != _SQLITE_MAGIC:
+        what = "empty" if not head else "not a SQLite database"
+        raise StoreError(f"{path} is {what}, not a sopgraph run store; {_HINT}")
+
+
+def _decode(model: Any, data: Any, path: Path, table: str) -> Any:
+    """One stored row as a record; a row that is not valid JSON or not a valid record is named."""
+    try:
+        return model.model_validate_json(data)
+    except ValueError as exc:
+        first = exc.errors()[0] if hasattr(exc, "errors") and exc.errors() else {"msg": str(exc)[:200]}
+        raise StoreError(f"{path}: a row of `{table}` is not a valid {model.__name__} record "
+                         f"({first.get('msg')}); {_HINT}") from None
+
+
+def _json(data: Any, path: Path, table: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"{path}: a row of `{table}` is not valid JSON ({exc}); {_HINT}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,18 +256,31 @@ class RunStore:
         path = run_dir / STORE_FILE
         if not path.is_file():
             raise StoreError(f"{run_dir} is not a run directory (no {STORE_FILE})")
+        _check_header(path)  # before connecting: sqlite would turn a 0-byte file into a database
         conn = None
         try:
             conn = cls._connect(path)
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             conn.execute("SELECT 1 FROM meta LIMIT 1")
+            check = conn.execute("PRAGMA quick_check(1)").fetchone()
+            row = conn.execute("SELECT value FROM meta WHERE key='store_version'").fetchone()
         except sqlite3.DatabaseError as exc:
             if conn is not None:
                 conn.close()
-            raise StoreError(f"{path} is not a sopgraph run store: {exc}") from None
-        if version > STORE_VERSION:
+            raise StoreError(f"{path} is not a readable sopgraph run store ({exc}); {_HINT}") from None
+        if check is None or check[0] != "ok":
             conn.close()
-            raise StoreError(f"{path} was written by a newer sopgraph (store version {version})")
+            detail = " ".join(str(check[0]).split()) if check else "integrity check failed"
+            raise StoreError(f"{path} is corrupted ({detail}); {_HINT}")
+        try:
+            meta_version = int(json.loads(row[0])) if row else version
+        except (ValueError, TypeError):
+            conn.close()
+            raise StoreError(f"{path}: meta `store_version` is not a number; {_HINT}") from None
+        if max(version, meta_version) > STORE_VERSION:
+            conn.close()
+            raise StoreError(f"{path} was written by a newer sopgraph (store version "
+                             f"{max(version, meta_version)}; this one reads {STORE_VERSION}); upgrade sopgraph")
         return cls(run_dir, conn, secrets=secrets)
 
     def close(self) -> None:
@@ -271,11 +318,11 @@ class RunStore:
     def meta(self) -> dict[str, Any]:
         """Every meta entry, decoded."""
         rows = self.conn.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
-        return {k: json.loads(v) for k, v in rows}
+        return {k: _json(v, self.path, "meta") for k, v in rows}
 
     def meta_value(self, key: str, default: Any = None) -> Any:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else default
+        return _json(row[0], self.path, "meta") if row else default
 
     @property
     def sop_hash(self) -> str:
@@ -288,7 +335,10 @@ class RunStore:
         raw = self.meta_value("scenario")
         if raw is None:
             raise StoreError(f"{self.path} holds no scenario")
-        return Scenario.model_validate(raw)
+        try:
+            return Scenario.model_validate(raw)
+        except ValueError:
+            raise StoreError(f"{self.path}: the stored scenario is not a valid scenario record; {_HINT}") from None
 
     def _stamp(self) -> tuple[int, str, str]:
         return RECORD_VERSION, self.sop_hash, TOOL_VERSION
@@ -434,16 +484,16 @@ class RunStore:
     # ------------------------------------------------------------------ reading
     def cases(self) -> list[Case]:
         rows = self.conn.execute("SELECT data FROM cases ORDER BY ord").fetchall()
-        return [Case.model_validate_json(r[0]) for r in rows]
+        return [_decode(Case, r[0], self.path, "cases") for r in rows]
 
     def dialogues(self, status: str | Iterable[str] | None = None) -> list[Dialogue]:
         where, args = _status_filter("", status)
         rows = self.conn.execute(f"SELECT data FROM dialogues {where} ORDER BY ord", args).fetchall()
-        return [Dialogue.model_validate_json(r[0]) for r in rows]
+        return [_decode(Dialogue, r[0], self.path, "dialogues") for r in rows]
 
     def dialogue(self, dialogue_id: str) -> Dialogue | None:
         row = self.conn.execute("SELECT data FROM dialogues WHERE id=?", (dialogue_id,)).fetchone()
-        return Dialogue.model_validate_json(row[0]) if row else None
+        return _decode(Dialogue, row[0], self.path, "dialogues") if row else None
 
     def _turn_query(self, dialogue_id: str | None, status: str | Iterable[str] | None) -> tuple[str, list]:
         if dialogue_id is not None:
@@ -466,9 +516,8 @@ class RunStore:
         self, status: str | Iterable[str] | None = None, *, dialogue_id: str | None = None, batch: int = 2000
     ) -> Iterator[Turn]:
         """Stream turns as records with constant memory (fetches `batch` rows at a time)."""
-        validate = Turn.model_validate_json
         for data in self._iter_data(*self._turn_query(dialogue_id, status), batch=batch):
-            yield validate(data)
+            yield _decode(Turn, data, self.path, "turns")
 
     def iter_turn_dicts(
         self, status: str | Iterable[str] | None = None, *, dialogue_id: str | None = None, batch: int = 2000
@@ -477,7 +526,13 @@ class RunStore:
         millions of rows."""
         loads = json.loads
         for data in self._iter_data(*self._turn_query(dialogue_id, status), batch=batch):
-            yield loads(data)
+            try:
+                row = loads(data)
+            except (ValueError, TypeError):
+                row = _json(data, self.path, "turns")  # raises StoreError naming the file
+            if not isinstance(row, dict):
+                raise StoreError(f"{self.path}: a row of `turns` is not a JSON object; {_HINT}")
+            yield row
 
     def _iter_data(self, sql: str, args: list, *, batch: int) -> Iterator[str]:
         # A separate connection, so that a long read never interleaves with the writer's cursor.
@@ -498,14 +553,14 @@ class RunStore:
         rows = self.conn.execute(
             f"SELECT data FROM judgments {where} ORDER BY judgment_set, dialogue_id, turn_index, judge", args
         ).fetchall()
-        return [Judgment.model_validate_json(r[0]) for r in rows]
+        return [_decode(Judgment, r[0], self.path, "judgments") for r in rows]
 
     def consensus(self, judgment_set: str | None = None, dialogue_id: str | None = None) -> list[Consensus]:
         where, args = _key_filter(judgment_set, dialogue_id)
         rows = self.conn.execute(
             f"SELECT data FROM consensus {where} ORDER BY judgment_set, dialogue_id, turn_index", args
         ).fetchall()
-        return [Consensus.model_validate_json(r[0]) for r in rows]
+        return [_decode(Consensus, r[0], self.path, "consensus") for r in rows]
 
     def judgment_sets(self) -> list[str]:
         """Names of the judgment sets present (plus those declared in meta), sorted."""

@@ -1,0 +1,136 @@
+"""Cases checked against their scenario before anything runs on them.
+
+A case file is input like any other: hand-edited, copied between SOP versions, or simply wrong. A run
+over a bad case silently scores `None`, so `sop run` refuses the file at the start instead, naming
+the case and the problem in one line. Checked per case: the record's schema version, the scenario
+name, every truth/system value against its variable's domain (enum values, bools, finite numbers in
+range), and the expected path and finals re-decided by the reference engine. A `sop_hash` from
+another version of the SOP is only a warning when the decision still agrees.
+
+`read_case_lines` reads a JSON Lines file with bounds (regular files only, a size and line limit),
+so `--cases /dev/zero` or a multi-gigabyte line is refused instead of exhausting memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from sopgraph.language import ir
+from sopgraph.logic.engine import DecideError, engine_for, validate_value
+from sopgraph.records import RECORD_VERSION, Case
+
+MAX_CASES_BYTES = 512 * 1024 * 1024  # a cases file larger than this is refused
+MAX_CASE_LINE = 4 * 1024 * 1024  # one case (one JSON line)
+
+
+class CaseFileError(ValueError):
+    """A cases file that cannot be read safely; the message is one line naming the file."""
+
+
+def read_case_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every non-empty line of a JSON Lines file, read with bounds."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError) as exc:
+        raise CaseFileError(f"cannot read cases file {p}: {getattr(exc, 'strerror', None) or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise CaseFileError(f"cannot read cases file {p}: not a regular file (a device, pipe or directory)")
+        if info.st_size > MAX_CASES_BYTES:
+            raise CaseFileError(f"cases file {p} is too large ({info.st_size:,} bytes; at most "
+                                f"{MAX_CASES_BYTES:,})")
+        lineno = 0
+        while True:
+            raw = fh.readline(MAX_CASE_LINE + 1)
+            if not raw:
+                return
+            lineno += 1
+            if len(raw) > MAX_CASE_LINE:
+                raise CaseFileError(f"{p}:{lineno}: line longer than {MAX_CASE_LINE:,} bytes")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CaseFileError(f"{p}:{lineno}: not UTF-8 text (byte {exc.start})") from None
+            if text.strip():
+                yield lineno, text
+
+
+def _finite(value: Any) -> bool:
+    return not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _values_problems(scenario: ir.Scenario, case: Case, section: str, role: str) -> list[str]:
+    values: dict[str, Any] = getattr(case, section)
+    out: list[str] = []
+    for name, value in values.items():
+        var = scenario.variables.get(name)
+        if var is None or var.role != role:
+            kind = "field" if role == "field" else "system variable"
+            out.append(f"`{section}` names `{name}`, which is not a {kind} of `{scenario.name}`")
+            continue
+        if value is None:
+            continue  # a value the case leaves open (never read on its path)
+        try:
+            validate_value(var, value)
+        except DecideError as exc:
+            out.append(f"{section}: {exc.message}")
+    return out
+
+
+def case_problems(scenario: ir.Scenario, case: Case) -> list[str]:
+    """Every reason the case cannot be run against `scenario` (empty: the case is sound)."""
+    if case.schema_version > RECORD_VERSION:
+        return [f"schema_version {case.schema_version} is newer than this sopgraph reads ({RECORD_VERSION}); "
+                "upgrade sopgraph or re-synthesize the cases"]
+    if case.schema_version < 1:
+        return [f"schema_version {case.schema_version} is not a valid version"]
+    if case.scenario and case.scenario != scenario.name:
+        return [f"the case is for scenario `{case.scenario}`, not `{scenario.name}`"]
+    out = _values_problems(scenario, case, "truth", "field") + _values_problems(scenario, case, "system", "system")
+    if out:
+        return out
+    values = {**case.truth, **case.system}
+    try:
+        path, finals = engine_for(scenario).decide_raw({k: v for k, v in values.items() if v is not None})
+    except DecideError as exc:
+        return [f"the SOP cannot decide the case's values: {exc.message}"]
+    if list(path) != list(case.expected_path):
+        return [f"expected_path {' -> '.join(case.expected_path) or '(empty)'} is not what the SOP decides "
+                f"for its values ({' -> '.join(path)}); re-synthesize the cases"]
+    for key, want in case.expected_finals.items():
+        got = finals.get(key, None)
+        if key not in finals:
+            return [f"expected_finals names `{key}`, which is not an output of `{scenario.name}`"]
+        if not _finite(want) or got != want:
+            return [f"expected_finals `{key}` = {json.dumps(want, default=str)} but the SOP decides "
+                    f"{json.dumps(got, default=str)}; re-synthesize the cases"]
+    return []
+
+
+def check_cases(scenario: ir.Scenario, cases: Sequence[Case], *, source: str = "cases") -> list[str]:
+    """Refuse unsound cases (raises `CaseFileError` with the first problem, and how many more);
+    returns warnings (cases synthesized from another version of the SOP that still agree)."""
+    problems: list[str] = []
+    stale = 0
+    for case in cases:
+        found = case_problems(scenario, case)
+        problems += [f"case {case.id!r}: {p}" for p in found]
+        if not found and case.sop_hash and case.sop_hash != scenario.source_hash:
+            stale += 1
+    if problems:
+        more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" \
+            if len(problems) > 1 else ""
+        raise CaseFileError(f"{source}: {problems[0]}{more}")
+    warnings = []
+    if stale:
+        warnings.append(f"{stale} case(s) were synthesized from another version of the SOP (sop_hash "
+                        "differs); their expected paths still agree with this version")
+    return warnings
