@@ -46,7 +46,7 @@ from sopgraph.cases.profiles import (
 )
 from sopgraph.language import ir
 from sopgraph.language.compile import reads, stage_reads
-from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error, warning
+from sopgraph.language.diagnostics import Diagnostic, did_you_mean, warning
 from sopgraph.logic import domain
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom

@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from sopgraph.cases.synth import check_profile_beside
-from sopgraph.language.diagnostics import sort_key
 from sopgraph.cli.params import include_dirs
+from sopgraph.language.diagnostics import sort_key
 from sopgraph.logic.checker import Checked, check_file
 
 
