@@ -437,6 +437,7 @@ class Space:
         self.res_text: list[str] = []
         self._res_index: dict[str, int] = {}
         self._base_reads: dict[str, tuple[int, ...]] = {}
+        self._total: dict[int, tuple[Any, bool]] = {}
         self._dead: dict[frozenset[int], list[int]] = {}
         self._describe_cache: dict[tuple[int, Any], str] = {}
         self.lit_true = ir.Lit.model_construct(value=True, bare=False, kind="lit", span=ir.NO_SPAN)
@@ -654,6 +655,35 @@ class Space:
                 continue
             stack.extend(reversed(_children(e)))
         return tuple(out)
+
+    def total(self, expr: Any) -> bool:
+        """True when evaluating `expr` on any assignment of the space cannot fail: no division
+        (the one operation that raises on in-domain values), derived variables included. Then the
+        short-circuit of `and`/`or` does not matter and their negations stay linear in size."""
+        key = id(expr)
+        hit = self._total.get(key)
+        if hit is not None and hit[0] is expr:
+            return hit[1]
+        variables = self.scenario.variables
+        seen: set[str] = set()
+        stack = [expr]
+        ok = True
+        while stack and ok:
+            e = stack.pop()
+            if isinstance(e, ir.Var):
+                v = variables.get(e.name)
+                if v is None:
+                    ok = False
+                elif v.role == "derived" and e.name not in seen and v.expr is not None:
+                    seen.add(e.name)
+                    stack.append(v.expr)
+                continue
+            if isinstance(e, ir.Binary) and e.op == "/":
+                ok = False
+                continue
+            stack.extend(_children(e))
+        self._total[key] = (expr, ok)
+        return ok
 
     def residual(self, expr: Any, truth: bool) -> Formula:
         text = ir.show(expr)
@@ -1422,11 +1452,15 @@ class _Compiler:
             if e.op == "and":
                 if truth:
                     return mk_and(sp, fs_t)
+                if sp.total(e):  # no operand can fail: "some operand is false" (linear)
+                    return mk_or(sp, fs_f)
                 # first false operand stops evaluation
                 alts = [mk_and(sp, fs_t[:k] + [fs_f[k]]) for k in range(len(fs_f))]
                 return mk_or(sp, alts)
             if not truth:
                 return mk_and(sp, fs_f)
+            if sp.total(e):
+                return mk_or(sp, fs_t)
             alts = [mk_and(sp, fs_f[:k] + [fs_t[k]]) for k in range(len(fs_t))]
             return mk_or(sp, alts)
         if isinstance(e, ir.Compare):

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from sopgraph.language import ir
 
+CASE_INLINE = 16  # `case` arms written as one conditional expression; longer ones become helper functions
 EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
 
 
@@ -89,6 +90,77 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 # Reference interpreter
 
+WARM_DEPTH = 48  # derived chains deeper than this are evaluated bottom-up (no deep recursion)
+_ORDERS: dict[int, tuple[ir.Scenario, dict[str, list[str]]]] = {}
+
+
+def _derived_deps(scenario: ir.Scenario, name: str) -> list[str]:
+    var = scenario.variables.get(name)
+    if var is None or var.role != "derived" or var.expr is None:
+        return []
+    out: dict[str, None] = {}
+    stack = [var.expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ir.Var):
+            dep = scenario.variables.get(e.name)
+            if dep is not None and dep.role == "derived":
+                out.setdefault(e.name, None)
+            continue
+        stack.extend(_expr_children(e))
+    return list(out)
+
+
+def _expr_children(e: Any) -> list[Any]:
+    if isinstance(e, ir.Unary):
+        return [e.operand]
+    if isinstance(e, (ir.Binary, ir.Compare)):
+        return [e.left, e.right]
+    if isinstance(e, ir.InSet):
+        return [e.operand]
+    if isinstance(e, ir.BoolOp):
+        return list(e.operands)
+    if isinstance(e, ir.Call):
+        return list(e.args)
+    if isinstance(e, ir.Case):
+        return [x for arm in e.arms for x in (arm.when, arm.then)] + [e.otherwise]
+    return []
+
+
+def deep_derived_order(scenario: ir.Scenario, name: str) -> list[str]:
+    """The derived variables `name` depends on, dependencies first, when its dependency chain is
+    deeper than `WARM_DEPTH`; empty otherwise. Iterative (the chains it exists for are deep);
+    computed once per scenario object and variable."""
+    hit = _ORDERS.get(id(scenario))
+    if hit is None or hit[0] is not scenario:
+        if len(_ORDERS) >= 16:
+            _ORDERS.pop(next(iter(_ORDERS)))
+        hit = (scenario, {})
+        _ORDERS[id(scenario)] = hit
+    memo = hit[1]
+    if name in memo:
+        return memo[name]
+    order: list[str] = []
+    depth: dict[str, int] = {}
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[tuple[str, int]] = [(name, 0)]
+    while stack:
+        node, i = stack.pop()
+        deps = _derived_deps(scenario, node)
+        state[node] = 1
+        if i < len(deps):
+            stack.append((node, i + 1))
+            if deps[i] not in state:
+                stack.append((deps[i], 0))
+            continue
+        state[node] = 2
+        depth[node] = 1 + max((depth.get(d, 0) for d in deps), default=0)
+        order.append(node)
+    result = order[:-1] if depth.get(name, 0) > WARM_DEPTH else []
+    memo[name] = result
+    return result
+
+
 
 class _Interp:
     def __init__(self, scenario: ir.Scenario, values: Mapping[str, Any]):
@@ -96,6 +168,26 @@ class _Interp:
         self.values = values
         self.cache: dict[str, Any] = {}
         self.stage: str | None = None
+        self.depth = 0  # nesting of derived-variable evaluations
+
+    def _warm(self, name: str) -> None:
+        """Before a derived variable with a deep chain of derived dependencies (a 1,000-long `let`
+        chain), compute those dependencies bottom-up so no evaluation recurses deeply. A dependency
+        that fails is left uncached (it may not be needed: `and`/`or` are lazy) and fails again,
+        with its own message, only if it is read. Values are pure, so the result is the same."""
+        order = deep_derived_order(self.s, name)
+        if not order:
+            return
+        self.depth += 1
+        try:
+            for dep in order:
+                if dep not in self.cache:
+                    try:
+                        self.cache[dep] = self.eval(self.s.variables[dep].expr)
+                    except (DecideError, ArithmeticError, TypeError, ValueError):
+                        pass
+        finally:
+            self.depth -= 1
 
     def var(self, name: str) -> Any:
         if name in self.cache:
@@ -103,7 +195,13 @@ class _Interp:
         var = self.s.variables[name]
         if var.role == "derived":
             assert var.expr is not None
-            value = self.eval(var.expr)
+            if self.depth == 0:
+                self._warm(name)
+            self.depth += 1
+            try:
+                value = self.eval(var.expr)
+            finally:
+                self.depth -= 1
         else:
             value = validate_value(var, self.values.get(name))
         self.cache[name] = value
@@ -141,6 +239,10 @@ class _Interp:
                     return self.eval(arm.then)
             return self.eval(e.otherwise)
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
+
+
+def _count(conditions: tuple) -> int:
+    return sum(1 for c in conditions if c)
 
 
 def _arith(op: str, a: Any, b: Any) -> Any:
@@ -240,6 +342,8 @@ class _Gen:
         self.var_index = {name: i for i, name in enumerate(scenario.variables)}
         self.consts = 0
         self.tmp = 0
+        self.helpers: list[str] = []  # helper functions (long `case`s), emitted before `decide`
+        self.ns["_count"] = _count
 
     # -- helpers
     def const(self, value: Any) -> str:
@@ -308,15 +412,29 @@ class _Gen:
             return "(" + f" {e.op} ".join(self.expr(o) for o in e.operands) + ")"
         if isinstance(e, ir.Call):
             args = [self.expr(a) for a in e.args]
-            if e.func == "count":
-                return "(" + " + ".join(f"(1 if {a} else 0)" for a in args) + ")"
+            if e.func == "count":  # a flat tuple: no nesting however many conditions
+                return "_count((" + ", ".join(args) + ",))"
             return f"{e.func}({', '.join(args)})"
         if isinstance(e, ir.Case):
+            if len(e.arms) > CASE_INLINE:
+                return self.case_function(e)
             code = self.expr(e.otherwise)
             for arm in reversed(e.arms):
                 code = f"({self.expr(arm.then)} if {self.expr(arm.when)} else {code})"
             return code
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
+
+    def case_function(self, e: ir.Case) -> str:
+        """A `case` with many arms as a helper function of flat `if`s: nested conditional
+        expressions hit Python's parser limit (about 200 levels)."""
+        name = f"C{self.tmp}"
+        self.tmp += 1
+        body = [f"def {name}(v):"]
+        for arm in e.arms:
+            body.append(f"    if {self.expr(arm.when)}: return {self.expr(arm.then)}")
+        body.append(f"    return {self.expr(e.otherwise)}")
+        self.helpers += body
+        return f"{name}(v)"
 
     def leaf(self, target: ir.Target) -> str:
         base: dict[str, Any] = {"Action": target.action}
@@ -351,7 +469,6 @@ class _Gen:
             x = f"x{self.tmp}"
             self.tmp += 1
             out.append(f"{indent}{x} = v.get({var.name!r})")
-            kw = "if"
             otherwise = None
             for branch in stage.branches:
                 if not branch.values:
@@ -362,30 +479,23 @@ class _Gen:
                     cond = f"{x} is {vals[0]!r}" if isinstance(vals[0], bool) else f"{x} == {vals[0]!r}"
                 else:
                     cond = f"{x} in {self.const(frozenset(vals))}"
-                out.append(f"{indent}{kw} {cond}:")
+                # flat `if`s (every target returns or raises): a long `elif` chain nests in the AST
+                out.append(f"{indent}if {cond}:")
                 out += emit_target(branch.target, indent + "    ")
-                kw = "elif"
-            out.append(f"{indent}else:")
-            out += [f"{indent}    {line}" for line in self.check_lines(var, x)]
+            out += [f"{indent}{line}" for line in self.check_lines(var, x)]
             if otherwise is not None:
-                out += emit_target(otherwise.target, indent + "    ")
+                out += emit_target(otherwise.target, indent)
             else:
-                out.append(f"{indent}    raise DecideError('no branch')")
+                out.append(f"{indent}raise DecideError('no branch')")
             return out
-        kw = "if"
         closed = False
         for branch in stage.branches:
             if branch.guard is None:
-                if kw == "if":
-                    out += emit_target(branch.target, indent)
-                else:
-                    out.append(f"{indent}else:")
-                    out += emit_target(branch.target, indent + "    ")
+                out += emit_target(branch.target, indent)
                 closed = True
                 break
-            out.append(f"{indent}{kw} {self.expr(branch.guard)}:")
+            out.append(f"{indent}if {self.expr(branch.guard)}:")
             out += emit_target(branch.target, indent + "    ")
-            kw = "elif"
         if not closed:
             out.append(f"{indent}raise DecideError('no branch')")
         return out
@@ -434,17 +544,34 @@ class Engine:
 
     def __init__(self, scenario: ir.Scenario):
         self.scenario = scenario
-        gen = _Gen(scenario)
-        gen.readers()
         size = _expanded_size(scenario)
-        self.mode = "tree" if size is not None else "loop"
-        if self.mode == "tree":
+        modes = (["tree"] if size is not None else []) + ["loop"]
+        self.source = ""
+        for mode in modes:
+            try:
+                self._fn = self._generate(mode)
+                self.mode = mode
+                return
+            except (SyntaxError, RecursionError, MemoryError, ValueError, OverflowError):
+                continue  # a program Python cannot compile as written: try the next form
+        # Any program that checks runs: past what generated code can express, interpret it.
+        self.mode = "interp"
+        self._fn = self._interpret
+
+    def _interpret(self, values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+        decision = interpret(self.scenario, values)
+        return decision.path, decision.finals
+
+    def _generate(self, mode: str) -> Any:
+        gen = _Gen(self.scenario)
+        gen.readers()
+        if mode == "tree":
             self._build_tree(gen)
         else:
             self._build_loop(gen)
-        self.source = "\n".join(gen.lines) + "\n"
-        exec(compile(self.source, f"<sop engine {scenario.name}>", "exec"), gen.ns)  # noqa: S102
-        self._fn = gen.ns["decide"]
+        self.source = "\n".join(gen.helpers + gen.lines) + "\n"
+        exec(compile(self.source, f"<sop engine {self.scenario.name}>", "exec"), gen.ns)  # noqa: S102
+        return gen.ns["decide"]
 
     def _build_tree(self, gen: _Gen) -> None:
         def emit_stage(stage_id: str, prefix: tuple[str, ...], indent: str) -> list[str]:
@@ -496,6 +623,10 @@ class Engine:
         except DecideError:
             decision = interpret(self.scenario, values)  # re-run for a precise message
             return decision.path, decision.finals  # pragma: no cover - interpret raises too
+        except RecursionError:
+            # a deep chain of derived variables: the interpreter evaluates it bottom-up
+            decision = interpret(self.scenario, values)
+            return decision.path, decision.finals
         except (TypeError, ValueError, OverflowError) as exc:
             try:
                 decision = interpret(self.scenario, values)
