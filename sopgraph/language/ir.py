@@ -164,18 +164,20 @@ class CaseArm(Node):
     then: Expr
 
 
-class Case(Node):
+class CaseExpr(Node):
+    """`case when C -> V ... otherwise V`: the first arm whose condition holds gives the value."""
+
     kind: Literal["case"] = "case"
     arms: list[CaseArm]
     otherwise: Expr
 
 
 Expr = Annotated[
-    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | Case,
+    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr,
     Field(discriminator="kind"),
 ]
 
-for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, Case):
+for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr):
     _model.model_rebuild()
 
 
@@ -358,7 +360,7 @@ def _show(e: object) -> tuple[str, int]:
         return f" {e.op} ".join(show(o, p + 1) for o in e.operands), p
     if isinstance(e, Call):
         return f"{e.func}({', '.join(show(a) for a in e.args)})", 9
-    if isinstance(e, Case):
+    if isinstance(e, CaseExpr):
         arms = " ".join(f"when {show(a.when)} -> {show(a.then)}" for a in e.arms)
         return f"case {{ {arms} otherwise -> {show(e.otherwise)} }}", 9
     return str(e), 9
@@ -385,7 +387,7 @@ def children(expr: Any) -> list[Any]:
         return list(expr.operands)
     if isinstance(expr, Call):
         return list(expr.args)
-    if isinstance(expr, Case):
+    if isinstance(expr, CaseExpr):
         out: list[Any] = []
         for arm in expr.arms:
             out += [arm.when, arm.then]

@@ -1683,7 +1683,7 @@ class _Compiler:
                         new.append((mk_and(sp, [g, self.compare(v2, op, v1, False)]), v1))
                 cur = new
             return cur
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             out = []
             prefix: list[Formula] = []
             for arm in e.arms:
