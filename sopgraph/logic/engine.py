@@ -16,6 +16,7 @@ declared domain is an error, never a silent default.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -107,24 +108,8 @@ def _derived_deps(scenario: ir.Scenario, name: str) -> list[str]:
             if dep is not None and dep.role == "derived":
                 out.setdefault(e.name, None)
             continue
-        stack.extend(_expr_children(e))
+        stack.extend(ir.children(e))
     return list(out)
-
-
-def _expr_children(e: Any) -> list[Any]:
-    if isinstance(e, ir.Unary):
-        return [e.operand]
-    if isinstance(e, (ir.Binary, ir.Compare)):
-        return [e.left, e.right]
-    if isinstance(e, ir.InSet):
-        return [e.operand]
-    if isinstance(e, ir.BoolOp):
-        return list(e.operands)
-    if isinstance(e, ir.Call):
-        return list(e.args)
-    if isinstance(e, ir.Case):
-        return [x for arm in e.arms for x in (arm.when, arm.then)] + [e.otherwise]
-    return []
 
 
 def deep_derived_order(scenario: ir.Scenario, name: str) -> list[str]:
@@ -162,7 +147,11 @@ def deep_derived_order(scenario: ir.Scenario, name: str) -> list[str]:
 
 
 
-class _Interp:
+class Interpreter:
+    """Evaluates expressions of one scenario over one assignment of values (derived variables are
+    computed once and cached). The public core of the logic layer: the engine, the constraint domain,
+    paths, flow analysis, synthesis and scoring all evaluate through it."""
+
     def __init__(self, scenario: ir.Scenario, values: Mapping[str, Any]):
         self.s = scenario
         self.values = values
@@ -182,10 +171,8 @@ class _Interp:
         try:
             for dep in order:
                 if dep not in self.cache:
-                    try:
+                    with contextlib.suppress(DecideError, ArithmeticError, TypeError, ValueError):
                         self.cache[dep] = self.eval(self.s.variables[dep].expr)
-                    except (DecideError, ArithmeticError, TypeError, ValueError):
-                        pass
         finally:
             self.depth -= 1
 
@@ -217,9 +204,9 @@ class _Interp:
             return (not x) if e.op == "not" else -x
         if isinstance(e, ir.Binary):
             a, b = self.eval(e.left), self.eval(e.right)
-            return _arith(e.op, a, b)
+            return apply_arith(e.op, a, b)
         if isinstance(e, ir.Compare):
-            return _compare(e.op, self.eval(e.left), self.eval(e.right))
+            return apply_compare(e.op, self.eval(e.left), self.eval(e.right))
         if isinstance(e, ir.InSet):
             x = self.eval(e.operand)
             hit = x in {v.value for v in e.values}
@@ -233,7 +220,7 @@ class _Interp:
             if e.func == "count":
                 return sum(1 for a in args if a)
             return min(args) if e.func == "min" else max(args)
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             for arm in e.arms:
                 if self.eval(arm.when):
                     return self.eval(arm.then)
@@ -245,7 +232,8 @@ def _count(conditions: tuple) -> int:
     return sum(1 for c in conditions if c)
 
 
-def _arith(op: str, a: Any, b: Any) -> Any:
+def apply_arith(op: str, a: Any, b: Any) -> Any:
+    """One arithmetic operator with the language's semantics (division by zero is a DecideError)."""
     if op == "+":
         return a + b
     if op == "-":
@@ -261,7 +249,8 @@ def _div(a: Any, b: Any) -> Any:
     return a / b
 
 
-def _compare(op: str, a: Any, b: Any) -> bool:
+def apply_compare(op: str, a: Any, b: Any) -> bool:
+    """One comparison operator with the language's semantics."""
     if op == "==":
         return a == b
     if op == "!=":
@@ -292,7 +281,7 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate) -> dict[str,
 
 def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
     """Reference semantics (slow, precise errors)."""
-    it = _Interp(scenario, values)
+    it = Interpreter(scenario, values)
     path: list[str] = []
     stage_id = scenario.start
     limit = len(scenario.stages) + 1
@@ -415,7 +404,7 @@ class _Gen:
             if e.func == "count":  # a flat tuple: no nesting however many conditions
                 return "_count((" + ", ".join(args) + ",))"
             return f"{e.func}({', '.join(args)})"
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             if len(e.arms) > CASE_INLINE:
                 return self.case_function(e)
             code = self.expr(e.otherwise)
@@ -424,7 +413,7 @@ class _Gen:
             return code
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
-    def case_function(self, e: ir.Case) -> str:
+    def case_function(self, e: ir.CaseExpr) -> str:
         """A `case` with many arms as a helper function of flat `if`s: nested conditional
         expressions hit Python's parser limit (about 200 levels)."""
         name = f"C{self.tmp}"
