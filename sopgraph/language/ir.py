@@ -8,11 +8,15 @@ output schema and path list are all derived from it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 IR_VERSION = 1
+
+
+_T = TypeVar("_T")
 
 
 class Span(BaseModel):
@@ -287,6 +291,18 @@ class Scenario(Node):
     files: list[str] = Field(default_factory=list)
     source_hash: str = ""
     _engine: object = PrivateAttr(default=None)  # the compiled engine, built on first use
+    # analyses built from this scenario (constraint space, path explorer), each with the signature of the
+    # declarations it was built from, so an in-place edit gets a fresh one; they live as long as the scenario
+    _analyses: dict[str, tuple[object, object]] = PrivateAttr(default_factory=dict)
+
+    def cached_analysis(self, key: str, signature: object, build: Callable[[], _T]) -> _T:
+        """The analysis `key` built by `build()`, reused while `signature` is unchanged."""
+        hit = self._analyses.get(key)
+        if hit is not None and hit[0] == signature:
+            return hit[1]  # type: ignore[return-value]
+        value = build()
+        self._analyses[key] = (signature, value)
+        return value
 
     @property
     def fields(self) -> list[Variable]:
