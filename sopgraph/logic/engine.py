@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -521,8 +522,6 @@ def _expanded_size(scenario: ir.Scenario) -> int | None:
 
     if scenario.start is None:
         return None
-    import sys
-
     if len(scenario.stages) > sys.getrecursionlimit() // 4:
         return None
     return size(scenario.start)
