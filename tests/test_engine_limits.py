@@ -3,8 +3,6 @@ recursion limits, and domain operations on long `and`/`or` chains stay linear.""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from sopgraph.logic import domain
