@@ -75,7 +75,8 @@ def scoring_sop(k: int, n: int, *, seed: int = 0) -> str:
     qualify = max(1, per // 3)
     arms = " ".join(f"when S{j} == Top -> T{j}" for j in range(k))
     lines.append(f"let Type = case {{ when Top < {qualify} -> Clear {arms} otherwise -> Clear }} \"type\"")
-    hi, mid = max(qualify + 1, (2 * per) // 3), qualify
+    mid = qualify + 1
+    hi = max(mid + 1, (2 * per) // 3)
     lines.append(f"let Tier = case {{ when Top >= {hi} -> High when Top >= {mid} -> Medium otherwise -> Low }}")
     lines += ["", 'action Dismiss "nothing to do" [ends_dialogue]',
               'action Review "queue for review"', 'action Block "block the account" [irreversible]',

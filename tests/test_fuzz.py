@@ -270,7 +270,8 @@ def test_huge_program_loads_checks_and_compiles_in_bounded_time() -> None:
     loaded = within(120, lambda: load_source(None, text=text, name="huge.sop"))
     assert loaded.scenario is not None and len(loaded.scenario.stages) == 10_000
     diagnostics = within(HUGE_BOUND, check, loaded.scenario)
-    assert diagnostics == []
+    # clean, except that the flow analysis says where its bounded exploration stopped (I302)
+    assert [d.code for d in diagnostics] in ([], ["I302"])
     graph = within(HUGE_BOUND, compile_graph, loaded.scenario)
     assert graph.number_of_nodes() == 10_000 + 4
     # a back edge turns it into a 9,000-stage loop: reported with an abbreviated cycle path

@@ -51,6 +51,7 @@ CODES: dict[str, str] = {
     "W304": "branch can never be taken",
     "W305": "duplicate match value",
     "I301": "flow analysis skipped (program too large)",
+    "I302": "flow analysis incomplete (a work budget ran out or a question stayed undecided)",
     # hygiene
     "W401": "unused declaration",
     "W402": "missing description",

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from sopgraph.language import ir
+from sopgraph.logic import solver
 from sopgraph.logic.engine import DecideError, Interpreter, apply_arith, apply_compare
 
 INF = math.inf
@@ -434,6 +435,8 @@ class Space:
         self._res_index: dict[str, int] = {}
         self._base_reads: dict[str, tuple[int, ...]] = {}
         self._total: dict[int, tuple[Any, bool]] = {}
+        self.unproven: list[str] = []  # conditions kept whole (compile budget), for flow's I302
+        self.undecided = 0  # feasibility questions left open (neither a member nor a proof found)
         self._dead: dict[frozenset[int], list[int]] = {}
         self._describe_cache: dict[tuple[int, Any], str] = {}
         self.lit_true = ir.Lit.model_construct(value=True, bare=False, kind="lit", span=ir.NO_SPAN)
@@ -769,7 +772,15 @@ class Space:
         hit = self._formula_cache.get(key)
         if hit is not None and hit[0] is expr:
             return hit[1]
-        f = _Compiler(self).cond(expr, truth, 0)
+        try:
+            if self.aggregate_over_many(expr):
+                raise _OverBudget
+            f = _Compiler(self).cond(expr, truth, 0)
+        except _OverBudget:
+            # too large to expand into boxes (e.g. `max` of several `count`s over shared inputs):
+            # keep it whole as a residual, decided by witness search and the solver
+            self.note_unproven(expr)
+            f = self.residual(expr, truth)
         self._formula_cache[key] = (expr, f)
         return f
 
@@ -781,9 +792,41 @@ class Space:
         hit = self._formula_cache.get(key)
         if hit is not None and hit[0] is expr:
             return hit[1]  # type: ignore[return-value]
-        t = _Compiler(self).term(expr, 0)
+        try:
+            t = _Compiler(self).term(expr, 0)
+        except _OverBudget:
+            self.note_unproven(expr)
+            t = [(TRUE, ("o", expr))]
         self._formula_cache[key] = (expr, t)  # type: ignore[assignment]
         return t
+
+    def aggregate_over_many(self, expr: Any) -> bool:
+        """A condition on `count`/`min`/`max`/`case` values (directly or through derived variables)
+        that reads more than `EXPAND_VARS` base variables: expanding it into boxes is exponential in
+        the number of inputs (a scoring SOP's `max` of counts), so it is kept whole and decided by
+        the solver, over the inputs it actually reads."""
+        variables = self.scenario.variables
+        seen: set[str] = set()
+        stack = [expr]
+        aggregate = False
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ir.Var):
+                v = variables.get(e.name)
+                if v is not None and v.role == "derived" and e.name not in seen and v.expr is not None:
+                    seen.add(e.name)
+                    stack.append(v.expr)
+                continue
+            if isinstance(e, (ir.Call, ir.CaseExpr)):
+                aggregate = True
+            stack.extend(ir.children(e))
+        return aggregate and len(self.base_reads(expr)) > EXPAND_VARS
+
+    def note_unproven(self, expr: Any) -> None:
+        """Remember a condition kept whole because expanding it ran over the compile budget."""
+        if len(self.unproven) < 20:
+            text = ir.show(expr)
+            self.unproven.append(text if len(text) <= 80 else text[:77] + "...")
 
     def fire_formula(self, stage: ir.Stage, index: int) -> Formula:
         """Region where branch `index` of `stage` fires: earlier guards false, this one true."""
@@ -934,7 +977,7 @@ class Space:
             return True
         hit = self._decided.get(box)
         if hit is None:
-            w, exhaustive = self._search(box, "boundary", None)
+            w, exhaustive = self._search_or_solve(box, "boundary", None)
             hit = (True if w is not None else (False if exhaustive else None), w)
             self._decided[box] = hit
         return hit[0]
@@ -964,8 +1007,31 @@ class Space:
             hit = self._decided.get(box)
             if hit is not None and hit[1] is not None:
                 return dict(hit[1])
-        w, _ = self._search(box, style, rng)
+        w, _ = self._search_or_solve(box, style, rng)
         return w
+
+    def _search_or_solve(self, box: Box, style: str, rng: random.Random | None) -> tuple[dict | None, bool]:
+        """Witness search and the SMT solver (`solver`): the search first when the residuals read
+        few variables (cheap, and it varies witnesses), the solver first when they read many (the
+        search's few thousand candidates would be a needle-in-a-haystack guess). A solver model is
+        kept only if the reference interpreter confirms it."""
+        rvars = {v for rid, _t in box.resid for v in self.res_vars[rid]}
+        solver_first = len(rvars) > SOLVER_FIRST_VARS
+        if not solver_first:
+            w, exhaustive = self._search(box, style, rng)
+            if w is not None or exhaustive:
+                return w, exhaustive
+        model, empty = solver.solve(self, box)
+        if model is not None and self.box_contains(box, model):
+            return model, False
+        if empty:
+            return None, True
+        if solver_first:
+            w, exhaustive = self._search(box, style, rng)
+            if w is not None or exhaustive:
+                return w, exhaustive
+        self.undecided += 1
+        return None, False
 
     def pick_all(self, box: Box, style: str, rng: random.Random | None) -> dict[str, Any] | None:
         out: dict[str, Any] = {}
@@ -1395,11 +1461,28 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+EXPAND_VARS = 6  # aggregates (count/min/max/case) over more base variables are kept whole
+SOLVER_FIRST_VARS = 8  # residuals reading more variables go to the solver before the witness search
+COMPILE_BUDGET = 20_000  # compiler steps per top-level condition before it is kept whole (residual)
+
+
+class _OverBudget(Exception):
+    """A condition whose expansion into boxes ran over `COMPILE_BUDGET`."""
+
+
 class _Compiler:
     """IR expressions → formulas (conditions) and guarded values (terms)."""
 
     def __init__(self, space: Space):
         self.sp = space
+        self.left = COMPILE_BUDGET
+
+    def spend(self, n: int = 1) -> None:
+        """Deterministic work budget of one compilation (steps, not time): expansions of `count`,
+        `min`/`max` and `case` multiply, so a scoring SOP would otherwise take hours."""
+        self.left -= n
+        if self.left < 0:
+            raise _OverBudget
 
     # conditions ----------------------------------------------------------------------------
 
@@ -1411,6 +1494,7 @@ class _Compiler:
 
     def _cond(self, e: Any, truth: bool, depth: int) -> Formula:
         sp = self.sp
+        self.spend()
         if depth > 60:
             return sp.residual(e, truth)
         if isinstance(e, ir.Unary) and e.op == "not":
@@ -1438,6 +1522,7 @@ class _Compiler:
             alts = []
             for gl, vl in lt:
                 for gr, vr in rt:
+                    self.spend(len(gl.parts) + len(gr.parts) + 1)
                     g = mk_and(sp, [gl, gr])
                     if g.kind == "F":
                         continue
@@ -1659,6 +1744,7 @@ class _Compiler:
 
     def term(self, e: Any, depth: int) -> list[tuple[Formula, Val]]:
         sp = self.sp
+        self.spend()
         if depth > 60:
             return [(TRUE, ("o", e))]
         if isinstance(e, ir.Lit):
@@ -1710,6 +1796,7 @@ class _Compiler:
                 op = "<" if e.func == "min" else ">"
                 for g1, v1 in cur:
                     for g2, v2 in nxt:
+                        self.spend(len(g1.parts) + len(g2.parts) + 1)
                         g = mk_and(sp, [g1, g2])
                         if g.kind == "F":
                             continue
@@ -1722,6 +1809,7 @@ class _Compiler:
             prefix: list[Formula] = []
             for arm in e.arms:
                 g = mk_and(sp, prefix + [self.cond(arm.when, True, depth + 1)])
+                self.spend(len(prefix) + 1)
                 if g.kind != "F":
                     for g2, v in self.term(arm.then, depth + 1):
                         out.append((mk_and(sp, [g, g2]), v))
@@ -1745,6 +1833,7 @@ class _Compiler:
         key = (k, j)
         if key in memo:
             return memo[key]
+        self.spend(2)
         f = mk_or(self.sp, [mk_and(self.sp, [ts[k], self.exactly(ts, fs, k + 1, j - 1, memo)]),
                             mk_and(self.sp, [fs[k], self.exactly(ts, fs, k + 1, j, memo)])])
         memo[key] = f

@@ -532,19 +532,15 @@ class Engine:
 
     def __init__(self, scenario: ir.Scenario):
         self.scenario = scenario
-        size = _expanded_size(scenario)
-        modes = (["tree"] if size is not None else []) + ["loop"]
+        mode = "tree" if _expanded_size(scenario) is not None else "loop"
         self.source = ""
-        for mode in modes:
-            try:
-                self._fn = self._generate(mode)
-                self.mode = mode
-                return
-            except (SyntaxError, RecursionError, MemoryError, ValueError, OverflowError):
-                continue  # a program Python cannot compile as written: try the next form
-        # Any program that checks runs: past what generated code can express, interpret it.
-        self.mode = "interp"
-        self._fn = self._interpret
+        try:
+            self._fn = self._generate(mode)
+            self.mode = mode
+        except (SyntaxError, RecursionError, MemoryError, ValueError, OverflowError):
+            # Any program that checks runs: past what Python can compile as written, interpret it.
+            self.mode = "interp"
+            self._fn = self._interpret
 
     def _interpret(self, values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
         decision = interpret(self.scenario, values)

@@ -41,6 +41,7 @@ MAX_WITNESS_CHECKS = 200  # engine runs to verify E301/W301 witnesses (each cost
 
 
 MAX_WORK = 10_000_000  # stages x variables: regions are dense tuples over every variable
+STEP_BUDGET = 200_000  # region operations (constrain/decide) of the whole analysis: a deterministic bound
 
 
 def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET) -> list[Diagnostic]:
@@ -87,6 +88,28 @@ class _Flow:
         self.contexts: dict[int, list[tuple[tuple[Box, ...], list[tuple[int, int]]]]] = {}
         self.fired: set[tuple[int, int]] = set()
         self.checks_left = MAX_WITNESS_CHECKS
+        self.steps_left = STEP_BUDGET
+        self.stopped_at: int | None = None  # stage index where the step budget ran out
+        self.reads: dict[tuple[int, int], frozenset[int]] = {}
+
+    def spend(self, si: int, n: int = 1) -> bool:
+        """Charge `n` region operations at stage `si`; False once the budget is spent (the rest
+        of the analysis is then skipped and reported as not proven, never guessed)."""
+        self.steps_left -= n
+        if self.steps_left < 0:
+            if self.stopped_at is None:
+                self.stopped_at = si
+            self.complete = False
+            return False
+        return True
+
+    def guard_reads(self, si: int, bi: int, guard: Any) -> frozenset[int]:
+        key = (si, bi)
+        hit = self.reads.get(key)
+        if hit is None:
+            hit = frozenset(self.sp.base_reads(guard)) if guard is not None else frozenset()
+            self.reads[key] = hit
+        return hit
 
     def _spend_check(self) -> bool:
         """Witness checks are bounded so that huge SOPs stay linear; past the bound, stop looking."""
@@ -115,7 +138,36 @@ class _Flow:
         # a later guard that is entirely shadowed gets W303/W304 instead of W301
         out += [d for si, bi, d in overlaps if (si, bi) not in dead_keys]
         out += [d for _si, _bi, d in dead]
+        note = self.not_proven()
+        if note is not None:
+            out.append(note)
         return out
+
+    def not_proven(self) -> Diagnostic | None:
+        """I302 when a bound cut the analysis short or a question stayed open: says what was not
+        proven and where, so a clean result is never mistaken for a proof."""
+        what: list[str] = []
+        span = self.s.span
+        if self.stopped_at is not None:
+            stage = self.ex.stage_objs[self.stopped_at]
+            span = stage.span
+            what.append(f"the analysis reached its work budget ({STEP_BUDGET:,} region operations) at stage "
+                        f"`{stage.id}`; overlaps, exhaustiveness and never-taken branches from there on were "
+                        "not checked")
+        elif not self.complete:
+            what.append("the exploration reached its bound on states or region size; never-taken branches "
+                        "(W303/W304) were not checked")
+        if self.sp.undecided:
+            what.append(f"{self.sp.undecided} feasibility question(s) stayed undecided (no example found and "
+                        "no proof within the solver's budget), so branches there may be reported as reachable")
+        if not what:
+            return None
+        notes = []
+        if self.sp.unproven:
+            notes.append("kept whole and decided by the solver: " + "; ".join(f"`{t}`" for t in self.sp.unproven[:3]))
+        return Diagnostic(code="I302", severity="info", message="flow analysis incomplete: " + what[0],
+                          span=span, hint="split large conditions into smaller derived variables, or test "
+                          "the SOP with `sop paths` and `sop decide`", notes=what[1:] + notes)
 
     # -- exploration -----------------------------------------------------------------------------
 
@@ -132,7 +184,7 @@ class _Flow:
             key, prefix = stack.pop()
             si, region, vk = key
             states += 1
-            if states > self.budget or len(region) > MAX_REGION:
+            if states > self.budget or len(region) > MAX_REGION or not self.spend(si, len(region)):
                 self.complete = False
                 return
             ctxs = self.contexts.setdefault(si, [])
@@ -168,6 +220,8 @@ class _Flow:
         sp = self.sp
         falses = [g[1] for g in self.ex.guards(si) if g is not None]
         for region, prefix in ctxs[:MAX_CONTEXTS]:
+            if not self.spend(si, len(region) * max(1, len(falses))):
+                return None
             rest: Sequence[Box] = region
             for f in falses:
                 rest = [b2 for b in rest for b2 in sp.constrain(b, f)]
@@ -221,16 +275,20 @@ class _Flow:
             if gj is None:
                 continue
             found = None
-            guard_j_vars = set(sp.base_reads(stage.branches[j].guard))
+            guard_j_vars = self.guard_reads(si, j, stage.branches[j].guard)
             for i in range(j):
                 if guards[i] is None:
                     break
-                if len(guard_j_vars) == 1 and set(sp.base_reads(stage.branches[i].guard)) == guard_j_vars:
+                if not self.spend(si):
+                    return out
+                if len(guard_j_vars) == 1 and self.guard_reads(si, i, stage.branches[i].guard) == guard_j_vars:
                     # ordered guards on one variable (`when N < 10 / when N < 50`) are the
                     # threshold idiom: first match wins by design, so no ambiguity to report
                     continue
                 fire_i = self.ex.fire(si, i)
                 for region, prefix in ctxs[:MAX_CONTEXTS]:
+                    if not self.spend(si, len(region)):
+                        return out
                     both = [b3 for b in region for b2 in sp.constrain(b, fire_i)
                             for b3 in sp.constrain(b2, gj[0])]
                     if not both or sp.decide_region(both) is False:

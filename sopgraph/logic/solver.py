@@ -1,0 +1,287 @@
+"""Exact decisions for residual constraints with an SMT solver (z3), under a deterministic budget.
+
+The constraint domain (`domain`) keeps what it cannot represent as per-variable domains as
+*residual* predicates: `max(S0, ..., S7) >= 5` over counts of 30 shared inputs, `S3 == Top`, a
+`case` picking a type. Its witness search tries a few thousand candidate assignments; on scoring
+SOPs the interesting assignments (five indicators of one score true) are too rare for that, so the
+region stays undecided and paths, synthesis and flow analysis lose exactly the cases that matter.
+An SMT solver answers these questions directly: integer arithmetic, `count` as a sum of 0/1 terms,
+`min`/`max`/`case` as if-then-else. See docs/architecture.md for why z3 (and not a SAT encoding).
+
+Soundness rules:
+- every witness the solver proposes is re-checked by the caller with the reference interpreter;
+- "unsat" is trusted (the region is proven empty) only when the query is exact: no float variable,
+  no non-integer constant, no division — z3 reasons over exact rationals, the engine over floats;
+- each query has a deterministic resource limit (`rlimit`, z3's count of internal steps, not wall
+  time), so the same input gives the same answer on any machine; "unknown" means undecided.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from sopgraph.language import ir
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sopgraph.logic.domain import Box, Formula, Space
+
+RLIMIT = 5_000_000  # z3 resource units per query (deterministic); a scoring SOP needs ~1e5
+MAX_TERMS = 20_000  # expression nodes translated per query before giving up (undecided)
+
+
+class _Unsupported(Exception):
+    """A construct the translation does not model (division, opaque values): undecided."""
+
+
+def available() -> bool:
+    """Whether the solver package is installed (it is a declared dependency; kept optional so the
+    domain degrades to its witness search rather than failing)."""
+    try:
+        import z3  # noqa: F401  heavy optional dependency, imported on first use
+    except ImportError:  # pragma: no cover - installed with sopgraph
+        return False
+    return True
+
+
+def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool]:
+    """(assignment, proven_empty) for a box with residual predicates. The assignment is a full
+    candidate for every base variable (the caller verifies it); proven_empty is True only for an
+    exact query the solver refuted."""
+    if not box.resid:
+        return None, False
+    try:
+        import z3  # heavy optional dependency, imported on first residual query
+    except ImportError:  # pragma: no cover
+        return None, False
+    tr = _Translator(space, box, z3)
+    try:
+        goal = [tr.literal(rid, truth) for rid, truth in sorted(box.resid)]
+    except (_Unsupported, RecursionError, z3.Z3Exception):
+        return None, False
+    solver = z3.SolverFor("QF_LIA") if tr.exact else z3.Solver()
+    solver.set("rlimit", RLIMIT)
+    solver.add(*tr.domains(), *goal)
+    try:
+        result = solver.check()
+    except z3.Z3Exception:  # pragma: no cover - resource exhaustion surfaces as unknown
+        return None, False
+    if result == z3.unsat:
+        return None, tr.exact
+    if result != z3.sat:
+        return None, False
+    return tr.assignment(solver.model()), False
+
+
+class _Translator:
+    """IR expressions and domain formulas → z3 terms over one box's variables."""
+
+    def __init__(self, space: Space, box: Box, z3: Any):
+        self.sp = space
+        self.box = box
+        self.z3 = z3
+        self.vars: dict[int, Any] = {}
+        self.derived: dict[str, tuple[str, Any]] = {}
+        self.enum_ids: dict[str, int] = {}
+        self.exact = True
+        self.terms = 0
+
+    # -- variables -------------------------------------------------------------------------------
+
+    def enum_id(self, value: str) -> int:
+        return self.enum_ids.setdefault(value, len(self.enum_ids))
+
+    def base(self, i: int) -> tuple[str, Any]:
+        kind = self.sp.kinds[i]
+        x = self.vars.get(i)
+        if x is None:
+            name = f"v{i}"
+            if kind == "bool":
+                x = self.z3.Bool(name)
+            elif kind == "float":
+                x = self.z3.Real(name)
+                self.exact = False
+            elif kind in ("int", "enum"):
+                x = self.z3.Int(name)
+            else:
+                raise _Unsupported(kind)
+            self.vars[i] = x
+        if kind == "enum":
+            return "enum", x
+        return ("bool" if kind == "bool" else "num"), x
+
+    def dom(self, i: int, d: Any) -> Any:
+        """The constraint "variable i lies in domain d" (a mask for enums/bools, a NumDom else)."""
+        z3 = self.z3
+        kind = self.sp.kinds[i]
+        _, x = self.base(i)
+        if kind in ("enum", "bool"):
+            vals = [v for j, v in enumerate(self.sp.values[i]) if d >> j & 1]
+            if kind == "bool":
+                if len(vals) == 2:
+                    return z3.BoolVal(True)
+                return z3.BoolVal(False) if not vals else (x if vals[0] else z3.Not(x))
+            return z3.Or([x == self.enum_id(v) for v in vals]) if vals else z3.BoolVal(False)
+        parts = []
+        if d.lo != -math.inf:
+            lo = self.num(d.lo)
+            parts.append(x > lo if d.lo_open else x >= lo)
+        if d.hi != math.inf:
+            hi = self.num(d.hi)
+            parts.append(x < hi if d.hi_open else x <= hi)
+        parts += [x != self.num(e) for e in d.excl]
+        return z3.And(parts) if parts else z3.BoolVal(True)
+
+    def num(self, value: float) -> Any:
+        if isinstance(value, bool):
+            raise _Unsupported("bool as number")
+        if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+            return self.z3.IntVal(int(value))
+        if not math.isfinite(value):
+            raise _Unsupported("non-finite constant")
+        self.exact = False
+        return self.z3.RealVal(repr(value))
+
+    def domains(self) -> list[Any]:
+        return [self.dom(i, self.box.doms[i]) for i in list(self.vars)]
+
+    # -- residual literals -----------------------------------------------------------------------
+
+    def literal(self, rid: int, truth: bool) -> Any:
+        pred = self.sp.res_exprs[rid]
+        if type(pred).__name__ == "Formula":
+            f = self.formula(pred)
+        else:
+            kind, f = self.expr(pred)
+            if kind != "bool":
+                raise _Unsupported("non-boolean residual")
+        return f if truth else self.z3.Not(f)
+
+    def formula(self, f: Formula) -> Any:
+        z3 = self.z3
+        self.tick()
+        if f.kind == "T":
+            return z3.BoolVal(True)
+        if f.kind == "F":
+            return z3.BoolVal(False)
+        if f.kind == "atom":
+            return self.dom(f.var, f.dom)
+        if f.kind == "and":
+            return z3.And([self.formula(p) for p in f.parts])
+        if f.kind == "or":
+            return z3.Or([self.formula(p) for p in f.parts])
+        return self.literal(f.rid, f.truth)
+
+    def tick(self) -> None:
+        self.terms += 1
+        if self.terms > MAX_TERMS:
+            raise _Unsupported("too large")
+
+    # -- expressions -----------------------------------------------------------------------------
+
+    def expr(self, e: Any) -> tuple[str, Any]:  # noqa: C901 - one case per IR node
+        z3 = self.z3
+        self.tick()
+        if isinstance(e, ir.Lit):
+            v = e.value
+            if isinstance(v, bool):
+                return "bool", z3.BoolVal(v)
+            if isinstance(v, (int, float)):
+                return "num", self.num(v)
+            return "enum", z3.IntVal(self.enum_id(v))
+        if isinstance(e, ir.Var):
+            return self.var(e.name)
+        if isinstance(e, ir.Unary):
+            kind, x = self.expr(e.operand)
+            if e.op == "not":
+                return "bool", z3.Not(self.truthy(kind, x))
+            return "num", -x
+        if isinstance(e, ir.Binary):
+            if e.op == "/":
+                raise _Unsupported("division")
+            (_, a), (_, b) = self.expr(e.left), self.expr(e.right)
+            if e.op == "*" and not (self.is_const(a) or self.is_const(b)):
+                self.exact = False  # nonlinear: z3 may answer unknown, never trust unsat blindly
+            return "num", (a + b if e.op == "+" else a - b if e.op == "-" else a * b)
+        if isinstance(e, ir.Compare):
+            (_, a), (_, b) = self.expr(e.left), self.expr(e.right)
+            ops = {"==": lambda: a == b, "!=": lambda: a != b, "<": lambda: a < b, "<=": lambda: a <= b,
+                   ">": lambda: a > b, ">=": lambda: a >= b}
+            return "bool", ops[e.op]()
+        if isinstance(e, ir.InSet):
+            kind, x = self.expr(e.operand)
+            hits = [x == self.expr(v)[1] for v in e.values]
+            inside = z3.Or(hits) if hits else z3.BoolVal(False)
+            return "bool", (z3.Not(inside) if e.negated else inside)
+        if isinstance(e, ir.BoolOp):
+            parts = [self.truthy(*self.expr(o)) for o in e.operands]
+            return "bool", (z3.And(parts) if e.op == "and" else z3.Or(parts))
+        if isinstance(e, ir.Call):
+            if e.func == "count":
+                return "num", z3.Sum([z3.If(self.truthy(*self.expr(a)), 1, 0) for a in e.args])
+            args = [self.expr(a)[1] for a in e.args]
+            best = args[0]
+            for x in args[1:]:
+                best = z3.If(x < best, x, best) if e.func == "min" else z3.If(x > best, x, best)
+            return "num", best
+        if isinstance(e, ir.CaseExpr):
+            kind, out = self.expr(e.otherwise)
+            for arm in reversed(e.arms):
+                k2, then = self.expr(arm.then)
+                if k2 != kind:
+                    raise _Unsupported("mixed case results")
+                out = z3.If(self.truthy(*self.expr(arm.when)), then, out)
+            return kind, out
+        raise _Unsupported(type(e).__name__)
+
+    def is_const(self, x: Any) -> bool:
+        return bool(self.z3.is_int_value(x) or self.z3.is_rational_value(x))
+
+    def truthy(self, kind: str, x: Any) -> Any:
+        if kind == "bool":
+            return x
+        if kind == "num":
+            return x != 0
+        raise _Unsupported("enum as condition")
+
+    def var(self, name: str) -> tuple[str, Any]:
+        v = self.sp.scenario.variables.get(name)
+        if v is None:
+            raise _Unsupported(f"unknown variable {name}")
+        if v.role != "derived":
+            return self.base(self.sp.index[name])
+        hit = self.derived.get(name)
+        if hit is None:
+            if v.expr is None:
+                raise _Unsupported("derived variable without expression")
+            hit = self.expr(v.expr)
+            self.derived[name] = hit
+        return hit
+
+    # -- models ----------------------------------------------------------------------------------
+
+    def assignment(self, model: Any) -> dict[str, Any] | None:
+        """Every base variable: the model's value where the query constrained it, else a pick
+        from the box (the caller verifies the whole assignment)."""
+        sp = self.sp
+        names = {v: k for k, v in self.enum_ids.items()}
+        out: dict[str, Any] = {}
+        for i, n in enumerate(sp.names):
+            x = self.vars.get(i)
+            if x is None:
+                out[n] = sp.pick(i, self.box.doms[i], "representative", None)
+                continue
+            val = model.eval(x, model_completion=True)
+            kind = sp.kinds[i]
+            if kind == "bool":
+                out[n] = self.z3.is_true(val)
+            elif kind == "enum":
+                out[n] = names.get(val.as_long())
+            elif kind == "int":
+                out[n] = val.as_long()
+            else:
+                frac = val.as_fraction() if hasattr(val, "as_fraction") else None
+                if frac is None:
+                    return None
+                out[n] = float(frac)
+        return out
