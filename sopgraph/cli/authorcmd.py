@@ -1,8 +1,10 @@
-"""Authoring commands: `sop fmt` (canonical layout)."""
+"""Authoring commands: `sop fmt` (canonical layout), `sop validate` (against labelled decisions)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +12,16 @@ import click
 
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.fmt import format_text
+from sopgraph.logic.validate import (
+    DEFAULT_BUDGET,
+    ValidateError,
+    parse_pairs,
+    read_rows,
+    render_text,
+    validate,
+)
+
+from .params import fail, load_or_exit, sop_file
 
 
 @click.command("fmt")
@@ -56,4 +68,43 @@ def fmt_cmd(files: tuple[Path, ...], check: bool, show_diff: bool, to_stdout: bo
     if broken:
         sys.exit(2)
     if changed and (check or show_diff):
+        sys.exit(1)
+
+
+@click.command("validate")
+@sop_file
+@click.option("--data", "data", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Labelled decisions: CSV with a header line, or JSON Lines.")
+@click.option("--expect", "expects", multiple=True, metavar="OUTPUT=COLUMN",
+              help="Column holding an expected final (Action=COLUMN is required; repeat for outputs).")
+@click.option("--map", "maps", multiple=True, metavar="VAR=COLUMN",
+              help="Column feeding a variable (default: the column named like it); COLUMN.key reads JSON.")
+@click.option("--now", "now", default=None, metavar="DATE",
+              help="Reference date (YYYY-MM-DD): a date in a numeric column becomes the days until it.")
+@click.option("--budget", default=DEFAULT_BUDGET, show_default=True, type=click.IntRange(0),
+              help="Candidate edits tried per mismatch group.")
+@click.option("--min-accuracy", default=None, type=click.FloatRange(0, 1),
+              help="Exit 1 when accuracy is below this (0..1).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def validate_cmd(file: Path, data: Path, expects: tuple[str, ...], maps: tuple[str, ...], now: str | None,
+                 budget: int, min_accuracy: float | None, fmt: str) -> None:
+    """Decide every row of labelled data with FILE; report accuracy, a confusion matrix, and where
+    and why the SOP disagrees (with the nearest edits that explain the rows)."""
+    scenario = load_or_exit(file)
+    try:
+        when = dt.date.fromisoformat(now) if now else None
+    except ValueError:
+        fail(f"--now {now!r}: write the date as YYYY-MM-DD", 2)
+    try:
+        report = validate(scenario, read_rows(data), expect=parse_pairs(expects, "--expect"),
+                          mapping=parse_pairs(maps, "--map"), now=when, budget=budget, file=str(file),
+                          data=str(data))
+    except ValidateError as exc:
+        fail(str(exc), 2)
+    if fmt == "json":
+        click.echo(json.dumps(report.model_dump(), indent=2, ensure_ascii=False))
+    else:
+        click.echo(render_text(report), nl=False)
+    if min_accuracy is not None and report.accuracy < min_accuracy:
+        click.echo(f"accuracy {report.accuracy:.1%} is below --min-accuracy {min_accuracy:.1%}", err=True)
         sys.exit(1)
