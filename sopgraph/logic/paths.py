@@ -51,7 +51,7 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.logic.domain import Box, Formula, Space, space_for
-from sopgraph.logic.engine import DecideError, _Interp, interpret
+from sopgraph.logic.engine import DecideError, Interpreter, interpret
 from sopgraph.perf import no_cyclic_gc as no_gc
 
 Region = tuple[Box, ...]
@@ -625,7 +625,7 @@ def explorer_for(scenario: ir.Scenario) -> Explorer:
 def trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], list[int]]:
     """The engine's decisions for `values`: stage ids and the index of the branch taken at each.
     Raises DecideError like the engine."""
-    it = _Interp(scenario, values)
+    it = Interpreter(scenario, values)
     stages: list[str] = []
     branches: list[int] = []
     sid = scenario.start
