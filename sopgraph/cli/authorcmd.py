@@ -1,4 +1,5 @@
-"""Authoring commands: `sop fmt` (canonical layout), `sop validate` (against labelled decisions)."""
+"""Authoring commands: `sop fmt` (canonical layout), `sop validate` (against labelled decisions),
+`sop diff` (what a change to an SOP changes)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import click
 
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.fmt import format_text
+from sopgraph.language.ir import Scenario
+from sopgraph.logic.checker import load
+from sopgraph.logic.diff import DEFAULT_BUDGET as DIFF_BUDGET
+from sopgraph.logic.diff import diff as semantic_diff
+from sopgraph.logic.diff import render_text as render_diff
 from sopgraph.logic.validate import (
     DEFAULT_BUDGET,
     ValidateError,
@@ -20,6 +26,8 @@ from sopgraph.logic.validate import (
     render_text,
     validate,
 )
+
+from sopgraph.simulation.runner import RunError, read_cases
 
 from .params import fail, load_or_exit, sop_file
 
@@ -108,3 +116,45 @@ def validate_cmd(file: Path, data: Path, expects: tuple[str, ...], maps: tuple[s
     if min_accuracy is not None and report.accuracy < min_accuracy:
         click.echo(f"accuracy {report.accuracy:.1%} is below --min-accuracy {min_accuracy:.1%}", err=True)
         sys.exit(1)
+
+
+@click.command("diff")
+@click.argument("old", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("new", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--cases", "cases_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Test cases (JSON Lines): report those whose reference path or finals change.")
+@click.option("--budget", default=DIFF_BUDGET, show_default=True, type=click.IntRange(1),
+              help="Regions the equivalence check may explore.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: str) -> None:
+    """Semantic diff of two versions of an SOP: paths added, removed and changed; inputs on which
+    they decide differently (verified by the engine); cases whose expectations change.
+
+    Exit status (for CI): 0 equivalent, 1 the versions decide differently (or a case changes),
+    2 error (a file does not load, bad cases file).
+    """
+    a = _load_or_2(old)
+    b = _load_or_2(new)
+    cases = []
+    if cases_path is not None:
+        try:
+            cases = read_cases(cases_path)
+        except RunError as exc:
+            fail(str(exc), 2)
+    report = semantic_diff(a, b, cases=cases, budget=budget, old_name=str(old), new_name=str(new))
+    if fmt == "json":
+        data = report.model_dump()
+        data.update(equivalent=report.equivalent, proven=report.proven)
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    else:
+        click.echo(render_diff(report), nl=False)
+    sys.exit(0 if report.equivalent else 1)
+
+
+def _load_or_2(path: Path) -> Scenario:
+    """Like load_or_exit, but exit 2: for `sop diff`, 1 means "different"."""
+    try:
+        return load(path)
+    except SopError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(2)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.language.fmt import show_expr
-from sopgraph.logic.engine import DecideError, _Interp, interpret
+from sopgraph.logic.engine import DecideError, Interpreter, interpret
 
 DEFAULT_BUDGET = 300  # candidate edits tried per mismatch group
 THRESHOLDS_PER_COMPARISON = 12  # nearest observed values tried as a new threshold
@@ -355,24 +355,8 @@ _STRICT = {"<": "<=", "<=": "<", ">": ">=", ">=": ">"}
 def _compares(expr: Any) -> Iterator[ir.Compare]:
     if isinstance(expr, ir.Compare):
         yield expr
-    for child in _children(expr):
+    for child in ir.children(expr):
         yield from _compares(child)
-
-
-def _children(e: Any) -> list[Any]:
-    if isinstance(e, ir.Unary):
-        return [e.operand]
-    if isinstance(e, (ir.Binary, ir.Compare)):
-        return [e.left, e.right]
-    if isinstance(e, ir.InSet):
-        return [e.operand]
-    if isinstance(e, ir.BoolOp):
-        return list(e.operands)
-    if isinstance(e, ir.Call):
-        return list(e.args)
-    if isinstance(e, ir.Case):
-        return [x for arm in e.arms for x in (arm.when, arm.then)] + [e.otherwise]
-    return []
 
 
 def _vars_read(expr: Any, scenario: ir.Scenario, seen: set[str]) -> None:
@@ -381,7 +365,7 @@ def _vars_read(expr: Any, scenario: ir.Scenario, seen: set[str]) -> None:
         var = scenario.variables.get(expr.name)
         if var is not None and var.expr is not None:
             _vars_read(var.expr, scenario, seen)
-    for child in _children(expr):
+    for child in ir.children(expr):
         _vars_read(child, scenario, seen)
 
 
@@ -431,7 +415,7 @@ def _observed(scenario: ir.Scenario, expr: Any, rows: Sequence[RowResult]) -> li
     seen: set[float] = set()
     for row in rows:
         try:
-            value = _Interp(scenario, row.values).eval(expr)
+            value = Interpreter(scenario, row.values).eval(expr)
         except (DecideError, TypeError, KeyError):
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):
