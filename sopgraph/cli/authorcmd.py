@@ -26,7 +26,6 @@ from sopgraph.logic.validate import (
     render_text,
     validate,
 )
-
 from sopgraph.simulation.runner import RunError, read_cases
 
 from .params import fail, load_or_exit, sop_file

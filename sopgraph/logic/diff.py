@@ -156,8 +156,7 @@ def _meet_types(name: str, a: Any, b: Any) -> Any:
     if isinstance(a, ir.NumType) and isinstance(b, ir.NumType):
         lo, lo_open = _tighter(a.lo, a.lo_open, b.lo, b.lo_open, max)
         hi, hi_open = _tighter(a.hi, a.hi_open, b.hi, b.hi_open, min)
-        kind = "int" if "int" in (a.kind, b.kind) else "float"
-        return ir.NumType(kind=kind, lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open)
+        return ir.NumType(kind="int" if "int" in (a.kind, b.kind) else "float", lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open)
     raise DiffError(f"`{name}` is {ir.describe_type(a)} in one version and {ir.describe_type(b)} in the other: "
                     "no input is valid for both")
 
@@ -319,9 +318,9 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
     walk = _Walk(joint, a, b, budget)
     full = [domain.full_box(joint)]
     undecided = 0
-    for old_leaf, old_stage, region in walk.leaves(a, full):
+    for old_leaf, _old_stage, region in walk.leaves(a, full):
         want = _outcome(a, old_leaf)
-        for new_leaf, new_stage, both in walk.leaves(b, region):
+        for new_leaf, _new_stage, both in walk.leaves(b, region):
             if _outcome(b, new_leaf) == want:
                 continue
             report.differing_regions += 1
