@@ -17,6 +17,7 @@ declared domain is an error, never a silent default.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -139,7 +140,7 @@ class Interpreter:
             if e.func == "count":
                 return sum(1 for a in args if a)
             return min(args) if e.func == "min" else max(args)
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             for arm in e.arms:
                 if self.eval(arm.when):
                     return self.eval(arm.then)
@@ -317,7 +318,7 @@ class _Gen:
             if e.func == "count":
                 return "(" + " + ".join(f"(1 if {a} else 0)" for a in args) + ")"
             return f"{e.func}({', '.join(args)})"
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             code = self.expr(e.otherwise)
             for arm in reversed(e.arms):
                 code = f"({self.expr(arm.then)} if {self.expr(arm.when)} else {code})"
@@ -428,8 +429,6 @@ def _expanded_size(scenario: ir.Scenario) -> int | None:
 
     if scenario.start is None:
         return None
-    import sys
-
     if len(scenario.stages) > sys.getrecursionlimit() // 4:
         return None
     return size(scenario.start)
