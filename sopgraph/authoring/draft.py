@@ -11,6 +11,7 @@ citation are fed back like diagnostics, and the questions are listed for the aut
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from importlib import resources
@@ -144,12 +145,11 @@ async def draft(policy: str, spec: ModelSpec, *, gateway: Gateway, policy_file: 
         messages += [{"role": "assistant", "content": completion.text}, {"role": "user", "content": message}]
     best = min(range(len(rounds)), key=lambda i: (rounds[i].errors, len(rounds[i].uncited), -i))
     text = drafts[best]
-    try:
+    with contextlib.suppress(SopError):  # a draft that does not parse is written as the model wrote it
         text = format_text(text, f"{name}.sop")  # canonical layout; comments (citations, questions) kept
-    except SopError:
-        pass  # still broken after the last round: written as the model wrote it
-    return DraftResult(text=text, clean=rounds[best].errors == 0, best_round=best + 1, rounds=rounds, questions=questions(text),
-                       citations=citations(text, policy_file), model=spec.model, cost=cost)
+    return DraftResult(text=text, clean=rounds[best].errors == 0, best_round=best + 1, rounds=rounds,
+                       questions=questions(text), citations=citations(text, policy_file), model=spec.model,
+                       cost=cost)
 
 
 def render_summary(result: DraftResult, out: Path | None) -> str:

@@ -147,14 +147,14 @@ def _case_arm(e: ir.CaseArm) -> tuple[str, int]:
     return f"when {show_expr(e.when)} -> {show_expr(e.then)}", 9
 
 
-def _case(e: ir.Case) -> tuple[str, int]:
+def _case(e: ir.CaseExpr) -> tuple[str, int]:
     arms = " ".join(show_expr(a) for a in e.arms)
     return f"case {{ {arms} otherwise -> {show_expr(e.otherwise)} }}", 9
 
 
 EXPR_PRINTERS: dict[type, ExprPrinter] = {
     ir.Lit: _lit, ir.Var: _var, ir.Unary: _unary, ir.Binary: _binary, ir.Compare: _compare,
-    ir.InSet: _in_set, ir.BoolOp: _bool_op, ir.Call: _call, ir.CaseArm: _case_arm, ir.Case: _case,
+    ir.InSet: _in_set, ir.BoolOp: _bool_op, ir.Call: _call, ir.CaseArm: _case_arm, ir.CaseExpr: _case,
 }
 
 
@@ -223,7 +223,7 @@ def _bound(value: float) -> str:
 def _derived(node: ir.Variable, depth: int) -> list[Line]:
     """`let X = case { ... }` prints its arms one per line; other expressions stay on one line."""
     pad = INDENT * depth
-    if not isinstance(node.expr, ir.Case):
+    if not isinstance(node.expr, ir.CaseExpr):
         return _described(f"let {node.name} = {show_expr(node.expr)}", node.description, node, depth)
     out = [Line(f"{pad}let {node.name} = case {{", _at(node))]
     for arm in node.expr.arms:

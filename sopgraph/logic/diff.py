@@ -181,7 +181,7 @@ def _renamer(prefix: str, derived: set[str]) -> Any:
             update["operands"] = [rename(o) for o in e.operands]
         elif isinstance(e, ir.Call):
             update["args"] = [rename(a) for a in e.args]
-        elif isinstance(e, ir.Case):
+        elif isinstance(e, ir.CaseExpr):
             update["arms"] = [a.model_copy(update={"when": rename(a.when), "then": rename(a.then)}) for a in e.arms]
         return e.model_copy(update=update) if update else e
     return rename
