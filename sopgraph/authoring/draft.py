@@ -122,7 +122,7 @@ def _stage_ids(text: str) -> list[str]:
 async def draft(policy: str, spec: ModelSpec, *, gateway: Gateway, policy_file: str = "POLICY.md",
                 name: str = "draft", max_rounds: int = DEFAULT_ROUNDS) -> DraftResult:
     """Draft, check and repair until clean or `max_rounds` replies; the best draft is returned."""
-    example = _template("draft_example.sop").replace("POLICY.md", policy_file)
+    example = Template(_template("draft_example.sop")).substitute(policy_file=policy_file)
     system = Template(_template("draft_system.md")).substitute(
         policy_file=policy_file, grammar=grammar_path().read_text(encoding="utf-8").strip(), example=example.strip())
     user = Template(_template("draft_user.md")).substitute(policy_file=policy_file, name=name,
