@@ -48,7 +48,7 @@ def main() -> int:
     ap.add_argument("--head", default="HEAD")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("scripts", nargs="*", default=["bench_lang.py", "bench_paths.py", "bench_synth.py"])
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     with tempfile.TemporaryDirectory(prefix="sop-bench-") as tmp:
         trees = {"base": _checkout(args.base, Path(tmp) / "base"), "head": _checkout(args.head, Path(tmp) / "head")}
         try:
