@@ -17,7 +17,7 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, error
 from sopgraph.logic.domain import Formula
-from sopgraph.logic.engine import DecideError, _Interp, interpret
+from sopgraph.logic.engine import DecideError, Interpreter, interpret
 from sopgraph.logic.paths import explorer_for, trace
 from sopgraph.perf import no_cyclic_gc
 
@@ -128,7 +128,7 @@ def _value_of(scenario: ir.Scenario, values: dict[str, Any], stages: list[str], 
     """The value the leaf computes for `output` (for the message; the evaluator has no range check)."""
     target = scenario.stages[stages[-1]].branches[branches[-1]].target
     expr = next(a.value for a in target.outputs if a.name == output)
-    return _Interp(scenario, values).eval(expr)
+    return Interpreter(scenario, values).eval(expr)
 
 
 def _diagnostic(assign: ir.OutputAssign, output: ir.Output, witness: dict[str, Any], value: Any,
