@@ -25,9 +25,10 @@ from pydantic import BaseModel, Field
 from sopgraph.language import ir
 from sopgraph.language.compile import START, compile_graph, reads
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
-from sopgraph.language.parse import MAX_DEPTH, iter_children, load_source
+from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain
 from sopgraph.logic.flow import flow_diagnostics
+from sopgraph.logic.ranges import output_range_diagnostics
 from sopgraph.perf import no_cyclic_gc
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
@@ -384,7 +385,7 @@ class _Typer:
             return ir.BoolType(span=e.span)
         if isinstance(e, ir.Call):
             return self.call(e)
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             return self.case(e)
         return None
 
@@ -425,7 +426,7 @@ class _Typer:
             hi = None if None in his else max(his)  # type: ignore[type-var]
         return _num(kind, lo, hi)
 
-    def case(self, e: ir.Case) -> _Ty:
+    def case(self, e: ir.CaseExpr) -> _Ty:
         for arm in e.arms:
             self.expect_bool(arm.when, "`when` needs a condition, but")
         exprs = [arm.then for arm in e.arms] + [e.otherwise]
@@ -1006,6 +1007,11 @@ def check_flow(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
     return list(flow_diagnostics(scenario))
 
 
+def check_output_ranges(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """E204 for assignments some feasible path drives outside the output's range (`sopgraph.logic.ranges`)."""
+    return output_range_diagnostics(scenario)
+
+
 # ---------------------------------------------------------------------------------------------
 # The pass list and the entry points
 
@@ -1017,6 +1023,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("unused", check_unused),
     Pass("descriptions", check_descriptions),
     Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
+    Pass("output ranges", check_output_ranges, blocked_by=("E1", "E2", "E302", "E303", "E304")),
 )
 
 
@@ -1052,7 +1059,7 @@ def _depth(expr: Any) -> int:
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in iter_children(node))
+        stack.extend((child, depth + 1) for child in ir.children(node))
     return deepest
 
 
@@ -1147,6 +1154,7 @@ __all__ = [
     "check_descriptions",
     "check_file",
     "check_flow",
+    "check_output_ranges",
     "check_structure",
     "check_targets",
     "check_types",
