@@ -621,8 +621,15 @@ def to_mermaid(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *,
     return "\n".join(lines) + "\n"
 
 
+_TITLE_MARKUP = {"<": "\u2039", ">": "\u203a", "&": "\uff06"}  # lookalikes: no tag or entity survives
+
+
 def _yaml_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+    """The front-matter title as a one-line double-quoted YAML string. Mermaid shows it outside the
+    label sanitiser and a `.mmd` is often pasted into pages, so markup characters become harmless
+    lookalikes (`<script>` -> `‹script›`) and control characters become spaces."""
+    text = "".join(" " if (ord(ch) < 32 or ord(ch) == 127) else _TITLE_MARKUP.get(ch, ch) for ch in text)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 # ---------------------------------------------------------------------------------------------
