@@ -400,15 +400,15 @@ def _validation_diagnostics(exc: ValidationError, doc: _Doc) -> list[Diagnostic]
                                        "mapping with at least `name`", doc.span(loc)))
             continue
         msg = err.get("msg", "invalid value")
-        hint = None
+        suggestion = None
         given = err.get("input")
         if kind == "literal_error" and isinstance(given, str):
-            hint = did_you_mean(given, INTENSITIES)
+            suggestion = did_you_mean(given, INTENSITIES)
         if kind == "missing":
             diags.append(error("E603", f"missing required key `{loc[-1]}` in {_where(loc[:-1])}",
                                doc.span(loc[:-1])))
             continue
-        diags.append(error("E603", f"{_where(loc)}: {msg}", doc.span(loc), hint))
+        diags.append(error("E603", f"{_where(loc)}: {msg}", doc.span(loc), suggestion))
     return diags
 
 
@@ -416,6 +416,7 @@ def _validation_diagnostics(exc: ValidationError, doc: _Doc) -> list[Diagnostic]
 # Conditions: YAML values → IR expressions
 
 
+_TRAILING = re.compile(r"^missing `->` before `(.+)`$")
 _PLAIN_VALUE = re.compile(r"^[A-Za-z_][A-Za-z0-9_+\-.]*$")
 _OPERATOR_PREFIX = re.compile(r"^\s*(==|!=|<=|>=|<|>|not\s+in\b|in\b)")
 
@@ -439,6 +440,11 @@ def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted:
             if d.span is not None and d.span.line == 2:
                 col = shift + max(0, d.span.col - 6)
                 message, hint = f"bad condition `{text}`: {d.message}", d.hint
+                extra = _TRAILING.match(d.message)
+                if extra:  # the `.sop` parser's branch hints mean nothing in a profile value
+                    message = f"bad condition `{text}`: unexpected `{extra.group(1)}` after the condition"
+                    hint = ("a condition is a value (`Calm`), a list of values, or a comparison such as "
+                            "`> 48` or `in {1, 2}`, in `.sop` expression syntax; write numbers without units")
             else:  # the error is past the end of the condition
                 col = shift + len(text)
                 message, hint = f"incomplete condition `{text}`", "something is missing at its end"
@@ -525,13 +531,14 @@ def _check_names(expr: Any, scenario: ir.Scenario, span: ir.Span, text: str) -> 
         if isinstance(e, ir.Compare):
             for a, b in ((e.left, e.right), (e.right, e.left)):
                 enum = _enum_of(a, scenario)
-                if enum is not None and isinstance(b, ir.Lit) and isinstance(b.value, str):
+                if (enum is not None and isinstance(a, ir.Var)  # only a Var has an enum
+                        and isinstance(b, ir.Lit) and isinstance(b.value, str)):
                     checked.add(id(b))
                     if b.value not in enum.values:
                         bad(b, enum.values, a.name)
         if isinstance(e, ir.InSet):
             enum = _enum_of(e.operand, scenario)
-            if enum is not None:
+            if enum is not None and isinstance(e.operand, ir.Var):
                 for v in e.values:
                     checked.add(id(v))
                     if isinstance(v.value, str) and v.value not in enum.values:
@@ -705,7 +712,7 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
     lib = library()
 
     # intensities
-    intensities = {k: lib.intensities[k] for k in INTENSITIES}
+    intensities: dict[str, str] = {k: lib.intensities[k] for k in INTENSITIES}
     intensities.update({k: v for k, v in spec.intensities.items()})
 
     # personas

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from sopgraph._version import __version__
-from sopgraph.cli import checkcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
+from sopgraph.cli import authorcmd, checkcmd, draftcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
 from sopgraph.simulation.store import StoreError
 
 
@@ -44,7 +44,7 @@ def main(ctx: click.Context, include_path: tuple[Path, ...]) -> None:
     ctx.obj["include_path"] = tuple(include_path)
 
 
-COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools)
+COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools, authorcmd, draftcmd)
 
 
 def _top_level_commands(module: object) -> list[click.Command]:

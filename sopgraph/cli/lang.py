@@ -13,7 +13,7 @@ import click
 
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
-from sopgraph.logic.engine import DecideError, engine_for
+from sopgraph.logic.engine import DecideError, engine_for, undeclared_inputs
 
 from .params import load_or_exit, sop_file, write_output
 
@@ -46,7 +46,10 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     """Reference path and finals for values (one JSON line out per input, in order).
 
     Output per line: {"path": [...], "finals": {...}} or {"error": "..."}; the batch continues
-    past failures and the exit status is 1 if any line failed.
+    past failures and the exit status is 1 if any line failed. A value the path needs that is
+    missing or off its domain fails the line, and so does an output that leaves its declared range.
+    Keys that are not fields or system variables are ignored with a warning on stderr (once per
+    key, with a did-you-mean); they never fail a line.
     """
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
@@ -56,9 +59,19 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
         lines = _input_lines(sys.stdin.buffer)
     failed = total = 0
     out = sys.stdout
+    known = {v.name for v in scenario.variables.values() if v.role != "derived"}
+    warned: set[str] = set()
     for lineno, raw in enumerate(lines, 1):
         total += 1
-        record = decide_line(engine, raw, lineno)
+        values, record = parse_line(raw, lineno)
+        if values is not None:
+            unknown = [k for k in values if k not in known and k not in warned]
+            if unknown:
+                warned.update(unknown)
+                where = f"line {lineno}: " if values_json is None else ""
+                for message in undeclared_inputs(scenario, unknown):
+                    click.echo(f"warning: {where}{message}", err=True)
+            record = decide_values(engine, values, lineno)
         failed += "error" in record
         out.write(_json_line(record) + "\n")
     out.flush()
@@ -100,26 +113,32 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def decide_line(engine: Any, raw: bytes | str, lineno: int) -> dict[str, Any]:
-    """The output record for one input line: {"path", "finals"} or {"error"}. Never raises: the
-    contract is one output line per input line, in order, and the batch goes on."""
+def parse_line(raw: bytes | str, lineno: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(values, {}) for a good input line, else (None, {"error": ...}). Never raises: the contract
+    is one output line per input line, in order, and the batch goes on."""
     if raw is _TOO_LONG:
-        return {"error": f"line {lineno}: longer than {MAX_LINE_BYTES:,} bytes"}
+        return None, {"error": f"line {lineno}: longer than {MAX_LINE_BYTES:,} bytes"}
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
-        return {"error": f"line {lineno}: not UTF-8 text (byte {exc.start})"}
+        return None, {"error": f"line {lineno}: not UTF-8 text (byte {exc.start})"}
     if not text.strip():
-        return {"error": f"line {lineno}: empty line (expected a JSON object of values)"}
+        return None, {"error": f"line {lineno}: empty line (expected a JSON object of values)"}
     try:
         values = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
         if not isinstance(values, dict):
             raise ValueError("expected a JSON object")
         _check_strings(values)
     except RecursionError:
-        return {"error": f"line {lineno}: invalid JSON object: nested too deeply"}
+        return None, {"error": f"line {lineno}: invalid JSON object: nested too deeply"}
     except ValueError as exc:
-        return {"error": f"line {lineno}: invalid JSON object: {exc}"}
+        return None, {"error": f"line {lineno}: invalid JSON object: {exc}"}
+    return values, {}
+
+
+def decide_values(engine: Any, values: dict[str, Any], lineno: int) -> dict[str, Any]:
+    """The output record for parsed values: {"path", "finals"} or {"error"} (never raises; a
+    non-finite output is an error, never printed as `Infinity`)."""
     try:
         path, finals = engine.decide_raw(values)
     except DecideError as exc:
@@ -133,6 +152,12 @@ def decide_line(engine: Any, raw: bytes | str, lineno: int) -> dict[str, Any]:
         return {"error": f"line {lineno}: output `{bad[0]}` is not a finite number ({finals[bad[0]]}); "
                          "the values are too large for the SOP's arithmetic"}
     return {"path": path, "finals": finals}
+
+
+def decide_line(engine: Any, raw: bytes | str, lineno: int) -> dict[str, Any]:
+    """The output record for one raw input line (parse, then decide)."""
+    values, record = parse_line(raw, lineno)
+    return record if values is None else decide_values(engine, values, lineno)
 
 
 def _check_strings(values: dict[str, Any]) -> None:
