@@ -192,13 +192,24 @@ class Plan:
         raise KeyError(name)
 
 
-def plan(scenario: ir.Scenario, profile: Profile) -> Plan:
-    """Enumerate the feasible paths and decide which intents can reach which path."""
+PLAN_PATH_LIMIT = 2_000  # past this many feasible paths, synthesis samples paths instead of listing all
+
+
+def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, seed: int = 0) -> Plan:
+    """Enumerate the feasible paths and decide which intents can reach which path. With `sample`
+    (the number of cases wanted) and more than `PLAN_PATH_LIMIT` feasible paths, `sample` distinct
+    paths are drawn instead, stratified by action (each action equally likely, then uniform among
+    its paths; deterministic per seed): synthesis at any size never enumerates every path."""
     count = paths_mod.count_paths(scenario)
     explorer = paths_mod.explorer_for(scenario)
     entries: list[PathEntry] = []
     skipped: list[Skip] = []
-    for info in paths_mod.iter_paths(scenario):
+    if sample is not None and count.feasible > PLAN_PATH_LIMIT:
+        drawn = paths_mod.sample_paths(scenario, max(1, sample), seed=seed, weights="action", unique=True)
+        infos: Iterable[Any] = sorted(drawn, key=lambda info: info.rank)
+    else:
+        infos = paths_mod.iter_paths(scenario)
+    for info in infos:
         if info.witness is None:
             skipped.append(Skip(kind="path", name=info.id, reason="feasibility unknown: no witness found "
                                 "(residual conditions the solver could neither satisfy nor refute)"))

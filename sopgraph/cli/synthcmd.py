@@ -81,7 +81,7 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
     profile = _load_profile_or_exit(file, scenario, profile_path)
     try:
         mix = parse_mix(intensity)
-        the_plan = plan(scenario, profile)
+        the_plan = plan(scenario, profile, sample=n, seed=seed)
         result = synthesize(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
                             intensity_mix=mix, use_intent_intensity=mix is None,
                             personas=_split_multi(personas) or None,

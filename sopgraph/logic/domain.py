@@ -1235,7 +1235,7 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-EXPAND_VARS = 6  # aggregates (count/min/max/case) over more base variables are kept whole
+EXPAND_VARS = 4  # aggregates (count/min/max/case) over more base variables are kept whole
 SOLVER_FIRST_VARS = 8  # residuals reading more variables go to the solver before the witness search
 COMPILE_BUDGET = 20_000  # compiler steps per top-level condition before it is kept whole (residual)
 
