@@ -163,7 +163,7 @@ def _safety_row(a: str, b: str, m: dict, pass_k: list, tier: str | None) -> list
 
 def _summary_tables(summary: Any) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
     """(title, columns, rows) of each summary table; `_print_table` fits them to the console."""
-    tables = []
+    tables: list[tuple[str, tuple[str, ...], list[list[str]]]] = []
     main_groups = [g for g in summary.groups if g.by == ["model", "scenario"]]
     tables.append((f"sop score {summary.run}  (scores ×100, ± half of the {summary.config.confidence * 100:g}% CI)",
                    _QUALITY_COLUMNS,
@@ -456,7 +456,9 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
             if more > 0:
                 console.print(f"  … and {more} more", markup=False)
         if s.invalid_examples:
-            console.print(f"[{s.source}] invalid walks, e.g.: {'; '.join(s.invalid_examples[:3])}", markup=False)
+            console.print(f"[{s.source}] {s.invalid_walks} walks are not paths of the graph, e.g.:", markup=False)
+            for example in s.invalid_examples[:5]:
+                console.print(f"  {example}", markup=False)
     if render_fmt is not None:
         console.print(f"wrote {out}", markup=False)
 
