@@ -199,9 +199,11 @@ def case_walks(cases: Iterable[Any]) -> list[Walk]:
     return [(list(c.expected_path), c.expected_finals.get("Action"), c.path_id) for c in cases]
 
 
-def agent_walks(run: Any) -> list[tuple[list[str], str | None]]:
-    """Final-turn (now_path, Action) of every done dialogue of a run store."""
-    walks = []
+def agent_walks(run: Any) -> list[Walk]:
+    """Final-turn (now_path, Action, the case's path id) of every done dialogue of a run store."""
+    walks: list[Walk] = []
+    meant = {c.id: c.path_id for c in run.cases()}
+    case_of = {d.id: d.case_id for d in run.dialogues(status="done")}
     last: dict[str, dict] = {}
     for t in run.iter_turn_dicts(status="done"):
         last[t["dialogue_id"]] = t  # turns come ordered by (dialogue, index): the last one wins
@@ -211,7 +213,7 @@ def agent_walks(run: Any) -> list[tuple[list[str], str | None]]:
         action = finals.get("Action") if isinstance(finals, dict) else None
         now_path = out.get("now_path")
         path = now_path if isinstance(now_path, list) else []
-        walks.append((path, action if isinstance(action, str) else None))
+        walks.append((path, action if isinstance(action, str) else None, meant.get(case_of.get(did, ""))))
     return walks
 
 
