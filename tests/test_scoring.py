@@ -5,10 +5,10 @@ tier is still found (E301 with a verified witness), every path gets a real witne
 from __future__ import annotations
 
 import pytest
+from helpers import scoring_sop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import scoring_sop
 from sopgraph.logic import paths, solver
 from sopgraph.logic.checker import check, load
 from sopgraph.logic.engine import decide
@@ -57,8 +57,8 @@ def test_solver_refutes_impossible_tiers():
 
 def test_synth_on_a_workflow_with_many_paths_samples_exactly_n(tmp_path):
     from click.testing import CliRunner
-
     from helpers import gen_sop
+
     from sopgraph.cli import main
 
     sop = tmp_path / "big.sop"
