@@ -50,7 +50,7 @@ def test_k8_n30_is_cheap_and_missing_tier_is_found():
 
 def test_solver_refutes_impossible_tiers():
     # `High` needs Top >= hi, but every score has fewer inputs than hi: the branch can never be taken
-    text = scoring_sop(3, 12).replace("when Top >= ", "when Top >= 50 + ", 1)
+    text = scoring_sop(3, 14).replace("when Top >= ", "when Top >= 50 + ", 1)
     codes = [d.code for d in check(load(text=text, check=False))]
     assert "W303" in codes or "W304" in codes
 

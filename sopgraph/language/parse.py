@@ -760,7 +760,7 @@ def load_source(path: str | Path | None = None, *, text: str | None = None,
         return _load_source(path, text=text, name=name, include_path=include_path)
 
 
-MAX_SOURCE_BYTES = 8 * 1024 * 1024  # a .sop file (main or included) larger than this is refused
+MAX_SOURCE_BYTES = 64 * 1024 * 1024  # a .sop file (main or included) larger than this is refused
 _SYSTEM_TREES = ("/proc", "/sys", "/dev")  # pseudo-files: endless, blocking or secret
 
 

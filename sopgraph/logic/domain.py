@@ -586,6 +586,8 @@ class Space:
                 continue
             if isinstance(e, (ir.Call, ir.CaseExpr)):
                 aggregate = True
+            if isinstance(e, ir.Binary) and e.op == "/":
+                return False  # the solver does not model division: keep the exact expansion
             stack.extend(ir.children(e))
         return aggregate and len(self.base_reads(expr)) > EXPAND_VARS
 
@@ -1235,7 +1237,8 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-EXPAND_VARS = 4  # aggregates (count/min/max/case) over more base variables are kept whole
+LINEAR_BOOL = 16  # longer and/or chains negate linearly (short ones keep disjoint alternatives)
+EXPAND_VARS = 6  # aggregates (count/min/max/case) over more base variables are kept whole
 SOLVER_FIRST_VARS = 8  # residuals reading more variables go to the solver before the witness search
 COMPILE_BUDGET = 20_000  # compiler steps per top-level condition before it is kept whole (residual)
 
@@ -1279,14 +1282,14 @@ class _Compiler:
             if e.op == "and":
                 if truth:
                     return mk_and(sp, fs_t)
-                if sp.total(e):  # no operand can fail: "some operand is false" (linear)
+                if len(e.operands) > LINEAR_BOOL and sp.total(e):  # no operand can fail: linear
                     return mk_or(sp, fs_f)
                 # first false operand stops evaluation
                 alts = [mk_and(sp, fs_t[:k] + [fs_f[k]]) for k in range(len(fs_f))]
                 return mk_or(sp, alts)
             if not truth:
                 return mk_and(sp, fs_f)
-            if sp.total(e):
+            if len(e.operands) > LINEAR_BOOL and sp.total(e):
                 return mk_or(sp, fs_t)
             alts = [mk_and(sp, fs_f[:k] + [fs_t[k]]) for k in range(len(fs_t))]
             return mk_or(sp, alts)

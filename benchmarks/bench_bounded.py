@@ -1,0 +1,88 @@
+"""Issue 13 targets: bounded analysis on scoring SOPs, synthesis at scale, 100k-stage checks.
+
+Prints one line per measurement with the time (and peak memory where asked) and its ratio to the
+target (ratio < 1 means the target holds). Each measurement runs the `sop` CLI in a fresh process,
+so times include start-up, as a user sees them.
+
+- scoring family K=8 scores over N=30 shared inputs: `sop check`, `sop paths --count`,
+  `sop synth -n 50` (target: each under 5 s);
+- `sop synth -n 50` on a generated workflow with >= 50,000 feasible paths (target under 5 s);
+- `sop check` on a 100,000-stage chain: time and peak memory (targets under 10 s and 1 GB).
+
+Usage: `python benchmarks/bench_bounded.py [--k 8] [--n 30] [--stages 100000]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(args: list[str]) -> tuple[float, float, int]:
+    """(seconds, peak RSS in MB of the children so far, exit code) of one `sop` invocation (the
+    100k-stage check runs last and is the largest, so its peak is the one reported)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", "from sopgraph.cli import main; main()", *args],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    elapsed = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return elapsed, max(peak, before) / 1024, proc.returncode
+
+
+def report(label: str, seconds: float, target: float, code: int, extra: str = "") -> None:
+    status = "ok" if code == 0 else f"exit {code}"
+    print(f"{label:<46} {seconds:7.2f} s  ratio {seconds / target:5.2f} (target {target:g} s) {extra}{status}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--n", type=int, default=30)
+    ap.add_argument("--stages", type=int, default=100_000)
+    args = ap.parse_args(argv)
+    helpers = _module("helpers", ROOT / "tests" / "helpers.py")
+    gen = _module("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        scoring = d / "scoring.sop"
+        scoring.write_text(helpers.scoring_sop(args.k, args.n))
+        tag = f"scoring K={args.k} N={args.n}"
+        for label, cmd in ((f"{tag}: sop check", ["check", str(scoring)]),
+                           (f"{tag}: sop paths --count", ["paths", str(scoring), "--count"]),
+                           (f"{tag}: sop synth -n 50", ["synth", str(scoring), "-n", "50", "-q",
+                                                        "-o", str(d / "s.jsonl")])):
+            t, _, code = run(cmd)
+            report(label, t, 5.0, code)
+        wide = d / "wide.sop"
+        wide.write_text(gen.generate(12, kind="diamond", seed=3))  # 139,968 feasible paths
+        t, _, code = run(["synth", str(wide), "-n", "50", "-q", "-o", str(d / "w.jsonl")])
+        lines = len((d / "w.jsonl").read_text().splitlines()) if (d / "w.jsonl").exists() else 0
+        report("synth -n 50, 139,968 feasible paths", t, 5.0, code, f"({lines} cases) ")
+        chain = d / "chain.sop"
+        chain.write_text(gen.generate(args.stages, kind="chain", seed=0))
+        t, peak, code = run(["check", str(chain)])
+        report(f"check, {args.stages:,}-stage chain", t, 10.0, code,
+               f"peak {peak:,.0f} MB ratio {peak / 1024:4.2f} (target 1 GB) ")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
