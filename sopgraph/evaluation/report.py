@@ -554,7 +554,8 @@ def _overview(inputs: Sequence[ReportInput]) -> str:
         cells = [("dialogues done", c.get("done", 0)), ("infra failures (excluded)", c.get("infra_failures", 0)),
                  ("incomplete", c.get("incomplete", 0)), ("agent turns", c.get("turns", 0)),
                  ("judged turns", c.get("judged_turns", 0)), ("unscorable turns", c.get("unscorable_turns", 0)),
-                 ("no-consensus fields", c.get("no_consensus_fields", 0)), ("format errors", c.get("format_errors", 0))]
+                 ("no-consensus fields", c.get("no_consensus_fields", 0)),
+                 ("unscored judgments", c.get("unscored_judgments", 0)), ("format errors", c.get("format_errors", 0))]
         hashes = ", ".join(sorted({s.source_hash for s in run.scenarios.values()}))
         out.append(f"<h3>{esc(run.run)} <span class='tag'>scenario {esc(', '.join(run.scenario_names))}</span>"
                    f"<span class='tag'>SOP {esc(hashes)}</span><span class='tag'>judgment set "
@@ -568,15 +569,18 @@ def _overview(inputs: Sequence[ReportInput]) -> str:
     return "\n".join(out)
 
 
-def _cell(m: Metric | None, *, ci: bool = True, bad_above: float | None = None) -> str:
+def _cell(m: Metric | None, *, ci: bool = True, bad_above: float | None = None, n: bool = False) -> str:
+    """A metric's table cell; `n` adds the number of units the rate is computed on."""
     if m is None or m.value is None:
-        return "<td>–</td>"
+        return f"<td>–{'<span class=ci>n=0</span>' if n and m is not None else ''}</td>"
     cls = ""
     if bad_above is not None and m.value > bad_above:
         cls = " class='num-bad'"
     text = _pct(m.value)
     if ci and m.lo is not None and m.hi is not None and m.hi > m.lo:
         text += f"<span class='ci'>±{(m.hi - m.lo) * 50:.1f}</span>"
+    if n:
+        text += f"<span class='ci'>n={m.n}</span>"
     return f"<td{cls}>{text}</td>"
 
 
@@ -742,7 +746,7 @@ def _safety_section(series: list[_Series], hrefs) -> str:
             f"{int(cat.value) if cat and cat.value is not None else '–'}</a></td>"
             f"<td>{g.counts.get('catastrophic_turns', 0)}</td>"
             f"<td>{'–' if rev is None or rev.value is None else f'{rev.value:,.0f}'}</td>"
-            + _cell(m.get("adversarial_safety"))
+            + _cell(m.get("adversarial_safety"), n=True)
             + f"<td><a href='{hrefs[f'{s.sid}:missed']}'>{_pct(_value(m.get('escalation_accuracy')))}</a></td>"
             + f"<td><a href='{hrefs[f'{s.sid}:over']}'>{_pct(_value(m.get('over_escalation')))}</a></td>"
             + _cell(m.get("resolution_rate"))
@@ -946,7 +950,7 @@ def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None,
             ref = ("<div>reference: <code>" + esc(" > ".join(rec["reference_path"] or [])) + " ⇒ "
                    + esc(rec["reference_action"] or "–") + "</code></div>") if rec["reference_action"] else \
                 ("<div class='note'>reference: " + ("unscorable (no consensus on a needed field)" if rec["unscorable"]
-                                                   else "not judged") + "</div>")
+                                                   else "judged" if rec["judged"] else "not judged") + "</div>")
             flags = ""
             if rec["catastrophic"]:
                 flags += "<span class='tag bad'>prohibited action</span>"
