@@ -33,6 +33,7 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.schema import validate_agent_output
+from sopgraph.logic.engine import _Interp, leaf_finals
 from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, Turn, Usage
 
@@ -140,10 +141,13 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
             fields[var.name] = []
     paths: list[dict[str, Any]] = []
     try:
-
         if max_paths > 0:
             for info in iter_paths(scenario, limit=max_paths, witnesses=False):
-                paths.append({"stages": list(info.stages), "finals": dict(info.finals)})
+                path: dict[str, Any] = {"stages": list(info.stages), "finals": dict(info.finals)}
+                if info.finals_varying:  # computed per case: see `case_path_finals`
+                    path["fill"] = len(paths)
+                    path["branches"] = list(info.branches)
+                paths.append(path)
     except Exception:  # noqa: BLE001 - path enumeration is a convenience for baselines only
         paths = []
     return {
@@ -151,8 +155,46 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
         "fields": fields,
         "escalation_actions": scenario.actions_with("escalation"),
         "ending_actions": scenario.actions_with("ends_dialogue"),
+        "actions": list(scenario.actions),
+        "output_fillers": {name: output_filler(out) for name, out in scenario.outputs.items()},
         "paths": paths,
     }
+
+
+def output_filler(out: ir.Output) -> Any:
+    """A valid value of an output when nothing better is known: its default, else the first value
+    of its type (so a floor agent's reply always fits the schema)."""
+    if out.default is not None:
+        return out.default.value
+    t = out.type
+    if isinstance(t, ir.EnumType):
+        return t.values[0] if t.values else ""
+    if isinstance(t, ir.BoolType):
+        return False
+    if isinstance(t, ir.NumType):
+        lo = t.lo if t.lo is not None else (t.hi if t.hi is not None else 0)
+        return int(lo) if t.kind == "int" else float(lo)
+    return ""
+
+
+def case_path_finals(scenario: ir.Scenario, info: Mapping[str, Any], case: Case) -> dict[str, dict[str, Any]]:
+    """The finals the engine gives each path with computed outputs (e.g. `Fee = NightlyRate`) on
+    this case's values, keyed by the path's `fill` number: a floor agent that chooses the path then
+    fills its outputs as the engine would. Outputs that cannot be computed get `output_filler`."""
+    values = {**case.truth, **case.user_facts, **case.system}
+    out: dict[str, dict[str, Any]] = {}
+    for path in info.get("paths") or ():
+        if "fill" not in path:
+            continue
+        try:
+            stage = scenario.stages[path["stages"][-1]]
+            target = stage.branches[path["branches"][-1]].target
+            out[str(path["fill"])] = leaf_finals(scenario, target, _Interp(scenario, values).eval)
+        except Exception:  # noqa: BLE001 - a value the case lacks: the filler below stands in
+            target_finals = dict(path.get("finals") or {})
+            out[str(path["fill"])] = {k: (v if v is not None else output_filler(scenario.outputs[k]))
+                                      for k, v in target_finals.items() if k in scenario.outputs or k == "Action"}
+    return out
 
 
 def without_paths(info: Mapping[str, Any]) -> dict[str, Any]:
@@ -236,6 +278,7 @@ async def simulate_dialogue(
     enders = ending_actions(setup.scenario)
     base_ctx = {"case": setup.case_dump, "dialogue_id": setup.dialogue_id, "trial": setup.trial}
     agent_info = setup.scenario_info
+    path_finals = case_path_finals(setup.scenario, agent_info, setup.case)
     user_info = without_paths(agent_info)
     agent_msgs: list[dict[str, Any]] = [{"role": "system", "content": setup.agent_system}]
     user_msgs: list[dict[str, Any]] = [
@@ -251,7 +294,8 @@ async def simulate_dialogue(
             return SimResult(state.turns, "user_stop", user_text)
         user_msgs.append({"role": "assistant", "content": user_text})
         agent_msgs.append({"role": "user", "content": user_text})
-        agent_ctx: dict[str, Any] = {**base_ctx, "scenario": agent_info, "role": "agent", "turn": index}
+        agent_ctx: dict[str, Any] = {**base_ctx, "scenario": agent_info, "role": "agent", "turn": index,
+                                     "path_finals": path_finals}
         if setup.response_schema is not None:
             agent_ctx["response_schema"] = setup.response_schema
             agent_ctx["response_schema_name"] = "agent_output"

@@ -163,6 +163,20 @@ def _uninformed_classification(ctx: Context) -> dict[str, Any]:
     return {str(name): "" for name in _as_dict(_case(ctx).get("truth"))}
 
 
+def _finals_for(ctx: Context, path: Mapping[str, Any] | None, action: Any = None) -> dict[str, Any]:
+    """The finals of a chosen path filled the way the engine would: computed outputs from the case's
+    values (`path_finals`, computed by the dialogue loop), every other output its constant or filler."""
+    finals = dict(_as_dict(path.get("finals"))) if path else {}
+    if path and "fill" in path:
+        finals.update(_as_dict(_as_dict(ctx.get("path_finals")).get(str(path["fill"]))))
+    for name, filler in _as_dict(_scenario(ctx).get("output_fillers")).items():
+        if finals.get(name) is None:
+            finals[name] = filler
+    if action is not None:
+        finals["Action"] = action
+    return finals
+
+
 def _path_ending_in(ctx: Context, actions: Sequence[Any]) -> dict[str, Any] | None:
     wanted = {str(a) for a in actions}
     for path in _paths(ctx):
@@ -192,10 +206,15 @@ def always_escalate(messages: Messages, context: Context) -> str:
     """Floor baseline: escalates on every turn, whatever the case says."""
     scenario = _scenario(context)
     escalations = [a for a in _as_list(scenario.get("escalation_actions")) if a]
-    action = escalations[0] if escalations else DEFAULT_ESCALATION_ACTION
+    paths = _paths(context)
+    if escalations:
+        action = escalations[0]
+    elif paths:  # no escalation in this SOP: the first path's action stands in (a valid Action)
+        action = _as_dict(paths[0].get("finals")).get("Action") or DEFAULT_ESCALATION_ACTION
+    else:
+        action = DEFAULT_ESCALATION_ACTION
     path = _path_ending_in(context, escalations or [action])
-    finals = dict(_as_dict(path.get("finals"))) if path else {}
-    finals["Action"] = action
+    finals = _finals_for(context, path, action)
     now_path = _as_list(path.get("stages")) if path else []
     lang = _language(_case(context))
     return _agent_reply(
@@ -213,12 +232,8 @@ def always_comply(messages: Messages, context: Context) -> str:
     expected_finals = _as_dict(case.get("expected_finals"))
     action = case.get("unsafe_action") or expected_finals.get("Action") or ""
     path = _path_ending_in(context, [action]) if action else None
-    if path is not None:
-        finals = dict(_as_dict(path.get("finals")))
-        now_path = _as_list(path.get("stages"))
-    else:
-        finals, now_path = {}, []
-    finals["Action"] = action
+    finals = _finals_for(context, path, action)
+    now_path = _as_list(path.get("stages")) if path is not None else []
     lang = _language(case)
     return _agent_reply(
         _uninformed_classification(context),
@@ -240,7 +255,7 @@ def random_path(messages: Messages, context: Context) -> str:
         classification = _uninformed_classification(context)
     paths = _paths(context)
     path = rng.choice(paths) if paths else {}
-    finals = dict(_as_dict(path.get("finals")))
+    finals = _finals_for(context, path)
     finals.setdefault("Action", "")
     lang = _language(case)
     return _agent_reply(
