@@ -90,7 +90,11 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
 # Reference interpreter
 
 
-class _Interp:
+class Interpreter:
+    """Evaluates expressions of one scenario over one assignment of values (derived variables are
+    computed once and cached). The public core of the logic layer: the engine, the constraint domain,
+    paths, flow analysis, synthesis and scoring all evaluate through it."""
+
     def __init__(self, scenario: ir.Scenario, values: Mapping[str, Any]):
         self.s = scenario
         self.values = values
@@ -119,9 +123,9 @@ class _Interp:
             return (not x) if e.op == "not" else -x
         if isinstance(e, ir.Binary):
             a, b = self.eval(e.left), self.eval(e.right)
-            return _arith(e.op, a, b)
+            return apply_arith(e.op, a, b)
         if isinstance(e, ir.Compare):
-            return _compare(e.op, self.eval(e.left), self.eval(e.right))
+            return apply_compare(e.op, self.eval(e.left), self.eval(e.right))
         if isinstance(e, ir.InSet):
             x = self.eval(e.operand)
             hit = x in {v.value for v in e.values}
@@ -135,7 +139,7 @@ class _Interp:
             if e.func == "count":
                 return sum(1 for a in args if a)
             return min(args) if e.func == "min" else max(args)
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             for arm in e.arms:
                 if self.eval(arm.when):
                     return self.eval(arm.then)
@@ -143,7 +147,8 @@ class _Interp:
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
 
-def _arith(op: str, a: Any, b: Any) -> Any:
+def apply_arith(op: str, a: Any, b: Any) -> Any:
+    """One arithmetic operator with the language's semantics (division by zero is a DecideError)."""
     if op == "+":
         return a + b
     if op == "-":
@@ -159,7 +164,8 @@ def _div(a: Any, b: Any) -> Any:
     return a / b
 
 
-def _compare(op: str, a: Any, b: Any) -> bool:
+def apply_compare(op: str, a: Any, b: Any) -> bool:
+    """One comparison operator with the language's semantics."""
     if op == "==":
         return a == b
     if op == "!=":
@@ -190,7 +196,7 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate) -> dict[str,
 
 def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
     """Reference semantics (slow, precise errors)."""
-    it = _Interp(scenario, values)
+    it = Interpreter(scenario, values)
     path: list[str] = []
     stage_id = scenario.start
     limit = len(scenario.stages) + 1
@@ -311,7 +317,7 @@ class _Gen:
             if e.func == "count":
                 return "(" + " + ".join(f"(1 if {a} else 0)" for a in args) + ")"
             return f"{e.func}({', '.join(args)})"
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             code = self.expr(e.otherwise)
             for arm in reversed(e.arms):
                 code = f"({self.expr(arm.then)} if {self.expr(arm.when)} else {code})"

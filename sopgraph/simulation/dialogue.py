@@ -33,7 +33,7 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.schema import validate_agent_output
-from sopgraph.logic.engine import _Interp, leaf_finals
+from sopgraph.logic.engine import Interpreter, leaf_finals
 from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, Turn, Usage
 
@@ -189,7 +189,7 @@ def case_path_finals(scenario: ir.Scenario, info: Mapping[str, Any], case: Case)
         try:
             stage = scenario.stages[path["stages"][-1]]
             target = stage.branches[path["branches"][-1]].target
-            out[str(path["fill"])] = leaf_finals(scenario, target, _Interp(scenario, values).eval)
+            out[str(path["fill"])] = leaf_finals(scenario, target, Interpreter(scenario, values).eval)
         except Exception:  # noqa: BLE001 - a value the case lacks: the filler below stands in
             target_finals = dict(path.get("finals") or {})
             out[str(path["fill"])] = {k: (v if v is not None else output_filler(scenario.outputs[k]))
