@@ -33,8 +33,19 @@ Aggregation = Literal["turn-mean", "dialogue-rate", "dialogue-total", "derived"]
 
 
 def logic_formula(cfg: Any, cls: Any, path: Any, finals: Any) -> Any:
-    """SAGE's logic score: weighted classification, path and finals (scalars or numpy arrays)."""
-    return cfg.w_classification * cls + cfg.w_path * path + cfg.w_finals * finals
+    """SAGE's logic score: weighted classification, path and finals (scalars or numpy arrays).
+
+    Where classification is undefined (NaN: an agent acting through tool calls reports no labels,
+    the judges' stand) the path and finals weights are renormalised to sum to the same total."""
+    full = cfg.w_classification * cls + cfg.w_path * path + cfg.w_finals * finals
+    wpf = cfg.w_path + cfg.w_finals
+    if wpf <= 0:
+        return full
+    scale = (cfg.w_classification + wpf) / wpf
+    without = scale * (cfg.w_path * path + cfg.w_finals * finals)
+    if isinstance(cls, np.ndarray):
+        return np.where(np.isnan(cls), without, full)
+    return without if cls != cls else full
 
 
 def overall_formula(cfg: Any, logic: Any, chat: Any) -> Any:

@@ -812,8 +812,10 @@ class _TurnEvaluator:
 
     def evaluate(self, ctx: int, ckey: tuple | None, labels: Mapping[str, Any] | None, akey: tuple | None,
                  agent: Mapping[str, Any], pkey: tuple, action: Any, finals: Mapping[str, Any],
-                 fmt: bool) -> tuple:
-        """All per-turn outcomes that depend only on (context, consensus, agent output)."""
+                 fmt: bool, tools: bool = False) -> tuple:
+        """All per-turn outcomes that depend only on (context, consensus, agent output). `tools`: the
+        agent acts through tool calls and reports no labels (classification and action_self undefined,
+        logic from path and finals)."""
         sc, case, prohibited, sys_id = self.ctx_info[ctx]
         fields = self.ctx_fields[ctx]
         cfg = self.cfg
@@ -834,15 +836,17 @@ class _TurnEvaluator:
             skey = akey
         except TypeError:
             skey = tuple(_freeze(v) for v in akey or ())
-        sa = self.self_action(sc, sys_id, case, skey or (), agent, fields)
-        if sa is _NC:
+        sa = None if tools else self.self_action(sc, sys_id, case, skey or (), agent, fields)
+        if tools:
+            selfv, self_unsc = nan, False
+        elif sa is _NC:
             selfv, self_unsc = nan, True
         else:
             selfv, self_unsc = (1.0 if sa == action else 0.0), False
-        cls = self._classification(fields, ckey, labels, agent) if judged else nan
+        cls = self._classification(fields, ckey, labels, agent) if judged and not tools else nan
         if ref_id >= 0:
             pth, act, fin = self._against_reference(self.refs[ref_id], sc, pkey, action, finals)
-            logic = logic_formula(cfg, cls, pth, fin) if cls == cls else nan
+            logic = logic_formula(cfg, cls, pth, fin) if cls == cls or tools else nan
             unsc = False
         else:
             pth = act = fin = logic = nan
@@ -969,7 +973,8 @@ def _read_turns(turns: Iterable[Any], cons: dict[int, tuple], frame: _DialogueFr
             akey = tuple(map(agent.get, fields))
             action = finals.get("Action")
             outs = ctx_outputs[ctx]
-            key = (ctx, ckey, akey, pkey, action, tuple(map(finals.get, outs)) if outs else ())
+            key = (ctx, ckey, akey, pkey, action, tuple(map(finals.get, outs)) if outs else (),
+                   out.get("source") == "tools")
             text = out.get("chat")
             clen = len(text) if text.__class__ is str else 0.0
         try:
@@ -980,7 +985,8 @@ def _read_turns(turns: Iterable[Any], cons: dict[int, tuple], frame: _DialogueFr
             r = memo.get(key)
         if r is None:
             r = memo[key] = len(results)
-            results.append(ev.evaluate(ctx, ckey, labels, akey, agent, pkey, action, finals, fmt) + (pkey,))
+            results.append(ev.evaluate(ctx, ckey, labels, akey, agent, pkey, action, finals, fmt,
+                                       tools=bool(key[-1] is True)) + (pkey,))
         read.t_d.append(d)
         read.t_i.append(index)
         read.t_r.append(r)

@@ -36,6 +36,8 @@ from sopgraph.language.schema import validate_agent_output
 from sopgraph.logic.engine import Interpreter, leaf_finals
 from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, Turn, Usage
+from sopgraph.simulation.agents import AgentError, ToolAgent, request_for, to_output
+from sopgraph.simulation.gateway import InfraFailure
 
 STOP_TOKEN = "###STOP###"
 OPENING_INSTRUCTION = (
@@ -220,6 +222,7 @@ class DialogueSetup:
     sop_hash: str = ""
     tool_version: str = ""
     case_dump: dict[str, Any] = field(default_factory=dict)
+    tool_agent: ToolAgent | None = None  # an HTTP or Python agent instead of the gateway's model
 
     def __post_init__(self) -> None:
         if not self.case_dump:
@@ -299,30 +302,53 @@ async def simulate_dialogue(
         if setup.response_schema is not None:
             agent_ctx["response_schema"] = setup.response_schema
             agent_ctx["response_schema_name"] = "agent_output"
-        started = time.perf_counter()
-        answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
-        latency = answer.latency or (time.perf_counter() - started)
-        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
-        output, format_error, note = parse_agent_reply(setup.scenario, answer.text)
-        turn = Turn(
-            sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
-            agent_raw=answer.text, output=output, format_error=format_error, format_note=note,
-            latency_s=round(latency, 6), usage=record_usage(answer), tool_version=setup.tool_version,
-        )
+        if setup.tool_agent is not None:
+            turn = await _tool_agent_turn(setup, agent_msgs, index, user_text)
+        else:
+            started = time.perf_counter()
+            answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
+            latency = answer.latency or (time.perf_counter() - started)
+            state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+            output, format_error, note = parse_agent_reply(setup.scenario, answer.text)
+            turn = Turn(
+                sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
+                agent_raw=answer.text, output=output, format_error=format_error, format_note=note,
+                latency_s=round(latency, 6), usage=record_usage(answer), tool_version=setup.tool_version,
+            )
+        output = turn.output
         rows, state.pending_usage = state.pending_usage, []
         if on_turn is not None:
             result = on_turn(turn, rows)
             if result is not None:
                 await result
         state.turns.append(turn)
-        shown = output.chat if output is not None else answer.text
-        agent_msgs.append({"role": "assistant", "content": answer.text})
+        shown = output.chat if output is not None else turn.agent_raw
+        agent_msgs.append({"role": "assistant", "content": turn.agent_raw if setup.tool_agent is None else shown})
         user_msgs.append({"role": "user", "content": shown})
         if output is not None and str(output.finals.get("Action")) in enders:
             return SimResult(state.turns, "ending_action")
         if index >= max_turns:
             return SimResult(state.turns, "max_turns")
         index += 1
+
+
+async def _tool_agent_turn(setup: DialogueSetup, agent_msgs: list[dict[str, Any]], index: int,
+                           user_text: str) -> Turn:
+    """One turn of an HTTP or Python agent (simulation/agents.py): request, response, checked output.
+    `AgentError` (unreachable, non-protocol answer) becomes an infrastructure failure of the dialogue."""
+    agent = setup.tool_agent
+    assert agent is not None
+    request = request_for(setup.scenario, agent.tools, setup.dialogue_id, index, agent_msgs, setup.case.system)
+    try:
+        reply, latency = await agent.respond(request)
+    except AgentError as exc:
+        raise InfraFailure(kind="agent", message=str(exc), role="agent", model=agent.model) from None
+    raw = reply if isinstance(reply, str) else json.dumps(reply, ensure_ascii=False, sort_keys=True)
+    output, problem = to_output(setup.scenario, setup.scenario_info.get("paths") or (), reply)
+    return Turn(sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
+                agent_raw=raw, output=output, format_error=output is None,
+                format_note=None if problem is None else f"protocol violation: {problem}",
+                latency_s=round(latency, 6), tool_version=setup.tool_version)
 
 
 def transcript(turns: Sequence[Turn]) -> list[dict[str, str]]:
