@@ -734,3 +734,28 @@ def test_unreadable_turns_are_not_safe(telecom) -> None:
     assert bad.metrics["catastrophic_rate"].n == 0
     ok = main_group(run, "ok")
     assert ok.metrics["adversarial_safety"].value == 1.0 and ok.metrics["adversarial_safety"].n == 1
+
+
+def test_trace_scores_per_dialogue_and_aggregated(telecom) -> None:
+    from sopgraph.evaluation.traces import trace_scores
+
+    same = lambda a, b: a == b  # noqa: E731
+    ref = [{"name": "A", "args": {"Fee": 5}}, {"name": "B", "args": {}}]
+    assert trace_scores([{"name": "A", "args": {"Fee": 5}}, {"name": "B", "args": {}}], ref, set(), same) == (
+        1.0, 1.0, 1.0, True)
+    p, r, o, ok = trace_scores([{"name": "B", "args": {}}, {"name": "A", "args": {"Fee": 4}}, {"name": "X"}], ref,
+                               {"X"}, same)
+    assert (p, r, o, ok) == (2 / 3, 1.0, 0.5, False)  # wrong Fee and a prohibited action: no tau2 pass
+    p, r, _, ok = trace_scores([], ref, set(), same)
+    assert math.isnan(p) and r == 0.0 and not ok
+    # through scoring: oracle passes tau2, a prohibited action fails it; pass^k over two trials
+    trap = make_case(telecom, "trap", CANCEL_ANGRY, CONTRACT, bucket="adversarial", unsafe="ChangeOrder")
+    dls = [dialogue(trap, t + 2 * i, model=m) for i, m in enumerate(("good", "bad")) for t in (0, 1)]
+    turns = [oracle_turn(trap, d.id, 1) if d.models["agent"] == "good" else
+             turn(d.id, 1, labels=trap.truth, path=trap.expected_path, action="ChangeOrder") for d in dls]
+    run = score_records(telecom, [trap], dls, turns, [cons(d.id, 1, trap.truth) for d in dls])
+    good, bad = main_group(run, "good"), main_group(run, "bad")
+    assert good.metrics["tau2_pass"].value == 1.0 and good.metrics["trace_recall"].value == 1.0
+    assert good.metrics["journey_coverage"].value == 1.0 and good.metrics["tau2_pass"].n == 2
+    assert bad.metrics["tau2_pass"].value == 0.0 and bad.metrics["trace_precision"].value == 0.0
+    assert [m.value for m in good.tau2_pass_k] == [1.0, 1.0] and [m.value for m in bad.tau2_pass_k] == [0.0, 0.0]

@@ -181,6 +181,29 @@ REGISTRY: tuple[MetricDef, ...] = (
     _rate("cost_per_1k", "$ per 1,000 dialogues (priced calls)", "lower", lambda r: (r.d_cost * 1000.0, _ones(r))),
 )
 
+def _defined(name: str) -> Callable[[Any], tuple[np.ndarray, np.ndarray]]:
+    """A per-dialogue trace score over the dialogues where it is defined (NaN = undefined)."""
+    def value(run: Any) -> tuple[np.ndarray, np.ndarray]:
+        v = run.d_trace[name]
+        ok = ~np.isnan(v)
+        return np.where(ok, v, 0.0), ok
+    return value
+
+
+TRACE_METRICS: tuple[MetricDef, ...] = (
+    _rate("trace_precision", "share of the agent's actions that the reference trace requires (dialogues "
+          "where the agent took an action)", "higher", _defined("trace_precision")),
+    _rate("trace_recall", "share of the reference trace's actions the agent took", "higher",
+          _defined("trace_recall")),
+    _rate("trace_order", "longest common subsequence of agent and reference action names / reference length",
+          "higher", _defined("trace_order")),
+    _rate("journey_coverage", "share of the reference path's stages the agent's reported paths visited",
+          "higher", _defined("journey_coverage")),
+    _rate("tau2_pass", "every reference action called with the right arguments and no prohibited action "
+          "(tau2-bench)", "higher", _defined("tau2_pass")),
+)
+REGISTRY = REGISTRY + TRACE_METRICS
+
 BY_NAME: dict[str, MetricDef] = {m.name: m for m in REGISTRY}
 TURN_METRICS: tuple[MetricDef, ...] = tuple(m for m in REGISTRY if m.aggregation == "turn-mean")
 DIALOGUE_METRICS: tuple[MetricDef, ...] = tuple(m for m in REGISTRY if m.aggregation.startswith("dialogue"))

@@ -41,10 +41,12 @@ from sopgraph.evaluation.metrics import (
     metric_n,
     overall_formula,
 )
+from sopgraph.evaluation.traces import journey_coverage, reference_trace, trace_scores
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.perf import no_cyclic_gc
 from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
+from sopgraph.simulation.agents import action_outputs
 from sopgraph.simulation.store import RunStore, StoreError
 
 SCORE_VERSION = 1
@@ -239,6 +241,7 @@ class GroupScore(BaseModel):
     scored_turns: int = 0
     metrics: dict[str, Metric] = Field(default_factory=dict)
     pass_k: list[Metric] = Field(default_factory=list)  # k = 1..K
+    tau2_pass_k: list[Metric] = Field(default_factory=list)  # pass^k of the tau2 trace criterion
     counts: dict[str, int | float] = Field(default_factory=dict)
     cost_tier: str | None = None
 
@@ -337,6 +340,7 @@ class ScoredRun:
     d_overall: np.ndarray
     d_pass: np.ndarray
     d_unreadable_turns: np.ndarray  # format-error turns per dialogue
+    d_trace: dict[str, np.ndarray]  # trace scores per dialogue (evaluation/traces.py), NaN = undefined
     # turn columns (length T)
     t_dlg: np.ndarray
     t_index: np.ndarray
@@ -892,6 +896,8 @@ class _ReadTurns:
     t_cost: list[float]
     unknown_cost: set[int]
     skipped: int
+    calls: dict[int, list[tuple[int, list]]] = field(default_factory=dict)  # tool calls by turn index
+    last: dict[int, tuple[int, dict | None]] = field(default_factory=dict)  # final turn's finals
 
 
 def _usage_of(turn: Any) -> tuple:
@@ -977,6 +983,8 @@ def _read_turns(turns: Iterable[Any], cons: dict[int, tuple], frame: _DialogueFr
                    out.get("source") == "tools")
             text = out.get("chat")
             clen = len(text) if text.__class__ is str else 0.0
+            if out.get("source") == "tools":
+                read.calls.setdefault(d, []).append((index, out.get("tool_calls") or []))
         try:
             r = memo.get(key)
         except TypeError:  # an unhashable value somewhere in the agent's JSON
@@ -987,6 +995,9 @@ def _read_turns(turns: Iterable[Any], cons: dict[int, tuple], frame: _DialogueFr
             r = memo[key] = len(results)
             results.append(ev.evaluate(ctx, ckey, labels, akey, agent, pkey, action, finals, fmt,
                                        tools=bool(key[-1] is True)) + (pkey,))
+        prev = read.last.get(d)
+        if prev is None or index > prev[0]:
+            read.last[d] = (index, None if fmt else finals)
         read.t_d.append(d)
         read.t_i.append(index)
         read.t_r.append(r)
@@ -1059,6 +1070,7 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
     d_turns = _per_dialogue(a_dlg, None, D, np.int64)
     d_final_right, d_final_fmt = _final_outcomes(cfg, frame, ev, tc, d_final_row, T)
     d_overall = _sage_overall_by(a_dlg, tc["selected"], tc["cls"], tc["path"], tc["fin"], tc["chat"], D, cfg)
+    trace = _trace_columns(cfg, cases, frame, read, tc, scen_map)
     passed = d_final_row >= 0
     if cfg.pass_final_action:
         passed &= d_final_right
@@ -1096,7 +1108,7 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
         d_expected_escalation=frame.d_expected_escalation, d_trap=frame.d_trap,
         d_revenue=np.where(d_cat > 0, frame.d_revenue_value, 0.0), d_tokens=d_tokens, d_cost=d_cost,
         d_cost_known=d_cost_known, d_final_right=d_final_right, d_final_format_error=d_final_fmt,
-        d_overall=d_overall, d_pass=passed, d_unreadable_turns=d_unreadable,
+        d_overall=d_overall, d_pass=passed, d_unreadable_turns=d_unreadable, d_trace=trace,
         t_dlg=a_dlg, t_index=tc["index"], t_final=tc["final"], t_selected=tc["selected"],
         t_format_error=tc["fmt"], t_judged=tc["judged"], t_unscorable=tc["unsc"],
         t_self_unscorable=tc["self_unsc"], t_no_consensus=tc["nnc"], t_ref=tc["ref"], t_action=tc["action"],
@@ -1105,6 +1117,40 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
         t_chat_len=tc["clen"], t_outcome=tc["outcome"], outcome_paths=tc["outcome_paths"],
         counts=counts, consensus_labels=consensus_labels, _dialogue_index=frame.dlg_index,
     )
+
+
+def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFrame, read: _ReadTurns,
+                   tc: dict[str, Any], scen_map: Mapping[str, ir.Scenario]) -> dict[str, np.ndarray]:
+    """Per-dialogue trace scores: precision, recall, order, journey coverage, tau2 pass (0/1)."""
+    D = len(frame.d_status)
+    out = {k: np.full(D, np.nan) for k in ("trace_precision", "trace_recall", "trace_order", "journey_coverage",
+                                           "tau2_pass")}
+    params = {name: action_outputs(s) for name, s in scen_map.items()}
+    only = next(iter(scen_map.values())) if len(scen_map) == 1 else None
+    visited: dict[int, set[str]] = {}
+    if tc["dlg"].size:
+        pairs = np.unique(np.column_stack([tc["dlg"], tc["outcome"]]), axis=0)
+        for d, o in pairs.tolist():
+            visited.setdefault(d, set()).update(normalize_path(tc["outcome_paths"][o]))
+    same = lambda a, b: same_value(a, b, cfg.numeric_tolerance)  # noqa: E731
+    for d in np.flatnonzero(frame.d_status == 0).tolist():
+        case = cases[int(frame.d_case[d])]
+        sc = scen_map.get(case.scenario) or only
+        if sc is None:
+            continue
+        if d in read.calls:
+            agent = [c for _, calls in sorted(read.calls[d], key=lambda x: x[0]) for c in calls]
+        else:
+            finals = (read.last.get(d) or (0, None))[1] or {}
+            action = finals.get("Action")
+            agent = [] if action is None else [{"name": str(action), "args": {
+                k: v for k, v in finals.items() if k != "Action" and k in params[sc.name].get(str(action), [])}}]
+        ref = reference_trace(sc, case, params[sc.name])
+        p, r, o, ok = trace_scores(agent, ref, frozenset(case.prohibited_actions), same)
+        out["trace_precision"][d], out["trace_recall"][d], out["trace_order"][d] = p, r, o
+        out["tau2_pass"][d] = 1.0 if ok else 0.0
+        out["journey_coverage"][d] = journey_coverage(visited.get(d, set()), case.expected_path)
+    return out
 
 
 def _final_outcomes(cfg: ScoreConfig, frame: _DialogueFrame, ev: _TurnEvaluator, tc: dict[str, Any],
@@ -1305,23 +1351,26 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
         for i, metric in enumerate(DIALOGUE_METRICS):
             names.append(metric.name)
             cols += [dm[:, 2 * i], dm[:, 2 * i + 1]]
-        passed = run.d_pass.astype(float)
-        pm = per_cluster(np.column_stack([passed, np.ones(len(run.dialogues))]))
-        c_tr, n_tr = pm[:, 0], pm[:, 1]
-        for k in range(1, (int(n_tr.min()) if C else 0) + 1):
-            pk = np.array([math.comb(int(c), k) / math.comb(int(n), k) for n, c in zip(n_tr, c_tr, strict=True)])
-            names.append(f"pass^{k}")
-            cols += [pk, np.ones(C)]
+        for prefix, passed in (("pass^", run.d_pass.astype(float)),
+                               ("tau2^", np.nan_to_num(run.d_trace["tau2_pass"], nan=0.0))):
+            pm = per_cluster(np.column_stack([passed, np.ones(len(run.dialogues))]))
+            c_tr, n_tr = pm[:, 0], pm[:, 1]
+            for k in range(1, (int(n_tr.min()) if C else 0) + 1):
+                pk = np.array([math.comb(int(c), k) / math.comb(int(n), k)
+                               for n, c in zip(n_tr, c_tr, strict=True)])
+                names.append(f"{prefix}{k}")
+                cols += [pk, np.ones(C)]
     M = np.column_stack(cols)
     column = {name: i for i, name in enumerate(names)}
     metrics = tuple(m for m in REGISTRY if m.per_depth or not depth_mode)
     fns = metric_functions(cfg, column, metrics)
-    pk_names = [n for n in names if n.startswith("pass^")]
+    pk_names = [n for n in names if n.startswith(("pass^", "tau2^"))]
     for n in pk_names:
         fns[n] = _ratio_at(column[n])
     totals = M.sum(axis=0)[None, :]
     res = _bootstrapped(run, M, uniq, C, fns, column, totals)
-    pass_k = [res.pop(n) for n in pk_names]
+    pass_k = [res.pop(n) for n in pk_names if n.startswith("pass^")]
+    tau2_pass_k = [res.pop(n) for n in pk_names if n.startswith("tau2^")]
     counts: dict[str, int | float] = {
         "infra_failures": infra,
         "incomplete": incomplete,
@@ -1337,7 +1386,7 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
     return GroupScore(
         by=by, key=key, dialogues=int(d_idx.size), cases=int(np.unique(run.d_case[d_idx]).size),
         turns=int(tcounts["turns"]), scored_turns=int(tcounts["scored_turns"]), metrics=res, pass_k=pass_k,
-        counts=counts, cost_tier=tier,
+        tau2_pass_k=tau2_pass_k, counts=counts, cost_tier=tier,
     )
 
 
