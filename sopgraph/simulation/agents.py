@@ -20,6 +20,7 @@ action's outputs, is a format error, like an unreadable SAGE reply.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import inspect
@@ -181,9 +182,20 @@ class ToolAgent:
         self.timeout = timeout
         self._fn = load_callable(model) if self.kind == "python" else None
         self._client: httpx.AsyncClient | None = None
+        self._slots: asyncio.Semaphore | None = None
+
+    def limit(self, concurrency: int) -> None:
+        """At most `concurrency` requests in flight (the run's `--concurrency`, as for models)."""
+        self._slots = asyncio.Semaphore(max(1, concurrency))
 
     async def respond(self, request: dict[str, Any]) -> tuple[Any, float]:
         """(the decoded response, seconds taken); AgentError if the agent cannot be had."""
+        if self._slots is None:
+            return await self._respond(request)
+        async with self._slots:
+            return await self._respond(request)
+
+    async def _respond(self, request: dict[str, Any]) -> tuple[Any, float]:
         started = time.perf_counter()
         if self._fn is not None:
             try:
@@ -194,7 +206,8 @@ class ToolAgent:
                 raise AgentError(f"{self.model} raised {type(exc).__name__}: {exc}") from None
             return result, time.perf_counter() - started
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout)
+            self._client = httpx.AsyncClient(timeout=self.timeout, limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=256))
         try:
             r = await self._client.post(self.model, json=request)
         except httpx.HTTPError as exc:

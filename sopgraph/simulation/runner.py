@@ -442,6 +442,8 @@ class _Dialogues:
                       on_done: Any = None) -> None:
         """Run `todo` in order, keeping about 2 × concurrency dialogues open."""
         queue = list(reversed(todo))
+        if self.tool_agent is not None:
+            self.tool_agent.limit(concurrency)
 
         async def worker() -> None:
             while queue:
