@@ -138,10 +138,8 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path, bike, cases, kind) -> Non
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:
-            if (out / "run.sqlite").exists():
-                with RunStore.open(out) as s:
-                    if sum(d.status == "done" for d in s.dialogues()) >= 4:
-                        break
+            if _done_count(out) >= 4:
+                break
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -158,6 +156,23 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path, bike, cases, kind) -> Non
     assert len(dialogues) == len(many) and all(d.status == "done" for d in dialogues)
     for d in dialogues:
         assert [t.index for t in turns if t.dialogue_id == d.id] == list(range(1, d.turns + 1))
+
+
+def _done_count(run_dir: Path) -> int:
+    """Done dialogues, read without opening the store (it may still be being created)."""
+    import sqlite3
+
+    db = run_dir / "run.sqlite"
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status='done'").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
 
 
 def slow_agent(request: dict) -> dict:
