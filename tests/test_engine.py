@@ -50,7 +50,8 @@ def telecom() -> ir.Scenario:
 
 def test_path_and_finals(telecom: ir.Scenario) -> None:
     d = decide(telecom, {"ConsumptionType": "Cancel", "Penalty": 40, "EmotionTag": "Calm"})
-    assert d == Decision(path=["step1", "step2", "step5", "step7"], finals={"Action": "ChangeOrder", "Cost": 30.0})
+    assert d == Decision(path=["step1", "step2", "step5", "step7"], finals={"Action": "ChangeOrder", "Cost": 30.0},
+                         actions=[{"name": "ChangeOrder", "args": {}}])
 
 
 def test_only_values_the_path_reads_are_required(telecom: ir.Scenario) -> None:

@@ -87,6 +87,7 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
             text=stage.text,
             branching=len(stage.branches) > 1,
             classify=list(stage.classify),
+            observe=list(stage.observe),
             reads=stage_reads(stage),
             span=str(stage.span),
             origin=stage.origin,
@@ -116,18 +117,32 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
                 "outputs": {a.name: ir.show(a.value) for a in tgt.outputs},
                 "span": str(branch.span),
             }
+            if tgt.steps:
+                record["steps"] = [ir.show_call(c.action, c.args) for c in tgt.steps]
+            if branch.limit is not None:
+                record["limit"] = branch.limit
             if g.has_edge(stage.id, node):
                 g.edges[stage.id, node]["branches"].append(record)
             else:
                 g.add_edge(stage.id, node, branches=[record])
     for _u, _v, data in g.edges(data=True):
-        labels = [b["guard"] for b in data["branches"] if b["guard"]]
-        data["label"] = " | ".join(labels)
+        labels = [_edge_label(b) for b in data["branches"]]
+        data["label"] = " | ".join(label for label in labels if label)
     for action in scenario.actions.values():
         node = action_node(action.name)
         if g.in_degree(node):
             g.add_edge(node, END, branches=[], label="")
     return g
+
+
+def _edge_label(record: dict[str, Any]) -> str:
+    """A branch's guard, then the actions it carries out on the way and its bound."""
+    parts = [record["guard"]] if record["guard"] else []
+    if record.get("steps"):
+        parts.append("/ " + " -> ".join(record["steps"]))
+    if record.get("limit") is not None:
+        parts.append(f"(up to {record['limit']}x)")
+    return " ".join(parts)
 
 
 def graph_to_json(g: nx.DiGraph) -> str:

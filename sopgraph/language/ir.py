@@ -48,6 +48,7 @@ class Node(BaseModel):
 class EnumType(Node):
     kind: Literal["enum"] = "enum"
     values: list[str]
+    alias: str | None = None  # written as the name of a `type NAME = A | B` declaration
 
 
 class BoolType(Node):
@@ -202,9 +203,17 @@ class Variable(Node):
 ACTION_ATTRIBUTES = ("escalation", "moves_money", "irreversible", "ends_dialogue")
 
 
+class ActionParam(Node):
+    """A typed parameter of an action (`action Pay(amount: float[0..))`)."""
+
+    name: str
+    type: VarType
+
+
 class Action(Node):
     name: str
     description: str = ""
+    params: list[ActionParam] = Field(default_factory=list)
     attributes: list[str] = Field(default_factory=list)
     attribute_spans: list[Span] = Field(default_factory=list)
 
@@ -232,16 +241,30 @@ class OutputAssign(Node):
     value: Expr
 
 
+class ActionCall(Node):
+    """One action carried out on the way (`do Reboot(mode = Soft) -> check`): name and arguments."""
+
+    action: str
+    args: list[OutputAssign] = Field(default_factory=list)
+
+
 class Target(Node):
-    """Where a branch goes: another stage, or a leaf that ends the SOP with an action."""
+    """Where a branch goes: another stage, or a leaf that ends the SOP with an action.
+    `steps` are the actions carried out first, in order (mid-flow actions that then go on);
+    `args` are the arguments of the final action of a leaf."""
 
     kind: Literal["stage", "action"]
     stage: str | None = None
     action: str | None = None
     outputs: list[OutputAssign] = Field(default_factory=list)
+    steps: list[ActionCall] = Field(default_factory=list)
+    args: list[OutputAssign] = Field(default_factory=list)
 
     def describe(self) -> str:
-        return self.stage if self.kind == "stage" else f"do {self.action}"
+        end = self.stage if self.kind == "stage" else f"do {self.action}"
+        if not self.steps:
+            return end or ""
+        return " -> ".join([*(f"do {c.action}" for c in self.steps), end or ""])
 
 
 class Branch(Node):
@@ -251,6 +274,7 @@ class Branch(Node):
     guard: Expr | None = None
     target: Target
     values: list[Lit] = Field(default_factory=list)
+    limit: int | None = None  # `up to N times`: fires at most N times along one path
 
 
 class Stage(Node):
@@ -258,6 +282,7 @@ class Stage(Node):
     title: str = ""
     text: str = ""
     classify: list[str] = Field(default_factory=list)
+    observe: list[str] = Field(default_factory=list)  # variables looked at anew on entering
     kind: Literal["goto", "match", "when"]
     subject: Expr | None = None
     branches: list[Branch]
@@ -285,6 +310,7 @@ class Scenario(Node):
     files: list[str] = Field(default_factory=list)
     source_hash: str = ""
     _engine: object = PrivateAttr(default=None)  # the compiled engine, built on first use
+    _unrolled: object = PrivateAttr(default=None)  # (signature, Unrolled | UnrollError), see logic.unroll
 
     @property
     def fields(self) -> list[Variable]:
@@ -310,6 +336,21 @@ class Scenario(Node):
 
     def actions_with(self, attribute: str) -> list[str]:
         return [a.name for a in self.actions.values() if attribute in a.attributes]
+
+    @property
+    def observed(self) -> list[str]:
+        """Variables some stage observes: their input is a list, one value per look."""
+        seen: dict[str, None] = {}
+        for stage in self.stages.values():
+            for name in stage.observe:
+                seen.setdefault(name, None)
+        return list(seen)
+
+    @property
+    def procedural(self) -> bool:
+        """Whether the program observes values or bounds branches (it is then analysed unrolled)."""
+        return any(st.observe or any(b.limit is not None for b in st.branches)
+                   for st in self.stages.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,6 +403,13 @@ def _show(e: object) -> tuple[str, int]:
         arms = " ".join(f"when {show(a.when)} -> {show(a.then)}" for a in e.arms)
         return f"case {{ {arms} otherwise -> {show(e.otherwise)} }}", 9
     return str(e), 9
+
+
+def show_call(action: str, args: list[OutputAssign]) -> str:
+    """`do Reset(mode = Soft)` as written (without `do`)."""
+    if not args:
+        return action
+    return f"{action}({', '.join(f'{a.name} = {show(a.value)}' for a in args)})"
 
 
 def branch_label(stage: Stage, branch: Branch) -> str:
