@@ -10,7 +10,7 @@ import click
 
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
-from sopgraph.logic.engine import DecideError, engine_for
+from sopgraph.logic.engine import DecideError, engine_for, has_action_trace
 
 from .params import load_or_exit, sop_file, write_output
 
@@ -42,11 +42,13 @@ def compile_cmd(file: Path, out: Path | None, fmt: str) -> None:
 def decide_cmd(file: Path, values_json: str | None) -> None:
     """Reference path and finals for values (one JSON line out per input, in order).
 
-    Output per line: {"path": [...], "finals": {...}} or {"error": "..."}; the batch continues
-    past failures and the exit status is 1 if any line failed.
+    Output per line: {"path": [...], "finals": {...}} or {"error": "..."}; a procedure (actions on
+    the way, or actions with arguments) also gets "actions": [{"name", "args"}, ...] in order. The
+    batch continues past failures and the exit status is 1 if any line failed.
     """
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
+    with_actions = has_action_trace(scenario)
     lines = [values_json] if values_json is not None else sys.stdin
     failed = total = 0
     out = sys.stdout
@@ -63,8 +65,11 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
             out.write(json.dumps({"error": f"line {lineno}: invalid JSON object: {exc}"}) + "\n")
             continue
         try:
-            path, finals = engine.decide_raw(values)
-            out.write(json.dumps({"path": path, "finals": finals}, ensure_ascii=False) + "\n")
+            path, finals, actions = engine.decide_trace_raw(values)
+            record: dict[str, object] = {"path": path, "finals": finals}
+            if with_actions:
+                record["actions"] = actions
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
         except DecideError as exc:
             failed += 1
             out.write(json.dumps({"error": exc.message}, ensure_ascii=False) + "\n")

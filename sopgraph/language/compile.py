@@ -87,7 +87,6 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
             text=stage.text,
             branching=len(stage.branches) > 1,
             classify=list(stage.classify),
-            observe=list(stage.observe),
             reads=stage_reads(stage),
             span=str(stage.span),
             origin=stage.origin,
@@ -102,6 +101,9 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
             attributes=list(action.attributes),
             span=str(action.span),
         )
+    for stage in scenario.stages.values():
+        if stage.observe:
+            g.nodes[stage.id]["observe"] = list(stage.observe)
     g.add_node(END, kind="end", label="end")
     if scenario.start is not None and scenario.start in scenario.stages:
         g.add_edge(START, scenario.start, branches=[], label="")

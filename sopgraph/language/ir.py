@@ -338,6 +338,30 @@ class Scenario(Node):
         return [a.name for a in self.actions.values() if attribute in a.attributes]
 
     @property
+    def step_actions(self) -> list[str]:
+        """Actions carried out only on the way (never as a final action)."""
+        steps: dict[str, None] = {}
+        finals: set[str] = set()
+        for stage in self.stages.values():
+            for b in stage.branches:
+                steps.update(dict.fromkeys(c.action for c in b.target.steps))
+                if b.target.kind == "action" and b.target.action:
+                    finals.add(b.target.action)
+        return [a for a in steps if a in self.actions and a not in finals]
+
+    @property
+    def final_actions(self) -> list[str]:
+        """Actions a path can end in (every declared action but the step-only ones)."""
+        steps = set(self.step_actions)
+        return [a for a in self.actions if a not in steps]
+
+    @property
+    def traced(self) -> bool:
+        """Whether the program carries out actions on the way or gives actions arguments: its
+        decisions then carry the action trace in outputs that used to show only the final action."""
+        return any(b.target.steps or b.target.args for st in self.stages.values() for b in st.branches)
+
+    @property
     def observed(self) -> list[str]:
         """Variables some stage observes: their input is a list, one value per look."""
         seen: dict[str, None] = {}

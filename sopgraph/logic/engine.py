@@ -286,6 +286,13 @@ def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
     return run(scenario, values)[0]
 
 
+def has_action_trace(scenario: ir.Scenario) -> bool:
+    """Whether the program carries out actions on the way or gives actions arguments (its
+    decisions are then reported with their action trace; otherwise the trace is just the final
+    action and outputs stay as they always were)."""
+    return scenario.traced
+
+
 def reference_trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The actions the procedure carries out for these values, in order (`{"name", "args"}`; the
     final action last): what an agent's tool calls are compared against."""
