@@ -91,7 +91,10 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
             span=str(stage.span),
             origin=stage.origin,
         )
+    step_only = set(scenario.step_actions)  # drawn on the edges that carry them out, not as leaves
     for action in scenario.actions.values():
+        if action.name in step_only:
+            continue
         g.add_node(
             action_node(action.name),
             kind="action",

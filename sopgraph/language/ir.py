@@ -441,5 +441,6 @@ def branch_label(stage: Stage, branch: Branch) -> str:
     if stage.kind == "match" and branch.values:
         return ", ".join(show(v) for v in branch.values)
     if branch.guard is None:
-        return "otherwise" if stage.kind != "goto" else ""
+        first = bool(stage.branches) and branch is stage.branches[0]
+        return "otherwise" if stage.kind != "goto" and not first else ""
     return show(branch.guard)

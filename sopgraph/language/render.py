@@ -83,6 +83,12 @@ def _wrap(text: str, width: int = LABEL_WIDTH) -> str:
 def branch_text(branch: Mapping[str, Any]) -> str:
     """One branch of an edge as label text: its guard, then the outputs it assigns on their own line."""
     guard = str(branch.get("guard") or "")
+    steps = branch.get("steps") or []
+    if steps:  # actions carried out on the way, in order
+        done = " → ".join(f"do {s}" for s in steps)
+        guard = f"{guard}\n{done}" if guard else done
+    if branch.get("limit") is not None:
+        guard = f"{guard}\n(loop: up to {branch['limit']}×)" if guard else f"(loop: up to {branch['limit']}×)"
     outputs = branch.get("outputs") or {}
     if outputs:
         assigned = "[" + ", ".join(f"{k} = {v}" for k, v in outputs.items()) + "]"
@@ -100,7 +106,10 @@ def _node_label(node: str, data: Mapping[str, Any]) -> str:
     kind = data.get("kind")
     if kind == "decision":
         title = data.get("title") or ""
-        return f"{node}\n{_wrap(title, 28)}" if title else node
+        label = f"{node}\n{_wrap(title, 28)}" if title else node
+        if data.get("observe"):
+            label += "\nobserve " + ", ".join(data["observe"])
+        return label
     if kind == "action":
         attrs = [a for a in data.get("attributes") or [] if a in LABEL_ATTRIBUTES]
         name = data.get("action") or node[len(ACTION_PREFIX):]
@@ -338,6 +347,9 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
             "\n" + full if full else "")}
         if u == START or v == END:
             attrs["color"] = "#9e9e9e"
+        if any(b.get("limit") is not None for b in data.get("branches") or []):
+            attrs["style"] = "dashed"  # a bounded loop back: drawn as a loop, not as forward flow
+            attrs["constraint"] = "false"
         if hot is not None:
             _apply_edge_heat(attrs, hot.edge(u, v), hot)
         lines.append(f"  {dot_quote(u)} -> {dot_quote(v)} {_attrs(attrs)};")
