@@ -29,7 +29,7 @@ from sopgraph.perf import no_cyclic_gc
 
 KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden", "observe"]
 # Words with a meaning in one place only (`type X = …`, `up to N times`): still usable as names.
-CONTEXT_KEYWORDS = ["type", "up", "to", "times"]
+CONTEXT_KEYWORDS = ["type", "up", "to", "times", "else"]
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")
@@ -429,6 +429,11 @@ class _ToIR(Transformer):
     def when_arm(self, meta, children):
         limit = children[2] if len(children) > 2 else None
         return ir.Branch(guard=children[0], target=children[1], limit=limit, span=self.sp(meta))
+
+    def else_when_arm(self, meta, children):
+        branch = self.when_arm(meta, children)
+        branch.ordered = True
+        return branch
 
     def otherwise_arm(self, meta, children):
         limit = children[1] if len(children) > 1 else None

@@ -266,7 +266,7 @@ def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
                 nxt = copy_id((t.stage, new_counts, tuple(looks_t)))
             elif t.kind == "stage":
                 nxt = t.stage
-            branches.append(ir.Branch(guard=guard, values=list(b.values), span=b.span,
+            branches.append(ir.Branch(guard=guard, values=list(b.values), span=b.span, ordered=b.ordered,
                                       target=_rename_target(t, rn, looks, nxt)))
         premature += [(sid, name) for name in dict.fromkeys(rn.premature) if (sid, name) not in premature]
         kind = "when" if spent_any and st.kind == "match" else st.kind
