@@ -932,9 +932,8 @@ def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
                     uses.append(item)
             elif isinstance(item, StartDecl):
                 start = start or item
-            elif isinstance(item, TypeDecl):
-                if declare(item.name, "a type", item.span):
-                    aliases[item.name] = item
+            elif isinstance(item, TypeDecl) and declare(item.name, "a type", item.span):
+                aliases[item.name] = item
     _resolve_aliases(aliases, variables, actions, outputs, diags)
     entries = _inline_subflows(subflows, uses, stages, diags, declare)
     if entries:

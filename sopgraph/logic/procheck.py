@@ -8,12 +8,14 @@ the unrolled form (`unroll`) and maps its findings back to the source (`procedur
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error
-from sopgraph.logic.unroll import SPENT, UnrollError, unbounded_cycle, unrolled_for
+from sopgraph.logic.paths import explorer_for
+from sopgraph.logic.unroll import LOOK_SEP, UnrollError, unbounded_cycle, unrolled_for
 
 # output_value(output, expr, span) of the checker's typer: checks a value against a declared type
 ValueCheck = Callable[[ir.Output, Any, ir.Span], None]
@@ -126,36 +128,56 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
         return []
     flat = unrolled.scenario
     found = flow(flat)
-    copies: dict[str, list[str]] = {}
-    for cid, sid in unrolled.origin.items():
-        copies.setdefault(sid, []).append(cid)
-    live: dict[tuple[int, int, str], int] = {}  # (line, col, file) of a branch -> copies where it is live
-    for cid in flat.stages:
-        for b in flat.stages[cid].branches:
-            if b.target.action != SPENT:
-                key = (b.span.line, b.span.col, b.span.file)
-                live[key] = live.get(key, 0) + 1
-    never: dict[tuple, list[Diagnostic]] = {}
+    taken = _taken_branches(flat, unrolled.origin)
+    spans: dict[tuple[int, int, str], tuple[str, int]] = {}
+    for sid, st in scenario.stages.items():
+        for bi, b in enumerate(st.branches):
+            for sp in (b.span, b.guard.span if b.guard is not None else ir.NO_SPAN, b.target.span):
+                if sp.line:
+                    spans.setdefault((sp.line, sp.col, sp.file), (sid, bi))
     out: list[Diagnostic] = []
     for d in found:
-        update: dict[str, Any] = {"message": _source_ids(d.message, unrolled.origin),
-                                  "notes": [_source_ids(n, unrolled.origin) for n in d.notes]}
+        update: dict[str, Any] = {"message": _source_ids(d.message, unrolled.origin, unrolled.looks),
+                                  "notes": [_source_ids(n, unrolled.origin, unrolled.looks) for n in d.notes]}
         if isinstance(d.witness, dict):
             update["witness"] = unrolled.lift(d.witness)
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
-            never.setdefault((d.code, d.span.line, d.span.col, d.span.file), []).append(d)
-            continue
+            # a "never" claim about one copy holds for the stage only if no copy ever takes the branch
+            branch = spans.get((d.span.line, d.span.col, d.span.file))
+            if branch is None or taken is None or branch in taken:
+                continue
         out.append(d)
-    for (code, line, col, file), ds in never.items():
-        if len(ds) >= live.get((line, col, file), 0):
-            out.append(ds[0])
-    return [d for d in out if "#spent" not in d.message]
+    seen: set[tuple] = set()
+    unique = []
+    for d in out:  # one finding per source position, whichever copy showed it first
+        key = (d.code, d.span.line, d.span.col, d.span.file)
+        if key not in seen and "#spent" not in d.message:
+            seen.add(key)
+            unique.append(d)
+    return unique
 
 
-def _source_ids(text: str, origin: dict[str, str]) -> str:
-    """`check#3` → `check` (on a later visit) in messages about copies."""
+def _taken_branches(flat: ir.Scenario, origin: dict[str, str]) -> set[tuple[str, int]] | None:
+    """(source stage, branch) pairs some feasible path of the unrolled form takes (None when the
+    exploration is not exact: then no "never" claim is made)."""
+    ex = explorer_for(flat)
+    total = ex.count()
+    if not total.exact:
+        return None
+    out: set[tuple[str, int]] = set()
+    for key in list(ex.count_memo):
+        si, region, _vk = key
+        for bi, _kind, _tgt, _creg, _u in ex.children(si, region):
+            out.add((origin.get(ex.ids[si], ex.ids[si]), bi))
+    return out
+
+
+def _source_ids(text: str, origin: dict[str, str], looks: dict[str, int]) -> str:
+    """Copies and looks in source terms: `check#3` → `check` (on a later visit), `X#2` → `X` (look 2)."""
     for cid in sorted(origin, key=len, reverse=True):
         if cid != origin[cid]:
             text = text.replace(f"`{cid}`", f"`{origin[cid]}` (on a later visit)").replace(cid, origin[cid])
+    for name in looks:
+        text = re.sub(rf"\b{re.escape(name)}{LOOK_SEP}(\d+)", rf"{name} (look \1)", text)
     return text

@@ -279,7 +279,7 @@ def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
             for k in range(1, max(1, max_looks[name]) + 1):
                 lk = look_name(name, k)
                 variables[lk] = var.model_copy(update={"name": lk})
-        else:
+        elif name not in rn.dynamic:  # derived values reading a look are inlined where read
             variables[name] = var
     ordered = {sid: stages[sid] for sid in sorted(stages, key=_copy_order(scenario, origin))}
     flat = scenario.model_copy(update={"stages": ordered, "variables": variables})
