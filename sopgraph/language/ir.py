@@ -8,7 +8,7 @@ output schema and path list are all derived from it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -165,18 +165,20 @@ class CaseArm(Node):
     then: Expr
 
 
-class Case(Node):
+class CaseExpr(Node):
+    """`case when C -> V ... otherwise V`: the first arm whose condition holds gives the value."""
+
     kind: Literal["case"] = "case"
     arms: list[CaseArm]
     otherwise: Expr
 
 
 Expr = Annotated[
-    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | Case,
+    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr,
     Field(discriminator="kind"),
 ]
 
-for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, Case):
+for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr):
     _model.model_rebuild()
 
 
@@ -198,6 +200,7 @@ class Variable(Node):
     money: bool = False
     hidden: bool = False
     expr: Expr | None = None
+    observed: bool = False  # some stage observes it: its input is a list, one value per look
 
 
 ACTION_ATTRIBUTES = ("escalation", "moves_money", "irreversible", "ends_dialogue")
@@ -424,7 +427,7 @@ def _show(e: object) -> tuple[str, int]:
         return f" {e.op} ".join(show(o, p + 1) for o in e.operands), p
     if isinstance(e, Call):
         return f"{e.func}({', '.join(show(a) for a in e.args)})", 9
-    if isinstance(e, Case):
+    if isinstance(e, CaseExpr):
         arms = " ".join(f"when {show(a.when)} -> {show(a.then)}" for a in e.arms)
         return f"case {{ {arms} otherwise -> {show(e.otherwise)} }}", 9
     return str(e), 9
@@ -445,3 +448,23 @@ def branch_label(stage: Stage, branch: Branch) -> str:
         first = bool(stage.branches) and branch is stage.branches[0]
         return "otherwise" if stage.kind != "goto" and not first else ""
     return show(branch.guard)
+
+
+def children(expr: Any) -> list[Any]:
+    """Direct sub-expressions of an expression node (the one child-walker every pass uses)."""
+    if isinstance(expr, Unary):
+        return [expr.operand]
+    if isinstance(expr, (Binary, Compare)):
+        return [expr.left, expr.right]
+    if isinstance(expr, InSet):
+        return [expr.operand, *expr.values]
+    if isinstance(expr, BoolOp):
+        return list(expr.operands)
+    if isinstance(expr, Call):
+        return list(expr.args)
+    if isinstance(expr, CaseExpr):
+        out: list[Any] = []
+        for arm in expr.arms:
+            out += [arm.when, arm.then]
+        return out + [expr.otherwise]
+    return []

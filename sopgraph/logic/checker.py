@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from sopgraph.language import ir
 from sopgraph.language.compile import START, compile_graph, reads
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
-from sopgraph.language.parse import MAX_DEPTH, iter_children, load_source
+from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.perf import no_cyclic_gc
@@ -384,7 +384,7 @@ class _Typer:
             return ir.BoolType(span=e.span)
         if isinstance(e, ir.Call):
             return self.call(e)
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             return self.case(e)
         return None
 
@@ -425,7 +425,7 @@ class _Typer:
             hi = None if None in his else max(his)  # type: ignore[type-var]
         return _num(kind, lo, hi)
 
-    def case(self, e: ir.Case) -> _Ty:
+    def case(self, e: ir.CaseExpr) -> _Ty:
         for arm in e.arms:
             self.expect_bool(arm.when, "`when` needs a condition, but")
         exprs = [arm.then for arm in e.arms] + [e.otherwise]
@@ -1080,7 +1080,7 @@ def _depth(expr: Any) -> int:
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in iter_children(node))
+        stack.extend((child, depth + 1) for child in ir.children(node))
     return deepest
 
 

@@ -94,14 +94,17 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
 # Reference interpreter
 
 
-class _Interp:
+class Interpreter:
+    """Evaluates expressions of one scenario over one assignment of values (derived variables are
+    computed once and cached). The public core of the logic layer: the engine, the constraint domain,
+    paths, flow analysis, synthesis and scoring all evaluate through it."""
+
     def __init__(self, scenario: ir.Scenario, values: Mapping[str, Any]):
         self.s = scenario
         self.values = values
         self.cache: dict[str, Any] = {}
         self.stage: str | None = None
         self.looks: dict[str, int] = {}  # observed variable -> looks taken so far
-        self.observed = frozenset(scenario.observed)
 
     def observe(self, names: list[str]) -> None:
         """Take the next look at each variable; values computed from earlier looks are dropped."""
@@ -131,7 +134,7 @@ class _Interp:
         if name in self.cache:
             return self.cache[name]
         var = self.s.variables[name]
-        if name in self.observed:
+        if var.observed:
             value = self.look(var)
         elif var.role == "derived":
             assert var.expr is not None
@@ -151,9 +154,9 @@ class _Interp:
             return (not x) if e.op == "not" else -x
         if isinstance(e, ir.Binary):
             a, b = self.eval(e.left), self.eval(e.right)
-            return _arith(e.op, a, b)
+            return apply_arith(e.op, a, b)
         if isinstance(e, ir.Compare):
-            return _compare(e.op, self.eval(e.left), self.eval(e.right))
+            return apply_compare(e.op, self.eval(e.left), self.eval(e.right))
         if isinstance(e, ir.InSet):
             x = self.eval(e.operand)
             hit = x in {v.value for v in e.values}
@@ -167,7 +170,7 @@ class _Interp:
             if e.func == "count":
                 return sum(1 for a in args if a)
             return min(args) if e.func == "min" else max(args)
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             for arm in e.arms:
                 if self.eval(arm.when):
                     return self.eval(arm.then)
@@ -175,7 +178,8 @@ class _Interp:
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
 
-def _arith(op: str, a: Any, b: Any) -> Any:
+def apply_arith(op: str, a: Any, b: Any) -> Any:
+    """One arithmetic operator with the language's semantics (division by zero is a DecideError)."""
     if op == "+":
         return a + b
     if op == "-":
@@ -191,7 +195,8 @@ def _div(a: Any, b: Any) -> Any:
     return a / b
 
 
-def _compare(op: str, a: Any, b: Any) -> bool:
+def apply_compare(op: str, a: Any, b: Any) -> bool:
+    """One comparison operator with the language's semantics."""
     if op == "==":
         return a == b
     if op == "!=":
@@ -220,7 +225,7 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate) -> dict[str,
     return finals
 
 
-def _call(it: _Interp, name: str, args: list[ir.OutputAssign]) -> dict[str, Any]:
+def _call(it: Interpreter, name: str, args: list[ir.OutputAssign]) -> dict[str, Any]:
     return {"name": name, "args": {a.name: it.eval(a.value) for a in args}}
 
 
@@ -233,7 +238,7 @@ def max_steps(scenario: ir.Scenario) -> int:
 def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, list[int]]:
     """Reference semantics (slow, precise errors): the decision and the branch index taken at each
     stage of its path."""
-    it = _Interp(scenario, values)
+    it = Interpreter(scenario, values)
     path: list[str] = []
     taken: list[int] = []
     actions: list[dict[str, Any]] = []
@@ -385,7 +390,7 @@ class _Gen:
             if e.func == "count":
                 return "(" + " + ".join(f"(1 if {a} else 0)" for a in args) + ")"
             return f"{e.func}({', '.join(args)})"
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             code = self.expr(e.otherwise)
             for arm in reversed(e.arms):
                 code = f"({self.expr(arm.then)} if {self.expr(arm.when)} else {code})"

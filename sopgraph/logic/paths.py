@@ -51,7 +51,7 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.logic.domain import Box, Formula, Space, space_for
-from sopgraph.logic.engine import DecideError, _Interp, interpret, run
+from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
 from sopgraph.logic.unroll import Unrolled, unrolled_for
 from sopgraph.perf import no_cyclic_gc as no_gc
 
@@ -641,7 +641,7 @@ def trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], 
     if scenario.procedural:
         decision, taken = run(scenario, values)
         return decision.path, taken
-    it = _Interp(scenario, values)
+    it = Interpreter(scenario, values)
     stages: list[str] = []
     branches: list[int] = []
     sid = scenario.start

@@ -60,8 +60,8 @@ class Unrolled:
         """Flat values back to the source form: a list in order of looks per observed variable."""
         out: dict[str, Any] = {}
         for key, value in values.items():
-            base, sep, k = key.rpartition(LOOK_SEP)
-            if sep and base in self.looks and k.isdigit():
+            base, sep, num = key.rpartition(LOOK_SEP)
+            if sep and base in self.looks and num.isdigit():
                 continue
             out[key] = value
         for name, n in self.looks.items():
@@ -135,7 +135,7 @@ class _Renamer:
     def _reads(self, e: Any, dyn: set[str]) -> bool:
         if isinstance(e, ir.Var):
             return e.name in self.observed or e.name in dyn
-        return any(self._reads(c, dyn) for c in _children(e))
+        return any(self._reads(c, dyn) for c in ir.children(e))
 
     def needs(self, e: Any) -> bool:
         return e is not None and self._reads(e, self.dynamic)
@@ -160,29 +160,10 @@ class _Renamer:
             copy.operands = [self.rename(o, looks, depth) for o in copy.operands]
         elif isinstance(copy, ir.Call):
             copy.args = [self.rename(a, looks, depth) for a in copy.args]
-        elif isinstance(copy, ir.Case):
+        elif isinstance(copy, ir.CaseExpr):
             copy.arms = [ir.CaseArm(when=self.rename(a.when, looks, depth), then=self.rename(a.then, looks, depth),
                                     span=a.span) for a in copy.arms]
         return copy
-
-
-def _children(e: Any) -> list[Any]:
-    if isinstance(e, ir.Unary):
-        return [e.operand]
-    if isinstance(e, (ir.Binary, ir.Compare)):
-        return [e.left, e.right]
-    if isinstance(e, ir.InSet):
-        return [e.operand]
-    if isinstance(e, ir.BoolOp):
-        return list(e.operands)
-    if isinstance(e, ir.Call):
-        return list(e.args)
-    if isinstance(e, ir.Case):
-        out: list[Any] = []
-        for arm in e.arms:
-            out += [arm.when, arm.then]
-        return [*out, e.otherwise]
-    return []
 
 
 def _rename_assigns(assigns: list[ir.OutputAssign], rn: _Renamer, looks: Mapping[str, int]) -> list[ir.OutputAssign]:
@@ -278,7 +259,7 @@ def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
         if name in opos:
             for k in range(1, max(1, max_looks[name]) + 1):
                 lk = look_name(name, k)
-                variables[lk] = var.model_copy(update={"name": lk})
+                variables[lk] = var.model_copy(update={"name": lk, "observed": False})
         elif name not in rn.dynamic:  # derived values reading a look are inlined where read
             variables[name] = var
     ordered = {sid: stages[sid] for sid in sorted(stages, key=_copy_order(scenario, origin))}

@@ -20,7 +20,7 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.schema import agent_output_schema
-from sopgraph.logic.engine import DecideError, _Interp, decide, run
+from sopgraph.logic.engine import DecideError, Interpreter, decide, run
 from sopgraph.records import CHAT_DIMENSIONS, Case, Turn
 
 STOP_TOKEN = "###STOP###"
@@ -314,7 +314,7 @@ def _derived_lines(scenario: ir.Scenario) -> str:
     for var in scenario.derived:
         desc = " ".join(var.description.split())
         expr = var.expr
-        if isinstance(expr, ir.Case):
+        if isinstance(expr, ir.CaseExpr):
             lines.append(f"- {var.name}:" + (f" {desc}" if desc else ""))
             for arm in expr.arms:
                 lines.append(f"    - if {plain(arm.when, scenario)} → {ir.show(arm.then)}")
@@ -456,7 +456,7 @@ def example_reply(scenario: ir.Scenario) -> dict[str, Any]:
     steps = []
     if scenario.procedural:
         steps = _procedure_cot(scenario, values)
-    interp = _Interp(scenario, values)
+    interp = Interpreter(scenario, values)
     for i, sid in enumerate([] if scenario.procedural else path):
         stage = scenario.stages[sid]
         nxt = path[i + 1] if i + 1 < len(path) else None
