@@ -783,7 +783,7 @@ def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[str], 
     """Serialise every case straight to its canonical JSON line. Everything constant per (path, intent),
     per intensity or per persona is encoded once; per case only the values are looked up."""
     scenario, profile = p.scenario, p.profile
-    decide = engine_for(scenario)._fn  # the compiled decision function
+    decide = engine_for(scenario).decide_raw  # the compiled decision function (path, finals)
     field_names = [v.name for v in scenario.fields]
     system_names = [v.name for v in scenario.system_vars]
     known = [name for name in system_names if profile.user_knows.get(name, True)]
