@@ -265,7 +265,7 @@ def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
     ordered = {sid: stages[sid] for sid in sorted(stages, key=_copy_order(scenario, origin))}
     flat = scenario.model_copy(update={"stages": ordered, "variables": variables})
     flat._engine = None
-    flat._unrolled = None
+    flat._analyses = ir.AnalysisCache()  # the flat program builds its own space and explorer
     return Unrolled(flat, origin, {name: max(1, n) for name, n in max_looks.items()}, premature,
                     scenario)
 
@@ -283,22 +283,23 @@ def _copy_order(scenario: ir.Scenario, origin: dict[str, str]):
 
 
 def unrolled_for(scenario: ir.Scenario) -> Unrolled:
-    """The scenario's unrolled form, built once per scenario object (kept on it)."""
-    cached: Any = scenario._unrolled
-    if cached is not None and cached[0] == _signature(scenario):
-        if isinstance(cached[1], UnrollError):
-            raise cached[1]
-        return cached[1]
-    try:
-        result: Unrolled | UnrollError = unroll(scenario)
-    except UnrollError as exc:
-        result = exc
-    scenario._unrolled = (_signature(scenario), result)
+    """The scenario's unrolled form, built once per scenario and structure (raises UnrollError)."""
+    result = scenario.cached_analysis("unrolled", _signature(scenario), lambda: _unroll_or_error(scenario))
     if isinstance(result, UnrollError):
         raise result
     return result
 
 
+def _unroll_or_error(scenario: ir.Scenario) -> Unrolled | UnrollError:
+    try:
+        return unroll(scenario)
+    except UnrollError as exc:
+        return exc
+
+
 def _signature(scenario: ir.Scenario) -> tuple:
-    return (scenario.start, len(scenario.stages), len(scenario.variables),
-            tuple(id(st) for st in scenario.stages.values()))
+    """What the unrolled form is built from: entry, stages (by identity) and their branches."""
+    return (scenario.start, tuple(
+        (sid, id(st), tuple(st.observe), tuple((id(b.guard), b.limit, b.target.stage, b.target.action)
+                                               for b in st.branches))
+        for sid, st in scenario.stages.items()), tuple(id(v) for v in scenario.variables.values()))

@@ -53,6 +53,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from sopgraph._version import __version__
 from sopgraph.language.ir import Scenario
@@ -146,8 +147,6 @@ def redact_params(obj: Any) -> Any:
 
 
 def _strip_url(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
     parts = urlsplit(url)
     if not parts.scheme:
         return url
