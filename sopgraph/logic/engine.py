@@ -630,22 +630,30 @@ class Engine:
             if self._flatten is not None:
                 return self._fn(self._flatten(values))
             return self._fn(values)
-        except DecideError:
-            decision = interpret(self.scenario, values)  # re-run for a precise message
-            return decision.path, decision.finals, decision.actions  # pragma: no cover - interpret raises too
-        except (TypeError, ValueError, OverflowError, AttributeError) as exc:
-            try:
-                decision = interpret(self.scenario, values)
-            except DecideError:
-                raise
-            except Exception:  # noqa: BLE001 - a value of the wrong shape deep in an expression
-                raise DecideError(f"cannot evaluate: {exc}") from None
-            return decision.path, decision.finals, decision.actions
+        except (DecideError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+            d = self._fallback(values, exc)
+            return d.path, d.finals, d.actions
 
     def decide_raw(self, values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
         """Fast path for batches: (path, finals); the returned objects must not be mutated."""
-        path, finals, _actions = self.decide_trace_raw(values)
-        return path, finals
+        try:
+            r = self._fn(values if self._flatten is None else self._flatten(values))
+            return r[0], r[1]
+        except (DecideError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+            d = self._fallback(values, exc)
+            return d.path, d.finals
+
+    def _fallback(self, values: Mapping[str, Any], exc: Exception) -> Decision:
+        """Re-run the interpreter after a failure of the generated code: it raises the precise
+        DecideError (which stage needed which value), or decides if the failure was not a bad value."""
+        if isinstance(exc, DecideError):
+            return interpret(self.scenario, values)  # raises, with the precise message
+        try:
+            return interpret(self.scenario, values)
+        except DecideError:
+            raise
+        except Exception:  # noqa: BLE001 - a value of the wrong shape deep in an expression
+            raise DecideError(f"cannot evaluate: {exc}") from None
 
     def decide(self, values: Mapping[str, Any]) -> Decision:
         path, finals, actions = self.decide_trace_raw(values)

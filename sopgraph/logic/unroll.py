@@ -137,6 +137,19 @@ class _Renamer:
             return e.name in self.observed or e.name in dyn
         return any(self._reads(c, dyn) for c in ir.children(e))
 
+    def observed_reads(self, e: Any, depth: int = 0) -> set[str]:
+        """Observed variables an expression reads, through derived variables."""
+        if e is None or depth > 100 or not self.needs(e):
+            return set()
+        if isinstance(e, ir.Var):
+            if e.name in self.observed:
+                return {e.name}
+            return self.observed_reads(self.s.variables[e.name].expr, depth + 1)
+        out: set[str] = set()
+        for c in ir.children(e):
+            out |= self.observed_reads(c, depth)
+        return out
+
     def needs(self, e: Any) -> bool:
         return e is not None and self._reads(e, self.dynamic)
 
@@ -164,6 +177,38 @@ class _Renamer:
             copy.arms = [ir.CaseArm(when=self.rename(a.when, looks, depth), then=self.rename(a.then, looks, depth),
                                     span=a.span) for a in copy.arms]
         return copy
+
+
+def _relevance(scenario: ir.Scenario, bounded: list[tuple[str, int]], observed: list[str],
+               rn: _Renamer) -> tuple[dict[str, tuple[bool, ...]], dict[str, tuple[bool, ...]]]:
+    """Per stage: which bounded branches can still fire from it (their stage is reachable), and which
+    observed variables are still read or observed from it."""
+    succ = {sid: {b.target.stage for b in st.branches if b.target.kind == "stage" and b.target.stage in
+                  scenario.stages} for sid, st in scenario.stages.items()}
+    uses: dict[str, set[str]] = {}
+    for sid, st in scenario.stages.items():
+        names = set(st.observe)
+        exprs = [st.subject, *(b.guard for b in st.branches)]
+        for b in st.branches:
+            exprs += [a.value for a in [*b.target.outputs, *b.target.args]]
+            exprs += [a.value for c in b.target.steps for a in c.args]
+        for e in exprs:
+            names |= rn.observed_reads(e)
+        uses[sid] = names
+    keep_count: dict[str, tuple[bool, ...]] = {}
+    keep_look: dict[str, tuple[bool, ...]] = {}
+    for sid in scenario.stages:
+        reach = {sid}
+        todo = [sid]
+        while todo:
+            for nxt in succ[todo.pop()]:
+                if nxt not in reach:
+                    reach.add(nxt)
+                    todo.append(nxt)
+        used = set().union(*(uses[r] for r in reach))
+        keep_count[sid] = tuple(s in reach for s, _ in bounded)
+        keep_look[sid] = tuple(name in used for name in observed)
+    return keep_count, keep_look
 
 
 def _rename_assigns(assigns: list[ir.OutputAssign], rn: _Renamer, looks: Mapping[str, int]) -> list[ir.OutputAssign]:
@@ -195,7 +240,15 @@ def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
     origin: dict[str, str] = {}
     max_looks = dict.fromkeys(observed, 0)
 
+    keep_count, keep_look = _relevance(scenario, bounded, observed, rn)
+
     def copy_id(key: tuple) -> str:
+        # counters of loops that cannot fire again, and looks at values never read or observed again,
+        # do not change what happens next: dropping them keeps the unrolled form small
+        sid, counts, seen = key
+        kc, kl = keep_count[sid], keep_look[sid]
+        key = (sid, tuple(c if k else 0 for c, k in zip(counts, kc, strict=True)),
+               tuple(n if k else 0 for n, k in zip(seen, kl, strict=True)))
         if key not in ids:
             sid = key[0]
             n = copies_of.get(sid, 0) + 1
