@@ -28,6 +28,7 @@ from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, er
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
+from sopgraph.logic.ranges import output_range_diagnostics
 from sopgraph.perf import no_cyclic_gc
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
@@ -1031,6 +1032,11 @@ def check_procedures(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnosti
     return found
 
 
+def check_output_ranges(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """E204 for assignments some feasible path drives outside the output's range (`sopgraph.logic.ranges`)."""
+    return output_range_diagnostics(scenario)
+
+
 # ---------------------------------------------------------------------------------------------
 # The pass list and the entry points
 
@@ -1043,6 +1049,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("descriptions", check_descriptions),
     Pass("procedures", check_procedures, blocked_by=("E1", "E2")),
     Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
+    Pass("output ranges", check_output_ranges, blocked_by=("E1", "E2", "E302", "E303", "E304")),
 )
 
 
@@ -1175,6 +1182,7 @@ __all__ = [
     "check_descriptions",
     "check_file",
     "check_flow",
+    "check_output_ranges",
     "check_structure",
     "check_targets",
     "check_types",
