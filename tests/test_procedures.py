@@ -328,3 +328,28 @@ def test_cli_paths_table_shows_the_action_trace() -> None:
     assert all(r["actions"] for r in rows)
     table = CliRunner().invoke(cli_main, ["paths", str(NO_SERVICE), "--limit", "3"])
     assert "actions" in table.output
+
+
+def test_synthesized_cases_carry_one_value_per_look_and_decide_as_expected() -> None:
+    from sopgraph.cases.profiles import load_profile
+    from sopgraph.cases.synth import synthesize
+
+    s = load(NO_SERVICE.read_text())
+    profile = load_profile(ROOT / "examples" / "no_service.profile.yaml", s)
+    result = synthesize(s, profile, 30, seed=2)
+    assert result.coverage.feasible_paths == paths.count_paths(s).feasible == 14
+    assert len([k for k, v in result.coverage.per_path.items() if v]) == paths.count_paths(s).feasible
+    for case in result.cases:
+        looks = case.system["ServiceRestored"]
+        assert isinstance(looks, list) and len(looks) == sum(
+            1 for sid in case.expected_path if s.stages[sid].observe)  # one value per look the path takes
+        got = decide(s, {**case.truth, **case.system})
+        assert got.path == case.expected_path and got.finals == case.expected_finals
+    again = synthesize(s, profile, 30, seed=2)
+    assert again.lines == result.lines  # deterministic
+
+
+def test_bare_do_decisions_and_generated_loop_form_agree() -> None:
+    s = load('action N(k: int[0..9]) "n"\naction Go "g"\nsystem X: int[0..9] "x"\n'
+             "stage a { do N(k = X) -> b }\nstage b { do Go }")
+    assert decide(s, {"X": 3}).actions == [{"name": "N", "args": {"k": 3}}, {"name": "Go", "args": {}}]

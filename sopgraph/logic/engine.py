@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import did_you_mean
-from sopgraph.logic.unroll import UnrollError, unrolled_for
+from sopgraph.logic.unroll import UnrollError, look_name, unrolled_for
 
 EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
 
@@ -376,8 +376,9 @@ def reference_trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> list[di
 class _Gen:
     """Emits Python source for one scenario."""
 
-    def __init__(self, scenario: ir.Scenario):
+    def __init__(self, scenario: ir.Scenario, looks: Mapping[str, tuple[str, int]] | None = None):
         self.s = scenario
+        self.looks = looks or {}  # unrolled look variable -> (observed variable, 1-based look)
         self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError,
                                    "_INF": math.inf, "_out": self._out}
         self.lines: list[str] = []
@@ -410,6 +411,12 @@ class _Gen:
             out = [f"def R{i}(v):"]
             if var.role == "derived":
                 out.append(f"    return {self.expr(var.expr)}")
+            elif name in self.looks:  # the k-th entry of the observed variable's list of looks
+                base, k = self.looks[name]
+                out.append(f"    s = v.get({base!r})")
+                out.append(f"    x = s[{k - 1}] if s.__class__ is list and len(s) >= {k} else None")
+                out += [f"    {line}" for line in self.check_lines(var, "x")]
+                out.append("    return x")
             else:
                 out.append(f"    x = v.get({name!r})")
                 out += [f"    {line}" for line in self.check_lines(var, "x")]
@@ -548,6 +555,8 @@ class _Gen:
         kw = "if"
         closed = False
         for branch in stage.branches:
+            if isinstance(branch.guard, ir.Lit) and branch.guard.value is False:
+                continue  # a spent bounded branch of an unrolled procedure: never taken
             if branch.guard is None:
                 if kw == "if":
                     out += emit_target(branch.target, indent)
@@ -605,8 +614,8 @@ class Engine:
 
     def __init__(self, scenario: ir.Scenario):
         self.scenario = scenario
-        self._flatten: Any = None
-        plan, display = scenario, None
+        self._flatten: Any = None  # reserved: values are read in their source form (looks from the lists)
+        plan, display, looks = scenario, None, {}
         if scenario.procedural:
             try:
                 unrolled = unrolled_for(scenario)
@@ -616,8 +625,8 @@ class Engine:
                 self._build_interpreted()  # not a valid procedure: the interpreter says why
                 return
             plan, display = unrolled.scenario, unrolled.origin
-            self._flatten = unrolled.flatten
-        gen = _Gen(plan)
+            looks = {look_name(name, k): (name, k) for name, n in unrolled.looks.items() for k in range(1, n + 1)}
+        gen = _Gen(plan, looks)
         gen.readers()
         size = _expanded_size(plan)
         self.mode = "tree" if size is not None else "loop"
