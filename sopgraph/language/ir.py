@@ -87,10 +87,16 @@ class BoolType(Node):
     kind: Literal["bool"] = "bool"
 
 
+NumKind = Literal["int", "float"]
+BinOp = Literal["+", "-", "*", "/"]
+CmpOp = Literal["==", "!=", "<", "<=", ">", ">="]
+LogicOp = Literal["and", "or"]
+
+
 class NumType(Node):
     """An int or float with an optional interval; `None` bounds are unbounded."""
 
-    kind: Literal["int", "float"]
+    kind: NumKind
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False
@@ -159,14 +165,14 @@ class Unary(Node):
 
 class Binary(Node):
     kind: Literal["binary"] = "binary"
-    op: Literal["+", "-", "*", "/"]
+    op: BinOp
     left: Expr
     right: Expr
 
 
 class Compare(Node):
     kind: Literal["compare"] = "compare"
-    op: Literal["==", "!=", "<", "<=", ">", ">="]
+    op: CmpOp
     left: Expr
     right: Expr
 
@@ -180,7 +186,7 @@ class InSet(Node):
 
 class BoolOp(Node):
     kind: Literal["bool"] = "bool"
-    op: Literal["and", "or"]
+    op: LogicOp
     operands: list[Expr]
 
 
@@ -296,10 +302,14 @@ class Target(Node):
     args: list[OutputAssign] = Field(default_factory=list)
 
     def describe(self) -> str:
-        end = self.stage if self.kind == "stage" else f"do {self.action}"
+        if self.kind == "stage":
+            assert self.stage is not None  # a stage target always names its stage
+            end = self.stage
+        else:
+            end = f"do {self.action}"
         if not self.steps:
-            return end or ""
-        return " -> ".join([*(f"do {c.action}" for c in self.steps), end or ""])
+            return end
+        return " -> ".join([*(f"do {c.action}" for c in self.steps), end])
 
 
 class Branch(Node):

@@ -526,7 +526,7 @@ class _Gen:
             and self.s.variables[subject.name].role != "derived"
             and isinstance(self.s.variables[subject.name].type, (ir.EnumType, ir.BoolType))
         )
-        if fast_enum:
+        if fast_enum and isinstance(subject, ir.Var):  # the isinstance narrows `subject` for mypy
             var = self.s.variables[subject.name]
             x = f"x{self.tmp}"
             self.tmp += 1

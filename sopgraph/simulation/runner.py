@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field
 
@@ -577,14 +577,15 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
         exited: set[int] = set()
         try:
             while conns:
-                ready = await asyncio.to_thread(wait_connections, list(conns), 1.0)
+                # wait() returns a subset of the objects it is given: here, Connections
+                ready = cast(list[Connection], await asyncio.to_thread(wait_connections, list(conns), 1.0))
                 for reader in ready:
-                    i = conns[reader]  # type: ignore[index]
+                    i = conns[reader]
                     while True:
                         try:
-                            if not reader.poll():  # type: ignore[union-attr]
+                            if not reader.poll():
                                 break
-                            name, args, total = reader.recv()  # type: ignore[union-attr]
+                            name, args, total = reader.recv()
                         except (EOFError, OSError):
                             name, args, total = "eof", (), None
                         if total is not None:
@@ -595,8 +596,8 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                                 errors.append(f"worker {i} failed:\n{args[0]}")
                             continue
                         if name == "eof":
-                            del conns[reader]  # type: ignore[arg-type]
-                            reader.close()  # type: ignore[union-attr]
+                            del conns[reader]
+                            reader.close()
                             if i not in exited:
                                 procs[i].join(5)
                                 errors.append(f"worker {i} died (exit code {procs[i].exitcode})")
