@@ -81,7 +81,7 @@ def test_contextual_words_stay_usable_as_names() -> None:
     s = load('field to: bool "t"\nfield type: bool "y"\nfield times: bool "z"\nfield up: bool "u"\n'
              'field else: bool "e"\naction Go "g"\n'
              'stage s { when to and type and times and up and else -> do Go otherwise -> do Go }')
-    assert {"to", "type", "times", "up", "else"} <= set(s.variables)
+    assert {"to", "type", "times", "up", "else"} <= set(s.variables)  # `else` is only a hint word
 
 
 def test_a_subflow_uses_a_subflow_and_start_names_an_instance() -> None:
@@ -223,7 +223,7 @@ def test_unused_checks_see_step_actions_and_argument_reads() -> None:
 def test_else_when_silences_an_intended_overlap_and_same_effect_arms_are_not_w301() -> None:
     base = 'field A: bool "a"\nfield B: bool "b"\naction X "x"\naction Y "y"\n'
     assert "W301" in codes(base + "stage s { when A -> do X when B -> do Y otherwise -> do Y }")
-    assert "W301" not in codes(base + "stage s { when A -> do X else when B -> do Y otherwise -> do Y }")
+    assert "W301" not in codes(base + "stage s { when A -> do X otherwise when B -> do Y otherwise -> do Y }")
     assert "W301" not in codes(base + "stage s { when A -> do X when B -> do X otherwise -> do Y }")
 
 

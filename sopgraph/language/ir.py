@@ -320,7 +320,7 @@ class Branch(Node):
     target: Target
     values: list[Lit] = Field(default_factory=list)
     limit: int | None = None  # `up to N times`: fires at most N times along one path
-    ordered: bool = False  # written `else when`: meant to apply only where the earlier arms do not
+    ordered: bool = False  # written `otherwise when`: meant to apply only where the earlier arms do not
 
 
 class Stage(Node):

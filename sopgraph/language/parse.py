@@ -29,7 +29,7 @@ from sopgraph.perf import no_cyclic_gc
 
 KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden", "observe"]
 # Words with a meaning in one place only (`type X = …`, `up to N times`): still usable as names.
-CONTEXT_KEYWORDS = ["type", "up", "to", "times", "else"]
+CONTEXT_KEYWORDS = ["type", "up", "to", "times"]
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")

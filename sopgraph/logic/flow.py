@@ -220,7 +220,7 @@ class _Flow:
         for j in range(1, len(stage.branches)):
             gj = guards[j]
             if gj is None or stage.branches[j].ordered:
-                continue  # `else when`: the author states that the earlier arms come first
+                continue  # `otherwise when`: the author states that the earlier arms come first
             found = None
             guard_j_vars = set(sp.base_reads(stage.branches[j].guard))
             direct_j = set(reads(stage.branches[j].guard))
