@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from sopgraph._version import __version__
-from sopgraph.cli import checkcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
+from sopgraph.cli import authorcmd, checkcmd, draftcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -17,7 +17,7 @@ def main() -> None:
     """sopgraph: compile customer-service SOPs into graphs and evaluate agents on them."""
 
 
-COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools)
+COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools, authorcmd, draftcmd)
 
 
 def _top_level_commands(module: object) -> list[click.Command]:
