@@ -13,7 +13,7 @@ import click
 
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
-from sopgraph.logic.engine import DecideError, engine_for, undeclared_inputs
+from sopgraph.logic.engine import DecideError, engine_for, has_action_trace, undeclared_inputs
 
 from .params import load_or_exit, sop_file, write_output
 
@@ -50,9 +50,12 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     missing or off its domain fails the line, and so does an output that leaves its declared range.
     Keys that are not fields or system variables are ignored with a warning on stderr (once per
     key, with a did-you-mean); they never fail a line.
+    A procedure (actions on the way, or actions with arguments) also gets "actions":
+    [{"name", "args"}, ...] in order.
     """
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
+    with_actions = has_action_trace(scenario)
     if values_json is not None:
         lines: Iterator[bytes | str] = iter([values_json])
     else:
@@ -71,7 +74,7 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
                 where = f"line {lineno}: " if values_json is None else ""
                 for message in undeclared_inputs(scenario, unknown):
                     click.echo(f"warning: {where}{message}", err=True)
-            record = decide_values(engine, values, lineno)
+            record = decide_values(engine, values, lineno, with_actions)
         failed += "error" in record
         out.write(_json_line(record) + "\n")
     out.flush()
@@ -136,11 +139,11 @@ def parse_line(raw: bytes | str, lineno: int) -> tuple[dict[str, Any] | None, di
     return values, {}
 
 
-def decide_values(engine: Any, values: dict[str, Any], lineno: int) -> dict[str, Any]:
+def decide_values(engine: Any, values: dict[str, Any], lineno: int, with_actions: bool = False) -> dict[str, Any]:
     """The output record for parsed values: {"path", "finals"} or {"error"} (never raises; a
     non-finite output is an error, never printed as `Infinity`)."""
     try:
-        path, finals = engine.decide_raw(values)
+        path, finals, actions = engine.decide_trace_raw(values)
     except DecideError as exc:
         return {"error": exc.message}
     except (RecursionError, MemoryError):
@@ -151,7 +154,10 @@ def decide_values(engine: Any, values: dict[str, Any], lineno: int) -> dict[str,
     if bad:
         return {"error": f"line {lineno}: output `{bad[0]}` is not a finite number ({finals[bad[0]]}); "
                          "the values are too large for the SOP's arithmetic"}
-    return {"path": path, "finals": finals}
+    record: dict[str, Any] = {"path": path, "finals": finals}
+    if with_actions:
+        record["actions"] = actions
+    return record
 
 
 def decide_line(engine: Any, raw: bytes | str, lineno: int) -> dict[str, Any]:
