@@ -402,9 +402,8 @@ def test_unpriced_model_cost_is_zero_and_flagged(model: str, server: FakeServer,
     assert completion.cost == 0.0
     assert not completion.cost_known
     assert gateway.stats.unknown_cost_calls == 1
-    # After the first miss the model is priced at zero in litellm (so litellm stops searching its
-    # cost map on every call), and its calls are still reported as of unknown cost.
-    assert gw.load_litellm().model_cost[model]["input_cost_per_token"] == 0.0
+    # litellm's global cost map is never written to (issue 8): the model stays unknown to it.
+    assert model not in gw.load_litellm().model_cost
     again = run(gateway.complete(spec_for(server, model=model), MESSAGES))
     assert (again.cost, again.cost_known, gateway.stats.unknown_cost_calls) == (0.0, False, 2)
     # A priced model is unaffected.
@@ -421,7 +420,7 @@ def test_a_priced_model_is_never_registered_at_zero() -> None:
     unpriced = litellm.ModelResponse(choices=[{"index": 0, "message": {"role": "assistant", "content": "x"}}])
     unpriced._hidden_params["response_cost"] = None
     assert Gateway._cost(spec, unpriced) == (0.0, False)
-    assert spec.model not in gw._UNPRICED and "openai/gpt-4o-mini" not in litellm.model_cost
+    assert "openai/gpt-4o-mini" not in litellm.model_cost
     assert litellm.model_cost["gpt-4o-mini"]["input_cost_per_token"] == price > 0
     priced = litellm.ModelResponse(choices=[{"index": 0, "message": {"role": "assistant", "content": "x"}}])
     priced._hidden_params["response_cost"] = 0.25

@@ -5,16 +5,33 @@ Each command module defines its commands; this module is the one place that asse
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from sopgraph._version import __version__
 from sopgraph.cli import checkcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
+from sopgraph.perf import tune_gc_for_cli
+from sopgraph.simulation.gateway import quiet_litellm_output
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Sop(click.Group):
+    """The `sop` group; as the process entry point (console script) it also tunes the process once."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Process-wide settings belong to the application, not to the library (issue 8): a test or a
+        # script invoking `main.main(...)` directly keeps its own collector settings.
+        tune_gc_for_cli()
+        return super().__call__(*args, **kwargs)
+
+
+@click.group(cls=_Sop, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="sop")
 def main() -> None:
     """sopgraph: compile customer-service SOPs into graphs and evaluate agents on them."""
+    # The CLI owns its terminal: litellm's "Give Feedback" prints and log lines would garble tables
+    # and JSON output. Library users keep litellm's own settings.
+    quiet_litellm_output()
 
 
 COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools)

@@ -89,6 +89,8 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         load_or_exit(file)  # compiler-style diagnostics before anything starts
         scenario = file
         specs = _model_options(models)
+        if not any(s.role == "agent" for s in specs):
+            fail("no agent model: pass --model agent=PROVIDER/MODEL (offline floor: --model agent=baseline/oracle)")
 
         try:
             parse_judge_turns(judge_turns)
@@ -100,7 +102,7 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
     try:
         summary = asyncio.run(run(scenario, cases, specs, target, concurrency=concurrency, workers=workers,
                                   progress=False if quiet else None, **kwargs))
-    except RunError as exc:
+    except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         fail(f"interrupted; resume with: sop run --resume {target}", code=130)

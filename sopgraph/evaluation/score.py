@@ -33,7 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sopgraph.evaluation import stats
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, _Interp, engine_for
-from sopgraph.perf import no_cyclic_gc
 from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.store import RunStore, StoreError
 
@@ -605,9 +604,8 @@ def score_records(
 
     `keep_labels` keeps each judged turn's consensus labels on the result (`consensus_labels`), for
     corpus export with reference labels."""
-    with no_cyclic_gc():
-        return _score_records(scenarios, cases, dialogues, turns, consensus, config, run=run,
-                              keep_labels=keep_labels)
+    return _score_records(scenarios, cases, dialogues, turns, consensus, config, run=run,
+                          keep_labels=keep_labels)
 
 
 def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run: str,
@@ -1382,8 +1380,7 @@ def score_run(run_dir: str | Path, config: ScoreConfig | None = None, *, keep_la
     cfg = config or ScoreConfig()
     store = open_run(run_dir)
     try:
-        with no_cyclic_gc():
-            return _score_store(store, run_dir, cfg, keep_labels)
+        return _score_store(store, run_dir, cfg, keep_labels)
     finally:
         store.close()
 

@@ -25,7 +25,6 @@ from lark.exceptions import (
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
-from sopgraph.perf import no_cyclic_gc
 
 KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden"]
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
@@ -732,8 +731,7 @@ class Loaded(ir.Node):
 def load_source(path: str | Path | None = None, *, text: str | None = None,
                 name: str | None = None) -> Loaded:
     """Load a program, collecting every loading diagnostic instead of stopping at the first."""
-    with no_cyclic_gc():
-        return _load_source(path, text=text, name=name)
+    return _load_source(path, text=text, name=name)
 
 
 def _load_source(path: str | Path | None, *, text: str | None, name: str | None) -> Loaded:

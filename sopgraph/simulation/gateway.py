@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import email.utils
-import gc
 import hashlib
 import json
 import logging
@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sopgraph.simulation import providers
 
@@ -109,9 +109,9 @@ class ModelSpec(BaseModel):
         value = value.strip()
         if not value:
             raise ValueError("model name is empty")
-        if providers.is_builtin(value) and value not in providers.BUILTIN_MODELS:
-            known = ", ".join(sorted(providers.BUILTIN_MODELS))
-            raise ValueError(f"unknown built-in model {value!r}; known: {known}")
+        problem = unknown_builtin_message(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @property
@@ -295,10 +295,26 @@ def parse_model_option(text: str) -> ModelSpec:
                 extra[key] = _coerce(value)
         except ValueError as exc:
             raise ModelOptionError(f"bad value for {key!r} in {text!r}: {exc}") from None
+    problem = unknown_builtin_message(model)
+    if problem:
+        raise ModelOptionError(f"--model {text!r}: {problem}")
     try:
         return ModelSpec(role=role, model=model, params=ModelParams(**params, extra=extra), **flags)
-    except ValueError as exc:
-        raise ModelOptionError(f"invalid --model {text!r}: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise ModelOptionError(f"invalid --model {text!r}: {where + ': ' if where else ''}{msg}") from None
+
+
+def unknown_builtin_message(model: str) -> str | None:
+    """One line naming the closest built-in for a misspelled ``baseline/...`` or ``scripted/...``; None if fine."""
+    if not providers.is_builtin(model) or model in providers.BUILTIN_MODELS:
+        return None
+    known = sorted(providers.BUILTIN_MODELS)
+    close = difflib.get_close_matches(model, known, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown built-in model {model!r}; {hint}known: {', '.join(known)}"
 
 
 class RoleSet(BaseModel):
@@ -378,6 +394,65 @@ def roles_from_options(options: Iterable[str | ModelSpec], *, require_agent: boo
         user=user or ModelSpec(role="user", model=DEFAULT_USER_MODEL),
         judges=(judges[0], judges[1], judges[2]),
     )
+
+
+# =========================================================================== parameters that may be stored
+SAFE_PARAMS: Final = frozenset(
+    {
+        # ModelParams fields (api_base is stored without userinfo, query or fragment)
+        "temperature", "max_tokens", "api_base", "timeout",
+        # sampling and decoding (OpenAI and the usual OpenAI-compatible servers)
+        "top_p", "top_k", "min_p", "seed", "n", "stop", "presence_penalty", "frequency_penalty",
+        "repetition_penalty", "repeat_penalty", "logit_bias", "logprobs", "top_logprobs",
+        "max_completion_tokens", "reasoning_effort", "response_format", "parallel_tool_calls",
+        "num_ctx", "num_predict", "mirostat", "typical_p", "tfs_z", "cache_prompt",
+        # litellm routing flags
+        "drop_params", "api_version", "custom_llm_provider", "stream",
+    }
+)
+"""Model parameters known to carry no secret. Why an allow-list: a deny-list of secret-looking names
+misses ``passwd=`` or ``auth=``; anything not named here is redacted wherever parameters are stored
+(run.sqlite, summaries), kept out of cache keys, and its value scrubbed from error messages.
+``api_key_env`` is stored only when its value is an environment variable *name*."""
+
+_SPEC_FIELDS: Final = frozenset({"role", "model", "params", "extra", "structured", "structured_mode", "cache"})
+_ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REDACTED_PARAM: Final = "***REDACTED***"
+
+
+def is_safe_param(name: str, value: Any = None) -> bool:
+    """Whether a model parameter may be stored and shown (on the allow-list; see ``SAFE_PARAMS``)."""
+    low = name.lower()
+    if low == "api_key_env":
+        return isinstance(value, str) and _ENV_NAME.match(value) is not None
+    return low in SAFE_PARAMS
+
+
+def public_params(obj: Any) -> Any:
+    """A copy of a ``ModelSpec`` dump (or of its params) in which every parameter not on the allow-list is
+    replaced by a marker and ``api_base`` is stripped of credentials. Spec fields (``role``, ``model``,
+    ``params``, ``extra``, ...) are walked into; allowed parameters are kept as they are."""
+    if isinstance(obj, list | tuple):
+        return [public_params(v) for v in obj]
+    if not isinstance(obj, Mapping):
+        return obj
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = str(k)
+        if key in _SPEC_FIELDS:
+            out[key] = public_params(v) if isinstance(v, Mapping) else v
+        elif key == "api_base" and isinstance(v, str):
+            out[key] = _sanitize_url(v) if "://" in v else v
+        elif v is None or is_safe_param(key, v):
+            out[key] = v
+        else:
+            out[key] = REDACTED_PARAM
+    return out
+
+
+def _unsafe_values(extra: Mapping[str, Any]) -> list[str]:
+    """String forms of parameter values that are not on the allow-list (scrubbed from error messages)."""
+    return [str(v) for k, v in extra.items() if v is not None and not is_safe_param(k, v) and len(str(v)) >= 4]
 
 
 # =========================================================================== redaction
@@ -507,8 +582,30 @@ def network_used() -> bool:
     return _NETWORK_USED
 
 
+_QUIET = False
+
+
+def quiet_litellm_output() -> None:
+    """Silence litellm's own output in this process: its loggers and the "Give Feedback / Get Help" lines
+    it prints to stdout on errors. For applications (the `sop` CLI calls it); library code never does,
+    since it changes the whole process. ``SOPGRAPH_LITELLM_DEBUG=1`` keeps litellm talking."""
+    global _QUIET
+    if os.environ.get("SOPGRAPH_LITELLM_DEBUG"):
+        return
+    _QUIET = True
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    loaded: Any = _LITELLM
+    if loaded is not None:
+        loaded.suppress_debug_info = True
+
+
 def load_litellm() -> ModuleType:
-    """Import litellm once, quiet and offline, with the built-in providers registered."""
+    """Import litellm once, offline, with the built-in providers registered.
+
+    Nothing process-wide is changed: litellm's callbacks, loggers, cost map and the garbage
+    collector stay as the process has them. Each call opts out of litellm's logging callbacks on its
+    own (``"no-log": True``, see ``Gateway(litellm_logging=...)``)."""
     global _LITELLM
     if _LITELLM is not None:
         return _LITELLM
@@ -517,26 +614,16 @@ def load_litellm() -> ModuleType:
             return _LITELLM
         import litellm
 
-        litellm.telemetry = False
-        litellm.suppress_debug_info = True
-        # No success/failure callbacks are installed, so nothing is logged anywhere. (Setting
-        # turn_off_message_logging would make litellm deep-copy every request to redact it: ~1 ms a call.)
-        litellm.success_callback = []
-        litellm.failure_callback = []
-        if not os.environ.get("SOPGRAPH_LITELLM_DEBUG"):
+        if _QUIET:
+            litellm.suppress_debug_info = True
             for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
         _register_builtins(litellm)
-        # litellm's import leaves ~300k long-lived objects (cost map, provider tables, pydantic
-        # schemas) that every full collection would walk again while a run allocates per call:
-        # moving them to the permanent generation saves ~5-10 % CPU per call (benchmarks/).
-        gc.collect()
-        gc.freeze()
         _LITELLM = litellm
         return litellm
 
 
-def _register_builtins(litellm: ModuleType) -> None:
+def _register_builtins(litellm: Any) -> None:
     """Register ``baseline/*`` and ``scripted/*`` as litellm custom providers, priced at zero."""
     from litellm.llms.custom_llm import CustomLLMError
 
@@ -578,11 +665,6 @@ def _register_builtins(litellm: ModuleType) -> None:
     litellm.custom_provider_map = existing + [
         {"provider": p, "custom_handler": _BuiltinLLM(p)} for p in sorted(providers.BUILTIN_PROVIDERS)
     ]
-    free = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0, "mode": "chat"}
-    with contextlib.suppress(Exception):
-        litellm.register_model(
-            {name: {**free, "litellm_provider": name.split("/", 1)[0]} for name in providers.BUILTIN_MODELS}
-        )
 
 
 # =========================================================================== errors
@@ -707,18 +789,12 @@ def _sanitize_url(url: str | None) -> str | None:
 
 
 def _is_secret_key(name: str) -> bool:
-    """Whether a call parameter may carry a credential (kept out of cache keys)."""
+    """Whether a call parameter is a credential or transport detail, kept out of cache keys (so that a
+    new key still hits the cache). Every other parameter changes the answer and is part of the key,
+    which is a sha256: no value is ever readable from it."""
     low = name.lower()
-    if low in (
-        "key",
-        "token",
-        "secret",
-        "password",
-        "authorization",
-        "headers",
-        "extra_headers",
-        "api_key_env",
-    ):
+    if low in ("key", "token", "secret", "password", "authorization", "headers", "extra_headers",
+               "api_key_env", "no-log"):
         return True
     return low.endswith(("_key", "_token", "_secret", "_password"))
 
@@ -731,6 +807,10 @@ class Gateway:
     over all provider calls of all roles), the retry policy, the response cache
     and the running totals.  Built-in providers bypass the cap and the cache
     (they are local, free and deterministic) but still go through litellm.
+
+    Nothing process-wide is configured: each call carries its own options. ``litellm_logging=True``
+    lets litellm's callbacks (``litellm.success_callback`` etc., if the process installed any) see
+    the calls; by default each call is sent with litellm's per-call ``no-log`` flag instead.
     """
 
     def __init__(
@@ -744,6 +824,7 @@ class Gateway:
         cache: bool = True,
         cache_dir: str | Path | None = None,
         seed: int | None = None,
+        litellm_logging: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -755,6 +836,7 @@ class Gateway:
         self.max_delay = max_delay
         self.default_timeout = default_timeout
         self.cache_enabled = cache
+        self.litellm_logging = litellm_logging
         self.cache = ResponseCache(cache_dir if cache_dir is not None else default_cache_dir())
         self._rng = random.Random(seed)
         self._stats = GatewayStats()
@@ -897,6 +979,8 @@ class Gateway:
             "max_retries": 0,  # ours, not the SDK's: we count attempts and classify failures
             "num_retries": 0,
         }
+        if not self.litellm_logging:
+            kwargs["no-log"] = True  # per call: litellm's callbacks (if the process has any) skip it
         if p.temperature is not None:
             kwargs["temperature"] = p.temperature
         if p.max_tokens is not None:
@@ -961,6 +1045,7 @@ class Gateway:
             _NETWORK_USED = True
         started += time.perf_counter() - loading  # the one-time import is not the model's latency
         secrets = [kwargs["api_key"]] if "api_key" in kwargs else []
+        secrets += _unsafe_values(spec.params.extra)
         attempts = 0
         timeout = float(kwargs["timeout"])
         # A guard above the transport timeout, so a wedged call can never hang a run. litellm's
@@ -1037,9 +1122,9 @@ class Gateway:
         if "response_cost" in hidden:
             value = hidden.get("response_cost")
             if isinstance(value, int | float):
-                return float(value), spec.model not in _UNPRICED
-            # litellm tried and could not price the model: say so, and stop it trying again.
-            _register_unpriced(spec)
+                return float(value), True
+            # litellm tried and could not price the model (its cost map is never written to: an
+            # unpriced model stays unpriced, and every such call says so).
             return 0.0, False
         litellm = _LITELLM
         if litellm is None:
@@ -1048,37 +1133,6 @@ class Gateway:
             return float(litellm.completion_cost(completion_response=response, model=spec.model)), True
         except Exception:  # noqa: BLE001 - an unpriced model is not an error
             return 0.0, False
-
-
-_UNPRICED: set[str] = set()
-"""Models litellm could not price, registered at zero cost so later calls skip its slow search."""
-_MAPPED: set[str] = set()
-"""Models litellm's cost map knows (a miss for them came from the response, e.g. no usage)."""
-
-
-def _register_unpriced(spec: ModelSpec) -> None:
-    """Register ``spec.model`` in litellm's cost map at zero price (costs stay flagged unknown).
-
-    Why: for a model missing from the cost map, litellm searches every map entry and its
-    generalisation rules on each call (~0.3-0.5 ms CPU), only to give up. After the first
-    miss, the model is priced at zero and remembered in ``_UNPRICED``, so ``Completion.cost``
-    is 0 with ``cost_known=False`` exactly as before, without the search. A model the map
-    does know is never registered (its real price must stay).
-    """
-    litellm = _LITELLM
-    if litellm is None or spec.model in _UNPRICED or spec.model in _MAPPED or not spec.provider:
-        return
-    try:
-        litellm.get_model_info(model=spec.model)
-    except Exception:  # noqa: BLE001 - "not mapped" is what we are looking for
-        pass
-    else:
-        _MAPPED.add(spec.model)
-        return
-    _UNPRICED.add(spec.model)
-    entry = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0, "litellm_provider": spec.provider}
-    with contextlib.suppress(Exception):
-        litellm.register_model({spec.model: {**entry, "mode": "chat"}})
 
 
 async def _close_at_loop_end(session: Any) -> AsyncIterator[None]:

@@ -59,6 +59,7 @@ from sopgraph.simulation.dialogue import (
 from sopgraph.simulation.gateway import (
     Gateway,
     InfraFailure,
+    ModelOptionError,
     ModelSpec,
     RoleSet,
     load_litellm,
@@ -318,7 +319,10 @@ async def run(
         cases = (list(cases_path) if isinstance(cases_path, Sequence) and not isinstance(cases_path, str)
                  else read_cases(cases_path))  # type: ignore[arg-type]
         warnings += _check_cases(scenario, cases)
-        roles = normalize_models(models)
+        try:
+            roles = normalize_models(models)
+        except ModelOptionError as exc:
+            raise RunError(str(exc)) from None
         try:
             spec = parse_judge_turns(judge_turns)
         except ValueError as exc:
