@@ -30,7 +30,7 @@ from sopgraph.logic.domain import (
     space_for,
     witness,
 )
-from sopgraph.logic.engine import DecideError, _Interp
+from sopgraph.logic.engine import DecideError, Interpreter
 
 DECLS = """
 scenario domaintest "Domain test"
@@ -60,7 +60,7 @@ def guard_of(text: str) -> tuple[ir.Scenario, Any]:
 def evaluate(scenario: ir.Scenario, expr: Any, values: dict[str, Any]) -> Any:
     """The engine's value of an expression, or an `error` marker."""
     try:
-        return _Interp(scenario, values).eval(expr)
+        return Interpreter(scenario, values).eval(expr)
     except (DecideError, TypeError, ArithmeticError):
         return ERROR
 
@@ -190,7 +190,7 @@ def test_float_rounding_is_respected() -> None:
     # 3 * 0.1 == 0.30000000000000004 > 0.3: the engine says true for N == 3
     assert regions("N * 0.1 > 0.3") == [{"N": ">= 3"}]
     scenario, guard = guard_of("N * 0.1 > 0.3")
-    assert _Interp(scenario, {"N": 3}).eval(guard) is True
+    assert Interpreter(scenario, {"N": 3}).eval(guard) is True
 
 
 def test_int_bounds_are_normalised_to_closed_integers() -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import CODES
 from sopgraph.language.parse import load_source
-from sopgraph.logic.engine import DecideError, _Interp, interpret
+from sopgraph.logic.engine import DecideError, Interpreter, interpret
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.paths import trace
 
@@ -122,7 +122,7 @@ stage s1 "s1" {
     assert d.code == "W301" and d.severity == "warning"
     assert 100 < d.witness["Amount"] < 500
     assert interpret(sc, d.witness).finals["Action"] == "Ok"
-    assert _Interp(sc, d.witness).eval(sc.stages["s1"].branches[1].guard) is True
+    assert Interpreter(sc, d.witness).eval(sc.stages["s1"].branches[1].guard) is True
     assert_witnesses_verified(sc, [d])
 
 

@@ -41,7 +41,7 @@ def compiled_graph(name: str) -> str:
     return _portable(graph_to_json(compile_graph(loaded.scenario)))
 
 
-def _compare(path: Path, actual: str) -> None:
+def apply_compare(path: Path, actual: str) -> None:
     if UPDATE:
         path.write_text(actual, encoding="utf-8")
         return
@@ -69,7 +69,7 @@ def test_there_are_golden_cases() -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_golden_diagnostics(name: str) -> None:
     text, clean = rendered_diagnostics(name)
-    _compare(GOLDEN / f"{name}.diagnostics.txt", text)
+    apply_compare(GOLDEN / f"{name}.diagnostics.txt", text)
     if name.startswith("valid_"):
         assert clean and "0 errors, 0 warnings" in text, text
     elif name.startswith(("syntax_", "names_", "types_", "depth_")) or name in (
@@ -86,7 +86,7 @@ def test_golden_graph(name: str) -> None:
         if UPDATE and graph_file.exists():
             graph_file.unlink()
         return
-    _compare(graph_file, compiled_graph(name))
+    apply_compare(graph_file, compiled_graph(name))
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if n.startswith("syntax_")])

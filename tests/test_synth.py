@@ -14,7 +14,7 @@ from sopgraph.cases.profiles import default_profile, load_profile, parse_profile
 from sopgraph.cases.synth import CASE_KEYS, SynthError, parse_mix, plan, synthesize
 from sopgraph.cli import main
 from sopgraph.language import ir
-from sopgraph.logic.engine import _Interp
+from sopgraph.logic.engine import Interpreter
 from sopgraph.records import Case
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def test_every_case_agrees_with_the_engine(name: str) -> None:
                 assert case.expected_finals[key] == value
         # the case's values satisfy its intent
         intent = profile.intents[case.intent]
-        interp = _Interp(scenario, {**case.truth, **case.system})
+        interp = Interpreter(scenario, {**case.truth, **case.system})
         assert all(bool(interp.eval(c.expr)) == c.truth for c in intent.conditions), case.id
         assert case.sop_hash == scenario.source_hash and case.schema_version == 1
         assert case.id.startswith(f"{name}-5-")

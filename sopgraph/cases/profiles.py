@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
-from sopgraph.language.parse import iter_children, parse_text
+from sopgraph.language.parse import parse_text
 from sopgraph.logic import domain
 from sopgraph.records import Intensity, Persona
 
@@ -446,7 +446,7 @@ def _check_names(expr: Any, scenario: ir.Scenario, span: ir.Span, text: str) -> 
                         bad(v, enum.values, e.operand.name)
         if isinstance(e, ir.Lit) and e.bare and id(e) not in checked and e.value not in all_values:
             bad(e, list(scenario.variables) + sorted(all_values), "name")
-        for child in iter_children(e):
+        for child in ir.children(e):
             walk(child)
 
     walk(expr)

@@ -49,7 +49,7 @@ from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error, warni
 from sopgraph.logic import domain
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
-from sopgraph.logic.engine import DecideError, _Interp, engine_for
+from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.paths import trace
 from sopgraph.records import RECORD_VERSION, Case
 
@@ -397,7 +397,7 @@ def _box_witness(scenario: ir.Scenario, box: Any, style: str = "representative")
 def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> bool:
     """Do the intent's conditions hold for a full assignment? (reference interpreter; plan time only)"""
     try:
-        it = _Interp(scenario, values)
+        it = Interpreter(scenario, values)
         return all(bool(it.eval(c.expr)) == c.truth for c in intent.conditions)
     except (DecideError, TypeError, ValueError, ZeroDivisionError):
         return False

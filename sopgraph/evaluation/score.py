@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sopgraph.evaluation import stats
 from sopgraph.language import ir
-from sopgraph.logic.engine import DecideError, _Interp, engine_for
+from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.store import RunStore, StoreError
 
@@ -582,7 +582,7 @@ def money_value(scenario: ir.Scenario, case: Case) -> float:
     var = scenario.variables.get(name)
     if var is not None and var.role == "derived":
         try:
-            v = _Interp(scenario, {**case.truth, **case.system}).var(name)
+            v = Interpreter(scenario, {**case.truth, **case.system}).var(name)
             return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
         except (DecideError, KeyError, TypeError, ValueError, ZeroDivisionError):
             return 0.0

@@ -150,10 +150,6 @@ def warning(code: str, message: str, span: Span | None, hint: str | None = None,
     return Diagnostic(code=code, severity="warning", message=message, span=span, hint=hint, **kw)
 
 
-def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
-    return any(d.is_error for d in diagnostics)
-
-
 def sort_key(diag: Diagnostic) -> tuple:
     span = diag.span or Span()
     return (span.file, span.line, span.col, diag.code, diag.message)

@@ -8,7 +8,7 @@ output schema and path list are all derived from it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -371,3 +371,23 @@ def branch_label(stage: Stage, branch: Branch) -> str:
     if branch.guard is None:
         return "otherwise" if stage.kind != "goto" else ""
     return show(branch.guard)
+
+
+def children(expr: Any) -> list[Any]:
+    """Direct sub-expressions of an expression node (the one child-walker every pass uses)."""
+    if isinstance(expr, Unary):
+        return [expr.operand]
+    if isinstance(expr, (Binary, Compare)):
+        return [expr.left, expr.right]
+    if isinstance(expr, InSet):
+        return [expr.operand, *expr.values]
+    if isinstance(expr, BoolOp):
+        return list(expr.operands)
+    if isinstance(expr, Call):
+        return list(expr.args)
+    if isinstance(expr, Case):
+        out: list[Any] = []
+        for arm in expr.arms:
+            out += [arm.when, arm.then]
+        return out + [expr.otherwise]
+    return []

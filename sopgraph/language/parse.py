@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from lark import Lark, Token, Transformer, Tree, v_args
+from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import (
     LarkError,
     UnexpectedCharacters,
@@ -711,11 +711,6 @@ def parse_text(text: str, file: str = "<string>") -> Program:
                        {file: text}) from None
 
 
-def parse_tree(text: str) -> Tree:
-    """The raw Lark tree (for benchmarks comparing against Lark alone)."""
-    return parser().parse(text)
-
-
 # ---------------------------------------------------------------------------------------------
 # Loading: includes, merge, subflow inlining, name resolution
 
@@ -966,35 +961,3 @@ def _resolve_names(scenario: ir.Scenario) -> None:
                 assign.value = fix(assign.value)
 
 
-def unresolved_var_names(expr: Any) -> list[ir.Lit]:
-    """Bare literals inside an expression (used by the checker to report undefined names)."""
-    found: list[ir.Lit] = []
-
-    def walk(e: Any) -> None:
-        if isinstance(e, ir.Lit) and e.bare:
-            found.append(e)
-        for child in iter_children(e):
-            walk(child)
-
-    walk(expr)
-    return found
-
-
-def iter_children(expr: Any) -> list[Any]:
-    """Direct sub-expressions of an expression node."""
-    if isinstance(expr, ir.Unary):
-        return [expr.operand]
-    if isinstance(expr, (ir.Binary, ir.Compare)):
-        return [expr.left, expr.right]
-    if isinstance(expr, ir.InSet):
-        return [expr.operand, *expr.values]
-    if isinstance(expr, ir.BoolOp):
-        return list(expr.operands)
-    if isinstance(expr, ir.Call):
-        return list(expr.args)
-    if isinstance(expr, ir.Case):
-        out: list[Any] = []
-        for arm in expr.arms:
-            out += [arm.when, arm.then]
-        return out + [expr.otherwise]
-    return []

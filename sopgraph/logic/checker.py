@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from sopgraph.language import ir
 from sopgraph.language.compile import START, compile_graph, reads
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
-from sopgraph.language.parse import MAX_DEPTH, iter_children, load_source
+from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain
 from sopgraph.logic.flow import flow_diagnostics
 
@@ -1051,7 +1051,7 @@ def _depth(expr: Any) -> int:
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in iter_children(node))
+        stack.extend((child, depth + 1) for child in ir.children(node))
     return deepest
 
 

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from sopgraph.language import ir
-from sopgraph.logic.engine import DecideError, _arith, _compare, _Interp
+from sopgraph.logic.engine import DecideError, Interpreter, apply_arith, apply_compare
 
 INF = math.inf
 _INT_LIMIT = 2**1000  # affine solving searches ints inside ±this (beyond it floats overflow)
@@ -73,10 +73,6 @@ class NumDom(NamedTuple):
         if x > self.hi or (x == self.hi and self.hi_open):
             return False
         return x not in self.excl
-
-    def is_point(self) -> bool:
-        return self.lo == self.hi
-
 
 _EMPTY: frozenset = frozenset()
 
@@ -475,14 +471,6 @@ class Space:
             return True
         return num_subset(a, b)
 
-    def dom_union(self, i: int, a: Any, b: Any) -> Any:
-        k = self.kinds[i]
-        if k == "enum" or k == "bool":
-            return a | b
-        if k == "none":
-            return a
-        return num_union(a, b, k == "int")
-
     def public_dom(self, i: int, d: Any) -> frozenset | NumDom:
         k = self.kinds[i]
         if k == "enum" or k == "bool":
@@ -652,7 +640,7 @@ class Space:
                 continue
             if isinstance(e, ir.Lit):
                 continue
-            stack.extend(reversed(_children(e)))
+            stack.extend(reversed(ir.children(e)))
         return tuple(out)
 
     def residual(self, expr: Any, truth: bool) -> Formula:
@@ -734,7 +722,7 @@ class Space:
         if isinstance(pred, Formula):
             return self.in_formula(pred, values) == truth
         try:
-            v = _Interp(self.scenario, values).eval(pred)
+            v = Interpreter(self.scenario, values).eval(pred)
         except (DecideError, TypeError, ValueError, ArithmeticError, KeyError, RecursionError,
                 AttributeError):
             return False
@@ -1238,30 +1226,11 @@ def _numeric_consts(expr: Any) -> list[float]:
             if isinstance(e.value, (int, float)) and not isinstance(e.value, bool):
                 out.append(e.value)
             return
-        for c in _children(e):
+        for c in ir.children(e):
             walk(c)
 
     walk(expr)
     return out[:8]
-
-
-def _children(e: Any) -> list[Any]:
-    if isinstance(e, ir.Unary):
-        return [e.operand]
-    if isinstance(e, (ir.Binary, ir.Compare)):
-        return [e.left, e.right]
-    if isinstance(e, ir.InSet):
-        return [e.operand]
-    if isinstance(e, ir.BoolOp):
-        return list(e.operands)
-    if isinstance(e, ir.Call):
-        return list(e.args)
-    if isinstance(e, ir.Case):
-        out = []
-        for arm in e.arms:
-            out += [arm.when, arm.then]
-        return out + [e.otherwise]
-    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1511,7 +1480,7 @@ class _Compiler:
             return FALSE
         if vl[0] == "c" and vr[0] == "c":
             try:
-                r = _compare(op, vl[1], vr[1])
+                r = apply_compare(op, vl[1], vr[1])
             except (DecideError, TypeError):
                 return FALSE
             return TRUE if bool(r) == truth else FALSE
@@ -1537,7 +1506,7 @@ class _Compiler:
             m = 0
             for j, x in enumerate(sp.values[i]):
                 try:
-                    r = _compare(op, x, c)
+                    r = apply_compare(op, x, c)
                 except (DecideError, TypeError):
                     continue
                 if bool(r) == truth:
@@ -1602,7 +1571,7 @@ class _Compiler:
 
         def p_at(x: Any) -> bool:
             val = _Probe(scen, name, x).eval(expr)
-            return bool(_compare(op, val, c))
+            return bool(apply_compare(op, val, c))
 
         if is_int:
             lo_i = int(full.lo) if full.lo != -INF else -_INT_LIMIT
@@ -1769,7 +1738,7 @@ class _Compiler:
             return ("e",)
         if vl[0] == "c" and vr[0] == "c":
             try:
-                return ("c", _arith(op, vl[1], vr[1]))
+                return ("c", apply_arith(op, vl[1], vr[1]))
             except (DecideError, TypeError, ArithmeticError):
                 return ("e",)
         node = ir.Binary.model_construct(kind="binary", op=op, left=_expr_of(sp, vl),
@@ -1817,7 +1786,7 @@ class _Compiler:
 FALSE_DOM = object()  # sentinel: "no value satisfies"
 
 
-class _Probe(_Interp):
+class _Probe(Interpreter):
     """Evaluates an expression of one variable with a value outside validation (affine solving
     probes values at and beyond declared open bounds)."""
 

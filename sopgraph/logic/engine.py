@@ -90,7 +90,11 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
 # Reference interpreter
 
 
-class _Interp:
+class Interpreter:
+    """Evaluates expressions of one scenario over one assignment of values (derived variables are
+    computed once and cached). The public core of the logic layer: the engine, the constraint domain,
+    paths, flow analysis, synthesis and scoring all evaluate through it."""
+
     def __init__(self, scenario: ir.Scenario, values: Mapping[str, Any]):
         self.s = scenario
         self.values = values
@@ -119,9 +123,9 @@ class _Interp:
             return (not x) if e.op == "not" else -x
         if isinstance(e, ir.Binary):
             a, b = self.eval(e.left), self.eval(e.right)
-            return _arith(e.op, a, b)
+            return apply_arith(e.op, a, b)
         if isinstance(e, ir.Compare):
-            return _compare(e.op, self.eval(e.left), self.eval(e.right))
+            return apply_compare(e.op, self.eval(e.left), self.eval(e.right))
         if isinstance(e, ir.InSet):
             x = self.eval(e.operand)
             hit = x in {v.value for v in e.values}
@@ -143,7 +147,8 @@ class _Interp:
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
 
-def _arith(op: str, a: Any, b: Any) -> Any:
+def apply_arith(op: str, a: Any, b: Any) -> Any:
+    """One arithmetic operator with the language's semantics (division by zero is a DecideError)."""
     if op == "+":
         return a + b
     if op == "-":
@@ -159,7 +164,8 @@ def _div(a: Any, b: Any) -> Any:
     return a / b
 
 
-def _compare(op: str, a: Any, b: Any) -> bool:
+def apply_compare(op: str, a: Any, b: Any) -> bool:
+    """One comparison operator with the language's semantics."""
     if op == "==":
         return a == b
     if op == "!=":
@@ -190,7 +196,7 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate) -> dict[str,
 
 def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
     """Reference semantics (slow, precise errors)."""
-    it = _Interp(scenario, values)
+    it = Interpreter(scenario, values)
     path: list[str] = []
     stage_id = scenario.start
     limit = len(scenario.stages) + 1

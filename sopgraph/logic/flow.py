@@ -30,7 +30,7 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, error, warning
 from sopgraph.logic.domain import Box, Space
-from sopgraph.logic.engine import DecideError, _Interp
+from sopgraph.logic.engine import DecideError, Interpreter
 from sopgraph.logic.paths import Explorer, explorer_for, trace
 
 DEFAULT_BUDGET = 10_000  # states (stage, region) explored
@@ -276,7 +276,7 @@ class _Flow:
             if stages[:n] != want_stages or branches[:n] != want_branches:
                 continue
             try:
-                if _Interp(self.s, w).eval(guard_j):
+                if Interpreter(self.s, w).eval(guard_j):
                     return w
             except Exception:  # noqa: BLE001
                 continue

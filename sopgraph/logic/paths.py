@@ -51,7 +51,7 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.logic.domain import Box, Formula, Space, space_for
-from sopgraph.logic.engine import DecideError, _Interp, interpret
+from sopgraph.logic.engine import DecideError, Interpreter, interpret
 
 Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS
@@ -622,7 +622,7 @@ def explorer_for(scenario: ir.Scenario) -> Explorer:
 def trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], list[int]]:
     """The engine's decisions for `values`: stage ids and the index of the branch taken at each.
     Raises DecideError like the engine."""
-    it = _Interp(scenario, values)
+    it = Interpreter(scenario, values)
     stages: list[str] = []
     branches: list[int] = []
     sid = scenario.start

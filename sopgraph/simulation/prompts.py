@@ -20,7 +20,7 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.schema import agent_output_schema
-from sopgraph.logic.engine import DecideError, _Interp, decide
+from sopgraph.logic.engine import DecideError, Interpreter, decide
 from sopgraph.records import CHAT_DIMENSIONS, Case, Turn
 
 STOP_TOKEN = "###STOP###"
@@ -414,7 +414,7 @@ def example_reply(scenario: ir.Scenario) -> dict[str, Any]:
         if finals.get(name) is None:
             finals[name] = out.default.value if out.default is not None else _example_value(out.type)
     steps = []
-    interp = _Interp(scenario, values)
+    interp = Interpreter(scenario, values)
     for i, sid in enumerate(path):
         stage = scenario.stages[sid]
         nxt = path[i + 1] if i + 1 < len(path) else None
