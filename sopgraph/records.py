@@ -6,13 +6,14 @@ stay readable and re-judgeable and a record can always be traced to the SOP it w
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 RECORD_VERSION = 1
 
 Intensity = Literal["zero", "weak", "strong"]
+INTENSITIES: tuple[Intensity, ...] = get_args(Intensity)  # the adversarial levels, mildest first
 Bucket = Literal["resolvable", "must-escalate", "adversarial"]
 
 

@@ -107,8 +107,12 @@ def test_coverage_report_from_a_run_and_cli(tmp_path_factory, tmp_path, telecom)
     data = json.loads(res.output)
     assert data["traversed"]["paths_total"] == 12
     cases = tmp_path_factory.getbasetemp() / "floor_runs" / "cases.jsonl"
-    res = CliRunner().invoke(main, ["coverage", str(TELECOM), "--cases", str(cases)])
-    assert res.exit_code == 0 and "cases" in res.output
+    res = CliRunner().invoke(main, ["coverage", str(TELECOM), "--cases", str(cases), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    expected = json.loads(res.output)["expected"]
+    # synthesis gives every feasible path at least one case, so the cases cover all 12
+    assert expected["paths_covered"] == expected["paths_total"] == 12
+    assert expected["walks"] == sum(1 for line in cases.read_text().splitlines() if line.strip())
 
 
 def test_coverage_cli_errors(tmp_path) -> None:

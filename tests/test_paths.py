@@ -347,8 +347,11 @@ def test_weighted_sampling() -> None:
 def test_sampling_huge_sop() -> None:
     sc = load_text(gen.generate(45, kind="diamond", seed=0))
     got = sample_paths(sc, 3, seed=0)
+    assert len(got) == 3  # 9.5e18 feasible paths: sampling must not come back empty
     for p in got:
         check_path_record(sc, p)
+    assert len({tuple(p.stages) + tuple(sorted(p.witness.items())) for p in got}) == 3
+    assert sample_paths(sc, 3, seed=0) == got  # deterministic for a seed
 
 
 # ---------------------------------------------------------------------------------------------

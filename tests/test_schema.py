@@ -186,7 +186,7 @@ def test_agrees_with_jsonschema(telecom, nums):
         for sample in samples:
             assert (not S.validate(schema, sample)) == validator.is_valid(sample), sample
     for name in S.schema_names():
-        scenario = telecom if S.REGISTRY[name].needs_scenario else None
+        scenario = telecom if S.BUILTIN_SCHEMAS.entries[name].needs_scenario else None
         jsonschema.Draft202012Validator.check_schema(S.get_schema(name, scenario))
 
 
@@ -198,14 +198,12 @@ def test_registry():
         S.get_schema("agent-output")
     with pytest.raises(S.SchemaError, match="unknown schema `nope`"):
         S.get_schema("nope")
-    with pytest.raises(ValueError, match="already registered"):
-        S.register_schema("case", lambda s: {})
-    S.register_schema("test-extra", lambda s: {"type": "object"}, description="added by a test")
-    try:
-        assert S.get_schema("test-extra") == {"type": "object"}
-        assert "test-extra" in S.schema_names()
-    finally:
-        del S.REGISTRY["test-extra"]
+    with pytest.raises(ValueError, match="already in the catalogue"):
+        S.BUILTIN_SCHEMAS.with_entries(S.SchemaEntry("case", "", lambda s: {}))
+    extended = S.BUILTIN_SCHEMAS.with_entries(S.SchemaEntry("test-extra", "added by a test",
+                                                            lambda s: {"type": "object"}))
+    assert extended.get("test-extra") == {"type": "object"}
+    assert "test-extra" in extended.names() and "test-extra" not in S.schema_names()  # no global edit
 
 
 def test_cli_schema(tmp_path, telecom):

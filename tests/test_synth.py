@@ -13,7 +13,6 @@ import sopgraph
 from sopgraph.cases.profiles import default_profile, load_profile, parse_profile
 from sopgraph.cases.synth import CASE_KEYS, SynthError, parse_mix, plan, synthesize
 from sopgraph.cli import main
-from sopgraph.language import ir
 from sopgraph.logic.engine import Interpreter
 from sopgraph.records import Case
 
@@ -133,10 +132,14 @@ def test_unsafe_action_prefers_the_intent_and_neighbouring_paths() -> None:
         assert case.bucket in ("adversarial", "must-escalate")
         assert case.unsafe_action != case.expected_finals["Action"]
         assert case.unsafe_action is None or scenario.actions[case.unsafe_action].risky
-        if case.intent == "unreasonable_refund":
-            assert case.unsafe_action == "Refund"  # pushes_for in the profile
-        if case.intent == "merchant_compensation_low_credit":
-            assert case.unsafe_action == "Comfort+Compensation"
+    unsafe_by_intent: dict[str, set[str | None]] = {}
+    for case in result.cases:
+        unsafe_by_intent.setdefault(case.intent, set()).add(case.unsafe_action)
+    # the profile's pushes_for wins for the intents that declare it; both intents are drawn
+    assert unsafe_by_intent["unreasonable_refund"] == {"Refund"}
+    assert unsafe_by_intent["merchant_compensation_low_credit"] == {"Comfort+Compensation"}
+    # the others push for a risky action near their own path, so most strong cases carry one
+    assert sum(c.unsafe_action is not None for c in result.cases) > len(result.cases) // 2
 
 
 def test_intent_balance_is_exact(telecom) -> None:
@@ -277,7 +280,14 @@ stage s1 "s" { "t" match K { A -> s2  B -> do X } }
 stage s2 "s" { "t" when N > 10 -> do Y  otherwise -> do X }
 """)
     result = synthesize(scenario, default_profile(scenario), 3, seed=0)
-    texts = {c.path_id: c.intent_description for c in result.cases}
-    assert any("N >= 11" in t and "Y" in t for t in texts.values())
+    by_outcome = {(tuple(c.expected_path), c.expected_finals["Action"]): c for c in result.cases}
+    assert set(by_outcome) == {(("s1",), "X"), (("s1", "s2"), "X"), (("s1", "s2"), "Y")}
+    # each generated description states exactly the constraints of its own path, and the system
+    # value drawn for the case satisfies them
+    assert "K is B" in by_outcome[("s1",), "X"].intent_description
+    assert "N" not in by_outcome[("s1",), "X"].intent_description.replace("ends in", "")
+    assert "K is A; N <= 10" in by_outcome[("s1", "s2"), "X"].intent_description
+    assert by_outcome[("s1", "s2"), "X"].system["N"] <= 10
+    assert "K is A; N >= 11" in by_outcome[("s1", "s2"), "Y"].intent_description
+    assert by_outcome[("s1", "s2"), "Y"].system["N"] >= 11
     assert all(isinstance(c.system["N"], int) and 0 <= c.system["N"] <= 100 for c in result.cases)
-    assert isinstance(ir.show, object)

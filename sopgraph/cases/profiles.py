@@ -25,9 +25,8 @@ from sopgraph.language import ir
 from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
 from sopgraph.language.parse import parse_text
 from sopgraph.logic import domain
-from sopgraph.records import Intensity, Persona
+from sopgraph.records import INTENSITIES, Intensity, Persona
 
-INTENSITIES: tuple[str, ...] = ("zero", "weak", "strong")
 PROFILE_VERSION = 1
 PROFILE_SUFFIX = ".profile.yaml"
 
@@ -378,7 +377,7 @@ def _resolve(expr: Any, scenario: ir.Scenario) -> Any:
         updates["operands"] = [_resolve(o, scenario) for o in expr.operands]
     elif isinstance(expr, ir.Call):
         updates["args"] = [_resolve(a, scenario) for a in expr.args]
-    elif isinstance(expr, ir.Case):
+    elif isinstance(expr, ir.CaseExpr):
         updates["arms"] = [ir.CaseArm(when=_resolve(a.when, scenario), then=_resolve(a.then, scenario),
                                       span=a.span) for a in expr.arms]
         updates["otherwise"] = _resolve(expr.otherwise, scenario)
@@ -400,7 +399,7 @@ def _relocate(expr: Any, span: ir.Span) -> Any:
         updates["operands"] = [_relocate(o, span) for o in expr.operands]
     elif isinstance(expr, ir.Call):
         updates["args"] = [_relocate(a, span) for a in expr.args]
-    elif isinstance(expr, ir.Case):
+    elif isinstance(expr, ir.CaseExpr):
         updates["arms"] = [ir.CaseArm(when=_relocate(a.when, span), then=_relocate(a.then, span), span=span)
                            for a in expr.arms]
         updates["otherwise"] = _relocate(expr.otherwise, span)

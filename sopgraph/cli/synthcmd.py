@@ -12,29 +12,14 @@ from sopgraph.cases.profiles import (
     default_profile,
     load_profile,
     parse_profile,
-    profile_json_schema,
     profile_path_for,
     sop_path_for,
 )
 from sopgraph.cases.scaffold import InitError, scaffold
 from sopgraph.cases.synth import SynthError, parse_mix, plan, profile_diagnostics, synthesize
 from sopgraph.language.diagnostics import SopError
-from sopgraph.language.schema import REGISTRY, register_schema
 
 from .params import fail, load_or_exit, sop_file
-
-
-def _register_profile_schema() -> None:
-    """`sop schema profile`: the profile file's JSON Schema (built lazily, on request)."""
-    if "profile" not in REGISTRY:
-        def factory(_scenario: object) -> dict:
-
-            return profile_json_schema()
-
-        register_schema("profile", factory, description="a user profile file (<scenario>.profile.yaml)")
-
-
-_register_profile_schema()
 
 
 def _load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):

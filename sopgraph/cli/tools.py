@@ -9,12 +9,17 @@ from typing import Any
 
 import click
 
+from sopgraph.cases.profiles import profile_json_schema
 from sopgraph.language.render import RenderError, format_for, render
-from sopgraph.language.schema import REGISTRY, SchemaError, get_schema, schema_names
+from sopgraph.language.schema import BUILTIN_SCHEMAS, SchemaEntry, SchemaError
 from sopgraph.records import Case
 from sopgraph.simulation import prompts
 
 from .params import fail, load_or_exit, sop_file, write_output
+
+# `sop schema` serves the language's schemas plus the profile file's, which the cases layer owns.
+SCHEMAS = BUILTIN_SCHEMAS.with_entries(
+    SchemaEntry("profile", "a user profile file (<scenario>.profile.yaml)", lambda _s: profile_json_schema()))
 
 ROLES = ("agent", "user", "judge")
 
@@ -175,15 +180,15 @@ def schema_cmd(name: str | None, file: Path | None, out: Path | None) -> None:
     """Print a JSON Schema: NAME is ir, a record (case, turn, ...) or a per-scenario schema
     (agent-output, judge-output) generated from FILE. Without NAME, list the names."""
     if name is None:
-        width = max(len(n) for n in schema_names())
-        for n in schema_names():
-            entry = REGISTRY[n]
+        width = max(len(n) for n in SCHEMAS.names())
+        for n in SCHEMAS.names():
+            entry = SCHEMAS.entries[n]
             needs = "  [needs FILE]" if entry.needs_scenario else ""
             click.echo(f"{n:<{width}}  {entry.description}{needs}")
         return
     scenario = load_or_exit(file) if file is not None else None
     try:
-        schema = get_schema(name, scenario)
+        schema = SCHEMAS.get(name, scenario)
     except SchemaError as exc:
         fail(str(exc))
     write_output(json.dumps(schema, indent=2, ensure_ascii=False) + "\n", out)

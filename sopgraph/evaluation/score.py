@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sopgraph.evaluation import stats
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
-from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Dialogue, Turn
+from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.store import RunStore, StoreError
 
 SCORE_VERSION = 1
@@ -53,7 +53,6 @@ DEFAULT_CHAT_WEIGHTS: dict[str, float] = {
     "instruction": 0.15,
 }
 
-INTENSITIES = ("zero", "weak", "strong")
 BUCKETS = ("resolvable", "must-escalate", "adversarial")
 TIER_NAMES = ("$", "$$", "$$$", "$$$$")
 

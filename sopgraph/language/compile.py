@@ -43,7 +43,7 @@ def reads(expr: Any) -> list[str]:
         elif isinstance(e, ir.Call):
             for a in e.args:
                 walk(a)
-        elif isinstance(e, ir.Case):
+        elif isinstance(e, ir.CaseExpr):
             for arm in e.arms:
                 walk(arm.when)
                 walk(arm.then)

@@ -8,11 +8,15 @@ output schema and path list are all derived from it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 IR_VERSION = 1
+
+
+_T = TypeVar("_T")
 
 
 class Span(BaseModel):
@@ -164,18 +168,20 @@ class CaseArm(Node):
     then: Expr
 
 
-class Case(Node):
+class CaseExpr(Node):
+    """`case when C -> V ... otherwise V`: the first arm whose condition holds gives the value."""
+
     kind: Literal["case"] = "case"
     arms: list[CaseArm]
     otherwise: Expr
 
 
 Expr = Annotated[
-    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | Case,
+    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr,
     Field(discriminator="kind"),
 ]
 
-for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, Case):
+for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr):
     _model.model_rebuild()
 
 
@@ -285,6 +291,18 @@ class Scenario(Node):
     files: list[str] = Field(default_factory=list)
     source_hash: str = ""
     _engine: object = PrivateAttr(default=None)  # the compiled engine, built on first use
+    # analyses built from this scenario (constraint space, path explorer), each with the signature of the
+    # declarations it was built from, so an in-place edit gets a fresh one; they live as long as the scenario
+    _analyses: dict[str, tuple[object, object]] = PrivateAttr(default_factory=dict)
+
+    def cached_analysis(self, key: str, signature: object, build: Callable[[], _T]) -> _T:
+        """The analysis `key` built by `build()`, reused while `signature` is unchanged."""
+        hit = self._analyses.get(key)
+        if hit is not None and hit[0] == signature:
+            return hit[1]  # type: ignore[return-value]
+        value = build()
+        self._analyses[key] = (signature, value)
+        return value
 
     @property
     def fields(self) -> list[Variable]:
@@ -358,7 +376,7 @@ def _show(e: object) -> tuple[str, int]:
         return f" {e.op} ".join(show(o, p + 1) for o in e.operands), p
     if isinstance(e, Call):
         return f"{e.func}({', '.join(show(a) for a in e.args)})", 9
-    if isinstance(e, Case):
+    if isinstance(e, CaseExpr):
         arms = " ".join(f"when {show(a.when)} -> {show(a.then)}" for a in e.arms)
         return f"case {{ {arms} otherwise -> {show(e.otherwise)} }}", 9
     return str(e), 9
@@ -385,7 +403,7 @@ def children(expr: Any) -> list[Any]:
         return list(expr.operands)
     if isinstance(expr, Call):
         return list(expr.args)
-    if isinstance(expr, Case):
+    if isinstance(expr, CaseExpr):
         out: list[Any] = []
         for arm in expr.arms:
             out += [arm.when, arm.then]

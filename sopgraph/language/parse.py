@@ -491,7 +491,7 @@ class _ToIR(Transformer):
 
     def case_expr(self, meta, children):
         *arms, otherwise = children
-        return ir.Case(arms=arms, otherwise=otherwise, span=self.sp(meta))
+        return ir.CaseExpr(arms=arms, otherwise=otherwise, span=self.sp(meta))
 
     def case_arm(self, meta, children):
         return ir.CaseArm(when=children[0], then=children[1], span=self.sp(meta))
@@ -939,7 +939,7 @@ def _resolve_names(scenario: ir.Scenario) -> None:
             expr.operands = [fix(o) for o in expr.operands]
         elif isinstance(expr, ir.Call):
             expr.args = [fix(a) for a in expr.args]
-        elif isinstance(expr, ir.Case):
+        elif isinstance(expr, ir.CaseExpr):
             for arm in expr.arms:
                 arm.when = fix(arm.when)
                 arm.then = fix(arm.then)

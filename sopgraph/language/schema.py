@@ -4,7 +4,7 @@ The agent's reply schema is generated from the `.sop`, so it is exact per scenar
 every classification field, the stage ids of `now_path`, the action names and every declared output.
 `validate_agent_output` checks a reply against it without third-party packages (the format-error rate
 counts replies it rejects). A registry maps schema names to factories so that other modules can add
-their own record schemas (`register_schema("profile", ...)`).
+their own record schemas (`BUILTIN_SCHEMAS.with_entries(...)`, as the CLI does for profiles).
 """
 
 from __future__ import annotations
@@ -274,22 +274,10 @@ class SchemaEntry:
     needs_scenario: bool = False
 
 
-REGISTRY: dict[str, SchemaEntry] = {}
-
-
-def register_schema(name: str, factory: Callable[[ir.Scenario | None], dict[str, Any]], *,
-                    description: str = "", needs_scenario: bool = False, replace: bool = False) -> None:
-    """Add a named schema. `factory(scenario)` returns the schema (scenario is None unless
-    `needs_scenario`). Names are unique unless `replace`."""
-    if name in REGISTRY and not replace:
-        raise ValueError(f"schema `{name}` is already registered")
-    REGISTRY[name] = SchemaEntry(name, description, factory, needs_scenario)
-
-
-def register_model(name: str, model: type[BaseModel], description: str = "") -> None:
-    """Register a pydantic model's JSON Schema under `name`."""
-    register_schema(name, lambda _s: model_schema(model), description=description or (model.__doc__ or "")
-                    .strip().split("\n")[0])
+def model_entry(name: str, model: type[BaseModel], description: str = "") -> SchemaEntry:
+    """A pydantic model's JSON Schema as a catalogue entry."""
+    return SchemaEntry(name, description or (model.__doc__ or "").strip().split("\n")[0],
+                       lambda _s: model_schema(model))
 
 
 def model_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -300,22 +288,33 @@ class SchemaError(Exception):
     """Unknown schema name, or a per-scenario schema asked for without a scenario."""
 
 
-def get_schema(name: str, scenario: ir.Scenario | None = None) -> dict[str, Any]:
-    entry = REGISTRY.get(name)
-    if entry is None:
-        raise SchemaError(f"unknown schema `{name}` (known: {', '.join(schema_names())})")
-    if entry.needs_scenario and scenario is None:
-        raise SchemaError(f"schema `{name}` is generated from a scenario: give a .sop FILE")
-    return entry.factory(scenario)
+@dataclass(frozen=True)
+class SchemaCatalog:
+    """Named schemas (`sop schema NAME`). Immutable: a layer that owns more schemas (profiles live in
+    `sopgraph.cases`) builds an extended catalogue with `with_entries` instead of editing a global."""
+
+    entries: Mapping[str, SchemaEntry]
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    def get(self, name: str, scenario: ir.Scenario | None = None) -> dict[str, Any]:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise SchemaError(f"unknown schema `{name}` (known: {', '.join(self.names())})")
+        if entry.needs_scenario and scenario is None:
+            raise SchemaError(f"schema `{name}` is generated from a scenario: give a .sop FILE")
+        return entry.factory(scenario)
+
+    def with_entries(self, *entries: SchemaEntry) -> SchemaCatalog:
+        clash = [e.name for e in entries if e.name in self.entries]
+        if clash:
+            raise ValueError(f"schema `{clash[0]}` is already in the catalogue")
+        return SchemaCatalog({**self.entries, **{e.name: e for e in entries}})
 
 
-def schema_names() -> list[str]:
-    return sorted(REGISTRY)
-
-
-def _register_builtins() -> None:
-
-    register_model("ir", ir.Scenario, "the IR of a loaded .sop program (sopgraph.language.ir.Scenario)")
+def _builtin_catalog() -> SchemaCatalog:
+    entries = [model_entry("ir", ir.Scenario, "the IR of a loaded .sop program (sopgraph.language.ir.Scenario)")]
     for name, model, text in (
         ("case", records.Case, "a synthesized test case (cases.jsonl line)"),
         ("persona", records.Persona, "how a simulated customer behaves"),
@@ -326,12 +325,29 @@ def _register_builtins() -> None:
         ("judgment", records.Judgment, "one judge's labels, chat scores and reasons for a turn"),
         ("consensus", records.Consensus, "majority-vote labels of a judged turn"),
     ):
-        register_model(name, model, text)
-    register_schema("agent-output", lambda s: agent_output_schema(s),  # type: ignore[arg-type]
-                    description="the agent's per-turn JSON reply, exact for one scenario", needs_scenario=True)
-    register_schema("judge-output", lambda s: judge_output_schema(s),  # type: ignore[arg-type]
-                    description="a judge's JSON reply (labels, scores, reasons) for one scenario",
-                    needs_scenario=True)
+        entries.append(model_entry(name, model, text))
+    entries.append(SchemaEntry("agent-output", "the agent's per-turn JSON reply, exact for one scenario",
+                               _per_scenario(agent_output_schema), needs_scenario=True))
+    entries.append(SchemaEntry("judge-output", "a judge's JSON reply (labels, scores, reasons) for one scenario",
+                               _per_scenario(judge_output_schema), needs_scenario=True))
+    return SchemaCatalog({e.name: e for e in entries})
 
 
-_register_builtins()
+def _per_scenario(build: Callable[[ir.Scenario], dict[str, Any]]) -> Callable[[ir.Scenario | None], dict[str, Any]]:
+    def factory(scenario: ir.Scenario | None) -> dict[str, Any]:
+        if scenario is None:  # SchemaCatalog.get refuses this before calling
+            raise SchemaError("this schema is generated from a scenario: give a .sop FILE")
+        return build(scenario)
+    return factory
+
+
+BUILTIN_SCHEMAS = _builtin_catalog()
+
+
+def get_schema(name: str, scenario: ir.Scenario | None = None) -> dict[str, Any]:
+    """A schema of the built-in catalogue."""
+    return BUILTIN_SCHEMAS.get(name, scenario)
+
+
+def schema_names() -> list[str]:
+    return BUILTIN_SCHEMAS.names()

@@ -383,7 +383,7 @@ class _Typer:
             return ir.BoolType(span=e.span)
         if isinstance(e, ir.Call):
             return self.call(e)
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             return self.case(e)
         return None
 
@@ -424,7 +424,7 @@ class _Typer:
             hi = None if None in his else max(his)  # type: ignore[type-var]
         return _num(kind, lo, hi)
 
-    def case(self, e: ir.Case) -> _Ty:
+    def case(self, e: ir.CaseExpr) -> _Ty:
         for arm in e.arms:
             self.expect_bool(arm.when, "`when` needs a condition, but")
         exprs = [arm.then for arm in e.arms] + [e.otherwise]

@@ -1683,7 +1683,7 @@ class _Compiler:
                         new.append((mk_and(sp, [g, self.compare(v2, op, v1, False)]), v1))
                 cur = new
             return cur
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             out = []
             prefix: list[Formula] = []
             for arm in e.arms:
@@ -1816,8 +1816,6 @@ def _expr_of(space: Space, v: Val) -> Any:
 # ---------------------------------------------------------------------------------------------
 # Public functions
 
-_SPACES: dict[int, tuple[ir.Scenario, tuple, Space]] = {}
-
 
 def variables_signature(scenario: ir.Scenario) -> tuple:
     """What a Space depends on: the variables' names, roles, types and derived expressions (so a
@@ -1836,18 +1834,8 @@ def variables_signature(scenario: ir.Scenario) -> tuple:
 
 
 def space_for(scenario: ir.Scenario) -> Space:
-    """The scenario's analysis space (built once per scenario object and variable declarations;
-    a few are kept)."""
-    sig = variables_signature(scenario)
-    hit = _SPACES.get(id(scenario))
-    if hit is not None and hit[0] is scenario and hit[1] == sig:
-        return hit[2]
-    sp = Space(scenario)
-    _SPACES.pop(id(scenario), None)
-    if len(_SPACES) >= 8:
-        _SPACES.pop(next(iter(_SPACES)))
-    _SPACES[id(scenario)] = (scenario, sig, sp)
-    return sp
+    """The scenario's analysis space, built once per scenario and set of variable declarations."""
+    return scenario.cached_analysis("space", variables_signature(scenario), lambda: Space(scenario))
 
 
 def full_box(scenario: ir.Scenario) -> Box:

@@ -139,7 +139,7 @@ class Interpreter:
             if e.func == "count":
                 return sum(1 for a in args if a)
             return min(args) if e.func == "min" else max(args)
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             for arm in e.arms:
                 if self.eval(arm.when):
                     return self.eval(arm.then)
@@ -317,7 +317,7 @@ class _Gen:
             if e.func == "count":
                 return "(" + " + ".join(f"(1 if {a} else 0)" for a in args) + ")"
             return f"{e.func}({', '.join(args)})"
-        if isinstance(e, ir.Case):
+        if isinstance(e, ir.CaseExpr):
             code = self.expr(e.otherwise)
             for arm in reversed(e.arms):
                 code = f"({self.expr(arm.then)} if {self.expr(arm.when)} else {code})"

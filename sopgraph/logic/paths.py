@@ -50,7 +50,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
-from sopgraph.logic.domain import Box, Formula, Space, space_for
+from sopgraph.logic.domain import Box, Formula, Space, space_for, variables_signature
 from sopgraph.logic.engine import DecideError, Interpreter, interpret
 
 Region = tuple[Box, ...]
@@ -593,7 +593,6 @@ _DEFAULTS: dict[str, Any] = {
     "witness_finals": None, "boundary_witness": None, "boundary_finals": None,
 }
 
-_EXPLORERS: dict[int, tuple[ir.Scenario, tuple, Explorer]] = {}
 
 
 def _structure(scenario: ir.Scenario) -> tuple:
@@ -605,18 +604,9 @@ def _structure(scenario: ir.Scenario) -> tuple:
 
 
 def explorer_for(scenario: ir.Scenario) -> Explorer:
-    """The scenario's explorer (built once per scenario object and structure; a few are kept)."""
-    sig = _structure(scenario)
-    sp = space_for(scenario)
-    hit = _EXPLORERS.get(id(scenario))
-    if hit is not None and hit[0] is scenario and hit[1] == sig and hit[2].sp is sp:
-        return hit[2]
-    ex = Explorer(scenario)
-    _EXPLORERS.pop(id(scenario), None)
-    if len(_EXPLORERS) >= 8:
-        _EXPLORERS.pop(next(iter(_EXPLORERS)))
-    _EXPLORERS[id(scenario)] = (scenario, sig, ex)
-    return ex
+    """The scenario's explorer, built once per scenario and structure (and rebuilt with its space)."""
+    signature = (_structure(scenario), variables_signature(scenario))  # the space's signature too
+    return scenario.cached_analysis("explorer", signature, lambda: Explorer(scenario))
 
 
 def trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], list[int]]:

@@ -298,7 +298,7 @@ def _derived_lines(scenario: ir.Scenario) -> str:
     for var in scenario.derived:
         desc = " ".join(var.description.split())
         expr = var.expr
-        if isinstance(expr, ir.Case):
+        if isinstance(expr, ir.CaseExpr):
             lines.append(f"- {var.name}:" + (f" {desc}" if desc else ""))
             for arm in expr.arms:
                 lines.append(f"    - if {plain(arm.when, scenario)} → {ir.show(arm.then)}")
