@@ -23,7 +23,7 @@ def _value(v: Any) -> str:
 
 
 def _table(infos: list[Any], title: str) -> None:
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
     from rich.table import Table
 
     table = Table(title=title, show_lines=True)

@@ -16,7 +16,7 @@ from sopgraph.simulation.judge import parse_judge_turns
 from sopgraph.simulation.runner import RunError, rejudge, run
 from sopgraph.simulation.store import RunStore, StoreError
 
-from .params import fail
+from .params import fail, load_or_exit
 
 EXIT_INFRA = 3  # the run finished but some dialogues are infra failures (resume to retry them)
 
@@ -84,7 +84,6 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
             fail("missing --cases FILE")
         if out is None:
             fail("missing -o RUN_DIR")
-        from .params import load_or_exit
 
         load_or_exit(file)  # compiler-style diagnostics before anything starts
         scenario = file
@@ -182,7 +181,7 @@ def _render_summary(info: dict[str, Any], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(info, indent=2, ensure_ascii=False, sort_keys=True))
         return
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
     from rich.table import Table
 
     console = Console()

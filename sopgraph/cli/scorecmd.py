@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,7 @@ def _num(m: Any, digits: int = 0) -> str:
 
 
 def _console():
-    import shutil
-
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
 
     return Console(width=max(shutil.get_terminal_size((220, 40)).columns, 220), soft_wrap=False)
 
@@ -248,7 +247,7 @@ def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any
 
 
 def _file_console():
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
 
     return Console(width=220, record=True, file=io.StringIO(), soft_wrap=False)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from sopgraph.cases.profiles import profile_json_schema
 from sopgraph.language.render import RenderError, format_for, render
@@ -121,8 +122,6 @@ def prompt_cmd(file: Path, role: str, case_arg: str | None, case_id: str | None,
 
 
 def _read_case(arg: str, case_id: str | None):
-    from pydantic import ValidationError
-
 
     source = "--case"
     try:

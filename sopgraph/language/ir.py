@@ -19,6 +19,34 @@ IR_VERSION = 1
 _T = TypeVar("_T")
 
 
+
+class AnalysisCache:
+    """Analyses derived from a scenario. Derived data, not content: two scenarios compare equal whatever
+    their caches hold (pydantic compares private attributes)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[object, object]] = {}
+
+    def get_or_build(self, key: str, signature: object, build: Callable[[], _T]) -> _T:
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] == signature:
+            return hit[1]  # type: ignore[return-value]
+        value = build()
+        self._entries[key] = (signature, value)
+        return value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AnalysisCache)
+
+    def __copy__(self) -> AnalysisCache:
+        return AnalysisCache()  # a copied scenario may be edited: it builds its own analyses
+
+    def __deepcopy__(self, memo: dict[int, object]) -> AnalysisCache:
+        return AnalysisCache()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class Span(BaseModel):
     """A source region: 1-based line and column, end exclusive."""
 
@@ -291,18 +319,13 @@ class Scenario(Node):
     files: list[str] = Field(default_factory=list)
     source_hash: str = ""
     _engine: object = PrivateAttr(default=None)  # the compiled engine, built on first use
-    # analyses built from this scenario (constraint space, path explorer), each with the signature of the
-    # declarations it was built from, so an in-place edit gets a fresh one; they live as long as the scenario
-    _analyses: dict[str, tuple[object, object]] = PrivateAttr(default_factory=dict)
+    # analyses built from this scenario (constraint space, path explorer); see `cached_analysis`
+    _analyses: AnalysisCache = PrivateAttr(default_factory=lambda: AnalysisCache())
 
     def cached_analysis(self, key: str, signature: object, build: Callable[[], _T]) -> _T:
-        """The analysis `key` built by `build()`, reused while `signature` is unchanged."""
-        hit = self._analyses.get(key)
-        if hit is not None and hit[0] == signature:
-            return hit[1]  # type: ignore[return-value]
-        value = build()
-        self._analyses[key] = (signature, value)
-        return value
+        """The analysis `key` built by `build()`, reused while `signature` (what it was built from) is
+        unchanged, so an in-place edit of the IR gets a fresh one. It lives as long as the scenario."""
+        return self._analyses.get_or_build(key, signature, build)
 
     @property
     def fields(self) -> list[Variable]:

@@ -17,6 +17,7 @@ declared domain is an error, never a silent default.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -428,8 +429,6 @@ def _expanded_size(scenario: ir.Scenario) -> int | None:
 
     if scenario.start is None:
         return None
-    import sys
-
     if len(scenario.stages) > sys.getrecursionlimit() // 4:
         return None
     return size(scenario.start)

@@ -208,7 +208,7 @@ class _Progress:
         self._bar: Any = None
         if not enabled:
             return
-        from rich.console import Console
+        from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._bar = Progress(
