@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -65,6 +65,12 @@ DEFAULT_JUDGE_MODEL: Final = "scripted/truth"
 JUDGE_ROLES: Final = ("judge1", "judge2", "judge3")
 ROLE_NAMES: Final = ("agent", "user", "judge", *JUDGE_ROLES)
 
+DEFAULT_RETRIES: Final = 6
+DEFAULT_BASE_DELAY: Final = 1.0
+DEFAULT_MAX_DELAY: Final = 20.0
+"""Retry policy: waits of 0.5-1, 1-2, 2-4, 4-8, 8-16 and 10-20 s, i.e. 25-51 s in all, so a call
+rides out a local server restarting (tens of seconds). ``Gateway.retry_window()`` computes it."""
+
 CONTEXT_METADATA_KEY: Final = "sopgraph_context"
 """Built-in providers receive the context as ``metadata[CONTEXT_METADATA_KEY]`` of the litellm call."""
 
@@ -73,6 +79,55 @@ _log = logging.getLogger(__name__)
 
 AIOHTTP_PROVIDERS: Final = frozenset({"aiohttp_openai"})
 """litellm providers that call through an aiohttp session: the gateway gives them one per event loop."""
+
+
+# =========================================================================== preflight
+PREFLIGHT_PROMPT: Final = "sopgraph preflight: a one-call check that this model answers. Reply with OK."
+"""The one message of a preflight call (test servers recognise it by its first two words)."""
+_PREFLIGHT_SCHEMA: Final = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+async def preflight(gateway: Gateway, specs: Iterable[ModelSpec]) -> list[InfraFailure]:
+    """One uncached call per distinct non-built-in model, concurrently; the failures that doom a run.
+
+    Why: a missing key or an unknown provider would otherwise fail every dialogue of a run, after
+    retries. A server that answers garbage (``malformed``) passes: it is reachable and the run's own
+    checks will count its replies. A structured spec is checked with a small schema, so a server
+    rejecting ``json_schema`` is found (and, in ``auto`` mode, switched to ``json_object``) here."""
+    distinct: dict[str, ModelSpec] = {}
+    for spec in specs:
+        if not spec.is_builtin:
+            key = spec.model_dump_json(exclude={"role"})
+            distinct.setdefault(key, spec.model_copy(update={"cache": False}))
+
+    async def one(spec: ModelSpec) -> InfraFailure | None:
+        context = {"response_schema": _PREFLIGHT_SCHEMA, "response_schema_name": "preflight"}
+        try:
+            await gateway.complete(spec, [{"role": "user", "content": PREFLIGHT_PROMPT}], context=context)
+        except InfraFailure as exc:
+            return None if exc.kind == "malformed" else exc
+        return None
+
+    found = await asyncio.gather(*(one(s) for s in distinct.values()))
+    return [f for f in found if f is not None]
+
+
+def preflight_message(failure: InfraFailure) -> str:
+    """One line saying what is wrong with a model and what to do about it."""
+    who = f"{failure.role or 'model'} {failure.model}"
+    first = " ".join(failure.message.split(": ", 2)[-1].split())
+    if failure.kind == "auth":
+        return (f"{who}: authentication failed ({_short(first, 160)}); put the key in the environment "
+                "(e.g. OPENAI_API_KEY) or name its variable with api_key_env=VAR")
+    if "LLM Provider NOT provided" in failure.message:
+        provider = failure.model.split("/", 1)[0] if "/" in failure.model else failure.model
+        return (f"{who}: unknown provider {provider!r}; write PROVIDER/MODEL with a litellm provider "
+                "(openai/, anthropic/, ollama/, hosted_vllm/, aiohttp_openai/, ...) or a built-in "
+                "(baseline/..., scripted/...)")
+    if failure.kind in ("connection", "timeout"):
+        head = " ".join(failure.message.split(": ", 2)[1].split()) if failure.message.count(": ") >= 2 else ""
+        return f"{who}: {head or failure.kind}; is the server running and reachable? ({_short(first, 160)})"
+    return f"{who}: {_short(' '.join(failure.message.split()), 300)}"
 
 
 # =========================================================================== records
@@ -100,6 +155,10 @@ class ModelSpec(BaseModel):
     params: ModelParams = Field(default_factory=ModelParams)
     structured: bool = False
     """Ask for JSON-schema structured output (schema from ``context['response_schema']``)."""
+    structured_mode: Literal["auto", "json_schema", "json_object"] = "auto"
+    """How ``structured`` is asked for: ``json_schema`` (the schema itself), ``json_object`` (any JSON
+    object; for servers without schema support, e.g. llama.cpp's), or ``auto``: the schema, falling
+    back once to ``json_object`` when the server rejects ``json_schema`` (400/422/500) but takes that."""
     cache: bool | None = None
     """``None``: cache when temperature == 0; ``True``/``False`` forces it on/off."""
 
@@ -289,6 +348,8 @@ def parse_model_option(text: str) -> ModelSpec:
                 params[key] = int(value)
             elif key == "api_base":
                 params[key] = value
+            elif key == "structured" and value.lower() in ("auto", "json_schema", "json_object"):
+                flags["structured"], flags["structured_mode"] = True, value.lower()
             elif key in _BOOL_KEYS:
                 flags[key] = _parse_bool(value)
             else:
@@ -627,7 +688,7 @@ def _register_builtins(litellm: Any) -> None:
     """Register ``baseline/*`` and ``scripted/*`` as litellm custom providers, priced at zero."""
     from litellm.llms.custom_llm import CustomLLMError
 
-    class _BuiltinLLM(litellm.CustomLLM):  # type: ignore[misc,name-defined]
+    class _BuiltinLLM(litellm.CustomLLM):
         """Answers from ``sopgraph.simulation.providers`` using the context passed in the call's metadata."""
 
         def __init__(self, provider: str) -> None:
@@ -673,6 +734,10 @@ class _MalformedResponse(Exception):
 
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
+_MISSING_KEY: Final = re.compile(
+    r"(?i)missing credentials|api_key client option must be set|missing \w+ api key|no api key"
+    r"|incorrect api key|invalid api key|invalid x-api-key"
+)
 _AUTH_STATUS: Final = frozenset({401, 403})
 
 
@@ -732,6 +797,9 @@ def _classify(exc: BaseException) -> tuple[str, bool, int | None]:
     """(kind, retryable, status) for an exception raised while calling a provider."""
     if isinstance(exc, _MalformedResponse):
         return "malformed", True, None
+    if _MISSING_KEY.search(str(exc)):
+        # The SDK refused before any request (litellm reports it as a 500): retrying cannot help.
+        return "auth", False, 401
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return "timeout", True, None
     litellm = _LITELLM
@@ -746,6 +814,8 @@ def _classify(exc: BaseException) -> tuple[str, bool, int | None]:
     elif litellm is not None:
         if isinstance(exc, litellm.Timeout):
             return "timeout", True, status
+        if isinstance(exc, litellm.AuthenticationError):
+            return "auth", False, status
         if isinstance(exc, litellm.UnsupportedParamsError | litellm.ContextWindowExceededError):
             return "bad_request", False, status
         if isinstance(exc, litellm.APIConnectionError):
@@ -817,9 +887,9 @@ class Gateway:
         self,
         *,
         concurrency: int = 16,
-        max_retries: int = 4,
-        base_delay: float = 0.5,
-        max_delay: float = 30.0,
+        max_retries: int = DEFAULT_RETRIES,
+        base_delay: float = DEFAULT_BASE_DELAY,
+        max_delay: float = DEFAULT_MAX_DELAY,
         default_timeout: float = 120.0,
         cache: bool = True,
         cache_dir: str | Path | None = None,
@@ -845,6 +915,9 @@ class Gateway:
         self._session: Any = None  # aiohttp.ClientSession of ``_session_loop`` (aiohttp_openai/)
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._session_keeper: AsyncIterator[None] | None = None
+        self._no_json_schema: set[tuple[str, str]] = set()
+        self.notes: list[str] = []
+        """Things a run should record, e.g. a structured-output fallback (one line each)."""
 
     # ------------------------------------------------------------------ public
     @property
@@ -967,6 +1040,17 @@ class Gateway:
             return spec.cache
         return spec.params.temperature == 0
 
+    def retry_window(self) -> tuple[float, float]:
+        """(shortest, longest) total wait over all retries of one call, without ``Retry-After``."""
+        ceilings = [min(self.max_delay, self.base_delay * (2**i)) for i in range(self.max_retries)]
+        return sum(c / 2 for c in ceilings), sum(ceilings)
+
+    def uses_json_object(self, spec: ModelSpec) -> bool:
+        """Whether ``spec``'s structured output must be asked as ``json_object`` (set, or learnt)."""
+        if spec.structured_mode == "json_object":
+            return True
+        return spec.structured_mode == "auto" and _schema_key(spec) in self._no_json_schema
+
     def _call_kwargs(
         self, spec: ModelSpec, messages: list[dict[str, Any]], context: Mapping[str, Any] | None
     ) -> dict[str, Any]:
@@ -1004,7 +1088,7 @@ class Gateway:
             kwargs["metadata"] = {CONTEXT_METADATA_KEY: _plain(context or {})}
         elif spec.structured:
             schema = (context or {}).get("response_schema")
-            if isinstance(schema, Mapping):
+            if isinstance(schema, Mapping) and not self.uses_json_object(spec):
                 name = str((context or {}).get("response_schema_name") or "response")
                 kwargs["response_format"] = {
                     "type": "json_schema",
@@ -1030,9 +1114,12 @@ class Gateway:
         )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        """Exponential backoff with full jitter, at least ``Retry-After`` (both capped by ``max_delay``)."""
+        """Exponential backoff with equal jitter, at least ``Retry-After`` (both capped by ``max_delay``).
+
+        Why equal jitter (half fixed, half random) rather than full: the retries must ride out a
+        server restart of tens of seconds, so the window has a floor (see ``retry_window``)."""
         ceiling = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
-        delay = self._rng.uniform(0.0, ceiling)
+        delay = self._rng.uniform(ceiling / 2, ceiling)
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.max_delay))
         return delay
@@ -1054,6 +1141,8 @@ class Gateway:
         if spec.provider in AIOHTTP_PROVIDERS and "client" not in kwargs:
             kwargs = {**kwargs, "client": await self._aiohttp_session()}
             guard = timeout
+        fallback_tried = False
+        schema_format: Any = kwargs.get("response_format")
         while True:
             attempts += 1
             self._stats.attempts += 1
@@ -1064,15 +1153,25 @@ class Gateway:
                 else:
                     async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
                         response = await litellm.acompletion(**kwargs)
-                return self._to_completion(spec, response, attempts, started, secrets)
+                completion = self._to_completion(spec, response, attempts, started, secrets)
+                if fallback_tried and _format_type(kwargs) == "json_object":
+                    self._learn_no_json_schema(spec)
+                return completion
             except Exception as exc:  # noqa: BLE001 - every provider failure is classified below
                 kind, retryable, status = _classify(exc)
+                if fallback_tried and _format_type(kwargs) == "json_object":
+                    kwargs = {**kwargs, "response_format": schema_format}  # not the cause: back to the schema
+                elif not fallback_tried and _schema_rejected(spec, kwargs, kind, status):
+                    # A server without json_schema support (llama.cpp answers 500): try json_object once.
+                    fallback_tried = True
+                    kwargs = {**kwargs, "response_format": {"type": "json_object"}}
+                    continue
                 if not retryable or attempts > self.max_retries:
                     self._stats.failures += 1
                     detail = redact(_short(str(exc) or type(exc).__name__), secrets)
                     what = f"after {attempts} attempts" if retryable else "(not retryable)"
                     raise InfraFailure(
-                        f"{spec.role or 'model'} {spec.model}: {kind} {what}: {detail}",
+                        f"{spec.role or 'model'} {spec.model}: {kind} {what}{_where(spec, kind)}: {detail}",
                         kind=kind,
                         role=spec.role,
                         model=spec.model,
@@ -1082,6 +1181,17 @@ class Gateway:
                     ) from None
                 self._stats.retries += 1
                 await asyncio.sleep(self._backoff(attempts, _retry_after(exc)))
+
+    def _learn_no_json_schema(self, spec: ModelSpec) -> None:
+        key = _schema_key(spec)
+        if key in self._no_json_schema:
+            return
+        self._no_json_schema.add(key)
+        where = f" at {key[1]}" if key[1] else ""
+        self.notes.append(
+            f"structured output: {spec.model}{where} rejected response_format json_schema but accepts "
+            "json_object; its calls use json_object from now on (set structured=json_object to skip the check)"
+        )
 
     def _to_completion(
         self, spec: ModelSpec, response: Any, attempts: int, started: float, secrets: list[str]
@@ -1133,6 +1243,33 @@ class Gateway:
             return float(litellm.completion_cost(completion_response=response, model=spec.model)), True
         except Exception:  # noqa: BLE001 - an unpriced model is not an error
             return 0.0, False
+
+
+def _schema_key(spec: ModelSpec) -> tuple[str, str]:
+    return spec.model, _sanitize_url(spec.params.api_base) or ""
+
+
+def _format_type(kwargs: Mapping[str, Any]) -> str | None:
+    fmt = kwargs.get("response_format")
+    return fmt.get("type") if isinstance(fmt, Mapping) else None
+
+
+def _schema_rejected(spec: ModelSpec, kwargs: Mapping[str, Any], kind: str, status: int | None) -> bool:
+    """Whether a failure may be the server refusing ``json_schema`` (worth one ``json_object`` try)."""
+    return (
+        spec.structured_mode == "auto"
+        and _format_type(kwargs) == "json_schema"
+        and kind in ("bad_request", "server_error")
+        and status in (400, 422, 500)
+    )
+
+
+def _where(spec: ModelSpec, kind: str) -> str:
+    """`` at API_BASE`` for failures to reach a server, so the message says which one."""
+    if kind not in ("connection", "timeout"):
+        return ""
+    base = _sanitize_url(spec.params.api_base)
+    return f" at {base}" if base else " at the provider's default endpoint"
 
 
 async def _close_at_loop_end(session: Any) -> AsyncIterator[None]:

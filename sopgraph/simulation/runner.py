@@ -64,9 +64,11 @@ from sopgraph.simulation.gateway import (
     RoleSet,
     load_litellm,
     network_used,
+    preflight_message,
     redact,
     roles_from_options,
 )
+from sopgraph.simulation.gateway import preflight as check_models
 from sopgraph.simulation.judge import (
     DEFAULT_JUDGE_TURNS,
     Ensemble,
@@ -280,6 +282,7 @@ async def run(
     gateway: Any = None,
     gateway_options: Mapping[str, Any] | None = None,
     workers: int = 1,
+    preflight: bool = True,
 ) -> RunSummary:
     """Run (or resume) an evaluation into `out_dir` and return its summary.
 
@@ -287,7 +290,10 @@ async def run(
     `scripted/user`, judges 3 × `scripted/truth`). With `resume=True` only `out_dir` matters: the
     stored config is used (`concurrency`, `progress`, `gateway`, `workers` may still be given).
     `workers > 1` runs the dialogues in that many processes (concurrency split between them; see the
-    module docstring); it cannot be combined with a `gateway` instance."""
+    module docstring); it cannot be combined with a `gateway` instance. `preflight` makes one call per
+    distinct non-built-in model before anything is created (see `gateway.preflight`): a missing key,
+    an unknown provider or an unreachable server is a `RunError` at once, and a server that rejects
+    `json_schema` structured output is switched to `json_object` (noted in the run)."""
     started = time.perf_counter()
     if workers < 1:
         raise RunError("workers must be >= 1")
@@ -307,6 +313,13 @@ async def run(
         except StoreError as exc:
             raise RunError(str(exc)) from None
         roles = _roles_from_meta(meta.get("models") or {})
+        if preflight:
+            try:
+                roles, notes = await _preflight(roles, gateway, config.get("gateway") or {})
+            except RunError:
+                store.close()
+                raise
+            warnings += notes
         trials = int(config.get("trials", 1))
         max_turns = int(config.get("max_turns", 15))
         spec = parse_judge_turns(config.get("judge_turns"))
@@ -328,6 +341,12 @@ async def run(
         except ValueError as exc:
             raise RunError(str(exc)) from None
         gateway_options = dict(gateway_options or {})
+        if structured and roles.agent is not None and not roles.agent.structured:
+            roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
+        notes: list[str] = []
+        if preflight:
+            roles, notes = await _preflight(roles, gateway, gateway_options)
+        warnings += notes
         config = {
             "scenario_path": None if isinstance(scenario_path, ir.Scenario) else str(scenario_path),
             "cases_path": str(cases_path) if isinstance(cases_path, str | Path) else None,
@@ -342,6 +361,7 @@ async def run(
             "judgment_sets": {DEFAULT_SET: {"models": {r: models_meta[r]["model"] for r in
                                                        ("judge1", "judge2", "judge3")},
                                             "judge_turns": judge_turns_text(spec)}},
+            "notes": notes,
         }
         try:
             store = RunStore.create(out_dir, meta)
@@ -368,6 +388,27 @@ async def run(
                               started=started, warnings=warnings, selfpref=selfpref, workers=workers)
     finally:
         store.close()
+
+
+async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any]) -> tuple[RoleSet, list[str]]:
+    """Check every distinct non-built-in model with one call; (roles, notes) or `RunError` (one line)."""
+    if all(spec.is_builtin for spec in roles.all()):
+        return roles, []
+    own = gateway is None
+    gw = _make_gateway(8, {**options, "cache": False}) if own else gateway
+    try:
+        failures = await check_models(gw, roles.all())
+    finally:
+        if own:
+            await gw.aclose()
+    if failures:
+        raise RunError("model check failed, nothing was run: "
+                       + "; ".join(dict.fromkeys(preflight_message(f) for f in failures)))
+    notes = list(dict.fromkeys(gw.notes))
+    agent = roles.agent
+    if agent is not None and agent.structured and agent.structured_mode == "auto" and gw.uses_json_object(agent):
+        roles = roles.model_copy(update={"agent": agent.model_copy(update={"structured_mode": "json_object"})})
+    return roles, notes
 
 
 def _load(path: str | Path | None) -> ir.Scenario:
@@ -471,6 +512,10 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
             bar.close()
             if own:
                 await gateway.aclose()
+        learnt = [n for n in getattr(gateway, "notes", []) if n not in warnings]
+        if learnt:
+            warnings += learnt
+            store.set_meta("notes", [*(store.meta().get("notes") or []), *learnt])
     return _summary(store, ran=len(todo), skipped=skipped, elapsed_s=round(time.perf_counter() - started, 3),
                     self_preference=selfpref, warnings=warnings)
 
