@@ -28,7 +28,11 @@ EXIT_INFRA = 3  # the run finished but some dialogues are infra failures (resume
 
 _format = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
                        help="Summary as a rich table or as JSON.")
-_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress display (same as --progress never).")
+_progress = click.option(
+    "--progress", "progress", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+    help="auto: a bar when stderr is a terminal; always: also in logs (nohup, redirects), as one plain "
+         "line per update; never: none. Tokens and cost update after every model call.")
 
 
 def _model_options(values: tuple[str, ...]) -> list[Any]:
@@ -73,11 +77,12 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
                    "structured output).")
 @click.option("--no-cache", is_flag=True, help="Do not use the response cache.")
 @_quiet
+@_progress
 @_format
 def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], trials: int, concurrency: int,
             max_turns: int, workers: int, judge_turns: str, structured: bool, out: Path | None, resume_dir: Path | None,
             retries: int, retry_delay: float, retry_max_delay: float, no_preflight: bool, no_cache: bool,
-            quiet: bool, fmt: str) -> None:
+            quiet: bool, progress: str, fmt: str) -> None:
     """Simulate dialogues of FILE's cases with the agent under test, judge them, store the run.
 
     Exit status: 0 all dialogues done, 1 usage or input error, 3 some dialogues failed for
@@ -114,7 +119,8 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         target = out
     try:
         summary = asyncio.run(run(scenario, cases, specs, target, concurrency=concurrency, workers=workers,
-                                  progress=False if quiet else None, preflight=not no_preflight, **kwargs))
+                                  progress="never" if quiet else progress, preflight=not no_preflight,
+                                  **kwargs))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -134,9 +140,10 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--replace", is_flag=True, help="Start the judgment set over if it exists.")
 @_quiet
+@_progress
 @_format
 def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judge_turns: str | None,
-              concurrency: int, replace: bool, quiet: bool, fmt: str) -> None:
+              concurrency: int, replace: bool, quiet: bool, progress: str, fmt: str) -> None:
     """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls)."""
     specs = _model_options(models)
     bad = [s.role for s in specs if not s.role.startswith("judge")]
@@ -144,7 +151,8 @@ def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judg
         fail(f"sop judge takes judge models only (got {', '.join(bad)})")
     try:
         summary = asyncio.run(rejudge(run_dir, specs, judgment_set=set_name, judge_turns=judge_turns,
-                                      concurrency=concurrency, replace=replace, progress=False if quiet else None))
+                                      concurrency=concurrency, replace=replace,
+                                      progress="never" if quiet else progress))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     _render_summary(summary.model_dump(), fmt)

@@ -24,7 +24,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final, Literal
@@ -917,9 +917,22 @@ class Gateway:
         self._session_keeper: AsyncIterator[None] | None = None
         self._no_json_schema: set[tuple[str, str]] = set()
         self.notes: list[str] = []
+        self._listeners: list[Callable[[Gateway], None]] = []
         """Things a run should record, e.g. a structured-output fallback (one line each)."""
 
     # ------------------------------------------------------------------ public
+    def add_listener(self, fn: Callable[[Gateway], None]) -> None:
+        """Call ``fn(gateway)`` after every answered call (e.g. a progress display reading ``stats``)."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Gateway], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(fn)
+
+    def _notify(self) -> None:
+        for fn in list(self._listeners):
+            fn(self)
+
     @property
     def stats(self) -> GatewayStats:
         """A snapshot of the running totals."""
@@ -947,6 +960,7 @@ class Gateway:
             hit = self.cache.get(key)
             if hit is not None:
                 self._stats.cache_hits += 1
+                self._notify()
                 return Completion(
                     text=hit.text,
                     model=spec.model,
@@ -960,6 +974,7 @@ class Gateway:
                     finish_reason=hit.finish_reason,
                 )
         completion = await self._call_with_retries(spec, kwargs, started)
+        self._notify()
         if key is not None:
             self.cache.put(
                 key,
