@@ -1,5 +1,5 @@
 # Two entry points, each a single command on a fresh machine with Python 3.11:
-#   make demo   — set up (venv, package, graphviz) and run the offline demo
+#   make demo   — set up (venv, package, graphviz, fonts) and run the offline demo
 #   make test   — set up (plus test tools, chromium) and run the test suite
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 .PHONY: setup demo test lint bench clean
 
 $(BIN)/sop: pyproject.toml
-	bash .ci/system-deps graphviz
+	bash .ci/system-deps graphviz fonts-liberation fonts-wqy-microhei
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -20,7 +20,7 @@ demo: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
 test: setup
-	bash .ci/system-deps chromium
+	bash .ci/system-deps chromium fonts-liberation fonts-wqy-microhei
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 

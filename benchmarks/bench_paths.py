@@ -123,15 +123,13 @@ def bench_count(stages: int, quick: bool = False) -> None:
               f"stage sequences, {states:,} DP states in {(time.perf_counter() - t0) * 1000:.1f} ms")
 
 
-def fresh_caches() -> None:
-    """Drop the memos of earlier sections: their millions of live objects would make the garbage
-    collector slow down whatever runs next."""
+def fresh_caches(*scenarios: ir.Scenario) -> None:
+    """Drop the memos of earlier sections (they live on their scenarios): their millions of live objects
+    would make the garbage collector slow down whatever runs next."""
     import gc
 
-    from sopgraph.logic import domain, paths
-
-    domain._SPACES.clear()
-    paths._EXPLORERS.clear()
+    for sc in scenarios:
+        sc._analyses = ir.AnalysisCache()
     gc.collect()
 
 
@@ -142,13 +140,13 @@ def bench_enumerate(kind: str, stages: int, seed: int) -> float:
     t0 = time.perf_counter()
     ours = set(iter_decisions(sc))
     t_ours = time.perf_counter() - t0
-    fresh_caches()
+    fresh_caches(sc)
     sc2 = load(text)  # fresh scenario object: no shared memo with the run above
     t0 = time.perf_counter()
     naive, graph_paths = naive_paths(sc2)
     t_naive = time.perf_counter() - t0
     assert ours == naive, (len(ours), len(naive))
-    fresh_caches()
+    fresh_caches(sc2)
     sc3 = load(text)
     t0 = time.perf_counter()
     n_records = sum(1 for _ in iter_paths(sc3, witnesses=False))

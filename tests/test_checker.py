@@ -28,7 +28,7 @@ from sopgraph.logic.checker import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_FLOW = tuple(p for p in PASSES if p.name != "flow")
+NO_FLOW = tuple(p for p in PASSES if p.name not in ("flow", "output ranges"))
 
 HEAD = """
 field EmotionTag: Calm | Discontent
@@ -379,7 +379,8 @@ def test_missing_descriptions_are_warnings() -> None:
 
 def test_passes_are_ordered_named_and_easy_to_extend() -> None:
     names = [p.name for p in PASSES]
-    assert names == ["declarations", "targets", "types", "structure", "unused", "descriptions", "flow"]
+    assert names == ["declarations", "targets", "types", "structure", "unused", "descriptions", "flow",
+                     "output ranges"]
     s = scenario("stage s { -> do Help }")
 
     def extra(sc: ir.Scenario, graph) -> list[Diagnostic]:
@@ -419,7 +420,7 @@ def test_every_code_used_is_registered() -> None:
 
     source = "".join((ROOT / "sopgraph" / f).read_text()
                      for f in ("logic/checker.py", "language/parse.py", "logic/flow.py", "cases/profiles.py",
-                               "cases/synth.py"))
+                               "cases/synth.py", "logic/ranges.py"))
     used = set(re.findall(r'"([EW]\d{3})"', source))
     assert used <= set(CODES), used - set(CODES)
 
@@ -561,3 +562,54 @@ def test_cli_several_files(tmp_path: Path) -> None:
     assert res.output.rstrip().endswith("3 files: 2 errors, 0 warnings (failed)")
     only_good = CliRunner().invoke(main, ["check", "--format", "json", str(good)])
     assert only_good.exit_code == 0 and json.loads(only_good.output) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Output ranges (E204 for assignments that some values drive outside the declared range)
+
+FEE_HEAD = """
+field Reason: Sick | Other "why"
+system NightlyRate: int[0..) "rate"
+system Nights: int[1..10] "nights"
+output Fee: float[0..) "fee"
+output Share: float[0..1] = 0 "share"
+action PartialRefund "part" [moves_money]
+action FullRefund "all" [moves_money]
+"""
+
+
+@pytest.mark.parametrize("assign, out", [
+    ("Fee = NightlyRate - 500", "Fee"),
+    ("Share = Nights / 5", "Share"),
+    ("Fee = case { when Nights > 8 -> 0 - NightlyRate otherwise -> NightlyRate }", "Fee"),
+])
+def test_an_assignment_that_can_leave_its_range_is_reported_with_a_verified_witness(assign: str, out: str) -> None:
+    s = sopgraph.load(text=FEE_HEAD + "stage s1 { match Reason { Sick -> do FullRefund\n"
+                      f"  Other -> do PartialRefund {{ {assign} }} }} }}", check=False)
+    e204 = only(check(s), "E204")
+    assert f"of output `{out}`" in e204.message and e204.witness is not None
+    assert e204.span is not None and e204.span.line == 10
+    with pytest.raises(sopgraph.DecideError) as refused:  # the witness really is refused by the engine
+        sopgraph.decide(s, e204.witness)
+    assert refused.value.output == out
+    assert any("the engine computes" in n for n in e204.notes)
+
+
+@pytest.mark.parametrize("assign", [
+    "Fee = max(0, NightlyRate - 500)",
+    "Fee = NightlyRate * Nights",
+    "Share = Nights / 10",
+])
+def test_assignments_that_stay_in_range_are_clean(assign: str) -> None:
+    s = sopgraph.load(text=FEE_HEAD + "stage s1 { match Reason { Sick -> do FullRefund\n"
+                      f"  Other -> do PartialRefund {{ {assign} }} }} }}", check=False)
+    assert "E204" not in codes(check(s))
+
+
+def test_a_guard_that_rules_out_the_bad_values_keeps_the_assignment_clean() -> None:
+    guarded = "stage s1 { when NightlyRate >= 500 -> do PartialRefund { Fee = NightlyRate - 500 }\n" \
+              "  otherwise -> do FullRefund }"
+    assert "E204" not in codes(check(sopgraph.load(text=FEE_HEAD + guarded, check=False)))
+    unguarded = guarded.replace(">= 500", ">= 400")
+    e204 = only(check(sopgraph.load(text=FEE_HEAD + unguarded, check=False)), "E204")
+    assert e204.witness is not None and 400 <= e204.witness["NightlyRate"] < 500

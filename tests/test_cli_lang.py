@@ -61,3 +61,54 @@ def test_malformed_sop_gives_located_error_not_traceback(tmp_path):
     assert f"{bad}:4:15: error[E001]: missing `->`" in res.output
     assert "^" in res.output and "hint:" in res.output
     assert "Traceback" not in res.output
+
+
+FEE_SOP = """scenario hotel "Hotel" "A hotel desk handles cancellations."
+field Reason: Sick | Other "why the guest cancels"
+system NightlyRate: int[0..) "the nightly rate"
+output Fee: float[0..) "the fee"
+action PartialRefund "refund part" [moves_money]
+action FullRefund "refund all" [moves_money]
+stage s1 "Reason" {
+    match Reason { Sick -> do FullRefund  Other -> do PartialRefund { Fee = NightlyRate - 500 } }
+}
+"""
+
+
+def test_decide_refuses_an_output_outside_its_range(tmp_path, monkeypatch):
+    sop = tmp_path / "fee.sop"
+    sop.write_text(FEE_SOP)
+    check = run("check", str(sop))
+    assert check.exit_code == 1 and "E204" in check.output  # statically, with a witness
+    refused = run("decide", str(sop), "--values", '{"Reason": "Sick"}')
+    assert refused.exit_code == 1 and "E204" in refused.output  # decide loads only checked programs
+    # where the static search finds no witness (bounded), decide time still enforces the range
+    monkeypatch.setattr("sopgraph.logic.checker.output_range_diagnostics", lambda scenario: [])
+    one = run("decide", str(sop), "--values", '{"Reason": "Other", "NightlyRate": 89}')
+    assert one.exit_code == 1
+    assert json.loads(one.stdout) == {
+        "error": "output `Fee` = -411 is outside float[0..) (set by `Fee = NightlyRate - 500` at s1)"}
+    rows = [{"Reason": "Other", "NightlyRate": 89}, {"Reason": "Other", "NightlyRate": 900}, {"Reason": "Sick"}]
+    batch = run("decide", str(sop), input="".join(json.dumps(r) + "\n" for r in rows))
+    assert batch.exit_code == 1
+    out = [json.loads(line) for line in batch.stdout.splitlines()]
+    assert len(out) == 3 and "outside float[0..)" in out[0]["error"]
+    assert out[1]["finals"] == {"Action": "PartialRefund", "Fee": 400}
+    assert out[2]["finals"] == {"Action": "FullRefund", "Fee": None}
+    assert "1 of 3 inputs failed" in batch.stderr
+
+
+def test_decide_warns_about_undeclared_keys_without_failing():
+    rows = [{"ConsumptionType": "Cancel", "Penalty": 0, "Penalyt": 3},
+            {"ConsumptionType": "Cancel", "Penalty": 0, "Penalyt": 4, "Action": "X"}]
+    res = run("decide", TELECOM, input="".join(json.dumps(r) + "\n" for r in rows))
+    assert res.exit_code == 0, res.output
+    assert [json.loads(x)["finals"] for x in res.stdout.splitlines()] == [{"Action": "ChangeOrder"}] * 2
+    warnings = res.stderr.splitlines()
+    assert warnings == [
+        "warning: line 1: `Penalyt` is not a field or system variable of `telecom_package`; it is ignored "
+        "(did you mean `Penalty`?)",
+        "warning: line 2: `Action` is an output, not an input: the given value is ignored",
+    ]
+    single = run("decide", TELECOM, "--values", '{"ConsumptionType": "Cancel", "Penalty": 0, "Reqest": 1}')
+    assert single.exit_code == 0 and "`Reqest` is not a field" in single.stderr

@@ -4,6 +4,7 @@ against the reference interpreter on random programs and random (also invalid) a
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -240,12 +241,14 @@ def _program(draw) -> str:
         "let Tier = case { when Big -> Gold when B1 -> Silver otherwise -> Bronze }",
         'action Go "go"', 'action Stop "stop"', 'action Ask "ask"',
         "output Plan: Gold | Silver | Bronze | none = none", "output Amount: float = 0",
+        "output Charge: int[0..150] = 0",
     ]
 
     def target(i: int) -> str:
         choices = [f"s{j}" for j in range(i + 1, n)]
         leaf = draw(st.sampled_from(["do Go", "do Stop", "do Ask", "do Go { Plan = Tier }",
-                                     "do Stop { Amount = Fee, Plan = Silver }", "do Ask { Amount = F * 2 }"]))
+                                     "do Stop { Amount = Fee, Plan = Silver }", "do Ask { Amount = F * 2 }",
+                                     "do Go { Charge = Fee - 50 }"]))
         return draw(st.sampled_from(choices + [leaf, leaf])) if choices else leaf
 
     for i in range(n):
@@ -294,3 +297,38 @@ def test_engine_rejects_non_finite_floats_like_the_interpreter(value: float) -> 
     for eng in _engines(s):
         with pytest.raises(DecideError, match="not finite"):
             eng.decide({"F": value})
+
+
+# ---------------------------------------------------------------------------------------------
+# Output ranges are enforced at decide time, identically in every engine form
+
+FEE = """
+field Reason: Sick | Other "why"
+system NightlyRate: int[0..) "rate"
+output Fee: float[0..) "fee"
+output Nights: int[1..30] = 1 "nights"
+action PartialRefund "part" [moves_money]
+action FullRefund "all" [moves_money]
+stage s1 { match Reason { Sick -> do FullRefund { Nights = NightlyRate / 100 }
+                          Other -> do PartialRefund { Fee = NightlyRate - 500 } } }
+"""
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"Reason": "Other", "NightlyRate": 89}, "output `Fee` = -411 is outside float[0..) "
+                                              "(set by `Fee = NightlyRate - 500` at s1)"),
+    ({"Reason": "Sick", "NightlyRate": 250}, "output `Nights` = 2.5 is not an integer"),
+    ({"Reason": "Sick", "NightlyRate": 5000}, "output `Nights` = 50.0 is outside int[1..30]"),
+])
+def test_an_output_outside_its_declared_range_is_a_decide_error(values: dict[str, Any], fragment: str) -> None:
+    scenario = sopgraph.load(text=FEE, check=False)  # the checker would refuse it (E204, see test_checker)
+    with pytest.raises(DecideError, match=re.escape(fragment)) as caught:
+        interpret(scenario, values)
+    assert caught.value.output is not None and caught.value.stage == "s1"
+    for eng in _engines(scenario):
+        with pytest.raises(DecideError) as got:
+            eng.decide(values)
+        assert got.value.message == caught.value.message, eng.mode
+    ok = {"Reason": "Other", "NightlyRate": 620}
+    assert [e.decide(ok).finals for e in _engines(scenario)] == [{"Action": "PartialRefund", "Fee": 120,
+                                                                  "Nights": 1}] * 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import colorsys
 import re
 import shutil
 import subprocess
@@ -62,6 +63,27 @@ def edge_attrs(dot: str, u: str, v: str) -> str:
     return match.group(1)
 
 
+def drawn_edges(dot: str, u: str, v: str) -> list[tuple[str, str]]:
+    """Each drawn u → v edge as (label text, attributes of its arrow into v). A labelled edge runs through
+    a label node named "u -> v" (or "u -> v #k" when the pair has several drawn edges)."""
+    out = []
+    direct = re.search(rf'^\s*"{re.escape(u)}" -> "{re.escape(v)}" \[(.*)\];$', dot, re.M)
+    if direct:
+        out.append(("", direct.group(1)))
+    for m in re.finditer(rf'^\s*"({re.escape(u)} -> {re.escape(v)}(?: #\d+)?)" \[(.*)\];$', dot, re.M):
+        label = re.search(r'label="((?:[^"\\]|\\.)*)"', m.group(2))
+        assert label and 'shape="plaintext"' in m.group(2)
+        out.append((label.group(1), edge_attrs(dot, m.group(1), v)))
+        assert "arrowhead=\"none\"" in edge_attrs(dot, u, m.group(1))
+    return out
+
+
+def label_of(dot: str, u: str, v: str) -> str:
+    edges = drawn_edges(dot, u, v)
+    assert len(edges) == 1, edges
+    return edges[0][0]
+
+
 def test_dot_shapes_distinguish_decisions_actions_and_terminals(telecom):
     dot = R.to_dot(telecom)
     assert dot.startswith('digraph "telecom_package" {') and dot.rstrip().endswith("}")
@@ -79,19 +101,97 @@ def test_dot_shapes_distinguish_decisions_actions_and_terminals(telecom):
     assert "[moves_money, irreversible]" in change and "Carry out the requested plan" in change
 
 
-def test_one_edge_per_target_with_guard_labels(telecom, tricky):
+def test_branch_edges_and_labels(telecom, tricky):
     dot = R.to_dot(telecom)
-    assert 'label="Reject, Hesitate"' in edge_attrs(dot, "step6", "action:GoodBye")
-    assert 'label="Penalty == 0"' in edge_attrs(dot, "step5", "action:ChangeOrder")
-    assert 'label="otherwise"' in edge_attrs(dot, "step5", "step7")
-    assert "label=" not in edge_attrs(dot, "step1", "step2")  # unconditional jump
+    assert label_of(dot, "step6", "action:GoodBye") == "Reject, Hesitate"
+    assert label_of(dot, "step5", "action:ChangeOrder") == "Penalty == 0"
+    assert label_of(dot, "step5", "step7") == "otherwise"
+    assert drawn_edges(dot, "step1", "step2") == [("", edge_attrs(dot, "step1", "step2"))]  # unconditional
+    assert "label=" not in edge_attrs(dot, "step1", "step2")
     assert len(re.findall(r'^\s*"step5" -> ', dot, re.M)) == 2
-    # two branches into the same action: one edge, both guards in branch order, one per line
+    # two branches into the same action with the same outputs: one edge, conditions joined by "or"
     tdot = R.to_dot(tricky)
-    assert len(re.findall(r'^\s*"s2" -> "action:Hand"', tdot, re.M)) == 1
-    assert 'label="Kind == B\\nAngry"' in edge_attrs(tdot, "s2", "action:Hand")
-    # an assigned output is shown on the edge
-    assert "Amount > 100\\n[Charge = Fee]" in edge_attrs(tdot, "s2", "action:Comfort+Compensation")
+    assert label_of(tdot, "s2", "action:Hand") == "Kind == B\\nor Angry"
+    # an assigned output is shown on the edge, under its condition
+    assert label_of(tdot, "s2", "action:Comfort+Compensation") == "Kind == A and Amount > 100\\n[Charge = Fee]"
+
+
+BRANCHES = """
+scenario fees
+field Tier: Gold | Silver | Bronze
+system Rate: float[0..500] unit "EUR" money
+output Fee: float[0..) = 0 "the fee charged"
+action Charge "charge the fee" [moves_money]
+stage s1 "Fee" {
+    match Tier {
+        Gold -> do Charge
+        Silver -> do Charge { Fee = Rate }
+        Bronze -> do Charge { Fee = Rate }
+    }
+}
+"""
+
+
+def test_branches_with_different_outputs_are_separate_edges():
+    scenario = sopgraph.load(text=BRANCHES)
+    dot = R.to_dot(scenario)
+    edges = drawn_edges(dot, "s1", "action:Charge")
+    assert [label for label, _ in edges] == ["Gold", "Silver\\nor Bronze\\n[Fee = Rate]"]
+    assert '"s1 -> action:Charge #1"' in dot and '"s1 -> action:Charge #2"' in dot
+    mmd = R.to_mermaid(scenario)
+    assert 's_s1 -->|"Gold"| a_Charge' in mmd
+    assert 's_s1 -->|"Silver<br/>or Bronze<br/>#91;Fee = Rate#93;"| a_Charge' in mmd
+    # with heat, both drawn edges say that the count is for the stage → action pair
+    hot = R.to_dot(scenario, heat={"s1": 4, "action:Charge": 4, ("s1", "action:Charge"): 4})
+    assert all("(4, shared by 2 edges)" in label for label, _ in drawn_edges(hot, "s1", "action:Charge"))
+
+
+def test_labels_are_nodes_so_no_line_strikes_a_label(telecom):
+    for path in sorted((ROOT / "scenarios").glob("*.sop")):
+        dot = R.to_dot(sopgraph.load(path))
+        edge_lines = [line for line in dot.splitlines() if re.match(r'^\s*"[^"]*" -> "[^"]*" \[', line)]
+        assert edge_lines and not [line for line in edge_lines if re.search(r"\b(x?label)=", line)], path.name
+    # the airline edge once struck through by its own line is a label node between step3 and step4
+    airline = R.to_dot(sopgraph.load(ROOT / "scenarios" / "airline_refund.sop"))
+    assert label_of(airline, "step3", "step4") == "Airline, Weather"
+
+
+def test_legend_and_title(telecom):
+    dot = R.to_dot(telecom)
+    label = re.search(r"^  label=<(.*)>;$", dot, re.M)
+    assert label, "the graph label is an HTML-like table"
+    text = label.group(1)
+    assert "telecom_package — " in text and "<b>Legend</b>" in text
+    for key in ("decision stage", "risky action", "escalation", "other action", "[X = v]"):
+        assert key in text, key
+    assert R.ACTION_STYLE["risky"]["fillcolor"] in text and R.DECISION_FILL in text
+    hot = re.search(r"^  label=<(.*)>;$", R.to_dot(telecom, heat={"step1": 1}), re.M).group(1)
+    assert all(colour in hot for colour in R.NODE_HEAT) and "uncovered" in hot and "coverage: " in hot
+    # user text in the title is escaped for the HTML-like label
+    odd = sopgraph.load(text='scenario odd "a <b> & c"\naction A "a"\nstage s "s" { -> do A }\n')
+    assert "a &lt;b&gt; &amp; c" in R.to_dot(odd)
+
+
+def _hue(colour: str) -> float:
+    r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return colorsys.rgb_to_hsv(r, g, b)[0] * 360
+
+
+def test_heat_palette_does_not_look_like_risk():
+    for colour in R.NODE_HEAT[1:] + R.EDGE_HEAT:  # the lightest class is near-white
+        assert 190 <= _hue(colour) <= 230, colour  # blues
+    risk = [R.ACTION_STYLE[c]["color"] for c in ("risky", "escalation", "safe")]
+    assert all(not 190 <= _hue(c) <= 230 for c in risk)
+    assert not set(R.NODE_HEAT) & {v for style in R.ACTION_STYLE.values() for v in style.values()}
+
+
+@pytest.mark.skipif(not HAS_DOT, reason="graphviz dot not installed")
+def test_every_shipped_graph_fits_1400_px():
+    for path in sorted((ROOT / "scenarios").glob("*.sop")) + sorted((ROOT / "examples").glob("*.sop")):
+        svg = R.render(sopgraph.load(path), "svg").decode()
+        width_pt = float(re.search(r'<svg width="([\d.]+)pt"', svg).group(1))
+        assert width_pt * 4 / 3 <= 1400, (path.name, width_pt)
+        assert "Legend" in svg
 
 
 def test_dot_escaping(tricky):
@@ -175,14 +275,14 @@ def test_heat_colours_counts_and_marks_uncovered(telecom):
     assert "filled" not in cold.split('style="')[1].split('"')[0]
     assert "uncovered" in node_attrs(dot, "action:TransHuman")
     assert "uncovered" not in node_attrs(dot, "action:GoodBye")
-    e = edge_attrs(dot, "step1", "step2")
-    assert f'color="{R.EDGE_HEAT[4]}"' in e and 'penwidth="4"' in e
-    assert 'label="Enquiry (2)"' in edge_attrs(dot, "step2", "step3")
-    unc = edge_attrs(dot, "step2", "step4")
-    assert 'style="dashed"' in unc and 'label="Change\\nuncovered"' in unc
+    [(label, e)] = drawn_edges(dot, "step1", "step2")  # unconditional: the label node carries the count
+    assert f'color="{R.EDGE_HEAT[4]}"' in e and 'penwidth="4"' in e and "count: 10" in e and label == "(10)"
+    assert label_of(dot, "step2", "step3") == "Enquiry\\n(2)"
+    [(label, unc)] = drawn_edges(dot, "step2", "step4")
+    assert 'style="dashed"' in unc and label == "Change\\nuncovered"
     # start/end are not items unless the map says so; edges touching them follow their neighbour
     assert "uncovered" not in node_attrs(dot, "start") and "uncovered" not in node_attrs(dot, "end")
-    assert "(10)" in edge_attrs(dot, "start", "step1")
+    assert "count: 10" in edge_attrs(dot, "start", "step1")
     assert "uncovered" in edge_attrs(dot, "action:TransHuman", "end")
     assert "coverage: 6 of 23" in dot
 
@@ -232,7 +332,7 @@ def test_mermaid_escaping(tricky):
     text = R.to_mermaid(tricky)
     assert 'a_Comfort_Compensation("Comfort+Compensation<br/>#91;moves_money#93;")' in text
     assert 'Intro #quot;quoted#quot;' in text
-    assert 's2 -->|"Kind == B<br/>Angry"| a_Hand' in text
+    assert 's2 -->|"Kind == B<br/>or Angry"| a_Hand' in text
     assert 'Amount #gt; 100' in text
     assert R.mermaid_text('<a href="x">#1|{}</a>') == "#lt;a href=#quot;x#quot;#gt;#35;1#124;#123;#125;#lt;/a#gt;"
 
@@ -261,7 +361,7 @@ use check as second(pass -> do Ok, fail -> do No)
     scenario = sopgraph.load(text=text)
     dot = R.to_dot(scenario)
     assert 'subgraph "cluster_0_first"' in dot and 'subgraph "cluster_1_second"' in dot
-    assert '"first.c1" -> "second.c1"' in dot
+    assert label_of(dot, "first.c1", "second.c1") == "A"
     mmd = R.to_mermaid(scenario)
     assert 'subgraph sf_0_first ["use first"]' in mmd and "s_first_c1" in mmd
 

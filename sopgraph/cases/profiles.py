@@ -307,15 +307,15 @@ def _validation_diagnostics(exc: ValidationError, doc: _Doc) -> list[Diagnostic]
                                        "mapping with at least `name`", doc.span(loc)))
             continue
         msg = err.get("msg", "invalid value")
-        hint = None
+        suggestion = None
         given = err.get("input")
         if kind == "literal_error" and isinstance(given, str):
-            hint = did_you_mean(given, INTENSITIES)
+            suggestion = did_you_mean(given, INTENSITIES)
         if kind == "missing":
             diags.append(error("E603", f"missing required key `{loc[-1]}` in {_where(loc[:-1])}",
                                doc.span(loc[:-1])))
             continue
-        diags.append(error("E603", f"{_where(loc)}: {msg}", doc.span(loc), hint))
+        diags.append(error("E603", f"{_where(loc)}: {msg}", doc.span(loc), suggestion))
     return diags
 
 
@@ -432,13 +432,14 @@ def _check_names(expr: Any, scenario: ir.Scenario, span: ir.Span, text: str) -> 
         if isinstance(e, ir.Compare):
             for a, b in ((e.left, e.right), (e.right, e.left)):
                 enum = _enum_of(a, scenario)
-                if enum is not None and isinstance(b, ir.Lit) and isinstance(b.value, str):
+                if (enum is not None and isinstance(a, ir.Var)  # only a Var has an enum
+                        and isinstance(b, ir.Lit) and isinstance(b.value, str)):
                     checked.add(id(b))
                     if b.value not in enum.values:
                         bad(b, enum.values, a.name)
         if isinstance(e, ir.InSet):
             enum = _enum_of(e.operand, scenario)
-            if enum is not None:
+            if enum is not None and isinstance(e.operand, ir.Var):
                 for v in e.values:
                     checked.add(id(v))
                     if isinstance(v.value, str) and v.value not in enum.values:
@@ -614,7 +615,7 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
     lib = library()
 
     # intensities
-    intensities = {k: lib.intensities[k] for k in INTENSITIES}
+    intensities: dict[str, str] = {k: lib.intensities[k] for k in INTENSITIES}
     intensities.update({k: v for k, v in spec.intensities.items()})
 
     # personas

@@ -51,7 +51,7 @@ from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.paths import trace
-from sopgraph.records import RECORD_VERSION, Case
+from sopgraph.records import RECORD_VERSION, Case, Intensity
 
 BALANCES = ("intent", "path", "action")
 POOL_MAX = 32  # distinct verified assignments kept per (path, intent)
@@ -777,7 +777,7 @@ class _ObjectEncoder:
         return text
 
 
-def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[str], personas: list[PersonaSpec],
+def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity], personas: list[PersonaSpec],
                  languages: list[str] | None, seed: int, rng: random.Random
                  ) -> tuple[list[str], dict[str, Counter]]:
     """Serialise every case straight to its canonical JSON line. Everything constant per (path, intent),
@@ -875,14 +875,14 @@ def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[str], 
     return lines, counts
 
 
-def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[str], counts: dict[str, Counter],
+def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity], counts: dict[str, Counter],
               sampled: int, supplemented: int, appended: int, min_per_path: int, balance: str) -> Coverage:
     per_path = {e.id: 0 for e in p.paths}
     for i, n in Counter(i for i, _ in slots).items():
         per_path[p.paths[i].id] = n
     per_intent = {name: 0 for name in p.profile.intents}
     per_intent.update(Counter(name for _, name in slots))
-    per_intensity = {k: 0 for k in INTENSITIES}
+    per_intensity: dict[str, int] = {k: 0 for k in INTENSITIES}
     per_intensity.update(Counter(intensities))
     return Coverage(
         scenario=p.scenario.name, cases=len(slots), sampled=sampled, supplemented=supplemented,

@@ -10,7 +10,7 @@ import click
 
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
-from sopgraph.logic.engine import DecideError, engine_for
+from sopgraph.logic.engine import DecideError, engine_for, undeclared_inputs
 
 from .params import load_or_exit, sop_file, write_output
 
@@ -43,13 +43,18 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     """Reference path and finals for values (one JSON line out per input, in order).
 
     Output per line: {"path": [...], "finals": {...}} or {"error": "..."}; the batch continues
-    past failures and the exit status is 1 if any line failed.
+    past failures and the exit status is 1 if any line failed. A value the path needs that is
+    missing or off its domain fails the line, and so does an output that leaves its declared range.
+    Keys that are not fields or system variables are ignored with a warning on stderr (once per
+    key, with a did-you-mean); they never fail a line.
     """
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
     lines = [values_json] if values_json is not None else sys.stdin
     failed = total = 0
     out = sys.stdout
+    known = {v.name for v in scenario.variables.values() if v.role != "derived"}
+    warned: set[str] = set()
     for lineno, line in enumerate(lines, 1):
         if values_json is None and not line.strip():
             continue
@@ -62,6 +67,12 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
             failed += 1
             out.write(json.dumps({"error": f"line {lineno}: invalid JSON object: {exc}"}) + "\n")
             continue
+        unknown = [k for k in values if k not in known and k not in warned]
+        if unknown:
+            warned.update(unknown)
+            where = f"line {lineno}: " if values_json is None else ""
+            for message in undeclared_inputs(scenario, unknown):
+                click.echo(f"warning: {where}{message}", err=True)
         try:
             path, finals = engine.decide_raw(values)
             out.write(json.dumps({"path": path, "finals": finals}, ensure_ascii=False) + "\n")

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from sopgraph.evaluation.corpus import export_run, synthesize_dialogues_sync, write_jsonl
+from sopgraph.evaluation.corpus import Format, export_run, synthesize_dialogues_sync, write_jsonl
 from sopgraph.evaluation.coverage import coverage_report, render_coverage
 from sopgraph.evaluation.report import report_for_runs
 from sopgraph.evaluation.score import ScoreConfig, ScoreError, compare, leaderboard, open_run, score_run
@@ -402,6 +402,7 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
             data = render_coverage(scenario, side, render_fmt)
         except RenderError as exc:
             fail(str(exc))
+        assert out is not None  # checked above: --render needs -o
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(data)
     if fmt == "json":
@@ -487,7 +488,7 @@ def _print_corpus_stats(stats: Any, out: Path | None) -> None:
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSON Lines file (default: stdout).")
 @_score_options
-def export_cmd(run_dir: Path, fmt: str, min_overall: float | None, reference: bool, out: Path | None,
+def export_cmd(run_dir: Path, fmt: Format, min_overall: float | None, reference: bool, out: Path | None,
                **opts: Any) -> None:
     """Export a run's dialogues as a training corpus (OpenAI messages or ShareGPT), each line with its
     case id, SOP hash and scores."""

@@ -305,6 +305,7 @@ async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], mod
         for rec in records:
             did = rec["metadata"]["dialogue_id"]
             d = run.dialogue_index(did)
+            assert d is not None  # the records were made from this run's dialogues
             rows = run.turn_rows(d)
             logic = run.t_logic[rows]
             if logic.size and not np.any(np.isnan(logic)) and float(logic.min()) >= min_logic - 1e-12:

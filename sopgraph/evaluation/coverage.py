@@ -175,9 +175,10 @@ def agent_walks(run: Any) -> list[tuple[list[str], str | None]]:
         last[t["dialogue_id"]] = t  # turns come ordered by (dialogue, index): the last one wins
     for did in sorted(last):
         out = last[did].get("output") or {}
-        finals = out.get("finals") if isinstance(out.get("finals"), dict) else {}
-        action = finals.get("Action")
-        path = out.get("now_path") if isinstance(out.get("now_path"), list) else []
+        finals = out.get("finals")
+        action = finals.get("Action") if isinstance(finals, dict) else None
+        now_path = out.get("now_path")
+        path = now_path if isinstance(now_path, list) else []
         walks.append((path, action if isinstance(action, str) else None))
     return walks
 

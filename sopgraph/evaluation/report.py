@@ -107,7 +107,7 @@ def report_for_runs(run_dirs: Sequence[str | Path], config: ScoreConfig | None =
             jset = run.judgment_set
             inputs.append(ReportInput(
                 run=run,
-                turns_of=lambda did, st=store: st.turns(dialogue_id=did),
+                turns_of=store.turns,  # bound now, so each input reads its own store
                 judgments=store.judgments(jset) if jset else [],
                 consensus=store.consensus(jset) if jset else [],
                 meta=store.meta(),
@@ -346,17 +346,17 @@ def line_chart(xlabels: Sequence[str], series: Sequence[tuple[str, str, Sequence
         svg.text((x0 + x1) / 2, height - 6, xtitle, size=10, fill="#829ab1")
     for si, (name, color, metrics, href) in enumerate(series):
         off = (si - (len(series) - 1) / 2) * 3.0  # small horizontal offset so whiskers do not overlap
-        pts = [(xmap(i) + off, m) for i, m in enumerate(metrics) if m is not None and m.value is not None]
+        pts = [(xmap(i) + off, m, m.value) for i, m in enumerate(metrics) if m is not None and m.value is not None]
         parts = []
         if len(pts) > 1:
-            d = "M" + " L".join(f"{_f(x)} {_f(ymap(m.value))}" for x, m in pts)
+            d = "M" + " L".join(f"{_f(x)} {_f(ymap(v))}" for x, _, v in pts)
             parts.append(f'<path d="{d}" stroke="{color}" stroke-width="2" fill="none"/>')
-        for x, m in pts:
+        for x, m, v in pts:
             if m.lo is not None and m.hi is not None and m.hi > m.lo:
                 parts.append(f'<path d="M{_f(x)} {_f(ymap(m.lo))}V{_f(ymap(m.hi))}" stroke="{color}" '
                              f'stroke-width="1" stroke-opacity="0.7"/>')
             tip = f"{name}: {_pct(m.value)}" + (f" (95% CI {_pct(m.lo)}–{_pct(m.hi)})" if m.lo is not None else "")
-            parts.append(Svg.circle(x, ymap(m.value), 3.5, fill=color, title=tip, stroke="#fff"))
+            parts.append(Svg.circle(x, ymap(v), 3.5, fill=color, title=tip, stroke="#fff"))
         svg.add(Svg.link(href, "".join(parts)))
     return svg.render()
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 CHUNK = 128  # bootstrap replicates drawn at a time (bounds memory: CHUNK × clusters counts)
 
@@ -40,7 +41,7 @@ def bootstrap_weights(n_clusters: int, replicates: int, seed: int) -> Iterable[n
     """
     rng = np.random.default_rng(seed)
     done = 0
-    dtype = np.int32 if n_clusters * CHUNK < 2**31 else np.int64
+    dtype: type[np.signedinteger] = np.int32 if n_clusters * CHUNK < 2**31 else np.int64
     while done < replicates:
         rows = min(CHUNK, replicates - done)
         idx = rng.integers(0, n_clusters, size=(rows, n_clusters), dtype=dtype)
@@ -99,7 +100,7 @@ def percentile_interval(samples: np.ndarray, confidence: float = 0.95) -> tuple[
     return (float(lo), float(hi))
 
 
-def ratio_ci(sums: Sequence[float], counts: Sequence[float], *, replicates: int = 1000,
+def ratio_ci(sums: npt.ArrayLike, counts: npt.ArrayLike, *, replicates: int = 1000,
              confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """Pooled mean Σsums/Σcounts with a cluster-bootstrap percentile CI: (value, lo, hi)."""
     cols = np.column_stack([np.asarray(sums, float), np.asarray(counts, float)])

@@ -86,10 +86,16 @@ class BoolType(Node):
     kind: Literal["bool"] = "bool"
 
 
+NumKind = Literal["int", "float"]
+BinOp = Literal["+", "-", "*", "/"]
+CmpOp = Literal["==", "!=", "<", "<=", ">", ">="]
+LogicOp = Literal["and", "or"]
+
+
 class NumType(Node):
     """An int or float with an optional interval; `None` bounds are unbounded."""
 
-    kind: Literal["int", "float"]
+    kind: NumKind
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False
@@ -158,14 +164,14 @@ class Unary(Node):
 
 class Binary(Node):
     kind: Literal["binary"] = "binary"
-    op: Literal["+", "-", "*", "/"]
+    op: BinOp
     left: Expr
     right: Expr
 
 
 class Compare(Node):
     kind: Literal["compare"] = "compare"
-    op: Literal["==", "!=", "<", "<=", ">", ">="]
+    op: CmpOp
     left: Expr
     right: Expr
 
@@ -179,7 +185,7 @@ class InSet(Node):
 
 class BoolOp(Node):
     kind: Literal["bool"] = "bool"
-    op: Literal["and", "or"]
+    op: LogicOp
     operands: list[Expr]
 
 
@@ -275,7 +281,10 @@ class Target(Node):
     outputs: list[OutputAssign] = Field(default_factory=list)
 
     def describe(self) -> str:
-        return self.stage if self.kind == "stage" else f"do {self.action}"
+        if self.kind == "stage":
+            assert self.stage is not None  # a stage target always names its stage
+            return self.stage
+        return f"do {self.action}"
 
 
 class Branch(Node):

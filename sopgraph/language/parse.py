@@ -164,9 +164,10 @@ class _ChildMeta:
 
 def _position(child: Any) -> tuple[int, int, int, int] | None:
     if isinstance(child, Token):
-        if child.line is None:
+        line, col, end_line, end_col = child.line, child.column, child.end_line, child.end_column
+        if line is None or col is None or end_line is None or end_col is None:
             return None
-        return (child.line, child.column, child.end_line, child.end_column)
+        return (line, col, end_line, end_col)
     span = getattr(child, "span", None)
     if span is None and isinstance(child, tuple) and len(child) == 2 and isinstance(child[1], ir.Span):
         span = child[1]
@@ -248,7 +249,7 @@ class _ToIR(Transformer):
     def start_decl(self, meta, children):
         return StartDecl(stage=str(children[0]), span=_tok_span(self.file, children[0]))
 
-    def _variable(self, role: str, meta, children) -> ir.Variable:
+    def _variable(self, role: ir.Role, meta, children) -> ir.Variable:
         name_tok, vtype, *rest = children
         kw: dict[str, Any] = {}
         for item in rest:
@@ -303,7 +304,7 @@ class _ToIR(Transformer):
     def bool_type(self, meta, children):
         return ir.BoolType(span=self.sp(meta))
 
-    def _num_type(self, kind: str, meta, children):
+    def _num_type(self, kind: ir.NumKind, meta, children):
         if not children:
             return ir.NumType(kind=kind, span=self.sp(meta))
         return ir.NumType(kind=kind, span=self.sp(meta), **children[0])
@@ -423,7 +424,7 @@ class _ToIR(Transformer):
     def and_op(self, meta, children):
         return self._flatten("and", meta, children)
 
-    def _flatten(self, op: str, meta, children):
+    def _flatten(self, op: ir.LogicOp, meta, children):
         head = children[0]
         if isinstance(head, ir.BoolOp) and head.op == op:
             # `a and b and c ...` reduces one operand at a time: grow the left operand's list in
@@ -465,7 +466,7 @@ class _ToIR(Transformer):
     def value_set(self, meta, children):
         return list(children)
 
-    def _bin(self, op: str, meta, children):
+    def _bin(self, op: ir.BinOp, meta, children):
         return ir.Binary(op=op, left=children[0], right=children[1], span=self.sp(meta))
 
     def add(self, meta, children):
@@ -600,7 +601,7 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     col = getattr(exc, "column", 0) or 0
     if isinstance(exc, UnexpectedCharacters):
         pos = exc.pos_in_stream
-        ch = text[pos] if 0 <= pos < len(text) else "?"
+        ch = text[pos] if pos is not None and 0 <= pos < len(text) else "?"
         span = ir.Span(file=file, line=line, col=col, end_line=line, end_col=col + 1)
         if ch == '"':
             return error("E005", "unterminated string: this `\"` is never closed", span,
@@ -698,7 +699,9 @@ def parse_text(text: str, file: str = "<string>") -> Program:
     try:
         with _BUILDER_LOCK:
             builder.file = file
-            return lark.parse(text)
+            program = lark.parse(text)  # the builder transforms the tree into a Program
+            assert isinstance(program, Program)
+            return program
     except UnexpectedInput as exc:
         raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
     except _BadToken as exc:
@@ -910,8 +913,7 @@ def _inline_subflows(subflows: dict[str, Subflow], uses: list[Use], stages: dict
                 tgt = branch.target
                 if tgt.kind == "stage":
                     if tgt.stage in sub.params and tgt.stage in use.bindings:
-                        bound = use.bindings[tgt.stage].model_copy(deep=True)
-                        branch.target = bound
+                        branch.target = use.bindings[tgt.stage].model_copy(deep=True)
                     elif tgt.stage in local:
                         tgt.stage = prefix + tgt.stage
             if declare(copy.id, "a stage", copy.span):

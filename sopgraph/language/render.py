@@ -1,23 +1,27 @@
 """Graph → pictures: Graphviz DOT (and SVG/PNG through the `dot` binary) and Mermaid.
 
-The picture is derived from the compiled graph, so it shows exactly what the engine runs: one edge per
-(stage, target) pair, labelled with the guards of every branch that takes it, in branch order.
-Shapes say what a node is (decision stage, plain stage, action leaf, start/end); colours of action leaves
-say how dangerous they are (red: moves money or irreversible, amber: escalation, green: otherwise).
+The picture is derived from the compiled graph, so it shows exactly what the engine runs. Branches of a
+stage into the same target are drawn as one edge per distinct output assignment (`edge_groups`): a
+reader can tell which condition sets `Fee`; conditions sharing an edge read "A or B". Shapes say what a
+node is (decision stage, plain stage, action leaf, start/end); colours of action leaves say how dangerous
+they are (red: moves money or irreversible, amber: escalation, green: otherwise). A legend is drawn
+above the DOT picture, and pictures wider than ~1400 px are scaled down to fit (`MAX_SIZE_IN`).
 
 An optional `heat` map (node id or `(u, v)` edge → count) recolours the picture by frequency, e.g. for
-`sop coverage`: covered items get a colour by count, uncovered items are drawn dashed grey and say
-"uncovered". Output is deterministic: nodes and edges come in declaration order, no timestamps.
+`sop coverage`: covered items get a blue by count (blues, so heat never reads as "risky"), uncovered
+items are drawn dashed grey and say "uncovered". Output is deterministic: nodes and edges come in
+declaration order, no timestamps.
 """
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import shutil
 import subprocess
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,8 +37,10 @@ SUFFIXES: dict[str, str] = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": 
 DOT_TIMEOUT_S = 60.0
 INSTALL_HINT = "install graphviz: apt-get install -y graphviz"
 
-# Heat is a count → colour scale of five classes (ColorBrewer YlOrRd for nodes, Blues for edges).
-NODE_HEAT = ("#ffffb2", "#fecc5c", "#fd8d3c", "#f03b20", "#bd0026")
+# Heat is a count → colour scale of five classes (ColorBrewer Blues), kept clear of the red / amber / green
+# that mean "risky / escalation / other action" in the plain picture (in a heat picture a leaf keeps its
+# risk colour as its border).
+NODE_HEAT = ("#eff3ff", "#bdd7e7", "#6baed6", "#3182bd", "#08519c")
 EDGE_HEAT = ("#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#084594")
 UNCOVERED_COLOR = "#9e9e9e"
 UNCOVERED_FONT = "#757575"
@@ -47,8 +53,12 @@ ACTION_STYLE = {
 }
 DECISION_FILL = "#dbe9f8"
 DECISION_BORDER = "#1f5fa8"
+# Helvetica metrics are what Graphviz measures text with; the CJK fonts draw Chinese labels.
+FONT = "Helvetica,Arial,Liberation Sans,WenQuanYi Micro Hei,Noto Sans CJK SC,sans-serif"
 LABEL_ATTRIBUTES = ("escalation", "moves_money", "irreversible")  # shown on the leaf; all are in the tooltip
-LABEL_WIDTH = 36  # wrap edge labels at about this many characters, on word boundaries
+# Largest drawing (inches, 72 pt each): wider pictures are scaled down to fit a 1400 px page or screen.
+MAX_SIZE_IN = "14,60"
+LABEL_WIDTH = 28  # wrap edge labels at about this many characters, on word boundaries
 
 
 class RenderError(Exception):
@@ -74,33 +84,60 @@ def action_class(action: ir.Action | None) -> str:
 
 
 def _wrap(text: str, width: int = LABEL_WIDTH) -> str:
+    """Wrap at about `width` characters, preferring to break before `or`, then before `and` (the order in
+    which they bind), so that each line of a condition is one readable clause."""
     lines: list[str] = []
     for para in text.split("\n"):
-        lines += textwrap.wrap(para, width, break_long_words=False, break_on_hyphens=False) or [""]
+        if len(para) <= width:
+            lines.append(para)
+            continue
+        pieces = [p for part in re.split(r" (?=or )", para)
+                  for p in ([part] if len(part) <= width else re.split(r" (?=and )", part))]
+        current = ""
+        for piece in pieces:
+            if current and len(current) + 1 + len(piece) > width:
+                lines += textwrap.wrap(current, width, break_long_words=False, break_on_hyphens=False) or [""]
+                current = piece
+            else:
+                current = f"{current} {piece}" if current else piece
+        lines += textwrap.wrap(current, width, break_long_words=False, break_on_hyphens=False) or [""]
     return "\n".join(lines)
 
 
-def branch_text(branch: Mapping[str, Any]) -> str:
-    """One branch of an edge as label text: its guard, then the outputs it assigns on their own line."""
-    guard = str(branch.get("guard") or "")
-    outputs = branch.get("outputs") or {}
+def edge_groups(data: Mapping[str, Any]) -> list[list[Mapping[str, Any]]]:
+    """The branches of one (stage, target) pair grouped into the edges a picture draws.
+
+    Branches that assign different outputs are different edges (so the picture says which condition sets
+    `Fee`); branches that assign the same outputs share one edge whose conditions read "A or B". Groups
+    come in the order of their first branch; an edge without branches (start → first stage) is one group.
+    """
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for branch in sorted(data.get("branches") or [], key=lambda b: b.get("index", 0)):
+        key = repr(sorted((branch.get("outputs") or {}).items()))
+        groups.setdefault(key, []).append(branch)
+    return list(groups.values()) or [[]]
+
+
+def group_text(group: Sequence[Mapping[str, Any]], *, wrap: bool = True) -> str:
+    """One drawn edge's label: its conditions joined by "or" (each wrapped), then the outputs it assigns."""
+    guards = [str(b.get("guard") or "") for b in group]
+    guards = [g for g in guards if g]
+    lines = [(_wrap(g) if wrap else g) for g in guards]
+    text = "\nor ".join(lines)
+    outputs = group[0].get("outputs") if group else None
     if outputs:
         assigned = "[" + ", ".join(f"{k} = {v}" for k, v in outputs.items()) + "]"
-        guard = f"{guard}\n{assigned}" if guard else assigned
-    return guard
-
-
-def edge_text(data: Mapping[str, Any], *, wrap: bool = True) -> str:
-    """All branches of one (stage, target) edge, one per line, in branch order (long guards wrapped)."""
-    parts = [branch_text(b) for b in sorted(data.get("branches") or [], key=lambda b: b.get("index", 0))]
-    return "\n".join(_wrap(p) if wrap else p for p in parts if p)
+        assigned = _wrap(assigned) if wrap else assigned
+        text = f"{text}\n{assigned}" if text else assigned
+    return text
 
 
 def _node_label(node: str, data: Mapping[str, Any]) -> str:
     kind = data.get("kind")
     if kind == "decision":
         title = data.get("title") or ""
-        return f"{node}\n{_wrap(title, 28)}" if title else node
+        width = 18 if _is_branching(data) else 28  # a diamond grows twice as fast as its text
+        return f"{node}\n{_wrap(title, width)}" if title else node
     if kind == "action":
         attrs = [a for a in data.get("attributes") or [] if a in LABEL_ATTRIBUTES]
         name = data.get("action") or node[len(ACTION_PREFIX):]
@@ -269,24 +306,89 @@ def _apply_node_heat(attrs: dict[str, Any], count: float | None, heat: _Heat) ->
 
 
 def _apply_edge_heat(attrs: dict[str, Any], count: float | None, heat: _Heat) -> None:
+    """Colour one drawn edge (or edge half) by its count; uncovered edges are dashed grey."""
     if count is None:
         return
     if count <= 0:
-        attrs.update(style="dashed", color=UNCOVERED_COLOR, fontcolor=UNCOVERED_FONT)
-        label = attrs.get("label") or ""
-        attrs["label"] = f"{label}\nuncovered" if label else "uncovered"
-        attrs["tooltip"] = f"{attrs.get('tooltip') or ''}\nuncovered".lstrip("\n")
+        attrs.update(style="dashed", color=UNCOVERED_COLOR)
         return
     level = heat.level(count, heat.edge_max)
     attrs["color"] = EDGE_HEAT[level]
     attrs["penwidth"] = f"{1 + level * 0.75:g}"
-    label = attrs.get("label") or ""
-    attrs["label"] = f"{label} ({_fmt_count(count)})" if label else f"({_fmt_count(count)})"
-    attrs["tooltip"] = f"{attrs.get('tooltip') or ''}\ncount: {_fmt_count(count)}".lstrip("\n")
+
+
+def _heat_note(count: float | None, shared: int) -> str:
+    """What a heat picture adds to an edge label: the count (shared by parallel edges) or `uncovered`."""
+    if count is None:
+        return ""
+    if count <= 0:
+        return "uncovered"
+    return f"({_fmt_count(count)}" + (f", shared by {shared} edges)" if shared > 1 else ")")
+
+
+def _label_node_attrs(text: str, tooltip: str, count: float | None) -> dict[str, Any]:
+    """A branch label drawn as a small borderless node on its edge, so no line ever crosses the text."""
+    attrs: dict[str, Any] = {"label": text, "tooltip": tooltip, "shape": "plaintext", "fontsize": "9",
+                             "margin": "0.04,0.03", "height": "0", "width": "0", "fontcolor": "#37474f",
+                             "class": "branch"}
+    if count is not None and count <= 0:
+        attrs["fontcolor"] = UNCOVERED_FONT
+        attrs["class"] = "branch uncovered"
+    return attrs
+
+
+def _html(text: str) -> str:
+    return html.escape(str(text), quote=True).replace("\n", "<br/>")
+
+
+def _legend_html(g: nx.DiGraph, scenario: ir.Scenario, hot: _Heat | None) -> str:
+    """The key to the picture (shapes, risk colours, heat scale), as the cells of an HTML-like label."""
+    cell = '<td border="1" color="{border}" bgcolor="{fill}" style="{style}"><font color="{font}">{text}</font></td>'
+    cells = ['<td><b>Legend</b></td>']
+    kinds = {str(d.get("kind")) for _, d in g.nodes(data=True)}
+    branching = any(_is_branching(d) for _, d in g.nodes(data=True) if d.get("kind") == "decision")
+    if branching:
+        fill = "white" if hot is not None else DECISION_FILL
+        cells.append(cell.format(border=DECISION_BORDER, fill=fill, style="solid", font="black",
+                                 text="&#9671; decision stage"))
+    if "decision" in kinds:
+        cells.append(cell.format(border="#424242", fill="white", style="solid", font="black", text="stage"))
+    present = {action_class(scenario.actions.get(str(d.get("action"))))
+               for _, d in g.nodes(data=True) if d.get("kind") == "action"}
+    names = {"risky": "risky action (money / irreversible)", "escalation": "escalation", "safe": "other action"}
+    for cls in ("risky", "escalation", "safe"):
+        if cls in present:
+            style = ACTION_STYLE[cls]
+            fill = "white" if hot is not None else style["fillcolor"]
+            text = names[cls] + (" (border)" if hot is not None else "")
+            cells.append(cell.format(border=style["color"], fill=fill, style="rounded", font="black", text=text))
+    if hot is not None:
+        cells.append("<td>visits: fewer</td>")
+        for colour in NODE_HEAT:
+            cells.append(f'<td border="1" color="#9e9e9e" bgcolor="{colour}" width="18"> </td>')
+        cells.append("<td>more</td>")
+        cells.append(cell.format(border=UNCOVERED_COLOR, fill="white", style="dashed", font=UNCOVERED_FONT,
+                                 text="uncovered"))
+    return "".join(cells)
+
+
+def _graph_label(title: str, summary: str, legend: str) -> str:
+    rows = [f'<tr><td align="left"><font point-size="15">{_html(title)}</font></td></tr>']
+    if summary:
+        rows.append(f'<tr><td align="left"><font point-size="11">{_html(summary)}</font></td></tr>')
+    rows.append('<tr><td align="left"><font point-size="10"><table border="0" cellspacing="3" cellpadding="2"><tr>'
+                + legend + "</tr></table></font></td></tr>")
+    rows.append('<tr><td align="left"><font point-size="10">Text on a line: the condition of that branch '
+                "(&quot;or&quot;: any of several branches); [X = v]: the output that branch sets.</font></td></tr>")
+    return '<<table border="0" cellspacing="0" cellpadding="1">' + "".join(rows) + "</table>>"
 
 
 def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: HeatMap | None = None) -> str:
     """The scenario's graph as Graphviz DOT text.
+
+    Branch conditions are drawn as small label nodes on their edges (a line never strikes its own label,
+    and labels take part in the layout instead of being pushed aside); one drawn edge per group of
+    `edge_groups`. The title and a legend are an HTML-like graph label above the picture.
 
     Args:
         scenario: the loaded scenario (actions' attributes pick the colours of action leaves).
@@ -298,49 +400,66 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
     g = graph if graph is not None else compile_graph(scenario)
     hot = _Heat(heat, g) if heat is not None else None
     title = scenario.name + (f" — {scenario.title}" if scenario.title else "")
-    if hot is not None:
-        title += "\n" + _coverage_summary(g, hot)
+    summary = _coverage_summary(g, hot) if hot is not None else ""
     lines = [
         f"digraph {dot_quote(scenario.name)} {{",
         "  " + " ".join(f"{k}={dot_quote(v)};" for k, v in (
-            ("rankdir", "TB"), ("newrank", "true"), ("nodesep", "0.35"), ("ranksep", "0.45"),
-            ("fontname", "Helvetica"), ("labelloc", "t"), ("fontsize", "16"), ("label", title))),
-        '  node [fontname="Helvetica", fontsize="11"];',
-        '  edge [fontname="Helvetica", fontsize="9", color="#555555", arrowsize="0.7"];',
+            ("rankdir", "TB"), ("newrank", "true"), ("nodesep", "0.22"), ("ranksep", "0.28"),
+            ("size", MAX_SIZE_IN),
+            ("fontname", FONT), ("labelloc", "t"), ("labeljust", "l"))),
+        f"  label={_graph_label(title, summary, _legend_html(g, scenario, hot))};",
+        f'  node [fontname="{FONT}", fontsize="11"];',
+        f'  edge [fontname="{FONT}", fontsize="9", color="#555555", arrowsize="0.7"];',
     ]
     clusters = _clusters(g)
-    clustered = {n for members in clusters.values() for n in members}
+    member_of = {n: origin for origin, members in clusters.items() for n in members}
+    cluster_lines: dict[str, list[str]] = {origin: [] for origin in clusters}
 
-    def node_line(node: str, data: Mapping[str, Any], indent: str = "  ") -> str:
+    def place(node_line: str, *nodes: str) -> None:
+        """Put a node line in the cluster all of `nodes` belong to, else at top level."""
+        origins = {member_of.get(n) for n in nodes}
+        origin = origins.pop() if len(origins) == 1 else None
+        if origin is not None:
+            cluster_lines[origin].append("  " + node_line)
+        else:
+            lines.append(node_line)
+
+    for node, data in g.nodes(data=True):
         attrs = _dot_node_attrs(node, data, scenario.actions)
         if hot is not None:
             _apply_node_heat(attrs, hot.node(node, str(data.get("kind"))), hot)
-        return f"{indent}{dot_quote(node)} {_attrs(attrs)};"
-
-    for node, data in g.nodes(data=True):
-        if node not in clustered:
-            lines.append(node_line(node, data))
-    for i, (origin, members) in enumerate(clusters.items()):
+        place(f"  {dot_quote(node)} {_attrs(attrs)};", node)
+    edge_lines: list[str] = []
+    for u, v, data in g.edges(data=True):
+        count = hot.edge(u, v) if hot is not None else None
+        groups = edge_groups(data)
+        for k, group in enumerate(groups):
+            text = group_text(group)
+            full = group_text(group, wrap=False)
+            tooltip = f"{u} -> {v}" + ("\n" + full if full else "")
+            note = _heat_note(count, len(groups))
+            eattrs: dict[str, Any] = {"tooltip": tooltip}
+            if u == START or v == END:
+                eattrs["color"] = "#9e9e9e"
+            if hot is not None:
+                _apply_edge_heat(eattrs, count, hot)
+                if count is not None:
+                    eattrs["tooltip"] = f"{tooltip}\n" + (f"count: {_fmt_count(count)}" if count > 0 else "uncovered")
+            if not text and not (note and u != START and v != END):
+                edge_lines.append(f"  {dot_quote(u)} -> {dot_quote(v)} {_attrs(eattrs)};")
+                continue
+            label_id = f"{u} -> {v}" + (f" #{k + 1}" if len(groups) > 1 else "")
+            text = f"{text}\n{note}" if text and note else (text or note)
+            place(f"  {dot_quote(label_id)} {_attrs(_label_node_attrs(text, eattrs['tooltip'], count))};", u, v)
+            edge_lines.append(f"  {dot_quote(u)} -> {dot_quote(label_id)} {_attrs({**eattrs, 'arrowhead': 'none'})};")
+            edge_lines.append(f"  {dot_quote(label_id)} -> {dot_quote(v)} {_attrs(eattrs)};")
+    for i, origin in enumerate(clusters):
         lines.append(f"  subgraph {dot_quote(f'cluster_{i}_{origin}')} {{")
         lines.append(f'    label={dot_quote(f"use {origin}")}; style="rounded,dashed"; color="#9e9e9e";'
                      f' fontsize="10";')
-        for node in members:
-            lines.append(node_line(node, g.nodes[node], "    "))
+        lines += cluster_lines[origin]
         lines.append("  }")
-    # Actions share the bottom rank so that the leaves read as one row of outcomes.
-    action_nodes = [n for n, d in g.nodes(data=True) if d.get("kind") == "action" and g.in_degree(n)]
-    if action_nodes:
-        lines.append("  { rank=same; " + " ".join(dot_quote(n) + ";" for n in action_nodes) + " }")
-    for u, v, data in g.edges(data=True):
-        label = edge_text(data)
-        full = edge_text(data, wrap=False)
-        attrs: dict[str, Any] = {"label": label or None, "tooltip": f"{u} -> {v}" + (
-            "\n" + full if full else "")}
-        if u == START or v == END:
-            attrs["color"] = "#9e9e9e"
-        if hot is not None:
-            _apply_edge_heat(attrs, hot.edge(u, v), hot)
-        lines.append(f"  {dot_quote(u)} -> {dot_quote(v)} {_attrs(attrs)};")
+    lines += edge_lines
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -470,20 +589,25 @@ def to_mermaid(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *,
             lines.append(node_line(node, g.nodes[node], "    "))
         lines.append("  end")
     link_styles: list[str] = []
-    for index, (u, v, data) in enumerate(g.edges(data=True)):
-        label = edge_text(data)
-        if hot is not None:
-            count = hot.edge(u, v)
-            if count is not None and count <= 0:
-                label = f"{label}\nuncovered" if label else "uncovered"
-                link_styles.append(f"  linkStyle {index} stroke:{UNCOVERED_COLOR},stroke-dasharray:5 5")
-            elif count is not None:
-                label = f"{label} ({_fmt_count(count)})" if label else f"({_fmt_count(count)})"
-                level = hot.level(count, hot.edge_max)
-                link_styles.append(f"  linkStyle {index} stroke:{EDGE_HEAT[level]},"
-                                   f"stroke-width:{1 + level * 0.75:g}px")
-        arrow = f'-->|"{mermaid_text(label)}"|' if label else "-->"
-        lines.append(f"  {ids[u]} {arrow} {ids[v]}")
+    index = 0
+    for u, v, data in g.edges(data=True):
+        groups = edge_groups(data)
+        for group in groups:
+            label = group_text(group)
+            if hot is not None:
+                count = hot.edge(u, v)
+                note = _heat_note(count, len(groups))
+                if note:
+                    label = f"{label}\n{note}" if label else note
+                if count is not None and count <= 0:
+                    link_styles.append(f"  linkStyle {index} stroke:{UNCOVERED_COLOR},stroke-dasharray:5 5")
+                elif count is not None:
+                    level = hot.level(count, hot.edge_max)
+                    link_styles.append(f"  linkStyle {index} stroke:{EDGE_HEAT[level]},"
+                                       f"stroke-width:{1 + level * 0.75:g}px")
+            arrow = f'-->|"{mermaid_text(label)}"|' if label else "-->"
+            lines.append(f"  {ids[u]} {arrow} {ids[v]}")
+            index += 1
     lines += link_styles
     for nid, cls in classes:
         lines.append(f"  class {nid} {cls}")

@@ -76,7 +76,7 @@ def agent_output_schema(scenario: ir.Scenario, *, descriptions: bool = True) -> 
                                                   "The final action the SOP leads to.")}
     for name, out in scenario.outputs.items():
         finals[name] = described(type_schema(out.type, nullable=out.default is None), out.description)
-    schema = {
+    schema: dict[str, Any] = {
         "$schema": JSON_SCHEMA_DIALECT,
         "title": f"{scenario.name} agent reply",
         "type": "object",

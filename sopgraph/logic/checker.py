@@ -28,6 +28,7 @@ from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, er
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain
 from sopgraph.logic.flow import flow_diagnostics
+from sopgraph.logic.ranges import output_range_diagnostics
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
@@ -109,9 +110,9 @@ def check_declarations(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnos
     """Ranges (E203), repeated enum values, action attributes (E106), classify lists, the entry."""
     out: list[Diagnostic] = []
     suggest = _Suggester()
-    for var in scenario.variables.values():
-        if var.role != "derived":
-            out += _check_type_decl(var.name, var.type, var.span)
+    for declared in scenario.variables.values():
+        if declared.role != "derived":
+            out += _check_type_decl(declared.name, declared.type, declared.span)
     for output in scenario.outputs.values():
         out += _check_type_decl(output.name, output.type, output.span)
     for action in scenario.actions.values():
@@ -223,7 +224,13 @@ def _kind(t: _Ty) -> str:
     return "unknown"
 
 
-def _num(kind: str, lo: float | None, hi: float | None) -> ir.NumType:
+def _all_bounded(bounds: list[float | None], pick: Callable[[list[float]], float]) -> float | None:
+    """`pick` of the bounds when every one is finite; None (unbounded) when any is."""
+    finite = [b for b in bounds if b is not None]
+    return pick(finite) if len(finite) == len(bounds) else None
+
+
+def _num(kind: ir.NumKind, lo: float | None, hi: float | None) -> ir.NumType:
     return ir.NumType(kind=kind, lo=lo, hi=hi, lo_open=lo is None, hi_open=hi is None)
 
 
@@ -393,7 +400,7 @@ class _Typer:
         b = self.expect_num(e.right, self.infer(e.right), what)
         if a is None or b is None:
             return None
-        kind = "int" if a.kind == b.kind == "int" and e.op != "/" else "float"
+        kind: ir.NumKind = "int" if a.kind == b.kind == "int" and e.op != "/" else "float"
         if e.op == "+":
             return _num(kind, _add(a.lo, b.lo), _add(a.hi, b.hi))
         if e.op == "-":
@@ -407,21 +414,22 @@ class _Typer:
             for arg in e.args:
                 self.expect_bool(arg, "`count` counts conditions, but")
             return _num("int", 0.0, float(len(e.args)))
-        nums = [self.expect_num(a, self.infer(a), f"`{e.func}`") for a in e.args]
-        if any(n is None for n in nums):
+        checked = [self.expect_num(a, self.infer(a), f"`{e.func}`") for a in e.args]
+        nums = [n for n in checked if n is not None]
+        if len(nums) < len(checked):
             return None
-        kind = "int" if all(n.kind == "int" for n in nums) else "float"  # type: ignore[union-attr]
-        los = [n.lo for n in nums]  # type: ignore[union-attr]
-        his = [n.hi for n in nums]  # type: ignore[union-attr]
+        kind: ir.NumKind = "int" if all(n.kind == "int" for n in nums) else "float"
+        los = [n.lo for n in nums]
+        his = [n.hi for n in nums]
         if e.func == "min":
             # min(x, y) lies below every argument's upper bound, above the lowest lower bound.
-            lo = None if None in los else min(los)  # type: ignore[type-var]
+            lo = _all_bounded(los, min)
             bounded = [h for h in his if h is not None]
             hi = min(bounded) if bounded else None
         else:
             bounded = [lo_ for lo_ in los if lo_ is not None]
             lo = max(bounded) if bounded else None
-            hi = None if None in his else max(his)  # type: ignore[type-var]
+            hi = _all_bounded(his, max)
         return _num(kind, lo, hi)
 
     def case(self, e: ir.CaseExpr) -> _Ty:
@@ -452,11 +460,11 @@ class _Typer:
                               "every arm of a `case` must give the same type")
                 return None
         if isinstance(first, ir.NumType):
-            nums = [t for _, t in rest]
-            kind = "int" if all(n.kind == "int" for n in nums) else "float"  # type: ignore[union-attr]
-            los = [n.lo for n in nums]  # type: ignore[union-attr]
-            his = [n.hi for n in nums]  # type: ignore[union-attr]
-            return _num(kind, None if None in los else min(los), None if None in his else max(his))
+            nums = [t for _, t in rest if isinstance(t, ir.NumType)]  # all are: same type as `first`
+            kind: ir.NumKind = "int" if all(n.kind == "int" for n in nums) else "float"
+            los = [n.lo for n in nums]
+            his = [n.hi for n in nums]
+            return _num(kind, _all_bounded(los, min), _all_bounded(his, max))
         if isinstance(first, ir.EnumType):
             values = {}
             for _, t in rest:
@@ -652,11 +660,11 @@ def check_types(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
                     typer.expect_bool(branch.guard, "the condition")
         for branch in stage.branches:
             for assign in branch.target.outputs:
-                output = scenario.outputs.get(assign.name)
-                if output is None:
+                declared_output = scenario.outputs.get(assign.name)
+                if declared_output is None:
                     typer.infer(assign.value)  # still report undefined names inside
                 else:
-                    typer.output_value(output, assign.value, _span_or(assign.value.span, assign.span))
+                    typer.output_value(declared_output, assign.value, _span_or(assign.value.span, assign.span))
     return typer.out
 
 
@@ -1005,6 +1013,11 @@ def check_flow(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
     return list(flow_diagnostics(scenario))
 
 
+def check_output_ranges(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """E204 for assignments some feasible path drives outside the output's range (`sopgraph.logic.ranges`)."""
+    return output_range_diagnostics(scenario)
+
+
 # ---------------------------------------------------------------------------------------------
 # The pass list and the entry points
 
@@ -1016,6 +1029,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("unused", check_unused),
     Pass("descriptions", check_descriptions),
     Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
+    Pass("output ranges", check_output_ranges, blocked_by=("E1", "E2", "E302", "E303", "E304")),
 )
 
 
@@ -1145,6 +1159,7 @@ __all__ = [
     "check_descriptions",
     "check_file",
     "check_flow",
+    "check_output_ranges",
     "check_structure",
     "check_targets",
     "check_types",

@@ -37,7 +37,7 @@ import math
 import random
 import struct
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from sopgraph.language import ir
@@ -598,10 +598,11 @@ class Space:
             resid = frozenset(kept)
             dead = [i for i in range(len(full)) if i not in keep_vars]
         else:
-            dead = self._dead.get(live)
-            if dead is None:
-                dead = [i for i in range(len(full)) if i not in live]
-                self._dead[live] = dead
+            cached = self._dead.get(live)
+            if cached is None:
+                cached = [i for i in range(len(full)) if i not in live]
+                self._dead[live] = cached
+            dead = cached
         doms = box.doms
         changed = False
         for i in dead:
@@ -750,9 +751,9 @@ class Space:
         key = (id(expr), None)
         hit = self._formula_cache.get(key)
         if hit is not None and hit[0] is expr:
-            return hit[1]  # type: ignore[return-value]
+            return hit[1]
         t = _Compiler(self).term(expr, 0)
-        self._formula_cache[key] = (expr, t)  # type: ignore[assignment]
+        self._formula_cache[key] = (expr, t)
         return t
 
     def fire_formula(self, stage: ir.Stage, index: int) -> Formula:
@@ -809,7 +810,7 @@ class Space:
                     if k == last:
                         break
                     nrest: list[Box] = []
-                    pn = _neg(self, p)
+                    pn = _neg_exact(self, p)
                     for b in rest:
                         nrest.extend(self.constrain(b, pn))
                     rest = nrest
@@ -1180,9 +1181,9 @@ def _pick_num(d: NumDom, is_int: bool, style: str, rng: random.Random | None) ->
         x = float(x)
         if ok(x):
             return x
-        for y in (x + 0.5, x - 0.5, (x + hi) / 2 if hi != INF else x + 1, (x + lo) / 2 if lo != -INF else x - 1):
-            if math.isfinite(y) and ok(y):
-                return float(y)
+        for z in (x + 0.5, x - 0.5, (x + hi) / 2 if hi != INF else x + 1, (x + lo) / 2 if lo != -INF else x - 1):
+            if math.isfinite(z) and ok(z):
+                return float(z)
         return _NONE
 
     if rng is not None:
@@ -1264,14 +1265,21 @@ def _neg(space: Space, f: Formula) -> Formula | None:
                       for p in num_complement(f.dom)]
             n = mk_or(space, [mk_atom(space, i, d) for d in pieces if d is not None])
     elif f.kind == "and":
-        n = mk_or(space, [_neg(space, p) for p in f.parts])
+        n = mk_or(space, [_neg_exact(space, p) for p in f.parts])
     elif f.kind == "or":
-        n = mk_and(space, [_neg(space, p) for p in f.parts])
+        n = mk_and(space, [_neg_exact(space, p) for p in f.parts])
     else:  # pragma: no cover
         return None
     f.neg = n
     if n.neg is None:
         n.neg = f
+    return n
+
+
+def _neg_exact(space: Space, f: Formula) -> Formula:
+    """`_neg` of a part of an exact formula: such parts are exact too, so the complement exists."""
+    n = _neg(space, f)
+    assert n is not None
     return n
 
 
@@ -1576,7 +1584,7 @@ class _Compiler:
         if is_int:
             lo_i = int(full.lo) if full.lo != -INF else -_INT_LIMIT
             hi_i = int(full.hi) if full.hi != INF else _INT_LIMIT
-            to_x = int
+            to_x: Callable[[int], float] = int
             hint_x = (c - b) / a if a else 0.0
             hint = int(hint_x) if math.isfinite(hint_x) and abs(hint_x) < 2**1000 else 0
         else:

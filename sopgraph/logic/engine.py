@@ -24,18 +24,22 @@ from typing import Any
 from pydantic import BaseModel
 
 from sopgraph.language import ir
+from sopgraph.language.diagnostics import did_you_mean
 
 EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
 
 
 class DecideError(Exception):
-    """A value the path needs is missing or outside its domain (or the SOP is not exhaustive)."""
+    """A value the path needs is missing or outside its domain, an output the chosen leaf sets does
+    not fit its declared type (`output` names it), or the SOP is not exhaustive."""
 
-    def __init__(self, message: str, variable: str | None = None, stage: str | None = None):
+    def __init__(self, message: str, variable: str | None = None, stage: str | None = None,
+                 output: str | None = None):
         super().__init__(message)
         self.message = message
         self.variable = variable
         self.stage = stage
+        self.output = output
 
 
 class Decision(BaseModel):
@@ -85,6 +89,58 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
                               var.name)
         return value
     return value
+
+
+def output_problem(output: ir.Output, value: Any) -> str | None:
+    """Why `value` cannot be the final value of `output` (None when it fits). Both engine forms
+    use this one test, so an assignment that leaves its declared range fails the same way in both."""
+    otype = output.type
+    if isinstance(otype, ir.NumType):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "is not a number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "is not finite"
+        if otype.kind == "int" and isinstance(value, float) and not value.is_integer():
+            return "is not an integer"
+        if not otype.contains(value):
+            return f"is outside {otype.describe()}"
+        return None
+    if isinstance(otype, ir.EnumType):
+        if not isinstance(value, str) or value not in otype.values:
+            return f"is not one of {' | '.join(otype.values)}"
+        return None
+    if value is not True and value is not False:
+        return "is not a bool"
+    return None
+
+
+def output_error(output: ir.Output, value: Any, problem: str, stage: str | None,
+                 assign: ir.OutputAssign | None = None) -> DecideError:
+    """The decide-time error for an output value that does not fit its declaration."""
+    where = f" at {stage}" if stage else ""
+    by = f" by `{assign.name} = {ir.show(assign.value)}`" if assign is not None else ""
+    return DecideError(f"output `{output.name}` = {_fmt(value)} {problem} (set{by}{where})",
+                       stage=stage, output=output.name)
+
+
+def undeclared_inputs(scenario: ir.Scenario, keys: Iterable[str]) -> list[str]:
+    """One message per key that is not a field or system variable (the engine ignores such keys,
+    so a misspelt `Reqest` would otherwise go unnoticed); derived and output names say so."""
+    inputs = [v.name for v in scenario.variables.values() if v.role != "derived"]
+    out: list[str] = []
+    for key in keys:
+        var = scenario.variables.get(key)
+        if var is not None and var.role != "derived":
+            continue
+        if var is not None:
+            out.append(f"`{key}` is a derived variable: the engine computes it and ignores the given value")
+        elif key in scenario.outputs or key == "Action":
+            out.append(f"`{key}` is an output, not an input: the given value is ignored")
+        else:
+            hint = did_you_mean(key, inputs)
+            out.append(f"`{key}` is not a field or system variable of `{scenario.name}`; it is ignored"
+                       + (f" ({hint})" if hint else ""))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,13 +239,19 @@ def apply_compare(op: str, a: Any, b: Any) -> bool:
         raise DecideError(f"cannot compare {_fmt(a)} {op} {_fmt(b)}") from None
 
 
-def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate) -> dict[str, Any]:
-    """Finals of a leaf: Action, then every declared output (assigned, else its default)."""
+def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate,
+                stage: str | None = None) -> dict[str, Any]:
+    """Finals of a leaf: Action, then every declared output (assigned, else its default). An
+    assigned value that does not fit the output's declaration raises DecideError (`output` set)."""
     finals: dict[str, Any] = {"Action": target.action}
-    assigned = {a.name: a.value for a in target.outputs}
+    assigned = {a.name: a for a in target.outputs}
     for name, out in scenario.outputs.items():
         if name in assigned:
-            finals[name] = evaluate(assigned[name])
+            value = evaluate(assigned[name].value)
+            problem = output_problem(out, value)
+            if problem is not None:
+                raise output_error(out, value, problem, stage, assigned[name])
+            finals[name] = value
         else:
             finals[name] = out.default.value if out.default is not None else None
     return finals
@@ -223,8 +285,10 @@ def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
         target = chosen.target
         if target.kind == "action":
             try:
-                finals = leaf_finals(scenario, target, it.eval)
+                finals = leaf_finals(scenario, target, it.eval, stage_id)
             except DecideError as exc:
+                if exc.output is not None:
+                    raise
                 raise DecideError(exc.message + f" (needed for the outputs of {stage_id})",
                                   exc.variable, stage_id) from None
             return Decision(path=path, finals=finals)
@@ -242,7 +306,7 @@ class _Gen:
     def __init__(self, scenario: ir.Scenario):
         self.s = scenario
         self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError,
-                                   "_INF": math.inf}
+                                   "_INF": math.inf, "_out": self._out}
         self.lines: list[str] = []
         self.var_index = {name: i for i, name in enumerate(scenario.variables)}
         self.consts = 0
@@ -258,6 +322,14 @@ class _Gen:
     @staticmethod
     def _bad(name: str, value: Any) -> None:
         raise DecideError(f"bad value for `{name}`: {_fmt(value)}", name)
+
+    @staticmethod
+    def _out(output: ir.Output, value: Any) -> Any:
+        """Generated leaves pass each computed output through here (the interpreter's test)."""
+        problem = output_problem(output, value)
+        if problem is not None:
+            raise output_error(output, value, problem, None)
+        return value
 
     def readers(self) -> None:
         for name, var in self.s.variables.items():
@@ -332,11 +404,11 @@ class _Gen:
         for name, out in self.s.outputs.items():
             if name in assigned:
                 val = assigned[name]
-                if isinstance(val, ir.Lit):
+                if isinstance(val, ir.Lit) and output_problem(out, val.value) is None:
                     base[name] = val.value
                 else:
                     base[name] = None
-                    dynamic.append((name, self.expr(val)))
+                    dynamic.append((name, f"_out({self.const(out)}, {self.expr(val)})"))
             else:
                 base[name] = out.default.value if out.default is not None else None
         k = self.const(base)
@@ -353,7 +425,7 @@ class _Gen:
             and self.s.variables[subject.name].role != "derived"
             and isinstance(self.s.variables[subject.name].type, (ir.EnumType, ir.BoolType))
         )
-        if fast_enum:
+        if fast_enum and isinstance(subject, ir.Var):  # the isinstance narrows `subject` for mypy
             var = self.s.variables[subject.name]
             x = f"x{self.tmp}"
             self.tmp += 1

@@ -830,10 +830,10 @@ def _drawer(ex: Explorer, weights: Weights, rng: random.Random) -> Callable[[], 
     if isinstance(weights, Mapping):
         wmap = dict(weights)
 
-        def leaf_w(_si: int, _bi: int, action: str) -> float:
+        def leaf_w(si: int, bi: int, action: str) -> float:
             return float(wmap.get(action, 1.0))
 
-        def edge_w(_si: int, _bi: int) -> float:
+        def edge_w(si: int, bi: int) -> float:
             return 1.0
     elif callable(weights):
         fn = weights

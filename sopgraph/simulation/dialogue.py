@@ -31,10 +31,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from sopgraph.language import ir
 from sopgraph.language.schema import validate_agent_output
 from sopgraph.logic.paths import iter_paths
-from sopgraph.records import AgentOutput, Case, Turn, Usage
+from sopgraph.records import AgentOutput, Case, EndReason, Turn, Usage
 
 STOP_TOKEN = "###STOP###"
 OPENING_INSTRUCTION = (
@@ -63,8 +65,10 @@ def extract_json_object(text: str) -> tuple[dict[str, Any] | None, str | None, s
         if isinstance(obj, dict):
             return obj, None, None
         error = f"the reply is JSON but not an object ({type(obj).__name__})"
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         error = f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+        error = f"not valid JSON ({exc})"
     for match in _FENCE.finditer(text):
         try:
             obj = json.loads(match.group(2).strip())
@@ -105,7 +109,7 @@ def parse_agent_reply(scenario: ir.Scenario, text: str) -> tuple[AgentOutput | N
         return None, True, (f"{note}: " if note else "") + f"schema violation: {detail}"
     try:
         output = AgentOutput.model_validate(obj)
-    except ValueError as exc:  # the schema check should have caught it; never crash on a reply
+    except ValidationError as exc:  # the schema check should have caught it; never crash on a reply
         return None, True, (f"{note}: " if note else "") + f"schema violation: {exc.errors()[0]['msg']}"
     return output, False, note
 
@@ -187,7 +191,7 @@ class DialogueSetup:
 @dataclass
 class SimResult:
     turns: list[Turn]
-    end_reason: str
+    end_reason: EndReason
     closing_user_text: str | None = None
 
 

@@ -504,9 +504,9 @@ def agreement(judgments: Iterable[Judgment], fields: Sequence[str], *, agent_mod
     for name in fields:
         ratings: list[list[Any]] = []
         for key in sorted(by_turn):
-            values = [j.labels.get(name) for j in by_turn[key] if j.labels is not None]
-            if n_judges >= 2 and len(values) == n_judges and all(v is not None for v in values):
-                ratings.append([_vote_key(v) for v in values])
+            votes = [j.labels.get(name) for j in by_turn[key] if j.labels is not None]
+            if n_judges >= 2 and len(votes) == n_judges and all(v is not None for v in votes):
+                ratings.append([_vote_key(v) for v in votes])
         cats = sorted({v for r in ratings for v in r})
         table = [[r.count(c) for c in cats] for r in ratings]
         kappa = fleiss_kappa(table) if table else None

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from string import Template
-from typing import Any
+from typing import Any, TypeGuard
 
 from sopgraph.language import ir
 from sopgraph.language.schema import agent_output_schema
@@ -141,13 +141,13 @@ def _lit(e: ir.Lit) -> str:
     return ir.show_value(e.value)
 
 
-def _is_var(e: Any) -> bool:
+def _is_var(e: Any) -> TypeGuard[ir.Var]:
     return isinstance(e, ir.Var)
 
 
 _CMP_WORDS = {"==": "is", "!=": "is not", "<": "is less than", "<=": "is at most", ">": "is greater than",
               ">=": "is at least"}
-_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+_FLIP: dict[ir.CmpOp, ir.CmpOp] = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
 def _one_of(values: Sequence[str], negated: bool) -> str:

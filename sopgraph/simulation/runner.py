@@ -794,9 +794,9 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
         exited: set[int] = set()
         try:
             while conns:
-                ready = await asyncio.to_thread(wait_connections, list(conns), 1.0)
-                for ready_conn in ready:
-                    reader = cast(Connection, ready_conn)
+                # wait() returns a subset of the objects it is given: here, Connections
+                ready = cast(list[Connection], await asyncio.to_thread(wait_connections, list(conns), 1.0))
+                for reader in ready:
                     i = conns[reader]
                     while True:
                         total: tuple[int, float] | None

@@ -1,0 +1,149 @@
+"""Output ranges: can a leaf's assignment give an output a value outside its declared range?
+
+`output Fee: float[0..)` with `do PartialRefund { Fee = NightlyRate - 500 }` type-checks (a number
+for a number), but a nightly rate below 500 makes the fee negative. The engine refuses such a value
+when it decides (see `engine.output_problem`); this pass finds it statically: for every feasible path
+that ends in a leaf assigning a bounded numeric output, it constrains the path's region with "the
+value is below the lower bound, or above the upper bound" and looks for a witness. A witness is
+reported only after the reference engine has routed it along that very path and refused the output,
+so a diagnostic is never a guess. The search is bounded (paths and engine runs); past the bounds it
+says nothing more, and the decide-time check still holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import Diagnostic, error
+from sopgraph.logic.domain import Formula
+from sopgraph.logic.engine import DecideError, Interpreter, interpret
+from sopgraph.logic.paths import explorer_for, trace
+
+MAX_PATHS = 5_000  # feasible paths enumerated looking for leaves that set bounded outputs
+MAX_CHECKS = 200  # engine runs to verify witnesses
+
+
+def _outside(value: Any, otype: ir.NumType) -> ir.Expr | None:
+    """The condition "value is outside otype's interval", or None if the interval is unbounded."""
+    parts: list[ir.Expr] = []
+    if otype.lo is not None:
+        parts.append(ir.Compare(op="<=" if otype.lo_open else "<", left=value, right=ir.Lit(value=otype.lo)))
+    if otype.hi is not None:
+        parts.append(ir.Compare(op=">=" if otype.hi_open else ">", left=value, right=ir.Lit(value=otype.hi)))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else ir.BoolOp(op="or", operands=parts)
+
+
+def _checked_leaves(scenario: ir.Scenario) -> dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]]:
+    """(stage id, branch index) -> the assignments of bounded numeric outputs that are not literals
+    (literals are checked by the type pass)."""
+    out: dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]] = {}
+    for sid, stage in scenario.stages.items():
+        for bi, branch in enumerate(stage.branches):
+            for assign in branch.target.outputs:
+                output = scenario.outputs.get(assign.name)
+                if output is None or isinstance(assign.value, ir.Lit):
+                    continue
+                otype = output.type
+                if isinstance(otype, ir.NumType) and (otype.lo is not None or otype.hi is not None):
+                    out.setdefault((sid, bi), []).append((assign, output))
+    return out
+
+
+def output_range_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
+    """E204 for each assignment that some feasible path can drive outside its output's range."""
+    leaves = _checked_leaves(scenario)
+    if not leaves:
+        return []
+    try:
+        return _search(scenario, leaves)
+    except (RecursionError, DecideError):
+        return []
+
+
+def _search(scenario: ir.Scenario,
+            leaves: dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]]) -> list[Diagnostic]:
+    ex = explorer_for(scenario)
+    sp = ex.sp
+    region_of = ex.prefix_regions()
+    formulas: dict[int, Formula] = {}
+    done: set[int] = set()  # ids of assignments already reported
+    found: list[Diagnostic] = []
+    checks = MAX_CHECKS
+    wanted = sum(len(v) for v in leaves.values())
+    for n, (stages, branches, _action) in enumerate(ex.iter_raw()):
+        if n >= MAX_PATHS or checks <= 0 or len(done) >= wanted:
+            break
+        sid = ex.ids[stages[-1]]
+        todo = [(a, o) for a, o in leaves.get((sid, branches[-1]), []) if id(a) not in done]
+        if not todo:
+            continue
+        region = region_of(stages, branches)
+        stage_ids = [ex.ids[s] for s in stages]
+        for assign, output in todo:
+            f = formulas.get(id(assign))
+            if f is None:
+                bad = _outside(assign.value, output.type)  # type: ignore[arg-type]
+                if bad is None:
+                    continue
+                f = formulas[id(assign)] = sp.formula(bad, True)
+            for box in sp.constrain_region(region, f)[:4]:
+                w = sp.witness(box, "representative") or sp.witness(box, "boundary")
+                if w is None:
+                    continue
+                checks -= 1
+                value = _refused(scenario, w, stage_ids, list(branches), output.name)
+                if value is not None:
+                    done.add(id(assign))
+                    found.append(_diagnostic(assign, output, w, value, stage_ids))
+                    break
+                if checks <= 0:
+                    break
+    return found
+
+
+def _refused(scenario: ir.Scenario, values: dict[str, Any], stages: list[str], branches: list[int],
+             output: str) -> Any:
+    """The out-of-range value if the engine routes `values` along this path and refuses `output`."""
+    try:
+        if trace(scenario, values) != (stages, branches):
+            return None
+    except (DecideError, TypeError, ValueError, ArithmeticError):
+        return None
+    try:
+        interpret(scenario, values)
+    except DecideError as exc:
+        return _value_of(scenario, values, stages, branches, output) if exc.output == output else None
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+    return None
+
+
+def _value_of(scenario: ir.Scenario, values: dict[str, Any], stages: list[str], branches: list[int],
+              output: str) -> Any:
+    """The value the leaf computes for `output` (for the message; the evaluator has no range check)."""
+    target = scenario.stages[stages[-1]].branches[branches[-1]].target
+    expr = next(a.value for a in target.outputs if a.name == output)
+    return Interpreter(scenario, values).eval(expr)
+
+
+def _diagnostic(assign: ir.OutputAssign, output: ir.Output, witness: dict[str, Any], value: Any,
+                stages: list[str]) -> Diagnostic:
+    otype = output.type
+    assert isinstance(otype, ir.NumType)
+    shown = ir.show_value(value) if isinstance(value, (int, float)) else repr(value)
+    via = " -> ".join(stages if len(stages) <= 8 else [*stages[:3], "...", *stages[-4:]])
+    return error(
+        "E204",
+        f"`{assign.name} = {ir.show(assign.value)}` can be outside the range {otype.describe()} "
+        f"of output `{output.name}`",
+        assign.value.span if assign.value.span.line else assign.span,
+        "clamp the value (e.g. `max(0, ...)`), add a branch for these values, or widen the declaration",
+        witness=witness,
+        notes=[f"with these values the engine computes {output.name} = {shown} and refuses it (via {via})"],
+    )
+
+
+__all__ = ["MAX_CHECKS", "MAX_PATHS", "output_range_diagnostics"]
