@@ -152,3 +152,34 @@ def test_workers_die_with_their_parent(tmp_path: Path) -> None:
             for pid in [proc.pid, *_children(proc.pid)] if proc.poll() is None else []:
                 os.kill(pid, signal.SIGKILL)
     assert after == at_kill, f"{after - at_kill} model calls after the parent was killed"
+
+
+# ----------------------------------------------------------------------------- issue 12 item 12
+def test_library_run_inside_a_running_event_loop(tmp_path: Path) -> None:
+    """A notebook cell runs in a live loop: `sopgraph.run` still works, and `arun` is the async form."""
+    import asyncio
+
+    import sopgraph
+
+    cases = toy_cases(2)
+
+    async def cell() -> tuple[object, object]:
+        blocking = sopgraph.run(TOY, cases, ["agent=baseline/oracle"], tmp_path / "a", progress=False)
+        awaited = await sopgraph.arun(TOY, cases, ["agent=baseline/oracle"], tmp_path / "b", progress=False)
+        return blocking, awaited
+
+    blocking, awaited = asyncio.run(cell())
+    assert blocking.by_status == awaited.by_status == {"done": 2}
+
+
+def test_score_summary_prints_headline_not_repr(tmp_path: Path) -> None:
+    import sopgraph
+
+    sopgraph.run(TOY, toy_cases(3), ["agent=baseline/oracle"], tmp_path / "r", progress=False)
+    summary = sopgraph.score_run(tmp_path / "r").summary()
+    text = str(summary)
+    assert "baseline/oracle: 3 dialogues" in text and "overall " in text and "logic " in text
+    assert len(text) < 1500 and len(repr(summary)) < 1600
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert "GroupScore(" not in text and "Metric(" not in repr(summary)
+    assert summary.model_dump()["groups"]  # the full record is still there
