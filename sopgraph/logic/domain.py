@@ -35,13 +35,25 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import struct
-import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, apply_arith, apply_compare
+from sopgraph.logic.intervals import (  # re-exported: NumDom and the num_* operations are the domain's API
+    MAX_FLOAT,
+    NO_POINTS,
+    NumDom,
+    describe_num,
+    first_true,
+    float_to_ordinal,
+    num_complement,
+    num_meet,
+    num_norm,
+    num_subset,
+    num_union,
+    ordinal_to_float,
+)
 
 INF = math.inf
 _INT_LIMIT = 2**1000  # affine solving searches ints inside ±this (beyond it floats overflow)
@@ -49,252 +61,6 @@ _MAX_TERMS = 64  # guarded alternatives per sub-expression before it is treated 
 _MAX_COUNT_ARGS = 12
 _SEARCH_COMBOS = 4096  # candidate assignments tried per residual witness search
 MAX_SPLIT = 256  # boxes one constraint may split a box into; beyond, the constraint stays a residual
-
-
-# ---------------------------------------------------------------------------------------------
-# Numeric domains
-
-
-class NumDom(NamedTuple):
-    """A numeric interval with optional open ends and finitely many excluded points.
-
-    `lo`/`hi` are numbers or ±inf. For int variables the bounds are always closed integers and the
-    excluded points lie strictly inside."""
-
-    lo: float
-    hi: float
-    lo_open: bool
-    hi_open: bool
-    excl: frozenset
-
-    def contains(self, x: float) -> bool:
-        if x < self.lo or (x == self.lo and self.lo_open):
-            return False
-        if x > self.hi or (x == self.hi and self.hi_open):
-            return False
-        return x not in self.excl
-
-_EMPTY: frozenset = frozenset()
-
-
-def _int_floor(x: float) -> int:
-    return math.floor(x)
-
-
-def num_norm(lo: float, hi: float, lo_open: bool, hi_open: bool, excl: frozenset,
-             is_int: bool) -> NumDom | None:
-    """Canonical form of a numeric domain, or None if it is empty."""
-    if lo == INF or hi == -INF or lo > hi:
-        return None
-    if is_int:
-        if lo != -INF:
-            lo = _int_floor(lo) + 1 if (lo_open and float(lo).is_integer()) else math.ceil(lo)
-        if hi != INF:
-            hi = math.ceil(hi) - 1 if (hi_open and float(hi).is_integer()) else _int_floor(hi)
-        if lo > hi:
-            return None
-        if excl:
-            pts = set()
-            for e in excl:
-                if isinstance(e, float) and not e.is_integer():
-                    continue
-                e = int(e)
-                if lo <= e <= hi:
-                    pts.add(e)
-            while pts and lo in pts:
-                pts.discard(lo)
-                lo += 1
-            while pts and hi in pts:
-                pts.discard(hi)
-                hi -= 1
-            if lo > hi:
-                return None
-            excl = frozenset(e for e in pts if lo < e < hi)
-        return NumDom(lo, hi, False, False, excl)
-    if lo == hi and (lo_open or hi_open):
-        return None
-    if excl:
-        keep = set()
-        for e in excl:
-            if e == lo:
-                lo_open = True
-            elif e == hi:
-                hi_open = True
-            elif lo < e < hi:
-                keep.add(e)
-        if lo == hi and (lo_open or hi_open):
-            return None
-        excl = frozenset(keep)
-    if lo == -INF:
-        lo_open = False
-    if hi == INF:
-        hi_open = False
-    return NumDom(lo, hi, lo_open, hi_open, excl)
-
-
-def num_meet(a: NumDom, b: NumDom, is_int: bool) -> NumDom | None:
-    if a is b:
-        return a
-    if a.lo > b.lo:
-        lo, lo_open = a.lo, a.lo_open
-    elif a.lo < b.lo:
-        lo, lo_open = b.lo, b.lo_open
-    else:
-        lo, lo_open = a.lo, a.lo_open or b.lo_open
-    if a.hi < b.hi:
-        hi, hi_open = a.hi, a.hi_open
-    elif a.hi > b.hi:
-        hi, hi_open = b.hi, b.hi_open
-    else:
-        hi, hi_open = a.hi, a.hi_open or b.hi_open
-    excl = a.excl | b.excl if (a.excl or b.excl) else _EMPTY
-    if (lo == a.lo and hi == a.hi and lo_open == a.lo_open and hi_open == a.hi_open
-            and excl == a.excl):
-        return a
-    return num_norm(lo, hi, lo_open, hi_open, excl, is_int)
-
-
-def num_subset(a: NumDom, b: NumDom) -> bool:
-    """a ⊆ b."""
-    if a.lo < b.lo or (a.lo == b.lo and b.lo_open and not a.lo_open):
-        return False
-    if a.hi > b.hi or (a.hi == b.hi and b.hi_open and not a.hi_open):
-        return False
-    return all(not a.contains(e) for e in b.excl)
-
-
-def num_union(a: NumDom, b: NumDom, is_int: bool) -> NumDom | None:
-    """a ∪ b when it is one interval (with exclusions), else None."""
-    if b.lo < a.lo or (b.lo == a.lo and a.lo_open and not b.lo_open):
-        a, b = b, a
-    # a starts first; gap if a ends before b starts
-    pts = set()
-    if is_int:
-        if a.hi != INF and b.lo != -INF and a.hi + 1 < b.lo:
-            return None
-    elif a.hi < b.lo:
-        return None
-    elif a.hi == b.lo and a.hi_open and b.lo_open:
-        pts.add(a.hi)  # (.., x) ∪ (x, ..): one interval without the point x
-    if b.hi > a.hi or (b.hi == a.hi and a.hi_open and not b.hi_open):
-        hi, hi_open = b.hi, b.hi_open
-    else:
-        hi, hi_open = a.hi, a.hi_open
-    for e in a.excl | b.excl:
-        if not a.contains(e) and not b.contains(e):
-            pts.add(e)
-    return num_norm(a.lo, hi, a.lo_open, hi_open, frozenset(pts), is_int)
-
-
-def num_complement(d: NumDom) -> list[NumDom]:
-    """Pieces (unnormalised for the type) whose union is ℝ minus d."""
-    out: list[NumDom] = []
-    if d.lo != -INF:
-        out.append(NumDom(-INF, d.lo, False, not d.lo_open, _EMPTY))
-    if d.hi != INF:
-        out.append(NumDom(d.hi, INF, not d.hi_open, False, _EMPTY))
-    for e in sorted(d.excl):
-        out.append(NumDom(e, e, False, False, _EMPTY))
-    return out
-
-
-def _fmt(x: Any) -> str:
-    if isinstance(x, bool):
-        return "true" if x else "false"
-    if isinstance(x, float):
-        if x == INF:
-            return "inf"
-        if x == -INF:
-            return "-inf"
-        return str(int(x)) if x.is_integer() and abs(x) < 1e16 else repr(x)
-    return str(x)
-
-
-def describe_num(d: NumDom, full: NumDom | None = None) -> str:
-    """Human text for a numeric domain, omitting bounds equal to the declared type's."""
-    if d.lo == d.hi:
-        text = f"== {_fmt(d.lo)}"
-    else:
-        lo_given = d.lo != -INF and not (full is not None and d.lo == full.lo
-                                           and d.lo_open == full.lo_open)
-        hi_given = d.hi != INF and not (full is not None and d.hi == full.hi
-                                          and d.hi_open == full.hi_open)
-        if lo_given and hi_given:
-            left = "(" if d.lo_open else "["
-            right = ")" if d.hi_open else "]"
-            text = f"in {left}{_fmt(d.lo)}..{_fmt(d.hi)}{right}"
-        elif lo_given:
-            text = f"{'>' if d.lo_open else '>='} {_fmt(d.lo)}"
-        elif hi_given:
-            text = f"{'<' if d.hi_open else '<='} {_fmt(d.hi)}"
-        else:
-            text = ""
-    if d.excl:
-        ex = ", ".join(f"!= {_fmt(e)}" for e in sorted(d.excl))
-        text = f"{text}, {ex}" if text else ex
-    return text or "any"
-
-
-# ---------------------------------------------------------------------------------------------
-# Float ordering helpers (exact boundary search under float rounding)
-
-_MAXF = sys.float_info.max
-
-
-def _f2i(x: float) -> int:
-    u = struct.unpack("<Q", struct.pack("<d", x))[0]
-    if u >> 63:
-        return -(u & ((1 << 63) - 1))
-    return u
-
-
-def _i2f(i: int) -> float:
-    if i >= 0:
-        return struct.unpack("<d", struct.pack("<Q", i))[0]
-    return struct.unpack("<d", struct.pack("<Q", (-i) | (1 << 63)))[0]
-
-
-def _first_true(pred, lo: int, hi: int, hint: int) -> int | None:
-    """Smallest index in [lo, hi] where a monotone (False...True) predicate holds, or None."""
-    hint = min(max(hint, lo), hi)
-    if pred(hint):
-        # walk down to a False
-        step = 1
-        good = hint
-        while True:
-            j = good - step
-            if j <= lo:
-                if pred(lo):
-                    return lo
-                bad = lo
-                break
-            if not pred(j):
-                bad = j
-                break
-            good = j
-            step *= 2
-    else:
-        step = 1
-        bad = hint
-        while True:
-            j = bad + step
-            if j >= hi:
-                if not pred(hi):
-                    return None
-                good = hi
-                break
-            if pred(j):
-                good = j
-                break
-            bad = j
-            step *= 2
-    while good - bad > 1:
-        mid = (good + bad) // 2
-        if pred(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,9 +179,9 @@ class Space:
                 self.values.append(())
                 lo = -INF if t.lo is None else t.lo
                 hi = INF if t.hi is None else t.hi
-                d = num_norm(lo, hi, t.lo_open, t.hi_open, _EMPTY, is_int)
+                d = num_norm(lo, hi, t.lo_open, t.hi_open, NO_POINTS, is_int)
                 if d is None:  # empty declared range (a checker error): keep something usable
-                    d = NumDom(-INF, INF, False, False, _EMPTY)
+                    d = NumDom(-INF, INF, False, False, NO_POINTS)
                 full.append(d)
             else:
                 self.kinds.append("none")
@@ -424,7 +190,7 @@ class Space:
         self.full_doms: tuple = tuple(full)
         self._boxes: dict[tuple, Box] = {}
         self._serial = 0
-        self.full = self.box(self.full_doms, _EMPTY)
+        self.full = self.box(self.full_doms, NO_POINTS)
         self._formula_cache: dict[tuple[int, bool | None], tuple[Any, Any]] = {}
         self._cons: dict[tuple[Box, Formula], tuple[Box, ...]] = {}
         self._decided: dict[Box, tuple[bool | None, dict | None]] = {}
@@ -895,7 +661,7 @@ class Space:
                 if x == v and type(x) is type(v):
                     return 1 << j
             return 0
-        return NumDom(v, v, False, False, _EMPTY)
+        return NumDom(v, v, False, False, NO_POINTS)
 
     # -- feasibility and witnesses -------------------------------------------------------------
 
@@ -1261,7 +1027,7 @@ def _neg(space: Space, f: Formula) -> Formula | None:
         if k == "enum" or k == "bool":
             n = mk_atom(space, i, space.full_doms[i] & ~f.dom)
         else:
-            pieces = [num_norm(p.lo, p.hi, p.lo_open, p.hi_open, _EMPTY, k == "int")
+            pieces = [num_norm(p.lo, p.hi, p.lo_open, p.hi_open, NO_POINTS, k == "int")
                       for p in num_complement(f.dom)]
             n = mk_or(space, [mk_atom(space, i, d) for d in pieces if d is not None])
     elif f.kind == "and":
@@ -1525,17 +1291,17 @@ class _Compiler:
                 op = _NEGOP[op]
             is_int = k == "int"
             if op == "==":
-                d = num_norm(c, c, False, False, _EMPTY, is_int)
+                d = num_norm(c, c, False, False, NO_POINTS, is_int)
             elif op == "!=":
                 d = num_norm(-INF, INF, False, False, frozenset([c]), is_int)
             elif op == "<":
-                d = num_norm(-INF, c, False, True, _EMPTY, is_int)
+                d = num_norm(-INF, c, False, True, NO_POINTS, is_int)
             elif op == "<=":
-                d = num_norm(-INF, c, False, False, _EMPTY, is_int)
+                d = num_norm(-INF, c, False, False, NO_POINTS, is_int)
             elif op == ">":
-                d = num_norm(c, INF, True, False, _EMPTY, is_int)
+                d = num_norm(c, INF, True, False, NO_POINTS, is_int)
             else:
-                d = num_norm(c, INF, False, False, _EMPTY, is_int)
+                d = num_norm(c, INF, False, False, NO_POINTS, is_int)
             return FALSE if d is None else mk_atom(sp, i, d)
         node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, v),
                                           right=_lit(c), span=ir.NO_SPAN)
@@ -1588,15 +1354,15 @@ class _Compiler:
             hint_x = (c - b) / a if a else 0.0
             hint = int(hint_x) if math.isfinite(hint_x) and abs(hint_x) < 2**1000 else 0
         else:
-            lo_f = full.lo if full.lo != -INF else -_MAXF
-            hi_f = full.hi if full.hi != INF else _MAXF
-            lo_i, hi_i = _f2i(lo_f), _f2i(hi_f)
-            to_x = _i2f
+            lo_f = full.lo if full.lo != -INF else -MAX_FLOAT
+            hi_f = full.hi if full.hi != INF else MAX_FLOAT
+            lo_i, hi_i = float_to_ordinal(lo_f), float_to_ordinal(hi_f)
+            to_x = ordinal_to_float
             try:
                 hint_x = (c - b) / a if a else 0.0
             except (OverflowError, ZeroDivisionError):
                 hint_x = 0.0
-            hint = _f2i(hint_x) if math.isfinite(hint_x) else 0
+            hint = float_to_ordinal(hint_x) if math.isfinite(hint_x) else 0
 
         def pred_index(k: int) -> bool:
             return p_at(to_x(k))
@@ -1607,21 +1373,21 @@ class _Compiler:
                 return full if p_at(probe) else FALSE_DOM
             up = (op in (">", ">=")) == (a > 0)
             if up:
-                k = _first_true(pred_index, lo_i, hi_i, hint)
+                k = first_true(pred_index, lo_i, hi_i, hint)
                 if k is None:
                     return FALSE_DOM
                 x = to_x(k)
                 lo = -INF if k == lo_i and full.lo == -INF else x
-                d = num_norm(lo, INF, False, False, _EMPTY, is_int)
+                d = num_norm(lo, INF, False, False, NO_POINTS, is_int)
             else:
-                k = _first_true(lambda j: not pred_index(j), lo_i, hi_i, hint)
+                k = first_true(lambda j: not pred_index(j), lo_i, hi_i, hint)
                 if k is None:
                     hi = INF
                 elif k == lo_i:
                     return FALSE_DOM
                 else:
                     hi = to_x(k - 1)
-                d = num_norm(-INF, hi, False, False, _EMPTY, is_int)
+                d = num_norm(-INF, hi, False, False, NO_POINTS, is_int)
         except (DecideError, TypeError, ValueError, ArithmeticError, RecursionError):
             return None
         if d is None:
