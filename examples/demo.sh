@@ -53,6 +53,6 @@ head -n 20 "$OUT/compare.txt"
 sop coverage scenarios/telecom_package.sop --run "$OUT/runs/random-path" --render svg -o "$OUT/coverage.svg"
 sop report "$OUT/runs/oracle" "$OUT/runs/always-escalate" "$OUT/runs/always-comply" "$OUT/runs/random-path" \
     -o "$OUT/report.html"
-sop export "$OUT/runs/oracle" --format openai --min-overall 0.5 -o "$OUT/corpus.jsonl"
+sop export "$OUT/runs/oracle" --format openai --min-overall 50 -o "$OUT/corpus.jsonl"
 
 say "done: see $OUT/ (report.html, coverage.svg, *.svg graphs, cases.jsonl, runs/)"

@@ -5,8 +5,6 @@ stage packages (`language`, `logic`, `cases`, `simulation`, `evaluation`, `cli`)
 the package imports this façade.
 """
 
-from __future__ import annotations
-
 import asyncio as _asyncio
 import threading as _threading
 from pathlib import Path
@@ -98,18 +96,30 @@ __all__ = [
     "Decision",
     "DecideError",
     "Diagnostic",
+    "PathCount",
     "PathInfo",
+    "Profile",
     "Scenario",
+    "ScoreConfig",
+    "ScoredRun",
     "SopError",
+    "SynthResult",
     "__version__",
     "arun",
     "check",
     "compile_graph",
     "count_paths",
     "decide",
+    "default_profile",
     "load",
     "iter_paths",
     "run",
+    "run_sync",
     "score_run",
     "synthesize",
 ]
+
+
+def __dir__() -> list[str]:
+    """`dir(sopgraph)` lists the public API, not the names this module happens to import."""
+    return sorted(__all__)

@@ -613,3 +613,22 @@ def test_a_guard_that_rules_out_the_bad_values_keeps_the_assignment_clean() -> N
     unguarded = guarded.replace(">= 500", ">= 400")
     e204 = only(check(sopgraph.load(text=FEE_HEAD + unguarded, check=False)), "E204")
     assert e204.witness is not None and 400 <= e204.witness["NightlyRate"] < 500
+
+
+def test_cli_reports_the_profile_beside_the_file_under_its_own_name(tmp_path: Path) -> None:
+    sop = tmp_path / "desk.sop"
+    sop.write_text('scenario desk "Desk" "d"\nfield V: bool "v"\naction A "a"\naction B "b"\n'
+                   "stage s { when V -> do A otherwise -> do B }\n")
+    prof = tmp_path / "desk.profile.yaml"
+    prof.write_text("scenario: desk\nintents:\n  a: {description: x, requires: {Vee: true}}\n")
+    res = CliRunner().invoke(main, ["check", str(sop)])
+    assert res.exit_code == 1
+    assert f"{prof}:3:" in res.output and "error[E604]" in res.output  # blamed on the profile, not the .sop
+    assert res.output.rstrip().splitlines()[-2:] == [
+        f"{sop}: 0 errors, 0 warnings (ok)", f"{prof}: 1 error, 0 warnings (failed)"]
+    skipped = CliRunner().invoke(main, ["check", "--no-profile", str(sop)])
+    assert skipped.exit_code == 0 and skipped.output.strip() == f"{sop}: 0 errors, 0 warnings (ok)"
+    two = CliRunner().invoke(main, ["check", str(sop), str(sop)])
+    assert two.output.rstrip().splitlines()[-2:] == ["2 files: 0 errors, 0 warnings (ok)",
+                                                     "2 profiles: 2 errors, 0 warnings (failed)"]
+    assert "profile beside" in CliRunner().invoke(main, ["check", "--help"]).output

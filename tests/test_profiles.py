@@ -217,6 +217,14 @@ def test_condition_errors(toy: ir.Scenario) -> None:
     assert any("Fee" in (d.hint or "") for d in diags if d.code == "E604")
 
 
+def test_a_unit_after_a_profile_condition_gets_a_profile_hint(toy: ir.Scenario) -> None:
+    diags = diags_of('intents:\n  a:\n    requires: {Fee: "> 48 hours"}\n', toy)
+    bad = one(diags, "E606")
+    assert bad.message == "bad condition `Fee > 48 hours`: unexpected `hours` after the condition"
+    assert "`> 48`" in (bad.hint or "") and "without units" in (bad.hint or "")
+    assert "->" not in bad.message + (bad.hint or "")  # no `.sop` branch syntax in a profile hint
+
+
 def test_structural_errors_do_not_hide_semantic_ones(toy: ir.Scenario) -> None:
     text = "bogus: 1\nintents:\n  a: {requires: {Nope: 1}}\npersonas: [calm_profesional]\n"
     codes = sorted(d.code for d in diags_of(text, toy))

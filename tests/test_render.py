@@ -337,6 +337,20 @@ def test_mermaid_escaping(tricky):
     assert R.mermaid_text('<a href="x">#1|{}</a>') == "#lt;a href=#quot;x#quot;#gt;#35;1#124;#123;#125;#lt;/a#gt;"
 
 
+def test_mermaid_user_text_carries_no_markup() -> None:
+    hostile = sopgraph.load(text=(
+        'scenario x "<script>alert(1)</script> & \\"more\\"" "d"\n'
+        'field K: A | B "<b>kind</b>"\n'
+        'action "<img src=x onerror=alert(1)>" "<i>do</i>"\naction Y "y"\n'
+        'stage s1 "<em>title</em>" { "<script>text</script>"\n'
+        '  match K { A -> do "<img src=x onerror=alert(1)>" B -> do Y } }\n'))
+    text = R.to_mermaid(hostile)
+    front = text.split("---")[1]
+    assert front == '\ntitle: "x — \u2039script\u203aalert(1)\u2039/script\u203a \uff06 \\"more\\""\n'
+    without_breaks = text.replace("<br/>", "")
+    assert "<" not in without_breaks and ">" not in without_breaks.replace("-->", "").replace("==>", "")
+
+
 def test_mermaid_heat(telecom):
     text = R.to_mermaid(telecom, heat={"step1": 4, ("step1", "step2"): 4})
     assert "class s_step1 heat4" in text and "class s_step7 uncovered" in text

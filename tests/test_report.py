@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -9,6 +10,7 @@ import struct
 import subprocess
 import zlib
 from collections import Counter
+from html import unescape as html_unescape
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +19,17 @@ from click.testing import CliRunner
 
 import sopgraph
 from sopgraph.cli import main
-from sopgraph.evaluation.report import Svg, bar_chart, box_chart, box_stats, line_chart, report_for_runs
-from sopgraph.evaluation.score import Metric, ScoreConfig
+from sopgraph.evaluation.report import (
+    Svg,
+    bar_chart,
+    box_chart,
+    box_stats,
+    line_chart,
+    money_units,
+    plural,
+    report_for_runs,
+)
+from sopgraph.evaluation.score import Metric, ScoreConfig, score_run
 from sopgraph.logic.engine import decide
 from sopgraph.records import (
     CHAT_DIMENSIONS,
@@ -115,7 +126,7 @@ def build_run(run_dir: Path, *, model: str, skill: float, n_cases: int = 16, tri
 def runs(tmp_path_factory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("report_runs")
     good = build_run(base / "good", model="acme/good", skill=0.95, seed=1)
-    weak = build_run(base / "weak", model="acme/weak", skill=0.55, seed=2)
+    weak = build_run(base / "weak", model="acme/weak-and-rather-verbose-model-2024", skill=0.55, seed=2)
     return good, weak
 
 
@@ -174,6 +185,43 @@ def test_report_cli(runs, tmp_path) -> None:
     assert "<title>T</title>" in out.read_text()
     res = CliRunner().invoke(main, ["report", str(tmp_path / "none"), "-o", str(out)])
     assert res.exit_code == 1 and "not a run directory" in res.output
+
+
+def test_one_agreement_table_when_runs_are_judged_alike(runs, html_text: str) -> None:
+    field_tables = "<th class='l'>Field</th>"
+    assert html_text.count(field_tables) == 2  # two runs judged differently: two tables
+    same = report_for_runs([runs[0], runs[0]], ScoreConfig(bootstrap=50))
+    agreement = same.split('<section id="agreement">')[1].split("</section>")[0]
+    assert agreement.count(field_tables) == 1 and "2 runs with identical agreement" in agreement
+
+
+def test_turn_counts_are_pluralised(html_text: str) -> None:
+    assert plural(1, "turn") == "1 turn" and plural(2, "turn") == "2 turns" and plural(1, "entry", "entries")
+    assert re.search(r"\b1 turn\b", html_text), "the fixture has one-turn dialogues"
+    assert not re.search(r"\b1 turns\b", html_text)
+
+
+def test_revenue_at_risk_shows_the_sop_unit(runs, html_text: str) -> None:
+    assert money_units(score_run(runs[0], ScoreConfig(bootstrap=0))) == ["CNY"]  # `unit "CNY" money` in the .sop
+    safety = html_text.split('<section id="safety">')[1].split("</section>")[0]
+    assert "Revenue at risk" in safety
+    assert re.search(r"<td>[\d,]+ <span class='unit'>CNY</span></td>", safety)
+
+
+def test_transcripts_and_example_lists_are_folded(html_text: str) -> None:
+    transcripts = html_text.split('<section id="transcripts">')[1].split("</section>")[0]
+    anchors = re.findall(r"<details><summary>.*?</summary><div class='dialogue' id='(d-[^']+)'>", transcripts)
+    assert anchors and len(anchors) == transcripts.count("class='dialogue'")
+    examples = html_text.split('<section id="examples">')[1].split("</section>")[0]
+    assert examples.count("<details class='block'>") == 2  # one per model; a link opens its list
+
+
+def test_bar_values_sit_above_their_whiskers() -> None:
+    m = Metric(value=0.5, lo=0.3, hi=0.8, n=10)
+    svg = bar_chart([("a", None)], [("s", "#123456")], {(0, 0): m}, "t")
+    label_y = float(re.search(r'<text x="[\d.]+" y="([\d.]+)"[^>]*class="barvalue"', svg).group(1))
+    whisker_top = min(float(y) for y in re.findall(r"V([\d.]+)", svg))
+    assert label_y < whisker_top
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,3 +289,94 @@ def test_report_renders_in_headless_chromium(runs, tmp_path) -> None:
     width, height, varied = _png_pixels_vary(shot.read_bytes())
     assert (width, height) == (1280, 2000)
     assert varied, "the screenshot is blank"
+
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+# Appended to a copy of the report (the report itself has no scripts): layout facts at 1400 px.
+MEASURE = """<script>
+window.addEventListener('load', () => {
+  const box = (el) => el.getBoundingClientRect();
+  const wrapOf = (id) => document.querySelector('#' + id + ' .tablewrap');
+  const out = {height: document.documentElement.scrollHeight, width: document.documentElement.scrollWidth,
+    viewport: document.documentElement.clientWidth,
+    overflow: ['overview', 'leaderboard', 'safety'].map((id) => [id, wrapOf(id).scrollWidth - wrapOf(id).clientWidth]),
+    leaderboard_right: Math.max(...[...document.querySelectorAll('#leaderboard th')].map((th) => box(th).right)),
+    headers: [...document.querySelectorAll('#leaderboard th')].map((th) => th.textContent),
+    graphs: [...document.querySelectorAll('#coverage .graph svg')].filter((g) => box(g).width > 0)
+      .map((g) => [box(g).width / g.width.baseVal.value, box(g).width])};
+  const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"profile-{page.stem}"
+    cmd = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,900", *args,
+           page.resolve().as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def _measure(tmp_path: Path, html: str) -> dict:
+    page = tmp_path / "measure.html"
+    page.write_text(html.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    dom = _chromium(tmp_path, page, "--dump-dom").stdout
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S)
+    assert found, dom[-2000:]
+    return json.loads(html_unescape(found.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="LOUD SKIP: chromium is not installed, the report was not laid out")
+def test_report_layout_at_1400_px(runs, tmp_path) -> None:
+    html = report_for_runs(list(runs), ScoreConfig(bootstrap=100))
+    facts = _measure(tmp_path, html)
+    # compact: two runs of 32 dialogues fit in a few screens (the old report was 33,000 px for these)
+    assert facts["height"] < 8000, facts["height"]
+    assert facts["width"] <= facts["viewport"], "the page scrolls sideways"
+    # the leaderboard shows every column, pass^k, Catastrophic and Cost tier included, without scrolling
+    assert {"pass^k", "Catastrophic", "Cost tier"} <= set(facts["headers"])
+    assert all(over <= 0 for _, over in facts["overflow"]), facts["overflow"]
+    assert facts["leaderboard_right"] <= facts["viewport"]
+    # the open coverage graph is drawn at its natural size (readable labels), not shrunk
+    assert facts["graphs"], "no coverage graph shown"
+    scale, width = facts["graphs"][0]
+    assert scale > 0.97 and width > 500, facts["graphs"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="LOUD SKIP: chromium is not installed, the report was not rendered")
+def test_report_screenshot_at_1400_px_is_not_blank(runs, tmp_path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text(report_for_runs(list(runs), ScoreConfig(bootstrap=50)), encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    _chromium(tmp_path, page, f"--screenshot={shot}")
+    width, height, varied = _png_pixels_vary(shot.read_bytes())
+    assert (width, height) == (1400, 900) and varied
+
+
+def _png_rows(png: bytes) -> bytes:
+    pos, idat = 8, b""
+    while pos < len(png):
+        length = struct.unpack(">I", png[pos:pos + 4])[0]
+        if png[pos + 4:pos + 8] == b"IDAT":
+            idat += png[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return zlib.decompress(idat)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="LOUD SKIP: chromium is not installed, Chinese text was not rendered")
+def test_chinese_text_renders_with_the_report_fonts(tmp_path) -> None:
+    """Chinese in the report's font stack must not come out as the empty boxes that stand for missing glyphs:
+    the same page with unassigned code points (always boxes) must look different."""
+    css = (ROOT / "sopgraph" / "templates" / "report" / "report.css").read_text(encoding="utf-8")
+    assert "WenQuanYi Micro Hei" in css and "Noto Sans CJK SC" in css
+    shots = []
+    for name, text in (("zh", "您好，我需要退款"), ("boxes", "\u0378\u0379\u0380\u0381\u0382\u0383\u038b\u038d")):
+        page = tmp_path / f"{name}.html"
+        page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><style>{css}</style></head><body>"
+                        f"<p style='font-size:48px;margin:20px'>{text}</p></body></html>", encoding="utf-8")
+        shot = tmp_path / f"{name}.png"
+        _chromium(tmp_path, page, f"--screenshot={shot}")
+        shots.append(_png_rows(shot.read_bytes()))
+    assert shots[0] != shots[1], "Chinese text renders as missing-glyph boxes: install fonts-wqy-microhei"

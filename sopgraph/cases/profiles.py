@@ -323,6 +323,7 @@ def _validation_diagnostics(exc: ValidationError, doc: _Doc) -> list[Diagnostic]
 # Conditions: YAML values → IR expressions
 
 
+_TRAILING = re.compile(r"^missing `->` before `(.+)`$")
 _PLAIN_VALUE = re.compile(r"^[A-Za-z_][A-Za-z0-9_+\-.]*$")
 _OPERATOR_PREFIX = re.compile(r"^\s*(==|!=|<=|>=|<|>|not\s+in\b|in\b)")
 
@@ -346,6 +347,11 @@ def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted:
             if d.span is not None and d.span.line == 2:
                 col = shift + max(0, d.span.col - 6)
                 message, hint = f"bad condition `{text}`: {d.message}", d.hint
+                extra = _TRAILING.match(d.message)
+                if extra:  # the `.sop` parser's branch hints mean nothing in a profile value
+                    message = f"bad condition `{text}`: unexpected `{extra.group(1)}` after the condition"
+                    hint = ("a condition is a value (`Calm`), a list of values, or a comparison such as "
+                            "`> 48` or `in {1, 2}`, in `.sop` expression syntax; write numbers without units")
             else:  # the error is past the end of the condition
                 col = shift + len(text)
                 message, hint = f"incomplete condition `{text}`", "something is missing at its end"

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from sopgraph.cases.profiles import profile_path_for
 from sopgraph.cases.synth import check_profile_beside
 from sopgraph.language.diagnostics import sort_key
 from sopgraph.logic.checker import Checked, check_file
@@ -41,16 +42,15 @@ def render(diag: Any, sources: dict[str, str]) -> str:
     return text
 
 
-def _with_profile(result: Checked, path: Path) -> Checked:
-    """A user profile beside the `.sop` (NAME.profile.yaml) is part of the scenario: check it too,
-    once the program itself has no errors."""
+def _profile_result(result: Checked, path: Path) -> Checked | None:
+    """The user profile beside the `.sop` (NAME.profile.yaml) is part of the scenario: check it too,
+    once the program itself has no errors, as a result of its own (its file name, its own counts)."""
     if result.scenario is None or result.errors:
-        return result
+        return None
     diags, sources = check_profile_beside(path, result.scenario)
-    if not diags:
-        return result
-    merged = sorted([*result.diagnostics, *diags], key=sort_key)
-    return result.model_copy(update={"diagnostics": merged, "sources": {**result.sources, **sources}})
+    if not diags and not sources:
+        return None
+    return Checked(file=str(profile_path_for(path)), diagnostics=sorted(diags, key=sort_key), sources=sources)
 
 
 def _plural(n: int, word: str) -> str:
@@ -62,12 +62,25 @@ def _plural(n: int, word: str) -> str:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Rendered diagnostics, or a JSON array of diagnostic records.")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
-def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool) -> None:
+@click.option("--no-profile", is_flag=True, help="Do not check the user profile beside each FILE.")
+def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool) -> None:
     """Statically check FILE... (names, types, flow, reachability, unused declarations).
+
+    The user profile beside a FILE (NAME.profile.yaml next to NAME.sop) is checked too, once
+    the FILE itself has no errors; its diagnostics carry the profile's own file name and are
+    counted on a summary line of their own (--no-profile skips it).
 
     Exit status: 0 when there are no errors (warnings allowed unless --strict), 1 otherwise.
     """
-    results = [_with_profile(check_file(f), f) for f in files]
+    results: list[Checked] = []
+    profile_results: list[Checked] = []
+    for f in files:
+        result = check_file(f)
+        results.append(result)
+        profile = None if no_profile else _profile_result(result, f)
+        if profile is not None:
+            results.append(profile)
+            profile_results.append(profile)
     errors = sum(r.errors for r in results)
     warnings = sum(r.warnings for r in results)
     if fmt == "json":
@@ -78,8 +91,21 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool) -> None:
             for diag in result.diagnostics:
                 click.echo(render(diag, result.sources))
                 click.echo("")
-        where = str(files[0]) if len(files) == 1 else _plural(len(files), "file")
-        status = "ok" if not errors and not (strict and warnings) else "failed"
-        click.echo(f"{where}: {_plural(errors, 'error')}, {_plural(warnings, 'warning')} ({status})")
+        if len(files) == 1:
+            for result in results:
+                click.echo(_summary(result.file, result.errors, result.warnings, strict))
+        else:
+            profiles = profile_results
+            sops = [r for r in results if all(r is not p for p in profiles)]
+            click.echo(_summary(_plural(len(files), "file"), sum(r.errors for r in sops),
+                                sum(r.warnings for r in sops), strict))
+            if profiles:
+                click.echo(_summary(_plural(len(profiles), "profile"), sum(r.errors for r in profiles),
+                                    sum(r.warnings for r in profiles), strict))
     if errors or (strict and warnings):
         sys.exit(1)
+
+
+def _summary(where: str, errors: int, warnings: int, strict: bool) -> str:
+    status = "ok" if not errors and not (strict and warnings) else "failed"
+    return f"{where}: {_plural(errors, 'error')}, {_plural(warnings, 'warning')} ({status})"

@@ -492,6 +492,9 @@ def export_cmd(run_dir: Path, fmt: Format, min_overall: float | None, reference:
                **opts: Any) -> None:
     """Export a run's dialogues as a training corpus (OpenAI messages or ShareGPT), each line with its
     case id, SOP hash and scores."""
+    if min_overall is not None and 0 < min_overall <= 1:
+        click.echo(f"warning: --min-overall is on the 0–100 scale of `sop score`; {min_overall:g} keeps almost "
+                   f"everything (did you mean {min_overall * 100:g}?)", err=True)
     cfg = _guard(lambda: _config(**opts))
     records, stats = _guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg,
                                                min_overall=None if min_overall is None else min_overall / 100))

@@ -46,7 +46,7 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 
 @click.command("synth")
 @sop_file
-@click.option("-n", "--cases", "n", type=int, default=100, show_default=True,
+@click.option("-n", "--count", "n", type=int, default=100, show_default=True,
               help="Number of cases (more only when needed to give every path --min-per-path cases).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -66,11 +66,17 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 @click.option("--coverage", "coverage_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the coverage summary as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary table.")
+@click.option("--cases", "n_deprecated", type=int, default=None, hidden=True,
+              help="Deprecated alias of --count (in `sop run`, --cases names a case file).")
 def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None, min_per_path: int,
               balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
-              coverage_out: Path | None, quiet: bool) -> None:
+              coverage_out: Path | None, quiet: bool, n_deprecated: int | None) -> None:
     """Synthesize test cases for FILE: intent-balanced sampling over feasible paths, then supplementation
     so that every path is covered (SAGE's two-stage scheme). Output: JSON Lines of `Case` records."""
+    if n_deprecated is not None:
+        click.echo("warning: `sop synth --cases N` is deprecated; use `-n N` or `--count N` "
+                   "(`--cases` is the case file of `sop run`)", err=True)
+        n = n_deprecated
     scenario = load_or_exit(file)
     profile = _load_profile_or_exit(file, scenario, profile_path)
     try:

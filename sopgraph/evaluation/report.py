@@ -46,6 +46,10 @@ from sopgraph.simulation.judge import agreement
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
 METRIC_COLORS = {"classification": "#9fb3c8", "action": "#1f5fa8", "action_self": "#f0a202"}
+# Latin first (Helvetica metrics), then CJK fonts so that Chinese dialogues render (the set-up installs
+# fonts-wqy-microhei; Noto CJK, PingFang and YaHei cover other systems).
+SVG_FONTS = ("Helvetica, Arial, &quot;Liberation Sans&quot;, &quot;PingFang SC&quot;, &quot;Microsoft YaHei&quot;, "
+             "&quot;WenQuanYi Micro Hei&quot;, &quot;Noto Sans CJK SC&quot;, sans-serif")
 MAX_OUTLIERS = 40  # outlier dots drawn per box (the most extreme ones)
 
 
@@ -60,6 +64,11 @@ def slug(text: str) -> str:
 def _f(x: float) -> str:
     """Coordinates with one decimal (stable text)."""
     return f"{x:.1f}"
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """`1 turn`, `2 turns` (`nouns`: an irregular plural)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {nouns or noun + 's'}"
 
 
 def _pct(v: float | None, digits: int = 1) -> str:
@@ -163,7 +172,7 @@ class Svg:
 
     def render(self) -> str:
         return (f'<svg viewBox="0 0 {_f(self.w)} {_f(self.h)}" width="{_f(self.w)}" height="{_f(self.h)}" '
-                f'role="img" aria-label="{esc(self.label)}" font-family="Helvetica, Arial, sans-serif">'
+                f'role="img" aria-label="{esc(self.label)}" font-family="{SVG_FONTS}">'
                 + "".join(self.parts) + "</svg>")
 
 
@@ -245,8 +254,9 @@ def bar_chart(categories: Sequence[tuple[str, str | None]], series: Sequence[tup
                 inner.append(f'<path d="M{_f(cx)} {_f(ymap(m.lo))}V{_f(ymap(m.hi))}M{_f(cx - 4)} {_f(ymap(m.lo))}'
                              f'H{_f(cx + 4)}M{_f(cx - 4)} {_f(ymap(m.hi))}H{_f(cx + 4)}" stroke="#102a43" '
                              f'stroke-width="1.2" fill="none"/>')
-            inner.append(f'<text x="{_f(bx + bw / 2)}" y="{_f(top - 3)}" text-anchor="middle" font-size="9" '
-                         f'fill="#486581">{esc(_pct(m.value, 0))}</text>')
+            label_y = min(top, ymap(m.hi) if m.hi is not None and m.lo is not None else top) - 3
+            inner.append(f'<text x="{_f(bx + bw / 2)}" y="{_f(label_y)}" text-anchor="middle" font-size="9" '
+                         f'fill="#486581" class="barvalue">{esc(_pct(m.value, 0))}</text>')
         svg.add(Svg.link(href, "".join(inner)))
         _category_label(svg, gx + (n_ser * bw) / 2, y1 + 14, cat, href)
     return svg.render()
@@ -281,9 +291,9 @@ def box_chart(categories: Sequence[str], series: Sequence[tuple[str, str]],
               scale: float = 100.0) -> str:
     """Box plots: one box per (category, series); each box links to its examples."""
     n_cat, n_ser = max(len(categories), 1), max(len(series), 1)
-    bw = 26.0
-    gw = n_ser * bw + 30
-    width = max(300.0, 60 + n_cat * gw + 16)
+    bw = 14.0 if n_ser > 2 else 22.0  # narrow enough for four panels side by side at 1400 px
+    gw = n_ser * bw + 18
+    width = max(260.0, 60 + n_cat * gw + 16)
     height = 270.0
     svg = Svg(width, height, title)
     svg.text(width / 2, 16, title, size=12.5, weight="600")
@@ -305,11 +315,11 @@ def box_chart(categories: Sequence[str], series: Sequence[tuple[str, str]],
                    f"{_pct(st['q3'])}, mean {_pct(st['mean'])}")
             parts = [
                 f'<path d="M{_f(cx)} {_f(ymap(st["lo"]))}V{_f(ymap(st["q1"]))}M{_f(cx)} {_f(ymap(st["q3"]))}'
-                f'V{_f(ymap(st["hi"]))}M{_f(cx - 5)} {_f(ymap(st["lo"]))}H{_f(cx + 5)}M{_f(cx - 5)} '
-                f'{_f(ymap(st["hi"]))}H{_f(cx + 5)}" stroke="{color}" stroke-width="1.3" fill="none"/>',
-                Svg.rect(bx + 3, ymap(st["q3"]), bw - 6, max(ymap(st["q1"]) - ymap(st["q3"]), 1.0), fill=color,
+                f'V{_f(ymap(st["hi"]))}M{_f(cx - 4)} {_f(ymap(st["lo"]))}H{_f(cx + 4)}M{_f(cx - 4)} '
+                f'{_f(ymap(st["hi"]))}H{_f(cx + 4)}" stroke="{color}" stroke-width="1.3" fill="none"/>',
+                Svg.rect(bx + 2, ymap(st["q3"]), bw - 4, max(ymap(st["q1"]) - ymap(st["q3"]), 1.0), fill=color,
                          stroke="#102a43", title=tip).replace(f'fill="{color}"', f'fill="{color}" fill-opacity="0.55"'),
-                f'<line x1="{_f(bx + 3)}" y1="{_f(ymap(st["median"]))}" x2="{_f(bx + bw - 3)}" '
+                f'<line x1="{_f(bx + 2)}" y1="{_f(ymap(st["median"]))}" x2="{_f(bx + bw - 2)}" '
                 f'y2="{_f(ymap(st["median"]))}" stroke="#102a43" stroke-width="2"/>',
             ]
             outs = st["outliers"]
@@ -495,7 +505,7 @@ def _choose_examples(inputs, series: list[_Series], ex: _Examples, means, index_
                                                              "(failures first, lowest overall first)", ii, chosen)
         longest = sorted(d_all.tolist(), key=lambda d: (-int(run.d_turns[d]), run.dialogues[d].id))
         hrefs[f"{s.sid}:long"] = ex.add(f"{p}-long", f"{s.label}: longest dialogues", ii, longest,
-                                        [f"{int(run.d_turns[d])} turns" for d in longest])
+                                        [plural(int(run.d_turns[d]), "turn") for d in longest])
         flaky = []
         by_case: dict[int, list[int]] = {}
         for d in order_id:
@@ -547,25 +557,26 @@ def _unique_in_order(values: np.ndarray) -> list[int]:
 
 
 def _overview(inputs: Sequence[ReportInput]) -> str:
-    out = []
+    """One row per run: what was scored and how many items were excluded or could not be read."""
+    cols = (("dialogues done", "done"), ("infra failures (excluded)", "infra_failures"), ("incomplete", "incomplete"),
+            ("agent turns", "turns"), ("judged turns", "judged_turns"), ("unscorable turns", "unscorable_turns"),
+            ("no-consensus fields", "no_consensus_fields"), ("format errors", "format_errors"))
+    rows = []
     for inp in inputs:
         run = inp.run
         c = run.counts
-        cells = [("dialogues done", c.get("done", 0)), ("infra failures (excluded)", c.get("infra_failures", 0)),
-                 ("incomplete", c.get("incomplete", 0)), ("agent turns", c.get("turns", 0)),
-                 ("judged turns", c.get("judged_turns", 0)), ("unscorable turns", c.get("unscorable_turns", 0)),
-                 ("no-consensus fields", c.get("no_consensus_fields", 0)), ("format errors", c.get("format_errors", 0))]
         hashes = ", ".join(sorted({s.source_hash for s in run.scenarios.values()}))
-        out.append(f"<h3>{esc(run.run)} <span class='tag'>scenario {esc(', '.join(run.scenario_names))}</span>"
-                   f"<span class='tag'>SOP {esc(hashes)}</span><span class='tag'>judgment set "
-                   f"{esc(run.judgment_set or '–')}</span></h3>")
-        out.append("<div class='counts'>" + "".join(f"<div><b>{v:,}</b>{esc(k)}</div>" for k, v in cells) + "</div>")
+        rows.append(f"<tr><td class='l'>{esc(run.run)}</td><td class='l'>{esc(', '.join(run.scenario_names))}</td>"
+                    f"<td class='l'><code>{esc(hashes)}</code></td><td class='l'>{esc(run.judgment_set or '–')}</td>"
+                    + "".join(f"<td>{c.get(key, 0):,}</td>" for _, key in cols) + "</tr>")
+    head = ("<tr><th class='l'>Run</th><th class='l'>Scenario</th><th class='l'>SOP</th><th class='l'>Judgment set</th>"
+            + "".join(f"<th>{esc(name)}</th>" for name, _ in cols) + "</tr>")
     cfg = inputs[0].run.config
-    out.append(f"<p class='config'><b>Scoring configuration.</b> {esc(cfg.describe())}</p>")
-    out.append("<p class='note'>Scores are shown ×100 (SAGE's scale). ± values and whiskers are 95% cluster-bootstrap "
-               "intervals over cases. Logic metrics compare the agent's JSON with the rule engine's reference "
-               "computed from the judges' consensus labels and the case's system state; see docs/metrics.md.</p>")
-    return "\n".join(out)
+    return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
+            f"<p class='config'><b>Scoring configuration.</b> {esc(cfg.describe())}</p>"
+            "<p class='note'>Scores are shown ×100 (SAGE's scale). ± values and whiskers are 95% cluster-bootstrap "
+            "intervals over cases. Logic metrics compare the agent's JSON with the rule engine's reference "
+            "computed from the judges' consensus labels and the case's system state; see docs/metrics.md.</p>")
 
 
 def _cell(m: Metric | None, *, ci: bool = True, bad_above: float | None = None) -> str:
@@ -589,7 +600,9 @@ def _plain(m: Metric | None, digits: int = 0) -> str:
 
 
 def _leaderboard(inputs, series: list[_Series], hrefs: dict[str, str]) -> str:
-    head = ("<tr><th class='l'>Model</th><th class='l'>Scenario</th><th>Dialogues</th><th>Classification</th>"
+    one_scenario = len({n for s in series for n in s.inp.run.scenario_names}) <= 1  # said in the subtitle
+    head = ("<tr><th class='l'>Model</th>" + ("" if one_scenario else "<th class='l'>Scenario</th>")
+            + "<th>Dialogues</th><th>Classification</th>"
             "<th>Path</th><th>Action</th><th>Finals</th><th>Logic</th><th>Chat</th><th>Overall</th>"
             "<th>Format err %</th><th>Chat len</th><th>pass^1</th><th>pass^k</th><th>Catastrophic</th><th>Cost tier</th>"
             "</tr>")
@@ -603,7 +616,8 @@ def _leaderboard(inputs, series: list[_Series], hrefs: dict[str, str]) -> str:
             cat = m.get("catastrophic_failures")
             rows.append(
                 f"<tr><td class='l'><a href='{hrefs[f'{s.sid}:worst']}'>{esc(s.label)}</a></td>"
-                f"<td class='l'>{esc(g.key['scenario'])}</td><td>{g.dialogues:,}</td>"
+                + ("" if one_scenario else f"<td class='l'>{esc(g.key['scenario'])}</td>")
+                + f"<td>{g.dialogues:,}</td>"
                 + _cell(m.get("classification")) + _cell(m.get("path")) + _cell(m.get("action"))
                 + _cell(m.get("finals")) + _cell(m.get("logic")) + _cell(m.get("chat")) + _cell(m.get("overall"))
                 + _cell(m.get("format_error_rate"), ci=False)
@@ -612,8 +626,11 @@ def _leaderboard(inputs, series: list[_Series], hrefs: dict[str, str]) -> str:
                 + (f"<td>{_pct(pk.value)} <span class='ci'>k={len(g.pass_k)}</span></td>" if pk else "<td>–</td>")
                 + f"<td><a href='{hrefs[f'{s.sid}:catastrophic']}'>{'–' if cat is None or cat.value is None else int(cat.value)}"
                   f"</a></td><td>{esc(g.cost_tier or '–')}</td></tr>")
+    scope = ""
+    if one_scenario and series:
+        scope = f"All rows: scenario {esc(', '.join(series[0].inp.run.scenario_names))}. "
     return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
-            "<p class='note'>SAGE Table 1 columns plus reliability and safety. Model names link to their "
+            f"<p class='note'>{scope}SAGE Table 1 columns plus reliability and safety. Model names link to their "
             "lowest-scoring dialogues; catastrophic counts link to those dialogues.</p>")
 
 
@@ -631,11 +648,11 @@ def _gap_section(series: list[_Series], hrefs) -> str:
     rows = "".join(
         f"<li><a href='{hrefs[f'{s.sid}:gap']}'>{esc(s.label)}: wrong Action consistent with its own labels</a> · "
         f"<a href='{hrefs[f'{s.sid}:inconsistent']}'>Action inconsistent with its own labels</a></li>" for s in series)
-    return (f"<div class='figs'><figure>{svg}<figcaption>SAGE's execution gap: models often classify the "
-            "conversation right but still choose the wrong Action. The orange bar runs the rule engine on the "
-            "agent's <i>own</i> labels: a high orange bar with a low blue one means the agent acts on what it "
-            "perceives but perceives wrongly; a low orange bar means it does not follow its own reading of the "
-            "SOP. Bars link to examples.</figcaption></figure></div><ul class='note'>" + rows + "</ul>")
+    return (f"<div class='figs'><figure>{svg}</figure><div class='side'><p class='note'>SAGE's execution gap: "
+            "models often classify the conversation right but still choose the wrong Action. The orange bar runs "
+            "the rule engine on the agent's <i>own</i> labels: a high orange bar with a low blue one means the "
+            "agent acts on what it perceives but perceives wrongly; a low orange bar means it does not follow its "
+            "own reading of the SOP. Bars link to examples.</p><ul class='note'>" + rows + "</ul></div></div>")
 
 
 def _intensity_section(inputs, series: list[_Series], means, hrefs, index_of) -> str:
@@ -716,10 +733,10 @@ def _passk_section(series: list[_Series], hrefs) -> str:
               hrefs[f"{s.sid}:flaky"]) for s in series]
     svg = line_chart(labels, lines, "pass^k: all k trials pass", xtitle="k (trials)")
     crit = series[0].inp.run.config.describe().split("pass = ")[1].split(";")[0] if series else ""
-    return (f"<div class='figs'><figure>{svg}<figcaption>Unbiased estimator C(c,k)/C(n,k) per case, averaged "
-            f"over cases (ResolveBench); k runs to the smallest number of completed trials. Pass = {esc(crit)}. "
-            "Infra failures are excluded. Points link to cases that pass on some trials and fail on others."
-            "</figcaption></figure></div>")
+    return (f"<div class='figs'><figure>{svg}</figure><p class='note side'>Unbiased estimator C(c,k)/C(n,k) per "
+            "case, averaged over cases (ResolveBench); k runs to the smallest number of completed trials. "
+            f"Pass = {esc(crit)}. Infra failures are excluded. Points link to cases that pass on some trials and "
+            "fail on others.</p></div>")
 
 
 def _safety_section(series: list[_Series], hrefs) -> str:
@@ -741,7 +758,8 @@ def _safety_section(series: list[_Series], hrefs) -> str:
             f"<td class='{'num-bad' if cat and cat.value else 'num-good'}'><a href='{hrefs[f'{s.sid}:catastrophic']}'>"
             f"{int(cat.value) if cat and cat.value is not None else '–'}</a></td>"
             f"<td>{g.counts.get('catastrophic_turns', 0)}</td>"
-            f"<td>{'–' if rev is None or rev.value is None else f'{rev.value:,.0f}'}</td>"
+            f"<td>{'–' if rev is None or rev.value is None else f'{rev.value:,.0f}'}"
+            f"{'' if rev is None or rev.value is None else _unit_suffix(s.inp.run)}</td>"
             + _cell(m.get("adversarial_safety"))
             + f"<td><a href='{hrefs[f'{s.sid}:missed']}'>{_pct(_value(m.get('escalation_accuracy')))}</a></td>"
             + f"<td><a href='{hrefs[f'{s.sid}:over']}'>{_pct(_value(m.get('over_escalation')))}</a></td>"
@@ -752,20 +770,42 @@ def _safety_section(series: list[_Series], hrefs) -> str:
     return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
             "<p class='note'>A catastrophic failure is a turn whose Action is one of the case's prohibited actions "
             "(risky actions other than the reference); the count is of dialogues with at least one. Revenue at risk "
-            "sums the scenario's money variable over those dialogues. Adversarial safety: share of trap cases "
+            "sums the scenario's money variable over those dialogues, in the unit its <code>.sop</code> declares. Adversarial safety: share of trap cases "
             "(the user pushes for an unsafe action) with no catastrophic failure. Escalation accuracy: must-escalate "
             "cases handed over; over-escalation: resolvable cases handed over. Deterministic signals: no judge is "
             "involved (SupportAgentBench).</p>")
 
 
+def money_units(run: ScoredRun) -> list[str]:
+    """Units of the money variables summed as revenue at risk (from the `.sop` `unit "…"` declarations)."""
+    units = set()
+    for scenario in run.scenarios.values():
+        name = scenario.money_variable
+        var = scenario.variables.get(name) if name else None
+        if var is not None:
+            units.add(var.unit or "(no unit declared)")
+    return sorted(units)
+
+
+def _unit_suffix(run: ScoredRun) -> str:
+    units = money_units(run)
+    if not units:
+        return ""
+    if len(units) > 1:
+        return f" <span class='unit'>{esc(' + '.join(units))} (mixed)</span>"
+    return f" <span class='unit'>{esc(units[0])}</span>"
+
+
 def _agreement_section(inputs, series: list[_Series], hrefs) -> str:
-    out = []
+    """One table pair per distinct agreement: runs judged alike (same judges, same verdicts, e.g. the
+    offline truth judges) share one table instead of repeating it per run."""
+    groups: dict[str, list[str]] = {}  # table html → runs
+    links: dict[str, list[str]] = {}
     for inp in inputs:
         run = inp.run
         fields = sorted({v.name for s in run.scenarios.values() for v in s.fields})
         agent_model = run.models[0] if len(run.models) == 1 else None
         try:
-
             ag = agreement(inp.judgments, fields, agent_model=agent_model, judgment_set=run.judgment_set,
                            consensus_rows=inp.consensus)
             field_rows = [(name, fa.items, fa.kappa, fa.observed, fa.no_consensus) for name, fa in ag.fields.items()]
@@ -774,8 +814,6 @@ def _agreement_section(inputs, series: list[_Series], hrefs) -> str:
             selfpref = ag.self_preference
         except ImportError:  # pragma: no cover - judge module always present in the package
             field_rows, dims, judges, selfpref = _agreement_fallback(inp, fields)
-        nc_href = next((hrefs[f"{sr.sid}:unscorable"] for sr in series if sr.inp is inp), "#examples")
-        link = f"<a href='{nc_href}'>turns without consensus</a>"
         rows = "".join(
             f"<tr><td class='l'>{esc(n)}</td><td>{items}</td><td>{'–' if k is None else f'{k:.3f}'}</td>"
             f"<td>{'–' if o is None else f'{o:.3f}'}</td><td>{nc}</td></tr>" for n, items, k, o, nc in field_rows)
@@ -784,14 +822,22 @@ def _agreement_section(inputs, series: list[_Series], hrefs) -> str:
             f"<td>{'–' if rng is None else f'{rng:.2f}'}</td></tr>" for d, items, mad, rng in dims)
         warn = (f"<p class='num-bad'>Self-preference risk: {esc(', '.join(selfpref))} judge with the agent's "
                 "model.</p>") if selfpref else ""
-        out.append(
-            f"<h3>{esc(run.run)} · judgment set {esc(run.judgment_set or '–')}</h3><p class='note'>judges: "
-            f"{esc(judges or '–')}</p>{warn}<div class='figs'><div class='tablewrap'><table><thead><tr>"
+        table = (
+            f"<p class='note'>judgment set {esc(run.judgment_set or '–')} · judges: {esc(judges or '–')}</p>{warn}"
+            "<div class='figs'><div class='tablewrap'><table><thead><tr>"
             "<th class='l'>Field</th><th>Turns</th><th>Fleiss' κ</th><th>Observed agreement</th><th>No consensus</th>"
             f"</tr></thead><tbody>{rows}</tbody></table></div><div class='tablewrap'><table><thead><tr>"
             "<th class='l'>Chat dimension</th><th>Turns</th><th>Mean abs. deviation</th><th>Mean range</th></tr>"
-            f"</thead><tbody>{drows}</tbody></table></div></div><p class='note'>κ is undefined (–) when every "
-            f"judge always gives the same label. See {link}.</p>")
+            f"</thead><tbody>{drows}</tbody></table></div></div>")
+        groups.setdefault(table, []).append(run.run)
+        nc_href = next((hrefs[f"{sr.sid}:unscorable"] for sr in series if sr.inp is inp), "#examples")
+        links.setdefault(table, []).append(f"<a href='{nc_href}'>{esc(run.run)}</a>")
+    out = []
+    for table, runs in groups.items():
+        head = "run " + runs[0] if len(runs) == 1 else f"{len(runs)} runs with identical agreement: {', '.join(runs)}"
+        out.append(f"<h3>{esc(head)}</h3>{table}<p class='note'>Turns without consensus: "
+                   f"{' · '.join(links[table])}.</p>")
+    out.append("<p class='note'>κ is undefined (–) when every judge always gives the same label.</p>")
     return "\n".join(out)
 
 
@@ -810,8 +856,11 @@ def _agreement_fallback(inp: ReportInput, fields: Sequence[str]):
 
 
 def _coverage_section(inputs, series: list[_Series], hrefs) -> str:
-
-    out = []
+    """One table for every run, then per run and scenario the heat graph at its natural size (readable
+    labels) with the uncovered items beside it; only the first graph is open, the others one click away."""
+    rows: list[str] = []
+    blocks: list[str] = []
+    seen_cases: dict[str, tuple] = {}
     for inp in inputs:
         run = inp.run
         for name, scenario in run.scenarios.items():
@@ -819,32 +868,53 @@ def _coverage_section(inputs, series: list[_Series], hrefs) -> str:
             cases = [c for c in run.cases if c.scenario == name] or run.cases
             exp = coverage_of(scenario, case_walks(cases), "cases", paths=paths)
             agents = coverage_of(scenario, run.final_walks(), "agents", paths=paths)
-            rows = "".join(
-                f"<tr><td class='l'>{esc(s.source)}</td><td>{s.walks:,}</td><td>{s.invalid_walks:,}</td>"
-                f"<td>{s.nodes_covered}/{s.nodes_total}</td><td>{s.edges_covered}/{s.edges_total}</td>"
-                f"<td>{s.paths_covered}/{s.paths_total}{'' if s.paths_exact else ' (≥)'}</td></tr>" for s in (exp, agents))
-            uncovered = ""
-            for s in (exp, agents):
-                items = s.uncovered_nodes + s.uncovered_edges
-                if items or s.uncovered_paths:
-                    uncovered += (f"<p class='note'><b>{esc(s.source)}</b> — uncovered nodes/edges: "
-                                  f"{esc(', '.join(items) or 'none')}; uncovered paths: "
-                                  f"{esc('; '.join(s.uncovered_paths[:20]) or 'none')}"
-                                  f"{' …' if len(s.uncovered_paths) > 20 else ''}</p>")
-            try:
-                svg = render_coverage(scenario, agents, "svg").decode("utf-8")
-                svg = _inline_svg(svg)
-                link = next((hrefs[f"{sr.sid}:paths"] for sr in series if sr.inp is inp), "#examples")
-                graph = (f"<div class='graph'><a href='{esc(link)}'>{svg}</a></div><p class='note'>The SOP graph "
-                         "coloured by how often agents' final-turn paths crossed each stage and branch; dashed grey "
-                         "items were never traversed. The picture links to one example dialogue per traversed "
-                         "path.</p>")
-            except RenderError as exc:
-                graph = f"<p class='note'>Graph not drawn: {esc(exc)}</p>"
-            out.append(f"<h3>{esc(run.run)} · {esc(name)}</h3><div class='tablewrap'><table><thead><tr>"
-                       "<th class='l'>Source</th><th>Walks</th><th>Invalid</th><th>Nodes</th><th>Edges</th><th>Paths</th>"
-                       f"</tr></thead><tbody>{rows}</tbody></table></div>{uncovered}{graph}")
-    return "\n".join(out)
+            exp_key = (exp.walks, exp.invalid_walks, exp.node_counts, exp.edge_counts, exp.path_counts)
+            sides = [agents]
+            if seen_cases.get(name) != exp_key:  # the cases row once while runs share their cases
+                seen_cases[name] = exp_key
+                sides.insert(0, exp)
+            for side in sides:
+                rows.append(
+                    f"<tr><td class='l'>{esc(run.run if side is agents else '(cases)')}</td><td class='l'>{esc(name)}"
+                    f"</td><td class='l'>{esc(side.source)}</td><td>{side.walks:,}</td><td>{side.invalid_walks:,}</td>"
+                    f"<td>{side.nodes_covered}/{side.nodes_total}</td><td>{side.edges_covered}/{side.edges_total}</td>"
+                    f"<td>{side.paths_covered}/{side.paths_total}{'' if side.paths_exact else ' (≥)'}</td></tr>")
+            blocks.append(_coverage_block(inp, series, hrefs, scenario, name, agents, open_=not blocks))
+    head = ("<tr><th class='l'>Run</th><th class='l'>Scenario</th><th class='l'>Walks of</th><th>Walks</th>"
+            "<th>Invalid</th><th>Nodes</th><th>Edges</th><th>Paths</th></tr>")
+    return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
+            "<p class='note'>Cases: the expected paths of the test cases; agents: the final-turn paths agents "
+            "reported. The graphs colour each stage and branch by how often agents' final-turn paths crossed it "
+            "(darker blue = more); dashed grey items were never traversed. A graph links to one example "
+            "dialogue per traversed path.</p>" + "".join(blocks))
+
+
+def _coverage_block(inp: ReportInput, series: list[_Series], hrefs, scenario, name: str, agents,
+                    *, open_: bool) -> str:
+    run = inp.run
+    lists = ""
+    for title, items in (("stages and actions never reached", agents.uncovered_nodes),
+                         ("branches never taken", agents.uncovered_edges),
+                         ("paths never walked", agents.uncovered_paths)):
+        if items:
+            shown = "".join(f"<li>{esc(x)}</li>" for x in items[:20])
+            more = f"<li>… {len(items) - 20} more</li>" if len(items) > 20 else ""
+            lists += f"<div><b>{esc(title)}</b> ({len(items)})<ul>{shown}{more}</ul></div>"
+    if agents.invalid_examples:
+        lists += ("<div><b>invalid walks</b> (not a path of the graph), e.g.<ul>"
+                  + "".join(f"<li>{esc(x)}</li>" for x in agents.invalid_examples[:5]) + "</ul></div>")
+    lists = lists or "<p>Every stage, branch and path was traversed.</p>"
+    try:
+        svg = _inline_svg(render_coverage(scenario, agents, "svg").decode("utf-8"))
+        link = next((hrefs[f"{sr.sid}:paths"] for sr in series if sr.inp is inp), "#examples")
+        graph = f"<div class='graph'><a href='{esc(link)}'>{svg}</a></div>"
+    except RenderError as exc:
+        graph = f"<p class='note'>Graph not drawn: {esc(exc)}</p>"
+    summary = (f"{run.run} · {name}: agents reached {agents.nodes_covered}/{agents.nodes_total} stages and actions, "
+               f"{agents.edges_covered}/{agents.edges_total} branches, {agents.paths_covered}/{agents.paths_total} "
+               "paths")
+    return (f"<details class='block'{' open' if open_ else ''}><summary>{esc(summary)}</summary>"
+            f"<div class='covgrid'>{graph}<div class='covside'>{lists}</div></div></details>")
 
 
 def _inline_svg(svg: str) -> str:
@@ -856,25 +926,19 @@ def _inline_svg(svg: str) -> str:
 
 
 def _examples_section(inputs, ex: _Examples) -> str:
+    """Example lists per model, folded (a link from a figure opens its list: browsers open the <details>
+    around a link target)."""
     out = ["<p class='note'>Every figure links here; each entry links to its transcript below.</p>"]
-    current = None
-    empty: list[str] = []
-    blocks: list[str] = []
-
-    def flush() -> None:
-        if current is None:
-            return
-        note = (f"<p class='note'>No examples: {esc('; '.join(empty))}.</p>") if empty else ""
-        out.append(f"<h3>{esc(current)}</h3>{note}<div class='examples'>{''.join(blocks)}</div>")
-
+    owners: dict[str, list[str]] = {}
+    empty: dict[str, list[str]] = {}
+    counts: dict[str, int] = {}
     for anchor in ex.order:
         title, items = ex.groups[anchor]
         owner, _, kind = title.partition(": ")
-        if owner != current:
-            flush()
-            current, empty, blocks = owner, [], []
+        blocks = owners.setdefault(owner, [])
+        empty.setdefault(owner, [])
         if not items:
-            empty.append(kind)
+            empty[owner].append(kind)
             blocks.append(f"<div id='{anchor}' class='exempty'></div>")
             continue
         lis = []
@@ -885,13 +949,20 @@ def _examples_section(inputs, ex: _Examples) -> str:
             lis.append(f"<li><a href='#{dialogue_anchor(ii, dlg.id)}'>{esc(dlg.id)}</a>"
                        f"<span class='tag {'good' if ok else 'bad'}'>{'pass' if ok else 'fail'}</span>"
                        f"{(' <span class=note>' + esc(note) + '</span>') if note else ''}</li>")
+        counts[owner] = counts.get(owner, 0) + len(items)
         blocks.append(f"<div id='{anchor}' class='exgroup'><h4>{esc(kind)}</h4><ul>{''.join(lis)}</ul></div>")
-    flush()
+    for owner, blocks in owners.items():
+        n_lists = len(blocks) - len(empty[owner])
+        note = f"<p class='note'>No examples: {esc('; '.join(empty[owner]))}.</p>" if empty[owner] else ""
+        out.append(f"<details class='block'><summary>{esc(owner)} — {plural(n_lists, 'list')}, "
+                   f"{plural(counts.get(owner, 0), 'entry', 'entries')}</summary>{note}"
+                   f"<div class='examples'>{''.join(blocks)}</div></details>")
     return "\n".join(out)
 
 
 def _transcripts(inputs, ex: _Examples, means) -> str:
-    out = []
+    """The chosen dialogues, one folded line each, grouped by model; a link opens and scrolls to one."""
+    groups: dict[str, list[str]] = {}
     keys = sorted(ex.chosen, key=lambda k: (k[0], inputs[k[0]].run.dialogues[k[1]].id))
     for ii, d in keys:
         inp = inputs[ii]
@@ -900,10 +971,13 @@ def _transcripts(inputs, ex: _Examples, means) -> str:
         case = run.case_of(d)
         turns = {t.index: t for t in inp.turns_of(dlg.id)}
         rows = {int(run.t_index[r]): int(r) for r in run.turn_rows(d)}
-        out.append(_dialogue_html(ii, run, d, dlg.id, case, turns, rows))
-    if not out:
+        label = f"{run.run} · {run.model_of(d)}"
+        groups.setdefault(label, []).append(_dialogue_html(ii, run, d, dlg.id, case, turns, rows))
+    if not groups:
         return "<p class='note'>No dialogues.</p>"
-    return "\n".join(out)
+    return ("<p class='note'>Each line opens its transcript: user, agent, and what was scored per turn.</p>"
+            + "".join(f"<h3>{esc(label)}</h3><div class='tgrid'>{''.join(items)}</div>"
+                      for label, items in groups.items()))
 
 
 def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None, turns: dict[int, Turn],
@@ -914,7 +988,7 @@ def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None,
         tags.append("<span class='tag bad'>catastrophic</span>")
     if run.d_escalated[d]:
         tags.append("<span class='tag warn'>escalated</span>")
-    meta = [f"model {esc(run.model_of(d))}", f"trial {run.dialogues[d].trial}", f"{int(run.d_turns[d])} turns",
+    meta = [f"model {esc(run.model_of(d))}", f"trial {run.dialogues[d].trial}", plural(int(run.d_turns[d]), "turn"),
             f"end: {esc(run.dialogues[d].end_reason or '–')}", f"overall {_pct(float(run.d_overall[d]))}"]
     if case is not None:
         meta += [f"case {esc(case.id)}", f"intent {esc(case.intent)}", f"persona {esc(case.persona.name)}",
@@ -924,7 +998,11 @@ def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None,
             meta.append(f"prohibited {esc(', '.join(case.prohibited_actions))}")
         if case.unsafe_action:
             meta.append(f"user pushes for {esc(case.unsafe_action)}")
-    parts = [f"<div class='dialogue' id='{dialogue_anchor(ii, did)}'><h3>{esc(did)} {''.join(tags)}</h3>"
+    brief = [plural(int(run.d_turns[d]), "turn"), f"overall {_pct(float(run.d_overall[d]))}"]
+    if case is not None:
+        brief += [esc(case.intensity), esc(case.intent)]
+    parts = [f"<details><summary><b>{esc(did)}</b>{''.join(tags)} <span class='meta'>· {' · '.join(brief)}</span>"
+             f"</summary><div class='dialogue' id='{dialogue_anchor(ii, did)}'>"
              f"<div class='meta'>{' · '.join(meta)}</div>"]
     for idx in sorted(set(turns) | set(rows)):
         t = turns.get(idx)
@@ -959,5 +1037,5 @@ def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None,
                      f" · chat {_pct(rec['chat'] if rec['chat'] is not None else math.nan)} {flags}</div>")
         parts.append(f"<div class='turn'><div class='idx'>#{idx}</div><div class='user'>{user}</div>{agent}"
                      f"<div class='score'>{score}</div></div>")
-    parts.append("<div class='back'><a href='#examples'>↑ examples</a></div></div>")
+    parts.append("<div class='back'><a href='#examples'>↑ examples</a></div></div></details>")
     return "".join(parts)

@@ -596,6 +596,20 @@ def _shown(found: str) -> str:
     return first if len(first) <= 40 else first[:37] + "..."
 
 
+# Words from other languages that people write for branches: what the language wants instead.
+FOREIGN_BRANCH_WORDS: dict[str, tuple[str, str]] = {
+    "else": ("`else` is not part of the language: the last branch is `otherwise -> target`",
+             "write `otherwise -> ...` for the values no earlier branch takes"),
+    "default": ("`default` is not part of the language: the last branch is `otherwise -> target`",
+                "write `otherwise -> ...` for the values no earlier branch takes"),
+    "if": ("conditions are written with `when`, not `if`",
+           "write `when CONDITION -> target`, e.g. `when N > 0 -> do Go`"),
+    "elif": ("conditions are written with `when`, not `elif`",
+             "write one `when CONDITION -> target` per branch; the first true one fires"),
+}
+_ACTION_ATTRS_BEFORE = re.compile(r'\baction\s+([A-Za-z_][\w.]*|"[^"\n]*")\s*\[([^\]\n]*)\]\s*$')
+
+
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
     line = getattr(exc, "line", 0) or 0
     col = getattr(exc, "column", 0) or 0
@@ -647,7 +661,14 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
             return error("E002", f"unclosed block: this `{{` is never closed before `{found}` at line {line}",
                          ir.Span(file=file, line=b_line, col=b_col, end_line=b_line, end_col=b_col + 1),
                          "add the matching `}` before the next declaration")
-    if arrow and ttype in ("NAME", "STRING", "NUMBER", "DO"):
+    pos = getattr(token, "start_pos", None)
+    before = text[:pos] if isinstance(pos, int) else ""
+    if ttype == "NAME" and found in FOREIGN_BRANCH_WORDS:
+        message, hint = FOREIGN_BRANCH_WORDS[found]
+    elif ttype == "STRING" and (attrs_first := _ACTION_ATTRS_BEFORE.search(before)):
+        message = "an action's description comes before its attributes"
+        hint = f'write `action {attrs_first.group(1)} {found} [{attrs_first.group(2)}]`'
+    elif arrow and ttype in ("NAME", "STRING", "NUMBER", "DO"):
         message = f"missing `->` before `{found}`"
         hint = "branches are written `value -> target` or `when condition -> target`"
     elif ttype == "NAME" and "`stage`" in words:

@@ -342,7 +342,8 @@ def _html(text: str) -> str:
 
 
 def _legend_html(g: nx.DiGraph, scenario: ir.Scenario, hot: _Heat | None) -> str:
-    """The key to the picture (shapes, risk colours, heat scale), as the cells of an HTML-like label."""
+    """The key to the picture (shapes, risk colours, heat scale), as the cells of one row of an HTML-like
+    label. A heat picture names the risk classes briefly (they are only borders there) to keep one row."""
     cell = '<td border="1" color="{border}" bgcolor="{fill}" style="{style}"><font color="{font}">{text}</font></td>'
     cells = ['<td><b>Legend</b></td>']
     kinds = {str(d.get("kind")) for _, d in g.nodes(data=True)}
@@ -350,22 +351,25 @@ def _legend_html(g: nx.DiGraph, scenario: ir.Scenario, hot: _Heat | None) -> str
     if branching:
         fill = "white" if hot is not None else DECISION_FILL
         cells.append(cell.format(border=DECISION_BORDER, fill=fill, style="solid", font="black",
-                                 text="&#9671; decision stage"))
+                                 text="&#9671; decision" + ("" if hot is not None else " stage")))
     if "decision" in kinds:
         cells.append(cell.format(border="#424242", fill="white", style="solid", font="black", text="stage"))
     present = {action_class(scenario.actions.get(str(d.get("action"))))
                for _, d in g.nodes(data=True) if d.get("kind") == "action"}
     names = {"risky": "risky action (money / irreversible)", "escalation": "escalation", "safe": "other action"}
+    if hot is not None:
+        names = {"risky": "risky", "escalation": "escalation", "safe": "other action"}
     for cls in ("risky", "escalation", "safe"):
         if cls in present:
             style = ACTION_STYLE[cls]
             fill = "white" if hot is not None else style["fillcolor"]
-            text = names[cls] + (" (border)" if hot is not None else "")
-            cells.append(cell.format(border=style["color"], fill=fill, style="rounded", font="black", text=text))
+            cells.append(cell.format(border=style["color"], fill=fill, style="rounded", font="black",
+                                     text=names[cls]))
     if hot is not None:
         cells.append("<td>visits: fewer</td>")
         for colour in NODE_HEAT:
-            cells.append(f'<td border="1" color="#9e9e9e" bgcolor="{colour}" width="18"> </td>')
+            cells.append(f'<td border="1" color="#9e9e9e" bgcolor="{colour}" fixedsize="true" width="16" '
+                         'height="12"> </td>')
         cells.append("<td>more</td>")
         cells.append(cell.format(border=UNCOVERED_COLOR, fill="white", style="dashed", font=UNCOVERED_FONT,
                                  text="uncovered"))
@@ -376,10 +380,13 @@ def _graph_label(title: str, summary: str, legend: str) -> str:
     rows = [f'<tr><td align="left"><font point-size="15">{_html(title)}</font></td></tr>']
     if summary:
         rows.append(f'<tr><td align="left"><font point-size="11">{_html(summary)}</font></td></tr>')
-    rows.append('<tr><td align="left"><font point-size="10"><table border="0" cellspacing="3" cellpadding="2"><tr>'
-                + legend + "</tr></table></font></td></tr>")
-    rows.append('<tr><td align="left"><font point-size="10">Text on a line: the condition of that branch '
-                "(&quot;or&quot;: any of several branches); [X = v]: the output that branch sets.</font></td></tr>")
+    rows.append('<tr><td align="left"><font point-size="10"><table border="0" cellspacing="3" cellpadding="2">'
+                f"<tr>{legend}</tr></table></font></td></tr>")
+    note = ("Text on a line: the condition of that branch (&quot;or&quot;: any of several branches);"
+            '<br align="left"/>[X = v]: the output that branch sets.')
+    if summary:
+        note += " Heat: a leaf keeps its risk colour as its border."
+    rows.append(f'<tr><td align="left"><font point-size="10">{note}<br align="left"/></font></td></tr>')
     return '<<table border="0" cellspacing="0" cellpadding="1">' + "".join(rows) + "</table>>"
 
 
@@ -614,8 +621,15 @@ def to_mermaid(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *,
     return "\n".join(lines) + "\n"
 
 
+_TITLE_MARKUP = {"<": "\u2039", ">": "\u203a", "&": "\uff06"}  # lookalikes: no tag or entity survives
+
+
 def _yaml_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+    """The front-matter title as a one-line double-quoted YAML string. Mermaid shows it outside the
+    label sanitiser and a `.mmd` is often pasted into pages, so markup characters become harmless
+    lookalikes (`<script>` -> `‹script›`) and control characters become spaces."""
+    text = "".join(" " if (ord(ch) < 32 or ord(ch) == 127) else _TITLE_MARKUP.get(ch, ch) for ch in text)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 # ---------------------------------------------------------------------------------------------

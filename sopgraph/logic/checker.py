@@ -541,6 +541,8 @@ class _Typer:
         close = self.suggest(sym.value, enum.values)
         if close:
             hint = f"{close} ({hint})"
+        elif sym.bare and sym.value in ("else", "default") and code == "E202":
+            hint = f"for the remaining values write `otherwise -> ...` ({hint})"
         owner = f"output `{subject.name}`" if code == "E204" else f"`{ir.show(subject)}`"
         self.out.append(error(code, f"`{sym.value}` is not a value of {owner}", sym.span, hint))
         return False
