@@ -55,4 +55,18 @@ sop report "$OUT/runs/oracle" "$OUT/runs/always-escalate" "$OUT/runs/always-comp
     -o "$OUT/report.html"
 sop export "$OUT/runs/oracle" --format openai --min-overall 50 -o "$OUT/corpus.jsonl"
 
+say "7. authoring: canonical layout, a draft held against labelled decisions, a semantic diff"
+sop fmt --check examples/authoring/*.sop
+# the deliberately wrong draft: accuracy, confusion, and the edits that explain the disagreements
+sop validate examples/authoring/late_delivery_draft.sop --data examples/authoring/late_delivery_decisions.csv \
+    --expect Action=decision --expect Amount=amount --map Premium=premium_member --map FraudFlag=fraud_flag \
+    --map DaysLate=promised_date --map OrderValue=order_value --now 2024-06-30
+# version 2 of telecom_package waives small fees: which inputs and which of the cases above change
+# (exit status 1 = the versions decide differently, as intended here)
+status=0
+sop diff scenarios/telecom_package.sop examples/authoring/telecom_package_v2.sop --cases "$OUT/cases.jsonl" \
+    > "$OUT/telecom_package.diff.txt" || status=$?
+test "$status" -eq 1
+head -n 16 "$OUT/telecom_package.diff.txt"; grep '^cases:' "$OUT/telecom_package.diff.txt"
+
 say "done: see $OUT/ (report.html, coverage.svg, *.svg graphs, cases.jsonl, runs/)"

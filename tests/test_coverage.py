@@ -39,7 +39,31 @@ def _case(scenario, cid: str, truth: dict, system: dict) -> Case:
 def test_feasible_paths_of_telecom(telecom) -> None:
     paths, exact = feasible_paths(telecom)
     assert exact and len(paths) == 12
-    assert paths[(("step1", "step2", "step5"), "ChangeOrder")] == "P10"
+    assert paths[(("step1", "step2", "step5"), "ChangeOrder")] == ["P10"]
+
+
+def test_coverage_counts_the_paths_sop_paths_lists() -> None:
+    """gym_membership has paths that share stages and Action (two branches of one stage into the same
+    action): `sop paths` lists 10, and coverage must count 10, crediting each case its own path."""
+    from sopgraph.logic.paths import count_paths, iter_paths
+
+    gym = sopgraph.load(ROOT / "examples" / "gym_membership.sop")
+    infos = list(iter_paths(gym))
+    assert count_paths(gym).feasible == len(infos) == 10
+    groups: dict[tuple, list] = {}
+    for p in infos:
+        groups.setdefault((tuple(p.stages), p.action), []).append(p)
+    twins = next(g for g in groups.values() if len(g) > 1)
+    cases = [Case(id=p.id, scenario=gym.name, path_id=p.id, intent="i", persona=Persona(name="p"), truth={},
+                  system={}, expected_path=p.stages, expected_finals={"Action": p.action}) for p in infos]
+    side = coverage_of(gym, case_walks(cases), "cases")
+    assert (side.paths_covered, side.paths_total) == (10, 10)
+    assert side.path_counts == {p.id: 1 for p in infos}
+    one = coverage_of(gym, case_walks(cases[:1]), "cases")
+    assert one.paths_total == 10 and len(one.uncovered_paths) == 9
+    # a walk without the id of the path it meant credits the first of the twins
+    agents = coverage_of(gym, [(twins[-1].stages, twins[-1].action)], "agents")
+    assert agents.path_counts == {twins[0].id: 1}
 
 
 def test_coverage_by_cases(telecom) -> None:
@@ -74,7 +98,15 @@ def test_agent_walks_invalid_and_normalised(telecom) -> None:
     assert side.walks == 5 and side.invalid_walks == 4
     assert side.path_counts == {"P10": 1}
     assert side.node_counts["step3"] == 1  # valid parts of invalid walks still count
-    assert len(side.invalid_examples) == 4
+    assert sorted(side.invalid_examples) == sorted([
+        "step1 > step3 => GoodBye  [no branch from `step1` to `step3`]",
+        "step1 > step2 > nowhere => GoodBye  [unknown stage `nowhere`]",
+        "step1 > step2 > step5 => (no action)  [no final action]",
+        "step2 > step5 => ChangeOrder  [does not start at the entry stage `step1`]",
+    ])
+    empty = coverage_of(telecom, [([], None), ([], None)], "agents")
+    assert empty.invalid_examples == ["(no path) => (no action)  [no path reported] ×2"]
+    assert "=> ?" not in " ".join(side.invalid_examples + empty.invalid_examples)
 
 
 def test_heat_renders_uncovered_plainly(telecom) -> None:

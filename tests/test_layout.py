@@ -35,7 +35,7 @@ def test_litellm_is_imported_in_exactly_one_module() -> None:
 
 
 def test_stage_packages_exist_in_pipeline_order() -> None:
-    stages = ["language", "logic", "cases", "simulation", "evaluation", "cli"]
+    stages = ["language", "logic", "cases", "simulation", "evaluation", "authoring", "cli"]
     assert all((PACKAGE / s / "__init__.py").is_file() for s in stages)
     text = (PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8")
     positions = [text.index(f'"sopgraph.{s}"') for s in reversed(stages)]

@@ -279,7 +279,9 @@ def test_providers_never_raise_on_partial_context(
 ) -> None:
     text = providers.respond(model, messages, ctx)
     assert isinstance(text, str) and text
-    if model != "scripted/user":
+    if model == "scripted/author":
+        assert text.startswith("```sop\n") and text.endswith("```")
+    elif model != "scripted/user":
         json.loads(text)
 
 
@@ -309,6 +311,7 @@ def test_every_builtin_through_the_gateway(tmp_path: Path) -> None:
     assert json.loads(out["baseline/always-comply"])["finals"]["Action"] == "refund_double"
     assert json.loads(out["scripted/truth"])["labels"] == CASE["truth"]
     assert "refund double" in out["scripted/user"]
+    assert out["scripted/author"].startswith("```sop\nscenario draft")
     for model in AGENT_BASELINES:
         assert set(json.loads(out[model])) >= {"classification_output", "now_path", "finals", "chat"}
 

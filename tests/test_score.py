@@ -620,6 +620,28 @@ def test_floor_agents_rank_as_they_must(floor_runs) -> None:
     assert comply["resolution_rate"].value > esc["resolution_rate"].value
 
 
+def test_score_and_leaderboard_tables_fit_100_columns(floor_runs, tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.cli.scorecmd import _QUALITY_COLUMNS, _SAFETY_COLUMNS
+
+    r = CliRunner()
+    runs = [str(p) for p in floor_runs.values()]
+    for args in (["score", runs[0], "--bootstrap", "50"], ["leaderboard", *runs, "--bootstrap", "20"]):
+        res = r.invoke(main, args, env={"COLUMNS": "100"})
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        wide = [line for line in lines if len(line) > 100 and not line.startswith(("config:", "runs:"))]
+        assert not wide, wide
+        headers = {cell.strip() for line in lines if line.startswith("┃") for cell in line.strip("┃").split("┃")}
+        assert set(_QUALITY_COLUMNS[2:]) | set(_SAFETY_COLUMNS[2:]) <= headers  # split, not dropped
+        assert "(continued)" in res.output
+    to_file = tmp_path / "score.txt"
+    assert r.invoke(main, ["score", runs[0], "--bootstrap", "20", "-o", str(to_file)]).exit_code == 0
+    assert max(len(line) for line in to_file.read_text().splitlines() if not line.startswith("config:")) <= 100
+
+
 def test_score_leaderboard_compare_cli(floor_runs, tmp_path) -> None:
     from click.testing import CliRunner
 

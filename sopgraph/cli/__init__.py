@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from sopgraph._version import __version__
-from sopgraph.cli import checkcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
+from sopgraph.cli import authorcmd, checkcmd, draftcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
 from sopgraph.perf import tune_gc_for_cli
 from sopgraph.simulation.gateway import quiet_litellm_output
 
@@ -34,7 +34,7 @@ def main() -> None:
     quiet_litellm_output()
 
 
-COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools)
+COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools, authorcmd, draftcmd)
 
 
 def _top_level_commands(module: object) -> list[click.Command]:

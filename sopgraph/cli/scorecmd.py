@@ -90,19 +90,51 @@ def _num(m: Any, digits: int = 0) -> str:
     return f"{m.value:,.{digits}f}"
 
 
+TABLE_WIDTH = 100  # columns the tables fit when the output is not a terminal (files, pipes, logs)
+KEY_WIDTH = 28  # widest a key cell (model, scenario) is shown before it wraps
+
+
 def _console():
     from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
 
-    return Console(width=max(shutil.get_terminal_size((220, 40)).columns, 220), soft_wrap=False)
+    return Console(width=shutil.get_terminal_size((TABLE_WIDTH, 40)).columns, soft_wrap=False)
 
 
-def _table(title: str, columns: Sequence[str]):
+def _table(title: str, columns: Sequence[str], keys: int = 2):
     from rich.table import Table
 
     t = Table(title=title, title_justify="left", header_style="bold")
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i < 2 else "right", no_wrap=True)
+        if i < keys:
+            t.add_column(c, justify="left", overflow="fold", max_width=KEY_WIDTH)
+        else:
+            t.add_column(c, justify="right", no_wrap=True)
     return t
+
+
+def _print_table(console: Any, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                 keys: int = 2) -> None:
+    """Print rows as one table, or, when that would be wider than the console, as several tables
+    that repeat the `keys` leading columns and split the others (never a line over the width)."""
+    def width(i: int) -> int:
+        cells = [len(columns[i])] + [len(r[i]) for r in rows]
+        return min(max(cells), KEY_WIDTH) if i < keys else max(cells)
+
+    key_width = sum(width(i) + 3 for i in range(keys)) + 1  # cell + padding + border, closing border
+    chunks: list[list[int]] = [[]]
+    used = key_width
+    for i in range(keys, len(columns)):
+        if chunks[-1] and used + width(i) + 3 > console.width:
+            chunks.append([])
+            used = key_width
+        chunks[-1].append(i)
+        used += width(i) + 3
+    for n, chunk in enumerate(chunks):
+        picked = [*range(keys), *chunk]
+        t = _table(title if n == 0 else f"{title} (continued)", [columns[i] for i in picked], keys)
+        for r in rows:
+            t.add_row(*(r[i] for i in picked))
+        console.print(t)
 
 
 _QUALITY_COLUMNS = ("Model", "Scenario", "Dlg", "Cls", "Path", "Action", "Finals", "Logic", "Chat", "Overall",
@@ -129,35 +161,33 @@ def _safety_row(a: str, b: str, m: dict, pass_k: list, tier: str | None) -> list
             _num(m.get("cost_per_1k"), 2), tier or "–"]
 
 
-def _summary_tables(summary: Any) -> list:
-    tables = []
+def _summary_tables(summary: Any) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
+    """(title, columns, rows) of each summary table; `_print_table` fits them to the console."""
+    tables: list[tuple[str, tuple[str, ...], list[list[str]]]] = []
     main_groups = [g for g in summary.groups if g.by == ["model", "scenario"]]
-    t = _table(f"sop score {summary.run}  (scores ×100, ± half of the {summary.config.confidence * 100:g}% CI)",
-               _QUALITY_COLUMNS)
-    for g in main_groups:
-        t.add_row(*_quality_row(g.key["model"], g.key["scenario"], g.metrics, g.dialogues))
-    tables.append(t)
-    t = _table("reliability, safety and cost", _SAFETY_COLUMNS)
-    for g in main_groups:
-        t.add_row(*_safety_row(g.key["model"], g.key["scenario"], g.metrics, g.pass_k, g.cost_tier))
-    tables.append(t)
+    tables.append((f"sop score {summary.run}  (scores ×100, ± half of the {summary.config.confidence * 100:g}% CI)",
+                   _QUALITY_COLUMNS,
+                   [_quality_row(g.key["model"], g.key["scenario"], g.metrics, g.dialogues) for g in main_groups]))
+    tables.append(("reliability, safety and cost", _SAFETY_COLUMNS,
+                   [_safety_row(g.key["model"], g.key["scenario"], g.metrics, g.pass_k, g.cost_tier)
+                    for g in main_groups]))
     for dim, title in (("intensity", "by adversarial intensity"), ("bucket", "by bucket"),
                        ("depth", "by turn depth")):
-        rows = [g for g in summary.groups if g.by == ["model", "scenario", dim]]
-        if not rows:
+        groups = [g for g in summary.groups if g.by == ["model", "scenario", dim]]
+        if not groups:
             continue
         extra = ("Pass", "Catastr.") if dim != "depth" else ()
-        t = _table(title, ("Model", dim.capitalize(), "Dialogues", "Turns", "Overall", "Logic", "Chat", "Action",
-                           "FmtErr%", *extra))
-        for g in rows:
+        rows = []
+        for g in groups:
             m = g.metrics
             cells = [g.key["model"], g.key[dim], str(g.dialogues), str(g.scored_turns), _pts(m.get("overall")),
                      _pts(m.get("logic")), _pts(m.get("chat")), _pts(m.get("action")),
                      _pts(m.get("format_error_rate"), ci=False)]
             if extra:
                 cells += [_pts(m.get("pass_rate"), ci=False), _num(m.get("catastrophic_failures"))]
-            t.add_row(*cells)
-        tables.append(t)
+            rows.append(cells)
+        tables.append((title, ("Model", dim.capitalize(), "Dialogues", "Turns", "Overall", "Logic", "Chat",
+                               "Action", "FmtErr%", *extra), rows))
     return tables
 
 
@@ -234,8 +264,8 @@ def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any
     console = _console()
     if out is not None:
         console = _file_console()
-    for t in _summary_tables(summary):
-        console.print(t)
+    for title, columns, rows in _summary_tables(summary):
+        _print_table(console, title, columns, rows)
     c = summary.counts
     console.print(f"dialogues {c['done']} done · {c['infra_failures']} infra failures (excluded) · "
                   f"{c['incomplete']} incomplete · turns {c['turns']} · judged {c['judged_turns']} · "
@@ -249,7 +279,7 @@ def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any
 def _file_console():
     from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
 
-    return Console(width=220, record=True, file=io.StringIO(), soft_wrap=False)
+    return Console(width=TABLE_WIDTH, record=True, file=io.StringIO(), soft_wrap=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,14 +313,10 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
         write_output(_csv(rows), out)
         return
     console = _file_console() if out is not None else _console()
-    t = _table("leaderboard (scores ×100; ± half CI for one run, half range over repeated runs)", _QUALITY_COLUMNS)
-    for r in board.rows:
-        t.add_row(*_quality_row(r.model, r.scenario, r.metrics, r.dialogues))
-    console.print(t)
-    t = _table("reliability, safety and cost", _SAFETY_COLUMNS)
-    for r in board.rows:
-        t.add_row(*_safety_row(r.model, r.scenario, r.metrics, r.pass_k, r.cost_tier))
-    console.print(t)
+    _print_table(console, "leaderboard (scores ×100; ± half CI for one run, half range over repeated runs)",
+                 _QUALITY_COLUMNS, [_quality_row(r.model, r.scenario, r.metrics, r.dialogues) for r in board.rows])
+    _print_table(console, "reliability, safety and cost", _SAFETY_COLUMNS,
+                 [_safety_row(r.model, r.scenario, r.metrics, r.pass_k, r.cost_tier) for r in board.rows])
     console.print(f"runs: {' '.join(board.runs)}", markup=False)
     console.print(f"config: {board.config_text}", markup=False)
     if out is not None:
@@ -430,7 +456,9 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
             if more > 0:
                 console.print(f"  … and {more} more", markup=False)
         if s.invalid_examples:
-            console.print(f"[{s.source}] invalid walks, e.g.: {'; '.join(s.invalid_examples[:3])}", markup=False)
+            console.print(f"[{s.source}] {s.invalid_walks} walks are not paths of the graph, e.g.:", markup=False)
+            for example in s.invalid_examples[:5]:
+                console.print(f"  {example}", markup=False)
     if render_fmt is not None:
         console.print(f"wrote {out}", markup=False)
 

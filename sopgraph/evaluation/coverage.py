@@ -6,13 +6,16 @@ and what agents *actually* walk shows which parts of the procedure they never re
 Items:
 - nodes: every decision stage and action leaf of the compiled graph (`start`/`end` are not items);
 - edges: every graph edge between two items (edges out of `start` and into `end` are implied);
-- paths: the feasible paths of the SOP (`paths.iter_paths`), identified by (stage ids, Action) —
-  paths that differ only in which of several branches into the same leaf was taken count once.
+- paths: the feasible paths of the SOP, with the ids `sop paths` gives them (`paths.iter_paths`):
+  one definition of a path everywhere, so `Paths 9/10` here means the ten paths `sop paths` lists.
 
-A walk is a stage list plus its final Action: for a case its `expected_path` and expected Action,
-for an agent its final turn's `now_path` (start/end/action entries stripped) and final Action. A
-walk with a step that is not a graph edge, or an unknown stage, is *invalid*: its valid nodes and
-edges still count, the walk is counted as invalid and never covers a path.
+A walk is a stage list plus its final Action, and optionally the id of the path it was meant to
+take: for a case its `expected_path`, expected Action and `path_id`; for an agent its final turn's
+`now_path` (start/end/action entries stripped), final Action and its case's `path_id`. Two paths can
+share stages and Action (two branches of one stage into the same action); a walk that matches
+several covers the intended one when it is among them, else the first. A walk with a step that is
+not a graph edge, an unknown stage, no Action, or not starting at the entry is *invalid*: its valid
+nodes and edges still count, the walk is counted as invalid (with the reason) and covers no path.
 """
 
 from __future__ import annotations
@@ -89,22 +92,51 @@ def _normalize(path: Iterable[Any], scenario: ir.Scenario) -> list[str]:
     return list(normalize_path(path, scenario))
 
 
-def feasible_paths(scenario: ir.Scenario, limit: int = PATH_LIMIT) -> tuple[dict[tuple, str], bool]:
-    """(stage ids, Action) → path id for every feasible path (first id wins), and exactness."""
-    out: dict[tuple, str] = {}
+Walk = tuple[Sequence[str], str | None] | tuple[Sequence[str], str | None, str | None]
+
+
+def feasible_paths(scenario: ir.Scenario, limit: int = PATH_LIMIT) -> tuple[dict[tuple, list[str]], bool]:
+    """(stage ids, Action) → ids of the feasible paths with those stages and Action (in `sop paths`
+    order), and exactness (False when more than `limit` paths exist)."""
+    out: dict[tuple, list[str]] = {}
     exact = True
     for i, p in enumerate(iter_paths(scenario, witnesses=False)):
         if i >= limit:
             exact = False
             break
-        out.setdefault((tuple(p.stages), p.action), p.id)
+        out.setdefault((tuple(p.stages), p.action), []).append(p.id)
     return out, exact
 
 
-def coverage_of(scenario: ir.Scenario, walks: Iterable[tuple[Sequence[str], str | None]],
+def _invalid_reason(scenario: ir.Scenario, stages: Sequence[str], action: str | None,
+                    node_counts: dict[str, int], edge_counts: dict[str, int]) -> str | None:
+    """Why a walk is not a walk of the graph (None when it is one)."""
+    if not stages:
+        return "no path reported"
+    unknown = [n for n in stages if n not in node_counts]
+    if unknown:
+        return f"unknown stage `{unknown[0]}`"
+    if stages[0] != scenario.start:
+        return f"does not start at the entry stage `{scenario.start}`"
+    if not action:
+        return "no final action"
+    if action_node(action) not in node_counts:
+        return f"unknown action `{action}`"
+    seq = [*stages, action_node(action)]
+    for u, v in zip(seq, seq[1:], strict=False):
+        if _edge_key(u, v) not in edge_counts:
+            return f"no branch from `{u}` to `{v.removeprefix(ACTION_PREFIX)}`"
+    return None
+
+
+def _walk_text(stages: Sequence[str], action: str | None, reason: str) -> str:
+    return f"{' > '.join(stages) or '(no path)'} => {action or '(no action)'}  [{reason}]"
+
+
+def coverage_of(scenario: ir.Scenario, walks: Iterable[Walk],
                 source: Literal["cases", "agents"], *, graph: Any = None,
-                paths: tuple[dict[tuple, str], bool] | None = None, max_listed: int = 200) -> CoverageSide:
-    """Count nodes, edges and paths covered by `walks` = (stage ids, final Action | None)."""
+                paths: tuple[dict[tuple, list[str]], bool] | None = None, max_listed: int = 200) -> CoverageSide:
+    """Count nodes, edges and paths covered by `walks` = (stage ids, final Action | None[, path id])."""
     g = graph if graph is not None else compile_graph(scenario)
     path_ids, exact = paths if paths is not None else feasible_paths(scenario)
     nodes = [n for n in g.nodes if n not in (START, END)]
@@ -112,48 +144,48 @@ def coverage_of(scenario: ir.Scenario, walks: Iterable[tuple[Sequence[str], str 
     node_counts = dict.fromkeys(nodes, 0)
     edge_counts = {_edge_key(u, v): 0 for u, v in edges}
     path_counts: dict[str, int] = {}
+    invalid: dict[str, int] = {}
     side = CoverageSide(source=source, paths_exact=exact)
-    for stages, action in walks:
+    for walk in walks:
         side.walks += 1
-        stages = _normalize(stages, scenario)
+        stages = _normalize(walk[0], scenario)
+        action = walk[1]
+        meant = walk[2] if len(walk) > 2 else None
         seq = list(stages) + ([action_node(action)] if action else [])
-        valid = bool(stages) and stages[0] == scenario.start
         seen_nodes: set[str] = set()
         for n in seq:
-            if n in node_counts:
-                if n not in seen_nodes:
-                    node_counts[n] += 1
-                    seen_nodes.add(n)
-            else:
-                valid = False
+            if n in node_counts and n not in seen_nodes:
+                node_counts[n] += 1
+                seen_nodes.add(n)
         for u, v in zip(seq, seq[1:], strict=False):
             key = _edge_key(u, v)
             if key in edge_counts:
                 edge_counts[key] += 1
-            else:
-                valid = False
-        if not action:
-            valid = False
-        if not valid:
+        reason = _invalid_reason(scenario, stages, action, node_counts, edge_counts)
+        if reason is not None:
             side.invalid_walks += 1
-            if len(side.invalid_examples) < 10:
-                side.invalid_examples.append(" > ".join(stages) + f" => {action or '?'}")
+            text = _walk_text(stages, action, reason)
+            invalid[text] = invalid.get(text, 0) + 1
             continue
-        pid = path_ids.get((tuple(stages), action))
-        if pid is not None:
+        ids = path_ids.get((tuple(stages), action))
+        if ids:
+            pid = meant if meant in ids else ids[0]
             path_counts[pid] = path_counts.get(pid, 0) + 1
+    side.invalid_examples = [f"{text} ×{n}" if n > 1 else text
+                             for text, n in sorted(invalid.items(), key=lambda kv: -kv[1])[:10]]
+    all_ids = [pid for ids in path_ids.values() for pid in ids]
     side.nodes_total = len(nodes)
     side.nodes_covered = sum(1 for n in nodes if node_counts[n] > 0)
     side.edges_total = len(edges)
     side.edges_covered = sum(1 for c in edge_counts.values() if c > 0)
-    side.paths_total = len(path_ids) if exact else max(len(path_ids), _count_paths(scenario))
+    side.paths_total = len(all_ids) if exact else max(len(all_ids), _count_paths(scenario))
     side.paths_covered = len(path_counts)
     side.node_counts = node_counts
     side.edge_counts = edge_counts
     side.path_counts = dict(sorted(path_counts.items()))
     side.uncovered_nodes = [n for n in nodes if node_counts[n] == 0]
     side.uncovered_edges = [k for k, c in edge_counts.items() if c == 0]
-    uncovered = [(pid, key) for key, pid in path_ids.items() if pid not in path_counts]
+    uncovered = sorted((pid, key) for key, ids in path_ids.items() for pid in ids if pid not in path_counts)
     side.uncovered_paths = [f"{pid}: {' > '.join(key[0])} => {key[1]}" for pid, key in uncovered[:max_listed]]
     return side
 
@@ -163,13 +195,15 @@ def _count_paths(scenario: ir.Scenario) -> int:
     return count_paths(scenario).feasible
 
 
-def case_walks(cases: Iterable[Any]) -> list[tuple[list[str], str | None]]:
-    return [(list(c.expected_path), c.expected_finals.get("Action")) for c in cases]
+def case_walks(cases: Iterable[Any]) -> list[Walk]:
+    return [(list(c.expected_path), c.expected_finals.get("Action"), c.path_id) for c in cases]
 
 
-def agent_walks(run: Any) -> list[tuple[list[str], str | None]]:
-    """Final-turn (now_path, Action) of every done dialogue of a run store."""
-    walks = []
+def agent_walks(run: Any) -> list[Walk]:
+    """Final-turn (now_path, Action, the case's path id) of every done dialogue of a run store."""
+    walks: list[Walk] = []
+    meant = {c.id: c.path_id for c in run.cases()}
+    case_of = {d.id: d.case_id for d in run.dialogues(status="done")}
     last: dict[str, dict] = {}
     for t in run.iter_turn_dicts(status="done"):
         last[t["dialogue_id"]] = t  # turns come ordered by (dialogue, index): the last one wins
@@ -179,7 +213,7 @@ def agent_walks(run: Any) -> list[tuple[list[str], str | None]]:
         action = finals.get("Action") if isinstance(finals, dict) else None
         now_path = out.get("now_path")
         path = now_path if isinstance(now_path, list) else []
-        walks.append((path, action if isinstance(action, str) else None))
+        walks.append((path, action if isinstance(action, str) else None, meant.get(case_of.get(did, ""))))
     return walks
 
 

@@ -9,7 +9,7 @@ output schema and path list are all derived from it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -30,7 +30,7 @@ class AnalysisCache:
     def get_or_build(self, key: str, signature: object, build: Callable[[], _T]) -> _T:
         hit = self._entries.get(key)
         if hit is not None and hit[0] == signature:
-            return hit[1]  # type: ignore[return-value]
+            return cast(_T, hit[1])  # stored by `build` for this key
         value = build()
         self._entries[key] = (signature, value)
         return value

@@ -660,6 +660,8 @@ def render(scenario: ir.Scenario, fmt: str, *, graph: nx.DiGraph | None = None,
     dot_text = to_dot(scenario, g, heat=heat)
     if fmt == "dot":
         return dot_text.encode("utf-8")
-    if fmt in ("svg", "png"):
-        return run_dot(dot_text, fmt, timeout=timeout)  # type: ignore[arg-type]
+    if fmt == "svg":
+        return run_dot(dot_text, "svg", timeout=timeout)
+    if fmt == "png":
+        return run_dot(dot_text, "png", timeout=timeout)
     raise RenderError(f"unknown format `{fmt}` (choose from {', '.join(FORMATS)})")

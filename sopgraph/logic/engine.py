@@ -597,9 +597,10 @@ class Engine:
 
 def engine_for(scenario: ir.Scenario) -> Engine:
     """The scenario's compiled engine, built once and kept on the scenario object."""
-    if scenario._engine is None:
-        scenario._engine = Engine(scenario)
-    return scenario._engine  # type: ignore[return-value]
+    engine = scenario._engine
+    if not isinstance(engine, Engine):  # None until first use (ir cannot name the Engine type)
+        engine = scenario._engine = Engine(scenario)
+    return engine
 
 
 def decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:

@@ -63,7 +63,7 @@ __all__ = [
 DEFAULT_USER_MODEL: Final = "scripted/user"
 DEFAULT_JUDGE_MODEL: Final = "scripted/truth"
 JUDGE_ROLES: Final = ("judge1", "judge2", "judge3")
-ROLE_NAMES: Final = ("agent", "user", "judge", *JUDGE_ROLES)
+ROLE_NAMES: Final = ("agent", "user", "judge", *JUDGE_ROLES, "author")  # author: `sop draft`
 
 DEFAULT_RETRIES: Final = 6
 DEFAULT_BASE_DELAY: Final = 1.0

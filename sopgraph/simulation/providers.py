@@ -42,6 +42,7 @@ __all__ = [
     "oracle",
     "random_path",
     "respond",
+    "scripted_author",
     "scripted_truth",
     "scripted_user",
 ]
@@ -497,6 +498,40 @@ def scripted_truth(messages: Messages, context: Context) -> str:
     return _dumps({"labels": labels, "scores": scores, "reasons": reasons})
 
 
+# --------------------------------------------------------------------------- scripted author
+_RULE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(?P<text>\S.*)$")
+_REPAIR_MARK = "The checker reports problems"
+
+
+def scripted_author(messages: Messages, context: Context) -> str:
+    """Drafts a `.sop` from the policy in ``context`` (``policy``, ``policy_file``, ``name``): one
+    stage per rule line (numbered or bulleted), each citing its line. The first draft calls an
+    action it never declares (a checker error, on purpose); once a repair request arrives, the
+    declaration is added. Offline stand-in for an LLM author, so `sop draft` and its check -> repair
+    rounds are tested without a model."""
+    policy = str(context.get("policy", ""))
+    source = str(context.get("policy_file", "POLICY.md"))
+    name = re.sub(r"\W+", "_", str(context.get("name", "draft"))).strip("_") or "draft"
+    if name[0].isdigit():
+        name = "sop_" + name
+    repair = any(_REPAIR_MARK in _content_text(m.get("content")) for m in messages if isinstance(m, Mapping))
+    lines = policy.splitlines()
+    rules = [(i, m.group("text").strip()) for i, line in enumerate(lines, 1) if (m := _RULE.match(line))]
+    if not rules:
+        rules = [(i, line.strip()) for i, line in enumerate(lines, 1) if line.strip()][:1] or [(1, "the policy")]
+    title = next((line.lstrip("# ").strip() for line in lines if line.startswith("#")), name)
+    out = [f"scenario {name} {json.dumps(title, ensure_ascii=False)}", ""]
+    if repair:
+        out += ['action Respond "Answer the customer as the policy says." [ends_dialogue]', ""]
+    for k, (lineno, text) in enumerate(rules, 1):
+        target = f"s{k + 1}" if k < len(rules) else "do Respond"
+        out += [f"# {source}:{lineno}", f"stage s{k} {json.dumps(text[:60], ensure_ascii=False)} {{",
+                f"    {json.dumps(text, ensure_ascii=False)}", f"    -> {target}", "}", ""]
+    out.append("# QUESTION: the scripted author does not model the policy's conditions; "
+               "which fields and values decide each rule?")
+    return "```sop\n" + "\n".join(out) + "\n```"
+
+
 # --------------------------------------------------------------------------- registry
 BUILTIN_MODELS: Final[dict[str, ProviderFn]] = {
     "baseline/always-escalate": always_escalate,
@@ -505,6 +540,7 @@ BUILTIN_MODELS: Final[dict[str, ProviderFn]] = {
     "baseline/oracle": oracle,
     "scripted/user": scripted_user,
     "scripted/truth": scripted_truth,
+    "scripted/author": scripted_author,
 }
 """Every built-in model name and the function that answers for it."""
 

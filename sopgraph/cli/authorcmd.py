@@ -1,0 +1,159 @@
+"""Authoring commands: `sop fmt` (canonical layout), `sop validate` (against labelled decisions),
+`sop diff` (what a change to an SOP changes)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.fmt import format_text
+from sopgraph.language.ir import Scenario
+from sopgraph.logic.checker import load
+from sopgraph.logic.diff import DEFAULT_BUDGET as DIFF_BUDGET
+from sopgraph.logic.diff import diff as semantic_diff
+from sopgraph.logic.diff import render_text as render_diff
+from sopgraph.logic.validate import (
+    DEFAULT_BUDGET,
+    ValidateError,
+    parse_pairs,
+    read_rows,
+    render_text,
+    validate,
+)
+from sopgraph.simulation.runner import RunError, read_cases
+
+from .params import fail, load_or_exit, sop_file
+
+
+@click.command("fmt")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--check", is_flag=True, help="Change nothing; exit 1 if any file is not in canonical form (for CI).")
+@click.option("--diff", "show_diff", is_flag=True, help="Print a unified diff of what would change; change nothing.")
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print the formatted text instead of rewriting files.")
+def fmt_cmd(files: tuple[Path, ...], check: bool, show_diff: bool, to_stdout: bool) -> None:
+    """Rewrite FILE... in the canonical layout (idempotent; comments are kept).
+
+    Exit status: 0 done (or, with --check/--diff, nothing would change), 1 a file would change,
+    2 a file cannot be read or parsed (its diagnostics are printed).
+    """
+    changed: list[Path] = []
+    broken = 0
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            click.echo(f"{path}: error: cannot read: {getattr(exc, 'strerror', None) or exc}", err=True)
+            broken += 1
+            continue
+        try:
+            pretty = format_text(text, str(path))
+        except SopError as exc:
+            click.echo(exc.render(), err=True)
+            broken += 1
+            continue
+        if pretty == text.replace("\r\n", "\n"):
+            if to_stdout:
+                click.echo(pretty, nl=False)
+            continue
+        changed.append(path)
+        if to_stdout:
+            click.echo(pretty, nl=False)
+        elif show_diff:
+            click.echo("".join(difflib.unified_diff(text.splitlines(True), pretty.splitlines(True),
+                                                    f"{path} (original)", f"{path} (formatted)")), nl=False)
+        elif check:
+            click.echo(f"would reformat {path}", err=True)
+        else:
+            path.write_text(pretty, encoding="utf-8")
+            click.echo(f"reformatted {path}", err=True)
+    if broken:
+        sys.exit(2)
+    if changed and (check or show_diff):
+        sys.exit(1)
+
+
+@click.command("validate")
+@sop_file
+@click.option("--data", "data", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Labelled decisions: CSV with a header line, or JSON Lines.")
+@click.option("--expect", "expects", multiple=True, metavar="OUTPUT=COLUMN",
+              help="Column holding an expected final (Action=COLUMN is required; repeat for outputs).")
+@click.option("--map", "maps", multiple=True, metavar="VAR=COLUMN",
+              help="Column feeding a variable (default: the column named like it); COLUMN.key reads JSON.")
+@click.option("--now", "now", default=None, metavar="DATE",
+              help="Reference date (YYYY-MM-DD): a date in a numeric column becomes the days until it.")
+@click.option("--budget", default=DEFAULT_BUDGET, show_default=True, type=click.IntRange(0),
+              help="Candidate edits tried per mismatch group.")
+@click.option("--min-accuracy", default=None, type=click.FloatRange(0, 1),
+              help="Exit 1 when accuracy is below this (0..1).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def validate_cmd(file: Path, data: Path, expects: tuple[str, ...], maps: tuple[str, ...], now: str | None,
+                 budget: int, min_accuracy: float | None, fmt: str) -> None:
+    """Decide every row of labelled data with FILE; report accuracy, a confusion matrix, and where
+    and why the SOP disagrees (with the nearest edits that explain the rows)."""
+    scenario = load_or_exit(file)
+    try:
+        when = dt.date.fromisoformat(now) if now else None
+    except ValueError:
+        fail(f"--now {now!r}: write the date as YYYY-MM-DD", 2)
+    try:
+        report = validate(scenario, read_rows(data), expect=parse_pairs(expects, "--expect"),
+                          mapping=parse_pairs(maps, "--map"), now=when, budget=budget, file=str(file),
+                          data=str(data))
+    except ValidateError as exc:
+        fail(str(exc), 2)
+    if fmt == "json":
+        click.echo(json.dumps(report.model_dump(), indent=2, ensure_ascii=False))
+    else:
+        click.echo(render_text(report), nl=False)
+    if min_accuracy is not None and report.accuracy < min_accuracy:
+        click.echo(f"accuracy {report.accuracy:.1%} is below --min-accuracy {min_accuracy:.1%}", err=True)
+        sys.exit(1)
+
+
+@click.command("diff")
+@click.argument("old", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("new", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--cases", "cases_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Test cases (JSON Lines): report those whose reference path or finals change.")
+@click.option("--budget", default=DIFF_BUDGET, show_default=True, type=click.IntRange(1),
+              help="Regions the equivalence check may explore.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: str) -> None:
+    """Semantic diff of two versions of an SOP: paths added, removed and changed; inputs on which
+    they decide differently (verified by the engine); cases whose expectations change.
+
+    Exit status (for CI): 0 equivalent, 1 the versions decide differently (or a case changes),
+    2 error (a file does not load, bad cases file).
+    """
+    a = _load_or_2(old)
+    b = _load_or_2(new)
+    cases = []
+    if cases_path is not None:
+        try:
+            cases = read_cases(cases_path)
+        except RunError as exc:
+            fail(str(exc), 2)
+    report = semantic_diff(a, b, cases=cases, budget=budget, old_name=str(old), new_name=str(new))
+    if fmt == "json":
+        data = report.model_dump()
+        data.update(equivalent=report.equivalent, proven=report.proven)
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    else:
+        click.echo(render_diff(report), nl=False)
+    sys.exit(0 if report.equivalent else 1)
+
+
+def _load_or_2(path: Path) -> Scenario:
+    """Like load_or_exit, but exit 2: for `sop diff`, 1 means "different"."""
+    try:
+        return load(path)
+    except SopError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(2)

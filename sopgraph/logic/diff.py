@@ -1,0 +1,434 @@
+"""`sop diff`: what a change to an SOP changes.
+
+Three answers: the feasible paths added, removed and changed (by stage sequence and branch labels);
+concrete inputs on which the two versions decide differently (an equivalence check with witnesses);
+and, given test cases, the cases whose reference path or finals change.
+
+The equivalence check walks the product of the two programs over one *joint* variable space: the
+inputs of both versions (a variable declared in both with different domains keeps only the values
+valid in both), plus each version's `let`s under a private name. From the entry of OLD, every branch
+narrows the region (via the constraint domain); at each OLD leaf the walk continues through NEW
+inside that region; a NEW leaf whose outcome differs from the OLD leaf's, in a region not proven
+empty, yields a witness, which is only reported once the engine has decided it with both versions
+and they disagree. The walk is bounded (`budget` regions); what it could not settle is reported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from sopgraph.language import ir
+from sopgraph.language.fmt import show_expr
+from sopgraph.logic import domain
+from sopgraph.logic.engine import DecideError, interpret
+from sopgraph.logic.paths import iter_paths
+from sopgraph.records import Case
+
+DEFAULT_BUDGET = 20_000  # regions explored by the product walk
+PATH_LIMIT = 5_000  # paths listed per version
+MAX_WITNESSES = 20
+
+
+class DiffError(Exception):
+    """The two versions cannot be compared (a message for the user)."""
+
+
+class PathChange(BaseModel):
+    key: str  # stages and branch labels, e.g. "step1 -> step2 [Change] -> step4 [NoContract]"
+    old_key: str | None = None  # for a changed path whose labels changed: its old form
+    old: str | None = None  # outcome, e.g. "do ChangeOrder"
+    new: str | None = None
+
+
+class Witness(BaseModel):
+    values: dict[str, Any]
+    old_path: list[str]
+    old_finals: dict[str, Any]
+    new_path: list[str]
+    new_finals: dict[str, Any]
+
+
+class CaseChange(BaseModel):
+    id: str
+    old_path: list[str]
+    new_path: list[str] | None
+    old_finals: dict[str, Any]
+    new_finals: dict[str, Any] | None
+    error: str | None = None
+
+
+class DiffReport(BaseModel):
+    old: str
+    new: str
+    paths_old: int
+    paths_new: int
+    added: list[PathChange] = Field(default_factory=list)
+    removed: list[PathChange] = Field(default_factory=list)
+    changed: list[PathChange] = Field(default_factory=list)
+    paths_truncated: bool = False
+    witnesses: list[Witness] = Field(default_factory=list)
+    differing_regions: int = 0
+    unproven: list[str] = Field(default_factory=list)  # what the bounded check could not settle
+    notes: list[str] = Field(default_factory=list)
+    cases_checked: int = 0
+    cases_changed: list[CaseChange] = Field(default_factory=list)
+
+    @property
+    def equivalent(self) -> bool:
+        """No decision differs within the analysis (paths may still be relabelled or reordered)."""
+        return not self.witnesses and not self.cases_changed
+
+    @property
+    def proven(self) -> bool:
+        return not self.unproven
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths added, removed, changed
+
+
+def _path_table(scenario: ir.Scenario) -> tuple[dict[str, str], bool]:
+    table: dict[str, str] = {}
+    truncated = False
+    for i, info in enumerate(iter_paths(scenario, witnesses=False)):
+        if i >= PATH_LIMIT:
+            truncated = True
+            break
+        parts = [f"{s} [{label}]" if label else s for s, label in zip(info.stages, info.labels, strict=False)]
+        outcome = f"do {info.action}"
+        fixed = {k: v for k, v in info.finals.items() if k != "Action" and v is not None}
+        if fixed:
+            outcome += " {" + ", ".join(f"{k} = {_show(v)}" for k, v in fixed.items()) + "}"
+        table[" -> ".join(parts)] = outcome
+    return table, truncated
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str) or value is None:
+        return str(value)
+    return show_expr(ir.Lit(value=value)) if isinstance(value, (bool, int, float)) else str(value)
+
+
+def path_changes(old: ir.Scenario, new: ir.Scenario, report: DiffReport) -> None:
+    a, ta = _path_table(old)
+    b, tb = _path_table(new)
+    report.paths_old, report.paths_new, report.paths_truncated = len(a), len(b), ta or tb
+    added = [k for k in b if k not in a]
+    removed = [k for k in a if k not in b]
+    report.changed = [PathChange(key=k, old=a[k], new=b[k]) for k in a if k in b and a[k] != b[k]]
+    # a path through the same stages whose labels changed (an edited guard) is changed, not added/removed
+    by_stages: dict[str, list[str]] = {}
+    for k in removed:
+        by_stages.setdefault(_stages_only(k), []).append(k)
+    for k in list(added):
+        olds = by_stages.get(_stages_only(k))
+        if olds:
+            o = olds.pop(0)
+            removed.remove(o)
+            added.remove(k)
+            report.changed.append(PathChange(key=k, old_key=o, old=a[o], new=b[k]))
+    report.added = [PathChange(key=k, new=b[k]) for k in added]
+    report.removed = [PathChange(key=k, old=a[k]) for k in removed]
+
+
+def _stages_only(key: str) -> str:
+    return re.sub(r" \[[^\]]*\]", "", key)
+
+
+# ---------------------------------------------------------------------------------------------
+# The joint space
+
+
+def _meet_types(name: str, a: Any, b: Any) -> Any:
+    """The values valid for both declarations of an input, or DiffError when they share none."""
+    if a == b or a is None or b is None:
+        return a if a is not None else b
+    if isinstance(a, ir.EnumType) and isinstance(b, ir.EnumType):
+        common = [v for v in a.values if v in b.values]
+        if len(common) >= 1:
+            return ir.EnumType(values=common if len(common) > 1 else common * 2)
+    if isinstance(a, ir.BoolType) and isinstance(b, ir.BoolType):
+        return a
+    if isinstance(a, ir.NumType) and isinstance(b, ir.NumType):
+        lo, lo_open = _tighter(a.lo, a.lo_open, b.lo, b.lo_open, max)
+        hi, hi_open = _tighter(a.hi, a.hi_open, b.hi, b.hi_open, min)
+        return ir.NumType(kind="int" if "int" in (a.kind, b.kind) else "float", lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open)
+    raise DiffError(f"`{name}` is {ir.describe_type(a)} in one version and {ir.describe_type(b)} in the other: "
+                    "no input is valid for both")
+
+
+def _tighter(x: float | None, xo: bool, y: float | None, yo: bool, pick: Any) -> tuple[float | None, bool]:
+    if x is None:
+        return y, yo
+    if y is None or x == y:
+        return x, xo or (y is not None and yo)
+    return (x, xo) if pick(x, y) == x else (y, yo)
+
+
+def _renamer(prefix: str, derived: set[str]) -> Any:
+    def rename(e: Any) -> Any:
+        if isinstance(e, ir.Var):
+            return e.model_copy(update={"name": prefix + e.name}) if e.name in derived else e
+        update: dict[str, Any] = {}
+        for field in ("operand", "left", "right", "otherwise"):
+            if hasattr(e, field) and getattr(e, field) is not None and not isinstance(e, ir.Lit):
+                update[field] = rename(getattr(e, field))
+        if isinstance(e, ir.BoolOp):
+            update["operands"] = [rename(o) for o in e.operands]
+        elif isinstance(e, ir.Call):
+            update["args"] = [rename(a) for a in e.args]
+        elif isinstance(e, ir.CaseExpr):
+            update["arms"] = [a.model_copy(update={"when": rename(a.when), "then": rename(a.then)}) for a in e.arms]
+        return e.model_copy(update=update) if update else e
+    return rename
+
+
+class _Side:
+    """One version inside the joint space: its stages, with `let` names made private."""
+
+    def __init__(self, scenario: ir.Scenario, prefix: str):
+        self.scenario = scenario
+        derived = {v.name for v in scenario.variables.values() if v.role == "derived"}
+        self.rename = _renamer(prefix, derived)
+        self.derived = {prefix + v.name: v.model_copy(update={"name": prefix + v.name,
+                                                              "expr": self.rename(v.expr)})
+                        for v in scenario.variables.values() if v.role == "derived"}
+
+
+def joint_scenario(old: ir.Scenario, new: ir.Scenario) -> tuple[ir.Scenario, _Side, _Side]:
+    variables: dict[str, ir.Variable] = {}
+    for scenario in (old, new):
+        for var in scenario.variables.values():
+            if var.role == "derived":
+                continue
+            if var.name in variables:
+                merged = _meet_types(var.name, variables[var.name].type, var.type)
+                variables[var.name] = variables[var.name].model_copy(update={"type": merged})
+            else:
+                variables[var.name] = var
+    a, b = _Side(old, "__old__"), _Side(new, "__new__")
+    variables.update(a.derived)
+    variables.update(b.derived)
+    return ir.Scenario(name="joint", variables=variables), a, b
+
+
+# ---------------------------------------------------------------------------------------------
+# The product walk
+
+
+class _Walk:
+    def __init__(self, joint: ir.Scenario, old: _Side, new: _Side, budget: int):
+        self.joint = joint
+        self.old = old
+        self.new = new
+        self.budget = budget
+        self.steps = 0
+        self.exhausted = False
+
+    def leaves(self, side: _Side, boxes: list[domain.Box]) -> Iterator[tuple[ir.Target, str, list[domain.Box]]]:
+        """(leaf target, leaf stage, region) for every route of one version inside `boxes`."""
+        start = side.scenario.start
+        if start is None:
+            return
+        yield from self._walk(side, start, boxes, frozenset())
+
+    def _walk(self, side: _Side, stage_id: str, boxes: list[domain.Box],
+              seen: frozenset[str]) -> Iterator[tuple[ir.Target, str, list[domain.Box]]]:
+        stage = side.scenario.stages.get(stage_id)
+        if stage is None or stage_id in seen:
+            return  # a revisit loops forever in the engine: no decision there
+        seen = seen | {stage_id}
+        rest = boxes
+        for branch in stage.branches:
+            if not rest:
+                return
+            if branch.guard is None:
+                taken, rest = rest, []
+            else:
+                guard = side.rename(branch.guard)
+                taken = self._constrain(rest, guard, True)
+                rest = self._constrain(rest, guard, False)
+            if not taken:
+                continue
+            if branch.target.kind == "action":
+                yield branch.target, stage_id, taken
+            elif branch.target.stage is not None:
+                yield from self._walk(side, branch.target.stage, taken, seen)
+
+    def _constrain(self, boxes: list[domain.Box], expr: Any, truth: bool) -> list[domain.Box]:
+        out: list[domain.Box] = []
+        for box in boxes:
+            self.steps += 1
+            if self.steps > self.budget:
+                self.exhausted = True
+                return out
+            out += domain.constrain(self.joint, box, expr, truth)
+        return out
+
+
+def _outcome(side: _Side, target: ir.Target) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A leaf's outcome as text: the action, every output's expression (or default), and the
+    definitions of the `let`s those expressions read (so a changed `let` is a changed outcome)."""
+    assigned = {a.name: a.value for a in target.outputs}
+    outs: list[tuple[str, str]] = []
+    lets: set[str] = set()
+    for name, out in side.scenario.outputs.items():
+        expr = assigned.get(name, out.default)
+        outs.append((name, show_expr(expr) if expr is not None else "none"))
+        if expr is not None:
+            _lets_read(side.scenario, expr, lets)
+    outs += [(f"let {n}", show_expr(side.scenario.variables[n].expr)) for n in sorted(lets)]
+    return str(target.action), tuple(outs)
+
+
+def _lets_read(scenario: ir.Scenario, expr: Any, found: set[str]) -> None:
+    if isinstance(expr, ir.Var):
+        var = scenario.variables.get(expr.name)
+        if var is not None and var.expr is not None and expr.name not in found:
+            found.add(expr.name)
+            _lets_read(scenario, var.expr, found)
+    for child in ir.children(expr):
+        _lets_read(scenario, child, found)
+
+
+def _decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]] | None:
+    own = {k: v for k, v in values.items() if k in scenario.variables}
+    try:
+        d = interpret(scenario, own)
+    except DecideError:
+        return None
+    return d.path, d.finals
+
+
+def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport, budget: int,
+                         max_witnesses: int = MAX_WITNESSES) -> None:
+    try:
+        joint, a, b = joint_scenario(old, new)
+    except DiffError as exc:
+        report.unproven.append(str(exc))
+        return
+    for name in sorted(set(joint.variables) - {v for v in joint.variables if v.startswith("__")}):
+        in_old, in_new = name in old.variables, name in new.variables
+        if in_old != in_new:
+            report.notes.append(f"`{name}` is read only by the {'old' if in_old else 'new'} version")
+    walk = _Walk(joint, a, b, budget)
+    full = [domain.full_box(joint)]
+    undecided = 0
+    for old_leaf, _old_stage, region in walk.leaves(a, full):
+        want = _outcome(a, old_leaf)
+        for new_leaf, _new_stage, both in walk.leaves(b, region):
+            if _outcome(b, new_leaf) == want:
+                continue
+            report.differing_regions += 1
+            found = _verified_witness(joint, both, old, new)
+            if found is None:
+                undecided += 1
+            elif len(report.witnesses) < max_witnesses:
+                report.witnesses.append(found)
+        if walk.exhausted:
+            break
+    if walk.exhausted:
+        report.unproven.append(f"the product walk stopped at its budget of {budget} regions: "
+                               "routes not reached may still differ (raise --budget)")
+    if undecided:
+        report.unproven.append(f"{undecided} region(s) where the outcomes are written differently but no "
+                               "assignment was found on which the engine decides differently "
+                               "(equal values from different expressions, or constraints the domain "
+                               "cannot decide)")
+
+
+def _verified_witness(joint: ir.Scenario, boxes: Sequence[domain.Box], old: ir.Scenario,
+                      new: ir.Scenario) -> Witness | None:
+    for box in boxes:
+        for style in ("representative", "boundary"):
+            values = domain.witness(joint, box, style=style)
+            if values is None:
+                continue
+            values = {k: v for k, v in values.items() if not k.startswith("__")}
+            da, db = _decide(old, values), _decide(new, values)
+            if da is None or db is None or da[1] == db[1]:
+                continue
+            return Witness(values=values, old_path=da[0], old_finals=da[1], new_path=db[0], new_finals=db[1])
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+
+
+def case_changes(new: ir.Scenario, cases: Sequence[Case], report: DiffReport) -> None:
+    """Cases whose reference path or finals under NEW differ from the ones they were made with."""
+    report.cases_checked = len(cases)
+    for case in cases:
+        values = {**case.truth, **case.system}
+        values = {k: v for k, v in values.items() if v is not None}
+        try:
+            d = interpret(new, {k: v for k, v in values.items() if k in new.variables})
+            path, finals, error = d.path, d.finals, None
+        except DecideError as exc:
+            path, finals, error = None, None, exc.message
+        if path != case.expected_path or finals != case.expected_finals:
+            report.cases_changed.append(CaseChange(id=case.id, old_path=case.expected_path, new_path=path,
+                                                   old_finals=case.expected_finals, new_finals=finals,
+                                                   error=error))
+
+
+def diff(old: ir.Scenario, new: ir.Scenario, *, cases: Sequence[Case] = (), budget: int = DEFAULT_BUDGET,
+         old_name: str = "OLD", new_name: str = "NEW") -> DiffReport:
+    report = DiffReport(old=old_name, new=new_name, paths_old=0, paths_new=0)
+    path_changes(old, new, report)
+    decision_differences(old, new, report, budget)
+    if cases:
+        case_changes(new, cases, report)
+    return report
+
+
+def render_text(report: DiffReport, *, limit: int = 10) -> str:
+    out = [f"paths: {report.paths_old} -> {report.paths_new} (+{len(report.added)} added, "
+           f"-{len(report.removed)} removed, {len(report.changed)} changed)"
+           + (" [listing truncated]" if report.paths_truncated else "")]
+    for sign, items, attr in (("+", report.added, "new"), ("-", report.removed, "old")):
+        for p in items[:limit]:
+            out.append(f"  {sign} {p.key} -> {getattr(p, attr)}")
+        if len(items) > limit:
+            out.append(f"  {sign} ... {len(items) - limit} more")
+    for p in report.changed[:limit]:
+        if p.old_key:
+            out.append(f"  ~ {p.old_key} -> {p.old}")
+            out.append(f"    now {p.key} -> {p.new}")
+        else:
+            out.append(f"  ~ {p.key}: {p.old} => {p.new}")
+    out += [f"note: {n}" for n in report.notes]
+    out.append("")
+    if report.witnesses:
+        out.append(f"decisions differ: {report.differing_regions} region(s); witnesses verified by the engine:")
+        for i, w in enumerate(report.witnesses[:limit], 1):
+            values = ", ".join(f"{k}={_show(v)}" for k, v in sorted(w.values.items()))
+            out.append(f"  {i}. {values}")
+            out.append(f"     old: {' -> '.join(w.old_path)} => {_finals(w.old_finals)}")
+            out.append(f"     new: {' -> '.join(w.new_path)} => {_finals(w.new_finals)}")
+    else:
+        out.append("decisions: equivalent" + (" (proven)" if report.proven else " within the analysis budget"))
+    for u in report.unproven:
+        out.append(f"  not proven: {u}")
+    if report.cases_checked:
+        out += ["", f"cases: {len(report.cases_changed)} of {report.cases_checked} change"]
+        for c in report.cases_changed[:limit]:
+            if c.new_path is None:
+                out.append(f"  {c.id}: no longer decidable: {c.error}")
+                continue
+            parts = []
+            if c.new_path != c.old_path:
+                parts.append(f"path {' '.join(c.old_path)} => {' '.join(c.new_path)}")
+            if c.new_finals != c.old_finals:
+                parts.append(f"finals {_finals(c.old_finals)} => {_finals(c.new_finals or {})}")
+            out.append(f"  {c.id}: " + "; ".join(parts))
+    return "\n".join(out) + "\n"
+
+
+def _finals(finals: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_show(v)}" for k, v in finals.items())

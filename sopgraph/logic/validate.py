@@ -1,0 +1,670 @@
+"""`sop validate`: hold an SOP against labelled historic decisions and say where and why it disagrees.
+
+Each row is decided by the engine; mismatches are grouped by the stage where the engine's route and
+the expected outcome part ways (the deepest stage on the route from which another branch can still
+reach the expected action). For each group a bounded search tries the nearest edits of that stage
+(threshold shifts, `<` vs `<=`, flipped comparisons, arm order, enum values moved between match
+arms, and the same edits inside the `let`s the stage reads) and reports how many rows each fixes and
+how many it breaks. Columns are mapped to variables with types: numbers with units ("120 CNY"),
+booleans written as text, enum values in any case, dates (days until `--now`), and dotted paths into
+JSON columns (`--map Amount=order.amount`).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from sopgraph.language import ir
+from sopgraph.language.fmt import show_expr
+from sopgraph.logic.engine import DecideError, Interpreter, interpret
+
+DEFAULT_BUDGET = 300  # candidate edits tried per mismatch group
+THRESHOLDS_PER_COMPARISON = 12  # nearest observed values tried as a new threshold
+MAX_ROWS = 200_000
+
+
+class ValidateError(Exception):
+    """Bad input data or options (a message for the user, not a traceback)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading rows and typed column mapping
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a CSV (header line) or JSON Lines file, as dicts; `_line` holds the source line."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValidateError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    rows: list[dict[str, Any]] = []
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise ValidateError(f"{path}:{lineno}: invalid JSON: {exc}") from None
+            if not isinstance(obj, dict):
+                raise ValidateError(f"{path}:{lineno}: expected a JSON object per line")
+            obj["_line"] = lineno
+            rows.append(obj)
+    else:
+        reader = csv.DictReader(text.splitlines())
+        if not reader.fieldnames:
+            raise ValidateError(f"{path}: no header line")
+        for row in reader:
+            row = {k: v for k, v in row.items() if k is not None}
+            row["_line"] = reader.line_num
+            rows.append(row)
+    if len(rows) > MAX_ROWS:
+        raise ValidateError(f"{path}: {len(rows)} rows; at most {MAX_ROWS} are validated at once")
+    return rows
+
+
+_NUMBER = re.compile(r"^\s*(?P<pre>[^\d+\-.]*?)\s*(?P<num>[+-]?(?:\d[\d,_]*)?\.?\d+(?:[eE][+-]?\d+)?)"
+                     r"\s*(?P<unit>[^\d]*?)\s*$")
+_TRUE = {"true", "yes", "y", "t", "1", "on"}
+_FALSE = {"false", "no", "n", "f", "0", "off"}
+_DATE = re.compile(r"^\s*(\d{4}-\d{2}-\d{2})(?:[T ][\d:.]+Z?)?\s*$")
+
+
+def _lookup(row: Mapping[str, Any], column: str) -> Any:
+    """A column, or a dotted path into a JSON column / nested JSON Lines object."""
+    if column in row:
+        return row[column]
+    head, _, rest = column.partition(".")
+    if not rest or head not in row:
+        return None
+    value = row[head]
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    for part in rest.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def convert(value: Any, vtype: Any, *, unit: str | None = None, now: dt.date | None = None,
+            what: str = "value") -> Any:
+    """A cell as a value of the variable's type; `None` for an empty cell. Raises ValueError."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(vtype, ir.BoolType):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError(f"{what} {value!r} is not a boolean (yes/no, true/false, 1/0)")
+    if isinstance(vtype, ir.EnumType):
+        text = str(value).strip()
+        if text in vtype.values:
+            return text
+        folded = {v.lower(): v for v in vtype.values}
+        if text.lower() in folded:
+            return folded[text.lower()]
+        raise ValueError(f"{what} {value!r} is not one of {' | '.join(vtype.values)}")
+    if isinstance(vtype, ir.NumType):
+        return _number(value, vtype, unit, now, what)
+    return value
+
+
+def _number(value: Any, vtype: ir.NumType, unit: str | None, now: dt.date | None, what: str) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"{what} {value!r} is not a number")
+    if isinstance(value, (int, float)):
+        num: float = value
+    else:
+        text = str(value)
+        date = _DATE.match(text)
+        if date:
+            if now is None:
+                raise ValueError(f"{what} {text!r} is a date: give --now DATE to count days from it")
+            return (now - dt.date.fromisoformat(date.group(1))).days
+        m = _NUMBER.match(text)
+        if not m:
+            raise ValueError(f"{what} {value!r} is not a number")
+        written = (m.group("pre") + " " + m.group("unit")).strip()
+        if written and unit and _unit_key(written) != _unit_key(unit):
+            raise ValueError(f"{what} {value!r} is in {written!r}, the variable is in {unit!r}")
+        num = float(m.group("num").replace(",", "").replace("_", ""))
+    if vtype.kind == "int" and float(num).is_integer():
+        return int(num)
+    return num
+
+
+_UNIT_ALIASES = {"¥": "cny", "元": "cny", "rmb": "cny", "yuan": "cny", "$": "usd", "us$": "usd", "€": "eur",
+                 "£": "gbp", "d": "day", "h": "hour", "hr": "hour", "min": "minute", "mo": "month"}
+
+
+def _unit_key(unit: str) -> str:
+    """Units compared loosely: case, a plural `s` and common symbols (¥ = CNY, € = EUR) do not matter."""
+    key = unit.strip().lower()
+    key = _UNIT_ALIASES.get(key, key)
+    return key[:-1] if key.endswith("s") and len(key) > 3 else key
+
+
+class ColumnPlan(BaseModel):
+    """Which column feeds which variable, and which columns hold the expected outputs."""
+
+    inputs: dict[str, str]
+    expect: dict[str, str]
+
+
+def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[str, str],
+                 mapping: Mapping[str, str]) -> ColumnPlan:
+    """Variables read their own column (exact name, else case-insensitive) unless `--map` says otherwise."""
+    if "Action" not in expect:
+        raise ValidateError("give --expect Action=COLUMN (the column holding the decided action)")
+    for name in expect:
+        if name != "Action" and name not in scenario.outputs:
+            raise ValidateError(f"--expect {name}=...: `{name}` is not an output of the SOP "
+                                f"(outputs: Action{''.join(', ' + o for o in scenario.outputs)})")
+    lower = {c.lower(): c for c in columns}
+    inputs: dict[str, str] = {}
+    for var in scenario.variables.values():
+        if var.role == "derived":
+            continue
+        if var.name in mapping:
+            inputs[var.name] = mapping[var.name]
+        elif var.name in columns:
+            inputs[var.name] = var.name
+        elif var.name.lower() in lower:
+            inputs[var.name] = lower[var.name.lower()]
+    for name in mapping:
+        if name not in scenario.variables or scenario.variables[name].role == "derived":
+            raise ValidateError(f"--map {name}=...: `{name}` is not a field or system variable of the SOP")
+    for name, column in [*mapping.items(), *expect.items()]:
+        if column.split(".")[0] not in columns and column not in columns:
+            raise ValidateError(f"column `{column}` (for {name}) is not in the data; columns: {', '.join(columns)}")
+    return ColumnPlan(inputs=inputs, expect=dict(expect))
+
+
+# ---------------------------------------------------------------------------------------------
+# Deciding rows
+
+
+class RowResult(BaseModel):
+    line: int
+    values: dict[str, Any]
+    expected: dict[str, Any]
+    path: list[str] = Field(default_factory=list)
+    finals: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and all(_same(self.finals.get(k), v) for k, v in self.expected.items())
+
+
+TOLERANCE = 0.01  # numbers agree within this (labelled money is usually rounded to cents)
+
+
+def _same(got: Any, want: Any, tolerance: float = TOLERANCE) -> bool:
+    if isinstance(got, (int, float)) and isinstance(want, (int, float)) and not isinstance(got, bool):
+        return math.isclose(float(got), float(want), rel_tol=1e-9, abs_tol=tolerance + 1e-9)
+    return got == want
+
+
+def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan: ColumnPlan,
+                 now: dt.date | None) -> list[RowResult]:
+    """Typed values and expectations for every row; conversion problems become row errors."""
+    out: list[RowResult] = []
+    for row in rows:
+        line = int(row.get("_line", 0))
+        values: dict[str, Any] = {}
+        expected: dict[str, Any] = {}
+        problems: list[str] = []
+        for name, column in plan.inputs.items():
+            var = scenario.variables[name]
+            try:
+                converted = convert(_lookup(row, column), var.type, unit=var.unit, now=now,
+                                    what=f"column `{column}`:")
+            except ValueError as exc:
+                problems.append(str(exc))
+                continue
+            if converted is not None:
+                values[name] = converted
+        for name, column in plan.expect.items():
+            raw = _lookup(row, column)
+            if name == "Action":
+                expected[name] = None if raw is None else str(raw).strip()
+                continue
+            try:
+                expected[name] = convert(raw, scenario.outputs[name].type, what=f"column `{column}`:")
+            except ValueError as exc:
+                problems.append(str(exc))
+        out.append(RowResult(line=line, values=values, expected=expected,
+                             error="; ".join(problems) if problems else None))
+    return out
+
+
+def decide_rows(scenario: ir.Scenario, rows: list[RowResult]) -> None:
+    for row in rows:
+        if row.error is not None:  # the row's cells did not convert
+            continue
+        try:
+            decision = interpret(scenario, row.values)
+        except DecideError as exc:
+            row.error, row.path, row.finals = exc.message, [], {}
+            continue
+        row.path, row.finals, row.error = decision.path, decision.finals, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a route and the expectation part ways
+
+
+def _reachable_actions(scenario: ir.Scenario) -> dict[str, set[str]]:
+    """Stage id → actions reachable from it (fixed point; cycles allowed)."""
+    reach: dict[str, set[str]] = {sid: set() for sid in scenario.stages}
+    changed = True
+    while changed:
+        changed = False
+        for sid, stage in scenario.stages.items():
+            acts = reach[sid]
+            before = len(acts)
+            for branch in stage.branches:
+                t = branch.target
+                if t.kind == "action" and t.action:
+                    acts.add(t.action)
+                elif t.stage in reach:
+                    acts |= reach[t.stage]
+            changed |= len(acts) != before
+    return reach
+
+
+def parting_stage(scenario: ir.Scenario, row: RowResult, reach: Mapping[str, set[str]]) -> str:
+    """The deepest stage on the route from which a branch not taken can reach the expected action;
+    the leaf stage when only outputs differ; "-" when no stage on the route can reach it."""
+    stages = parting_stages(scenario, row, reach)
+    return stages[0] if stages else "-"
+
+
+def parting_stages(scenario: ir.Scenario, row: RowResult, reach: Mapping[str, set[str]]) -> list[str]:
+    """Every stage on the route where another branch could still lead to the expected action,
+    deepest first (the leaf alone when only outputs differ)."""
+    want = row.expected.get("Action")
+    if want is None or want == row.finals.get("Action"):
+        return row.path[-1:]
+    found: list[str] = []
+    for i in range(len(row.path) - 1, -1, -1):
+        stage = scenario.stages[row.path[i]]
+        nxt = row.path[i + 1] if i + 1 < len(row.path) else None
+        for branch in stage.branches:
+            t = branch.target
+            taken = (t.kind == "stage" and t.stage == nxt) or (nxt is None and t.kind == "action"
+                                                                and t.action == row.finals.get("Action"))
+            if taken:
+                continue
+            if (t.kind == "action" and t.action == want) or (t.kind == "stage" and want in reach.get(
+                    str(t.stage), set())):
+                found.append(stage.id)
+                break
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidate edits
+
+
+class Candidate(BaseModel):
+    """One edit of the SOP and what it does to the data."""
+
+    stage: str
+    where: str  # "stage s6" or "let Eligible"
+    kind: str  # threshold | operator | flip | arm-order | match-value
+    before: str
+    after: str
+    fixes: int = 0
+    breaks: int = 0
+    group_size: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "arm-order":
+            edit = f"`{self.after}` above `{self.before}`"
+        else:
+            edit = f"`{self.after}` instead of `{self.before}`"
+        return (f"{edit} at {self.where} explains {self.fixes}/{self.group_size}"
+                + (f" (breaks {self.breaks} matching rows)" if self.breaks else ""))
+
+
+Edit = Callable[[ir.Scenario], ir.Scenario]
+_FLIP = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "==": "!=", "!=": "=="}
+_STRICT = {"<": "<=", "<=": "<", ">": ">=", ">=": ">"}
+
+
+def _compares(expr: Any) -> Iterator[ir.Compare]:
+    if isinstance(expr, ir.Compare):
+        yield expr
+    for child in ir.children(expr):
+        yield from _compares(child)
+
+
+def _vars_read(expr: Any, scenario: ir.Scenario, seen: set[str]) -> None:
+    if isinstance(expr, ir.Var) and expr.name not in seen:
+        seen.add(expr.name)
+        var = scenario.variables.get(expr.name)
+        if var is not None and var.expr is not None:
+            _vars_read(var.expr, scenario, seen)
+    for child in ir.children(expr):
+        _vars_read(child, scenario, seen)
+
+
+def _sites(scenario: ir.Scenario, stage: ir.Stage) -> list[tuple[str, Any]]:
+    """Expressions an edit at `stage` may touch: its guards, then the `let`s they read."""
+    sites: list[tuple[str, Any]] = [(f"stage {stage.id}", b.guard) for b in stage.branches
+                                    if b.guard is not None and not b.values]
+    seen: set[str] = set()
+    for b in stage.branches:
+        if b.guard is not None:
+            _vars_read(b.guard, scenario, seen)
+    for name in sorted(seen):
+        var = scenario.variables.get(name)
+        if var is not None and var.expr is not None:
+            sites.append((f"let {name}", var.expr))
+    return sites
+
+
+def _replace_compare(scenario: ir.Scenario, target: ir.Compare, new: ir.Compare) -> ir.Scenario:
+    """A copy of the scenario with one comparison node replaced (matched by identity)."""
+    def rebuild(e: Any) -> Any:
+        if e is target:
+            return new
+        if isinstance(e, ir.Unary):
+            return e.model_copy(update={"operand": rebuild(e.operand)})
+        if isinstance(e, (ir.Binary, ir.Compare)):
+            return e.model_copy(update={"left": rebuild(e.left), "right": rebuild(e.right)})
+        if isinstance(e, ir.BoolOp):
+            return e.model_copy(update={"operands": [rebuild(o) for o in e.operands]})
+        if isinstance(e, ir.Call):
+            return e.model_copy(update={"args": [rebuild(a) for a in e.args]})
+        if isinstance(e, ir.CaseExpr):
+            arms = [a.model_copy(update={"when": rebuild(a.when), "then": rebuild(a.then)}) for a in e.arms]
+            return e.model_copy(update={"arms": arms, "otherwise": rebuild(e.otherwise)})
+        return e
+
+    stages = {sid: s.model_copy(update={"branches": [b.model_copy(update={"guard": rebuild(b.guard)})
+                                                      for b in s.branches]})
+              for sid, s in scenario.stages.items()}
+    variables = {n: (v.model_copy(update={"expr": rebuild(v.expr)}) if v.expr is not None else v)
+                 for n, v in scenario.variables.items()}
+    return scenario.model_copy(update={"stages": stages, "variables": variables})
+
+
+def _observed(scenario: ir.Scenario, expr: Any, rows: Sequence[RowResult]) -> list[float]:
+    """Distinct numeric values `expr` takes on the rows (rows that cannot evaluate it are skipped)."""
+    seen: set[float] = set()
+    for row in rows:
+        try:
+            value = Interpreter(scenario, row.values).eval(expr)
+        except (DecideError, TypeError, KeyError):
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seen.add(value)
+    return sorted(seen)
+
+
+def _compare_edits(scenario: ir.Scenario, where: str, cmp: ir.Compare,
+                   rows: Sequence[RowResult]) -> Iterator[tuple[str, str, str, ir.Compare]]:
+    """(kind, before, after, new node) for one comparison: operator tweaks, then threshold shifts."""
+    before = show_expr(cmp)
+    if cmp.op in _STRICT:
+        new = cmp.model_copy(update={"op": _STRICT[cmp.op]})
+        yield "operator", before, show_expr(new), new
+    new = cmp.model_copy(update={"op": _FLIP[cmp.op]})
+    yield "flip", before, show_expr(new), new
+    lit_side = "right" if isinstance(cmp.right, ir.Lit) else "left" if isinstance(cmp.left, ir.Lit) else None
+    if lit_side is None or cmp.op in ("==", "!="):
+        return
+    lit: ir.Lit = getattr(cmp, lit_side)
+    if isinstance(lit.value, bool) or not isinstance(lit.value, (int, float)):
+        return
+    other = cmp.left if lit_side == "right" else cmp.right
+    values = _observed(scenario, other, rows)
+    here = float(lit.value)
+    values = sorted(values, key=lambda v: (abs(v - here), v))[:THRESHOLDS_PER_COMPARISON]
+    for value in values:
+        if value == lit.value:
+            continue
+        value = int(value) if float(value).is_integer() and isinstance(lit.value, int) else value
+        for op in dict.fromkeys([cmp.op, _STRICT[cmp.op]]):
+            new = cmp.model_copy(update={"op": op, lit_side: lit.model_copy(update={"value": value})})
+            yield "threshold", before, show_expr(new), new
+
+
+def _arm_edits(scenario: ir.Scenario, stage: ir.Stage) -> Iterator[tuple[str, str, str, Edit]]:
+    """Moving a guarded arm one place up, and moving a match value to another arm."""
+    for i in range(1, len(stage.branches)):
+        a, b = stage.branches[i - 1], stage.branches[i]
+        if stage.kind != "when" or a.guard is None or b.guard is None:
+            continue
+        order = stage.branches[: i - 1] + [b, a] + stage.branches[i + 1:]
+
+        def edit(s: ir.Scenario, order: list[ir.Branch] = order) -> ir.Scenario:
+            new_stage = s.stages[stage.id].model_copy(update={"branches": order})
+            return s.model_copy(update={"stages": {**s.stages, stage.id: new_stage}})
+        yield ("arm-order", f"when {show_expr(a.guard)} -> {a.target.describe()}",
+               f"when {show_expr(b.guard)} -> {b.target.describe()}", edit)
+    if stage.kind != "match":
+        return
+    for i, src in enumerate(stage.branches):
+        for value in src.values:
+            for j, dst in enumerate(stage.branches):
+                if i == j or not dst.values:
+                    continue
+                yield ("match-value", f"{show_expr(value)} -> {src.target.describe()}",
+                       f"{show_expr(value)} -> {dst.target.describe()}",
+                       _move_value(stage.id, i, j, value))
+
+
+def _move_value(stage_id: str, i: int, j: int, value: ir.Lit) -> Edit:
+    def edit(s: ir.Scenario) -> ir.Scenario:
+        stage = s.stages[stage_id]
+        branches = list(stage.branches)
+        for k, delta in ((i, -1), (j, 1)):
+            b = branches[k]
+            vals = [v for v in b.values if v.value != value.value] if delta < 0 else [*b.values, value]
+            subject = stage.subject if stage.subject is not None else ir.Lit(value=False)
+            guard = ir.InSet(operand=subject, values=vals) if vals else ir.Lit(value=False)
+            branches[k] = b.model_copy(update={"values": vals, "guard": guard})
+        new_stage = stage.model_copy(update={"branches": branches})
+        return s.model_copy(update={"stages": {**s.stages, stage_id: new_stage}})
+    return edit
+
+
+def candidate_edits(scenario: ir.Scenario, stage_id: str,
+                    rows: Sequence[RowResult]) -> Iterator[tuple[Candidate, Edit]]:
+    stage = scenario.stages[stage_id]
+    for where, expr in _sites(scenario, stage):
+        for cmp in _compares(expr):
+            for kind, before, after, new in _compare_edits(scenario, where, cmp, rows):
+                def edit(s: ir.Scenario, cmp: ir.Compare = cmp, new: ir.Compare = new) -> ir.Scenario:
+                    return _replace_compare(s, cmp, new)
+                yield Candidate(stage=stage_id, where=where, kind=kind, before=before, after=after), edit
+    for kind, before, after, arm_edit in _arm_edits(scenario, stage):
+        yield Candidate(stage=stage_id, where=f"stage {stage_id}", kind=kind, before=before, after=after), arm_edit
+
+
+def _score(scenario: ir.Scenario, rows: Sequence[RowResult], group: Sequence[RowResult]) -> tuple[int, int]:
+    """(rows of the group fixed, matching rows broken) by an edited scenario."""
+    fixed = sum(1 for r in group if _row_ok(scenario, r))
+    broken = sum(1 for r in rows if r.ok and not _row_ok(scenario, r))
+    return fixed, broken
+
+
+def _row_ok(scenario: ir.Scenario, row: RowResult) -> bool:
+    try:
+        d = interpret(scenario, row.values)
+    except DecideError:
+        return False
+    return all(_same(d.finals.get(k), v) for k, v in row.expected.items())
+
+
+def search(scenario: ir.Scenario, stage_ids: Sequence[str], group: Sequence[RowResult],
+           rows: Sequence[RowResult], budget: int = DEFAULT_BUDGET,
+           keep: int = 3) -> tuple[list[Candidate], int, bool]:
+    """The best single edits at the given stages (deepest first, sharing one budget):
+    (candidates ranked by fixes minus breaks, edits tried, budget hit)."""
+    found: list[Candidate] = []
+    tried = 0
+    seen: set[tuple[str, str, str]] = set()
+    for stage_id, cand, edit in ((sid, c, e) for sid in stage_ids for c, e in candidate_edits(scenario, sid, group)):
+        affected = [r for r in rows if stage_id in r.path]
+        key = (cand.where, cand.before, cand.after)
+        if key in seen:
+            continue
+        seen.add(key)
+        if tried >= budget:
+            return _best(found, keep), tried, True
+        tried += 1
+        try:
+            edited = edit(scenario)
+        except (ValueError, TypeError):
+            continue
+        scope = rows if cand.where.startswith("let ") else affected
+        cand.fixes, cand.breaks = _score(edited, scope, group)
+        cand.group_size = len(group)
+        if cand.fixes:
+            found.append(cand)
+    return _best(found, keep), tried, False
+
+
+def _best(found: list[Candidate], keep: int) -> list[Candidate]:
+    """Most rows explained net of rows broken; among equals the smallest kind of edit first."""
+    return sorted(found, key=lambda c: (-(c.fixes - c.breaks), -c.fixes, _KIND_RANK.get(c.kind, 9), c.where,
+                                        c.after))[:keep]
+
+
+_KIND_RANK = {"operator": 0, "flip": 1, "arm-order": 2, "match-value": 2, "threshold": 3}
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+class Group(BaseModel):
+    stage: str
+    expected: str
+    decided: str
+    rows: list[int]
+    candidates: list[Candidate] = Field(default_factory=list)
+    tried: int = 0
+    budget_hit: bool = False
+
+
+class Report(BaseModel):
+    file: str
+    data: str
+    total: int
+    correct: int
+    accuracy: float
+    labels: list[str]
+    confusion: dict[str, dict[str, int]]  # expected → decided → count
+    errors: list[dict[str, Any]]
+    groups: list[Group]
+    unmapped: list[str]
+
+
+def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect: Mapping[str, str],
+             mapping: Mapping[str, str] | None = None, now: dt.date | None = None,
+             budget: int = DEFAULT_BUDGET, file: str = "", data: str = "") -> Report:
+    """Decide every row, compare, group the mismatches and search explaining edits."""
+    columns = sorted({k for r in rows for k in r if k != "_line"})
+    plan = plan_columns(scenario, columns, expect, mapping or {})
+    results = prepare_rows(scenario, rows, plan, now)
+    decide_rows(scenario, results)
+    reach = _reachable_actions(scenario)
+    confusion: dict[str, dict[str, int]] = {}
+    errors: list[dict[str, Any]] = []
+    buckets: dict[tuple[str, str, str], list[RowResult]] = {}
+    routes: dict[tuple[str, str, str], list[str]] = {}
+    for row in results:
+        want = str(row.expected.get("Action"))
+        got = "(error)" if row.error else str(row.finals.get("Action"))
+        confusion.setdefault(want, {}).setdefault(got, 0)
+        confusion[want][got] += 1
+        if row.error:
+            errors.append({"line": row.line, "error": row.error})
+        elif not row.ok:
+            stages = parting_stages(scenario, row, reach)
+            key = (stages[0] if stages else "-", want, got)
+            buckets.setdefault(key, []).append(row)
+            route = routes.setdefault(key, [])
+            route += [sid for sid in stages if sid not in route]
+    groups: list[Group] = []
+    for (stage, want, got), members in sorted(buckets.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        group = Group(stage=stage, expected=want, decided=got, rows=[r.line for r in members])
+        if stage != "-":
+            group.candidates, group.tried, group.budget_hit = search(scenario, routes[(stage, want, got)],
+                                                                     members, results, budget)
+        groups.append(group)
+    correct = sum(1 for r in results if r.ok)
+    labels = sorted({*confusion, *(g for row in confusion.values() for g in row)})
+    unmapped = [v.name for v in scenario.variables.values() if v.role != "derived" and v.name not in plan.inputs]
+    return Report(file=file, data=data, total=len(results), correct=correct,
+                  accuracy=correct / len(results) if results else 0.0, labels=labels, confusion=confusion,
+                  errors=errors, groups=groups, unmapped=unmapped)
+
+
+def render_text(report: Report, *, max_rows: int = 10) -> str:
+    out = [f"{report.data}: {report.correct}/{report.total} rows agree with {report.file} "
+           f"(accuracy {report.accuracy:.1%})"]
+    if report.unmapped:
+        out.append(f"no column for: {', '.join(report.unmapped)} (rows that need them fail; use --map VAR=COLUMN)")
+    out += ["", "confusion (rows: expected, columns: decided)"]
+    cols = report.labels
+    head = max([len("expected \\ decided"), *(len(c) for c in cols)]) + 2
+    widths = [len(c) + 2 for c in cols]
+    out.append("expected \\ decided".ljust(head) + "".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
+    for want in cols:
+        if want in report.confusion:
+            counts = [str(report.confusion[want].get(c, 0) or ".") for c in cols]
+            out.append(want.ljust(head) + "".join(n.rjust(w) for n, w in zip(counts, widths, strict=True)))
+    if report.errors:
+        out += ["", f"{len(report.errors)} rows could not be decided:"]
+        for err in report.errors[:max_rows]:
+            out.append(f"  line {err['line']}: {err['error']}")
+        reasons = Counter(e["error"].split(" (")[0] for e in report.errors)
+        if len(report.errors) > max_rows:
+            out.append("  ... most common: " + "; ".join(f"{n}x {r}" for r, n in reasons.most_common(3)))
+    for g in report.groups:
+        lines = ", ".join(str(n) for n in g.rows[:max_rows]) + (" ..." if len(g.rows) > max_rows else "")
+        where = f"at stage {g.stage}" if g.stage != "-" else "no stage on the route can reach the expected action"
+        out += ["", f"{len(g.rows)} rows expected {g.expected}, decided {g.decided}: parting {where} (lines {lines})"]
+        for c in g.candidates:
+            out.append(f"  - {c.describe()}")
+        if g.stage != "-" and not g.candidates:
+            out.append(f"  no single edit of {g.stage} explains these rows ({g.tried} tried)")
+        if g.budget_hit:
+            out.append(f"  (search stopped at the budget of {g.tried} candidate edits; raise --budget)")
+    return "\n".join(out) + "\n"
+
+
+def parse_pairs(pairs: Sequence[str], option: str) -> dict[str, str]:
+    """`A=B` options into a dict (a clear message for a malformed one)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, column = pair.partition("=")
+        if not sep or not name.strip() or not column.strip():
+            raise ValidateError(f"{option} {pair!r}: write NAME=COLUMN")
+        out[name.strip()] = column.strip()
+    return out

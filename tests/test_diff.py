@@ -1,0 +1,135 @@
+"""`sop diff`: paths added/removed/changed, engine-verified witnesses of differing decisions,
+equivalence of rewrites that decide the same, changed cases, CI exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from sopgraph.cli import main
+from sopgraph.language import ir
+from sopgraph.language.parse import load_source
+from sopgraph.logic.diff import diff
+from sopgraph.logic.engine import interpret
+from sopgraph.simulation.runner import read_cases
+
+ROOT = Path(__file__).resolve().parent.parent
+TELECOM = ROOT / "scenarios" / "telecom_package.sop"
+TELECOM_V2 = ROOT / "examples" / "authoring" / "telecom_package_v2.sop"
+EX = ROOT / "examples" / "authoring"
+
+
+def _load(text: str) -> ir.Scenario:
+    loaded = load_source(text=text, name="t.sop")
+    assert loaded.scenario is not None, loaded.diagnostics
+    return loaded.scenario
+
+
+def _file(path: Path) -> ir.Scenario:
+    loaded = load_source(path)
+    assert loaded.scenario is not None
+    return loaded.scenario
+
+
+def test_identical_versions_are_proven_equivalent() -> None:
+    result = CliRunner().invoke(main, ["diff", str(TELECOM), str(TELECOM)])
+    assert result.exit_code == 0, result.output
+    assert "(+0 added, -0 removed, 0 changed)" in result.output and "equivalent (proven)" in result.output
+
+
+def test_waived_fee_is_found_with_engine_verified_witnesses() -> None:
+    old, new = _file(TELECOM), _file(TELECOM_V2)
+    report = diff(old, new)
+    assert not report.equivalent and report.differing_regions == 3
+    assert len(report.changed) == 3 and not report.added and not report.removed
+    assert all("[Penalty == 0]" in (c.old_key or "") and "[Penalty <= 50]" in c.key for c in report.changed)
+    for w in report.witnesses:
+        assert 0 < w.values["Penalty"] <= 50 and w.values["EmotionTag"] == "Discontent"
+        assert interpret(old, w.values).finals == w.old_finals == {"Action": "TransHuman"}
+        assert interpret(new, w.values).finals == w.new_finals == {"Action": "ChangeOrder"}
+    result = CliRunner().invoke(main, ["diff", str(TELECOM), str(TELECOM_V2)])
+    assert result.exit_code == 1 and "witnesses verified by the engine" in result.output
+
+
+def test_a_rewrite_that_decides_the_same_is_equivalent_although_paths_change() -> None:
+    text = TELECOM.read_text(encoding="utf-8")
+    edited = text.replace("    when Penalty == 0 -> do ChangeOrder",
+                          "    when Penalty <= 50 and EmotionTag == Calm -> do ChangeOrder\n"
+                          "    when Penalty == 0 -> do ChangeOrder")
+    assert edited != text
+    report = diff(_file(TELECOM), _load(edited))
+    assert report.equivalent and report.proven
+    assert len(report.added) == 3
+
+
+def test_outputs_and_arm_order_differences() -> None:
+    report = diff(_file(EX / "late_delivery.sop"), _file(EX / "late_delivery_draft.sop"))
+    assert report.witnesses
+    kinds = {(w.old_finals["Action"], w.new_finals["Action"]) for w in report.witnesses}
+    assert ("Voucher", "PartialRefund") in kinds  # Premium orders over 100: the arm order
+    assert ("PartialRefund", "RefundShipping") in kinds  # exactly 100: `>` instead of `>=`
+    hundred = [w for w in report.witnesses if w.new_finals["Action"] == "RefundShipping"]
+    assert all(w.values["OrderValue"] == 100 for w in hundred)
+    amounts = diff(_load("system V: float[0..1000]\noutput Amount: float = 0\naction Pay\n"
+                         "stage s { -> do Pay { Amount = V * 0.1 } }"),
+                   _load("system V: float[0..1000]\noutput Amount: float = 0\naction Pay\n"
+                         "stage s { -> do Pay { Amount = V * 0.2 } }"))
+    assert amounts.witnesses and amounts.witnesses[0].values["V"] != 0
+
+
+def test_changed_declarations_compare_on_common_inputs() -> None:
+    old = _load("field Mood: Calm | Angry\naction A\naction B\nstage s { match Mood { Calm -> do A Angry -> do B } }")
+    new = _load("field Mood: Calm | Angry | Sad\nsystem Vip: bool\naction A\naction B\n"
+                "stage s { when Vip -> do A otherwise -> t }\n"
+                "stage t { match Mood { Calm -> do A Angry, Sad -> do B } }")
+    report = diff(old, new)
+    assert "`Vip` is read only by the new version" in report.notes
+    (w,) = report.witnesses
+    assert w.values["Vip"] is True and w.values["Mood"] == "Angry"
+    clash = diff(_load("field X: bool\naction A\nstage s { -> do A }"),
+                 _load("field X: int\naction A\nstage s { -> do A }"))
+    assert clash.unproven and "no input is valid for both" in clash.unproven[0]
+
+
+def test_budget_is_reported_when_hit() -> None:
+    report = diff(_file(TELECOM), _file(TELECOM_V2), budget=3)
+    assert any("budget of 3" in u for u in report.unproven)
+    result = CliRunner().invoke(main, ["diff", str(TELECOM), str(TELECOM), "--budget", "3"])
+    assert result.exit_code == 0 and "within the analysis budget" in result.output
+
+
+def test_cases_whose_expectations_change(tmp_path: Path) -> None:
+    cases_path = tmp_path / "cases.jsonl"
+    runner = CliRunner()
+    made = runner.invoke(main, ["synth", str(TELECOM), "-n", "40", "--seed", "3", "-o", str(cases_path)])
+    assert made.exit_code == 0, made.output
+    old, new = _file(TELECOM), _file(TELECOM_V2)
+    cases = read_cases(cases_path)
+    for case in cases:  # fees inside the newly waived band, expectations from the old version
+        if case.system["Penalty"]:
+            case.system["Penalty"] = 30
+            decision = interpret(old, {**case.truth, **case.system})
+            case.expected_path, case.expected_finals = decision.path, decision.finals
+    cases_path.write_text("".join(c.model_dump_json() + "\n" for c in cases), encoding="utf-8")
+    expected = [c.id for c in read_cases(cases_path)
+                if interpret(new, {**c.truth, **c.system}).finals != c.expected_finals
+                or interpret(new, {**c.truth, **c.system}).path != c.expected_path]
+    result = runner.invoke(main, ["diff", str(TELECOM), str(TELECOM_V2), "--cases", str(cases_path),
+                                  "--format", "json"])
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    assert [c["id"] for c in report["cases_changed"]] == expected and expected
+    assert report["cases_checked"] == 40 and report["equivalent"] is False
+
+
+def test_errors_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sop"
+    bad.write_text("stage {\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["diff", str(TELECOM), str(bad)])
+    assert result.exit_code == 2 and "bad.sop:1:7" in result.output
+    junk = tmp_path / "cases.jsonl"
+    junk.write_text("{}\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["diff", str(TELECOM), str(TELECOM), "--cases", str(junk)])
+    assert result.exit_code == 2 and "invalid case" in result.output

@@ -1,0 +1,181 @@
+"""`sop fmt`: golden layouts, idempotence, the parsed program unchanged, comments kept, a printer
+for every IR node type, and the CLI's --check exit codes.
+
+Regenerate the golden outputs after an intended change with
+`SOP_UPDATE_GOLDEN=1 python -m pytest tests/test_fmt.py`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.lark import from_lark
+
+from sopgraph.cli import main
+from sopgraph.language import ir
+from sopgraph.language import parse as parse_mod
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.fmt import EXPR_PRINTERS, PRINTERS, fmt_number, format_scenario, format_text
+from sopgraph.language.parse import load_source, parse_text, parser
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("SOP_UPDATE_GOLDEN", "") not in ("", "0")
+SHIPPED = sorted((ROOT / "scenarios").glob("*.sop")) + sorted((ROOT / "examples").rglob("*.sop")) + sorted(
+    GOLDEN.glob("valid_*.sop"))
+FMT_CASES = sorted(p.name[: -len(".sop.in")] for p in GOLDEN.glob("fmt_*.sop.in"))
+
+
+def _strip(obj: Any) -> Any:
+    """A model dump without source positions (formatting moves code, never changes it)."""
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k not in ("span", "attribute_spans")}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def _program(text: str) -> Any:
+    return _strip(parse_text(text, "x.sop").model_dump())
+
+
+def _comments(text: str) -> list[str]:
+    return [m.group(0).rstrip() for m in re.finditer(r"(#|//)[^\n]*", text)]
+
+
+@pytest.mark.parametrize("name", FMT_CASES)
+def test_golden_layout(name: str) -> None:
+    source = (GOLDEN / f"{name}.sop.in").read_text(encoding="utf-8")
+    expected_path = GOLDEN / f"{name}.sop.out"
+    got = format_text(source, f"{name}.sop")
+    if UPDATE:
+        expected_path.write_text(got, encoding="utf-8")
+    assert got == expected_path.read_text(encoding="utf-8")
+    assert format_text(got) == got
+    assert _program(got) == _program(source)
+
+
+def test_golden_cases_exist() -> None:
+    assert {"fmt_comments", "fmt_layout", "fmt_expressions"} <= set(FMT_CASES)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_programs_format_idempotently_and_keep_their_meaning(path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    once = format_text(source, str(path))
+    assert format_text(once, str(path)) == once
+    assert _program(once) == _program(source)
+    assert _comments(once) == _comments(source)  # every comment kept, in order
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_merged_scenario_prints_back_to_the_same_scenario(path: Path) -> None:
+    """`format_scenario` writes a loaded scenario (includes and subflows resolved) as one file."""
+    loaded = load_source(path)
+    assert loaded.scenario is not None
+    text = format_scenario(loaded.scenario)
+    again = load_source(text=text, name=str(path))
+    assert again.scenario is not None, [d.message for d in again.diagnostics]
+    skip = {"files", "source_hash"}
+    before = _strip(loaded.scenario.model_dump(exclude=skip))
+    after = _strip(again.scenario.model_dump(exclude=skip))
+    for stage in before["stages"].values():
+        stage["origin"] = None
+    assert after == before
+
+
+def test_comments_stay_where_they_were() -> None:
+    out = (GOLDEN / "fmt_comments.sop.out").read_text(encoding="utf-8")
+    lines = out.splitlines()
+    assert lines[0] == "// header comment" and lines[1] == ""
+    assert "        X -> do Go  # arm comment" in lines
+    assert lines[lines.index("        # between arms") + 1] == "        Y -> s2"
+    assert "}  # after s2" in lines
+    assert lines[-1] == "# final comment"
+
+
+def test_every_ir_node_type_has_a_printer() -> None:
+    """New syntax must come with a printer, or `sop fmt` would drop it."""
+    not_syntax = {ir.Node, parse_mod.Loaded}
+    node_types = {obj for module in (ir, parse_mod) for _, obj in inspect.getmembers(module, inspect.isclass)
+                  if issubclass(obj, ir.Node) and obj.__module__ == module.__name__}
+    missing = sorted(t.__name__ for t in node_types - not_syntax - set(PRINTERS) - set(EXPR_PRINTERS))
+    assert missing == []
+    expr_types = set(ir.Expr.__args__[0].__args__)  # the members of the Expr union
+    assert expr_types <= set(EXPR_PRINTERS)
+
+
+@pytest.mark.parametrize("value", [0.5, 1e-7, 1e20, 2.0, 3, -4.25, 123456789.125])
+def test_numbers_print_in_the_grammar_and_read_back(value: float) -> None:
+    text = fmt_number(value)
+    assert re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", text)
+    assert type(parse_mod._number(text.lstrip("-"), text.startswith("-"))) is type(value)
+    assert float(text) == value
+
+
+def test_syntax_errors_are_diagnostics() -> None:
+    with pytest.raises(SopError) as exc:
+        format_text("stage {", "bad.sop")
+    assert exc.value.diagnostics[0].code == "E001"
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated programs (grammar-driven, as in test_fuzz)
+
+NAMES = st.sampled_from(["A", "B", "X", "step1", "Go", "Calm", "sub.x", "_q"])
+EXPLICIT: dict[str, st.SearchStrategy[str]] = {
+    t.name: st.just(f" {t.pattern.value} ") for t in parser().terminals if t.pattern.type == "str"
+}
+EXPLICIT.update({
+    "NAME": NAMES.map(lambda s: f" {s} "),
+    "STRING": st.sampled_from(['"t"', '"a \\"quoted\\" word"', '""', '"back\\\\slash"']).map(lambda s: f" {s} "),
+    "LONG_STRING": st.just(' """long\ntext""" '),
+    "NUMBER": st.sampled_from(["0", "1", "2.5", "10", "0.000001"]).map(lambda s: f" {s} "),
+    "COMP_OP": st.sampled_from(["==", "!=", "<", "<=", ">", ">="]).map(lambda s: f" {s} "),
+    "COMMENT": st.sampled_from(["\n# a comment\n", " // trailing\n"]),
+    "WS": st.sampled_from([" ", "\n", "  \n\n "]),
+})
+
+
+@settings(deadline=None, database=None, max_examples=int(os.environ.get("FMT_EXAMPLES", "150")), suppress_health_check=list(HealthCheck))
+@given(from_lark(parser(), explicit=EXPLICIT))
+def test_generated_programs_format_idempotently_and_keep_their_meaning(text: str) -> None:
+    try:
+        before = _program(text)
+    except SopError:
+        assume(False)
+        return
+    once = format_text(text)
+    assert format_text(once) == once
+    assert _program(once) == before
+    assert len(_comments(once)) == len(_comments(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_check_rewrite_and_errors(tmp_path: Path) -> None:
+    messy = tmp_path / "messy.sop"
+    messy.write_text((GOLDEN / "fmt_comments.sop.in").read_text(encoding="utf-8"), encoding="utf-8")
+    runner = CliRunner()
+    result = runner.invoke(main, ["fmt", "--check", str(messy)])
+    assert result.exit_code == 1 and "would reformat" in result.output
+    assert messy.read_text(encoding="utf-8") == (GOLDEN / "fmt_comments.sop.in").read_text(encoding="utf-8")
+    diff = runner.invoke(main, ["fmt", "--diff", str(messy)])
+    assert diff.exit_code == 1 and "+field A: bool  # trailing field" in diff.output
+    assert runner.invoke(main, ["fmt", str(messy)]).exit_code == 0
+    assert messy.read_text(encoding="utf-8") == (GOLDEN / "fmt_comments.sop.out").read_text(encoding="utf-8")
+    assert runner.invoke(main, ["fmt", "--check", str(messy)]).exit_code == 0
+    bad = tmp_path / "bad.sop"
+    bad.write_text("stage {\n", encoding="utf-8")
+    result = runner.invoke(main, ["fmt", "--check", str(bad)])
+    assert result.exit_code == 2 and "bad.sop:1:7" in result.output and "Traceback" not in result.output

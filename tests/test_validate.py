@@ -1,0 +1,165 @@
+"""`sop validate`: typed columns, accuracy and confusion, mismatches grouped where the route parts
+ways, and the nearest edits that explain them (on the shipped authoring example and small cases)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sopgraph.cli import main
+from sopgraph.language import ir
+from sopgraph.language.parse import load_source
+from sopgraph.logic.validate import ValidateError, _lookup, convert, read_rows, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+EX = ROOT / "examples" / "authoring"
+COLUMNS = ["--expect", "Action=decision", "--expect", "Amount=amount", "--map", "Premium=premium_member",
+           "--map", "FraudFlag=fraud_flag", "--map", "DaysLate=promised_date", "--map", "OrderValue=order_value",
+           "--now", "2024-06-30"]
+
+
+def _load(text: str) -> ir.Scenario:
+    loaded = load_source(text=text, name="t.sop")
+    assert loaded.scenario is not None, loaded.diagnostics
+    return loaded.scenario
+
+
+def test_draft_mismatches_are_explained_by_the_nearest_edits() -> None:
+    result = CliRunner().invoke(main, ["validate", str(EX / "late_delivery_draft.sop"), "--data",
+                                       str(EX / "late_delivery_decisions.csv"), *COLUMNS])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "90/120 rows agree" in out and "accuracy 75.0%" in out
+    assert "18 rows expected PartialRefund, decided RefundShipping: parting at stage s3" in out
+    assert "`OrderValue >= 100` instead of `OrderValue > 100` at stage s3 explains 18/18" in out
+    assert ("`when Premium -> do Voucher` above `when OrderValue > 100 -> do PartialRefund` at stage s3 "
+            "explains 12/12") in out
+
+
+def test_corrected_sop_agrees_with_every_row_and_gates_on_accuracy() -> None:
+    runner = CliRunner()
+    good = runner.invoke(main, ["validate", str(EX / "late_delivery.sop"), "--data",
+                                str(EX / "late_delivery_decisions.csv"), *COLUMNS, "--min-accuracy", "1"])
+    assert good.exit_code == 0 and "120/120" in good.output
+    bad = runner.invoke(main, ["validate", str(EX / "late_delivery_draft.sop"), "--data",
+                               str(EX / "late_delivery_decisions.csv"), *COLUMNS, "--min-accuracy", "0.9"])
+    assert bad.exit_code == 1 and "below --min-accuracy" in bad.output
+
+
+def test_json_report() -> None:
+    result = CliRunner().invoke(main, ["validate", str(EX / "late_delivery_draft.sop"), "--data",
+                                       str(EX / "late_delivery_decisions.csv"), *COLUMNS, "--format", "json"])
+    report = json.loads(result.output)
+    assert report["total"] == 120 and report["correct"] == 90
+    assert report["confusion"]["Voucher"]["PartialRefund"] == 12
+    first = report["groups"][0]
+    assert first["stage"] == "s3" and first["candidates"][0]["fixes"] == first["candidates"][0]["group_size"]
+
+
+@pytest.mark.parametrize("cell,vtype,unit,want", [
+    ("120 CNY", ir.NumType(kind="float"), "CNY", 120.0),
+    ("¥1,200.50", ir.NumType(kind="float"), "CNY", 1200.5),
+    ("30 days", ir.NumType(kind="int"), "days", 30),
+    ("7", ir.NumType(kind="int"), None, 7),
+    ("yes", ir.BoolType(), None, True),
+    ("FALSE", ir.BoolType(), None, False),
+    ("calm", ir.EnumType(values=["Calm", "Angry"]), None, "Calm"),
+    ("2024-06-20", ir.NumType(kind="int"), "days", 10),
+    ("", ir.BoolType(), None, None),
+])
+def test_typed_cells(cell: str, vtype: object, unit: str | None, want: object) -> None:
+    assert convert(cell, vtype, unit=unit, now=dt.date(2024, 6, 30)) == want
+
+
+@pytest.mark.parametrize("cell,vtype,unit,message", [
+    ("120 USD", ir.NumType(kind="float"), "CNY", "is in 'USD', the variable is in 'CNY'"),
+    ("maybe", ir.BoolType(), None, "not a boolean"),
+    ("Furious", ir.EnumType(values=["Calm", "Angry"]), None, "not one of Calm | Angry"),
+    ("2024-06-20", ir.NumType(kind="int"), None, "give --now"),
+])
+def test_bad_cells_say_why(cell: str, vtype: object, unit: str | None, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("|", r"\|")):
+        convert(cell, vtype, unit=unit, now=None)
+
+
+def test_json_columns_and_jsonl_records(tmp_path: Path) -> None:
+    assert _lookup({"order": '{"value": {"amount": 5}}'}, "order.value.amount") == 5
+    scenario = _load("""
+        system Amount: float
+        action Small
+        action Big
+        stage s { when Amount < 100 -> do Small otherwise -> do Big }
+    """)
+    data = tmp_path / "rows.jsonl"
+    rows = [{"order": {"amount": "99 EUR"}, "label": "Small"}, {"order": {"amount": 100}, "label": "Small"},
+            {"order": {"amount": 150}, "label": "Big"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    report = validate(scenario, read_rows(data), expect={"Action": "label"}, mapping={"Amount": "order.amount"})
+    assert (report.total, report.correct) == (3, 2)
+    (group,) = report.groups
+    assert group.stage == "s" and group.rows == [2]
+    assert group.candidates[0].after == "Amount <= 100" and group.candidates[0].fixes == 1
+
+
+def test_match_values_and_lets_are_searched() -> None:
+    scenario = _load("""
+        field Tier: Gold | Silver | Bronze
+        system Spent: int
+        let Loyal = Spent >= 1000
+        action Vip
+        action Normal
+        stage s1 { match Tier { Gold -> do Vip  Silver, Bronze -> s2 } }
+        stage s2 { when Loyal -> do Vip otherwise -> do Normal }
+    """)
+    rows = [{"Tier": "Silver", "Spent": 10, "want": "Vip", "_line": 2},
+            {"Tier": "Bronze", "Spent": 10, "want": "Normal", "_line": 3},
+            {"Tier": "Bronze", "Spent": 800, "want": "Vip", "_line": 4},
+            {"Tier": "Bronze", "Spent": 700, "want": "Normal", "_line": 5}]
+    report = validate(scenario, rows, expect={"Action": "want"})
+    (group,) = report.groups  # both parted at s2, the deepest stage that can still reach Vip
+    assert group.stage == "s2" and group.rows == [2, 4]
+    described = [c.describe() for c in group.candidates]
+    assert "`Silver -> do Vip` instead of `Silver -> s2` at stage s1 explains 1/2" in described
+    assert "`Spent >= 800` instead of `Spent >= 1000` at let Loyal explains 1/2" in described
+
+
+def test_budget_bounds_the_search() -> None:
+    scenario = _load("""
+        system N: int
+        action A
+        action B
+        stage s { when N < 10 -> do A otherwise -> do B }
+    """)
+    rows = [{"N": n, "want": "A" if n < 17 else "B", "_line": n} for n in range(30)]
+    report = validate(scenario, rows, expect={"Action": "want"}, budget=2)
+    (group,) = report.groups
+    assert group.budget_hit and group.tried == 2
+    full = validate(scenario, rows, expect={"Action": "want"})
+    assert full.groups[0].candidates[0].after == "N <= 16" and full.groups[0].candidates[0].fixes == 7
+
+
+def test_errors_are_messages_not_tracebacks(tmp_path: Path) -> None:
+    scenario = _load("system N: int\naction A\nstage s { -> do A }")
+    with pytest.raises(ValidateError, match="--expect Action=COLUMN"):
+        validate(scenario, [{"N": 1}], expect={})
+    with pytest.raises(ValidateError, match="column `nope`"):
+        validate(scenario, [{"N": 1}], expect={"Action": "nope"})
+    with pytest.raises(ValidateError, match="not a field or system variable"):
+        validate(scenario, [{"N": 1, "a": "A"}], expect={"Action": "a"}, mapping={"Zed": "N"})
+    result = CliRunner().invoke(main, ["validate", str(EX / "late_delivery.sop"), "--data",
+                                       str(tmp_path / "missing.csv"), "--expect", "Action=x"])
+    assert result.exit_code == 2 and "cannot read" in result.output and "Traceback" not in result.output
+
+
+def test_rows_that_cannot_be_decided_are_listed(tmp_path: Path) -> None:
+    data = tmp_path / "d.csv"
+    data.write_text("N,want\nabc,A\n,A\n", encoding="utf-8")
+    scenario = _load("system N: int\naction A\naction B\nstage s { when N > 0 -> do A otherwise -> do B }")
+    report = validate(scenario, read_rows(data), expect={"Action": "want"})
+    assert report.correct == 0
+    assert [e["line"] for e in report.errors] == [2, 3]
+    assert "not a number" in report.errors[0]["error"] and "missing value for `N`" in report.errors[1]["error"]
