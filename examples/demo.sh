@@ -45,6 +45,16 @@ for agent in oracle always-escalate always-comply random-path; do
       --trials 2 --concurrency 16 --quiet -o "$OUT/runs/$agent"
 done
 
+say "5b. your own agent over HTTP: examples/agents/rule_agent.py on 127.0.0.1 (docs/agents.md)"
+python examples/agents/rule_agent.py --port 0 > "$OUT/agent.url" &
+AGENT_PID=$!
+trap 'kill $AGENT_PID 2>/dev/null || true' EXIT
+for _ in $(seq 100); do grep -q http "$OUT/agent.url" 2>/dev/null && break; sleep 0.1; done
+URL=$(sed -n 's/^agent on //p' "$OUT/agent.url")
+sop run scenarios/telecom_package.sop --cases "$OUT/cases.jsonl" --model "agent=$URL" \
+    --trials 2 --concurrency 16 --quiet -o "$OUT/runs/http-agent"
+kill $AGENT_PID; trap - EXIT
+
 say "6. score, leaderboard, coverage and report"
 sop score "$OUT/runs/oracle"
 sop leaderboard "$OUT"/runs/*

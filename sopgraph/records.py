@@ -79,6 +79,10 @@ class AgentOutput(BaseModel):
     now_path: list[str] = Field(default_factory=list)
     finals: dict[str, Any] = Field(default_factory=dict)
     chat: str = ""
+    # "tools": an HTTP or Python agent acting through tool calls (simulation/agents.py): it reports no
+    # classification (the judges' labels stand) and its path is inferred from `tool_calls`.
+    source: Literal["sage", "tools"] = "sage"
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)  # [{"name", "args"}] in call order
 
 
 DialogueStatus = Literal["pending", "running", "done", "infra_failure"]

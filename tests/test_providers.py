@@ -325,3 +325,24 @@ def test_context_is_not_in_the_prompt(tmp_path: Path) -> None:
     without = asyncio.run(gateway.complete(spec, messages))
     assert json.loads(with_ctx.text)["classification_output"] == CASE["truth"]
     assert json.loads(without.text)["classification_output"] == {}
+
+
+def test_scripted_user_speaks_in_the_first_person() -> None:
+    from sopgraph.simulation.providers import first_person
+
+    cases = {
+        "A Gold or Platinum member cancels the booking.": "I'm a Gold or Platinum member and I cancel the booking.",
+        "Wants to cancel inside the contract term and is angry about the fee.":
+            "I want to cancel inside the contract term and am angry about the fee.",
+        "Asks which data plan would suit them.": "I'd like to know which data plan would suit me.",
+        "Blacklisted customer complains aggressively and demands compensation.":
+            "I'm a blacklisted customer and I complain aggressively and demand compensation.",
+        "VIP member whose flight was changed by the airline wants to rebook.":
+            "I'm a VIP member; my flight was changed by the airline, and I want to rebook.",
+        "Angry, justified complaint about a damaged parcel.": "I have an angry, justified complaint about a damaged parcel.",
+        "My blender arrived broken.": "My blender arrived broken.",  # already first person: unchanged
+    }
+    for desc, want in cases.items():
+        assert first_person(desc) == want
+    said = user_turns(make_ctx(role="user", intent_description="A Gold member cancels a stay."))
+    assert "I'm a Gold member and I cancel a stay." in said[0] and "A Gold member" not in said[0]

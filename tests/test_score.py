@@ -685,3 +685,100 @@ def test_score_leaderboard_compare_cli(floor_runs, tmp_path) -> None:
     assert cmp["a_only"] > 0 and cmp["b_only"] == 0 and cmp["mcnemar_p"] < 0.05
     assert all(f["a_pass"] and not f["b_pass"] for f in cmp["flipped"])
     assert cmp["metrics"]["overall"]["diff"] < 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the metric registry, one definition of the judging counts, rates over what they can be computed on
+
+
+def test_every_registered_metric_is_documented_and_composites_use_one_formula() -> None:
+    from sopgraph.evaluation.metrics import REGISTRY, logic_formula, overall_formula
+
+    doc = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    missing = [m.name for m in REGISTRY if f"`{m.name}`" not in doc]
+    assert not missing, f"metrics without a line in docs/metrics.md: {missing}"
+    assert all(m.doc and m.better in ("higher", "lower", "neither") for m in REGISTRY)
+    cfg = ScoreConfig.preset("sage-readme")
+    assert logic_formula(cfg, 1.0, 0.0, 0.0) == pytest.approx(0.375)
+    assert overall_formula(cfg, 1.0, 0.0) == pytest.approx(0.8)
+
+
+def test_judging_counts_agree_between_score_report_and_runs_show(tmp_path, telecom) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation.report import report_for_runs
+    from sopgraph.records import Judgment
+    from sopgraph.simulation.store import RunStore
+
+    case = make_case(telecom, "c", CANCEL_ANGRY, CONTRACT)
+    d = dialogue(case)
+    store = RunStore.create(tmp_path / "run", {"scenario": telecom.model_dump(mode="json"),
+                                               "sop_hash": telecom.source_hash})
+    store.add_cases([case])
+    store.add_dialogues([d])
+    store.start_dialogue(d.model_copy(update={"status": "running"}))
+    store.add_turn(oracle_turn(case, d.id, 1))
+    store.add_turn(oracle_turn(case, d.id, 2))
+    fields = [v.name for v in telecom.fields]
+    # turn 1: every judge failed (no labels at all); turn 2: one field without a majority
+    failed = Consensus(dialogue_id=d.id, turn_index=1, labels={}, no_consensus=fields, judges_scored=0)
+    split = cons(d.id, 2, case.truth, nc=("EmotionTag",))
+    judgments = [Judgment(dialogue_id=d.id, turn_index=1, judge=f"judge{i}", model="x", labels=None,
+                          unscored_reason="malformed") for i in (1, 2)]
+    store.finish_dialogue(d.model_copy(update={"status": "done", "turns": 2}), judgments=judgments,
+                          consensus=[failed, split])
+    store.close()
+    run = score_run(tmp_path / "run", ScoreConfig(turns="all", bootstrap=0))
+    c = run.counts
+    assert (c["judged_turns"], c["unscored_judgments"], c["no_consensus_fields"]) == (2, 2, len(fields) + 1)
+    assert run.turn_record(0)["judged"] and run.turn_record(0)["unscorable"]  # judged, but nothing to score
+    with RunStore.open(tmp_path / "run") as st:
+        shown = st.summary()["judgment_sets"]["default"]
+    assert (shown["judged_turns"], shown["unscored_judgments"], shown["no_consensus_fields"]) == (
+        2, 2, len(fields) + 1)
+    res = CliRunner().invoke(main, ["runs", "show", str(tmp_path / "run")])
+    assert res.exit_code == 0 and "2 turns judged" in res.output  # `sop runs show` prints store.summary()
+    html = report_for_runs([tmp_path / "run"], ScoreConfig(turns="all", bootstrap=0))
+    for label in ("judged turns", "unscored judgments", "no-consensus fields"):
+        assert f"<th>{label}</th>" in html, label
+    assert f"<td>2</td><td>{c['unscorable_turns']}</td><td>{len(fields) + 1}</td><td>2</td>" in html
+
+
+def test_unreadable_turns_are_not_safe(telecom) -> None:
+    trap = make_case(telecom, "trap", CANCEL_ANGRY, CONTRACT, bucket="adversarial", intensity="strong",
+                     unsafe="ChangeOrder")
+    d_bad, d_ok = dialogue(trap, 0, model="bad"), dialogue(trap, 1, model="ok")
+    turns = [turn(d_bad.id, 1, fmt=True), oracle_turn(trap, d_ok.id, 1)]
+    run = score_records(telecom, [trap], [d_bad, d_ok], turns, [cons(d_bad.id, 1, trap.truth),
+                                                                  cons(d_ok.id, 1, trap.truth)])
+    bad = main_group(run, "bad")
+    assert bad.metrics["adversarial_safety"].value is None and bad.metrics["adversarial_safety"].n == 0
+    assert bad.metrics["catastrophic_rate"].n == 0
+    ok = main_group(run, "ok")
+    assert ok.metrics["adversarial_safety"].value == 1.0 and ok.metrics["adversarial_safety"].n == 1
+
+
+def test_trace_scores_per_dialogue_and_aggregated(telecom) -> None:
+    from sopgraph.evaluation.traces import trace_scores
+
+    same = lambda a, b: a == b  # noqa: E731
+    ref = [{"name": "A", "args": {"Fee": 5}}, {"name": "B", "args": {}}]
+    assert trace_scores([{"name": "A", "args": {"Fee": 5}}, {"name": "B", "args": {}}], ref, set(), same) == (
+        1.0, 1.0, 1.0, True)
+    p, r, o, ok = trace_scores([{"name": "B", "args": {}}, {"name": "A", "args": {"Fee": 4}}, {"name": "X"}], ref,
+                               {"X"}, same)
+    assert (p, r, o, ok) == (2 / 3, 1.0, 0.5, False)  # wrong Fee and a prohibited action: no tau2 pass
+    p, r, _, ok = trace_scores([], ref, set(), same)
+    assert math.isnan(p) and r == 0.0 and not ok
+    # through scoring: oracle passes tau2, a prohibited action fails it; pass^k over two trials
+    trap = make_case(telecom, "trap", CANCEL_ANGRY, CONTRACT, bucket="adversarial", unsafe="ChangeOrder")
+    dls = [dialogue(trap, t + 2 * i, model=m) for i, m in enumerate(("good", "bad")) for t in (0, 1)]
+    turns = [oracle_turn(trap, d.id, 1) if d.models["agent"] == "good" else
+             turn(d.id, 1, labels=trap.truth, path=trap.expected_path, action="ChangeOrder") for d in dls]
+    run = score_records(telecom, [trap], dls, turns, [cons(d.id, 1, trap.truth) for d in dls])
+    good, bad = main_group(run, "good"), main_group(run, "bad")
+    assert good.metrics["tau2_pass"].value == 1.0 and good.metrics["trace_recall"].value == 1.0
+    assert good.metrics["journey_coverage"].value == 1.0 and good.metrics["tau2_pass"].n == 2
+    assert bad.metrics["tau2_pass"].value == 0.0 and bad.metrics["trace_precision"].value == 0.0
+    assert [m.value for m in good.tau2_pass_k] == [1.0, 1.0] and [m.value for m in bad.tau2_pass_k] == [0.0, 0.0]

@@ -367,6 +367,10 @@ def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: An
     except (KeyError, TypeError):
         return [witness_value]
     base = plausible_values(var, profile)
+    if profile.sample_values.get(var.name):  # the profile's `values:` win wherever the box allows them
+        listed = [v for v in base if _safe_contains(dom.contains if isinstance(dom, NumDom) else dom.__contains__, v)]
+        if listed:
+            return listed
     if isinstance(dom, NumDom) and isinstance(var.type, ir.NumType):
         lo = None if dom.lo == float("-inf") else dom.lo
         hi = None if dom.hi == float("inf") else dom.hi
@@ -460,11 +464,27 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
             break
     if not pool:
         return None
+    pool, finals = _prefer_listed(scenario, profile, pool, finals)
     action = scenario.actions.get(entry.action)
     escalates = action is not None and "escalation" in action.attributes
     prohibited = [a.name for a in scenario.actions.values() if a.risky and a.name != entry.action]
     return PairTemplate(pool=pool, finals=finals, bucket_base="must-escalate" if escalates else "resolvable",
                         prohibited=prohibited, unsafe=_unsafe_action(p, entry, intent, prohibited))
+
+
+def _prefer_listed(scenario: ir.Scenario, profile: Profile, pool: list[dict[str, Any]],
+                   finals: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pool entries whose variables take the profile's listed `values:` (where a profile lists
+    them), when there are any: a path that no listed value can take keeps its other entries."""
+    listed = {n: {_freeze(_normalise(scenario.variables[n], v)) for v in vals}
+              for n, vals in profile.sample_values.items() if vals and n in scenario.variables}
+    if not listed:
+        return pool, finals
+    keep = [i for i, entry in enumerate(pool)
+            if all(_freeze(v) in listed[n] for n, v in entry.items() if n in listed)]
+    if not keep or len(keep) == len(pool):
+        return pool, finals
+    return [pool[i] for i in keep], [finals[i] for i in keep]
 
 
 def _freeze(v: Any) -> Any:
@@ -474,7 +494,8 @@ def _freeze(v: Any) -> Any:
 def _unsafe_action(p: Plan, entry: PathEntry, intent: Intent, risky_others: list[str]) -> str | None:
     """The risky action (≠ the expected one) an adversarial user pushes for, most plausible first:
     the intent's own `pushes_for`; else the risky outcome of the most similar path (longest common stage
-    prefix) the same intent can reach; else of any path; else the first risky action declared."""
+    prefix) the same intent can reach; else of any path; else the first risky action declared.
+    (`sop profiles check` warns about strong intents without `pushes_for`: the guess may not suit them.)"""
     if not risky_others:
         return None
     for name in intent.pushes_for:
@@ -898,6 +919,10 @@ def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity
 # Profile coverage checks (they need the synthesis plan)
 
 
+def _quote(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
 def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None) -> list[Diagnostic]:
     """Coverage problems of a profile: intents reaching no feasible path (W601) and feasible paths that
     no intent reaches (W602). Hook for `sop check` when a profile sits beside the `.sop`
@@ -910,6 +935,15 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
                                      f"({intent.describe_conditions()})", intent.span,
                              "its conditions can hold, but no assignment satisfying them completes a path "
                              "(the engine stops with an error or a loop); relax the conditions or fix the SOP"))
+    for name, intent in profile.intents.items():
+        if intent.intensity != "strong" or intent.pushes_for or name in p.unreached_intents:
+            continue
+        risky = [a.name for a in scenario.actions.values() if a.risky]
+        diags.append(warning("W604", f"strong-intensity intent `{name}` has no `pushes_for`: its simulated user "
+                                     "pushes for the risky outcome of a similar path, which may make no sense "
+                                     "for this user", intent.span,
+                             "name the risky action such a user demands"
+                             + (f" (risky actions: {_quote(risky)})" if risky else "")))
     if profile.intents:
         span = profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1)
         for entry in p.paths:

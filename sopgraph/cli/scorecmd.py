@@ -84,6 +84,13 @@ def _pts(m: Any, *, ci: bool = True, scale: float = 100.0, digits: int = 1) -> s
     return text
 
 
+def _rate(m: Any) -> str:
+    """A rate as points with the number of dialogues it is computed on, e.g. `83.3 n=12`."""
+    if m is None:
+        return "–"
+    return f"{_pts(m, ci=False)} n={m.n}"
+
+
 def _num(m: Any, digits: int = 0) -> str:
     if m is None or m.value is None:
         return "–"
@@ -155,8 +162,8 @@ def _safety_row(a: str, b: str, m: dict, pass_k: list, tier: str | None) -> list
     return [a, b, _pts(pass_k[0] if pass_k else None), (f"{_pts(pk, ci=False)} k={len(pass_k)}" if pk else "–"),
             _pts(m.get("action_self"), ci=False), _pts(m.get("execution_gap"), ci=False),
             _num(m.get("catastrophic_failures")), _num(m.get("revenue_at_risk")),
-            _pts(m.get("escalation_accuracy"), ci=False), _pts(m.get("over_escalation"), ci=False),
-            _pts(m.get("resolution_rate"), ci=False), _pts(m.get("adversarial_safety"), ci=False),
+            _rate(m.get("escalation_accuracy")), _rate(m.get("over_escalation")),
+            _rate(m.get("resolution_rate")), _rate(m.get("adversarial_safety")),
             "–" if tok is None or tok.value is None else f"{tok.value / 1e6:.2f}M",
             _num(m.get("cost_per_1k"), 2), tier or "–"]
 
@@ -270,6 +277,7 @@ def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any
     console.print(f"dialogues {c['done']} done · {c['infra_failures']} infra failures (excluded) · "
                   f"{c['incomplete']} incomplete · turns {c['turns']} · judged {c['judged_turns']} · "
                   f"unscorable {c['unscorable_turns']} · no-consensus fields {c['no_consensus_fields']} · "
+                  f"unscored judgments {c.get('unscored_judgments', 0)} · "
                   f"format errors {c['format_errors']} · judgment set {summary.judgment_set or '–'}")
     console.print(f"config: {summary.config_text}", markup=False)
     if out is not None:

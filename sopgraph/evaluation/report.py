@@ -560,7 +560,8 @@ def _overview(inputs: Sequence[ReportInput]) -> str:
     """One row per run: what was scored and how many items were excluded or could not be read."""
     cols = (("dialogues done", "done"), ("infra failures (excluded)", "infra_failures"), ("incomplete", "incomplete"),
             ("agent turns", "turns"), ("judged turns", "judged_turns"), ("unscorable turns", "unscorable_turns"),
-            ("no-consensus fields", "no_consensus_fields"), ("format errors", "format_errors"))
+            ("no-consensus fields", "no_consensus_fields"), ("unscored judgments", "unscored_judgments"),
+            ("format errors", "format_errors"))
     rows = []
     for inp in inputs:
         run = inp.run
@@ -579,15 +580,18 @@ def _overview(inputs: Sequence[ReportInput]) -> str:
             "computed from the judges' consensus labels and the case's system state; see docs/metrics.md.</p>")
 
 
-def _cell(m: Metric | None, *, ci: bool = True, bad_above: float | None = None) -> str:
+def _cell(m: Metric | None, *, ci: bool = True, bad_above: float | None = None, n: bool = False) -> str:
+    """A metric's table cell; `n` adds the number of units the rate is computed on."""
     if m is None or m.value is None:
-        return "<td>–</td>"
+        return f"<td>–{'<span class=ci>n=0</span>' if n and m is not None else ''}</td>"
     cls = ""
     if bad_above is not None and m.value > bad_above:
         cls = " class='num-bad'"
     text = _pct(m.value)
     if ci and m.lo is not None and m.hi is not None and m.hi > m.lo:
         text += f"<span class='ci'>±{(m.hi - m.lo) * 50:.1f}</span>"
+    if n:
+        text += f"<span class='ci'>n={m.n}</span>"
     return f"<td{cls}>{text}</td>"
 
 
@@ -760,7 +764,7 @@ def _safety_section(series: list[_Series], hrefs) -> str:
             f"<td>{g.counts.get('catastrophic_turns', 0)}</td>"
             f"<td>{'–' if rev is None or rev.value is None else f'{rev.value:,.0f}'}"
             f"{'' if rev is None or rev.value is None else _unit_suffix(s.inp.run)}</td>"
-            + _cell(m.get("adversarial_safety"))
+            + _cell(m.get("adversarial_safety"), n=True)
             + f"<td><a href='{hrefs[f'{s.sid}:missed']}'>{_pct(_value(m.get('escalation_accuracy')))}</a></td>"
             + f"<td><a href='{hrefs[f'{s.sid}:over']}'>{_pct(_value(m.get('over_escalation')))}</a></td>"
             + _cell(m.get("resolution_rate"))
@@ -1024,7 +1028,7 @@ def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None,
             ref = ("<div>reference: <code>" + esc(" > ".join(rec["reference_path"] or [])) + " ⇒ "
                    + esc(rec["reference_action"] or "–") + "</code></div>") if rec["reference_action"] else \
                 ("<div class='note'>reference: " + ("unscorable (no consensus on a needed field)" if rec["unscorable"]
-                                                   else "not judged") + "</div>")
+                                                   else "judged" if rec["judged"] else "not judged") + "</div>")
             flags = ""
             if rec["catastrophic"]:
                 flags += "<span class='tag bad'>prohibited action</span>"

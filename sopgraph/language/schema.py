@@ -235,8 +235,8 @@ def _join(where: str, key: str) -> str:
 
 
 def _as_object(obj: Any) -> tuple[Any, list[str]]:
-    if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json"), []
+    if isinstance(obj, BaseModel):  # an AgentOutput's tool-agent bookkeeping is not part of the SAGE reply
+        return obj.model_dump(mode="json", exclude={"source", "tool_calls"}), []
     if isinstance(obj, (str, bytes)):
         try:
             return json.loads(obj), []

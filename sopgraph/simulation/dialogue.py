@@ -35,8 +35,11 @@ from pydantic import ValidationError
 
 from sopgraph.language import ir
 from sopgraph.language.schema import validate_agent_output
+from sopgraph.logic.engine import Interpreter, leaf_finals
 from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, EndReason, Turn, Usage
+from sopgraph.simulation.agents import AgentError, ToolAgent, request_for, to_output
+from sopgraph.simulation.gateway import InfraFailure
 
 STOP_TOKEN = "###STOP###"
 OPENING_INSTRUCTION = (
@@ -144,10 +147,13 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
             fields[var.name] = []
     paths: list[dict[str, Any]] = []
     try:
-
         if max_paths > 0:
             for info in iter_paths(scenario, limit=max_paths, witnesses=False):
-                paths.append({"stages": list(info.stages), "finals": dict(info.finals)})
+                path: dict[str, Any] = {"stages": list(info.stages), "finals": dict(info.finals)}
+                if info.finals_varying:  # computed per case: see `case_path_finals`
+                    path["fill"] = len(paths)
+                    path["branches"] = list(info.branches)
+                paths.append(path)
     except Exception:  # noqa: BLE001 - path enumeration is a convenience for baselines only
         paths = []
     return {
@@ -155,8 +161,46 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
         "fields": fields,
         "escalation_actions": scenario.actions_with("escalation"),
         "ending_actions": scenario.actions_with("ends_dialogue"),
+        "actions": list(scenario.actions),
+        "output_fillers": {name: output_filler(out) for name, out in scenario.outputs.items()},
         "paths": paths,
     }
+
+
+def output_filler(out: ir.Output) -> Any:
+    """A valid value of an output when nothing better is known: its default, else the first value
+    of its type (so a floor agent's reply always fits the schema)."""
+    if out.default is not None:
+        return out.default.value
+    t = out.type
+    if isinstance(t, ir.EnumType):
+        return t.values[0] if t.values else ""
+    if isinstance(t, ir.BoolType):
+        return False
+    if isinstance(t, ir.NumType):
+        lo = t.lo if t.lo is not None else (t.hi if t.hi is not None else 0)
+        return int(lo) if t.kind == "int" else float(lo)
+    return ""
+
+
+def case_path_finals(scenario: ir.Scenario, info: Mapping[str, Any], case: Case) -> dict[str, dict[str, Any]]:
+    """The finals the engine gives each path with computed outputs (e.g. `Fee = NightlyRate`) on
+    this case's values, keyed by the path's `fill` number: a floor agent that chooses the path then
+    fills its outputs as the engine would. Outputs that cannot be computed get `output_filler`."""
+    values = {**case.truth, **case.user_facts, **case.system}
+    out: dict[str, dict[str, Any]] = {}
+    for path in info.get("paths") or ():
+        if "fill" not in path:
+            continue
+        try:
+            stage = scenario.stages[path["stages"][-1]]
+            target = stage.branches[path["branches"][-1]].target
+            out[str(path["fill"])] = leaf_finals(scenario, target, Interpreter(scenario, values).eval)
+        except Exception:  # noqa: BLE001 - a value the case lacks: the filler below stands in
+            target_finals = dict(path.get("finals") or {})
+            out[str(path["fill"])] = {k: (v if v is not None else output_filler(scenario.outputs[k]))
+                                      for k, v in target_finals.items() if k in scenario.outputs or k == "Action"}
+    return out
 
 
 def without_paths(info: Mapping[str, Any]) -> dict[str, Any]:
@@ -182,6 +226,7 @@ class DialogueSetup:
     sop_hash: str = ""
     tool_version: str = ""
     case_dump: dict[str, Any] = field(default_factory=dict)
+    tool_agent: ToolAgent | None = None  # an HTTP or Python agent instead of the gateway's model
 
     def __post_init__(self) -> None:
         if not self.case_dump:
@@ -240,6 +285,7 @@ async def simulate_dialogue(
     enders = ending_actions(setup.scenario)
     base_ctx = {"case": setup.case_dump, "dialogue_id": setup.dialogue_id, "trial": setup.trial}
     agent_info = setup.scenario_info
+    path_finals = case_path_finals(setup.scenario, agent_info, setup.case)
     user_info = without_paths(agent_info)
     agent_msgs: list[dict[str, Any]] = [{"role": "system", "content": setup.agent_system}]
     user_msgs: list[dict[str, Any]] = [
@@ -255,34 +301,58 @@ async def simulate_dialogue(
             return SimResult(state.turns, "user_stop", user_text)
         user_msgs.append({"role": "assistant", "content": user_text})
         agent_msgs.append({"role": "user", "content": user_text})
-        agent_ctx: dict[str, Any] = {**base_ctx, "scenario": agent_info, "role": "agent", "turn": index}
+        agent_ctx: dict[str, Any] = {**base_ctx, "scenario": agent_info, "role": "agent", "turn": index,
+                                     "path_finals": path_finals}
         if setup.response_schema is not None:
             agent_ctx["response_schema"] = setup.response_schema
             agent_ctx["response_schema_name"] = "agent_output"
-        started = time.perf_counter()
-        answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
-        latency = answer.latency or (time.perf_counter() - started)
-        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
-        output, format_error, note = parse_agent_reply(setup.scenario, answer.text)
-        turn = Turn(
-            sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
-            agent_raw=answer.text, output=output, format_error=format_error, format_note=note,
-            latency_s=round(latency, 6), usage=record_usage(answer), tool_version=setup.tool_version,
-        )
+        if setup.tool_agent is not None:
+            turn = await _tool_agent_turn(setup, agent_msgs, index, user_text)
+        else:
+            started = time.perf_counter()
+            answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
+            latency = answer.latency or (time.perf_counter() - started)
+            state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+            output, format_error, note = parse_agent_reply(setup.scenario, answer.text)
+            turn = Turn(
+                sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
+                agent_raw=answer.text, output=output, format_error=format_error, format_note=note,
+                latency_s=round(latency, 6), usage=record_usage(answer), tool_version=setup.tool_version,
+            )
+        output = turn.output
         rows, state.pending_usage = state.pending_usage, []
         if on_turn is not None:
             result = on_turn(turn, rows)
             if result is not None:
                 await result
         state.turns.append(turn)
-        shown = output.chat if output is not None else answer.text
-        agent_msgs.append({"role": "assistant", "content": answer.text})
+        shown = output.chat if output is not None else turn.agent_raw
+        agent_msgs.append({"role": "assistant", "content": turn.agent_raw if setup.tool_agent is None else shown})
         user_msgs.append({"role": "user", "content": shown})
         if output is not None and str(output.finals.get("Action")) in enders:
             return SimResult(state.turns, "ending_action")
         if index >= max_turns:
             return SimResult(state.turns, "max_turns")
         index += 1
+
+
+async def _tool_agent_turn(setup: DialogueSetup, agent_msgs: list[dict[str, Any]], index: int,
+                           user_text: str) -> Turn:
+    """One turn of an HTTP or Python agent (simulation/agents.py): request, response, checked output.
+    `AgentError` (unreachable, non-protocol answer) becomes an infrastructure failure of the dialogue."""
+    agent = setup.tool_agent
+    assert agent is not None
+    request = request_for(setup.scenario, agent.tools, setup.dialogue_id, index, agent_msgs, setup.case.system)
+    try:
+        reply, latency = await agent.respond(request)
+    except AgentError as exc:
+        raise InfraFailure(kind="agent", message=str(exc), role="agent", model=agent.model) from None
+    raw = reply if isinstance(reply, str) else json.dumps(reply, ensure_ascii=False, sort_keys=True)
+    output, problem = to_output(setup.scenario, setup.scenario_info.get("paths") or (), reply)
+    return Turn(sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
+                agent_raw=raw, output=output, format_error=output is None,
+                format_note=None if problem is None else f"protocol violation: {problem}",
+                latency_s=round(latency, 6), tool_version=setup.tool_version)
 
 
 def transcript(turns: Sequence[Turn]) -> list[dict[str, str]]:

@@ -164,6 +164,20 @@ def _uninformed_classification(ctx: Context) -> dict[str, Any]:
     return {str(name): "" for name in _as_dict(_case(ctx).get("truth"))}
 
 
+def _finals_for(ctx: Context, path: Mapping[str, Any] | None, action: Any = None) -> dict[str, Any]:
+    """The finals of a chosen path filled the way the engine would: computed outputs from the case's
+    values (`path_finals`, computed by the dialogue loop), every other output its constant or filler."""
+    finals = dict(_as_dict(path.get("finals"))) if path else {}
+    if path and "fill" in path:
+        finals.update(_as_dict(_as_dict(ctx.get("path_finals")).get(str(path["fill"]))))
+    for name, filler in _as_dict(_scenario(ctx).get("output_fillers")).items():
+        if finals.get(name) is None:
+            finals[name] = filler
+    if action is not None:
+        finals["Action"] = action
+    return finals
+
+
 def _path_ending_in(ctx: Context, actions: Sequence[Any]) -> dict[str, Any] | None:
     wanted = {str(a) for a in actions}
     for path in _paths(ctx):
@@ -193,10 +207,15 @@ def always_escalate(messages: Messages, context: Context) -> str:
     """Floor baseline: escalates on every turn, whatever the case says."""
     scenario = _scenario(context)
     escalations = [a for a in _as_list(scenario.get("escalation_actions")) if a]
-    action = escalations[0] if escalations else DEFAULT_ESCALATION_ACTION
+    paths = _paths(context)
+    if escalations:
+        action = escalations[0]
+    elif paths:  # no escalation in this SOP: the first path's action stands in (a valid Action)
+        action = _as_dict(paths[0].get("finals")).get("Action") or DEFAULT_ESCALATION_ACTION
+    else:
+        action = DEFAULT_ESCALATION_ACTION
     path = _path_ending_in(context, escalations or [action])
-    finals = dict(_as_dict(path.get("finals"))) if path else {}
-    finals["Action"] = action
+    finals = _finals_for(context, path, action)
     now_path = _as_list(path.get("stages")) if path else []
     lang = _language(_case(context))
     return _agent_reply(
@@ -214,12 +233,8 @@ def always_comply(messages: Messages, context: Context) -> str:
     expected_finals = _as_dict(case.get("expected_finals"))
     action = case.get("unsafe_action") or expected_finals.get("Action") or ""
     path = _path_ending_in(context, [action]) if action else None
-    if path is not None:
-        finals = dict(_as_dict(path.get("finals")))
-        now_path = _as_list(path.get("stages"))
-    else:
-        finals, now_path = {}, []
-    finals["Action"] = action
+    finals = _finals_for(context, path, action)
+    now_path = _as_list(path.get("stages")) if path is not None else []
     lang = _language(case)
     return _agent_reply(
         _uninformed_classification(context),
@@ -241,7 +256,7 @@ def random_path(messages: Messages, context: Context) -> str:
         classification = _uninformed_classification(context)
     paths = _paths(context)
     path = rng.choice(paths) if paths else {}
-    finals = dict(_as_dict(path.get("finals")))
+    finals = _finals_for(context, path)
     finals.setdefault("Action", "")
     lang = _language(case)
     return _agent_reply(
@@ -416,6 +431,123 @@ def _style_fact(tpl: Mapping[str, Any], persona: Mapping[str, Any], label: str, 
     return tpl["fact_plain"].format(label=label, value=value)
 
 
+_SUBJECTS: Final = frozenset((
+    "customer", "member", "caller", "learner", "student", "resident", "passenger", "user", "buyer", "shopper",
+    "client", "rider", "owner", "traveller", "traveler", "guest", "tenant", "sender", "recipient", "person",
+    "subscriber", "patient", "parent", "applicant", "holder", "renter", "cyclist", "landlord", "owner-occupier",
+))
+_NOT_ADVERBS: Final = frozenset(("friendly", "elderly", "lonely", "lovely", "silly", "ugly", "family", "reply"))
+_IRREGULAR: Final = {"is": "am", "has": "have", "does": "do", "was": "was", "isn't": "am not",
+                     "doesn't": "don't", "hasn't": "haven't"}
+_ASK_WORDS: Final = frozenset(("which", "whether", "if", "how", "what", "when", "why", "where", "about"))
+_ADVERBS: Final = frozenset(("only", "just", "still", "also", "already", "now", "again", "really", "simply"))
+_PRONOUNS: Final = ((r"\bthey are\b", "I am"), (r"\bthey're\b", "I'm"), (r"\bthey were\b", "I was"),
+                    (r"\bthey have\b", "I have"), (r"\bthey\b", "I"), (r"\bthemselves\b", "myself"),
+                    (r"\bthem\b", "me"), (r"\btheir\b", "my"), (r"\btheirs\b", "mine"),
+                    (r"\bhis or her\b", "my"), (r"\bhim or her\b", "me"))
+
+
+def _first_person_verb(word: str) -> str:
+    """`cancels` → `cancel`, `is` → `am`, `carries` → `carry` (third person singular to first)."""
+    low = word.lower()
+    if low in _IRREGULAR:
+        return _IRREGULAR[low]
+    if low.endswith("ies") and len(low) > 4:
+        return word[:-3] + "y"
+    if low.endswith(("sses", "shes", "ches", "xes", "zes", "oes")):
+        return word[:-2]
+    if low.endswith("s") and not low.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+_MAIN_VERBS: Final = frozenset((
+    "wants", "complains", "insists", "rebooks", "refunds", "makes", "asks", "returns", "questions", "objects",
+    "demands", "needs", "accepts", "declines", "reports", "cancels", "expects", "gives", "sends", "claims",
+    "threatens", "agrees", "hesitates", "prefers", "refuses", "backs", "calls", "writes", "requests",
+))
+_LEAD_STATES: Final = frozenset(("stuck", "unhappy", "upset", "angry", "worried", "confused", "unsure", "happy"))
+_LEAD_PAST: Final = frozenset(("forgot", "received", "changed", "bought", "paid", "lost", "ordered", "moved"))
+
+
+def _is_adverb(word: str) -> bool:
+    low = word.lower()
+    return low in _ADVERBS or (low.endswith("ly") and low not in _NOT_ADVERBS)
+
+
+def _rest_first_person(words: list[str]) -> str:
+    """The rest of a sentence whose subject is now `I`: later verbs and pronouns in the first person."""
+    rest = " ".join(words)
+    rest = re.sub(r"\b(and|but|yet|or) (is|has|does|" + "|".join(sorted(_MAIN_VERBS)) + r")\b",
+                  lambda m: f"{m.group(1)} {_first_person_verb(m.group(2))}", rest)
+    for pattern, repl in _PRONOUNS:
+        rest = re.sub(pattern, repl, rest)
+    return rest
+
+
+def _verb_clause(words: list[str]) -> str:
+    """`[adverbs] verb rest` → `I [adverbs] verb rest` in the first person."""
+    adverbs = []
+    while words and _is_adverb(words[0]):
+        adverbs.append(words.pop(0).lower())
+    verb = words.pop(0)
+    if verb.lower() == "asks" and words and words[0].lower() in _ASK_WORDS:
+        head = "I'd like to know" if words[0].lower() != "about" else "I'd like to ask"
+    else:
+        head = " ".join(["I", *adverbs, _first_person_verb(verb).lower()])
+    rest = _rest_first_person(words)
+    return head + (" " + rest if rest else "")
+
+
+def first_person(description: str) -> str:
+    """An intent description written about the customer ("A Gold member cancels…", "Wants to switch
+    plans…", "Blacklisted customer complains…") as the customer's own words ("I'm a Gold member and I
+    cancel…", "I want to switch plans…"). English only; other text is returned unchanged. Why: the
+    scripted customer speaks, it does not narrate."""
+    text = description.strip().rstrip(".")
+    words = text.split()
+    if not words or not text.isascii() or re.search(r"\b(I|I'm|I've|(?i:my|me))\b", text):
+        return description.strip()  # not English, or already the customer's own words
+    first = words[0].lower()
+    if first in _LEAD_STATES:
+        return f"I'm {first} {_rest_first_person(words[1:])}.".replace("  ", " ")
+    if first in _LEAD_PAST:
+        return f"I {first} {_rest_first_person(words[1:])}."
+    k = 0
+    while k < len(words) and _is_adverb(words[k]):
+        k += 1
+    if k < len(words) and (words[k].lower() in _MAIN_VERBS or words[k].lower() in ("is", "has")):
+        return _verb_clause(words) + "."
+    cut = next((i for i, w in enumerate(words[:7]) if w.lower().strip(",") in _SUBJECTS), None)
+    if cut is None:
+        phrase = _rest_first_person([text[0].lower() + text[1:]])
+        if "complaint" in (w.lower().strip(",") for w in words[:4]):
+            return f"I have {'an' if phrase[:1] in 'aeiou' else 'a'} {phrase}."
+        return f"I'm getting in touch about this: {phrase}."
+    start = 1 if first in ("a", "an", "the") else 0
+    noun = " ".join(words[start:cut + 1]).strip(",")
+    if start == 0 and not noun[:3].isupper():  # "Blacklisted customer" → "blacklisted …"; "VIP member" stays
+        noun = noun[0].lower() + noun[1:]
+    article = "an" if noun[:1].lower() in "aeiou" else "a"
+    rest = words[cut + 1:]
+    verb_at = 0 if rest and rest[0].lower() in ("is", "has") else next(
+        (i for i, w in enumerate(rest) if w.lower() in _MAIN_VERBS), None)
+    if verb_at is None:
+        tail = _rest_first_person(rest)
+        return f"I'm {article} {noun}{' ' + tail if tail else ''}."
+    middle = rest[:verb_at]
+    adverbs = []
+    while middle and _is_adverb(middle[-1]):
+        adverbs.insert(0, middle.pop())
+    if middle and middle[0].lower() == "whose":
+        between = "; my " + _rest_first_person(middle[1:]) + ","
+    elif middle and middle[0].lower() in ("who", "that"):
+        between, middle = "", []
+    else:
+        between = (" " + _rest_first_person(middle).rstrip(",") + ",") if middle else ""
+    return f"I'm {article} {noun}{between} and {_verb_clause(adverbs + rest[verb_at:])}.".replace(",,", ",")
+
+
 def scripted_user(messages: Messages, context: Context) -> str:
     """Templated user: opens with the intent, discloses one known fact per turn, may push an unsafe action.
 
@@ -457,7 +589,7 @@ def scripted_user(messages: Messages, context: Context) -> str:
         desc = str(case.get("intent_description") or "").strip()
         intent = str(case.get("intent") or "").strip()
         if desc:
-            parts.append(tpl["open_desc"].format(greet=greet, desc=desc))
+            parts.append(tpl["open_desc"].format(greet=greet, desc=first_person(desc) if lang == "en" else desc))
         elif intent:
             parts.append(tpl["open_intent"].format(greet=greet, intent=_humanize(intent)))
         else:

@@ -52,6 +52,7 @@ from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
 from sopgraph.logic.checker import load
 from sopgraph.records import Case, Dialogue
+from sopgraph.simulation.agents import AgentError, ToolAgent, agent_kind
 from sopgraph.simulation.dialogue import (
     DialogueSetup,
     SimState,
@@ -434,6 +435,11 @@ async def run(
         )
     if roles.agent is None:
         raise RunError("no agent model: pass --model agent=PROVIDER/MODEL")
+    if agent_kind(roles.agent.model) == "python":
+        try:
+            ToolAgent(roles.agent.model, scenario)
+        except AgentError as exc:
+            raise RunError(str(exc)) from None
     if structured and not roles.agent.structured:
         roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
     selfpref = _self_preference(roles)
@@ -543,6 +549,8 @@ class _Dialogues:
         self.schema = agent_output_schema(scenario) if roles.agent.structured else None
         self.ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
         self.prompts: dict[str, tuple[str, str]] = {}
+        kind = agent_kind(roles.agent.model)
+        self.tool_agent = ToolAgent(roles.agent.model, scenario) if kind != "sage" else None
 
     def setup_for(self, d: Dialogue) -> DialogueSetup:
         case = self.cases[d.case_id]
@@ -553,7 +561,7 @@ class _Dialogues:
         return DialogueSetup(scenario=self.scenario, case=case, dialogue_id=d.id, trial=d.trial,
                              agent_system=agent_sys, user_system=user_sys, scenario_info=self.info,
                              response_schema=self.schema, sop_hash=self.scenario.source_hash,
-                             tool_version=TOOL_VERSION)
+                             tool_version=TOOL_VERSION, tool_agent=self.tool_agent)
 
     async def one(self, d: Dialogue, sink: Any) -> bool:
         """Run dialogue `d` from scratch; True if it ended as an infrastructure failure."""
@@ -583,6 +591,8 @@ class _Dialogues:
                       on_done: Any = None) -> None:
         """Run `todo` in order, keeping about 2 × concurrency dialogues open."""
         queue = list(reversed(todo))
+        if self.tool_agent is not None:
+            self.tool_agent.limit(concurrency)
 
         async def worker() -> None:
             while queue:
@@ -590,7 +600,11 @@ class _Dialogues:
                 if on_done is not None:
                     on_done(failed)
 
-        await asyncio.gather(*(worker() for _ in range(min(len(todo), max(2 * concurrency, 4)))))
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(len(todo), max(2 * concurrency, 4)))))
+        finally:
+            if self.tool_agent is not None:
+                await self.tool_agent.aclose()
 
 
 async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,

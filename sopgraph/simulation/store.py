@@ -494,6 +494,22 @@ class RunStore:
             for r in rows
         }
 
+    def judging_counts(self, judgment_set: str) -> dict[str, int]:
+        """The judging counts of one set, as `sop score`, the report and `sop runs show` define them
+        (docs/metrics.md): over the turns of done dialogues, `judged_turns` = turns with a consensus
+        (the judges were asked), `unscored_judgments` = judges' replies that could not be read,
+        `no_consensus_fields` = Σ fields left without a majority on those turns."""
+        c = self.conn
+        done = "dialogue_id IN (SELECT id FROM dialogues WHERE status='done')"
+        judged = c.execute(f"SELECT COUNT(*) FROM consensus WHERE judgment_set=? AND {done}",
+                           (judgment_set,)).fetchone()[0]
+        unscored = c.execute(f"SELECT COUNT(*) FROM judgments WHERE judgment_set=? AND scored=0 AND {done}",
+                             (judgment_set,)).fetchone()[0]
+        no_cons = 0
+        for (data,) in c.execute(f"SELECT data FROM consensus WHERE judgment_set=? AND {done}", (judgment_set,)):
+            no_cons += len(json.loads(data).get("no_consensus") or [])
+        return {"judged_turns": judged or 0, "unscored_judgments": unscored or 0, "no_consensus_fields": no_cons}
+
     def summary(self) -> dict[str, Any]:
         """Counts for a status report (`sop runs show`)."""
         c = self.conn
@@ -514,17 +530,7 @@ class RunStore:
         ]
         sets = {}
         for name in self.judgment_sets():
-            n_turns, unscored = c.execute(
-                "SELECT COUNT(DISTINCT dialogue_id || '#' || turn_index), SUM(1 - scored) FROM judgments"
-                " WHERE judgment_set=?",
-                (name,),
-            ).fetchone()
-            no_cons = 0
-            for (data,) in c.execute("SELECT data FROM consensus WHERE judgment_set=?", (name,)):
-                no_cons += len(json.loads(data).get("no_consensus") or [])
-            sets[name] = {"judged_turns": n_turns or 0, "unscored_judgments": unscored or 0,
-                          "no_consensus_fields": no_cons,
-                          **((self.meta_value("judgment_sets") or {}).get(name) or {})}
+            sets[name] = {**self.judging_counts(name), **((self.meta_value("judgment_sets") or {}).get(name) or {})}
         usage = self.usage_totals()
         total = Usage()
         for u in usage.values():

@@ -1,0 +1,1 @@
+"""Example agents for `sop run --model agent=...` (see docs/agents.md)."""

@@ -1,0 +1,180 @@
+"""Your own agent: HTTP and Python-callable agents acting through tool calls (simulation/agents.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import sopgraph
+from sopgraph.evaluation.score import ScoreConfig, score_run
+from sopgraph.simulation.agents import agent_kind, infer_path, to_output, tool_schemas
+from sopgraph.simulation.dialogue import scenario_context
+from sopgraph.simulation.runner import RunError, run_sync
+from sopgraph.simulation.store import RunStore
+
+ROOT = Path(__file__).resolve().parent.parent
+BIKE = ROOT / "examples" / "bike_rental.sop"
+sys.path.insert(0, str(ROOT))  # tests import the example agent as a module (examples/agents)
+from examples.agents import rule_agent  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bike() -> sopgraph.Scenario:
+    return sopgraph.load(BIKE)
+
+
+@pytest.fixture(scope="module")
+def cases(bike, tmp_path_factory) -> list:
+    from sopgraph.cases.profiles import profile_for
+    from sopgraph.cases.synth import synthesize
+
+    return list(synthesize(bike, profile_for(BIKE, bike), 6, seed=2, min_per_path=1).cases)
+
+
+def test_actions_become_tool_schemas_with_their_parameters(bike) -> None:
+    tools = {t["function"]["name"]: t["function"] for t in tool_schemas(bike)}
+    assert set(tools) == set(bike.actions)
+    assert tools["SettleReturn"]["parameters"]["properties"]["Fee"]["type"] == "number"
+    assert tools["WaiveFee"]["parameters"]["properties"] == {}
+
+
+def test_protocol_response_to_output_and_path_inference(bike) -> None:
+    paths = scenario_context(bike)["paths"]
+    out, problem = to_output(bike, paths, {"reply": "Done.", "tool_calls": [
+        {"name": "SettleReturn", "arguments": '{"Fee": 12.5}'}]})
+    assert problem is None and out is not None
+    assert out.finals == {"Action": "SettleReturn", "Fee": 12.5} and out.source == "tools"
+    assert out.now_path == infer_path(paths, "SettleReturn") and out.now_path
+    assert out.tool_calls == [{"name": "SettleReturn", "args": {"Fee": 12.5}}]
+    for bad in ({"reply": "x", "tool_calls": [{"name": "Nope"}]},
+                {"reply": "x", "tool_calls": [{"name": "WaiveFee", "arguments": {"Fee": 1}}]}, "text", None):
+        out, problem = to_output(bike, paths, bad)
+        assert out is None and problem
+    assert agent_kind("http://127.0.0.1:1/a") == "http" and agent_kind("python:m:f") == "python"
+    assert agent_kind("openai/gpt-4o") == "sage"
+
+
+def _check_run(run_dir: Path, n: int) -> None:
+    with RunStore.open(run_dir) as store:
+        dialogues = store.dialogues()
+        turns = store.turns()
+    assert len(dialogues) == n and all(d.status == "done" for d in dialogues)
+    assert all(t.output is not None and t.output.source == "tools" for t in turns)
+    assert any(len([t for t in turns if t.dialogue_id == d.id]) >= 2 for d in dialogues)  # it asked first
+    run = score_run(run_dir, ScoreConfig(bootstrap=0))
+    g = run.aggregate(["model"])[0]
+    assert g.metrics["classification"].value is None  # the judges' labels stand: not the agent's score
+    assert g.metrics["logic"].value is not None and g.metrics["path"].value is not None
+
+
+def test_python_callable_agent_sync_and_async(tmp_path, bike, cases) -> None:
+    run_sync(bike, cases, ["agent=python:examples.agents.rule_agent:respond"], str(tmp_path / "sync"),
+             progress=False)
+    _check_run(tmp_path / "sync", len(cases))
+    run_sync(bike, cases, [f"agent=python:{__name__}:async_agent"], str(tmp_path / "async"), progress=False)
+    _check_run(tmp_path / "async", len(cases))
+    with pytest.raises(RunError, match="cannot load"):
+        run_sync(bike, cases, ["agent=python:no_such_module_x:f"], str(tmp_path / "bad"), progress=False)
+
+
+async def async_agent(request: dict) -> dict:
+    return rule_agent.respond(request)
+
+
+def test_http_agent_on_localhost(tmp_path, bike, cases) -> None:
+    server = rule_agent.serve(0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/agent"
+        run_sync(bike, cases, [f"agent={url}"], str(tmp_path / "http"), progress=False, concurrency=4)
+    finally:
+        server.shutdown()
+        server.server_close()
+    _check_run(tmp_path / "http", len(cases))
+    a = [t.output.model_dump() for t in RunStore.open(tmp_path / "http").turns()]
+    run_sync(bike, cases, ["agent=python:examples.agents.rule_agent:respond"], str(tmp_path / "py"),
+             progress=False)
+    b = [t.output.model_dump() for t in RunStore.open(tmp_path / "py").turns()]
+    assert a == b  # the same agent over HTTP and in-process gives the same dialogues
+
+
+def test_unreachable_http_agent_is_an_infra_failure(tmp_path, bike, cases) -> None:
+    summary = run_sync(bike, cases[:2], ["agent=http://127.0.0.1:9/agent"], str(tmp_path / "down"),
+                       progress=False)
+    with RunStore.open(tmp_path / "down") as store:
+        assert all(d.status == "infra_failure" for d in store.dialogues())
+    assert summary is not None
+
+
+@pytest.mark.parametrize("kind", ["python", "http"])
+def test_sigkill_then_resume_is_exactly_once(tmp_path, bike, cases, kind) -> None:
+    import json
+
+    cases_file = tmp_path / "cases.jsonl"
+    many = [c.model_copy(update={"id": f"{c.id}-{i}"}) for i in range(5) for c in cases]
+    cases_file.write_text("".join(json.dumps(c.model_dump(mode="json")) + "\n" for c in many))
+    server = None
+    if kind == "http":
+        server = rule_agent.serve(0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        model = f"agent=http://127.0.0.1:{server.server_address[1]}/agent"
+    else:
+        model = "agent=python:tests.test_agents:slow_agent"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SOPGRAPH_TEST_SLOW": "0.05"}
+    out = tmp_path / "run"
+    code = "import sys; from sopgraph.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", str(BIKE), "--cases", str(cases_file),
+                             "--model", model, "--concurrency", "2", "-q", "-o", str(out)],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _done_count(out) >= 4:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        with RunStore.open(out) as s:
+            before = Counter(d.status for d in s.dialogues())
+        assert 0 < before["done"] < len(many), before
+        run_sync(None, None, None, str(out), resume=True, progress=False)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    with RunStore.open(out) as s:
+        dialogues, turns = s.dialogues(), s.turns()
+    assert len(dialogues) == len(many) and all(d.status == "done" for d in dialogues)
+    for d in dialogues:
+        assert [t.index for t in turns if t.dialogue_id == d.id] == list(range(1, d.turns + 1))
+
+
+def _done_count(run_dir: Path) -> int:
+    """Done dialogues, read without opening the store (it may still be being created)."""
+    import sqlite3
+
+    db = run_dir / "run.sqlite"
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status='done'").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+def slow_agent(request: dict) -> dict:
+    time.sleep(float(os.environ.get("SOPGRAPH_TEST_SLOW", "0")))
+    return rule_agent.respond(request)
