@@ -453,13 +453,18 @@ async def run(
         store.close()
 
 
+def _litellm_specs(roles: RoleSet) -> list[ModelSpec]:
+    """The roles' models that are called through litellm: not built-ins, not http/python agents."""
+    return [s for s in roles.all() if not s.is_builtin and agent_kind(s.model) == "sage"]
+
+
 async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
                      workers: int = 1) -> tuple[RoleSet, list[str]]:
     """Check every distinct non-built-in model with one call; (roles, notes) or `RunError` (one line).
 
     With worker processes to fork, the check runs in a forked child of its own: this process then
     holds no HTTP client or thread, so the workers can still be forked (see `_mp_context`)."""
-    if all(spec.is_builtin for spec in roles.all()):
+    if not _litellm_specs(roles):
         return roles, []
     if workers > 1 and gateway is None and _mp_context().get_start_method() == "fork":
         return await _preflight_in_child(roles, options)
@@ -507,7 +512,7 @@ async def _preflight_here(roles: RoleSet, gateway: Any, options: Mapping[str, An
     own = gateway is None
     gw = _make_gateway(8, {**options, "cache": False}) if own else gateway
     try:
-        failures = await check_models(gw, roles.all())
+        failures = await check_models(gw, _litellm_specs(roles))
     finally:
         if own:
             await gw.aclose()
