@@ -517,9 +517,24 @@ def _merge_comments(out: list[Line], comments: list[Comment], blank: set[int]) -
 # Front door
 
 
+FIXPOINT_PASSES = 4
+
+
 def format_text(text: str, file: str = "<string>") -> str:
-    """The canonical form of one file's text; raises `SopError` when it does not parse."""
-    text = text.replace("\r\n", "\n")
+    """The canonical form of one file's text; raises `SopError` when it does not parse.
+
+    A comment written inside a declaration can only settle next to it after one pass (its blank
+    lines are judged from where it was), so the layout pass is repeated until nothing changes."""
+    out = _format_once(text.replace("\r\n", "\n"), file)
+    for _ in range(FIXPOINT_PASSES - 1):
+        again = _format_once(out, file)
+        if again == out:
+            break
+        out = again
+    return out
+
+
+def _format_once(text: str, file: str) -> str:
     program, comments, extents = _parse_with_comments(text, file)
     src_lines = text.split("\n")
     blank = {i + 1 for i, line in enumerate(src_lines) if not line.strip()}
