@@ -52,6 +52,7 @@ from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.paths import trace
+from sopgraph.logic.unroll import UnrollError, unrolled_for
 from sopgraph.records import RECORD_VERSION, Case, Intensity
 
 BALANCES = ("intent", "path", "action")
@@ -193,7 +194,13 @@ class Plan:
 
 
 def plan(scenario: ir.Scenario, profile: Profile) -> Plan:
-    """Enumerate the feasible paths and decide which intents can reach which path."""
+    """Enumerate the feasible paths and decide which intents can reach which path. A procedure is
+    planned on its unrolled form (see `_synthesize_procedure`)."""
+    if scenario.procedural:
+        try:
+            return plan(unrolled_for(scenario).scenario, profile)
+        except UnrollError as exc:
+            raise SynthError(f"cannot synthesize cases: {exc}") from None
     count = paths_mod.count_paths(scenario)
     explorer = paths_mod.explorer_for(scenario)
     entries: list[PathEntry] = []
@@ -605,6 +612,10 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
     each case its intent's declared intensity. `personas` restricts the persona pool (names from the
     profile or library, or PersonaSpec objects); `languages` mixes languages (default: the profile's
     `languages`, else each persona's own)."""
+    if scenario.procedural:
+        return _synthesize_procedure(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
+                                     intensity_mix=intensity_mix, personas=personas, languages=languages,
+                                     use_intent_intensity=use_intent_intensity, the_plan=the_plan)
     if n < 0:
         raise SynthError("the number of cases must be >= 0")
     if min_per_path < 0:
@@ -637,6 +648,39 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
     lines, counts = _build_lines(p, slots, intensities, persona_pool, langs, seed, rng)
     coverage = _coverage(p, slots, intensities, counts, sampled, supplemented, appended, min_per_path, balance)
     return SynthResult(lines=lines, coverage=coverage, skipped=skipped)
+
+
+def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed: int,
+                          **options: Any) -> SynthResult:
+    """A procedure (observations, bounded retries) is synthesized on its unrolled form, whose paths are
+    exactly the procedure's; each case is then lifted back: source stage ids in `expected_path`, and
+    every observed variable as the list of values of the looks its path takes (what the simulated
+    backend reports, one per look). Profile intents cannot constrain observed variables."""
+    try:
+        unrolled = unrolled_for(scenario)
+    except UnrollError as exc:
+        raise SynthError(f"cannot synthesize cases: {exc}") from None
+    given = options.pop("the_plan", None)
+    the_plan = given if given is not None and given.scenario is unrolled.scenario else plan(scenario, profile)
+    flat = synthesize(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
+    lines = []
+    for line in flat.lines:
+        row = json.loads(line)
+        row["expected_path"] = [unrolled.origin.get(s, s) for s in row["expected_path"]]
+        looks: dict[str, int] = {}
+        for sid in row["expected_path"]:
+            for name in scenario.stages[sid].observe:
+                looks[name] = looks.get(name, 0) + 1
+        for key in ("system", "user_facts"):
+            values = unrolled.lift(row.get(key) or {})
+            for name in unrolled.looks:
+                if name in values:
+                    values[name] = values[name][:looks.get(name, 0)]
+            if key == "user_facts":
+                values = {k: v for k, v in values.items() if k in (row.get(key) or {}) or v}
+            row[key] = values
+        lines.append(json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
+    return SynthResult(lines=lines, coverage=flat.coverage, skipped=flat.skipped)
 
 
 def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
@@ -822,7 +866,7 @@ def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intens
     """Serialise every case straight to its canonical JSON line. Everything constant per (path, intent),
     per intensity or per persona is encoded once; per case only the values are looked up."""
     scenario, profile = p.scenario, p.profile
-    decide = engine_for(scenario)._fn  # the compiled decision function
+    decide = engine_for(scenario).decide_raw  # the compiled decision function (path, finals)
     field_names = [v.name for v in scenario.fields]
     system_names = [v.name for v in scenario.system_vars]
     known = [name for name in system_names if profile.user_knows.get(name, True)]
