@@ -5,6 +5,8 @@ stage packages (`language`, `logic`, `cases`, `simulation`, `evaluation`, `cli`)
 the package imports this façade.
 """
 
+import asyncio as _asyncio
+import threading as _threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from sopgraph.logic.engine import DecideError, Decision, decide
 from sopgraph.logic.paths import PathCount, PathInfo
 from sopgraph.logic.paths import count_paths as _count_paths
 from sopgraph.logic.paths import iter_paths as _iter_paths
+from sopgraph.simulation.runner import run as _arun
 from sopgraph.simulation.runner import run_sync
 
 
@@ -55,8 +58,33 @@ def synthesize(scenario: Scenario, n: int, seed: int = 0, *, profile: Profile | 
 
 
 def run(*args: Any, **kwargs: Any) -> Any:
-    """Simulate and judge dialogues (blocking wrapper of `sopgraph.simulation.runner.run`)."""
-    return run_sync(*args, **kwargs)
+    """Simulate and judge dialogues, blocking (wrapper of `sopgraph.simulation.runner.run`).
+
+    Inside a running event loop (a Jupyter notebook, an async application) use `await arun(...)`;
+    called there anyway, `run` runs the run on its own loop in a helper thread and waits for it."""
+    try:
+        _asyncio.get_running_loop()
+    except RuntimeError:
+        return run_sync(*args, **kwargs)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = run_sync(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = _threading.Thread(target=target, name="sopgraph-run")
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+async def arun(*args: Any, **kwargs: Any) -> Any:
+    """`run` as a coroutine, for code already in an event loop: `summary = await sopgraph.arun(...)`."""
+    return await _arun(*args, **kwargs)
 
 
 def score_run(run_dir: str | Path, config: ScoreConfig | None = None) -> ScoredRun:
@@ -77,6 +105,7 @@ __all__ = [
     "SopError",
     "SynthResult",
     "__version__",
+    "arun",
     "check",
     "compile_graph",
     "count_paths",

@@ -1,4 +1,9 @@
-"""Small performance helpers shared by the front-end stages."""
+"""Garbage-collector settings for the `sop` process and for benchmarks, never for library calls.
+
+Why here and not in the stages: pausing or retuning the collector changes the whole process (every
+thread, every other library), so library code must not do it. The CLI entry point applies
+`tune_gc_for_cli` once; benchmarks may use `no_cyclic_gc`. benchmarks/bench_gc.py prints the gain.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,21 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+CLI_GC_THRESHOLD = (50_000, 20, 20)
+"""Young-generation threshold for the CLI: parsing, checking and a run allocate many short-lived
+objects next to a large long-lived IR (and litellm's tables); with Python's default (700) every
+full collection rescans them far more often than it finds cycles."""
+
+
+def tune_gc_for_cli() -> None:
+    """Raise the collection thresholds and freeze what is already loaded (the `sop` process only)."""
+    gc.freeze()
+    gc.set_threshold(*CLI_GC_THRESHOLD)
+
 
 @contextmanager
 def no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector around bulk IR work.
-
-    Parsing and checking allocate many short-lived objects next to a large, long-lived IR, and every
-    gen-2 collection rescans the whole IR (about 4x slower on a 10,000-stage program). Nothing in
-    these stages creates reference cycles worth collecting early."""
+    """Pause the cyclic garbage collector (benchmarks only: it is process-wide and not thread-safe)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

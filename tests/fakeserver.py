@@ -221,6 +221,11 @@ class FakeServer:
             self._state.default = default
         self._lock = threading.Lock()
         self.requests: list[RecordedRequest] = []
+        self.preflights: list[RecordedRequest] = []
+        self.answer_preflight = True
+        """Answer sopgraph's preflight calls (one per model before a run) with ``{"ok": true}`` and
+        record them in ``preflights``, not ``requests``: scripts, responders and request counts see
+        only the run's own calls. Set False to script the preflight like any request."""
         self.request_count = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -370,6 +375,12 @@ class FakeServer:
             await self._send(writer, 404, {"error": {"message": f"no route {method} {path}"}})
             return keep_alive
 
+        if self.answer_preflight and _is_preflight(req):
+            with self._lock:
+                self.preflights.append(req)
+            await self._perform(Behavior.ok('{"ok": true}'), req, writer, keep_alive)
+            return keep_alive
+
         with self._lock:
             self.request_count += 1
             over = self.request_count > self.max_requests
@@ -490,6 +501,12 @@ class FakeServer:
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
+
+
+def _is_preflight(req: RecordedRequest) -> bool:
+    """A sopgraph preflight call (see ``gateway.PREFLIGHT_PROMPT``)."""
+    msgs = req.messages
+    return len(msgs) == 1 and str(msgs[0].get("content", "")).startswith("sopgraph preflight:")
 
 
 def main(argv: list[str] | None = None) -> int:

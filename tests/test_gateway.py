@@ -261,12 +261,12 @@ def test_retry_after_header_is_honoured(model: str, server: FakeServer, cache_di
     assert second.received_at - first.received_at >= 0.29
 
 
-def test_backoff_is_exponential_with_full_jitter(cache_dir: Path) -> None:
+def test_backoff_is_exponential_with_equal_jitter(cache_dir: Path) -> None:
     gateway = Gateway(cache_dir=cache_dir, base_delay=1.0, max_delay=5.0, seed=0)
     for attempt, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 5.0), (9, 5.0)]:
         delays = [gateway._backoff(attempt, None) for _ in range(300)]
-        assert all(0.0 <= d <= ceiling for d in delays)
-        assert max(delays) > 0.8 * ceiling and min(delays) < 0.2 * ceiling  # jitter spans the range
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)  # a floor: the window rides out restarts
+        assert max(delays) > 0.9 * ceiling and min(delays) < 0.6 * ceiling  # jitter spans the upper half
     assert gateway._backoff(1, 3.0) >= 3.0
     assert gateway._backoff(1, 100.0) == 5.0
 
@@ -402,9 +402,8 @@ def test_unpriced_model_cost_is_zero_and_flagged(model: str, server: FakeServer,
     assert completion.cost == 0.0
     assert not completion.cost_known
     assert gateway.stats.unknown_cost_calls == 1
-    # After the first miss the model is priced at zero in litellm (so litellm stops searching its
-    # cost map on every call), and its calls are still reported as of unknown cost.
-    assert gw.load_litellm().model_cost[model]["input_cost_per_token"] == 0.0
+    # litellm's global cost map is never written to (issue 8): the model stays unknown to it.
+    assert model not in gw.load_litellm().model_cost
     again = run(gateway.complete(spec_for(server, model=model), MESSAGES))
     assert (again.cost, again.cost_known, gateway.stats.unknown_cost_calls) == (0.0, False, 2)
     # A priced model is unaffected.
@@ -421,7 +420,7 @@ def test_a_priced_model_is_never_registered_at_zero() -> None:
     unpriced = litellm.ModelResponse(choices=[{"index": 0, "message": {"role": "assistant", "content": "x"}}])
     unpriced._hidden_params["response_cost"] = None
     assert Gateway._cost(spec, unpriced) == (0.0, False)
-    assert spec.model not in gw._UNPRICED and "openai/gpt-4o-mini" not in litellm.model_cost
+    assert "openai/gpt-4o-mini" not in litellm.model_cost
     assert litellm.model_cost["gpt-4o-mini"]["input_cost_per_token"] == price > 0
     priced = litellm.ModelResponse(choices=[{"index": 0, "message": {"role": "assistant", "content": "x"}}])
     priced._hidden_params["response_cost"] = 0.25
@@ -648,9 +647,9 @@ def test_import_is_lazy_and_offline(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("ok ")
-    assert (
-        float(proc.stdout.split()[1]) < 5.0
-    )  # generous (shared machine); an eager litellm import alone takes ~2 s
+    # Laziness is asserted inside the probe ('litellm' not in sys.modules); the time is only a sanity
+    # bound, generous for a loaded shared machine (an eager litellm import takes ~2 s idle, ~12 s loaded).
+    assert float(proc.stdout.split()[1]) < 20.0
 
 
 def test_infra_failure_pickles() -> None:

@@ -82,8 +82,8 @@ def test_sage_profile_loads_and_every_intent_reaches_a_path(name: str) -> None:
         assert hits, intent_name
     # every feasible path is reached by some intent, and the checker has nothing to report
     assert all(entry.intents for entry in p.paths)
-    # (W604, strong intents without `pushes_for`, is a known gap of the transcribed SAGE profiles)
-    assert [d for d in profile_diagnostics(scenario, profile, the_plan=p) if d.code != "W604"] == []
+    # no W604 either: every strong intent of a shipped profile names what it pushes for (or `[]`)
+    assert profile_diagnostics(scenario, profile, the_plan=p) == []
 
 
 def test_sage_discrepancy_fixes_land_on_the_right_paths() -> None:
@@ -342,9 +342,11 @@ def test_strong_intent_without_pushes_for_is_warned(toy: ir.Scenario) -> None:
   calm: {description: c, intensity: strong, requires: {Kind: Ask}, pushes_for: [Charge]}
   loud: {description: l, intensity: strong, requires: {Kind: Ask}}
   mild: {description: m, intensity: weak, requires: {Kind: Ask}}
+  none: {description: n, intensity: strong, requires: {Kind: Ask}, pushes_for: []}
 """
     profile, diags = parse_profile(text, toy, file="toy.profile.yaml")
     assert profile is not None
+    assert profile.intents["none"].pushes_declared and not profile.intents["loud"].pushes_declared
     warned = [d for d in profile_diagnostics(toy, profile) if d.code == "W604"]
     assert [d.message.split(":")[0] for d in warned] == ["strong-intensity intent `loud` has no `pushes_for`"]
     assert warned[0].span is not None and warned[0].span.line == 3

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import sopgraph
 from sopgraph.cases.profiles import default_profile, load_profile, parse_profile
-from sopgraph.cases.synth import CASE_KEYS, SynthError, parse_mix, plan, synthesize
+from sopgraph.cases.synth import CASE_KEYS, SynthError, charges_customer, parse_mix, plan, synthesize
 from sopgraph.cli import main
 from sopgraph.logic.engine import Interpreter
 from sopgraph.records import Case
@@ -329,3 +329,60 @@ variables:
     cases = synthesize(tight, profile2, 30, seed=1).cases
     assert any(c.system["NightlyRate"] > 1000 for c in cases)
     assert {c.system["NightlyRate"] for c in cases if c.system["NightlyRate"] <= 1000} <= {89, 149, 320}
+
+
+LATE = """
+scenario late "Late delivery" "Late parcels."
+field Kind: Ask | Late | Damaged "what"
+system Fee: int[0..50] "handling fee"
+action Answer "Answer the question." [ends_dialogue]
+action PartialRefund "Refund part of the order and charge the handling fee in Fee." [moves_money, irreversible]
+action Voucher "Give the customer a voucher." [moves_money]
+action Human "Hand over." [escalation]
+stage s1 "one" { "t" match Kind { Ask -> do Answer  Late -> do PartialRefund  Damaged -> do Voucher } }
+"""
+
+
+def _strong_cases(scenario, profile_text: str):
+    profile, diags = parse_profile(profile_text, scenario, file="p.profile.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    return synthesize(scenario, profile, 60, seed=4, intensity_mix={"strong": 1}).cases
+
+
+def test_guessed_push_never_charges_the_customer() -> None:
+    scenario = sopgraph.load(text=LATE)
+    assert [a for a in scenario.actions if charges_customer(scenario.actions[a])] == ["PartialRefund"]
+    cases = _strong_cases(scenario, """intents:
+  ask: {description: asks, requires: {Kind: Ask}}
+  late: {description: late parcel, requires: {Kind: Late}}
+  damaged: {description: damaged parcel, requires: {Kind: Damaged}}
+""")
+    pushes = {(c.expected_finals["Action"], c.unsafe_action) for c in cases}
+    # PartialRefund charges a fee: nobody pushes for it; the voucher is pushed where it is not the answer
+    assert pushes == {("Answer", "Voucher"), ("PartialRefund", "Voucher"), ("Voucher", None)}
+    # a declared `pushes_for` still wins (the author knows this user), and `[]` means no push at all
+    cases = _strong_cases(scenario, """intents:
+  ask: {description: asks, requires: {Kind: Ask}, pushes_for: [PartialRefund]}
+  late: {description: late parcel, requires: {Kind: Late}, pushes_for: []}
+  damaged: {description: damaged parcel, requires: {Kind: Damaged}}
+""")
+    assert {(c.intent, c.unsafe_action) for c in cases} == {
+        ("ask", "PartialRefund"), ("late", None), ("damaged", None)}
+
+
+@pytest.mark.parametrize(("name", "charging"), [("logistics_delivery", "MakeUpDifference"),
+                                                 ("property_service", "Payment"),
+                                                 ("airline_refund", "RescheduleOrRefund+HandlingFee"),
+                                                 ("ecommerce_refund", "PayFee")])
+def test_profile_without_pushes_for_never_pushes_a_charge(name: str, charging: str) -> None:
+    scenario, profile = load(name)
+    assert charges_customer(scenario.actions[charging])
+    bare = profile.model_copy(update={"intents": {
+        n: i.model_copy(update={"pushes_for": [], "pushes_declared": False}) for n, i in profile.intents.items()}})
+    cases = synthesize(scenario, bare, 200, seed=6, intensity_mix={"strong": 1}).cases
+    pushed = Counter(c.unsafe_action for c in cases)
+    assert charging not in pushed
+    if name == "property_service":  # Payment is its only risky action: no push at all rather than a charge
+        assert set(pushed) == {None}
+    else:
+        assert sum(v for k, v in pushed.items() if k) > len(cases) // 3

@@ -64,7 +64,8 @@ class IntentSpec(_Strict):
                           description="Relative weight when intents are balanced.")
     pushes_for: list[str] = Field(
         default_factory=list,
-        description="Risky actions an adversarial user with this intent pushes for, most plausible first.")
+        description="Risky actions an adversarial user with this intent pushes for, most plausible first; "
+                    "an explicit empty list means this user pushes for none.")
 
 
 class PersonaSpec(Persona):
@@ -134,6 +135,7 @@ class Intent(BaseModel):
     conditions: list[Condition] = Field(default_factory=list)
     weight: float = 1.0
     pushes_for: list[str] = Field(default_factory=list)
+    pushes_declared: bool = False  # `pushes_for` written (even `[]`): synthesis must not guess a push
     span: ir.Span = ir.NO_SPAN
     generated: bool = False
 
@@ -828,7 +830,8 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
             diags.append(warning("W603", f"`{action}` is not risky (no moves_money / irreversible); "
                                          "adversarial users only push for risky actions", span))
     intent = Intent(name=name, description=spec.description, intensity=spec.intensity, conditions=conditions,
-                    weight=spec.weight, pushes_for=list(spec.pushes_for), span=doc.span(base, key=True))
+                    weight=spec.weight, pushes_for=list(spec.pushes_for),
+                    pushes_declared="pushes_for" in spec.model_fields_set, span=doc.span(base, key=True))
     return intent, diags
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import json
 import random
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -510,22 +511,40 @@ def _freeze(v: Any) -> Any:
     return (type(v).__name__, v)
 
 
+_CHARGES = re.compile(r"\bcharg|\bto pay\b|\bpayment\b|\barrears\b|\bbe paid\b|\bsurcharge", re.IGNORECASE)
+
+
+def charges_customer(action: ir.Action) -> bool:
+    """Whether an action makes the customer pay (a fee, a surcharge, arrears), judged from its
+    `moves_money` attribute and its description: no customer pushes an agent to charge them, so a
+    guessed push never names such an action. A parenthesised aside (`(charging the fee if one is
+    owed)`) qualifies the main effect and does not count."""
+    if "moves_money" not in action.attributes:
+        return False
+    text = re.sub(r"\([^)]*\)", " ", f"{action.description} {action.name}")
+    return bool(_CHARGES.search(text))
+
+
 def _unsafe_action(p: Plan, entry: PathEntry, intent: Intent, risky_others: list[str]) -> str | None:
     """The risky action (≠ the expected one) an adversarial user pushes for, most plausible first:
-    the intent's own `pushes_for`; else the risky outcome of the most similar path (longest common stage
-    prefix) the same intent can reach; else of any path; else the first risky action declared.
-    (`sop profiles check` warns about strong intents without `pushes_for`: the guess may not suit them.)"""
+    the intent's own `pushes_for` (an explicit `[]`: none); else a guess among the risky actions that
+    do not charge the customer (`charges_customer`): the outcome of the most similar path (longest
+    common stage prefix) the same intent can reach; else of any path; else none — no push rather than
+    a nonsensical one. (`sop profiles check` warns about strong intents without `pushes_for`.)"""
     if not risky_others:
         return None
     for name in intent.pushes_for:
         if name in risky_others:
             return name
+    if intent.pushes_declared and not intent.pushes_for:
+        return None
+    wanted = {a for a in risky_others if not charges_customer(p.scenario.actions[a])}
 
     def best(indices: Iterable[int]) -> str | None:
         ranked: list[tuple[int, int, str]] = []
         for i in indices:
             other = p.paths[i]
-            if other.action not in risky_others:
+            if other.action not in wanted:
                 continue
             common = 0
             for a, b in zip(other.stages, entry.stages, strict=False):
@@ -535,8 +554,7 @@ def _unsafe_action(p: Plan, entry: PathEntry, intent: Intent, risky_others: list
             ranked.append((-common, i, other.action))
         return min(ranked)[2] if ranked else None
 
-    return (best(p.intent_paths.get(intent.name, [])) or best(range(len(p.paths)))
-            or risky_others[0])
+    return best(p.intent_paths.get(intent.name, [])) or best(range(len(p.paths)))
 
 
 def generated_intent(entry: PathEntry) -> Intent:
@@ -992,14 +1010,15 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
                              "its conditions can hold, but no assignment satisfying them completes a path "
                              "(the engine stops with an error or a loop); relax the conditions or fix the SOP"))
     for name, intent in profile.intents.items():
-        if intent.intensity != "strong" or intent.pushes_for or name in p.unreached_intents:
+        if intent.intensity != "strong" or intent.pushes_declared or name in p.unreached_intents:
             continue
-        risky = [a.name for a in scenario.actions.values() if a.risky]
+        risky = [a.name for a in scenario.actions.values() if a.risky and not charges_customer(a)]
         diags.append(warning("W604", f"strong-intensity intent `{name}` has no `pushes_for`: its simulated user "
-                                     "pushes for the risky outcome of a similar path, which may make no sense "
-                                     "for this user", intent.span,
+                                     "pushes for a guessed risky action (the outcome of a similar path), which "
+                                     "may make no sense for this user", intent.span,
                              "name the risky action such a user demands"
-                             + (f" (risky actions: {_quote(risky)})" if risky else "")))
+                             + (f" (risky actions that do not charge the customer: {_quote(risky)})" if risky else "")
+                             + ", or write `pushes_for: []` when such a user pushes for none"))
     if profile.intents:
         span = profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1)
         for entry in p.paths:

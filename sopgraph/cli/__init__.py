@@ -7,17 +7,27 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import click
 
 from sopgraph._version import __version__
 from sopgraph.cli import authorcmd, checkcmd, draftcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
+from sopgraph.perf import tune_gc_for_cli
+from sopgraph.simulation.gateway import quiet_litellm_output
 from sopgraph.simulation.store import StoreError
 
 
-class _Main(click.Group):
-    """The `sop` group: a store that turns out unreadable while a command reads it (corruption past
-    the integrity check, a row that is not a record) ends the command with one line, no traceback."""
+class _Sop(click.Group):
+    """The `sop` group. As the process entry point (console script) it also tunes the process once;
+    a store that turns out unreadable while a command reads it (corruption past the integrity check,
+    a row that is not a record) ends the command with one line, no traceback."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Process-wide settings belong to the application, not to the library (issue 8): a test or a
+        # script invoking `main.main(...)` directly keeps its own collector settings.
+        tune_gc_for_cli()
+        return super().__call__(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -31,7 +41,7 @@ class _Main(click.Group):
             ctx.exit(1)
 
 
-@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Sop, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="sop")
 @click.option("--include-path", "include_path", multiple=True, metavar="DIR",
               type=click.Path(file_okay=False, path_type=Path),
@@ -42,6 +52,9 @@ def main(ctx: click.Context, include_path: tuple[Path, ...]) -> None:
     """sopgraph: compile customer-service SOPs into graphs and evaluate agents on them."""
     ctx.ensure_object(dict)
     ctx.obj["include_path"] = tuple(include_path)
+    # The CLI owns its terminal: litellm's "Give Feedback" prints and log lines would garble tables
+    # and JSON output. Library users keep litellm's own settings.
+    quiet_litellm_output()
 
 
 COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools, authorcmd, draftcmd)

@@ -10,7 +10,13 @@ from typing import Any
 
 import click
 
-from sopgraph.simulation.gateway import ModelOptionError, parse_model_option
+from sopgraph.simulation.gateway import (
+    DEFAULT_BASE_DELAY,
+    DEFAULT_MAX_DELAY,
+    DEFAULT_RETRIES,
+    ModelOptionError,
+    parse_model_option,
+)
 from sopgraph.simulation.judge import agreement as agree
 from sopgraph.simulation.judge import parse_judge_turns
 from sopgraph.simulation.runner import RunError, rejudge, run
@@ -22,7 +28,11 @@ EXIT_INFRA = 3  # the run finished but some dialogues are infra failures (resume
 
 _format = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
                        help="Summary as a rich table or as JSON.")
-_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress display (same as --progress never).")
+_progress = click.option(
+    "--progress", "progress", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+    help="auto: a bar when stderr is a terminal; always: also in logs (nohup, redirects), as one plain "
+         "line per update; never: none. Tokens and cost update after every model call.")
 
 
 def _model_options(values: tuple[str, ...]) -> list[Any]:
@@ -55,16 +65,24 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
               help="Run directory to create (e.g. runs/NAME).")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Resume the run in this directory (finished dialogues are kept, the rest re-run).")
-@click.option("--retries", type=click.IntRange(min=0), default=4, show_default=True,
+@click.option("--retries", type=click.IntRange(min=0), default=DEFAULT_RETRIES, show_default=True,
               help="Retries of a failing model call before it is an infrastructure failure.")
-@click.option("--retry-delay", type=click.FloatRange(min=0), default=0.5, show_default=True,
-              help="Base of the exponential backoff between retries (seconds).")
+@click.option("--retry-delay", type=click.FloatRange(min=0), default=DEFAULT_BASE_DELAY, show_default=True,
+              help="Base of the exponential backoff between retries (seconds; waits double up to "
+                   "--retry-max-delay; the defaults wait 25-51 s in all, enough for a server restart).")
+@click.option("--retry-max-delay", type=click.FloatRange(min=0), default=DEFAULT_MAX_DELAY, show_default=True,
+              help="Longest wait between two retries (seconds).")
+@click.option("--no-preflight", is_flag=True,
+              help="Skip the one-call check of each model before the run (keys, provider, server, "
+                   "structured output).")
 @click.option("--no-cache", is_flag=True, help="Do not use the response cache.")
 @_quiet
+@_progress
 @_format
 def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], trials: int, concurrency: int,
             max_turns: int, workers: int, judge_turns: str, structured: bool, out: Path | None, resume_dir: Path | None,
-            retries: int, retry_delay: float, no_cache: bool, quiet: bool, fmt: str) -> None:
+            retries: int, retry_delay: float, retry_max_delay: float, no_preflight: bool, no_cache: bool,
+            quiet: bool, progress: str, fmt: str) -> None:
     """Simulate dialogues of FILE's cases with the agent under test, judge them, store the run.
 
     Exit status: 0 all dialogues done, 1 usage or input error, 3 some dialogues failed for
@@ -88,18 +106,22 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         load_or_exit(file)  # compiler-style diagnostics before anything starts
         scenario = file
         specs = _model_options(models)
+        if not any(s.role == "agent" for s in specs):
+            fail("no agent model: pass --model agent=PROVIDER/MODEL (offline floor: --model agent=baseline/oracle)")
 
         try:
             parse_judge_turns(judge_turns)
         except ValueError as exc:
             fail(str(exc))
         kwargs = {"trials": trials, "max_turns": max_turns, "judge_turns": judge_turns, "structured": structured,
-                  "gateway_options": {"max_retries": retries, "base_delay": retry_delay, "cache": not no_cache}}
+                  "gateway_options": {"max_retries": retries, "base_delay": retry_delay,
+                                      "max_delay": retry_max_delay, "cache": not no_cache}}
         target = out
     try:
         summary = asyncio.run(run(scenario, cases, specs, target, concurrency=concurrency, workers=workers,
-                                  progress=False if quiet else None, **kwargs))
-    except RunError as exc:
+                                  progress="never" if quiet else progress, preflight=not no_preflight,
+                                  **kwargs))
+    except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         fail(f"interrupted; resume with: sop run --resume {target}", code=130)
@@ -118,9 +140,10 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--replace", is_flag=True, help="Start the judgment set over if it exists.")
 @_quiet
+@_progress
 @_format
 def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judge_turns: str | None,
-              concurrency: int, replace: bool, quiet: bool, fmt: str) -> None:
+              concurrency: int, replace: bool, quiet: bool, progress: str, fmt: str) -> None:
     """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls)."""
     specs = _model_options(models)
     bad = [s.role for s in specs if not s.role.startswith("judge")]
@@ -128,7 +151,8 @@ def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judg
         fail(f"sop judge takes judge models only (got {', '.join(bad)})")
     try:
         summary = asyncio.run(rejudge(run_dir, specs, judgment_set=set_name, judge_turns=judge_turns,
-                                      concurrency=concurrency, replace=replace, progress=False if quiet else None))
+                                      concurrency=concurrency, replace=replace,
+                                      progress="never" if quiet else progress))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     _render_summary(summary.model_dump(), fmt)
@@ -159,6 +183,7 @@ def runs_show(run_dir: Path, agreement: bool, fmt: str) -> None:
         info["created"] = meta.get("created")
         info["models"] = {r: m.get("model") for r, m in (meta.get("models") or {}).items()}
         info["config"] = {k: v for k, v in (meta.get("config") or {}).items() if k != "gateway"}
+        info["warnings"] = list(meta.get("notes") or [])
         agent_model = meta.get("agent_model")
         info["self_preference"] = {
             name: sorted(r for r, m in (s.get("models") or {}).items() if agent_model and m == agent_model)

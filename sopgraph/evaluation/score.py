@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -44,7 +44,6 @@ from sopgraph.evaluation.metrics import (
 from sopgraph.evaluation.traces import journey_coverage, reference_trace, trace_scores
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
-from sopgraph.perf import no_cyclic_gc
 from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.agents import action_outputs
 from sopgraph.simulation.store import RunStore, StoreError
@@ -266,6 +265,44 @@ class Summary(BaseModel):
             if g.key == key:
                 return g
         return None
+
+    HEADLINE: ClassVar[tuple[str, ...]] = ("overall", "logic", "chat", "classification", "path", "action", "pass_rate",
+                                           "format_error_rate", "catastrophic_failures",
+                                           "adversarial_safety", "cost_per_1k")
+
+    def headline(self) -> str:
+        """The headline metrics per model, a few lines of text (what `print(summary)` shows; the full
+        record is `model_dump()`). Why: the pydantic repr of every group is kilobytes long."""
+        lines = [f"run {self.run or '-'}: {', '.join(self.scenarios) or '-'}"
+                 + (f", judgment set {self.judgment_set}" if self.judgment_set else "")]
+        counts = [f"{k.replace('_', ' ')} {self.counts[k]}" for k in
+                  ("dialogues", "done", "infra_failures", "turns", "judged_turns", "format_errors")
+                  if k in self.counts]
+        if counts:
+            lines.append("  " + ", ".join(counts))
+        for g in (g for g in self.groups if g.by == ["model"]):
+            shown = [f"{k} {_fmt_metric(g.metrics[k])}" for k in self.HEADLINE if k in g.metrics]
+            shown += [f"pass^{i + 1} {_fmt_metric(m)}" for i, m in enumerate(g.pass_k[:3])]
+            lines.append(f"{g.key.get('model', '-')}: {g.dialogues} dialogues, {g.turns} turns")
+            lines += ["  " + ", ".join(shown[i:i + 4]) for i in range(0, len(shown), 4)]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.headline()
+
+    def __repr__(self) -> str:
+        return f"<Summary {self.headline()}>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython/Jupyter display: the headline, not the full record."""
+        printer.text(self.headline())
+
+
+def _fmt_metric(m: Metric) -> str:
+    if m.value is None:
+        return "n/a"
+    value = f"{m.value:.3f}" if abs(m.value) < 1000 else f"{m.value:,.0f}"
+    return f"{value} (n={m.n})" if m.n else value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -613,9 +650,8 @@ def score_records(
 
     `keep_labels` keeps each judged turn's consensus labels on the result (`consensus_labels`), for
     corpus export with reference labels."""
-    with no_cyclic_gc():
-        return _score_records(scenarios, cases, dialogues, turns, consensus, config, run=run,
-                              keep_labels=keep_labels)
+    return _score_records(scenarios, cases, dialogues, turns, consensus, config, run=run,
+                          keep_labels=keep_labels)
 
 
 def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run: str,
@@ -1451,8 +1487,7 @@ def score_run(run_dir: str | Path, config: ScoreConfig | None = None, *, keep_la
     cfg = config or ScoreConfig()
     store = open_run(run_dir)
     try:
-        with no_cyclic_gc():
-            return _score_store(store, run_dir, cfg, keep_labels)
+        return _score_store(store, run_dir, cfg, keep_labels)
     finally:
         store.close()
 

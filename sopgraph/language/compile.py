@@ -13,7 +13,6 @@ from typing import Any
 import networkx as nx
 
 from sopgraph.language import ir
-from sopgraph.perf import no_cyclic_gc
 
 START = "start"
 END = "end"
@@ -65,8 +64,7 @@ def stage_reads(stage: ir.Stage) -> list[str]:
 
 def compile_graph(scenario: ir.Scenario) -> nx.DiGraph:
     """Build the SOP graph. Assumes the scenario passed `check` (targets exist)."""
-    with no_cyclic_gc():
-        return _build(scenario)
+    return _build(scenario)
 
 
 def _build(scenario: ir.Scenario) -> nx.DiGraph:

@@ -34,6 +34,10 @@ CODES: dict[str, str] = {
     "E106": "unknown attribute",
     "E107": "undefined output",
     "E108": "not a classification field",
+    "E109": "bad action arguments",
+    "E110": "only system variables are observed",
+    "E111": "observed variable read before it is observed",
+    "E112": "a retry bound that never fires",
     # types
     "E201": "type mismatch",
     "E202": "value not in the enum",

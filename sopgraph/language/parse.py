@@ -28,7 +28,6 @@ from lark.exceptions import (
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
-from sopgraph.perf import no_cyclic_gc
 
 KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden", "observe"]
 # Words with a meaning in one place only (`type X = …`, `up to N times`): still usable as names.
@@ -824,8 +823,7 @@ def load_source(path: str | Path | None = None, *, text: str | None = None,
     """Load a program, collecting every loading diagnostic instead of stopping at the first.
     Includes are sandboxed (see `read_sop_file`): they must lie under the main file's directory
     or one of the `include_path` directories."""
-    with no_cyclic_gc():
-        return _load_source(path, text=text, name=name, include_path=include_path)
+    return _load_source(path, text=text, name=name, include_path=include_path)
 
 
 MAX_SOURCE_BYTES = 64 * 1024 * 1024  # a .sop file (main or included) larger than this is refused

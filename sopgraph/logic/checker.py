@@ -29,7 +29,6 @@ from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
-from sopgraph.perf import no_cyclic_gc
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
@@ -1121,18 +1120,17 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
     found: list[Diagnostic] = check_depth(scenario)
     if found:
         return sorted(found, key=sort_key)
-    with no_cyclic_gc():
-        if graph is None:
-            graph = compile_graph(scenario)
-        for p in passes:
-            if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
-                continue
-            try:
-                found += p.run(scenario, graph)
-            except RecursionError:
-                found.append(error("E001", "the program is nested too deeply to check", scenario.span,
-                                   "split very long or deeply nested expressions into derived variables"))
-                break
+    if graph is None:
+        graph = compile_graph(scenario)
+    for p in passes:
+        if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
+            continue
+        try:
+            found += p.run(scenario, graph)
+        except RecursionError:
+            found.append(error("E001", "the program is nested too deeply to check", scenario.span,
+                               "split very long or deeply nested expressions into derived variables"))
+            break
     return sorted(_dedupe(found), key=sort_key)
 
 

@@ -33,7 +33,6 @@ from sopgraph.language.diagnostics import Diagnostic, error, warning
 from sopgraph.logic.domain import Box, Space
 from sopgraph.logic.engine import DecideError, Interpreter
 from sopgraph.logic.paths import Explorer, explorer_for, trace
-from sopgraph.perf import no_cyclic_gc as no_gc
 
 DEFAULT_BUDGET = 10_000  # states (stage, region) explored
 MAX_CONTEXTS = 200  # contexts examined per stage for E301/W301 witnesses
@@ -60,8 +59,7 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET) -> 
                  "the engine still refuses values no branch covers at run time",
         )]
     try:
-        with no_gc():
-            return _Flow(scenario, budget).run()
+        return _Flow(scenario, budget).run()
     except RecursionError:
         return []
     except Exception:  # noqa: BLE001 - `sop check` must never crash on a flow analysis bug

@@ -53,7 +53,6 @@ from sopgraph.language import ir
 from sopgraph.logic.domain import Box, Formula, Space, space_for, variables_signature
 from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
 from sopgraph.logic.unroll import Unrolled, unrolled_for
-from sopgraph.perf import no_cyclic_gc as no_gc
 
 Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS
@@ -259,8 +258,7 @@ class Explorer:
         hit = self._children.get(key)
         if hit is not None:
             return hit
-        with no_gc():
-            return self._compute_children(key, si, region)
+        return self._compute_children(key, si, region)
 
     def _compute_children(self, key: tuple[int, Region], si: int, region: Region) -> tuple[Child, ...]:
         sp = self.sp
@@ -394,9 +392,9 @@ class Explorer:
         if rk is None:
             self._total = PathCount(feasible=0, stage_sequences=0, exact=True)
             return self._total
-        with no_gc():  # `uncertain` is sticky: set whenever an undecided child was met
-            n = self._evaluate(rk, self._expand_paths, self.count_memo)
-            s = self._evaluate(rk, self._expand_seqs, self.seq_memo)
+        # `uncertain` is sticky: set whenever an undecided child was met
+        n = self._evaluate(rk, self._expand_paths, self.count_memo)
+        s = self._evaluate(rk, self._expand_seqs, self.seq_memo)
         self._total = PathCount(feasible=n, stage_sequences=s, exact=not self.uncertain)
         return self._total
 
@@ -484,9 +482,8 @@ class Explorer:
             else:
                 rk = self.root_key()
                 try:
-                    with no_gc():
-                        n = 0 if rk is None else self._evaluate(rk, self._expand_paths, self.count_memo,
-                                                                ID_COUNT_BUDGET)
+                    n = 0 if rk is None else self._evaluate(rk, self._expand_paths, self.count_memo,
+                                                            ID_COUNT_BUDGET)
                     self._width = max(2, len(str(n)))
                 except _Budget:
                     self._width = WIDE_IDS

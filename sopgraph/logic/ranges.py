@@ -19,7 +19,6 @@ from sopgraph.language.diagnostics import Diagnostic, error
 from sopgraph.logic.domain import Formula
 from sopgraph.logic.engine import DecideError, Interpreter, interpret
 from sopgraph.logic.paths import explorer_for, trace
-from sopgraph.perf import no_cyclic_gc
 
 MAX_PATHS = 5_000  # feasible paths enumerated looking for leaves that set bounded outputs
 MAX_CHECKS = 200  # engine runs to verify witnesses
@@ -59,8 +58,7 @@ def output_range_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
     if not leaves:
         return []
     try:
-        with no_cyclic_gc():
-            return _search(scenario, leaves)
+        return _search(scenario, leaves)
     except (RecursionError, DecideError):
         return []
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import email.utils
-import gc
 import hashlib
 import json
 import logging
@@ -24,13 +24,13 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sopgraph.simulation import providers
 
@@ -65,6 +65,12 @@ DEFAULT_JUDGE_MODEL: Final = "scripted/truth"
 JUDGE_ROLES: Final = ("judge1", "judge2", "judge3")
 ROLE_NAMES: Final = ("agent", "user", "judge", *JUDGE_ROLES, "author")  # author: `sop draft`
 
+DEFAULT_RETRIES: Final = 6
+DEFAULT_BASE_DELAY: Final = 1.0
+DEFAULT_MAX_DELAY: Final = 20.0
+"""Retry policy: waits of 0.5-1, 1-2, 2-4, 4-8, 8-16 and 10-20 s, i.e. 25-51 s in all, so a call
+rides out a local server restarting (tens of seconds). ``Gateway.retry_window()`` computes it."""
+
 CONTEXT_METADATA_KEY: Final = "sopgraph_context"
 """Built-in providers receive the context as ``metadata[CONTEXT_METADATA_KEY]`` of the litellm call."""
 
@@ -73,6 +79,55 @@ _log = logging.getLogger(__name__)
 
 AIOHTTP_PROVIDERS: Final = frozenset({"aiohttp_openai"})
 """litellm providers that call through an aiohttp session: the gateway gives them one per event loop."""
+
+
+# =========================================================================== preflight
+PREFLIGHT_PROMPT: Final = "sopgraph preflight: a one-call check that this model answers. Reply with OK."
+"""The one message of a preflight call (test servers recognise it by its first two words)."""
+_PREFLIGHT_SCHEMA: Final = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+async def preflight(gateway: Gateway, specs: Iterable[ModelSpec]) -> list[InfraFailure]:
+    """One uncached call per distinct non-built-in model, concurrently; the failures that doom a run.
+
+    Why: a missing key or an unknown provider would otherwise fail every dialogue of a run, after
+    retries. A server that answers garbage (``malformed``) passes: it is reachable and the run's own
+    checks will count its replies. A structured spec is checked with a small schema, so a server
+    rejecting ``json_schema`` is found (and, in ``auto`` mode, switched to ``json_object``) here."""
+    distinct: dict[str, ModelSpec] = {}
+    for spec in specs:
+        if not spec.is_builtin:
+            key = spec.model_dump_json(exclude={"role"})
+            distinct.setdefault(key, spec.model_copy(update={"cache": False}))
+
+    async def one(spec: ModelSpec) -> InfraFailure | None:
+        context = {"response_schema": _PREFLIGHT_SCHEMA, "response_schema_name": "preflight"}
+        try:
+            await gateway.complete(spec, [{"role": "user", "content": PREFLIGHT_PROMPT}], context=context)
+        except InfraFailure as exc:
+            return None if exc.kind == "malformed" else exc
+        return None
+
+    found = await asyncio.gather(*(one(s) for s in distinct.values()))
+    return [f for f in found if f is not None]
+
+
+def preflight_message(failure: InfraFailure) -> str:
+    """One line saying what is wrong with a model and what to do about it."""
+    who = f"{failure.role or 'model'} {failure.model}"
+    first = " ".join(failure.message.split(": ", 2)[-1].split())
+    if failure.kind == "auth":
+        return (f"{who}: authentication failed ({_short(first, 160)}); put the key in the environment "
+                "(e.g. OPENAI_API_KEY) or name its variable with api_key_env=VAR")
+    if "LLM Provider NOT provided" in failure.message:
+        provider = failure.model.split("/", 1)[0] if "/" in failure.model else failure.model
+        return (f"{who}: unknown provider {provider!r}; write PROVIDER/MODEL with a litellm provider "
+                "(openai/, anthropic/, ollama/, hosted_vllm/, aiohttp_openai/, ...) or a built-in "
+                "(baseline/..., scripted/...)")
+    if failure.kind in ("connection", "timeout"):
+        head = " ".join(failure.message.split(": ", 2)[1].split()) if failure.message.count(": ") >= 2 else ""
+        return f"{who}: {head or failure.kind}; is the server running and reachable? ({_short(first, 160)})"
+    return f"{who}: {_short(' '.join(failure.message.split()), 300)}"
 
 
 # =========================================================================== records
@@ -100,6 +155,10 @@ class ModelSpec(BaseModel):
     params: ModelParams = Field(default_factory=ModelParams)
     structured: bool = False
     """Ask for JSON-schema structured output (schema from ``context['response_schema']``)."""
+    structured_mode: Literal["auto", "json_schema", "json_object"] = "auto"
+    """How ``structured`` is asked for: ``json_schema`` (the schema itself), ``json_object`` (any JSON
+    object; for servers without schema support, e.g. llama.cpp's), or ``auto``: the schema, falling
+    back once to ``json_object`` when the server rejects ``json_schema`` (400/422/500) but takes that."""
     cache: bool | None = None
     """``None``: cache when temperature == 0; ``True``/``False`` forces it on/off."""
 
@@ -109,9 +168,9 @@ class ModelSpec(BaseModel):
         value = value.strip()
         if not value:
             raise ValueError("model name is empty")
-        if providers.is_builtin(value) and value not in providers.BUILTIN_MODELS:
-            known = ", ".join(sorted(providers.BUILTIN_MODELS))
-            raise ValueError(f"unknown built-in model {value!r}; known: {known}")
+        problem = unknown_builtin_message(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @property
@@ -289,16 +348,34 @@ def parse_model_option(text: str) -> ModelSpec:
                 params[key] = int(value)
             elif key == "api_base":
                 params[key] = value
+            elif key == "structured" and value.lower() in ("auto", "json_schema", "json_object"):
+                flags["structured"], flags["structured_mode"] = True, value.lower()
             elif key in _BOOL_KEYS:
                 flags[key] = _parse_bool(value)
             else:
                 extra[key] = _coerce(value)
         except ValueError as exc:
             raise ModelOptionError(f"bad value for {key!r} in {text!r}: {exc}") from None
+    problem = unknown_builtin_message(model)
+    if problem:
+        raise ModelOptionError(f"--model {text!r}: {problem}")
     try:
         return ModelSpec(role=role, model=model, params=ModelParams(**params, extra=extra), **flags)
-    except ValueError as exc:
-        raise ModelOptionError(f"invalid --model {text!r}: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise ModelOptionError(f"invalid --model {text!r}: {where + ': ' if where else ''}{msg}") from None
+
+
+def unknown_builtin_message(model: str) -> str | None:
+    """One line naming the closest built-in for a misspelled ``baseline/...`` or ``scripted/...``; None if fine."""
+    if not providers.is_builtin(model) or model in providers.BUILTIN_MODELS:
+        return None
+    known = sorted(providers.BUILTIN_MODELS)
+    close = difflib.get_close_matches(model, known, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown built-in model {model!r}; {hint}known: {', '.join(known)}"
 
 
 class RoleSet(BaseModel):
@@ -378,6 +455,65 @@ def roles_from_options(options: Iterable[str | ModelSpec], *, require_agent: boo
         user=user or ModelSpec(role="user", model=DEFAULT_USER_MODEL),
         judges=(judges[0], judges[1], judges[2]),
     )
+
+
+# =========================================================================== parameters that may be stored
+SAFE_PARAMS: Final = frozenset(
+    {
+        # ModelParams fields (api_base is stored without userinfo, query or fragment)
+        "temperature", "max_tokens", "api_base", "timeout",
+        # sampling and decoding (OpenAI and the usual OpenAI-compatible servers)
+        "top_p", "top_k", "min_p", "seed", "n", "stop", "presence_penalty", "frequency_penalty",
+        "repetition_penalty", "repeat_penalty", "logit_bias", "logprobs", "top_logprobs",
+        "max_completion_tokens", "reasoning_effort", "response_format", "parallel_tool_calls",
+        "num_ctx", "num_predict", "mirostat", "typical_p", "tfs_z", "cache_prompt",
+        # litellm routing flags
+        "drop_params", "api_version", "custom_llm_provider", "stream",
+    }
+)
+"""Model parameters known to carry no secret. Why an allow-list: a deny-list of secret-looking names
+misses ``passwd=`` or ``auth=``; anything not named here is redacted wherever parameters are stored
+(run.sqlite, summaries), kept out of cache keys, and its value scrubbed from error messages.
+``api_key_env`` is stored only when its value is an environment variable *name*."""
+
+_SPEC_FIELDS: Final = frozenset({"role", "model", "params", "extra", "structured", "structured_mode", "cache"})
+_ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REDACTED_PARAM: Final = "***REDACTED***"
+
+
+def is_safe_param(name: str, value: Any = None) -> bool:
+    """Whether a model parameter may be stored and shown (on the allow-list; see ``SAFE_PARAMS``)."""
+    low = name.lower()
+    if low == "api_key_env":
+        return isinstance(value, str) and _ENV_NAME.match(value) is not None
+    return low in SAFE_PARAMS
+
+
+def public_params(obj: Any) -> Any:
+    """A copy of a ``ModelSpec`` dump (or of its params) in which every parameter not on the allow-list is
+    replaced by a marker and ``api_base`` is stripped of credentials. Spec fields (``role``, ``model``,
+    ``params``, ``extra``, ...) are walked into; allowed parameters are kept as they are."""
+    if isinstance(obj, list | tuple):
+        return [public_params(v) for v in obj]
+    if not isinstance(obj, Mapping):
+        return obj
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = str(k)
+        if key in _SPEC_FIELDS:
+            out[key] = public_params(v) if isinstance(v, Mapping) else v
+        elif key == "api_base" and isinstance(v, str):
+            out[key] = _sanitize_url(v) if "://" in v else v
+        elif v is None or is_safe_param(key, v):
+            out[key] = v
+        else:
+            out[key] = REDACTED_PARAM
+    return out
+
+
+def _unsafe_values(extra: Mapping[str, Any]) -> list[str]:
+    """String forms of parameter values that are not on the allow-list (scrubbed from error messages)."""
+    return [str(v) for k, v in extra.items() if v is not None and not is_safe_param(k, v) and len(str(v)) >= 4]
 
 
 # =========================================================================== redaction
@@ -507,8 +643,30 @@ def network_used() -> bool:
     return _NETWORK_USED
 
 
+_QUIET = False
+
+
+def quiet_litellm_output() -> None:
+    """Silence litellm's own output in this process: its loggers and the "Give Feedback / Get Help" lines
+    it prints to stdout on errors. For applications (the `sop` CLI calls it); library code never does,
+    since it changes the whole process. ``SOPGRAPH_LITELLM_DEBUG=1`` keeps litellm talking."""
+    global _QUIET
+    if os.environ.get("SOPGRAPH_LITELLM_DEBUG"):
+        return
+    _QUIET = True
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    loaded: Any = _LITELLM
+    if loaded is not None:
+        loaded.suppress_debug_info = True
+
+
 def load_litellm() -> ModuleType:
-    """Import litellm once, quiet and offline, with the built-in providers registered."""
+    """Import litellm once, offline, with the built-in providers registered.
+
+    Nothing process-wide is changed: litellm's callbacks, loggers, cost map and the garbage
+    collector stay as the process has them. Each call opts out of litellm's logging callbacks on its
+    own (``"no-log": True``, see ``Gateway(litellm_logging=...)``)."""
     global _LITELLM
     if _LITELLM is not None:
         return _LITELLM
@@ -517,21 +675,11 @@ def load_litellm() -> ModuleType:
             return _LITELLM
         import litellm
 
-        litellm.telemetry = False
-        litellm.suppress_debug_info = True
-        # No success/failure callbacks are installed, so nothing is logged anywhere. (Setting
-        # turn_off_message_logging would make litellm deep-copy every request to redact it: ~1 ms a call.)
-        litellm.success_callback = []
-        litellm.failure_callback = []
-        if not os.environ.get("SOPGRAPH_LITELLM_DEBUG"):
+        if _QUIET:
+            litellm.suppress_debug_info = True
             for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
         _register_builtins(litellm)
-        # litellm's import leaves ~300k long-lived objects (cost map, provider tables, pydantic
-        # schemas) that every full collection would walk again while a run allocates per call:
-        # moving them to the permanent generation saves ~5-10 % CPU per call (benchmarks/).
-        gc.collect()
-        gc.freeze()
         _LITELLM = litellm
         return litellm
 
@@ -578,11 +726,6 @@ def _register_builtins(litellm: Any) -> None:
     litellm.custom_provider_map = existing + [
         {"provider": p, "custom_handler": _BuiltinLLM(p)} for p in sorted(providers.BUILTIN_PROVIDERS)
     ]
-    free = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0, "mode": "chat"}
-    with contextlib.suppress(Exception):
-        litellm.register_model(
-            {name: {**free, "litellm_provider": name.split("/", 1)[0]} for name in providers.BUILTIN_MODELS}
-        )
 
 
 # =========================================================================== errors
@@ -591,6 +734,10 @@ class _MalformedResponse(Exception):
 
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
+_MISSING_KEY: Final = re.compile(
+    r"(?i)missing credentials|api_key client option must be set|missing \w+ api key|no api key"
+    r"|incorrect api key|invalid api key|invalid x-api-key"
+)
 _AUTH_STATUS: Final = frozenset({401, 403})
 
 
@@ -650,6 +797,9 @@ def _classify(exc: BaseException) -> tuple[str, bool, int | None]:
     """(kind, retryable, status) for an exception raised while calling a provider."""
     if isinstance(exc, _MalformedResponse):
         return "malformed", True, None
+    if _MISSING_KEY.search(str(exc)):
+        # The SDK refused before any request (litellm reports it as a 500): retrying cannot help.
+        return "auth", False, 401
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return "timeout", True, None
     litellm = _LITELLM
@@ -664,6 +814,8 @@ def _classify(exc: BaseException) -> tuple[str, bool, int | None]:
     elif litellm is not None:
         if isinstance(exc, litellm.Timeout):
             return "timeout", True, status
+        if isinstance(exc, litellm.AuthenticationError):
+            return "auth", False, status
         if isinstance(exc, litellm.UnsupportedParamsError | litellm.ContextWindowExceededError):
             return "bad_request", False, status
         if isinstance(exc, litellm.APIConnectionError):
@@ -707,18 +859,12 @@ def _sanitize_url(url: str | None) -> str | None:
 
 
 def _is_secret_key(name: str) -> bool:
-    """Whether a call parameter may carry a credential (kept out of cache keys)."""
+    """Whether a call parameter is a credential or transport detail, kept out of cache keys (so that a
+    new key still hits the cache). Every other parameter changes the answer and is part of the key,
+    which is a sha256: no value is ever readable from it."""
     low = name.lower()
-    if low in (
-        "key",
-        "token",
-        "secret",
-        "password",
-        "authorization",
-        "headers",
-        "extra_headers",
-        "api_key_env",
-    ):
+    if low in ("key", "token", "secret", "password", "authorization", "headers", "extra_headers",
+               "api_key_env", "no-log"):
         return True
     return low.endswith(("_key", "_token", "_secret", "_password"))
 
@@ -731,19 +877,24 @@ class Gateway:
     over all provider calls of all roles), the retry policy, the response cache
     and the running totals.  Built-in providers bypass the cap and the cache
     (they are local, free and deterministic) but still go through litellm.
+
+    Nothing process-wide is configured: each call carries its own options. ``litellm_logging=True``
+    lets litellm's callbacks (``litellm.success_callback`` etc., if the process installed any) see
+    the calls; by default each call is sent with litellm's per-call ``no-log`` flag instead.
     """
 
     def __init__(
         self,
         *,
         concurrency: int = 16,
-        max_retries: int = 4,
-        base_delay: float = 0.5,
-        max_delay: float = 30.0,
+        max_retries: int = DEFAULT_RETRIES,
+        base_delay: float = DEFAULT_BASE_DELAY,
+        max_delay: float = DEFAULT_MAX_DELAY,
         default_timeout: float = 120.0,
         cache: bool = True,
         cache_dir: str | Path | None = None,
         seed: int | None = None,
+        litellm_logging: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -755,6 +906,7 @@ class Gateway:
         self.max_delay = max_delay
         self.default_timeout = default_timeout
         self.cache_enabled = cache
+        self.litellm_logging = litellm_logging
         self.cache = ResponseCache(cache_dir if cache_dir is not None else default_cache_dir())
         self._rng = random.Random(seed)
         self._stats = GatewayStats()
@@ -763,8 +915,24 @@ class Gateway:
         self._session: Any = None  # aiohttp.ClientSession of ``_session_loop`` (aiohttp_openai/)
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._session_keeper: AsyncIterator[None] | None = None
+        self._no_json_schema: set[tuple[str, str]] = set()
+        self.notes: list[str] = []
+        self._listeners: list[Callable[[Gateway], None]] = []
+        """Things a run should record, e.g. a structured-output fallback (one line each)."""
 
     # ------------------------------------------------------------------ public
+    def add_listener(self, fn: Callable[[Gateway], None]) -> None:
+        """Call ``fn(gateway)`` after every answered call (e.g. a progress display reading ``stats``)."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Gateway], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(fn)
+
+    def _notify(self) -> None:
+        for fn in list(self._listeners):
+            fn(self)
+
     @property
     def stats(self) -> GatewayStats:
         """A snapshot of the running totals."""
@@ -792,6 +960,7 @@ class Gateway:
             hit = self.cache.get(key)
             if hit is not None:
                 self._stats.cache_hits += 1
+                self._notify()
                 return Completion(
                     text=hit.text,
                     model=spec.model,
@@ -805,6 +974,7 @@ class Gateway:
                     finish_reason=hit.finish_reason,
                 )
         completion = await self._call_with_retries(spec, kwargs, started)
+        self._notify()
         if key is not None:
             self.cache.put(
                 key,
@@ -885,6 +1055,17 @@ class Gateway:
             return spec.cache
         return spec.params.temperature == 0
 
+    def retry_window(self) -> tuple[float, float]:
+        """(shortest, longest) total wait over all retries of one call, without ``Retry-After``."""
+        ceilings = [min(self.max_delay, self.base_delay * (2**i)) for i in range(self.max_retries)]
+        return sum(c / 2 for c in ceilings), sum(ceilings)
+
+    def uses_json_object(self, spec: ModelSpec) -> bool:
+        """Whether ``spec``'s structured output must be asked as ``json_object`` (set, or learnt)."""
+        if spec.structured_mode == "json_object":
+            return True
+        return spec.structured_mode == "auto" and _schema_key(spec) in self._no_json_schema
+
     def _call_kwargs(
         self, spec: ModelSpec, messages: list[dict[str, Any]], context: Mapping[str, Any] | None
     ) -> dict[str, Any]:
@@ -897,6 +1078,8 @@ class Gateway:
             "max_retries": 0,  # ours, not the SDK's: we count attempts and classify failures
             "num_retries": 0,
         }
+        if not self.litellm_logging:
+            kwargs["no-log"] = True  # per call: litellm's callbacks (if the process has any) skip it
         if p.temperature is not None:
             kwargs["temperature"] = p.temperature
         if p.max_tokens is not None:
@@ -920,7 +1103,7 @@ class Gateway:
             kwargs["metadata"] = {CONTEXT_METADATA_KEY: _plain(context or {})}
         elif spec.structured:
             schema = (context or {}).get("response_schema")
-            if isinstance(schema, Mapping):
+            if isinstance(schema, Mapping) and not self.uses_json_object(spec):
                 name = str((context or {}).get("response_schema_name") or "response")
                 kwargs["response_format"] = {
                     "type": "json_schema",
@@ -946,9 +1129,12 @@ class Gateway:
         )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        """Exponential backoff with full jitter, at least ``Retry-After`` (both capped by ``max_delay``)."""
+        """Exponential backoff with equal jitter, at least ``Retry-After`` (both capped by ``max_delay``).
+
+        Why equal jitter (half fixed, half random) rather than full: the retries must ride out a
+        server restart of tens of seconds, so the window has a floor (see ``retry_window``)."""
         ceiling = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
-        delay = self._rng.uniform(0.0, ceiling)
+        delay = self._rng.uniform(ceiling / 2, ceiling)
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.max_delay))
         return delay
@@ -961,6 +1147,7 @@ class Gateway:
             _NETWORK_USED = True
         started += time.perf_counter() - loading  # the one-time import is not the model's latency
         secrets = [kwargs["api_key"]] if "api_key" in kwargs else []
+        secrets += _unsafe_values(spec.params.extra)
         attempts = 0
         timeout = float(kwargs["timeout"])
         # A guard above the transport timeout, so a wedged call can never hang a run. litellm's
@@ -969,6 +1156,8 @@ class Gateway:
         if spec.provider in AIOHTTP_PROVIDERS and "client" not in kwargs:
             kwargs = {**kwargs, "client": await self._aiohttp_session()}
             guard = timeout
+        fallback_tried = False
+        schema_format: Any = kwargs.get("response_format")
         while True:
             attempts += 1
             self._stats.attempts += 1
@@ -979,15 +1168,25 @@ class Gateway:
                 else:
                     async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
                         response = await litellm.acompletion(**kwargs)
-                return self._to_completion(spec, response, attempts, started, secrets)
+                completion = self._to_completion(spec, response, attempts, started, secrets)
+                if fallback_tried and _format_type(kwargs) == "json_object":
+                    self._learn_no_json_schema(spec)
+                return completion
             except Exception as exc:  # noqa: BLE001 - every provider failure is classified below
                 kind, retryable, status = _classify(exc)
+                if fallback_tried and _format_type(kwargs) == "json_object":
+                    kwargs = {**kwargs, "response_format": schema_format}  # not the cause: back to the schema
+                elif not fallback_tried and _schema_rejected(spec, kwargs, kind, status):
+                    # A server without json_schema support (llama.cpp answers 500): try json_object once.
+                    fallback_tried = True
+                    kwargs = {**kwargs, "response_format": {"type": "json_object"}}
+                    continue
                 if not retryable or attempts > self.max_retries:
                     self._stats.failures += 1
                     detail = redact(_short(str(exc) or type(exc).__name__), secrets)
                     what = f"after {attempts} attempts" if retryable else "(not retryable)"
                     raise InfraFailure(
-                        f"{spec.role or 'model'} {spec.model}: {kind} {what}: {detail}",
+                        f"{spec.role or 'model'} {spec.model}: {kind} {what}{_where(spec, kind)}: {detail}",
                         kind=kind,
                         role=spec.role,
                         model=spec.model,
@@ -997,6 +1196,17 @@ class Gateway:
                     ) from None
                 self._stats.retries += 1
                 await asyncio.sleep(self._backoff(attempts, _retry_after(exc)))
+
+    def _learn_no_json_schema(self, spec: ModelSpec) -> None:
+        key = _schema_key(spec)
+        if key in self._no_json_schema:
+            return
+        self._no_json_schema.add(key)
+        where = f" at {key[1]}" if key[1] else ""
+        self.notes.append(
+            f"structured output: {spec.model}{where} rejected response_format json_schema but accepts "
+            "json_object; its calls use json_object from now on (set structured=json_object to skip the check)"
+        )
 
     def _to_completion(
         self, spec: ModelSpec, response: Any, attempts: int, started: float, secrets: list[str]
@@ -1037,9 +1247,9 @@ class Gateway:
         if "response_cost" in hidden:
             value = hidden.get("response_cost")
             if isinstance(value, int | float):
-                return float(value), spec.model not in _UNPRICED
-            # litellm tried and could not price the model: say so, and stop it trying again.
-            _register_unpriced(spec)
+                return float(value), True
+            # litellm tried and could not price the model (its cost map is never written to: an
+            # unpriced model stays unpriced, and every such call says so).
             return 0.0, False
         litellm = _LITELLM
         if litellm is None:
@@ -1050,35 +1260,31 @@ class Gateway:
             return 0.0, False
 
 
-_UNPRICED: set[str] = set()
-"""Models litellm could not price, registered at zero cost so later calls skip its slow search."""
-_MAPPED: set[str] = set()
-"""Models litellm's cost map knows (a miss for them came from the response, e.g. no usage)."""
+def _schema_key(spec: ModelSpec) -> tuple[str, str]:
+    return spec.model, _sanitize_url(spec.params.api_base) or ""
 
 
-def _register_unpriced(spec: ModelSpec) -> None:
-    """Register ``spec.model`` in litellm's cost map at zero price (costs stay flagged unknown).
+def _format_type(kwargs: Mapping[str, Any]) -> str | None:
+    fmt = kwargs.get("response_format")
+    return fmt.get("type") if isinstance(fmt, Mapping) else None
 
-    Why: for a model missing from the cost map, litellm searches every map entry and its
-    generalisation rules on each call (~0.3-0.5 ms CPU), only to give up. After the first
-    miss, the model is priced at zero and remembered in ``_UNPRICED``, so ``Completion.cost``
-    is 0 with ``cost_known=False`` exactly as before, without the search. A model the map
-    does know is never registered (its real price must stay).
-    """
-    litellm = _LITELLM
-    if litellm is None or spec.model in _UNPRICED or spec.model in _MAPPED or not spec.provider:
-        return
-    try:
-        litellm.get_model_info(model=spec.model)
-    except Exception:  # noqa: BLE001 - "not mapped" is what we are looking for
-        pass
-    else:
-        _MAPPED.add(spec.model)
-        return
-    _UNPRICED.add(spec.model)
-    entry = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0, "litellm_provider": spec.provider}
-    with contextlib.suppress(Exception):
-        litellm.register_model({spec.model: {**entry, "mode": "chat"}})
+
+def _schema_rejected(spec: ModelSpec, kwargs: Mapping[str, Any], kind: str, status: int | None) -> bool:
+    """Whether a failure may be the server refusing ``json_schema`` (worth one ``json_object`` try)."""
+    return (
+        spec.structured_mode == "auto"
+        and _format_type(kwargs) == "json_schema"
+        and kind in ("bad_request", "server_error")
+        and status in (400, 422, 500)
+    )
+
+
+def _where(spec: ModelSpec, kind: str) -> str:
+    """`` at API_BASE`` for failures to reach a server, so the message says which one."""
+    if kind not in ("connection", "timeout"):
+        return ""
+    base = _sanitize_url(spec.params.api_base)
+    return f" at {base}" if base else " at the provider's default endpoint"
 
 
 async def _close_at_loop_end(session: Any) -> AsyncIterator[None]:

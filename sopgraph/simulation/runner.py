@@ -30,7 +30,10 @@ so that a killed run can be resumed from the store alone and a shard of cases co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import multiprocessing
+import os
 import signal
 import sys
 import threading
@@ -61,13 +64,16 @@ from sopgraph.simulation.dialogue import (
 from sopgraph.simulation.gateway import (
     Gateway,
     InfraFailure,
+    ModelOptionError,
     ModelSpec,
     RoleSet,
     load_litellm,
     network_used,
+    preflight_message,
     redact,
     roles_from_options,
 )
+from sopgraph.simulation.gateway import preflight as check_models
 from sopgraph.simulation.judge import (
     DEFAULT_JUDGE_TURNS,
     Ensemble,
@@ -198,15 +204,44 @@ def _self_preference(roles: Any) -> list[str]:
 # Progress
 
 
+ProgressMode = bool | str | None
+"""`auto` (None): a bar when stderr is a terminal, else nothing; `always` (True): a bar on a terminal,
+else one plain line per update (for logs: nohup, redirects, CI); `never` (False): nothing."""
+
+
+def progress_mode(progress: ProgressMode) -> str:
+    """`bar`, `plain` or `off` for a `progress` argument (bool, None or auto/always/never)."""
+    if isinstance(progress, str):
+        if progress not in ("auto", "always", "never"):
+            raise RunError(f"progress must be auto, always or never, not {progress!r}")
+        progress = {"auto": None, "always": True, "never": False}[progress]
+    tty = sys.stderr.isatty()
+    if progress is None:
+        return "bar" if tty else "off"
+    if not progress:
+        return "off"
+    return "bar" if tty else "plain"
+
+
 class _Progress:
-    """A rich progress bar on stderr (dialogues, failures, tokens, cost); a no-op when disabled."""
-    def __init__(self, total: int, enabled: bool, label: str):
-        self.enabled = enabled
-        self.failures = 0
+    """Progress on stderr: dialogues done of total, failures, tokens and cost.
+
+    A rich bar on a terminal; for logs, plain lines (one per finished dialogue, and one at most every
+    `PLAIN_EVERY` seconds while tokens move). Tokens and cost update after every model call (`tick`),
+    not only when a dialogue finishes."""
+    PLAIN_EVERY = 5.0
+
+    def __init__(self, total: int, mode: str, label: str):
+        self.mode, self.total, self.label = mode, total, label
+        self.enabled = mode != "off"
+        self.done = self.failures = self.tokens = 0
+        self.cost = 0.0
+        self._started = self._last_line = time.monotonic()
+        self._printed: tuple[int, int] | None = None
         self._bar: Any = None
-        if not enabled:
+        if mode != "bar":
             return
-        from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
+        from rich.console import Console  # heavy import, only for a terminal bar
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._bar = Progress(
@@ -229,18 +264,41 @@ class _Progress:
         """One more dialogue finished, with running token and cost totals."""
         if not self.enabled:
             return
+        self.done += 1
         self.failures += failed
-        self._bar.update(self._task, advance=1, failures=self.failures, tokens=tokens, cost=f"{cost:.4f}")
+        self.tick_totals(tokens, cost, force=True)
+
+    def tick(self, gateway: Any) -> None:
+        """A model call finished: refresh tokens and cost (a gateway listener)."""
+        if self.enabled:
+            stats = gateway.stats
+            self.tick_totals(stats.prompt_tokens + stats.completion_tokens, stats.cost)
+
+    def tick_totals(self, tokens: int, cost: float, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        self.tokens, self.cost = tokens, cost
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, failures=self.failures, tokens=tokens,
+                             cost=f"{cost:.4f}")
+            return
+        now = time.monotonic()
+        if force or (now - self._last_line >= self.PLAIN_EVERY and self._printed != (self.done, tokens)):
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        self._last_line, self._printed = now, (self.done, self.tokens)
+        elapsed = int(now - self._started)
+        pct = f" ({100 * self.done // self.total}%)" if self.total else ""
+        sys.stderr.write(f"[sop] {self.label}: {self.done}/{self.total}{pct} done, {self.failures} failed, "
+                         f"{self.tokens:,} tokens, ${self.cost:.4f}, {elapsed // 60}:{elapsed % 60:02d} elapsed\n")
+        sys.stderr.flush()
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
-
-
-def _progress_enabled(progress: bool | None) -> bool:
-    if progress is not None:
-        return progress
-    return sys.stderr.isatty()
+        elif self.mode == "plain" and self._printed != (self.done, self.tokens):
+            self._line(time.monotonic())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,10 +332,11 @@ async def run(
     judge_turns: JudgeTurns | str | None = DEFAULT_JUDGE_TURNS,
     structured: bool = False,
     resume: bool = False,
-    progress: bool | None = None,
+    progress: ProgressMode = None,
     gateway: Any = None,
     gateway_options: Mapping[str, Any] | None = None,
     workers: int = 1,
+    preflight: bool = True,
 ) -> RunSummary:
     """Run (or resume) an evaluation into `out_dir` and return its summary.
 
@@ -285,14 +344,19 @@ async def run(
     `scripted/user`, judges 3 × `scripted/truth`). With `resume=True` only `out_dir` matters: the
     stored config is used (`concurrency`, `progress`, `gateway`, `workers` may still be given).
     `workers > 1` runs the dialogues in that many processes (concurrency split between them; see the
-    module docstring); it cannot be combined with a `gateway` instance."""
+    module docstring); it cannot be combined with a `gateway` instance. `preflight` makes one call per
+    distinct non-built-in model before anything is created (see `gateway.preflight`): a missing key,
+    an unknown provider or an unreachable server is a `RunError` at once, and a server that rejects
+    `json_schema` structured output is switched to `json_object` (noted in the run)."""
     started = time.perf_counter()
+    progress_mode(progress)  # a bad value is refused before anything starts
     if workers < 1:
         raise RunError("workers must be >= 1")
     if workers > 1 and gateway is not None:
         raise RunError("a gateway instance cannot be shared with worker processes; pass gateway_options")
     out_dir = Path(out_dir)
     warnings: list[str] = []
+    notes: list[str]
     if resume:
         try:
             store = RunStore.open(out_dir)
@@ -305,6 +369,13 @@ async def run(
         except StoreError as exc:
             raise RunError(str(exc)) from None
         roles = _roles_from_meta(meta.get("models") or {})
+        if preflight:
+            try:
+                roles, notes = await _preflight(roles, gateway, config.get("gateway") or {}, workers)
+            except RunError:
+                store.close()
+                raise
+            warnings += notes
         trials = int(config.get("trials", 1))
         max_turns = int(config.get("max_turns", 15))
         spec = parse_judge_turns(config.get("judge_turns"))
@@ -318,12 +389,21 @@ async def run(
                  else read_cases(cases_path))  # type: ignore[arg-type]
         warnings += _check_cases(scenario, cases, str(cases_path) if isinstance(cases_path, str | Path)
                                  else "cases")
-        roles = normalize_models(models)
+        try:
+            roles = normalize_models(models)
+        except ModelOptionError as exc:
+            raise RunError(str(exc)) from None
         try:
             spec = parse_judge_turns(judge_turns)
         except ValueError as exc:
             raise RunError(str(exc)) from None
         gateway_options = dict(gateway_options or {})
+        if structured and roles.agent is not None and not roles.agent.structured:
+            roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
+        notes = []
+        if preflight:
+            roles, notes = await _preflight(roles, gateway, gateway_options, workers)
+        warnings += notes
         config = {
             "scenario_path": None if isinstance(scenario_path, ir.Scenario) else str(scenario_path),
             "cases_path": str(cases_path) if isinstance(cases_path, str | Path) else None,
@@ -338,6 +418,7 @@ async def run(
             "judgment_sets": {DEFAULT_SET: {"models": {r: models_meta[r]["model"] for r in
                                                        ("judge1", "judge2", "judge3")},
                                             "judge_turns": judge_turns_text(spec)}},
+            "notes": notes,
         }
         try:
             store = RunStore.create(out_dir, meta)
@@ -369,6 +450,79 @@ async def run(
                               started=started, warnings=warnings, selfpref=selfpref, workers=workers)
     finally:
         store.close()
+
+
+def _litellm_specs(roles: RoleSet) -> list[ModelSpec]:
+    """The roles' models that are called through litellm: not built-ins, not http/python agents."""
+    return [s for s in roles.all() if not s.is_builtin and agent_kind(s.model) == "sage"]
+
+
+async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
+                     workers: int = 1) -> tuple[RoleSet, list[str]]:
+    """Check every distinct non-built-in model with one call; (roles, notes) or `RunError` (one line).
+
+    With worker processes to fork, the check runs in a forked child of its own: this process then
+    holds no HTTP client or thread, so the workers can still be forked (see `_mp_context`)."""
+    if not _litellm_specs(roles):
+        return roles, []
+    if workers > 1 and gateway is None and _mp_context().get_start_method() == "fork":
+        return await _preflight_in_child(roles, options)
+    return await _preflight_here(roles, gateway, options)
+
+
+async def _preflight_in_child(roles: RoleSet, options: Mapping[str, Any]) -> tuple[RoleSet, list[str]]:
+    ctx = _mp_context()
+    load_litellm()  # imported once here, inherited by the checking child and later by the workers
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_preflight_child_main, args=(writer, roles, dict(options)),
+                       name="sop-run-preflight", daemon=True)
+    proc.start()
+    writer.close()
+    try:
+        while not reader.poll(0):  # no thread (it would rule out forking the workers): poll and sleep
+            if not proc.is_alive() and not reader.poll(0):
+                raise RunError(f"the model check died (exit code {proc.exitcode})")
+            await asyncio.sleep(0.02)
+        kind, payload = reader.recv()
+    except EOFError:
+        raise RunError("the model check ended without an answer") from None
+    finally:
+        reader.close()
+        proc.join(10)
+    if kind == "error":
+        raise RunError(payload)
+    return payload
+
+
+def _preflight_child_main(conn: Connection, roles: RoleSet, options: dict[str, Any]) -> None:
+    """Entry point of the forked model-check process: `("ok", (roles, notes))` or `("error", line)`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        conn.send(("ok", asyncio.run(_preflight_here(roles, None, options))))
+    except RunError as exc:
+        conn.send(("error", str(exc)))
+    except BaseException:  # noqa: BLE001 - reported to the parent as a RunError
+        conn.send(("error", redact(traceback.format_exc(limit=5))))
+    finally:
+        conn.close()
+
+
+async def _preflight_here(roles: RoleSet, gateway: Any, options: Mapping[str, Any]) -> tuple[RoleSet, list[str]]:
+    own = gateway is None
+    gw = _make_gateway(8, {**options, "cache": False}) if own else gateway
+    try:
+        failures = await check_models(gw, _litellm_specs(roles))
+    finally:
+        if own:
+            await gw.aclose()
+    if failures:
+        raise RunError("model check failed, nothing was run: "
+                       + "; ".join(dict.fromkeys(preflight_message(f) for f in failures)))
+    notes = list(dict.fromkeys(gw.notes))
+    agent = roles.agent
+    if agent is not None and agent.structured and agent.structured_mode == "auto" and gw.uses_json_object(agent):
+        roles = roles.model_copy(update={"agent": agent.model_copy(update={"structured_mode": "json_object"})})
+    return roles, notes
 
 
 def _load(path: str | Path | None) -> ir.Scenario:
@@ -458,7 +612,7 @@ class _Dialogues:
 
 
 async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
-                   concurrency: int, progress: bool | None, gateway: Any, gateway_options: Mapping[str, Any],
+                   concurrency: int, progress: ProgressMode, gateway: Any, gateway_options: Mapping[str, Any],
                    started: float, warnings: list[str], selfpref: list[str], workers: int = 1) -> RunSummary:
     all_dialogues = store.dialogues()
     todo = [d for d in all_dialogues if d.status != "done"]
@@ -473,13 +627,22 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
         own = gateway is None
         gateway = _make_gateway(concurrency, gateway_options) if own else gateway
         runner = _Dialogues(scenario, cases, roles, spec, max_turns, gateway)
-        bar = _Progress(len(todo), _progress_enabled(progress), "dialogues")
+        bar = _Progress(len(todo), progress_mode(progress), "dialogues")
+        listen = getattr(gateway, "add_listener", None)
+        if listen is not None:
+            listen(bar.tick)
         try:
             await runner.run_all(todo, store, concurrency, lambda failed: bar.advance(gateway, failed))
         finally:
             bar.close()
+            if listen is not None:
+                gateway.remove_listener(bar.tick)
             if own:
                 await gateway.aclose()
+        learnt = [n for n in getattr(gateway, "notes", []) if n not in warnings]
+        if learnt:
+            warnings += learnt
+            store.set_meta("notes", [*(store.meta().get("notes") or []), *learnt])
     return _summary(store, ran=len(todo), skipped=skipped, elapsed_s=round(time.perf_counter() - started, 3),
                     self_preference=selfpref, warnings=warnings)
 
@@ -506,16 +669,31 @@ def _mp_context() -> Any:
 
 
 _WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue"})
+_TICK = "tick"
 
 
 class _PipeSink:
     """A worker's store stand-in: every write goes to the parent, in order, with running totals."""
+    TICK_EVERY = 0.25  # seconds between token updates sent to the parent's progress display
+
     def __init__(self, conn: Connection, gateway: Any):
         self.conn, self.gateway = conn, gateway
+        self._last_tick = 0.0
+
+    def tick(self, _gateway: Any = None) -> None:
+        """A model call finished: send the running totals (throttled) so progress moves per call."""
+        now = time.monotonic()
+        if now - self._last_tick >= self.TICK_EVERY:
+            self._last_tick = now
+            self._send("tick")
 
     def _send(self, name: str, *args: Any) -> None:
         stats = self.gateway.stats
-        self.conn.send((name, args, (stats.prompt_tokens + stats.completion_tokens, stats.cost)))
+        try:
+            self.conn.send((name, args, (stats.prompt_tokens + stats.completion_tokens, stats.cost)))
+        except OSError:
+            # The parent is gone (it held the only read end): stop now, before another model call.
+            os._exit(_ORPHANED)
 
     def start_dialogue(self, dialogue: Dialogue) -> None:
         self._send("start_dialogue", dialogue)
@@ -531,11 +709,47 @@ class _PipeSink:
         self._send("fail_dialogue", dialogue, list(usage))
 
 
-def _worker_main(conn: Connection, job: dict[str, Any]) -> None:
+_ORPHANED = 70
+"""Exit status of a worker that found its parent gone."""
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int, inherited: Sequence[Connection]) -> None:
+    """Make sure a worker never outlives the run's process.
+
+    Why: a worker whose parent was killed (SIGKILL) kept calling the model, unrecorded, and then hung
+    on a full pipe. Three guards: (1) close the pipe read ends a forked child inherited (its own and
+    earlier workers'), so that once the parent is gone nobody can read and a write fails (EPIPE)
+    instead of blocking; (2) on Linux, ask the kernel for SIGKILL when the parent dies
+    (PR_SET_PDEATHSIG); (3) elsewhere, and against the race before (2), a thread that watches the
+    parent pid."""
+    for conn in inherited:
+        with contextlib.suppress(OSError):
+            conn.close()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(_ORPHANED)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(_ORPHANED)
+
+    threading.Thread(target=watch, name="sop-parent-watch", daemon=True).start()
+
+
+def _worker_main(conn: Connection, job: dict[str, Any], parent_pid: int = 0,
+                 inherited: Sequence[Connection] = ()) -> None:
     """Entry point of a worker process: run its shard, report writes, then `("exit", error)`."""
     # Ctrl-C is the parent's to handle (it stops the workers); a forked worker would otherwise run
     # the parent's asyncio SIGINT handler on a copy of the parent's loop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid:
+        _die_with_parent(parent_pid, inherited)
     error = None
     try:
         asyncio.run(_worker_run(conn, job))
@@ -544,6 +758,8 @@ def _worker_main(conn: Connection, job: dict[str, Any]) -> None:
         error = redact(traceback.format_exc(limit=20))
     try:
         conn.send(("exit", (error,), None))
+    except OSError:
+        os._exit(_ORPHANED)
     finally:
         conn.close()
 
@@ -552,15 +768,17 @@ async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
     gateway = _make_gateway(job["concurrency"], job["gateway_options"])
     scenario = ir.Scenario.model_validate(job["scenario"])
     runner = _Dialogues(scenario, job["cases"], job["roles"], job["spec"], job["max_turns"], gateway)
+    sink = _PipeSink(conn, gateway)
+    gateway.add_listener(sink.tick)
     try:
-        await runner.run_all(job["todo"], _PipeSink(conn, gateway), job["concurrency"])
+        await runner.run_all(job["todo"], sink, job["concurrency"])
     finally:
         await gateway.aclose()
 
 
 async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
                            spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
-                           workers: int, progress: bool | None, gateway_options: Mapping[str, Any]) -> None:
+                           workers: int, progress: ProgressMode, gateway_options: Mapping[str, Any]) -> None:
     """Run `todo` in `workers` processes; this process applies their writes to the store, in order."""
     ctx = _mp_context()
     if ctx.get_start_method() == "fork":
@@ -572,7 +790,7 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
     scenario_dump = scenario.model_dump(mode="json")
     procs: list[Any] = []
     conns: dict[Connection, int] = {}
-    totals = [(0, 0.0)] * workers
+    totals: list[tuple[int, float]] = [(0, 0.0)] * workers
     errors: list[str] = []
     try:
         for i, shard in enumerate(shards):
@@ -581,12 +799,16 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
             job = {"scenario": scenario_dump, "cases": {k: v for k, v in cases.items() if k in needed},
                    "roles": roles, "spec": spec, "max_turns": max_turns, "concurrency": max(1, share[i]),
                    "todo": shard, "gateway_options": dict(gateway_options)}
-            proc = ctx.Process(target=_worker_main, args=(writer, job), name=f"sop-run-worker-{i}", daemon=True)
+            # A forked child inherits every read end this process holds (its own and earlier workers'):
+            # it closes them at once. A spawned child inherits only what it is given.
+            inherited = [*conns, reader] if ctx.get_start_method() == "fork" else []
+            proc = ctx.Process(target=_worker_main, args=(writer, job, os.getpid(), inherited),
+                               name=f"sop-run-worker-{i}", daemon=True)
             proc.start()
             writer.close()  # the worker holds the only writing end: EOF when it is gone
             procs.append(proc)
             conns[reader] = i
-        bar = _Progress(len(todo), _progress_enabled(progress), f"dialogues ({workers} workers)")
+        bar = _Progress(len(todo), progress_mode(progress), f"dialogues ({workers} workers)")
         exited: set[int] = set()
         try:
             while conns:
@@ -595,6 +817,7 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                 for reader in ready:
                     i = conns[reader]
                     while True:
+                        total: tuple[int, float] | None
                         try:
                             if not reader.poll():
                                 break
@@ -603,6 +826,9 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                             name, args, total = "eof", (), None
                         if total is not None:
                             totals[i] = total
+                        if name == _TICK:
+                            bar.tick_totals(sum(t[0] for t in totals), sum(t[1] for t in totals))
+                            continue
                         if name == "exit":
                             exited.add(i)
                             if args[0]:
@@ -653,7 +879,7 @@ async def rejudge(
     judge_turns: JudgeTurns | str | None = None,
     concurrency: int = 8,
     replace: bool = False,
-    progress: bool | None = None,
+    progress: ProgressMode = None,
     gateway: Any = None,
     gateway_options: Mapping[str, Any] | None = None,
 ) -> RunSummary:
@@ -694,7 +920,9 @@ async def rejudge(
             concurrency, gateway_options or (meta.get("config") or {}).get("gateway") or {})
         info = without_paths(scenario_context(scenario, max_paths=0))
         ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
-        bar = _Progress(len(todo), _progress_enabled(progress), f"judging ({name})")
+        bar = _Progress(len(todo), progress_mode(progress), f"judging ({name})")
+        if hasattr(gateway, "add_listener"):
+            gateway.add_listener(bar.tick)
         queue = list(reversed(todo))
 
         async def worker() -> None:

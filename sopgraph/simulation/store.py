@@ -46,24 +46,22 @@ parameters are passed through `redact_params`, and free text (errors) through `g
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from sopgraph._version import __version__
 from sopgraph.language.ir import Scenario
 from sopgraph.records import RECORD_VERSION, Case, Consensus, Dialogue, Judgment, Turn, Usage
-from sopgraph.simulation.gateway import redact
+from sopgraph.simulation.gateway import REDACTED_PARAM, is_safe_param, public_params, redact
 
 STORE_FILE = "run.sqlite"
 STORE_VERSION = 1
 TOOL_VERSION = __version__
-REDACTED = "***REDACTED***"
+REDACTED = REDACTED_PARAM
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -142,52 +140,16 @@ def _json(data: Any, path: Path, table: str) -> Any:
 # ---------------------------------------------------------------------------------------------
 # Secrets
 
-_SECRET_WORDS = ("key", "token", "secret", "password", "authorization", "credential")
-_NOT_SECRET = {"max_tokens", "max_completion_tokens", "max_output_tokens"}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 def is_secret_param(name: str, value: Any = None) -> bool:
-    """Whether a model parameter must never be stored.
-
-    Rule: its name contains key / token / secret / password / authorization / credential, except
-    token-count limits (`max_tokens`, ...) and `api_key_env` when its value is a variable *name*
-    (needed to resume: the key itself stays in the environment)."""
-    low = name.lower()
-    if low in _NOT_SECRET:
-        return False
-    if low == "api_key_env":
-        return not (isinstance(value, str) and _ENV_NAME.match(value) is not None)
-    return any(word in low for word in _SECRET_WORDS)
+    """Whether a model parameter must never be stored: anything not on the gateway's allow-list
+    (`gateway.SAFE_PARAMS`; `api_key_env` only when its value is a variable *name*)."""
+    return not is_safe_param(name, value)
 
 
 def redact_params(obj: Any) -> Any:
-    """A deep copy of `obj` with every secret-looking mapping entry replaced by a marker and URLs
-    stripped of credentials (userinfo, query)."""
-    if isinstance(obj, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            key = str(k)
-            if is_secret_param(key, v) and v is not None:
-                out[key] = REDACTED
-            elif key == "api_base" and isinstance(v, str):
-                out[key] = _strip_url(v)
-            else:
-                out[key] = redact_params(v)
-        return out
-    if isinstance(obj, list | tuple):
-        return [redact_params(v) for v in obj]
-    return obj
-
-
-def _strip_url(url: str) -> str:
-    parts = urlsplit(url)
-    if not parts.scheme:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    """A copy of a model spec dump with every parameter not on the allow-list replaced by a marker and
+    URLs stripped of credentials (userinfo, query)."""
+    return public_params(obj)
 
 
 def redact_text(text: str | None, extra: Iterable[str] = ()) -> str | None:
