@@ -219,6 +219,7 @@ class Interpreter:
         self.cache: dict[str, Any] = {}
         self.stage: str | None = None
         self.depth = 0  # nesting of derived-variable evaluations
+        self.looks: dict[str, int] = {}  # observed variable -> looks taken so far
 
     def _warm(self, name: str) -> None:
         """Before a derived variable with a deep chain of derived dependencies (a 1,000-long `let`
@@ -236,7 +237,6 @@ class Interpreter:
                         self.cache[dep] = self.eval(self.s.variables[dep].expr)
         finally:
             self.depth -= 1
-        self.looks: dict[str, int] = {}  # observed variable -> looks taken so far
 
     def observe(self, names: list[str]) -> None:
         """Take the next look at each variable; values computed from earlier looks are dropped."""
