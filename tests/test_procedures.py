@@ -353,3 +353,19 @@ def test_bare_do_decisions_and_generated_loop_form_agree() -> None:
     s = load('action N(k: int[0..9]) "n"\naction Go "g"\nsystem X: int[0..9] "x"\n'
              "stage a { do N(k = X) -> b }\nstage b { do Go }")
     assert decide(s, {"X": 3}).actions == [{"name": "N", "args": {"k": 3}}, {"name": "Go", "args": {}}]
+
+
+def test_run_start_validation_takes_one_value_per_look() -> None:
+    """A case for a procedure gives an observed variable as a list; each look is checked, a bare value
+    is refused with a hint."""
+    from sopgraph.cases.validate import case_problems
+    from sopgraph.records import Case
+
+    s = load(RETRY)
+    good = Case.model_construct(id="c1", scenario=s.name, truth={}, system={"Fixed": [False, True]},
+                                expected_path=["look", "fix", "look"], expected_finals={})
+    assert case_problems(s, good) == []
+    bare = good.model_copy(update={"system": {"Fixed": True}})
+    assert any("is not a list" in p for p in case_problems(s, bare))
+    wrong = good.model_copy(update={"system": {"Fixed": [False, "yes"]}})
+    assert any("(look 2)" in p for p in case_problems(s, wrong))

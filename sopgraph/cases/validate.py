@@ -78,10 +78,19 @@ def _values_problems(scenario: ir.Scenario, case: Case, section: str, role: str)
             continue
         if value is None:
             continue  # a value the case leaves open (never read on its path)
-        try:
-            validate_value(var, value)
-        except DecideError as exc:
-            out.append(f"{section}: {exc.message}")
+        if var.observed:  # procedures: one value per look, given as a list (the engines check the count)
+            if not isinstance(value, list):
+                out.append(f"{section}: value {json.dumps(value, default=str)} of `{name}` is not a list "
+                           "(give one value per look)")
+                continue
+            looks = value
+        else:
+            looks = [value]
+        for k, one in enumerate(looks, 1):
+            try:
+                validate_value(var, one)
+            except DecideError as exc:
+                out.append(f"{section}: {exc.message}" + (f" (look {k})" if var.observed else ""))
     return out
 
 
