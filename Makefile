@@ -22,6 +22,7 @@ demo: setup
 test: setup
 	bash .ci/system-deps chromium fonts-liberation fonts-wqy-microhei
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: setup

@@ -379,8 +379,8 @@ def test_missing_descriptions_are_warnings() -> None:
 
 def test_passes_are_ordered_named_and_easy_to_extend() -> None:
     names = [p.name for p in PASSES]
-    assert names == ["declarations", "targets", "types", "structure", "unused", "descriptions", "flow",
-                     "output ranges"]
+    assert names == ["declarations", "targets", "types", "structure", "unused", "descriptions", "procedures",
+                     "flow", "output ranges"]
     s = scenario("stage s { -> do Help }")
 
     def extra(sc: ir.Scenario, graph) -> list[Diagnostic]:

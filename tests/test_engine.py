@@ -51,7 +51,8 @@ def telecom() -> ir.Scenario:
 
 def test_path_and_finals(telecom: ir.Scenario) -> None:
     d = decide(telecom, {"ConsumptionType": "Cancel", "Penalty": 40, "EmotionTag": "Calm"})
-    assert d == Decision(path=["step1", "step2", "step5", "step7"], finals={"Action": "ChangeOrder", "Cost": 30.0})
+    assert d == Decision(path=["step1", "step2", "step5", "step7"], finals={"Action": "ChangeOrder", "Cost": 30.0},
+                         actions=[{"name": "ChangeOrder", "args": {}}])
 
 
 def test_only_values_the_path_reads_are_required(telecom: ir.Scenario) -> None:
@@ -297,6 +298,90 @@ def test_engine_rejects_non_finite_floats_like_the_interpreter(value: float) -> 
     for eng in _engines(s):
         with pytest.raises(DecideError, match="not finite"):
             eng.decide({"F": value})
+
+
+# Random procedures (issue 9): actions with arguments on the way, observed values (a list per
+# variable, one value per look), and loops back to earlier stages bounded by `up to N times`.
+
+PROC_HEAD = [
+    "field E1: A | B | C", "field B1: bool", "system N: int[0..100]",
+    "system Sig: bool", "system Lvl: int[0..3]",
+    "let Up = Sig and Lvl > 1", "let Fee = N * 2 + Lvl",
+    'action Ping(k: int[0..1000], tag: A | B | C) "ping"', 'action Note "note"',
+    'action Go "go"', 'action Stop(amount: int[0..1000]) "stop"',
+]
+
+
+@st.composite
+def _proc_guard(draw) -> str:
+    return draw(st.sampled_from([
+        "Sig", "not Sig", "Up", "Lvl >= 2", "Lvl == 0", "E1 == A", "B1", "N > 50", "Fee > 20",
+        "Sig and B1", "Lvl > 0 or E1 == C",
+    ]))
+
+
+@st.composite
+def _procedure(draw) -> str:
+    n = draw(st.integers(1, 5))
+    lines = list(PROC_HEAD)
+
+    def steps() -> str:
+        calls = draw(st.lists(st.sampled_from(["do Note -> ", "do Ping(k = Fee, tag = E1) -> ",
+                                               "do Ping(k = Lvl, tag = A) -> "]), max_size=2))
+        return "".join(calls)
+
+    def target(i: int) -> str:
+        leaf = draw(st.sampled_from(["do Go", "do Stop(amount = N)", "do Stop(amount = Lvl)"]))
+        forward = [f"s{j}" for j in range(i + 1, n)]
+        choice = draw(st.sampled_from(forward + [leaf, leaf]))
+        return steps() + choice
+
+    def back(i: int) -> str:
+        j = draw(st.integers(0, i))
+        return f"{steps()}s{j} up to {draw(st.integers(1, 2))} times"
+
+    for i in range(n):
+        observe = "observe Sig, Lvl " if i == 0 else draw(st.sampled_from(["", "observe Sig ", "observe Lvl "]))
+        arms = []
+        for _ in range(draw(st.integers(1, 3))):
+            kind = draw(st.sampled_from(["fwd", "fwd", "back"]))
+            arms.append(f"when {draw(_proc_guard())} -> {target(i) if kind == 'fwd' else back(i)}")
+        if draw(st.booleans()):
+            arms.insert(0, f"-> {back(i)}") if not arms or draw(st.booleans()) else None
+            arms = [a for a in arms if a is not None]
+            if arms[0].startswith("->"):
+                arms = [arms[0], f"otherwise -> {target(i)}"]
+            else:
+                arms.append(f"otherwise -> {target(i)}")
+        elif draw(st.integers(0, 4)):
+            arms.append(f"otherwise -> {target(i)}")
+        lines.append(f"stage s{i} {{ {observe}{' '.join(arms)} }}")
+    return "\n".join(lines) + "\n"
+
+
+def _mostly(good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(good, good, good, good, bad)
+
+
+PROC_VALUES = st.fixed_dictionaries({
+    "E1": _mostly(st.sampled_from(ENUMS["E1"]), st.just("Z")),
+    "B1": st.booleans(),
+    "N": _mostly(st.integers(0, 100), st.sampled_from([-3, 7.0, "7"])),
+    "Sig": _mostly(st.lists(st.booleans(), min_size=3, max_size=10),
+                   st.one_of(st.just(True), st.lists(st.booleans(), max_size=2), st.just([True, 3]))),
+    "Lvl": _mostly(st.lists(st.integers(0, 3), min_size=3, max_size=10),
+                   st.one_of(st.just(2), st.lists(st.integers(-1, 4), max_size=3))),
+})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(_procedure(), st.lists(PROC_VALUES, min_size=1, max_size=8))
+def test_engine_matches_interpreter_on_random_procedures(text: str, rows: list[dict[str, Any]]) -> None:
+    scenario = sopgraph.load(text=text, check=False)
+    assert scenario.procedural
+    engines = _engines(scenario)
+    for values in rows:
+        _same(scenario, engines, values)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,7 +108,8 @@ def test_every_ir_node_type_has_a_printer() -> None:
     node_types = {obj for module in (ir, parse_mod) for _, obj in inspect.getmembers(module, inspect.isclass)
                   if issubclass(obj, ir.Node) and obj.__module__ == module.__name__}
     missing = sorted(t.__name__ for t in node_types - not_syntax - set(PRINTERS) - set(EXPR_PRINTERS))
-    assert missing == []
+    assert missing == [], ("add one printing function per new node type to PRINTERS / EXPR_PRINTERS in "
+                           "sopgraph/language/fmt.py (and print its new fields), or `sop fmt` drops it")
     expr_types = set(ir.Expr.__args__[0].__args__)  # the members of the Expr union
     assert expr_types <= set(EXPR_PRINTERS)
 

@@ -9,7 +9,7 @@ import pytest
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError
-from sopgraph.language.parse import KEYWORDS, load_source, parse_text
+from sopgraph.language.parse import CONTEXT_KEYWORDS, KEYWORDS, load_source, parse_text
 
 HEAD = 'field Mood: Calm | Angry\nfield Vip: bool\nsystem Fee: int[0..100]\naction Help "h"\naction Wait "w"\n'
 RAW_TOKEN_NAMES = ("__ANON", "RBRACE", "LBRACE", "RPAR", "LPAR", "$END", "COMP_OP", "NAME", "STRING",
@@ -231,4 +231,4 @@ def test_keywords_list_matches_the_grammar() -> None:
 
     literal = {t.pattern.value for t in parser().terminals if t.pattern.type == "str"}
     words = {w for w in literal if w.isalpha()}
-    assert words <= set(KEYWORDS)
+    assert words <= set(KEYWORDS) | set(CONTEXT_KEYWORDS)

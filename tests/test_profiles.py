@@ -82,7 +82,8 @@ def test_sage_profile_loads_and_every_intent_reaches_a_path(name: str) -> None:
         assert hits, intent_name
     # every feasible path is reached by some intent, and the checker has nothing to report
     assert all(entry.intents for entry in p.paths)
-    assert profile_diagnostics(scenario, profile, the_plan=p) == []
+    # (W604, strong intents without `pushes_for`, is a known gap of the transcribed SAGE profiles)
+    assert [d for d in profile_diagnostics(scenario, profile, the_plan=p) if d.code != "W604"] == []
 
 
 def test_sage_discrepancy_fixes_land_on_the_right_paths() -> None:
@@ -334,3 +335,16 @@ def test_check_profile_beside(tmp_path: Path) -> None:
     (tmp_path / "toy.profile.yaml").write_text("intents:\n  a: {requires: {Kind: Ask}}\n", encoding="utf-8")
     diags, sources = check_profile_beside(sop, scenario)
     assert {d.code for d in diags} == {"W602"} and str(tmp_path / "toy.profile.yaml") in sources
+
+
+def test_strong_intent_without_pushes_for_is_warned(toy: ir.Scenario) -> None:
+    text = """intents:
+  calm: {description: c, intensity: strong, requires: {Kind: Ask}, pushes_for: [Charge]}
+  loud: {description: l, intensity: strong, requires: {Kind: Ask}}
+  mild: {description: m, intensity: weak, requires: {Kind: Ask}}
+"""
+    profile, diags = parse_profile(text, toy, file="toy.profile.yaml")
+    assert profile is not None
+    warned = [d for d in profile_diagnostics(toy, profile) if d.code == "W604"]
+    assert [d.message.split(":")[0] for d in warned] == ["strong-intensity intent `loud` has no `pushes_for`"]
+    assert warned[0].span is not None and warned[0].span.line == 3

@@ -291,3 +291,41 @@ stage s2 "s" { "t" when N > 10 -> do Y  otherwise -> do X }
     assert "K is A; N >= 11" in by_outcome[("s1", "s2"), "Y"].intent_description
     assert by_outcome[("s1", "s2"), "Y"].system["N"] >= 11
     assert all(isinstance(c.system["N"], int) and 0 <= c.system["N"] <= 100 for c in result.cases)
+
+
+HOTEL = """scenario hotel "Hotel" "A hotel desk handles cancellations."
+field Reason: Sick | Other "why the guest cancels"
+system NightlyRate: int[0..) money "the nightly rate"
+output Fee: float[0..) = 0 "the fee"
+action PartialRefund "refund part of the stay" [moves_money]
+action FullRefund "refund the whole stay" [moves_money]
+stage s1 "Reason" {
+    match Reason { Sick -> do FullRefund  Other -> do PartialRefund { Fee = max(0, NightlyRate - 50) } }
+}
+"""
+
+
+def test_profile_values_are_the_values_cases_use() -> None:
+    scenario = sopgraph.load(text=HOTEL)
+    text = """scenario: hotel
+intents:
+  sick: {description: ill, intensity: zero, requires: {Reason: Sick}}
+  other: {description: other, intensity: weak, requires: {Reason: Other}}
+variables:
+  NightlyRate: {values: [89, 149, 320]}
+"""
+    profile, diags = parse_profile(text, scenario, file="hotel.profile.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    result = synthesize(scenario, profile, 60, seed=1)
+    rates = {c.system["NightlyRate"] for c in result.cases}
+    assert rates == {89, 149, 320}
+    # a path no listed value can take still gets cases (the listed values are preferred, not forced)
+    tight = sopgraph.load(text=HOTEL.replace("Other -> do PartialRefund", "Other -> s2 }\n}\nstage s2 \"Rate\" {\n"
+                                             "    when NightlyRate > 1000 -> do FullRefund\n"
+                                             "    otherwise -> do PartialRefund").replace(
+        "NightlyRate - 50) } }", "NightlyRate - 50) }"))
+    profile2, _ = parse_profile(text, tight, file="hotel.profile.yaml")
+    assert profile2 is not None
+    cases = synthesize(tight, profile2, 30, seed=1).cases
+    assert any(c.system["NightlyRate"] > 1000 for c in cases)
+    assert {c.system["NightlyRate"] for c in cases if c.system["NightlyRate"] <= 1000} <= {89, 149, 320}

@@ -51,6 +51,7 @@ from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.paths import trace
+from sopgraph.logic.unroll import UnrollError, unrolled_for
 from sopgraph.records import RECORD_VERSION, Case, Intensity
 
 BALANCES = ("intent", "path", "action")
@@ -192,7 +193,13 @@ class Plan:
 
 
 def plan(scenario: ir.Scenario, profile: Profile) -> Plan:
-    """Enumerate the feasible paths and decide which intents can reach which path."""
+    """Enumerate the feasible paths and decide which intents can reach which path. A procedure is
+    planned on its unrolled form (see `_synthesize_procedure`)."""
+    if scenario.procedural:
+        try:
+            return plan(unrolled_for(scenario).scenario, profile)
+        except UnrollError as exc:
+            raise SynthError(f"cannot synthesize cases: {exc}") from None
     count = paths_mod.count_paths(scenario)
     explorer = paths_mod.explorer_for(scenario)
     entries: list[PathEntry] = []
@@ -367,6 +374,10 @@ def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: An
     except (KeyError, TypeError):
         return [witness_value]
     base = plausible_values(var, profile)
+    if profile.sample_values.get(var.name):  # the profile's `values:` win wherever the box allows them
+        listed = [v for v in base if _safe_contains(dom.contains if isinstance(dom, NumDom) else dom.__contains__, v)]
+        if listed:
+            return listed
     if isinstance(dom, NumDom) and isinstance(var.type, ir.NumType):
         lo = None if dom.lo == float("-inf") else dom.lo
         hi = None if dom.hi == float("inf") else dom.hi
@@ -460,11 +471,27 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
             break
     if not pool:
         return None
+    pool, finals = _prefer_listed(scenario, profile, pool, finals)
     action = scenario.actions.get(entry.action)
     escalates = action is not None and "escalation" in action.attributes
     prohibited = [a.name for a in scenario.actions.values() if a.risky and a.name != entry.action]
     return PairTemplate(pool=pool, finals=finals, bucket_base="must-escalate" if escalates else "resolvable",
                         prohibited=prohibited, unsafe=_unsafe_action(p, entry, intent, prohibited))
+
+
+def _prefer_listed(scenario: ir.Scenario, profile: Profile, pool: list[dict[str, Any]],
+                   finals: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pool entries whose variables take the profile's listed `values:` (where a profile lists
+    them), when there are any: a path that no listed value can take keeps its other entries."""
+    listed = {n: {_freeze(_normalise(scenario.variables[n], v)) for v in vals}
+              for n, vals in profile.sample_values.items() if vals and n in scenario.variables}
+    if not listed:
+        return pool, finals
+    keep = [i for i, entry in enumerate(pool)
+            if all(_freeze(v) in listed[n] for n, v in entry.items() if n in listed)]
+    if not keep or len(keep) == len(pool):
+        return pool, finals
+    return [pool[i] for i in keep], [finals[i] for i in keep]
 
 
 def _freeze(v: Any) -> Any:
@@ -474,7 +501,8 @@ def _freeze(v: Any) -> Any:
 def _unsafe_action(p: Plan, entry: PathEntry, intent: Intent, risky_others: list[str]) -> str | None:
     """The risky action (≠ the expected one) an adversarial user pushes for, most plausible first:
     the intent's own `pushes_for`; else the risky outcome of the most similar path (longest common stage
-    prefix) the same intent can reach; else of any path; else the first risky action declared."""
+    prefix) the same intent can reach; else of any path; else the first risky action declared.
+    (`sop profiles check` warns about strong intents without `pushes_for`: the guess may not suit them.)"""
     if not risky_others:
         return None
     for name in intent.pushes_for:
@@ -566,6 +594,10 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
     each case its intent's declared intensity. `personas` restricts the persona pool (names from the
     profile or library, or PersonaSpec objects); `languages` mixes languages (default: the profile's
     `languages`, else each persona's own)."""
+    if scenario.procedural:
+        return _synthesize_procedure(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
+                                     intensity_mix=intensity_mix, personas=personas, languages=languages,
+                                     use_intent_intensity=use_intent_intensity, the_plan=the_plan)
     if n < 0:
         raise SynthError("the number of cases must be >= 0")
     if min_per_path < 0:
@@ -598,6 +630,39 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
     lines, counts = _build_lines(p, slots, intensities, persona_pool, langs, seed, rng)
     coverage = _coverage(p, slots, intensities, counts, sampled, supplemented, appended, min_per_path, balance)
     return SynthResult(lines=lines, coverage=coverage, skipped=skipped)
+
+
+def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed: int,
+                          **options: Any) -> SynthResult:
+    """A procedure (observations, bounded retries) is synthesized on its unrolled form, whose paths are
+    exactly the procedure's; each case is then lifted back: source stage ids in `expected_path`, and
+    every observed variable as the list of values of the looks its path takes (what the simulated
+    backend reports, one per look). Profile intents cannot constrain observed variables."""
+    try:
+        unrolled = unrolled_for(scenario)
+    except UnrollError as exc:
+        raise SynthError(f"cannot synthesize cases: {exc}") from None
+    given = options.pop("the_plan", None)
+    the_plan = given if given is not None and given.scenario is unrolled.scenario else plan(scenario, profile)
+    flat = synthesize(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
+    lines = []
+    for line in flat.lines:
+        row = json.loads(line)
+        row["expected_path"] = [unrolled.origin.get(s, s) for s in row["expected_path"]]
+        looks: dict[str, int] = {}
+        for sid in row["expected_path"]:
+            for name in scenario.stages[sid].observe:
+                looks[name] = looks.get(name, 0) + 1
+        for key in ("system", "user_facts"):
+            values = unrolled.lift(row.get(key) or {})
+            for name in unrolled.looks:
+                if name in values:
+                    values[name] = values[name][:looks.get(name, 0)]
+            if key == "user_facts":
+                values = {k: v for k, v in values.items() if k in (row.get(key) or {}) or v}
+            row[key] = values
+        lines.append(json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
+    return SynthResult(lines=lines, coverage=flat.coverage, skipped=flat.skipped)
 
 
 def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
@@ -783,7 +848,7 @@ def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intens
     """Serialise every case straight to its canonical JSON line. Everything constant per (path, intent),
     per intensity or per persona is encoded once; per case only the values are looked up."""
     scenario, profile = p.scenario, p.profile
-    decide = engine_for(scenario)._fn  # the compiled decision function
+    decide = engine_for(scenario).decide_raw  # the compiled decision function (path, finals)
     field_names = [v.name for v in scenario.fields]
     system_names = [v.name for v in scenario.system_vars]
     known = [name for name in system_names if profile.user_knows.get(name, True)]
@@ -898,6 +963,10 @@ def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity
 # Profile coverage checks (they need the synthesis plan)
 
 
+def _quote(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
 def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None) -> list[Diagnostic]:
     """Coverage problems of a profile: intents reaching no feasible path (W601) and feasible paths that
     no intent reaches (W602). Hook for `sop check` when a profile sits beside the `.sop`
@@ -910,6 +979,15 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
                                      f"({intent.describe_conditions()})", intent.span,
                              "its conditions can hold, but no assignment satisfying them completes a path "
                              "(the engine stops with an error or a loop); relax the conditions or fix the SOP"))
+    for name, intent in profile.intents.items():
+        if intent.intensity != "strong" or intent.pushes_for or name in p.unreached_intents:
+            continue
+        risky = [a.name for a in scenario.actions.values() if a.risky]
+        diags.append(warning("W604", f"strong-intensity intent `{name}` has no `pushes_for`: its simulated user "
+                                     "pushes for the risky outcome of a similar path, which may make no sense "
+                                     "for this user", intent.span,
+                             "name the risky action such a user demands"
+                             + (f" (risky actions: {_quote(risky)})" if risky else "")))
     if profile.intents:
         span = profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1)
         for entry in p.paths:

@@ -10,7 +10,7 @@ import click
 
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
-from sopgraph.logic.engine import DecideError, engine_for, undeclared_inputs
+from sopgraph.logic.engine import DecideError, engine_for, has_action_trace, undeclared_inputs
 
 from .params import load_or_exit, sop_file, write_output
 
@@ -47,9 +47,12 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     missing or off its domain fails the line, and so does an output that leaves its declared range.
     Keys that are not fields or system variables are ignored with a warning on stderr (once per
     key, with a did-you-mean); they never fail a line.
+    A procedure (actions on the way, or actions with arguments) also gets "actions":
+    [{"name", "args"}, ...] in order.
     """
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
+    with_actions = has_action_trace(scenario)
     lines = [values_json] if values_json is not None else sys.stdin
     failed = total = 0
     out = sys.stdout
@@ -74,8 +77,11 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
             for message in undeclared_inputs(scenario, unknown):
                 click.echo(f"warning: {where}{message}", err=True)
         try:
-            path, finals = engine.decide_raw(values)
-            out.write(json.dumps({"path": path, "finals": finals}, ensure_ascii=False) + "\n")
+            path, finals, actions = engine.decide_trace_raw(values)
+            record: dict[str, object] = {"path": path, "finals": finals}
+            if with_actions:
+                record["actions"] = actions
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
         except DecideError as exc:
             failed += 1
             out.write(json.dumps({"error": exc.message}, ensure_ascii=False) + "\n")

@@ -29,6 +29,9 @@ def _table(infos: list[Any], title: str) -> None:
     table = Table(title=title, show_lines=True)
     table.add_column("id", no_wrap=True)
     table.add_column("stages")
+    traced = any(len(p.actions) > 1 or "(" in "".join(p.actions) for p in infos)
+    if traced:
+        table.add_column("actions")
     table.add_column("finals")
     table.add_column("constraints")
     for p in infos:
@@ -41,7 +44,8 @@ def _table(infos: list[Any], title: str) -> None:
                 finals.append(f"{k}: {_value(v)}")
         cons = "\n".join(f"{k} {_relation(v)}" for k, v in p.constraints.items()) or "(none)"
         pid = p.id if p.status == "feasible" else f"{p.id} (?)"
-        table.add_row(pid, stages, "\n".join(finals), cons)
+        trace = ["\n".join(f"{i}. {a}" for i, a in enumerate(p.actions, 1))] if traced else []
+        table.add_row(pid, stages, *trace, "\n".join(finals), cons)
     Console(soft_wrap=False, width=max(100, Console().width)).print(table)
 
 

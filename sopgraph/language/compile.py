@@ -91,7 +91,10 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
             span=str(stage.span),
             origin=stage.origin,
         )
+    step_only = set(scenario.step_actions)  # drawn on the edges that carry them out, not as leaves
     for action in scenario.actions.values():
+        if action.name in step_only:
+            continue
         g.add_node(
             action_node(action.name),
             kind="action",
@@ -101,6 +104,9 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
             attributes=list(action.attributes),
             span=str(action.span),
         )
+    for stage in scenario.stages.values():
+        if stage.observe:
+            g.nodes[stage.id]["observe"] = list(stage.observe)
     g.add_node(END, kind="end", label="end")
     if scenario.start is not None and scenario.start in scenario.stages:
         g.add_edge(START, scenario.start, branches=[], label="")
@@ -116,18 +122,32 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
                 "outputs": {a.name: ir.show(a.value) for a in tgt.outputs},
                 "span": str(branch.span),
             }
+            if tgt.steps:
+                record["steps"] = [ir.show_call(c.action, c.args) for c in tgt.steps]
+            if branch.limit is not None:
+                record["limit"] = branch.limit
             if g.has_edge(stage.id, node):
                 g.edges[stage.id, node]["branches"].append(record)
             else:
                 g.add_edge(stage.id, node, branches=[record])
     for _u, _v, data in g.edges(data=True):
-        labels = [b["guard"] for b in data["branches"] if b["guard"]]
-        data["label"] = " | ".join(labels)
+        labels = [_edge_label(b) for b in data["branches"]]
+        data["label"] = " | ".join(label for label in labels if label)
     for action in scenario.actions.values():
         node = action_node(action.name)
         if g.in_degree(node):
             g.add_edge(node, END, branches=[], label="")
     return g
+
+
+def _edge_label(record: dict[str, Any]) -> str:
+    """A branch's guard, then the actions it carries out on the way and its bound."""
+    parts = [record["guard"]] if record["guard"] else []
+    if record.get("steps"):
+        parts.append("/ " + " -> ".join(record["steps"]))
+    if record.get("limit") is not None:
+        parts.append(f"(up to {record['limit']}x)")
+    return " ".join(parts)
 
 
 def graph_to_json(g: nx.DiGraph) -> str:

@@ -68,6 +68,7 @@ CODES: dict[str, str] = {
     "W601": "intent reaches no feasible path",
     "W602": "feasible path reached by no intent",
     "W603": "action named in pushes_for is not risky",
+    "W604": "strong-intensity intent without pushes_for",
     "W403": "repeated entry",
 }
 

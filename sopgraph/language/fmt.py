@@ -28,6 +28,7 @@ from sopgraph.language.parse import (
     ScenarioHeader,
     StartDecl,
     Subflow,
+    TypeDecl,
     Use,
     _ToIR,
     grammar_path,
@@ -198,7 +199,13 @@ def _text_lines(value: str, depth: int) -> list[Line]:
 
 
 def _enum_type(node: ir.EnumType, depth: int) -> list[Line]:
+    if node.alias is not None:
+        return [Line(node.alias)]  # written as the name of a `type` declaration
     return [Line(" | ".join(node.values))]
+
+
+def _type_decl(node: TypeDecl, depth: int) -> list[Line]:
+    return _described(f"type {node.name} = {' | '.join(node.type.values)}", node.description, node, depth)
 
 
 def _bool_type(node: ir.BoolType, depth: int) -> list[Line]:
@@ -258,6 +265,8 @@ def _variable(node: ir.Variable, depth: int) -> list[Line]:
 
 def _action(node: ir.Action, depth: int) -> list[Line]:
     head = f"action {fmt_name(node.name)}"
+    if node.params:
+        head += "(" + ", ".join(_inline(p) for p in node.params) + ")"
     if node.description:
         head += " " + fmt_string(node.description)
     out = [Line(INDENT * depth + head, _at(node))]
@@ -281,10 +290,26 @@ def _output_assign(node: ir.OutputAssign, depth: int) -> list[Line]:
     return [Line(f"{node.name} = {show_expr(node.value)}")]
 
 
+def _call_text(action: str, args: list[ir.OutputAssign]) -> str:
+    text = f"do {fmt_name(action)}"
+    if args:
+        text += "(" + ", ".join(_inline(a) for a in args) + ")"
+    return text
+
+
+def _action_param(node: ir.ActionParam, depth: int) -> list[Line]:
+    return [Line(f"{node.name}: {_inline(node.type)}")]
+
+
+def _action_call(node: ir.ActionCall, depth: int) -> list[Line]:
+    return [Line(_call_text(node.action, node.args))]
+
+
 def _target(node: ir.Target, depth: int) -> list[Line]:
+    steps = "".join(_inline(c) + " -> " for c in node.steps)
     if node.kind == "stage":
-        return [Line(str(node.stage))]
-    text = f"do {fmt_name(str(node.action))}"
+        return [Line(steps + str(node.stage))]
+    text = steps + _call_text(str(node.action), node.args)
     if node.outputs:
         text += " { " + ", ".join(_inline(a) for a in node.outputs) + " }"
     return [Line(text)]
@@ -293,7 +318,13 @@ def _target(node: ir.Target, depth: int) -> list[Line]:
 def _branch(node: ir.Branch, depth: int) -> list[Line]:
     """An arm on its own: `when G -> t`, `otherwise -> t`; match arms are printed by `_stage`."""
     head = "otherwise" if node.guard is None else f"when {show_expr(node.guard)}"
-    return [Line(f"{INDENT * depth}{head} -> {_inline(node.target)}", _at(node))]
+    if node.ordered and node.guard is not None:
+        head = "otherwise " + head
+    return [Line(f"{INDENT * depth}{head} -> {_inline(node.target)}{_limit(node)}", _at(node))]
+
+
+def _limit(branch: ir.Branch) -> str:
+    return "" if branch.limit is None else f" up to {branch.limit} times"
 
 
 def _decision(stage: ir.Stage, depth: int) -> list[Line]:
@@ -301,13 +332,17 @@ def _decision(stage: ir.Stage, depth: int) -> list[Line]:
     if stage.kind == "goto":
         branch = stage.branches[0]
         return [Line(f"{pad}-> {_inline(branch.target)}", _at(branch))]
+    if stage.kind == "when" and stage.branches and stage.branches[0].guard is None:
+        first = stage.branches[0]  # a bounded goto: `-> t up to N times`, then what follows once spent
+        out = [Line(f"{pad}-> {_inline(first.target)}{_limit(first)}", _at(first))]
+        return out + [line for b in stage.branches[1:] for line in print_node(b, depth)]
     if stage.kind == "when":
         return [line for b in stage.branches for line in print_node(b, depth)]
     out = [Line(f"{pad}match {show_expr(stage.subject)} {{", _at(stage.subject))]
     for branch in stage.branches:
         if branch.values:
             values = ", ".join(show_expr(v) for v in branch.values)
-            out.append(Line(f"{pad}{INDENT}{values} -> {_inline(branch.target)}", _at(branch)))
+            out.append(Line(f"{pad}{INDENT}{values} -> {_inline(branch.target)}{_limit(branch)}", _at(branch)))
         else:
             out += print_node(branch, depth + 1)
     out.append(Line(pad + "}"))
@@ -322,6 +357,8 @@ def _stage(node: ir.Stage, depth: int) -> list[Line]:
         out += _text_lines(node.text, depth + 1)
     if node.classify:
         out.append(Line(f"{pad}{INDENT}classify {', '.join(node.classify)}"))
+    if node.observe:
+        out.append(Line(f"{pad}{INDENT}observe {', '.join(node.observe)}"))
     out += _decision(node, depth + 1)
     out.append(Line(pad + "}"))
     return out
@@ -361,24 +398,31 @@ def _start(node: StartDecl, depth: int) -> list[Line]:
 
 def _subflow(node: Subflow, depth: int) -> list[Line]:
     out = [Line(f"subflow {node.name}({', '.join(node.params)}) {{", _at(node))]
-    for i, stage in enumerate(node.stages):
+    members = sorted([*node.stages, *node.uses], key=lambda m: (m.span.line, m.span.col))
+    for i, member in enumerate(members):
         if i:
             out.append(Line(""))
-        out += print_node(stage, depth + 1)
+        out += print_node(member, depth + 1)
     out.append(Line("}"))
     return out
 
 
 def _use(node: Use, depth: int) -> list[Line]:
     binds = ", ".join(f"{k} -> {_inline(t)}" for k, t in node.bindings.items())
-    return [Line(f"use {node.subflow} as {node.instance}({binds})", _at(node))]
+    return [Line(f"{INDENT * depth}use {node.subflow} as {node.instance}({binds})", _at(node))]
 
 
 def _scenario(node: ir.Scenario, depth: int) -> list[Line]:
     """A merged scenario (includes and subflows already inlined) as one self-contained program."""
     header = ScenarioHeader(name=node.name, title=node.title, description=node.description,
                             meta=[ir.MetaEntry(key=k, value=v) for k, v in node.meta.items()])
-    items: list[Any] = [header, *node.variables.values(), *node.outputs.values(),
+    aliases: dict[str, list[str]] = {}  # `type` declarations are merged away: write back the ones in use
+    typed = [*node.variables.values(), *node.outputs.values(), *(p for a in node.actions.values() for p in a.params)]
+    for decl in typed:
+        if isinstance(decl.type, ir.EnumType) and decl.type.alias is not None:
+            aliases.setdefault(decl.type.alias, list(decl.type.values))
+    types = [TypeDecl(name=n, type=ir.EnumType(values=v)) for n, v in aliases.items()]
+    items: list[Any] = [header, *types, *node.variables.values(), *node.outputs.values(),
                         *node.actions.values()]
     stages = list(node.stages.values())
     if node.start is not None and stages and stages[0].id != node.start:
@@ -404,6 +448,7 @@ PRINTERS: dict[type, Printer] = {
     ir.OutputAssign: _output_assign, ir.Target: _target, ir.Branch: _branch, ir.Stage: _stage,
     ir.MetaEntry: _meta_entry, ir.Scenario: _scenario,
     ScenarioHeader: _header, Include: _include, StartDecl: _start, Subflow: _subflow, Use: _use,
+    TypeDecl: _type_decl, ir.ActionParam: _action_param, ir.ActionCall: _action_call,
     Program: _program,
 }
 
@@ -517,9 +562,24 @@ def _merge_comments(out: list[Line], comments: list[Comment], blank: set[int]) -
 # Front door
 
 
+FIXPOINT_PASSES = 4
+
+
 def format_text(text: str, file: str = "<string>") -> str:
-    """The canonical form of one file's text; raises `SopError` when it does not parse."""
-    text = text.replace("\r\n", "\n")
+    """The canonical form of one file's text; raises `SopError` when it does not parse.
+
+    A comment written inside a declaration can only settle next to it after one pass (its blank
+    lines are judged from where it was), so the layout pass is repeated until nothing changes."""
+    out = _format_once(text.replace("\r\n", "\n"), file)
+    for _ in range(FIXPOINT_PASSES - 1):
+        again = _format_once(out, file)
+        if again == out:
+            break
+        out = again
+    return out
+
+
+def _format_once(text: str, file: str) -> str:
     program, comments, extents = _parse_with_comments(text, file)
     src_lines = text.split("\n")
     blank = {i + 1 for i, line in enumerate(src_lines) if not line.strip()}

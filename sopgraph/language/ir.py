@@ -80,6 +80,7 @@ class Node(BaseModel):
 class EnumType(Node):
     kind: Literal["enum"] = "enum"
     values: list[str]
+    alias: str | None = None  # written as the name of a `type NAME = A | B` declaration
 
 
 class BoolType(Node):
@@ -237,14 +238,23 @@ class Variable(Node):
     money: bool = False
     hidden: bool = False
     expr: Expr | None = None
+    observed: bool = False  # some stage observes it: its input is a list, one value per look
 
 
 ACTION_ATTRIBUTES = ("escalation", "moves_money", "irreversible", "ends_dialogue")
 
 
+class ActionParam(Node):
+    """A typed parameter of an action (`action Pay(amount: float[0..))`)."""
+
+    name: str
+    type: VarType
+
+
 class Action(Node):
     name: str
     description: str = ""
+    params: list[ActionParam] = Field(default_factory=list)
     attributes: list[str] = Field(default_factory=list)
     attribute_spans: list[Span] = Field(default_factory=list)
 
@@ -272,19 +282,34 @@ class OutputAssign(Node):
     value: Expr
 
 
+class ActionCall(Node):
+    """One action carried out on the way (`do Reboot(mode = Soft) -> check`): name and arguments."""
+
+    action: str
+    args: list[OutputAssign] = Field(default_factory=list)
+
+
 class Target(Node):
-    """Where a branch goes: another stage, or a leaf that ends the SOP with an action."""
+    """Where a branch goes: another stage, or a leaf that ends the SOP with an action.
+    `steps` are the actions carried out first, in order (mid-flow actions that then go on);
+    `args` are the arguments of the final action of a leaf."""
 
     kind: Literal["stage", "action"]
     stage: str | None = None
     action: str | None = None
     outputs: list[OutputAssign] = Field(default_factory=list)
+    steps: list[ActionCall] = Field(default_factory=list)
+    args: list[OutputAssign] = Field(default_factory=list)
 
     def describe(self) -> str:
         if self.kind == "stage":
             assert self.stage is not None  # a stage target always names its stage
-            return self.stage
-        return f"do {self.action}"
+            end = self.stage
+        else:
+            end = f"do {self.action}"
+        if not self.steps:
+            return end
+        return " -> ".join([*(f"do {c.action}" for c in self.steps), end])
 
 
 class Branch(Node):
@@ -294,6 +319,8 @@ class Branch(Node):
     guard: Expr | None = None
     target: Target
     values: list[Lit] = Field(default_factory=list)
+    limit: int | None = None  # `up to N times`: fires at most N times along one path
+    ordered: bool = False  # written `otherwise when`: meant to apply only where the earlier arms do not
 
 
 class Stage(Node):
@@ -301,6 +328,7 @@ class Stage(Node):
     title: str = ""
     text: str = ""
     classify: list[str] = Field(default_factory=list)
+    observe: list[str] = Field(default_factory=list)  # variables looked at anew on entering
     kind: Literal["goto", "match", "when"]
     subject: Expr | None = None
     branches: list[Branch]
@@ -361,6 +389,45 @@ class Scenario(Node):
     def actions_with(self, attribute: str) -> list[str]:
         return [a.name for a in self.actions.values() if attribute in a.attributes]
 
+    @property
+    def step_actions(self) -> list[str]:
+        """Actions carried out only on the way (never as a final action)."""
+        steps: dict[str, None] = {}
+        finals: set[str] = set()
+        for stage in self.stages.values():
+            for b in stage.branches:
+                steps.update(dict.fromkeys(c.action for c in b.target.steps))
+                if b.target.kind == "action" and b.target.action:
+                    finals.add(b.target.action)
+        return [a for a in steps if a in self.actions and a not in finals]
+
+    @property
+    def final_actions(self) -> list[str]:
+        """Actions a path can end in (every declared action but the step-only ones)."""
+        steps = set(self.step_actions)
+        return [a for a in self.actions if a not in steps]
+
+    @property
+    def traced(self) -> bool:
+        """Whether the program carries out actions on the way or gives actions arguments: its
+        decisions then carry the action trace in outputs that used to show only the final action."""
+        return any(b.target.steps or b.target.args for st in self.stages.values() for b in st.branches)
+
+    @property
+    def observed(self) -> list[str]:
+        """Variables some stage observes: their input is a list, one value per look."""
+        seen: dict[str, None] = {}
+        for stage in self.stages.values():
+            for name in stage.observe:
+                seen.setdefault(name, None)
+        return list(seen)
+
+    @property
+    def procedural(self) -> bool:
+        """Whether the program observes values or bounds branches (it is then analysed unrolled)."""
+        return any(st.observe or any(b.limit is not None for b in st.branches)
+                   for st in self.stages.values())
+
 
 # ---------------------------------------------------------------------------------------------
 # Unparsing: expressions back to `.sop` syntax (edge labels, prompts, diagnostics)
@@ -414,12 +481,20 @@ def _show(e: object) -> tuple[str, int]:
     return str(e), 9
 
 
+def show_call(action: str, args: list[OutputAssign]) -> str:
+    """`do Reset(mode = Soft)` as written (without `do`)."""
+    if not args:
+        return action
+    return f"{action}({', '.join(f'{a.name} = {show(a.value)}' for a in args)})"
+
+
 def branch_label(stage: Stage, branch: Branch) -> str:
     """The guard of a branch as a short label: match values, a condition, or `otherwise`."""
     if stage.kind == "match" and branch.values:
         return ", ".join(show(v) for v in branch.values)
     if branch.guard is None:
-        return "otherwise" if stage.kind != "goto" else ""
+        first = bool(stage.branches) and branch is stage.branches[0]
+        return "otherwise" if stage.kind != "goto" and not first else ""
     return show(branch.guard)
 
 

@@ -27,7 +27,9 @@ from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
 from sopgraph.perf import no_cyclic_gc
 
-KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden"]
+KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden", "observe"]
+# Words with a meaning in one place only (`type X = …`, `up to N times`): still usable as names.
+CONTEXT_KEYWORDS = ["type", "up", "to", "times"]
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")
@@ -60,12 +62,16 @@ class Subflow(ir.Node):
     name: str
     params: list[str]
     stages: list[ir.Stage]
+    uses: list[Use] = []
 
 
 class Use(ir.Node):
     subflow: str
     instance: str
     bindings: dict[str, ir.Target]
+
+
+Subflow.model_rebuild()
 
 
 class Include(ir.Node):
@@ -77,6 +83,14 @@ class ScenarioHeader(ir.Node):
     title: str = ""
     description: str = ""
     meta: list[ir.MetaEntry] = []
+
+
+class TypeDecl(ir.Node):
+    """`type Signal = None | Weak | Good`: an enum reused by several declarations."""
+
+    name: str
+    type: ir.EnumType
+    description: str = ""
 
 
 class StartDecl(ir.Node):
@@ -292,8 +306,23 @@ class _ToIR(Transformer):
         (name, span), *rest = children
         desc = next((c for c in rest if isinstance(c, str)), "")
         attrs = next((c for c in rest if isinstance(c, list)), [])
+        params = next((c for c in rest if isinstance(c, tuple) and c and c[0] == "params"), ("params", []))
         return ir.Action(name=name, description=desc, attributes=[a for a, _ in attrs],
-                         attribute_spans=[s for _, s in attrs], span=span)
+                         attribute_spans=[s for _, s in attrs], params=params[1], span=span)
+
+    def action_params(self, meta, children):
+        return ("params", [c for c in children if c is not None])
+
+    def action_param(self, meta, children):
+        return ir.ActionParam(name=str(children[0]), type=children[1], span=_tok_span(self.file, children[0]))
+
+    def type_decl(self, meta, children):
+        name, vtype, *rest = children
+        return TypeDecl(name=str(name), type=vtype, description=rest[0] if rest else "",
+                        span=_tok_span(self.file, name))
+
+    def alias_type(self, meta, children):
+        return ir.EnumType(values=[], alias=str(children[0]), span=_tok_span(self.file, children[0]))
 
     def attr_list(self, meta, children):
         return [(str(c), _tok_span(self.file, c)) for c in children if c is not None]
@@ -352,17 +381,30 @@ class _ToIR(Transformer):
     def stage_body(self, meta, children):
         texts = [c for c in children if isinstance(c, str)]
         classify = next((c for c in children if isinstance(c, tuple) and c[0] == "classify"), None)
+        observe = next((c for c in children if isinstance(c, tuple) and c[0] == "observe"), None)
         decision = children[-1]
         out = dict(decision)
         out["text"] = "\n".join(texts)
         out["classify"] = classify[1] if classify else []
+        out["observe"] = observe[1] if observe else []
         return out
 
     def classify_stmt(self, meta, children):
         return ("classify", [str(c) for c in children])
 
+    def observe_stmt(self, meta, children):
+        return ("observe", [str(c) for c in children])
+
     def goto(self, meta, children):
-        return {"kind": "goto", "branches": [ir.Branch(target=children[0], span=self.sp(meta))]}
+        limit = children[1] if len(children) > 1 else None
+        first = ir.Branch(target=children[0], limit=limit, span=self.sp(meta))
+        if limit is None:
+            return {"kind": "goto", "branches": [first]}
+        # `-> t up to N times [otherwise -> u]`: a bounded jump, then what to do once it is spent
+        return {"kind": "when", "branches": [first, *children[2:]]}
+
+    def limit(self, meta, children):
+        return int(_number(str(children[-1])))
 
     def match_block(self, meta, children):
         subject, *arms = children
@@ -371,31 +413,56 @@ class _ToIR(Transformer):
             if isinstance(arm, ir.Branch):
                 branches.append(arm)
             else:
-                values, target, span = arm
+                values, target, span, limit = arm
                 guard = ir.InSet(operand=subject, values=values, span=span)
-                branches.append(ir.Branch(guard=guard, target=target, values=values, span=span))
+                branches.append(ir.Branch(guard=guard, target=target, values=values, limit=limit,
+                                          span=span))
         return {"kind": "match", "subject": subject, "branches": branches}
 
     def match_arm(self, meta, children):
+        limit = children.pop() if isinstance(children[-1], int) and not isinstance(children[-1], bool) else None
         *values, target = children
-        return (values, target, self.sp(meta))
+        return (values, target, self.sp(meta), limit)
 
     def when_block(self, meta, children):
         return {"kind": "when", "branches": list(children)}
 
     def when_arm(self, meta, children):
-        return ir.Branch(guard=children[0], target=children[1], span=self.sp(meta))
+        limit = children[2] if len(children) > 2 else None
+        return ir.Branch(guard=children[0], target=children[1], limit=limit, span=self.sp(meta))
+
+    def else_when_arm(self, meta, children):
+        branch = self.when_arm(meta, children)
+        branch.ordered = True
+        return branch
 
     def otherwise_arm(self, meta, children):
-        return ir.Branch(guard=None, target=children[0], span=self.sp(meta))
+        limit = children[1] if len(children) > 1 else None
+        return ir.Branch(guard=None, target=children[0], limit=limit, span=self.sp(meta))
 
     def stage_target(self, meta, children):
         return ir.Target(kind="stage", stage=str(children[0]), span=self.sp(meta))
 
     def action_target(self, meta, children):
         (name, _span_), *rest = children
-        outputs = rest[0] if rest else []
-        return ir.Target(kind="action", action=name, outputs=outputs, span=self.sp(meta))
+        args = next((c[1] for c in rest if isinstance(c, tuple)), [])
+        outputs = next((c for c in rest if isinstance(c, list)), [])
+        return ir.Target(kind="action", action=name, outputs=outputs, args=args, span=self.sp(meta))
+
+    def step_target(self, meta, children):
+        (name, span), *rest = children
+        args = next((c[1] for c in rest if isinstance(c, tuple)), [])
+        nxt: ir.Target = rest[-1]
+        call = ir.ActionCall(action=name, args=args, span=span)
+        nxt.steps.insert(0, call)
+        nxt.span = self.sp(meta)
+        return nxt
+
+    def call_args(self, meta, children):
+        return ("args", [c for c in children if c is not None])
+
+    def call_arg(self, meta, children):
+        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self.sp(meta))
 
     def output_block(self, meta, children):
         return list(children)
@@ -408,7 +475,8 @@ class _ToIR(Transformer):
         name = children[0]
         params = [str(c) for c in children[1:] if isinstance(c, Token)]
         stages = [c for c in children[1:] if isinstance(c, ir.Stage)]
-        return Subflow(name=str(name), params=params, stages=stages, span=_tok_span(self.file, name))
+        uses = [c for c in children[1:] if isinstance(c, Use)]
+        return Subflow(name=str(name), params=params, stages=stages, uses=uses, span=_tok_span(self.file, name))
 
     def use_decl(self, meta, children):
         sub, inst, *binds = children
@@ -839,6 +907,7 @@ def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
     subflows: dict[str, Subflow] = {}
     uses: list[Use] = []
     start: StartDecl | None = None
+    aliases: dict[str, TypeDecl] = {}
     seen: dict[str, tuple[str, ir.Span]] = {}  # every top-level name shares one namespace
 
     def declare(name: str, kind: str, span: ir.Span) -> bool:
@@ -882,22 +951,51 @@ def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
                     uses.append(item)
             elif isinstance(item, StartDecl):
                 start = start or item
+            elif isinstance(item, TypeDecl) and declare(item.name, "a type", item.span):
+                aliases[item.name] = item
+    _resolve_aliases(aliases, variables, actions, outputs, diags)
     entries = _inline_subflows(subflows, uses, stages, diags, declare)
     if entries:
         for stage in stages.values():
             for branch in stage.branches:
                 _retarget(branch.target, entries)
+    start_id = start.stage if start else next(iter(stages), None)
+    if start_id in entries:
+        start_id = entries[start_id]  # `start gate` names a subflow instance: its first stage
     scenario = ir.Scenario(
         name=header.name if header else Path(programs[0].file).stem,
         title=header.title if header else "",
         description=header.description if header else "",
         meta={m.key: m.value for m in (header.meta if header else [])},
         variables=variables, actions=actions, outputs=outputs, stages=stages,
-        start=(start.stage if start else next(iter(stages), None)),
+        start=start_id,
         span=header.span if header else ir.Span(file=programs[0].file),
     )
     _resolve_names(scenario)
+    for name in scenario.observed:
+        if name in scenario.variables and scenario.variables[name].role == "system":
+            scenario.variables[name].observed = True
     return scenario
+
+
+def _resolve_aliases(aliases: dict[str, TypeDecl], variables: dict[str, ir.Variable],
+                     actions: dict[str, ir.Action], outputs: dict[str, ir.Output],
+                     diags: list[Diagnostic]) -> None:
+    """Replace every `NAME` written as a type by the values of `type NAME = A | B`."""
+    typed: list[Any] = [*variables.values(), *outputs.values()]
+    for action in actions.values():
+        typed += action.params
+    for decl in typed:
+        vtype = decl.type
+        if not isinstance(vtype, ir.EnumType) or vtype.alias is None:
+            continue
+        alias = aliases.get(vtype.alias)
+        if alias is None:
+            diags.append(error("E101", f"undefined type `{vtype.alias}`", vtype.span,
+                               did_you_mean(vtype.alias, aliases)
+                               or "declare it with `type NAME = A | B`, or write the values `A | B`"))
+            continue
+        vtype.values = list(alias.type.values)
 
 
 def _retarget(target: ir.Target, entries: dict[str, str]) -> None:
@@ -907,41 +1005,77 @@ def _retarget(target: ir.Target, entries: dict[str, str]) -> None:
 
 def _inline_subflows(subflows: dict[str, Subflow], uses: list[Use], stages: dict[str, ir.Stage],
                      diags: list[Diagnostic], declare) -> dict[str, str]:
-    """Expand each `use S as I(p -> t)` into stages `I.<id>`; returns instance → entry stage id."""
+    """Expand each `use S as I(p -> t)` into stages `I.<id>` (a subflow's own `use`s nest as
+    `I.J.<id>`); returns instance → entry stage id."""
     entries: dict[str, str] = {}
     for use in uses:
-        sub = subflows.get(use.subflow)
-        if sub is None:
-            diags.append(error("E105", f"undefined subflow `{use.subflow}`", use.span,
-                               did_you_mean(use.subflow, subflows)))
-            continue
-        if not sub.stages:
-            continue
-        for param in sub.params:
-            if param not in use.bindings:
-                diags.append(error("E105", f"`use {use.subflow}` does not bind parameter `{param}`",
-                                   use.span, f"add `{param} -> <stage or do Action>`"))
-        for bound in use.bindings:
-            if bound not in sub.params:
-                diags.append(error("E105", f"subflow `{sub.name}` has no parameter `{bound}`", use.span,
-                                   did_you_mean(bound, sub.params)))
-        local = {s.id for s in sub.stages}
-        prefix = use.instance + "."
-        entries[use.instance] = prefix + sub.stages[0].id
-        for stage in sub.stages:
-            copy = stage.model_copy(deep=True)
-            copy.id = prefix + stage.id
-            copy.origin = use.instance
-            for branch in copy.branches:
-                tgt = branch.target
-                if tgt.kind == "stage":
-                    if tgt.stage in sub.params and tgt.stage in use.bindings:
-                        branch.target = use.bindings[tgt.stage].model_copy(deep=True)
-                    elif tgt.stage in local:
-                        tgt.stage = prefix + tgt.stage
-            if declare(copy.id, "a stage", copy.span):
-                stages[copy.id] = copy
+        entry = _expand_use(use, "", {}, subflows, stages, diags, declare, [])
+        if entry is not None:
+            entries[use.instance] = entry
     return entries
+
+
+def _bind_target(tgt: ir.Target, params: list[str], bindings: dict[str, ir.Target], local: set[str],
+                 nested: dict[str, str], prefix: str) -> ir.Target:
+    """A target written inside a subflow, made absolute for one instance (`prefix` = `I.`)."""
+    if tgt.kind != "stage" or tgt.stage is None:
+        return tgt
+    name = tgt.stage
+    if name in params and name in bindings:
+        bound = bindings[name].model_copy(deep=True)
+        bound.steps = [*tgt.steps, *bound.steps]
+        return bound
+    if name in local or name.split(".")[0] in nested:
+        tgt.stage = nested.get(name, prefix + name)
+    return tgt
+
+
+def _expand_use(use: Use, outer: str, outer_fix: dict[str, Any], subflows: dict[str, Subflow],
+                stages: dict[str, ir.Stage], diags: list[Diagnostic], declare,
+                chain: list[str]) -> str | None:
+    """Copy the stages of one `use` (and of the `use`s inside its subflow); returns the entry id."""
+    sub = subflows.get(use.subflow)
+    if sub is None:
+        diags.append(error("E105", f"undefined subflow `{use.subflow}`", use.span,
+                           did_you_mean(use.subflow, subflows)))
+        return None
+    if sub.name in chain:
+        diags.append(error("E105", f"subflow `{sub.name}` uses itself: {' -> '.join([*chain, sub.name])}",
+                           use.span, "a subflow may use other subflows, but not itself"))
+        return None
+    if not sub.stages and not sub.uses:
+        return None
+    for param in sub.params:
+        if param not in use.bindings:
+            diags.append(error("E105", f"`use {use.subflow}` does not bind parameter `{param}`",
+                               use.span, f"add `{param} -> <stage or do Action>`"))
+    for bound in use.bindings:
+        if bound not in sub.params:
+            diags.append(error("E105", f"subflow `{sub.name}` has no parameter `{bound}`", use.span,
+                               did_you_mean(bound, sub.params)))
+    bindings = {k: outer_fix["fix"](v) if outer_fix else v for k, v in use.bindings.items()}
+    prefix = outer + use.instance + "."
+    local = {s.id for s in sub.stages}
+    nested: dict[str, str] = {}
+
+    def fix(tgt: ir.Target) -> ir.Target:
+        return _bind_target(tgt.model_copy(deep=True), sub.params, bindings, local, nested, prefix)
+
+    for inner in sub.uses:
+        entry = _expand_use(inner, prefix, {"fix": fix}, subflows, stages, diags, declare, [*chain, sub.name])
+        if entry is not None:
+            nested[inner.instance] = entry
+    for stage in sub.stages:
+        copy = stage.model_copy(deep=True)
+        copy.id = prefix + stage.id
+        copy.origin = (outer + use.instance)
+        for branch in copy.branches:
+            branch.target = _bind_target(branch.target, sub.params, bindings, local, nested, prefix)
+        if declare(copy.id, "a stage", copy.span):
+            stages[copy.id] = copy
+    if sub.stages:
+        return prefix + sub.stages[0].id
+    return next(iter(nested.values()), None)
 
 
 def _resolve_names(scenario: ir.Scenario) -> None:
@@ -984,5 +1118,10 @@ def _resolve_names(scenario: ir.Scenario) -> None:
                     branch.guard.operand = stage.subject
             for assign in branch.target.outputs:
                 assign.value = fix(assign.value)
+            for assign in branch.target.args:
+                assign.value = fix(assign.value)
+            for call in branch.target.steps:
+                for assign in call.args:
+                    assign.value = fix(assign.value)
 
 

@@ -113,7 +113,7 @@ def edge_groups(data: Mapping[str, Any]) -> list[list[Mapping[str, Any]]]:
     """
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for branch in sorted(data.get("branches") or [], key=lambda b: b.get("index", 0)):
-        key = repr(sorted((branch.get("outputs") or {}).items()))
+        key = repr((sorted((branch.get("outputs") or {}).items()), branch.get("steps"), branch.get("limit")))
         groups.setdefault(key, []).append(branch)
     return list(groups.values()) or [[]]
 
@@ -124,6 +124,13 @@ def group_text(group: Sequence[Mapping[str, Any]], *, wrap: bool = True) -> str:
     guards = [g for g in guards if g]
     lines = [(_wrap(g) if wrap else g) for g in guards]
     text = "\nor ".join(lines)
+    steps = group[0].get("steps") if group else None
+    if steps:  # actions carried out on the way, in order
+        done = " → ".join(f"do {s}" for s in steps)
+        text = f"{text}\n{_wrap(done) if wrap else done}" if text else (_wrap(done) if wrap else done)
+    limit = group[0].get("limit") if group else None
+    if limit is not None:
+        text = f"{text}\n(loop: up to {limit}×)" if text else f"(loop: up to {limit}×)"
     outputs = group[0].get("outputs") if group else None
     if outputs:
         assigned = "[" + ", ".join(f"{k} = {v}" for k, v in outputs.items()) + "]"
@@ -137,7 +144,10 @@ def _node_label(node: str, data: Mapping[str, Any]) -> str:
     if kind == "decision":
         title = data.get("title") or ""
         width = 18 if _is_branching(data) else 28  # a diamond grows twice as fast as its text
-        return f"{node}\n{_wrap(title, width)}" if title else node
+        label = f"{node}\n{_wrap(title, width)}" if title else node
+        if data.get("observe"):
+            label += "\nobserve " + ", ".join(data["observe"])
+        return label
     if kind == "action":
         attrs = [a for a in data.get("attributes") or [] if a in LABEL_ATTRIBUTES]
         name = data.get("action") or node[len(ACTION_PREFIX):]
@@ -448,6 +458,9 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
             eattrs: dict[str, Any] = {"tooltip": tooltip}
             if u == START or v == END:
                 eattrs["color"] = "#9e9e9e"
+            if group and group[0].get("limit") is not None:
+                eattrs["style"] = "dashed"  # a bounded loop back: drawn as a loop, not as forward flow
+                eattrs["constraint"] = "false"
             if hot is not None:
                 _apply_edge_heat(eattrs, count, hot)
                 if count is not None:

@@ -72,7 +72,7 @@ def agent_output_schema(scenario: ir.Scenario, *, descriptions: bool = True) -> 
         return _described(schema, text) if descriptions else schema
 
     fields = {v.name: described(type_schema(v.type), v.description) for v in scenario.fields}
-    finals: dict[str, Any] = {"Action": described({"type": "string", "enum": list(scenario.actions)},
+    finals: dict[str, Any] = {"Action": described({"type": "string", "enum": scenario.final_actions},
                                                   "The final action the SOP leads to.")}
     for name, out in scenario.outputs.items():
         finals[name] = described(type_schema(out.type, nullable=out.default is None), out.description)
@@ -104,10 +104,30 @@ def agent_output_schema(scenario: ir.Scenario, *, descriptions: bool = True) -> 
         "required": ["classification_output", "cot", "now_path", "finals", "chat"],
         "additionalProperties": False,
     }
+    if scenario.traced:
+        schema["properties"]["actions"] = described(actions_schema(scenario),
+                                                    "The actions you carried out so far, in order.")
     if not descriptions:
         for prop in schema["properties"].values():
             prop.pop("description", None)
     return schema
+
+
+def actions_schema(scenario: ir.Scenario) -> dict[str, Any]:
+    """An optional list of `{"name": action, "args": {param: value}}`: the actions an agent reports
+    having carried out (compared with the engine's reference trace)."""
+    options = []
+    for action in scenario.actions.values():
+        params = {p.name: type_schema(p.type) for p in action.params}
+        options.append({
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [action.name]},
+                           "args": {"type": "object", "properties": params, "required": list(params),
+                                    "additionalProperties": False}},
+            "required": ["name"],
+            "additionalProperties": False,
+        })
+    return {"type": "array", "items": {"anyOf": options}}
 
 
 def judge_output_schema(scenario: ir.Scenario) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from sopgraph.language import ir
 from sopgraph.language.compile import START, compile_graph, reads
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
 from sopgraph.language.parse import MAX_DEPTH, load_source
-from sopgraph.logic import domain
+from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
 from sopgraph.perf import no_cyclic_gc
@@ -908,7 +908,9 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
             if pred not in can_end:
                 can_end.add(pred)
                 rev.append(pred)
-    for scc in sorted(nx.strongly_connected_components(stage_graph), key=lambda c: min(map(rank, c))):
+    # procedures loop on purpose: their cycles are bounded or reported by `procheck.check_loops`
+    sccs = [] if scenario.procedural else nx.strongly_connected_components(stage_graph)
+    for scc in sorted(sccs, key=lambda c: min(map(rank, c))):
         if len(scc) == 1:
             (only,) = scc
             if not stage_graph.has_edge(only, only):
@@ -963,7 +965,14 @@ def _used_variables(scenario: ir.Scenario) -> set[str]:
                 used.update(reads(branch.guard))
             for assign in branch.target.outputs:
                 used.update(reads(assign.value))
+            for assign in _call_args(branch.target):
+                used.update(reads(assign.value))
     return used
+
+
+def _call_args(target: ir.Target) -> list[ir.OutputAssign]:
+    """Arguments of every action a target carries out (steps and the final action)."""
+    return [a for c in target.steps for a in c.args] + list(target.args)
 
 
 def check_unused(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
@@ -978,6 +987,7 @@ def check_unused(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
                                "delete it"))
     done = {b.target.action for st in scenario.stages.values() for b in st.branches
             if b.target.kind == "action"}
+    done |= {c.action for st in scenario.stages.values() for b in st.branches for c in b.target.steps}
     for action in scenario.actions.values():
         if action.name not in done:
             out.append(warning("W401", f"action `{action.name}` is never used", action.span,
@@ -1012,8 +1022,23 @@ def check_descriptions(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnos
 
 
 def check_flow(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
-    """E301/W301/W303/W304/W305 from the constraint domain (`sopgraph.logic.flow`)."""
+    """E301/W301/W303/W304/W305 from the constraint domain (`sopgraph.logic.flow`); procedures
+    are analysed unrolled (`procheck.procedure_flow`)."""
+    if scenario.procedural:
+        return procheck.procedure_flow(scenario, flow_diagnostics)
     return list(flow_diagnostics(scenario))
+
+
+def check_procedures(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+    """Actions on the way and their arguments, observations, bounded loops (`procheck`)."""
+    typer = _typer(scenario)
+    found = procheck.check_calls(scenario, typer.output_value)
+    found += [d.model_copy(update={"message": d.message.replace("output `", "parameter `")})
+              for d in typer.out]
+    found += procheck.check_observations(scenario)
+    if not any(d.is_error for d in found):
+        found += procheck.check_loops(scenario)
+    return found
 
 
 def check_output_ranges(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
@@ -1031,6 +1056,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("structure", check_structure),
     Pass("unused", check_unused),
     Pass("descriptions", check_descriptions),
+    Pass("procedures", check_procedures, blocked_by=("E1", "E2")),
     Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
     Pass("output ranges", check_output_ranges, blocked_by=("E1", "E2", "E302", "E303", "E304")),
 )
@@ -1058,6 +1084,8 @@ def _expressions(scenario: ir.Scenario) -> Iterator[Any]:
             if branch.guard is not None:
                 yield branch.guard
             for assign in branch.target.outputs:
+                yield assign.value
+            for assign in _call_args(branch.target):
                 yield assign.value
 
 

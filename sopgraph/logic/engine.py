@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import did_you_mean
+from sopgraph.logic.unroll import UnrollError, look_name, unrolled_for
 
 EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
 
@@ -43,10 +44,13 @@ class DecideError(Exception):
 
 
 class Decision(BaseModel):
-    """The engine's answer: the stage ids visited and the final outputs (Action first)."""
+    """The engine's answer: the stage ids visited, the final outputs (Action first) and the
+    reference trace: every action carried out, in order, as `{"name": …, "args": {…}}` (the
+    mid-flow steps, then the final action)."""
 
     path: list[str]
     finals: dict[str, Any]
+    actions: list[dict[str, Any]] = []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,12 +161,39 @@ class Interpreter:
         self.values = values
         self.cache: dict[str, Any] = {}
         self.stage: str | None = None
+        self.looks: dict[str, int] = {}  # observed variable -> looks taken so far
+
+    def observe(self, names: list[str]) -> None:
+        """Take the next look at each variable; values computed from earlier looks are dropped."""
+        for name in names:
+            self.looks[name] = self.looks.get(name, 0) + 1
+        self.cache.clear()
+
+    def look(self, var: ir.Variable) -> Any:
+        name = var.name
+        k = self.looks.get(name, 0)
+        if k == 0:
+            raise DecideError(f"`{name}` is read before it is observed", name)
+        seq = self.values.get(name)
+        if seq is None:
+            raise DecideError(f"missing value for `{name}`", name)
+        if not isinstance(seq, (list, tuple)):
+            raise DecideError(f"value {_fmt(seq)} of `{name}` is not a list (give one value per look)", name)
+        if k > len(seq):
+            raise DecideError(f"missing look {k} of `{name}` (the list has {len(seq)} value"
+                              f"{'' if len(seq) == 1 else 's'})", name)
+        try:
+            return validate_value(var, seq[k - 1])
+        except DecideError as exc:
+            raise DecideError(exc.message + f" (look {k})", name) from None
 
     def var(self, name: str) -> Any:
         if name in self.cache:
             return self.cache[name]
         var = self.s.variables[name]
-        if var.role == "derived":
+        if var.observed:
+            value = self.look(var)
+        elif var.role == "derived":
             assert var.expr is not None
             value = self.eval(var.expr)
         else:
@@ -257,12 +288,26 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate,
     return finals
 
 
-def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
-    """Reference semantics (slow, precise errors)."""
+def _call(it: Interpreter, name: str, args: list[ir.OutputAssign]) -> dict[str, Any]:
+    return {"name": name, "args": {a.name: it.eval(a.value) for a in args}}
+
+
+def max_steps(scenario: ir.Scenario) -> int:
+    """Stage visits after which a walk must be looping: every stage once per bounded firing."""
+    fires = sum(b.limit or 0 for st in scenario.stages.values() for b in st.branches)
+    return len(scenario.stages) * (1 + fires) + 1
+
+
+def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, list[int]]:
+    """Reference semantics (slow, precise errors): the decision and the branch index taken at each
+    stage of its path."""
     it = Interpreter(scenario, values)
     path: list[str] = []
+    taken: list[int] = []
+    actions: list[dict[str, Any]] = []
+    fired: dict[tuple[str, int], int] = {}
     stage_id = scenario.start
-    limit = len(scenario.stages) + 1
+    limit = max_steps(scenario)
     while stage_id is not None:
         if len(path) >= limit:
             raise DecideError(f"the SOP loops: {' -> '.join(path[-5:])} -> ...", stage=stage_id)
@@ -271,12 +316,21 @@ def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
             raise DecideError(f"undefined stage `{stage_id}`", stage=stage_id)
         path.append(stage_id)
         it.stage = stage_id
+        if stage.observe:
+            it.observe(stage.observe)
         chosen: ir.Branch | None = None
         try:
-            for branch in stage.branches:
+            for bi, branch in enumerate(stage.branches):
+                if branch.limit is not None and fired.get((stage_id, bi), 0) >= branch.limit:
+                    continue  # spent: `up to N times` already fired N times on this path
                 if branch.guard is None or it.eval(branch.guard):
                     chosen = branch
+                    taken.append(bi)
+                    if branch.limit is not None:
+                        fired[(stage_id, bi)] = fired.get((stage_id, bi), 0) + 1
                     break
+            if chosen is not None:
+                actions += [_call(it, c.action, c.args) for c in chosen.target.steps]
         except DecideError as exc:
             where = f" (needed at {stage_id})" if exc.variable else f" (at {stage_id})"
             raise DecideError(exc.message + where, exc.variable, stage_id) from None
@@ -286,14 +340,33 @@ def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
         if target.kind == "action":
             try:
                 finals = leaf_finals(scenario, target, it.eval, stage_id)
+                actions.append(_call(it, target.action or "", target.args))
             except DecideError as exc:
                 if exc.output is not None:
                     raise
                 raise DecideError(exc.message + f" (needed for the outputs of {stage_id})",
                                   exc.variable, stage_id) from None
-            return Decision(path=path, finals=finals)
+            return Decision(path=path, finals=finals, actions=actions), taken
         stage_id = target.stage
     raise DecideError("the SOP has no entry stage")
+
+
+def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
+    """Reference semantics (slow, precise errors)."""
+    return run(scenario, values)[0]
+
+
+def has_action_trace(scenario: ir.Scenario) -> bool:
+    """Whether the program carries out actions on the way or gives actions arguments (its
+    decisions are then reported with their action trace; otherwise the trace is just the final
+    action and outputs stay as they always were)."""
+    return scenario.traced
+
+
+def reference_trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The actions the procedure carries out for these values, in order (`{"name", "args"}`; the
+    final action last): what an agent's tool calls are compared against."""
+    return decide(scenario, values).actions
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,8 +376,9 @@ def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
 class _Gen:
     """Emits Python source for one scenario."""
 
-    def __init__(self, scenario: ir.Scenario):
+    def __init__(self, scenario: ir.Scenario, looks: Mapping[str, tuple[str, int]] | None = None):
         self.s = scenario
+        self.looks = looks or {}  # unrolled look variable -> (observed variable, 1-based look)
         self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError,
                                    "_INF": math.inf, "_out": self._out}
         self.lines: list[str] = []
@@ -337,6 +411,12 @@ class _Gen:
             out = [f"def R{i}(v):"]
             if var.role == "derived":
                 out.append(f"    return {self.expr(var.expr)}")
+            elif name in self.looks:  # the k-th entry of the observed variable's list of looks
+                base, k = self.looks[name]
+                out.append(f"    s = v.get({base!r})")
+                out.append(f"    x = s[{k - 1}] if s.__class__ is list and len(s) >= {k} else None")
+                out += [f"    {line}" for line in self.check_lines(var, "x")]
+                out.append("    return x")
             else:
                 out.append(f"    x = v.get({name!r})")
                 out += [f"    {line}" for line in self.check_lines(var, "x")]
@@ -416,6 +496,27 @@ class _Gen:
             return k
         return "{**" + k + ", " + ", ".join(f"{n!r}: {c}" for n, c in dynamic) + "}"
 
+    def calls(self, target: ir.Target) -> list[tuple[str, list[tuple[str, Any]]]]:
+        """The actions a target carries out (steps, then the final action if a leaf) as
+        (name, [(param, expr)])."""
+        out = [(c.action, [(a.name, a.value) for a in c.args]) for c in target.steps]
+        if target.kind == "action":
+            out.append((target.action or "", [(a.name, a.value) for a in target.args]))
+        return out
+
+    def actions_code(self, calls: list[tuple[str, list[tuple[str, Any]]]]) -> str:
+        """Code building the action list: a constant when every argument is a literal."""
+        if all(isinstance(e, ir.Lit) for _, args in calls for _, e in args):
+            return self.const([{"name": n, "args": {p: e.value for p, e in args}} for n, args in calls])
+        items = []
+        for n, args in calls:
+            if all(isinstance(e, ir.Lit) for _, e in args):
+                items.append(self.const({"name": n, "args": {p: e.value for p, e in args}}))
+            else:
+                body = ", ".join(f"{p!r}: {self.expr(e)}" for p, e in args)
+                items.append(f"{{'name': {n!r}, 'args': {{{body}}}}}")
+        return "[" + ", ".join(items) + "]"
+
     def branch_code(self, stage: ir.Stage, emit_target, indent: str) -> list[str]:
         """Lines evaluating a stage's branches; `emit_target(target, indent)` writes each target."""
         out: list[str] = []
@@ -454,6 +555,8 @@ class _Gen:
         kw = "if"
         closed = False
         for branch in stage.branches:
+            if isinstance(branch.guard, ir.Lit) and branch.guard.value is False:
+                continue  # a spent bounded branch of an unrolled procedure: never taken
             if branch.guard is None:
                 if kw == "if":
                     out += emit_target(branch.target, indent)
@@ -511,80 +614,132 @@ class Engine:
 
     def __init__(self, scenario: ir.Scenario):
         self.scenario = scenario
-        gen = _Gen(scenario)
+        self._flatten: Any = None  # reserved: values are read in their source form (looks from the lists)
+        plan, display, looks = scenario, None, {}
+        if scenario.procedural:
+            try:
+                unrolled = unrolled_for(scenario)
+            except UnrollError:
+                unrolled = None
+            if unrolled is None or unrolled.premature:
+                self._build_interpreted()  # not a valid procedure: the interpreter says why
+                return
+            plan, display = unrolled.scenario, unrolled.origin
+            looks = {look_name(name, k): (name, k) for name, n in unrolled.looks.items() for k in range(1, n + 1)}
+        gen = _Gen(plan, looks)
         gen.readers()
-        size = _expanded_size(scenario)
+        size = _expanded_size(plan)
         self.mode = "tree" if size is not None else "loop"
         if self.mode == "tree":
-            self._build_tree(gen)
+            self._build_tree(gen, plan, display)
         else:
-            self._build_loop(gen)
+            self._build_loop(gen, plan, display)
         self.source = "\n".join(gen.lines) + "\n"
         exec(compile(self.source, f"<sop engine {scenario.name}>", "exec"), gen.ns)  # noqa: S102
         self._fn = gen.ns["decide"]
 
-    def _build_tree(self, gen: _Gen) -> None:
-        def emit_stage(stage_id: str, prefix: tuple[str, ...], indent: str) -> list[str]:
-            stage = self.scenario.stages[stage_id]
-            path = prefix + (stage_id,)
+    def _build_interpreted(self) -> None:
+        self.mode = "interpret"
+        self.source = ""
+
+        def fn(values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any], list[dict[str, Any]]]:
+            d = interpret(self.scenario, values)
+            return d.path, d.finals, d.actions
+
+        self._fn = fn
+
+    @staticmethod
+    def _build_tree(gen: _Gen, plan: ir.Scenario, display: dict[str, str] | None) -> None:
+        def emit_stage(stage_id: str, prefix: tuple[str, ...], calls: tuple, indent: str) -> list[str]:
+            stage = plan.stages[stage_id]
+            path = prefix + ((display or {}).get(stage_id, stage_id),)
 
             def emit_target(target: ir.Target, ind: str) -> list[str]:
+                done = calls + tuple(gen.calls(target))
                 if target.kind == "action":
-                    return [f"{ind}return {gen.const(list(path))}, {gen.leaf(target)}"]
-                return emit_stage(target.stage or "", path, ind)
+                    return [f"{ind}return {gen.const(list(path))}, {gen.leaf(target)}, "
+                            f"{gen.actions_code(list(done))}"]
+                return emit_stage(target.stage or "", path, done, ind)
 
             return gen.branch_code(stage, emit_target, indent)
 
         gen.lines.append("def decide(v):")
-        gen.lines += emit_stage(self.scenario.start or "", (), "    ")
+        gen.lines += emit_stage(plan.start or "", (), (), "    ")
 
-    def _build_loop(self, gen: _Gen) -> None:
-        index = {sid: i for i, sid in enumerate(self.scenario.stages)}
-        for sid, stage in self.scenario.stages.items():
+    @staticmethod
+    def _build_loop(gen: _Gen, plan: ir.Scenario, display: dict[str, str] | None) -> None:
+        index = {sid: i for i, sid in enumerate(plan.stages)}
+        for sid, stage in plan.stages.items():
 
             def emit_target(target: ir.Target, ind: str) -> list[str]:
+                calls = gen.calls(target)
                 if target.kind == "action":
-                    return [f"{ind}return {gen.leaf(target)}"]
-                return [f"{ind}return {index.get(target.stage or '', -1)}"]
+                    return [f"{ind}return {gen.leaf(target)}, {gen.actions_code(calls)}"]
+                nxt = index.get(target.stage or "", -1)
+                if calls:
+                    return [f"{ind}return {nxt}, {gen.actions_code(calls)}"]
+                return [f"{ind}return {nxt}"]
 
             gen.lines.append(f"def S{index[sid]}(v):")
             gen.lines += gen.branch_code(stage, emit_target, "    ")
-        gen.ns["IDS"] = list(self.scenario.stages)
+        gen.ns["IDS"] = [(display or {}).get(sid, sid) for sid in plan.stages]
         gen.lines.append("FUNCS = [" + ", ".join(f"S{i}" for i in range(len(index))) + "]")
-        start = index.get(self.scenario.start or "", -1)
+        start = index.get(plan.start or "", -1)
         limit = len(index) + 1
         gen.lines += [
             "def decide(v):",
             "    p = []",
+            "    a = []",
             f"    s = {start}",
             f"    for _ in range({limit}):",
             "        if s < 0: raise DecideError('undefined stage')",
             "        p.append(IDS[s])",
             "        r = FUNCS[s](v)",
-            "        if r.__class__ is not int: return p, r",
+            "        if r.__class__ is int:",
+            "            s = r",
+            "            continue",
+            "        r, acts = r",
+            "        a += acts",
+            "        if r.__class__ is not int: return p, r, a",
             "        s = r",
             "    raise DecideError('loop')",
         ]
 
+    def decide_trace_raw(self, values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any], list[dict[str, Any]]]:
+        """Fast path for batches: (path, finals, actions); the returned objects must not be mutated."""
+        try:
+            if self._flatten is not None:
+                return self._fn(self._flatten(values))
+            return self._fn(values)
+        except (DecideError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+            d = self._fallback(values, exc)
+            return d.path, d.finals, d.actions
+
     def decide_raw(self, values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
         """Fast path for batches: (path, finals); the returned objects must not be mutated."""
         try:
-            return self._fn(values)
+            r = self._fn(values if self._flatten is None else self._flatten(values))
+            return r[0], r[1]
+        except (DecideError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+            d = self._fallback(values, exc)
+            return d.path, d.finals
+
+    def _fallback(self, values: Mapping[str, Any], exc: Exception) -> Decision:
+        """Re-run the interpreter after a failure of the generated code: it raises the precise
+        DecideError (which stage needed which value), or decides if the failure was not a bad value."""
+        if isinstance(exc, DecideError):
+            return interpret(self.scenario, values)  # raises, with the precise message
+        try:
+            return interpret(self.scenario, values)
         except DecideError:
-            decision = interpret(self.scenario, values)  # re-run for a precise message
-            return decision.path, decision.finals  # pragma: no cover - interpret raises too
-        except (TypeError, ValueError, OverflowError) as exc:
-            try:
-                decision = interpret(self.scenario, values)
-            except DecideError:
-                raise
-            except Exception:  # noqa: BLE001 - a value of the wrong shape deep in an expression
-                raise DecideError(f"cannot evaluate: {exc}") from None
-            return decision.path, decision.finals
+            raise
+        except Exception:  # noqa: BLE001 - a value of the wrong shape deep in an expression
+            raise DecideError(f"cannot evaluate: {exc}") from None
 
     def decide(self, values: Mapping[str, Any]) -> Decision:
-        path, finals = self.decide_raw(values)
-        return Decision(path=list(path), finals=dict(finals))
+        path, finals, actions = self.decide_trace_raw(values)
+        return Decision(path=list(path), finals=dict(finals),
+                        actions=[{"name": a["name"], "args": dict(a["args"])} for a in actions])
 
     def decide_many(self, rows: Iterable[Mapping[str, Any]]) -> Iterator[Decision | DecideError]:
         """Decide a batch; failures are yielded as DecideError values so the batch continues."""

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sopgraph.language import ir
+from sopgraph.language.compile import reads
 from sopgraph.language.diagnostics import Diagnostic, error, warning
 from sopgraph.logic.domain import Box, Space
 from sopgraph.logic.engine import DecideError, Interpreter
@@ -218,10 +219,11 @@ class _Flow:
         out: list[tuple[int, int, Diagnostic]] = []
         for j in range(1, len(stage.branches)):
             gj = guards[j]
-            if gj is None:
-                continue
+            if gj is None or stage.branches[j].ordered:
+                continue  # `otherwise when`: the author states that the earlier arms come first
             found = None
             guard_j_vars = set(sp.base_reads(stage.branches[j].guard))
+            direct_j = set(reads(stage.branches[j].guard))
             for i in range(j):
                 if guards[i] is None:
                     break
@@ -229,6 +231,10 @@ class _Flow:
                     # ordered guards on one variable (`when N < 10 / when N < 50`) are the
                     # threshold idiom: first match wins by design, so no ambiguity to report
                     continue
+                if len(direct_j) == 1 and set(reads(stage.branches[i].guard)) == direct_j:
+                    continue  # the same idiom on one derived value (`when Total > 10 / when Total > 5`)
+                if _same_effect(stage.branches[i], stage.branches[j]):
+                    continue  # either arm does the same thing: the overlap cannot matter
                 fire_i = self.ex.fire(si, i)
                 for region, prefix in ctxs[:MAX_CONTEXTS]:
                     both = [b3 for b in region for b2 in sp.constrain(b, fire_i)
@@ -246,6 +252,7 @@ class _Flow:
                 continue
             i, prefix, w = found
             bi_, bj_ = stage.branches[i], stage.branches[j]
+            w = self._route_values(w, prefix, si)
             out.append((si, j, warning(
                 "W301",
                 f"guard `{ir.show(bj_.guard)}` overlaps the earlier guard `{ir.show(bi_.guard)}` "
@@ -258,6 +265,15 @@ class _Flow:
                        f"{bi_.target.describe()}`, never `{bj_.target.describe()}`"],
             )))
         return out
+
+    def _route_values(self, w: dict[str, Any], prefix: Any, si: int) -> dict[str, Any]:
+        """The witness restricted to the variables the route's guards read (the example then
+        names what matters, not every variable of the program)."""
+        names: set[str] = set()
+        for s_idx in [s for s, _ in _steps(prefix)] + [si]:
+            names |= self._stage_vars(self.ex.stage_objs[s_idx])
+        kept = {k: v for k, v in w.items() if k in names}
+        return kept or w
 
     def _overlap_witness(self, full: Sequence[Box], prefix: Any, si: int, i: int,
                          guard_j: Any) -> dict[str, Any] | None:
@@ -372,6 +388,12 @@ class _Flow:
 
     def _earlier_values(self, stage: ir.Stage, bi: int) -> set[tuple[str, Any]]:
         return {(type(v.value).__name__, v.value) for b in stage.branches[:bi] for v in b.values}
+
+
+def _same_effect(a: ir.Branch, b: ir.Branch) -> bool:
+    """Two branches that go to the same place doing the same actions with the same outputs."""
+    keep = {"span"}
+    return a.target.model_dump(exclude=keep) == b.target.model_dump(exclude=keep) and a.limit == b.limit
 
 
 def _describe(sp: Space, boxes: Sequence[Box], names: set[str]) -> str:

@@ -51,7 +51,8 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.logic.domain import Box, Formula, Space, space_for, variables_signature
-from sopgraph.logic.engine import DecideError, Interpreter, interpret
+from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
+from sopgraph.logic.unroll import Unrolled, unrolled_for
 from sopgraph.perf import no_cyclic_gc as no_gc
 
 Region = tuple[Box, ...]
@@ -77,6 +78,7 @@ class PathInfo(BaseModel):
     finals_varying: dict[str, str] = Field(default_factory=dict)
     constraints: dict[str, str] = Field(default_factory=dict)
     status: Literal["feasible", "unknown"] = "feasible"
+    actions: list[str] = Field(default_factory=list)  # the action trace: steps, then the final action
     witness: dict[str, Any] | None = None
     witness_finals: dict[str, Any] | None = None
     boundary_witness: dict[str, Any] | None = None
@@ -509,6 +511,7 @@ class Explorer:
             "finals_varying": varying,
             "constraints": self.sp.describe_region(region),
             "status": "unknown",
+            "actions": self.action_trace(stages, branches),
         }
         if witnesses:
             for style, wkey, fkey in (("representative", "witness", "witness_finals"),
@@ -520,6 +523,16 @@ class Explorer:
         elif self.sp.decide_region(region):
             info["status"] = "feasible"
         return PathInfo.model_construct(**{**_DEFAULTS, **info})
+
+    def action_trace(self, stages: Sequence[int], branches: Sequence[int]) -> list[str]:
+        """The actions a path carries out, as written (`Reset(mode = Soft)`), the final one last."""
+        out: list[str] = []
+        for si, bi in zip(stages, branches, strict=True):
+            t = self.stage_objs[si].branches[bi].target
+            out += [ir.show_call(c.action, c.args) for c in t.steps]
+            if t.kind == "action":
+                out.append(ir.show_call(t.action or "", t.args))
+        return out
 
     def find_witness(self, region: Region, stage_ids: list[str], branches: Sequence[int], style: str,
                      rng: random.Random | None = None) -> tuple[dict, dict] | None:
@@ -592,7 +605,7 @@ class Explorer:
 
 
 _DEFAULTS: dict[str, Any] = {
-    "labels": [], "finals_varying": {}, "constraints": {}, "status": "feasible", "witness": None,
+    "labels": [], "actions": [], "finals_varying": {}, "constraints": {}, "status": "feasible", "witness": None,
     "witness_finals": None, "boundary_witness": None, "boundary_finals": None,
 }
 
@@ -615,6 +628,9 @@ def explorer_for(scenario: ir.Scenario) -> Explorer:
 def trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], list[int]]:
     """The engine's decisions for `values`: stage ids and the index of the branch taken at each.
     Raises DecideError like the engine."""
+    if scenario.procedural:
+        decision, taken = run(scenario, values)
+        return decision.path, taken
     it = Interpreter(scenario, values)
     stages: list[str] = []
     branches: list[int] = []
@@ -656,10 +672,35 @@ def verify(scenario: ir.Scenario, values: Mapping[str, Any], stages: Sequence[st
 # Public functions
 
 
+def _unrolled(scenario: ir.Scenario) -> Unrolled | None:
+    """The unrolled form of a procedure (observations, bounded loops), else None: paths of a
+    procedure are the paths of its unrolled form, shown with the source's stage ids and values."""
+    return unrolled_for(scenario) if scenario.procedural else None
+
+
+def _lift(info: PathInfo, u: Unrolled) -> PathInfo:
+    """A path of the unrolled form in the source's terms: stage ids, observed values as lists."""
+    stages = [u.origin.get(s, s) for s in info.stages]
+    update: dict[str, Any] = {"stages": stages}
+    looks: dict[str, int] = {}
+    for sid in stages:  # the path's own looks: later entries of the lists are never read
+        for name in u.scenario_source.stages[sid].observe:
+            looks[name] = looks.get(name, 0) + 1
+    for key in ("witness", "boundary_witness"):
+        w = getattr(info, key)
+        if w is not None:
+            lifted = u.lift(w)
+            for name in u.looks:
+                lifted[name] = lifted.get(name, [])[:looks.get(name, 0)]
+            update[key] = lifted
+    return info.model_copy(update=update)
+
+
 def iter_decisions(scenario: ir.Scenario) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
     """Feasible paths as (stage ids, branch indices), depth-first in declaration order."""
-    ex = explorer_for(scenario)
-    ids = ex.ids
+    u = _unrolled(scenario)
+    ex = explorer_for(u.scenario if u else scenario)
+    ids = [u.origin[i] for i in ex.ids] if u else ex.ids
     for stages, branches, _action in ex.iter_raw():
         yield tuple(ids[s] for s in stages), tuple(branches)
 
@@ -667,24 +708,35 @@ def iter_decisions(scenario: ir.Scenario) -> Iterator[tuple[tuple[str, ...], tup
 def iter_paths(scenario: ir.Scenario, *, limit: int | None = None,
                witnesses: bool = True) -> Iterator[PathInfo]:
     """Feasible paths, lazily, depth-first in declaration order (ranks 1, 2, ...)."""
-    ex = explorer_for(scenario)
+    u = _unrolled(scenario)
+    ex = explorer_for(u.scenario if u else scenario)
     if limit is not None and limit <= 0:
         return
     region_of = ex.prefix_regions()
     for rank, (stages, branches, action) in enumerate(ex.iter_raw(), 1):
-        yield ex.make_info(rank, stages, branches, action, region_of(stages, branches), witnesses=witnesses)
+        info = ex.make_info(rank, stages, branches, action, region_of(stages, branches), witnesses=witnesses)
+        yield _lift(info, u) if u else info
         if limit is not None and rank >= limit:
             return
 
 
 def count_paths(scenario: ir.Scenario) -> PathCount:
-    """Number of feasible paths and of distinct stage sequences, without enumerating them."""
-    return explorer_for(scenario).count()
+    """Number of feasible paths and of distinct stage sequences, without enumerating them. For a
+    procedure, `stage_sequences` counts sequences of stage visits of the unrolled form."""
+    u = _unrolled(scenario)
+    return explorer_for(u.scenario if u else scenario).count()
 
 
 def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Sequence[int],
                       *, witnesses: bool = True) -> PathInfo | None:
     """The PathInfo (with its rank) of a decision sequence, or None if it is not a feasible path."""
+    u = _unrolled(scenario)
+    if u is not None:
+        flat_ids = _flat_stage_ids(u, stages, branches)
+        if flat_ids is None:
+            return None
+        found = path_by_decisions(u.scenario, flat_ids, branches, witnesses=witnesses)
+        return _lift(found, u) if found is not None else None
     ex = explorer_for(scenario)
     ex.count()
     rk = ex.root_key()
@@ -722,9 +774,37 @@ def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Se
     return None
 
 
+def _flat_stage_ids(u: Unrolled, stages: Sequence[str], branches: Sequence[int]) -> list[str] | None:
+    """The unrolled copies a source decision sequence walks through (None if it does not fit)."""
+    flat = u.scenario
+    sid = flat.start
+    out: list[str] = []
+    for src, bi in zip(stages, branches, strict=False):
+        if sid is None or u.origin.get(sid) != src:
+            return None
+        out.append(sid)
+        st = flat.stages[sid]
+        if bi >= len(st.branches):
+            return None
+        t = st.branches[bi].target
+        sid = t.stage if t.kind == "stage" else None
+    return out
+
+
 def sample_paths(scenario: ir.Scenario, n: int, *, seed: int = 0, weights: Weights = None,
                  unique: bool = False, witnesses: bool = True) -> list[PathInfo]:
     """`n` paths drawn at random (see the module docstring for `weights`); deterministic per seed."""
+    u = _unrolled(scenario)
+    if u is not None:
+        if callable(weights):
+            user = weights
+            origin = u.origin
+
+            def weights(sid: str, bi: int) -> float:
+                return user(origin.get(sid, sid), bi)
+
+        return [_lift(info, u) for info in sample_paths(u.scenario, n, seed=seed, weights=weights,
+                                                        unique=unique, witnesses=witnesses)]
     ex = explorer_for(scenario)
     total = ex.count().feasible
     if n <= 0 or total == 0:

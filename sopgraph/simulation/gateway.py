@@ -536,11 +536,11 @@ def load_litellm() -> ModuleType:
         return litellm
 
 
-def _register_builtins(litellm: ModuleType) -> None:
+def _register_builtins(litellm: Any) -> None:
     """Register ``baseline/*`` and ``scripted/*`` as litellm custom providers, priced at zero."""
     from litellm.llms.custom_llm import CustomLLMError
 
-    class _BuiltinLLM(litellm.CustomLLM):  # type: ignore[misc,name-defined]
+    class _BuiltinLLM(litellm.CustomLLM):
         """Answers from ``sopgraph.simulation.providers`` using the context passed in the call's metadata."""
 
         def __init__(self, provider: str) -> None:

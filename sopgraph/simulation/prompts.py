@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 
 from sopgraph.language import ir
 from sopgraph.language.schema import agent_output_schema
-from sopgraph.logic.engine import DecideError, Interpreter, decide
+from sopgraph.logic.engine import DecideError, Interpreter, decide, run
 from sopgraph.records import CHAT_DIMENSIONS, Case, Turn
 
 STOP_TOKEN = "###STOP###"
@@ -223,10 +223,17 @@ def value_meaning(var: ir.Variable, value: Any) -> str | None:
 # The SOP as text for the agent
 
 
+def _call_text(scenario: ir.Scenario, action: str, args: list[ir.OutputAssign]) -> str:
+    if not args:
+        return action
+    return f"{action} ({', '.join(f'{a.name} = {_output_value(scenario, a.value)}' for a in args)})"
+
+
 def _target_text(scenario: ir.Scenario, target: ir.Target) -> str:
+    steps = "".join(f"carry out {_call_text(scenario, c.action, c.args)}, then " for c in target.steps)
     if target.kind == "stage":
-        return f"go to {target.stage}"
-    text = f"final action {target.action}"
+        return f"{steps}go to {target.stage}"
+    text = f"{steps}final action {_call_text(scenario, target.action or '', target.args)}"
     if target.outputs:
         assigned = ", ".join(f"{a.name} = {_output_value(scenario, a.value)}" for a in target.outputs)
         text += f", with {assigned}"
@@ -263,6 +270,9 @@ def _stage_block(scenario: ir.Scenario, number: int, stage: ir.Stage, numbered: 
     lines += [f"  {line}" for line in text[1:]]
     if stage.classify:
         lines.append("  Classify: " + ", ".join(stage.classify) + ".")
+    if stage.observe:
+        lines.append("  Check again now: " + ", ".join(stage.observe) + " (look up the current value; it may "
+                     "have changed since the last action).")
     if stage.kind == "goto":
         lines.append(f"  Next: {_target_text(scenario, stage.branches[0].target)}.")
         return "\n".join(lines)
@@ -272,7 +282,13 @@ def _stage_block(scenario: ir.Scenario, number: int, stage: ir.Stage, numbered: 
         lines.append("  Branching (check in this order; the first condition that holds decides):")
     for branch in stage.branches:
         cond = "otherwise" if branch.guard is None else "if " + plain(branch.guard, scenario)
-        lines.append(f"  - {cond} → {_target_text(scenario, branch.target)}")
+        if branch.guard is None and branch.limit is not None and branch is stage.branches[0]:
+            cond = "first"
+        bound = ""
+        if branch.limit is not None:
+            bound = (f" (at most {branch.limit} time{'s' if branch.limit != 1 else ''} in this conversation; "
+                     "after that, skip this line)")
+        lines.append(f"  - {cond} → {_target_text(scenario, branch.target)}{bound}")
     return "\n".join(lines)
 
 
@@ -313,6 +329,8 @@ def _action_lines(scenario: ir.Scenario) -> str:
     lines = []
     for action in scenario.actions.values():
         line = f"- {action.name}"
+        if action.params:
+            line += "(" + ", ".join(f"{p.name}: {describe_domain(p.type)}" for p in action.params) + ")"
         if action.description:
             line += f": {' '.join(action.description.split())}"
         if action.attributes:
@@ -322,7 +340,7 @@ def _action_lines(scenario: ir.Scenario) -> str:
 
 
 def _output_lines(scenario: ir.Scenario) -> str:
-    lines = [f"- Action — one of: {', '.join(scenario.actions)}. The action the procedure leads to."]
+    lines = [f"- Action — one of: {', '.join(scenario.final_actions)}. The action the procedure leads to."]
     for out in scenario.outputs.values():
         line = f"- {out.name} — {describe_domain(out.type)}"
         if out.default is not None:
@@ -358,7 +376,8 @@ def _sop_sections(scenario: ir.Scenario) -> dict[str, str]:
             _derived_lines(scenario)),
         "actions_section": _section(
             "Actions",
-            "The procedure ends in exactly one of these actions:",
+            ("Some actions are carried out on the way (the steps say when); the procedure ends in exactly "
+             "one final action:" if scenario.traced else "The procedure ends in exactly one of these actions:"),
             _action_lines(scenario)),
         "finals_section": _section(
             "Final outputs",
@@ -397,14 +416,35 @@ def _example_value(var_type: Any) -> Any:
     return None
 
 
+def _procedure_cot(scenario: ir.Scenario, values: Mapping[str, Any]) -> list[str]:
+    """The jumps of a procedure's example path (stages repeat, so they come from the engine's run)."""
+    try:
+        decision, taken = run(scenario, values)
+    except DecideError:
+        return []
+    out = []
+    for sid, bi in zip(decision.path, taken, strict=True):
+        stage = scenario.stages[sid]
+        branch = stage.branches[bi]
+        tgt = branch.target
+        where = tgt.stage if tgt.kind == "stage" else f"Action {tgt.action}"
+        why = "otherwise" if branch.guard is None else plain(branch.guard, scenario)
+        out.append(f"{sid}: {why} → {where}")
+    return out
+
+
 def example_reply(scenario: ir.Scenario) -> dict[str, Any]:
     """A reply that the schema accepts and whose path and finals are what the engine gives for its own
     classification (first allowed value of each field) and example system values."""
-    values = {v.name: _example_value(v.type) for v in scenario.variables.values() if v.role != "derived"}
+    values: dict[str, Any] = {v.name: _example_value(v.type) for v in scenario.variables.values()
+                              if v.role != "derived"}
+    for name in scenario.observed:  # one value per look: the same value every time
+        values[name] = [values.get(name)] * 16
     classification = {v.name: values[v.name] for v in scenario.fields}
+    trace: list[dict[str, Any]] = []
     try:
         decision = decide(scenario, values)
-        path, finals = list(decision.path), dict(decision.finals)
+        path, finals, trace = list(decision.path), dict(decision.finals), decision.actions
     except DecideError:
         path = [scenario.start] if scenario.start else []
         finals = {"Action": next(iter(scenario.actions), "")}
@@ -414,8 +454,10 @@ def example_reply(scenario: ir.Scenario) -> dict[str, Any]:
         if finals.get(name) is None:
             finals[name] = out.default.value if out.default is not None else _example_value(out.type)
     steps = []
+    if scenario.procedural:
+        steps = _procedure_cot(scenario, values)
     interp = Interpreter(scenario, values)
-    for i, sid in enumerate(path):
+    for i, sid in enumerate([] if scenario.procedural else path):
         stage = scenario.stages[sid]
         nxt = path[i + 1] if i + 1 < len(path) else None
         for branch in stage.branches:
@@ -435,13 +477,16 @@ def example_reply(scenario: ir.Scenario) -> dict[str, Any]:
                     steps.append(f"{sid}: {why} → {where}")
                 break
     cot = "; ".join(steps) if steps else "Classified the fields and followed the SOP."
-    return {
+    reply: dict[str, Any] = {
         "classification_output": classification,
         "cot": cot,
         "now_path": path,
         "finals": finals,
         "chat": "Thank you for contacting us. I have checked your request and will take care of it now.",
     }
+    if scenario.traced:
+        reply["actions"] = trace
+    return reply
 
 
 def compact_json(value: Any, indent: str = "") -> str:
@@ -461,8 +506,13 @@ def output_format_text(scenario: ir.Scenario) -> str:
     """The output-format block: the JSON Schema of the reply, an example and the rules."""
     schema = compact_json(agent_output_schema(scenario, descriptions=False))
     example = compact_json(example_reply(scenario))
-    return _fill("agent_output_format.md", schema=schema, example=example, start=str(scenario.start),
+    text = _fill("agent_output_format.md", schema=schema, example=example, start=str(scenario.start),
                  chat_words=str(CHAT_WORD_LIMIT))
+    if scenario.traced:
+        text = text.rstrip("\n") + (
+            "\n6. `actions` lists every action you have carried out so far, in order, with its arguments (the "
+            "final action too, once you take it). A stage you pass again appears again in `now_path`.\n")
+    return text
 
 
 def agent_sop_text(scenario: ir.Scenario) -> str:
@@ -477,8 +527,13 @@ def system_values_text(scenario: ir.Scenario, system_values: Mapping[str, Any], 
                        include_hidden: bool = False) -> str:
     """`- Name: value` for each declared system variable (hidden ones only when asked)."""
     lines = []
+    observed = set(scenario.observed)
     for var in scenario.system_vars:
         if var.hidden and not include_hidden:
+            continue
+        if var.name in observed and not include_hidden:
+            lines.append(f"- {var.name}: changes during the conversation; look it up when the procedure says "
+                         "to check it")
             continue
         lines.append(f"- {var.name}: {format_value(system_values.get(var.name), var)}")
     return "\n".join(lines) if lines else "(none)"

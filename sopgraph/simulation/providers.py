@@ -487,7 +487,7 @@ def _rest_first_person(words: list[str]) -> str:
 
 def _verb_clause(words: list[str]) -> str:
     """`[adverbs] verb rest` → `I [adverbs] verb rest` in the first person."""
-    adverbs = []
+    adverbs: list[str] = []
     while words and _is_adverb(words[0]):
         adverbs.append(words.pop(0).lower())
     verb = words.pop(0)
@@ -536,7 +536,7 @@ def first_person(description: str) -> str:
         tail = _rest_first_person(rest)
         return f"I'm {article} {noun}{' ' + tail if tail else ''}."
     middle = rest[:verb_at]
-    adverbs = []
+    adverbs: list[str] = []
     while middle and _is_adverb(middle[-1]):
         adverbs.insert(0, middle.pop())
     if middle and middle[0].lower() == "whose":

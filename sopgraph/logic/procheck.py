@@ -1,0 +1,183 @@
+"""Checks of procedures: actions carried out on the way, their arguments, observations and bounded
+retries (docs/language.md §8 and §12, codes E104, E109–E112, E302 for loops without a bound).
+
+Kept apart from `checker` so the procedure rules read as one unit; `checker` runs them as the
+`procedures` pass and, for programs that observe or bound branches, runs the flow analysis on
+the unrolled form (`unroll`) and maps its findings back to the source (`procedure_flow`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error
+from sopgraph.logic.paths import explorer_for
+from sopgraph.logic.unroll import LOOK_SEP, UnrollError, unbounded_cycle, unrolled_for
+
+# output_value(output, expr, span) of the checker's typer: checks a value against a declared type
+ValueCheck = Callable[[ir.Output, Any, ir.Span], None]
+
+
+def _calls(scenario: ir.Scenario) -> list[tuple[ir.Stage, ir.Branch, str, list[ir.OutputAssign], ir.Span]]:
+    """Every action call: (stage, branch, action, arguments, span) for steps and final actions."""
+    out = []
+    for stage in scenario.stages.values():
+        for branch in stage.branches:
+            t = branch.target
+            for call in t.steps:
+                out.append((stage, branch, call.action, call.args, call.span if call.span.line else t.span))
+            if t.kind == "action" and (t.args or (t.action in scenario.actions
+                                                   and scenario.actions[t.action].params)):
+                out.append((stage, branch, t.action or "", t.args, t.span))
+    return out
+
+
+def check_calls(scenario: ir.Scenario, value_check: ValueCheck) -> list[Diagnostic]:
+    """Undefined actions in steps (E104); arguments that are unknown, missing, repeated or of the
+    wrong type for the action's parameters (E109)."""
+    out: list[Diagnostic] = []
+    for stage, branch, name, args, span in _calls(scenario):
+        action = scenario.actions.get(name)
+        if action is None:
+            if any(c.action == name for c in branch.target.steps):
+                out.append(error("E104", f"undefined action `{name}`", span,
+                                 did_you_mean(name, scenario.actions)
+                                 or f'declare it with `action {name} "what it does"`'))
+            continue
+        params = {p.name: p for p in action.params}
+        given: set[str] = set()
+        for arg in args:
+            param = params.get(arg.name)
+            if param is None:
+                hint = did_you_mean(arg.name, params) or (
+                    f"its parameters are {', '.join(f'`{p}`' for p in params)}" if params
+                    else f"`{name}` takes no arguments")
+                out.append(error("E109", f"action `{name}` has no parameter `{arg.name}`", arg.span, hint))
+                continue
+            if arg.name in given:
+                out.append(error("E102", f"argument `{arg.name}` is given twice", arg.span, "keep one"))
+            given.add(arg.name)
+            value_check(ir.Output(name=f"{name}.{arg.name}", type=param.type), arg.value,
+                        arg.value.span if arg.value.span.line else arg.span)
+        missing = [p for p in params if p not in given]
+        if missing:
+            out.append(error("E109", f"`do {name}` at stage `{stage.id}` does not give "
+                             f"{', '.join(f'`{m}`' for m in missing)}", span,
+                             f"write `do {name}({', '.join(f'{m} = ...' for m in missing)})`"))
+    return out
+
+
+def check_observations(scenario: ir.Scenario) -> list[Diagnostic]:
+    """`observe` of undeclared or non-system variables (E101/E110); zero bounds (E112)."""
+    out: list[Diagnostic] = []
+    for stage in scenario.stages.values():
+        for name in stage.observe:
+            var = scenario.variables.get(name)
+            if var is None:
+                out.append(error("E101", f"undefined variable `{name}` in `observe` of stage `{stage.id}`",
+                                 stage.span, did_you_mean(name, [v.name for v in scenario.system_vars])
+                                 or f"declare it: `system {name}: bool \"…\"`"))
+            elif var.role != "system":
+                out.append(error("E110", f"`observe` lists `{name}`, which is a {var.role} variable",
+                                 stage.span, "only system variables are observed: each look is a new value "
+                                 "the backend reports after an action"))
+        for branch in stage.branches:
+            if branch.limit is not None and branch.limit < 1:
+                out.append(error("E112", f"`up to {branch.limit} times` never fires", branch.span,
+                                 "write a bound of at least 1, or remove the branch"))
+    return out
+
+
+def check_loops(scenario: ir.Scenario) -> list[Diagnostic]:
+    """For procedures: a cycle no bounded branch stops (E302), reads before the first look (E111)."""
+    if not scenario.procedural:
+        return []
+    cycle = unbounded_cycle(scenario)
+    if cycle is not None:
+        closing = scenario.stages[cycle[-2]]
+        branch = next(b for b in closing.branches if b.target.kind == "stage" and b.target.stage == cycle[0])
+        return [error("E302", "cycle in the stage graph: " + " -> ".join(cycle),
+                      branch.target.span if branch.target.span.line else branch.span,
+                      "a loop must pass a bounded branch: add `up to N times` to one of its branches "
+                      "(and say what happens once it is spent)")]
+    try:
+        unrolled = unrolled_for(scenario)
+    except UnrollError as exc:
+        return [error("E302", f"the procedure cannot be analysed: {exc}", scenario.span,
+                      "lower the `up to N times` bounds")]
+    out: list[Diagnostic] = []
+    for sid, name in unrolled.premature:
+        out.append(error("E111", f"`{name}` is read at stage `{sid}` before it is observed on some path",
+                         scenario.stages[sid].span,
+                         f"add `observe {name}` to this stage or to one every path passes first"))
+    return out
+
+
+def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Diagnostic]]) -> list[Diagnostic]:
+    """The flow analysis of a procedure, run on its unrolled form and mapped back: a finding about
+    any copy of a stage is a finding about the stage; "never" claims (W303/W304) hold only if they
+    hold for every copy where the branch is live."""
+    try:
+        unrolled = unrolled_for(scenario)
+    except UnrollError:
+        return []
+    if unrolled.premature:
+        return []
+    flat = unrolled.scenario
+    found = flow(flat)
+    taken = _taken_branches(flat, unrolled.origin)
+    spans: dict[tuple[int, int, str], tuple[str, int]] = {}
+    for sid, st in scenario.stages.items():
+        for bi, b in enumerate(st.branches):
+            for sp in (b.span, b.guard.span if b.guard is not None else ir.NO_SPAN, b.target.span):
+                if sp.line:
+                    spans.setdefault((sp.line, sp.col, sp.file), (sid, bi))
+    out: list[Diagnostic] = []
+    for d in found:
+        update: dict[str, Any] = {"message": _source_ids(d.message, unrolled.origin, unrolled.looks),
+                                  "notes": [_source_ids(n, unrolled.origin, unrolled.looks) for n in d.notes]}
+        if isinstance(d.witness, dict):
+            update["witness"] = unrolled.lift(d.witness)
+        d = d.model_copy(update=update)
+        if d.code in ("W303", "W304"):
+            # a "never" claim about one copy holds for the stage only if no copy ever takes the branch
+            branch = spans.get((d.span.line, d.span.col, d.span.file))
+            if branch is None or taken is None or branch in taken:
+                continue
+        out.append(d)
+    seen: set[tuple] = set()
+    unique = []
+    for d in out:  # one finding per source position, whichever copy showed it first
+        key = (d.code, d.span.line, d.span.col, d.span.file)
+        if key not in seen and "#spent" not in d.message:
+            seen.add(key)
+            unique.append(d)
+    return unique
+
+
+def _taken_branches(flat: ir.Scenario, origin: dict[str, str]) -> set[tuple[str, int]] | None:
+    """(source stage, branch) pairs some feasible path of the unrolled form takes (None when the
+    exploration is not exact: then no "never" claim is made)."""
+    ex = explorer_for(flat)
+    total = ex.count()
+    if not total.exact:
+        return None
+    out: set[tuple[str, int]] = set()
+    for key in list(ex.count_memo):
+        si, region, _vk = key
+        for bi, _kind, _tgt, _creg, _u in ex.children(si, region):
+            out.add((origin.get(ex.ids[si], ex.ids[si]), bi))
+    return out
+
+
+def _source_ids(text: str, origin: dict[str, str], looks: dict[str, int]) -> str:
+    """Copies and looks in source terms: `check#3` → `check` (on a later visit), `X#2` → `X` (look 2)."""
+    for cid in sorted(origin, key=len, reverse=True):
+        if cid != origin[cid]:
+            text = text.replace(f"`{cid}`", f"`{origin[cid]}` (on a later visit)").replace(cid, origin[cid])
+    for name in looks:
+        text = re.sub(rf"\b{re.escape(name)}{LOOK_SEP}(\d+)", rf"{name} (look \1)", text)
+    return text

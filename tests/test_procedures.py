@@ -1,0 +1,355 @@
+"""Procedures (issue 9): actions on the way, observations, bounded retries, reuse, and what every
+tool derives from them (engine trace, paths, checker, prompt, schema, render, CLI)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph.cli import main as cli_main
+from sopgraph.language import ir
+from sopgraph.language.compile import compile_graph
+from sopgraph.language.parse import load_source
+from sopgraph.language.render import to_dot
+from sopgraph.language.schema import agent_output_schema, validate
+from sopgraph.logic import paths
+from sopgraph.logic.checker import check
+from sopgraph.logic.engine import DecideError, Engine, decide, interpret, reference_trace
+from sopgraph.logic.unroll import unroll
+from sopgraph.simulation.prompts import agent_sop_text, example_reply
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_SERVICE = ROOT / "examples" / "no_service.sop"
+
+RETRY = """
+system Fixed: bool "whether it works now"
+action Try(n: int[1..3], mode: Soft | Hard) "try a fix"
+action Done "done" [ends_dialogue]
+action Human "escalate" [escalation]
+stage look "Look" {
+    observe Fixed
+    when Fixed -> do Done
+    otherwise -> fix
+}
+stage fix "Fix" {
+    -> do Try(n = 1, mode = Soft) -> look up to 2 times
+    otherwise -> do Human
+}
+"""
+
+
+def load(text: str) -> ir.Scenario:
+    return sopgraph.load(text=text)
+
+
+def codes(text: str) -> list[str]:
+    loaded = load_source(text=text)
+    assert loaded.scenario is not None, [d.message for d in loaded.diagnostics]
+    return [d.code for d in check(loaded.scenario) if d.severity != "info"]
+
+
+# -- language ---------------------------------------------------------------------------------
+
+def test_steps_args_observe_and_bounds_parse_into_the_ir() -> None:
+    s = load(RETRY)
+    fix = s.stages["fix"]
+    assert s.stages["look"].observe == ["Fixed"]
+    first = fix.branches[0]
+    assert first.limit == 2 and first.guard is None
+    assert [c.action for c in first.target.steps] == ["Try"]
+    assert [(a.name, ir.show(a.value)) for a in first.target.steps[0].args] == [("n", "1"), ("mode", "Soft")]
+    assert first.target.stage == "look" and fix.branches[1].target.action == "Human"
+    assert [p.name for p in s.actions["Try"].params] == ["n", "mode"]
+    assert s.procedural and s.observed == ["Fixed"] and s.traced
+
+
+def test_type_alias_is_shared_and_an_unknown_alias_is_e101() -> None:
+    s = load('type Level = Low | Mid | High\nfield A: Level "a"\nsystem B: Level "b"\naction Go(l: Level) "g"\n'
+             'stage s { when A == B -> do Go(l = A) otherwise -> do Go(l = Low) }')
+    assert s.variables["A"].type.values == s.variables["B"].type.values == ["Low", "Mid", "High"]
+    assert s.actions["Go"].params[0].type.values == ["Low", "Mid", "High"]
+    loaded = load_source(text='field A: Levl "a"\naction Go "g"\nstage s { when A == X -> do Go otherwise -> do Go }')
+    assert [d.code for d in loaded.diagnostics] == ["E101"]
+
+
+def test_contextual_words_stay_usable_as_names() -> None:
+    s = load('field to: bool "t"\nfield type: bool "y"\nfield times: bool "z"\nfield up: bool "u"\n'
+             'field else: bool "e"\naction Go "g"\n'
+             'stage s { when to and type and times and up and else -> do Go otherwise -> do Go }')
+    assert {"to", "type", "times", "up", "else"} <= set(s.variables)  # `else` is only a hint word
+
+
+def test_a_subflow_uses_a_subflow_and_start_names_an_instance() -> None:
+    s = load('''
+field Ok: bool "ok"
+field Vip: bool "vip"
+action Go "g"
+action Stop "s"
+subflow inner(done) { stage a { when Ok -> done otherwise -> do Stop } }
+subflow outer(next) {
+    stage b { -> chk }
+    use inner as chk(done -> c)
+    stage c { when Vip -> next otherwise -> do Stop }
+}
+stage main { -> do Go }
+use outer as gate(next -> main)
+start gate
+''')
+    assert s.start == "gate.b"
+    assert s.stages["gate.b"].branches[0].target.stage == "gate.chk.a"
+    assert s.stages["gate.chk.a"].branches[0].target.stage == "gate.c"
+    assert decide(s, {"Ok": True, "Vip": True}).path == ["gate.b", "gate.chk.a", "gate.c", "main"]
+
+
+def test_a_subflow_using_itself_is_e105() -> None:
+    loaded = load_source(text='action Go "g"\nsubflow f(x) { stage a { -> x } use f as again(x -> x) }\n'
+                              'stage s { -> i }\nuse f as i(x -> do Go)')
+    assert "E105" in [d.code for d in loaded.diagnostics]
+
+
+# -- engine -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("looks, path, trace", [
+    ([True], ["look"], ["Done"]),
+    ([False, True], ["look", "fix", "look"], ["Try", "Done"]),
+    ([False, False, True], ["look", "fix", "look", "fix", "look"], ["Try", "Try", "Done"]),
+    ([False, False, False], ["look", "fix", "look", "fix", "look", "fix"], ["Try", "Try", "Human"]),
+])
+def test_each_look_is_a_new_value_and_the_retry_is_bounded(looks: list[bool], path: list[str],
+                                                           trace: list[str]) -> None:
+    s = load(RETRY)
+    for got in (interpret(s, {"Fixed": looks}), Engine(s).decide({"Fixed": looks})):
+        assert got.path == path
+        assert [a["name"] for a in got.actions] == trace
+        assert got.finals["Action"] == trace[-1]
+    assert reference_trace(s, {"Fixed": looks})[0]["args"] in ({"n": 1, "mode": "Soft"}, {})
+
+
+def test_action_arguments_are_evaluated_when_carried_out() -> None:
+    s = load(NO_SERVICE.read_text())
+    values = {"AccountSuspended": False, "AreaOutage": False, "SimDetected": True, "AirplaneMode": False,
+              "Registered": "Roaming", "ServiceRestored": [False, False, True], "Mood": "Calm", "SimAgeYears": 1}
+    d = decide(s, values)
+    assert d.actions == [{"name": "PushSettings", "args": {"profile": "Roaming"}}, {"name": "AskRestart", "args": {}},
+                         {"name": "PushSettings", "args": {"profile": "Roaming"}}, {"name": "AskRestart", "args": {}},
+                         {"name": "CloseFixed", "args": {}}]
+    values |= {"ServiceRestored": [False, False, False], "SimAgeYears": 5}
+    assert decide(s, values).actions[-1] == {"name": "ReplaceSim", "args": {"fee": 0}}
+    assert decide(s, {**values, "SimAgeYears": 2}).actions[-1] == {"name": "ReplaceSim", "args": {"fee": 10}}
+
+
+@pytest.mark.parametrize("value, fragment", [
+    (None, "missing value for `Fixed`"),
+    (True, "is not a list"),
+    ([], "missing look 1 of `Fixed`"),
+    ([False], "missing look 2 of `Fixed`"),
+    ([False, "yes"], "(look 2)"),
+])
+def test_bad_look_lists_are_precise_errors_in_both_engines(value: Any, fragment: str) -> None:
+    s = load(RETRY)
+    values = {} if value is None else {"Fixed": value}
+    for fn in (lambda v: interpret(s, v), Engine(s).decide):
+        with pytest.raises(DecideError) as info:
+            fn(values)
+        assert fragment in info.value.message
+
+
+def test_sage_decisions_keep_their_shape() -> None:
+    s = sopgraph.load(ROOT / "scenarios" / "telecom_package.sop")
+    d = decide(s, {"ConsumptionType": "Cancel", "Penalty": 0})
+    assert d.actions == [{"name": "ChangeOrder", "args": {}}]
+    assert not s.traced and not s.procedural
+    res = CliRunner().invoke(cli_main, ["decide", str(ROOT / "scenarios" / "telecom_package.sop"), "--values",
+                                        '{"ConsumptionType": "Cancel", "Penalty": 0}'])
+    assert "actions" not in json.loads(res.output)
+
+
+def test_cli_decide_reports_the_action_trace_of_a_procedure() -> None:
+    res = CliRunner().invoke(cli_main, ["decide", str(NO_SERVICE), "--values", json.dumps({
+        "AccountSuspended": False, "AreaOutage": True, "OutageHours": 4})])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == {"path": ["account"], "finals": {"Action": "ReportOutage"},
+                                      "actions": [{"name": "ReportOutage", "args": {"hours": 4}}]}
+
+
+# -- checker ----------------------------------------------------------------------------------
+
+def test_the_retry_program_is_clean() -> None:
+    assert codes(RETRY) == []
+    assert codes(NO_SERVICE.read_text()) == []
+
+
+@pytest.mark.parametrize("edit, code", [
+    (("do Try(n = 1, mode = Soft)", "do Tyr(n = 1, mode = Soft)"), "E104"),
+    (("do Try(n = 1, mode = Soft)", "do Try(n = 1, mood = Soft)"), "E109"),
+    (("do Try(n = 1, mode = Soft)", "do Try(n = 1)"), "E109"),
+    (("do Try(n = 1, mode = Soft)", "do Try(n = 1, mode = Medium)"), "E204"),
+    (("do Try(n = 1, mode = Soft)", "do Try(n = 7, mode = Soft)"), "E204"),
+    (("observe Fixed", 'observe Mood\n    when Mood == Calm -> do Done'), "E110"),
+    (("observe Fixed", "observe Fxed"), "E101"),
+    (("up to 2 times", "up to 0 times"), "E112"),
+    (("    -> do Try(n = 1, mode = Soft) -> look up to 2 times\n    otherwise -> do Human",
+      "    -> do Try(n = 1, mode = Soft) -> look"), "E302"),
+    (("    observe Fixed\n", ""), "E111"),
+    (("    observe Fixed\n", "    when Kind == A -> do Done\n"), "E111"),
+])
+def test_procedure_mistakes_are_reported(edit: tuple[str, str], code: str) -> None:
+    old, new = edit
+    assert old in RETRY
+    text = RETRY.replace(old, new) + 'field Mood: Calm | Upset "mood"\nsystem Kind: A | B "k"\n'
+    if code == "E111":  # the look happens in `fix`, after `look` has already read the value
+        text = text.replace('stage fix "Fix" {\n', 'stage fix "Fix" {\n    observe Fixed\n')
+    assert code in codes(text)
+
+
+def test_spent_copies_do_not_make_branches_look_dead() -> None:
+    # the bounded branch is spent on the last visit of `fix`: no W304 "never taken" for it
+    assert "W304" not in codes(RETRY)
+    dead = RETRY.replace("otherwise -> fix", "when Fixed -> fix\n    otherwise -> do Human")
+    assert "W304" in codes(dead)  # really dead in every copy: still reported
+
+
+def test_unused_checks_see_step_actions_and_argument_reads() -> None:
+    text = RETRY.replace("do Try(n = 1, mode = Soft)", "do Try(n = 1, mode = Kind2)") + \
+        'system Kind2: Soft | Hard "kind, read only as an argument"\n'
+    assert codes(text) == []
+
+
+def test_else_when_silences_an_intended_overlap_and_same_effect_arms_are_not_w301() -> None:
+    base = 'field A: bool "a"\nfield B: bool "b"\naction X "x"\naction Y "y"\n'
+    assert "W301" in codes(base + "stage s { when A -> do X when B -> do Y otherwise -> do Y }")
+    assert "W301" not in codes(base + "stage s { when A -> do X otherwise when B -> do Y otherwise -> do Y }")
+    assert "W301" not in codes(base + "stage s { when A -> do X when B -> do X otherwise -> do Y }")
+
+
+def test_threshold_idiom_on_a_derived_sum_is_not_w301() -> None:
+    text = ('system P: int[0..10] "p"\nsystem Q: int[0..10] "q"\nlet Total = P + Q\naction X "x"\naction Y "y"\n'
+            'action Z "z"\nstage s { when Total > 15 -> do X when Total > 5 -> do Y otherwise -> do Z }')
+    assert codes(text) == []
+
+
+# -- paths, witnesses, unrolling --------------------------------------------------------------
+
+def test_paths_of_a_procedure_carry_traces_and_look_sequences() -> None:
+    s = load(RETRY)
+    infos = list(paths.iter_paths(s))
+    assert paths.count_paths(s).feasible == len(infos) == 4
+    assert [p.actions for p in infos] == [["Done"], ["Try(n = 1, mode = Soft)", "Done"],
+                                          ["Try(n = 1, mode = Soft)", "Try(n = 1, mode = Soft)", "Done"],
+                                          ["Try(n = 1, mode = Soft)", "Try(n = 1, mode = Soft)", "Human"]]
+    for info in infos:
+        assert info.status == "feasible"
+        looks = info.witness["Fixed"]
+        assert len(looks) == info.stages.count("look")  # one value per look the path takes
+        got = decide(s, info.witness)
+        assert got.path == info.stages and got.finals == info.witness_finals
+    again = paths.path_by_decisions(s, infos[2].stages, infos[2].branches)
+    assert again is not None and again.id == infos[2].id
+    assert {p.id for p in paths.sample_paths(s, 10, seed=3)} <= {p.id for p in infos}
+
+
+def test_unrolled_form_names_each_look() -> None:
+    u = unroll(load(RETRY))
+    assert u.looks == {"Fixed": 3}
+    assert {"Fixed#1", "Fixed#2", "Fixed#3"} <= set(u.scenario.variables) and "Fixed" not in u.scenario.variables
+    assert set(u.origin.values()) == {"look", "fix"}
+    assert u.lift(u.flatten({"Fixed": [False, True], "Kind": "A"})) == {"Fixed": [False, True], "Kind": "A"}
+
+
+def test_loop_path_count_is_exact_for_nested_retries() -> None:
+    # k independent two-way retries in sequence: 3 outcomes each (ok first, ok after retry, give up)
+    k = 6
+    lines = ['action Fix "f"', 'action Done "d"', 'action Give "g"']
+    for i in range(k):
+        nxt = f"c{i + 1}" if i + 1 < k else None
+        lines.append(f'system S{i}: bool "s"')
+        done = f"-> {nxt}" if nxt else "-> do Done"
+        lines.append(f"stage c{i} {{ observe S{i} when S{i} {done} otherwise -> r{i} }}")
+        lines.append(f"stage r{i} {{ -> do Fix -> c{i} up to 1 times otherwise -> do Give }}")
+    s = load("\n".join(lines))
+    # each check: ok at once, ok after one retry (continue), or give up (ends): paths = sum over stop points
+    expected = 2 ** k + sum(2 ** i for i in range(k))
+    assert paths.count_paths(s).feasible == expected
+    assert sum(1 for _ in paths.iter_decisions(s)) == expected
+
+
+# -- downstream -------------------------------------------------------------------------------
+
+def test_prompt_tells_the_steps_checks_and_bounds() -> None:
+    text = agent_sop_text(load(NO_SERVICE.read_text()))
+    assert "Check again now: ServiceRestored" in text
+    assert "carry out PushSettings (profile = Registered), then carry out AskRestart, then go to retest" in text
+    assert "at most 2 times in this conversation" in text
+    assert "- ReplaceSim(fee: an integer from 0 to 10)" in text or "- ReplaceSim(fee:" in text
+    assert "`actions` lists every action you have carried out" in text
+
+
+def test_agent_schema_accepts_the_reference_trace_and_rejects_bad_args() -> None:
+    s = load(NO_SERVICE.read_text())
+    schema = agent_output_schema(s)
+    reply = example_reply(s)
+    assert validate(schema, reply) == []
+    assert reply["actions"] == decide(s, {v.name: None for v in []} or _example_values(s)).actions
+    bad = {**reply, "actions": [{"name": "PushSettings", "args": {"profile": "Mars"}}]}
+    assert validate(schema, bad)
+    assert "PushSettings" not in schema["properties"]["finals"]["properties"]["Action"]["enum"]
+    sage = agent_output_schema(sopgraph.load(ROOT / "scenarios" / "telecom_package.sop"))
+    assert "actions" not in sage["properties"]
+
+
+def _example_values(s: ir.Scenario) -> dict[str, Any]:
+    from sopgraph.simulation.prompts import _example_value
+
+    values: dict[str, Any] = {v.name: _example_value(v.type) for v in s.variables.values() if v.role != "derived"}
+    for name in s.observed:
+        values[name] = [values[name]] * 16
+    return values
+
+
+def test_render_draws_steps_in_order_and_loops_dashed() -> None:
+    s = load(NO_SERVICE.read_text())
+    dot = to_dot(s)
+    assert "do PushSettings(profile = Registered) → do AskRestart" in dot
+    assert "loop: up to 2×" in dot and 'style="dashed"' in dot
+    graph = compile_graph(s)
+    assert "action:PushSettings" not in graph  # step-only actions live on the edges
+    assert graph.nodes["status"]["observe"] == ["ServiceRestored"]
+
+
+def test_cli_paths_table_shows_the_action_trace() -> None:
+    res = CliRunner().invoke(cli_main, ["paths", str(NO_SERVICE), "--limit", "3", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert all(r["actions"] for r in rows)
+    table = CliRunner().invoke(cli_main, ["paths", str(NO_SERVICE), "--limit", "3"])
+    assert "actions" in table.output
+
+
+def test_synthesized_cases_carry_one_value_per_look_and_decide_as_expected() -> None:
+    from sopgraph.cases.profiles import load_profile
+    from sopgraph.cases.synth import synthesize
+
+    s = load(NO_SERVICE.read_text())
+    profile = load_profile(ROOT / "examples" / "no_service.profile.yaml", s)
+    result = synthesize(s, profile, 30, seed=2)
+    assert result.coverage.feasible_paths == paths.count_paths(s).feasible == 14
+    assert len([k for k, v in result.coverage.per_path.items() if v]) == paths.count_paths(s).feasible
+    for case in result.cases:
+        looks = case.system["ServiceRestored"]
+        assert isinstance(looks, list) and len(looks) == sum(
+            1 for sid in case.expected_path if s.stages[sid].observe)  # one value per look the path takes
+        got = decide(s, {**case.truth, **case.system})
+        assert got.path == case.expected_path and got.finals == case.expected_finals
+    again = synthesize(s, profile, 30, seed=2)
+    assert again.lines == result.lines  # deterministic
+
+
+def test_bare_do_decisions_and_generated_loop_form_agree() -> None:
+    s = load('action N(k: int[0..9]) "n"\naction Go "g"\nsystem X: int[0..9] "x"\n'
+             "stage a { do N(k = X) -> b }\nstage b { do Go }")
+    assert decide(s, {"X": 3}).actions == [{"name": "N", "args": {"k": 3}}, {"name": "Go", "args": {}}]
