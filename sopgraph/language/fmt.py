@@ -417,7 +417,8 @@ def _scenario(node: ir.Scenario, depth: int) -> list[Line]:
     header = ScenarioHeader(name=node.name, title=node.title, description=node.description,
                             meta=[ir.MetaEntry(key=k, value=v) for k, v in node.meta.items()])
     aliases: dict[str, list[str]] = {}  # `type` declarations are merged away: write back the ones in use
-    typed = [*node.variables.values(), *node.outputs.values(), *(p for a in node.actions.values() for p in a.params)]
+    typed: list[ir.Variable | ir.Output | ir.ActionParam] = [
+        *node.variables.values(), *node.outputs.values(), *(p for a in node.actions.values() for p in a.params)]
     for decl in typed:
         if isinstance(decl.type, ir.EnumType) and decl.type.alias is not None:
             aliases.setdefault(decl.type.alias, list(decl.type.values))

@@ -144,14 +144,16 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
             # a "never" claim about one copy holds for the stage only if no copy ever takes the branch
-            branch = spans.get((d.span.line, d.span.col, d.span.file))
+            at = d.span or ir.NO_SPAN
+            branch = spans.get((at.line, at.col, at.file))
             if branch is None or taken is None or branch in taken:
                 continue
         out.append(d)
     seen: set[tuple] = set()
     unique = []
     for d in out:  # one finding per source position, whichever copy showed it first
-        key = (d.code, d.span.line, d.span.col, d.span.file)
+        at = d.span or ir.NO_SPAN
+        key = (d.code, at.line, at.col, at.file)
         if key not in seen and "#spent" not in d.message:
             seen.add(key)
             unique.append(d)
