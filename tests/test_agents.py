@@ -34,9 +34,11 @@ def bike() -> sopgraph.Scenario:
 @pytest.fixture(scope="module")
 def cases(bike, tmp_path_factory) -> list:
     from sopgraph.cases.profiles import profile_for
-    from sopgraph.cases.synth import synthesize
+    from sopgraph.cases.synth import plan, synthesize
 
-    return list(synthesize(bike, profile_for(BIKE, bike), 6, seed=2, min_per_path=1).cases)
+    profile = profile_for(BIKE, bike)
+    every_path = max(6, len(plan(bike, profile).paths))  # -n is exact: enough for one case per path
+    return list(synthesize(bike, profile, every_path, seed=2, min_per_path=1).cases)
 
 
 def test_actions_become_tool_schemas_with_their_parameters(bike) -> None:
