@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sqlite3
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -43,3 +44,19 @@ def floor_run(tmp_path_factory, agent: str) -> Path:
     if not (out / "run.sqlite").exists():
         run_sync(str(TELECOM), str(cases), [f"agent={agent}"], str(out), trials=2, progress=False)
     return out
+
+
+def done_dialogues(run_dir: Path) -> int:
+    """Done dialogues of a run, read without opening the store (a killed or running writer may still be
+    creating it), for the kill -9 + resume tests."""
+    db = run_dir / "run.sqlite"
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status='done'").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0

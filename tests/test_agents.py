@@ -161,7 +161,9 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path, bike, cases, kind) -> Non
 
 
 def _done_count(run_dir: Path) -> int:
-    """Done dialogues, read without opening the store (it may still be being created)."""
+    """Done dialogues, read without opening the store (it may still be being created). A copy of
+    `helpers.done_dialogues`: this module is also imported as `tests.test_agents` by the agent subprocess
+    (the `python:` agent kind), where the test helpers are not importable."""
     import sqlite3
 
     db = run_dir / "run.sqlite"
