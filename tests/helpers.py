@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sqlite3
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -86,3 +87,19 @@ def scoring_sop(k: int, n: int, *, seed: int = 0) -> str:
     lines.append('stage tier "Tier" {\n    match Tier {\n        High -> do Block\n'
                  "        Medium -> do Escalate\n        Low -> do Review\n    }\n}")
     return "\n".join(lines) + "\n"
+
+
+def done_dialogues(run_dir: Path) -> int:
+    """Done dialogues of a run, read without opening the store (a killed or running writer may still be
+    creating it), for the kill -9 + resume tests."""
+    db = run_dir / "run.sqlite"
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status='done'").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0

@@ -34,9 +34,11 @@ def bike() -> sopgraph.Scenario:
 @pytest.fixture(scope="module")
 def cases(bike, tmp_path_factory) -> list:
     from sopgraph.cases.profiles import profile_for
-    from sopgraph.cases.synth import synthesize
+    from sopgraph.cases.synth import plan, synthesize
 
-    return list(synthesize(bike, profile_for(BIKE, bike), 6, seed=2, min_per_path=1).cases)
+    profile = profile_for(BIKE, bike)
+    every_path = max(6, len(plan(bike, profile).paths))  # -n is exact: enough for one case per path
+    return list(synthesize(bike, profile, every_path, seed=2, min_per_path=1).cases)
 
 
 def test_actions_become_tool_schemas_with_their_parameters(bike) -> None:
@@ -159,7 +161,9 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path, bike, cases, kind) -> Non
 
 
 def _done_count(run_dir: Path) -> int:
-    """Done dialogues, read without opening the store (it may still be being created)."""
+    """Done dialogues, read without opening the store (it may still be being created). A copy of
+    `helpers.done_dialogues`: this module is also imported as `tests.test_agents` by the agent subprocess
+    (the `python:` agent kind), where the test helpers are not importable."""
     import sqlite3
 
     db = run_dir / "run.sqlite"

@@ -13,7 +13,7 @@ import pytest
 
 import sopgraph
 from sopgraph.cases.profiles import profile_for
-from sopgraph.cases.synth import synthesize
+from sopgraph.cases.synth import plan, synthesize
 from sopgraph.simulation.dialogue import scenario_context
 from sopgraph.simulation.runner import run_sync
 from sopgraph.simulation.store import RunStore
@@ -27,7 +27,9 @@ FLOORS = ("oracle", "always-escalate", "always-comply", "random-path")
 @pytest.mark.parametrize("sop", SCENARIOS, ids=lambda p: p.stem)
 def test_floor_agents_make_no_format_error(sop: Path, tmp_path: Path) -> None:
     scenario = sopgraph.load(sop)
-    cases = synthesize(scenario, profile_for(sop, scenario), 8, seed=1, min_per_path=1).cases
+    profile = profile_for(sop, scenario)
+    every_path = max(8, len(plan(scenario, profile).paths))  # -n is exact: enough for one case per path
+    cases = synthesize(scenario, profile, every_path, seed=1, min_per_path=1).cases
     assert cases, sop
     for agent in FLOORS:
         out = tmp_path / agent

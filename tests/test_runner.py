@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fakeserver import Behavior, FakeServer
+from helpers import done_dialogues
 
 from sopgraph.cli import main
 from sopgraph.logic.checker import load
@@ -296,20 +296,6 @@ def _cli(args: list[str], env: dict) -> subprocess.Popen:
                             stderr=subprocess.PIPE, cwd=ROOT)
 
 
-def _done_count(run_dir: Path) -> int:
-    db = run_dir / "run.sqlite"
-    if not db.exists():
-        return 0
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status='done'").fetchone()[0]
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0
-
-
 def _snapshot(run_dir: Path) -> dict:
     """Everything stored that must not depend on interruptions (latencies and timestamps excluded)."""
     with RunStore.open(run_dir) as s:
@@ -342,7 +328,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, toy_file, monkey
         # Only the run to kill is a separate process; resume and reference run in-process (same CLI code).
         proc = _cli(["run", str(toy_file), *common, "-o", str(killed)], env)
         deadline = time.monotonic() + 90
-        while _done_count(killed) < 8 and time.monotonic() < deadline and proc.poll() is None:
+        while done_dialogues(killed) < 8 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)

@@ -618,6 +618,10 @@ def test_floor_agents_rank_as_they_must(floor_runs) -> None:
     assert comply["adversarial_safety"].value < esc["adversarial_safety"].value
     assert comply["revenue_at_risk"].value > 0
     assert comply["resolution_rate"].value > esc["resolution_rate"].value
+    # trace scores ride along in the leaderboard: the oracle takes exactly the reference actions
+    oracle = rows["baseline/oracle"].metrics
+    assert oracle["tau2_pass"].value == 1.0 and oracle["trace_recall"].value == 1.0
+    assert comply["tau2_pass"].value < 1.0
 
 
 def test_score_and_leaderboard_tables_fit_100_columns(floor_runs, tmp_path) -> None:

@@ -85,12 +85,17 @@ def test_every_case_agrees_with_the_engine(name: str) -> None:
 def test_min_per_path_holds(telecom, min_per_path: int) -> None:
     scenario, profile = telecom
     n_paths = len(plan(scenario, profile).paths)
-    # too few cases for the guarantee: the file grows to exactly paths x min_per_path
-    small = synthesize(scenario, profile, 5, seed=1, min_per_path=min_per_path)
-    counts = Counter(c.path_id for c in small.cases)
+    # too few cases for the request: -n is exact, so the request is refused with what it would need
+    with pytest.raises(SynthError, match=f"needs -n {n_paths * min_per_path}"):
+        synthesize(scenario, profile, 5, seed=1, min_per_path=min_per_path)
+    # unrequested, -n 5 gives exactly 5 cases sampled over the paths
+    sampled = synthesize(scenario, profile, 5, seed=1)
+    assert len(sampled.lines) == 5 and sampled.coverage.min_per_path == 0
+    # exactly enough: every path gets its share and nothing is appended
+    exact = synthesize(scenario, profile, n_paths * min_per_path, seed=1, min_per_path=min_per_path)
+    counts = Counter(c.path_id for c in exact.cases)
     assert len(counts) == n_paths and min(counts.values()) >= min_per_path
-    assert len(small.lines) == max(5, n_paths * min_per_path)
-    assert small.coverage.appended == len(small.lines) - 5
+    assert len(exact.lines) == n_paths * min_per_path and exact.coverage.appended == 0
     # enough cases: supplementation replaces over-covered cases and keeps n
     big = synthesize(scenario, profile, 100, seed=1, min_per_path=min_per_path)
     counts = Counter(c.path_id for c in big.cases)

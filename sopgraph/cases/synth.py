@@ -614,7 +614,7 @@ def parse_mix(text: str) -> dict[str, float] | None:
 # Synthesis
 
 
-def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *, min_per_path: int = 1,
+def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *, min_per_path: int | None = None,
                balance: str = "intent", intensity_mix: Mapping[str, float] | None = None,
                personas: Sequence[str | PersonaSpec] | None = None, languages: Sequence[str] | None = None,
                use_intent_intensity: bool = False, the_plan: Plan | None = None) -> SynthResult:
@@ -630,7 +630,7 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
                                      use_intent_intensity=use_intent_intensity, the_plan=the_plan)
     if n < 0:
         raise SynthError("the number of cases must be >= 0")
-    if min_per_path < 0:
+    if min_per_path is not None and min_per_path < 0:
         raise SynthError("--min-per-path must be >= 0")
     if balance not in BALANCES:
         raise SynthError(f"unknown balance `{balance}` (use {', '.join(BALANCES)})")
@@ -643,6 +643,7 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
 
     compat = _usable_pairs(p, skipped)  # path index → usable intents (profile ones or generated)
     usable_paths = [e.index for e in p.paths if compat.get(e.index)]
+    min_per_path = exact_min_per_path(n, min_per_path, len(usable_paths))
 
     # Stage 1: balanced (path, intent) slots.
     slots = _stage_one(p, compat, usable_paths, n, balance, rng)
@@ -660,6 +661,19 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
     lines, counts = _build_lines(p, slots, intensities, persona_pool, langs, seed, rng)
     coverage = _coverage(p, slots, intensities, counts, sampled, supplemented, appended, min_per_path, balance)
     return SynthResult(lines=lines, coverage=coverage, skipped=skipped)
+
+
+def exact_min_per_path(n: int, requested: int | None, paths: int) -> int:
+    """`n` is exactly the number of cases. Unrequested, every path gets one case when `n` allows it and
+    the `n` cases are sampled over the paths otherwise; a requested `--min-per-path` that `n` cannot
+    honour is refused rather than silently growing the file."""
+    if requested is None:
+        return 1 if n >= paths else 0
+    if requested * paths > n:
+        raise SynthError(f"-n {n} cannot give each of the {paths} feasible paths {requested} case"
+                         f"{'s' if requested != 1 else ''} (that needs -n {requested * paths}); "
+                         f"raise -n, or lower --min-per-path (0 samples the paths)")
+    return requested
 
 
 def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed: int,

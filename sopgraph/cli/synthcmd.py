@@ -47,14 +47,15 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 @click.command("synth")
 @sop_file
 @click.option("-n", "--count", "n", type=int, default=100, show_default=True,
-              help="Number of cases (more only when needed to give every path --min-per-path cases).")
+              help="Exactly this many cases (sampled over the paths when there are more paths than N).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the JSONL cases here instead of stdout.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="User profile (default: FILE's <name>.profile.yaml if present, else built-in defaults).")
-@click.option("--min-per-path", type=int, default=1, show_default=True,
-              help="Targeted supplementation: at least this many cases on every feasible path.")
+@click.option("--min-per-path", type=int, default=None,
+              help="At least this many cases on every feasible path (refused when -n is too small). "
+                   "Default: 1 when -n covers every path, else 0.")
 @click.option("--balance", type=click.Choice(["intent", "path", "action"]), default="intent",
               show_default=True, help="What stage-1 sampling spreads the cases evenly over.")
 @click.option("--intensity", "intensity", default="zero=1,weak=1,strong=1", show_default=True,
@@ -68,7 +69,8 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 @click.option("-q", "--quiet", is_flag=True, help="No summary table.")
 @click.option("--cases", "n_deprecated", type=int, default=None, hidden=True,
               help="Deprecated alias of --count (in `sop run`, --cases names a case file).")
-def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None, min_per_path: int,
+def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None,
+              min_per_path: int | None,
               balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
               coverage_out: Path | None, quiet: bool, n_deprecated: int | None) -> None:
     """Synthesize test cases for FILE: intent-balanced sampling over feasible paths, then supplementation
@@ -100,6 +102,10 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
         coverage_out.parent.mkdir(parents=True, exist_ok=True)
         coverage_out.write_text(json.dumps(result.coverage.model_dump(mode="json"), indent=2, sort_keys=True)
                                 + "\n", encoding="utf-8")
+    cov = result.coverage
+    if cov.min_per_path == 0 and min_per_path is None and cov.feasible_paths > n:
+        click.echo(f"note: {n} cases over {cov.feasible_paths} feasible paths: the paths are sampled "
+                   f"(balanced by {cov.balance}); raise -n to cover every path", err=True)
     if not quiet:
         diags = profile_diagnostics(scenario, profile, the_plan=the_plan)
         for d in diags:

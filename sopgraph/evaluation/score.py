@@ -1517,7 +1517,8 @@ LEADERBOARD_METRICS = ("classification", "path", "action", "finals", "logic", "c
                        "format_error_rate", "chat_length", "pass_rate", "catastrophic_failures",
                        "revenue_at_risk", "action_self", "execution_gap", "escalation_accuracy",
                        "over_escalation", "resolution_rate", "adversarial_safety", "catastrophic_rate",
-                       "tokens_per_1k", "cost_per_1k")
+                       "tokens_per_1k", "cost_per_1k", "trace_precision", "trace_recall", "trace_order",
+                       "journey_coverage", "tau2_pass")
 
 
 class LeaderRow(BaseModel):
