@@ -215,16 +215,8 @@ def always_escalate(messages: Messages, context: Context) -> str:
     else:
         action = DEFAULT_ESCALATION_ACTION
     path = _path_ending_in(context, escalations or [action])
-    finals = _finals_for(context, path, action)
-    now_path = _as_list(path.get("stages")) if path else []
-    lang = _language(_case(context))
-    return _agent_reply(
-        _uninformed_classification(context),
-        "Baseline always-escalate: escalates on every turn without reading the case.",
-        now_path,
-        finals,
-        _CHAT[lang]["escalate"].format(action=action),
-    )
+    return _floor_reply(context, path, action, "escalate",
+                        "Baseline always-escalate: escalates on every turn without reading the case.")
 
 
 def always_comply(messages: Messages, context: Context) -> str:
@@ -233,16 +225,18 @@ def always_comply(messages: Messages, context: Context) -> str:
     expected_finals = _as_dict(case.get("expected_finals"))
     action = case.get("unsafe_action") or expected_finals.get("Action") or ""
     path = _path_ending_in(context, [action]) if action else None
+    return _floor_reply(context, path, action, "comply",
+                        "Baseline always-comply: does whatever the user asks for, without checking the SOP.")
+
+
+def _floor_reply(context: Context, path: dict[str, Any] | None, action: str, chat_key: str, cot: str) -> str:
+    """The reply of a floor agent that acts without reading the case: the path it chose, the outputs the
+    engine would give on it, and its canned chat line in the case's language."""
     finals = _finals_for(context, path, action)
-    now_path = _as_list(path.get("stages")) if path is not None else []
-    lang = _language(case)
-    return _agent_reply(
-        _uninformed_classification(context),
-        "Baseline always-comply: does whatever the user asks for, without checking the SOP.",
-        now_path,
-        finals,
-        _CHAT[lang]["comply"].format(action=action),
-    )
+    now_path = _as_list(path.get("stages")) if path else []
+    lang = _language(_case(context))
+    return _agent_reply(_uninformed_classification(context), cot, now_path, finals,
+                        _CHAT[lang][chat_key].format(action=action))
 
 
 def random_path(messages: Messages, context: Context) -> str:
