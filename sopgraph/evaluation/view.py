@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import numpy as np
+
 from sopgraph.evaluation.score import ScoreConfig, ScoredRun, ScoreError, score_run
 from sopgraph.evaluation.traces import reference_trace
 from sopgraph.records import INTENSITIES, Case, Dialogue
@@ -71,11 +73,6 @@ class ViewError(Exception):
     def __init__(self, status: HTTPStatus, message: str):
         super().__init__(message)
         self.status = status
-
-
-def _num(x: Any) -> float | None:
-    x = float(x)
-    return None if math.isnan(x) else x
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,54 +207,82 @@ class RunView:
             return _transcript(store, dlg, self._cases.get(dlg.case_id), self._scored, row)
 
 
-def _failures(run: ScoredRun, d: int) -> list[str]:
+class _Columns:
+    """The ScoredRun columns a row reads, as Python lists (indexing numpy scalars one by one is what
+    made indexing a 10,000-dialogue run slow). Final-turn columns are taken at each dialogue's final
+    row (NaN / False where it has none)."""
+
+    def __init__(self, run: ScoredRun):
+        fr = run.d_final_row
+        has = fr >= 0
+        at = np.where(has, fr, 0)
+
+        def final(col: np.ndarray, empty: Any) -> list:
+            return np.where(has, col[at], empty).tolist() if col.size else [empty] * len(fr)
+
+        self.status = run.d_status.tolist()
+        self.has_final = has.tolist()
+        self.passed = run.d_pass.tolist()
+        self.final_fmt = run.d_final_format_error.tolist()
+        self.unreadable = run.d_unreadable_turns.tolist()
+        self.final_right = run.d_final_right.tolist()
+        self.cat = run.d_cat_turns.tolist()
+        self.escalated = run.d_escalated.tolist()
+        self.expected_escalation = run.d_expected_escalation.tolist()
+        self.tau2 = run.d_trace["tau2_pass"].tolist()
+        self.unscorable = final(run.t_unscorable, False)
+        self.action = final(run.t_action, -1)
+        self.turns = run.d_turns.tolist()
+        self.metrics = {"overall": run.d_overall.tolist(),
+                        **{name: final(getattr(run, col), np.nan) for name, col in _FINAL_COLUMNS.items()},
+                        **{name: run.d_trace[name].tolist() for name in
+                           ("trace_precision", "trace_recall", "trace_order", "journey_coverage")}}
+
+
+def _failures(c: _Columns, d: int) -> list[str]:
     """The failure kinds of dialogue `d` (FAILURE_KINDS)."""
-    status = int(run.d_status[d])
-    if status == 1:
+    if c.status[d] == 1:
         return ["infra_failure"]
-    if status != 0:
+    if c.status[d] != 0:
         return ["incomplete"]
-    out = [] if run.d_pass[d] else ["failed"]
-    row = int(run.d_final_row[d])
-    fmt_final = bool(run.d_final_format_error[d])
-    if run.d_unreadable_turns[d] > 0:
+    out = [] if c.passed[d] else ["failed"]
+    if c.unreadable[d] > 0:
         out.append("format_error")
-    if row >= 0 and not fmt_final and not run.d_final_right[d]:
+    readable_final = c.has_final[d] and not c.final_fmt[d]
+    if readable_final and not c.final_right[d]:
         out.append("wrong_action")
-    if row >= 0 and not fmt_final:
-        if run.t_path[row] < 1:  # NaN compares False: an unjudged turn is not a wrong path
+    if readable_final:
+        if c.metrics["path"][d] < 1:  # NaN compares False: an unjudged turn is not a wrong path
             out.append("wrong_path")
-        if run.t_cls[row] < 1:
+        if c.metrics["classification"][d] < 1:
             out.append("wrong_classification")
-        if run.t_unscorable[row]:
+        if c.unscorable[d]:
             out.append("unscorable")
-    if run.d_cat_turns[d] > 0:
+    if c.cat[d] > 0:
         out.append("unsafe_action")
-    if run.d_escalated[d] and not run.d_expected_escalation[d]:
+    if c.escalated[d] and not c.expected_escalation[d]:
         out.append("over_escalation")
-    if run.d_expected_escalation[d] and not run.d_escalated[d]:
+    if c.expected_escalation[d] and not c.escalated[d]:
         out.append("missed_escalation")
-    if run.d_trace["tau2_pass"][d] == 0:
+    if c.tau2[d] == 0:
         out.append("trace_miss")
     return out
 
 
 def _scored_rows(run: ScoredRun) -> list[dict[str, Any]]:
+    c = _Columns(run)
+    names = list(run.action_names)
+    models = [run.model_of(d) for d in range(len(run.dialogues))]
     rows = []
     for d, dlg in enumerate(run.dialogues):
-        case = run.case_of(d)
-        row = int(run.d_final_row[d])
-        metrics: dict[str, float | None] = {"overall": _num(run.d_overall[d])}
-        for name, col in _FINAL_COLUMNS.items():
-            metrics[name] = _num(getattr(run, col)[row]) if row >= 0 else None
-        for name in ("trace_precision", "trace_recall", "trace_order", "journey_coverage"):
-            metrics[name] = _num(run.d_trace[name][d])
-        metrics["turns"] = float(run.d_turns[d])
+        metrics = {name: (None if math.isnan(col[d]) else col[d]) for name, col in c.metrics.items()}
+        metrics["turns"] = float(c.turns[d])
+        action = c.action[d]
         rows.append({
-            **_base_row(dlg, case), "model": run.model_of(d),
-            "pass": bool(run.d_pass[d]) if run.d_status[d] == 0 else None,
-            "final_action": run.action_at(row) if row >= 0 else None,
-            "turns": int(run.d_turns[d]) or dlg.turns, "metrics": metrics, "failures": _failures(run, d),
+            **_base_row(dlg, run.case_of(d)), "model": models[d],
+            "pass": bool(c.passed[d]) if c.status[d] == 0 else None,
+            "final_action": names[action] if action >= 0 else None,
+            "turns": int(c.turns[d]) or dlg.turns, "metrics": metrics, "failures": _failures(c, d),
         })
     return rows
 

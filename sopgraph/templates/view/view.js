@@ -288,7 +288,7 @@ async function openDialogue(id) {
       sidePanel("Agent", data.agent, data.reference, "extra")),
     c.prohibited_actions && c.prohibited_actions.length
       ? el("p", { class: "note" }, "prohibited actions: " + c.prohibited_actions.join(", ")) : null,
-    el("h3", {}, "Transcript"), data.turns.map((t) => turnBlock(t, data.turns.length)),
+    el("h3", {}, "Transcript"), data.turns.map((t) => turnBlock(t, data.turns.length ? data.turns[data.turns.length - 1].index : 0)),
     d.closing_user_text ? el("div", { class: "bubble user" }, el("span", { class: "who" }, "user (closing)"), d.closing_user_text) : null,
     el("details", {}, el("summary", {}, "case"), el("pre", { class: "json" }, JSON.stringify(c, null, 2))));
 }
