@@ -28,7 +28,7 @@ from sopgraph.cli import main
 from sopgraph.evaluation.score import ScoreConfig, score_run
 from sopgraph.evaluation.view import FAILURE_KINDS, PAGE_MAX, ViewServer, serve
 from sopgraph.simulation.runner import run_sync
-from sopgraph.simulation.store import RunStore
+from sopgraph.simulation.store import RunStore, StoreError
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -256,9 +256,24 @@ def test_only_get_is_answered_and_the_store_is_untouched(runs_dir) -> None:
             for row in page["rows"][:3]:
                 assert get(srv, f"/api/runs/{name}/dialogues/{quote(row['id'], safe='')}")[0] == 200
         assert get(srv, "/api/runs")[0] == 200
+        assert tree_digest(runs_dir) == before  # while the stores are open: not even -wal/-shm side files
     finally:
         srv.close()
-    assert tree_digest(runs_dir) == before  # not even -wal/-shm side files appear
+    assert tree_digest(runs_dir) == before
+
+
+def test_a_read_only_store_cannot_write(tmp_path, runs_dir) -> None:
+    run = tmp_path / "copy"
+    shutil.copytree(runs_dir / "random-path", run)
+    before = tree_digest(run)
+    with RunStore.open(run, read_only=True) as store:
+        assert len(store.dialogues()) == 28 and len(list(store.iter_turn_dicts(status="done"))) == 28
+        with pytest.raises(StoreError, match="read-only"):
+            store.set_meta("notes", ["x"])
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            store.conn.execute("DELETE FROM dialogues")
+        assert sorted(p.name for p in run.iterdir()) == ["run.sqlite"]
+    assert tree_digest(run) == before
 
 
 def test_paths_outside_the_api_are_refused(server) -> None:
