@@ -461,3 +461,19 @@ def test_the_page_renders_in_headless_chromium(server, runs_dir, tmp_path) -> No
     width, height, variety = _png_size_and_variety(shot.read_bytes())
     assert (width, height) == (1280, 900)
     assert variety > 40, "the screenshot is (nearly) blank"
+
+
+def test_a_broken_run_is_named_and_the_others_still_served(tmp_path, runs_dir) -> None:
+    shutil.copytree(runs_dir / "random-path", tmp_path / "good")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "run.sqlite").write_bytes(b"not a database at all")
+    srv = serve([tmp_path]).start()
+    try:
+        _, data = get(srv, "/api/runs")
+        by_name = {r["name"]: r for r in data["runs"]}
+        assert "not a SQLite database" in by_name["broken"]["error"] and by_name["good"]["dialogues"] == 28
+        status, body = get(srv, "/api/runs/broken/summary")
+        assert status == 409 and "not a SQLite database" in body["error"]
+        assert get(srv, "/api/runs/good/dialogues")[0] == 200
+    finally:
+        srv.close()

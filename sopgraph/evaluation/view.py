@@ -108,17 +108,24 @@ class RunView:
                 self._store = None
 
     def brief(self) -> dict[str, Any]:
-        """What the run list shows, without scoring (cheap: counts from the store)."""
+        """What the run list shows, without scoring (cheap: counts from the store). A run not opened
+        yet is opened only for this, so that listing hundreds of runs keeps no file open."""
         with self._lock:
+            opened = self._store is not None
             try:
                 store = self._open()
             except ViewError as exc:
                 return {"name": self.name, "error": str(exc)}
-            counts = store.summary()
-            return {"name": self.name, "scenario": store.meta_value("scenario_name"),
-                    "agent": store.meta_value("agent_model"), "created": store.meta_value("created"),
-                    "dialogues": counts["dialogues"], "by_status": counts["by_status"], "turns": counts["turns"],
-                    "judgment_sets": sorted(counts["judgment_sets"])}
+            try:
+                counts = store.summary()
+                return {"name": self.name, "scenario": store.meta_value("scenario_name"),
+                        "agent": store.meta_value("agent_model"), "created": store.meta_value("created"),
+                        "dialogues": counts["dialogues"], "by_status": counts["by_status"],
+                        "turns": counts["turns"], "judgment_sets": sorted(counts["judgment_sets"])}
+            finally:
+                if not opened:
+                    store.close()
+                    self._store = None
 
     def _index(self) -> list[dict[str, Any]]:
         """The dialogue rows (scored once; unscorable runs fall back to what the store holds)."""
@@ -574,6 +581,9 @@ class _Handler(BaseHTTPRequestHandler):
             status, ctype, body = self.server.app.route(self.path)
         except (ScoreError, StoreError) as exc:
             status, ctype, body = HTTPStatus.CONFLICT, "application/json", _json_bytes({"error": str(exc)})
+        except Exception as exc:  # one bad run must not take the page down: say it, in one line
+            status, ctype = HTTPStatus.INTERNAL_SERVER_ERROR, "application/json"
+            body = _json_bytes({"error": f"{type(exc).__name__}: {exc}"})
         self._send(status, ctype, body)
 
     def _send(self, status: HTTPStatus, ctype: str, body: bytes, extra: Mapping[str, str] | None = None) -> None:
