@@ -472,11 +472,11 @@ def _resolve(expr: Any, scenario: ir.Scenario) -> Any:
     elif isinstance(expr, (ir.Binary, ir.Compare)):
         updates["left"] = _resolve(expr.left, scenario)
         updates["right"] = _resolve(expr.right, scenario)
-    elif isinstance(expr, ir.InSet):
+    elif isinstance(expr, (ir.InSet, ir.Matches)):
         updates["operand"] = _resolve(expr.operand, scenario)
     elif isinstance(expr, ir.BoolOp):
         updates["operands"] = [_resolve(o, scenario) for o in expr.operands]
-    elif isinstance(expr, ir.Call):
+    elif isinstance(expr, (ir.Call, ir.Func)):
         updates["args"] = [_resolve(a, scenario) for a in expr.args]
     elif isinstance(expr, ir.CaseExpr):
         updates["arms"] = [ir.CaseArm(when=_resolve(a.when, scenario), then=_resolve(a.then, scenario),
@@ -498,8 +498,10 @@ def _relocate(expr: Any, span: ir.Span) -> Any:
         updates["values"] = [_relocate(v, span) for v in expr.values]
     elif isinstance(expr, ir.BoolOp):
         updates["operands"] = [_relocate(o, span) for o in expr.operands]
-    elif isinstance(expr, ir.Call):
+    elif isinstance(expr, (ir.Call, ir.Func)):
         updates["args"] = [_relocate(a, span) for a in expr.args]
+    elif isinstance(expr, ir.Matches):
+        updates["operand"] = _relocate(expr.operand, span)
     elif isinstance(expr, ir.CaseExpr):
         updates["arms"] = [ir.CaseArm(when=_relocate(a.when, span), then=_relocate(a.then, span), span=span)
                            for a in expr.arms]

@@ -179,7 +179,7 @@ def _renamer(prefix: str, derived: set[str]) -> Any:
                 update[field] = rename(getattr(e, field))
         if isinstance(e, ir.BoolOp):
             update["operands"] = [rename(o) for o in e.operands]
-        elif isinstance(e, ir.Call):
+        elif isinstance(e, (ir.Call, ir.Func)):
             update["args"] = [rename(a) for a in e.args]
         elif isinstance(e, ir.CaseExpr):
             update["arms"] = [a.model_copy(update={"when": rename(a.when), "then": rename(a.then)}) for a in e.arms]
