@@ -29,6 +29,7 @@ from sopgraph.language.diagnostics import did_you_mean
 from sopgraph.logic.scalarcheck import default_value
 from sopgraph.logic.unroll import UnrollError, look_name, unrolled_for
 
+NOW = "now"  # the reference time: an implicit system variable (sopgraph.language.parse._declare_now)
 CASE_INLINE = 16  # `case` arms written as one conditional expression; longer ones become helper functions
 EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
 
@@ -114,6 +115,10 @@ def input_value(var: ir.Variable, value: Any) -> Any:
     against the declaration otherwise. A left-out optional is an error here: reading it needs a
     `missing(X)` test first (docs/language.md §8)."""
     if value is None:
+        if var.name == NOW and var.role == "system" and isinstance(var.type, ir.TimeType):
+            raise DecideError("missing value for `now`: the program reads the current time, which is never "
+                              "taken from the clock; give it as `\"now\": \"2026-11-23T10:00\"` or with "
+                              "`sop decide --now 2026-11-23T10:00`", var.name)
         if var.default is not None:
             return default_value(var)
         if var.optional:
