@@ -23,10 +23,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-try:  # Python 3.11+: the regex parser moved; the private name is the only public-enough door
-    from re import _parser as sre_parse  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - older Pythons
-    import sre_parse  # type: ignore[no-redef]
+from re import _parser as sre_parse  # the regex parser (Python 3.11+): the only door to a pattern's structure
 
 DAY = 86_400
 MAX_STRING = 1000  # longest string input accepted (bounds the cost of every pattern match)
@@ -132,8 +129,8 @@ def format_duration(seconds: int | float) -> str:
         if rest and rest % size == 0:
             n = int(rest // size)
             return f"{sign}{n} {unit}{'' if n == 1 else 's'}"
-    n = int(rest) if float(rest).is_integer() else rest
-    return f"{sign}{n} second{'' if n == 1 else 's'}"
+    secs: int | float = int(rest) if float(rest).is_integer() else rest
+    return f"{sign}{secs} second{'' if secs == 1 else 's'}"
 
 
 def days_between(a: int | float, b: int | float) -> int | float:

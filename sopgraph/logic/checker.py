@@ -27,9 +27,9 @@ from sopgraph.language.compile import START, compile_graph, reads
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
-from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
+from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
@@ -375,10 +375,10 @@ class _Typer(ScalarTyping):
             if e.op == "not":
                 self.expect_bool(e.operand, "`not` of")
                 return ir.BoolType(span=e.span)
-            operand = self.infer(e.operand)
-            if isinstance(operand, ir.TimeType) and operand.kind == "duration":
-                return operand
-            t = self.expect_num(e.operand, operand, "negation")
+            inner_t = self.infer(e.operand)
+            if isinstance(inner_t, ir.TimeType) and inner_t.kind == "duration":
+                return inner_t
+            t = self.expect_num(e.operand, inner_t, "negation")
             if t is None:
                 return None
             return _num(t.kind, None if t.hi is None else -t.hi, None if t.lo is None else -t.lo)
@@ -401,9 +401,9 @@ class _Typer(ScalarTyping):
         if isinstance(e, ir.TimeLit):
             return ir.TimeType(kind=e.unit, span=e.span)
         if isinstance(e, ir.Func):
-            return self.func(e)  # type: ignore[no-any-return]
+            return self.func(e)
         if isinstance(e, ir.Matches):
-            return self.matches_type(e)  # type: ignore[no-any-return]
+            return self.matches_type(e)
         return None
 
     def binary(self, e: ir.Binary) -> _Ty:
@@ -626,6 +626,7 @@ class _Typer(ScalarTyping):
                 self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span,
                               "give it `true`, `false` or a condition", code="E204")
             return
+        assert isinstance(ot, ir.NumType)  # dates and strings were handled by `scalar_output`
         if not isinstance(t, ir.NumType):
             self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
                           f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")

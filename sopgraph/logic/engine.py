@@ -635,8 +635,8 @@ class _Gen:
             if e.name == "missing":
                 name = e.args[0].name if isinstance(e.args[0], ir.Var) else ""
                 return f"(v.get({name!r}) is None)"
-            args = ", ".join(self.expr(a) for a in e.args)
-            return f"abs({args})" if e.name == "abs" else f"_days_between({args})"
+            code = ", ".join(self.expr(a) for a in e.args)
+            return f"abs({code})" if e.name == "abs" else f"_days_between({code})"
         if isinstance(e, ir.Matches):
             return f"({self.const(scalars.compiled(e.pattern).fullmatch)}({self.expr(e.operand)}) is not None)"
         if isinstance(e, ir.CaseExpr):

@@ -159,9 +159,7 @@ class ScalarTyping:
             other, other_e = (rt, e.right) if isinstance(lt, ir.StringType) else (lt, e.left)
             if ordering:
                 self.mismatch(f"strings have no order: `{shown}`", e.span, "use `==`, `!=` or `matches`")
-            elif isinstance(other, ir.StringType):
-                pass
-            elif _is_sym(other) and not other.bare:
+            elif isinstance(other, ir.StringType) or _is_sym(other) and not other.bare:
                 pass
             elif _is_sym(other):
                 self.mismatch(f"`{other.value}` is not a variable; a string value is written in quotes",
@@ -329,9 +327,9 @@ def check_scalars(scenario: ir.Scenario, expressions: list[Any]) -> list[Diagnos
         e = stack.pop()
         if isinstance(e, ir.Matches):
             span = e.pattern_span if e.pattern_span.line else e.span
-            problem = scalars.pattern_problem(e.pattern)
-            if problem:
-                out.append(error("E211", problem[0], span, problem[1]))
+            bad = scalars.pattern_problem(e.pattern)
+            if bad:
+                out.append(error("E211", bad[0], span, bad[1]))
             elif e.pattern not in seen:
                 seen.add(e.pattern)
                 out += _witness_note(e.pattern, span)
