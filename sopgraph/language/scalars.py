@@ -21,9 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 from functools import lru_cache
-from typing import Any
-
 from re import _parser as sre_parse  # the regex parser (Python 3.11+): the only door to a pattern's structure
+from typing import Any
 
 DAY = 86_400
 MAX_STRING = 1000  # longest string input accepted (bounds the cost of every pattern match)
