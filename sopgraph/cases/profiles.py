@@ -456,8 +456,24 @@ def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted:
     stage = next(item for item in program.items if isinstance(item, ir.Stage))
     expr = stage.branches[0].guard
     assert expr is not None
+    unit = _unit_on_number(expr, scenario)
+    if unit is not None:  # `Fee > 48 hours` reads as a duration now; a number has no unit
+        at = ir.Span(file=span.file, line=span.line, col=span.col, end_line=span.line, end_col=span.col + 1)
+        return None, [error("E606", f"bad condition `{text}`: unexpected `{unit}` after the condition", at,
+                            "a condition is a value (`Calm`), a list of values, or a comparison such as "
+                            "`> 48` or `in {1, 2}`, in `.sop` expression syntax; write numbers without units")]
     expr = _relocate(_resolve(expr, scenario), span)
     return expr, _check_names(expr, scenario, span, text)
+
+
+def _unit_on_number(expr: Any, scenario: ir.Scenario) -> str | None:
+    """The unit of a duration compared with a number variable (`Fee > 48 hours`), if any."""
+    if isinstance(expr, ir.Compare):
+        for side, other in ((expr.left, expr.right), (expr.right, expr.left)):
+            var = scenario.variables.get(other.name) if isinstance(other, ir.Var) else None
+            if isinstance(side, ir.TimeLit) and var is not None and isinstance(var.type, ir.NumType):
+                return side.text.split()[-1]
+    return None
 
 
 def _resolve(expr: Any, scenario: ir.Scenario) -> Any:
