@@ -296,3 +296,4 @@ def test_the_prompt_names_types_and_patterns(flight: ir.Scenario) -> None:
     assert describe_domain(ir.StringType()) == "text"
     flow = sop_flow_text(flight)
     assert 'Reservation has the form "^[A-Z]{3}-\\d{5}$"' in flow and "Voucher is missing" in flow
+    assert "if BookedAt is after now - Grace" in flow and "days_between(now, Departure) is less than 2" in flow
