@@ -160,6 +160,20 @@ def _is_var(e: Any) -> TypeGuard[ir.Var]:
 _CMP_WORDS = {"==": "is", "!=": "is not", "<": "is less than", "<=": "is at most", ">": "is greater than",
               ">=": "is at least"}
 _FLIP: dict[ir.CmpOp, ir.CmpOp] = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+_TIME_WORDS = {"==": "is", "!=": "is not", "<": "is before", "<=": "is on or before", ">": "is after",
+               ">=": "is on or after"}
+
+
+def _is_moment(e: Any, s: ir.Scenario | None) -> bool:
+    """A date or datetime expression (compared in words as before/after)."""
+    if isinstance(e, ir.TimeLit):
+        return e.unit != "duration"
+    if isinstance(e, ir.Var) and s is not None and e.name in s.variables:
+        t = s.variables[e.name].type
+        return isinstance(t, ir.TimeType) and t.kind != "duration"
+    if isinstance(e, ir.Binary) and e.op in ("+", "-"):
+        return _is_moment(e.left, s) and not _is_moment(e.right, s) or e.op == "+" and _is_moment(e.right, s)
+    return False
 
 
 def _one_of(values: Sequence[str], negated: bool) -> str:
@@ -207,7 +221,8 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
             words = {">=": f"at least {n}", ">": f"more than {n}", "<=": f"at most {n}",
                      "<": f"fewer than {n}", "==": f"exactly {n}", "!=": f"other than {n}"}[op]
             return f"{words} of these hold: ({conds})", 3
-        return f"{ir.show(left, 5)} {_CMP_WORDS[op]} {ir.show(right, 5)}", 3
+        cmp_words = _TIME_WORDS if _is_moment(left, s) or _is_moment(right, s) else _CMP_WORDS
+        return f"{ir.show(left, 5)} {cmp_words[op]} {ir.show(right, 5)}", 3
     if isinstance(e, ir.InSet):
         values = [_lit(v) for v in e.values]
         return f"{ir.show(e.operand, 5)} is {_one_of(values, e.negated)}", 3
