@@ -27,10 +27,10 @@ import json
 import random
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import BaseModel, Field
 
@@ -137,6 +137,47 @@ class SynthResult:
             for line in self.lines:
                 fh.write(line)
                 fh.write("\n")
+
+
+class SynthStream:
+    """The cases of one synthesis, made one at a time as the stream is iterated (once): canonical JSON
+    lines, the same bytes `synthesize` collects. `coverage` is complete once the last case is made."""
+
+    def __init__(self, lines: Iterator[str], skipped: list[Skip], finish: Callable[[], Coverage]):
+        self._lines = lines
+        self.skipped = skipped
+        self._finish = finish
+        self._coverage: Coverage | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._lines
+        self._coverage = self._finish()
+
+    @property
+    def coverage(self) -> Coverage:
+        if self._coverage is None:
+            raise RuntimeError("the coverage of a synthesis stream is known once every case has been made")
+        return self._coverage
+
+    def write(self, out: str | Path | TextIO) -> int:
+        """Write every case, one line each, flushing after each (a reader of the file sees the cases as
+        they are made); `out` is a path (parent directories created) or an open text file. Returns the
+        number of cases."""
+        if not isinstance(out, (str, Path)):
+            return self._write_to(out)
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8", newline="\n") as fh:
+            return self._write_to(fh)
+
+    def _write_to(self, fh: TextIO) -> int:
+        count = 0
+        for line in self:
+            fh.write(line)
+            fh.write("\n")
+            fh.flush()
+            count += 1
+        return count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,11 +655,22 @@ def parse_mix(text: str) -> dict[str, float] | None:
 # Synthesis
 
 
-def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *, min_per_path: int | None = None,
-               balance: str = "intent", intensity_mix: Mapping[str, float] | None = None,
-               personas: Sequence[str | PersonaSpec] | None = None, languages: Sequence[str] | None = None,
-               use_intent_intensity: bool = False, the_plan: Plan | None = None) -> SynthResult:
-    """Synthesize test cases (see the module docstring for the scheme).
+def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, **options: Any) -> SynthResult:
+    """Synthesize test cases (see the module docstring for the scheme), all in memory: the lines of
+    `synthesize_stream` (same options, same bytes) collected into a `SynthResult`."""
+    stream = synthesize_stream(scenario, profile, n, seed, **options)
+    lines = list(stream)
+    return SynthResult(lines=lines, coverage=stream.coverage, skipped=stream.skipped)
+
+
+def synthesize_stream(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *,
+                      min_per_path: int | None = None, balance: str = "intent",
+                      intensity_mix: Mapping[str, float] | None = None,
+                      personas: Sequence[str | PersonaSpec] | None = None, languages: Sequence[str] | None = None,
+                      use_intent_intensity: bool = False, the_plan: Plan | None = None) -> SynthStream:
+    """Synthesize test cases one at a time: every parameter is checked and the (path, intent) slots are
+    drawn before this returns (errors surface here, not halfway through a file); the cases themselves
+    are made as the returned stream is iterated, so memory holds the slots, never the file.
 
     `intensity_mix` weights zero/weak/strong (default equal); `use_intent_intensity=True` instead gives
     each case its intent's declared intensity. `personas` restricts the persona pool (names from the
@@ -658,9 +710,10 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
         keys = [k for k in INTENSITIES if mix.get(k, 0) > 0]
         intensities = _spread(len(slots), keys, [mix[k] for k in keys], rng)
 
-    lines, counts = _build_lines(p, slots, intensities, persona_pool, langs, seed, rng)
-    coverage = _coverage(p, slots, intensities, counts, sampled, supplemented, appended, min_per_path, balance)
-    return SynthResult(lines=lines, coverage=coverage, skipped=skipped)
+    counts: dict[str, Counter] = {k: Counter() for k in ("action", "bucket", "persona", "language")}
+    lines = _case_lines(p, slots, intensities, persona_pool, langs, seed, rng, counts)
+    return SynthStream(lines, skipped, lambda: _coverage(p, slots, intensities, counts, sampled, supplemented,
+                                                         appended, min_per_path, balance))
 
 
 def exact_min_per_path(n: int, requested: int | None, paths: int) -> int:
@@ -677,7 +730,7 @@ def exact_min_per_path(n: int, requested: int | None, paths: int) -> int:
 
 
 def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed: int,
-                          **options: Any) -> SynthResult:
+                          **options: Any) -> SynthStream:
     """A procedure (observations, bounded retries) is synthesized on its unrolled form, whose paths are
     exactly the procedure's; each case is then lifted back: source stage ids in `expected_path`, and
     every observed variable as the list of values of the looks its path takes (what the simulated
@@ -688,9 +741,9 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
         raise SynthError(f"cannot synthesize cases: {exc}") from None
     given = options.pop("the_plan", None)
     the_plan = given if given is not None and given.scenario is unrolled.scenario else plan(scenario, profile)
-    flat = synthesize(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
-    lines = []
-    for line in flat.lines:
+    flat = synthesize_stream(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
+
+    def lift(line: str) -> str:
         row = json.loads(line)
         row["expected_path"] = [unrolled.origin.get(s, s) for s in row["expected_path"]]
         looks: dict[str, int] = {}
@@ -705,8 +758,9 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
             if key == "user_facts":
                 values = {k: v for k, v in values.items() if k in (row.get(key) or {}) or v}
             row[key] = values
-        lines.append(json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
-    return SynthResult(lines=lines, coverage=flat.coverage, skipped=flat.skipped)
+        return json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+    return SynthStream(map(lift, flat), flat.skipped, lambda: flat.coverage)
 
 
 def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
@@ -863,6 +917,9 @@ CASE_KEYS = ("bucket", "expected_finals", "expected_path", "id", "intensity", "i
              "unsafe_action", "user_facts")
 
 
+ENCODER_CACHE_MAX = 65_536  # encoded objects kept by one `_ObjectEncoder` (a bound, not a tuning knob)
+
+
 class _ObjectEncoder:
     """Encodes flat {name: scalar} objects in sorted key order; whole objects are cached by their
     value tuple (domains are small, so nearly every case is a cache hit). Values of one variable
@@ -882,15 +939,19 @@ class _ObjectEncoder:
                 text = "{}"
             else:
                 text = "".join(h + _jenc(v) for h, v in zip(self.heads, key, strict=True)) + "}"
+            if len(self.cache) >= ENCODER_CACHE_MAX:  # streaming: memory must not grow with the case count
+                self.cache.clear()
             self.cache[key] = text
         return text
 
 
-def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity], personas: list[PersonaSpec],
-                 languages: list[str] | None, seed: int, rng: random.Random
-                 ) -> tuple[list[str], dict[str, Counter]]:
-    """Serialise every case straight to its canonical JSON line. Everything constant per (path, intent),
-    per intensity or per persona is encoded once; per case only the values are looked up."""
+def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity], personas: list[PersonaSpec],
+                languages: list[str] | None, seed: int, rng: random.Random, counts: dict[str, Counter]
+                ) -> Iterator[str]:
+    """Serialise every case straight to its canonical JSON line, one line per step of the returned
+    iterator (`counts` is updated as the lines are made). Everything constant per (path, intent), per
+    intensity or per persona is encoded here, once, before the first case; per case only the values
+    are looked up."""
     scenario, profile = p.scenario, p.profile
     decide = engine_for(scenario).decide_raw  # the compiled decision function (path, finals)
     field_names = [v.name for v in scenario.fields]
@@ -951,37 +1012,38 @@ def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intens
     seg_hash = ',"sop_hash":' + _jenc(scenario.source_hash) + ',"system":'
     id_prefix = _jenc(f"{scenario.name}-{seed}-")[:-1]  # the JSON string without its closing quote
 
-    lines: list[str] = []
-    counts: dict[str, Counter] = {k: Counter() for k in ("action", "bucket", "persona", "language")}
     rand = rng.random
-    for idx, (key, level) in enumerate(zip(slots, intensities, strict=True)):
-        (tmpl, free, seg_path, seg_intent, seg_persona, seg_seed, unsafe, buckets, finals_text,
-         stages, action, bucket_names) = pairs[key]
-        k = int(rand() * len(tmpl.pool))
-        values = dict(tmpl.pool[k])
-        for v in free:
-            opts = free_choices[v]
-            values[v] = opts[int(rand() * len(opts))]
-        path, fin = decide(values)
-        if path != stages or fin != tmpl.finals[k]:  # pragma: no cover - guarded at plan time
-            raise AssertionError(f"internal error: case {idx + 1} of path {key[0]} decides {path} {fin}")
-        members, cum = pools[level]
-        pp = members[bisect.bisect_right(cum, rand() * cum[-1]) if len(members) > 1 else 0]
-        lang = languages[int(rand() * len(languages))] if languages else pp.language
-        lang_text = str_text.get(lang)
-        if lang_text is None:
-            lang_text = str_text[lang] = _jenc(lang)
-        lines.append("".join((
-            '{"bucket":', buckets[level], ',"expected_finals":', finals_text[k], seg_path, id_prefix,
-            str(idx + 1), '"',
-            level_text[level], seg_intent, lang_text, seg_persona, persona_text(pp, lang), seg_seed,
-            str((seed * 1_000_003 + idx) & 0x7FFFFFFF), seg_hash, enc_system(values), ',"truth":',
-            enc_truth(values), ',"unsafe_action":', unsafe[level], ',"user_facts":', enc_facts(values), "}")))
-        counts["action"][action] += 1
-        counts["bucket"][bucket_names[level]] += 1
-        counts["persona"][pp.name] += 1
-        counts["language"][lang] += 1
-    return lines, counts
+
+    def make() -> Iterator[str]:
+        for idx, (key, level) in enumerate(zip(slots, intensities, strict=True)):
+            (tmpl, free, seg_path, seg_intent, seg_persona, seg_seed, unsafe, buckets, finals_text,
+             stages, action, bucket_names) = pairs[key]
+            k = int(rand() * len(tmpl.pool))
+            values = dict(tmpl.pool[k])
+            for v in free:
+                opts = free_choices[v]
+                values[v] = opts[int(rand() * len(opts))]
+            path, fin = decide(values)
+            if path != stages or fin != tmpl.finals[k]:  # pragma: no cover - guarded at plan time
+                raise AssertionError(f"internal error: case {idx + 1} of path {key[0]} decides {path} {fin}")
+            members, cum = pools[level]
+            pp = members[bisect.bisect_right(cum, rand() * cum[-1]) if len(members) > 1 else 0]
+            lang = languages[int(rand() * len(languages))] if languages else pp.language
+            lang_text = str_text.get(lang)
+            if lang_text is None:
+                lang_text = str_text[lang] = _jenc(lang)
+            counts["action"][action] += 1
+            counts["bucket"][bucket_names[level]] += 1
+            counts["persona"][pp.name] += 1
+            counts["language"][lang] += 1
+            yield "".join((
+                '{"bucket":', buckets[level], ',"expected_finals":', finals_text[k], seg_path, id_prefix,
+                str(idx + 1), '"',
+                level_text[level], seg_intent, lang_text, seg_persona, persona_text(pp, lang), seg_seed,
+                str((seed * 1_000_003 + idx) & 0x7FFFFFFF), seg_hash, enc_system(values), ',"truth":',
+                enc_truth(values), ',"unsafe_action":', unsafe[level], ',"user_facts":', enc_facts(values), "}"))
+
+    return make()
 
 
 def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity], counts: dict[str, Counter],
