@@ -39,6 +39,7 @@ from sopgraph.cases.profiles import (
     Intent,
     PersonaSpec,
     Profile,
+    conditions_key,
     intent_region,
     library,
     parse_profile,
@@ -270,14 +271,19 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
             description=describe_path(info), reads=_path_reads(scenario, info.stages)))
     intent_paths: dict[str, list[int]] = {}
     regions: dict[tuple[int, str], list[Any]] = {}
+    space = domain.space_for(scenario)
+    matched: dict[tuple, list[tuple[int, list[Any]]]] = {}  # conditions_key → [(path index, region)]
     for name, intent in profile.intents.items():
+        key = conditions_key(intent)
+        if key not in matched:
+            found = ((entry.index, intent_region(scenario, intent, list(entry.region), space=space))
+                     for entry in entries)
+            matched[key] = [(index, region) for index, region in found if region]
         hits: list[int] = []
-        for entry in entries:
-            region = intent_region(scenario, intent, list(entry.region))
-            if region:
-                regions[(entry.index, name)] = region
-                hits.append(entry.index)
-                entry.intents.append(name)
+        for index, region in matched[key]:
+            regions[(index, name)] = list(region)
+            hits.append(index)
+            entries[index].intents.append(name)
         intent_paths[name] = hits
     unreached = [name for name, hits in intent_paths.items() if not hits]
     for name in unreached:
