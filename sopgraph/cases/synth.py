@@ -225,6 +225,8 @@ class Plan:
     ambiguous: set[tuple[tuple[str, ...], str]] = field(default_factory=set)  # (stages, action) of >1 path
     generated: dict[int, Intent] = field(default_factory=dict)
     templates: dict[tuple[int, str], PairTemplate | None] = field(default_factory=dict)
+    # (path index, conditions_key) → does a seed-free candidate verify (see `_usable`)
+    base_verdicts: dict[tuple[int, tuple], bool] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
 
     def intent(self, name: str) -> Intent:
@@ -474,12 +476,12 @@ def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> 
         return False
 
 
-def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> PairTemplate | None:
-    """Build the verified value pool of one (path, intent) pair."""
-    scenario, profile = p.scenario, p.profile
-    engine = engine_for(scenario)
-    constrained = sorted(entry.reads | _condition_reads(scenario, intent))
-    rng = random.Random(f"{scenario.name}/{entry.id}/{intent.name}")
+def _bases(p: Plan, entry: PathEntry, region: list[Any], constrained: Sequence[str], *,
+           choices: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The seed-free candidates of a (path, intent) pair — witnesses of the first boxes of its region
+    (representative, boundary), then the path's own witness — and, with `choices`, each box's
+    candidate values of the constrained variables."""
+    scenario = p.scenario
     bases: list[dict[str, Any]] = []
     choices_per_box = []
     for box in region[:8]:
@@ -487,10 +489,42 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
             w = _box_witness(scenario, box, style)
             if w is not None:
                 bases.append({**entry.witness, **w})
-        base = bases[-1] if bases else entry.witness
-        choices_per_box.append({name: _box_choices(box, scenario.variables[name], profile, base.get(name))
-                                for name in constrained if name in scenario.variables})
+        if choices:
+            base = bases[-1] if bases else entry.witness
+            choices_per_box.append({name: _box_choices(box, scenario.variables[name], p.profile, base.get(name))
+                                    for name in constrained if name in scenario.variables})
     bases.append(dict(entry.witness))
+    return bases, choices_per_box
+
+
+def _verified(p: Plan, entry: PathEntry, intent: Intent, cand: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine's finals for a candidate assignment when it takes exactly the entry's path (stages,
+    constant finals, branches where paths share stages) and the intent's conditions hold; else None."""
+    scenario = p.scenario
+    try:  # cheap first: the compiled engine (it decides every case later) ...
+        got_path, fin = engine_for(scenario).decide_raw(cand)
+    except DecideError:
+        return None
+    if list(got_path) != entry.stages or any(v is not None and fin.get(k) != v
+                                             for k, v in entry.finals.items()):
+        return None  # the path's stages and its constant finals (Action first) must be what the engine gives
+    if (tuple(entry.stages), entry.action) in p.ambiguous:
+        try:  # two paths share stages and action: the reference interpreter tells the branches apart
+            if trace(scenario, cand)[1] != entry.branches:
+                return None
+        except DecideError:
+            return None
+    if not _holds(scenario, intent, cand):
+        return None
+    return fin
+
+
+def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> PairTemplate | None:
+    """Build the verified value pool of one (path, intent) pair."""
+    scenario, profile = p.scenario, p.profile
+    constrained = sorted(entry.reads | _condition_reads(scenario, intent))
+    rng = random.Random(f"{scenario.name}/{entry.id}/{intent.name}")
+    bases, choices_per_box = _bases(p, entry, region, constrained)
     candidates: list[dict[str, Any]] = list(bases)
     for t in range(POOL_TRIES):
         if not choices_per_box:
@@ -510,20 +544,8 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
         if key in seen:
             continue
         seen.add(key)
-        try:  # cheap first: the compiled engine (it decides every case later) ...
-            got_path, fin = engine.decide_raw(cand)
-        except DecideError:
-            continue
-        if list(got_path) != entry.stages or any(v is not None and fin.get(k) != v
-                                                 for k, v in entry.finals.items()):
-            continue  # the path's stages and its constant finals (Action first) must be what the engine gives
-        if (tuple(entry.stages), entry.action) in p.ambiguous:
-            try:  # two paths share stages and action: the reference interpreter tells the branches apart
-                if trace(scenario, cand)[1] != entry.branches:
-                    continue
-            except DecideError:
-                continue
-        if not _holds(scenario, intent, cand):
+        fin = _verified(p, entry, intent, cand)
+        if fin is None:
             continue
         pool.append({n: _normalise(scenario.variables[n], cand[n]) for n in constrained if n in cand})
         finals.append(dict(fin))
@@ -804,26 +826,21 @@ def _persona_pool(profile: Profile, personas: Sequence[str | PersonaSpec] | None
 
 
 def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
-    """Build templates; a path with no usable profile intent gets a generated one."""
+    """Which (path, intent) pairs have a template; a path with no usable profile intent gets a generated
+    one. Templates themselves are built later, only for the pairs that get cases (`_template_of`)."""
     compat: dict[int, list[str]] = {}
     for entry in p.paths:
         names: list[str] = []
         for name in entry.intents:
-            key = (entry.index, name)
-            if key not in p.templates:
-                p.templates[key] = _template(p, entry, p.profile.intents[name], p.regions[key])
-            if p.templates[key] is None:
+            if _usable(p, entry, name):
+                names.append(name)
+            else:
                 skipped.append(Skip(kind="pair", name=f"{name} @ {entry.id}",
                                     reason="no engine-verified values satisfy both the intent and the path"))
-            else:
-                names.append(name)
         if not names:
             gen = p.generated.get(entry.index) or generated_intent(entry)
             p.generated[entry.index] = gen
-            key = (entry.index, gen.name)
-            if key not in p.templates:
-                p.templates[key] = _template(p, entry, gen, list(entry.region))
-            if p.templates[key] is None:
+            if _template_of(p, entry.index, gen.name) is None:
                 skipped.append(Skip(kind="pair", name=entry.id, reason="no engine-verified witness"))
                 continue
             names = [gen.name]
@@ -831,17 +848,49 @@ def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
     return compat
 
 
+def _usable(p: Plan, entry: PathEntry, name: str) -> bool:
+    """Whether the pair's template will have a pool, without building it when a seed-free candidate
+    already verifies: that verdict depends only on the path and the intent's conditions, so intents
+    with equal conditions share it (20,000 intents × their paths would otherwise build 20,000s of
+    pools for a 50-case file). Only when no seed-free candidate verifies is the template built."""
+    key = (entry.index, name)
+    if key in p.templates:
+        return p.templates[key] is not None
+    intent = p.profile.intents[name]
+    shared = (entry.index, conditions_key(intent))
+    verdict = p.base_verdicts.get(shared)
+    if verdict is None:
+        constrained = sorted(entry.reads | _condition_reads(p.scenario, intent))
+        bases, _ = _bases(p, entry, p.regions[key], constrained, choices=False)
+        verdict = p.base_verdicts[shared] = any(_verified(p, entry, intent, cand) is not None for cand in bases)
+    return verdict or _template_of(p, entry.index, name) is not None
+
+
+def _template_of(p: Plan, index: int, name: str) -> PairTemplate | None:
+    """The (path, intent) template, built on first use and kept in the plan."""
+    key = (index, name)
+    if key not in p.templates:
+        entry = p.paths[index]
+        region = p.regions[key] if name in p.profile.intents else list(entry.region)
+        p.templates[key] = _template(p, entry, p.intent(name), region)
+    return p.templates[key]
+
+
 def _stage_one(p: Plan, compat: dict[int, list[str]], usable: list[int], n: int, balance: str,
                rng: random.Random) -> list[tuple[int, str]]:
     if n == 0 or not usable:
         return []
-    profile_intents = [name for name in p.profile.intents if any(name in compat[i] for i in usable)]
+    paths_by_intent: dict[str, list[int]] = defaultdict(list)  # in `usable` order (linear, not intents²)
+    for i in usable:
+        for name in compat[i]:
+            paths_by_intent[name].append(i)
+    profile_intents = [name for name in p.profile.intents if name in paths_by_intent]
     if balance == "intent" and profile_intents:
         weights = [p.profile.intents[name].weight for name in profile_intents]
         per_intent = Counter(_spread(n, profile_intents, weights, rng, shuffle=False))
         slots: list[tuple[int, str]] = []
         for name in profile_intents:
-            paths_of = [i for i in usable if name in compat[i]]
+            paths_of = paths_by_intent[name]
             for i in _spread(per_intent[name], paths_of, [1.0] * len(paths_of), rng, shuffle=False):
                 slots.append((i, name))
         rng.shuffle(slots)
@@ -997,7 +1046,7 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
     for key in dict.fromkeys(slots):
         i, name = key
         entry = p.paths[i]
-        tmpl = p.templates[key]
+        tmpl = _template_of(p, i, name)
         assert tmpl is not None
         intent = p.intent(name)
         pool_vars = set(tmpl.pool[0])
