@@ -516,3 +516,42 @@ def test_synth_summary_tables_are_cut_past_50_rows(tmp_path: Path) -> None:
     assert "tables cut at 50 rows" in r.output
     assert len(json.loads(cov.read_text())["per_path"]) == 972  # ... and every count in --coverage
     assert len((tmp_path / "c.jsonl").read_text().splitlines()) == 60
+
+
+def test_large_profile_work_grows_with_distinct_conditions_not_intents(monkeypatch, telecom) -> None:
+    """A 3,000-intent profile (issue 13: 20,000 took over 60 s): each condition text is parsed once,
+    each distinct condition set is matched once per path, and a 50-case file builds templates only for
+    the pairs it uses. Counted in operations, not seconds."""
+    from helpers import many_intents_profile
+
+    from sopgraph.cases import profiles
+    from sopgraph.cases import synth as synth_mod
+    from sopgraph.cases.profiles import conditions_key
+    from sopgraph.logic import domain
+
+    scenario, _ = telecom
+    calls: Counter = Counter()
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted(profiles, "parse_text")
+    counted(domain, "constrain")
+    counted(synth_mod, "_template")
+    profile, diags = parse_profile(many_intents_profile(3000), scenario)
+    assert profile is not None and not [d for d in diags if d.is_error]
+    keys = len({conditions_key(i) for i in profile.intents.values()})
+    assert keys < 1500  # the generator repeats condition sets, as a large real profile does
+    assert calls["parse_text"] <= 3  # "> 0", "> 100", "<= 300": once each, not once per intent
+    paths = len(plan(scenario, profile).paths)
+    calls.clear()
+    stream = synthesize_stream(scenario, profile, 50, seed=1)
+    assert sum(1 for _ in stream) == 50
+    assert calls["_template"] <= 50 + paths  # the pairs the file uses (and generated intents), not all pairs
+    # matching: once per distinct condition set and path (3 conditions at most)
+    assert calls["constrain"] <= keys * (paths + 1) * 3, calls  # per intent it would be ~3x more
