@@ -276,7 +276,7 @@ async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], mod
                               agent_system=agent_system_prompt(scenario, case.system)
                               + gold_prompt_addition(scenario, case),
                               user_system=user_system_prompt(case, scenario), scenario_info=info,
-                              sop_hash=scenario.source_hash)
+                              sop_hash=scenario.source_hash, agent_context={"gold": True})
         async with sem:
             try:
                 result = await simulate_dialogue(gw, roles.agent, roles.user, setup, max_turns=max_turns)

@@ -15,8 +15,9 @@ extraction alone (2, 3) is not an error but is flagged in `Turn.format_note`. On
 agent's raw text is what the user sees, and later scoring gives the turn's logic scores zero.
 
 Termination (`Dialogue.end_reason`):
-- `ending_action`: the agent's parsed `finals.Action` is an action with the `ends_dialogue` or
-  `escalation` attribute (format-error turns never end a dialogue);
+- `ending_action`: the agent takes an action with the `ends_dialogue` or `escalation` attribute:
+  a tool call, or a SAGE reply whose `finals.Action` is one and whose `now_path` reaches it (`acts`;
+  a reply whose path stops short is still asking; format-error turns never end a dialogue);
 - `user_stop`: the user's reply contains `###STOP###` (text before it is kept as
   `Dialogue.closing_user_text`; no agent turn follows);
 - `max_turns`: the agent has answered `max_turns` times.
@@ -34,6 +35,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sopgraph.language import ir
+from sopgraph.language.compile import reads, stage_reads
 from sopgraph.language.schema import validate_agent_output
 from sopgraph.logic.engine import Interpreter, leaf_finals
 from sopgraph.logic.paths import iter_paths
@@ -159,12 +161,56 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
     return {
         "name": scenario.name,
         "fields": fields,
+        "needs": stage_needs(scenario),
+        "hidden": [v.name for v in scenario.system_vars if v.hidden],
         "escalation_actions": scenario.actions_with("escalation"),
         "ending_actions": scenario.actions_with("ends_dialogue"),
         "actions": list(scenario.actions),
         "output_fillers": {name: output_filler(out) for name, out in scenario.outputs.items()},
         "paths": paths,
     }
+
+
+def base_reads(scenario: ir.Scenario, names: Sequence[str]) -> list[str]:
+    """The fields and system variables behind `names`, derived variables expanded to what they read
+    (first-seen order): what a customer or a back office can actually be asked for."""
+    out: dict[str, None] = {}
+    todo, seen = list(names), set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        var = scenario.variables.get(name)
+        if var is None:
+            continue
+        if var.role == "derived" and var.expr is not None:
+            todo[:0] = reads(var.expr)
+        else:
+            out.setdefault(name, None)
+    return list(out)
+
+
+def stage_needs(scenario: ir.Scenario) -> dict[str, list[str]]:
+    """Stage → the values its decision needs: the fields it classifies, then the fields and system
+    variables its branches read. Why: the scripted user holds back facts the path's decisions need,
+    floor agents ask for them before acting, and the guided baseline asks its model for exactly these."""
+    return {sid: base_reads(scenario, [*st.classify, *stage_reads(st)]) for sid, st in scenario.stages.items()}
+
+
+def acts(scenario: ir.Scenario, output: AgentOutput) -> bool:
+    """Whether a reply carries its action out. A tool call always does. A SAGE reply's `finals.Action`
+    is what the SOP leads to for what the agent knows so far; the agent has taken it once its
+    `now_path` reaches it (the last stage passed has a branch doing it). A reply whose path stops
+    short (an agent still asking for the values a decision needs) does not end the dialogue."""
+    action = output.finals.get("Action")
+    if action is None:
+        return False
+    if output.source != "sage":
+        return True
+    stage = scenario.stages.get(output.now_path[-1]) if output.now_path else None
+    return stage is not None and any(
+        b.target.kind == "action" and b.target.action == action for b in stage.branches)
 
 
 def output_filler(out: ir.Output) -> Any:
@@ -227,6 +273,7 @@ class DialogueSetup:
     tool_version: str = ""
     case_dump: dict[str, Any] = field(default_factory=dict)
     tool_agent: ToolAgent | None = None  # an HTTP or Python agent instead of the gateway's model
+    agent_context: dict[str, Any] = field(default_factory=dict)  # extra context keys for built-in agents
 
     def __post_init__(self) -> None:
         if not self.case_dump:
@@ -301,8 +348,8 @@ async def simulate_dialogue(
             return SimResult(state.turns, "user_stop", user_text)
         user_msgs.append({"role": "assistant", "content": user_text})
         agent_msgs.append({"role": "user", "content": user_text})
-        agent_ctx: dict[str, Any] = {**base_ctx, "scenario": agent_info, "role": "agent", "turn": index,
-                                     "path_finals": path_finals}
+        agent_ctx: dict[str, Any] = {**base_ctx, **setup.agent_context, "scenario": agent_info, "role": "agent",
+                                     "turn": index, "path_finals": path_finals}
         if setup.response_schema is not None:
             agent_ctx["response_schema"] = setup.response_schema
             agent_ctx["response_schema_name"] = "agent_output"
@@ -329,7 +376,7 @@ async def simulate_dialogue(
         shown = output.chat if output is not None else turn.agent_raw
         agent_msgs.append({"role": "assistant", "content": turn.agent_raw if setup.tool_agent is None else shown})
         user_msgs.append({"role": "user", "content": shown})
-        if output is not None and str(output.finals.get("Action")) in enders:
+        if output is not None and str(output.finals.get("Action")) in enders and acts(setup.scenario, output):
             return SimResult(state.turns, "ending_action")
         if index >= max_turns:
             return SimResult(state.turns, "max_turns")
