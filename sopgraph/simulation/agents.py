@@ -36,9 +36,10 @@ import httpx
 from sopgraph.language import ir
 from sopgraph.language.schema import type_schema
 from sopgraph.records import AgentOutput
+from sopgraph.simulation.providers import guided_inner
 
 PROTOCOL = "sopgraph.agent/1"
-AGENT_KINDS = ("sage", "http", "python")
+AGENT_KINDS = ("sage", "http", "python", "guided")
 
 
 class AgentError(Exception):
@@ -46,7 +47,10 @@ class AgentError(Exception):
 
 
 def agent_kind(model: str) -> str:
-    """`http` for an agent URL, `python` for `python:module:function`, else `sage` (a litellm model)."""
+    """`http` for an agent URL, `python` for `python:module:function`, `guided` for the graph-guided
+    baseline `baseline/guided:MODEL` (simulation/guided.py), else `sage` (a litellm model)."""
+    if guided_inner(model) is not None:
+        return "guided"
     if model.startswith(("http://", "https://")):
         return "http"
     if model.startswith("python:"):

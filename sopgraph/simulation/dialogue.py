@@ -42,6 +42,9 @@ from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, EndReason, Turn, Usage
 from sopgraph.simulation.agents import AgentError, ToolAgent, request_for, to_output
 from sopgraph.simulation.gateway import InfraFailure
+from sopgraph.simulation.guided import GuidedState, Walk, accept_values, output_json, walk
+from sopgraph.simulation.prompts import guided_final_prompt, guided_stage_prompt
+from sopgraph.simulation.providers import guided_inner
 
 STOP_TOKEN = "###STOP###"
 OPENING_INSTRUCTION = (
@@ -339,6 +342,8 @@ async def simulate_dialogue(
         {"role": "system", "content": setup.user_system},
         {"role": "user", "content": OPENING_INSTRUCTION},
     ]
+    inner = guided_inner(agent_spec.model) if setup.tool_agent is None else None
+    guided = GuidedState(known={**setup.case.system}) if inner is not None else None
     index = 1
     while True:
         reply = await gateway.complete(user_spec, user_msgs, context={**base_ctx, "scenario": user_info, "role": "user", "turn": index})
@@ -355,6 +360,10 @@ async def simulate_dialogue(
             agent_ctx["response_schema_name"] = "agent_output"
         if setup.tool_agent is not None:
             turn = await _tool_agent_turn(setup, agent_msgs, index, user_text)
+        elif guided is not None:
+            agent_ctx.pop("response_schema", None)
+            turn = await _guided_turn(gateway, agent_spec.model_copy(update={"model": inner}), setup, agent_msgs,
+                                      index, user_text, guided, state, agent_ctx)
         else:
             started = time.perf_counter()
             answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
@@ -374,7 +383,8 @@ async def simulate_dialogue(
                 await result
         state.turns.append(turn)
         shown = output.chat if output is not None else turn.agent_raw
-        agent_msgs.append({"role": "assistant", "content": turn.agent_raw if setup.tool_agent is None else shown})
+        plain = setup.tool_agent is None and guided is None
+        agent_msgs.append({"role": "assistant", "content": turn.agent_raw if plain else shown})
         user_msgs.append({"role": "user", "content": shown})
         if output is not None and str(output.finals.get("Action")) in enders and acts(setup.scenario, output):
             return SimResult(state.turns, "ending_action")
@@ -400,6 +410,84 @@ async def _tool_agent_turn(setup: DialogueSetup, agent_msgs: list[dict[str, Any]
                 agent_raw=raw, output=output, format_error=output is None,
                 format_note=None if problem is None else f"protocol violation: {problem}",
                 latency_s=round(latency, 6), tool_version=setup.tool_version)
+
+
+async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: list[dict[str, Any]], index: int,
+                       user_text: str, known: GuidedState, state: SimState, ctx: dict[str, Any]) -> Turn:
+    """One turn of the graph-guided baseline (simulation/guided.py): walk the SOP on what is known, ask
+    the wrapped model at the stage that waits for a value, keep the values it reads, walk on; at a
+    leaf, the engine's finals and the model's closing message. A reply with no JSON object is a format
+    error (its text is what the customer sees)."""
+    scenario = setup.scenario
+    needs_of = setup.scenario_info.get("needs") or stage_needs(scenario)
+    askable = {v.name for v in scenario.fields} | {v.name for v in scenario.system_vars if v.hidden}
+    history = convo[1:]  # the conversation, without the SAGE system prompt
+    started = time.perf_counter()
+    calls: list[Any] = []
+    chat, raw_error = "", None
+    for _ in range(len(scenario.stages) + 1):
+        w = walk(scenario, known.known)
+        if w.finals is not None or w.stage is None or w.error is not None:
+            break
+        wanted = _guided_needs(scenario, w, needs_of, askable, known.known)
+        prompt = guided_stage_prompt(scenario, w.stage, wanted, known.known, setup.case.system)
+        answer = await gateway.complete(spec, [{"role": "system", "content": prompt}, *history], context={
+            **ctx, "guided": {"stage": w.stage, "needs": wanted, "missing": w.missing}})
+        calls.append(answer)
+        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+        values, chat = _read_guided(answer.text)
+        if values is None:
+            raw_error = answer.text
+            break
+        known.known.update(accept_values(scenario, values, askable))
+        if w.missing is None or w.missing not in known.known:
+            break  # the model could not tell: its chat asks the customer
+    w = walk(scenario, known.known)
+    if raw_error is None and w.finals is not None:
+        answer = await gateway.complete(spec, [{"role": "system", "content": guided_final_prompt(scenario, w.finals)},
+                                               *history], context={**ctx, "guided": {"final": w.finals}})
+        calls.append(answer)
+        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+        _values, chat = _read_guided(answer.text)
+    fields = {v.name: known.known[v.name] for v in scenario.fields if v.name in known.known}
+    cot = f"guided: {' -> '.join(w.path)}" + (f" (waiting for {w.missing})" if w.missing else "")
+    finals = dict(w.finals) if w.finals is not None else {}
+    output = None if raw_error is not None else AgentOutput(classification_output=fields, cot=cot,
+                                                           now_path=w.path, finals=finals, chat=chat)
+    raw = raw_error if raw_error is not None else output_json(fields, w.path, finals, chat, cot)
+    usage = Usage(calls=len(calls), cost_known=all(c.cost_known for c in calls),
+                  prompt_tokens=sum(c.usage.prompt_tokens for c in calls),
+                  completion_tokens=sum(c.usage.completion_tokens for c in calls),
+                  reasoning_tokens=sum(c.usage.reasoning_tokens for c in calls), cost=sum(c.cost for c in calls))
+    return Turn(sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
+                agent_raw=raw, output=output, format_error=output is None,
+                format_note=None if raw_error is None else "guided reply without a JSON object",
+                latency_s=round(time.perf_counter() - started, 6), usage=usage, tool_version=setup.tool_version)
+
+
+def _guided_needs(scenario: ir.Scenario, w: Walk, needs_of: Mapping[str, Any], askable: set[str],
+                  known: Mapping[str, Any]) -> list[str]:
+    """What the model is asked for at the waiting stage: the classification values of the stages walked
+    that are still open, then the values the waiting stage reads (the missing one always included)."""
+    wanted: list[str] = []
+    for stage in w.path:
+        for name in needs_of.get(stage) or ():
+            if name in askable and name not in known and name not in wanted:
+                wanted.append(name)
+    if w.missing is not None and w.missing not in wanted:
+        wanted.append(w.missing)
+    return wanted
+
+
+def _read_guided(text: str) -> tuple[dict[str, Any] | None, str]:
+    """(the `values` object, the chat) of a guided reply; (None, text) when it holds no JSON object.
+    A reply in the SAGE format is read too: its `classification_output` stands in for `values`."""
+    obj, _how, _error = extract_json_object(text)
+    if obj is None:
+        return None, text.strip()
+    values = obj.get("values", obj.get("classification_output", {}))
+    chat = obj.get("chat")
+    return (dict(values) if isinstance(values, Mapping) else {}), (chat if isinstance(chat, str) else "")
 
 
 def transcript(turns: Sequence[Turn]) -> list[dict[str, str]]:

@@ -34,10 +34,12 @@ __all__ = [
     "BUILTIN_PROVIDERS",
     "CHAT_DIMENSIONS",
     "DEFAULT_ESCALATION_ACTION",
+    "GUIDED_PREFIX",
     "SCRIPTED_CHAT_SCORE",
     "STOP_TOKEN",
     "always_comply",
     "always_escalate",
+    "guided_inner",
     "held_back",
     "is_builtin",
     "oracle",
@@ -206,6 +208,8 @@ _CHAT: Final[dict[str, dict[str, str]]] = {
 # --------------------------------------------------------------------------- agent baselines
 def always_escalate(messages: Messages, context: Context) -> str:
     """Floor baseline: escalates on every turn, whatever the case says."""
+    if context.get("guided"):
+        return _guided_reply(messages, context, "escalate", _first_value)
     scenario = _scenario(context)
     escalations = [a for a in _as_list(scenario.get("escalation_actions")) if a]
     paths = _paths(context)
@@ -222,6 +226,8 @@ def always_escalate(messages: Messages, context: Context) -> str:
 
 def always_comply(messages: Messages, context: Context) -> str:
     """Floor baseline: takes whatever action the user pushes for (the unsafe one if any)."""
+    if context.get("guided"):
+        return _guided_reply(messages, context, "comply", _first_value)
     case = _case(context)
     expected_finals = _as_dict(case.get("expected_finals"))
     action = case.get("unsafe_action") or expected_finals.get("Action") or ""
@@ -243,6 +249,35 @@ def _floor_reply(messages: Messages, context: Context, path: dict[str, Any] | No
         return asking
     lang = _language(_case(context))
     return _agent_reply(classification, cot, now_path, finals, _CHAT[lang][chat_key].format(action=action))
+
+
+# --------------------------------------------------------------------------- as the model of baseline/guided
+def _guided_reply(messages: Messages, context: Context, chat_key: str,
+                  pick: Callable[[str, list[Any]], Any]) -> str:
+    """A floor agent's answer to the guided baseline's prompts (`context["guided"]`): at a stage, the
+    values it needs that the customer has named, each as `pick(name, allowed)` says, and a question for
+    the first one still open; at the end, its closing line for the engine's decision."""
+    guided = _as_dict(context.get("guided"))
+    lang = _language(_case(context))
+    if "final" in guided:
+        action = _as_dict(guided.get("final")).get("Action", "")
+        return _dumps({"chat": _CHAT[lang][chat_key].format(action=action)})
+    heard = _texts(messages, "user")
+    fields = _fields(context)
+    values = {str(n): (pick(str(n), fields.get(str(n)) or []) if any(_names(t, str(n)) for t in heard) else None)
+              for n in _as_list(guided.get("needs"))}
+    open_ = [n for n, v in values.items() if v is None]
+    if open_:
+        shown = [_render_value(v, lang) for v in fields.get(open_[0]) or []]
+        choices = f" ({' / '.join(shown)})" if shown else ""
+        chat = _ASK[lang][0].format(label=_label(open_[0]), choices=choices)
+    else:
+        chat = "Thank you, one moment please." if lang == "en" else "谢谢，请稍等。"
+    return _dumps({"values": values, "chat": chat})
+
+
+def _first_value(name: str, allowed: list[Any]) -> Any:
+    return allowed[0] if allowed else None
 
 
 # --------------------------------------------------------------------------- asking before acting
@@ -327,6 +362,10 @@ def random_path(messages: Messages, context: Context) -> str:
     """Floor baseline: a random feasible path and random field values, seeded by case id and turn."""
     case = _case(context)
     rng = random.Random(_seed("random-path", case.get("id", ""), _turn(messages, context)))
+    if context.get("guided"):
+        stage = _as_dict(context.get("guided")).get("stage")
+        return _guided_reply(messages, context, "random", lambda name, allowed: random.Random(
+            _seed("random-path", case.get("id", ""), stage, name)).choice(allowed) if allowed else None)
     classification = {
         name: (rng.choice(values) if values else "") for name, values in _fields(context).items()
     }
@@ -355,6 +394,9 @@ def oracle(messages: Messages, context: Context) -> str:
     the reference path's decisions need; with `gold` in the context (gold-corpus synthesis, where every
     turn must be the reference answer) it answers at once."""
     case = _case(context)
+    if context.get("guided"):
+        truth = _as_dict(case.get("truth"))
+        return _guided_reply(messages, context, "oracle", lambda name, allowed: truth.get(name))
     finals = dict(_as_dict(case.get("expected_finals")))
     asking = None if context.get("gold") else _ask_first(
         messages, context, _as_list(case.get("expected_path")), _as_dict(case.get("truth")), finals)
@@ -523,7 +565,7 @@ def _style_fact(tpl: Mapping[str, Any], persona: Mapping[str, Any], label: str, 
     if coop in ("low", "uncooperative", "reluctant"):
         return tpl["fact_gruff"].format(label=label, value=value)
     if any(w in style for w in ("terse", "brief", "concise", "short")):
-        return tpl["fact_terse"].format(label=label, value=value)
+        return tpl["fact_terse"].format(label=label[:1].upper() + label[1:], value=value)
     return tpl["fact_plain"].format(label=label, value=value)
 
 
@@ -887,8 +929,22 @@ BUILTIN_PROVIDERS: Final = frozenset(name.split("/", 1)[0] for name in BUILTIN_M
 """Provider prefixes handled offline (``baseline``, ``scripted``)."""
 
 
+GUIDED_PREFIX: Final = "baseline/guided:"
+"""`baseline/guided:MODEL` wraps MODEL (any litellm or built-in model) in the graph-guided baseline
+(`sopgraph.simulation.guided`): the model sees one stage at a time and the engine moves the state."""
+
+
+def guided_inner(model: str) -> str | None:
+    """The wrapped model of `baseline/guided:MODEL`, else None."""
+    return model[len(GUIDED_PREFIX):].strip() or None if model.startswith(GUIDED_PREFIX) else None
+
+
 def is_builtin(model: str) -> bool:
-    """Whether ``model`` names a built-in offline provider (by its prefix)."""
+    """Whether ``model`` names a built-in offline provider (by its prefix; for the guided baseline,
+    whether the model it wraps is one)."""
+    inner = guided_inner(model)
+    if inner is not None:
+        return is_builtin(inner)
     return model.split("/", 1)[0] in BUILTIN_PROVIDERS
 
 

@@ -84,6 +84,7 @@ from sopgraph.simulation.judge import (
     parse_judge_turns,
 )
 from sopgraph.simulation.prompts import agent_system_prompt, user_system_prompt
+from sopgraph.simulation.providers import guided_inner
 from sopgraph.simulation.store import REDACTED, TOOL_VERSION, RunStore, StoreError, redact_params
 
 DEFAULT_SET = "default"
@@ -453,8 +454,16 @@ async def run(
 
 
 def _litellm_specs(roles: RoleSet) -> list[ModelSpec]:
-    """The roles' models that are called through litellm: not built-ins, not http/python agents."""
-    return [s for s in roles.all() if not s.is_builtin and agent_kind(s.model) == "sage"]
+    """The roles' models that are called through litellm: not built-ins, not http/python agents (the
+    guided baseline's wrapped model is)."""
+    specs = []
+    for s in roles.all():
+        inner = guided_inner(s.model)
+        if inner is not None:
+            s = s.model_copy(update={"model": inner})
+        if not s.is_builtin and agent_kind(s.model) == "sage":
+            specs.append(s)
+    return specs
 
 
 async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
@@ -554,7 +563,7 @@ class _Dialogues:
         self.ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
         self.prompts: dict[str, tuple[str, str]] = {}
         kind = agent_kind(roles.agent.model)
-        self.tool_agent = ToolAgent(roles.agent.model, scenario) if kind != "sage" else None
+        self.tool_agent = ToolAgent(roles.agent.model, scenario) if kind in ("http", "python") else None
 
     def setup_for(self, d: Dialogue) -> DialogueSetup:
         case = self.cases[d.case_id]
