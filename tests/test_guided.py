@@ -77,6 +77,7 @@ def test_guided_over_the_offline_provider_advances_stage_by_stage_to_the_referen
 def test_the_model_sees_only_the_current_stage(telecom, cases) -> None:
     from sopgraph.simulation.dialogue import DialogueSetup, scenario_context, simulate_dialogue
     from sopgraph.simulation.gateway import ModelSpec
+    from sopgraph.simulation.prompts import guided_final_prompt, guided_stage_prompt
 
     seen: list[tuple[list, dict]] = []
 
@@ -90,7 +91,8 @@ def test_the_model_sees_only_the_current_stage(telecom, cases) -> None:
 
     case = next(c for c in cases if c.expected_path == ["step1", "step2", "step5", "step7"])
     setup = DialogueSetup(scenario=telecom, case=case, dialogue_id="d#0", trial=0, agent_system="FULL SOP",
-                          user_system="u", scenario_info=scenario_context(telecom))
+                          user_system="u", scenario_info=scenario_context(telecom),
+                          guided_prompts=(guided_stage_prompt, guided_final_prompt))
 
     async def go():
         gw = Recording()

@@ -21,6 +21,7 @@ PROTOCOL = "sopgraph.agent/1"
 _ESCALATE = re.compile(r"human|escalat|transfer|review", re.IGNORECASE)
 
 
+_LOOKUPS = ("lookup", "sop_lookup")
 _QUESTIONS = ("Thanks for reaching out. Could you tell me a little more about your situation?",
               "Thank you. Is there anything else I should know before I act on this?")
 
@@ -34,7 +35,8 @@ def respond(request: dict[str, Any]) -> dict[str, Any]:
     if request.get("protocol") != PROTOCOL:
         return {"reply": f"unsupported protocol {request.get('protocol')!r}", "tool_calls": []}
     said = " ".join(m["content"] for m in request["messages"] if m["role"] == "user")
-    tools = [t["function"] for t in request.get("tools") or []]
+    # the back-office `lookup` tool answers questions; this agent only picks an action to take
+    tools = [t["function"] for t in request.get("tools") or [] if t["function"]["name"] not in _LOOKUPS]
     turn = request.get("turn", 1)
     if turn <= len(_QUESTIONS) or not tools:
         return {"reply": _QUESTIONS[min(turn, len(_QUESTIONS)) - 1], "tool_calls": []}

@@ -43,7 +43,6 @@ from sopgraph.records import AgentOutput, Case, EndReason, Turn, Usage
 from sopgraph.simulation.agents import ToolAgent, tool_turn
 from sopgraph.simulation.backend import Backend
 from sopgraph.simulation.guided import GuidedState, Walk, accept_values, output_json, walk
-from sopgraph.simulation.prompts import guided_final_prompt, guided_stage_prompt
 from sopgraph.simulation.providers import guided_inner
 
 STOP_TOKEN = "###STOP###"
@@ -277,6 +276,9 @@ class DialogueSetup:
     case_dump: dict[str, Any] = field(default_factory=dict)
     tool_agent: ToolAgent | None = None  # an agent acting through tools (simulation/agents.py)
     agent_context: dict[str, Any] = field(default_factory=dict)  # extra context keys for built-in agents
+    # the guided baseline's prompt builders (prompts.guided_stage_prompt, prompts.guided_final_prompt),
+    # handed in by the runner: this module does not import the prompts module (layers, pyproject.toml)
+    guided_prompts: tuple[Callable[..., str], Callable[..., str]] | None = None
 
     def __post_init__(self) -> None:
         if not self.case_dump:
@@ -343,6 +345,8 @@ async def simulate_dialogue(
         {"role": "user", "content": OPENING_INSTRUCTION},
     ]
     inner = guided_inner(agent_spec.model) if setup.tool_agent is None else None
+    if inner is not None and setup.guided_prompts is None:
+        raise ValueError(f"{agent_spec.model}: the guided baseline needs DialogueSetup.guided_prompts")
     guided = GuidedState(known={**setup.case.system}) if inner is not None else None
     index = 1
     backend: Backend | None = None  # the simulated backend of a tool-acting agent (state per dialogue)
@@ -425,6 +429,8 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
     leaf, the engine's finals and the model's closing message. A reply with no JSON object is a format
     error (its text is what the customer sees)."""
     scenario = setup.scenario
+    assert setup.guided_prompts is not None  # checked by simulate_dialogue
+    stage_prompt, final_prompt = setup.guided_prompts
     needs_of = setup.scenario_info.get("needs") or stage_needs(scenario)
     askable = {v.name for v in scenario.fields} | {v.name for v in scenario.system_vars if v.hidden}
     history = convo[1:]  # the conversation, without the SAGE system prompt
@@ -436,7 +442,7 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
         if w.finals is not None or w.stage is None or w.error is not None:
             break
         wanted = _guided_needs(scenario, w, needs_of, askable, known.known)
-        prompt = guided_stage_prompt(scenario, w.stage, wanted, known.known, setup.case.system)
+        prompt = stage_prompt(scenario, w.stage, wanted, known.known, setup.case.system)
         answer = await gateway.complete(spec, [{"role": "system", "content": prompt}, *history], context={
             **ctx, "guided": {"stage": w.stage, "needs": wanted, "missing": w.missing}})
         calls.append(answer)
@@ -450,7 +456,7 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
             break  # the model could not tell: its chat asks the customer
     w = walk(scenario, known.known)
     if raw_error is None and w.finals is not None:
-        answer = await gateway.complete(spec, [{"role": "system", "content": guided_final_prompt(scenario, w.finals)},
+        answer = await gateway.complete(spec, [{"role": "system", "content": final_prompt(scenario, w.finals)},
                                                *history], context={**ctx, "guided": {"final": w.finals}})
         calls.append(answer)
         state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))

@@ -83,7 +83,13 @@ from sopgraph.simulation.judge import (
     judgment_usage_rows,
     parse_judge_turns,
 )
-from sopgraph.simulation.prompts import agent_system_prompt, agent_tools_prompt, user_system_prompt
+from sopgraph.simulation.prompts import (
+    agent_system_prompt,
+    agent_tools_prompt,
+    guided_final_prompt,
+    guided_stage_prompt,
+    user_system_prompt,
+)
 from sopgraph.simulation.providers import guided_inner
 from sopgraph.simulation.store import REDACTED, TOOL_VERSION, RunStore, StoreError, redact_params
 
@@ -582,7 +588,8 @@ class _Dialogues:
         return DialogueSetup(scenario=self.scenario, case=case, dialogue_id=d.id, trial=d.trial,
                              agent_system=agent_sys, user_system=user_sys, scenario_info=self.info,
                              response_schema=self.schema, sop_hash=self.scenario.source_hash,
-                             tool_version=TOOL_VERSION, tool_agent=self.tool_agent)
+                             tool_version=TOOL_VERSION, tool_agent=self.tool_agent,
+                             guided_prompts=(guided_stage_prompt, guided_final_prompt))
 
     async def one(self, d: Dialogue, sink: Any) -> bool:
         """Run dialogue `d` from scratch; True if it ended as an infrastructure failure."""
