@@ -8,8 +8,9 @@ Each revision is checked out into a temporary git worktree; each benchmark scrip
 tree first on `sys.path` (the benchmarks insert their own checkout's root). Runs alternate A, B, A, B… so
 that machine noise hits both sides alike; the medians of wall time and of CPU time (the script and its
 children) and the ratios head/base are printed. A ratio within about ±10 % on a shared machine is noise.
-A script missing at one revision, or failing there, is skipped with the reason printed (a failure is not
-retried). `--log DIR` keeps every run's output, to compare the figures the benchmarks print themselves.
+A script missing at one revision, or failing there (a traceback, or no output), is skipped with the reason
+printed (a failure is not retried); a script that reports and exits non-zero because a target was missed (a
+loaded machine) still counts as a timed run. `--log DIR` keeps every run's output, to compare the figures the benchmarks print themselves.
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def _run(tree: Path, argv: list[str], log: Path | None) -> tuple[float, float] |
     elapsed, cpu = time.perf_counter() - start, _children_cpu() - cpu0
     if log is not None:
         log.write_text(f"$ {shlex.join(argv)}\n{done.stdout}\n--- stderr\n{done.stderr}", encoding="utf-8")
-    if done.returncode != 0:
+    if done.returncode != 0 and (not done.stdout.strip() or "Traceback (most recent call last)" in done.stderr):
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return f"fails: {last[:160]}"
-    return elapsed, cpu
+    return elapsed, cpu  # a non-zero status after a normal report is a missed target, still a timed run
 
 
 def _compare(argv: list[str], trees: dict[str, Path], revs: dict[str, str], repeat: int,
