@@ -10,7 +10,9 @@ that machine noise hits both sides alike; the medians of wall time and of CPU ti
 children) and the ratios head/base are printed. A ratio within about ±10 % on a shared machine is noise.
 A script missing at one revision, or failing there (a traceback, or no output), is skipped with the reason
 printed (a failure is not retried); a script that reports and exits non-zero because a target was missed (a
-loaded machine) still counts as a timed run. `--log DIR` keeps every run's output, to compare the figures the benchmarks print themselves.
+loaded machine) still counts as a timed run. `--cli-gc` runs each script after the garbage-collector setting
+that revision's `sop` entry point applies (`perf.tune_gc_for_cli()` where it exists; older revisions paused
+the collector inside library calls instead), i.e. the figures a `sop` user sees. `--log DIR` keeps every run's output, to compare the figures the benchmarks print themselves.
 """
 
 from __future__ import annotations
@@ -27,6 +29,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CLI_GC = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])
+try:
+    from sopgraph.perf import tune_gc_for_cli
+except ImportError:  # a revision whose `sop` did not tune the collector
+    pass
+else:
+    tune_gc_for_cli()
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def _checkout(rev: str, into: Path) -> Path:
@@ -40,14 +54,15 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run(tree: Path, argv: list[str], log: Path | None) -> tuple[float, float] | str:
+def _run(tree: Path, argv: list[str], log: Path | None, cli_gc: bool = False) -> tuple[float, float] | str:
     """(wall s, CPU s) of one run, or why it could not run."""
     path = tree / "benchmarks" / argv[0]
     if not path.is_file():
         return "not in this revision"
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cpu0, start = _children_cpu(), time.perf_counter()
-    done = subprocess.run([sys.executable, str(path), *argv[1:]], cwd=tree, env=env, capture_output=True,
+    prefix = [sys.executable, "-c", CLI_GC] if cli_gc else [sys.executable]
+    done = subprocess.run([*prefix, str(path), *argv[1:]], cwd=tree, env=env, capture_output=True,
                           text=True)
     elapsed, cpu = time.perf_counter() - start, _children_cpu() - cpu0
     if log is not None:
@@ -59,14 +74,14 @@ def _run(tree: Path, argv: list[str], log: Path | None) -> tuple[float, float] |
 
 
 def _compare(argv: list[str], trees: dict[str, Path], revs: dict[str, str], repeat: int,
-             log_dir: Path | None) -> str:
+             log_dir: Path | None, cli_gc: bool = False) -> str:
     """One result line: medians and ratios, or the reason the script was skipped."""
     name = shlex.join(argv)
     runs: dict[str, list[tuple[float, float]]] = {"base": [], "head": []}
     for k in range(repeat):
         for side, tree in trees.items():
             log = None if log_dir is None else log_dir / f"{argv[0].removesuffix('.py')}-{side}-{k + 1}.txt"
-            got = _run(tree, argv, log)
+            got = _run(tree, argv, log, cli_gc)
             if isinstance(got, str):
                 return f"{name:<44} skipped: {got} at {side} ({revs[side]})"
             runs[side].append(got)
@@ -81,6 +96,7 @@ def main() -> int:
     ap.add_argument("base")
     ap.add_argument("--head", default="HEAD")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cli-gc", action="store_true", help="apply each revision's `sop` collector setting first")
     ap.add_argument("--log", type=Path, default=None, help="keep each run's output in this directory")
     ap.add_argument("scripts", nargs="*", default=["bench_lang.py", "bench_paths.py", "bench_synth.py"])
     args = ap.parse_intermixed_args()
@@ -93,7 +109,7 @@ def main() -> int:
             print(f"{'script':<44} {'base s':>8} {'head s':>8} {'wall h/b':>9} {'base cpu':>8} {'head cpu':>8}"
                   f" {'cpu h/b':>8}", flush=True)
             for script in args.scripts:
-                print(_compare(shlex.split(script), trees, revs, args.repeat, args.log), flush=True)
+                print(_compare(shlex.split(script), trees, revs, args.repeat, args.log, args.cli_gc), flush=True)
         finally:
             for tree in trees.values():
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
