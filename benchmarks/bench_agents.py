@@ -99,7 +99,7 @@ MODES = {"b": "tool-calling model, tools:ROUTE/…", "c": "HTTP agent"}
 
 
 def measure(mode: str, latency: float, dialogues: int, concurrency: int, max_turns: int,
-            profile: int = 0, route: str = "aiohttp_openai") -> dict:
+            profile: int = 0, route: str = "aiohttp_openai", builtins_direct: bool = False) -> dict:
     """One run against the stub: mode `b` (a function-calling model through the gateway: a lookup,
     then a question, two calls per turn) or `c` (an HTTP agent, one request per turn)."""
     import sopgraph
@@ -128,7 +128,8 @@ def measure(mode: str, latency: float, dialogues: int, concurrency: int, max_tur
             if prof is not None:
                 prof.enable()
             asyncio.run(run(scenario, cases, [agent], Path(tmp) / "r", concurrency=concurrency,
-                            max_turns=max_turns, progress=False, judge_turns="final"))
+                            max_turns=max_turns, progress=False, judge_turns="final",
+                            gateway_options={"builtins_via_litellm": not builtins_direct}))
             if prof is not None:
                 prof.disable()
             elapsed, cpu, wait = time.perf_counter() - t0, _cpu() - cpu, _runqueue_wait() - wait
@@ -159,10 +160,14 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="print the N top cProfile lines of each run")
     ap.add_argument("--route", default="aiohttp_openai",
                     help="litellm route of mode b (aiohttp_openai: the lightest; openai: through the OpenAI SDK)")
+    ap.add_argument("--builtins-direct", action="store_true",
+                    help="call the built-in user and judges without litellm (what sop runs never do): "
+                         "shows how much of the harness cost is litellm's per-call work")
     ns = ap.parse_args()
     summary = {}
     for mode in ns.modes.split(","):
-        rows = [measure(mode, lat, ns.dialogues, ns.concurrency, ns.max_turns, ns.profile, ns.route)
+        rows = [measure(mode, lat, ns.dialogues, ns.concurrency, ns.max_turns, ns.profile, ns.route,
+                        ns.builtins_direct)
                 for lat in (0.2, 0.05)]
         for r in rows:
             print(f"mode {mode} ({MODES[mode]}), latency {r['latency'] * 1000:.0f} ms, concurrency {ns.concurrency}: "

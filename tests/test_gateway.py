@@ -529,7 +529,7 @@ def test_request_carries_params(model: str, server: FakeServer, gateway: Gateway
 
 @pytest.mark.parametrize("via_litellm", [False, True])
 def test_builtin_answers_with_context(cache_dir: Path, via_litellm: bool) -> None:
-    """Built-ins answer the same with or without litellm in between (the gateway skips it by default)."""
+    """Built-ins answer the same with or without litellm in between (the gateway uses it by default)."""
     gateway = Gateway(cache_dir=cache_dir, max_retries=3, base_delay=0.001, max_delay=0.02, default_timeout=5,
                       seed=1, builtins_via_litellm=via_litellm)
     litellm = gw.load_litellm()

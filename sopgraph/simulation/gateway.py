@@ -886,12 +886,12 @@ class Gateway:
     One instance per run: it owns the concurrency cap (an ``asyncio.Semaphore``
     over all provider calls of all roles), the retry policy, the response cache
     and the running totals.  Built-in providers bypass the cap and the cache
-    (they are local, free and deterministic), and by default litellm too: the gateway
-    calls the same function litellm's registered custom provider calls
-    (``providers.respond``), because litellm's per-call work (about 2–4 ms of CPU) is
-    most of a run's harness cost when the agent is slow and the user and judges are
-    built-ins (``benchmarks/bench_agents.py``). ``builtins_via_litellm=True`` sends them
-    through ``litellm.acompletion`` instead; any litellm caller can still use them.
+    (they are local, free and deterministic), but not litellm: every model call, built-in
+    or real, goes through ``litellm.acompletion``, so offline runs exercise the same code
+    path real models take. ``builtins_via_litellm=False`` calls the function litellm's
+    registered custom provider calls (``providers.respond``) directly; it exists only so
+    ``benchmarks/bench_agents.py --builtins-direct`` can show how much of a run's harness
+    cost is litellm's per-call work (about 2–4 ms of CPU).
 
     Nothing process-wide is configured: each call carries its own options. ``litellm_logging=True``
     lets litellm's callbacks (``litellm.success_callback`` etc., if the process installed any) see
@@ -910,7 +910,7 @@ class Gateway:
         cache_dir: str | Path | None = None,
         seed: int | None = None,
         litellm_logging: bool = False,
-        builtins_via_litellm: bool = False,
+        builtins_via_litellm: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
