@@ -452,7 +452,7 @@ def test_the_page_renders_in_headless_chromium(server, runs_dir, tmp_path) -> No
     rendered = [unescape(i) for i in re.findall(r'<tr data-id="([^"]+)"', dom)]
     assert rendered == [d.id for d in dialogues]  # every row of the first page, in run order
     assert f'<h2 id="detail-title">{failing.id}</h2>' in dom
-    assert "Reference (SOP)" in dom and "agent JSON" in dom and "now_path" in dom
+    assert "Reference (SOP)" in dom and "agent JSON" in dom and "now_path" in dom and "raw reply" in dom
     # a filtered view: only the failing dialogues are rows
     proc = _chromium(tmp_path, server.url + "#" + urlencode({"run": "random-path", "pass": "fail"}), "--dump-dom")
     shown = [unescape(i) for i in re.findall(r'<tr data-id="([^"]+)"', proc.stdout)]

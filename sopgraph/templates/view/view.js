@@ -230,6 +230,14 @@ function sidePanel(title, side, other, cls) {
     el("div", { class: "note" }, "finals: " + (finals || "–")));
 }
 
+function prettyRaw(raw) {
+  try {
+    return JSON.stringify(JSON.parse(raw), null, 2);
+  } catch (err) {
+    return raw || "(empty)";
+  }
+}
+
 function turnBlock(t, lastTurn) {
   const out = t.output;
   const agent = out
@@ -250,6 +258,8 @@ function turnBlock(t, lastTurn) {
     agent, pathLine, calls, scoreLine,
     el("details", { open: t.index === lastTurn }, el("summary", {}, "agent JSON" + (t.format_note ? " (" + t.format_note + ")" : "")),
       el("pre", { class: "json" }, out ? JSON.stringify(out, null, 2) : t.agent_raw)),
+    out ? el("details", {}, el("summary", {}, "raw reply" + (out.source === "tools" ? " (tool calls and results)" : "")),
+      el("pre", { class: "json" }, prettyRaw(t.agent_raw))) : null,
     t.consensus ? el("details", {}, el("summary", {}, "judges' consensus"),
       el("pre", { class: "json" }, JSON.stringify({ labels: t.consensus.labels, no_consensus: t.consensus.no_consensus,
         chat_scores: t.consensus.chat_scores }, null, 2))) : null);
