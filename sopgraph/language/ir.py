@@ -117,17 +117,64 @@ class NumType(Node):
         return f"{self.kind}{left}{lo}..{hi}{right}"
 
 
-VarType = Annotated[EnumType | BoolType | NumType, Field(discriminator="kind")]
+# ---- structured data: bounded lists and records (see docs/language.md §4) --------------------
+
+LIST_MAX_DEFAULT = 8  # items a `list of T` may hold when its declaration gives no bound
+LIST_MAX_LIMIT = 32  # the largest bound a list may declare: analyses expand lists item by item
+
+
+class ListType(Node):
+    """`list[lo..hi] of T`: between `min_len` and `max_len` items of type `item`."""
+
+    kind: Literal["list"] = "list"
+    item: VarType
+    min_len: int = 0
+    max_len: int = LIST_MAX_DEFAULT
+
+
+class RecordField(Node):
+    name: str
+    type: VarType
+
+
+class RecordType(Node):
+    """`record { a: bool, b: int }`: named fields, each with its own type (nesting allowed)."""
+
+    kind: Literal["record"] = "record"
+    fields: list[RecordField]
+    alias: str | None = None  # written as the name of a `type NAME = record {…}` declaration
+
+    def field(self, name: str) -> RecordField | None:
+        return next((f for f in self.fields if f.name == name), None)
+
+
+VarType = Annotated[EnumType | BoolType | NumType | ListType | RecordType, Field(discriminator="kind")]
+ScalarType = EnumType | BoolType | NumType
+ListType.model_rebuild()
+RecordField.model_rebuild()
+RecordType.model_rebuild()
+
+
+def is_structured(vtype: object) -> bool:
+    """Whether a type is a list or a record (its values are JSON arrays / objects)."""
+    return isinstance(vtype, (ListType, RecordType))
 
 
 def _fmt_num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
-def describe_type(vtype: EnumType | BoolType | NumType | None) -> str:
+def describe_type(vtype: EnumType | BoolType | NumType | ListType | RecordType | None) -> str:
     """Human text for a type, as used in diagnostics and prompts."""
     if vtype is None:
         return "unknown"
+    if isinstance(vtype, ListType):
+        size = f"at most {vtype.max_len}" if vtype.min_len == 0 else f"{vtype.min_len} to {vtype.max_len}"
+        return f"list of {describe_type(vtype.item)} ({size} items)"
+    if isinstance(vtype, RecordType):
+        if vtype.alias:
+            return vtype.alias
+        return "record { " + ", ".join(f"{f.name}: {describe_type(f.type)}" for f in vtype.fields) + " }"
     if isinstance(vtype, EnumType):
         return " | ".join(vtype.values)
     if isinstance(vtype, BoolType):
@@ -198,6 +245,55 @@ class Call(Node):
     args: list[Expr]
 
 
+class Get(Node):
+    """`Metrics.latency`, `s.flown`: one field of a record value."""
+
+    kind: Literal["get"] = "get"
+    base: Expr
+    field: str
+
+
+class Item(Node):
+    """The item variable of `any(s in L where …)` (`s`), read inside the condition."""
+
+    kind: Literal["item"] = "item"
+    name: str
+
+
+class Quant(Node):
+    """`any(s in L where C)`, `all(…)`, `count(…)`: C for each item `s` of the list L."""
+
+    kind: Literal["quant"] = "quant"
+    func: Literal["any", "all", "count"]
+    var: str
+    source: Expr
+    cond: Expr
+
+
+class Length(Node):
+    """`len(L)`: the number of items of a list."""
+
+    kind: Literal["len"] = "len"
+    operand: Expr
+
+
+class Member(Node):
+    """`X in L` / `X not in L`: whether a value is one of a list's items."""
+
+    kind: Literal["member"] = "member"
+    operand: Expr
+    source: Expr
+    negated: bool = False
+
+
+class Weighted(Node):
+    """`count(2: A, 1: B)`: the sum of the weights of the true conditions."""
+
+    kind: Literal["wcount"] = "wcount"
+    weights: list[int | float]
+    args: list[Expr]
+
+
 class CaseArm(Node):
     when: Expr
     then: Expr
@@ -212,11 +308,13 @@ class CaseExpr(Node):
 
 
 Expr = Annotated[
-    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr,
+    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | Get | Item | Quant | Length
+    | Member | Weighted,
     Field(discriminator="kind"),
 ]
 
-for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr):
+for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Get, Quant, Length, Member,
+               Weighted):
     _model.model_rebuild()
 
 
@@ -478,6 +576,25 @@ def _show(e: object) -> tuple[str, int]:
     if isinstance(e, CaseExpr):
         arms = " ".join(f"when {show(a.when)} -> {show(a.then)}" for a in e.arms)
         return f"case {{ {arms} otherwise -> {show(e.otherwise)} }}", 9
+    return _show_data(e)
+
+
+def _show_data(e: object) -> tuple[str, int]:
+    """Lists, records and weighted counts in `.sop` syntax."""
+    if isinstance(e, Get):
+        return f"{show(e.base, 9)}.{e.field}", 9
+    if isinstance(e, Item):
+        return e.name, 9
+    if isinstance(e, Quant):
+        return f"{e.func}({e.var} in {show(e.source, 5)} where {show(e.cond)})", 9
+    if isinstance(e, Length):
+        return f"len({show(e.operand)})", 9
+    if isinstance(e, Member):
+        kw = "not in" if e.negated else "in"
+        return f"{show(e.operand, 5)} {kw} {show(e.source, 5)}", 4
+    if isinstance(e, Weighted):
+        args = ", ".join(f"{_fmt_num(w)}: {show(a)}" for w, a in zip(e.weights, e.args, strict=True))
+        return f"count({args})", 9
     return str(e), 9
 
 
@@ -515,4 +632,14 @@ def children(expr: Any) -> list[Any]:
         for arm in expr.arms:
             out += [arm.when, arm.then]
         return out + [expr.otherwise]
+    if isinstance(expr, Get):
+        return [expr.base]
+    if isinstance(expr, Quant):
+        return [expr.source, expr.cond]
+    if isinstance(expr, Length):
+        return [expr.operand]
+    if isinstance(expr, Member):
+        return [expr.operand, expr.source]
+    if isinstance(expr, Weighted):
+        return list(expr.args)
     return []
