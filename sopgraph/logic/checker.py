@@ -28,6 +28,7 @@ from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, er
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
+from sopgraph.logic.lower import needs_analysis_form
 from sopgraph.logic.ranges import output_range_diagnostics
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
@@ -1160,7 +1161,7 @@ def check_descriptions(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnos
 def check_flow(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 from the constraint domain (`sopgraph.logic.flow`); procedures
     are analysed unrolled (`procheck.procedure_flow`)."""
-    if scenario.procedural:
+    if needs_analysis_form(scenario):  # procedures unrolled, lists and records lowered
         return procheck.procedure_flow(scenario, flow_diagnostics)
     return list(flow_diagnostics(scenario))
 
