@@ -247,7 +247,11 @@ def _list_type(node: ir.ListType, depth: int) -> list[Line]:
 def _record_type(node: ir.RecordType, depth: int) -> list[Line]:
     if node.alias is not None:
         return [Line(node.alias)]
-    return [Line("record { " + ", ".join(f"{f.name}: {_inline(f.type)}" for f in node.fields) + " }")]
+    return [Line("record { " + ", ".join(_inline(f) for f in node.fields) + " }")]
+
+
+def _record_field(node: ir.RecordField, depth: int) -> list[Line]:
+    return [Line(f"{node.name}: {_inline(node.type)}")]
 
 
 def _bool_type(node: ir.BoolType, depth: int) -> list[Line]:
@@ -501,7 +505,7 @@ def _program(node: Program, depth: int) -> list[Line]:
 
 PRINTERS: dict[type, Printer] = {
     ir.EnumType: _enum_type, ir.BoolType: _bool_type, ir.NumType: _num_type,
-    ir.ListType: _list_type, ir.RecordType: _record_type,
+    ir.ListType: _list_type, ir.RecordType: _record_type, ir.RecordField: _record_field,
     ir.Variable: _variable, ir.Action: _action, ir.Output: _output,
     ir.OutputAssign: _output_assign, ir.Target: _target, ir.Branch: _branch, ir.Stage: _stage,
     ir.MetaEntry: _meta_entry, ir.Scenario: _scenario,
