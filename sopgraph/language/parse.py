@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import (
@@ -602,7 +602,7 @@ class _ToIR(Transformer):
     def weighted(self, meta, children):
         return ir.Weighted(weights=[_number(str(children[0]))], args=[children[1]], span=self.sp(meta))
 
-    def _quant(self, func: str, meta, children):
+    def _quant(self, func: Literal["any", "all", "count"], meta, children):
         head, cond = children
         if not (isinstance(head, ir.Member) and not head.negated and isinstance(head.operand, ir.Var)
                 and "." not in head.operand.name):

@@ -516,7 +516,7 @@ class _Typer:
         item = lt.item
         shown = _Lazy(e)
         if ir.is_structured(item):
-            self.mismatch(f"`{shown}`: the items of `{ir.show(e.source)}` are {_kind(item)[2:]}s, which `in` "
+            self.mismatch(f"`{shown}`: the items of `{ir.show(e.source)}` are {'records' if isinstance(item, ir.RecordType) else 'lists'}, which `in` "
                           "cannot compare", e.span, f"test a field: `any(x in {ir.show(e.source)} where x.FIELD == ...)`")
         elif isinstance(item, ir.EnumType) and isinstance(ot, _Sym):
             self.enum_value(item, ot, e.source)
@@ -744,6 +744,8 @@ class _Typer:
                 self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span,
                               "give it `true`, `false` or a condition", code="E204")
             return
+        if not isinstance(ot, ir.NumType):
+            return  # a list or record output: E201 at its declaration
         if not isinstance(t, ir.NumType):
             self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
                           f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")

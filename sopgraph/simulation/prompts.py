@@ -207,9 +207,9 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
                      "<": f"fewer than {n}", "==": f"exactly {n}", "!=": f"other than {n}"}[op]
             return f"{words} of these hold: ({conds})", 3
         if isinstance(left, ir.Weighted) and isinstance(right, ir.Lit):
-            parts = "; ".join(f"{ir.show_value(w)} if {plain(a, s)}" for w, a in zip(left.weights, left.args,
-                                                                                     strict=True))
-            return f"the sum of the weights of the conditions that hold ({parts}) {_CMP_WORDS[op]} {_lit(right)}", 3
+            weights = "; ".join(f"{ir.show_value(w)} if {plain(a, s)}" for w, a in zip(left.weights, left.args,
+                                                                                       strict=True))
+            return f"the sum of the weights of the conditions that hold ({weights}) {_CMP_WORDS[op]} {_lit(right)}", 3
         if isinstance(left, ir.Quant) and left.func == "count" and isinstance(right, ir.Lit):
             return (f"the number of items {left.var} of {ir.show(left.source)} for which {plain(left.cond, s)} "
                     f"{_CMP_WORDS[op]} {_lit(right)}"), 3
