@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sopgraph.language import ir
-from sopgraph.logic.unroll import Unrolled, UnrollError, _signature, unrolled_for
+from sopgraph.logic.unroll import Unrolled, UnrollError, structure_signature, unrolled_for
 
 
 class LowerError(Exception):
@@ -294,7 +294,7 @@ def needs_analysis_form(scenario: ir.Scenario) -> bool:
 def analysis_form(scenario: ir.Scenario) -> Unrolled:
     """The plain program the analyses run on: the procedure unrolled, lists and records lowered;
     built once per scenario and structure. Raises UnrollError (LowerError is reported as one)."""
-    result = scenario.cached_analysis("analysis_form", _signature(scenario), lambda: _build(scenario))
+    result = scenario.cached_analysis("analysis_form", structure_signature(scenario), lambda: _build(scenario))
     if isinstance(result, LowerError):
         raise UnrollError(str(result))
     if isinstance(result, Exception):
