@@ -303,4 +303,4 @@ def test_prompt_describes_lists_and_records_in_words() -> None:
                                     "cabin (one of: Economy, Business); price (a number, at least 0)")
     text = agent_system_prompt(_load(), {})
     assert "- Segments — a list of at most 4 items, each a record Segment with: flown" in text
-    assert "if at least one item s of Segments has: s.flown and s.cabin is Business → final action Stop" in text
+    assert "if at least one item s of Segments has: s.flown is true and s.cabin is Business → final action Stop" in text

@@ -46,6 +46,7 @@ class _Lowering:
         self.s = scenario
         self.types: dict[str, Any] = {}  # every path (`L`, `L[0]`, `L[0].a`) -> its declared type
         self.variables: dict[str, ir.Variable] = {}
+        self.texts: dict[str, str] = {}  # lowered expression text -> the source text (for messages)
         for name, var in scenario.variables.items():
             if var.role != "derived" and ir.is_structured(var.type):
                 self._expand(var, name, var.type)
@@ -82,6 +83,12 @@ class _Lowering:
         raise LowerError(f"`{ir.show(e)}` is not a variable, item or field")
 
     def expr(self, e: Any, env: Mapping[str, str]) -> Any:
+        out = self._expr(e, env)
+        if not env and isinstance(e, (ir.Quant, ir.Length, ir.Member, ir.Weighted, ir.Get)):
+            self.texts.setdefault(ir.show(out), ir.show(e))
+        return out
+
+    def _expr(self, e: Any, env: Mapping[str, str]) -> Any:
         if e is None:
             return None
         if isinstance(e, (ir.Item, ir.Get)):
@@ -171,7 +178,7 @@ def _assigns(lw: _Lowering, assigns: list[ir.OutputAssign]) -> list[ir.OutputAss
     return [a.model_copy(update={"value": lw.expr(a.value, {})}) for a in assigns]
 
 
-def lower(scenario: ir.Scenario) -> tuple[ir.Scenario, dict[str, Any]]:
+def lower(scenario: ir.Scenario) -> tuple[ir.Scenario, dict[str, Any], dict[str, str]]:
     """The plain form of a scenario with list or record variables, and the type of every path
     (for `flatten`/`lift`). Raises LowerError on expressions the checker rejects."""
     lw = _Lowering(scenario)
@@ -190,12 +197,16 @@ def lower(scenario: ir.Scenario) -> tuple[ir.Scenario, dict[str, Any]]:
                 "steps": [c.model_copy(update={"args": _assigns(lw, c.args)}) for c in t.steps]})
             branches.append(b.model_copy(update={"guard": lw.expr(b.guard, {}), "target": target}))
         stages[sid] = st.model_copy(update={"branches": branches, "subject": lw.expr(st.subject, {})})
+    for st in scenario.stages.values():  # whole guards too (their lowered text nests the parts)
+        for b in st.branches:
+            if b.guard is not None:
+                lw.texts.setdefault(ir.show(lw.expr(b.guard, {})), ir.show(b.guard))
     plain = scenario.model_copy(update={"variables": variables, "stages": stages})
     plain._engine = None
     plain._analyses = ir.AnalysisCache()
     roots = {name: lw.types[name] for name, v in scenario.variables.items()
              if v.role != "derived" and ir.is_structured(v.type)}
-    return plain, roots
+    return plain, roots, lw.texts
 
 
 def flatten_value(path: str, vtype: Any, value: Any, out: dict[str, Any]) -> None:
@@ -247,10 +258,11 @@ class Lowered(Unrolled):
     """The analysis form of a program with lists or records (unrolled first if it is a procedure):
     plain variables; `flatten`/`lift` convert values both ways (lists and looks)."""
 
-    def __init__(self, inner: Unrolled, plain: ir.Scenario, roots: dict[str, Any]):
+    def __init__(self, inner: Unrolled, plain: ir.Scenario, roots: dict[str, Any], texts: dict[str, str]):
         super().__init__(plain, inner.origin, inner.looks, inner.premature, inner.scenario_source)
         self.inner = inner
         self.roots = roots
+        self.texts = sorted(texts.items(), key=lambda kv: -len(kv[0]))  # longest first
         self.plain_keys = {name: _plain_keys(name, t) for name, t in roots.items()}
 
     def flatten(self, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -270,6 +282,13 @@ class Lowered(Unrolled):
                 out[name] = value
         return self.inner.lift(out) if self.inner.looks else out
 
+    def source_text(self, text: str) -> str:
+        """A message about the plain form in the source's terms (`any(s in L where …)`, not its expansion)."""
+        for low, src in self.texts:
+            if low in text:
+                text = text.replace(low, src)
+        return text
+
 
 def _identity(scenario: ir.Scenario) -> Unrolled:
     return Unrolled(scenario, {sid: sid for sid in scenario.stages}, {})
@@ -280,8 +299,8 @@ def _build(scenario: ir.Scenario) -> Unrolled | Exception:
         inner = unrolled_for(scenario) if scenario.procedural else _identity(scenario)
         if not structured(inner.scenario):
             return inner
-        plain, roots = lower(inner.scenario)
-        return Lowered(inner, plain, roots)
+        plain, roots, texts = lower(inner.scenario)
+        return Lowered(inner, plain, roots, texts)
     except (UnrollError, LowerError) as exc:
         return exc
 

@@ -190,10 +190,14 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
         return e.name, 3
     if isinstance(e, ir.Lit):
         return _lit(e), 3
+    if isinstance(e, (ir.Get, ir.Item)):  # a field or item in a condition's place is a bool
+        return f"{ir.show(e)} is true", 3
     if isinstance(e, ir.Unary) and e.op == "not":
         inner = e.operand
         if _is_var(inner):
             return f"{inner.name} is false", 3
+        if isinstance(inner, (ir.Get, ir.Item)):
+            return f"{ir.show(inner)} is false", 3
         text, _ = _plain(inner, s)
         return f"not ({text})", 3
     if isinstance(e, ir.Compare):
