@@ -176,6 +176,16 @@ def _member(e: ir.Member) -> tuple[str, int]:
 def _weighted(e: ir.Weighted) -> tuple[str, int]:
     args = ", ".join(f"{fmt_number(w)}: {show_expr(a)}" for w, a in zip(e.weights, e.args, strict=True))
     return f"count({args})", 9
+def _time_lit(e: ir.TimeLit) -> tuple[str, int]:
+    return ir.show_time(e), 9
+
+
+def _func(e: ir.Func) -> tuple[str, int]:
+    return f"{e.name}({', '.join(show_expr(a) for a in e.args)})", 9
+
+
+def _matches(e: ir.Matches) -> tuple[str, int]:
+    return f"{show_expr(e.operand, 5)} matches {ir.quote(e.pattern)}", 4
 
 
 EXPR_PRINTERS: dict[type, ExprPrinter] = {
@@ -183,6 +193,7 @@ EXPR_PRINTERS: dict[type, ExprPrinter] = {
     ir.InSet: _in_set, ir.BoolOp: _bool_op, ir.Call: _call, ir.CaseArm: _case_arm, ir.CaseExpr: _case,
     ir.Get: _get, ir.Item: _item, ir.Quant: _quant, ir.Length: _length, ir.Member: _member,
     ir.Weighted: _weighted,
+    ir.TimeLit: _time_lit, ir.Func: _func, ir.Matches: _matches,
 }
 
 
@@ -268,6 +279,10 @@ def _num_type(node: ir.NumType, depth: int) -> list[Line]:
     return [Line(f"{node.kind}{left}{lo}..{hi}{right}")]
 
 
+def _scalar_type(node: ir.TimeType | ir.StringType, depth: int) -> list[Line]:
+    return [Line(node.kind)]
+
+
 def _bound(value: float) -> str:
     """Range bounds are stored as floats; whole ones print as written (`0`, not `0.0`)."""
     return str(int(value)) if float(value).is_integer() else fmt_number(value)
@@ -300,6 +315,10 @@ def _variable(node: ir.Variable, depth: int) -> list[Line]:
         return _derived(node, depth)
     else:
         head = f"{node.role} {node.name}: {_inline(node.type)}"
+        if node.optional:
+            head += "?"
+        if node.default is not None:
+            head += f" = {show_expr(node.default)}"
         if node.unit is not None:
             head += f" unit {fmt_string(node.unit)}"
         if node.money:
@@ -506,6 +525,7 @@ def _program(node: Program, depth: int) -> list[Line]:
 PRINTERS: dict[type, Printer] = {
     ir.EnumType: _enum_type, ir.BoolType: _bool_type, ir.NumType: _num_type,
     ir.ListType: _list_type, ir.RecordType: _record_type, ir.RecordField: _record_field,
+    ir.TimeType: _scalar_type, ir.StringType: _scalar_type,
     ir.Variable: _variable, ir.Action: _action, ir.Output: _output,
     ir.OutputAssign: _output_assign, ir.Target: _target, ir.Branch: _branch, ir.Stage: _stage,
     ir.MetaEntry: _meta_entry, ir.Scenario: _scenario,

@@ -117,6 +117,25 @@ class NumType(Node):
         return f"{self.kind}{left}{lo}..{hi}{right}"
 
 
+# ---- dates, durations and strings (docs/language.md §4; values in sopgraph/language/scalars.py)
+
+TemporalKind = Literal["date", "datetime", "duration"]
+
+
+class TimeType(Node):
+    """`date`, `datetime` or `duration`. Internally a number of seconds (a date or datetime since
+    1970-01-01 UTC), so arithmetic and comparisons are plain number operations."""
+
+    kind: TemporalKind
+
+
+class StringType(Node):
+    """`string`: text compared with `==`/`!=`, `in {…}` and `matches "pattern"`."""
+
+    kind: Literal["string"] = "string"
+
+
+
 # ---- structured data: bounded lists and records (see docs/language.md §4) --------------------
 
 LIST_MAX_DEFAULT = 8  # items a `list of T` may hold when its declaration gives no bound
@@ -148,8 +167,10 @@ class RecordType(Node):
         return next((f for f in self.fields if f.name == name), None)
 
 
-VarType = Annotated[EnumType | BoolType | NumType | ListType | RecordType, Field(discriminator="kind")]
-ScalarType = EnumType | BoolType | NumType
+VarType = Annotated[EnumType | BoolType | NumType | TimeType | StringType | ListType | RecordType,
+                    Field(discriminator="kind")]
+ScalarType = EnumType | BoolType | NumType | TimeType | StringType
+AnyType = EnumType | BoolType | NumType | TimeType | StringType | ListType | RecordType
 ListType.model_rebuild()
 RecordField.model_rebuild()
 RecordType.model_rebuild()
@@ -164,7 +185,7 @@ def _fmt_num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
-def describe_type(vtype: EnumType | BoolType | NumType | ListType | RecordType | None) -> str:
+def describe_type(vtype: AnyType | None) -> str:
     """Human text for a type, as used in diagnostics and prompts."""
     if vtype is None:
         return "unknown"
@@ -179,6 +200,8 @@ def describe_type(vtype: EnumType | BoolType | NumType | ListType | RecordType |
         return " | ".join(vtype.values)
     if isinstance(vtype, BoolType):
         return "bool"
+    if isinstance(vtype, (TimeType, StringType)):
+        return vtype.kind
     return vtype.describe()
 
 
@@ -307,14 +330,47 @@ class CaseExpr(Node):
     otherwise: Expr
 
 
+# ---- dates, durations, strings, optionals (docs/language.md §7)
+
+
+class TimeLit(Node):
+    """A date, datetime or duration constant: `date("2026-11-23")`, `datetime("…")`, `24 hours`.
+    `value` is in seconds (see TimeType); `text` is how it was written."""
+
+    kind: Literal["time"] = "time"
+    unit: TemporalKind
+    value: int | float
+    text: str
+
+
+class Func(Node):
+    """A built-in function written by name: `abs(x)`, `days_between(a, b)`, `missing(X)`."""
+
+    kind: Literal["func"] = "func"
+    name: str
+    args: list[Expr]
+
+
+class Matches(Node):
+    """`X matches "pattern"`: the whole string `X` matches the regular expression."""
+
+    kind: Literal["matches"] = "matches"
+    operand: Expr
+    pattern: str
+    pattern_span: Span = NO_SPAN
+
+
+FUNCTIONS = ("abs", "days_between", "missing")  # names a `Func` may call (dates are literals)
+
+
 Expr = Annotated[
-    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | Get | Item | Quant | Length
-    | Member | Weighted,
+    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | TimeLit | Func | Matches | Get | Item
+    | Quant | Length | Member | Weighted,
     Field(discriminator="kind"),
 ]
 
-for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Get, Quant, Length, Member,
-               Weighted):
+for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Func, Matches, Get, Quant, Length,
+               Member, Weighted):
     _model.model_rebuild()
 
 
@@ -337,6 +393,8 @@ class Variable(Node):
     hidden: bool = False
     expr: Expr | None = None
     observed: bool = False  # some stage observes it: its input is a list, one value per look
+    optional: bool = False  # `T?`: may be missing from the input; test it with `missing(X)`
+    default: Lit | TimeLit | None = None  # `= value`: used when the input leaves it out
 
 
 ACTION_ATTRIBUTES = ("escalation", "moves_money", "irreversible", "ends_dialogue")
@@ -576,6 +634,12 @@ def _show(e: object) -> tuple[str, int]:
     if isinstance(e, CaseExpr):
         arms = " ".join(f"when {show(a.when)} -> {show(a.then)}" for a in e.arms)
         return f"case {{ {arms} otherwise -> {show(e.otherwise)} }}", 9
+    if isinstance(e, TimeLit):
+        return show_time(e), 9
+    if isinstance(e, Func):
+        return f"{e.name}({', '.join(show(a) for a in e.args)})", 9
+    if isinstance(e, Matches):
+        return f"{show(e.operand, 5)} matches {quote(e.pattern)}", 4
     return _show_data(e)
 
 
@@ -596,6 +660,17 @@ def _show_data(e: object) -> tuple[str, int]:
         args = ", ".join(f"{_fmt_num(w)}: {show(a)}" for w, a in zip(e.weights, e.args, strict=True))
         return f"count({args})", 9
     return str(e), 9
+
+
+def quote(text: str) -> str:
+    """A pattern as written in `.sop`: its text as is (`\\d` stays `\\d`), quotes escaped."""
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+def show_time(e: TimeLit) -> str:
+    if e.unit == "duration":
+        return e.text
+    return f'{e.unit}("{e.text}")'
 
 
 def show_call(action: str, args: list[OutputAssign]) -> str:
@@ -627,6 +702,10 @@ def children(expr: Any) -> list[Any]:
         return list(expr.operands)
     if isinstance(expr, Call):
         return list(expr.args)
+    if isinstance(expr, Func):
+        return list(expr.args)
+    if isinstance(expr, Matches):
+        return [expr.operand]
     if isinstance(expr, CaseExpr):
         out: list[Any] = []
         for arm in expr.arms:

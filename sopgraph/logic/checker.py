@@ -30,6 +30,7 @@ from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.lower import needs_analysis_form
 from sopgraph.logic.ranges import output_range_diagnostics
+from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
@@ -249,7 +250,7 @@ class _Sym:
     span: ir.Span
 
 
-_Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.ListType | ir.RecordType | _Sym | None
+_Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.TimeType | ir.StringType | ir.ListType | ir.RecordType | _Sym | None
 
 
 def _kind(t: _Ty) -> str:
@@ -265,6 +266,8 @@ def _kind(t: _Ty) -> str:
         return "a bool"
     if isinstance(t, ir.NumType):
         return "a number" if t.kind == "float" else "an integer"
+    if isinstance(t, (ir.TimeType, ir.StringType)):
+        return time_kind_text(t)
     return "unknown"
 
 
@@ -319,7 +322,7 @@ def _cycle_text(cycle: list[str]) -> str:
     return " -> ".join(cycle[:6]) + " -> ... -> " + " -> ".join(cycle[-4:]) + f" ({len(cycle) - 1} stages)"
 
 
-class _Typer:
+class _Typer(ScalarTyping):
     """Infers expression types, reporting each misuse once, and derived variables' types."""
     def __init__(self, scenario: ir.Scenario):
         self.s = scenario
@@ -425,7 +428,10 @@ class _Typer:
             if e.op == "not":
                 self.expect_bool(e.operand, "`not` of")
                 return ir.BoolType(span=e.span)
-            t = self.expect_num(e.operand, self.infer(e.operand), "negation")
+            inner_t = self.infer(e.operand)
+            if isinstance(inner_t, ir.TimeType) and inner_t.kind == "duration":
+                return inner_t
+            t = self.expect_num(e.operand, inner_t, "negation")
             if t is None:
                 return None
             return _num(t.kind, None if t.hi is None else -t.hi, None if t.lo is None else -t.lo)
@@ -445,6 +451,12 @@ class _Typer:
             return self.call(e)
         if isinstance(e, ir.CaseExpr):
             return self.case(e)
+        if isinstance(e, ir.TimeLit):
+            return ir.TimeType(kind=e.unit, span=e.span)
+        if isinstance(e, ir.Func):
+            return self.func(e)
+        if isinstance(e, ir.Matches):
+            return self.matches_type(e)
         return self.infer_data(e)
 
     # -- lists, records, weighted counts
@@ -530,8 +542,12 @@ class _Typer:
 
     def binary(self, e: ir.Binary) -> _Ty:
         what = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}[e.op]
-        a = self.expect_num(e.left, self.infer(e.left), what)
-        b = self.expect_num(e.right, self.infer(e.right), what)
+        la, lb = self.infer(e.left), self.infer(e.right)
+        handled, scalar = self.temporal_binary(e, la, lb)
+        if handled:
+            return scalar
+        a = self.expect_num(e.left, la, what)
+        b = self.expect_num(e.right, lb, what)
         if a is None or b is None:
             return None
         kind: ir.NumKind = "int" if a.kind == b.kind == "int" and e.op != "/" else "float"
@@ -621,6 +637,8 @@ class _Typer:
             else:
                 self.mismatch(f"`{shown}` compares two constants", e.span, "compare a variable with a value")
             return
+        if self.scalar_compare(e, lt, rt):
+            return
         if isinstance(rt, ir.EnumType) and not isinstance(lt, ir.EnumType):
             lt, rt = rt, lt
             left_e, right_e = e.right, e.left
@@ -686,7 +704,7 @@ class _Typer:
         if isinstance(st, _Sym):
             self.undefined(st, f"as the subject of {what}")
             return
-        if st is None:
+        if st is None or self.scalar_member(subject, st, values, what):
             return
         if ir.is_structured(st):
             self.mismatch(f"{what} on `{ir.show(subject)}`, which is {_kind(st)}", subject.span,
@@ -719,6 +737,8 @@ class _Typer:
         if t is None:
             return
         name = output.name
+        if self.scalar_output(name, ot, t, e, span):
+            return
         if isinstance(ot, ir.EnumType):
             if isinstance(t, _Sym):
                 self.enum_value(ot, t, ir.Var(name=name), code="E204")
@@ -745,7 +765,7 @@ class _Typer:
                               "give it `true`, `false` or a condition", code="E204")
             return
         if not isinstance(ot, ir.NumType):
-            return  # a list or record output: E201 at its declaration
+            return  # dates and strings were handled by `scalar_output`; lists and records are E201
         if not isinstance(t, ir.NumType):
             self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
                           f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")
@@ -770,7 +790,7 @@ def _typer(scenario: ir.Scenario) -> _Typer:
         typer.var_type(var.name, var.span)
     for var in scenario.derived:
         t = typer.derived.get(var.name)
-        var.type = t if isinstance(t, (ir.EnumType, ir.BoolType, ir.NumType)) else None
+        var.type = t if isinstance(t, (ir.EnumType, ir.BoolType, ir.NumType, ir.TimeType, ir.StringType)) else None
     return typer
 
 
@@ -1192,6 +1212,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("declarations", check_declarations),
     Pass("targets", check_targets),
     Pass("types", check_types),
+    Pass("scalars", lambda s, g: check_scalars(s, list(_expressions(s)))),
     Pass("structure", check_structure),
     Pass("unused", check_unused),
     Pass("descriptions", check_descriptions),
