@@ -1,4 +1,5 @@
-"""examples/flight_cancellation.sop: checks clean, decides the hand-derived vectors of its prose (both engine
+"""examples/flight_cancellation.sop (dates against `now`, a list of segment records, an insurance record, a
+weighted count, actions on the way): checks clean, decides the hand-derived vectors of its prose (both engine
 forms), its paths' witnesses and synthesized cases decide along their paths, and the prompt explains the segments."""
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def test_synth_cases_carry_segment_lists_and_decide_their_path(scenario) -> None
     for row in rows:
         values = {**row.get("labels", {}), **row.get("truth", {}), **row["system"]}
         segments = row["system"]["Segments"]
-        assert isinstance(segments, list) and all(set(s) == {"flown", "days_to_departure", "cabin"} for s in segments)
+        assert isinstance(segments, list) and all(set(s) == {"flown", "departs", "cabin"} for s in segments)
         decision = interpret(scenario, values)
         assert decision.path == row["expected_path"] and decision.finals == row["expected_finals"]
 
@@ -77,7 +78,8 @@ def test_synth_cases_carry_segment_lists_and_decide_their_path(scenario) -> None
 def test_prompt_explains_the_segment_list_and_the_insurance_record(scenario) -> None:
     text = agent_system_prompt(scenario, {})
     assert "- Segments — a list of 1 to 6 items, each a record Segment with: flown (true or false); " \
-           "days_to_departure (an integer from 0 to 365); cabin (one of: Economy, Premium, Business)" in text
+           "departs (a date and time" in text
+    assert "cabin (one of: Economy, Premium, Business). The flight segments of the booking" in text
     assert "- Insurance — a record with: active (true or false); covers (one of: MedicalOnly, AnyReason)" in text
-    assert ("if HoursSinceBooking is less than 24 and every item s of Segments has: s.flown is false → carry out "
+    assert ("if BookedAt is greater than now - 24 hours and every item s of Segments has: s.flown is false → carry out "
             "CancelBooking, then final action RefundFull (amount = Fare) (end)") in text
