@@ -119,3 +119,17 @@ def test_synthesized_cases_carry_dates_as_iso_strings(tmp_path: Path) -> None:
     for case in cases:
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", case["system"]["Departure"])
         assert decide(scenario, {**case["truth"], **case["system"]}).finals == case["expected_finals"]
+
+
+def test_observed_dates_take_one_value_per_look_in_witnesses() -> None:
+    text = ('system LastSeen: datetime "last seen"\naction Restart "r"\naction Done "d"\naction Human "h"\n'
+            'stage s1 "look" { observe LastSeen when LastSeen > now - 10 minutes -> do Done '
+            "otherwise -> do Restart -> s2 }\n"
+            'stage s2 "again" { observe LastSeen when LastSeen > now - 10 minutes -> do Done otherwise -> do Human }')
+    scenario = sopgraph.load(text=text)
+    paths = list(iter_paths(scenario))
+    assert [p.action for p in paths] == ["Done", "Done", "Human"]
+    for p in paths:
+        w = _verified(scenario, p)
+        assert isinstance(w["LastSeen"], list) and len(w["LastSeen"]) == len(p.stages)
+        assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", x) for x in w["LastSeen"])

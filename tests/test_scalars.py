@@ -296,3 +296,18 @@ def test_the_prompt_names_types_and_patterns(flight: ir.Scenario) -> None:
     assert describe_domain(ir.StringType()) == "text"
     flow = sop_flow_text(flight)
     assert 'Reservation has the form "^[A-Z]{3}-\\d{5}$"' in flow and "Voucher is missing" in flow
+    assert "if BookedAt is after now - Grace" in flow and "days_between(now, Departure) is less than 2" in flow
+
+
+def test_min_max_of_durations_and_dates_and_temporal_output_defaults() -> None:
+    s = sopgraph.load(text='system Wait: duration "w"\nsystem A: date "a"\nsystem B: datetime "b"\n'
+                           'output Due: date = "2026-01-01" "due"\noutput Grace: duration = 2 days "grace"\n'
+                           'action Go(w: duration, at: datetime) "go"\naction No "no"\n'
+                           'stage s "x" { when max(0 seconds, Wait - 2 hours) > 1 hours -> '
+                           'do Go(w = max(Wait, 1 hours), at = min(A, B)) { Grace = Wait } otherwise -> do No }')
+    d = _both(s, {"Wait": "4 hours", "A": "2026-02-01", "B": "2026-01-20T10:00"})
+    assert d.finals == {"Action": "Go", "Due": "2026-01-01", "Grace": "4 hours"}
+    assert d.actions == [{"name": "Go", "args": {"w": "4 hours", "at": "2026-01-20T10:00:00Z"}}]
+    assert _both(s, {"Wait": "1 hour"}).finals == {"Action": "No", "Due": "2026-01-01", "Grace": "2 days"}
+    assert any(c == "E201" and "`max` mixes" in m
+               for c, m in _diags(HEAD + 'stage s "x" { when max(W, N) > 1 hours -> do A otherwise -> do A }'))

@@ -34,9 +34,10 @@ def diagnostic_record(diag: Any) -> dict[str, Any]:
     }
 
 
-def render(diag: Any, sources: dict[str, str]) -> str:
-    """Rendered like a compiler; a diagnostic about a whole file still starts with the file name."""
-    text = diag.render(sources)
+def render(diag: Any, sources: dict[str, str], split: dict[str, list[str]] | None = None) -> str:
+    """Rendered like a compiler; a diagnostic about a whole file still starts with the file name
+    (`split`: the sources' lines, shared between the diagnostics of one file)."""
+    text = diag.render(sources, split=split)
     span = diag.span
     if span is not None and span.file and not span.line and not text.startswith(span.file):
         text = f"{span.file}: {text}"
@@ -89,8 +90,9 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool)
         click.echo(json.dumps(records, indent=2, ensure_ascii=False, sort_keys=False))
     else:
         for result in results:
+            split: dict[str, list[str]] = {}
             for diag in result.diagnostics:
-                click.echo(render(diag, result.sources))
+                click.echo(render(diag, result.sources, split))
                 click.echo("")
         if len(files) == 1:
             for result in results:

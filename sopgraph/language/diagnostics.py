@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -99,13 +99,20 @@ class Diagnostic(BaseModel):
     def is_error(self) -> bool:
         return self.severity == "error"
 
-    def render(self, sources: dict[str, str] | None = None) -> str:
-        """Render like rustc: header, source line, caret, hint."""
+    def render(self, sources: dict[str, str] | None = None, *,
+               split: dict[str, list[str]] | None = None) -> str:
+        """Render like rustc: header, source line, caret, hint. `split` caches each source's lines
+        between calls (see `render_all`): rendering k diagnostics of a large file splits it once,
+        not k times."""
         where = f"{self.span}: " if self.span and self.span.line else ""
         lines = [f"{where}{self.severity}[{self.code}]: {self.message}"]
         text = (sources or {}).get(self.span.file) if self.span else None
         if text is not None and self.span and self.span.line:
-            src_lines = text.split("\n")  # Lark counts only \n as a line break
+            src_lines = split.get(self.span.file) if split is not None else None
+            if src_lines is None:
+                src_lines = text.split("\n")  # Lark counts only \n as a line break
+                if split is not None:
+                    split[self.span.file] = src_lines
             if 0 < self.span.line <= len(src_lines):
                 src = src_lines[self.span.line - 1].replace("\t", " ")
                 gutter = f"{self.span.line:>4} | "
@@ -142,7 +149,15 @@ class SopError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        return "\n\n".join(d.render(self.sources) for d in self.diagnostics)
+        return "\n\n".join(render_all(self.diagnostics, self.sources))
+
+
+def render_all(diagnostics: Iterable[Diagnostic], sources: dict[str, str] | None = None) -> Iterator[str]:
+    """Each diagnostic rendered, each source split into lines once for all of them (thousands of
+    warnings on a large profile must not re-split the file for each: linear, not quadratic)."""
+    split: dict[str, list[str]] = {}
+    for diag in diagnostics:
+        yield diag.render(sources, split=split)
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:

@@ -329,7 +329,9 @@ class ToIR(Transformer):
 
     def output_decl(self, meta, children):
         name_tok, vtype, *rest = children
-        default = next((c for c in rest if isinstance(c, ir.Lit)), None)
+        default = next((c for c in rest if isinstance(c, (ir.Lit, ir.TimeLit))), None)
+        if isinstance(default, ir.TimeLit):  # `= 2 days`: finals report durations as text
+            default = ir.Lit(value=scalars.format_temporal(default.unit, default.value), span=default.span)
         desc = next((c for c in rest if isinstance(c, str)), "")
         return ir.Output(name=str(name_tok), type=vtype, default=default, description=desc,
                          span=_tok_span(self.file, name_tok))

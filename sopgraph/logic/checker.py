@@ -564,7 +564,11 @@ class _Typer(ScalarTyping):
             for arg in e.args:
                 self.expect_bool(arg, "`count` counts conditions, but")
             return _num("int", 0.0, float(len(e.args)))
-        checked = [self.expect_num(a, self.infer(a), f"`{e.func}`") for a in e.args]
+        inferred = [self.infer(a) for a in e.args]
+        handled, scalar = self.temporal_extreme(e, inferred)
+        if handled:
+            return scalar
+        checked = [self.expect_num(a, t, f"`{e.func}`") for a, t in zip(e.args, inferred, strict=True)]
         nums = [n for n in checked if n is not None]
         if len(nums) < len(checked):
             return None

@@ -92,6 +92,19 @@ class ScalarTyping:
         self.mismatch(f"`{shown}` is not defined for {_text(a)} and {_text(b)}", e.span, hint)
         return True, None
 
+    def temporal_extreme(self, e: ir.Call, types: list[Any]) -> tuple[bool, Any]:
+        """`min`/`max` of dates (a date or datetime) or of durations; False when no argument is one."""
+        if not any(isinstance(t, ir.TimeType) for t in types):
+            return False, None
+        if all(is_duration(t) for t in types):
+            return True, types[0]
+        if all(is_point(t) for t in types):
+            whole = all(t.kind == "date" for t in types)
+            return True, ir.TimeType(kind="date" if whole else "datetime", span=e.span)
+        self.mismatch(f"`{e.func}` mixes dates, durations and numbers: `{ir.show(e)}`", e.span,
+                      "give it only dates, only durations or only numbers")
+        return True, None
+
     def func(self, e: ir.Func) -> Any:
         """The type of `abs(...)`, `days_between(...)`, `missing(...)`; unknown names are E101."""
         arity = {"abs": 1, "days_between": 2, "missing": 1}
@@ -203,6 +216,12 @@ class ScalarTyping:
                               f"declare it `{t.kind}`", code="E204")
                 return True
             return False
+        if isinstance(ot, ir.TimeType) and _is_sym(t) and not t.bare:
+            try:  # a quoted value of the type, e.g. an output default `= "2026-01-01"`
+                scalars.parse_temporal(ot.kind, t.value)
+                return True
+            except scalars.ValueProblem:
+                pass
         if isinstance(ot, ir.StringType):
             ok = isinstance(t, ir.StringType) or (_is_sym(t) and not t.bare)
         elif ot.kind == "datetime":

@@ -171,6 +171,20 @@ def _is_var(e: Any) -> TypeGuard[ir.Var]:
 _CMP_WORDS = {"==": "is", "!=": "is not", "<": "is less than", "<=": "is at most", ">": "is greater than",
               ">=": "is at least"}
 _FLIP: dict[ir.CmpOp, ir.CmpOp] = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+_TIME_WORDS = {"==": "is", "!=": "is not", "<": "is before", "<=": "is on or before", ">": "is after",
+               ">=": "is on or after"}
+
+
+def _is_moment(e: Any, s: ir.Scenario | None) -> bool:
+    """A date or datetime expression (compared in words as before/after)."""
+    if isinstance(e, ir.TimeLit):
+        return e.unit != "duration"
+    if isinstance(e, ir.Var) and s is not None and e.name in s.variables:
+        t = s.variables[e.name].type
+        return isinstance(t, ir.TimeType) and t.kind != "duration"
+    if isinstance(e, ir.Binary) and e.op in ("+", "-"):
+        return _is_moment(e.left, s) and not _is_moment(e.right, s) or e.op == "+" and _is_moment(e.right, s)
+    return False
 
 
 def _one_of(values: Sequence[str], negated: bool) -> str:
@@ -229,7 +243,8 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
         if isinstance(left, ir.Quant) and left.func == "count" and isinstance(right, ir.Lit):
             return (f"the number of items {left.var} of {ir.show(left.source)} for which {plain(left.cond, s)} "
                     f"{_CMP_WORDS[op]} {_lit(right)}"), 3
-        return f"{ir.show(left, 5)} {_CMP_WORDS[op]} {ir.show(right, 5)}", 3
+        cmp_words = _TIME_WORDS if _is_moment(left, s) or _is_moment(right, s) else _CMP_WORDS
+        return f"{ir.show(left, 5)} {cmp_words[op]} {ir.show(right, 5)}", 3
     if isinstance(e, ir.Quant) and e.func != "count":
         which = "at least one item" if e.func == "any" else "every item"
         return f"{which} {e.var} of {ir.show(e.source)} has: {plain(e.cond, s)}", 3
@@ -625,6 +640,44 @@ def agent_tools_prompt(scenario: ir.Scenario) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # User simulator
+
+
+# ---------------------------------------------------------------------------------------------
+# The guided baseline (one stage at a time)
+
+
+def guided_stage_prompt(scenario: ir.Scenario, stage_id: str, needs: Sequence[str], known: Mapping[str, Any],
+                        system_values: Mapping[str, Any]) -> str:
+    """The guided baseline's system prompt at one stage: that stage alone (its text and branches, as in
+    the full SOP text), the values it needs with what is known of them, the visible system values, and
+    the reply format `{"values": {...}, "chat": ...}`. Why: JourneyBench's dynamic prompt — a model
+    shown only the current state of the procedure follows it better than one shown all of it."""
+    lines = []
+    for name in needs:
+        var = scenario.variables[name]
+        desc = " ".join(var.description.split())
+        known_text = format_value(known[name], var) if name in known else "not known yet"
+        lines.append(f"- {name} ({describe_domain(var.type, var.unit)}){': ' + desc if desc else ''} — "
+                     f"known: {known_text}")
+    return _fill("guided_stage.md", title=scenario.title or scenario.name,
+                 description=" ".join(scenario.description.split()),
+                 stage=_stage_block(scenario, 0, scenario.stages[stage_id], numbered=False),
+                 values="\n".join(lines) or "(none: this step only moves on)",
+                 system_values=system_values_text(scenario, system_values), chat_words=str(CHAT_WORD_LIMIT))
+
+
+def guided_final_prompt(scenario: ir.Scenario, finals: Mapping[str, Any]) -> str:
+    """The guided baseline's prompt once the engine has reached a leaf: the decision in words, for the
+    closing message to the customer."""
+    action = scenario.actions.get(str(finals.get("Action")))
+    what = f" — {' '.join(action.description.split())}" if action is not None and action.description else ""
+    lines = [f"- Action: {finals.get('Action')}{what}"]
+    for name, value in finals.items():
+        if name != "Action" and value is not None:
+            lines.append(f"- {name}: {format_value(value)}")
+    return _fill("guided_final.md", title=scenario.title or scenario.name,
+                 description=" ".join(scenario.description.split()), decision="\n".join(lines),
+                 chat_words=str(CHAT_WORD_LIMIT))
 
 
 def language_name(code: str) -> str:
