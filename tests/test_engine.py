@@ -233,6 +233,18 @@ def _guard(draw, depth: int = 0) -> str:
                          "not missing(Opt) and Opt > 2", "Opt > 2", "Dflt >= 3", "abs(F - 5) < 3",
                          "abs(Wait) >= 1 hours", "Late"]),
     ]
+    data = [  # lists, records and weighted counts
+        st.builds(lambda c: f"any(s in Segs where s.flown and s.price > {c})", st.integers(-1, 101)),
+        st.builds(lambda v: f"all(s in Segs where s.cabin != {v})", st.sampled_from(ENUMS["E1"])),
+        st.builds(lambda c: f"count(s in Segs where s.cabin in {{A, B}}) == {c}", st.integers(0, 3)),
+        st.builds(lambda op, c: f"Flown {op} {c}", st.sampled_from(["<", ">="]), st.integers(0, 3)),
+        st.builds(lambda c: f"len(Segs) > {c}", st.integers(0, 3)),
+        st.builds(lambda c: f"Met.lat > {c}", st.integers(-1, 1001)),
+        st.sampled_from(["Met.ok", "not Met.ok", "X in Tags", "Y not in Tags", "E2 in Tags",
+                         "any(t in Tags where t == Y and any(s in Segs where s.cabin == C))"]),
+        st.builds(lambda c: f"Heavy >= {c}", st.sampled_from([0, 1, 1.5, 2, 3.5, 5, 6.5])),
+    ]
+    atoms = [st.one_of(atoms), st.one_of(data)]
     if depth < 2:
         atoms.append(st.builds(lambda a, op, b: f"({a} {op} {b})", _guard(depth + 1), st.sampled_from(["and", "or"]),
                                _guard(depth + 1)))
@@ -248,6 +260,10 @@ def _program(draw) -> str:
         "let Fee = N * 2 + 1", "let Ratio = F / D", "let Big = N > 50",
         "let Score = count(B1, B2, E1 == A)",
         "let Tier = case { when Big -> Gold when B1 -> Silver otherwise -> Bronze }",
+        "type Seg = record { flown: bool, cabin: A | B | C, price: int[0..100] }",
+        "system Segs: list[..3] of Seg", "system Met: record { lat: int[0..1000], ok: bool }",
+        "system Tags: list[1..3] of X | Y",
+        "let Flown = count(s in Segs where s.flown)", "let Heavy = count(2: B1, 1.5: Met.ok, 3: N > 50)",
         "system Day: date", "system At: datetime", "system Wait: duration", "field Code: string",
         "field Other: string", "system Opt: float?", "system Dflt: int[0..10] = 3",
         "let Late = now - At > Wait", "output When: date",
@@ -260,7 +276,8 @@ def _program(draw) -> str:
         choices = [f"s{j}" for j in range(i + 1, n)]
         leaf = draw(st.sampled_from(["do Go", "do Stop", "do Ask", "do Go { Plan = Tier }",
                                      "do Stop { Amount = Fee, Plan = Silver }", "do Ask { Amount = F * 2 }",
-                                     "do Go { Charge = Fee - 50 }", "do Ask { When = Day + 1 days }"]))
+                                     "do Go { Charge = Fee - 50 }", "do Stop { Amount = Heavy + len(Segs) }",
+                                     "do Ask { When = Day + 1 days }"]))
         return draw(st.sampled_from(choices + [leaf, leaf])) if choices else leaf
 
     for i in range(n):
@@ -301,10 +318,28 @@ VALUES = st.fixed_dictionaries({}, optional={
     "Opt": st.one_of(st.none(), st.floats(0, 5), st.just("x")),
     "Dflt": st.one_of(st.none(), st.integers(0, 10), st.just(11)),
 })
+DATA_VALUES = st.fixed_dictionaries({
+    "Segs": st.one_of(
+        st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(ENUMS["E1"]),
+                                        "price": st.integers(0, 100)}), min_size=2, max_size=3),
+        st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(ENUMS["E1"]),
+                                        "price": st.integers(0, 100)}), max_size=3),
+        st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(["A", "Z"])},
+                                       optional={"price": st.one_of(st.integers(-1, 101), st.just(5.0)),
+                                                 "prise": st.just(1)}), max_size=4),
+        st.just({"flown": True}), st.just(3)),
+    "Met": st.one_of(st.fixed_dictionaries({"lat": st.integers(0, 1000), "ok": st.booleans()}),
+                     st.fixed_dictionaries({}, optional={"lat": st.integers(-1, 1001), "ok": st.just(1),
+                                                         "okay": st.booleans()}),
+                     st.just([1])),
+    "Tags": st.one_of(st.lists(st.sampled_from(["X", "Y"]), min_size=1, max_size=3),
+                      st.lists(st.sampled_from(["X", "Y", "Q"]), max_size=4)),
+})
+ROWS = st.builds(lambda a, b: {**a, **b}, VALUES, DATA_VALUES)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(_program(), st.lists(VALUES, min_size=1, max_size=8))
+@given(_program(), st.lists(ROWS, min_size=1, max_size=8))
 def test_engine_matches_interpreter_on_random_programs(text: str, rows: list[dict[str, Any]]) -> None:
     scenario = sopgraph.load(text=text, check=False)
     engines = _engines(scenario)

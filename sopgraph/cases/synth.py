@@ -53,8 +53,9 @@ from sopgraph.logic import domain
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
+from sopgraph.logic.lower import analysis_form, needs_analysis_form
 from sopgraph.logic.paths import trace
-from sopgraph.logic.unroll import UnrollError, unrolled_for
+from sopgraph.logic.unroll import UnrollError
 from sopgraph.records import RECORD_VERSION, Case, Intensity
 
 BALANCES = ("intent", "path", "action")
@@ -247,9 +248,9 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     paths are drawn instead, stratified by action (each action equally likely, then uniform among
     its paths; deterministic per seed): synthesis at any size never enumerates every path. A
     procedure is planned on its unrolled form (see `_synthesize_procedure`)."""
-    if scenario.procedural:
+    if needs_analysis_form(scenario):
         try:
-            return plan(unrolled_for(scenario).scenario, profile, sample=sample, seed=seed)
+            return plan(analysis_form(scenario).scenario, profile, sample=sample, seed=seed)
         except UnrollError as exc:
             raise SynthError(f"cannot synthesize cases: {exc}") from None
     count = paths_mod.count_paths(scenario)
@@ -706,7 +707,7 @@ def synthesize_stream(scenario: ir.Scenario, profile: Profile, n: int, seed: int
     each case its intent's declared intensity. `personas` restricts the persona pool (names from the
     profile or library, or PersonaSpec objects); `languages` mixes languages (default: the profile's
     `languages`, else each persona's own)."""
-    if scenario.procedural:
+    if needs_analysis_form(scenario):
         return _synthesize_procedure(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
                                      intensity_mix=intensity_mix, personas=personas, languages=languages,
                                      use_intent_intensity=use_intent_intensity, the_plan=the_plan)
@@ -766,7 +767,7 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
     every observed variable as the list of values of the looks its path takes (what the simulated
     backend reports, one per look). Profile intents cannot constrain observed variables."""
     try:
-        unrolled = unrolled_for(scenario)
+        unrolled = analysis_form(scenario)
     except UnrollError as exc:
         raise SynthError(f"cannot synthesize cases: {exc}") from None
     given = options.pop("the_plan", None)

@@ -30,26 +30,9 @@ def reads(expr: Any) -> list[str]:
     def walk(e: Any) -> None:
         if isinstance(e, ir.Var):
             seen.setdefault(e.name, None)
-        elif isinstance(e, ir.Unary):
-            walk(e.operand)
-        elif isinstance(e, (ir.Binary, ir.Compare)):
-            walk(e.left)
-            walk(e.right)
-        elif isinstance(e, ir.InSet):
-            walk(e.operand)
-        elif isinstance(e, ir.BoolOp):
-            for o in e.operands:
-                walk(o)
-        elif isinstance(e, (ir.Call, ir.Func)):
-            for a in e.args:
-                walk(a)
-        elif isinstance(e, ir.Matches):
-            walk(e.operand)
-        elif isinstance(e, ir.CaseExpr):
-            for arm in e.arms:
-                walk(arm.when)
-                walk(arm.then)
-            walk(e.otherwise)
+            return
+        for child in ir.children(e):
+            walk(child)
 
     walk(expr)
     return list(seen)

@@ -7,6 +7,7 @@ tools can match on codes and people get `file:line:col`, the source line, a care
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -134,6 +135,8 @@ class Diagnostic(BaseModel):
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, (list, dict)):  # a list or record value, as it is written in an input
+        return json.dumps(value, ensure_ascii=False)
     return str(value)
 
 

@@ -153,6 +153,29 @@ def _case(e: ir.CaseExpr) -> tuple[str, int]:
     return f"case {{ {arms} otherwise -> {show_expr(e.otherwise)} }}", 9
 
 
+def _get(e: ir.Get) -> tuple[str, int]:
+    return f"{show_expr(e.base, 9)}.{e.field}", 9
+
+
+def _item(e: ir.Item) -> tuple[str, int]:
+    return e.name, 9
+
+
+def _quant(e: ir.Quant) -> tuple[str, int]:
+    return f"{e.func}({e.var} in {show_expr(e.source, 5)} where {show_expr(e.cond)})", 9
+
+
+def _length(e: ir.Length) -> tuple[str, int]:
+    return f"len({show_expr(e.operand)})", 9
+
+
+def _member(e: ir.Member) -> tuple[str, int]:
+    return f"{show_expr(e.operand, 5)} {'not in' if e.negated else 'in'} {show_expr(e.source, 5)}", 4
+
+
+def _weighted(e: ir.Weighted) -> tuple[str, int]:
+    args = ", ".join(f"{fmt_number(w)}: {show_expr(a)}" for w, a in zip(e.weights, e.args, strict=True))
+    return f"count({args})", 9
 def _time_lit(e: ir.TimeLit) -> tuple[str, int]:
     return ir.show_time(e), 9
 
@@ -168,6 +191,8 @@ def _matches(e: ir.Matches) -> tuple[str, int]:
 EXPR_PRINTERS: dict[type, ExprPrinter] = {
     ir.Lit: _lit, ir.Var: _var, ir.Unary: _unary, ir.Binary: _binary, ir.Compare: _compare,
     ir.InSet: _in_set, ir.BoolOp: _bool_op, ir.Call: _call, ir.CaseArm: _case_arm, ir.CaseExpr: _case,
+    ir.Get: _get, ir.Item: _item, ir.Quant: _quant, ir.Length: _length, ir.Member: _member,
+    ir.Weighted: _weighted,
     ir.TimeLit: _time_lit, ir.Func: _func, ir.Matches: _matches,
 }
 
@@ -218,7 +243,26 @@ def _enum_type(node: ir.EnumType, depth: int) -> list[Line]:
 
 
 def _type_decl(node: TypeDecl, depth: int) -> list[Line]:
+    if isinstance(node.type, ir.RecordType):
+        body = _inline(node.type.model_copy(update={"alias": None}))
+        return _described(f"type {node.name} = {body}", node.description, node, depth)
     return _described(f"type {node.name} = {' | '.join(node.type.values)}", node.description, node, depth)
+
+
+def _list_type(node: ir.ListType, depth: int) -> list[Line]:
+    size = "" if (node.min_len, node.max_len) == (0, ir.LIST_MAX_DEFAULT) else (
+        f"[..{node.max_len}]" if node.min_len == 0 else f"[{node.min_len}..{node.max_len}]")
+    return [Line(f"list{size} of {_inline(node.item)}")]
+
+
+def _record_type(node: ir.RecordType, depth: int) -> list[Line]:
+    if node.alias is not None:
+        return [Line(node.alias)]
+    return [Line("record { " + ", ".join(_inline(f) for f in node.fields) + " }")]
+
+
+def _record_field(node: ir.RecordField, depth: int) -> list[Line]:
+    return [Line(f"{node.name}: {_inline(node.type)}")]
 
 
 def _bool_type(node: ir.BoolType, depth: int) -> list[Line]:
@@ -440,10 +484,11 @@ def _scenario(node: ir.Scenario, depth: int) -> list[Line]:
     aliases: dict[str, list[str]] = {}  # `type` declarations are merged away: write back the ones in use
     typed: list[ir.Variable | ir.Output | ir.ActionParam] = [
         *node.variables.values(), *node.outputs.values(), *(p for a in node.actions.values() for p in a.params)]
+    records: dict[str, ir.RecordType] = {}
     for decl in typed:
-        if isinstance(decl.type, ir.EnumType) and decl.type.alias is not None:
-            aliases.setdefault(decl.type.alias, list(decl.type.values))
+        _collect_aliases(decl.type, aliases, records)
     types = [TypeDecl(name=n, type=ir.EnumType(values=v)) for n, v in aliases.items()]
+    types += [TypeDecl(name=n, type=r) for n, r in records.items()]
     items: list[Any] = [header, *types, *node.variables.values(), *node.outputs.values(),
                         *node.actions.values()]
     stages = list(node.stages.values())
@@ -451,6 +496,19 @@ def _scenario(node: ir.Scenario, depth: int) -> list[Line]:
         items.append(StartDecl(stage=node.start))
     items += [s.model_copy(update={"origin": None}) for s in stages]
     return _program(Program(file=node.files[0] if node.files else "<string>", items=items), depth)
+
+
+def _collect_aliases(vtype: Any, aliases: dict[str, list[str]], records: dict[str, ir.RecordType]) -> None:
+    """`type` declarations in use (enums and records, inner ones first), to write them back."""
+    if isinstance(vtype, ir.EnumType) and vtype.alias is not None:
+        aliases.setdefault(vtype.alias, list(vtype.values))
+    elif isinstance(vtype, ir.ListType):
+        _collect_aliases(vtype.item, aliases, records)
+    elif isinstance(vtype, ir.RecordType):
+        for field in vtype.fields:
+            _collect_aliases(field.type, aliases, records)
+        if vtype.alias is not None:
+            records.setdefault(vtype.alias, vtype)
 
 
 def _program(node: Program, depth: int) -> list[Line]:
@@ -466,6 +524,7 @@ def _program(node: Program, depth: int) -> list[Line]:
 
 PRINTERS: dict[type, Printer] = {
     ir.EnumType: _enum_type, ir.BoolType: _bool_type, ir.NumType: _num_type,
+    ir.ListType: _list_type, ir.RecordType: _record_type, ir.RecordField: _record_field,
     ir.TimeType: _scalar_type, ir.StringType: _scalar_type,
     ir.Variable: _variable, ir.Action: _action, ir.Output: _output,
     ir.OutputAssign: _output_assign, ir.Target: _target, ir.Branch: _branch, ir.Stage: _stage,

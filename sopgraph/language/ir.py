@@ -135,8 +135,50 @@ class StringType(Node):
     kind: Literal["string"] = "string"
 
 
-VarType = Annotated[EnumType | BoolType | NumType | TimeType | StringType, Field(discriminator="kind")]
-AnyType = EnumType | BoolType | NumType | TimeType | StringType
+
+# ---- structured data: bounded lists and records (see docs/language.md §4) --------------------
+
+LIST_MAX_DEFAULT = 8  # items a `list of T` may hold when its declaration gives no bound
+LIST_MAX_LIMIT = 32  # the largest bound a list may declare: analyses expand lists item by item
+
+
+class ListType(Node):
+    """`list[lo..hi] of T`: between `min_len` and `max_len` items of type `item`."""
+
+    kind: Literal["list"] = "list"
+    item: VarType
+    min_len: int = 0
+    max_len: int = LIST_MAX_DEFAULT
+
+
+class RecordField(Node):
+    name: str
+    type: VarType
+
+
+class RecordType(Node):
+    """`record { a: bool, b: int }`: named fields, each with its own type (nesting allowed)."""
+
+    kind: Literal["record"] = "record"
+    fields: list[RecordField]
+    alias: str | None = None  # written as the name of a `type NAME = record {…}` declaration
+
+    def field(self, name: str) -> RecordField | None:
+        return next((f for f in self.fields if f.name == name), None)
+
+
+VarType = Annotated[EnumType | BoolType | NumType | TimeType | StringType | ListType | RecordType,
+                    Field(discriminator="kind")]
+ScalarType = EnumType | BoolType | NumType | TimeType | StringType
+AnyType = EnumType | BoolType | NumType | TimeType | StringType | ListType | RecordType
+ListType.model_rebuild()
+RecordField.model_rebuild()
+RecordType.model_rebuild()
+
+
+def is_structured(vtype: object) -> bool:
+    """Whether a type is a list or a record (its values are JSON arrays / objects)."""
+    return isinstance(vtype, (ListType, RecordType))
 
 
 def _fmt_num(value: float) -> str:
@@ -147,6 +189,13 @@ def describe_type(vtype: AnyType | None) -> str:
     """Human text for a type, as used in diagnostics and prompts."""
     if vtype is None:
         return "unknown"
+    if isinstance(vtype, ListType):
+        size = f"at most {vtype.max_len}" if vtype.min_len == 0 else f"{vtype.min_len} to {vtype.max_len}"
+        return f"list of {describe_type(vtype.item)} ({size} items)"
+    if isinstance(vtype, RecordType):
+        if vtype.alias:
+            return vtype.alias
+        return "record { " + ", ".join(f"{f.name}: {describe_type(f.type)}" for f in vtype.fields) + " }"
     if isinstance(vtype, EnumType):
         return " | ".join(vtype.values)
     if isinstance(vtype, BoolType):
@@ -219,6 +268,55 @@ class Call(Node):
     args: list[Expr]
 
 
+class Get(Node):
+    """`Metrics.latency`, `s.flown`: one field of a record value."""
+
+    kind: Literal["get"] = "get"
+    base: Expr
+    field: str
+
+
+class Item(Node):
+    """The item variable of `any(s in L where …)` (`s`), read inside the condition."""
+
+    kind: Literal["item"] = "item"
+    name: str
+
+
+class Quant(Node):
+    """`any(s in L where C)`, `all(…)`, `count(…)`: C for each item `s` of the list L."""
+
+    kind: Literal["quant"] = "quant"
+    func: Literal["any", "all", "count"]
+    var: str
+    source: Expr
+    cond: Expr
+
+
+class Length(Node):
+    """`len(L)`: the number of items of a list."""
+
+    kind: Literal["len"] = "len"
+    operand: Expr
+
+
+class Member(Node):
+    """`X in L` / `X not in L`: whether a value is one of a list's items."""
+
+    kind: Literal["member"] = "member"
+    operand: Expr
+    source: Expr
+    negated: bool = False
+
+
+class Weighted(Node):
+    """`count(2: A, 1: B)`: the sum of the weights of the true conditions."""
+
+    kind: Literal["wcount"] = "wcount"
+    weights: list[int | float]
+    args: list[Expr]
+
+
 class CaseArm(Node):
     when: Expr
     then: Expr
@@ -266,11 +364,13 @@ FUNCTIONS = ("abs", "days_between", "missing")  # names a `Func` may call (dates
 
 
 Expr = Annotated[
-    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | TimeLit | Func | Matches,
+    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | TimeLit | Func | Matches | Get | Item
+    | Quant | Length | Member | Weighted,
     Field(discriminator="kind"),
 ]
 
-for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Func, Matches):
+for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Func, Matches, Get, Quant, Length,
+               Member, Weighted):
     _model.model_rebuild()
 
 
@@ -540,6 +640,25 @@ def _show(e: object) -> tuple[str, int]:
         return f"{e.name}({', '.join(show(a) for a in e.args)})", 9
     if isinstance(e, Matches):
         return f"{show(e.operand, 5)} matches {quote(e.pattern)}", 4
+    return _show_data(e)
+
+
+def _show_data(e: object) -> tuple[str, int]:
+    """Lists, records and weighted counts in `.sop` syntax."""
+    if isinstance(e, Get):
+        return f"{show(e.base, 9)}.{e.field}", 9
+    if isinstance(e, Item):
+        return e.name, 9
+    if isinstance(e, Quant):
+        return f"{e.func}({e.var} in {show(e.source, 5)} where {show(e.cond)})", 9
+    if isinstance(e, Length):
+        return f"len({show(e.operand)})", 9
+    if isinstance(e, Member):
+        kw = "not in" if e.negated else "in"
+        return f"{show(e.operand, 5)} {kw} {show(e.source, 5)}", 4
+    if isinstance(e, Weighted):
+        args = ", ".join(f"{_fmt_num(w)}: {show(a)}" for w, a in zip(e.weights, e.args, strict=True))
+        return f"count({args})", 9
     return str(e), 9
 
 
@@ -592,4 +711,14 @@ def children(expr: Any) -> list[Any]:
         for arm in expr.arms:
             out += [arm.when, arm.then]
         return out + [expr.otherwise]
+    if isinstance(expr, Get):
+        return [expr.base]
+    if isinstance(expr, Quant):
+        return [expr.source, expr.cond]
+    if isinstance(expr, Length):
+        return [expr.operand]
+    if isinstance(expr, Member):
+        return [expr.operand, expr.source]
+    if isinstance(expr, Weighted):
+        return list(expr.args)
     return []

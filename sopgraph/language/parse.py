@@ -8,6 +8,7 @@ resolves bare identifiers, and returns a `Scenario`. Syntax and loading problems
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import stat
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import (
@@ -29,10 +30,11 @@ from lark.exceptions import (
 from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
 
-KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden", "observe"]
+KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden", "observe", "any", "all", "len", "where"]
 # Words with a meaning in one place only (`type X = …`, `up to N times`, the types `date`, `string`, …,
-# `X matches "p"`): still usable as names.
-CONTEXT_KEYWORDS = ["type", "up", "to", "times", "date", "datetime", "duration", "string", "matches"]
+# `X matches "p"`, `list[..n] of T`, `record {…}`): still usable as names.
+CONTEXT_KEYWORDS = ["type", "up", "to", "times", "date", "datetime", "duration", "string", "matches", "list",
+                    "of", "record"]
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")
@@ -89,10 +91,10 @@ class ScenarioHeader(ir.Node):
 
 
 class TypeDecl(ir.Node):
-    """`type Signal = None | Weak | Good`: an enum reused by several declarations."""
+    """`type Signal = None | Weak | Good`: an enum (or a record) reused by several declarations."""
 
     name: str
-    type: ir.EnumType
+    type: ir.EnumType | ir.RecordType
     description: str = ""
 
 
@@ -124,6 +126,12 @@ def _unquote(tok: str) -> str:
         return tok[3:-3].strip("\n")
     body = tok[1:-1]
     return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+
+
+def _list_bound(value: float, is_open: bool, step: int) -> int:
+    """A list's length bound as an integer (an open bound excludes its value)."""
+    n = math.ceil(value) if step > 0 else math.floor(value)
+    return int(n + step) if is_open and float(value).is_integer() else int(n)
 
 
 def _number(text: str, negative: bool = False) -> int | float:
@@ -195,6 +203,16 @@ def _position(child: Any) -> tuple[int, int, int, int] | None:
 
 
 RESERVED = frozenset(KEYWORDS)
+
+
+class _BadExpr(Exception):
+    """An expression the grammar accepts but the language does not (`any(3 where …)`)."""
+
+    def __init__(self, span: ir.Span, message: str, hint: str):
+        super().__init__(message)
+        self.span = span
+        self.message = message
+        self.hint = hint
 
 
 class _BadToken(Exception):
@@ -336,6 +354,23 @@ class ToIR(Transformer):
         name, vtype, *rest = children
         return TypeDecl(name=str(name), type=vtype, description=rest[0] if rest else "",
                         span=_tok_span(self.file, name))
+
+    # -- lists and records
+    def list_type(self, meta, children):
+        bounds = children[0] if isinstance(children[0], dict) else {}
+        lo, hi = bounds.get("lo"), bounds.get("hi")
+        kw: dict[str, Any] = {}
+        if lo is not None:
+            kw["min_len"] = _list_bound(lo, bounds.get("lo_open", False), +1)
+        if hi is not None:
+            kw["max_len"] = _list_bound(hi, bounds.get("hi_open", False), -1)
+        return ir.ListType(item=children[-1], span=self.sp(meta), **kw)
+
+    def record_type(self, meta, children):
+        return ir.RecordType(fields=[c for c in children if c is not None], span=self.sp(meta))
+
+    def record_field(self, meta, children):
+        return ir.RecordField(name=str(children[0]), type=children[1], span=_tok_span(self.file, children[0]))
 
     def alias_type(self, meta, children):
         return ir.EnumType(values=[], alias=str(children[0]), span=_tok_span(self.file, children[0]))
@@ -628,6 +663,40 @@ class ToIR(Transformer):
     def max_expr(self, meta, children):
         return ir.Call(func="max", args=list(children), span=self.sp(meta))
 
+    def weighted_count(self, meta, children):
+        return ir.Weighted(weights=[w for c in children for w in c.weights],
+                           args=[a for c in children for a in c.args], span=self.sp(meta))
+
+    def weighted(self, meta, children):
+        return ir.Weighted(weights=[_number(str(children[0]))], args=[children[1]], span=self.sp(meta))
+
+    def _quant(self, func: Literal["any", "all", "count"], meta, children):
+        head, cond = children
+        if not (isinstance(head, ir.Member) and not head.negated and isinstance(head.operand, ir.Var)
+                and "." not in head.operand.name):
+            raise _BadExpr(head.span if isinstance(head, ir.Node) else self.sp(meta),
+                           f"`{func}(… where …)` starts with an item name and a list",
+                           f"write `{func}(x in List where condition)`")
+        return ir.Quant(func=func, var=head.operand.name, source=head.source, cond=cond, span=self.sp(meta))
+
+    def count_where(self, meta, children):
+        return self._quant("count", meta, children)
+
+    def any_where(self, meta, children):
+        return self._quant("any", meta, children)
+
+    def all_where(self, meta, children):
+        return self._quant("all", meta, children)
+
+    def len_expr(self, meta, children):
+        return ir.Length(operand=children[0], span=self.sp(meta))
+
+    def in_list(self, meta, children):
+        return ir.Member(operand=children[0], source=children[1], span=self.sp(meta))
+
+    def not_in_list(self, meta, children):
+        return ir.Member(operand=children[0], source=children[1], negated=True, span=self.sp(meta))
+
     def case_expr(self, meta, children):
         *arms, otherwise = children
         return ir.CaseExpr(arms=arms, otherwise=otherwise, span=self.sp(meta))
@@ -865,6 +934,8 @@ def parse_text(text: str, file: str = "<string>") -> Program:
         raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
     except _BadToken as exc:
         raise SopError([error("E001", exc.message, _tok_span(file, exc.token), exc.hint)], {file: text}) from None
+    except _BadExpr as exc:
+        raise SopError([error("E001", exc.message, exc.span, exc.hint)], {file: text}) from None
     except _BadLiteral as exc:
         raise SopError([error("E210", exc.message, exc.span, exc.hint)], {file: text}) from None
     except RecursionError:
@@ -1126,21 +1197,42 @@ def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
 def _resolve_aliases(aliases: dict[str, TypeDecl], variables: dict[str, ir.Variable],
                      actions: dict[str, ir.Action], outputs: dict[str, ir.Output],
                      diags: list[Diagnostic]) -> None:
-    """Replace every `NAME` written as a type by the values of `type NAME = A | B`."""
+    """Replace every `NAME` written as a type by the type of `type NAME = …` (an enum's values, or
+    a copy of a record), inside lists and records too."""
     typed: list[Any] = [*variables.values(), *outputs.values()]
     for action in actions.values():
         typed += action.params
     for decl in typed:
-        vtype = decl.type
-        if not isinstance(vtype, ir.EnumType) or vtype.alias is None:
-            continue
-        alias = aliases.get(vtype.alias)
-        if alias is None:
-            diags.append(error("E101", f"undefined type `{vtype.alias}`", vtype.span,
-                               did_you_mean(vtype.alias, aliases)
-                               or "declare it with `type NAME = A | B`, or write the values `A | B`"))
-            continue
+        decl.type = _resolve_type(decl.type, aliases, diags, [])
+
+
+def _resolve_type(vtype: Any, aliases: dict[str, TypeDecl], diags: list[Diagnostic], chain: list[str]) -> Any:
+    if isinstance(vtype, ir.ListType):
+        vtype.item = _resolve_type(vtype.item, aliases, diags, chain)
+        return vtype
+    if isinstance(vtype, ir.RecordType):
+        for field in vtype.fields:
+            field.type = _resolve_type(field.type, aliases, diags, chain)
+        return vtype
+    if not isinstance(vtype, ir.EnumType) or vtype.alias is None or vtype.values:
+        return vtype
+    alias = aliases.get(vtype.alias)
+    if alias is None:
+        diags.append(error("E101", f"undefined type `{vtype.alias}`", vtype.span,
+                           did_you_mean(vtype.alias, aliases)
+                           or "declare it with `type NAME = A | B`, or write the values `A | B`"))
+        return vtype
+    if isinstance(alias.type, ir.EnumType):
         vtype.values = list(alias.type.values)
+        return vtype
+    if alias.name in chain:
+        diags.append(error("E101", f"record type `{alias.name}` contains itself: "
+                           + " -> ".join([*chain, alias.name]), vtype.span,
+                           "a record cannot hold a value of its own type; use a list of another record"))
+        return vtype
+    record = alias.type.model_copy(deep=True)
+    record.alias = alias.name
+    return _resolve_type(record, aliases, diags, [*chain, alias.name])
 
 
 def _retarget(target: ir.Target, entries: dict[str, str]) -> None:
@@ -1223,6 +1315,43 @@ def _expand_use(use: Use, outer: str, outer_fix: dict[str, Any], subflows: dict[
     return next(iter(nested.values()), None)
 
 
+def _resolve_var(expr: ir.Var, names: dict[str, ir.Variable], scope: frozenset[str]) -> Any:
+    """A written name: a variable, an item variable (`s` in `any(s in L where …)`), a dotted field
+    access (`Metrics.latency`, `s.flown`), or else an enum value."""
+    if expr.name in scope:
+        return ir.Item(name=expr.name, span=expr.span)
+    if expr.name in names:
+        return expr
+    head, *fields = expr.name.split(".")
+    if not fields or (head not in names and head not in scope):
+        return ir.Lit(value=expr.name, bare=True, span=expr.span)
+    sp = expr.span
+    end = sp.col + len(head)
+    base: Any = (ir.Item(name=head, span=sp.model_copy(update={"end_col": end})) if head in scope
+                 else ir.Var(name=head, span=sp.model_copy(update={"end_col": end})))
+    for field in fields:
+        end += 1 + len(field)
+        base = ir.Get(base=base, field=field, span=sp.model_copy(update={"end_col": end}))
+    return base
+
+
+def _fix_data(expr: Any, scope: frozenset[str], fix: Any) -> None:
+    """Name resolution inside the list/record expressions (an item variable is in scope only in the
+    condition of its own `any`/`all`/`count(… where …)`)."""
+    if isinstance(expr, ir.Get):
+        expr.base = fix(expr.base, scope)
+    elif isinstance(expr, ir.Quant):
+        expr.source = fix(expr.source, scope)
+        expr.cond = fix(expr.cond, scope | {expr.var})
+    elif isinstance(expr, ir.Length):
+        expr.operand = fix(expr.operand, scope)
+    elif isinstance(expr, ir.Member):
+        expr.operand = fix(expr.operand, scope)
+        expr.source = fix(expr.source, scope)
+    elif isinstance(expr, ir.Weighted):
+        expr.args = [fix(a, scope) for a in expr.args]
+
+
 NOW = "now"
 NOW_DESCRIPTION = ("The current date and time: the reference for every date comparison. It is given with "
                    "each case (or `sop decide --now`), never read from a clock.")
@@ -1258,32 +1387,33 @@ def _declare_now(scenario: ir.Scenario) -> None:
 
 
 def _resolve_names(scenario: ir.Scenario) -> None:
-    """Bare identifiers that are not variables become enum-value literals (checked later)."""
+    """Bare identifiers that are not variables become enum-value literals (checked later); dotted
+    names become field accesses; item variables of `any`/`all`/`count(… where …)` become `Item`s."""
     names = scenario.variables
 
-    def fix(expr: Any) -> Any:
+    def fix(expr: Any, scope: frozenset[str] = frozenset()) -> Any:
         if isinstance(expr, ir.Var):
-            if expr.name in names:
-                return expr
-            return ir.Lit(value=expr.name, bare=True, span=expr.span)
+            return _resolve_var(expr, names, scope)
         if isinstance(expr, ir.Unary):
-            expr.operand = fix(expr.operand)
+            expr.operand = fix(expr.operand, scope)
         elif isinstance(expr, (ir.Binary, ir.Compare)):
-            expr.left = fix(expr.left)
-            expr.right = fix(expr.right)
+            expr.left = fix(expr.left, scope)
+            expr.right = fix(expr.right, scope)
         elif isinstance(expr, ir.InSet):
-            expr.operand = fix(expr.operand)
+            expr.operand = fix(expr.operand, scope)
         elif isinstance(expr, ir.BoolOp):
-            expr.operands = [fix(o) for o in expr.operands]
+            expr.operands = [fix(o, scope) for o in expr.operands]
         elif isinstance(expr, (ir.Call, ir.Func)):
-            expr.args = [fix(a) for a in expr.args]
+            expr.args = [fix(a, scope) for a in expr.args]
         elif isinstance(expr, ir.Matches):
-            expr.operand = fix(expr.operand)
+            expr.operand = fix(expr.operand, scope)
         elif isinstance(expr, ir.CaseExpr):
             for arm in expr.arms:
-                arm.when = fix(arm.when)
-                arm.then = fix(arm.then)
-            expr.otherwise = fix(expr.otherwise)
+                arm.when = fix(arm.when, scope)
+                arm.then = fix(arm.then, scope)
+            expr.otherwise = fix(expr.otherwise, scope)
+        elif isinstance(expr, (ir.Get, ir.Quant, ir.Length, ir.Member, ir.Weighted)):
+            _fix_data(expr, scope, fix)
         return expr
 
     for var in scenario.variables.values():

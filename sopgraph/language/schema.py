@@ -42,6 +42,8 @@ def type_schema(vtype: Any, *, nullable: bool = False) -> dict[str, Any]:
             out["exclusiveMinimum" if vtype.lo_open else "minimum"] = _num(vtype.lo)
         if vtype.hi is not None:
             out["exclusiveMaximum" if vtype.hi_open else "maximum"] = _num(vtype.hi)
+    elif isinstance(vtype, (ir.ListType, ir.RecordType)):
+        out = data_schema(vtype)
     else:
         out = _scalar_schema(vtype)
     if nullable and out:
@@ -51,6 +53,16 @@ def type_schema(vtype: Any, *, nullable: bool = False) -> dict[str, Any]:
     return out
 
 
+def data_schema(vtype: ir.ListType | ir.RecordType) -> dict[str, Any]:
+    """A list as a JSON array (its length bounds, each item's schema); a record as a JSON object
+    with exactly its fields, all required."""
+    if isinstance(vtype, ir.ListType):
+        out: dict[str, Any] = {"type": "array", "items": type_schema(vtype.item), "maxItems": vtype.max_len}
+        if vtype.min_len:
+            out["minItems"] = vtype.min_len
+        return out
+    return {"type": "object", "properties": {f.name: type_schema(f.type) for f in vtype.fields},
+            "required": [f.name for f in vtype.fields], "additionalProperties": False}
 def _scalar_schema(vtype: Any) -> dict[str, Any]:
     """Dates and datetimes as ISO strings (`format`), durations by `pattern`, strings bounded."""
     if isinstance(vtype, ir.TimeType):
@@ -182,7 +194,7 @@ def judge_output_schema(scenario: ir.Scenario) -> dict[str, Any]:
 
 def validate(schema: Mapping[str, Any], value: Any, where: str = "") -> list[str]:
     """Errors of `value` against `schema` (empty = valid). Supports type, enum, const, properties,
-    required, additionalProperties, items, minimum/maximum (exclusive too), minItems, anyOf."""
+    required, additionalProperties, items, minimum/maximum (exclusive too), minItems, maxItems, anyOf."""
     errors: list[str] = []
     _check(schema, value, where, errors)
     return errors
@@ -263,6 +275,8 @@ def _check(schema: Mapping[str, Any], value: Any, where: str, errors: list[str])
     if isinstance(value, list):
         if "minItems" in schema and len(value) < schema["minItems"]:
             errors.append(f"{label}: needs at least {schema['minItems']} item(s)")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(f"{label}: holds at most {schema['maxItems']} item(s)")
         if "items" in schema:
             for i, item in enumerate(value):
                 _check(schema["items"], item, f"{label}[{i}]", errors)

@@ -22,8 +22,8 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "keyword.control.sop": ("classify", "match", "when", "otherwise", "do"),
     "keyword.operator.word.sop": ("and", "or", "not", "in"),
     "constant.language.sop": ("true", "false"),
-    "support.function.sop": ("case", "count", "min", "max"),
-    "storage.type.sop": ("bool", "int", "float"),
+    "support.function.sop": ("case", "count", "min", "max", "any", "all", "len"),
+    "storage.type.sop": ("bool", "int", "float", "list", "record"),
     "storage.modifier.sop": ("unit", "money", "hidden"),
 }
 

@@ -28,6 +28,7 @@ from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, er
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
+from sopgraph.logic.lower import needs_analysis_form
 from sopgraph.logic.ranges import output_range_diagnostics
 from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
 
@@ -88,8 +89,44 @@ def _range_empty(t: ir.NumType) -> bool:
     return t.lo > t.hi or (t.lo == t.hi and (t.lo_open or t.hi_open))
 
 
-def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
+def _check_data_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
+    """A list's length bounds (E203) and a record's field names (E102), then their inner types."""
     out: list[Diagnostic] = []
+    if isinstance(vtype, ir.ListType):
+        where = _span_or(vtype.span, span)
+        if vtype.max_len > ir.LIST_MAX_LIMIT:
+            out.append(error("E203", f"the list `{owner}` may hold {vtype.max_len} items; lists hold at most "
+                             f"{ir.LIST_MAX_LIMIT}", where,
+                             f"write a smaller bound, e.g. `list[..{ir.LIST_MAX_LIMIT}] of ...` (the analyses "
+                             "expand lists item by item)"))
+        if vtype.min_len > vtype.max_len or vtype.min_len < 0:
+            out.append(error("E203", f"the length range of `{owner}` is empty: {vtype.min_len} to "
+                             f"{vtype.max_len} items", where, "write the lower bound first, e.g. `list[1..4] of ...`"))
+        out += _check_type_decl(f"{owner}[]", vtype.item, span)
+    elif isinstance(vtype, ir.RecordType):
+        seen: set[str] = set()
+        for field in vtype.fields:
+            if field.name in seen:
+                out.append(error("E102", f"field `{field.name}` of `{owner}` is declared twice",
+                                 _span_or(field.span, span), "rename one of them"))
+            seen.add(field.name)
+            if "." in field.name:
+                out.append(error("E001", f"record field `{field.name}` contains a dot", _span_or(field.span, span),
+                                 "a field name is one word; nest records for structure"))
+            out += _check_type_decl(f"{owner}.{field.name}", field.type, span)
+    return out
+
+
+def _scalar_only(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
+    """Outputs and action parameters carry one value: no lists or records (E201)."""
+    if not ir.is_structured(vtype):
+        return []
+    return [error("E201", f"`{owner}` is {_kind(vtype)}; outputs and action parameters hold one value",
+                  _span_or(vtype.span, span), "use an enum, bool, int or float")]
+
+
+def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
+    out: list[Diagnostic] = _check_data_decl(owner, vtype, span)
     if isinstance(vtype, ir.NumType) and _range_empty(vtype):
         inverted = vtype.lo is not None and vtype.hi is not None and vtype.lo > vtype.hi
         what = "inverted" if inverted else "empty"
@@ -116,7 +153,10 @@ def check_declarations(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnos
             out += _check_type_decl(declared.name, declared.type, declared.span)
     for output in scenario.outputs.values():
         out += _check_type_decl(output.name, output.type, output.span)
+        out += _scalar_only(f"output {output.name}", output.type, output.span)
     for action in scenario.actions.values():
+        for param in action.params:
+            out += _scalar_only(f"parameter {param.name} of {action.name}", param.type, param.span)
         seen: set[str] = set()
         spans = list(action.attribute_spans) + [action.span] * len(action.attributes)
         for attr, span in zip(action.attributes, spans, strict=False):
@@ -210,10 +250,14 @@ class _Sym:
     span: ir.Span
 
 
-_Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.TimeType | ir.StringType | _Sym | None
+_Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.TimeType | ir.StringType | ir.ListType | ir.RecordType | _Sym | None
 
 
 def _kind(t: _Ty) -> str:
+    if isinstance(t, ir.ListType):
+        return "a list"
+    if isinstance(t, ir.RecordType):
+        return f"a record ({t.alias})" if t.alias else "a record"
     if isinstance(t, _Sym):
         return f"the value `{t.value}`" if t.bare else f'the string "{t.value}"'
     if isinstance(t, ir.EnumType):
@@ -287,6 +331,7 @@ class _Typer(ScalarTyping):
         self.visiting: list[str] = []
         self.suggest = _Suggester()
         self.cycles: set[frozenset[str]] = set()
+        self.items: dict[str, _Ty] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
 
     # -- reporting
     def undefined(self, sym: _Sym, context: str, fallback: str | None = None) -> None:
@@ -333,6 +378,10 @@ class _Typer(ScalarTyping):
         if isinstance(t, _Sym):
             self.undefined(t, "as the whole value of a derived variable")
             t = None
+        elif ir.is_structured(t):
+            self.mismatch(f"derived variable `{name}` is {_kind(t)}: a `let` gives one value", var.span,
+                          "compute a single value from it, e.g. `len(...)`, `any(x in ... where ...)` or a field")
+            t = None
         self.derived[name] = t
         return t
 
@@ -347,6 +396,10 @@ class _Typer(ScalarTyping):
                 hint = f"compare it with a value: `{ir.show(e)} == {t.values[0]}`"
             elif isinstance(t, ir.NumType):
                 hint = f"compare it with a number: `{ir.show(e)} > 0`"
+            elif isinstance(t, ir.ListType):
+                hint = f"test its items: `any(x in {ir.show(e)} where ...)`, or its length: `len({ir.show(e)}) > 0`"
+            elif isinstance(t, ir.RecordType):
+                hint = "read one of its fields: " + _quote_list(f"{ir.show(e)}.{f.name}" for f in t.fields)
             self.mismatch(f"{what} `{ir.show(e)}` is {_kind(t)}, not a condition", e.span, hint)
 
     def expect_num(self, e: Any, t: _Ty, what: str) -> ir.NumType | None:
@@ -404,7 +457,88 @@ class _Typer(ScalarTyping):
             return self.func(e)
         if isinstance(e, ir.Matches):
             return self.matches_type(e)
+        return self.infer_data(e)
+
+    # -- lists, records, weighted counts
+    def infer_data(self, e: Any) -> _Ty:
+        if isinstance(e, ir.Get):
+            return self.get(e)
+        if isinstance(e, ir.Item):
+            return self.items.get(e.name)
+        if isinstance(e, ir.Quant):
+            lt = self.list_of(e.source, f"`{e.func}(... where ...)`")
+            saved = self.items.get(e.var)
+            self.items[e.var] = lt.item if lt is not None else None
+            self.expect_bool(e.cond, f"`{e.func}(... where ...)` needs a condition, but")
+            if saved is None:
+                self.items.pop(e.var, None)
+            else:
+                self.items[e.var] = saved
+            if e.func == "count":
+                return _num("int", 0.0, float(lt.max_len) if lt is not None else None)
+            return ir.BoolType(span=e.span)
+        if isinstance(e, ir.Length):
+            lt = self.list_of(e.operand, "`len`")
+            return _num("int", float(lt.min_len), float(lt.max_len)) if lt is not None else _num("int", 0.0, None)
+        if isinstance(e, ir.Member):
+            self.member(e)
+            return ir.BoolType(span=e.span)
+        if isinstance(e, ir.Weighted):
+            for arg in e.args:
+                self.expect_bool(arg, "`count` counts conditions, but")
+            kind: ir.NumKind = "int" if all(isinstance(w, int) for w in e.weights) else "float"
+            return _num(kind, 0.0, _as_float(sum(e.weights)))
         return None
+
+    def get(self, e: ir.Get) -> _Ty:
+        t = self.infer(e.base)
+        if t is None:
+            return None
+        if isinstance(t, _Sym):
+            self.undefined(t, f"before `.{e.field}`")
+            return None
+        if not isinstance(t, ir.RecordType):
+            self.mismatch(f"`{ir.show(e.base)}` is {_kind(t)}, not a record: it has no field `{e.field}`", e.span,
+                          "only records have fields (`type R = record { a: bool }`)")
+            return None
+        field = t.field(e.field)
+        if field is None:
+            names = [f.name for f in t.fields]
+            self.out.append(error("E101", f"`{ir.show(e.base)}` has no field `{e.field}`", e.span,
+                                  self.suggest(e.field, names) or "its fields are " + _quote_list(names)))
+            return None
+        return field.type
+
+    def list_of(self, e: Any, what: str) -> ir.ListType | None:
+        t = self.infer(e)
+        if isinstance(t, ir.ListType):
+            return t
+        if isinstance(t, _Sym):
+            self.undefined(t, f"as the list of {what}")
+        elif t is not None:
+            self.mismatch(f"{what} needs a list, but `{ir.show(e)}` is {_kind(t)}", e.span,
+                          "declare the variable as `list of T`")
+        return None
+
+    def member(self, e: ir.Member) -> None:
+        lt = self.list_of(e.source, "`in`")
+        ot = self.infer(e.operand)
+        if lt is None or ot is None:
+            return
+        item = lt.item
+        shown = _Lazy(e)
+        if ir.is_structured(item):
+            self.mismatch(f"`{shown}`: the items of `{ir.show(e.source)}` are {'records' if isinstance(item, ir.RecordType) else 'lists'}, which `in` "
+                          "cannot compare", e.span, f"test a field: `any(x in {ir.show(e.source)} where x.FIELD == ...)`")
+        elif isinstance(item, ir.EnumType) and isinstance(ot, _Sym):
+            self.enum_value(item, ot, e.source)
+        elif isinstance(ot, _Sym):
+            self.undefined(ot, "before `in`")
+        elif type(ot) is not type(item) or (isinstance(ot, ir.EnumType) and isinstance(item, ir.EnumType)
+                                            and not set(ot.values) & set(item.values)):
+            self.mismatch(f"`{shown}`: `{ir.show(e.operand)}` is {_kind(ot)} but the items of "
+                          f"`{ir.show(e.source)}` are {_kind(item)}", e.span,
+                          "compare values of the same kind")
 
     def binary(self, e: ir.Binary) -> _Ty:
         what = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}[e.op]
@@ -576,6 +710,10 @@ class _Typer(ScalarTyping):
             return
         if st is None or self.scalar_member(subject, st, values, what):
             return
+        if ir.is_structured(st):
+            self.mismatch(f"{what} on `{ir.show(subject)}`, which is {_kind(st)}", subject.span,
+                          "match a single value: a field, `len(...)` or a condition")
+            return
         for lit in values:
             lt = self.infer(lit)
             if isinstance(st, ir.EnumType):
@@ -630,7 +768,8 @@ class _Typer(ScalarTyping):
                 self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span,
                               "give it `true`, `false` or a condition", code="E204")
             return
-        assert isinstance(ot, ir.NumType)  # dates and strings were handled by `scalar_output`
+        if not isinstance(ot, ir.NumType):
+            return  # dates and strings were handled by `scalar_output`; lists and records are E201
         if not isinstance(t, ir.NumType):
             self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
                           f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")
@@ -1048,7 +1187,7 @@ def check_descriptions(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnos
 def check_flow(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 from the constraint domain (`sopgraph.logic.flow`); procedures
     are analysed unrolled (`procheck.procedure_flow`)."""
-    if scenario.procedural:
+    if needs_analysis_form(scenario):  # procedures unrolled, lists and records lowered
         return procheck.procedure_flow(scenario, flow_diagnostics)
     return list(flow_diagnostics(scenario))
 

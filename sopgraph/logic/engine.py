@@ -17,6 +17,7 @@ declared domain is an error, never a silent default.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -66,12 +67,19 @@ def _fmt(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return f'"{value}"'
+    if isinstance(value, (dict, list)):
+        try:
+            return json.dumps(value, sort_keys=False)[:200]
+        except (TypeError, ValueError):
+            return repr(value)[:200]
     return repr(value)
 
 
 def validate_value(var: ir.Variable, value: Any) -> Any:
     """Return the value (ints normalised) or raise DecideError if it is outside the domain."""
     vtype = var.type
+    if ir.is_structured(vtype):
+        return validate_data(var.name, var.name, vtype, value)
     if value is None:
         raise DecideError(f"missing value for `{var.name}`", var.name)
     if isinstance(vtype, ir.EnumType):
@@ -132,6 +140,39 @@ def export_value(vtype: Any, value: Any) -> Any:
     if isinstance(vtype, ir.TimeType) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return scalars.format_temporal(vtype.kind, value)
     return value
+
+
+def validate_data(label: str, owner: str, vtype: Any, value: Any) -> Any:
+    """A list or record value checked whole, item by item and field by field (`label` names the
+    part, `Segments[2].cabin`; `owner` is the input variable). Returns a normalised copy."""
+    if isinstance(vtype, ir.ListType):
+        if value is None:
+            raise DecideError(f"missing value for `{label}`", owner)
+        if not isinstance(value, (list, tuple)):
+            raise DecideError(f"value {_fmt(value)} of `{label}` is not a list", owner)
+        if not vtype.min_len <= len(value) <= vtype.max_len:
+            bound = (f"at most {vtype.max_len}" if len(value) > vtype.max_len else f"at least {vtype.min_len}")
+            raise DecideError(f"`{label}` has {len(value)} item{'' if len(value) == 1 else 's'}; it holds {bound}",
+                              owner)
+        return [validate_data(f"{label}[{i}]", owner, vtype.item, x) for i, x in enumerate(value)]
+    if isinstance(vtype, ir.RecordType):
+        if value is None:
+            raise DecideError(f"missing value for `{label}`", owner)
+        if not isinstance(value, Mapping):
+            names = ", ".join(f.name for f in vtype.fields)
+            raise DecideError(f"value {_fmt(value)} of `{label}` is not a record (an object with {names})", owner)
+        names_list = [f.name for f in vtype.fields]
+        for key in value:
+            if key not in names_list:
+                hint = did_you_mean(str(key), names_list)
+                raise DecideError(f"`{label}` has no field `{key}`" + (f" ({hint})" if hint else ""), owner)
+        return {f.name: validate_data(f"{label}.{f.name}", owner, f.type, value.get(f.name))
+                for f in vtype.fields}
+    leaf = ir.Variable.model_construct(name=label, role="system", type=vtype)
+    try:
+        return validate_value(leaf, value)
+    except DecideError as exc:
+        raise DecideError(exc.message, owner) from None
 
 
 def output_problem(output: ir.Output, value: Any) -> str | None:
@@ -265,6 +306,7 @@ class Interpreter:
         self.stage: str | None = None
         self.depth = 0  # nesting of derived-variable evaluations
         self.looks: dict[str, int] = {}  # observed variable -> looks taken so far
+        self.items: dict[str, Any] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
 
     def _warm(self, name: str) -> None:
         """Before a derived variable with a deep chain of derived dependencies (a 1,000-long `let`
@@ -376,11 +418,56 @@ class Interpreter:
             return self.func(e)
         if isinstance(e, ir.Matches):
             return scalars.matches(e.pattern, self.eval(e.operand))
+        return self.eval_data(e)
+
+    def eval_data(self, e: Any) -> Any:
+        """Lists, records and weighted counts (the generated engine emits the same operations)."""
+        if isinstance(e, ir.Get):
+            return self.eval(e.base)[e.field]
+        if isinstance(e, ir.Item):
+            return self.items[e.name]
+        if isinstance(e, ir.Quant):
+            return _quantify(e.func, self.eval(e.source), lambda x: self._with_item(e, x))
+        if isinstance(e, ir.Length):
+            return len(self.eval(e.operand))
+        if isinstance(e, ir.Member):
+            hit = self.eval(e.operand) in self.eval(e.source)
+            return not hit if e.negated else hit
+        if isinstance(e, ir.Weighted):
+            return _wcount(tuple(self.eval(a) for a in e.args), tuple(e.weights))
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
+
+    def _with_item(self, e: ir.Quant, item: Any) -> Any:
+        saved = self.items.get(e.var, _UNSET)
+        self.items[e.var] = item
+        try:
+            return self.eval(e.cond)
+        finally:
+            if saved is _UNSET:
+                del self.items[e.var]
+            else:
+                self.items[e.var] = saved
+
+
+_UNSET = object()
+
+
+def _quantify(func: str, items: list, cond: Any) -> Any:
+    """`any`/`all` stop at the first item that decides; `count` looks at every item."""
+    if func == "any":
+        return any(cond(x) for x in items)
+    if func == "all":
+        return all(cond(x) for x in items)
+    return sum(1 for x in items if cond(x))
 
 
 def _count(conditions: tuple) -> int:
     return sum(1 for c in conditions if c)
+
+
+def _wcount(conditions: tuple, weights: tuple) -> int | float:
+    """A weighted count: the sum of the weights of the true conditions (all are evaluated)."""
+    return sum(w for c, w in zip(conditions, weights, strict=True) if c)
 
 
 def apply_arith(op: str, a: Any, b: Any) -> Any:
@@ -538,6 +625,8 @@ class _Gen:
         self.tmp = 0
         self.helpers: list[str] = []  # helper functions (long `case`s), emitted before `decide`
         self.ns["_count"] = _count
+        self.ns["_wcount"] = _wcount
+        self.ns["_data"] = validate_data
 
     # -- helpers
     def const(self, value: Any) -> str:
@@ -570,6 +659,8 @@ class _Gen:
                 out.append(f"    x = s[{k - 1}] if s.__class__ is list and len(s) >= {k} else None")
                 out += [f"    {line}" for line in self.check_lines(var, "x")]
                 out.append("    return x")
+            elif ir.is_structured(var.type):  # checked whole (items, fields) by the interpreter's test
+                out.append(f"    return _data({name!r}, {name!r}, {self.const(var.type)}, v.get({name!r}))")
             else:
                 out.append(f"    x = v.get({name!r})")
                 if var.default is not None:
@@ -640,12 +731,33 @@ class _Gen:
         if isinstance(e, ir.Matches):
             return f"({self.const(scalars.compiled(e.pattern).fullmatch)}({self.expr(e.operand)}) is not None)"
         if isinstance(e, ir.CaseExpr):
-            if len(e.arms) > CASE_INLINE:
+            if len(e.arms) > CASE_INLINE and not _has_items(e):  # a helper would not see item variables
                 return self.case_function(e)
             code = self.expr(e.otherwise)
             for arm in reversed(e.arms):
                 code = f"({self.expr(arm.then)} if {self.expr(arm.when)} else {code})"
             return code
+        return self.data_expr(e)
+
+    def data_expr(self, e: Any) -> str:
+        """Lists, records and weighted counts as Python (item variables become generator locals)."""
+        if isinstance(e, ir.Get):
+            return f"{self.expr(e.base)}[{e.field!r}]"
+        if isinstance(e, ir.Item):
+            return f"I_{e.name}"
+        if isinstance(e, ir.Quant):
+            src, cond, x = self.expr(e.source), self.expr(e.cond), f"I_{e.var}"
+            if e.func == "count":
+                return f"sum(1 for {x} in {src} if {cond})"
+            return f"{e.func}({cond} for {x} in {src})"
+        if isinstance(e, ir.Length):
+            return f"len({self.expr(e.operand)})"
+        if isinstance(e, ir.Member):
+            kw = "not in" if e.negated else "in"
+            return f"({self.expr(e.operand)} {kw} {self.expr(e.source)})"
+        if isinstance(e, ir.Weighted):
+            conds = ", ".join(self.expr(a) for a in e.args)
+            return f"_wcount(({conds},), {self.const(tuple(e.weights))})"
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
     def case_function(self, e: ir.CaseExpr) -> str:
@@ -754,6 +866,11 @@ class _Gen:
         if not closed:
             out.append(f"{indent}raise DecideError('no branch')")
         return out
+
+
+def _has_items(e: Any) -> bool:
+    """Whether an expression reads an item variable of an enclosing `any`/`all`/`count`."""
+    return isinstance(e, ir.Item) or any(_has_items(c) for c in ir.children(e))
 
 
 def _expanded_size(scenario: ir.Scenario) -> int | None:

@@ -53,7 +53,8 @@ from sopgraph.language import ir
 from sopgraph.logic.domain import Box, Space, space_for, variables_signature
 from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
 from sopgraph.logic.formula import Formula
-from sopgraph.logic.unroll import Unrolled, unrolled_for
+from sopgraph.logic.lower import analysis_form, needs_analysis_form
+from sopgraph.logic.unroll import Unrolled
 
 Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS
@@ -673,7 +674,7 @@ def verify(scenario: ir.Scenario, values: Mapping[str, Any], stages: Sequence[st
 def _unrolled(scenario: ir.Scenario) -> Unrolled | None:
     """The unrolled form of a procedure (observations, bounded loops), else None: paths of a
     procedure are the paths of its unrolled form, shown with the source's stage ids and values."""
-    return unrolled_for(scenario) if scenario.procedural else None
+    return analysis_form(scenario) if needs_analysis_form(scenario) else None
 
 
 def _lift(info: PathInfo, u: Unrolled) -> PathInfo:

@@ -14,6 +14,7 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error
+from sopgraph.logic.lower import Lowered, analysis_form
 from sopgraph.logic.paths import explorer_for
 from sopgraph.logic.unroll import LOOK_SEP, UnrollError, unbounded_cycle, unrolled_for
 
@@ -121,7 +122,7 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
     any copy of a stage is a finding about the stage; "never" claims (W303/W304) hold only if they
     hold for every copy where the branch is live."""
     try:
-        unrolled = unrolled_for(scenario)
+        unrolled = analysis_form(scenario)
     except UnrollError:
         return []
     if unrolled.premature:
@@ -139,6 +140,9 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
     for d in found:
         update: dict[str, Any] = {"message": _source_ids(d.message, unrolled.origin, unrolled.looks),
                                   "notes": [_source_ids(n, unrolled.origin, unrolled.looks) for n in d.notes]}
+        if isinstance(unrolled, Lowered):  # lists and records: guards as written, not expanded
+            update["message"] = unrolled.source_text(update["message"])
+            update["notes"] = [unrolled.source_text(n) for n in update["notes"]]
         if isinstance(d.witness, dict):
             update["witness"] = unrolled.lift(d.witness)
         d = d.model_copy(update=update)

@@ -350,6 +350,11 @@ def _unroll_or_error(scenario: ir.Scenario) -> Unrolled | UnrollError:
         return exc
 
 
+def structure_signature(scenario: ir.Scenario) -> tuple:
+    """What analyses of the stage structure are built from (see `_signature`)."""
+    return _signature(scenario)
+
+
 def _signature(scenario: ir.Scenario) -> tuple:
     """What the unrolled form is built from: entry, stages (by identity) and their branches."""
     return (scenario.start, tuple(

@@ -124,6 +124,11 @@ def convert(value: Any, vtype: Any, *, unit: str | None = None, now: dt.date | N
         raise ValueError(f"{what} {value!r} is not one of {' | '.join(vtype.values)}")
     if isinstance(vtype, ir.NumType):
         return _number(value, vtype, unit, now, what)
+    if ir.is_structured(vtype) and isinstance(value, str):  # a list or record cell is written as JSON
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise ValueError(f"{what} {value!r} is not JSON (a list is written [..], a record {{..}})") from None
     return value
 
 

@@ -129,11 +129,22 @@ def describe_domain(vtype: Any, unit: str | None = None) -> str:
                 text += ", " + " and ".join(bounds)
     elif isinstance(vtype, (ir.TimeType, ir.StringType)):
         text = SCALAR_WORDS[vtype.kind]
+    elif isinstance(vtype, (ir.ListType, ir.RecordType)):
+        text = describe_data(vtype)
     else:
         text = "a computed value"
     if unit:
         text += f" (in {unit})"
     return text
+
+
+def describe_data(vtype: ir.ListType | ir.RecordType) -> str:
+    """A list or record in words: `a list of 0 to 6 items, each a record with: flown (true or false), …`."""
+    if isinstance(vtype, ir.ListType):
+        size = f"at most {vtype.max_len}" if vtype.min_len == 0 else f"{vtype.min_len} to {vtype.max_len}"
+        return f"a list of {size} items, each {describe_domain(vtype.item)}"
+    name = f" {vtype.alias}" if vtype.alias else ""
+    return f"a record{name} with: " + "; ".join(f"{f.name} ({describe_domain(f.type)})" for f in vtype.fields)
 
 
 def format_value(value: Any, var: ir.Variable | None = None) -> str:
@@ -205,10 +216,14 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
         return e.name, 3
     if isinstance(e, ir.Lit):
         return _lit(e), 3
+    if isinstance(e, (ir.Get, ir.Item)):  # a field or item in a condition's place is a bool
+        return f"{ir.show(e)} is true", 3
     if isinstance(e, ir.Unary) and e.op == "not":
         inner = e.operand
         if _is_var(inner):
             return f"{inner.name} is false", 3
+        if isinstance(inner, (ir.Get, ir.Item)):
+            return f"{ir.show(inner)} is false", 3
         text, _ = _plain(inner, s)
         return f"not ({text})", 3
     if isinstance(e, ir.Compare):
@@ -221,8 +236,18 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
             words = {">=": f"at least {n}", ">": f"more than {n}", "<=": f"at most {n}",
                      "<": f"fewer than {n}", "==": f"exactly {n}", "!=": f"other than {n}"}[op]
             return f"{words} of these hold: ({conds})", 3
+        if isinstance(left, ir.Weighted) and isinstance(right, ir.Lit):
+            weights = "; ".join(f"{ir.show_value(w)} if {plain(a, s)}" for w, a in zip(left.weights, left.args,
+                                                                                       strict=True))
+            return f"the sum of the weights of the conditions that hold ({weights}) {_CMP_WORDS[op]} {_lit(right)}", 3
+        if isinstance(left, ir.Quant) and left.func == "count" and isinstance(right, ir.Lit):
+            return (f"the number of items {left.var} of {ir.show(left.source)} for which {plain(left.cond, s)} "
+                    f"{_CMP_WORDS[op]} {_lit(right)}"), 3
         cmp_words = _TIME_WORDS if _is_moment(left, s) or _is_moment(right, s) else _CMP_WORDS
         return f"{ir.show(left, 5)} {cmp_words[op]} {ir.show(right, 5)}", 3
+    if isinstance(e, ir.Quant) and e.func != "count":
+        which = "at least one item" if e.func == "any" else "every item"
+        return f"{which} {e.var} of {ir.show(e.source)} has: {plain(e.cond, s)}", 3
     if isinstance(e, ir.InSet):
         values = [_lit(v) for v in e.values]
         return f"{ir.show(e.operand, 5)} is {_one_of(values, e.negated)}", 3

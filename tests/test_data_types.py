@@ -1,0 +1,306 @@
+"""Lists, records and weighted counts: syntax, type errors, both engine forms, input validation,
+the analyses (paths, witnesses, synthesis), JSON Schemas, prompt text and `sop fmt`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import sopgraph
+from sopgraph.cli import main as cli
+from sopgraph.language import ir
+from sopgraph.language.fmt import format_text
+from sopgraph.language.schema import agent_output_schema, type_schema, validate
+from sopgraph.logic import engine as engine_mod
+from sopgraph.logic.checker import check_file
+from sopgraph.logic.engine import DecideError, Engine, interpret
+from sopgraph.logic.lower import analysis_form
+from sopgraph.logic.paths import count_paths, iter_paths
+from sopgraph.simulation.prompts import agent_system_prompt, describe_domain
+
+PROGRAM = """\
+type Cabin = Economy | Business
+type Segment = record { flown: bool, cabin: Cabin, price: float[0..) }
+system Segments: list[..4] of Segment "The flight segments, in order."
+system Metrics: record { latency: int[0..1000], ok: bool } "Service metrics."
+system Tags: list[1..3] of Red | Blue "Tags on the account."
+field Mood: Calm | Angry "The caller's mood."
+let Flown = count(s in Segments where s.flown)
+let Score = count(2: Metrics.latency > 500, 1: Mood == Angry, 3: not Metrics.ok)
+action Go "Go ahead."
+action Stop "Stop."
+action Ask "Ask."
+stage s1 {
+    when any(s in Segments where s.flown and s.cabin == Business) -> do Stop
+    when len(Segments) > 2 and Score >= 3 -> do Stop
+    when Red in Tags and all(s in Segments where s.price > 100) -> do Go
+    when Flown >= 1 -> do Ask
+    otherwise -> do Go
+}
+"""
+
+SEG = {"flown": False, "cabin": "Economy", "price": 150.0}
+
+
+def _load(text: str = PROGRAM) -> ir.Scenario:
+    return sopgraph.load(text=text)
+
+
+def _both(scenario: ir.Scenario, values: dict[str, Any]) -> Any:
+    """The decision (or error message) of the interpreter, after checking both generated forms agree."""
+    try:
+        expected: Any = interpret(scenario, values)
+    except DecideError as exc:
+        expected = exc.message
+    tree = Engine(scenario)
+    saved = engine_mod._expanded_size
+    engine_mod._expanded_size = lambda s: None
+    try:
+        loop = Engine(scenario)
+    finally:
+        engine_mod._expanded_size = saved
+    assert (tree.mode, loop.mode) == ("tree", "loop")
+    for eng in (tree, loop):
+        try:
+            got: Any = eng.decide(values)
+        except DecideError as exc:
+            got = exc.message
+        assert got == expected
+    return expected
+
+
+# ---- syntax and IR -------------------------------------------------------------------------
+
+
+def test_types_and_expressions_parse_into_their_nodes_with_spans() -> None:
+    s = _load()
+    segs = s.variables["Segments"].type
+    assert isinstance(segs, ir.ListType) and segs.max_len == 4 and segs.min_len == 0
+    assert isinstance(segs.item, ir.RecordType) and segs.item.alias == "Segment"
+    assert [f.name for f in segs.item.fields] == ["flown", "cabin", "price"]
+    assert segs.item.fields[1].type.values == ["Economy", "Business"]  # the enum alias inside the record
+    tags = s.variables["Tags"].type
+    assert isinstance(tags, ir.ListType) and (tags.min_len, tags.max_len) == (1, 3)
+    score = s.variables["Score"].expr
+    assert isinstance(score, ir.Weighted) and score.weights == [2, 1, 3]
+    get = score.args[0].left
+    assert isinstance(get, ir.Get) and get.field == "latency" and isinstance(get.base, ir.Var)
+    assert (get.span.line, get.span.col, get.span.end_col) == (8, 22, 37)
+    assert (get.base.span.col, get.base.span.end_col) == (22, 29)
+    guard = s.stages["s1"].branches[0].guard
+    assert isinstance(guard, ir.Quant) and guard.func == "any" and guard.var == "s"
+    assert isinstance(guard.cond.operands[0], ir.Get) and isinstance(guard.cond.operands[0].base, ir.Item)
+    member = s.stages["s1"].branches[2].guard.operands[0]
+    assert isinstance(member, ir.Member) and member.operand.value == "Red"
+    assert ir.show(guard) == "any(s in Segments where s.flown and s.cabin == Business)"
+    assert ir.show(score) == "count(2: Metrics.latency > 500, 1: Mood == Angry, 3: not Metrics.ok)"
+
+
+def test_default_list_bound_and_fmt_round_trip() -> None:
+    text = 'system L: list of int[0..5] "l"\naction Go "g"\naction No "n"\n' \
+           "stage s { when count(x in L where x > 2) >= 2 -> do Go otherwise -> do No }\n"
+    s = _load(text)
+    assert s.variables["L"].type.max_len == ir.LIST_MAX_DEFAULT
+    formatted = format_text(PROGRAM)
+    assert "type Segment = record { flown: bool, cabin: Cabin, price: float[0..) }" in formatted
+    assert "system Tags: list[1..3] of Red | Blue" in formatted
+    again = _load(formatted)
+    rows = [{"Segments": [SEG], "Metrics": {"latency": 600, "ok": False}, "Tags": ["Red"], "Mood": "Calm"}]
+    assert [interpret(again, r) for r in rows] == [interpret(_load(), r) for r in rows]
+
+
+# ---- checker -------------------------------------------------------------------------------
+
+BAD = """\
+type Segment = record { flown: bool, price: float[0..) }
+system Segments: list[..40] of Segment "s"
+system M: record { a: bool, a: int } "m"
+field Mood: Calm | Angry "m"
+let X = Segments
+action Go "g"
+output O: list of bool = none
+stage s1 {
+  when any(s in Segments where s.flwn) -> do Go
+  when Segments -> do Go
+  when Mood.x -> do Go
+  when count(s in Mood where s) > 1 -> do Go
+  when Calm in Segments -> do Go
+  when M.a -> do Go
+  otherwise -> do Go
+}
+"""
+
+
+def _diags(text: str, tmp_path) -> list[tuple[str, int, int, str, str]]:
+    path = tmp_path / "bad.sop"
+    path.write_text(text)
+    return [(d.code, d.span.line, d.span.col, d.message, d.hint or "") for d in check_file(path).diagnostics]
+
+
+def test_type_errors_name_the_place_and_give_a_hint(tmp_path) -> None:
+    found = _diags(BAD, tmp_path)
+    by_line = {(code, line): (col, msg, hint) for code, line, col, msg, hint in found}
+    assert by_line[("E203", 2)][1] == "the list `Segments` may hold 40 items; lists hold at most 32"
+    assert by_line[("E102", 3)][1] == "field `a` of `M` is declared twice"
+    assert by_line[("E201", 5)][1] == "derived variable `X` is a list: a `let` gives one value"
+    assert "outputs and action parameters hold one value" in by_line[("E201", 7)][1]
+    col, msg, hint = by_line[("E101", 9)]
+    assert (col, msg, hint) == (32, "`s` has no field `flwn`", "did you mean `flown`?")
+    assert "test its items: `any(x in Segments where ...)`" in by_line[("E201", 10)][2]
+    assert by_line[("E201", 11)][1].startswith("`Mood` is an enum (Calm | Angry), not a record")
+    col, msg, _ = by_line[("E201", 12)]
+    assert col == 19 and msg.startswith("`count(... where ...)` needs a list, but `Mood`")
+    assert "the items of `Segments` are records" in by_line[("E201", 13)][1]
+    assert ("E201", 14) not in by_line  # a bool field of a record is a condition
+
+
+def test_diagnostic_output_has_file_line_col_caret_and_hint(tmp_path) -> None:
+    path = tmp_path / "bad.sop"
+    path.write_text(BAD)
+    result = CliRunner().invoke(cli, ["check", str(path)])
+    assert result.exit_code == 1
+    assert f"{path}:9:32: error[E101]: `s` has no field `flwn`" in result.output
+    lines = result.output.splitlines()
+    at = next(i for i, line in enumerate(lines) if "has no field `flwn`" in line)
+    assert lines[at + 2].index("^") == lines[at + 1].index("s.flwn")
+    assert "= hint: did you mean `flown`?" in lines[at + 3]
+
+
+def test_item_syntax_needs_a_name_and_a_list(tmp_path) -> None:
+    found = _diags('system L: list of bool "l"\naction Go "g"\nstage s { when any(3 in L where true) -> do Go '
+                   "otherwise -> do Go }\n", tmp_path)
+    assert found[0][:3] == ("E001", 3, 20)
+    assert "write `any(x in List where condition)`" in found[0][4]
+
+
+def test_clean_program_checks_clean(tmp_path) -> None:
+    found = _diags(PROGRAM, tmp_path)
+    assert [d for d in found if d[0].startswith("E")] == []
+
+
+# ---- engine --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values, action", [
+    ({"Segments": [{**SEG, "flown": True, "cabin": "Business"}]}, "Stop"),
+    ({"Segments": [SEG] * 3, "Metrics": {"latency": 501, "ok": True}, "Mood": "Angry"}, "Stop"),
+    ({"Segments": [SEG] * 3, "Metrics": {"latency": 500, "ok": True}, "Mood": "Angry", "Tags": ["Blue", "Red"]},
+     "Go"),
+    ({"Segments": [SEG, {**SEG, "flown": True}], "Metrics": {"latency": 0, "ok": True}, "Mood": "Calm",
+      "Tags": ["Blue"]}, "Ask"),
+    ({"Segments": [], "Metrics": {"latency": 0, "ok": True}, "Mood": "Calm", "Tags": ["Red"]}, "Go"),
+])
+def test_both_engine_forms_decide_lists_records_and_weighted_counts(values: dict, action: str) -> None:
+    decision = _both(_load(), values)
+    assert decision.finals["Action"] == action
+
+
+def test_weighted_count_sums_the_weights_of_true_conditions() -> None:
+    s = _load('field A: bool "a"\nfield B: bool "b"\noutput W: float = 0 "w"\naction Go "g"\n'
+              "stage s { -> do Go { W = count(2: A, 0.5: B, 3: not A) } }\n")
+    assert [_both(s, {"A": a, "B": b}).finals["W"] for a, b in [(True, True), (True, False), (False, True)]] \
+        == [2.5, 2, 3.5]
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"Segments": [{**SEG, "prise": 3}]}, "`Segments[0]` has no field `prise` (did you mean `price`?) (needed at s1)"),
+    ({"Segments": [{"flown": True, "cabin": "Economy"}]}, "missing value for `Segments[0].price` (needed at s1)"),
+    ({"Segments": [{**SEG, "cabin": "First"}]},
+     'value "First" is not in the domain of `Segments[0].cabin` (Economy | Business) (needed at s1)'),
+    ({"Segments": [SEG] * 5}, "`Segments` has 5 items; it holds at most 4 (needed at s1)"),
+    ({"Segments": SEG}, 'value {"flown": false, "cabin": "Economy", "price": 150.0} of `Segments` is not a list '
+                        "(needed at s1)"),
+    ({"Segments": [SEG] * 3, "Metrics": {"latency": 1001, "ok": True}},
+     "value 1001 of `Metrics.latency` is outside int[0..1000] (needed at s1)"),
+    ({"Segments": [], "Metrics": {"latency": 1, "ok": True}, "Mood": "Calm", "Tags": []},
+     "`Tags` has 0 items; it holds at least 1 (needed at s1)"),
+])
+def test_bad_structured_inputs_fail_with_one_clear_message(values: dict, message: str) -> None:
+    assert _both(_load(), values) == message
+
+
+def test_decide_cli_reports_a_wrong_record_field_in_one_line(tmp_path) -> None:
+    path = tmp_path / "p.sop"
+    path.write_text(PROGRAM)
+    values = json.dumps({"Segments": [{**SEG, "prise": 3}], "Metrics": {"latency": 0, "ok": True},
+                         "Mood": "Calm", "Tags": ["Red"]})
+    result = CliRunner().invoke(cli, ["decide", str(path), "--values", values])
+    assert result.exit_code != 0
+    assert "`Segments[0]` has no field `prise` (did you mean `price`?)" in result.output
+    assert "Traceback" not in result.output
+
+
+# ---- analyses ------------------------------------------------------------------------------
+
+
+def test_path_witnesses_are_lists_and_records_that_decide_along_their_path() -> None:
+    s = _load()
+    paths = list(iter_paths(s))
+    assert count_paths(s).feasible == len(paths) == 5
+    for info in paths:
+        for w in (info.witness, info.boundary_witness):
+            assert w is not None
+            assert isinstance(w["Segments"], list) and isinstance(w["Metrics"], dict)
+            assert 1 <= len(w["Tags"]) <= 3
+            decision = interpret(s, w)
+            assert decision.path == info.stages and decision.finals == info.finals
+
+
+def test_analysis_form_flattens_and_lifts_values() -> None:
+    form = analysis_form(_load())
+    values = {"Segments": [SEG], "Metrics": {"latency": 3, "ok": True}, "Tags": ["Red"], "Mood": "Calm"}
+    flat = form.flatten(values)
+    assert flat["len(Segments)"] == 1 and flat["Segments[0].cabin"] == "Economy" and flat["Metrics.ok"] is True
+    assert form.lift(flat) == values
+    assert "len(Segments)" in form.scenario.variables and "Segments[3].price" in form.scenario.variables
+
+
+def test_synth_cases_carry_lists_and_decide_their_expected_path(tmp_path) -> None:
+    path = tmp_path / "p.sop"
+    path.write_text(PROGRAM)
+    result = CliRunner().invoke(cli, ["synth", str(path), "-n", "10", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    s = _load()
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 10
+    for row in rows:
+        values = {**row.get("labels", {}), **row.get("truth", {}), **row["system"]}
+        assert isinstance(row["system"]["Segments"], list)
+        assert interpret(s, values).path == row["expected_path"]
+
+
+def test_flow_checks_run_on_lowered_lists(tmp_path) -> None:
+    text = ('system L: list[..2] of bool "l"\naction Go "g"\naction No "n"\n'
+            "stage s { when len(L) > 2 -> do Go otherwise -> do No }\n")
+    found = _diags(text, tmp_path)
+    assert any(code == "W304" and line == 4 for code, line, *_ in found), found
+
+
+# ---- schema and prompt ---------------------------------------------------------------------
+
+
+def test_json_schemas_of_lists_and_records() -> None:
+    seg = _load().variables["Segments"].type
+    schema = type_schema(seg)
+    assert schema["type"] == "array" and schema["maxItems"] == 4
+    assert schema["items"]["required"] == ["flown", "cabin", "price"]
+    assert schema["items"]["additionalProperties"] is False
+    assert validate(schema, [SEG]) == []
+    assert validate(schema, [SEG] * 5) == ["reply: holds at most 4 item(s)"]
+    assert validate(schema, [{**SEG, "x": 1}]) == ["reply[0].x: unexpected key"]
+    s = _load(PROGRAM.replace('field Mood: Calm | Angry "The caller\'s mood."',
+                              'field Mood: Calm | Angry "m"\nfield Issues: list[..2] of Late | Lost "issues"'))
+    fields = agent_output_schema(s)["properties"]["classification_output"]["properties"]
+    assert fields["Issues"]["type"] == "array" and fields["Issues"]["items"]["enum"] == ["Late", "Lost"]
+
+
+def test_prompt_describes_lists_and_records_in_words() -> None:
+    seg = _load().variables["Segments"].type
+    assert describe_domain(seg) == ("a list of at most 4 items, each a record Segment with: flown (true or false); "
+                                    "cabin (one of: Economy, Business); price (a number, at least 0)")
+    text = agent_system_prompt(_load(), {})
+    assert "- Segments — a list of at most 4 items, each a record Segment with: flown" in text
+    assert "if at least one item s of Segments has: s.flown is true and s.cabin is Business → final action Stop" in text
