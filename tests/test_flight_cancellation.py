@@ -81,5 +81,5 @@ def test_prompt_explains_the_segment_list_and_the_insurance_record(scenario) -> 
            "departs (a date and time" in text
     assert "cabin (one of: Economy, Premium, Business). The flight segments of the booking" in text
     assert "- Insurance — a record with: active (true or false); covers (one of: MedicalOnly, AnyReason)" in text
-    assert ("if BookedAt is greater than now - 24 hours and every item s of Segments has: s.flown is false → carry out "
+    assert ("if BookedAt is after now - 24 hours and every item s of Segments has: s.flown is false → carry out "
             "CancelBooking, then final action RefundFull (amount = Fare) (end)") in text

@@ -48,9 +48,11 @@ from sopgraph.cases.profiles import (
 )
 from sopgraph.language import ir
 from sopgraph.language.compile import reads, stage_reads
+from sopgraph.language import scalars
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, warning
 from sopgraph.logic import domain
 from sopgraph.logic import paths as paths_mod
+from sopgraph.logic import scalardom
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.lower import analysis_form, needs_analysis_form
@@ -383,6 +385,8 @@ def plausible_values(var: ir.Variable, profile: Profile) -> list[Any]:
         return [True, False]
     if isinstance(vtype, ir.NumType):
         return _numeric_points(vtype)
+    if isinstance(vtype, ir.TimeType):  # where the domain places unconstrained dates, as text
+        return [scalars.format_temporal(vtype.kind, scalardom.typical(vtype.kind))]
     return [None]
 
 

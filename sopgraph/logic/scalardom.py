@@ -51,7 +51,8 @@ def snap(kind: str, d: NumDom, x: Any) -> Any:
     return NO_VALUE
 
 
-def _center(kind: str) -> int:
+def typical(kind: str) -> int:
+    """Where an unconstrained date, datetime or duration is placed (witnesses and free values in synthesis)."""
     return _TYPICAL_DURATION if kind == "duration" else REFERENCE - (REFERENCE % DAY if kind == "date" else 0)
 
 
@@ -63,7 +64,7 @@ def pick_time(kind: str, d: NumDom, style: str, rng: random.Random | None) -> An
     if rng is not None:
         mid = lo if hi == INF and lo != -INF else hi if lo == -INF and hi != INF else None
         if mid is None:
-            mid = (lo + hi) / 2 if lo != -INF else _center(kind)
+            mid = (lo + hi) / 2 if lo != -INF else typical(kind)
         x = mid + rng.randint(-30, 30) * step
         got = snap(kind, d, x)
         return got if got is not NO_VALUE else pick_time(kind, d, "representative", None)
@@ -73,7 +74,7 @@ def pick_time(kind: str, d: NumDom, style: str, rng: random.Random | None) -> An
         elif hi != INF:
             x = hi - (1 if d.hi_open else 0)
         else:
-            x = _center(kind)
+            x = typical(kind)
     elif lo != -INF and hi != INF:
         x = math.floor((lo + hi) / 2)
     elif lo != -INF:
@@ -81,7 +82,7 @@ def pick_time(kind: str, d: NumDom, style: str, rng: random.Random | None) -> An
     elif hi != INF:
         x = hi - 7 * step
     else:
-        x = _center(kind)
+        x = typical(kind)
     got = snap(kind, d, x)
     if got is NO_VALUE:  # a narrow domain: its ends
         for y in (lo, hi, lo + 1, hi - 1):
@@ -98,7 +99,7 @@ def time_candidates(kind: str, d: NumDom, style: str, rng: random.Random | None,
     second around them), and the reference moment moved by those constants."""
     raw: list[Any] = [pick_time(kind, d, style, rng), pick_time(kind, d, "boundary", None),
                       pick_time(kind, d, "representative", None)]
-    center = _center(kind)
+    center = typical(kind)
     for c in consts:
         raw += [c, c + DAY, c - DAY, c + 1, c - 1]
         if kind != "duration" and abs(c) < 20 * 365 * DAY:  # a duration: move the reference by it
