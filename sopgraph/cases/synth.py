@@ -46,13 +46,11 @@ from sopgraph.cases.profiles import (
     profile_path_for,
     read_profile_text,
 )
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads, stage_reads
-from sopgraph.language import scalars
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, warning
-from sopgraph.logic import domain
+from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
-from sopgraph.logic import scalardom
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.lower import analysis_form, needs_analysis_form
