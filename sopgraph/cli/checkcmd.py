@@ -12,7 +12,7 @@ import click
 from sopgraph.cases.profiles import profile_path_for
 from sopgraph.cases.synth import check_profile_beside
 from sopgraph.cli.params import include_dirs
-from sopgraph.language.diagnostics import sort_key
+from sopgraph.language.diagnostics import SourceLines, sort_key
 from sopgraph.logic.checker import Checked, check_file
 
 
@@ -34,7 +34,7 @@ def diagnostic_record(diag: Any) -> dict[str, Any]:
     }
 
 
-def render(diag: Any, sources: dict[str, str]) -> str:
+def render(diag: Any, sources: dict[str, str] | SourceLines) -> str:
     """Rendered like a compiler; a diagnostic about a whole file still starts with the file name."""
     text = diag.render(sources)
     span = diag.span
@@ -89,8 +89,9 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool)
         click.echo(json.dumps(records, indent=2, ensure_ascii=False, sort_keys=False))
     else:
         for result in results:
+            index = SourceLines(result.sources)
             for diag in result.diagnostics:
-                click.echo(render(diag, result.sources))
+                click.echo(render(diag, index))
                 click.echo("")
         if len(files) == 1:
             for result in results:
