@@ -7,9 +7,12 @@ so times include start-up, as a user sees them.
 - scoring family K=8 scores over N=30 shared inputs: `sop check`, `sop paths --count`,
   `sop synth -n 50` (target: each under 5 s);
 - `sop synth -n 50` on a generated workflow with >= 50,000 feasible paths (target under 5 s);
-- `sop check` on a 100,000-stage chain: time and peak memory (targets under 10 s and 1 GB).
+- `sop check` on 100,000 stages in two shapes, a chain (`gen_sop.py --kind chain`: each stage may
+  end the SOP or go on) and branching stages (`--kind diamond`: every stage branches two to four
+  ways): time and peak memory of that one process (targets under 10 s and 1 GB).
 
-Usage: `python benchmarks/bench_bounded.py [--k 8] [--n 30] [--stages 100000]`.
+Usage: `python benchmarks/bench_bounded.py [--k 8] [--n 30] [--stages 100000] [--only-stages]`
+(`--only-stages` runs the large-file checks alone; `--stages 10000,30000` measures several sizes).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -36,15 +38,15 @@ def _module(name: str, path: Path):
 
 
 def run(args: list[str]) -> tuple[float, float, int]:
-    """(seconds, peak RSS in MB of the children so far, exit code) of one `sop` invocation (the
-    100k-stage check runs last and is the largest, so its peak is the one reported)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """(seconds, peak RSS in MB of this one process, exit code) of one `sop` invocation."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", "from sopgraph.cli import main; main()", *args],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen([sys.executable, "-c", "from sopgraph.cli import main; main()", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _pid, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return elapsed, max(peak, before) / 1024, proc.returncode
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return elapsed, usage.ru_maxrss / 1024, proc.returncode
 
 
 def report(label: str, seconds: float, target: float, code: int, extra: str = "") -> None:
@@ -56,32 +58,42 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--n", type=int, default=30)
-    ap.add_argument("--stages", type=int, default=100_000)
+    ap.add_argument("--stages", default="100000", help="stage counts of the large files, comma-separated")
+    ap.add_argument("--only-stages", action="store_true", help="only the large-file checks")
     args = ap.parse_args(argv)
-    helpers = _module("helpers", ROOT / "tests" / "helpers.py")
     gen = _module("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        scoring = d / "scoring.sop"
-        scoring.write_text(helpers.scoring_sop(args.k, args.n))
-        tag = f"scoring K={args.k} N={args.n}"
-        for label, cmd in ((f"{tag}: sop check", ["check", str(scoring)]),
-                           (f"{tag}: sop paths --count", ["paths", str(scoring), "--count"]),
-                           (f"{tag}: sop synth -n 50", ["synth", str(scoring), "-n", "50", "-q",
-                                                        "-o", str(d / "s.jsonl")])):
-            t, _, code = run(cmd)
-            report(label, t, 5.0, code)
-        wide = d / "wide.sop"
-        wide.write_text(gen.generate(12, kind="diamond", seed=3))  # 139,968 feasible paths
-        t, _, code = run(["synth", str(wide), "-n", "50", "-q", "-o", str(d / "w.jsonl")])
-        lines = len((d / "w.jsonl").read_text().splitlines()) if (d / "w.jsonl").exists() else 0
-        report("synth -n 50, 139,968 feasible paths", t, 5.0, code, f"({lines} cases) ")
-        chain = d / "chain.sop"
-        chain.write_text(gen.generate(args.stages, kind="chain", seed=0))
-        t, peak, code = run(["check", str(chain)])
-        report(f"check, {args.stages:,}-stage chain", t, 10.0, code,
-               f"peak {peak:,.0f} MB ratio {peak / 1024:4.2f} (target 1 GB) ")
+        if not args.only_stages:
+            _scoring_and_synth(args, d, gen)
+        for stages in (int(s) for s in args.stages.split(",")):
+            for shape, kind in (("chain", "chain"), ("branching stages", "diamond")):
+                big = d / f"{kind}.sop"
+                big.write_text(gen.generate(stages, kind=kind, seed=0))
+                t, peak, code = run(["check", "--no-profile", str(big)])
+                report(f"check, {stages:,} {shape}", t, 10.0, code,
+                       f"peak {peak:,.0f} MB ratio {peak / 1024:4.2f} (target 1 GB) ")
+                big.unlink()
     return 0
+
+
+def _scoring_and_synth(args: argparse.Namespace, d: Path, gen) -> None:
+    """The scoring family (check, paths --count, synth) and synthesis on a wide workflow."""
+    helpers = _module("helpers", ROOT / "tests" / "helpers.py")
+    scoring = d / "scoring.sop"
+    scoring.write_text(helpers.scoring_sop(args.k, args.n))
+    tag = f"scoring K={args.k} N={args.n}"
+    for label, cmd in ((f"{tag}: sop check", ["check", str(scoring)]),
+                       (f"{tag}: sop paths --count", ["paths", str(scoring), "--count"]),
+                       (f"{tag}: sop synth -n 50", ["synth", str(scoring), "-n", "50", "-q",
+                                                    "-o", str(d / "s.jsonl")])):
+        t, _, code = run(cmd)
+        report(label, t, 5.0, code)
+    wide = d / "wide.sop"
+    wide.write_text(gen.generate(12, kind="diamond", seed=3))  # 139,968 feasible paths
+    t, _, code = run(["synth", str(wide), "-n", "50", "-q", "-o", str(d / "w.jsonl")])
+    lines = len((d / "w.jsonl").read_text().splitlines()) if (d / "w.jsonl").exists() else 0
+    report("synth -n 50, 139,968 feasible paths", t, 5.0, code, f"({lines} cases) ")
 
 
 if __name__ == "__main__":
