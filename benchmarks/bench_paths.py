@@ -28,7 +28,8 @@ from gen_sop import generate  # noqa: E402
 
 from sopgraph.language import ir  # noqa: E402
 from sopgraph.language.parse import load_source  # noqa: E402
-from sopgraph.logic.domain import Box, Formula, Space, _neg, space_for  # noqa: E402
+from sopgraph.logic.domain import Box, Space, space_for  # noqa: E402
+from sopgraph.logic.formula import Formula, negate  # noqa: E402
 from sopgraph.logic.paths import count_paths, explorer_for, iter_decisions, iter_paths  # noqa: E402
 
 
@@ -65,10 +66,10 @@ def constrain_fresh(sp: Space, box: Box, f: Formula) -> list[Box]:
         for p in f.parts:
             out += [b2 for b in rest for b2 in constrain_fresh(sp, b, p)]
             if f.exact:
-                pn = _neg(sp, p)
+                pn = negate(sp, p)
                 rest = [b2 for b in rest for b2 in constrain_fresh(sp, b, pn)]
         return out
-    return sp._add_resid(box, f.rid, f.truth)  # residual literal
+    return sp.add_residual(box, f.rid, f.truth)  # residual literal
 
 
 def naive_paths(scenario: ir.Scenario) -> tuple[set[tuple], int]:

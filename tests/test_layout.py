@@ -40,3 +40,47 @@ def test_stage_packages_exist_in_pipeline_order() -> None:
     text = (PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8")
     positions = [text.index(f'"sopgraph.{s}"') for s in reversed(stages)]
     assert positions == sorted(positions)
+
+
+def _private_imports(source: str, module: str) -> list[str]:
+    """`_private` names a module takes from other sopgraph modules: `from sopgraph.x import _y`
+    (or relative), and `mod._y` / `Cls._y` on a name it imported from sopgraph."""
+    tree = ast.parse(source)
+    found: list[str] = []
+    bound: dict[str, str] = {}  # local name -> sopgraph module it came from
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            src = ("." * node.level) + (node.module or "")
+            if node.level == 0 and not (src == "sopgraph" or src.startswith("sopgraph.")):
+                continue
+            for alias in node.names:
+                if _is_private(alias.name):
+                    found.append(f"{module}: from {src} import {alias.name}")
+                bound[alias.asname or alias.name] = src
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("sopgraph."):
+                    found += [f"{module}: import {alias.name}" for part in alias.name.split(".") if _is_private(part)
+                              and part != "_version"]
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and _is_private(node.attr)):
+            found.append(f"{module}: {node.value.id}.{node.attr} (from {bound[node.value.id]})")
+    return found
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """Shared code is public and documented: a `_name` taken from another module hides a real API."""
+    assert _private_imports("from sopgraph.logic.domain import _neg\n", "probe") == [
+        "probe: from sopgraph.logic.domain import _neg"]
+    assert _private_imports("from sopgraph.logic import domain\ndomain._Compiler(sp)\n", "probe") == [
+        "probe: domain._Compiler (from sopgraph.logic)"]
+    assert _private_imports("from ..parse import _ToIR\nfrom os import _exit\n", "probe") == [
+        "probe: from ..parse import _ToIR"]
+    offenders = [hit for p in sorted(PACKAGE.rglob("*.py"))
+                 for hit in _private_imports(p.read_text(encoding="utf-8"), str(p.relative_to(PACKAGE)))]
+    assert offenders == []

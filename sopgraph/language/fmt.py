@@ -28,9 +28,9 @@ from sopgraph.language.parse import (
     ScenarioHeader,
     StartDecl,
     Subflow,
+    ToIR,
     TypeDecl,
     Use,
-    _ToIR,
     grammar_path,
     parse_text,
 )
@@ -495,7 +495,7 @@ def _parse_with_comments(text: str, file: str) -> tuple[Program, list[Comment], 
         tree = _comment_parser().parse(text)
         tokens = list(_COLLECTED)
         _COLLECTED.clear()
-    program = _ToIR(file).transform(tree)
+    program = ToIR(file).transform(tree)
     lines = text.split("\n")
     comments = []
     for tok in tokens:

@@ -227,8 +227,9 @@ def _with_child_meta(func: Any, _data: str, children: list[Any], _meta: Any) -> 
 
 
 @v_args(wrapper=_with_child_meta)
-class _ToIR(Transformer):
-    """Tree → IR nodes. Kept mechanical: all cross-item logic lives in `_resolve`."""
+class ToIR(Transformer):
+    """Tree → IR nodes. Kept mechanical: all cross-item logic lives in `_resolve`. Public because
+    the formatter (`fmt`) builds its program from the same tree the parser does."""
 
     def __init__(self, file: str):
         super().__init__()
@@ -782,9 +783,9 @@ _BUILDER_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=1)
-def _building_parser() -> tuple[Lark, _ToIR]:
+def _building_parser() -> tuple[Lark, ToIR]:
     """A parser that builds the IR while parsing (no intermediate tree): about as fast as Lark alone."""
-    builder = _ToIR("<string>")
+    builder = ToIR("<string>")
     return Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr", transformer=builder,
                 maybe_placeholders=False), builder
 

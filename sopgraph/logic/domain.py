@@ -28,6 +28,8 @@ Public API (stable; other modules build on it):
 
 Internally a per-scenario `Space` (see `space_for`) interns boxes and compiled formulas and
 memoises `constrain` per (box, formula), which is what keeps path counting and enumeration fast.
+This module holds the space, its boxes and the witness search; guards compile to formulas in
+`guards` (the compiler) and `formula` (formulas and their simplifying constructors), below it.
 """
 
 from __future__ import annotations
@@ -35,78 +37,31 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.logic import solver
-from sopgraph.logic.engine import DecideError, Interpreter, apply_arith, apply_compare
+from sopgraph.logic.engine import DecideError, Interpreter
+from sopgraph.logic.formula import FALSE, TRUE, Formula, mk_and, negate_exact
+from sopgraph.logic.guards import GuardCompiler, OverBudget
 from sopgraph.logic.intervals import (  # re-exported: NumDom and the num_* operations are the domain's API
-    MAX_FLOAT,
     NO_POINTS,
+    NO_VALUE,
     NumDom,
     describe_num,
-    first_true,
-    float_to_ordinal,
-    num_complement,
     num_meet,
     num_norm,
     num_subset,
     num_union,
-    ordinal_to_float,
+    pick_num,
 )
 
 INF = math.inf
-_INT_LIMIT = 2**1000  # affine solving searches ints inside ±this (beyond it floats overflow)
-_MAX_TERMS = 64  # guarded alternatives per sub-expression before it is treated as opaque
-_MAX_COUNT_ARGS = 12
 _SEARCH_COMBOS = 4096  # candidate assignments tried per residual witness search
 MAX_SPLIT = 256  # boxes one constraint may split a box into; beyond, the constraint stays a residual
-
-
-# ---------------------------------------------------------------------------------------------
-# Formulas (compiled guards in negation normal form)
-
-
-class Formula:
-    """A compiled condition. kind: T, F, atom(var, dom), and(parts), or(parts), res(rid, truth).
-
-    `exact` means: no residual inside, so the logical complement `neg` is available (used to make
-    the pieces of a disjunction disjoint)."""
-
-    __slots__ = ("kind", "var", "dom", "parts", "rid", "truth", "exact", "neg", "src")
-
-    def __init__(self, kind: str, var: int = -1, dom: Any = None, parts: tuple = (),
-                 rid: int = -1, truth: bool = True, exact: bool = True):
-        self.kind = kind
-        self.var = var
-        self.dom = dom
-        self.parts = parts
-        self.rid = rid
-        self.truth = truth
-        self.exact = exact
-        self.neg: Formula | None = None
-        self.src: tuple[Any, bool] | None = None  # (expression, truth) it was compiled from
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        if self.kind in ("T", "F"):
-            return self.kind
-        if self.kind == "atom":
-            return f"atom({self.var}, {self.dom})"
-        if self.kind == "res":
-            return f"res({self.rid}, {self.truth})"
-        return f"{self.kind}({', '.join(map(repr, self.parts))})"
-
-
-TRUE = Formula("T")
-FALSE = Formula("F")
-TRUE.neg = FALSE
-FALSE.neg = TRUE
-
-
-# Values of sub-expressions: ('c', value) constant, ('v', idx, expr) variable, ('a', idx, a, b, expr)
-# monotone affine function of one numeric variable, ('o', expr) opaque, ('e',) always an error.
-Val = tuple
+EXPAND_VARS = 6  # aggregates (count/min/max/case) over more base variables are kept whole
+SOLVER_FIRST_VARS = 8  # residuals reading more variables go to the solver before the witness search
 
 
 class Box:
@@ -541,9 +496,9 @@ class Space:
             return hit[1]
         try:
             if self.aggregate_over_many(expr):
-                raise _OverBudget
-            f = _Compiler(self).cond(expr, truth, 0)
-        except _OverBudget:
+                raise OverBudget
+            f = GuardCompiler(self).cond(expr, truth, 0)
+        except OverBudget:
             # too large to expand into boxes (e.g. `max` of several `count`s over shared inputs):
             # keep it whole as a residual, decided by witness search and the solver
             self.note_unproven(expr)
@@ -560,8 +515,8 @@ class Space:
         if hit is not None and hit[0] is expr:
             return hit[1]
         try:
-            t = _Compiler(self).term(expr, 0)
-        except _OverBudget:
+            t = GuardCompiler(self).term(expr, 0)
+        except OverBudget:
             self.note_unproven(expr)
             t = [(TRUE, ("o", expr))]
         self._formula_cache[key] = (expr, t)
@@ -637,7 +592,7 @@ class Space:
                     break
             res = _dedupe(cur_boxes)
             if len(res) > MAX_SPLIT:
-                res = self._add_resid(box, self.formula_residual(f), True)
+                res = self.add_residual(box, self.formula_residual(f), True)
         elif kind == "or":
             out: list[Box] = []
             aborted = False
@@ -651,7 +606,7 @@ class Space:
                     if k == last:
                         break
                     nrest: list[Box] = []
-                    pn = _neg_exact(self, p)
+                    pn = negate_exact(self, p)
                     for b in rest:
                         nrest.extend(self.constrain(b, pn))
                     rest = nrest
@@ -667,11 +622,11 @@ class Space:
                         aborted = True
                         break
             if aborted or len(out) > MAX_SPLIT:
-                res = self._add_resid(box, self.formula_residual(f), True)
+                res = self.add_residual(box, self.formula_residual(f), True)
             else:
                 res = _dedupe(out)
         else:  # residual literal
-            res = self._add_resid(box, f.rid, f.truth)
+            res = self.add_residual(box, f.rid, f.truth)
         if len(self._cons) > 500_000:
             self._cons.clear()
         self._cons[key] = res
@@ -683,7 +638,10 @@ class Space:
             out.extend(self.constrain(b, f))
         return self.normalize(out)
 
-    def _add_resid(self, box: Box, rid: int, truth: bool) -> tuple[Box, ...]:
+    def add_residual(self, box: Box, rid: int, truth: bool) -> tuple[Box, ...]:
+        """Boxes of `box` where residual `rid` has truth `truth`: split into points when its
+        variables have few values, else the literal is attached (public: the paths benchmark's
+        memo-free baseline constrains with it)."""
         if (rid, truth) in box.resid:
             return (box,)
         if (rid, not truth) in box.resid:
@@ -806,7 +764,7 @@ class Space:
         out: dict[str, Any] = {}
         for i, n in enumerate(self.names):
             v = self.pick(i, box.doms[i], style, rng)
-            if v is _NONE:
+            if v is NO_VALUE:
                 return None
             out[n] = v
         return out
@@ -816,11 +774,11 @@ class Space:
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
             if not vals:
-                return _NONE
+                return NO_VALUE
             return rng.choice(vals) if rng is not None else vals[0]
         if k == "none":
-            return _NONE
-        return _pick_num(d, k == "int", style, rng)
+            return NO_VALUE
+        return pick_num(d, k == "int", style, rng)
 
     def _candidates(self, i: int, d: Any, style: str, rng: random.Random | None,
                     consts: list[float]) -> tuple[list, bool]:
@@ -836,11 +794,11 @@ class Space:
             return [], False
         finite = self._finite_values(i, d, 16)
         if finite is not None:
-            first = _pick_num(d, k == "int", style, rng)
+            first = pick_num(d, k == "int", style, rng)
             return [first] + [x for x in finite if x != first], True
         is_int = k == "int"
-        raw: list[float] = [_pick_num(d, is_int, style, rng), _pick_num(d, is_int, "boundary", None),
-                            _pick_num(d, is_int, "representative", None)]
+        raw: list[float] = [pick_num(d, is_int, style, rng), pick_num(d, is_int, "boundary", None),
+                            pick_num(d, is_int, "representative", None)]
         for c in consts:
             raw += [c, c + 1, c - 1]
             if not is_int:
@@ -855,7 +813,7 @@ class Space:
         out: list = []
         seen: set = set()
         for x in raw:
-            if x is _NONE or isinstance(x, bool):
+            if x is NO_VALUE or isinstance(x, bool):
                 continue
             if is_int:
                 if isinstance(x, float):
@@ -975,9 +933,6 @@ class Space:
         return out
 
 
-_NONE = object()
-
-
 def _serial(b: Box) -> int:
     return b.serial
 
@@ -1014,75 +969,6 @@ def _merge_nums(doms: list[NumDom], is_int: bool) -> list[NumDom]:
     return out
 
 
-def _nice_above(x: float) -> float:
-    """The smallest number of the form {1,2,5}·10^k strictly greater than x (x > 0)."""
-    k = math.floor(math.log10(x)) if x > 0 else 0
-    for _ in range(3):
-        for m in (1, 2, 5):
-            v = m * 10.0**k
-            if v > x:
-                return v
-        k += 1
-    return x + 1
-
-
-def _pick_num(d: NumDom, is_int: bool, style: str, rng: random.Random | None) -> Any:
-    lo, hi = d.lo, d.hi
-    if lo == hi:
-        return int(lo) if is_int else float(lo)
-
-    def ok(x: float) -> bool:
-        return d.contains(x)
-
-    def fix(x: float) -> Any:
-        if is_int:
-            x = int(round(x)) if math.isfinite(x) else 0
-            for step in range(0, 64):
-                for y in (x + step, x - step):
-                    if ok(y):
-                        return y
-            return _NONE
-        x = float(x)
-        if ok(x):
-            return x
-        for z in (x + 0.5, x - 0.5, (x + hi) / 2 if hi != INF else x + 1, (x + lo) / 2 if lo != -INF else x - 1):
-            if math.isfinite(z) and ok(z):
-                return float(z)
-        return _NONE
-
-    if rng is not None:
-        a = lo if lo != -INF else (hi - 1000 if hi != INF else -1000)
-        b = hi if hi != INF else a + 1000
-        if is_int:
-            return fix(rng.randint(int(math.ceil(a)), int(math.floor(b))))
-        return fix(rng.uniform(a, b))
-    if style == "boundary":
-        if lo != -INF:
-            if is_int or not d.lo_open:
-                return fix(lo)
-            step = min(0.01, (hi - lo) / 2) if hi != INF else 0.01
-            return fix(lo + step)
-        if hi != INF:
-            if is_int or not d.hi_open:
-                return fix(hi)
-            return fix(hi - 0.01)
-        return fix(0)
-    # representative: a typical value, preferably a round number away from the bounds
-    if ok(100):
-        return fix(100)
-    if hi != INF and hi < 100:
-        if lo != -INF:
-            mid = (lo + hi) / 2
-            return fix(math.floor(mid) if is_int else mid)
-        return fix(hi / 2 if hi > 1 else hi - 10)
-    if lo != -INF and lo >= 100:
-        v = _nice_above(lo)
-        if v < hi or (v == hi and not d.hi_open):
-            return fix(v)
-        return fix((lo + hi) / 2 if is_int is False else (lo + hi) // 2)
-    return fix(0)
-
-
 def _numeric_consts(expr: Any) -> list[float]:
     out: list[float] = []
 
@@ -1096,621 +982,6 @@ def _numeric_consts(expr: Any) -> list[float]:
 
     walk(expr)
     return out[:8]
-
-
-# ---------------------------------------------------------------------------------------------
-# Formula construction with light simplification
-
-
-def mk_atom(space: Space, i: int, dom: Any) -> Formula:
-    full = space.full_doms[i]
-    d = space.meet_dom(i, full, dom)
-    if d is None:
-        return FALSE
-    if d == full:
-        return TRUE
-    f = Formula("atom", var=i, dom=d)
-    return f
-
-
-def _neg(space: Space, f: Formula) -> Formula | None:
-    """Logical complement of an exact formula (memoised on the formula)."""
-    if f.neg is not None:
-        return f.neg
-    if not f.exact:
-        return None
-    if f.kind == "atom":
-        i = f.var
-        k = space.kinds[i]
-        if k == "enum" or k == "bool":
-            n = mk_atom(space, i, space.full_doms[i] & ~f.dom)
-        else:
-            pieces = [num_norm(p.lo, p.hi, p.lo_open, p.hi_open, NO_POINTS, k == "int")
-                      for p in num_complement(f.dom)]
-            n = mk_or(space, [mk_atom(space, i, d) for d in pieces if d is not None])
-    elif f.kind == "and":
-        n = mk_or(space, [_neg_exact(space, p) for p in f.parts])
-    elif f.kind == "or":
-        n = mk_and(space, [_neg_exact(space, p) for p in f.parts])
-    else:  # pragma: no cover
-        return None
-    f.neg = n
-    if n.neg is None:
-        n.neg = f
-    return n
-
-
-def _neg_exact(space: Space, f: Formula) -> Formula:
-    """`_neg` of a part of an exact formula: such parts are exact too, so the complement exists."""
-    n = _neg(space, f)
-    assert n is not None
-    return n
-
-
-def mk_and(space: Space, parts: Iterable[Formula]) -> Formula:
-    flat: list[Formula] = []
-    atoms: dict[int, Any] = {}
-    for p in parts:
-        if p.kind == "T":
-            continue
-        if p.kind == "F":
-            return FALSE
-        sub = p.parts if p.kind == "and" else (p,)
-        for q in sub:
-            if q.kind == "atom":
-                if q.var in atoms:
-                    d = space.meet_dom(q.var, atoms[q.var], q.dom)
-                    if d is None:
-                        return FALSE
-                    atoms[q.var] = d
-                else:
-                    atoms[q.var] = q.dom
-                    flat.append(q)
-            else:
-                flat.append(q)
-    out: list[Formula] = []
-    for q in flat:
-        if q.kind == "atom":
-            d = atoms[q.var]
-            q = q if d is q.dom else mk_atom(space, q.var, d)
-            if q.kind == "F":
-                return FALSE
-            if q.kind == "T":
-                continue
-        out.append(q)
-    if not out:
-        return TRUE
-    if len(out) == 1:
-        return out[0]
-    f = Formula("and", parts=tuple(out), exact=all(p.exact for p in out))
-    if f.exact:
-        _attach_neg_lazily(space, f)
-    return f
-
-
-def mk_or(space: Space, parts: Iterable[Formula]) -> Formula:
-    flat: list[Formula] = []
-    for p in parts:
-        if p.kind == "F":
-            continue
-        if p.kind == "T":
-            return TRUE
-        flat.extend(p.parts if p.kind == "or" else (p,))
-    # merge atoms on the same enum/bool variable (union of masks is exact)
-    out: list[Formula] = []
-    enum_atoms: dict[int, int] = {}
-    for q in flat:
-        if q.kind == "atom" and space.kinds[q.var] in ("enum", "bool"):
-            if q.var in enum_atoms:
-                out[enum_atoms[q.var]] = mk_atom(space, q.var, out[enum_atoms[q.var]].dom | q.dom)
-                if out[enum_atoms[q.var]].kind == "T":
-                    return TRUE
-                continue
-            enum_atoms[q.var] = len(out)
-        out.append(q)
-    if not out:
-        return FALSE
-    if len(out) == 1:
-        return out[0]
-    f = Formula("or", parts=tuple(out), exact=all(p.exact for p in out))
-    if f.exact:
-        _attach_neg_lazily(space, f)
-    return f
-
-
-def _attach_neg_lazily(space: Space, f: Formula) -> None:
-    """Exact disjunctions need the complements of their parts for disjoint splitting."""
-    if f.kind == "or":
-        for p in f.parts[:-1]:
-            _neg(space, p)
-
-
-# ---------------------------------------------------------------------------------------------
-# Expression compiler
-
-
-_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
-_NEGOP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-LINEAR_BOOL = 16  # longer and/or chains negate linearly (short ones keep disjoint alternatives)
-EXPAND_VARS = 6  # aggregates (count/min/max/case) over more base variables are kept whole
-SOLVER_FIRST_VARS = 8  # residuals reading more variables go to the solver before the witness search
-COMPILE_BUDGET = 20_000  # compiler steps per top-level condition before it is kept whole (residual)
-
-
-class _OverBudget(Exception):
-    """A condition whose expansion into boxes ran over `COMPILE_BUDGET`."""
-
-
-class _Compiler:
-    """IR expressions → formulas (conditions) and guarded values (terms)."""
-
-    def __init__(self, space: Space):
-        self.sp = space
-        self.left = COMPILE_BUDGET
-
-    def spend(self, n: int = 1) -> None:
-        """Deterministic work budget of one compilation (steps, not time): expansions of `count`,
-        `min`/`max` and `case` multiply, so a scoring SOP would otherwise take hours."""
-        self.left -= n
-        if self.left < 0:
-            raise _OverBudget
-
-    # conditions ----------------------------------------------------------------------------
-
-    def cond(self, e: Any, truth: bool, depth: int) -> Formula:
-        f = self._cond(e, truth, depth)
-        if f.src is None and f.kind in ("and", "or"):
-            f.src = (e, truth)
-        return f
-
-    def _cond(self, e: Any, truth: bool, depth: int) -> Formula:
-        sp = self.sp
-        self.spend()
-        if depth > 60:
-            return sp.residual(e, truth)
-        if isinstance(e, ir.Unary) and e.op == "not":
-            return self.cond(e.operand, not truth, depth + 1)
-        if isinstance(e, ir.BoolOp):
-            fs_t = [self.cond(o, True, depth + 1) for o in e.operands]
-            fs_f = [self.cond(o, False, depth + 1) for o in e.operands]
-            if e.op == "and":
-                if truth:
-                    return mk_and(sp, fs_t)
-                if len(e.operands) > LINEAR_BOOL and sp.total(e):  # no operand can fail: linear
-                    return mk_or(sp, fs_f)
-                # first false operand stops evaluation
-                alts = [mk_and(sp, fs_t[:k] + [fs_f[k]]) for k in range(len(fs_f))]
-                return mk_or(sp, alts)
-            if not truth:
-                return mk_and(sp, fs_f)
-            if len(e.operands) > LINEAR_BOOL and sp.total(e):
-                return mk_or(sp, fs_t)
-            alts = [mk_and(sp, fs_f[:k] + [fs_t[k]]) for k in range(len(fs_t))]
-            return mk_or(sp, alts)
-        if isinstance(e, ir.Compare):
-            lt = self.term(e.left, depth + 1)
-            rt = self.term(e.right, depth + 1)
-            alts = []
-            for gl, vl in lt:
-                for gr, vr in rt:
-                    self.spend(len(gl.parts) + len(gr.parts) + 1)
-                    g = mk_and(sp, [gl, gr])
-                    if g.kind == "F":
-                        continue
-                    alts.append(mk_and(sp, [g, self.compare(vl, e.op, vr, truth)]))
-            return mk_or(sp, alts)
-        if isinstance(e, ir.InSet):
-            ot = self.term(e.operand, depth + 1)
-            want = truth != e.negated
-            values = [v.value for v in e.values]
-            alts = []
-            for g, v in ot:
-                alts.append(mk_and(sp, [g, self.member(v, values, want, e)]))
-            return mk_or(sp, alts)
-        # truthiness of a value
-        alts = []
-        for g, v in self.term(e, depth + 1):
-            alts.append(mk_and(sp, [g, self.truthy(v, truth)]))
-        return mk_or(sp, alts)
-
-    def truthy(self, v: Val, truth: bool) -> Formula:
-        sp = self.sp
-        tag = v[0]
-        if tag == "e":
-            return FALSE
-        if tag == "c":
-            return TRUE if bool(v[1]) == truth else FALSE
-        if tag == "v":
-            i = v[1]
-            k = sp.kinds[i]
-            if k in ("enum", "bool"):
-                m = 0
-                for j, x in enumerate(sp.values[i]):
-                    if bool(x) == truth:
-                        m |= 1 << j
-                return mk_atom(sp, i, m)
-            if k in ("int", "float"):
-                return self.compare(v, "!=", ("c", 0), truth)
-        if tag == "a":
-            return self.compare(v, "!=", ("c", 0), truth)
-        return sp.residual(_expr_of(sp, v), truth)
-
-    def member(self, v: Val, values: list, want: bool, e: Any) -> Formula:
-        sp = self.sp
-        tag = v[0]
-        if tag == "e":
-            return FALSE
-        if tag == "c":
-            try:
-                hit = v[1] in set(values)
-            except TypeError:
-                return FALSE
-            return TRUE if hit == want else FALSE
-        if tag == "v":
-            i = v[1]
-            k = sp.kinds[i]
-            if k in ("enum", "bool"):
-                vs = set(values)
-                m = 0
-                for j, x in enumerate(sp.values[i]):
-                    if (x in vs) == want:
-                        m |= 1 << j
-                return mk_atom(sp, i, m)
-        if tag in ("v", "a") and all(_is_num(x) for x in values) and sp.kinds[v[1]] in ("int", "float"):
-            if want:
-                return mk_or(sp, [self.compare(v, "==", ("c", x), True) for x in values])
-            return mk_and(sp, [self.compare(v, "!=", ("c", x), True) for x in values])
-        node = ir.InSet.model_construct(kind="in", operand=_expr_of(sp, v),
-                                        values=[_lit(x) for x in values], negated=False, span=e.span)
-        return sp.residual(node, want)
-
-    def compare(self, vl: Val, op: str, vr: Val, truth: bool) -> Formula:
-        sp = self.sp
-        if vl[0] == "e" or vr[0] == "e":
-            return FALSE
-        if vl[0] == "c" and vr[0] == "c":
-            try:
-                r = apply_compare(op, vl[1], vr[1])
-            except (DecideError, TypeError):
-                return FALSE
-            return TRUE if bool(r) == truth else FALSE
-        if vl[0] == "c":
-            vl, vr = vr, vl
-            op = _FLIP[op]
-        if vr[0] == "c":
-            c = vr[1]
-            if vl[0] == "v":
-                return self.var_const(vl[1], op, c, truth, vl)
-            if vl[0] == "a" and _is_num(c):
-                f = self.affine(vl, op, c, truth)
-                if f is not None:
-                    return f
-        node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, vl),
-                                          right=_expr_of(sp, vr), span=ir.NO_SPAN)
-        return sp.residual(node, truth)
-
-    def var_const(self, i: int, op: str, c: Any, truth: bool, v: Val) -> Formula:
-        sp = self.sp
-        k = sp.kinds[i]
-        if k in ("enum", "bool"):
-            m = 0
-            for j, x in enumerate(sp.values[i]):
-                try:
-                    r = apply_compare(op, x, c)
-                except (DecideError, TypeError):
-                    continue
-                if bool(r) == truth:
-                    m |= 1 << j
-            return mk_atom(sp, i, m)
-        if k in ("int", "float") and _is_num(c) and math.isfinite(c):
-            if not truth:
-                op = _NEGOP[op]
-            is_int = k == "int"
-            if op == "==":
-                d = num_norm(c, c, False, False, NO_POINTS, is_int)
-            elif op == "!=":
-                d = num_norm(-INF, INF, False, False, frozenset([c]), is_int)
-            elif op == "<":
-                d = num_norm(-INF, c, False, True, NO_POINTS, is_int)
-            elif op == "<=":
-                d = num_norm(-INF, c, False, False, NO_POINTS, is_int)
-            elif op == ">":
-                d = num_norm(c, INF, True, False, NO_POINTS, is_int)
-            else:
-                d = num_norm(c, INF, False, False, NO_POINTS, is_int)
-            return FALSE if d is None else mk_atom(sp, i, d)
-        node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, v),
-                                          right=_lit(c), span=ir.NO_SPAN)
-        return sp.residual(node, truth)
-
-    def affine(self, v: Val, op: str, c: float, truth: bool) -> Formula | None:
-        """Solve `f(x) op c` for a monotone affine f exactly under float semantics."""
-        sp = self.sp
-        _, i, a, b, expr = v
-        if not truth:
-            op = _NEGOP[op]
-        if not math.isfinite(c):
-            return None
-        if op == "!=":
-            eq = self.affine(v, "==", c, True)
-            if eq is None:
-                return None
-            return _neg(sp, eq) if eq.exact else None
-        if op == "==":
-            ge = self._half(i, a, b, expr, ">=", c)
-            le = self._half(i, a, b, expr, "<=", c)
-            if ge is None or le is None:
-                return None
-            if ge is FALSE_DOM or le is FALSE_DOM:
-                return FALSE
-            d = sp.meet_dom(i, ge, le)
-            return FALSE if d is None else mk_atom(sp, i, d)
-        d = self._half(i, a, b, expr, op, c)
-        if d is None:
-            return None
-        if d is FALSE_DOM:
-            return FALSE
-        return mk_atom(sp, i, d)
-
-    def _half(self, i: int, a: float, b: float, expr: Any, op: str, c: float) -> Any:
-        sp = self.sp
-        is_int = sp.kinds[i] == "int"
-        name = sp.names[i]
-        full: NumDom = sp.full_doms[i]
-        scen = sp.scenario
-
-        def p_at(x: Any) -> bool:
-            val = _Probe(scen, name, x).eval(expr)
-            return bool(apply_compare(op, val, c))
-
-        if is_int:
-            lo_i = int(full.lo) if full.lo != -INF else -_INT_LIMIT
-            hi_i = int(full.hi) if full.hi != INF else _INT_LIMIT
-            to_x: Callable[[int], float] = int
-            hint_x = (c - b) / a if a else 0.0
-            hint = int(hint_x) if math.isfinite(hint_x) and abs(hint_x) < 2**1000 else 0
-        else:
-            lo_f = full.lo if full.lo != -INF else -MAX_FLOAT
-            hi_f = full.hi if full.hi != INF else MAX_FLOAT
-            lo_i, hi_i = float_to_ordinal(lo_f), float_to_ordinal(hi_f)
-            to_x = ordinal_to_float
-            try:
-                hint_x = (c - b) / a if a else 0.0
-            except (OverflowError, ZeroDivisionError):
-                hint_x = 0.0
-            hint = float_to_ordinal(hint_x) if math.isfinite(hint_x) else 0
-
-        def pred_index(k: int) -> bool:
-            return p_at(to_x(k))
-
-        try:
-            if a == 0:
-                probe = _pick_num(full, is_int, "boundary", None)
-                return full if p_at(probe) else FALSE_DOM
-            up = (op in (">", ">=")) == (a > 0)
-            if up:
-                k = first_true(pred_index, lo_i, hi_i, hint)
-                if k is None:
-                    return FALSE_DOM
-                x = to_x(k)
-                lo = -INF if k == lo_i and full.lo == -INF else x
-                d = num_norm(lo, INF, False, False, NO_POINTS, is_int)
-            else:
-                k = first_true(lambda j: not pred_index(j), lo_i, hi_i, hint)
-                if k is None:
-                    hi = INF
-                elif k == lo_i:
-                    return FALSE_DOM
-                else:
-                    hi = to_x(k - 1)
-                d = num_norm(-INF, hi, False, False, NO_POINTS, is_int)
-        except (DecideError, TypeError, ValueError, ArithmeticError, RecursionError):
-            return None
-        if d is None:
-            return FALSE_DOM
-        d2 = sp.meet_dom(i, full, d)
-        return FALSE_DOM if d2 is None else d2
-
-    # terms ---------------------------------------------------------------------------------
-
-    def term(self, e: Any, depth: int) -> list[tuple[Formula, Val]]:
-        sp = self.sp
-        self.spend()
-        if depth > 60:
-            return [(TRUE, ("o", e))]
-        if isinstance(e, ir.Lit):
-            return [(TRUE, ("c", e.value))]
-        if isinstance(e, ir.Var):
-            var = sp.scenario.variables.get(e.name)
-            if var is None:
-                return [(TRUE, ("o", e))]
-            if var.role == "derived":
-                if var.expr is None:
-                    return [(TRUE, ("o", e))]
-                return self.term(var.expr, depth + 1)
-            return [(TRUE, ("v", sp.index[e.name], e))]
-        if isinstance(e, (ir.Compare, ir.InSet, ir.BoolOp)) or (isinstance(e, ir.Unary) and e.op == "not"):
-            return [(self.cond(e, True, depth + 1), ("c", True)),
-                    (self.cond(e, False, depth + 1), ("c", False))]
-        if isinstance(e, ir.Unary):  # neg
-            out = []
-            for g, v in self.term(e.operand, depth + 1):
-                out.append((g, self.neg_val(v, e)))
-            return out
-        if isinstance(e, ir.Binary):
-            lt = self.term(e.left, depth + 1)
-            rt = self.term(e.right, depth + 1)
-            if len(lt) * len(rt) > _MAX_TERMS:
-                return [(TRUE, ("o", e))]
-            out = []
-            for gl, vl in lt:
-                for gr, vr in rt:
-                    g = mk_and(sp, [gl, gr])
-                    if g.kind == "F":
-                        continue
-                    out.append((g, self.arith(e.op, vl, vr, e)))
-            return out
-        if isinstance(e, ir.Call):
-            if e.func == "count":
-                if len(e.args) > _MAX_COUNT_ARGS:
-                    return [(TRUE, ("o", e))]
-                ts = [self.cond(a, True, depth + 1) for a in e.args]
-                fs = [self.cond(a, False, depth + 1) for a in e.args]
-                n = len(ts)
-                return [(self.exactly(ts, fs, 0, j, {}), ("c", j)) for j in range(n + 1)]
-            terms = [self.term(a, depth + 1) for a in e.args]
-            cur = terms[0]
-            for nxt in terms[1:]:
-                if len(cur) * len(nxt) * 2 > _MAX_TERMS:
-                    return [(TRUE, ("o", e))]
-                new = []
-                op = "<" if e.func == "min" else ">"
-                for g1, v1 in cur:
-                    for g2, v2 in nxt:
-                        self.spend(len(g1.parts) + len(g2.parts) + 1)
-                        g = mk_and(sp, [g1, g2])
-                        if g.kind == "F":
-                            continue
-                        new.append((mk_and(sp, [g, self.compare(v2, op, v1, True)]), v2))
-                        new.append((mk_and(sp, [g, self.compare(v2, op, v1, False)]), v1))
-                cur = new
-            return cur
-        if isinstance(e, ir.CaseExpr):
-            out = []
-            prefix: list[Formula] = []
-            for arm in e.arms:
-                g = mk_and(sp, prefix + [self.cond(arm.when, True, depth + 1)])
-                self.spend(len(prefix) + 1)
-                if g.kind != "F":
-                    for g2, v in self.term(arm.then, depth + 1):
-                        out.append((mk_and(sp, [g, g2]), v))
-                prefix.append(self.cond(arm.when, False, depth + 1))
-            g = mk_and(sp, prefix)
-            if g.kind != "F":
-                for g2, v in self.term(e.otherwise, depth + 1):
-                    out.append((mk_and(sp, [g, g2]), v))
-            if len(out) > _MAX_TERMS:
-                return [(TRUE, ("o", e))]
-            return [(g, v) for g, v in out if g.kind != "F"]
-        return [(TRUE, ("o", e))]
-
-    def exactly(self, ts: list[Formula], fs: list[Formula], k: int, j: int, memo: dict) -> Formula:
-        """count(args[k:]) == j, by Shannon expansion (disjoint alternatives)."""
-        n = len(ts) - k
-        if j < 0 or j > n:
-            return FALSE
-        if n == 0:
-            return TRUE if j == 0 else FALSE
-        key = (k, j)
-        if key in memo:
-            return memo[key]
-        self.spend(2)
-        f = mk_or(self.sp, [mk_and(self.sp, [ts[k], self.exactly(ts, fs, k + 1, j - 1, memo)]),
-                            mk_and(self.sp, [fs[k], self.exactly(ts, fs, k + 1, j, memo)])])
-        memo[key] = f
-        return f
-
-    def neg_val(self, v: Val, e: Any) -> Val:
-        tag = v[0]
-        if tag == "e":
-            return v
-        if tag == "c":
-            try:
-                return ("c", -v[1])
-            except TypeError:
-                return ("e",)
-        if tag == "v" and self.sp.kinds[v[1]] in ("int", "float"):
-            return ("a", v[1], -1, 0, e)
-        if tag == "a":
-            return ("a", v[1], -v[2], -v[3], e)
-        return ("o", ir.Unary.model_construct(kind="unary", op="neg", operand=_expr_of(self.sp, v),
-                                              span=ir.NO_SPAN))
-
-    def arith(self, op: str, vl: Val, vr: Val, e: Any) -> Val:
-        sp = self.sp
-        if vl[0] == "e" or vr[0] == "e":
-            return ("e",)
-        if vl[0] == "c" and vr[0] == "c":
-            try:
-                return ("c", apply_arith(op, vl[1], vr[1]))
-            except (DecideError, TypeError, ArithmeticError):
-                return ("e",)
-        node = ir.Binary.model_construct(kind="binary", op=op, left=_expr_of(sp, vl),
-                                         right=_expr_of(sp, vr), span=ir.NO_SPAN)
-        al = self.as_affine(vl)
-        ar = self.as_affine(vr)
-        if al is not None and vr[0] == "c" and _is_num(vr[1]):
-            i, a, b = al
-            c = vr[1]
-            if op == "+":
-                return ("a", i, a, b + c, node)
-            if op == "-":
-                return ("a", i, a, b - c, node)
-            if op == "*":
-                return ("a", i, a * c, b * c, node)
-            if op == "/":
-                if c == 0:
-                    return ("e",)
-                return ("a", i, a / c, b / c, node)
-        if ar is not None and vl[0] == "c" and _is_num(vl[1]):
-            i, a, b = ar
-            c = vl[1]
-            if op == "+":
-                return ("a", i, a, b + c, node)
-            if op == "-":
-                return ("a", i, -a, c - b, node)
-            if op == "*":
-                return ("a", i, a * c, b * c, node)
-        if al is not None and ar is not None and al[0] == ar[0] and op in ("+", "-"):
-            i, a1, b1 = al
-            _, a2, b2 = ar
-            a2s = a2 if op == "+" else -a2
-            if a1 * a2s >= 0:  # same direction: the sum stays monotone
-                return ("a", i, a1 + a2s, b1 + (b2 if op == "+" else -b2), node)
-        return ("o", node)
-
-    def as_affine(self, v: Val) -> tuple[int, float, float] | None:
-        if v[0] == "a":
-            return v[1], v[2], v[3]
-        if v[0] == "v" and self.sp.kinds[v[1]] in ("int", "float"):
-            return v[1], 1, 0
-        return None
-
-
-FALSE_DOM = object()  # sentinel: "no value satisfies"
-
-
-class _Probe(Interpreter):
-    """Evaluates an expression of one variable with a value outside validation (affine solving
-    probes values at and beyond declared open bounds)."""
-
-    def __init__(self, scenario: ir.Scenario, name: str, value: Any):
-        super().__init__(scenario, {})
-        self.cache[name] = value
-
-
-def _lit(x: Any) -> ir.Lit:
-    return ir.Lit.model_construct(value=x, bare=isinstance(x, str), kind="lit", span=ir.NO_SPAN)
-
-
-def _expr_of(space: Space, v: Val) -> Any:
-    tag = v[0]
-    if tag == "c":
-        return _lit(v[1])
-    if tag == "v":
-        return v[2]
-    if tag == "a":
-        return v[4]
-    if tag == "o":
-        return v[1]
-    # an always-failing expression: 1 / 0
-    return ir.Binary.model_construct(kind="binary", op="/", left=_lit(1), right=_lit(0), span=ir.NO_SPAN)
 
 
 # ---------------------------------------------------------------------------------------------

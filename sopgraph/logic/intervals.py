@@ -5,6 +5,7 @@ builds its boxes from; nothing here knows about expressions or scenarios."""
 from __future__ import annotations
 
 import math
+import random
 import struct
 import sys
 from typing import Any, NamedTuple
@@ -256,3 +257,82 @@ def first_true(pred, lo: int, hi: int, hint: int) -> int | None:
         else:
             bad = mid
     return good
+
+
+# ---------------------------------------------------------------------------------------------
+# Picking members (witnesses)
+
+
+NO_VALUE = object()  # sentinel: a domain where no member was found (public: witness search and the compiler test for it)
+
+
+def _nice_above(x: float) -> float:
+    """The smallest number of the form {1,2,5}·10^k strictly greater than x (x > 0)."""
+    k = math.floor(math.log10(x)) if x > 0 else 0
+    for _ in range(3):
+        for m in (1, 2, 5):
+            v = m * 10.0**k
+            if v > x:
+                return v
+        k += 1
+    return x + 1
+
+
+def pick_num(d: NumDom, is_int: bool, style: str, rng: random.Random | None) -> Any:
+    """One member of d for a witness: the boundary, a typical round value (`representative`) or a
+    random member with `rng`; `NO_VALUE` if none was found (shared by witness search and the
+    guard compiler's affine probes, so both pick the same numbers)."""
+    lo, hi = d.lo, d.hi
+    if lo == hi:
+        return int(lo) if is_int else float(lo)
+
+    def ok(x: float) -> bool:
+        return d.contains(x)
+
+    def fix(x: float) -> Any:
+        if is_int:
+            x = int(round(x)) if math.isfinite(x) else 0
+            for step in range(0, 64):
+                for y in (x + step, x - step):
+                    if ok(y):
+                        return y
+            return NO_VALUE
+        x = float(x)
+        if ok(x):
+            return x
+        for z in (x + 0.5, x - 0.5, (x + hi) / 2 if hi != INF else x + 1, (x + lo) / 2 if lo != -INF else x - 1):
+            if math.isfinite(z) and ok(z):
+                return float(z)
+        return NO_VALUE
+
+    if rng is not None:
+        a = lo if lo != -INF else (hi - 1000 if hi != INF else -1000)
+        b = hi if hi != INF else a + 1000
+        if is_int:
+            return fix(rng.randint(int(math.ceil(a)), int(math.floor(b))))
+        return fix(rng.uniform(a, b))
+    if style == "boundary":
+        if lo != -INF:
+            if is_int or not d.lo_open:
+                return fix(lo)
+            step = min(0.01, (hi - lo) / 2) if hi != INF else 0.01
+            return fix(lo + step)
+        if hi != INF:
+            if is_int or not d.hi_open:
+                return fix(hi)
+            return fix(hi - 0.01)
+        return fix(0)
+    # representative: a typical value, preferably a round number away from the bounds
+    if ok(100):
+        return fix(100)
+    if hi != INF and hi < 100:
+        if lo != -INF:
+            mid = (lo + hi) / 2
+            return fix(math.floor(mid) if is_int else mid)
+        return fix(hi / 2 if hi > 1 else hi - 10)
+    if lo != -INF and lo >= 100:
+        v = _nice_above(lo)
+        if v < hi or (v == hi and not d.hi_open):
+            return fix(v)
+        return fix((lo + hi) / 2 if is_int is False else (lo + hi) // 2)
+    return fix(0)

@@ -50,8 +50,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
-from sopgraph.logic.domain import Box, Formula, Space, space_for, variables_signature
+from sopgraph.logic.domain import Box, Space, space_for, variables_signature
 from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
+from sopgraph.logic.formula import Formula
 from sopgraph.logic.unroll import Unrolled, unrolled_for
 
 Region = tuple[Box, ...]

@@ -16,8 +16,8 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, error
-from sopgraph.logic.domain import Formula
 from sopgraph.logic.engine import DecideError, Interpreter, interpret
+from sopgraph.logic.formula import Formula
 from sopgraph.logic.paths import explorer_for, trace
 
 MAX_PATHS = 5_000  # feasible paths enumerated looking for leaves that set bounded outputs

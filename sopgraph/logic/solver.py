@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from sopgraph.language import ir
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sopgraph.logic.domain import Box, Formula, Space
+    from sopgraph.logic.domain import Box, Space
+    from sopgraph.logic.formula import Formula
 
 RLIMIT = 5_000_000  # z3 resource units per query (deterministic); a scoring SOP needs ~1e5
 MAX_TERMS = 20_000  # expression nodes translated per query before giving up (undecided)

@@ -1,0 +1,534 @@
+"""The guard compiler: IR expressions → formulas (conditions) and guarded values (terms).
+
+`GuardCompiler` turns a guard into a `Formula` under the engine's semantics ("evaluates, without
+error, to a value of this truthiness"): derived variables are inlined; comparisons of one numeric
+variable, directly or through monotone affine arithmetic, are solved exactly (including float
+rounding, by probing the reference interpreter); `count` thresholds, `case`, `min`/`max` expand into
+disjoint alternatives; everything else becomes a residual literal the space decides later. Each
+compilation has a deterministic step budget (`COMPILE_BUDGET`); past it `OverBudget` is raised and the
+space keeps the condition whole. The space is seen through `CompileSpace`, so this module sits below it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from sopgraph.language import ir
+from sopgraph.logic.engine import DecideError, Interpreter, apply_arith, apply_compare
+from sopgraph.logic.formula import FALSE, TRUE, DomainOps, Formula, mk_and, mk_atom, mk_or, negate
+from sopgraph.logic.intervals import (
+    MAX_FLOAT,
+    NO_POINTS,
+    NumDom,
+    first_true,
+    float_to_ordinal,
+    num_norm,
+    ordinal_to_float,
+    pick_num,
+)
+
+INF = math.inf
+_INT_LIMIT = 2**1000  # affine solving searches ints inside ±this (beyond it floats overflow)
+_MAX_TERMS = 64  # guarded alternatives per sub-expression before it is treated as opaque
+_MAX_COUNT_ARGS = 12
+LINEAR_BOOL = 16  # longer and/or chains negate linearly (short ones keep disjoint alternatives)
+COMPILE_BUDGET = 20_000  # compiler steps per top-level condition before it is kept whole (residual)
+
+
+# Values of sub-expressions: ('c', value) constant, ('v', idx, expr) variable, ('a', idx, a, b, expr)
+# monotone affine function of one numeric variable, ('o', expr) opaque, ('e',) always an error.
+Val = tuple
+
+
+class CompileSpace(DomainOps, Protocol):
+    """What the compiler reads and asks of a space (a protocol so the compiler sits below it):
+    the variable layout, residual numbering and the totality test for linear negation."""
+
+    scenario: ir.Scenario
+    names: list[str]
+    index: dict[str, int]
+    values: list[tuple]
+
+    def residual(self, expr: Any, truth: bool) -> Formula: ...
+
+    def total(self, expr: Any) -> bool: ...
+
+
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+_NEGOP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+class OverBudget(Exception):
+    """A condition whose expansion into boxes ran over `COMPILE_BUDGET`."""
+
+
+class GuardCompiler:
+    """IR expressions → formulas (conditions) and guarded values (terms)."""
+
+    def __init__(self, space: CompileSpace):
+        self.sp = space
+        self.left = COMPILE_BUDGET
+
+    def spend(self, n: int = 1) -> None:
+        """Deterministic work budget of one compilation (steps, not time): expansions of `count`,
+        `min`/`max` and `case` multiply, so a scoring SOP would otherwise take hours."""
+        self.left -= n
+        if self.left < 0:
+            raise OverBudget
+
+    # conditions ----------------------------------------------------------------------------
+
+    def cond(self, e: Any, truth: bool, depth: int) -> Formula:
+        f = self._cond(e, truth, depth)
+        if f.src is None and f.kind in ("and", "or"):
+            f.src = (e, truth)
+        return f
+
+    def _cond(self, e: Any, truth: bool, depth: int) -> Formula:
+        sp = self.sp
+        self.spend()
+        if depth > 60:
+            return sp.residual(e, truth)
+        if isinstance(e, ir.Unary) and e.op == "not":
+            return self.cond(e.operand, not truth, depth + 1)
+        if isinstance(e, ir.BoolOp):
+            fs_t = [self.cond(o, True, depth + 1) for o in e.operands]
+            fs_f = [self.cond(o, False, depth + 1) for o in e.operands]
+            if e.op == "and":
+                if truth:
+                    return mk_and(sp, fs_t)
+                if len(e.operands) > LINEAR_BOOL and sp.total(e):  # no operand can fail: linear
+                    return mk_or(sp, fs_f)
+                # first false operand stops evaluation
+                alts = [mk_and(sp, fs_t[:k] + [fs_f[k]]) for k in range(len(fs_f))]
+                return mk_or(sp, alts)
+            if not truth:
+                return mk_and(sp, fs_f)
+            if len(e.operands) > LINEAR_BOOL and sp.total(e):
+                return mk_or(sp, fs_t)
+            alts = [mk_and(sp, fs_f[:k] + [fs_t[k]]) for k in range(len(fs_t))]
+            return mk_or(sp, alts)
+        if isinstance(e, ir.Compare):
+            lt = self.term(e.left, depth + 1)
+            rt = self.term(e.right, depth + 1)
+            alts = []
+            for gl, vl in lt:
+                for gr, vr in rt:
+                    self.spend(len(gl.parts) + len(gr.parts) + 1)
+                    g = mk_and(sp, [gl, gr])
+                    if g.kind == "F":
+                        continue
+                    alts.append(mk_and(sp, [g, self.compare(vl, e.op, vr, truth)]))
+            return mk_or(sp, alts)
+        if isinstance(e, ir.InSet):
+            ot = self.term(e.operand, depth + 1)
+            want = truth != e.negated
+            values = [v.value for v in e.values]
+            alts = []
+            for g, v in ot:
+                alts.append(mk_and(sp, [g, self.member(v, values, want, e)]))
+            return mk_or(sp, alts)
+        # truthiness of a value
+        alts = []
+        for g, v in self.term(e, depth + 1):
+            alts.append(mk_and(sp, [g, self.truthy(v, truth)]))
+        return mk_or(sp, alts)
+
+    def truthy(self, v: Val, truth: bool) -> Formula:
+        sp = self.sp
+        tag = v[0]
+        if tag == "e":
+            return FALSE
+        if tag == "c":
+            return TRUE if bool(v[1]) == truth else FALSE
+        if tag == "v":
+            i = v[1]
+            k = sp.kinds[i]
+            if k in ("enum", "bool"):
+                m = 0
+                for j, x in enumerate(sp.values[i]):
+                    if bool(x) == truth:
+                        m |= 1 << j
+                return mk_atom(sp, i, m)
+            if k in ("int", "float"):
+                return self.compare(v, "!=", ("c", 0), truth)
+        if tag == "a":
+            return self.compare(v, "!=", ("c", 0), truth)
+        return sp.residual(_expr_of(sp, v), truth)
+
+    def member(self, v: Val, values: list, want: bool, e: Any) -> Formula:
+        sp = self.sp
+        tag = v[0]
+        if tag == "e":
+            return FALSE
+        if tag == "c":
+            try:
+                hit = v[1] in set(values)
+            except TypeError:
+                return FALSE
+            return TRUE if hit == want else FALSE
+        if tag == "v":
+            i = v[1]
+            k = sp.kinds[i]
+            if k in ("enum", "bool"):
+                vs = set(values)
+                m = 0
+                for j, x in enumerate(sp.values[i]):
+                    if (x in vs) == want:
+                        m |= 1 << j
+                return mk_atom(sp, i, m)
+        if tag in ("v", "a") and all(_is_num(x) for x in values) and sp.kinds[v[1]] in ("int", "float"):
+            if want:
+                return mk_or(sp, [self.compare(v, "==", ("c", x), True) for x in values])
+            return mk_and(sp, [self.compare(v, "!=", ("c", x), True) for x in values])
+        node = ir.InSet.model_construct(kind="in", operand=_expr_of(sp, v),
+                                        values=[_lit(x) for x in values], negated=False, span=e.span)
+        return sp.residual(node, want)
+
+    def compare(self, vl: Val, op: str, vr: Val, truth: bool) -> Formula:
+        sp = self.sp
+        if vl[0] == "e" or vr[0] == "e":
+            return FALSE
+        if vl[0] == "c" and vr[0] == "c":
+            try:
+                r = apply_compare(op, vl[1], vr[1])
+            except (DecideError, TypeError):
+                return FALSE
+            return TRUE if bool(r) == truth else FALSE
+        if vl[0] == "c":
+            vl, vr = vr, vl
+            op = _FLIP[op]
+        if vr[0] == "c":
+            c = vr[1]
+            if vl[0] == "v":
+                return self.var_const(vl[1], op, c, truth, vl)
+            if vl[0] == "a" and _is_num(c):
+                f = self.affine(vl, op, c, truth)
+                if f is not None:
+                    return f
+        node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, vl),
+                                          right=_expr_of(sp, vr), span=ir.NO_SPAN)
+        return sp.residual(node, truth)
+
+    def var_const(self, i: int, op: str, c: Any, truth: bool, v: Val) -> Formula:
+        sp = self.sp
+        k = sp.kinds[i]
+        if k in ("enum", "bool"):
+            m = 0
+            for j, x in enumerate(sp.values[i]):
+                try:
+                    r = apply_compare(op, x, c)
+                except (DecideError, TypeError):
+                    continue
+                if bool(r) == truth:
+                    m |= 1 << j
+            return mk_atom(sp, i, m)
+        if k in ("int", "float") and _is_num(c) and math.isfinite(c):
+            if not truth:
+                op = _NEGOP[op]
+            is_int = k == "int"
+            if op == "==":
+                d = num_norm(c, c, False, False, NO_POINTS, is_int)
+            elif op == "!=":
+                d = num_norm(-INF, INF, False, False, frozenset([c]), is_int)
+            elif op == "<":
+                d = num_norm(-INF, c, False, True, NO_POINTS, is_int)
+            elif op == "<=":
+                d = num_norm(-INF, c, False, False, NO_POINTS, is_int)
+            elif op == ">":
+                d = num_norm(c, INF, True, False, NO_POINTS, is_int)
+            else:
+                d = num_norm(c, INF, False, False, NO_POINTS, is_int)
+            return FALSE if d is None else mk_atom(sp, i, d)
+        node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, v),
+                                          right=_lit(c), span=ir.NO_SPAN)
+        return sp.residual(node, truth)
+
+    def affine(self, v: Val, op: str, c: float, truth: bool) -> Formula | None:
+        """Solve `f(x) op c` for a monotone affine f exactly under float semantics."""
+        sp = self.sp
+        _, i, a, b, expr = v
+        if not truth:
+            op = _NEGOP[op]
+        if not math.isfinite(c):
+            return None
+        if op == "!=":
+            eq = self.affine(v, "==", c, True)
+            if eq is None:
+                return None
+            return negate(sp, eq) if eq.exact else None
+        if op == "==":
+            ge = self._half(i, a, b, expr, ">=", c)
+            le = self._half(i, a, b, expr, "<=", c)
+            if ge is None or le is None:
+                return None
+            if ge is FALSE_DOM or le is FALSE_DOM:
+                return FALSE
+            d = sp.meet_dom(i, ge, le)
+            return FALSE if d is None else mk_atom(sp, i, d)
+        d = self._half(i, a, b, expr, op, c)
+        if d is None:
+            return None
+        if d is FALSE_DOM:
+            return FALSE
+        return mk_atom(sp, i, d)
+
+    def _half(self, i: int, a: float, b: float, expr: Any, op: str, c: float) -> Any:
+        sp = self.sp
+        is_int = sp.kinds[i] == "int"
+        name = sp.names[i]
+        full: NumDom = sp.full_doms[i]
+        scen = sp.scenario
+
+        def p_at(x: Any) -> bool:
+            val = _Probe(scen, name, x).eval(expr)
+            return bool(apply_compare(op, val, c))
+
+        if is_int:
+            lo_i = int(full.lo) if full.lo != -INF else -_INT_LIMIT
+            hi_i = int(full.hi) if full.hi != INF else _INT_LIMIT
+            to_x: Callable[[int], float] = int
+            hint_x = (c - b) / a if a else 0.0
+            hint = int(hint_x) if math.isfinite(hint_x) and abs(hint_x) < 2**1000 else 0
+        else:
+            lo_f = full.lo if full.lo != -INF else -MAX_FLOAT
+            hi_f = full.hi if full.hi != INF else MAX_FLOAT
+            lo_i, hi_i = float_to_ordinal(lo_f), float_to_ordinal(hi_f)
+            to_x = ordinal_to_float
+            try:
+                hint_x = (c - b) / a if a else 0.0
+            except (OverflowError, ZeroDivisionError):
+                hint_x = 0.0
+            hint = float_to_ordinal(hint_x) if math.isfinite(hint_x) else 0
+
+        def pred_index(k: int) -> bool:
+            return p_at(to_x(k))
+
+        try:
+            if a == 0:
+                probe = pick_num(full, is_int, "boundary", None)
+                return full if p_at(probe) else FALSE_DOM
+            up = (op in (">", ">=")) == (a > 0)
+            if up:
+                k = first_true(pred_index, lo_i, hi_i, hint)
+                if k is None:
+                    return FALSE_DOM
+                x = to_x(k)
+                lo = -INF if k == lo_i and full.lo == -INF else x
+                d = num_norm(lo, INF, False, False, NO_POINTS, is_int)
+            else:
+                k = first_true(lambda j: not pred_index(j), lo_i, hi_i, hint)
+                if k is None:
+                    hi = INF
+                elif k == lo_i:
+                    return FALSE_DOM
+                else:
+                    hi = to_x(k - 1)
+                d = num_norm(-INF, hi, False, False, NO_POINTS, is_int)
+        except (DecideError, TypeError, ValueError, ArithmeticError, RecursionError):
+            return None
+        if d is None:
+            return FALSE_DOM
+        d2 = sp.meet_dom(i, full, d)
+        return FALSE_DOM if d2 is None else d2
+
+    # terms ---------------------------------------------------------------------------------
+
+    def term(self, e: Any, depth: int) -> list[tuple[Formula, Val]]:
+        sp = self.sp
+        self.spend()
+        if depth > 60:
+            return [(TRUE, ("o", e))]
+        if isinstance(e, ir.Lit):
+            return [(TRUE, ("c", e.value))]
+        if isinstance(e, ir.Var):
+            var = sp.scenario.variables.get(e.name)
+            if var is None:
+                return [(TRUE, ("o", e))]
+            if var.role == "derived":
+                if var.expr is None:
+                    return [(TRUE, ("o", e))]
+                return self.term(var.expr, depth + 1)
+            return [(TRUE, ("v", sp.index[e.name], e))]
+        if isinstance(e, (ir.Compare, ir.InSet, ir.BoolOp)) or (isinstance(e, ir.Unary) and e.op == "not"):
+            return [(self.cond(e, True, depth + 1), ("c", True)),
+                    (self.cond(e, False, depth + 1), ("c", False))]
+        if isinstance(e, ir.Unary):  # neg
+            out = []
+            for g, v in self.term(e.operand, depth + 1):
+                out.append((g, self.neg_val(v, e)))
+            return out
+        if isinstance(e, ir.Binary):
+            lt = self.term(e.left, depth + 1)
+            rt = self.term(e.right, depth + 1)
+            if len(lt) * len(rt) > _MAX_TERMS:
+                return [(TRUE, ("o", e))]
+            out = []
+            for gl, vl in lt:
+                for gr, vr in rt:
+                    g = mk_and(sp, [gl, gr])
+                    if g.kind == "F":
+                        continue
+                    out.append((g, self.arith(e.op, vl, vr, e)))
+            return out
+        if isinstance(e, ir.Call):
+            if e.func == "count":
+                if len(e.args) > _MAX_COUNT_ARGS:
+                    return [(TRUE, ("o", e))]
+                ts = [self.cond(a, True, depth + 1) for a in e.args]
+                fs = [self.cond(a, False, depth + 1) for a in e.args]
+                n = len(ts)
+                return [(self.exactly(ts, fs, 0, j, {}), ("c", j)) for j in range(n + 1)]
+            terms = [self.term(a, depth + 1) for a in e.args]
+            cur = terms[0]
+            for nxt in terms[1:]:
+                if len(cur) * len(nxt) * 2 > _MAX_TERMS:
+                    return [(TRUE, ("o", e))]
+                new = []
+                op = "<" if e.func == "min" else ">"
+                for g1, v1 in cur:
+                    for g2, v2 in nxt:
+                        self.spend(len(g1.parts) + len(g2.parts) + 1)
+                        g = mk_and(sp, [g1, g2])
+                        if g.kind == "F":
+                            continue
+                        new.append((mk_and(sp, [g, self.compare(v2, op, v1, True)]), v2))
+                        new.append((mk_and(sp, [g, self.compare(v2, op, v1, False)]), v1))
+                cur = new
+            return cur
+        if isinstance(e, ir.CaseExpr):
+            out = []
+            prefix: list[Formula] = []
+            for arm in e.arms:
+                g = mk_and(sp, prefix + [self.cond(arm.when, True, depth + 1)])
+                self.spend(len(prefix) + 1)
+                if g.kind != "F":
+                    for g2, v in self.term(arm.then, depth + 1):
+                        out.append((mk_and(sp, [g, g2]), v))
+                prefix.append(self.cond(arm.when, False, depth + 1))
+            g = mk_and(sp, prefix)
+            if g.kind != "F":
+                for g2, v in self.term(e.otherwise, depth + 1):
+                    out.append((mk_and(sp, [g, g2]), v))
+            if len(out) > _MAX_TERMS:
+                return [(TRUE, ("o", e))]
+            return [(g, v) for g, v in out if g.kind != "F"]
+        return [(TRUE, ("o", e))]
+
+    def exactly(self, ts: list[Formula], fs: list[Formula], k: int, j: int, memo: dict) -> Formula:
+        """count(args[k:]) == j, by Shannon expansion (disjoint alternatives)."""
+        n = len(ts) - k
+        if j < 0 or j > n:
+            return FALSE
+        if n == 0:
+            return TRUE if j == 0 else FALSE
+        key = (k, j)
+        if key in memo:
+            return memo[key]
+        self.spend(2)
+        f = mk_or(self.sp, [mk_and(self.sp, [ts[k], self.exactly(ts, fs, k + 1, j - 1, memo)]),
+                            mk_and(self.sp, [fs[k], self.exactly(ts, fs, k + 1, j, memo)])])
+        memo[key] = f
+        return f
+
+    def neg_val(self, v: Val, e: Any) -> Val:
+        tag = v[0]
+        if tag == "e":
+            return v
+        if tag == "c":
+            try:
+                return ("c", -v[1])
+            except TypeError:
+                return ("e",)
+        if tag == "v" and self.sp.kinds[v[1]] in ("int", "float"):
+            return ("a", v[1], -1, 0, e)
+        if tag == "a":
+            return ("a", v[1], -v[2], -v[3], e)
+        return ("o", ir.Unary.model_construct(kind="unary", op="neg", operand=_expr_of(self.sp, v),
+                                              span=ir.NO_SPAN))
+
+    def arith(self, op: str, vl: Val, vr: Val, e: Any) -> Val:
+        sp = self.sp
+        if vl[0] == "e" or vr[0] == "e":
+            return ("e",)
+        if vl[0] == "c" and vr[0] == "c":
+            try:
+                return ("c", apply_arith(op, vl[1], vr[1]))
+            except (DecideError, TypeError, ArithmeticError):
+                return ("e",)
+        node = ir.Binary.model_construct(kind="binary", op=op, left=_expr_of(sp, vl),
+                                         right=_expr_of(sp, vr), span=ir.NO_SPAN)
+        al = self.as_affine(vl)
+        ar = self.as_affine(vr)
+        if al is not None and vr[0] == "c" and _is_num(vr[1]):
+            i, a, b = al
+            c = vr[1]
+            if op == "+":
+                return ("a", i, a, b + c, node)
+            if op == "-":
+                return ("a", i, a, b - c, node)
+            if op == "*":
+                return ("a", i, a * c, b * c, node)
+            if op == "/":
+                if c == 0:
+                    return ("e",)
+                return ("a", i, a / c, b / c, node)
+        if ar is not None and vl[0] == "c" and _is_num(vl[1]):
+            i, a, b = ar
+            c = vl[1]
+            if op == "+":
+                return ("a", i, a, b + c, node)
+            if op == "-":
+                return ("a", i, -a, c - b, node)
+            if op == "*":
+                return ("a", i, a * c, b * c, node)
+        if al is not None and ar is not None and al[0] == ar[0] and op in ("+", "-"):
+            i, a1, b1 = al
+            _, a2, b2 = ar
+            a2s = a2 if op == "+" else -a2
+            if a1 * a2s >= 0:  # same direction: the sum stays monotone
+                return ("a", i, a1 + a2s, b1 + (b2 if op == "+" else -b2), node)
+        return ("o", node)
+
+    def as_affine(self, v: Val) -> tuple[int, float, float] | None:
+        if v[0] == "a":
+            return v[1], v[2], v[3]
+        if v[0] == "v" and self.sp.kinds[v[1]] in ("int", "float"):
+            return v[1], 1, 0
+        return None
+
+
+FALSE_DOM = object()  # sentinel: "no value satisfies"
+
+
+class _Probe(Interpreter):
+    """Evaluates an expression of one variable with a value outside validation (affine solving
+    probes values at and beyond declared open bounds)."""
+
+    def __init__(self, scenario: ir.Scenario, name: str, value: Any):
+        super().__init__(scenario, {})
+        self.cache[name] = value
+
+
+def _lit(x: Any) -> ir.Lit:
+    return ir.Lit.model_construct(value=x, bare=isinstance(x, str), kind="lit", span=ir.NO_SPAN)
+
+
+def _expr_of(space: CompileSpace, v: Val) -> Any:
+    tag = v[0]
+    if tag == "c":
+        return _lit(v[1])
+    if tag == "v":
+        return v[2]
+    if tag == "a":
+        return v[4]
+    if tag == "o":
+        return v[1]
+    # an always-failing expression: 1 / 0
+    return ir.Binary.model_construct(kind="binary", op="/", left=_lit(1), right=_lit(0), span=ir.NO_SPAN)
