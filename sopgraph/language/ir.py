@@ -70,11 +70,16 @@ _set = object.__setattr__
 _FIELDS_SETS: dict[type, set[str]] = {}
 
 
-def _fields_set(cls: type[BaseModel]) -> set[str]:
+def share_fields_set(model: BaseModel) -> None:
+    """Give `model` the one fields set its class shares, holding every field name. Why: pydantic
+    keeps a set per instance (200-700 bytes) of the fields given explicitly, which nothing here
+    reads; a 100k-stage program has about a million nodes. Holding every name, the shared set is
+    never changed by the `add` pydantic does on assignment; a copied model gets a set of its own."""
+    cls = type(model)
     shared = _FIELDS_SETS.get(cls)
     if shared is None:
         shared = _FIELDS_SETS[cls] = set(cls.model_fields)
-    return shared
+    _set(model, "__pydantic_fields_set__", shared)
 
 
 def make_span(file: str, line: int, col: int, end_line: int, end_col: int) -> Span:
@@ -98,11 +103,7 @@ class Node(BaseModel):
     span: Span = NO_SPAN
 
     def model_post_init(self, context: Any, /) -> None:
-        # One shared "fields set" per node class instead of one per node: a set object costs
-        # 200-700 bytes, a 100k-stage program has about a million nodes, and nothing reads which
-        # fields of an IR node were given explicitly. It holds every field name, so the `add` that
-        # pydantic does on assignment never changes it; a copied node gets a set of its own.
-        _set(self, "__pydantic_fields_set__", _fields_set(type(self)))
+        share_fields_set(self)  # see there: memory of huge programs
 
 
 # ---------------------------------------------------------------------------------------------
