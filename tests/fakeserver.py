@@ -61,7 +61,8 @@ class Behavior:
     """What the server does with one request.
 
     kind:
-      ``ok``        a chat.completion JSON with ``content`` and ``usage``
+      ``ok``        a chat.completion JSON with ``content`` and ``usage`` (and ``tool_calls``, if any:
+                    ``Behavior.tools``)
       ``error``     an OpenAI-style error JSON with HTTP ``status``
       ``timeout``   sleeps ``latency`` seconds (set it past the client timeout), then closes
       ``drop``      sends headers and a partial body, then aborts the socket
@@ -83,6 +84,15 @@ class Behavior:
     body: bytes = b""
     headers: tuple[tuple[str, str], ...] = ()
     finish_reason: str = "stop"
+    tool_calls: tuple[tuple[str, str], ...] = ()
+    """(function name, arguments as sent: JSON text, or anything to test malformed calls)."""
+
+    @classmethod
+    def tools(cls, *calls: tuple[str, Any], content: str = "", latency: float = 0.0) -> Behavior:
+        """A function-calling answer: each call is ``(name, arguments)``; arguments that are not a
+        string are sent as JSON text (as OpenAI does), a string is sent verbatim (e.g. broken JSON)."""
+        sent = tuple((name, args if isinstance(args, str) else json.dumps(args)) for name, args in calls)
+        return cls(kind="ok", content=content, latency=latency, tool_calls=sent, finish_reason="tool_calls")
 
     @classmethod
     def ok(
@@ -458,7 +468,7 @@ class FakeServer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": b.content},
+                    "message": _message(b, self.request_count),
                     "finish_reason": b.finish_reason,
                 }
             ],
@@ -501,6 +511,15 @@ class FakeServer:
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
+
+
+def _message(b: Behavior, n: int) -> dict[str, Any]:
+    """The assistant message of an ``ok`` answer (content null when it only calls functions)."""
+    if not b.tool_calls:
+        return {"role": "assistant", "content": b.content}
+    calls = [{"id": f"call_{n}_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+             for i, (name, args) in enumerate(b.tool_calls)]
+    return {"role": "assistant", "content": b.content or None, "tool_calls": calls}
 
 
 def _is_preflight(req: RecordedRequest) -> bool:

@@ -1,21 +1,22 @@
-"""Agents that act through tool calls: your own agent over HTTP, or a Python callable.
+"""Agents that act through tool calls: a function-calling model, your own agent over HTTP, or a
+Python callable.
 
 Why: teams evaluate *their* agent — their prompt, their tools, often a service — not sopgraph's
 prompt with one JSON reply per turn (SAGE mode, `dialogue.simulate_dialogue` through the gateway).
-Two more kinds plug in here, chosen by the `--model agent=...` string:
+Three more kinds plug in here, chosen by the `--model agent=...` string (docs/agents.md):
 
-- `http://HOST:PORT/PATH` (or https): an agent server speaking the JSON protocol of docs/agents.md;
-- `python:MODULE:FUNCTION`: a function `f(request: dict) -> dict` (sync or async) with the same
-  request and response as the HTTP protocol.
+- `tools:PROVIDER/MODEL`: any litellm model that supports function calling, through the gateway
+  (`Gateway.complete(..., tools=...)`), with a short SOP prompt and no JSON reply format;
+- `http://HOST:PORT/PATH` (or https): an agent server speaking the JSON protocol `sopgraph.agent/1`;
+- `python:MODULE:FUNCTION`: a function `f(request: dict) -> dict` (sync or async), same protocol.
 
-Protocol `sopgraph.agent/1` (one request per agent turn): the request carries the conversation so
-far, the SOP's actions as OpenAI-style tool schemas, and the case context the agent may see (the
-system state, as a SAGE agent's prompt shows it); the response carries the reply text and the tool
-calls made this turn. The agent reports no classification and no path: the classification then
-comes from the judges alone (scoring marks such turns `source="tools"`), and the path is inferred
-from the tool-call trace (`infer_path`: the first feasible path of the SOP that ends in the last
-action called). A tool call whose name is not an action, or whose arguments do not fit the
-action's outputs, is a format error, like an unreadable SAGE reply.
+All three are offered the same tools (`tool_schemas`: the SOP's actions with their typed
+parameters, and a `lookup` of system values), and their calls are answered by the simulated
+backend (`simulation/backend.py`) from the case, observation sequences included. They report no
+classification and no path: the classification comes from the judges alone (scoring marks such
+turns `source="tools"`), and the path is inferred from the tool-call trace (`infer_path`: the
+first feasible path of the SOP that ends in the last action called). A tool call whose name is not
+a tool, or whose arguments do not fit its schema, is a format error, like an unreadable SAGE reply.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import inspect
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,11 +36,15 @@ from typing import Any
 import httpx
 
 from sopgraph.language import ir
-from sopgraph.language.schema import type_schema
 from sopgraph.records import AgentOutput
+from sopgraph.simulation import providers
+from sopgraph.simulation.backend import Backend, BackendSpec, visible_system
+from sopgraph.simulation.gateway import InfraFailure, ModelSpec
 
 PROTOCOL = "sopgraph.agent/1"
-AGENT_KINDS = ("sage", "http", "python")
+AGENT_KINDS = ("sage", "tools", "http", "python")
+TOOLS_PREFIX = "tools:"
+MAX_TOOL_ROUNDS = 8  # agent answers within one turn (tool calls, results, ask again)
 
 
 class AgentError(Exception):
@@ -46,16 +52,20 @@ class AgentError(Exception):
 
 
 def agent_kind(model: str) -> str:
-    """`http` for an agent URL, `python` for `python:module:function`, else `sage` (a litellm model)."""
+    """`http` for an agent URL, `python` for `python:module:function`, `tools` for `tools:MODEL` (a
+    litellm model acting through function calls), else `sage` (a litellm model, JSON replies)."""
     if model.startswith(("http://", "https://")):
         return "http"
     if model.startswith("python:"):
         return "python"
+    if model.startswith(TOOLS_PREFIX):
+        return "tools"
     return "sage"
 
 
 def action_outputs(scenario: ir.Scenario) -> dict[str, list[str]]:
-    """Action → the outputs some branch doing it assigns (the action's parameters), in SOP order."""
+    """Action → the outputs some branch doing it assigns, in SOP order (what a SAGE agent's finals
+    carry as the final action's arguments; trace scoring compares those)."""
     found: dict[str, list[str]] = {a: [] for a in scenario.actions}
     for stage in scenario.stages.values():
         for branch in stage.branches:
@@ -68,20 +78,10 @@ def action_outputs(scenario: ir.Scenario) -> dict[str, list[str]]:
 
 
 def tool_schemas(scenario: ir.Scenario) -> list[dict[str, Any]]:
-    """The SOP's actions as OpenAI-style function tools; an action's parameters are the outputs its
-    branches assign (e.g. `do PartialRefund { Fee = NightlyRate }` gives PartialRefund a `Fee`)."""
-    params = action_outputs(scenario)
-    tools = []
-    for name, action in scenario.actions.items():
-        props = {}
-        for out in params[name]:
-            o = scenario.outputs[out]
-            props[out] = {**type_schema(o.type, nullable=False), "description": o.description or out}
-        tools.append({"type": "function", "function": {
-            "name": name, "description": action.description or name,
-            "parameters": {"type": "object", "properties": props, "required": list(props),
-                           "additionalProperties": False}}})
-    return tools
+    """The tools an agent is offered: the SOP's actions as OpenAI-style function tools (declared
+    parameters typed, and the outputs their branches assign, e.g. `do PartialRefund { Fee = NightlyRate }`
+    gives PartialRefund a `Fee`), then the backend's `lookup` tool. One source: `BackendSpec`."""
+    return BackendSpec.of(scenario).tools
 
 
 def infer_path(paths: Sequence[Mapping[str, Any]], action: str | None) -> list[str]:
@@ -95,49 +95,84 @@ def infer_path(paths: Sequence[Mapping[str, Any]], action: str | None) -> list[s
     return []
 
 
-def to_output(scenario: ir.Scenario, paths: Sequence[Mapping[str, Any]], reply: Any
-              ) -> tuple[AgentOutput | None, str | None]:
-    """Check a protocol response and turn it into the turn's AgentOutput (None + why on a format error)."""
+def decode_call(call: Any) -> tuple[str, Any, str | None]:
+    """(name, arguments, problem) of one tool call as an agent sent it: `{"name", "arguments"}`
+    (the protocol) or `{"function": {...}}` (OpenAI); arguments may be an object or JSON text."""
+    if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
+        call = call["function"]
+    if not isinstance(call, Mapping) or not isinstance(call.get("name"), str) or not call.get("name"):
+        return "", None, "a tool call must be an object with a string `name`"
+    name, args = call["name"], call.get("arguments")
+    if args is None or args == "":
+        args = {}
+    if isinstance(args, str):  # OpenAI sends the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return name, None, f"tool call {name}: arguments are not JSON"
+    return name, args, None
+
+
+def to_output(scenario: ir.Scenario, paths: Sequence[Mapping[str, Any]], reply: Any,
+              spec: BackendSpec | None = None) -> tuple[AgentOutput | None, str | None]:
+    """Check a one-shot protocol response and turn it into the turn's AgentOutput (None + why on a
+    format error). The dialogue loop uses `tool_turn`, which also runs the calls on the backend."""
+    exchange, problem = exchange_from_reply(reply, 0.0)
+    if exchange is None:
+        return None, problem
+    spec = spec or BackendSpec.of(scenario)
+    trace = []
+    for call in exchange.calls:
+        name, args, problem = decode_call(call)
+        problem = problem or spec.check(name, args)
+        if problem is not None:
+            return None, problem
+        if name != spec.lookup:
+            trace.append({"name": name, "args": dict(args)})
+    return output_for(paths, exchange.text, trace), None
+
+
+def output_for(paths: Sequence[Mapping[str, Any]], text: str, trace: list[dict[str, Any]]) -> AgentOutput:
+    """The turn's AgentOutput: finals from the last action called, the path inferred from it."""
+    finals = {"Action": trace[-1]["name"], **trace[-1]["args"]} if trace else {}
+    return AgentOutput(classification_output={}, cot="", now_path=infer_path(paths, finals.get("Action")),
+                       finals=finals, chat=text, source="tools", tool_calls=trace)
+
+
+def request_for(scenario: ir.Scenario, tools: list[dict[str, Any]], dialogue_id: str, turn: int,
+                messages: Sequence[Mapping[str, Any]], system: Mapping[str, Any]) -> dict[str, Any]:
+    """One protocol request (docs/agents.md): the conversation in OpenAI chat format (no system
+    message), the tools, and the system values the agent may see up front."""
+    return {
+        "protocol": PROTOCOL,
+        "dialogue_id": dialogue_id,
+        "turn": turn,
+        "messages": [m for m in messages if m["role"] != "system"],
+        "tools": tools,
+        "context": {"scenario": scenario.name, "system": visible_system(scenario, system)},
+    }
+
+
+@dataclass
+class Exchange:
+    """One answer of the agent within a turn: text, tool calls as sent, whether to ask again."""
+
+    text: str
+    calls: list[Any]
+    more: bool  # run the calls, then ask the agent again within this turn
+    latency: float
+    completion: Any = None  # the gateway's Completion (tool-calling models): usage and cost
+
+
+def exchange_from_reply(reply: Any, latency: float) -> tuple[Exchange | None, str | None]:
+    """An HTTP or Python agent's response as an Exchange (None + why when it is outside the protocol)."""
     if not isinstance(reply, Mapping):
         return None, f"the response is {type(reply).__name__}, not a JSON object"
     text = reply.get("reply", "")
     calls = reply.get("tool_calls") or []
     if not isinstance(text, str) or not isinstance(calls, list):
         return None, "`reply` must be a string and `tool_calls` a list"
-    params = action_outputs(scenario)
-    finals: dict[str, Any] = {}
-    trace = []
-    for call in calls:
-        if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
-            return None, "a tool call must be an object with a string `name`"
-        name, args = call["name"], call.get("arguments") or {}
-        if isinstance(args, str):  # OpenAI sends the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return None, f"tool call {name}: arguments are not JSON"
-        if name not in scenario.actions:
-            return None, f"tool call {name!r} is not an action of the SOP"
-        if not isinstance(args, Mapping) or set(args) - set(params[name]):
-            return None, f"tool call {name}: unknown arguments {sorted(set(args) - set(params[name]))}"
-        trace.append({"name": name, "args": dict(args)})
-        finals = {"Action": name, **dict(args)}
-    action = finals.get("Action")
-    return AgentOutput(classification_output={}, cot="", now_path=infer_path(paths, action), finals=finals,
-                       chat=text, source="tools", tool_calls=trace), None
-
-
-def request_for(scenario: ir.Scenario, tools: list[dict[str, Any]], dialogue_id: str, turn: int,
-                messages: Sequence[Mapping[str, Any]], system: Mapping[str, Any]) -> dict[str, Any]:
-    """One protocol request (docs/agents.md)."""
-    return {
-        "protocol": PROTOCOL,
-        "dialogue_id": dialogue_id,
-        "turn": turn,
-        "messages": [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"],
-        "tools": tools,
-        "context": {"scenario": scenario.name, "system": dict(system)},
-    }
+    return Exchange(text, calls, bool(reply.get("continue")) and bool(calls), latency), None
 
 
 def load_callable(spec: str) -> Callable[[dict[str, Any]], Any]:
@@ -174,19 +209,44 @@ def _import(module_name: str) -> ModuleType:
 
 
 class ToolAgent:
-    """Calls an HTTP or Python agent once per turn; shared by every dialogue of a run."""
+    """The agent of a run when it acts through tools (kinds `tools`, `http`, `python`); shared by every
+    dialogue of the run, so the tools, the backend specification and the HTTP connection pool are
+    built once, not per turn."""
 
-    def __init__(self, model: str, scenario: ir.Scenario, *, timeout: float = 60.0):
+    def __init__(self, model: str, scenario: ir.Scenario, *, timeout: float = 60.0,
+                 model_spec: ModelSpec | None = None, paths: Sequence[Mapping[str, Any]] = ()):
         self.model, self.kind, self.scenario = model, agent_kind(model), scenario
-        self.tools = tool_schemas(scenario)
+        self.backend = BackendSpec.of(scenario)
+        self.tools = self.backend.tools
+        self.paths = paths
         self.timeout = timeout
         self._fn = load_callable(model) if self.kind == "python" else None
+        self.model_spec: ModelSpec | None = None
+        if self.kind == "tools":
+            inner = model.removeprefix(TOOLS_PREFIX)
+            if not inner or providers.is_builtin(inner):
+                raise AgentError(f"{model}: `tools:` needs a litellm model that supports function calling "
+                                 f"(e.g. tools:openai/gpt-4o-mini), not {inner or 'nothing'!r}")
+            base = model_spec or ModelSpec(role="agent", model=inner)
+            self.model_spec = base.model_copy(update={"model": inner, "structured": False})
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
 
     def limit(self, concurrency: int) -> None:
         """At most `concurrency` requests in flight (the run's `--concurrency`, as for models)."""
         self._slots = asyncio.Semaphore(max(1, concurrency))
+
+    async def ask(self, gateway: Any, messages: Sequence[Mapping[str, Any]], *, dialogue_id: str, turn: int,
+                  system: Mapping[str, Any]) -> tuple[Exchange | None, str | None]:
+        """One answer of the agent: (exchange, None), or (None, why) when it is outside the protocol.
+        `AgentError` when the agent cannot be had (the gateway's `InfraFailure` for models)."""
+        if self.model_spec is not None:
+            completion = await gateway.complete(self.model_spec, messages, tools=self.tools)
+            calls = [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in completion.tool_calls]
+            return Exchange(completion.text, calls, bool(calls), completion.latency, completion), None
+        request = request_for(self.scenario, self.tools, dialogue_id, turn, messages, system)
+        reply, latency = await self.respond(request)
+        return exchange_from_reply(reply, latency)
 
     async def respond(self, request: dict[str, Any]) -> tuple[Any, float]:
         """(the decoded response, seconds taken); AgentError if the agent cannot be had."""
@@ -224,3 +284,84 @@ class ToolAgent:
             await self._client.aclose()
             self._client = None
 
+
+@dataclass
+class TurnResult:
+    """One agent turn of a tool-acting agent: what is stored on the `Turn`."""
+
+    output: AgentOutput | None
+    problem: str | None  # why the turn is a format error
+    raw: str  # the turn's exchanges as JSON: replies, tool calls, backend results
+    latency: float
+    completions: list[Any]  # gateway Completions (tool-calling models), for usage rows
+
+
+async def tool_turn(agent: ToolAgent, gateway: Any, backend: Backend, messages: list[dict[str, Any]], *,
+                    dialogue_id: str, turn: int, system: Mapping[str, Any]) -> TurnResult:
+    """One agent turn: ask, run the tool calls on the backend, and ask again while the agent wants
+    to (a model always does after calling tools; an HTTP/Python agent when it sets `continue`), at
+    most `MAX_TOOL_ROUNDS` times. The calls and results are appended to `messages` (OpenAI format),
+    so the agent sees them in its next request. A malformed call makes the turn a format error."""
+    texts: list[str] = []
+    trace: list[dict[str, Any]] = []
+    rounds: list[dict[str, Any]] = []
+    completions: list[Any] = []
+    latency = 0.0
+    problem: str | None = None
+    for round_no in range(MAX_TOOL_ROUNDS):
+        try:
+            exchange, problem = await agent.ask(gateway, messages, dialogue_id=dialogue_id, turn=turn,
+                                                system=system)
+        except AgentError as exc:
+            raise InfraFailure(kind="agent", message=str(exc), role="agent", model=agent.model) from None
+        if exchange is None:
+            rounds.append({"error": problem})
+            break
+        latency += exchange.latency
+        if exchange.completion is not None:
+            completions.append(exchange.completion)
+        if exchange.text:
+            texts.append(exchange.text)
+        ended, problem = _run_calls(agent, backend, exchange, messages, trace, rounds, f"call_{turn}_{round_no}")
+        if problem is not None or ended or not exchange.more:
+            break
+    raw = json.dumps(rounds, ensure_ascii=False, sort_keys=True, default=str)
+    output = None if problem is not None else output_for(agent.paths, "\n\n".join(texts), trace)
+    return TurnResult(output, problem, raw, latency, completions)
+
+
+def _run_calls(agent: ToolAgent, backend: Backend, exchange: Exchange, messages: list[dict[str, Any]],
+               trace: list[dict[str, Any]], rounds: list[dict[str, Any]], id_prefix: str) -> tuple[bool, str | None]:
+    """Append the agent's answer and the backend's results to `messages`: (an ending action was
+    carried out, the first malformed call's problem). Every call gets a result message (an error
+    for malformed ones) so the conversation stays well-formed for the next request."""
+    spec = backend.spec
+    shown: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    ended, problem = False, None
+    for i, call in enumerate(exchange.calls):
+        name, args, bad = decode_call(call)
+        bad = bad or spec.check(name, args)
+        raw_args = call.get("arguments") if isinstance(call, Mapping) else None
+        call_id = str(call.get("id") or f"{id_prefix}_{i}") if isinstance(call, Mapping) else f"{id_prefix}_{i}"
+        shown.append({"id": call_id, "type": "function", "function": {
+            "name": name, "arguments": raw_args if isinstance(raw_args, str) else json.dumps(args or {})}})
+        if bad is not None or problem is not None or ended:
+            problem = problem or bad
+            result: dict[str, Any] = {"error": bad or "not carried out"}
+        else:
+            result = backend.call(name, args)
+            if name != spec.lookup:
+                trace.append({"name": name, "args": dict(args)})
+                ended = name in spec.enders
+        results.append({"role": "tool", "tool_call_id": call_id, "name": name,
+                        "content": json.dumps(result, ensure_ascii=False, sort_keys=True)})
+    msg: dict[str, Any] = {"role": "assistant", "content": exchange.text}
+    if shown:
+        msg["tool_calls"] = shown
+    messages.append(msg)
+    messages.extend(results)
+    rounds.append({"reply": exchange.text, "tool_calls": [{"name": c["function"]["name"],
+                   "arguments": c["function"]["arguments"]} for c in shown],
+                   "results": [json.loads(r["content"]) for r in results]})
+    return ended, problem

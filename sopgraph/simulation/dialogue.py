@@ -38,8 +38,8 @@ from sopgraph.language.schema import validate_agent_output
 from sopgraph.logic.engine import Interpreter, leaf_finals
 from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, EndReason, Turn, Usage
-from sopgraph.simulation.agents import AgentError, ToolAgent, request_for, to_output
-from sopgraph.simulation.gateway import InfraFailure
+from sopgraph.simulation.agents import ToolAgent, tool_turn
+from sopgraph.simulation.backend import Backend
 
 STOP_TOKEN = "###STOP###"
 OPENING_INSTRUCTION = (
@@ -226,7 +226,7 @@ class DialogueSetup:
     sop_hash: str = ""
     tool_version: str = ""
     case_dump: dict[str, Any] = field(default_factory=dict)
-    tool_agent: ToolAgent | None = None  # an HTTP or Python agent instead of the gateway's model
+    tool_agent: ToolAgent | None = None  # an agent acting through tools (simulation/agents.py)
 
     def __post_init__(self) -> None:
         if not self.case_dump:
@@ -293,6 +293,7 @@ async def simulate_dialogue(
         {"role": "user", "content": OPENING_INSTRUCTION},
     ]
     index = 1
+    backend: Backend | None = None  # the simulated backend of a tool-acting agent (state per dialogue)
     while True:
         reply = await gateway.complete(user_spec, user_msgs, context={**base_ctx, "scenario": user_info, "role": "user", "turn": index})
         state.pending_usage.append(usage_row(setup.dialogue_id, index, "user", reply))
@@ -307,7 +308,9 @@ async def simulate_dialogue(
             agent_ctx["response_schema"] = setup.response_schema
             agent_ctx["response_schema_name"] = "agent_output"
         if setup.tool_agent is not None:
-            turn = await _tool_agent_turn(setup, agent_msgs, index, user_text)
+            if backend is None:
+                backend = Backend(setup.tool_agent.backend, setup.case.system)
+            turn = await _tool_agent_turn(gateway, setup, backend, agent_msgs, index, user_text, state)
         else:
             started = time.perf_counter()
             answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
@@ -327,7 +330,8 @@ async def simulate_dialogue(
                 await result
         state.turns.append(turn)
         shown = output.chat if output is not None else turn.agent_raw
-        agent_msgs.append({"role": "assistant", "content": turn.agent_raw if setup.tool_agent is None else shown})
+        if setup.tool_agent is None:  # a tool-acting agent's messages are appended by its turn
+            agent_msgs.append({"role": "assistant", "content": turn.agent_raw})
         user_msgs.append({"role": "user", "content": shown})
         if output is not None and str(output.finals.get("Action")) in enders:
             return SimResult(state.turns, "ending_action")
@@ -336,23 +340,26 @@ async def simulate_dialogue(
         index += 1
 
 
-async def _tool_agent_turn(setup: DialogueSetup, agent_msgs: list[dict[str, Any]], index: int,
-                           user_text: str) -> Turn:
-    """One turn of an HTTP or Python agent (simulation/agents.py): request, response, checked output.
-    `AgentError` (unreachable, non-protocol answer) becomes an infrastructure failure of the dialogue."""
+async def _tool_agent_turn(gateway: Any, setup: DialogueSetup, backend: Backend, agent_msgs: list[dict[str, Any]],
+                           index: int, user_text: str, state: SimState) -> Turn:
+    """One turn of an agent acting through tools (simulation/agents.py): its calls answered by the
+    backend, the checked output. An unreachable or non-protocol agent is an infrastructure failure."""
     agent = setup.tool_agent
     assert agent is not None
-    request = request_for(setup.scenario, agent.tools, setup.dialogue_id, index, agent_msgs, setup.case.system)
-    try:
-        reply, latency = await agent.respond(request)
-    except AgentError as exc:
-        raise InfraFailure(kind="agent", message=str(exc), role="agent", model=agent.model) from None
-    raw = reply if isinstance(reply, str) else json.dumps(reply, ensure_ascii=False, sort_keys=True)
-    output, problem = to_output(setup.scenario, setup.scenario_info.get("paths") or (), reply)
+    result = await tool_turn(agent, gateway, backend, agent_msgs, dialogue_id=setup.dialogue_id, turn=index,
+                             system=setup.case.system)
+    usage = Usage()
+    for completion in result.completions:
+        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", completion))
+        u = record_usage(completion)
+        usage = Usage(prompt_tokens=usage.prompt_tokens + u.prompt_tokens,
+                      completion_tokens=usage.completion_tokens + u.completion_tokens,
+                      reasoning_tokens=usage.reasoning_tokens + u.reasoning_tokens, cost=usage.cost + u.cost,
+                      cost_known=usage.cost_known and u.cost_known, calls=usage.calls + 1)
     return Turn(sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
-                agent_raw=raw, output=output, format_error=output is None,
-                format_note=None if problem is None else f"protocol violation: {problem}",
-                latency_s=round(latency, 6), tool_version=setup.tool_version)
+                agent_raw=result.raw, output=result.output, format_error=result.output is None,
+                format_note=None if result.problem is None else f"protocol violation: {result.problem}",
+                latency_s=round(result.latency, 6), usage=usage, tool_version=setup.tool_version)
 
 
 def transcript(turns: Sequence[Turn]) -> list[dict[str, str]]:

@@ -213,6 +213,9 @@ class Completion(BaseModel):
     attempts: int = 0
     """Provider calls made (0 for a cache hit)."""
     finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    """Function calls of the answer (``complete(..., tools=...)``), in order: ``{"id", "name",
+    "arguments"}`` with ``arguments`` the provider's raw JSON text (the caller decides what is malformed)."""
 
 
 class GatewayStats(BaseModel):
@@ -581,6 +584,7 @@ class _CacheEntry(BaseModel):
     finish_reason: str | None = None
     cost: float = 0.0
     created: float = 0.0
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ResponseCache:
@@ -944,17 +948,26 @@ class Gateway:
         messages: Sequence[Mapping[str, Any]],
         *,
         context: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Completion:
         """Ask ``spec``'s model for the next message; raise ``InfraFailure`` if it cannot be had.
 
         ``context`` carries per-dialogue facts for built-in providers (sent as
         litellm call metadata, never in the prompt; not sent to real
         providers) and, with ``spec.structured``, the ``response_schema``.
+        ``tools`` (OpenAI-style function tools) lets the model answer with function calls
+        (``Completion.tool_calls``); retries, cache and accounting are the same as for text.
         """
         started = time.perf_counter()
         self._stats.calls += 1
         msgs = [dict(m) for m in messages]
         kwargs = self._call_kwargs(spec, msgs, context)
+        if tools and not spec.is_builtin:
+            kwargs["tools"] = [dict(t) for t in tools]
+            # litellm would otherwise look for MCP tools among them, importing its proxy's MCP server
+            # (which needs the `mcp` package); these are plain function tools.
+            kwargs["_skip_mcp_handler"] = True
+            kwargs.pop("response_format", None)  # the answer is function calls or text, not a JSON reply
         key = self._cache_key(spec, msgs, kwargs) if self._use_cache(spec) else None
         if key is not None:
             hit = self.cache.get(key)
@@ -972,6 +985,7 @@ class Gateway:
                     cached=True,
                     attempts=0,
                     finish_reason=hit.finish_reason,
+                    tool_calls=hit.tool_calls,
                 )
         completion = await self._call_with_retries(spec, kwargs, started)
         self._notify()
@@ -985,6 +999,7 @@ class Gateway:
                     finish_reason=completion.finish_reason,
                     cost=completion.cost,
                     created=time.time(),
+                    tool_calls=completion.tool_calls,
                 ),
             )
         return completion
@@ -1216,6 +1231,9 @@ class Gateway:
             raise _MalformedResponse("response has no choices")
         message = getattr(choices[0], "message", None)
         text = getattr(message, "content", None)
+        calls = _tool_calls(message)
+        if text is None and calls:
+            text = ""  # a function-calling answer may carry no text
         if not isinstance(text, str):
             raise _MalformedResponse("response message has no text content")
         usage = _usage(getattr(response, "usage", None))
@@ -1236,6 +1254,7 @@ class Gateway:
             cached=False,
             attempts=attempts,
             finish_reason=getattr(choices[0], "finish_reason", None),
+            tool_calls=[{**c, "arguments": redact(c["arguments"], secrets)} for c in calls],
         )
 
     @staticmethod
@@ -1305,6 +1324,20 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
+
+
+def _tool_calls(message: Any) -> list[dict[str, Any]]:
+    """The function calls of a response message as plain dicts (missing parts become empty strings:
+    a call without a name is the caller's format error, not a transport failure)."""
+    out = []
+    for i, call in enumerate(getattr(message, "tool_calls", None) or ()):
+        fn = getattr(call, "function", None)
+        args = getattr(fn, "arguments", None)
+        if args is not None and not isinstance(args, str):
+            args = json.dumps(_plain(args), ensure_ascii=False)
+        out.append({"id": str(getattr(call, "id", None) or f"call_{i}"),
+                    "name": str(getattr(fn, "name", None) or ""), "arguments": args or ""})
+    return out
 
 
 def _usage(raw: Any) -> Usage:

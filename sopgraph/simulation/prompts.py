@@ -22,6 +22,7 @@ from sopgraph.language import ir
 from sopgraph.language.schema import agent_output_schema
 from sopgraph.logic.engine import DecideError, Interpreter, decide, run
 from sopgraph.records import CHAT_DIMENSIONS, Case, Turn
+from sopgraph.simulation.backend import lookup_name
 
 STOP_TOKEN = "###STOP###"
 CHAT_WORD_LIMIT = 40
@@ -546,6 +547,29 @@ def agent_system_prompt(scenario: ir.Scenario, system_values: Mapping[str, Any])
                  description=" ".join(scenario.description.split()),
                  system_values=system_values_text(scenario, system_values),
                  output_format=output_format_text(scenario), **_sop_sections(scenario))
+
+
+def agent_tools_prompt(scenario: ir.Scenario) -> str:
+    """The system prompt of an agent acting through tools (`--model agent=tools:MODEL`): the SOP
+    without the JSON reply format and without the case's values (the `lookup` tool gives them, one
+    look at a time for observed values), so it is the same for every case of a run."""
+    sections = _sop_sections(scenario)
+    visible = [v for v in scenario.system_vars if not v.hidden]
+    sections["fields_section"] = _section(
+        "What to work out from the conversation",
+        "The procedure branches on these; find them out by talking to the customer:",
+        _variable_lines(scenario.fields))
+    sections["system_section"] = _section(
+        "System variables", "Look these up with the lookup tool:", _variable_lines(visible))
+    sections["finals_section"] = _section(
+        "Action arguments", "Some actions take these values as arguments:", _output_lines(scenario))
+    sections["flow_section"] = _section(
+        "SOP flow",
+        f"Start at {scenario.start}. At each step check the conditions in the order given: the first one "
+        "that holds decides where to go.\n",
+        sop_flow_text(scenario))
+    return _fill("agent_tools.md", title=scenario.title or scenario.name,
+                 description=" ".join(scenario.description.split()), lookup=lookup_name(scenario), **sections)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
@@ -53,7 +53,7 @@ from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
 from sopgraph.logic.checker import load
 from sopgraph.records import Case, Dialogue
-from sopgraph.simulation.agents import AgentError, ToolAgent, agent_kind
+from sopgraph.simulation.agents import TOOLS_PREFIX, AgentError, ToolAgent, agent_kind
 from sopgraph.simulation.dialogue import (
     DialogueSetup,
     SimState,
@@ -83,7 +83,7 @@ from sopgraph.simulation.judge import (
     judgment_usage_rows,
     parse_judge_turns,
 )
-from sopgraph.simulation.prompts import agent_system_prompt, user_system_prompt
+from sopgraph.simulation.prompts import agent_system_prompt, agent_tools_prompt, user_system_prompt
 from sopgraph.simulation.store import REDACTED, TOOL_VERSION, RunStore, StoreError, redact_params
 
 DEFAULT_SET = "default"
@@ -434,9 +434,9 @@ async def run(
         )
     if roles.agent is None:
         raise RunError("no agent model: pass --model agent=PROVIDER/MODEL")
-    if agent_kind(roles.agent.model) == "python":
+    if agent_kind(roles.agent.model) in ("python", "tools"):
         try:
-            ToolAgent(roles.agent.model, scenario)
+            ToolAgent(roles.agent.model, scenario, model_spec=roles.agent)
         except AgentError as exc:
             raise RunError(str(exc)) from None
     if structured and not roles.agent.structured:
@@ -453,8 +453,16 @@ async def run(
 
 
 def _litellm_specs(roles: RoleSet) -> list[ModelSpec]:
-    """The roles' models that are called through litellm: not built-ins, not http/python agents."""
-    return [s for s in roles.all() if not s.is_builtin and agent_kind(s.model) == "sage"]
+    """The roles' models that are called through litellm: not built-ins, not http/python agents (a
+    `tools:` agent's model is checked without its prefix)."""
+    out = []
+    for s in roles.all():
+        kind = agent_kind(s.model)
+        if kind == "tools":
+            s = s.model_copy(update={"model": s.model.removeprefix(TOOLS_PREFIX), "structured": False})
+        if not s.is_builtin and kind in ("sage", "tools"):
+            out.append(s)
+    return out
 
 
 async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
@@ -545,7 +553,8 @@ class _Dialogues:
     def __init__(self, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any, spec: JudgeTurns,
                  max_turns: int, gateway: Any):
 
-        self._agent_prompt, self._user_prompt = agent_system_prompt, user_system_prompt
+        self._agent_prompt: Callable[[ir.Scenario, Mapping[str, Any]], str] = agent_system_prompt
+        self._user_prompt = user_system_prompt
         self.scenario, self.cases, self.roles, self.spec = scenario, cases, roles, spec
         self.max_turns, self.gateway = max_turns, gateway
         self.info = scenario_context(scenario)
@@ -554,7 +563,11 @@ class _Dialogues:
         self.ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
         self.prompts: dict[str, tuple[str, str]] = {}
         kind = agent_kind(roles.agent.model)
-        self.tool_agent = ToolAgent(roles.agent.model, scenario) if kind != "sage" else None
+        self.tool_agent = (ToolAgent(roles.agent.model, scenario, model_spec=roles.agent, paths=self.info["paths"])
+                           if kind != "sage" else None)
+        if kind == "tools":  # one prompt for every case: the values come from the backend's lookup tool
+            tools_prompt = agent_tools_prompt(scenario)
+            self._agent_prompt = lambda _scenario, _system: tools_prompt
 
     def setup_for(self, d: Dialogue) -> DialogueSetup:
         case = self.cases[d.case_id]
