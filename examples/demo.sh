@@ -80,3 +80,4 @@ test "$status" -eq 1
 head -n 16 "$OUT/telecom_package.diff.txt"; grep '^cases:' "$OUT/telecom_package.diff.txt"
 
 say "done: see $OUT/ (report.html, coverage.svg, *.svg graphs, cases.jsonl, runs/)"
+echo "browse the runs: sop view $OUT/runs/   (read-only, on 127.0.0.1; Ctrl-C to stop)"

@@ -527,7 +527,11 @@ def test_request_carries_params(model: str, server: FakeServer, gateway: Gateway
     assert (body["temperature"], body["max_tokens"], body["seed"]) == (0.2, 33, 5)
 
 
-def test_builtin_goes_through_litellm_with_context(gateway: Gateway, cache_dir: Path) -> None:
+@pytest.mark.parametrize("via_litellm", [False, True])
+def test_builtin_answers_with_context(cache_dir: Path, via_litellm: bool) -> None:
+    """Built-ins answer the same with or without litellm in between (the gateway skips it by default)."""
+    gateway = Gateway(cache_dir=cache_dir, max_retries=3, base_delay=0.001, max_delay=0.02, default_timeout=5,
+                      seed=1, builtins_via_litellm=via_litellm)
     litellm = gw.load_litellm()
     registered = {item["provider"] for item in litellm.custom_provider_map}
     assert {"baseline", "scripted"} <= registered
@@ -563,7 +567,10 @@ def test_direct_litellm_call_reaches_builtin() -> None:
     assert json.loads(response.choices[0].message.content)["labels"] == {"f": 1}
 
 
-def test_builtin_provider_bug_is_not_retried(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("via_litellm", [False, True])
+def test_builtin_provider_bug_is_not_retried(cache_dir: Path, monkeypatch: pytest.MonkeyPatch, via_litellm: bool) -> None:
+    gateway = Gateway(cache_dir=cache_dir, max_retries=3, base_delay=0.001, max_delay=0.02, default_timeout=5,
+                      seed=1, builtins_via_litellm=via_litellm)
     calls: list[int] = []
 
     def broken(messages: Any, context: Any) -> str:

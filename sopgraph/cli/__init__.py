@@ -12,7 +12,18 @@ from typing import Any
 import click
 
 from sopgraph._version import __version__
-from sopgraph.cli import authorcmd, checkcmd, draftcmd, lang, pathscmd, runcmd, scorecmd, synthcmd, tools
+from sopgraph.cli import (
+    authorcmd,
+    checkcmd,
+    draftcmd,
+    lang,
+    pathscmd,
+    runcmd,
+    scorecmd,
+    synthcmd,
+    tools,
+    viewcmd,
+)
 from sopgraph.perf import tune_gc_for_cli
 from sopgraph.simulation.gateway import quiet_litellm_output
 from sopgraph.simulation.store import StoreError
@@ -57,7 +68,7 @@ def main(ctx: click.Context, include_path: tuple[Path, ...]) -> None:
     quiet_litellm_output()
 
 
-COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools, authorcmd, draftcmd)
+COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools, authorcmd, draftcmd, viewcmd)
 
 
 def _top_level_commands(module: object) -> list[click.Command]:

@@ -1474,18 +1474,20 @@ def cost_tier(cost_per_1k: float | None, tokens_per_1k: float | None, cost_known
 # Runs on disk
 
 
-def open_run(run_dir: str | Path, judgment_set: str | None = None):
+def open_run(run_dir: str | Path, judgment_set: str | None = None, *, read_only: bool = False):
     """Open a run store with a clear error (never a traceback) if it is not a run."""
     try:
-        return RunStore.open(run_dir)
+        return RunStore.open(run_dir, read_only=read_only)
     except StoreError as exc:
         raise ScoreError(str(exc)) from None
 
 
-def score_run(run_dir: str | Path, config: ScoreConfig | None = None, *, keep_labels: bool = False) -> ScoredRun:
-    """Score a run directory (reads the store's scenario IR, cases, dialogues, turns, consensus)."""
+def score_run(run_dir: str | Path, config: ScoreConfig | None = None, *, keep_labels: bool = False,
+              read_only: bool = False) -> ScoredRun:
+    """Score a run directory (reads the store's scenario IR, cases, dialogues, turns, consensus);
+    `read_only=True` opens the store so that nothing in the run directory is touched (`sop view`)."""
     cfg = config or ScoreConfig()
-    store = open_run(run_dir)
+    store = open_run(run_dir, read_only=read_only)
     try:
         return _score_store(store, run_dir, cfg, keep_labels)
     finally:

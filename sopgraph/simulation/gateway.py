@@ -880,7 +880,12 @@ class Gateway:
     One instance per run: it owns the concurrency cap (an ``asyncio.Semaphore``
     over all provider calls of all roles), the retry policy, the response cache
     and the running totals.  Built-in providers bypass the cap and the cache
-    (they are local, free and deterministic) but still go through litellm.
+    (they are local, free and deterministic), and by default litellm too: the gateway
+    calls the same function litellm's registered custom provider calls
+    (``providers.respond``), because litellm's per-call work (about 2–4 ms of CPU) is
+    most of a run's harness cost when the agent is slow and the user and judges are
+    built-ins (``benchmarks/bench_agents.py``). ``builtins_via_litellm=True`` sends them
+    through ``litellm.acompletion`` instead; any litellm caller can still use them.
 
     Nothing process-wide is configured: each call carries its own options. ``litellm_logging=True``
     lets litellm's callbacks (``litellm.success_callback`` etc., if the process installed any) see
@@ -899,6 +904,7 @@ class Gateway:
         cache_dir: str | Path | None = None,
         seed: int | None = None,
         litellm_logging: bool = False,
+        builtins_via_litellm: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -911,6 +917,7 @@ class Gateway:
         self.default_timeout = default_timeout
         self.cache_enabled = cache
         self.litellm_logging = litellm_logging
+        self.builtins_via_litellm = builtins_via_litellm
         self.cache = ResponseCache(cache_dir if cache_dir is not None else default_cache_dir())
         self._rng = random.Random(seed)
         self._stats = GatewayStats()
@@ -1154,8 +1161,27 @@ class Gateway:
             delay = max(delay, min(retry_after, self.max_delay))
         return delay
 
+    def _builtin(self, spec: ModelSpec, kwargs: Mapping[str, Any], started: float) -> Completion:
+        """A built-in's answer without litellm (see the class docstring); the same errors as its path
+        through litellm: a provider exception is a non-retryable ``bad_request``."""
+        self._stats.attempts += 1
+        context = kwargs["metadata"][CONTEXT_METADATA_KEY]
+        try:
+            text = providers.respond(spec.model, kwargs["messages"], context)
+        except Exception as exc:  # noqa: BLE001 - a provider bug or bad context is deterministic
+            self._stats.failures += 1
+            raise InfraFailure(
+                f"{spec.role or 'model'} {spec.model}: bad_request (not retryable): built-in {spec.model} "
+                f"failed: {_short(repr(exc))}",
+                kind="bad_request", role=spec.role, model=spec.model, attempts=1, status_code=400, retryable=False,
+            ) from None
+        return Completion(text=text, model=spec.model, role=spec.role, latency=time.perf_counter() - started,
+                          attempts=1, finish_reason="stop")
+
     async def _call_with_retries(self, spec: ModelSpec, kwargs: dict[str, Any], started: float) -> Completion:
         global _NETWORK_USED
+        if spec.is_builtin and not self.builtins_via_litellm:
+            return self._builtin(spec, kwargs, started)
         loading = time.perf_counter()
         litellm = load_litellm()
         if not spec.is_builtin:
@@ -1316,7 +1342,17 @@ async def _close_at_loop_end(session: Any) -> AsyncIterator[None]:
 
 
 def _plain(value: Any) -> Any:
-    """JSON-like copy of a context: pydantic models dumped, mappings and sequences copied."""
+    """JSON-like copy of a context: pydantic models dumped, mappings and sequences copied.
+
+    Exact-type checks first: contexts are mostly plain dicts, lists and scalars, and ABC
+    ``isinstance`` checks on every node cost about a millisecond per call on a case context."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): _plain(v) for k, v in value.items()}
+    if kind is list:
+        return [_plain(v) for v in value]
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, Mapping):

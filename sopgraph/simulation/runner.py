@@ -568,6 +568,8 @@ class _Dialogues:
         if kind == "tools":  # one prompt for every case: the values come from the backend's lookup tool
             tools_prompt = agent_tools_prompt(scenario)
             self._agent_prompt = lambda _scenario, _system: tools_prompt
+        elif kind in ("http", "python"):  # their requests carry no system prompt (docs/agents.md)
+            self._agent_prompt = lambda _scenario, _system: ""
 
     def setup_for(self, d: Dialogue) -> DialogueSetup:
         case = self.cases[d.case_id]

@@ -170,14 +170,30 @@ def _dumps(obj: Any) -> str:
 
 class RunStore:
     """One run directory's SQLite store (see the module docstring for the layout and API)."""
-    def __init__(self, run_dir: Path, conn: sqlite3.Connection, *, secrets: Iterable[str] = ()):
+    def __init__(self, run_dir: Path, conn: sqlite3.Connection, *, secrets: Iterable[str] = (),
+                 read_only: bool = False):
         self.run_dir = run_dir
         self.path = run_dir / STORE_FILE
         self.conn = conn
         self.secrets = [s for s in secrets if s]
+        self.read_only = read_only
         self._sop_hash: str | None = None
 
     # ------------------------------------------------------------------ opening
+    @staticmethod
+    def _read_only_uri(path: Path) -> str:
+        """A read-only SQLite URI. While a writer has the run open (its `-wal` file exists) the reader
+        shares the WAL and sees new turns; otherwise the file is opened `immutable`, so that not even
+        the `-wal`/`-shm` side files are created in the run directory."""
+        wal = path.with_name(path.name + "-wal")
+        uri = path.resolve().as_uri() + "?mode=ro"
+        return uri if wal.exists() else uri + "&immutable=1"
+
+    @classmethod
+    def _connect_read_only(cls, path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection:
+        return sqlite3.connect(cls._read_only_uri(path), uri=True, isolation_level=None, timeout=30.0,
+                               check_same_thread=check_same_thread)
+
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
@@ -211,8 +227,11 @@ class RunStore:
         return store
 
     @classmethod
-    def open(cls, run_dir: str | Path, *, secrets: Iterable[str] = ()) -> RunStore:
-        """Open an existing run directory (raises StoreError if it is not one)."""
+    def open(cls, run_dir: str | Path, *, secrets: Iterable[str] = (), read_only: bool = False) -> RunStore:
+        """Open an existing run directory (raises StoreError if it is not one).
+
+        `read_only=True` (browsing, `sop view`): the connection cannot write, closing does not
+        checkpoint, and the store may be used from several threads (the caller serialises access)."""
         run_dir = Path(run_dir)
         path = run_dir / STORE_FILE
         if not path.is_file():
@@ -220,7 +239,7 @@ class RunStore:
         _check_header(path)  # before connecting: sqlite would turn a 0-byte file into a database
         conn = None
         try:
-            conn = cls._connect(path)
+            conn = cls._connect_read_only(path, check_same_thread=False) if read_only else cls._connect(path)
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             conn.execute("SELECT 1 FROM meta LIMIT 1")
             check = conn.execute("PRAGMA quick_check(1)").fetchone()
@@ -242,12 +261,13 @@ class RunStore:
             conn.close()
             raise StoreError(f"{path} was written by a newer sopgraph (store version "
                              f"{max(version, meta_version)}; this one reads {STORE_VERSION}); upgrade sopgraph")
-        return cls(run_dir, conn, secrets=secrets)
+        return cls(run_dir, conn, secrets=secrets, read_only=read_only)
 
     def close(self) -> None:
-        """Close the connection (checkpointing the WAL)."""
-        with suppress(sqlite3.Error):
-            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        """Close the connection (checkpointing the WAL, unless opened read-only)."""
+        if not self.read_only:
+            with suppress(sqlite3.Error):
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
 
     def __enter__(self) -> RunStore:
@@ -259,6 +279,8 @@ class RunStore:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+        if self.read_only:
+            raise StoreError(f"{self.path} was opened read-only; it cannot be written")
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self.conn
@@ -497,7 +519,7 @@ class RunStore:
 
     def _iter_data(self, sql: str, args: list, *, batch: int) -> Iterator[str]:
         # A separate connection, so that a long read never interleaves with the writer's cursor.
-        conn = sqlite3.connect(self.path, timeout=30.0)
+        conn = self._connect_read_only(self.path) if self.read_only else sqlite3.connect(self.path, timeout=30.0)
         try:
             cur = conn.execute(sql, args)
             while True:
