@@ -379,7 +379,7 @@ def test_missing_descriptions_are_warnings() -> None:
 
 def test_passes_are_ordered_named_and_easy_to_extend() -> None:
     names = [p.name for p in PASSES]
-    assert names == ["declarations", "targets", "types", "structure", "unused", "descriptions", "procedures",
+    assert names == ["declarations", "targets", "types", "scalars", "structure", "unused", "descriptions", "procedures",
                      "flow", "output ranges"]
     s = scenario("stage s { -> do Help }")
 

@@ -224,6 +224,14 @@ def _guard(draw, depth: int = 0) -> str:
         st.builds(lambda c: f"Fee > {c}", st.integers(0, 300)),
         st.builds(lambda c: f"Ratio < {c}", st.integers(-2, 30)),
         st.just("Tier == Gold"),
+        # dates, durations, strings, optionals, defaults, abs (docs/language.md §7)
+        st.builds(lambda op, n: f"Day {op} now - {n} days", st.sampled_from(["<", ">=", "=="]), st.integers(0, 3)),
+        st.builds(lambda n: f"At <= Day + {n} hours", st.integers(0, 48)),
+        st.builds(lambda n: f"days_between(Day, At) >= {n}", st.integers(-2, 2)),
+        st.builds(lambda n: f"Wait > {n} minutes", st.integers(0, 200)),
+        st.sampled_from(['Code matches "^[A-Z]{2}\\d$"', 'Code == "AB1"', "Code != Other", "missing(Opt)",
+                         "not missing(Opt) and Opt > 2", "Opt > 2", "Dflt >= 3", "abs(F - 5) < 3",
+                         "abs(Wait) >= 1 hours", "Late"]),
     ]
     if depth < 2:
         atoms.append(st.builds(lambda a, op, b: f"({a} {op} {b})", _guard(depth + 1), st.sampled_from(["and", "or"]),
@@ -240,6 +248,9 @@ def _program(draw) -> str:
         "let Fee = N * 2 + 1", "let Ratio = F / D", "let Big = N > 50",
         "let Score = count(B1, B2, E1 == A)",
         "let Tier = case { when Big -> Gold when B1 -> Silver otherwise -> Bronze }",
+        "system Day: date", "system At: datetime", "system Wait: duration", "field Code: string",
+        "field Other: string", "system Opt: float?", "system Dflt: int[0..10] = 3",
+        "let Late = now - At > Wait", "output When: date",
         'action Go "go"', 'action Stop "stop"', 'action Ask "ask"',
         "output Plan: Gold | Silver | Bronze | none = none", "output Amount: float = 0",
         "output Charge: int[0..150] = 0",
@@ -249,7 +260,7 @@ def _program(draw) -> str:
         choices = [f"s{j}" for j in range(i + 1, n)]
         leaf = draw(st.sampled_from(["do Go", "do Stop", "do Ask", "do Go { Plan = Tier }",
                                      "do Stop { Amount = Fee, Plan = Silver }", "do Ask { Amount = F * 2 }",
-                                     "do Go { Charge = Fee - 50 }"]))
+                                     "do Go { Charge = Fee - 50 }", "do Ask { When = Day + 1 days }"]))
         return draw(st.sampled_from(choices + [leaf, leaf])) if choices else leaf
 
     for i in range(n):
@@ -279,12 +290,91 @@ VALUES = st.fixed_dictionaries({}, optional={
     "N": st.one_of(st.integers(-3, 103), st.just(7.0), st.just(7.5), st.just(True), st.just("7")),
     "F": st.one_of(st.floats(-100, 100), st.integers(-5, 5), st.just(None)),
     "D": st.one_of(st.integers(0, 4), st.just(5)),
+    "Day": st.one_of(st.sampled_from(["2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23"]),
+                     st.just("2026-02-30"), st.just(20261123), st.just("23/11/2026")),
+    "At": st.one_of(st.sampled_from(["2026-11-21T10:00", "2026-11-22T23:59:59Z", "2026-11-23T01:00+02:00",
+                                     "2026-11-22"]), st.just("noon")),
+    "now": st.one_of(st.sampled_from(["2026-11-23T10:00", "2026-11-24"]), st.just("tomorrow")),
+    "Wait": st.one_of(st.sampled_from(["90 minutes", "2 hours", "PT1H", "1 day 2 hours"]), st.just(3600)),
+    "Code": st.one_of(st.sampled_from(["AB1", "ab1", "AB12", ""]), st.just(7)),
+    "Other": st.sampled_from(["AB1", "ZZ"]),
+    "Opt": st.one_of(st.none(), st.floats(0, 5), st.just("x")),
+    "Dflt": st.one_of(st.none(), st.integers(0, 10), st.just(11)),
 })
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(_program(), st.lists(VALUES, min_size=1, max_size=8))
 def test_engine_matches_interpreter_on_random_programs(text: str, rows: list[dict[str, Any]]) -> None:
+    scenario = sopgraph.load(text=text, check=False)
+    engines = _engines(scenario)
+    for values in rows:
+        _same(scenario, engines, values)
+
+
+SCALAR_DECLS = [
+    "system F: float", "system Day: date", "system At: datetime", "system Wait: duration", "field Code: string",
+    "field Other: string", "system Opt: float?", "system Dflt: int[0..10] = 3", "let Late = now - At > Wait",
+    'action Go(on: date, code: string, wait: duration) "go"', 'action Stop "stop"', "output When: datetime",
+]
+SCALAR_ATOMS = st.one_of(
+    st.builds(lambda op, n: f"Day {op} now - {n} days", st.sampled_from(["<", ">=", "==", "!="]), st.integers(0, 3)),
+    st.builds(lambda n: f"At <= Day + {n} hours", st.integers(0, 48)),
+    st.builds(lambda op, n: f"days_between(Day, At) {op} {n}", st.sampled_from([">=", "=="]), st.integers(-2, 2)),
+    st.builds(lambda n: f"Wait > {n} minutes", st.integers(0, 200)),
+    *(st.just(a) for a in ['Code matches "^[A-Z]{2}\\d$"', 'Code == "AB1"', "Code != Other",
+                           'Code in {"AB1", "ZZ"}', "missing(Opt)", "not missing(Opt) and Opt > 2", "Opt > 2",
+                           "Dflt == 3", "abs(F - 5) < 3", "abs(Wait) >= 1 hours", "Late", "At - Day > -(2 hours)",
+                           "Wait * 2 < 3 hours"]),
+)
+
+
+@st.composite
+def _scalar_program(draw) -> str:
+    n = draw(st.integers(1, 4))
+    lines = list(SCALAR_DECLS)
+    leaves = ["do Stop", "do Go(on = Day + 1 days, code = Code, wait = Wait * 2)", "do Stop { When = At - Wait }",
+              'do Go(on = Day, code = "X", wait = 1 weeks) { When = Day }']
+    for i in range(n):
+        targets = [f"s{j}" for j in range(i + 1, n)] + leaves
+        arms = []
+        for _ in range(draw(st.integers(1, 3))):
+            guard = draw(SCALAR_ATOMS)
+            if draw(st.booleans()):
+                guard = f"({guard}) {draw(st.sampled_from(['and', 'or']))} ({draw(SCALAR_ATOMS)})"
+            arms.append(f"when {guard} -> {draw(st.sampled_from(targets))}")
+        if draw(st.integers(0, 4)):
+            arms.append(f"otherwise -> {draw(st.sampled_from(targets))}")
+        lines.append(f"stage s{i} {{ {' '.join(arms)} }}")
+    return "\n".join(lines) + "\n"
+
+
+def _good_or_bad(good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Bad one time in 25 per key: rows with many keys must mostly decide, not fail."""
+    return st.integers(0, 24).flatmap(lambda k: bad if k == 0 else good)
+
+
+SCALAR_VALUES = st.fixed_dictionaries({
+    "F": _good_or_bad(st.floats(0, 10), st.just("x")),
+    "Day": _good_or_bad(st.sampled_from(["2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23"]),
+                        st.sampled_from(["2026-02-30", 20261123, "23/11/2026", None])),
+    "At": _good_or_bad(st.sampled_from(["2026-11-21T10:00", "2026-11-22T23:59:59Z", "2026-11-23T01:00+02:00",
+                                        "2026-11-22", "2026-11-21T00:00:00.5"]), st.sampled_from(["noon", None])),
+    "now": _good_or_bad(st.sampled_from(["2026-11-23T10:00", "2026-11-24", "2026-11-22T12:00Z"]),
+                        st.sampled_from(["tomorrow", None])),
+    "Wait": _good_or_bad(st.sampled_from(["90 minutes", "2 hours", "PT1H", "1 day 2 hours", "0 seconds"]),
+                         st.sampled_from([3600, "soon", None])),
+    "Code": _good_or_bad(st.sampled_from(["AB1", "ab1", "AB12", "", "ZZ"]), st.sampled_from([7, None, "x" * 1001])),
+    "Other": _good_or_bad(st.sampled_from(["AB1", "ZZ"]), st.just(None)),
+    "Opt": _good_or_bad(st.one_of(st.none(), st.floats(0, 5), st.floats(0, 5)), st.just("x")),
+    "Dflt": _good_or_bad(st.one_of(st.none(), st.integers(0, 10)), st.just(11)),
+})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(_scalar_program(), st.lists(SCALAR_VALUES, min_size=1, max_size=6))
+def test_engine_matches_interpreter_on_random_programs_with_dates_strings_optionals(
+        text: str, rows: list[dict[str, Any]]) -> None:
     scenario = sopgraph.load(text=text, check=False)
     engines = _engines(scenario)
     for values in rows:

@@ -456,8 +456,24 @@ def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted:
     stage = next(item for item in program.items if isinstance(item, ir.Stage))
     expr = stage.branches[0].guard
     assert expr is not None
+    unit = _unit_on_number(expr, scenario)
+    if unit is not None:  # `Fee > 48 hours` reads as a duration now; a number has no unit
+        at = ir.Span(file=span.file, line=span.line, col=span.col, end_line=span.line, end_col=span.col + 1)
+        return None, [error("E606", f"bad condition `{text}`: unexpected `{unit}` after the condition", at,
+                            "a condition is a value (`Calm`), a list of values, or a comparison such as "
+                            "`> 48` or `in {1, 2}`, in `.sop` expression syntax; write numbers without units")]
     expr = _relocate(_resolve(expr, scenario), span)
     return expr, _check_names(expr, scenario, span, text)
+
+
+def _unit_on_number(expr: Any, scenario: ir.Scenario) -> str | None:
+    """The unit of a duration compared with a number variable (`Fee > 48 hours`), if any."""
+    if isinstance(expr, ir.Compare):
+        for side, other in ((expr.left, expr.right), (expr.right, expr.left)):
+            var = scenario.variables.get(other.name) if isinstance(other, ir.Var) else None
+            if isinstance(side, ir.TimeLit) and var is not None and isinstance(var.type, ir.NumType):
+                return side.text.split()[-1]
+    return None
 
 
 def _resolve(expr: Any, scenario: ir.Scenario) -> Any:
@@ -472,11 +488,11 @@ def _resolve(expr: Any, scenario: ir.Scenario) -> Any:
     elif isinstance(expr, (ir.Binary, ir.Compare)):
         updates["left"] = _resolve(expr.left, scenario)
         updates["right"] = _resolve(expr.right, scenario)
-    elif isinstance(expr, ir.InSet):
+    elif isinstance(expr, (ir.InSet, ir.Matches)):
         updates["operand"] = _resolve(expr.operand, scenario)
     elif isinstance(expr, ir.BoolOp):
         updates["operands"] = [_resolve(o, scenario) for o in expr.operands]
-    elif isinstance(expr, ir.Call):
+    elif isinstance(expr, (ir.Call, ir.Func)):
         updates["args"] = [_resolve(a, scenario) for a in expr.args]
     elif isinstance(expr, ir.CaseExpr):
         updates["arms"] = [ir.CaseArm(when=_resolve(a.when, scenario), then=_resolve(a.then, scenario),
@@ -498,8 +514,10 @@ def _relocate(expr: Any, span: ir.Span) -> Any:
         updates["values"] = [_relocate(v, span) for v in expr.values]
     elif isinstance(expr, ir.BoolOp):
         updates["operands"] = [_relocate(o, span) for o in expr.operands]
-    elif isinstance(expr, ir.Call):
+    elif isinstance(expr, (ir.Call, ir.Func)):
         updates["args"] = [_relocate(a, span) for a in expr.args]
+    elif isinstance(expr, ir.Matches):
+        updates["operand"] = _relocate(expr.operand, span)
     elif isinstance(expr, ir.CaseExpr):
         updates["arms"] = [ir.CaseArm(when=_relocate(a.when, span), then=_relocate(a.then, span), span=span)
                            for a in expr.arms]

@@ -382,6 +382,8 @@ def _numeric_points(vtype: ir.NumType, lo: float | None = None, hi: float | None
 def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: Any) -> list[Any]:
     """Candidate values of one variable inside a domain box, the witness value first: the profile's
     plausible values and a few round numbers that the box allows."""
+    if not isinstance(var.type, (ir.EnumType, ir.BoolType, ir.NumType)):
+        return [witness_value]  # dates, durations, strings: the witness (its text form) is the value
     try:
         dom = box[var.name]
     except (KeyError, TypeError):

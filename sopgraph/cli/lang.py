@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 
 import click
 
+from sopgraph.language import scalars
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
 from sopgraph.logic.engine import DecideError, engine_for, has_action_trace, undeclared_inputs
@@ -42,7 +43,10 @@ def compile_cmd(file: Path, out: Path | None, fmt: str) -> None:
 @sop_file
 @click.option("--values", "values_json", default=None, metavar="JSON",
               help="One JSON object of field/system values. Without it, JSON Lines are read from stdin.")
-def decide_cmd(file: Path, values_json: str | None) -> None:
+@click.option("--now", "now", default=None, metavar="DATETIME",
+              help="The reference time `now` for every input that does not give its own "
+                   "(e.g. 2026-11-23T10:00; UTC unless it ends in Z or +HH:MM).")
+def decide_cmd(file: Path, values_json: str | None, now: str | None) -> None:
     """Reference path and finals for values (one JSON line out per input, in order).
 
     Output per line: {"path": [...], "finals": {...}} or {"error": "..."}; the batch continues
@@ -51,8 +55,14 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     Keys that are not fields or system variables are ignored with a warning on stderr (once per
     key, with a did-you-mean); they never fail a line.
     A procedure (actions on the way, or actions with arguments) also gets "actions":
-    [{"name", "args"}, ...] in order.
+    [{"name", "args"}, ...] in order. A program that reads `now` needs the reference time: a
+    "now" key in the line, or --now for every line (never the clock).
     """
+    if now is not None:
+        try:
+            scalars.parse_datetime(now)
+        except scalars.ValueProblem as exc:
+            raise click.BadParameter(f"{now!r} {exc}", param_hint="--now") from None
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
     with_actions = has_action_trace(scenario)
@@ -67,6 +77,8 @@ def decide_cmd(file: Path, values_json: str | None) -> None:
     for lineno, raw in enumerate(lines, 1):
         total += 1
         values, record = parse_line(raw, lineno)
+        if values is not None and now is not None and "now" in scenario.variables:
+            values.setdefault("now", now)  # a line's own `now` wins
         if values is not None:
             unknown = [k for k in values if k not in known and k not in warned]
             if unknown:

@@ -40,9 +40,11 @@ def reads(expr: Any) -> list[str]:
         elif isinstance(e, ir.BoolOp):
             for o in e.operands:
                 walk(o)
-        elif isinstance(e, ir.Call):
+        elif isinstance(e, (ir.Call, ir.Func)):
             for a in e.args:
                 walk(a)
+        elif isinstance(e, ir.Matches):
+            walk(e.operand)
         elif isinstance(e, ir.CaseExpr):
             for arm in e.arms:
                 walk(arm.when)

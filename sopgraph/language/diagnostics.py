@@ -44,6 +44,11 @@ CODES: dict[str, str] = {
     "E203": "empty or inverted range",
     "E204": "bad output value",
     "E205": "derived variable cycle",
+    # dates, strings, optionals (issue 9 item 5)
+    "E210": "invalid date, datetime or duration literal",
+    "E211": "bad pattern",
+    "E212": "bad optional value or default",
+    "I210": "no example strings for a pattern",
     # flow
     "E301": "non-exhaustive branching",
     "E302": "cycle in the stage graph",
@@ -181,6 +186,10 @@ def error(code: str, message: str, span: Span | None, hint: str | None = None, *
 
 def warning(code: str, message: str, span: Span | None, hint: str | None = None, **kw: Any) -> Diagnostic:
     return Diagnostic(code=code, severity="warning", message=message, span=span, hint=hint, **kw)
+
+
+def info(code: str, message: str, span: Span | None, hint: str | None = None, **kw: Any) -> Diagnostic:
+    return Diagnostic(code=code, severity="info", message=message, span=span, hint=hint, **kw)
 
 
 def sort_key(diag: Diagnostic) -> tuple:

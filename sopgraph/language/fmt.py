@@ -153,9 +153,22 @@ def _case(e: ir.CaseExpr) -> tuple[str, int]:
     return f"case {{ {arms} otherwise -> {show_expr(e.otherwise)} }}", 9
 
 
+def _time_lit(e: ir.TimeLit) -> tuple[str, int]:
+    return ir.show_time(e), 9
+
+
+def _func(e: ir.Func) -> tuple[str, int]:
+    return f"{e.name}({', '.join(show_expr(a) for a in e.args)})", 9
+
+
+def _matches(e: ir.Matches) -> tuple[str, int]:
+    return f"{show_expr(e.operand, 5)} matches {ir.quote(e.pattern)}", 4
+
+
 EXPR_PRINTERS: dict[type, ExprPrinter] = {
     ir.Lit: _lit, ir.Var: _var, ir.Unary: _unary, ir.Binary: _binary, ir.Compare: _compare,
     ir.InSet: _in_set, ir.BoolOp: _bool_op, ir.Call: _call, ir.CaseArm: _case_arm, ir.CaseExpr: _case,
+    ir.TimeLit: _time_lit, ir.Func: _func, ir.Matches: _matches,
 }
 
 
@@ -222,6 +235,10 @@ def _num_type(node: ir.NumType, depth: int) -> list[Line]:
     return [Line(f"{node.kind}{left}{lo}..{hi}{right}")]
 
 
+def _scalar_type(node: ir.TimeType | ir.StringType, depth: int) -> list[Line]:
+    return [Line(node.kind)]
+
+
 def _bound(value: float) -> str:
     """Range bounds are stored as floats; whole ones print as written (`0`, not `0.0`)."""
     return str(int(value)) if float(value).is_integer() else fmt_number(value)
@@ -254,6 +271,10 @@ def _variable(node: ir.Variable, depth: int) -> list[Line]:
         return _derived(node, depth)
     else:
         head = f"{node.role} {node.name}: {_inline(node.type)}"
+        if node.optional:
+            head += "?"
+        if node.default is not None:
+            head += f" = {show_expr(node.default)}"
         if node.unit is not None:
             head += f" unit {fmt_string(node.unit)}"
         if node.money:
@@ -445,6 +466,7 @@ def _program(node: Program, depth: int) -> list[Line]:
 
 PRINTERS: dict[type, Printer] = {
     ir.EnumType: _enum_type, ir.BoolType: _bool_type, ir.NumType: _num_type,
+    ir.TimeType: _scalar_type, ir.StringType: _scalar_type,
     ir.Variable: _variable, ir.Action: _action, ir.Output: _output,
     ir.OutputAssign: _output_assign, ir.Target: _target, ir.Branch: _branch, ir.Stage: _stage,
     ir.MetaEntry: _meta_entry, ir.Scenario: _scenario,

@@ -150,14 +150,33 @@ class NumType(Node):
         return f"{self.kind}{left}{lo}..{hi}{right}"
 
 
-VarType = Annotated[EnumType | BoolType | NumType, Field(discriminator="kind")]
+# ---- dates, durations and strings (docs/language.md §4; values in sopgraph/language/scalars.py)
+
+TemporalKind = Literal["date", "datetime", "duration"]
+
+
+class TimeType(Node):
+    """`date`, `datetime` or `duration`. Internally a number of seconds (a date or datetime since
+    1970-01-01 UTC), so arithmetic and comparisons are plain number operations."""
+
+    kind: TemporalKind
+
+
+class StringType(Node):
+    """`string`: text compared with `==`/`!=`, `in {…}` and `matches "pattern"`."""
+
+    kind: Literal["string"] = "string"
+
+
+VarType = Annotated[EnumType | BoolType | NumType | TimeType | StringType, Field(discriminator="kind")]
+AnyType = EnumType | BoolType | NumType | TimeType | StringType
 
 
 def _fmt_num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
-def describe_type(vtype: EnumType | BoolType | NumType | None) -> str:
+def describe_type(vtype: AnyType | None) -> str:
     """Human text for a type, as used in diagnostics and prompts."""
     if vtype is None:
         return "unknown"
@@ -165,6 +184,8 @@ def describe_type(vtype: EnumType | BoolType | NumType | None) -> str:
         return " | ".join(vtype.values)
     if isinstance(vtype, BoolType):
         return "bool"
+    if isinstance(vtype, (TimeType, StringType)):
+        return vtype.kind
     return vtype.describe()
 
 
@@ -244,12 +265,45 @@ class CaseExpr(Node):
     otherwise: Expr
 
 
+# ---- dates, durations, strings, optionals (docs/language.md §7)
+
+
+class TimeLit(Node):
+    """A date, datetime or duration constant: `date("2026-11-23")`, `datetime("…")`, `24 hours`.
+    `value` is in seconds (see TimeType); `text` is how it was written."""
+
+    kind: Literal["time"] = "time"
+    unit: TemporalKind
+    value: int | float
+    text: str
+
+
+class Func(Node):
+    """A built-in function written by name: `abs(x)`, `days_between(a, b)`, `missing(X)`."""
+
+    kind: Literal["func"] = "func"
+    name: str
+    args: list[Expr]
+
+
+class Matches(Node):
+    """`X matches "pattern"`: the whole string `X` matches the regular expression."""
+
+    kind: Literal["matches"] = "matches"
+    operand: Expr
+    pattern: str
+    pattern_span: Span = NO_SPAN
+
+
+FUNCTIONS = ("abs", "days_between", "missing")  # names a `Func` may call (dates are literals)
+
+
 Expr = Annotated[
-    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr,
+    Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | TimeLit | Func | Matches,
     Field(discriminator="kind"),
 ]
 
-for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr):
+for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Func, Matches):
     _model.model_rebuild()
 
 
@@ -272,6 +326,8 @@ class Variable(Node):
     hidden: bool = False
     expr: Expr | None = None
     observed: bool = False  # some stage observes it: its input is a list, one value per look
+    optional: bool = False  # `T?`: may be missing from the input; test it with `missing(X)`
+    default: Lit | TimeLit | None = None  # `= value`: used when the input leaves it out
 
 
 ACTION_ATTRIBUTES = ("escalation", "moves_money", "irreversible", "ends_dialogue")
@@ -511,7 +567,24 @@ def _show(e: object) -> tuple[str, int]:
     if isinstance(e, CaseExpr):
         arms = " ".join(f"when {show(a.when)} -> {show(a.then)}" for a in e.arms)
         return f"case {{ {arms} otherwise -> {show(e.otherwise)} }}", 9
+    if isinstance(e, TimeLit):
+        return show_time(e), 9
+    if isinstance(e, Func):
+        return f"{e.name}({', '.join(show(a) for a in e.args)})", 9
+    if isinstance(e, Matches):
+        return f"{show(e.operand, 5)} matches {quote(e.pattern)}", 4
     return str(e), 9
+
+
+def quote(text: str) -> str:
+    """A pattern as written in `.sop`: its text as is (`\\d` stays `\\d`), quotes escaped."""
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+def show_time(e: TimeLit) -> str:
+    if e.unit == "duration":
+        return e.text
+    return f'{e.unit}("{e.text}")'
 
 
 def show_call(action: str, args: list[OutputAssign]) -> str:
@@ -543,6 +616,10 @@ def children(expr: Any) -> list[Any]:
         return list(expr.operands)
     if isinstance(expr, Call):
         return list(expr.args)
+    if isinstance(expr, Func):
+        return list(expr.args)
+    if isinstance(expr, Matches):
+        return [expr.operand]
     if isinstance(expr, CaseExpr):
         out: list[Any] = []
         for arm in expr.arms:

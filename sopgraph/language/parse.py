@@ -26,12 +26,13 @@ from lark.exceptions import (
     VisitError,
 )
 
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
 
 KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden", "observe"]
-# Words with a meaning in one place only (`type X = …`, `up to N times`): still usable as names.
-CONTEXT_KEYWORDS = ["type", "up", "to", "times"]
+# Words with a meaning in one place only (`type X = …`, `up to N times`, the types `date`, `string`, …,
+# `X matches "p"`): still usable as names.
+CONTEXT_KEYWORDS = ["type", "up", "to", "times", "date", "datetime", "duration", "string", "matches"]
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")
@@ -210,6 +211,16 @@ class _BadToken(Exception):
         self.hint = hint
 
 
+class _BadLiteral(Exception):
+    """A literal the grammar reads but whose text is not a value: `date("2026-13-45")` (E210)."""
+
+    def __init__(self, span: ir.Span, message: str, hint: str):
+        super().__init__(message)
+        self.span = span
+        self.message = message
+        self.hint = hint
+
+
 def _check_token(child: Token) -> None:
     if child.type == "NAME" and child.value in RESERVED:
         raise _BadToken(child, f"`{child}` is a reserved word and cannot be used as a name",
@@ -304,7 +315,9 @@ class ToIR(Transformer):
 
     def output_decl(self, meta, children):
         name_tok, vtype, *rest = children
-        default = next((c for c in rest if isinstance(c, ir.Lit)), None)
+        default = next((c for c in rest if isinstance(c, (ir.Lit, ir.TimeLit))), None)
+        if isinstance(default, ir.TimeLit):  # `= 2 days`: finals report durations as text
+            default = ir.Lit(value=scalars.format_temporal(default.unit, default.value), span=default.span)
         desc = next((c for c in rest if isinstance(c, str)), "")
         return ir.Output(name=str(name_tok), type=vtype, default=default, description=desc,
                          span=_tok_span(self.file, name_tok))
@@ -376,6 +389,59 @@ class ToIR(Transformer):
 
     def neg_bound(self, meta, children):
         return _number(str(children[-1]), negative=True)
+
+    # -- dates, durations, strings, optionals, defaults (docs/language.md §4)
+    def date_type(self, meta, children):
+        return ir.TimeType(kind="date", span=self.sp(meta))
+
+    def datetime_type(self, meta, children):
+        return ir.TimeType(kind="datetime", span=self.sp(meta))
+
+    def duration_type(self, meta, children):
+        return ir.TimeType(kind="duration", span=self.sp(meta))
+
+    def string_type(self, meta, children):
+        return ir.StringType(span=self.sp(meta))
+
+    def optional_mark(self, meta, children):
+        return ("optional", True)
+
+    def decl_default(self, meta, children):
+        return ("default", children[0])
+
+    def duration_lit(self, meta, children):
+        number, unit = children
+        amount = _number(str(number))
+        seconds = amount * scalars.unit_seconds(str(unit))
+        if isinstance(seconds, float) and seconds.is_integer():
+            seconds = int(seconds)
+        return ir.TimeLit(unit="duration", value=seconds, text=f"{number} {unit}", span=self.sp(meta))
+
+    def func_call(self, meta, children):
+        name_tok, *args = children
+        args = [a for a in args if a is not None]
+        name = str(name_tok)
+        if name in ("date", "datetime"):
+            return self._time_literal(name, args, meta)
+        return ir.Func(name=name, args=args, span=self.sp(meta))
+
+    def _time_literal(self, kind: str, args: list[Any], meta: Any) -> ir.TimeLit:
+        span = self.sp(meta)
+        example = "2026-11-23" if kind == "date" else "2026-11-23T10:00"
+        if len(args) != 1 or not isinstance(args[0], ir.Lit) or not isinstance(args[0].value, str) or args[0].bare:
+            raise _BadLiteral(span, f"`{kind}(...)` takes one quoted {kind}",
+                              f'write `{kind}("{example}")`')
+        try:
+            value = scalars.parse_temporal(kind, args[0].value)
+        except scalars.ValueProblem as exc:
+            raise _BadLiteral(args[0].span, f'"{args[0].value}" {exc}', f'write `{kind}("{example}")`') from None
+        return ir.TimeLit(unit=kind, value=value, text=args[0].value, span=span)  # type: ignore[arg-type]
+
+    def matches_op(self, meta, children):
+        operand, tok = children
+        pattern = str(tok)[1:-1].replace('\\"', '"')  # the text as written: `\d` stays `\d`
+        return ir.Matches(operand=operand, pattern=pattern, pattern_span=_tok_span(self.file, tok),
+                          span=self.sp(meta))
 
     # -- stages
     def stage_decl(self, meta, children):
@@ -803,6 +869,8 @@ def parse_text(text: str, file: str = "<string>") -> Program:
         raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
     except _BadToken as exc:
         raise SopError([error("E001", exc.message, _tok_span(file, exc.token), exc.hint)], {file: text}) from None
+    except _BadLiteral as exc:
+        raise SopError([error("E210", exc.message, exc.span, exc.hint)], {file: text}) from None
     except RecursionError:
         raise SopError([error("E006", "the program nests too deeply to parse", ir.Span(file=file),
                               "split deeply nested expressions")], {file: text}) from None
@@ -1051,6 +1119,7 @@ def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
         start=start_id,
         span=header.span if header else ir.Span(file=programs[0].file),
     )
+    _declare_now(scenario)
     _resolve_names(scenario)
     for name in scenario.observed:
         if name in scenario.variables and scenario.variables[name].role == "system":
@@ -1158,6 +1227,40 @@ def _expand_use(use: Use, outer: str, outer_fix: dict[str, Any], subflows: dict[
     return next(iter(nested.values()), None)
 
 
+NOW = "now"
+NOW_DESCRIPTION = ("The current date and time: the reference for every date comparison. It is given with "
+                   "each case (or `sop decide --now`), never read from a clock.")
+
+
+def scenario_expressions(scenario: ir.Scenario) -> list[Any]:
+    """Every top-level expression of a scenario (derived values, subjects, guards, assignments)."""
+    out: list[Any] = [v.expr for v in scenario.variables.values() if v.expr is not None]
+    for stage in scenario.stages.values():
+        if stage.subject is not None:
+            out.append(stage.subject)
+        for branch in stage.branches:
+            if branch.guard is not None:
+                out.append(branch.guard)
+            target = branch.target
+            out += [a.value for a in [*target.outputs, *target.args, *(x for c in target.steps for x in c.args)]]
+    return out
+
+
+def _declare_now(scenario: ir.Scenario) -> None:
+    """A program that reads `now` without declaring it gets it as a system variable of type
+    `datetime`: the reference time given per case or per decision (never a wall-clock read)."""
+    if NOW in scenario.variables:
+        return
+    stack = scenario_expressions(scenario)
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ir.Var) and e.name == NOW:
+            scenario.variables[NOW] = ir.Variable(name=NOW, role="system", type=ir.TimeType(kind="datetime"),
+                                                  description=NOW_DESCRIPTION, span=e.span)
+            return
+        stack.extend(ir.children(e))
+
+
 def _resolve_names(scenario: ir.Scenario) -> None:
     """Bare identifiers that are not variables become enum-value literals (checked later)."""
     names = scenario.variables
@@ -1176,8 +1279,10 @@ def _resolve_names(scenario: ir.Scenario) -> None:
             expr.operand = fix(expr.operand)
         elif isinstance(expr, ir.BoolOp):
             expr.operands = [fix(o) for o in expr.operands]
-        elif isinstance(expr, ir.Call):
+        elif isinstance(expr, (ir.Call, ir.Func)):
             expr.args = [fix(a) for a in expr.args]
+        elif isinstance(expr, ir.Matches):
+            expr.operand = fix(expr.operand)
         elif isinstance(expr, ir.CaseExpr):
             for arm in expr.arms:
                 arm.when = fix(arm.when)

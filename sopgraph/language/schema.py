@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import sopgraph.records as records
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 from sopgraph.records import CHAT_DIMENSIONS
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -43,12 +43,37 @@ def type_schema(vtype: Any, *, nullable: bool = False) -> dict[str, Any]:
         if vtype.hi is not None:
             out["exclusiveMaximum" if vtype.hi_open else "maximum"] = _num(vtype.hi)
     else:
-        out = {}
+        out = _scalar_schema(vtype)
     if nullable and out:
         out["type"] = [out["type"], "null"]
         if "enum" in out:
             out["enum"] = [*out["enum"], None]
     return out
+
+
+def _scalar_schema(vtype: Any) -> dict[str, Any]:
+    """Dates and datetimes as ISO strings (`format`), durations by `pattern`, strings bounded."""
+    if isinstance(vtype, ir.TimeType):
+        if vtype.kind == "duration":
+            return {"type": "string", "pattern": scalars.DURATION_PATTERN}
+        return {"type": "string", "format": "date" if vtype.kind == "date" else "date-time"}
+    if isinstance(vtype, ir.StringType):
+        return {"type": "string", "maxLength": scalars.MAX_STRING}
+    return {}
+
+
+def decide_input_schema(scenario: ir.Scenario) -> dict[str, Any]:
+    """The JSON object `sop decide` reads: every field and system variable (observed ones as a list,
+    one value per look; optional ones may be null; all may be left out, since only the values a path
+    reads are needed)."""
+    props: dict[str, Any] = {}
+    for var in scenario.variables.values():
+        if var.role == "derived":
+            continue
+        one = type_schema(var.type, nullable=var.optional or var.default is not None)
+        props[var.name] = _described({"type": "array", "items": one} if var.observed else one, var.description)
+    return {"$schema": JSON_SCHEMA_DIALECT, "title": f"{scenario.name} decide input", "type": "object",
+            "properties": props, "additionalProperties": True}
 
 
 def _num(value: float) -> int | float:
@@ -71,7 +96,7 @@ def agent_output_schema(scenario: ir.Scenario, *, descriptions: bool = True) -> 
     def described(schema: dict[str, Any], text: str) -> dict[str, Any]:
         return _described(schema, text) if descriptions else schema
 
-    fields = {v.name: described(type_schema(v.type), v.description) for v in scenario.fields}
+    fields = {v.name: described(type_schema(v.type, nullable=v.optional), v.description) for v in scenario.fields}
     finals: dict[str, Any] = {"Action": described({"type": "string", "enum": scenario.final_actions},
                                                   "The final action the SOP leads to.")}
     for name, out in scenario.outputs.items():
@@ -213,6 +238,8 @@ def _check(schema: Mapping[str, Any], value: Any, where: str, errors: list[str])
     if "enum" in schema and not any(_same(value, option) for option in schema["enum"]):
         allowed = ", ".join(_show(o) for o in schema["enum"])
         errors.append(f"{label}: {_show(value)} is not one of {allowed}")
+    if isinstance(value, str):
+        _check_string(schema, value, label, errors)
     if _is_type(value, "number"):
         for key, ok, word in (("minimum", lambda v, b: v >= b, "at least"),
                               ("exclusiveMinimum", lambda v, b: v > b, "greater than"),
@@ -239,6 +266,23 @@ def _check(schema: Mapping[str, Any], value: Any, where: str, errors: list[str])
         if "items" in schema:
             for i, item in enumerate(value):
                 _check(schema["items"], item, f"{label}[{i}]", errors)
+
+
+_FORMATS = {"date": scalars.parse_date, "date-time": scalars.parse_datetime}
+
+
+def _check_string(schema: Mapping[str, Any], value: str, label: str, errors: list[str]) -> None:
+    """`format` (date, date-time), `pattern` (searched, as JSON Schema says) and `maxLength`."""
+    check = _FORMATS.get(schema.get("format", ""))
+    if check is not None:
+        try:
+            check(value)
+        except scalars.ValueProblem as exc:
+            errors.append(f"{label}: {_show(value)} {exc}")
+    if "pattern" in schema and scalars.compiled(schema["pattern"]).search(value) is None:
+        errors.append(f"{label}: {_show(value)} does not have the required form")
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        errors.append(f"{label}: longer than {schema['maxLength']} characters")
 
 
 def _same(value: Any, option: Any) -> bool:
@@ -348,6 +392,8 @@ def _builtin_catalog() -> SchemaCatalog:
         entries.append(model_entry(name, model, text))
     entries.append(SchemaEntry("agent-output", "the agent's per-turn JSON reply, exact for one scenario",
                                _per_scenario(agent_output_schema), needs_scenario=True))
+    entries.append(SchemaEntry("decide-input", "the JSON values `sop decide` reads for one scenario",
+                               _per_scenario(decide_input_schema), needs_scenario=True))
     entries.append(SchemaEntry("judge-output", "a judge's JSON reply (labels, scores, reasons) for one scenario",
                                _per_scenario(judge_output_schema), needs_scenario=True))
     return SchemaCatalog({e.name: e for e in entries})

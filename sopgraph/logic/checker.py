@@ -29,6 +29,7 @@ from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
+from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
 
 PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
 
@@ -209,7 +210,7 @@ class _Sym:
     span: ir.Span
 
 
-_Ty = ir.EnumType | ir.BoolType | ir.NumType | _Sym | None
+_Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.TimeType | ir.StringType | _Sym | None
 
 
 def _kind(t: _Ty) -> str:
@@ -221,6 +222,8 @@ def _kind(t: _Ty) -> str:
         return "a bool"
     if isinstance(t, ir.NumType):
         return "a number" if t.kind == "float" else "an integer"
+    if isinstance(t, (ir.TimeType, ir.StringType)):
+        return time_kind_text(t)
     return "unknown"
 
 
@@ -275,7 +278,7 @@ def _cycle_text(cycle: list[str]) -> str:
     return " -> ".join(cycle[:6]) + " -> ... -> " + " -> ".join(cycle[-4:]) + f" ({len(cycle) - 1} stages)"
 
 
-class _Typer:
+class _Typer(ScalarTyping):
     """Infers expression types, reporting each misuse once, and derived variables' types."""
     def __init__(self, scenario: ir.Scenario):
         self.s = scenario
@@ -372,7 +375,10 @@ class _Typer:
             if e.op == "not":
                 self.expect_bool(e.operand, "`not` of")
                 return ir.BoolType(span=e.span)
-            t = self.expect_num(e.operand, self.infer(e.operand), "negation")
+            inner_t = self.infer(e.operand)
+            if isinstance(inner_t, ir.TimeType) and inner_t.kind == "duration":
+                return inner_t
+            t = self.expect_num(e.operand, inner_t, "negation")
             if t is None:
                 return None
             return _num(t.kind, None if t.hi is None else -t.hi, None if t.lo is None else -t.lo)
@@ -392,12 +398,22 @@ class _Typer:
             return self.call(e)
         if isinstance(e, ir.CaseExpr):
             return self.case(e)
+        if isinstance(e, ir.TimeLit):
+            return ir.TimeType(kind=e.unit, span=e.span)
+        if isinstance(e, ir.Func):
+            return self.func(e)
+        if isinstance(e, ir.Matches):
+            return self.matches_type(e)
         return None
 
     def binary(self, e: ir.Binary) -> _Ty:
         what = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}[e.op]
-        a = self.expect_num(e.left, self.infer(e.left), what)
-        b = self.expect_num(e.right, self.infer(e.right), what)
+        la, lb = self.infer(e.left), self.infer(e.right)
+        handled, scalar = self.temporal_binary(e, la, lb)
+        if handled:
+            return scalar
+        a = self.expect_num(e.left, la, what)
+        b = self.expect_num(e.right, lb, what)
         if a is None or b is None:
             return None
         kind: ir.NumKind = "int" if a.kind == b.kind == "int" and e.op != "/" else "float"
@@ -414,7 +430,11 @@ class _Typer:
             for arg in e.args:
                 self.expect_bool(arg, "`count` counts conditions, but")
             return _num("int", 0.0, float(len(e.args)))
-        checked = [self.expect_num(a, self.infer(a), f"`{e.func}`") for a in e.args]
+        inferred = [self.infer(a) for a in e.args]
+        handled, scalar = self.temporal_extreme(e, inferred)
+        if handled:
+            return scalar
+        checked = [self.expect_num(a, t, f"`{e.func}`") for a, t in zip(e.args, inferred, strict=True)]
         nums = [n for n in checked if n is not None]
         if len(nums) < len(checked):
             return None
@@ -487,6 +507,8 @@ class _Typer:
             else:
                 self.mismatch(f"`{shown}` compares two constants", e.span, "compare a variable with a value")
             return
+        if self.scalar_compare(e, lt, rt):
+            return
         if isinstance(rt, ir.EnumType) and not isinstance(lt, ir.EnumType):
             lt, rt = rt, lt
             left_e, right_e = e.right, e.left
@@ -552,7 +574,7 @@ class _Typer:
         if isinstance(st, _Sym):
             self.undefined(st, f"as the subject of {what}")
             return
-        if st is None:
+        if st is None or self.scalar_member(subject, st, values, what):
             return
         for lit in values:
             lt = self.infer(lit)
@@ -581,6 +603,8 @@ class _Typer:
         if t is None:
             return
         name = output.name
+        if self.scalar_output(name, ot, t, e, span):
+            return
         if isinstance(ot, ir.EnumType):
             if isinstance(t, _Sym):
                 self.enum_value(ot, t, ir.Var(name=name), code="E204")
@@ -606,6 +630,7 @@ class _Typer:
                 self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span,
                               "give it `true`, `false` or a condition", code="E204")
             return
+        assert isinstance(ot, ir.NumType)  # dates and strings were handled by `scalar_output`
         if not isinstance(t, ir.NumType):
             self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
                           f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")
@@ -630,7 +655,7 @@ def _typer(scenario: ir.Scenario) -> _Typer:
         typer.var_type(var.name, var.span)
     for var in scenario.derived:
         t = typer.derived.get(var.name)
-        var.type = t if isinstance(t, (ir.EnumType, ir.BoolType, ir.NumType)) else None
+        var.type = t if isinstance(t, (ir.EnumType, ir.BoolType, ir.NumType, ir.TimeType, ir.StringType)) else None
     return typer
 
 
@@ -1052,6 +1077,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("declarations", check_declarations),
     Pass("targets", check_targets),
     Pass("types", check_types),
+    Pass("scalars", lambda s, g: check_scalars(s, list(_expressions(s)))),
     Pass("structure", check_structure),
     Pass("unused", check_unused),
     Pass("descriptions", check_descriptions),

@@ -153,6 +153,9 @@ def _meet_types(name: str, a: Any, b: Any) -> Any:
             return ir.EnumType(values=common if len(common) > 1 else common * 2)
     if isinstance(a, ir.BoolType) and isinstance(b, ir.BoolType):
         return a
+    if isinstance(a, (ir.TimeType, ir.StringType)) and isinstance(b, (ir.TimeType, ir.StringType)) \
+            and a.kind == b.kind:
+        return a
     if isinstance(a, ir.NumType) and isinstance(b, ir.NumType):
         lo, lo_open = _tighter(a.lo, a.lo_open, b.lo, b.lo_open, max)
         hi, hi_open = _tighter(a.hi, a.hi_open, b.hi, b.hi_open, min)
@@ -179,7 +182,7 @@ def _renamer(prefix: str, derived: set[str]) -> Any:
                 update[field] = rename(getattr(e, field))
         if isinstance(e, ir.BoolOp):
             update["operands"] = [rename(o) for o in e.operands]
-        elif isinstance(e, ir.Call):
+        elif isinstance(e, (ir.Call, ir.Func)):
             update["args"] = [rename(a) for a in e.args]
         elif isinstance(e, ir.CaseExpr):
             update["arms"] = [a.model_copy(update={"when": rename(a.when), "then": rename(a.then)}) for a in e.arms]

@@ -42,7 +42,7 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.logic import solver
-from sopgraph.logic.engine import DecideError, Interpreter
+from sopgraph.logic.engine import DecideError
 from sopgraph.logic.formula import FALSE, TRUE, Formula, mk_and, negate_exact
 from sopgraph.logic.guards import GuardCompiler, OverBudget
 from sopgraph.logic.intervals import (  # re-exported: NumDom and the num_* operations are the domain's API
@@ -55,6 +55,14 @@ from sopgraph.logic.intervals import (  # re-exported: NumDom and the num_* oper
     num_subset,
     num_union,
     pick_num,
+)
+from sopgraph.logic.scalardom import (
+    InternalValues,
+    describe_time,
+    pick_time,
+    string_candidates,
+    time_candidates,
+    to_input,
 )
 
 INF = math.inf
@@ -118,9 +126,23 @@ class Space:
         self.kinds: list[str] = []
         self.values: list[tuple] = []
         full: list[Any] = []
+        self.time_kinds: dict[int, str] = {}  # date/datetime/duration variables: ints of seconds
+        self.time_names: dict[str, str] = {}
+        self.strings: set[int] = set()  # string variables: decided by witness search alone
+        self.optional = {i for i, n in enumerate(self.names) if scenario.variables[n].optional}
         for n in self.names:
             t = scenario.variables[n].type
-            if isinstance(t, ir.EnumType):
+            if isinstance(t, ir.TimeType):
+                self.time_kinds[len(self.kinds)] = self.time_names[n] = t.kind
+                self.kinds.append("int")
+                self.values.append(())
+                full.append(NumDom(-INF, INF, False, False, NO_POINTS))
+            elif isinstance(t, ir.StringType):
+                self.strings.add(len(self.kinds))
+                self.kinds.append("none")
+                self.values.append(())
+                full.append(None)
+            elif isinstance(t, ir.EnumType):
                 vals = tuple(dict.fromkeys(t.values))
                 self.kinds.append("enum")
                 self.values.append(vals)
@@ -209,6 +231,8 @@ class Space:
 
     def dom_contains(self, i: int, d: Any, value: Any) -> bool:
         k = self.kinds[i]
+        if value is None and i in self.optional:  # missing: allowed where nothing constrains it
+            return d == self.full_doms[i]
         if k == "enum" or k == "bool":
             vals = self.values[i]
             for j, v in enumerate(vals):
@@ -477,7 +501,7 @@ class Space:
         if isinstance(pred, Formula):
             return self.in_formula(pred, values) == truth
         try:
-            v = Interpreter(self.scenario, values).eval(pred)
+            v = InternalValues(self.scenario, values).eval(pred)
         except (DecideError, TypeError, ValueError, ArithmeticError, KeyError, RecursionError,
                 AttributeError):
             return False
@@ -721,10 +745,11 @@ class Space:
 
     def witness(self, box: Box, style: str = "representative",
                 rng: random.Random | None = None) -> dict[str, Any] | None:
+        """A member of the box in the engine's input form (dates and durations as text)."""
         w = self._witness(box, style, rng)
         if w is not None and not self.box_contains(box, w):  # defensive: never hand out a non-member
             return None
-        return w
+        return to_input(self.time_names, w) if w is not None and self.time_names else w
 
     def _witness(self, box: Box, style: str, rng: random.Random | None) -> dict[str, Any] | None:
         if not box.resid:
@@ -770,6 +795,10 @@ class Space:
         return out
 
     def pick(self, i: int, d: Any, style: str, rng: random.Random | None) -> Any:
+        if i in self.time_kinds:
+            return pick_time(self.time_kinds[i], d, style, rng)
+        if i in self.strings:
+            return "text"
         k = self.kinds[i]
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
@@ -783,6 +812,17 @@ class Space:
     def _candidates(self, i: int, d: Any, style: str, rng: random.Random | None,
                     consts: list[float]) -> tuple[list, bool]:
         """Candidate values for variable i in witness search; bool = the list is the whole domain."""
+        if i in self.optional:  # missing is a value of its own
+            cands, whole = self._candidates_present(i, d, style, rng, consts)
+            return (cands[:1] + [None] + cands[1:], whole) if d == self.full_doms[i] else (cands, whole)
+        return self._candidates_present(i, d, style, rng, consts)
+
+    def _candidates_present(self, i: int, d: Any, style: str, rng: random.Random | None,
+                            consts: list[float]) -> tuple[list, bool]:
+        if i in self.time_kinds:
+            return time_candidates(self.time_kinds[i], d, style, rng, consts), False
+        if i in self.strings:
+            return string_candidates(self.names[i], self.res_exprs, "text"), False
         k = self.kinds[i]
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
@@ -870,6 +910,8 @@ class Space:
     # -- descriptions --------------------------------------------------------------------------
 
     def describe_dom(self, i: int, d: Any) -> str:
+        if i in self.time_kinds:
+            return describe_time(self.time_kinds[i], d)
         k = self.kinds[i]
         if k == "enum":
             return " | ".join(self.dom_values(i, d))
@@ -973,7 +1015,7 @@ def _numeric_consts(expr: Any) -> list[float]:
     out: list[float] = []
 
     def walk(e: Any) -> None:
-        if isinstance(e, ir.Lit):
+        if isinstance(e, (ir.Lit, ir.TimeLit)):
             if isinstance(e.value, (int, float)) and not isinstance(e.value, bool):
                 out.append(e.value)
             return

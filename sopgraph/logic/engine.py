@@ -24,10 +24,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import did_you_mean
+from sopgraph.logic.scalarcheck import default_value
 from sopgraph.logic.unroll import UnrollError, look_name, unrolled_for
 
+NOW = "now"  # the reference time: an implicit system variable (sopgraph.language.parse._declare_now)
 CASE_INLINE = 16  # `case` arms written as one conditional expression; longer ones become helper functions
 EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
 
@@ -94,6 +96,41 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
             raise DecideError(f"value {_fmt(value)} of `{var.name}` is outside {vtype.describe()}",
                               var.name)
         return value
+    if isinstance(vtype, ir.TimeType):
+        try:
+            return scalars.parse_temporal(vtype.kind, value)
+        except scalars.ValueProblem as exc:
+            raise DecideError(f"value {_fmt(value)} of `{var.name}` {exc}", var.name) from None
+    if isinstance(vtype, ir.StringType):
+        if not isinstance(value, str):
+            raise DecideError(f"value {_fmt(value)} of `{var.name}` is not a string", var.name)
+        if len(value) > scalars.MAX_STRING:
+            raise DecideError(f"value of `{var.name}` is longer than {scalars.MAX_STRING} characters", var.name)
+        return value
+    return value
+
+
+def input_value(var: ir.Variable, value: Any) -> Any:
+    """An input value in the engine's form: its default when left out (or null), the value checked
+    against the declaration otherwise. A left-out optional is an error here: reading it needs a
+    `missing(X)` test first (docs/language.md §8)."""
+    if value is None:
+        if var.name == NOW and var.role == "system" and isinstance(var.type, ir.TimeType):
+            raise DecideError("missing value for `now`: the program reads the current time, which is never "
+                              "taken from the clock; give it as `\"now\": \"2026-11-23T10:00\"` or with "
+                              "`sop decide --now 2026-11-23T10:00`", var.name)
+        if var.default is not None:
+            return default_value(var)
+        if var.optional:
+            raise DecideError(f"`{var.name}` is missing: it is optional, so test `missing({var.name})` "
+                              "before reading it", var.name)
+    return validate_value(var, value)
+
+
+def export_value(vtype: Any, value: Any) -> Any:
+    """An output or argument value as reported: dates and durations as text (`2026-11-23`)."""
+    if isinstance(vtype, ir.TimeType) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return scalars.format_temporal(vtype.kind, value)
     return value
 
 
@@ -114,6 +151,14 @@ def output_problem(output: ir.Output, value: Any) -> str | None:
     if isinstance(otype, ir.EnumType):
         if not isinstance(value, str) or value not in otype.values:
             return f"is not one of {' | '.join(otype.values)}"
+        return None
+    if isinstance(otype, ir.StringType):
+        return None if isinstance(value, str) else "is not a string"
+    if isinstance(otype, ir.TimeType):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"is not a {otype.kind}"
+        if otype.kind == "date" and value % scalars.DAY != 0:
+            return "is not a whole day (a date has no time of day)"
         return None
     if value is not True and value is not False:
         return "is not a bool"
@@ -278,9 +323,21 @@ class Interpreter:
             finally:
                 self.depth -= 1
         else:
-            value = validate_value(var, self.values.get(name))
+            value = input_value(var, self.values.get(name))
         self.cache[name] = value
         return value
+
+    def missing(self, e: Any) -> bool:
+        """`missing(X)`: the input leaves `X` out (or gives null)."""
+        return isinstance(e, ir.Var) and self.values.get(e.name) is None
+
+    def func(self, e: ir.Func) -> Any:
+        if e.name == "missing":
+            return self.missing(e.args[0])
+        args = [self.eval(a) for a in e.args]
+        if e.name == "abs":
+            return abs(args[0])
+        return scalars.days_between(args[0], args[1])
 
     def eval(self, e: Any) -> Any:
         if isinstance(e, ir.Lit):
@@ -313,6 +370,12 @@ class Interpreter:
                 if self.eval(arm.when):
                     return self.eval(arm.then)
             return self.eval(e.otherwise)
+        if isinstance(e, ir.TimeLit):
+            return e.value
+        if isinstance(e, ir.Func):
+            return self.func(e)
+        if isinstance(e, ir.Matches):
+            return scalars.matches(e.pattern, self.eval(e.operand))
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
 
@@ -367,14 +430,16 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate,
             problem = output_problem(out, value)
             if problem is not None:
                 raise output_error(out, value, problem, stage, assigned[name])
-            finals[name] = value
+            finals[name] = export_value(out.type, value)
         else:
             finals[name] = out.default.value if out.default is not None else None
     return finals
 
 
 def _call(it: Interpreter, name: str, args: list[ir.OutputAssign]) -> dict[str, Any]:
-    return {"name": name, "args": {a.name: it.eval(a.value) for a in args}}
+    action = it.s.actions.get(name)
+    types = {p.name: p.type for p in action.params} if action is not None else {}
+    return {"name": name, "args": {a.name: export_value(types.get(a.name), it.eval(a.value)) for a in args}}
 
 
 def max_steps(scenario: ir.Scenario) -> int:
@@ -465,7 +530,8 @@ class _Gen:
         self.s = scenario
         self.looks = looks or {}  # unrolled look variable -> (observed variable, 1-based look)
         self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError,
-                                   "_INF": math.inf, "_out": self._out}
+                                   "_INF": math.inf, "_out": self._out, "_exp": export_value,
+                                   "_days_between": scalars.days_between, "_time": scalars.parse_temporal}
         self.lines: list[str] = []
         self.var_index = {name: i for i, name in enumerate(scenario.variables)}
         self.consts = 0
@@ -490,7 +556,7 @@ class _Gen:
         problem = output_problem(output, value)
         if problem is not None:
             raise output_error(output, value, problem, None)
-        return value
+        return export_value(output.type, value)
 
     def readers(self) -> None:
         for name, var in self.s.variables.items():
@@ -506,6 +572,8 @@ class _Gen:
                 out.append("    return x")
             else:
                 out.append(f"    x = v.get({name!r})")
+                if var.default is not None:
+                    out.append(f"    if x is None: return {self.const(default_value(var))}")
                 out += [f"    {line}" for line in self.check_lines(var, "x")]
                 out.append("    return x")
             self.lines += out
@@ -532,6 +600,10 @@ class _Gen:
                 op = ">=" if vtype.hi_open else ">"
                 lines.append(f"if {x} {op} {vtype.hi!r}: _bad({n}, {x})")
             return lines
+        if isinstance(vtype, ir.TimeType):  # a bad value raises; the interpreter then says why
+            return [f"{x} = _time({vtype.kind!r}, {x})"]
+        if isinstance(vtype, ir.StringType):
+            return [f"if {x}.__class__ is not str or len({x}) > {scalars.MAX_STRING}: _bad({n}, {x})"]
         return []
 
     def expr(self, e: Any) -> str:
@@ -557,6 +629,16 @@ class _Gen:
             if e.func == "count":  # a flat tuple: no nesting however many conditions
                 return "_count((" + ", ".join(args) + ",))"
             return f"{e.func}({', '.join(args)})"
+        if isinstance(e, ir.TimeLit):
+            return repr(e.value)
+        if isinstance(e, ir.Func):
+            if e.name == "missing":
+                name = e.args[0].name if isinstance(e.args[0], ir.Var) else ""
+                return f"(v.get({name!r}) is None)"
+            code = ", ".join(self.expr(a) for a in e.args)
+            return f"abs({code})" if e.name == "abs" else f"_days_between({code})"
+        if isinstance(e, ir.Matches):
+            return f"({self.const(scalars.compiled(e.pattern).fullmatch)}({self.expr(e.operand)}) is not None)"
         if isinstance(e, ir.CaseExpr):
             if len(e.arms) > CASE_INLINE:
                 return self.case_function(e)
@@ -614,9 +696,17 @@ class _Gen:
             if all(isinstance(e, ir.Lit) for _, e in args):
                 items.append(self.const({"name": n, "args": {p: e.value for p, e in args}}))
             else:
-                body = ", ".join(f"{p!r}: {self.expr(e)}" for p, e in args)
+                body = ", ".join(f"{p!r}: {self.arg_code(n, p, e)}" for p, e in args)
                 items.append(f"{{'name': {n!r}, 'args': {{{body}}}}}")
         return "[" + ", ".join(items) + "]"
+
+    def arg_code(self, action: str, param: str, e: Any) -> str:
+        """An argument's code; dates and durations are reported as text (like the interpreter)."""
+        decl = self.s.actions.get(action)
+        ptype = next((p.type for p in decl.params if p.name == param), None) if decl is not None else None
+        if isinstance(ptype, ir.TimeType):
+            return f"_exp({self.const(ptype)}, {self.expr(e)})"
+        return self.expr(e)
 
     def branch_code(self, stage: ir.Stage, emit_target, indent: str) -> list[str]:
         """Lines evaluating a stage's branches; `emit_target(target, indent)` writes each target."""

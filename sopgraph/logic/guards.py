@@ -347,6 +347,12 @@ class GuardCompiler:
             return [(TRUE, ("o", e))]
         if isinstance(e, ir.Lit):
             return [(TRUE, ("c", e.value))]
+        if isinstance(e, ir.TimeLit):  # dates and durations are seconds (sopgraph.language.scalars)
+            return [(TRUE, ("c", e.value))]
+        if isinstance(e, ir.Func) and e.name == "abs" and len(e.args) == 1:  # abs(x) = max(x, -x)
+            neg = ir.Unary.model_construct(kind="unary", op="neg", operand=e.args[0], span=e.span)
+            return self.term(ir.Call.model_construct(kind="call", func="max", args=[e.args[0], neg],
+                                                     span=e.span), depth + 1)
         if isinstance(e, ir.Var):
             var = sp.scenario.variables.get(e.name)
             if var is None:

@@ -171,7 +171,7 @@ class _Renamer:
                 setattr(copy, field, self.rename(getattr(copy, field), looks, depth))
         if isinstance(copy, ir.BoolOp):
             copy.operands = [self.rename(o, looks, depth) for o in copy.operands]
-        elif isinstance(copy, ir.Call):
+        elif isinstance(copy, (ir.Call, ir.Func)):
             copy.args = [self.rename(a, looks, depth) for a in copy.args]
         elif isinstance(copy, ir.CaseExpr):
             copy.arms = [ir.CaseArm(when=self.rename(a.when, looks, depth), then=self.rename(a.then, looks, depth),

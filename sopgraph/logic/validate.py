@@ -395,8 +395,10 @@ def _replace_compare(scenario: ir.Scenario, target: ir.Compare, new: ir.Compare)
             return e.model_copy(update={"left": rebuild(e.left), "right": rebuild(e.right)})
         if isinstance(e, ir.BoolOp):
             return e.model_copy(update={"operands": [rebuild(o) for o in e.operands]})
-        if isinstance(e, ir.Call):
+        if isinstance(e, (ir.Call, ir.Func)):
             return e.model_copy(update={"args": [rebuild(a) for a in e.args]})
+        if isinstance(e, ir.Matches):
+            return e.model_copy(update={"operand": rebuild(e.operand)})
         if isinstance(e, ir.CaseExpr):
             arms = [a.model_copy(update={"when": rebuild(a.when), "then": rebuild(a.then)}) for a in e.arms]
             return e.model_copy(update={"arms": arms, "otherwise": rebuild(e.otherwise)})

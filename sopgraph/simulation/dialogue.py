@@ -180,6 +180,8 @@ def output_filler(out: ir.Output) -> Any:
     if isinstance(t, ir.NumType):
         lo = t.lo if t.lo is not None else (t.hi if t.hi is not None else 0)
         return int(lo) if t.kind == "int" else float(lo)
+    if isinstance(t, ir.TimeType):
+        return {"date": "1970-01-01", "datetime": "1970-01-01T00:00:00Z", "duration": "0 seconds"}[t.kind]
     return ""
 
 

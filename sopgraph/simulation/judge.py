@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, PrivateAttr
 
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Judgment, Turn, Usage
 from sopgraph.simulation.dialogue import extract_json_object, record_usage
 from sopgraph.simulation.gateway import InfraFailure
@@ -165,6 +165,14 @@ def _norm_label(var: ir.Variable, value: Any) -> tuple[Any, str | None]:
         if not vtype.contains(result):
             return None, f"{var.name}: {value!r} is outside {vtype.describe()}"
         return result, None
+    if isinstance(vtype, ir.StringType):
+        return (value, None) if isinstance(value, str) else (None, f"{var.name}: {value!r} is not text")
+    if isinstance(vtype, ir.TimeType):
+        try:
+            scalars.parse_temporal(vtype.kind, value)
+        except scalars.ValueProblem as exc:
+            return None, f"{var.name}: {value!r} {exc}"
+        return value, None
     return value, None
 
 

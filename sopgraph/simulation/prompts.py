@@ -98,6 +98,15 @@ def _fill(template_name: str, /, **values: str) -> str:
 # Plain words for types, values and conditions
 
 
+SCALAR_WORDS = {
+    "date": "a date (YYYY-MM-DD)",
+    "datetime": "a date and time (YYYY-MM-DDTHH:MM, UTC unless an offset is given)",
+    "duration": "a length of time (e.g. 24 hours, 90 days, 2 weeks)",
+    "string": "text",
+}
+_SCALAR_EXAMPLES = {"date": "2026-01-01", "datetime": "2026-01-01T00:00:00Z", "duration": "1 day", "string": ""}
+
+
 def describe_domain(vtype: Any, unit: str | None = None) -> str:
     """A type in words: `one of: A, B`, `true or false`, `an integer, at least 0 (CNY)`."""
     if isinstance(vtype, ir.EnumType):
@@ -118,6 +127,8 @@ def describe_domain(vtype: Any, unit: str | None = None) -> str:
                 bounds.append(f"less than {hi}" if vtype.hi_open else f"at most {hi}")
             if bounds:
                 text += ", " + " and ".join(bounds)
+    elif isinstance(vtype, (ir.TimeType, ir.StringType)):
+        text = SCALAR_WORDS[vtype.kind]
     else:
         text = "a computed value"
     if unit:
@@ -149,6 +160,20 @@ def _is_var(e: Any) -> TypeGuard[ir.Var]:
 _CMP_WORDS = {"==": "is", "!=": "is not", "<": "is less than", "<=": "is at most", ">": "is greater than",
               ">=": "is at least"}
 _FLIP: dict[ir.CmpOp, ir.CmpOp] = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+_TIME_WORDS = {"==": "is", "!=": "is not", "<": "is before", "<=": "is on or before", ">": "is after",
+               ">=": "is on or after"}
+
+
+def _is_moment(e: Any, s: ir.Scenario | None) -> bool:
+    """A date or datetime expression (compared in words as before/after)."""
+    if isinstance(e, ir.TimeLit):
+        return e.unit != "duration"
+    if isinstance(e, ir.Var) and s is not None and e.name in s.variables:
+        t = s.variables[e.name].type
+        return isinstance(t, ir.TimeType) and t.kind != "duration"
+    if isinstance(e, ir.Binary) and e.op in ("+", "-"):
+        return _is_moment(e.left, s) and not _is_moment(e.right, s) or e.op == "+" and _is_moment(e.right, s)
+    return False
 
 
 def _one_of(values: Sequence[str], negated: bool) -> str:
@@ -196,10 +221,15 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
             words = {">=": f"at least {n}", ">": f"more than {n}", "<=": f"at most {n}",
                      "<": f"fewer than {n}", "==": f"exactly {n}", "!=": f"other than {n}"}[op]
             return f"{words} of these hold: ({conds})", 3
-        return f"{ir.show(left, 5)} {_CMP_WORDS[op]} {ir.show(right, 5)}", 3
+        cmp_words = _TIME_WORDS if _is_moment(left, s) or _is_moment(right, s) else _CMP_WORDS
+        return f"{ir.show(left, 5)} {cmp_words[op]} {ir.show(right, 5)}", 3
     if isinstance(e, ir.InSet):
         values = [_lit(v) for v in e.values]
         return f"{ir.show(e.operand, 5)} is {_one_of(values, e.negated)}", 3
+    if isinstance(e, ir.Matches):
+        return f"{ir.show(e.operand, 5)} has the form {ir.quote(e.pattern)} (regular expression, whole value)", 3
+    if isinstance(e, ir.Func) and e.name == "missing" and e.args:
+        return f"{ir.show(e.args[0])} is missing (not given)", 3
     if isinstance(e, ir.BoolOp):
         prec = 1 if e.op == "or" else 2
         parts = []
@@ -305,9 +335,18 @@ def _variable_lines(variables: Iterable[ir.Variable]) -> str:
     lines = []
     for var in variables:
         desc = " ".join(var.description.split())
-        line = f"- {var.name} — {describe_domain(var.type, var.unit)}."
+        line = f"- {var.name} — {describe_domain(var.type, var.unit)}{_presence(var)}."
         lines.append(f"{line} {desc}" if desc else line)
     return "\n".join(lines)
+
+
+def _presence(var: ir.Variable) -> str:
+    """`; may be missing` for an optional value, `; 5 when not given` for one with a default."""
+    if var.optional:
+        return "; may be missing (the SOP says what to do then)"
+    if var.default is not None:
+        return f"; {ir.show(var.default)} when not given"
+    return ""
 
 
 def _derived_lines(scenario: ir.Scenario) -> str:
@@ -414,6 +453,8 @@ def _example_value(var_type: Any) -> Any:
             if var_type.contains(value):
                 return value
         return int(var_type.lo or 0) if var_type.kind == "int" else float(var_type.lo or 0)
+    if isinstance(var_type, (ir.TimeType, ir.StringType)):
+        return _SCALAR_EXAMPLES[var_type.kind]
     return None
 
 

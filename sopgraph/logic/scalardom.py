@@ -1,0 +1,162 @@
+"""Dates, durations, strings and optional values in the constraint domain (witnesses, synthesis).
+
+The space keeps a date, datetime or duration variable as an integer number of seconds (the engine's own
+form), so comparisons with constants are solved exactly like any integer; this module picks realistic
+members (around `REFERENCE`, dates on day boundaries: the day before and after a cut-off), turns them
+back into input text for witnesses, and proposes candidate strings for witness search — the literals a
+string is compared with and, for `matches`, an example that matches and one that does not (both checked
+with `re.fullmatch`; patterns outside the example builder's subset give no such candidates, which the
+checker reports as I210). An optional variable's candidates include `None` (missing).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from sopgraph.language import ir, scalars
+from sopgraph.logic.engine import Interpreter
+from sopgraph.logic.intervals import INF, NO_VALUE, NumDom
+
+DAY = scalars.DAY
+REFERENCE = scalars.parse_datetime("2026-01-15T12:00")  # where unconstrained dates are placed
+_TYPICAL_DURATION = 3600
+_MAX_CANDIDATES = 14
+
+
+class InternalValues(Interpreter):
+    """An interpreter over the space's own values: dates and durations already in seconds."""
+
+    def var(self, name: str) -> Any:
+        if name not in self.cache:
+            var = self.s.variables.get(name)
+            value = self.values.get(name)
+            if (var is not None and var.role != "derived" and isinstance(var.type, ir.TimeType)
+                    and isinstance(value, (int, float)) and not isinstance(value, bool)):
+                self.cache[name] = value
+                return value
+        return super().var(name)
+
+
+def snap(kind: str, d: NumDom, x: Any) -> Any:
+    """A date on a day boundary inside `d` near `x` (later first); other kinds unchanged."""
+    if x is NO_VALUE or kind != "date":
+        return x if x is NO_VALUE or d.contains(x) else NO_VALUE
+    base = math.floor(x / DAY) * DAY
+    for y in (base if base >= x else base + DAY, base, base + DAY, base - DAY):
+        if d.contains(y):
+            return int(y)
+    return NO_VALUE
+
+
+def _center(kind: str) -> int:
+    return _TYPICAL_DURATION if kind == "duration" else REFERENCE - (REFERENCE % DAY if kind == "date" else 0)
+
+
+def pick_time(kind: str, d: NumDom, style: str, rng: random.Random | None) -> Any:
+    """One member of a date/datetime/duration domain: its boundary (`boundary`: the cut-off itself, or
+    the first day past it), a realistic value (`representative`), or a random one (`rng`)."""
+    lo, hi = d.lo, d.hi
+    step = DAY if kind != "duration" else _TYPICAL_DURATION
+    if rng is not None:
+        mid = lo if hi == INF and lo != -INF else hi if lo == -INF and hi != INF else None
+        if mid is None:
+            mid = (lo + hi) / 2 if lo != -INF else _center(kind)
+        x = mid + rng.randint(-30, 30) * step
+        got = snap(kind, d, x)
+        return got if got is not NO_VALUE else pick_time(kind, d, "representative", None)
+    if style == "boundary":
+        if lo != -INF:
+            x = lo + (1 if d.lo_open else 0)
+        elif hi != INF:
+            x = hi - (1 if d.hi_open else 0)
+        else:
+            x = _center(kind)
+    elif lo != -INF and hi != INF:
+        x = math.floor((lo + hi) / 2)
+    elif lo != -INF:
+        x = lo + 7 * step
+    elif hi != INF:
+        x = hi - 7 * step
+    else:
+        x = _center(kind)
+    got = snap(kind, d, x)
+    if got is NO_VALUE:  # a narrow domain: its ends
+        for y in (lo, hi, lo + 1, hi - 1):
+            if math.isfinite(y):
+                got = snap(kind, d, y)
+                if got is not NO_VALUE:
+                    return got
+    return got
+
+
+def time_candidates(kind: str, d: NumDom, style: str, rng: random.Random | None,
+                    consts: Iterable[float]) -> list[Any]:
+    """Candidates for witness search: the picks, the constants a condition names (and a day or a
+    second around them), and the reference moment moved by those constants."""
+    raw: list[Any] = [pick_time(kind, d, style, rng), pick_time(kind, d, "boundary", None),
+                      pick_time(kind, d, "representative", None)]
+    center = _center(kind)
+    for c in consts:
+        raw += [c, c + DAY, c - DAY, c + 1, c - 1]
+        if kind != "duration" and abs(c) < 20 * 365 * DAY:  # a duration: move the reference by it
+            raw += [center - c, center + c, center - c + 1, center - c - 1]
+    raw += [center, center - DAY, center + DAY, center - 2 * DAY, center + 2 * DAY]
+    if kind == "duration":
+        raw += [0, DAY, 1]
+    out: list[Any] = []
+    for x in raw:
+        if x is NO_VALUE or isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            continue
+        y = snap(kind, d, int(x))
+        if y is not NO_VALUE and y not in out:
+            out.append(y)
+        if len(out) >= _MAX_CANDIDATES:
+            break
+    return out
+
+
+def string_candidates(name: str, preds: Iterable[Any], first: str) -> list[str]:
+    """Strings worth trying for `name`: `first`, the literals of the conditions and, for each
+    `matches`, an example that matches the pattern and one that does not."""
+    out: list[str] = [first]
+    for pred in preds:
+        stack = [pred]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ir.Matches) and isinstance(e.operand, ir.Var) and e.operand.name == name:
+                try:
+                    good, bad = scalars.pattern_examples(e.pattern)
+                except (scalars.OutsideSubset, ValueError):
+                    good = bad = None
+                out += [x for x in (good, bad) if x is not None]
+            elif isinstance(e, ir.Lit) and isinstance(e.value, str):
+                out.append(e.value)
+            stack.extend(ir.children(e))
+    out += ["other text"]
+    unique = list(dict.fromkeys(out))
+    return unique[:_MAX_CANDIDATES]
+
+
+def describe_time(kind: str, d: NumDom) -> str:
+    """A date/datetime/duration domain as text: `after 2026-01-01`, `at most 2 days`."""
+    if d.lo == d.hi:
+        return scalars.format_temporal(kind, d.lo)
+    parts = []
+    if d.lo != -INF:
+        parts.append(("after " if d.lo_open else "from ") + scalars.format_temporal(kind, d.lo))
+    if d.hi != INF:
+        parts.append(("before " if d.hi_open else "up to ") + scalars.format_temporal(kind, d.hi))
+    return ", ".join(parts) or "any"
+
+
+def to_input(kinds: dict[str, str], values: dict[str, Any]) -> dict[str, Any]:
+    """A witness in the engine's input form: dates and durations as text."""
+    out = dict(values)
+    for name, kind in kinds.items():
+        v = out.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = scalars.format_temporal(kind, v)
+    return out

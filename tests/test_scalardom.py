@@ -1,0 +1,135 @@
+"""Dates, durations, strings and optionals in the constraint domain: paths, witnesses (boundary values
+on both sides of a date cut-off, strings that match a pattern and strings that do not), E301 examples and
+synthesized cases (dates as ISO strings) — every witness verified by the engine."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sopgraph
+from sopgraph.language import ir
+from sopgraph.logic.checker import check_file
+from sopgraph.logic.engine import decide
+from sopgraph.logic.paths import iter_paths
+
+HEAD = ('system Departure: date "d"\nsystem BookedAt: datetime "b"\nsystem Waited: duration "w"\n'
+        'field Code: string "c"\nfield Other: string "o"\nsystem Voucher: float? "v"\n'
+        'action A "a"\naction B "b"\n')
+
+
+def _paths(body: str) -> tuple[ir.Scenario, list[Any]]:
+    scenario = sopgraph.load(text=HEAD + 'stage s1 "x" { ' + body + " }", check=False)
+    return scenario, list(iter_paths(scenario))
+
+
+def _verified(scenario: ir.Scenario, info: Any, which: str = "witness") -> dict[str, Any]:
+    """The path's witness, checked to decide that very path with the engine."""
+    values = getattr(info, which)
+    assert values is not None, f"{info.id} has no {which}"
+    assert decide(scenario, values).finals["Action"] == info.action
+    return dict(values)
+
+
+@pytest.mark.parametrize(("op", "inside", "outside"), [
+    (">", "2026-03-02", "2026-03-01"),  # the day after the cut-off / the cut-off itself
+    ("<", "2026-02-28", "2026-03-01"),  # the day before / the cut-off
+    (">=", "2026-03-01", "2026-02-28"),
+])
+def test_boundary_witnesses_sit_on_both_sides_of_a_date_cutoff(op: str, inside: str, outside: str) -> None:
+    scenario, paths = _paths(f'when Departure {op} date("2026-03-01") -> do A otherwise -> do B')
+    assert [p.action for p in paths] == ["A", "B"] and all(p.status == "feasible" for p in paths)
+    assert _verified(scenario, paths[0], "boundary_witness")["Departure"] == inside
+    assert _verified(scenario, paths[1], "boundary_witness")["Departure"] == outside
+
+
+def test_a_window_relative_to_now_has_witnesses_on_both_sides() -> None:
+    scenario, paths = _paths("when BookedAt > now - 24 hours -> do A otherwise -> do B")
+    assert [p.action for p in paths] == ["A", "B"]
+    for p in paths:
+        w = _verified(scenario, p)
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", w["BookedAt"]) and w["now"].startswith("20")
+
+
+def test_durations_and_days_between_have_witnesses() -> None:
+    scenario, paths = _paths("when Waited > 2 hours and days_between(Departure, BookedAt) >= 3 -> do A "
+                             "otherwise -> do B")
+    assert [p.status for p in paths] == ["feasible", "feasible"]
+    w = _verified(scenario, paths[0])
+    assert w["Waited"] != "2 hours"
+
+
+def test_pattern_witnesses_match_and_do_not_match() -> None:
+    pattern = r"^[A-Z]{3}-\d{5}$"
+    scenario, paths = _paths(f'when Code matches "{pattern}" -> do A otherwise -> do B')
+    assert re.fullmatch(pattern, _verified(scenario, paths[0])["Code"])
+    assert not re.fullmatch(pattern, _verified(scenario, paths[1])["Code"])
+
+
+def test_string_equality_between_variables_has_witnesses() -> None:
+    scenario, paths = _paths('when Code != Other and Code == "W1" -> do A otherwise -> do B')
+    a = _verified(scenario, paths[0])
+    assert a["Code"] == "W1" and a["Other"] != "W1"
+    _verified(scenario, paths[1])
+
+
+def test_a_missing_optional_is_a_witness_of_its_own() -> None:
+    scenario, paths = _paths("when missing(Voucher) -> do A when Voucher > 10 -> do B otherwise -> do A")
+    first = _verified(scenario, paths[0])
+    assert first["Voucher"] is None
+    assert _verified(scenario, paths[1])["Voucher"] > 10
+
+
+def test_abs_is_solved_like_max() -> None:
+    text = 'system X: int[-10..10] "x"\naction A "a"\naction B "b"\nstage s "x" { when abs(X) > 7 -> do A otherwise -> do B }'
+    scenario = sopgraph.load(text=text)
+    paths = list(iter_paths(scenario))
+    assert [p.status for p in paths] == ["feasible", "feasible"]
+    assert abs(_verified(scenario, paths[0], "boundary_witness")["X"]) > 7
+    assert abs(_verified(scenario, paths[1], "boundary_witness")["X"]) <= 7
+    assert all(p.constraints.get("X") for p in paths)  # solved into the domain of X, not a residual
+
+
+def test_a_non_exhaustive_date_branch_gives_an_example() -> None:
+    diags = check_file("t.sop", text=HEAD + 'stage s1 "x" { when Departure > date("2026-03-01") -> do A '
+                                            'when Departure < date("2026-03-01") -> do B }').diagnostics
+    e301 = [d for d in diags if d.code == "E301"]
+    assert e301 and e301[0].witness is not None and e301[0].witness["Departure"] == "2026-03-01"
+    assert "uncovered: Departure = 2026-03-01" in e301[0].notes
+
+
+def test_synthesized_cases_carry_dates_as_iso_strings(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    sop = tmp_path / "t.sop"
+    sop.write_text(HEAD + 'stage s1 "x" { when Departure > now + 2 days and Code matches "^[A-Z]{2}$" -> do A '
+                          'otherwise -> do B }', encoding="utf-8")
+    out = tmp_path / "cases.jsonl"
+    res = CliRunner().invoke(main, ["synth", str(sop), "-n", "4", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    scenario = sopgraph.load(sop)
+    cases = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {c["expected_finals"]["Action"] for c in cases} == {"A", "B"}
+    for case in cases:
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", case["system"]["Departure"])
+        assert decide(scenario, {**case["truth"], **case["system"]}).finals == case["expected_finals"]
+
+
+def test_observed_dates_take_one_value_per_look_in_witnesses() -> None:
+    text = ('system LastSeen: datetime "last seen"\naction Restart "r"\naction Done "d"\naction Human "h"\n'
+            'stage s1 "look" { observe LastSeen when LastSeen > now - 10 minutes -> do Done '
+            "otherwise -> do Restart -> s2 }\n"
+            'stage s2 "again" { observe LastSeen when LastSeen > now - 10 minutes -> do Done otherwise -> do Human }')
+    scenario = sopgraph.load(text=text)
+    paths = list(iter_paths(scenario))
+    assert [p.action for p in paths] == ["Done", "Done", "Human"]
+    for p in paths:
+        w = _verified(scenario, p)
+        assert isinstance(w["LastSeen"], list) and len(w["LastSeen"]) == len(p.stages)
+        assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", x) for x in w["LastSeen"])
