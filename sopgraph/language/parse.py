@@ -392,16 +392,16 @@ class ToIR(Transformer):
 
     # -- dates, durations, strings, optionals, defaults (docs/language.md §4)
     def date_type(self, meta, children):
-        return ir.TimeType(kind="date", span=self.sp(meta))
+        return ir.TimeType(kind="date", span=self._sp(meta))
 
     def datetime_type(self, meta, children):
-        return ir.TimeType(kind="datetime", span=self.sp(meta))
+        return ir.TimeType(kind="datetime", span=self._sp(meta))
 
     def duration_type(self, meta, children):
-        return ir.TimeType(kind="duration", span=self.sp(meta))
+        return ir.TimeType(kind="duration", span=self._sp(meta))
 
     def string_type(self, meta, children):
-        return ir.StringType(span=self.sp(meta))
+        return ir.StringType(span=self._sp(meta))
 
     def optional_mark(self, meta, children):
         return ("optional", True)
@@ -415,7 +415,7 @@ class ToIR(Transformer):
         seconds = amount * scalars.unit_seconds(str(unit))
         if isinstance(seconds, float) and seconds.is_integer():
             seconds = int(seconds)
-        return ir.TimeLit(unit="duration", value=seconds, text=f"{number} {unit}", span=self.sp(meta))
+        return ir.TimeLit(unit="duration", value=seconds, text=f"{number} {unit}", span=self._sp(meta))
 
     def func_call(self, meta, children):
         name_tok, *args = children
@@ -423,10 +423,10 @@ class ToIR(Transformer):
         name = str(name_tok)
         if name in ("date", "datetime"):
             return self._time_literal(name, args, meta)
-        return ir.Func(name=name, args=args, span=self.sp(meta))
+        return ir.Func(name=name, args=args, span=self._sp(meta))
 
     def _time_literal(self, kind: str, args: list[Any], meta: Any) -> ir.TimeLit:
-        span = self.sp(meta)
+        span = self._sp(meta)
         example = "2026-11-23" if kind == "date" else "2026-11-23T10:00"
         if len(args) != 1 or not isinstance(args[0], ir.Lit) or not isinstance(args[0].value, str) or args[0].bare:
             raise _BadLiteral(span, f"`{kind}(...)` takes one quoted {kind}",
@@ -441,7 +441,7 @@ class ToIR(Transformer):
         operand, tok = children
         pattern = str(tok)[1:-1].replace('\\"', '"')  # the text as written: `\d` stays `\d`
         return ir.Matches(operand=operand, pattern=pattern, pattern_span=_tok_span(self.file, tok),
-                          span=self.sp(meta))
+                          span=self._sp(meta))
 
     # -- stages
     def stage_decl(self, meta, children):
