@@ -7,12 +7,14 @@ so times include start-up, as a user sees them.
 - scoring family K=8 scores over N=30 shared inputs: `sop check`, `sop paths --count`,
   `sop synth -n 50` (target: each under 5 s);
 - `sop synth -n 50` on a generated workflow with >= 50,000 feasible paths (target under 5 s);
-- `sop check` on 100,000 stages in two shapes, a chain (`gen_sop.py --kind chain`: each stage may
-  end the SOP or go on) and branching stages (`--kind diamond`: every stage branches two to four
-  ways): time and peak memory of that one process (targets under 10 s and 1 GB).
+- `sop check` on 100,000 stages in two shapes, a chain (`gen_sop.py --kind chain`) and branching
+  stages (`--kind diamond`: every stage branches two to four ways): time and peak memory of that one
+  process (targets under 10 s and 1 GB);
+- a telecom_package profile of 20,000 generated intents (`tests/helpers.many_intents_profile`):
+  `sop check` and `sop synth -n 50` (target under 5 s each: the same budget as the scoring family,
+  since a profile is read by every check and every synthesis; it took 60-90 s before issue 13).
 
-Usage: `python benchmarks/bench_bounded.py [--k 8] [--n 30] [--stages 100000] [--only-stages]`
-(`--only-stages` runs the large-file checks alone; `--stages 10000,30000` measures several sizes).
+Usage: `python benchmarks/bench_bounded.py [--k 8] [--n 30] [--stages 100000] [--intents 20000]`.
 """
 
 from __future__ import annotations
@@ -45,8 +47,7 @@ def run(args: list[str]) -> tuple[float, float, int]:
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     _pid, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return elapsed, usage.ru_maxrss / 1024, proc.returncode
+    return elapsed, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
 
 
 def report(label: str, seconds: float, target: float, code: int, extra: str = "") -> None:
@@ -58,42 +59,46 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--n", type=int, default=30)
-    ap.add_argument("--stages", default="100000", help="stage counts of the large files, comma-separated")
-    ap.add_argument("--only-stages", action="store_true", help="only the large-file checks")
+    ap.add_argument("--stages", type=int, default=100_000)
+    ap.add_argument("--intents", type=int, default=20_000)
     args = ap.parse_args(argv)
+    helpers = _module("helpers", ROOT / "tests" / "helpers.py")
     gen = _module("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        if not args.only_stages:
-            _scoring_and_synth(args, d, gen)
-        for stages in (int(s) for s in args.stages.split(",")):
-            for shape, kind in (("chain", "chain"), ("branching stages", "diamond")):
-                big = d / f"{kind}.sop"
-                big.write_text(gen.generate(stages, kind=kind, seed=0))
-                t, peak, code = run(["check", "--no-profile", str(big)])
-                report(f"check, {stages:,} {shape}", t, 10.0, code,
-                       f"peak {peak:,.0f} MB ratio {peak / 1024:4.2f} (target 1 GB) ")
-                big.unlink()
+        scoring = d / "scoring.sop"
+        scoring.write_text(helpers.scoring_sop(args.k, args.n))
+        tag = f"scoring K={args.k} N={args.n}"
+        for label, cmd in ((f"{tag}: sop check", ["check", str(scoring)]),
+                           (f"{tag}: sop paths --count", ["paths", str(scoring), "--count"]),
+                           (f"{tag}: sop synth -n 50", ["synth", str(scoring), "-n", "50", "-q",
+                                                        "-o", str(d / "s.jsonl")])):
+            t, _, code = run(cmd)
+            report(label, t, 5.0, code)
+        wide = d / "wide.sop"
+        wide.write_text(gen.generate(12, kind="diamond", seed=3))  # 139,968 feasible paths
+        t, _, code = run(["synth", str(wide), "-n", "50", "-q", "-o", str(d / "w.jsonl")])
+        lines = len((d / "w.jsonl").read_text().splitlines()) if (d / "w.jsonl").exists() else 0
+        report("synth -n 50, 139,968 feasible paths", t, 5.0, code, f"({lines} cases) ")
+        profiled = d / "many"
+        profiled.mkdir()
+        sop = profiled / "telecom_package.sop"
+        sop.write_text((ROOT / "scenarios" / "telecom_package.sop").read_text(encoding="utf-8"))
+        (profiled / "telecom_package.profile.yaml").write_text(helpers.many_intents_profile(args.intents))
+        tag = f"profile of {args.intents:,} intents"
+        for label, cmd in ((f"{tag}: sop check", ["check", str(sop)]),
+                           (f"{tag}: sop synth -n 50", ["synth", str(sop), "-n", "50", "-q",
+                                                        "-o", str(d / "p.jsonl")])):
+            t, _, code = run(cmd)
+            report(label, t, 5.0, code)
+        for shape, kind in (("stage chain", "chain"), ("branching stages", "diamond")):
+            big = d / f"{kind}.sop"
+            big.write_text(gen.generate(args.stages, kind=kind, seed=0))
+            t, peak, code = run(["check", "--no-profile", str(big)])
+            report(f"check, {args.stages:,} {shape}", t, 10.0, code,
+                   f"peak {peak:,.0f} MB ratio {peak / 1024:4.2f} (target 1 GB) ")
+            big.unlink()
     return 0
-
-
-def _scoring_and_synth(args: argparse.Namespace, d: Path, gen) -> None:
-    """The scoring family (check, paths --count, synth) and synthesis on a wide workflow."""
-    helpers = _module("helpers", ROOT / "tests" / "helpers.py")
-    scoring = d / "scoring.sop"
-    scoring.write_text(helpers.scoring_sop(args.k, args.n))
-    tag = f"scoring K={args.k} N={args.n}"
-    for label, cmd in ((f"{tag}: sop check", ["check", str(scoring)]),
-                       (f"{tag}: sop paths --count", ["paths", str(scoring), "--count"]),
-                       (f"{tag}: sop synth -n 50", ["synth", str(scoring), "-n", "50", "-q",
-                                                    "-o", str(d / "s.jsonl")])):
-        t, _, code = run(cmd)
-        report(label, t, 5.0, code)
-    wide = d / "wide.sop"
-    wide.write_text(gen.generate(12, kind="diamond", seed=3))  # 139,968 feasible paths
-    t, _, code = run(["synth", str(wide), "-n", "50", "-q", "-o", str(d / "w.jsonl")])
-    lines = len((d / "w.jsonl").read_text().splitlines()) if (d / "w.jsonl").exists() else 0
-    report("synth -n 50, 139,968 feasible paths", t, 5.0, code, f"({lines} cases) ")
 
 
 if __name__ == "__main__":

@@ -51,17 +51,32 @@ AGENT_PID=$!
 trap 'kill $AGENT_PID 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q http "$OUT/agent.url" 2>/dev/null && break; sleep 0.1; done
 URL=$(sed -n 's/^agent on //p' "$OUT/agent.url")
+test -n "$URL" || { echo "the example agent did not start" >&2; exit 1; }
 sop run scenarios/telecom_package.sop --cases "$OUT/cases.jsonl" --model "agent=$URL" \
     --trials 2 --concurrency 16 --quiet -o "$OUT/runs/http-agent"
 kill $AGENT_PID; trap - EXIT
 
+say "5c. the graph-guided baseline: the same model fed one SOP stage at a time, the engine moving the state"
+sop run scenarios/telecom_package.sop --cases "$OUT/cases.jsonl" --model agent=baseline/guided:baseline/random-path \
+    --trials 2 --concurrency 16 --quiet -o "$OUT/runs/guided-random-path"
+python - "$OUT"/runs/* <<'PY'
+import sqlite3, sys
+from collections import Counter
+for run in sys.argv[1:]:
+    rows = sqlite3.connect(f"file:{run}/run.sqlite?mode=ro", uri=True).execute("SELECT turns FROM dialogues")
+    lengths = Counter(n for (n,) in rows)
+    print(f"{run.rsplit('/', 1)[-1]:>20}: dialogue turns " + " ".join(f"{k}×{v}" for k, v in sorted(lengths.items())))
+PY
+
 say "6. score, leaderboard, coverage and report"
 sop score "$OUT/runs/oracle"
+# floor agents, your HTTP agent and the guided baseline side by side (random-path beside its guided form)
 sop leaderboard "$OUT"/runs/*
 sop compare "$OUT/runs/always-escalate" "$OUT/runs/oracle" > "$OUT/compare.txt"
 head -n 20 "$OUT/compare.txt"
 sop coverage scenarios/telecom_package.sop --run "$OUT/runs/random-path" --render svg -o "$OUT/coverage.svg"
 sop report "$OUT/runs/oracle" "$OUT/runs/always-escalate" "$OUT/runs/always-comply" "$OUT/runs/random-path" \
+    "$OUT/runs/guided-random-path" \
     -o "$OUT/report.html"
 sop export "$OUT/runs/oracle" --format openai --min-overall 50 -o "$OUT/corpus.jsonl"
 

@@ -103,3 +103,24 @@ def done_dialogues(run_dir: Path) -> int:
             conn.close()
     except sqlite3.Error:
         return 0
+
+
+def many_intents_profile(n: int, *, seed: int = 0) -> str:
+    """A telecom_package profile of `n` generated intents (1-3 `requires` each over the scenario's
+    fields and system variables, enum values and fee thresholds), as a large real profile repeats a few
+    hundred condition sets. Issue 13: 20,000 such intents took over 60 s to check."""
+    import random
+
+    rng = random.Random(seed)
+    values = {"ConsumptionType": ["Enquiry", "Change", "Cancel"], "ApplicationTendency": ["Agree", "Reject", "Hesitate"],
+              "ConsumptionProfile": ["Data", "Voice"], "EmotionTag": ["Calm", "Discontent"],
+              "PackageStatus": ["Contracted", "NoContract"], "Penalty": ["0", "> 0", "> 100", "<= 300"]}
+    out = ["scenario: telecom_package", "description: many generated intents", "intents:"]
+    for i in range(n):
+        names = rng.sample(sorted(values), rng.randint(1, 3))
+        req = ", ".join(f'{k}: "{rng.choice(values[k])}"' for k in names)
+        out.append(f"  intent_{i}:\n    description: Generated intent {i}.\n"
+                   f"    intensity: {rng.choice(['zero', 'weak', 'strong'])}\n    requires: {{{req}}}")
+        if i % 3 == 0:
+            out.append("    pushes_for: []")
+    return "\n".join(out) + "\n"

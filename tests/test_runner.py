@@ -131,9 +131,17 @@ def test_offline_oracle_run_with_cli(tmp_path):
         assert meta["models"]["user"]["model"] == "scripted/user"
         assert {meta["models"][f"judge{i}"]["model"] for i in (1, 2, 3)} == {"scripted/truth"}
         assert meta["sop_hash"] == sc.source_hash and meta["config"]["trials"] == 2
+        last = {d.id: d.turns for d in store.dialogues()}
         for t in store.turns():
             case = next(c for c in cases if t.dialogue_id.startswith(c.id + "#"))
-            assert t.output.now_path == case.expected_path and t.output.finals == case.expected_finals
+            assert t.output.finals == case.expected_finals and t.output.classification_output == case.truth
+            if t.index == last[t.dialogue_id]:  # the oracle acts on the reference path...
+                assert t.output.now_path == case.expected_path
+            else:  # ...after asking for what the path's decisions need (the path stops short: no action yet)
+                assert t.output.now_path == ["step1"] and (t.output.chat.endswith("?") or "still need" in t.output.chat)
+        # step1 needs the four classification fields: it asks for one, the forthcoming (zero-intensity,
+        # cooperative) customer answers it and volunteers another, twice
+        assert set(last.values()) == {3}
         for c in store.consensus():
             case = next(x for x in cases if c.dialogue_id.startswith(x.id + "#"))
             assert c.labels == case.truth and c.no_consensus == [] and c.judges_scored == 3

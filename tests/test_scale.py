@@ -1,8 +1,7 @@
 """Large generated programs: `sop check` does bounded work and keeps memory linear in the stages.
 
 Counts, not wall time (the machine may be loaded): the flow analysis reports the states and region
-operations it spent (`FlowWork`), tracemalloc counts the bytes the loaded IR holds, and a counting
-source text shows that rendering many diagnostics splits a file once.
+operations it spent (`FlowWork`), tracemalloc counts the bytes the loaded IR holds.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ import tracemalloc
 
 from helpers import gen_sop
 
-from sopgraph.language.diagnostics import SourceLines, warning
-from sopgraph.language.ir import Span
 from sopgraph.language.parse import load_source
 from sopgraph.logic.checker import check
 from sopgraph.logic.flow import DEFAULT_BUDGET, MAX_REGION, STEP_BUDGET, FlowWork, flow_diagnostics
@@ -70,24 +67,3 @@ def test_loaded_ir_memory_is_linear_and_small_per_stage() -> None:
     # span and a fields set of its own in every node)
     assert per_stage < 9_000, per_stage
     assert large < 5.5 * small  # linear: five times the stages, about five times the bytes
-
-
-class _CountingText(str):
-    splits = 0
-
-    def split(self, *args, **kwargs):  # type: ignore[override]
-        type(self).splits += 1
-        return super().split(*args, **kwargs)
-
-
-def test_rendering_many_diagnostics_splits_each_source_once() -> None:
-    text = _CountingText("".join(f"field F{i}: bool\n" for i in range(2_000)))
-    diags = [warning("W402", f"field `F{i}` has no description", Span(file="a.sop", line=i + 1, col=7,
-                                                                        end_line=i + 1, end_col=9 + len(str(i))))
-             for i in range(2_000)]
-    index = SourceLines({"a.sop": text})
-    rendered = [d.render(index) for d in diags]
-    assert _CountingText.splits == 1
-    assert rendered[1_999].splitlines()[1] == "2000 | field F1999: bool"
-    _CountingText.splits = 0
-    assert [d.render({"a.sop": text}) for d in diags[:3]] == rendered[:3]  # same text either way

@@ -600,8 +600,13 @@ def test_floor_agents_rank_as_they_must(floor_runs) -> None:
     board = leaderboard(list(floor_runs.values()), ScoreConfig(bootstrap=200))
     rows = {r.model: r for r in board.rows}
     logic = {m: r.metrics["logic"].value for m, r in rows.items()}
-    # the oracle is on top on logic (and overall), perfect on every logic metric
-    assert max(logic, key=logic.get) == "baseline/oracle" and logic["baseline/oracle"] == 1.0
+    # the oracle is on top on logic (and overall); it asks for the classification values before it acts, so
+    # its path stops short on those turns, and it is perfect on everything else and on its final turn
+    assert max(logic, key=logic.get) == "baseline/oracle"
+    for name in ("classification", "action", "finals", "pass_rate"):
+        assert rows["baseline/oracle"].metrics[name].value == 1.0, name
+    final = next(g for g in score_run(floor_runs["baseline/oracle"]).aggregate(["depth"]) if g.key["depth"] == "final")
+    assert final.metrics["logic"].value == 1.0 and final.metrics["path"].value == 1.0
     assert board.rows[0].model == "baseline/oracle"
     assert rows["baseline/oracle"].metrics["catastrophic_failures"].value == 0
     # always-escalate: safe (no catastrophic failure, no revenue at risk) but resolves nothing
@@ -660,7 +665,10 @@ def test_score_leaderboard_compare_cli(floor_runs, tmp_path) -> None:
                           "sage-readme", "--bootstrap", "50"])
     data = json.loads(res.output)
     assert data["config"]["path_metric"] == "prefix" and data["config"]["w_classification"] == 0.375
-    assert data["groups"][0]["metrics"]["logic"]["value"] == 1.0
+    assert data["groups"][0]["metrics"]["action"]["value"] == 1.0  # logic: < 1 on the turns it asks
+    res = r.invoke(main, ["score", str(oracle), "--format", "json", "--bootstrap", "0"])
+    final = next(g for g in json.loads(res.output)["groups"] if g["key"].get("depth") == "final")
+    assert final["metrics"]["logic"]["value"] == 1.0
     res = r.invoke(main, ["score", str(comply), "--format", "csv", "--bootstrap", "0"])
     header = res.output.splitlines()[0].split(",")
     assert {"by", "model", "overall", "overall_lo", "pass^1", "cost_tier"} <= set(header)

@@ -11,7 +11,15 @@ from click.testing import CliRunner
 
 import sopgraph
 from sopgraph.cases.profiles import default_profile, load_profile, parse_profile
-from sopgraph.cases.synth import CASE_KEYS, SynthError, charges_customer, parse_mix, plan, synthesize
+from sopgraph.cases.synth import (
+    CASE_KEYS,
+    SynthError,
+    charges_customer,
+    parse_mix,
+    plan,
+    synthesize,
+    synthesize_stream,
+)
 from sopgraph.cli import main
 from sopgraph.logic.engine import Interpreter
 from sopgraph.records import Case
@@ -391,3 +399,159 @@ def test_profile_without_pushes_for_never_pushes_a_charge(name: str, charging: s
         assert set(pushed) == {None}
     else:
         assert sum(v for k, v in pushed.items() if k) > len(cases) // 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming (issue 13): cases written as they are made, same bytes, bounded memory, short tables
+
+
+GOLDEN_DIGESTS = ROOT / "tests" / "golden" / "synth_digests.json"
+
+
+def _golden_runs() -> list[str]:
+    return sorted(json.loads(GOLDEN_DIGESTS.read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("run", _golden_runs())
+def test_streamed_synth_output_is_byte_identical_to_the_golden(run: str, tmp_path: Path) -> None:
+    """`sop synth` streams its cases; the bytes are those the in-memory synthesis wrote before streaming
+    (digests recorded from that revision; `SOP_UPDATE_GOLDEN=1` rewrites them after an intended change)."""
+    import hashlib
+    import os
+
+    name, *options = run.split()
+    sop = SCENARIOS / f"{name}.sop"
+    if not sop.exists():
+        sop = ROOT / "examples" / f"{name}.sop"
+    out = tmp_path / "cases.jsonl"
+    r = CliRunner().invoke(main, ["synth", str(sop), *options, "-q", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    golden = json.loads(GOLDEN_DIGESTS.read_text(encoding="utf-8"))
+    if os.environ.get("SOP_UPDATE_GOLDEN", "") not in ("", "0"):
+        golden[run] = digest
+        GOLDEN_DIGESTS.write_text(json.dumps(golden, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    assert digest == golden[run]
+    # the library's in-memory result is the same bytes
+    scenario = sopgraph.load(sop)
+    profile = load_profile(sop.with_suffix(".profile.yaml"), scenario)
+    args = dict(zip(options[::2], options[1::2], strict=True))
+    kw: dict = {"balance": args.get("--balance", "intent")}
+    if args.get("--intensity") == "intent":
+        kw.update(intensity_mix=None, use_intent_intensity=True)
+    result = synthesize(scenario, profile, int(args["-n"]), seed=int(args["--seed"]), **kw)
+    assert result.to_jsonl().encode("utf-8") == out.read_bytes()
+
+
+def test_stream_flushes_each_case_as_it_is_made(telecom) -> None:
+    import io
+
+    class Recorder(io.StringIO):
+        """Remembers how many complete lines had been written at each flush."""
+        def __init__(self) -> None:
+            super().__init__()
+            self.flushed: list[int] = []
+
+        def flush(self) -> None:
+            self.flushed.append(self.getvalue().count("\n"))
+
+    scenario, profile = telecom
+    stream = synthesize_stream(scenario, profile, 25, seed=3)
+    with pytest.raises(RuntimeError):
+        _ = stream.coverage  # not known before the last case is made
+    sink = Recorder()
+    assert stream.write(sink) == 25
+    assert sink.flushed == list(range(1, 26))
+    assert sink.getvalue() == synthesize(scenario, profile, 25, seed=3).to_jsonl()
+    assert stream.coverage.cases == 25 and sum(stream.coverage.per_action.values()) == 25
+
+
+def test_stream_memory_does_not_grow_with_the_file(telecom) -> None:
+    """Streaming 20,000 cases holds the slots (a small tuple per case), never the file: the peak of
+    Python allocations while writing to a sink that keeps nothing stays far below the file's size."""
+    import tracemalloc
+
+    class Sink:
+        size = 0
+
+        def write(self, text: str) -> None:
+            self.size += len(text)
+
+        def flush(self) -> None:
+            pass
+
+    scenario, profile = telecom
+    synthesize(scenario, profile, 50, seed=1)  # warm the plan and engine caches outside the measurement
+    sink = Sink()
+    tracemalloc.start()
+    try:
+        stream = synthesize_stream(scenario, profile, 20_000, seed=1)
+        stream.write(sink)  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sink.size > 5_000_000
+    assert peak < sink.size / 4, (peak, sink.size)
+
+
+def test_synth_summary_tables_are_cut_past_50_rows(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    sop = tmp_path / "wide.sop"
+    sop.write_text(gen.generate(7, kind="diamond", seed=3))  # 972 feasible paths
+    cov = tmp_path / "cov.json"
+    r = CliRunner().invoke(main, ["synth", str(sop), "-n", "60", "-o", str(tmp_path / "c.jsonl"),
+                                  "--coverage", str(cov)])
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if line.startswith("│")]
+    path_rows = [line for line in rows if line.startswith("│ P")]
+    assert len(path_rows) == 45  # the first 45 rows (those with cases first) ...
+    assert all(not line.rstrip("│ ").endswith(" 0") for line in path_rows)
+    assert any("… 927 more rows (912 with 0 cases)" in line for line in rows)  # ... a count of the rest ...
+    assert any("total: 972 paths (60 with cases)" in line and line.rstrip("│ ").endswith("60") for line in rows)
+    assert "tables cut at 50 rows" in r.output
+    assert len(json.loads(cov.read_text())["per_path"]) == 972  # ... and every count in --coverage
+    assert len((tmp_path / "c.jsonl").read_text().splitlines()) == 60
+
+
+def test_large_profile_work_grows_with_distinct_conditions_not_intents(monkeypatch, telecom) -> None:
+    """A 3,000-intent profile (issue 13: 20,000 took over 60 s): each condition text is parsed once,
+    each distinct condition set is matched once per path, and a 50-case file builds templates only for
+    the pairs it uses. Counted in operations, not seconds."""
+    from helpers import many_intents_profile
+
+    from sopgraph.cases import profiles
+    from sopgraph.cases import synth as synth_mod
+    from sopgraph.cases.profiles import conditions_key
+    from sopgraph.logic import domain
+
+    scenario, _ = telecom
+    calls: Counter = Counter()
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted(profiles, "parse_text")
+    counted(domain, "constrain")
+    counted(synth_mod, "_template")
+    profile, diags = parse_profile(many_intents_profile(3000), scenario)
+    assert profile is not None and not [d for d in diags if d.is_error]
+    keys = len({conditions_key(i) for i in profile.intents.values()})
+    assert keys < 1500  # the generator repeats condition sets, as a large real profile does
+    assert calls["parse_text"] <= 3  # "> 0", "> 100", "<= 300": once each, not once per intent
+    paths = len(plan(scenario, profile).paths)
+    calls.clear()
+    stream = synthesize_stream(scenario, profile, 50, seed=1)
+    assert sum(1 for _ in stream) == 50
+    assert calls["_template"] <= 50 + paths  # the pairs the file uses (and generated intents), not all pairs
+    # matching: once per distinct condition set and path (3 conditions at most)
+    assert calls["constrain"] <= keys * (paths + 1) * 3, calls  # per intent it would be ~3x more

@@ -1,7 +1,7 @@
 """An example agent speaking sopgraph's agent protocol (`sopgraph.agent/1`, docs/agents.md).
 
 It is deliberately simple — a keyword policy, no model — so that the demo runs offline:
-it greets, asks one clarifying question, then calls the first tool whose name or description shares
+it greets, asks two clarifying questions, then calls the first tool whose name or description shares
 a word with what the customer said (else the first escalation-like tool, else the first tool).
 
 Run it as a server:   python examples/agents/rule_agent.py --port 8765
@@ -21,6 +21,11 @@ PROTOCOL = "sopgraph.agent/1"
 _ESCALATE = re.compile(r"human|escalat|transfer|review", re.IGNORECASE)
 
 
+_LOOKUPS = ("lookup", "sop_lookup")
+_QUESTIONS = ("Thanks for reaching out. Could you tell me a little more about your situation?",
+              "Thank you. Is there anything else I should know before I act on this?")
+
+
 def _words(text: str) -> set[str]:
     return {w for w in re.findall(r"[a-z]{4,}", text.lower())}
 
@@ -30,10 +35,11 @@ def respond(request: dict[str, Any]) -> dict[str, Any]:
     if request.get("protocol") != PROTOCOL:
         return {"reply": f"unsupported protocol {request.get('protocol')!r}", "tool_calls": []}
     said = " ".join(m["content"] for m in request["messages"] if m["role"] == "user")
-    tools = [t["function"] for t in request.get("tools") or []]
-    if request.get("turn", 1) == 1 or not tools:
-        return {"reply": "Thanks for reaching out. Could you tell me a little more about your situation?",
-                "tool_calls": []}
+    # the back-office `lookup` tool answers questions; this agent only picks an action to take
+    tools = [t["function"] for t in request.get("tools") or [] if t["function"]["name"] not in _LOOKUPS]
+    turn = request.get("turn", 1)
+    if turn <= len(_QUESTIONS) or not tools:
+        return {"reply": _QUESTIONS[min(turn, len(_QUESTIONS)) - 1], "tool_calls": []}
     heard = _words(said)
     best = max(tools, key=lambda f: len(heard & _words(f["name"] + " " + f.get("description", ""))))
     if not heard & _words(best["name"] + " " + best.get("description", "")):

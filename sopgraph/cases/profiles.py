@@ -184,6 +184,8 @@ class _Doc:
         self.key_marks: dict[tuple, yaml.Mark] = {}
         self.value_marks: dict[tuple, tuple[yaml.Mark, yaml.Mark, str | None]] = {}
         self.duplicates: list[tuple[tuple, yaml.Mark]] = []
+        # condition text → its parsed, name-resolved expression (see `parse_expression`'s `memo`)
+        self.expressions: dict[str, Any] = {}
 
     def span(self, path: tuple, *, key: bool = False) -> ir.Span:
         """Span of the key (if `key`) or of the value at `path`, falling back to the nearest parent."""
@@ -210,7 +212,7 @@ class _Doc:
         return bool(entry and entry[2] in ("'", '"'))
 
     def walk(self, node: yaml.Node, path: tuple) -> None:
-        style = getattr(node, "style", None)
+        style = getattr(node, "style", None) or None  # libyaml gives plain scalars "", PyYAML None
         self.value_marks[path] = (node.start_mark, node.end_mark, style)
         if isinstance(node, yaml.MappingNode):
             seen: set[Any] = set()
@@ -305,20 +307,70 @@ def read_profile_text(path: str | Path) -> tuple[str | None, list[Diagnostic]]:
     return decode_profile(data, file)
 
 
+def _load_bounded(loader: Any) -> tuple[Any, Any]:
+    """(root node, plain data) of a document, within the node limit (the loader enforces depth and aliases)."""
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
+            raise _YamlTooBig(f"its aliases expand to more than {MAX_YAML_NODES:,} nodes")
+        data = loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+    return node, data
+
+
+_CLoader: Any = getattr(yaml, "CSafeLoader", None)  # libyaml, when PyYAML was built with it
+
+
+def _within_limits(text: str) -> bool:
+    """Whether the document parses and stays within the depth and alias limits, read as libyaml events
+    (flat, no recursion): only such a document is composed by libyaml's recursive C composer."""
+    events = _CLoader(text)
+    try:
+        depth = aliases = 0
+        while (event := events.get_event()) is not None:
+            if isinstance(event, yaml.AliasEvent):
+                aliases += 1
+                if aliases > MAX_YAML_ALIASES:
+                    return False
+            elif isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    return False
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+            elif isinstance(event, yaml.ScalarEvent) and depth + 1 > MAX_YAML_DEPTH:
+                return False
+        return True
+    except yaml.YAMLError:
+        return False
+    finally:
+        events.dispose()
+
+
+def _load_fast(text: str) -> tuple[Any, Any] | None:
+    """The document loaded by libyaml (C; a large profile of 20,000 intents loads ~10x faster), or None
+    when libyaml is missing or the document breaks a limit or has an error: the pure-Python bounded
+    loader then reports it exactly as it always has."""
+    if _CLoader is None or not _within_limits(text):
+        return None
+    try:
+        return _load_bounded(_CLoader(text))
+    except (_YamlTooBig, yaml.YAMLError, ValueError, OverflowError, RecursionError):
+        return None
+
+
 def _load_yaml(text: str, file: str) -> tuple[Any, _Doc, list[Diagnostic]]:
     doc = _Doc(file)
     if len(text) > MAX_PROFILE_BYTES:
         return None, doc, [error("E601", f"the profile is too large (more than {MAX_PROFILE_BYTES:,} "
                                          "characters)", ir.Span(file=file))]
     try:
-        loader = _BoundedLoader(text)
-        try:
-            node = loader.get_single_node()
-            if node is not None and _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
-                raise _YamlTooBig(f"its aliases expand to more than {MAX_YAML_NODES:,} nodes")
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
+        fast = _load_fast(text)
+        if fast is not None:
+            node, data = fast
+        else:
+            node, data = _load_bounded(_BoundedLoader(text))
     except _YamlTooBig as exc:
         return None, doc, [error("E601", f"the profile is too complex to load: {exc}", ir.Span(file=file),
                                  "write a plain mapping of intents, personas and variables")]
@@ -427,11 +479,17 @@ def _lit(value: Scalar, bare: bool, span: ir.Span) -> ir.Lit:
     return ir.Lit(value=value, bare=bare and isinstance(value, str), span=span)
 
 
-def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted: bool = False
-                     ) -> tuple[ir.Expr | None, list[Diagnostic]]:
+def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted: bool = False,
+                     memo: dict[str, Any] | None = None) -> tuple[ir.Expr | None, list[Diagnostic]]:
     """Parse a condition in `.sop` expression syntax and resolve its names against the scenario.
 
-    Syntax errors are reported at the YAML scalar's position (shifted by the column inside it)."""
+    Syntax errors are reported at the YAML scalar's position (shifted by the column inside it).
+    `memo` (one per profile) keeps each text's parsed expression: a profile of 20,000 intents repeats
+    the same few conditions (`> 0`) and parsing costs far more than relocating a copy."""
+    hit = memo.get(text) if memo is not None else None
+    if hit is not None:
+        expr = _relocate(hit, span)
+        return expr, _check_names(expr, scenario, span, text)
     wrapper = "stage __profile_condition {\nwhen " + text + "\n-> do __x\n}\n"
     try:
         program = parse_text(wrapper, file=span.file)
@@ -462,7 +520,10 @@ def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted:
         return None, [error("E606", f"bad condition `{text}`: unexpected `{unit}` after the condition", at,
                             "a condition is a value (`Calm`), a list of values, or a comparison such as "
                             "`> 48` or `in {1, 2}`, in `.sop` expression syntax; write numbers without units")]
-    expr = _relocate(_resolve(expr, scenario), span)
+    resolved = _resolve(expr, scenario)
+    if memo is not None:
+        memo[text] = resolved
+    expr = _relocate(resolved, span)
     return expr, _check_names(expr, scenario, span, text)
 
 
@@ -835,7 +896,7 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
     for i, cond in enumerate(whens):
         path = base + ("when",) + ((i,) if isinstance(spec.when, list) else ())
         span = doc.span(path)
-        expr, more = parse_expression(cond, scenario, span, quoted=doc.quoted(path))
+        expr, more = parse_expression(cond, scenario, span, quoted=doc.quoted(path), memo=doc.expressions)
         diags += more
         if expr is not None and not more:
             conditions.append(Condition(expr=expr, truth=True, text=ir.show(expr), span=span))
@@ -868,12 +929,13 @@ def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scena
         text = value.strip()
         if _OPERATOR_PREFIX.match(text):
             text = f"{var.name} {text}"
-        expr, more = parse_expression(text, scenario, span, quoted=doc.quoted(path))
+        expr, more = parse_expression(text, scenario, span, quoted=doc.quoted(path), memo=doc.expressions)
         diags.extend(more)
         return (expr if not more else None), text
     if isinstance(value, str) and isinstance(var.type, (ir.BoolType, ir.NumType)):
         # a bare word for a non-enum variable: `true`/`false` quoted, or an expression like `Fee`
-        expr, more = parse_expression(f"{var.name} == {value}", scenario, span, quoted=doc.quoted(path))
+        expr, more = parse_expression(f"{var.name} == {value}", scenario, span, quoted=doc.quoted(path),
+                                      memo=doc.expressions)
         if not more and isinstance(var.type, ir.BoolType) and value in ("true", "false"):
             return expr, f"{var.name} == {value}"
         problem = _domain_problem(var, value)
@@ -896,22 +958,57 @@ def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scena
 def _impossible_intents(scenario: ir.Scenario, profile: Profile) -> list[Diagnostic]:
     """Intents whose own conditions contradict each other (no assignment satisfies them)."""
     diags: list[Diagnostic] = []
+    space = domain.space_for(scenario)
+    possible: dict[tuple, bool] = {}  # conditions_key → can hold
     for intent in profile.intents.values():
         if not intent.conditions:
             continue
-        if not intent_region(scenario, intent, [domain.full_box(scenario)]):
+        key = conditions_key(intent)
+        if key not in possible:
+            possible[key] = bool(intent_region(scenario, intent, [space.full], space=space))
+        if not possible[key]:
             diags.append(error("E607", f"intent `{intent.name}` can never hold: its conditions contradict "
                                        f"each other or the variables' domains ({intent.describe_conditions()})",
                                intent.span, "remove or relax one of its requires/excludes/when entries"))
     return diags
 
 
-def intent_region(scenario: ir.Scenario, intent: Intent, boxes: list[Any]) -> list[Any]:
-    """The part of `boxes` (a union of domain boxes) where every condition of the intent holds."""
+def _expr_key(expr: Any) -> Any:
+    """A hashable key equal for structurally equal expressions (spans ignored). A node kind it does not
+    know gets its own identity as key: never shared, so never wrong."""
+    if isinstance(expr, ir.Var):
+        return ("v", expr.name)
+    if isinstance(expr, ir.Lit):
+        return ("l", type(expr.value).__name__, expr.value, expr.bare)
+    if isinstance(expr, (ir.Compare, ir.Binary)):
+        return (expr.kind, expr.op, _expr_key(expr.left), _expr_key(expr.right))
+    if isinstance(expr, ir.InSet):
+        return ("in", expr.negated, _expr_key(expr.operand), tuple(_expr_key(v) for v in expr.values))
+    if isinstance(expr, ir.BoolOp):
+        return ("bool", expr.op, tuple(_expr_key(o) for o in expr.operands))
+    if isinstance(expr, ir.Unary):
+        return ("unary", expr.op, _expr_key(expr.operand))
+    if isinstance(expr, ir.Call):
+        return ("call", expr.func, tuple(_expr_key(a) for a in expr.args))
+    return ("id", id(expr))
+
+
+def conditions_key(intent: Intent) -> tuple:
+    """Equal for intents whose conditions are the same (in the same order): such intents have the same
+    region everywhere, so matching computes it once for all of them (a profile of 20,000 intents
+    repeats a few hundred condition sets)."""
+    return tuple((c.truth, _expr_key(c.expr)) for c in intent.conditions)
+
+
+def intent_region(scenario: ir.Scenario, intent: Intent, boxes: list[Any], *,
+                  space: domain.Space | None = None) -> list[Any]:
+    """The part of `boxes` (a union of domain boxes) where every condition of the intent holds
+    (`space`: the scenario's `domain.space_for`, fetched once by callers matching many intents)."""
+    sp = space if space is not None else domain.space_for(scenario)
     for cond in intent.conditions:
         nxt: list[Any] = []
         for box in boxes:
-            nxt += domain.constrain(scenario, box, cond.expr, cond.truth)
+            nxt += domain.constrain(scenario, box, cond.expr, cond.truth, space=sp)
         boxes = nxt
         if not boxes:
             break

@@ -27,10 +27,10 @@ import json
 import random
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import BaseModel, Field
 
@@ -39,6 +39,7 @@ from sopgraph.cases.profiles import (
     Intent,
     PersonaSpec,
     Profile,
+    conditions_key,
     intent_region,
     library,
     parse_profile,
@@ -139,6 +140,47 @@ class SynthResult:
                 fh.write("\n")
 
 
+class SynthStream:
+    """The cases of one synthesis, made one at a time as the stream is iterated (once): canonical JSON
+    lines, the same bytes `synthesize` collects. `coverage` is complete once the last case is made."""
+
+    def __init__(self, lines: Iterator[str], skipped: list[Skip], finish: Callable[[], Coverage]):
+        self._lines = lines
+        self.skipped = skipped
+        self._finish = finish
+        self._coverage: Coverage | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._lines
+        self._coverage = self._finish()
+
+    @property
+    def coverage(self) -> Coverage:
+        if self._coverage is None:
+            raise RuntimeError("the coverage of a synthesis stream is known once every case has been made")
+        return self._coverage
+
+    def write(self, out: str | Path | TextIO) -> int:
+        """Write every case, one line each, flushing after each (a reader of the file sees the cases as
+        they are made); `out` is a path (parent directories created) or an open text file. Returns the
+        number of cases."""
+        if not isinstance(out, (str, Path)):
+            return self._write_to(out)
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8", newline="\n") as fh:
+            return self._write_to(fh)
+
+    def _write_to(self, fh: TextIO) -> int:
+        count = 0
+        for line in self:
+            fh.write(line)
+            fh.write("\n")
+            fh.flush()
+            count += 1
+        return count
+
+
 # ---------------------------------------------------------------------------------------------
 # Plan: paths, compatibility, per-pair templates
 
@@ -183,6 +225,8 @@ class Plan:
     ambiguous: set[tuple[tuple[str, ...], str]] = field(default_factory=set)  # (stages, action) of >1 path
     generated: dict[int, Intent] = field(default_factory=dict)
     templates: dict[tuple[int, str], PairTemplate | None] = field(default_factory=dict)
+    # (path index, conditions_key) → does a seed-free candidate verify (see `_usable`)
+    base_verdicts: dict[tuple[int, tuple], bool] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
 
     def intent(self, name: str) -> Intent:
@@ -229,14 +273,19 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
             description=describe_path(info), reads=_path_reads(scenario, info.stages)))
     intent_paths: dict[str, list[int]] = {}
     regions: dict[tuple[int, str], list[Any]] = {}
+    space = domain.space_for(scenario)
+    matched: dict[tuple, list[tuple[int, list[Any]]]] = {}  # conditions_key → [(path index, region)]
     for name, intent in profile.intents.items():
+        key = conditions_key(intent)
+        if key not in matched:
+            found = ((entry.index, intent_region(scenario, intent, list(entry.region), space=space))
+                     for entry in entries)
+            matched[key] = [(index, region) for index, region in found if region]
         hits: list[int] = []
-        for entry in entries:
-            region = intent_region(scenario, intent, list(entry.region))
-            if region:
-                regions[(entry.index, name)] = region
-                hits.append(entry.index)
-                entry.intents.append(name)
+        for index, region in matched[key]:
+            regions[(index, name)] = list(region)
+            hits.append(index)
+            entries[index].intents.append(name)
         intent_paths[name] = hits
     unreached = [name for name, hits in intent_paths.items() if not hits]
     for name in unreached:
@@ -429,12 +478,12 @@ def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> 
         return False
 
 
-def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> PairTemplate | None:
-    """Build the verified value pool of one (path, intent) pair."""
-    scenario, profile = p.scenario, p.profile
-    engine = engine_for(scenario)
-    constrained = sorted(entry.reads | _condition_reads(scenario, intent))
-    rng = random.Random(f"{scenario.name}/{entry.id}/{intent.name}")
+def _bases(p: Plan, entry: PathEntry, region: list[Any], constrained: Sequence[str], *,
+           choices: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The seed-free candidates of a (path, intent) pair — witnesses of the first boxes of its region
+    (representative, boundary), then the path's own witness — and, with `choices`, each box's
+    candidate values of the constrained variables."""
+    scenario = p.scenario
     bases: list[dict[str, Any]] = []
     choices_per_box = []
     for box in region[:8]:
@@ -442,10 +491,42 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
             w = _box_witness(scenario, box, style)
             if w is not None:
                 bases.append({**entry.witness, **w})
-        base = bases[-1] if bases else entry.witness
-        choices_per_box.append({name: _box_choices(box, scenario.variables[name], profile, base.get(name))
-                                for name in constrained if name in scenario.variables})
+        if choices:
+            base = bases[-1] if bases else entry.witness
+            choices_per_box.append({name: _box_choices(box, scenario.variables[name], p.profile, base.get(name))
+                                    for name in constrained if name in scenario.variables})
     bases.append(dict(entry.witness))
+    return bases, choices_per_box
+
+
+def _verified(p: Plan, entry: PathEntry, intent: Intent, cand: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine's finals for a candidate assignment when it takes exactly the entry's path (stages,
+    constant finals, branches where paths share stages) and the intent's conditions hold; else None."""
+    scenario = p.scenario
+    try:  # cheap first: the compiled engine (it decides every case later) ...
+        got_path, fin = engine_for(scenario).decide_raw(cand)
+    except DecideError:
+        return None
+    if list(got_path) != entry.stages or any(v is not None and fin.get(k) != v
+                                             for k, v in entry.finals.items()):
+        return None  # the path's stages and its constant finals (Action first) must be what the engine gives
+    if (tuple(entry.stages), entry.action) in p.ambiguous:
+        try:  # two paths share stages and action: the reference interpreter tells the branches apart
+            if trace(scenario, cand)[1] != entry.branches:
+                return None
+        except DecideError:
+            return None
+    if not _holds(scenario, intent, cand):
+        return None
+    return fin
+
+
+def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> PairTemplate | None:
+    """Build the verified value pool of one (path, intent) pair."""
+    scenario, profile = p.scenario, p.profile
+    constrained = sorted(entry.reads | _condition_reads(scenario, intent))
+    rng = random.Random(f"{scenario.name}/{entry.id}/{intent.name}")
+    bases, choices_per_box = _bases(p, entry, region, constrained)
     candidates: list[dict[str, Any]] = list(bases)
     for t in range(POOL_TRIES):
         if not choices_per_box:
@@ -465,20 +546,8 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
         if key in seen:
             continue
         seen.add(key)
-        try:  # cheap first: the compiled engine (it decides every case later) ...
-            got_path, fin = engine.decide_raw(cand)
-        except DecideError:
-            continue
-        if list(got_path) != entry.stages or any(v is not None and fin.get(k) != v
-                                                 for k, v in entry.finals.items()):
-            continue  # the path's stages and its constant finals (Action first) must be what the engine gives
-        if (tuple(entry.stages), entry.action) in p.ambiguous:
-            try:  # two paths share stages and action: the reference interpreter tells the branches apart
-                if trace(scenario, cand)[1] != entry.branches:
-                    continue
-            except DecideError:
-                continue
-        if not _holds(scenario, intent, cand):
+        fin = _verified(p, entry, intent, cand)
+        if fin is None:
             continue
         pool.append({n: _normalise(scenario.variables[n], cand[n]) for n in constrained if n in cand})
         finals.append(dict(fin))
@@ -616,11 +685,22 @@ def parse_mix(text: str) -> dict[str, float] | None:
 # Synthesis
 
 
-def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *, min_per_path: int | None = None,
-               balance: str = "intent", intensity_mix: Mapping[str, float] | None = None,
-               personas: Sequence[str | PersonaSpec] | None = None, languages: Sequence[str] | None = None,
-               use_intent_intensity: bool = False, the_plan: Plan | None = None) -> SynthResult:
-    """Synthesize test cases (see the module docstring for the scheme).
+def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, **options: Any) -> SynthResult:
+    """Synthesize test cases (see the module docstring for the scheme), all in memory: the lines of
+    `synthesize_stream` (same options, same bytes) collected into a `SynthResult`."""
+    stream = synthesize_stream(scenario, profile, n, seed, **options)
+    lines = list(stream)
+    return SynthResult(lines=lines, coverage=stream.coverage, skipped=stream.skipped)
+
+
+def synthesize_stream(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *,
+                      min_per_path: int | None = None, balance: str = "intent",
+                      intensity_mix: Mapping[str, float] | None = None,
+                      personas: Sequence[str | PersonaSpec] | None = None, languages: Sequence[str] | None = None,
+                      use_intent_intensity: bool = False, the_plan: Plan | None = None) -> SynthStream:
+    """Synthesize test cases one at a time: every parameter is checked and the (path, intent) slots are
+    drawn before this returns (errors surface here, not halfway through a file); the cases themselves
+    are made as the returned stream is iterated, so memory holds the slots, never the file.
 
     `intensity_mix` weights zero/weak/strong (default equal); `use_intent_intensity=True` instead gives
     each case its intent's declared intensity. `personas` restricts the persona pool (names from the
@@ -660,9 +740,10 @@ def synthesize(scenario: ir.Scenario, profile: Profile, n: int, seed: int = 0, *
         keys = [k for k in INTENSITIES if mix.get(k, 0) > 0]
         intensities = _spread(len(slots), keys, [mix[k] for k in keys], rng)
 
-    lines, counts = _build_lines(p, slots, intensities, persona_pool, langs, seed, rng)
-    coverage = _coverage(p, slots, intensities, counts, sampled, supplemented, appended, min_per_path, balance)
-    return SynthResult(lines=lines, coverage=coverage, skipped=skipped)
+    counts: dict[str, Counter] = {k: Counter() for k in ("action", "bucket", "persona", "language")}
+    lines = _case_lines(p, slots, intensities, persona_pool, langs, seed, rng, counts)
+    return SynthStream(lines, skipped, lambda: _coverage(p, slots, intensities, counts, sampled, supplemented,
+                                                         appended, min_per_path, balance))
 
 
 def exact_min_per_path(n: int, requested: int | None, paths: int) -> int:
@@ -679,7 +760,7 @@ def exact_min_per_path(n: int, requested: int | None, paths: int) -> int:
 
 
 def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed: int,
-                          **options: Any) -> SynthResult:
+                          **options: Any) -> SynthStream:
     """A procedure (observations, bounded retries) is synthesized on its unrolled form, whose paths are
     exactly the procedure's; each case is then lifted back: source stage ids in `expected_path`, and
     every observed variable as the list of values of the looks its path takes (what the simulated
@@ -690,9 +771,9 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
         raise SynthError(f"cannot synthesize cases: {exc}") from None
     given = options.pop("the_plan", None)
     the_plan = given if given is not None and given.scenario is unrolled.scenario else plan(scenario, profile)
-    flat = synthesize(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
-    lines = []
-    for line in flat.lines:
+    flat = synthesize_stream(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
+
+    def lift(line: str) -> str:
         row = json.loads(line)
         row["expected_path"] = [unrolled.origin.get(s, s) for s in row["expected_path"]]
         looks: dict[str, int] = {}
@@ -707,8 +788,9 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
             if key == "user_facts":
                 values = {k: v for k, v in values.items() if k in (row.get(key) or {}) or v}
             row[key] = values
-        lines.append(json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
-    return SynthResult(lines=lines, coverage=flat.coverage, skipped=flat.skipped)
+        return json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+    return SynthStream(map(lift, flat), flat.skipped, lambda: flat.coverage)
 
 
 def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
@@ -746,26 +828,21 @@ def _persona_pool(profile: Profile, personas: Sequence[str | PersonaSpec] | None
 
 
 def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
-    """Build templates; a path with no usable profile intent gets a generated one."""
+    """Which (path, intent) pairs have a template; a path with no usable profile intent gets a generated
+    one. Templates themselves are built later, only for the pairs that get cases (`_template_of`)."""
     compat: dict[int, list[str]] = {}
     for entry in p.paths:
         names: list[str] = []
         for name in entry.intents:
-            key = (entry.index, name)
-            if key not in p.templates:
-                p.templates[key] = _template(p, entry, p.profile.intents[name], p.regions[key])
-            if p.templates[key] is None:
+            if _usable(p, entry, name):
+                names.append(name)
+            else:
                 skipped.append(Skip(kind="pair", name=f"{name} @ {entry.id}",
                                     reason="no engine-verified values satisfy both the intent and the path"))
-            else:
-                names.append(name)
         if not names:
             gen = p.generated.get(entry.index) or generated_intent(entry)
             p.generated[entry.index] = gen
-            key = (entry.index, gen.name)
-            if key not in p.templates:
-                p.templates[key] = _template(p, entry, gen, list(entry.region))
-            if p.templates[key] is None:
+            if _template_of(p, entry.index, gen.name) is None:
                 skipped.append(Skip(kind="pair", name=entry.id, reason="no engine-verified witness"))
                 continue
             names = [gen.name]
@@ -773,17 +850,49 @@ def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
     return compat
 
 
+def _usable(p: Plan, entry: PathEntry, name: str) -> bool:
+    """Whether the pair's template will have a pool, without building it when a seed-free candidate
+    already verifies: that verdict depends only on the path and the intent's conditions, so intents
+    with equal conditions share it (20,000 intents × their paths would otherwise build 20,000s of
+    pools for a 50-case file). Only when no seed-free candidate verifies is the template built."""
+    key = (entry.index, name)
+    if key in p.templates:
+        return p.templates[key] is not None
+    intent = p.profile.intents[name]
+    shared = (entry.index, conditions_key(intent))
+    verdict = p.base_verdicts.get(shared)
+    if verdict is None:
+        constrained = sorted(entry.reads | _condition_reads(p.scenario, intent))
+        bases, _ = _bases(p, entry, p.regions[key], constrained, choices=False)
+        verdict = p.base_verdicts[shared] = any(_verified(p, entry, intent, cand) is not None for cand in bases)
+    return verdict or _template_of(p, entry.index, name) is not None
+
+
+def _template_of(p: Plan, index: int, name: str) -> PairTemplate | None:
+    """The (path, intent) template, built on first use and kept in the plan."""
+    key = (index, name)
+    if key not in p.templates:
+        entry = p.paths[index]
+        region = p.regions[key] if name in p.profile.intents else list(entry.region)
+        p.templates[key] = _template(p, entry, p.intent(name), region)
+    return p.templates[key]
+
+
 def _stage_one(p: Plan, compat: dict[int, list[str]], usable: list[int], n: int, balance: str,
                rng: random.Random) -> list[tuple[int, str]]:
     if n == 0 or not usable:
         return []
-    profile_intents = [name for name in p.profile.intents if any(name in compat[i] for i in usable)]
+    paths_by_intent: dict[str, list[int]] = defaultdict(list)  # in `usable` order (linear, not intents²)
+    for i in usable:
+        for name in compat[i]:
+            paths_by_intent[name].append(i)
+    profile_intents = [name for name in p.profile.intents if name in paths_by_intent]
     if balance == "intent" and profile_intents:
         weights = [p.profile.intents[name].weight for name in profile_intents]
         per_intent = Counter(_spread(n, profile_intents, weights, rng, shuffle=False))
         slots: list[tuple[int, str]] = []
         for name in profile_intents:
-            paths_of = [i for i in usable if name in compat[i]]
+            paths_of = paths_by_intent[name]
             for i in _spread(per_intent[name], paths_of, [1.0] * len(paths_of), rng, shuffle=False):
                 slots.append((i, name))
         rng.shuffle(slots)
@@ -865,6 +974,9 @@ CASE_KEYS = ("bucket", "expected_finals", "expected_path", "id", "intensity", "i
              "unsafe_action", "user_facts")
 
 
+ENCODER_CACHE_MAX = 65_536  # encoded objects kept by one `_ObjectEncoder` (a bound, not a tuning knob)
+
+
 class _ObjectEncoder:
     """Encodes flat {name: scalar} objects in sorted key order; whole objects are cached by their
     value tuple (domains are small, so nearly every case is a cache hit). Values of one variable
@@ -884,15 +996,19 @@ class _ObjectEncoder:
                 text = "{}"
             else:
                 text = "".join(h + _jenc(v) for h, v in zip(self.heads, key, strict=True)) + "}"
+            if len(self.cache) >= ENCODER_CACHE_MAX:  # streaming: memory must not grow with the case count
+                self.cache.clear()
             self.cache[key] = text
         return text
 
 
-def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity], personas: list[PersonaSpec],
-                 languages: list[str] | None, seed: int, rng: random.Random
-                 ) -> tuple[list[str], dict[str, Counter]]:
-    """Serialise every case straight to its canonical JSON line. Everything constant per (path, intent),
-    per intensity or per persona is encoded once; per case only the values are looked up."""
+def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity], personas: list[PersonaSpec],
+                languages: list[str] | None, seed: int, rng: random.Random, counts: dict[str, Counter]
+                ) -> Iterator[str]:
+    """Serialise every case straight to its canonical JSON line, one line per step of the returned
+    iterator (`counts` is updated as the lines are made). Everything constant per (path, intent), per
+    intensity or per persona is encoded here, once, before the first case; per case only the values
+    are looked up."""
     scenario, profile = p.scenario, p.profile
     decide = engine_for(scenario).decide_raw  # the compiled decision function (path, finals)
     field_names = [v.name for v in scenario.fields]
@@ -932,7 +1048,7 @@ def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intens
     for key in dict.fromkeys(slots):
         i, name = key
         entry = p.paths[i]
-        tmpl = p.templates[key]
+        tmpl = _template_of(p, i, name)
         assert tmpl is not None
         intent = p.intent(name)
         pool_vars = set(tmpl.pool[0])
@@ -953,37 +1069,38 @@ def _build_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intens
     seg_hash = ',"sop_hash":' + _jenc(scenario.source_hash) + ',"system":'
     id_prefix = _jenc(f"{scenario.name}-{seed}-")[:-1]  # the JSON string without its closing quote
 
-    lines: list[str] = []
-    counts: dict[str, Counter] = {k: Counter() for k in ("action", "bucket", "persona", "language")}
     rand = rng.random
-    for idx, (key, level) in enumerate(zip(slots, intensities, strict=True)):
-        (tmpl, free, seg_path, seg_intent, seg_persona, seg_seed, unsafe, buckets, finals_text,
-         stages, action, bucket_names) = pairs[key]
-        k = int(rand() * len(tmpl.pool))
-        values = dict(tmpl.pool[k])
-        for v in free:
-            opts = free_choices[v]
-            values[v] = opts[int(rand() * len(opts))]
-        path, fin = decide(values)
-        if path != stages or fin != tmpl.finals[k]:  # pragma: no cover - guarded at plan time
-            raise AssertionError(f"internal error: case {idx + 1} of path {key[0]} decides {path} {fin}")
-        members, cum = pools[level]
-        pp = members[bisect.bisect_right(cum, rand() * cum[-1]) if len(members) > 1 else 0]
-        lang = languages[int(rand() * len(languages))] if languages else pp.language
-        lang_text = str_text.get(lang)
-        if lang_text is None:
-            lang_text = str_text[lang] = _jenc(lang)
-        lines.append("".join((
-            '{"bucket":', buckets[level], ',"expected_finals":', finals_text[k], seg_path, id_prefix,
-            str(idx + 1), '"',
-            level_text[level], seg_intent, lang_text, seg_persona, persona_text(pp, lang), seg_seed,
-            str((seed * 1_000_003 + idx) & 0x7FFFFFFF), seg_hash, enc_system(values), ',"truth":',
-            enc_truth(values), ',"unsafe_action":', unsafe[level], ',"user_facts":', enc_facts(values), "}")))
-        counts["action"][action] += 1
-        counts["bucket"][bucket_names[level]] += 1
-        counts["persona"][pp.name] += 1
-        counts["language"][lang] += 1
-    return lines, counts
+
+    def make() -> Iterator[str]:
+        for idx, (key, level) in enumerate(zip(slots, intensities, strict=True)):
+            (tmpl, free, seg_path, seg_intent, seg_persona, seg_seed, unsafe, buckets, finals_text,
+             stages, action, bucket_names) = pairs[key]
+            k = int(rand() * len(tmpl.pool))
+            values = dict(tmpl.pool[k])
+            for v in free:
+                opts = free_choices[v]
+                values[v] = opts[int(rand() * len(opts))]
+            path, fin = decide(values)
+            if path != stages or fin != tmpl.finals[k]:  # pragma: no cover - guarded at plan time
+                raise AssertionError(f"internal error: case {idx + 1} of path {key[0]} decides {path} {fin}")
+            members, cum = pools[level]
+            pp = members[bisect.bisect_right(cum, rand() * cum[-1]) if len(members) > 1 else 0]
+            lang = languages[int(rand() * len(languages))] if languages else pp.language
+            lang_text = str_text.get(lang)
+            if lang_text is None:
+                lang_text = str_text[lang] = _jenc(lang)
+            counts["action"][action] += 1
+            counts["bucket"][bucket_names[level]] += 1
+            counts["persona"][pp.name] += 1
+            counts["language"][lang] += 1
+            yield "".join((
+                '{"bucket":', buckets[level], ',"expected_finals":', finals_text[k], seg_path, id_prefix,
+                str(idx + 1), '"',
+                level_text[level], seg_intent, lang_text, seg_persona, persona_text(pp, lang), seg_seed,
+                str((seed * 1_000_003 + idx) & 0x7FFFFFFF), seg_hash, enc_system(values), ',"truth":',
+                enc_truth(values), ',"unsafe_action":', unsafe[level], ',"user_facts":', enc_facts(values), "}"))
+
+    return make()
 
 
 def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity], counts: dict[str, Counter],

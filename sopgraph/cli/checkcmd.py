@@ -12,7 +12,7 @@ import click
 from sopgraph.cases.profiles import profile_path_for
 from sopgraph.cases.synth import check_profile_beside
 from sopgraph.cli.params import include_dirs
-from sopgraph.language.diagnostics import SourceLines, sort_key
+from sopgraph.language.diagnostics import sort_key
 from sopgraph.logic.checker import Checked, check_file
 
 
@@ -34,9 +34,10 @@ def diagnostic_record(diag: Any) -> dict[str, Any]:
     }
 
 
-def render(diag: Any, sources: dict[str, str] | SourceLines) -> str:
-    """Rendered like a compiler; a diagnostic about a whole file still starts with the file name."""
-    text = diag.render(sources)
+def render(diag: Any, sources: dict[str, str], split: dict[str, list[str]] | None = None) -> str:
+    """Rendered like a compiler; a diagnostic about a whole file still starts with the file name
+    (`split`: the sources' lines, shared between the diagnostics of one file)."""
+    text = diag.render(sources, split=split)
     span = diag.span
     if span is not None and span.file and not span.line and not text.startswith(span.file):
         text = f"{span.file}: {text}"
@@ -89,9 +90,9 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool)
         click.echo(json.dumps(records, indent=2, ensure_ascii=False, sort_keys=False))
     else:
         for result in results:
-            index = SourceLines(result.sources)
+            split: dict[str, list[str]] = {}
             for diag in result.diagnostics:
-                click.echo(render(diag, index))
+                click.echo(render(diag, result.sources, split))
                 click.echo("")
         if len(files) == 1:
             for result in results:

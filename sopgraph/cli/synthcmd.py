@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -16,8 +17,15 @@ from sopgraph.cases.profiles import (
     sop_path_for,
 )
 from sopgraph.cases.scaffold import InitError, scaffold
-from sopgraph.cases.synth import SynthError, parse_mix, plan, profile_diagnostics, synthesize
-from sopgraph.language.diagnostics import SopError
+from sopgraph.cases.synth import (
+    SynthError,
+    SynthStream,
+    parse_mix,
+    plan,
+    profile_diagnostics,
+    synthesize_stream,
+)
+from sopgraph.language.diagnostics import SopError, render_all
 
 from .checkcmd import diagnostic_record
 from .params import fail, load_or_exit, sop_file
@@ -84,57 +92,73 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
     try:
         mix = parse_mix(intensity)
         the_plan = plan(scenario, profile, sample=n, seed=seed)
-        result = synthesize(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
-                            intensity_mix=mix, use_intent_intensity=mix is None,
-                            personas=_split_multi(personas) or None,
-                            languages=_split_multi(languages) or None, the_plan=the_plan)
+        stream = synthesize_stream(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
+                                   intensity_mix=mix, use_intent_intensity=mix is None,
+                                   personas=_split_multi(personas) or None,
+                                   languages=_split_multi(languages) or None, the_plan=the_plan)
     except SynthError as exc:
         fail(str(exc))
-    if out is None:
-        write = sys.stdout.write
-        for line in result.lines:
-            write(line)
-            write("\n")
-        sys.stdout.flush()
-    else:
-        result.write(out)
+    stream.write(sys.stdout if out is None else out)  # each case written (and flushed) as it is made
     if coverage_out is not None:
         coverage_out.parent.mkdir(parents=True, exist_ok=True)
-        coverage_out.write_text(json.dumps(result.coverage.model_dump(mode="json"), indent=2, sort_keys=True)
+        coverage_out.write_text(json.dumps(stream.coverage.model_dump(mode="json"), indent=2, sort_keys=True)
                                 + "\n", encoding="utf-8")
-    cov = result.coverage
+    cov = stream.coverage
     if cov.min_per_path == 0 and min_per_path is None and cov.feasible_paths > n:
         click.echo(f"note: {n} cases over {cov.feasible_paths} feasible paths: the paths are sampled "
                    f"(balanced by {cov.balance}); raise -n to cover every path", err=True)
     if not quiet:
         diags = profile_diagnostics(scenario, profile, the_plan=the_plan)
-        for d in diags:
-            click.echo(d.render(profile.sources), err=True)
-        _print_summary(result, out)
+        for text in render_all(diags, profile.sources):
+            click.echo(text, err=True)
+        _print_summary(stream, out)
 
 
-def _print_summary(result, out: Path | None) -> None:
+TABLE_ROWS = 50  # a summary table longer than this shows its first rows, a count of the rest and totals
+
+
+def _summarised(rows: Sequence[tuple[str, ...]], total: tuple[str, ...], limit: int = TABLE_ROWS
+                ) -> list[tuple[str, ...]]:
+    """The rows a summary table prints (the last column is a case count): all of them up to `limit`;
+    past it the first `limit - 5` rows with cases (in table order, then those without), one
+    `… N more rows` line and a totals line. The full counts are in `--coverage`, the cases in the output."""
+    if len(rows) <= limit:
+        return list(rows)
+    keep = limit - 5
+    ordered = [r for r in rows if r[-1] != "0"] + [r for r in rows if r[-1] == "0"]
+    rest = ordered[keep:]
+    empty = sum(1 for r in rest if r[-1] == "0")
+    more = (f"… {len(rest):,} more rows ({empty:,} with 0 cases)",)
+    return [*ordered[:keep], more + ("",) * (len(total) - 1), total]
+
+
+def _print_summary(stream: SynthStream, out: Path | None) -> None:
     from rich.console import Console  # lazy: rich costs ~0.1 s at start-up, only tables need it
     from rich.table import Table
 
-    cov = result.coverage
+    cov = stream.coverage
     console = Console(stderr=True, highlight=False, markup=False)
     console.print(f"{cov.scenario}: cases per path", soft_wrap=True)
     paths = Table()
     paths.add_column("path")
     paths.add_column("action")
     paths.add_column("cases", justify="right")
-    for pid, count in cov.per_path.items():
-        flag = " (no intent)" if pid in cov.uncovered_paths else ""
-        paths.add_row(pid + flag, cov.path_actions.get(pid, ""), str(count))
+    path_rows = [(pid + (" (no intent)" if pid in cov.uncovered_paths else ""), cov.path_actions.get(pid, ""),
+                  str(count)) for pid, count in cov.per_path.items()]
+    covered = sum(1 for c in cov.per_path.values() if c)
+    for row in _summarised(path_rows, (f"total: {len(path_rows):,} paths ({covered:,} with cases)", "",
+                                       str(sum(cov.per_path.values())))):
+        paths.add_row(*row)
     console.print(paths)
     console.print("cases per intent", soft_wrap=True)
     intents = Table()
     intents.add_column("intent")
     intents.add_column("paths", justify="right")
     intents.add_column("cases", justify="right")
-    for name, count in cov.per_intent.items():
-        intents.add_row(name, str(cov.intent_paths.get(name, "-")), str(count))
+    intent_rows = [(name, str(cov.intent_paths.get(name, "-")), str(count)) for name, count in cov.per_intent.items()]
+    for row in _summarised(intent_rows, (f"total: {len(intent_rows):,} intents", "",
+                                         str(sum(cov.per_intent.values())))):
+        intents.add_row(*row)
     console.print(intents)
     console.print("cases per intensity and per bucket", soft_wrap=True)
     mix = Table()
@@ -151,10 +175,12 @@ def _print_summary(result, out: Path | None) -> None:
     console.print(mix)
     where = str(out) if out is not None else "stdout"
     console.print(f"{cov.cases} cases ({cov.sampled} sampled, {cov.supplemented} by supplementation, "
-                  f"{cov.appended} appended) over {sum(1 for c in cov.per_path.values() if c)}/"
+                  f"{cov.appended} appended) over {covered}/"
                   f"{cov.feasible_paths} feasible paths -> {where}", soft_wrap=True)
-    for skip in result.skipped:
+    for skip in stream.skipped:
         console.print(f"skipped {skip.kind} {skip.name}: {skip.reason}", soft_wrap=True)
+    if max(len(path_rows), len(intent_rows)) > TABLE_ROWS:
+        console.print(f"(tables cut at {TABLE_ROWS} rows; every count: --coverage FILE)", soft_wrap=True)
 
 
 @click.command("init")
@@ -210,8 +236,8 @@ def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool
 
         click.echo(json.dumps([diagnostic_record(d) for d in diags], indent=2, ensure_ascii=False))
     else:
-        for d in diags:
-            click.echo(d.render({str(file): text}))
+        for rendered in render_all(diags, {str(file): text}):
+            click.echo(rendered)
             click.echo("")
         if profile is not None:
             click.echo(f"{len(profile.intents)} intents, {len(profile.personas)} personas")

@@ -42,7 +42,12 @@ from sopgraph.language import ir
 from sopgraph.records import Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.dialogue import DialogueSetup, scenario_context, simulate_dialogue
 from sopgraph.simulation.gateway import Gateway, InfraFailure, ModelOptionError
-from sopgraph.simulation.prompts import agent_system_prompt, user_system_prompt
+from sopgraph.simulation.prompts import (
+    agent_system_prompt,
+    guided_final_prompt,
+    guided_stage_prompt,
+    user_system_prompt,
+)
 from sopgraph.simulation.runner import normalize_models
 
 Format = Literal["openai", "sharegpt"]
@@ -276,7 +281,8 @@ async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], mod
                               agent_system=agent_system_prompt(scenario, case.system)
                               + gold_prompt_addition(scenario, case),
                               user_system=user_system_prompt(case, scenario), scenario_info=info,
-                              sop_hash=scenario.source_hash)
+                              sop_hash=scenario.source_hash, agent_context={"gold": True},
+                              guided_prompts=(guided_stage_prompt, guided_final_prompt))
         async with sem:
             try:
                 result = await simulate_dialogue(gw, roles.agent, roles.user, setup, max_turns=max_turns)

@@ -7,7 +7,7 @@ tools can match on codes and people get `file:line:col`, the source line, a care
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -83,28 +83,6 @@ CODES: dict[str, str] = {
 }
 
 
-class SourceLines:
-    """The sources of a program, each split into lines at most once. Why: rendering a diagnostic
-    shows one source line, and a large generated file can have tens of thousands of diagnostics;
-    splitting a 10 MB text for each of them made `sop check` quadratic."""
-
-    __slots__ = ("_sources", "_lines")
-
-    def __init__(self, sources: Mapping[str, str] | None = None):
-        self._sources: Mapping[str, str] = sources or {}
-        self._lines: dict[str, list[str]] = {}
-
-    def line(self, file: str, number: int) -> str | None:
-        """Line `number` (1-based) of `file`, or None when the file or the line is unknown."""
-        lines = self._lines.get(file)
-        if lines is None:
-            text = self._sources.get(file)
-            if text is None:
-                return None
-            lines = self._lines[file] = text.split("\n")  # Lark counts only \n as a line break
-        return lines[number - 1] if 0 < number <= len(lines) else None
-
-
 class Diagnostic(BaseModel):
     """One problem found in a program."""
 
@@ -123,16 +101,22 @@ class Diagnostic(BaseModel):
     def is_error(self) -> bool:
         return self.severity == "error"
 
-    def render(self, sources: Mapping[str, str] | SourceLines | None = None) -> str:
-        """Render like rustc: header, source line, caret, hint. Pass a `SourceLines` when rendering
-        many diagnostics of one program (each file is then split once)."""
+    def render(self, sources: dict[str, str] | None = None, *,
+               split: dict[str, list[str]] | None = None) -> str:
+        """Render like rustc: header, source line, caret, hint. `split` caches each source's lines
+        between calls (see `render_all`): rendering k diagnostics of a large file splits it once,
+        not k times."""
         where = f"{self.span}: " if self.span and self.span.line else ""
         lines = [f"{where}{self.severity}[{self.code}]: {self.message}"]
-        if self.span and self.span.line:
-            index = sources if isinstance(sources, SourceLines) else SourceLines(sources)
-            line = index.line(self.span.file, self.span.line)
-            if line is not None:
-                src = line.replace("\t", " ")
+        text = (sources or {}).get(self.span.file) if self.span else None
+        if text is not None and self.span and self.span.line:
+            src_lines = split.get(self.span.file) if split is not None else None
+            if src_lines is None:
+                src_lines = text.split("\n")  # Lark counts only \n as a line break
+                if split is not None:
+                    split[self.span.file] = src_lines
+            if 0 < self.span.line <= len(src_lines):
+                src = src_lines[self.span.line - 1].replace("\t", " ")
                 gutter = f"{self.span.line:>4} | "
                 lines.append(gutter + src)
                 width = 1
@@ -165,8 +149,15 @@ class SopError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        index = SourceLines(self.sources)
-        return "\n\n".join(d.render(index) for d in self.diagnostics)
+        return "\n\n".join(render_all(self.diagnostics, self.sources))
+
+
+def render_all(diagnostics: Iterable[Diagnostic], sources: dict[str, str] | None = None) -> Iterator[str]:
+    """Each diagnostic rendered, each source split into lines once for all of them (thousands of
+    warnings on a large profile must not re-split the file for each: linear, not quadratic)."""
+    split: dict[str, list[str]] = {}
+    for diag in diagnostics:
+        yield diag.render(sources, split=split)
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:

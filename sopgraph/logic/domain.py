@@ -1056,11 +1056,14 @@ def full_box(scenario: ir.Scenario) -> Box:
     return space_for(scenario).full
 
 
-def constrain(scenario: ir.Scenario, box: Box, expr: Any, truth: bool = True) -> list[Box]:
+def constrain(scenario: ir.Scenario, box: Box, expr: Any, truth: bool = True, *,
+              space: Space | None = None) -> list[Box]:
     """Boxes (disjoint where practical) of the assignments in `box` for which `expr` evaluates,
     without error, to a value of truthiness `truth`. Boxes proven empty are left out; boxes with
-    undecided residual predicates are kept."""
-    sp = space_for(scenario)
+    undecided residual predicates are kept. `space`: the scenario's `space_for`, when a caller
+    constraining many boxes fetched it once (checking the declarations costs more than a cached
+    constraint)."""
+    sp = space if space is not None else space_for(scenario)
     out = sp.constrain(box, sp.formula(expr, truth))
     return [b for b in out if sp.decide(b) is not False]
 

@@ -1,6 +1,7 @@
 """Numeric domains: intervals with open or closed ends and excluded points, over ints or floats, and
-exact boundary search under float rounding. The arithmetic the constraint domain (`sopgraph.logic.domain`)
-builds its boxes from; nothing here knows about expressions or scenarios."""
+exact boundary search under float rounding, and picking a member for a witness (`pick_num`). The arithmetic
+the constraint domain (`sopgraph.logic.domain`) builds its boxes from and the guard compiler (`guards`) solves
+with; nothing here knows about expressions or scenarios."""
 
 from __future__ import annotations
 

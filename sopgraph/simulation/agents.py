@@ -43,7 +43,7 @@ from sopgraph.simulation.backend import Backend, BackendSpec, visible_system
 from sopgraph.simulation.gateway import InfraFailure, ModelSpec
 
 PROTOCOL = "sopgraph.agent/1"
-AGENT_KINDS = ("sage", "tools", "http", "python")
+AGENT_KINDS = ("sage", "tools", "http", "python", "guided")
 TOOLS_PREFIX = "tools:"
 MAX_TOOL_ROUNDS = 8  # agent answers within one turn (tool calls, results, ask again)
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -55,7 +55,10 @@ class AgentError(Exception):
 
 def agent_kind(model: str) -> str:
     """`http` for an agent URL, `python` for `python:module:function`, `tools` for `tools:MODEL` (a
-    litellm model acting through function calls), else `sage` (a litellm model, JSON replies)."""
+    litellm model acting through function calls), `guided` for the graph-guided baseline
+    `baseline/guided:MODEL` (simulation/guided.py), else `sage` (a litellm model, JSON replies)."""
+    if providers.guided_inner(model) is not None:
+        return "guided"
     if model.startswith(("http://", "https://")):
         return "http"
     if model.startswith("python:"):

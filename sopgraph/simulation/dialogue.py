@@ -15,8 +15,9 @@ extraction alone (2, 3) is not an error but is flagged in `Turn.format_note`. On
 agent's raw text is what the user sees, and later scoring gives the turn's logic scores zero.
 
 Termination (`Dialogue.end_reason`):
-- `ending_action`: the agent's parsed `finals.Action` is an action with the `ends_dialogue` or
-  `escalation` attribute (format-error turns never end a dialogue);
+- `ending_action`: the agent takes an action with the `ends_dialogue` or `escalation` attribute:
+  a tool call, or a SAGE reply whose `finals.Action` is one and whose `now_path` reaches it (`acts`;
+  a reply whose path stops short is still asking; format-error turns never end a dialogue);
 - `user_stop`: the user's reply contains `###STOP###` (text before it is kept as
   `Dialogue.closing_user_text`; no agent turn follows);
 - `max_turns`: the agent has answered `max_turns` times.
@@ -34,12 +35,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from sopgraph.language import ir
+from sopgraph.language.compile import reads, stage_reads
 from sopgraph.language.schema import validate_agent_output
 from sopgraph.logic.engine import Interpreter, leaf_finals
 from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, EndReason, Turn, Usage
 from sopgraph.simulation.agents import ToolAgent, tool_turn
 from sopgraph.simulation.backend import Backend
+from sopgraph.simulation.guided import GuidedState, Walk, accept_values, output_json, walk
+from sopgraph.simulation.providers import guided_inner
 
 STOP_TOKEN = "###STOP###"
 OPENING_INSTRUCTION = (
@@ -159,12 +163,56 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
     return {
         "name": scenario.name,
         "fields": fields,
+        "needs": stage_needs(scenario),
+        "hidden": [v.name for v in scenario.system_vars if v.hidden],
         "escalation_actions": scenario.actions_with("escalation"),
         "ending_actions": scenario.actions_with("ends_dialogue"),
         "actions": list(scenario.actions),
         "output_fillers": {name: output_filler(out) for name, out in scenario.outputs.items()},
         "paths": paths,
     }
+
+
+def base_reads(scenario: ir.Scenario, names: Sequence[str]) -> list[str]:
+    """The fields and system variables behind `names`, derived variables expanded to what they read
+    (first-seen order): what a customer or a back office can actually be asked for."""
+    out: dict[str, None] = {}
+    todo, seen = list(names), set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        var = scenario.variables.get(name)
+        if var is None:
+            continue
+        if var.role == "derived" and var.expr is not None:
+            todo[:0] = reads(var.expr)
+        else:
+            out.setdefault(name, None)
+    return list(out)
+
+
+def stage_needs(scenario: ir.Scenario) -> dict[str, list[str]]:
+    """Stage → the values its decision needs: the fields it classifies, then the fields and system
+    variables its branches read. Why: the scripted user holds back facts the path's decisions need,
+    floor agents ask for them before acting, and the guided baseline asks its model for exactly these."""
+    return {sid: base_reads(scenario, [*st.classify, *stage_reads(st)]) for sid, st in scenario.stages.items()}
+
+
+def acts(scenario: ir.Scenario, output: AgentOutput) -> bool:
+    """Whether a reply carries its action out. A tool call always does. A SAGE reply's `finals.Action`
+    is what the SOP leads to for what the agent knows so far; the agent has taken it once its
+    `now_path` reaches it (the last stage passed has a branch doing it). A reply whose path stops
+    short (an agent still asking for the values a decision needs) does not end the dialogue."""
+    action = output.finals.get("Action")
+    if action is None:
+        return False
+    if output.source != "sage":
+        return True
+    stage = scenario.stages.get(output.now_path[-1]) if output.now_path else None
+    return stage is not None and any(
+        b.target.kind == "action" and b.target.action == action for b in stage.branches)
 
 
 def output_filler(out: ir.Output) -> Any:
@@ -229,6 +277,10 @@ class DialogueSetup:
     tool_version: str = ""
     case_dump: dict[str, Any] = field(default_factory=dict)
     tool_agent: ToolAgent | None = None  # an agent acting through tools (simulation/agents.py)
+    agent_context: dict[str, Any] = field(default_factory=dict)  # extra context keys for built-in agents
+    # the guided baseline's prompt builders (prompts.guided_stage_prompt, prompts.guided_final_prompt),
+    # handed in by the runner: this module does not import the prompts module (layers, pyproject.toml)
+    guided_prompts: tuple[Callable[..., str], Callable[..., str]] | None = None
 
     def __post_init__(self) -> None:
         if not self.case_dump:
@@ -294,6 +346,10 @@ async def simulate_dialogue(
         {"role": "system", "content": setup.user_system},
         {"role": "user", "content": OPENING_INSTRUCTION},
     ]
+    inner = guided_inner(agent_spec.model) if setup.tool_agent is None else None
+    if inner is not None and setup.guided_prompts is None:
+        raise ValueError(f"{agent_spec.model}: the guided baseline needs DialogueSetup.guided_prompts")
+    guided = GuidedState(known={**setup.case.system}) if inner is not None else None
     index = 1
     backend: Backend | None = None  # the simulated backend of a tool-acting agent (state per dialogue)
     while True:
@@ -304,8 +360,8 @@ async def simulate_dialogue(
             return SimResult(state.turns, "user_stop", user_text)
         user_msgs.append({"role": "assistant", "content": user_text})
         agent_msgs.append({"role": "user", "content": user_text})
-        agent_ctx: dict[str, Any] = {**base_ctx, "scenario": agent_info, "role": "agent", "turn": index,
-                                     "path_finals": path_finals}
+        agent_ctx: dict[str, Any] = {**base_ctx, **setup.agent_context, "scenario": agent_info, "role": "agent",
+                                     "turn": index, "path_finals": path_finals}
         if setup.response_schema is not None:
             agent_ctx["response_schema"] = setup.response_schema
             agent_ctx["response_schema_name"] = "agent_output"
@@ -313,6 +369,10 @@ async def simulate_dialogue(
             if backend is None:
                 backend = Backend(setup.tool_agent.backend, setup.case.system)
             turn = await _tool_agent_turn(gateway, setup, backend, agent_msgs, index, user_text, state)
+        elif guided is not None:
+            agent_ctx.pop("response_schema", None)
+            turn = await _guided_turn(gateway, agent_spec.model_copy(update={"model": inner}), setup, agent_msgs,
+                                      index, user_text, guided, state, agent_ctx)
         else:
             started = time.perf_counter()
             answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
@@ -333,9 +393,9 @@ async def simulate_dialogue(
         state.turns.append(turn)
         shown = output.chat if output is not None else turn.agent_raw
         if setup.tool_agent is None:  # a tool-acting agent's messages are appended by its turn
-            agent_msgs.append({"role": "assistant", "content": turn.agent_raw})
+            agent_msgs.append({"role": "assistant", "content": turn.agent_raw if guided is None else shown})
         user_msgs.append({"role": "user", "content": shown})
-        if output is not None and str(output.finals.get("Action")) in enders:
+        if output is not None and str(output.finals.get("Action")) in enders and acts(setup.scenario, output):
             return SimResult(state.turns, "ending_action")
         if index >= max_turns:
             return SimResult(state.turns, "max_turns")
@@ -362,6 +422,86 @@ async def _tool_agent_turn(gateway: Any, setup: DialogueSetup, backend: Backend,
                 agent_raw=result.raw, output=result.output, format_error=result.output is None,
                 format_note=None if result.problem is None else f"protocol violation: {result.problem}",
                 latency_s=round(result.latency, 6), usage=usage, tool_version=setup.tool_version)
+
+
+async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: list[dict[str, Any]], index: int,
+                       user_text: str, known: GuidedState, state: SimState, ctx: dict[str, Any]) -> Turn:
+    """One turn of the graph-guided baseline (simulation/guided.py): walk the SOP on what is known, ask
+    the wrapped model at the stage that waits for a value, keep the values it reads, walk on; at a
+    leaf, the engine's finals and the model's closing message. A reply with no JSON object is a format
+    error (its text is what the customer sees)."""
+    scenario = setup.scenario
+    assert setup.guided_prompts is not None  # checked by simulate_dialogue
+    stage_prompt, final_prompt = setup.guided_prompts
+    needs_of = setup.scenario_info.get("needs") or stage_needs(scenario)
+    askable = {v.name for v in scenario.fields} | {v.name for v in scenario.system_vars if v.hidden}
+    history = convo[1:]  # the conversation, without the SAGE system prompt
+    started = time.perf_counter()
+    calls: list[Any] = []
+    chat, raw_error = "", None
+    for _ in range(len(scenario.stages) + 1):
+        w = walk(scenario, known.known)
+        if w.finals is not None or w.stage is None or w.error is not None:
+            break
+        wanted = _guided_needs(scenario, w, needs_of, askable, known.known)
+        prompt = stage_prompt(scenario, w.stage, wanted, known.known, setup.case.system)
+        answer = await gateway.complete(spec, [{"role": "system", "content": prompt}, *history], context={
+            **ctx, "guided": {"stage": w.stage, "needs": wanted, "missing": w.missing}})
+        calls.append(answer)
+        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+        values, chat = _read_guided(answer.text)
+        if values is None:
+            raw_error = answer.text
+            break
+        known.known.update(accept_values(scenario, values, askable))
+        if w.missing is None or w.missing not in known.known:
+            break  # the model could not tell: its chat asks the customer
+    w = walk(scenario, known.known)
+    if raw_error is None and w.finals is not None:
+        answer = await gateway.complete(spec, [{"role": "system", "content": final_prompt(scenario, w.finals)},
+                                               *history], context={**ctx, "guided": {"final": w.finals}})
+        calls.append(answer)
+        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+        _values, chat = _read_guided(answer.text)
+    fields = {v.name: known.known[v.name] for v in scenario.fields if v.name in known.known}
+    cot = f"guided: {' -> '.join(w.path)}" + (f" (waiting for {w.missing})" if w.missing else "")
+    finals = dict(w.finals) if w.finals is not None else {}
+    output = None if raw_error is not None else AgentOutput(classification_output=fields, cot=cot,
+                                                           now_path=w.path, finals=finals, chat=chat)
+    raw = raw_error if raw_error is not None else output_json(fields, w.path, finals, chat, cot)
+    usage = Usage(calls=len(calls), cost_known=all(c.cost_known for c in calls),
+                  prompt_tokens=sum(c.usage.prompt_tokens for c in calls),
+                  completion_tokens=sum(c.usage.completion_tokens for c in calls),
+                  reasoning_tokens=sum(c.usage.reasoning_tokens for c in calls), cost=sum(c.cost for c in calls))
+    return Turn(sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
+                agent_raw=raw, output=output, format_error=output is None,
+                format_note=None if raw_error is None else "guided reply without a JSON object",
+                latency_s=round(time.perf_counter() - started, 6), usage=usage, tool_version=setup.tool_version)
+
+
+def _guided_needs(scenario: ir.Scenario, w: Walk, needs_of: Mapping[str, Any], askable: set[str],
+                  known: Mapping[str, Any]) -> list[str]:
+    """What the model is asked for at the waiting stage: the classification values of the stages walked
+    that are still open, then the values the waiting stage reads (the missing one always included)."""
+    wanted: list[str] = []
+    for stage in w.path:
+        for name in needs_of.get(stage) or ():
+            if name in askable and name not in known and name not in wanted:
+                wanted.append(name)
+    if w.missing is not None and w.missing not in wanted:
+        wanted.append(w.missing)
+    return wanted
+
+
+def _read_guided(text: str) -> tuple[dict[str, Any] | None, str]:
+    """(the `values` object, the chat) of a guided reply; (None, text) when it holds no JSON object.
+    A reply in the SAGE format is read too: its `classification_output` stands in for `values`."""
+    obj, _how, _error = extract_json_object(text)
+    if obj is None:
+        return None, text.strip()
+    values = obj.get("values", obj.get("classification_output", {}))
+    chat = obj.get("chat")
+    return (dict(values) if isinstance(values, Mapping) else {}), (chat if isinstance(chat, str) else "")
 
 
 def transcript(turns: Sequence[Turn]) -> list[dict[str, str]]:

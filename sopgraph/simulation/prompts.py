@@ -617,6 +617,44 @@ def agent_tools_prompt(scenario: ir.Scenario) -> str:
 # User simulator
 
 
+# ---------------------------------------------------------------------------------------------
+# The guided baseline (one stage at a time)
+
+
+def guided_stage_prompt(scenario: ir.Scenario, stage_id: str, needs: Sequence[str], known: Mapping[str, Any],
+                        system_values: Mapping[str, Any]) -> str:
+    """The guided baseline's system prompt at one stage: that stage alone (its text and branches, as in
+    the full SOP text), the values it needs with what is known of them, the visible system values, and
+    the reply format `{"values": {...}, "chat": ...}`. Why: JourneyBench's dynamic prompt — a model
+    shown only the current state of the procedure follows it better than one shown all of it."""
+    lines = []
+    for name in needs:
+        var = scenario.variables[name]
+        desc = " ".join(var.description.split())
+        known_text = format_value(known[name], var) if name in known else "not known yet"
+        lines.append(f"- {name} ({describe_domain(var.type, var.unit)}){': ' + desc if desc else ''} — "
+                     f"known: {known_text}")
+    return _fill("guided_stage.md", title=scenario.title or scenario.name,
+                 description=" ".join(scenario.description.split()),
+                 stage=_stage_block(scenario, 0, scenario.stages[stage_id], numbered=False),
+                 values="\n".join(lines) or "(none: this step only moves on)",
+                 system_values=system_values_text(scenario, system_values), chat_words=str(CHAT_WORD_LIMIT))
+
+
+def guided_final_prompt(scenario: ir.Scenario, finals: Mapping[str, Any]) -> str:
+    """The guided baseline's prompt once the engine has reached a leaf: the decision in words, for the
+    closing message to the customer."""
+    action = scenario.actions.get(str(finals.get("Action")))
+    what = f" — {' '.join(action.description.split())}" if action is not None and action.description else ""
+    lines = [f"- Action: {finals.get('Action')}{what}"]
+    for name, value in finals.items():
+        if name != "Action" and value is not None:
+            lines.append(f"- {name}: {format_value(value)}")
+    return _fill("guided_final.md", title=scenario.title or scenario.name,
+                 description=" ".join(scenario.description.split()), decision="\n".join(lines),
+                 chat_words=str(CHAT_WORD_LIMIT))
+
+
 def language_name(code: str) -> str:
     return LANGUAGES.get(code.lower(), code) if code else "English"
 

@@ -83,7 +83,14 @@ from sopgraph.simulation.judge import (
     judgment_usage_rows,
     parse_judge_turns,
 )
-from sopgraph.simulation.prompts import agent_system_prompt, agent_tools_prompt, user_system_prompt
+from sopgraph.simulation.prompts import (
+    agent_system_prompt,
+    agent_tools_prompt,
+    guided_final_prompt,
+    guided_stage_prompt,
+    user_system_prompt,
+)
+from sopgraph.simulation.providers import guided_inner
 from sopgraph.simulation.store import REDACTED, TOOL_VERSION, RunStore, StoreError, redact_params
 
 DEFAULT_SET = "default"
@@ -454,9 +461,12 @@ async def run(
 
 def _litellm_specs(roles: RoleSet) -> list[ModelSpec]:
     """The roles' models that are called through litellm: not built-ins, not http/python agents (a
-    `tools:` agent's model is checked without its prefix)."""
+    `tools:` agent's model is checked without its prefix, and so is the model the guided baseline wraps)."""
     out = []
     for s in roles.all():
+        inner = guided_inner(s.model)
+        if inner is not None:
+            s = s.model_copy(update={"model": inner, "structured": False})
         kind = agent_kind(s.model)
         if kind == "tools":
             s = s.model_copy(update={"model": s.model.removeprefix(TOOLS_PREFIX), "structured": False})
@@ -564,7 +574,7 @@ class _Dialogues:
         self.prompts: dict[str, tuple[str, str]] = {}
         kind = agent_kind(roles.agent.model)
         self.tool_agent = (ToolAgent(roles.agent.model, scenario, model_spec=roles.agent, paths=self.info["paths"])
-                           if kind != "sage" else None)
+                           if kind not in ("sage", "guided") else None)
         if kind == "tools":  # one prompt for every case: the values come from the backend's lookup tool
             tools_prompt = agent_tools_prompt(scenario)
             self._agent_prompt = lambda _scenario, _system: tools_prompt
@@ -580,7 +590,8 @@ class _Dialogues:
         return DialogueSetup(scenario=self.scenario, case=case, dialogue_id=d.id, trial=d.trial,
                              agent_system=agent_sys, user_system=user_sys, scenario_info=self.info,
                              response_schema=self.schema, sop_hash=self.scenario.source_hash,
-                             tool_version=TOOL_VERSION, tool_agent=self.tool_agent)
+                             tool_version=TOOL_VERSION, tool_agent=self.tool_agent,
+                             guided_prompts=(guided_stage_prompt, guided_final_prompt))
 
     async def one(self, d: Dialogue, sink: Any) -> bool:
         """Run dialogue `d` from scratch; True if it ended as an infrastructure failure."""

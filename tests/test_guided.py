@@ -1,0 +1,193 @@
+"""The graph-guided baseline `baseline/guided:MODEL` (issue 10, item 3): the wrapped model sees one stage
+at a time, the engine advances the state from its answers, and the result is scored like any agent."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fakeserver import Behavior, FakeServer, RecordedRequest
+
+import sopgraph
+from sopgraph.cases.profiles import profile_for
+from sopgraph.cases.synth import synthesize
+from sopgraph.cli import main
+from sopgraph.simulation.agents import agent_kind
+from sopgraph.simulation.gateway import Gateway, ModelOptionError, parse_model_option
+from sopgraph.simulation.guided import walk
+from sopgraph.simulation.runner import run_sync
+from sopgraph.simulation.store import RunStore
+
+ROOT = Path(__file__).resolve().parent.parent
+TELECOM = ROOT / "scenarios" / "telecom_package.sop"
+
+
+@pytest.fixture(scope="module")
+def telecom() -> sopgraph.Scenario:
+    return sopgraph.load(TELECOM)
+
+
+@pytest.fixture(scope="module")
+def cases(telecom) -> list:
+    return list(synthesize(telecom, profile_for(TELECOM, telecom), 24, seed=11, min_per_path=1).cases)
+
+
+def _turns(out: Path) -> dict[str, list]:
+    with RunStore.open(out) as store:
+        by: dict[str, list] = {}
+        for t in store.turns():
+            by.setdefault(t.dialogue_id, []).append(t)
+    return by
+
+
+def test_the_walk_stops_where_a_decision_needs_an_unknown_value(telecom) -> None:
+    w = walk(telecom, {"PackageStatus": "Contracted", "Penalty": 300})
+    assert w.path == ["step1", "step2"] and w.missing == "ConsumptionType" and w.finals is None
+    w = walk(telecom, {"PackageStatus": "Contracted", "Penalty": 300, "ConsumptionType": "Cancel"})
+    assert w.path == ["step1", "step2", "step5", "step7"] and w.missing == "EmotionTag"
+    w = walk(telecom, {"PackageStatus": "Contracted", "Penalty": 300, "ConsumptionType": "Cancel",
+                       "EmotionTag": "Calm"})
+    assert w.path == ["step1", "step2", "step5", "step7"] and w.finals == {"Action": "ChangeOrder"}
+
+
+def test_guided_over_the_offline_provider_advances_stage_by_stage_to_the_reference(telecom, cases, tmp_path) -> None:
+    out = tmp_path / "guided"
+    run_sync(telecom, cases, ["agent=baseline/guided:baseline/oracle"], str(out), trials=1, progress=False,
+             judge_turns="final")
+    by = _turns(out)
+    assert len(by) == len(cases)
+    grew = 0
+    for case in cases:
+        turns = by[f"{case.id}#0"]
+        paths = [t.output.now_path for t in turns]
+        for before, after in zip(paths, paths[1:], strict=False):
+            assert after[:len(before)] == before  # the engine only moves forward
+            grew += len(after) > len(before)
+        last = turns[-1].output
+        assert last.now_path == case.expected_path and last.finals == case.expected_finals  # the reference
+        assert all(t.output.finals == {} for t in turns[:-1])  # no action before the leaf
+        assert {k: case.truth[k] for k in last.classification_output} == last.classification_output
+    assert grew > len(cases) // 2  # most dialogues advance over several turns
+
+
+def test_the_model_sees_only_the_current_stage(telecom, cases) -> None:
+    from sopgraph.simulation.dialogue import DialogueSetup, scenario_context, simulate_dialogue
+    from sopgraph.simulation.gateway import ModelSpec
+    from sopgraph.simulation.prompts import guided_final_prompt, guided_stage_prompt
+
+    seen: list[tuple[list, dict]] = []
+
+    class Recording(Gateway):
+        async def complete(self, spec, messages, *, context=None):
+            if spec.role == "agent":
+                seen.append((list(messages), dict(context or {})))
+            return await super().complete(spec, messages, context=context)
+
+    import asyncio
+
+    case = next(c for c in cases if c.expected_path == ["step1", "step2", "step5", "step7"])
+    setup = DialogueSetup(scenario=telecom, case=case, dialogue_id="d#0", trial=0, agent_system="FULL SOP",
+                          user_system="u", scenario_info=scenario_context(telecom),
+                          guided_prompts=(guided_stage_prompt, guided_final_prompt))
+
+    async def go():
+        gw = Recording()
+        try:
+            return await simulate_dialogue(gw, ModelSpec(role="agent", model="baseline/guided:baseline/oracle"),
+                                           ModelSpec(role="user", model="scripted/user"), setup)
+        finally:
+            await gw.aclose()
+
+    asyncio.run(go())
+    stages = [c["guided"].get("stage") for _, c in seen if "stage" in c["guided"]]
+    assert stages[0] == "step2" and "step7" in stages
+    for messages, ctx in seen:
+        system = messages[0]["content"]
+        assert messages[0]["role"] == "system" and "FULL SOP" not in system  # never the whole SOP
+        if "stage" not in ctx["guided"]:
+            assert "procedure's decision" in system and "Action: " in system
+            continue
+        stage = telecom.stages[ctx["guided"]["stage"]]
+        assert f"Stage {stage.id} — {stage.title}" in system and stage.text.split(".")[0] in system
+        others = [s for s in telecom.stages.values() if s.id != stage.id]
+        assert not any(s.text.split(".")[0] in system for s in others)  # no other stage's instructions
+        for name in ctx["guided"]["needs"]:
+            assert f"- {name} (" in system  # the values it needs, with their domain and what is known
+        assert "Penalty: " in system  # the visible system values
+
+
+def _label(name: str) -> str:
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name).lower()
+
+
+def _listening_model(req: RecordedRequest) -> Behavior | None:
+    """A stand-in LLM behind an OpenAI-compatible API: fills a needed value when the customer said
+    "my <label> is <value>" (or "<label>: <value>"), asks for the first one still open, and closes at the end."""
+    msgs = req.messages
+    if not msgs or msgs[0].get("role") != "system":
+        return None  # the preflight: the default answer
+    system = msgs[0]["content"]
+    if "procedure's decision" in system:
+        action = re.search(r"- Action: (\w+)", system)
+        return Behavior.json_reply({"chat": f"All set: {action.group(1) if action else '?'}."})
+    needs = re.findall(r"^- (\w+) \(", system.split("## Values this step needs")[1], re.MULTILINE)
+    said = " ".join(str(m.get("content")) for m in msgs if m.get("role") == "user").lower()
+    values: dict[str, Any] = {}
+    for name in needs:
+        found = re.search(rf"{_label(name)}(?: is|:) (\w+)", said)
+        values[name] = found.group(1).capitalize() if found else None
+    first = next((n for n, v in values.items() if v is None), None)
+    chat = f"Could you tell me your {_label(first)}?" if first else "Thanks."
+    return Behavior.json_reply({"values": values, "chat": chat}, prompt_tokens=100, completion_tokens=20)
+
+
+def test_guided_wraps_a_litellm_model(telecom, cases, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SOPGRAPH_TEST_KEY", "sk-test")
+    picked = [c for c in cases if c.intensity == "zero" and c.language == "en"][:4]
+    with FakeServer(lifetime=120) as server:
+        server.responder(_listening_model)
+        spec = f"agent=baseline/guided:openai/listener,api_base={server.base_url},api_key_env=SOPGRAPH_TEST_KEY"
+        run_sync(telecom, picked, [spec], str(tmp_path / "llm"), trials=1, progress=False, judge_turns="final")
+        stage_calls = [r for r in server.requests if "## Current step" in str(r.messages[:1])]
+        assert stage_calls  # the model was asked stage by stage, through litellm over HTTP
+    by = _turns(tmp_path / "llm")
+    for case in picked:
+        last = by[f"{case.id}#0"][-1].output
+        assert last.now_path == case.expected_path and last.finals["Action"] == case.expected_finals["Action"]
+        assert last.chat.startswith("All set")
+    with RunStore.open(tmp_path / "llm") as store:
+        assert store.meta()["models"]["agent"]["model"] == "baseline/guided:openai/listener"
+        assert store.usage_totals(include_discarded=False)["agent"].prompt_tokens >= 100
+
+
+def test_guided_names_are_checked() -> None:
+    assert agent_kind("baseline/guided:openai/gpt-4o-mini") == "guided"
+    assert agent_kind("baseline/oracle") == "sage"
+    parse_model_option("agent=baseline/guided:baseline/oracle")
+    with pytest.raises(ModelOptionError, match="wraps one model"):
+        parse_model_option("agent=baseline/guided:")
+    with pytest.raises(ModelOptionError, match="did you mean 'baseline/oracle'"):
+        parse_model_option("agent=baseline/guided:baseline/orcale")
+
+
+def test_guided_beside_the_plain_model_in_the_leaderboard_deterministically(telecom, cases, tmp_path) -> None:
+    runs = []
+    for name, model in (("plain", "baseline/random-path"), ("guided", "baseline/guided:baseline/random-path"),
+                        ("again", "baseline/guided:baseline/random-path")):
+        run_sync(telecom, cases, [f"agent={model}"], str(tmp_path / name), trials=1, progress=False)
+        runs.append(tmp_path / name)
+    dump = [[(t.index, t.user_text, t.agent_raw) for t in ts] for _, ts in sorted(_turns(runs[1]).items())]
+    again = [[(t.index, t.user_text, t.agent_raw) for t in ts] for _, ts in sorted(_turns(runs[2]).items())]
+    assert dump == again  # same seed, same dialogues
+    res = CliRunner().invoke(main, ["leaderboard", str(runs[0]), str(runs[1]), "--bootstrap", "0",
+                                    "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["model"]: r for r in json.loads(res.output)["rows"] if r["scenario"] == "telecom_package"}
+    assert set(rows) == {"baseline/random-path", "baseline/guided:baseline/random-path"}
+    # the engine keeps the guided agent's path and action consistent with its values and the system state
+    plain, guided = rows["baseline/random-path"]["metrics"], rows["baseline/guided:baseline/random-path"]["metrics"]
+    assert guided["action_self"]["value"] == 1.0 > plain["action_self"]["value"]
