@@ -6,6 +6,7 @@ the package imports this façade.
 """
 
 import asyncio as _asyncio
+import importlib as _importlib
 import threading as _threading
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,6 @@ from sopgraph._version import __version__
 from sopgraph.cases.profiles import Profile, default_profile
 from sopgraph.cases.synth import SynthResult
 from sopgraph.cases.synth import synthesize as _synthesize
-from sopgraph.evaluation.score import ScoreConfig, ScoredRun
-from sopgraph.evaluation.score import score_run as _score_run
 from sopgraph.language.compile import compile_graph as _compile_graph
 from sopgraph.language.diagnostics import Diagnostic, SopError
 from sopgraph.language.ir import Scenario
@@ -27,8 +26,6 @@ from sopgraph.logic.engine import DecideError, Decision, decide
 from sopgraph.logic.paths import PathCount, PathInfo
 from sopgraph.logic.paths import count_paths as _count_paths
 from sopgraph.logic.paths import iter_paths as _iter_paths
-from sopgraph.simulation.runner import run as _arun
-from sopgraph.simulation.runner import run_sync
 
 
 def check(scenario: Scenario) -> list[Diagnostic]:
@@ -57,11 +54,31 @@ def synthesize(scenario: Scenario, n: int, seed: int = 0, *, profile: Profile | 
     return _synthesize(scenario, profile or default_profile(scenario), n, seed, **options)
 
 
+# The simulation and evaluation stages (httpx, asyncio, numpy, the runner and its store: ~0.4 s) load on
+# first use of the names below, not on `import sopgraph`: importing the package is what every `sop`
+# command pays at start-up (Python imports this façade before any `sopgraph.*` module), and `sop check`
+# never runs a model.
+_LAZY = {"run_sync": ("sopgraph.simulation.runner", "run_sync"),
+         "ScoreConfig": ("sopgraph.evaluation.score", "ScoreConfig"),
+         "ScoredRun": ("sopgraph.evaluation.score", "ScoredRun")}
+
+
+def __getattr__(name: str) -> Any:
+    """`sopgraph.run_sync`, `sopgraph.ScoreConfig`, `sopgraph.ScoredRun`, imported on first use."""
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(_importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sopgraph' has no attribute {name!r}")
+
+
 def run(*args: Any, **kwargs: Any) -> Any:
     """Simulate and judge dialogues, blocking (wrapper of `sopgraph.simulation.runner.run`).
 
     Inside a running event loop (a Jupyter notebook, an async application) use `await arun(...)`;
     called there anyway, `run` runs the run on its own loop in a helper thread and waits for it."""
+    run_sync = __getattr__("run_sync")
     try:
         _asyncio.get_running_loop()
     except RuntimeError:
@@ -84,11 +101,15 @@ def run(*args: Any, **kwargs: Any) -> Any:
 
 async def arun(*args: Any, **kwargs: Any) -> Any:
     """`run` as a coroutine, for code already in an event loop: `summary = await sopgraph.arun(...)`."""
+    from sopgraph.simulation.runner import run as _arun  # lazy: see _LAZY above
+
     return await _arun(*args, **kwargs)
 
 
-def score_run(run_dir: str | Path, config: ScoreConfig | None = None) -> ScoredRun:
-    """Score a stored run (`ScoredRun`; `.summary()` gives the headline metrics)."""
+def score_run(run_dir: str | Path, config: Any = None) -> Any:
+    """Score a stored run (`ScoredRun`; `.summary()` gives the headline metrics; `config`: a `ScoreConfig`)."""
+    from sopgraph.evaluation.score import score_run as _score_run  # lazy: see _LAZY above
+
     return _score_run(run_dir, config)
 
 

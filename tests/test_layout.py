@@ -84,3 +84,31 @@ def test_no_module_imports_another_modules_private_names() -> None:
     offenders = [hit for p in sorted(PACKAGE.rglob("*.py"))
                  for hit in _private_imports(p.read_text(encoding="utf-8"), str(p.relative_to(PACKAGE)))]
     assert offenders == []
+
+
+def test_cli_command_index_names_each_command_s_module() -> None:
+    """`sop check` imports only its own command module (start-up time); the index that says where a
+    command lives must agree with the modules themselves."""
+    from sopgraph.cli import COMMAND_INDEX, COMMAND_MODULES, command_module, top_level_commands
+
+    where = {c.name: name for name in COMMAND_MODULES for c in top_level_commands(command_module(name))}
+    assert {k: where.get(k) for k in COMMAND_INDEX} == COMMAND_INDEX
+
+
+def test_authoring_commands_do_not_load_the_simulation_or_evaluation_stages(tmp_path: Path) -> None:
+    """Importing the package and running `sop check` / `sop synth` must not import the runner, the
+    scorer or their heavy dependencies (numpy, httpx): every command pays for what it imports."""
+    import subprocess
+    import sys
+
+    root = PACKAGE.parent
+    script = ("import sys\nfrom sopgraph.cli import main\n"
+              "for args in (['check', sys.argv[1]], ['synth', sys.argv[1], '-n', '3', '-q']):\n"
+              "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
+              "heavy = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'httpx')\n"
+              "         or m.startswith(('sopgraph.simulation.runner', 'sopgraph.evaluation'))]\n"
+              "print(sorted(heavy))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(root / "scenarios" / "telecom_package.sop")],
+                          capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -5,25 +5,15 @@ Each command module defines its commands; this module is the one place that asse
 
 from __future__ import annotations
 
+import importlib
 import sqlite3
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import click
 
 from sopgraph._version import __version__
-from sopgraph.cli import (
-    authorcmd,
-    checkcmd,
-    draftcmd,
-    lang,
-    pathscmd,
-    runcmd,
-    scorecmd,
-    synthcmd,
-    tools,
-    viewcmd,
-)
 from sopgraph.perf import tune_gc_for_cli
 from sopgraph.simulation.gateway import quiet_litellm_output
 from sopgraph.simulation.store import StoreError
@@ -39,6 +29,23 @@ class _Sop(click.Group):
         # script invoking `main.main(...)` directly keeps its own collector settings.
         tune_gc_for_cli()
         return super().__call__(*args, **kwargs)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The command, importing only its module when the index knows it (else every module)."""
+        if cmd_name not in self.commands:
+            for name in [COMMAND_INDEX[cmd_name]] if cmd_name in COMMAND_INDEX else COMMAND_MODULES:
+                self._add_module(name)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        for name in COMMAND_MODULES:
+            self._add_module(name)
+        return super().list_commands(ctx)
+
+    def _add_module(self, name: str) -> None:
+        for command in top_level_commands(command_module(name)):
+            if command.name not in self.commands:
+                self.add_command(command)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -68,16 +75,26 @@ def main(ctx: click.Context, include_path: tuple[Path, ...]) -> None:
     quiet_litellm_output()
 
 
-COMMAND_MODULES = (checkcmd, lang, pathscmd, synthcmd, runcmd, scorecmd, tools, authorcmd, draftcmd, viewcmd)
+COMMAND_MODULES = ("checkcmd", "lang", "pathscmd", "synthcmd", "runcmd", "scorecmd", "tools", "authorcmd",
+                   "draftcmd", "viewcmd")
+"""The modules of `sopgraph.cli` that define commands (each imported when one of its commands runs)."""
+
+COMMAND_INDEX = {"check": "checkcmd", "compile": "lang", "decide": "lang", "paths": "pathscmd",
+                 "synth": "synthcmd", "init": "synthcmd", "profiles": "synthcmd", "render": "tools",
+                 "prompt": "tools", "schema": "tools", "fmt": "authorcmd", "validate": "authorcmd",
+                 "diff": "authorcmd"}
+"""Where the authoring commands live, so that `sop check` imports its own module and not the simulation
+and evaluation stages (httpx, numpy, the runner: ~0.4 s of start-up). A shortcut only: a command not
+listed is found by importing every module (tests/test_layout.py checks the index against the modules)."""
 
 
-def _top_level_commands(module: object) -> list[click.Command]:
+def command_module(name: str) -> ModuleType:
+    """A command module of `sopgraph.cli` by name."""
+    return importlib.import_module(f"sopgraph.cli.{name}")
+
+
+def top_level_commands(module: object) -> list[click.Command]:
     """The module's commands that are not subcommands of one of its groups, in definition order."""
     found = [c for c in vars(module).values() if isinstance(c, click.Command)]
     nested = {id(sub) for c in found if isinstance(c, click.Group) for sub in c.commands.values()}
     return [c for c in found if id(c) not in nested]
-
-
-for _module in COMMAND_MODULES:
-    for _command in _top_level_commands(_module):
-        main.add_command(_command)

@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 
 from sopgraph.language import ir
+from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput
 from sopgraph.simulation import providers
 from sopgraph.simulation.backend import Backend, BackendSpec, visible_system
@@ -89,15 +90,32 @@ def tool_schemas(scenario: ir.Scenario) -> list[dict[str, Any]]:
     return BackendSpec.of(scenario).tools
 
 
-def infer_path(paths: Sequence[Mapping[str, Any]], action: str | None) -> list[str]:
-    """The agent's path from its tool-call trace: the stages of the first feasible path ending in the
-    last action it called (empty when it called none, or no path ends there)."""
+def infer_path(paths: Sequence[Mapping[str, Any]], action: str | None,
+               trace: Sequence[str] | None = None) -> list[str]:
+    """The agent's path from its tool-call trace: the stages of the feasible path whose action trace
+    (`actions`, for procedures) is the dialogue's actions so far, else of the first feasible path
+    ending in the last action called (empty when it called none, or no path ends there)."""
     if action is None:
         return []
+    if trace:
+        wanted = list(trace)
+        for path in paths:
+            if path.get("actions") == wanted:
+                return [str(s) for s in path.get("stages") or ()]
     for path in paths:
         if str((path.get("finals") or {}).get("Action")) == action:
             return [str(s) for s in path.get("stages") or ()]
     return []
+
+
+def path_table(scenario: ir.Scenario, limit: int = 2000) -> list[dict[str, Any]]:
+    """The feasible paths with their stages, finals and action traces, for `infer_path` (once per run)."""
+    try:
+        # `actions` entries read `Name(param = expr)`: the names are what a trace is matched on
+        return [{"stages": list(p.stages), "finals": dict(p.finals), "actions": [a.split("(")[0] for a in p.actions]}
+                for p in iter_paths(scenario, limit=limit, witnesses=False)]
+    except Exception:  # noqa: BLE001 - path inference is best effort: no table, no inferred path
+        return []
 
 
 def decode_call(call: Any) -> tuple[str, Any, str | None]:
@@ -137,10 +155,12 @@ def to_output(scenario: ir.Scenario, paths: Sequence[Mapping[str, Any]], reply: 
     return output_for(paths, exchange.text, trace), None
 
 
-def output_for(paths: Sequence[Mapping[str, Any]], text: str, trace: list[dict[str, Any]]) -> AgentOutput:
-    """The turn's AgentOutput: finals from the last action called, the path inferred from it."""
+def output_for(paths: Sequence[Mapping[str, Any]], text: str, trace: list[dict[str, Any]],
+               so_far: Sequence[str] | None = None) -> AgentOutput:
+    """The turn's AgentOutput: finals from the last action called, the path inferred from it and from
+    the dialogue's action trace so far (`so_far`, this turn's actions included)."""
     finals = {"Action": trace[-1]["name"], **trace[-1]["args"]} if trace else {}
-    return AgentOutput(classification_output={}, cot="", now_path=infer_path(paths, finals.get("Action")),
+    return AgentOutput(classification_output={}, cot="", now_path=infer_path(paths, finals.get("Action"), so_far),
                        finals=finals, chat=text, source="tools", tool_calls=trace)
 
 
@@ -223,7 +243,7 @@ class ToolAgent:
         self.model, self.kind, self.scenario = model, agent_kind(model), scenario
         self.backend = BackendSpec.of(scenario)
         self.tools = self.backend.tools
-        self.paths = paths
+        self.paths = paths or path_table(scenario)
         self.timeout = timeout
         self._fn = load_callable(model) if self.kind == "python" else None
         self.model_spec: ModelSpec | None = None
@@ -347,7 +367,7 @@ async def tool_turn(agent: ToolAgent, gateway: Any, backend: Backend, messages: 
         if problem is not None or ended or not exchange.more:
             break
     raw = json.dumps(rounds, ensure_ascii=False, sort_keys=True, default=str)
-    output = None if problem is not None else output_for(agent.paths, "\n\n".join(texts), trace)
+    output = None if problem is not None else output_for(agent.paths, "\n\n".join(texts), trace, backend.actions)
     return TurnResult(output, problem, raw, latency, completions)
 
 

@@ -181,6 +181,7 @@ class Backend:
     system: Mapping[str, Any]
     looks: dict[str, int] = field(default_factory=dict)  # observed variable -> index of the current look
     dirty: set[str] = field(default_factory=set)  # observed variables with an action since their last look
+    actions: list[str] = field(default_factory=list)  # the actions carried out so far, in order
 
     @classmethod
     def for_case(cls, spec: BackendSpec, case: Case) -> Backend:
@@ -208,6 +209,7 @@ class Backend:
                 value = self.system.get(var)
             return {"name": var, "value": value}
         self.dirty.update(self.spec.observed)
+        self.actions.append(name)
         result: dict[str, Any] = {"status": "done"}
         observed = {var: self._look(var, True) for var in self.spec.reports.get(name, ())}
         if observed:

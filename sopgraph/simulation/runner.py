@@ -573,7 +573,7 @@ class _Dialogues:
         self.ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
         self.prompts: dict[str, tuple[str, str]] = {}
         kind = agent_kind(roles.agent.model)
-        self.tool_agent = (ToolAgent(roles.agent.model, scenario, model_spec=roles.agent, paths=self.info["paths"])
+        self.tool_agent = (ToolAgent(roles.agent.model, scenario, model_spec=roles.agent)
                            if kind not in ("sage", "guided") else None)
         if kind == "tools":  # one prompt for every case: the values come from the backend's lookup tool
             tools_prompt = agent_tools_prompt(scenario)
