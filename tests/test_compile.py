@@ -9,7 +9,16 @@ import networkx as nx
 import pytest
 
 import sopgraph
-from sopgraph.language.compile import END, START, action_node, compile_graph, graph_to_graphml, graph_to_json
+from sopgraph.language.compile import (
+    END,
+    START,
+    action_node,
+    compile_graph,
+    graph_to_graphml,
+    graph_to_json,
+    topology,
+)
+from sopgraph.language.parse import load_source
 
 SCENARIOS = sorted((Path(__file__).parent.parent / "scenarios").glob("*.sop"))
 
@@ -62,6 +71,22 @@ def test_every_scenario_compiles_to_a_graph_reaching_end(path):
     for stage in scenario.stages:
         assert nx.has_path(g, START, stage)
         assert nx.has_path(g, stage, END)
+
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").rglob("*.sop"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS + EXAMPLES, ids=lambda p: p.stem)
+def test_topology_has_the_graphs_nodes_and_edges_in_order(path):
+    """The checker walks `topology` instead of the labelled graph: same nodes, same edges, same order
+    (the order decides which cycle or unreachable stage is reported first)."""
+    loaded = load_source(path)
+    if loaded.scenario is None:
+        pytest.skip("does not load")
+    g, t = compile_graph(loaded.scenario), topology(loaded.scenario)
+    assert list(t.nodes) == list(g.nodes)
+    assert list(t.edges) == list(g.edges)
+    assert all(not data for _n, data in t.nodes(data=True))  # structure only
 
 
 def test_graphml_roundtrips_through_networkx(telecom, tmp_path):

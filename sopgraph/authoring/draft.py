@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
-from sopgraph.language.diagnostics import SopError
+from sopgraph.language.diagnostics import SopError, render_all
 from sopgraph.language.fmt import format_text
 from sopgraph.language.parse import grammar_path, parse_text
 from sopgraph.logic.checker import check_file
@@ -99,7 +99,7 @@ def _feedback(text: str, name: str, policy_file: str, round_no: int, max_rounds:
     cited = citations(text, policy_file)
     stages = _stage_ids(text)
     uncited = [s for s in stages if not cited.get(s)]
-    parts = [d.render(result.sources) for d in result.diagnostics if d.severity in ("error", "warning")]
+    parts = list(render_all([d for d in result.diagnostics if d.severity in ("error", "warning")], result.sources))
     parts += [f"stage `{s}` cites no policy line: put `# {policy_file}:LINE` above it" for s in uncited]
     record = DraftRound(round=round_no, errors=result.errors, warnings=result.warnings, uncited=uncited)
     if not result.errors and not uncited and not result.warnings:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from sopgraph.language.ir import Span
+from sopgraph.language.ir import Span, share_fields_set
 
 Severity = Literal["error", "warning", "info"]
 
@@ -94,6 +94,9 @@ class Diagnostic(BaseModel):
     hint: str | None = None
     witness: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
+
+    def model_post_init(self, context: Any, /) -> None:
+        share_fields_set(self)  # a huge program can have 100k diagnostics (see `share_fields_set`)
 
     @property
     def is_error(self) -> bool:

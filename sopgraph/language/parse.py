@@ -110,6 +110,9 @@ class Program(ir.Node):
 
 
 def _span(file: str, meta: Any) -> ir.Span:
+    if isinstance(meta, _ChildMeta):
+        empty, line, col, end_line, end_col = meta._get()
+        return ir.make_span(file, 0, 0, 0, 0) if empty else ir.make_span(file, line, col, end_line, end_col)
     if getattr(meta, "empty", False) or not hasattr(meta, "line"):
         return ir.Span(file=file)
     return ir.Span(file=file, line=meta.line, col=meta.column, end_line=meta.end_line,
@@ -117,8 +120,8 @@ def _span(file: str, meta: Any) -> ir.Span:
 
 
 def _tok_span(file: str, tok: Token) -> ir.Span:
-    return ir.Span(file=file, line=tok.line or 0, col=tok.column or 0,
-                   end_line=tok.end_line or tok.line or 0, end_col=tok.end_column or tok.column or 0)
+    return ir.make_span(file, tok.line or 0, tok.column or 0, tok.end_line or tok.line or 0,
+                        tok.end_column or tok.column or 0)
 
 
 def _unquote(tok: str) -> str:
@@ -261,7 +264,8 @@ class ToIR(Transformer):
         super().__init__()
         self.file = file
 
-    def sp(self, meta: Any) -> ir.Span:
+    def _sp(self, meta: Any) -> ir.Span:
+        # private (leading underscore): `v_args` would otherwise wrap it anew on every access
         return _span(self.file, meta)
 
     # -- helpers for tokens
@@ -275,23 +279,23 @@ class ToIR(Transformer):
 
     # -- top level
     def start(self, meta, children):
-        return Program(file=self.file, items=children, span=self.sp(meta))
+        return Program(file=self.file, items=children, span=self._sp(meta))
 
     def scenario_decl(self, meta, children):
         name = children[0]
         texts = [c for c in children[1:] if isinstance(c, str)]
         meta_entries = next((c for c in children[1:] if isinstance(c, list)), [])
         return ScenarioHeader(name=str(name), title=texts[0] if texts else "",
-                              description="\n".join(texts[1:]), meta=meta_entries, span=self.sp(meta))
+                              description="\n".join(texts[1:]), meta=meta_entries, span=self._sp(meta))
 
     def meta_block(self, meta, children):
         return list(children)
 
     def meta_entry(self, meta, children):
-        return ir.MetaEntry(key=str(children[0]), value=children[1], span=self.sp(meta))
+        return ir.MetaEntry(key=str(children[0]), value=children[1], span=self._sp(meta))
 
     def include_decl(self, meta, children):
-        return Include(path=_unquote(str(children[0])), span=self.sp(meta))
+        return Include(path=_unquote(str(children[0])), span=self._sp(meta))
 
     def start_decl(self, meta, children):
         return StartDecl(stage=str(children[0]), span=_tok_span(self.file, children[0]))
@@ -380,15 +384,15 @@ class ToIR(Transformer):
 
     # -- types
     def enum_type(self, meta, children):
-        return ir.EnumType(values=[str(c) for c in children], span=self.sp(meta))
+        return ir.EnumType(values=[str(c) for c in children], span=self._sp(meta))
 
     def bool_type(self, meta, children):
-        return ir.BoolType(span=self.sp(meta))
+        return ir.BoolType(span=self._sp(meta))
 
     def _num_type(self, kind: ir.NumKind, meta, children):
         if not children:
-            return ir.NumType(kind=kind, span=self.sp(meta))
-        return ir.NumType(kind=kind, span=self.sp(meta), **children[0])
+            return ir.NumType(kind=kind, span=self._sp(meta))
+        return ir.NumType(kind=kind, span=self._sp(meta), **children[0])
 
     def int_type(self, meta, children):
         return self._num_type("int", meta, children)
@@ -423,16 +427,16 @@ class ToIR(Transformer):
 
     # -- dates, durations, strings, optionals, defaults (docs/language.md §4)
     def date_type(self, meta, children):
-        return ir.TimeType(kind="date", span=self.sp(meta))
+        return ir.TimeType(kind="date", span=self._sp(meta))
 
     def datetime_type(self, meta, children):
-        return ir.TimeType(kind="datetime", span=self.sp(meta))
+        return ir.TimeType(kind="datetime", span=self._sp(meta))
 
     def duration_type(self, meta, children):
-        return ir.TimeType(kind="duration", span=self.sp(meta))
+        return ir.TimeType(kind="duration", span=self._sp(meta))
 
     def string_type(self, meta, children):
-        return ir.StringType(span=self.sp(meta))
+        return ir.StringType(span=self._sp(meta))
 
     def optional_mark(self, meta, children):
         return ("optional", True)
@@ -446,7 +450,7 @@ class ToIR(Transformer):
         seconds = amount * scalars.unit_seconds(str(unit))
         if isinstance(seconds, float) and seconds.is_integer():
             seconds = int(seconds)
-        return ir.TimeLit(unit="duration", value=seconds, text=f"{number} {unit}", span=self.sp(meta))
+        return ir.TimeLit(unit="duration", value=seconds, text=f"{number} {unit}", span=self._sp(meta))
 
     def func_call(self, meta, children):
         name_tok, *args = children
@@ -454,10 +458,10 @@ class ToIR(Transformer):
         name = str(name_tok)
         if name in ("date", "datetime"):
             return self._time_literal(name, args, meta)
-        return ir.Func(name=name, args=args, span=self.sp(meta))
+        return ir.Func(name=name, args=args, span=self._sp(meta))
 
     def _time_literal(self, kind: str, args: list[Any], meta: Any) -> ir.TimeLit:
-        span = self.sp(meta)
+        span = self._sp(meta)
         example = "2026-11-23" if kind == "date" else "2026-11-23T10:00"
         if len(args) != 1 or not isinstance(args[0], ir.Lit) or not isinstance(args[0].value, str) or args[0].bare:
             raise _BadLiteral(span, f"`{kind}(...)` takes one quoted {kind}",
@@ -472,7 +476,7 @@ class ToIR(Transformer):
         operand, tok = children
         pattern = str(tok)[1:-1].replace('\\"', '"')  # the text as written: `\d` stays `\d`
         return ir.Matches(operand=operand, pattern=pattern, pattern_span=_tok_span(self.file, tok),
-                          span=self.sp(meta))
+                          span=self._sp(meta))
 
     # -- stages
     def stage_decl(self, meta, children):
@@ -501,7 +505,7 @@ class ToIR(Transformer):
 
     def goto(self, meta, children):
         limit = children[1] if len(children) > 1 else None
-        first = ir.Branch(target=children[0], limit=limit, span=self.sp(meta))
+        first = ir.Branch(target=children[0], limit=limit, span=self._sp(meta))
         if limit is None:
             return {"kind": "goto", "branches": [first]}
         # `-> t up to N times [otherwise -> u]`: a bounded jump, then what to do once it is spent
@@ -526,14 +530,14 @@ class ToIR(Transformer):
     def match_arm(self, meta, children):
         limit = children.pop() if isinstance(children[-1], int) and not isinstance(children[-1], bool) else None
         *values, target = children
-        return (values, target, self.sp(meta), limit)
+        return (values, target, self._sp(meta), limit)
 
     def when_block(self, meta, children):
         return {"kind": "when", "branches": list(children)}
 
     def when_arm(self, meta, children):
         limit = children[2] if len(children) > 2 else None
-        return ir.Branch(guard=children[0], target=children[1], limit=limit, span=self.sp(meta))
+        return ir.Branch(guard=children[0], target=children[1], limit=limit, span=self._sp(meta))
 
     def else_when_arm(self, meta, children):
         branch = self.when_arm(meta, children)
@@ -542,16 +546,16 @@ class ToIR(Transformer):
 
     def otherwise_arm(self, meta, children):
         limit = children[1] if len(children) > 1 else None
-        return ir.Branch(guard=None, target=children[0], limit=limit, span=self.sp(meta))
+        return ir.Branch(guard=None, target=children[0], limit=limit, span=self._sp(meta))
 
     def stage_target(self, meta, children):
-        return ir.Target(kind="stage", stage=str(children[0]), span=self.sp(meta))
+        return ir.Target(kind="stage", stage=str(children[0]), span=self._sp(meta))
 
     def action_target(self, meta, children):
         (name, _span_), *rest = children
         args = next((c[1] for c in rest if isinstance(c, tuple)), [])
         outputs = next((c for c in rest if isinstance(c, list)), [])
-        return ir.Target(kind="action", action=name, outputs=outputs, args=args, span=self.sp(meta))
+        return ir.Target(kind="action", action=name, outputs=outputs, args=args, span=self._sp(meta))
 
     def step_target(self, meta, children):
         (name, span), *rest = children
@@ -559,20 +563,20 @@ class ToIR(Transformer):
         nxt: ir.Target = rest[-1]
         call = ir.ActionCall(action=name, args=args, span=span)
         nxt.steps.insert(0, call)
-        nxt.span = self.sp(meta)
+        nxt.span = self._sp(meta)
         return nxt
 
     def call_args(self, meta, children):
         return ("args", [c for c in children if c is not None])
 
     def call_arg(self, meta, children):
-        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self.sp(meta))
+        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self._sp(meta))
 
     def output_block(self, meta, children):
         return list(children)
 
     def output_assign(self, meta, children):
-        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self.sp(meta))
+        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self._sp(meta))
 
     # -- subflows
     def subflow_decl(self, meta, children):
@@ -607,7 +611,7 @@ class ToIR(Transformer):
                     head.operands.extend(child.operands)
                 else:
                     head.operands.append(child)
-            head.span = self.sp(meta)
+            head.span = self._sp(meta)
             return head
         operands: list[Any] = []
         for child in children:
@@ -615,32 +619,32 @@ class ToIR(Transformer):
                 operands.extend(child.operands)
             else:
                 operands.append(child)
-        return ir.BoolOp(op=op, operands=operands, span=self.sp(meta))
+        return ir.BoolOp(op=op, operands=operands, span=self._sp(meta))
 
     def not_op(self, meta, children):
-        return ir.Unary(op="not", operand=children[0], span=self.sp(meta))
+        return ir.Unary(op="not", operand=children[0], span=self._sp(meta))
 
     def neg(self, meta, children):
         inner = children[0]
         if isinstance(inner, ir.Lit) and isinstance(inner.value, (int, float)) and not isinstance(
                 inner.value, bool):
-            return ir.Lit(value=-inner.value, span=self.sp(meta))
-        return ir.Unary(op="neg", operand=inner, span=self.sp(meta))
+            return ir.Lit(value=-inner.value, span=self._sp(meta))
+        return ir.Unary(op="neg", operand=inner, span=self._sp(meta))
 
     def compare(self, meta, children):
-        return ir.Compare(op=str(children[1]), left=children[0], right=children[2], span=self.sp(meta))
+        return ir.Compare(op=str(children[1]), left=children[0], right=children[2], span=self._sp(meta))
 
     def in_set(self, meta, children):
-        return ir.InSet(operand=children[0], values=children[1], span=self.sp(meta))
+        return ir.InSet(operand=children[0], values=children[1], span=self._sp(meta))
 
     def not_in_set(self, meta, children):
-        return ir.InSet(operand=children[0], values=children[1], negated=True, span=self.sp(meta))
+        return ir.InSet(operand=children[0], values=children[1], negated=True, span=self._sp(meta))
 
     def value_set(self, meta, children):
         return list(children)
 
     def _bin(self, op: ir.BinOp, meta, children):
-        return ir.Binary(op=op, left=children[0], right=children[1], span=self.sp(meta))
+        return ir.Binary(op=op, left=children[0], right=children[1], span=self._sp(meta))
 
     def add(self, meta, children):
         return self._bin("+", meta, children)
@@ -655,13 +659,13 @@ class ToIR(Transformer):
         return self._bin("/", meta, children)
 
     def count_expr(self, meta, children):
-        return ir.Call(func="count", args=list(children), span=self.sp(meta))
+        return ir.Call(func="count", args=list(children), span=self._sp(meta))
 
     def min_expr(self, meta, children):
-        return ir.Call(func="min", args=list(children), span=self.sp(meta))
+        return ir.Call(func="min", args=list(children), span=self._sp(meta))
 
     def max_expr(self, meta, children):
-        return ir.Call(func="max", args=list(children), span=self.sp(meta))
+        return ir.Call(func="max", args=list(children), span=self._sp(meta))
 
     def weighted_count(self, meta, children):
         return ir.Weighted(weights=[w for c in children for w in c.weights],
@@ -699,31 +703,31 @@ class ToIR(Transformer):
 
     def case_expr(self, meta, children):
         *arms, otherwise = children
-        return ir.CaseExpr(arms=arms, otherwise=otherwise, span=self.sp(meta))
+        return ir.CaseExpr(arms=arms, otherwise=otherwise, span=self._sp(meta))
 
     def case_arm(self, meta, children):
-        return ir.CaseArm(when=children[0], then=children[1], span=self.sp(meta))
+        return ir.CaseArm(when=children[0], then=children[1], span=self._sp(meta))
 
     def var_ref(self, meta, children):
         return ir.Var(name=str(children[0]), span=_tok_span(self.file, children[0]))
 
     def number(self, meta, children):
-        return ir.Lit(value=_number(str(children[0])), span=self.sp(meta))
+        return ir.Lit(value=_number(str(children[0])), span=self._sp(meta))
 
     def number_value(self, meta, children):
-        return ir.Lit(value=_number(str(children[-1])), span=self.sp(meta))
+        return ir.Lit(value=_number(str(children[-1])), span=self._sp(meta))
 
     def neg_number_value(self, meta, children):
-        return ir.Lit(value=_number(str(children[-1]), negative=True), span=self.sp(meta))
+        return ir.Lit(value=_number(str(children[-1]), negative=True), span=self._sp(meta))
 
     def true(self, meta, children):
-        return ir.Lit(value=True, span=self.sp(meta))
+        return ir.Lit(value=True, span=self._sp(meta))
 
     def false(self, meta, children):
-        return ir.Lit(value=False, span=self.sp(meta))
+        return ir.Lit(value=False, span=self._sp(meta))
 
     def string(self, meta, children):
-        return ir.Lit(value=_unquote(str(children[0])), span=self.sp(meta))
+        return ir.Lit(value=_unquote(str(children[0])), span=self._sp(meta))
 
     def name_value(self, meta, children):
         return ir.Lit(value=str(children[0]), bare=True, span=_tok_span(self.file, children[0]))

@@ -23,7 +23,7 @@ import networkx as nx
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
-from sopgraph.language.compile import START, compile_graph, reads
+from sopgraph.language.compile import START, reads, topology
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
@@ -1281,12 +1281,13 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
           graph: nx.DiGraph | None = None) -> list[Diagnostic]:
     """Run every pass and return all diagnostics, sorted by file, line and column. Expressions
     nested too deeply (E006) are reported alone: nothing else can safely walk them. Pass the
-    scenario's compiled `graph` when you have it (the passes only read it) to avoid building it twice."""
+    scenario's compiled `graph` when you have it (the passes only read its nodes and edges) to avoid
+    building one; otherwise only its structure is built (`compile.topology`)."""
     found: list[Diagnostic] = check_depth(scenario)
     if found:
         return sorted(found, key=sort_key)
     if graph is None:
-        graph = compile_graph(scenario)
+        graph = topology(scenario)
     for p in passes:
         if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
             continue

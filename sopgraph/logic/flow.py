@@ -25,6 +25,7 @@ failure yields no flow diagnostics rather than a crashed `sop check`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sopgraph.language import ir
@@ -44,10 +45,25 @@ MAX_WORK = 10_000_000  # stages x variables: regions are dense tuples over every
 STEP_BUDGET = 200_000  # region operations (constrain/decide) of the whole analysis: a deterministic bound
 
 
-def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET) -> list[Diagnostic]:
-    """E301/W301/W303/W304/W305 for a scenario whose names resolve (see the module docstring)."""
+@dataclass
+class FlowWork:
+    """What one flow analysis spent (filled in when passed to `flow_diagnostics`). Why: the bounds
+    are deterministic counts, so tests can check that a huge SOP costs no more than they allow."""
+
+    states: int = 0  # (stage, region) states explored
+    steps: int = 0  # region operations charged against STEP_BUDGET
+    contexts: int = 0  # contexts kept for the witness searches
+    skipped: bool = False  # too large to start (I301)
+
+
+def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
+                     work: FlowWork | None = None) -> list[Diagnostic]:
+    """E301/W301/W303/W304/W305 for a scenario whose names resolve (see the module docstring).
+    Pass a `FlowWork` as `work` to learn what the analysis spent."""
+    work = FlowWork() if work is None else work
     n_vars = sum(1 for v in scenario.variables.values() if v.role != "derived")
     if n_vars * len(scenario.stages) > MAX_WORK:
+        work.skipped = True
         # the analysis is linear in states but each state costs O(variables); past this size it
         # would take minutes, and `sop check` must stay fast: say so instead of guessing
         return [Diagnostic(
@@ -59,7 +75,12 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET) -> 
                  "the engine still refuses values no branch covers at run time",
         )]
     try:
-        return _Flow(scenario, budget).run()
+        flow = _Flow(scenario, budget)
+        try:
+            return flow.run()
+        finally:
+            work.states, work.steps = flow.states, STEP_BUDGET - flow.steps_left
+            work.contexts = sum(len(c) for c in flow.contexts.values())
     except RecursionError:
         return []
     except Exception:  # noqa: BLE001 - `sop check` must never crash on a flow analysis bug
@@ -90,6 +111,7 @@ class _Flow:
         self.steps_left = STEP_BUDGET
         self.stopped_at: int | None = None  # stage index where the step budget ran out
         self.reads: dict[tuple[int, int], frozenset[int]] = {}
+        self.states = 0  # states explored so far
 
     def spend(self, si: int, n: int = 1) -> bool:
         """Charge `n` region operations at stage `si`; False once the budget is spent (the rest
@@ -178,12 +200,11 @@ class _Flow:
         # prefixes are parent-linked (parent, stage, branch) nodes, materialised only for a diagnostic:
         # copying a list per state would be quadratic in the depth of the graph
         stack: list[tuple[tuple, Any]] = [(rk, None)]
-        states = 0
         while stack:
             key, prefix = stack.pop()
             si, region, vk = key
-            states += 1
-            if states > self.budget or len(region) > MAX_REGION or not self.spend(si, len(region)):
+            self.states += 1
+            if self.states > self.budget or len(region) > MAX_REGION or not self.spend(si, len(region)):
                 self.complete = False
                 return
             ctxs = self.contexts.setdefault(si, [])
@@ -466,4 +487,4 @@ def _as_relation(text: str) -> str:
     return f"= {text}" if " | " not in text else f"in {{{text.replace(' | ', ', ')}}}"
 
 
-__all__ = ["flow_diagnostics"]
+__all__ = ["FlowWork", "flow_diagnostics"]
