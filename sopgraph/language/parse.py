@@ -368,10 +368,10 @@ class ToIR(Transformer):
             kw["min_len"] = _list_bound(lo, bounds.get("lo_open", False), +1)
         if hi is not None:
             kw["max_len"] = _list_bound(hi, bounds.get("hi_open", False), -1)
-        return ir.ListType(item=children[-1], span=self.sp(meta), **kw)
+        return ir.ListType(item=children[-1], span=self._sp(meta), **kw)
 
     def record_type(self, meta, children):
-        return ir.RecordType(fields=[c for c in children if c is not None], span=self.sp(meta))
+        return ir.RecordType(fields=[c for c in children if c is not None], span=self._sp(meta))
 
     def record_field(self, meta, children):
         return ir.RecordField(name=str(children[0]), type=children[1], span=_tok_span(self.file, children[0]))
@@ -669,19 +669,19 @@ class ToIR(Transformer):
 
     def weighted_count(self, meta, children):
         return ir.Weighted(weights=[w for c in children for w in c.weights],
-                           args=[a for c in children for a in c.args], span=self.sp(meta))
+                           args=[a for c in children for a in c.args], span=self._sp(meta))
 
     def weighted(self, meta, children):
-        return ir.Weighted(weights=[_number(str(children[0]))], args=[children[1]], span=self.sp(meta))
+        return ir.Weighted(weights=[_number(str(children[0]))], args=[children[1]], span=self._sp(meta))
 
     def _quant(self, func: Literal["any", "all", "count"], meta, children):
         head, cond = children
         if not (isinstance(head, ir.Member) and not head.negated and isinstance(head.operand, ir.Var)
                 and "." not in head.operand.name):
-            raise _BadExpr(head.span if isinstance(head, ir.Node) else self.sp(meta),
+            raise _BadExpr(head.span if isinstance(head, ir.Node) else self._sp(meta),
                            f"`{func}(… where …)` starts with an item name and a list",
                            f"write `{func}(x in List where condition)`")
-        return ir.Quant(func=func, var=head.operand.name, source=head.source, cond=cond, span=self.sp(meta))
+        return ir.Quant(func=func, var=head.operand.name, source=head.source, cond=cond, span=self._sp(meta))
 
     def count_where(self, meta, children):
         return self._quant("count", meta, children)
@@ -693,13 +693,13 @@ class ToIR(Transformer):
         return self._quant("all", meta, children)
 
     def len_expr(self, meta, children):
-        return ir.Length(operand=children[0], span=self.sp(meta))
+        return ir.Length(operand=children[0], span=self._sp(meta))
 
     def in_list(self, meta, children):
-        return ir.Member(operand=children[0], source=children[1], span=self.sp(meta))
+        return ir.Member(operand=children[0], source=children[1], span=self._sp(meta))
 
     def not_in_list(self, meta, children):
-        return ir.Member(operand=children[0], source=children[1], negated=True, span=self.sp(meta))
+        return ir.Member(operand=children[0], source=children[1], negated=True, span=self._sp(meta))
 
     def case_expr(self, meta, children):
         *arms, otherwise = children
