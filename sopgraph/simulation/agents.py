@@ -40,7 +40,7 @@ from sopgraph.language import ir
 from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput
 from sopgraph.simulation import providers
-from sopgraph.simulation.backend import Backend, BackendSpec, visible_system
+from sopgraph.simulation.backend import Backend, BackendSpec, visible_system, with_assigned_outputs
 from sopgraph.simulation.gateway import InfraFailure, ModelSpec
 
 PROTOCOL = "sopgraph.agent/1"
@@ -72,15 +72,7 @@ def agent_kind(model: str) -> str:
 def action_outputs(scenario: ir.Scenario) -> dict[str, list[str]]:
     """Action → the outputs some branch doing it assigns, in SOP order (what a SAGE agent's finals
     carry as the final action's arguments; trace scoring compares those)."""
-    found: dict[str, list[str]] = {a: [] for a in scenario.actions}
-    for stage in scenario.stages.values():
-        for branch in stage.branches:
-            t = branch.target
-            if t.kind == "action" and t.action in found:
-                for assign in t.outputs:
-                    if assign.name not in found[t.action]:
-                        found[t.action].append(assign.name)
-    return found
+    return with_assigned_outputs(scenario, {a: [] for a in scenario.actions})
 
 
 def tool_schemas(scenario: ir.Scenario) -> list[dict[str, Any]]:

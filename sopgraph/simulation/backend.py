@@ -34,7 +34,13 @@ LOOKUP = "lookup"
 def action_params(scenario: ir.Scenario) -> dict[str, list[str]]:
     """Action → its parameters: the declared ones (`action Pay(amount: ...)`), then the outputs some
     branch ending in it assigns (`do Refund { Fee = Rate }`), in SOP order."""
-    found: dict[str, list[str]] = {name: [p.name for p in a.params] for name, a in scenario.actions.items()}
+    declared = {name: [p.name for p in a.params] for name, a in scenario.actions.items()}
+    return with_assigned_outputs(scenario, declared)
+
+
+def with_assigned_outputs(scenario: ir.Scenario, found: dict[str, list[str]]) -> dict[str, list[str]]:
+    """`found` (action → names) extended, in SOP order, by the outputs some branch ending in that action
+    assigns: one walk shared by the tool schemas and the finals trace scoring reads."""
     for stage in scenario.stages.values():
         for branch in stage.branches:
             t = branch.target
