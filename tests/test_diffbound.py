@@ -66,6 +66,9 @@ ATOMS = st.one_of(
     st.builds(lambda op, k: f"G {op} H + {k} hours", OPS, st.integers(-3, 3)),
     st.builds(lambda op, k: f"A + {k} {op} B", OPS, st.integers(-3, 3)),
     st.builds(lambda op, k: f"-A {op} -B + {k}", OPS, st.integers(-3, 3)),
+    st.builds(lambda pair, op, k: f"days_between({pair[0]}, {pair[1]}) {op} {k}", PAIRS, OPS,
+              st.sampled_from([0, 1, -1, 2, 0.5, -1.5, 0.25])),
+    st.builds(lambda op, k: f"days_between(T - 1 hour, U + 1 day) {op} {k}", OPS, st.sampled_from([0, 1, 1.5])),
     st.sampled_from(["D1 > date(\"2026-01-10\")", "T < datetime(\"2026-01-12T06:00\")", "A > 5", "G > 2 hours"]),
 )
 GUARDS = st.recursive(ATOMS, lambda c: st.one_of(st.builds(lambda a, b: f"({a}) and ({b})", c, c),
@@ -132,6 +135,10 @@ def _empty(text: str) -> bool:
     ("A > B + 2 and B > A - 4", False),
     ("A > B + 2 and B > A - 4 and A < B + 3", True),
     ("D1 > D2 and D1 < date(\"2026-01-10\") and D2 > date(\"2026-01-08\")", True),
+    ("days_between(D1, D2) > 0 and days_between(D1, D2) < 1", True),  # dates: whole days apart
+    ("days_between(D1, T) > 0 and days_between(D1, T) < 1", False),
+    ("days_between(T, now) >= 2.5 and now < T + 60 hours", True),
+    ("days_between(D1, now) > 90 and D1 > now - 90 days", True),
 ])
 def test_contradictions_are_proven_and_satisfiable_ones_get_witnesses(text: str, empty: bool) -> None:
     assert _empty(text) == empty

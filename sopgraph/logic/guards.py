@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any, Protocol
 
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 from sopgraph.logic.engine import DecideError, Interpreter, apply_arith, apply_compare
 from sopgraph.logic.formula import FALSE, TRUE, DomainOps, Formula, mk_and, mk_atom, mk_or, negate
 from sopgraph.logic.intervals import (
@@ -38,7 +39,8 @@ COMPILE_BUDGET = 20_000  # compiler steps per top-level condition before it is k
 
 
 # Values of sub-expressions: ('c', value) constant, ('v', idx, expr) variable, ('a', idx, a, b, expr)
-# monotone affine function of one numeric variable, ('o', expr) opaque, ('e',) always an error.
+# monotone affine function of one numeric variable, ('d', later, earlier, expr) `days_between` of two
+# such values, ('o', expr) opaque, ('e',) always an error.
 Val = tuple
 
 
@@ -208,6 +210,10 @@ class GuardCompiler:
             op = _FLIP[op]
         if vr[0] == "c":
             c = vr[1]
+            if vl[0] == "d":
+                f = self.days_compare(vl, op, c, truth)
+                if f is not None:
+                    return f
             if vl[0] == "v":
                 return self.var_const(vl[1], op, c, truth, vl)
             if vl[0] == "a" and _is_num(c):
@@ -387,6 +393,8 @@ class GuardCompiler:
             neg = ir.Unary.model_construct(kind="unary", op="neg", operand=e.args[0], span=e.span)
             return self.term(ir.Call.model_construct(kind="call", func="max", args=[e.args[0], neg],
                                                      span=e.span), depth + 1)
+        if isinstance(e, ir.Func) and e.name == "days_between" and len(e.args) == 2:
+            return self.days_between(e, depth)
         if isinstance(e, ir.Var):
             var = sp.scenario.variables.get(e.name)
             if var is None:
@@ -460,6 +468,43 @@ class GuardCompiler:
                 return [(TRUE, ("o", e))]
             return [(g, v) for g, v in out if g.kind != "F"]
         return [(TRUE, ("o", e))]
+
+    def days_between(self, e: ir.Func, depth: int) -> list[tuple[Formula, Val]]:
+        """`days_between(a, b)` = (b - a) / 1 day: ('d', later, earlier, expr) when both are shifted integer
+        variables (compared with a number it is a difference literal), a constant when both are constant."""
+        out: list[tuple[Formula, Val]] = []
+        for ga, va in self.term(e.args[0], depth + 1):
+            for gb, vb in self.term(e.args[1], depth + 1):
+                g = mk_and(self.sp, [ga, gb])
+                if g.kind == "F":
+                    continue
+                if va[0] == "c" and vb[0] == "c":
+                    try:
+                        out.append((g, ("c", scalars.days_between(va[1], vb[1]))))
+                    except (TypeError, ArithmeticError):
+                        out.append((g, ("e",)))
+                elif self.as_affine(va) is not None and self.as_affine(vb) is not None:
+                    out.append((g, ("d", vb, va, e)))
+                else:
+                    out.append((g, ("o", e)))
+        if len(out) > _MAX_TERMS:
+            return [(TRUE, ("o", e))]
+        return out
+
+    def days_compare(self, v: Val, op: str, c: Any, truth: bool) -> Formula | None:
+        """`days_between(a, b) op c` ⟺ `(b + shift_b) - (a + shift_a) op c days`: a difference literal
+        (the difference is a whole number of seconds, so a fractional bound rounds exactly)."""
+        later, earlier = self.as_affine(v[1]), self.as_affine(v[2])
+        if later is None or earlier is None or not _is_num(c) or not math.isfinite(c) or abs(c) > 1e9:
+            return None
+        bound = Fraction(c) * scalars.DAY
+        if bound.denominator != 1:
+            if op in ("==", "!="):
+                return None
+            op = {"<=": "<", "<": "<", ">=": ">=", ">": ">="}[op]
+            bound = Fraction(math.ceil(bound))
+        (p, a1, b1), (q, a2, b2) = later, earlier
+        return self.difference(("a", p, a1, b1, None), op, ("a", q, a2, b2 + int(bound), None), truth)
 
     def exactly(self, ts: list[Formula], fs: list[Formula], k: int, j: int, memo: dict) -> Formula:
         """count(args[k:]) == j, by Shannon expansion (disjoint alternatives)."""
@@ -570,5 +615,7 @@ def _expr_of(space: CompileSpace, v: Val) -> Any:
         return v[4]
     if tag == "o":
         return v[1]
+    if tag == "d":
+        return v[3]
     # an always-failing expression: 1 / 0
     return ir.Binary.model_construct(kind="binary", op="/", left=_lit(1), right=_lit(0), span=ir.NO_SPAN)
