@@ -13,13 +13,14 @@ keywords not counted. tests/test_fastparse.py proves the two paths build equal p
 
 from __future__ import annotations
 
+import keyword
 import re
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
 from sopgraph.language import ir, scalars
-from sopgraph.language.program import RESERVED, Include, Program, ScenarioHeader, StartDecl, _number, _unquote
+from sopgraph.language.program import RESERVED, Include, Program, ScenarioHeader, StartDecl, number, unquote
 
 # One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds: n NAME,
 # d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
@@ -48,42 +49,58 @@ class _Bail(Exception):
 # ---------------------------------------------------------------------------------------------
 # Nodes built without validation (the values are the ones the validated path would hold)
 
-_SPECS: dict[type, tuple[dict[str, Any], tuple[tuple[str, Any], ...], set[str]]] = {}
+_MAKERS: dict[type, Callable[..., Any]] = {}
+_FRESH = object()  # "no value given": the field's mutable default is made fresh
 
 
-def _spec(cls: type) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...], set[str]]:
-    """(every field with its default, in field order; the fields whose default is made fresh for
-    each instance, with the maker; the shared fields set)."""
+def _maker(cls: type) -> Callable[..., Any]:
+    """A function building `cls` from keyword values without validation: one dict literal in field
+    order, the model's defaults, a fresh list/dict/factory value for mutable defaults, the class's
+    shared fields set (see `ir.share_fields_set`). Generated once per class: it is the inner loop."""
     fields = cls.model_fields  # type: ignore[attr-defined]
-    static: dict[str, Any] = {}
-    fresh: list[tuple[str, Any]] = []
-    for name, f in fields.items():
-        static[name] = f.default
+    env: dict[str, Any] = {"_new": _new, "_set": _set, "_cls": cls, "_fields_set": set(fields), "_FRESH": _FRESH}
+    params, entries = [], []
+    for i, (name, f) in enumerate(fields.items()):
+        if keyword.iskeyword(name) or not name.isidentifier():
+            raise ValueError(f"field {name!r} of {cls.__name__} cannot be a parameter")
         if f.default_factory is not None:
-            fresh.append((name, f.default_factory))
+            env[f"_f{i}"] = f.default_factory
+            fresh = f"_f{i}()"
         elif type(f.default) in (list, dict):
-            fresh.append((name, type(f.default)))
-    spec = (static, tuple(fresh), set(fields))
-    _SPECS[cls] = spec
-    return spec
+            fresh = "[]" if type(f.default) is list else "{}"
+        else:
+            env[f"_d{i}"] = f.default
+            params.append(f"{name}=_d{i}")
+            entries.append(f"{name!r}: {name}")
+            continue
+        params.append(f"{name}=_FRESH")
+        entries.append(f"{name!r}: {fresh} if {name} is _FRESH else {name}")
+    code = (f"def make(*, {', '.join(params)}):\n"
+            "    obj = _new(_cls)\n"
+            f"    _set(obj, '__dict__', {{{', '.join(entries)}}})\n"
+            "    _set(obj, '__pydantic_fields_set__', _fields_set)\n"
+            "    _set(obj, '__pydantic_extra__', None)\n"
+            "    _set(obj, '__pydantic_private__', None)\n"
+            "    return obj\n")
+    exec(code, env)  # noqa: S102 - code generated above from the model's own field names
+    maker: Callable[..., Any] = env["make"]
+    _MAKERS[cls] = maker
+    return maker
 
 
 def mk(cls: type, **kw: Any) -> Any:
     """An instance of the IR model `cls` equal to `cls(**kw)` for values of the right type, built
     without validation (about 10x cheaper: a 100k-stage program has a million nodes). Mutable
     defaults get a fresh copy, as pydantic gives them."""
-    static, fresh, fields_set = _SPECS.get(cls) or _spec(cls)
-    d = static.copy()
-    d.update(kw)
-    for name, make in fresh:
-        if name not in kw:
-            d[name] = make()
-    obj: Any = _new(cls)
-    _set(obj, "__dict__", d)
-    _set(obj, "__pydantic_fields_set__", fields_set)
-    _set(obj, "__pydantic_extra__", None)
-    _set(obj, "__pydantic_private__", None)
-    return obj
+    return (_MAKERS.get(cls) or _maker(cls))(**kw)
+
+
+_var = _maker(ir.Var)
+_lit = _maker(ir.Lit)
+_target = _maker(ir.Target)
+_branch = _maker(ir.Branch)
+_inset = _maker(ir.InSet)
+_SPAN_FIELDS = set(ir.Span.model_fields)
 
 
 def _first_last(parts: tuple[Any, ...]) -> tuple[ir.Span | None, ir.Span | None]:
@@ -132,13 +149,22 @@ class _Reader:
         self.advance()
 
     def span_at(self, start: int, end: int) -> ir.Span:
+        """The span of text[start:end] (as `ir.make_span` builds it, inlined: it is per token)."""
         nl = self.newlines
         i = bisect_left(nl, start)
         col = start - (nl[i - 1] if i else -1)
-        if "\n" in self.text[start:end]:
+        line = end_line = i + 1
+        end_col = col + end - start
+        if self.text.find("\n", start, end) >= 0:
             j = bisect_left(nl, end)
-            return ir.make_span(self.file, i + 1, col, j + 1, end - (nl[j - 1] if j else -1))
-        return ir.make_span(self.file, i + 1, col, i + 1, col + end - start)
+            end_line, end_col = j + 1, end - (nl[j - 1] if j else -1)
+        span: Any = _new(ir.Span)
+        _set(span, "__dict__", {"file": self.file, "line": line, "col": col, "end_line": end_line,
+                                "end_col": end_col})
+        _set(span, "__pydantic_fields_set__", _SPAN_FIELDS)
+        _set(span, "__pydantic_extra__", None)
+        _set(span, "__pydantic_private__", None)
+        return span
 
     def name(self) -> tuple[str, ir.Span]:
         """A NAME token (not a reserved word) and its span."""
@@ -166,7 +192,7 @@ class _Reader:
         """A `text` (STRING or LONG_STRING), unquoted, if one comes next."""
         if self.k != "s" and self.k != "l":
             return None
-        value = _unquote(self.v)
+        value = unquote(self.v)
         self.advance()
         return value
 
@@ -243,7 +269,7 @@ class _Exprs(_Reader):
             self.expect("in")
         if self.at("{"):
             values = self.value_set()
-            return mk(ir.InSet, operand=left, values=values, negated=negated, span=self.cover(left, values))
+            return _inset(operand=left, values=values, negated=negated, span=self.cover(left, values))
         source = self.sum()
         return mk(ir.Member, operand=left, source=source, negated=negated, span=self.cover(left, source))
 
@@ -280,7 +306,7 @@ class _Exprs(_Reader):
             inner = self.unary()
             value = inner.value if type(inner) is ir.Lit else None
             if type(value) is int or type(value) is float:
-                return mk(ir.Lit, value=-value, span=self.cover(inner))
+                return _lit(value=-value, span=self.cover(inner))
             return mk(ir.Unary, op="neg", operand=inner, span=self.cover(inner))
         return self.atom()
 
@@ -290,7 +316,7 @@ class _Exprs(_Reader):
             return self.number_or_duration()
         if k == "s":
             tok, span = self.string()
-            return mk(ir.Lit, value=_unquote(tok), span=span)
+            return _lit(value=unquote(tok), span=span)
         if k == "o":
             if v != "(":
                 raise _Bail
@@ -304,7 +330,7 @@ class _Exprs(_Reader):
             return self.keyword_atom(v)
         name, span = self.name()
         if not self.at("("):
-            return mk(ir.Var, name=name, span=span)
+            return _var(name=name, span=span)
         args = self.args()
         if name in ("date", "datetime"):
             return self.time_literal(name, args, self.cover(span, args))
@@ -336,17 +362,17 @@ class _Exprs(_Reader):
         if self.k == "n" and self.v in _TIME_UNITS:
             unit, unit_span = self.v, self.span_at(self.s, self.e)
             self.advance()
-            seconds = _number(text) * scalars.unit_seconds(unit)
+            seconds = number(text) * scalars.unit_seconds(unit)
             if isinstance(seconds, float) and seconds.is_integer():
                 seconds = int(seconds)
             return mk(ir.TimeLit, unit="duration", value=seconds, text=f"{text} {unit}",
                       span=self.cover(span, unit_span))
-        return mk(ir.Lit, value=_number(text), span=span)
+        return _lit(value=number(text), span=span)
 
     def keyword_atom(self, word: str) -> Any:
         if word == "true" or word == "false":
             self.advance()
-            return mk(ir.Lit, value=word == "true", span=self.cover())
+            return _lit(value=word == "true", span=self.cover())
         if word in ("min", "max"):
             self.advance()
             args = self.args()
@@ -396,7 +422,7 @@ class _Exprs(_Reader):
             text, span = self.number()
             self.expect(":")
             arg = self.expr()
-            parts.append(mk(ir.Weighted, weights=[_number(text)], args=[arg], span=self.cover(span, arg)))
+            parts.append(mk(ir.Weighted, weights=[number(text)], args=[arg], span=self.cover(span, arg)))
             if not self.at(","):
                 break
             self.advance()
@@ -439,16 +465,16 @@ class _Exprs(_Reader):
         if k == "o" and self.v == "-":
             self.advance()
             text, span = self.number()
-            return mk(ir.Lit, value=_number(text, negative=True), span=span)
+            return _lit(value=number(text, negative=True), span=span)
         if k == "s":
             tok, span = self.string()
-            return mk(ir.Lit, value=_unquote(tok), span=span)
+            return _lit(value=unquote(tok), span=span)
         if k == "n" and (self.v == "true" or self.v == "false"):
             word = self.v
             self.advance()
-            return mk(ir.Lit, value=word == "true", span=self.cover())
+            return _lit(value=word == "true", span=self.cover())
         name, span = self.name()
-        return mk(ir.Lit, value=name, bare=True, span=span)
+        return _lit(value=name, bare=True, span=span)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,7 +514,7 @@ class _Items(_Exprs):
         if word == "include":
             self.advance()
             tok, span = self.string()
-            return mk(Include, path=_unquote(tok), span=span)
+            return mk(Include, path=unquote(tok), span=span)
         if word == "start":
             self.advance()
             name, span = self.name()
@@ -541,7 +567,7 @@ class _Items(_Exprs):
         negative = self.k == "o" and self.v == "-"
         if negative:
             self.advance()
-        return _number(self.number()[0], negative=negative)
+        return number(self.number()[0], negative=negative)
 
     def variable(self, role: ir.Role) -> ir.Variable:
         self.advance()
@@ -557,7 +583,7 @@ class _Items(_Exprs):
         while self.k == "n" and self.v in ("unit", "money", "hidden"):
             word = self.v
             self.advance()
-            kw[word] = _unquote(self.string()[0]) if word == "unit" else True
+            kw[word] = unquote(self.string()[0]) if word == "unit" else True
         text = self.text_opt()
         if text is not None:
             kw["description"] = text
@@ -566,7 +592,7 @@ class _Items(_Exprs):
     def action_name(self) -> tuple[str, ir.Span]:
         if self.k == "s":
             tok, span = self.string()
-            return _unquote(tok), span
+            return unquote(tok), span
         return self.name()
 
     def action(self) -> ir.Action:
@@ -607,7 +633,7 @@ class _Items(_Exprs):
             self.advance()
             default = self.value()
             if type(default) is ir.TimeLit:  # `= 2 days`: finals report durations as text
-                default = mk(ir.Lit, value=scalars.format_temporal(default.unit, default.value), span=default.span)
+                default = _lit(value=scalars.format_temporal(default.unit, default.value), span=default.span)
         return mk(ir.Output, name=name, type=vtype, default=default, description=self.text_opt() or "",
                   span=span)
 
@@ -646,9 +672,9 @@ class _Items(_Exprs):
                 target = self.do_target()
             limit = self.limit()
             if limit is None:
-                return {"kind": "goto", "branches": [mk(ir.Branch, target=target, limit=None, span=self.cover(target))]}
+                return {"kind": "goto", "branches": [_branch(target=target, limit=None, span=self.cover(target))]}
             rest = [self.otherwise_arm()] if self.at("otherwise") else []
-            first = mk(ir.Branch, target=target, limit=limit, span=self.cover(target, rest))
+            first = _branch(target=target, limit=limit, span=self.cover(target, rest))
             return {"kind": "when", "branches": [first, *rest]}
         if self.at("match"):
             return self.match_block()
@@ -676,21 +702,21 @@ class _Items(_Exprs):
         self.expect("->")
         target = self.target()
         limit = self.limit()
-        return mk(ir.Branch, guard=guard, target=target, limit=limit, ordered=ordered,
+        return _branch(guard=guard, target=target, limit=limit, ordered=ordered,
                   span=self.cover(guard, target))
 
     def otherwise_arm(self) -> Any:
         self.expect("otherwise")
         self.expect("->")
         target = self.target()
-        return mk(ir.Branch, guard=None, target=target, limit=self.limit(), span=self.cover(target))
+        return _branch(guard=None, target=target, limit=self.limit(), span=self.cover(target))
 
     def limit(self) -> int | None:
         if not (self.k == "n" and self.v == "up"):
             return None
         self.advance()
         self.expect("to")
-        value = int(_number(self.number()[0]))
+        value = int(number(self.number()[0]))
         self.expect("times")
         return value
 
@@ -708,8 +734,8 @@ class _Items(_Exprs):
             target = self.target()
             limit = self.limit()
             span = self.cover(values, target)
-            guard = mk(ir.InSet, operand=subject, values=list(values), span=span)
-            branches.append(mk(ir.Branch, guard=guard, target=target, values=list(values), limit=limit, span=span))
+            guard = _inset(operand=subject, values=list(values), span=span)
+            branches.append(_branch(guard=guard, target=target, values=list(values), limit=limit, span=span))
         if not branches:
             raise _Bail
         if self.at("otherwise"):
@@ -721,7 +747,7 @@ class _Items(_Exprs):
         if self.k == "n" and self.v == "do":
             return self.do_target()
         name, span = self.name()
-        return mk(ir.Target, kind="stage", stage=name, span=span)
+        return _target(kind="stage", stage=name, span=span)
 
     def do_target(self) -> Any:
         self.advance()
@@ -734,7 +760,7 @@ class _Items(_Exprs):
             nxt.__dict__["span"] = self.cover(span, nxt)
             return nxt
         outputs = self.assigns("{", "}") if self.at("{") else []
-        return mk(ir.Target, kind="action", action=name, outputs=outputs, args=args, span=self.cover(span, outputs))
+        return _target(kind="action", action=name, outputs=outputs, args=args, span=self.cover(span, outputs))
 
     def assigns(self, open_: str, close: str) -> list[Any]:
         """`(a = 1, b = 2)` call arguments or `{ a = 1, b = 2 }` outputs (a trailing comma only there)."""

@@ -41,10 +41,11 @@ from sopgraph.language.program import (  # noqa: F401 - re-exported: parse.Progr
     Subflow,
     TypeDecl,
     Use,
-    _number,
-    _unquote,
+    number,
+    unquote,
 )
 
+_number, _unquote = number, unquote  # the builder's short names
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")

@@ -66,13 +66,15 @@ class Program(ir.Node):
     items: list[Any]
 
 
-def _unquote(tok: str) -> str:
+def unquote(tok: str) -> str:
+    """The value of a STRING or LONG_STRING token (escapes resolved; a long string's edge newlines dropped)."""
     if tok.startswith('"""'):
         return tok[3:-3].strip("\n")
     body = tok[1:-1]
     return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
 
 
-def _number(text: str, negative: bool = False) -> int | float:
+def number(text: str, negative: bool = False) -> int | float:
+    """The value of a NUMBER token: an int unless it has a decimal point."""
     value: int | float = float(text) if "." in text else int(text)
     return -value if negative else value
