@@ -110,7 +110,8 @@ def test_malformed_text_gets_lark_diagnostics() -> None:
     for text in ("field A: Yes | No\nstage s {\n  when A = Yes -> do Go\n}\n",
                  "stage s { when A -> do Go otherwise -> t, }\n",
                  "field match: A | B\n", "stage s { -> t \n", "action Go [a,]\n", "let X = 1 < 2 < 3\n",
-                 "field A: int[0..5 days]\n", "stage s { match A { B -> t up -> u } }\n", "let X = count(1: A, B)\n"):
+                 "field A: int[0..5 days]\n", "stage s { match A { B -> t up -> u } }\n", "let X = count(1: A, B)\n",
+                 "let A = 0 not in { 0 week }\n", "stage s { match A { 2 days -> t } }\n"):
         assert isinstance(outcome(text, "t.sop", fast=True), list), text
         assert_same(text)
 

@@ -17,6 +17,7 @@ import keyword
 import re
 from bisect import bisect_left
 from collections.abc import Callable
+from sys import intern
 from typing import Any
 
 from sopgraph.language import ir, scalars
@@ -31,6 +32,8 @@ _TOKEN = re.compile(r'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
    |(?P<s>"(?:[^"\\\n]|\\.)*")
    |(?P<o>->|==|!=|<=|>=|\.\.|[<>{}()\[\],:=|?+\-*/])
 )''', re.X)
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_SIMPLE_ARM = re.compile(rf"({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({_NAME})")
 _SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
 _TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
                          "seconds"))
@@ -115,6 +118,14 @@ def _first_last(parts: tuple[Any, ...]) -> tuple[ir.Span | None, ir.Span | None]
     return first, last
 
 
+def _plain_values(values: list[Any]) -> list[Any]:
+    """Values of a set or a match arm must be plain literals (`ir.InSet.values` is a list of `Lit`):
+    a duration there fails the validated path's node, so Lark reports it."""
+    if any(type(v) is not ir.Lit for v in values):
+        raise _Bail
+    return values
+
+
 class _Reader:
     """Tokens read one at a time with a regex; the current token is (k, v, s, e)."""
 
@@ -122,6 +133,7 @@ class _Reader:
         self.text = text
         self.file = file
         self.newlines = [m.start() for m in re.finditer("\n", text)]
+        self.nowhere = ir.make_span(file, 0, 0, 0, 0)  # the span of a rule without positioned children
         self.e = 0
         self.k = self.v = ""
         self.s = 0
@@ -170,7 +182,7 @@ class _Reader:
         """A NAME token (not a reserved word) and its span."""
         if self.k != "n" or self.v in RESERVED:
             raise _Bail
-        value, span = self.v, self.span_at(self.s, self.e)
+        value, span = intern(self.v), self.span_at(self.s, self.e)  # names recur: one string each
         self.advance()
         return value, span
 
@@ -200,7 +212,9 @@ class _Reader:
         """The span of a rule from its children, as `parse._span(_ChildMeta(children))` computes it."""
         first, last = _first_last(parts)
         if first is None or last is None:
-            return ir.make_span(self.file, 0, 0, 0, 0)
+            return self.nowhere
+        if first is last and first.file == self.file:
+            return first  # spans are frozen: one object serves both nodes (memory of huge programs)
         return ir.make_span(self.file, first.line, first.col, last.end_line, last.end_col)
 
 
@@ -280,7 +294,7 @@ class _Exprs(_Reader):
             self.advance()
             values.append(self.value())
         self.expect("}")
-        return values
+        return _plain_values(values)
 
     def sum(self) -> Any:
         left = self.product()
@@ -726,12 +740,17 @@ class _Items(_Exprs):
         self.expect("{")
         branches: list[Any] = []
         while not self.at("otherwise") and not self.at("}"):
-            values = [self.value()]
-            while self.at(","):
-                self.advance()
-                values.append(self.value())
-            self.expect("->")
-            target = self.target()
+            simple = self.simple_arm()
+            if simple is not None:
+                values, target = simple
+            else:
+                values = [self.value()]
+                while self.at(","):
+                    self.advance()
+                    values.append(self.value())
+                _plain_values(values)
+                self.expect("->")
+                target = self.target()
             limit = self.limit()
             span = self.cover(values, target)
             guard = _inset(operand=subject, values=list(values), span=span)
@@ -742,6 +761,28 @@ class _Items(_Exprs):
             branches.append(self.otherwise_arm())
         self.expect("}")
         return {"kind": "match", "subject": subject, "branches": branches}
+
+    def simple_arm(self) -> tuple[list[Any], Any] | None:
+        """`VALUE -> stage` on one line, read with one regex (the commonest arm of large files); None
+        when the arm is anything else (the token-by-token reader takes it)."""
+        m = _SIMPLE_ARM.match(self.text, self.s)
+        if m is None:
+            return None
+        value, stage = m.group(1, 2)
+        if stage in RESERVED or len(value) > 300:
+            return None
+        if value in RESERVED:
+            if value != "true" and value != "false":
+                return None
+            lit = _lit(value=value == "true", span=self.nowhere)
+        elif value[0].isdigit():
+            lit = _lit(value=number(value), span=self.span_at(m.start(1), m.end(1)))
+        else:
+            lit = _lit(value=intern(value), bare=True, span=self.span_at(m.start(1), m.end(1)))
+        target = _target(kind="stage", stage=intern(stage), span=self.span_at(m.start(2), m.end(2)))
+        self.e = m.end()
+        self.advance()
+        return [lit], target
 
     def target(self) -> Any:
         if self.k == "n" and self.v == "do":
