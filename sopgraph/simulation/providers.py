@@ -42,6 +42,7 @@ __all__ = [
     "guided_inner",
     "held_back",
     "is_builtin",
+    "names_value",
     "oracle",
     "random_path",
     "respond",
@@ -303,10 +304,13 @@ def _label(name: str) -> str:
     return _humanize(spaced).lower()
 
 
-def _names(text: str, name: str) -> bool:
+def names_value(text: str, name: str) -> bool:
     """Whether a message names the value `name` (by its label or its identifier)."""
     low = text.lower()
     return _label(name) in low or str(name).lower() in low
+
+
+_names = names_value
 
 
 _QUESTION: Final = re.compile(r"\?|？|\b(tell me|let me know|need your|need to know|could you|can you|please)\b|请|告诉",
