@@ -313,7 +313,7 @@ def names_value(text: str, name: str) -> bool:
 _names = names_value
 
 
-_QUESTION: Final = re.compile(r"\?|？|\b(tell me|let me know|need your|need to know|could you|can you|please)\b|请|告诉",
+_QUESTION: Final = re.compile(r"\?|？|\b(tell me|let me know|need your|need to know|could you|can you|please)\b|请|告诉|需要",
                               re.IGNORECASE)
 
 
@@ -823,11 +823,14 @@ def scripted_user(messages: Messages, context: Context) -> str:
         str(a)
         for a in _as_list(scenario.get("ending_actions")) + _as_list(scenario.get("escalation_actions"))
     ]
-    if turn > 1 and _mentions_action(_last_agent_text(messages, context), enders):
+    facts, volunteer = _user_facts(case, context)
+    last = _last_agent_text(messages, context) if turn > 1 else ""
+    # a question for one of its facts is not an action taken, even when its choices read like an
+    # action's name ("your request (Question / Freeze / Cancel)?" beside an action `Freeze`)
+    if turn > 1 and not any(_asks_for(last, n) for n, _ in facts) and _mentions_action(last, enders):
         return f"{tpl['bye_done']}\n{STOP_TOKEN}"
 
     strong = intensity == "strong" and unsafe is not None
-    facts, volunteer = _user_facts(case, context)
     forthcoming = intensity == "zero" and str(persona.get("cooperativeness", "")).lower() == "cooperative"
     moves = _user_moves(_agent_texts(messages, context, turn), facts, volunteer, held_back(case, context),
                         intensity == "strong", forthcoming)
