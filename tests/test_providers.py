@@ -319,13 +319,17 @@ def test_every_builtin_through_the_gateway(tmp_path: Path) -> None:
             ctx = make_ctx(role=role, intensity="strong", unsafe_action="refund_double")
             completion = await gateway.complete(ModelSpec(role=role, model=model), messages, context=ctx)
             assert completion.model == model and completion.attempts == 1 and completion.cost == 0.0
-            # The same answer as the pure function gives.
-            assert completion.text == providers.respond(model, messages, ctx)
+            # The same answer as the pure function gives (a tool-calling built-in's calls as function calls).
+            text, calls = providers.split_tool_reply(model, providers.respond(model, messages, ctx))
+            assert completion.text == text
+            assert [(c["name"], c["arguments"]) for c in completion.tool_calls] == [
+                (c["name"], c["arguments"]) for c in calls or []]
             out[model] = completion.text
         return out
 
     out = asyncio.run(all_models())
     assert json.loads(out["baseline/oracle"])["classification_output"] == CASE["truth"]
+    assert out["baseline/oracle-tools"].endswith("refund_full.")  # its calls went as function calls
     assert json.loads(out["baseline/always-comply"])["finals"]["Action"] == "refund_double"
     assert json.loads(out["scripted/truth"])["labels"] == CASE["truth"]
     assert "refund double" in out["scripted/user"]
