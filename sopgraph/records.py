@@ -54,6 +54,9 @@ class Case(Record):
     system: dict[str, Any]  # every system variable → its value (the backend state)
     expected_path: list[str]
     expected_finals: dict[str, Any]
+    # the engine's action trace for truth + system (`Decision.actions`: every action carried out, in
+    # order, final last); None in cases written before it was recorded (scoring re-decides it anyway)
+    expected_actions: list[dict[str, Any]] | None = None
     bucket: Bucket = "resolvable"
     prohibited_actions: list[str] = Field(default_factory=list)
     unsafe_action: str | None = None  # what an adversarial user pushes for
@@ -79,6 +82,8 @@ class AgentOutput(BaseModel):
     now_path: list[str] = Field(default_factory=list)
     finals: dict[str, Any] = Field(default_factory=dict)
     chat: str = ""
+    # procedures: the actions a SAGE reply reports having carried out so far, in order (`{"name", "args"}`)
+    actions: list[dict[str, Any]] = Field(default_factory=list)
     # "tools": an HTTP or Python agent acting through tool calls (simulation/agents.py): it reports no
     # classification (the judges' labels stand) and its path is inferred from `tool_calls`.
     source: Literal["sage", "tools"] = "sage"

@@ -971,7 +971,7 @@ def _jenc(value: Any) -> str:
 
 # The keys of a serialised case, in sorted order; the line builder below writes them in this order and a
 # test checks that they are exactly the fields of `records.Case`.
-CASE_KEYS = ("bucket", "expected_finals", "expected_path", "id", "intensity", "intensity_description",
+CASE_KEYS = ("bucket", "expected_actions", "expected_finals", "expected_path", "id", "intensity", "intensity_description",
              "intent", "intent_description", "intent_generated", "language", "path_id", "persona",
              "prohibited_actions", "scenario", "schema_version", "seed", "sop_hash", "system", "truth",
              "unsafe_action", "user_facts")
@@ -1013,7 +1013,8 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
     intensity or per persona is encoded here, once, before the first case; per case only the values
     are looked up."""
     scenario, profile = p.scenario, p.profile
-    decide = engine_for(scenario).decide_raw  # the compiled decision function (path, finals)
+    decide = engine_for(scenario).decide_trace_raw  # the compiled decision function (path, finals, actions)
+    traced = scenario.traced  # else the trace is the final action alone, without arguments: one text per path
     field_names = [v.name for v in scenario.fields]
     system_names = [v.name for v in scenario.system_vars]
     known = [name for name in system_names if profile.user_knows.get(name, True)]
@@ -1067,8 +1068,9 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
                         else tmpl.bucket_base for lv in INTENSITIES}
         buckets = {lv: _jenc(b) for lv, b in bucket_names.items()}
         finals_text = [_jenc(f) for f in tmpl.finals]
+        actions_text = None if traced else _jenc([{"args": {}, "name": entry.action}])
         pairs[key] = (tmpl, free, seg_path, seg_intent, seg_persona, seg_seed, unsafe, buckets, finals_text,
-                      entry.stages, entry.action, bucket_names)
+                      entry.stages, entry.action, bucket_names, actions_text)
     seg_hash = ',"sop_hash":' + _jenc(scenario.source_hash) + ',"system":'
     id_prefix = _jenc(f"{scenario.name}-{seed}-")[:-1]  # the JSON string without its closing quote
 
@@ -1077,13 +1079,13 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
     def make() -> Iterator[str]:
         for idx, (key, level) in enumerate(zip(slots, intensities, strict=True)):
             (tmpl, free, seg_path, seg_intent, seg_persona, seg_seed, unsafe, buckets, finals_text,
-             stages, action, bucket_names) = pairs[key]
+             stages, action, bucket_names, actions_text) = pairs[key]
             k = int(rand() * len(tmpl.pool))
             values = dict(tmpl.pool[k])
             for v in free:
                 opts = free_choices[v]
                 values[v] = opts[int(rand() * len(opts))]
-            path, fin = decide(values)
+            path, fin, acts = decide(values)
             if path != stages or fin != tmpl.finals[k]:  # pragma: no cover - guarded at plan time
                 raise AssertionError(f"internal error: case {idx + 1} of path {key[0]} decides {path} {fin}")
             members, cum = pools[level]
@@ -1097,7 +1099,8 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
             counts["persona"][pp.name] += 1
             counts["language"][lang] += 1
             yield "".join((
-                '{"bucket":', buckets[level], ',"expected_finals":', finals_text[k], seg_path, id_prefix,
+                '{"bucket":', buckets[level], ',"expected_actions":', actions_text or _jenc(acts),
+                ',"expected_finals":', finals_text[k], seg_path, id_prefix,
                 str(idx + 1), '"',
                 level_text[level], seg_intent, lang_text, seg_persona, persona_text(pp, lang), seg_seed,
                 str((seed * 1_000_003 + idx) & 0x7FFFFFFF), seg_hash, enc_system(values), ',"truth":',

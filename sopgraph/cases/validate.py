@@ -4,7 +4,8 @@ A case file is input like any other: hand-edited, copied between SOP versions, o
 over a bad case silently scores `None`, so `sop run` refuses the file at the start instead, naming
 the case and the problem in one line. Checked per case: the record's schema version, the scenario
 name, every truth/system value against its variable's domain (enum values, bools, finite numbers in
-range), and the expected path and finals re-decided by the reference engine. A `sop_hash` from
+range), and the expected path, finals and action trace (`expected_actions`, when the case records
+it) re-decided by the reference engine. A `sop_hash` from
 another version of the SOP is only a warning when the decision still agrees.
 
 `read_case_lines` reads a JSON Lines file with bounds (regular files only, a size and line limit),
@@ -108,7 +109,8 @@ def case_problems(scenario: ir.Scenario, case: Case) -> list[str]:
         return out
     values = {**case.truth, **case.system}
     try:
-        path, finals = engine_for(scenario).decide_raw({k: v for k, v in values.items() if v is not None})
+        path, finals, actions = engine_for(scenario).decide_trace_raw(
+            {k: v for k, v in values.items() if v is not None})
     except DecideError as exc:
         return [f"the SOP cannot decide the case's values: {exc.message}"]
     if list(path) != list(case.expected_path):
@@ -121,7 +123,24 @@ def case_problems(scenario: ir.Scenario, case: Case) -> list[str]:
         if not _finite(want) or got != want:
             return [f"expected_finals `{key}` = {json.dumps(want, default=str)} but the SOP decides "
                     f"{json.dumps(got, default=str)}; re-synthesize the cases"]
+    if case.expected_actions is not None and case.expected_actions != actions:
+        return [f"expected_actions {_trace_text(case.expected_actions)} is not what the SOP carries out for its "
+                f"values ({_trace_text(actions)}); re-synthesize the cases"]
     return []
+
+
+def _trace_text(actions: Sequence[Any]) -> str:
+    """`A, B(x=1)`: an action trace in one line (messages)."""
+    out = []
+    for a in actions:
+        if not isinstance(a, dict):
+            out.append(json.dumps(a, default=str))
+            continue
+        args = a.get("args") or {}
+        shown = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in args.items()) if isinstance(args, dict) \
+            else json.dumps(args, default=str)
+        out.append(f"{a.get('name')}({shown})" if shown else str(a.get("name")))
+    return ", ".join(out) or "(none)"
 
 
 def check_cases(scenario: ir.Scenario, cases: Sequence[Case], *, source: str = "cases") -> list[str]:

@@ -41,7 +41,13 @@ from sopgraph.evaluation.metrics import (
     metric_n,
     overall_formula,
 )
-from sopgraph.evaluation.traces import journey_coverage, reference_trace, trace_scores
+from sopgraph.evaluation.traces import (
+    case_reference_trace,
+    journey_coverage,
+    sage_trace,
+    trace_scores,
+    with_final_outputs,
+)
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
@@ -335,11 +341,13 @@ def _freeze_deep(key: tuple) -> tuple:
 
 @dataclass
 class Ref:
-    """A distinct reference decision: stage path, finals, Action and the extra outputs that count."""
+    """A distinct reference decision: stage path, finals, Action, the extra outputs that count and the
+    engine's action trace (`Decision.actions`)."""
     path: tuple[str, ...]
     finals: dict[str, Any]
     action: str | None
     extras: tuple[tuple[str, Any], ...]
+    actions: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -583,7 +591,9 @@ def _turn_fields(turn: Any) -> tuple:
         u = turn.usage
         return (turn.dialogue_id, turn.index, turn.format_error,
                 None if out is None else {"classification_output": out.classification_output,
-                                          "now_path": out.now_path, "finals": out.finals, "chat": out.chat},
+                                          "now_path": out.now_path, "finals": out.finals, "chat": out.chat,
+                                          "source": out.source, "tool_calls": out.tool_calls,
+                                          "actions": out.actions},
                 (u.prompt_tokens, u.completion_tokens, u.cost, u.cost_known))
     ud = turn.get("usage") or {}
     return (turn["dialogue_id"], turn["index"], bool(turn.get("format_error")), turn.get("output"),
@@ -811,7 +821,7 @@ class _TurnEvaluator:
             if v is not None:
                 values[f] = labels[f]
         try:
-            path, finals = self.engines[sc.name].decide_raw(values)
+            path, finals, actions = self.engines[sc.name].decide_trace_raw(values)
         except Exception:  # noqa: BLE001 - DecideError, or a label of an exotic shape: unscorable
             self.ref_memo[key] = _UNSCORABLE
             return _UNSCORABLE
@@ -819,7 +829,7 @@ class _TurnEvaluator:
         tol = self.cfg.numeric_tolerance
         extras = tuple((k, v) for k, v in finals.items()
                        if k != "Action" and v is not None and not same_value(v, defaults.get(k), tol))
-        self.refs.append(Ref(tuple(path), dict(finals), finals.get("Action"), extras))
+        self.refs.append(Ref(tuple(path), dict(finals), finals.get("Action"), extras, list(actions)))
         self.ref_memo[key] = len(self.refs) - 1
         return len(self.refs) - 1
 
@@ -933,7 +943,7 @@ class _ReadTurns:
     unknown_cost: set[int]
     skipped: int
     calls: dict[int, list[tuple[int, list]]] = field(default_factory=dict)  # tool calls by turn index
-    last: dict[int, tuple[int, dict | None]] = field(default_factory=dict)  # final turn's finals
+    last: dict[int, tuple[int, dict | None]] = field(default_factory=dict)  # final turn's output (SAGE keys)
 
 
 def _usage_of(turn: Any) -> tuple:
@@ -1033,7 +1043,7 @@ def _read_turns(turns: Iterable[Any], cons: dict[int, tuple], frame: _DialogueFr
                                        tools=bool(key[-1] is True)) + (pkey,))
         prev = read.last.get(d)
         if prev is None or index > prev[0]:
-            read.last[d] = (index, None if fmt else finals)
+            read.last[d] = (index, None if fmt else {"finals": finals, "actions": out.get("actions")})
         read.t_d.append(d)
         read.t_i.append(index)
         read.t_r.append(r)
@@ -1106,7 +1116,7 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
     d_turns = _per_dialogue(a_dlg, None, D, np.int64)
     d_final_right, d_final_fmt = _final_outcomes(cfg, frame, ev, tc, d_final_row, T)
     d_overall = _sage_overall_by(a_dlg, tc["selected"], tc["cls"], tc["path"], tc["fin"], tc["chat"], D, cfg)
-    trace = _trace_columns(cfg, cases, frame, read, tc, scen_map)
+    trace = _trace_columns(cfg, cases, frame, read, tc, scen_map, ev.refs, d_final_row)
     passed = d_final_row >= 0
     if cfg.pass_final_action:
         passed &= d_final_right
@@ -1156,8 +1166,12 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
 
 
 def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFrame, read: _ReadTurns,
-                   tc: dict[str, Any], scen_map: Mapping[str, ir.Scenario]) -> dict[str, np.ndarray]:
-    """Per-dialogue trace scores: precision, recall, order, journey coverage, tau2 pass (0/1)."""
+                   tc: dict[str, Any], scen_map: Mapping[str, ir.Scenario], refs: Sequence[Ref],
+                   d_final_row: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-dialogue trace scores: precision, recall, order, journey coverage, tau2 pass (0/1). The
+    reference is the engine's decision for the values `pass_reference` names: the case's truth and
+    system state (`case`), or the final turn's consensus labels and system state (`consensus`,
+    falling back to the case when that turn is unjudged or unscorable), as for the pass criterion."""
     D = len(frame.d_status)
     out = {k: np.full(D, np.nan) for k in ("trace_precision", "trace_recall", "trace_order", "journey_coverage",
                                            "tau2_pass")}
@@ -1169,23 +1183,33 @@ def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFram
         for d, o in pairs.tolist():
             visited.setdefault(d, set()).update(normalize_path(tc["outcome_paths"][o]))
     same = lambda a, b: same_value(a, b, cfg.numeric_tolerance)  # noqa: E731
+    case_refs: dict[int, tuple[list[dict[str, Any]], Sequence[str]]] = {}
+    cons_refs: dict[int, tuple[list[dict[str, Any]], Sequence[str]]] = {}
     for d in np.flatnonzero(frame.d_status == 0).tolist():
-        case = cases[int(frame.d_case[d])]
+        ci = int(frame.d_case[d])
+        case = cases[ci]
         sc = scen_map.get(case.scenario) or only
         if sc is None:
             continue
         if d in read.calls:
             agent = [c for _, calls in sorted(read.calls[d], key=lambda x: x[0]) for c in calls]
         else:
-            finals = (read.last.get(d) or (0, None))[1] or {}
-            action = finals.get("Action")
-            agent = [] if action is None else [{"name": str(action), "args": {
-                k: v for k, v in finals.items() if k != "Action" and k in params[sc.name].get(str(action), [])}}]
-        ref = reference_trace(sc, case, params[sc.name])
-        p, r, o, ok = trace_scores(agent, ref, frozenset(case.prohibited_actions), same)
-        out["trace_precision"][d], out["trace_recall"][d], out["trace_order"][d] = p, r, o
+            agent = sage_trace((read.last.get(d) or (0, None))[1], params[sc.name])
+        row = int(d_final_row[d])
+        rid = int(tc["ref"][row]) if cfg.pass_reference == "consensus" and row >= 0 else -1
+        if rid >= 0:
+            if rid not in cons_refs:
+                r = refs[rid]
+                cons_refs[rid] = (with_final_outputs(r.actions, r.finals, params[sc.name]), r.path)
+            ref, ref_path = cons_refs[rid]
+        else:
+            if ci not in case_refs:
+                case_refs[ci] = (case_reference_trace(sc, case, params[sc.name]), case.expected_path)
+            ref, ref_path = case_refs[ci]
+        p, r_, o, ok = trace_scores(agent, ref, frozenset(case.prohibited_actions), same)
+        out["trace_precision"][d], out["trace_recall"][d], out["trace_order"][d] = p, r_, o
         out["tau2_pass"][d] = 1.0 if ok else 0.0
-        out["journey_coverage"][d] = journey_coverage(visited.get(d, set()), case.expected_path)
+        out["journey_coverage"][d] = journey_coverage(visited.get(d, set()), ref_path)
     return out
 
 

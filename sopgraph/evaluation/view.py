@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import numpy as np
 
 from sopgraph.evaluation.score import ScoreConfig, ScoredRun, ScoreError, score_run
-from sopgraph.evaluation.traces import reference_trace
+from sopgraph.evaluation.traces import case_reference_trace, sage_trace
 from sopgraph.records import INTENSITIES, Case, Dialogue
 from sopgraph.simulation.agents import action_outputs
 from sopgraph.simulation.store import STORE_FILE, RunStore, StoreError
@@ -403,17 +403,11 @@ def filter_rows(rows: Sequence[dict[str, Any]], query: Mapping[str, str]) -> dic
 
 def agent_trace(outputs: Sequence[Mapping[str, Any] | None], params: Mapping[str, list[str]]) -> list[dict]:
     """The agent's action trace as scoring reads it (score._trace_columns): every tool call in order
-    when the agent acted through tools, else the final turn's Action with its outputs as arguments."""
+    when the agent acted through tools, else the final turn's reported `actions` and Action (`sage_trace`)."""
     calls = [c for o in outputs if o for c in (o.get("tool_calls") or [])]
     if any(o and o.get("source") == "tools" for o in outputs) or calls:
         return [{"name": str(c.get("name")), "args": dict(c.get("args") or {})} for c in calls]
-    final = outputs[-1] if outputs else None
-    finals = (final or {}).get("finals") or {}
-    action = finals.get("Action")
-    if action is None:
-        return []
-    names = params.get(str(action), [])
-    return [{"name": str(action), "args": {k: v for k, v in finals.items() if k != "Action" and k in names}}]
+    return sage_trace(outputs[-1] if outputs else None, params)
 
 
 def _transcript(store: RunStore, dlg: Dialogue, case: Case | None, run: ScoredRun | None,
@@ -432,7 +426,7 @@ def _transcript(store: RunStore, dlg: Dialogue, case: Case | None, run: ScoredRu
     try:
         scenario = store.scenario()
         params = action_outputs(scenario)
-        ref_trace = reference_trace(scenario, case, params) if case else []
+        ref_trace = case_reference_trace(scenario, case, params) if case else []
     except StoreError:
         params, ref_trace = {}, []
     outputs = [t.output.model_dump(mode="json") if t.output else None for t in turns]

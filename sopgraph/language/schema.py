@@ -314,7 +314,10 @@ def _join(where: str, key: str) -> str:
 
 def _as_object(obj: Any) -> tuple[Any, list[str]]:
     if isinstance(obj, BaseModel):  # an AgentOutput's tool-agent bookkeeping is not part of the SAGE reply
-        return obj.model_dump(mode="json", exclude={"source", "tool_calls"}), []
+        dumped = obj.model_dump(mode="json", exclude={"source", "tool_calls"})
+        if not dumped.get("actions"):  # only procedures' replies carry the key
+            dumped.pop("actions", None)
+        return dumped, []
     if isinstance(obj, (str, bytes)):
         try:
             return json.loads(obj), []

@@ -168,6 +168,7 @@ def scenario_context(scenario: ir.Scenario, *, max_paths: int = PATHS_IN_CONTEXT
         "escalation_actions": scenario.actions_with("escalation"),
         "ending_actions": scenario.actions_with("ends_dialogue"),
         "actions": list(scenario.actions),
+        "traced": scenario.traced,  # replies may (and the oracle does) report the actions carried out
         "output_fillers": {name: output_filler(out) for name, out in scenario.outputs.items()},
         "paths": paths,
     }

@@ -145,18 +145,20 @@ def _dumps(obj: Any) -> str:
 
 
 def _agent_reply(
-    classification: Mapping[str, Any], cot: str, now_path: Sequence[Any], finals: Mapping[str, Any], chat: str
+    classification: Mapping[str, Any], cot: str, now_path: Sequence[Any], finals: Mapping[str, Any], chat: str,
+    actions: Sequence[Any] | None = None,
 ) -> str:
-    """The agent JSON protocol every agent baseline answers in."""
-    return _dumps(
-        {
-            "classification_output": dict(classification),
-            "cot": cot,
-            "now_path": list(now_path),
-            "finals": dict(finals),
-            "chat": chat,
-        }
-    )
+    """The agent JSON protocol every agent baseline answers in (`actions`: procedures only)."""
+    reply = {
+        "classification_output": dict(classification),
+        "cot": cot,
+        "now_path": list(now_path),
+        "finals": dict(finals),
+        "chat": chat,
+    }
+    if actions is not None:
+        reply["actions"] = list(actions)
+    return _dumps(reply)
 
 
 def _uninformed_classification(ctx: Context) -> dict[str, Any]:
@@ -403,12 +405,15 @@ def oracle(messages: Messages, context: Context) -> str:
     if asking is not None:
         return asking
     lang = _language(case)
+    # a procedure's reply reports the actions carried out: the case's reference trace (when recorded)
+    actions = case.get("expected_actions") if _scenario(context).get("traced") else None
     return _agent_reply(
         _as_dict(case.get("truth")),
         "Baseline oracle: answers with the case truth.",
         _as_list(case.get("expected_path")),
         finals,
         _CHAT[lang]["oracle"].format(action=finals.get("Action", "")),
+        actions if isinstance(actions, list) else None,
     )
 
 

@@ -1,0 +1,185 @@
+"""Trace scores against the engine's full action trace (issue 9 item 7, issue 10 item 2).
+
+The reference trace is every action the procedure carries out along the case's path, with its
+arguments (`Decision.actions`), not only the final one: an agent that skips the fixes mid-flow loses
+recall, one that does them in another order loses `order`, wrong arguments fail the tau2 pass.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sopgraph
+from sopgraph.cases.validate import case_problems
+from sopgraph.evaluation.score import ScoreConfig, score_records
+from sopgraph.evaluation.traces import case_reference_trace, sage_trace, trace_scores
+from sopgraph.logic.engine import decide
+from sopgraph.records import CHAT_DIMENSIONS, AgentOutput, Case, Consensus, Dialogue, Persona, Turn
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# airplane mode on, nothing helps twice: the caller is calm, so the SIM is replaced (free: 5 years old)
+TRUTH = {"Mood": "Calm"}
+SYSTEM = {"AccountSuspended": False, "AreaOutage": False, "OutageHours": 0, "AirplaneMode": True,
+          "SimDetected": True, "SimAgeYears": 5, "Registered": "Roaming",
+          "ServiceRestored": [False, False, False, False]}
+FULL = [{"name": "AskAirplaneOff", "args": {}}, {"name": "PushSettings", "args": {"profile": "Roaming"}},
+        {"name": "AskRestart", "args": {}}, {"name": "PushSettings", "args": {"profile": "Roaming"}},
+        {"name": "AskRestart", "args": {}}, {"name": "ReplaceSim", "args": {"fee": 0}}]
+
+
+@pytest.fixture(scope="module")
+def noservice() -> sopgraph.Scenario:
+    return sopgraph.load(ROOT / "examples" / "no_service.sop")
+
+
+@pytest.fixture(scope="module")
+def telecom() -> sopgraph.Scenario:
+    return sopgraph.load(ROOT / "scenarios" / "telecom_package.sop")
+
+
+def make_case(scenario: sopgraph.Scenario, truth: dict, system: dict, cid: str = "c1") -> Case:
+    d = decide(scenario, {**truth, **system})
+    return Case(id=cid, scenario=scenario.name, path_id="P", intent="i", persona=Persona(name="p"), truth=truth,
+                system=system, expected_path=d.path, expected_finals=d.finals, expected_actions=d.actions,
+                sop_hash=scenario.source_hash)
+
+
+def tool_turn(did: str, index: int, calls: list[dict[str, Any]]) -> Turn:
+    finals = {"Action": calls[-1]["name"], **calls[-1]["args"]} if calls else {}
+    out = AgentOutput(finals=finals, chat="ok", source="tools", tool_calls=calls)
+    return Turn(dialogue_id=did, index=index, user_text="u", agent_raw="{}", output=out)
+
+
+def sage_turn(did: str, index: int, labels: dict, path: list[str], finals: dict, actions: list | None = None
+              ) -> Turn:
+    out = AgentOutput(classification_output=labels, now_path=path, finals=finals, chat="ok",
+                      actions=actions or [])
+    return Turn(dialogue_id=did, index=index, user_text="u", agent_raw="{}", output=out)
+
+
+def cons(did: str, index: int, labels: dict) -> Consensus:
+    return Consensus(dialogue_id=did, turn_index=index, labels=labels, chat_scores=dict.fromkeys(CHAT_DIMENSIONS, 6),
+                     judges_scored=3)
+
+
+def dialogue_traces(scenario: sopgraph.Scenario, case: Case, agents: dict[str, list[Turn]],
+                    consensus: dict[str, dict] | None = None, config: ScoreConfig | None = None
+                    ) -> dict[str, dict[str, float]]:
+    """Trace scores per agent model, one dialogue each (turns given with the dialogue id `MODEL`)."""
+    dls = [Dialogue(id=m, case_id=case.id, models={"agent": m}, status="done") for m in agents]
+    turns = [t for ts in agents.values() for t in ts]
+    labels = consensus or {}
+    cs = [cons(t.dialogue_id, t.index, labels.get(t.dialogue_id, case.truth)) for t in turns]
+    run = score_records(scenario, [case], dls, turns, cs, config=config)
+    return {m: {k: float(v[run.dialogue_index(m)]) for k, v in run.d_trace.items()} for m in agents}
+
+
+def test_the_reference_is_the_engines_whole_trace(noservice) -> None:
+    case = make_case(noservice, TRUTH, SYSTEM)
+    assert case.expected_actions == FULL  # the engine's trace: the fixes mid-flow, then the final action
+    assert case_reference_trace(noservice, case) == FULL
+    # a case written before `expected_actions` existed reads, and gets the same reference
+    old = Case.model_validate({k: v for k, v in case.model_dump(mode="json").items() if k != "expected_actions"})
+    assert old.expected_actions is None and case_problems(noservice, old) == []
+    assert case_reference_trace(noservice, old) == FULL
+
+
+def test_case_validation_re_decides_the_action_trace(noservice) -> None:
+    case = make_case(noservice, TRUTH, SYSTEM)
+    assert case_problems(noservice, case) == []
+    wrong = case.model_copy(update={"expected_actions": FULL[:1] + FULL[3:]})
+    problems = case_problems(noservice, wrong)
+    assert len(problems) == 1 and problems[0].startswith("expected_actions AskAirplaneOff, PushSettings(profile=")
+    assert "re-synthesize" in problems[0]
+
+
+def test_only_the_final_action_loses_recall_wrong_order_loses_order_wrong_args_fail_tau2(noservice) -> None:
+    case = make_case(noservice, TRUTH, SYSTEM)
+    roaming_as_home = [dict(c, args={"profile": "Home"}) if c["name"] == "PushSettings" else c for c in FULL]
+    swapped = [FULL[0], FULL[2], FULL[1], FULL[4], FULL[3], FULL[5]]  # restart before the settings push
+    got = dialogue_traces(noservice, case, {
+        "full": [tool_turn("full", 1, FULL[:3]), tool_turn("full", 2, FULL[3:])],
+        "final-only": [tool_turn("final-only", 1, FULL[-1:])],
+        "wrong-order": [tool_turn("wrong-order", 1, swapped)],
+        "wrong-args": [tool_turn("wrong-args", 1, roaming_as_home)],
+        "once": [tool_turn("once", 1, [FULL[0], FULL[1], FULL[2], FULL[5]])],  # one fix round instead of two
+    })
+    full = got["full"]
+    assert (full["trace_precision"], full["trace_recall"], full["trace_order"], full["tau2_pass"]) == (1, 1, 1, 1)
+    only = got["final-only"]
+    assert only["trace_recall"] == pytest.approx(1 / 6) and only["trace_precision"] == 1.0
+    assert only["trace_order"] == pytest.approx(1 / 6) and only["tau2_pass"] == 0.0
+    order = got["wrong-order"]
+    assert order["trace_recall"] == 1.0 and order["trace_order"] == pytest.approx(5 / 6)  # LCS drops one
+    args = got["wrong-args"]
+    assert args["trace_recall"] == 1.0 and args["trace_order"] == 1.0 and args["tau2_pass"] == 0.0
+    once = got["once"]  # an action required twice needs two calls
+    assert once["trace_recall"] == pytest.approx(4 / 6) and once["tau2_pass"] == 0.0
+
+
+def test_a_sage_reply_reports_its_actions(noservice) -> None:
+    case = make_case(noservice, TRUTH, SYSTEM)
+    finals = dict(case.expected_finals)
+    got = dialogue_traces(noservice, case, {
+        "reports": [sage_turn("reports", 1, TRUTH, case.expected_path, finals, FULL)],
+        "steps-only": [sage_turn("steps-only", 1, TRUTH, case.expected_path, finals, FULL[:-1])],
+        "silent": [sage_turn("silent", 1, TRUTH, case.expected_path, finals)],
+    })
+    assert got["reports"]["trace_recall"] == 1.0 and got["reports"]["tau2_pass"] == 1.0
+    # the final action comes from `finals`, but without the `fee` argument the reply did not report
+    assert got["steps-only"]["trace_recall"] == 1.0 and got["steps-only"]["tau2_pass"] == 0.0
+    assert got["silent"]["trace_recall"] == pytest.approx(1 / 6) and got["silent"]["tau2_pass"] == 0.0
+    assert sage_trace({"finals": finals, "actions": FULL[:-1]}, {}) == [*FULL[:-1], {"name": "ReplaceSim", "args": {}}]
+
+
+def test_consensus_reference_follows_the_judged_labels(noservice) -> None:
+    """Under `pass_reference=consensus` the reference is the engine's trace for the final turn's consensus
+    labels (as the reference path is): judges reading the caller as upset make TransHuman the reference."""
+    case = make_case(noservice, TRUTH, SYSTEM)
+    upset = [*FULL[:-1], {"name": "TransHuman", "args": {}}]
+    agents = {"a": [tool_turn("a", 1, upset)], "b": [tool_turn("b", 1, FULL)]}
+    by_case = dialogue_traces(noservice, case, agents, {"a": {"Mood": "Upset"}, "b": {"Mood": "Upset"}})
+    by_cons = dialogue_traces(noservice, case, agents, {"a": {"Mood": "Upset"}, "b": {"Mood": "Upset"}},
+                              ScoreConfig(pass_reference="consensus"))
+    assert by_case["a"]["tau2_pass"] == 0.0 and by_case["b"]["tau2_pass"] == 1.0
+    assert by_cons["a"]["tau2_pass"] == 1.0 and by_cons["b"]["tau2_pass"] == 0.0
+
+
+def test_sage_scenarios_keep_one_action(telecom) -> None:
+    truth = {"ConsumptionType": "Cancel", "ApplicationTendency": "Agree", "ConsumptionProfile": "Data",
+             "EmotionTag": "Calm"}
+    case = make_case(telecom, truth, {"PackageStatus": "Contracted", "Penalty": 0})
+    assert case_reference_trace(telecom, case) == [{"name": "ChangeOrder", "args": {}}]
+    p, r, o, ok = trace_scores([{"name": "ChangeOrder", "args": {}}], case_reference_trace(telecom, case), set(),
+                               lambda a, b: a == b)
+    assert (p, r, o, ok) == (1.0, 1.0, 1.0, True)
+    got = dialogue_traces(telecom, case, {"m": [sage_turn("m", 1, truth, case.expected_path,
+                                                          dict(case.expected_finals))]})
+    assert got["m"]["tau2_pass"] == 1.0 and got["m"]["journey_coverage"] == 1.0
+    assert not math.isnan(got["m"]["trace_order"])
+
+
+def test_the_oracle_reports_the_procedures_actions_end_to_end(noservice, tmp_path: Path) -> None:
+    """Through the runner: the oracle's replies on a procedure report the case's trace (a ceiling: every
+    trace score 1); always-escalate, which skips the fixes, loses recall on the cases that need them."""
+    from sopgraph.cases.profiles import profile_for
+    from sopgraph.cases.synth import synthesize
+    from sopgraph.evaluation.score import score_run
+    from sopgraph.simulation.runner import run_sync
+
+    sop = ROOT / "examples" / "no_service.sop"
+    cases = synthesize(noservice, profile_for(sop, noservice), 12, seed=5, min_per_path=0).cases
+    assert all(c.expected_actions for c in cases) and any(len(c.expected_actions or []) > 2 for c in cases)
+    got = {}
+    for agent in ("oracle", "always-escalate"):
+        run_sync(noservice, list(cases), [f"agent=baseline/{agent}"], str(tmp_path / agent), trials=1,
+                 progress=False, judge_turns="final")
+        group = score_run(tmp_path / agent).summary().groups[0]
+        got[agent] = {k: group.metrics[k].value for k in ("trace_recall", "trace_order", "tau2_pass")}
+    assert got["oracle"] == {"trace_recall": 1.0, "trace_order": 1.0, "tau2_pass": 1.0}
+    assert got["always-escalate"]["trace_recall"] < 0.5 and got["always-escalate"]["tau2_pass"] < 0.5
