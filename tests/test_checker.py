@@ -28,7 +28,7 @@ from sopgraph.logic.checker import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_FLOW = tuple(p for p in PASSES if p.name not in ("flow", "output ranges"))
+NO_FLOW = tuple(p for p in PASSES if p.name not in ("flow", "output ranges", "optional reads"))
 
 HEAD = """
 field EmotionTag: Calm | Discontent
@@ -380,7 +380,7 @@ def test_missing_descriptions_are_warnings() -> None:
 def test_passes_are_ordered_named_and_easy_to_extend() -> None:
     names = [p.name for p in PASSES]
     assert names == ["declarations", "targets", "types", "scalars", "structure", "unused", "descriptions", "procedures",
-                     "flow", "output ranges"]
+                     "flow", "output ranges", "optional reads"]
     s = scenario("stage s { -> do Help }")
 
     def extra(sc: ir.Scenario, graph) -> list[Diagnostic]:

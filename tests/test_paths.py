@@ -405,7 +405,7 @@ def test_count_equals_enumeration_on_random_generated_sops(kind: str, stages: in
     assert c.stage_sequences == len({s for s, _b in decisions})
 
 
-def test_relations_between_variables_use_witness_search() -> None:
+def test_relations_between_variables_are_difference_constraints() -> None:
     sc = load_text("""
 scenario rel "relations"
 system Amount: int[0..1000]

@@ -23,8 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
-from sopgraph.language.parse import parse_text
+from sopgraph.language.parse import parse_text, resolve_expression
 from sopgraph.logic import domain
+from sopgraph.logic.lower import LowerError, analysis_form, lower_condition, structured
+from sopgraph.logic.unroll import UnrollError
 from sopgraph.records import INTENSITIES, Intensity, Persona
 
 PROFILE_VERSION = 1
@@ -538,28 +540,10 @@ def _unit_on_number(expr: Any, scenario: ir.Scenario) -> str | None:
 
 
 def _resolve(expr: Any, scenario: ir.Scenario) -> Any:
-    """Bare identifiers that are not variables become enum-value literals (as the loader does)."""
-    if isinstance(expr, ir.Var):
-        if expr.name in scenario.variables:
-            return expr
-        return ir.Lit(value=expr.name, bare=True, span=expr.span)
-    updates: dict[str, Any] = {}
-    if isinstance(expr, ir.Unary):
-        updates["operand"] = _resolve(expr.operand, scenario)
-    elif isinstance(expr, (ir.Binary, ir.Compare)):
-        updates["left"] = _resolve(expr.left, scenario)
-        updates["right"] = _resolve(expr.right, scenario)
-    elif isinstance(expr, (ir.InSet, ir.Matches)):
-        updates["operand"] = _resolve(expr.operand, scenario)
-    elif isinstance(expr, ir.BoolOp):
-        updates["operands"] = [_resolve(o, scenario) for o in expr.operands]
-    elif isinstance(expr, (ir.Call, ir.Func)):
-        updates["args"] = [_resolve(a, scenario) for a in expr.args]
-    elif isinstance(expr, ir.CaseExpr):
-        updates["arms"] = [ir.CaseArm(when=_resolve(a.when, scenario), then=_resolve(a.then, scenario),
-                                      span=a.span) for a in expr.arms]
-        updates["otherwise"] = _resolve(expr.otherwise, scenario)
-    return expr.model_copy(update=updates) if updates else expr
+    """Names resolved as the loader resolves a program's: bare identifiers that are not variables become
+    enum-value literals, dotted names field accesses (`Insurance.active`), item variables of
+    `any`/`all`/`count(… where …)` items (the expression is a fresh parse, updated in place)."""
+    return resolve_expression(expr, scenario.variables)
 
 
 def _relocate(expr: Any, span: ir.Span) -> Any:
@@ -883,13 +867,21 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
         for var_name, value in getattr(spec, section).items():
             key_span = doc.span(base + (section, var_name), key=True)
             val_path = base + (section, var_name)
-            var = scenario.variables.get(var_name)
+            var = scenario.variables.get(var_name) or _field_path(var_name, scenario)
             if var is None:
                 diags.append(_undefined_var(var_name, scenario, key_span))
+                continue
+            if ir.is_structured(var.type):
+                diags.append(error("E605", f"`{var_name}` is a {'list' if isinstance(var.type, ir.ListType) else 'record'}"
+                                           "; an entry constrains one value", key_span,
+                                   "name one of its fields (`Insurance.active: true`), or write a condition "
+                                   "under `when:` (`any(s in Segments where s.flown)`, `len(Segments) >= 2`)"))
                 continue
             expr, text = _entry_condition(var, value, doc, val_path, scenario, diags)
             if expr is None:
                 continue
+            if var_name not in scenario.variables:  # a record field: `Insurance.active` as a field access
+                expr = _as_field_access(expr, var_name, scenario)
             conditions.append(Condition(expr=expr, truth=truth, text=text if truth else _negate_text(text),
                                         span=doc.span(val_path)))
     whens = [spec.when] if isinstance(spec.when, str) else list(spec.when or [])
@@ -900,6 +892,7 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
         diags += more
         if expr is not None and not more:
             conditions.append(Condition(expr=expr, truth=True, text=ir.show(expr), span=span))
+    diags += _check_lowerable(conditions, scenario)
     for i, action in enumerate(spec.pushes_for):
         span = doc.span(base + ("pushes_for", i))
         if action not in scenario.actions:
@@ -912,6 +905,82 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
                     weight=spec.weight, pushes_for=list(spec.pushes_for),
                     pushes_declared="pushes_for" in spec.model_fields_set, span=doc.span(base, key=True))
     return intent, diags
+
+
+def _field_path(name: str, scenario: ir.Scenario) -> ir.Variable | None:
+    """A dotted record field written as a key (`Insurance.active`, `Metrics.cpu.load`): a stand-in
+    variable of the field's type, or None when the name is no such field."""
+    head, *fields = name.split(".")
+    root = scenario.variables.get(head)
+    if root is None or not fields or root.role == "derived":
+        return None
+    vtype: Any = root.type
+    for field in fields:
+        if not isinstance(vtype, ir.RecordType):
+            return None
+        match = next((f for f in vtype.fields if f.name == field), None)
+        if match is None:
+            return None
+        vtype = match.type
+    return ir.Variable(name=name, role=root.role, type=vtype, span=root.span)
+
+
+def _as_field_access(expr: Any, name: str, scenario: ir.Scenario) -> Any:
+    """`Insurance.active == true` built on the stand-in variable, re-resolved as a field access."""
+    def swap(e: Any) -> Any:
+        if isinstance(e, ir.Var) and e.name == name:
+            return ir.Var(name=name, span=e.span)  # a fresh node: resolution rewrites it in place
+        if isinstance(e, ir.Compare):
+            return e.model_copy(update={"left": swap(e.left), "right": swap(e.right)})
+        if isinstance(e, ir.InSet):
+            return e.model_copy(update={"operand": swap(e.operand)})
+        return e
+    return resolve_expression(swap(expr), scenario.variables)
+
+
+def _check_lowerable(conditions: list[Condition], scenario: ir.Scenario) -> list[Diagnostic]:
+    """Conditions over lists and records must have a plain form (synthesis reasons on it): a list or
+    record used as one value is E606, located at the condition."""
+    if not structured(scenario):
+        return []
+    try:
+        form = analysis_form(scenario)
+    except UnrollError:
+        return []  # the .sop's own checker reports this
+    plain = form.scenario.variables
+    out: list[Diagnostic] = []
+    for cond in conditions:
+        try:
+            low = lower_condition(form, cond.expr)
+        except LowerError as exc:
+            out.append(error("E606", f"bad condition `{cond.text}`: {exc}", cond.span,
+                             "test a list's items with `any`/`all`/`count(x in L where …)` or `len(L)`, and a "
+                             "record's fields with dots (`Insurance.active`)"))
+            continue
+        stack = [low]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ir.Var) and e.name not in plain:
+                out.append(error("E606", f"bad condition `{cond.text}`: `{e.name}` is a list or record, not "
+                                         "one value", cond.span,
+                                 "test a list's items with `any`/`all`/`count(x in L where …)` or `len(L)`, "
+                                 "and a record's fields with dots (`Insurance.active`)"))
+                break
+            stack.extend(ir.children(e))
+    return out
+
+
+def lowered_intents(scenario: ir.Scenario, intents: dict[str, Intent]) -> tuple[ir.Scenario, dict[str, Intent]]:
+    """The program the analyses run on (lists and records lowered to plain variables) and the intents
+    with their conditions in its terms; unchanged for a program without lists or records."""
+    if not structured(scenario):
+        return scenario, intents
+    form = analysis_form(scenario)
+    out: dict[str, Intent] = {}
+    for name, intent in intents.items():
+        conds = [c.model_copy(update={"expr": lower_condition(form, c.expr)}) for c in intent.conditions]
+        out[name] = intent.model_copy(update={"conditions": conds})
+    return form.scenario, out
 
 
 def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scenario: ir.Scenario,
@@ -958,9 +1027,13 @@ def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scena
 def _impossible_intents(scenario: ir.Scenario, profile: Profile) -> list[Diagnostic]:
     """Intents whose own conditions contradict each other (no assignment satisfies them)."""
     diags: list[Diagnostic] = []
+    try:
+        scenario, intents = lowered_intents(scenario, profile.intents)
+    except (UnrollError, LowerError):
+        return diags
     space = domain.space_for(scenario)
     possible: dict[tuple, bool] = {}  # conditions_key → can hold
-    for intent in profile.intents.values():
+    for intent in intents.values():
         if not intent.conditions:
             continue
         key = conditions_key(intent)

@@ -42,6 +42,7 @@ from sopgraph.cases.profiles import (
     conditions_key,
     intent_region,
     library,
+    lowered_intents,
     parse_profile,
     profile_path_for,
     read_profile_text,
@@ -53,7 +54,7 @@ from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
-from sopgraph.logic.lower import analysis_form, needs_analysis_form
+from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form
 from sopgraph.logic.paths import trace
 from sopgraph.logic.unroll import UnrollError
 from sopgraph.records import RECORD_VERSION, Case, Intensity
@@ -250,8 +251,12 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     procedure is planned on its unrolled form (see `_synthesize_procedure`)."""
     if needs_analysis_form(scenario):
         try:
-            return plan(analysis_form(scenario).scenario, profile, sample=sample, seed=seed)
-        except UnrollError as exc:
+            plain, intents = lowered_intents(scenario, profile.intents)  # lists/records: plain conditions
+            flat = analysis_form(scenario).scenario
+            if plain is not scenario:
+                profile = profile.model_copy(update={"intents": intents})
+            return plan(flat, profile, sample=sample, seed=seed)
+        except (UnrollError, LowerError) as exc:
             raise SynthError(f"cannot synthesize cases: {exc}") from None
     count = paths_mod.count_paths(scenario)
     explorer = paths_mod.explorer_for(scenario)

@@ -60,8 +60,10 @@ CODES: dict[str, str] = {
     "W303": "infeasible path",
     "W304": "branch can never be taken",
     "W305": "duplicate match value",
+    "W306": "optional value read while it may be missing",
     "I301": "flow analysis skipped (program too large)",
     "I302": "flow analysis incomplete (a work budget ran out or a question stayed undecided)",
+    "I303": "optional-value analysis incomplete (a work budget ran out or a read stayed undecided)",
     # hygiene
     "W401": "unused declaration",
     "W402": "missing description",

@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -1390,11 +1390,14 @@ def _declare_now(scenario: ir.Scenario) -> None:
         stack.extend(ir.children(e))
 
 
-def _resolve_names(scenario: ir.Scenario) -> None:
-    """Bare identifiers that are not variables become enum-value literals (checked later); dotted
-    names become field accesses; item variables of `any`/`all`/`count(… where …)` become `Item`s."""
-    names = scenario.variables
+def resolve_expression(expr: Any, variables: dict[str, ir.Variable]) -> Any:
+    """One parsed expression's names resolved as the loader resolves a program's (enum values, dotted
+    field accesses, item variables); used for conditions written outside a `.sop` (profile intents).
+    The expression is updated in place: pass a fresh parse."""
+    return _fixer(variables)(expr)
 
+
+def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
     def fix(expr: Any, scope: frozenset[str] = frozenset()) -> Any:
         if isinstance(expr, ir.Var):
             return _resolve_var(expr, names, scope)
@@ -1420,6 +1423,13 @@ def _resolve_names(scenario: ir.Scenario) -> None:
             _fix_data(expr, scope, fix)
         return expr
 
+    return fix
+
+
+def _resolve_names(scenario: ir.Scenario) -> None:
+    """Bare identifiers that are not variables become enum-value literals (checked later); dotted
+    names become field accesses; item variables of `any`/`all`/`count(… where …)` become `Item`s."""
+    fix = _fixer(scenario.variables)
     for var in scenario.variables.values():
         if var.expr is not None:
             var.expr = fix(var.expr)

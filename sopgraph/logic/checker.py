@@ -29,6 +29,7 @@ from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.lower import needs_analysis_form
+from sopgraph.logic.optcheck import optional_read_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
 from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
 
@@ -1223,8 +1224,10 @@ PASSES: tuple[Pass, ...] = (
     Pass("procedures", check_procedures, blocked_by=("E1", "E2")),
     Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
     Pass("output ranges", check_output_ranges, blocked_by=("E1", "E2", "E302", "E303", "E304")),
+    Pass("optional reads", lambda s, g: optional_read_diagnostics(s),
+         blocked_by=("E1", "E2", "E302", "E303", "E304")),
 )
-CHEAP_PASSES: tuple[Pass, ...] = tuple(p for p in PASSES if p.name != "flow")
+CHEAP_PASSES: tuple[Pass, ...] = tuple(p for p in PASSES if p.name not in ("flow", "optional reads"))
 
 
 def _dedupe(diags: Iterable[Diagnostic]) -> list[Diagnostic]:

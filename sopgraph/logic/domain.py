@@ -17,7 +17,9 @@ Public API (stable; other modules build on it):
   assignments inside `box` for which `expr` evaluates, without error, to `truth` under the engine's
   semantics. Derived variables are inlined; comparisons of one numeric variable (possibly through
   affine arithmetic such as `Penalty * 0.5 + 10 > 100`) are solved exactly, including float
-  rounding; `count(...)` thresholds, `case`, `min`/`max` expand into disjunctions. Everything else
+  rounding; comparisons of two integer variables shifted by constants (dates: `BookedAt > now - 24 hours`)
+  become difference literals decided exactly by `diffbound`; `count(...)` thresholds, `case`,
+  `min`/`max` expand into disjunctions. Everything else
   becomes a residual predicate on the box, decided later by witness search (never assumed false).
 - `witness(scenario, box, *, style="representative"|"boundary", rng=None) -> dict | None` — one
   concrete assignment of EVERY field and system variable inside the box (enums: first remaining
@@ -40,8 +42,8 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sopgraph.language import ir
-from sopgraph.logic import solver
+from sopgraph.language import ir, scalars
+from sopgraph.logic import diffbound, solver
 from sopgraph.logic.engine import DecideError
 from sopgraph.logic.formula import FALSE, TRUE, Formula, mk_and, negate_exact
 from sopgraph.logic.guards import GuardCompiler, OverBudget
@@ -135,8 +137,8 @@ class Space:
             if isinstance(t, ir.TimeType):
                 self.time_kinds[len(self.kinds)] = self.time_names[n] = t.kind
                 self.kinds.append("int")
-                self.values.append(())
-                full.append(NumDom(-INF, INF, False, False, NO_POINTS))
+                self.values.append(())  # a duration input is never negative ("-5 hours" does not parse)
+                full.append(NumDom(0 if t.kind == "duration" else -INF, INF, False, False, NO_POINTS))
             elif isinstance(t, ir.StringType):
                 self.strings.add(len(self.kinds))
                 self.kinds.append("none")
@@ -176,6 +178,8 @@ class Space:
         self.res_vars: list[tuple[int, ...]] = []
         self.res_text: list[str] = []
         self._res_index: dict[str, int] = {}
+        self.diffs: dict[int, tuple[int, int, int]] = {}  # residual id -> (p, q, k): x_p - x_q <= k
+        self.dates = {i for i, k in self.time_kinds.items() if k == "date"}
         self._base_reads: dict[str, tuple[int, ...]] = {}
         self._total: dict[int, tuple[Any, bool]] = {}
         self.unproven: list[str] = []  # conditions kept whole (compile budget), for flow's I302
@@ -244,6 +248,8 @@ class Space:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False
         if k == "int" and isinstance(value, float) and not value.is_integer():
+            return False
+        if i in self.dates and value % scalars.DAY:  # a date is a whole day
             return False
         return d.contains(value)
 
@@ -433,6 +439,55 @@ class Space:
             self.res_text.append(text)
         return Formula("res", rid=rid, truth=truth, exact=False)
 
+    def diff_residual(self, p: int, q: int, k: int) -> Formula:
+        """The literal "x_p - x_q <= k" over two integer variables (dates and durations in seconds),
+        decided exactly by `diffbound`. One residual per constraint and its complement
+        (`x_q - x_p <= -k - 1` is the same literal, false)."""
+        if p > q:
+            f = self.diff_residual(q, p, -k - 1)
+            return Formula("res", rid=f.rid, truth=False, exact=False)
+        key = f"#diff {p} {q} {k}"
+        rid = self._res_index.get(key)
+        if rid is None:
+            rid = len(self.res_exprs)
+            self._res_index[key] = rid
+            left = ir.Binary.model_construct(kind="binary", op="-", left=self._var(p), right=self._var(q),
+                                             span=ir.NO_SPAN)
+            self.res_exprs.append(ir.Compare.model_construct(kind="compare", op="<=", left=left,
+                                                             right=ir.Lit.model_construct(
+                                                                 value=k, bare=False, kind="lit", span=ir.NO_SPAN),
+                                                             span=ir.NO_SPAN))
+            self.res_vars.append((p, q))
+            self.res_text.append(self._diff_text(p, q, k))
+            self.diffs[rid] = (p, q, k)
+        return Formula("res", rid=rid, truth=True, exact=False)
+
+    def lit_text(self, rid: int, truth: bool) -> str:
+        """A residual literal as text (a false difference literal as its complement, not `not (…)`)."""
+        if truth:
+            return self.res_text[rid]
+        pqk = self.diffs.get(rid)
+        if pqk is not None:
+            p, q, k = pqk
+            return self._diff_text(q, p, -k - 1)
+        return f"not ({self.res_text[rid]})"
+
+    def _var(self, i: int) -> ir.Var:
+        return ir.Var.model_construct(kind="var", name=self.names[i], span=ir.NO_SPAN)
+
+    def _diff_text(self, p: int, q: int, k: int) -> str:
+        """`x_p - x_q <= k` as people write it: `BookedAt > now - 24 hours` rather than in seconds."""
+        timed = p in self.time_kinds or q in self.time_kinds
+        if k == -1 or (timed and (k + 1) % 60 == 0 and k % 60) or (not timed and abs(k + 1) < abs(k)):
+            # a strict bound reads rounder: `Amount > Limit`, `BookedAt > now - 1 day`
+            lhs, op, rhs, off = self.names[q], ">", self.names[p], -(k + 1)
+        else:
+            lhs, op, rhs, off = self.names[p], "<=", self.names[q], k
+        if off == 0:
+            return f"{lhs} {op} {rhs}"
+        amount = scalars.format_duration(abs(off)) if timed else str(abs(off))
+        return f"{lhs} {op} {rhs} {'+' if off > 0 else '-'} {amount}"
+
     def formula_residual(self, f: Formula) -> int:
         """A residual predicate "the assignment is in formula f" (used when splitting f into boxes
         would create too many boxes: membership stays exact, only the representation is lazy)."""
@@ -476,7 +531,7 @@ class Space:
         if f.kind == "atom":
             return f"{self.names[f.var]} in {{{self.describe_dom(f.var, f.dom)}}}"
         if f.kind == "res":
-            return self.res_text[f.rid] if f.truth else f"not ({self.res_text[f.rid]})"
+            return self.lit_text(f.rid, f.truth)
         joiner = " and " if f.kind == "and" else " or "
         return joiner.join(f"({self.formula_text(p, depth + 1)})" for p in f.parts)
 
@@ -767,6 +822,12 @@ class Space:
         few variables (cheap, and it varies witnesses), the solver first when they read many (the
         search's few thousand candidates would be a needle-in-a-haystack guess). A solver model is
         kept only if the reference interpreter confirms it."""
+        if any(rid in self.diffs for rid, _t in box.resid):
+            verdict, w = self._solve_diffs(box, style, rng)
+            if verdict == "empty":
+                return None, True
+            if w is not None:
+                return w, False
         rvars = {v for rid, _t in box.resid for v in self.res_vars[rid]}
         solver_first = len(rvars) > SOLVER_FIRST_VARS
         if not solver_first:
@@ -784,6 +845,41 @@ class Space:
                 return w, exhaustive
         self.undecided += 1
         return None, False
+
+    def _solve_diffs(self, box: Box, style: str, rng: random.Random | None) -> tuple[str, dict | None]:
+        """The box's difference literals as one difference-bound system (`diffbound`): "empty" is exact;
+        a member is returned when every residual is a difference literal (else the system's solution
+        only seeds nothing and the caller searches)."""
+        cons: list[tuple[int, int, int]] = []
+        for rid, truth in box.resid:
+            pqk = self.diffs.get(rid)
+            if pqk is not None:
+                p, q, k = pqk
+                cons.append((p, q, k) if truth else (q, p, -k - 1))
+        involved = {v for p, q, _k in cons for v in (p, q)}
+        bounds: dict[int, tuple[float, float]] = {}
+        for i in involved:
+            d = box.doms[i]
+            lo = d.lo + 1 if d.lo_open else d.lo  # ints: closed already; kept general
+            hi = d.hi - 1 if d.hi_open else d.hi
+            bounds[i] = (lo, hi)
+
+        def pick(i: int, lo: float, hi: float) -> Any:
+            d = num_meet(box.doms[i], NumDom(lo, hi, False, False, NO_POINTS), True)
+            if d is None:
+                return None
+            x = self.pick(i, d, style, rng)
+            return None if x is NO_VALUE else x
+
+        verdict, values = diffbound.solve(involved, cons, bounds, self.dates & involved, pick)
+        if verdict != "sat" or values is None or len(cons) != len(box.resid):
+            return verdict, None
+        w = self.pick_all(box, style, rng)
+        if w is None:
+            return "unknown", None
+        for i, x in values.items():
+            w[self.names[i]] = x
+        return ("sat", w) if self.box_contains(box, w) else ("unknown", None)
 
     def pick_all(self, box: Box, style: str, rng: random.Random | None) -> dict[str, Any] | None:
         out: dict[str, Any] = {}
@@ -965,8 +1061,7 @@ class Space:
         for b in region:
             if not b.resid:
                 continue
-            parts = [(self.res_text[rid] if truth else f"not ({self.res_text[rid]})")
-                     for rid, truth in sorted(b.resid)]
+            parts = [self.lit_text(rid, truth) for rid, truth in sorted(b.resid)]
             t = " and ".join(parts)
             if t and t not in resid_texts:
                 resid_texts.append(t)

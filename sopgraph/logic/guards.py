@@ -53,6 +53,8 @@ class CompileSpace(DomainOps, Protocol):
 
     def residual(self, expr: Any, truth: bool) -> Formula: ...
 
+    def diff_residual(self, p: int, q: int, k: int) -> Formula: ...
+
     def total(self, expr: Any) -> bool: ...
 
 
@@ -212,9 +214,41 @@ class GuardCompiler:
                 f = self.affine(vl, op, c, truth)
                 if f is not None:
                     return f
+        elif vl[0] in ("v", "a") and vr[0] in ("v", "a"):
+            f = self.difference(vl, op, vr, truth)
+            if f is not None:
+                return f
         node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, vl),
                                           right=_expr_of(sp, vr), span=ir.NO_SPAN)
         return sp.residual(node, truth)
+
+    def difference(self, vl: Val, op: str, vr: Val, truth: bool) -> Formula | None:
+        """`x + b1 op y + b2` for two integer variables (dates, datetimes and durations are seconds):
+        literals "x_p - x_q <= k" that the space decides exactly (`diffbound`). None when the sides are
+        not unit-coefficient shifts of two different integer variables by whole numbers."""
+        sp = self.sp
+        al, ar = self.as_affine(vl), self.as_affine(vr)
+        if al is None or ar is None:
+            return None
+        (i, a1, b1), (j, a2, b2) = al, ar
+        if i == j or a1 != a2 or a1 not in (1, -1) or sp.kinds[i] != "int" or sp.kinds[j] != "int":
+            return None
+        if not all(_is_num(b) and math.isfinite(b) and float(b).is_integer() and abs(b) < 2**52 for b in (b1, b2)):
+            return None
+        c = int(b2) - int(b1)
+        p, q = (i, j) if a1 == 1 else (j, i)  # x_p - x_q op c
+        eff = op if truth else _NEGOP[op]
+        if eff == "<=":
+            return sp.diff_residual(p, q, c)
+        if eff == "<":
+            return sp.diff_residual(p, q, c - 1)
+        if eff == ">=":
+            return sp.diff_residual(q, p, -c)
+        if eff == ">":
+            return sp.diff_residual(q, p, -c - 1)
+        if eff == "==":
+            return mk_and(sp, [sp.diff_residual(p, q, c), sp.diff_residual(q, p, -c)])
+        return mk_or(sp, [sp.diff_residual(p, q, c - 1), sp.diff_residual(q, p, -c - 1)])
 
     def var_const(self, i: int, op: str, c: Any, truth: bool, v: Val) -> Formula:
         sp = self.sp

@@ -264,6 +264,7 @@ class Lowered(Unrolled):
         self.roots = roots
         self.texts = sorted(texts.items(), key=lambda kv: -len(kv[0]))  # longest first
         self.plain_keys = {name: _plain_keys(name, t) for name, t in roots.items()}
+        self._lowering: _Lowering | None = None
 
     def flatten(self, values: Mapping[str, Any]) -> dict[str, Any]:
         out = self.inner.flatten(values) if self.inner.looks else dict(values)
@@ -282,12 +283,25 @@ class Lowered(Unrolled):
                 out[name] = value
         return self.inner.lift(out) if self.inner.looks else out
 
+    def lower_expr(self, expr: Any) -> Any:
+        """A condition written against the source program (`any(s in Segments where s.flown)`,
+        `Metrics.latency > 200`) in plain form; raises LowerError for lists or records used as one value."""
+        if self._lowering is None:
+            self._lowering = _Lowering(self.inner.scenario)
+        return self._lowering.expr(expr, {})
+
     def source_text(self, text: str) -> str:
         """A message about the plain form in the source's terms (`any(s in L where …)`, not its expansion)."""
         for low, src in self.texts:
             if low in text:
                 text = text.replace(low, src)
         return text
+
+
+def lower_condition(form: Unrolled, expr: Any) -> Any:
+    """A condition over the source program's variables in the terms of its analysis form `form`
+    (profile intents: lists and records lowered; unchanged for plain programs and procedures)."""
+    return form.lower_expr(expr) if isinstance(form, Lowered) else expr
 
 
 def _identity(scenario: ir.Scenario) -> Unrolled:

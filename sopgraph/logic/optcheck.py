@@ -1,0 +1,436 @@
+"""Reads of optional values: can some feasible path read an optional `X` while it is missing? (W306, I303)
+
+An optional variable (`system Voucher: float? …`) may be left out of the input; the engine then refuses
+any read of it except `missing(Voucher)`. This pass proves, for every place a value is read (guards in
+evaluation order, actions' arguments on the way, the final action's arguments and outputs), that no
+feasible path reaches the read with the value missing — or reports a verified example.
+
+How. The program (its analysis form: procedures unrolled, lists and records lowered) is rewritten with one
+bool variable `missing(X)` per optional `X`: `missing(X)` tests read it, and `X` itself always has a value.
+For each read site the pass builds the condition "evaluation gets to this read of `X`" — short-circuit
+`and`/`or` and `case` arms included, derived variables followed — conjoined with `missing(X)`, and asks
+the constraint domain whether it holds on some region reaching the stage (the same bounded exploration
+as the flow checks). A candidate is reported only when the reference engine, given the example with
+`X` left out, refuses it with "`X` is missing" at that stage. A work budget bounds the exploration;
+what it cannot settle is reported as I303 (never assumed safe silently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sopgraph.language import ir
+from sopgraph.language.diagnostics import Diagnostic, warning
+from sopgraph.logic.domain import Box
+from sopgraph.logic.engine import DecideError, run
+from sopgraph.logic.lower import analysis_form, needs_analysis_form
+from sopgraph.logic.paths import Explorer
+from sopgraph.logic.unroll import Unrolled, UnrollError
+
+MAX_STATES = 5_000  # (stage, region) states explored
+STEP_BUDGET = 60_000  # region operations (constrain / decide) of the whole pass
+MAX_NODES = 4_000  # nodes of one read condition (long `and` chains grow quadratically)
+MAX_WITNESSES = 8  # example assignments tried per candidate read
+
+
+class _TooBig(Exception):
+    """A read condition over `MAX_NODES` nodes: that site is reported as not proven."""
+
+
+def flag_name(name: str) -> str:
+    """The bool variable standing for "`name` is missing" in the rewritten program."""
+    return f"missing({name})"
+
+
+def _true() -> ir.Lit:
+    return ir.Lit(value=True)
+
+
+def _and(parts: list[Any]) -> Any:
+    parts = [p for p in parts if not (isinstance(p, ir.Lit) and p.value is True)]
+    if not parts:
+        return _true()
+    return parts[0] if len(parts) == 1 else ir.BoolOp(op="and", operands=parts)
+
+
+def _or(parts: list[Any]) -> Any | None:
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else ir.BoolOp(op="or", operands=parts)
+
+
+def _not(e: Any) -> Any:
+    return ir.Unary(op="not", operand=e)
+
+
+def _rewrite(e: Any, optional: set[str]) -> Any:
+    """`missing(X)` → the variable `missing(X)` (everything else copied as is)."""
+    if e is None or isinstance(e, (ir.Lit, ir.Var, ir.TimeLit)):
+        return e
+    if (isinstance(e, ir.Func) and e.name == "missing" and len(e.args) == 1 and isinstance(e.args[0], ir.Var)
+            and e.args[0].name in optional):
+        return ir.Var(name=flag_name(e.args[0].name), span=e.span)
+    update: dict[str, Any] = {}
+    for key in ("operand", "left", "right", "otherwise", "base", "source", "cond"):
+        sub = getattr(e, key, None)
+        if isinstance(sub, ir.Node):
+            update[key] = _rewrite(sub, optional)
+    for key in ("operands", "args"):
+        subs = getattr(e, key, None)
+        if isinstance(subs, list):
+            update[key] = [_rewrite(s, optional) for s in subs]
+    if isinstance(e, ir.CaseExpr):
+        update["arms"] = [a.model_copy(update={"when": _rewrite(a.when, optional), "then": _rewrite(a.then, optional)})
+                          for a in e.arms]
+    return e.model_copy(update=update) if update else e
+
+
+def _assigns(items: list[ir.OutputAssign], optional: set[str]) -> list[ir.OutputAssign]:
+    return [a.model_copy(update={"value": _rewrite(a.value, optional)}) for a in items]
+
+
+def rewritten(scenario: ir.Scenario, optional: set[str]) -> ir.Scenario:
+    """The program with a bool `missing(X)` per optional `X`, which is no longer optional."""
+    variables: dict[str, ir.Variable] = {}
+    for name, var in scenario.variables.items():
+        if name in optional:
+            variables[name] = var.model_copy(update={"optional": False})
+            flag = flag_name(name)
+            variables[flag] = ir.Variable(name=flag, role="system", type=ir.BoolType(), span=var.span,
+                                          description=f"whether `{name}` is left out of the input")
+        elif var.role == "derived" and var.expr is not None:
+            variables[name] = var.model_copy(update={"expr": _rewrite(var.expr, optional)})
+        else:
+            variables[name] = var
+    stages: dict[str, ir.Stage] = {}
+    for sid, st in scenario.stages.items():
+        branches = []
+        for b in st.branches:
+            t = b.target
+            target = t.model_copy(update={
+                "outputs": _assigns(t.outputs, optional), "args": _assigns(t.args, optional),
+                "steps": [c.model_copy(update={"args": _assigns(c.args, optional)}) for c in t.steps]})
+            branches.append(b.model_copy(update={"guard": _rewrite(b.guard, optional), "target": target}))
+        stages[sid] = st.model_copy(update={"branches": branches, "subject": _rewrite(st.subject, optional)})
+    out = scenario.model_copy(update={"variables": variables, "stages": stages})
+    out._engine = None
+    out._analyses = ir.AnalysisCache()
+    return out
+
+
+class _Reads:
+    """"Evaluating e gets to a read of X" as a condition, in the engine's evaluation order."""
+
+    def __init__(self, scenario: ir.Scenario, name: str):
+        self.s = scenario
+        self.name = name
+        self.memo: dict[str, Any] = {}
+        self.nodes = 0
+
+    def of(self, e: Any) -> Any | None:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise _TooBig
+        if e is None or isinstance(e, (ir.Lit, ir.TimeLit)):
+            return None
+        if isinstance(e, ir.Var):
+            if e.name == self.name:
+                return _true()
+            var = self.s.variables.get(e.name)
+            if var is None or var.role != "derived" or var.expr is None:
+                return None
+            if e.name not in self.memo:
+                self.memo[e.name] = None  # a cycle (a checker error elsewhere) reads nothing more
+                self.memo[e.name] = self.of(var.expr)
+            return self.memo[e.name]
+        if isinstance(e, ir.BoolOp):
+            alts: list[Any] = []
+            prefix: list[Any] = []
+            for o in e.operands:  # `and` goes on while operands hold, `or` while they fail
+                r = self.of(o)
+                if r is not None:
+                    alts.append(_and(prefix + [r]))
+                prefix.append(o if e.op == "and" else _not(o))
+            return _or(alts)
+        if isinstance(e, ir.CaseExpr):
+            alts = []
+            prefix = []
+            for arm in e.arms:
+                r = self.of(arm.when)
+                if r is not None:
+                    alts.append(_and(prefix + [r]))
+                r = self.of(arm.then)
+                if r is not None:
+                    alts.append(_and(prefix + [arm.when, r]))
+                prefix.append(_not(arm.when))
+            r = self.of(e.otherwise)
+            if r is not None:
+                alts.append(_and(prefix + [r]))
+            return _or(alts)
+        return _or([r for r in (self.of(c) for c in ir.children(e)) if r is not None])
+
+    def site(self, e: Any) -> ir.Span:
+        """Where the read shows in the source: the first `X` (or derived variable reading it) in `e`."""
+        stack = [e]
+        while stack:
+            node = stack.pop()
+            if (isinstance(node, ir.Var) and node.span.line
+                    and (node.name == self.name or self.of(node) is not None)):
+                return node.span
+            stack.extend(reversed(ir.children(node)))
+        return e.span
+
+
+@dataclass
+class _Check:
+    name: str  # the optional variable
+    cond: Any  # expression: the read happens with the variable missing
+    span: ir.Span
+    where: str  # "in the condition of …" for the message
+
+
+def _stage_checks(scenario: ir.Scenario, stage: ir.Stage, names: list[str]) -> tuple[list[_Check], int]:
+    """The read sites of one stage, per optional variable; and how many were too large to analyse."""
+    out: list[_Check] = []
+    too_big = 0
+    for name in names:
+        reads = _Reads(scenario, name)
+        flag = ir.Var(name=flag_name(name))
+        earlier: list[Any] = []
+        prior: list[Any] = []  # earlier reads of the variable in this stage: reaching them fails first
+        for bi, b in enumerate(stage.branches):
+            sites: list[tuple[Any, Any, str]] = []  # (expression, condition it is evaluated under, what)
+            if b.guard is not None:
+                sites.append((b.guard, _and(list(earlier)), "its condition"))
+            fire = _and(earlier + ([b.guard] if b.guard is not None else []))
+            t = b.target
+            for call in t.steps:
+                sites += [(a.value, fire, f"argument `{a.name}` of `do {call.action}`") for a in call.args]
+            if t.kind == "action":
+                sites += [(a.value, fire, f"argument `{a.name}` of `do {t.action}`") for a in t.args]
+                sites += [(a.value, fire, f"output `{a.name}`") for a in t.outputs]
+            for expr, before, what in sites:
+                try:
+                    r = reads.of(expr)
+                except _TooBig:
+                    too_big += 1
+                    continue
+                if r is None:
+                    continue
+                span = reads.site(expr)
+                out.append(_Check(name, _and([flag, before, r] + [_not(p) for p in prior]),
+                                  span if span.line else b.span, f"branch {bi + 1} of `{stage.id}` ({what})"))
+                prior.append(_and([before, r]))
+            if b.guard is not None:
+                earlier.append(_not(b.guard))
+    return out, too_big
+
+
+def _live(ex: Explorer, checks: list[list[_Check]]) -> list[frozenset[int]]:
+    """Variables each stage and its successors read, the read conditions included (so a `missing(X)`
+    test upstream is remembered until the read it guards)."""
+    sp = ex.sp
+    n = len(ex.ids)
+    live: list[set[int]] = [set(ex.live[si]) for si in range(n)]
+    for si in range(n):
+        for c in checks[si]:
+            live[si].update(sp.base_reads(c.cond))
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for si, row in enumerate(ex.targets):
+        for kind, t in row:
+            if kind == "stage" and t >= 0:
+                preds[t].append(si)
+    work = list(range(n))
+    while work:
+        t = work.pop()
+        for p in preds[t]:
+            before = len(live[p])
+            live[p] |= live[t]
+            if len(live[p]) != before:
+                work.append(p)
+    return [frozenset(s) for s in live]
+
+
+class _Pass:
+    def __init__(self, form: ir.Scenario, names: list[str], source_id: Callable[[str], str],
+                 lift: Callable[[dict[str, Any]], dict[str, Any]]):
+        self.form = form
+        self.names = names
+        self.source_id = source_id
+        self.lift = lift
+        self.t = rewritten(form, set(names))
+        self.ex = Explorer(self.t)
+        self.sp = self.ex.sp
+        self.checks: list[list[_Check]] = []
+        self.too_big = 0
+        for st in self.ex.stage_objs:
+            found, big = _stage_checks(self.t, st, names)
+            self.checks.append(found)
+            self.too_big += big
+        self.ex.live = _live(self.ex, self.checks)
+        self.steps = STEP_BUDGET
+        self.states = 0
+        self.complete = True
+        self.unproven = 0
+        self.done: set[tuple[str, int, int, str]] = set()  # (variable, line, col, file) reported or proven
+        self.out: list[Diagnostic] = []
+
+    def spend(self, n: int) -> bool:
+        self.steps -= n
+        if self.steps < 0:
+            self.complete = False
+        return self.steps >= 0
+
+    def run(self) -> list[Diagnostic]:
+        ex = self.ex
+        rk = ex.root_key()
+        if rk is None:
+            return []
+        seen = {rk}
+        stack: list[tuple[tuple, Any]] = [(rk, None)]
+        while stack:
+            key, prefix = stack.pop()
+            si, region, vk = key
+            self.states += 1
+            if self.states > MAX_STATES or not self.spend(len(region)):
+                self.complete = False
+                break
+            for c in self.checks[si]:
+                self.check(c, si, region, prefix)
+            nvk = ex.next_visited(si, vk)
+            nxt = []
+            for bi, kind, tgt, creg, _u in ex.children(si, region):
+                if kind == "stage" and tgt not in nvk:
+                    ck = (tgt, creg, nvk)
+                    if ck not in seen:
+                        seen.add(ck)
+                        nxt.append((ck, (prefix, si, bi)))
+            stack.extend(reversed(nxt))
+        return self.out + self.note()
+
+    def check(self, c: _Check, si: int, region: tuple[Box, ...], prefix: Any) -> None:
+        key = (c.name, c.span.line, c.span.col, c.span.file)
+        if key in self.done or not self.spend(len(region)):
+            return
+        sp = self.sp
+        f = sp.formula(c.cond, True)
+        boxes = [b2 for b in region for b2 in sp.constrain(b, f)]
+        status = sp.decide_region(boxes) if boxes else False
+        if status is False:
+            return
+        stages, branches = _steps(prefix)
+        full = sp.constrain_region(self.ex.full_region(stages, branches), f)
+        if not self.spend(len(full) + 1):
+            return
+        explained = False
+        for box in full[:MAX_WITNESSES]:
+            for style in ("representative", "boundary"):
+                w = sp.witness(box, style)
+                verdict = self.confirm(c, si, w, prefix) if w is not None else "no"
+                if verdict == "yes":
+                    self.done.add(key)
+                    return
+                explained = explained or verdict == "earlier"
+        if not explained:
+            self.unproven += 1
+
+    def confirm(self, c: _Check, si: int, w: dict[str, Any], prefix: Any) -> str:
+        """"yes" (the engine refuses the example at this read), "earlier" (it refuses it at an earlier
+        read of an optional value, reported there), or "no"."""
+        values = {k: v for k, v in w.items() if k not in {flag_name(n) for n in self.names}}
+        for n in self.names:
+            if w.get(flag_name(n)) is True:
+                values[n] = None
+        sid = self.ex.ids[si]
+        try:
+            run(self.form, values)
+        except DecideError as exc:
+            if "is missing: it is optional" not in exc.message:
+                return "no"
+            if exc.variable != c.name or exc.stage != sid:
+                return "earlier"
+        except Exception:  # noqa: BLE001 - an example the engine cannot run proves nothing
+            return "no"
+        else:
+            return "no"
+        stages, _ = _steps(prefix)
+        via = [self.source_id(self.ex.ids[s]) for s in stages] + [self.source_id(sid)]
+        if len(via) > 8:
+            via = via[:3] + ["..."] + via[-4:]
+        src = self.source_id(sid)
+        self.out.append(warning(
+            "W306", f"`{c.name}` is optional and may be read while it is missing, at "
+                    f"{c.where.replace(f'`{sid}`', f'`{src}`')}",
+            c.span,
+            f"test it first: `when missing({c.name}) -> …` before this branch, or `not missing({c.name}) and …` "
+            f"in the condition; or give it an input default (`= value`) instead of `?`",
+            witness=self.lift(values), notes=["reached via " + " -> ".join(via)]))
+        return "yes"
+
+    def note(self) -> list[Diagnostic]:
+        what = []
+        if not self.complete:
+            what.append(f"the analysis reached its work budget ({MAX_STATES:,} states, {STEP_BUDGET:,} region "
+                        "operations)")
+        if self.unproven:
+            what.append(f"{self.unproven} read(s) of optional values stayed undecided (no example the engine "
+                        "refuses was found, and no proof that none exists)")
+        if self.too_big:
+            what.append(f"{self.too_big} condition(s) were too large to analyse for reads of optional values")
+        if not what:
+            return []
+        return [Diagnostic(code="I303", severity="info",
+                           message="optional-value analysis incomplete: " + what[0], span=self.form.span,
+                           hint="reads of optional values there were not proven guarded; test them with "
+                                "`sop decide` on inputs that leave them out", notes=what[1:])]
+
+
+def _steps(prefix: Any) -> tuple[list[int], list[int]]:
+    out: list[tuple[int, int]] = []
+    while prefix is not None:
+        prefix, si, bi = prefix
+        out.append((si, bi))
+    out.reverse()
+    return [s for s, _ in out], [b for _, b in out]
+
+
+def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
+    """W306 for each read of an optional value that some feasible path reaches with the value missing
+    (a verified example in `witness`); I303 when the bounded analysis could not settle every read."""
+    names = [n for n, v in scenario.variables.items()
+             if v.optional and v.role != "derived" and not ir.is_structured(v.type)]
+    if not names or not scenario.stages:
+        return []
+    unrolled: Unrolled | None = None
+    form = scenario
+    if needs_analysis_form(scenario):
+        try:
+            unrolled = analysis_form(scenario)
+        except UnrollError:
+            return []
+        if unrolled.premature:
+            return []
+        form = unrolled.scenario
+    names = [n for n in names if n in form.variables]
+    if not names:
+        return []
+
+    def source_id(sid: str) -> str:
+        return unrolled.origin.get(sid, sid) if unrolled is not None else sid
+
+    def lift(values: dict[str, Any]) -> dict[str, Any]:
+        if unrolled is None:
+            return values
+        return unrolled.lift(values)
+
+    try:
+        return _Pass(form, names, source_id, lift).run()
+    except RecursionError:
+        return []
+    except Exception:  # noqa: BLE001 - `sop check` must never crash on an analysis bug
+        return []
+
+
+__all__ = ["flag_name", "optional_read_diagnostics", "rewritten"]

@@ -1,0 +1,176 @@
+"""Reads of optional values (`sopgraph.logic.optcheck`): W306 when some feasible path reads an optional value
+while it is missing (a verified example), nothing when every path is guarded, I303 when the budget runs out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sopgraph.language import ir
+from sopgraph.language.parse import load_source
+from sopgraph.logic import optcheck
+from sopgraph.logic.checker import check
+from sopgraph.logic.engine import DecideError, run
+from sopgraph.logic.optcheck import optional_read_diagnostics
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HEAD = """scenario opt "Optional values"
+field Want: Refund | Other "What the caller wants."
+system Voucher: float? "Value of a voucher on file, if any."
+system Fee: float[0..) "The fee."
+system Code: string? "A promotion code, if any."
+action Pay(amount: float) "Pay."
+action Stop "Stop."
+"""
+
+
+def scenario(body: str) -> ir.Scenario:
+    loaded = load_source(None, text=HEAD + body, name="t.sop")
+    assert loaded.scenario is not None, [d.message for d in loaded.diagnostics]
+    return loaded.scenario
+
+
+def w306(body: str) -> list:
+    diags = optional_read_diagnostics(scenario(body))
+    assert all(d.code in ("W306", "I303") for d in diags)
+    assert not [d for d in diags if d.code == "I303"], [d.message for d in diags]
+    return [d for d in diags if d.code == "W306"]
+
+
+def test_every_path_guarded_gives_no_warning() -> None:
+    body = """
+stage s1 "first" {
+    when Want == Other -> do Stop
+    otherwise -> s2
+}
+stage s2 "second" {
+    when missing(Voucher) -> do Pay(amount = Fee)
+    when Voucher > 10 -> do Pay(amount = Voucher)
+    otherwise -> s3
+}
+stage s3 "third" {
+    when missing(Code) or Code == "VIP" -> do Stop
+    when Voucher > Fee -> do Stop
+    otherwise -> do Pay(amount = Fee)
+}
+"""
+    assert w306(body) == []
+
+
+def test_unguarded_read_is_located_and_its_example_is_refused_by_the_engine() -> None:
+    body = """
+stage s1 "first" {
+    when Want == Other -> do Stop
+    when Voucher > 10 -> do Pay(amount = Voucher)
+    otherwise -> do Pay(amount = Fee)
+}
+"""
+    (d,) = w306(body)
+    assert d.severity == "warning"
+    assert (d.span.line, d.span.col) == (11, 10)  # the `Voucher` of the second guard
+    assert "`Voucher` is optional and may be read while it is missing" in d.message
+    assert "missing(Voucher)" in (d.hint or "")
+    assert d.witness["Voucher"] is None and d.witness["Want"] == "Refund"
+    with pytest.raises(DecideError, match="`Voucher` is missing"):
+        run(scenario(body), d.witness)
+
+
+def test_partially_guarded_reports_only_the_unguarded_path() -> None:
+    body = """
+stage s1 "first" {
+    when Want == Other -> s3
+    otherwise -> s2
+}
+stage s2 "second" {
+    when missing(Voucher) -> do Pay(amount = Fee)
+    otherwise -> s3
+}
+stage s3 "third" {
+    when Fee > 5 and Voucher > Fee -> do Stop
+    otherwise -> do Pay(amount = Voucher)
+}
+"""
+    found = w306(body)
+    assert [(d.span.line, d.span.col) for d in found] == [(18, 22), (19, 34)]
+    for d in found:
+        assert d.witness["Want"] == "Other"  # only the path around the test reaches s3 with it missing
+        assert d.notes == ["reached via s1 -> s3"]
+    assert found[0].witness["Fee"] > 5  # `and` stops before the read when Fee <= 5
+    assert "output" not in found[1].message and "argument `amount` of `do Pay`" in found[1].message
+
+
+def test_short_circuit_case_and_derived_variables() -> None:
+    guarded = """
+let Credit = case { when missing(Voucher) -> 0 otherwise -> Voucher }
+stage s1 "first" {
+    when Credit > Fee -> do Stop
+    otherwise -> do Pay(amount = Fee - Credit)
+}
+"""
+    assert w306(guarded) == []
+    unguarded = """
+let Credit = Voucher * 2
+stage s1 "first" {
+    when Want == Other -> do Stop
+    when Credit > Fee -> do Stop
+    otherwise -> do Pay(amount = Fee)
+}
+"""
+    (d,) = w306(unguarded)
+    assert (d.span.line, d.span.col) == (12, 10)  # the derived variable that reads it
+
+
+def test_defaults_are_never_missing() -> None:
+    text = HEAD.replace("system Voucher: float?", "system Voucher: float = 0") + """
+stage s1 "first" { when Voucher > Fee -> do Stop  otherwise -> do Pay(amount = Voucher) }
+"""
+    loaded = load_source(None, text=text, name="t.sop")
+    assert loaded.scenario is not None
+    assert optional_read_diagnostics(loaded.scenario) == []
+
+
+def test_procedures_are_checked_on_their_unrolled_form() -> None:
+    bad = """
+system Restored: bool "Whether service is back."
+action Reset "Reset."
+stage s1 "check" {
+    observe Restored
+    when Restored -> do Stop
+    when missing(Voucher) -> do Reset -> s1 up to 2 times
+    otherwise -> do Pay(amount = Voucher)
+}
+"""
+    (d,) = w306(bad)  # once the retry is spent, `otherwise` reads the missing voucher
+    assert "`s1`" in d.message and d.notes == ["reached via s1 -> s1 -> s1"]
+    assert d.witness["Restored"] == [False, False, False] and d.witness["Voucher"] is None
+    good = bad.replace("    otherwise -> do Pay", "    when missing(Voucher) -> do Stop\n    otherwise -> do Pay")
+    assert w306(good) == []
+
+
+def test_checker_reports_w306_through_sop_check() -> None:
+    s = scenario("""
+stage s1 "first" { when Voucher > Fee -> do Stop  otherwise -> do Pay(amount = Fee) }
+""")
+    assert "W306" in [d.code for d in check(s)]
+
+
+def test_budget_gives_i303_never_a_silent_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(optcheck, "MAX_STATES", 0)
+    diags = optional_read_diagnostics(scenario("""
+stage s1 "first" { when Voucher > Fee -> do Stop  otherwise -> do Pay(amount = Fee) }
+"""))
+    assert [d.code for d in diags] == ["I303"]
+    assert "work budget" in diags[0].message
+
+
+SHIPPED = sorted([*ROOT.glob("examples/**/*.sop"), *ROOT.glob("scenarios/*.sop")])
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_programs_have_no_unguarded_optional_reads(path: Path) -> None:
+    loaded = load_source(path)
+    if loaded.scenario is None:  # include-only fragments (examples/common)
+        return
+    assert [d.code for d in optional_read_diagnostics(loaded.scenario)] == []
