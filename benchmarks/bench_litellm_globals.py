@@ -20,7 +20,8 @@ for two routes: `aiohttp_openai/` to an unpriced model on a local zero-latency s
 kind of `bench_run.py`) and a built-in (`baseline/always-escalate`, answered in-process through litellm).
 Each (route, setting) runs in a fresh process, `--repeat` times, interleaved; medians are printed, with
 the difference to `none`. Built-ins state their own cost (0) and carry no usage, so the cost-map search
-does not apply to them any more (the `cost-map` line shows what that removed).
+does not apply to them any more (their `cost-map` line should show no gain).
+CPU figures on a shared machine are noisy (±20 % between fresh processes); the function-call counts are not.
 
     python benchmarks/bench_litellm_globals.py [--calls 800] [--repeat 3] [--cli-gc]
 """
@@ -29,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import json
 import logging
 import os
+import pstats
 import resource
 import statistics
 import subprocess
@@ -44,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SETTINGS = ("none", "cost-map", "gc-freeze", "quiet", "all")
+COUNTED = 100
 ROUTES = {"aiohttp_openai": "aiohttp_openai/unpriced-local-model", "built-in": "baseline/always-escalate"}
 
 STUB = r"""
@@ -103,7 +107,7 @@ def child(route: str, setting: str, calls: int, base: str, cli_gc: bool) -> None
     messages = [{"role": "system", "content": "You are a support agent. " * 40},
                 {"role": "user", "content": "My parcel has not arrived; what can you do?"}]
 
-    async def go() -> float:
+    async def go() -> tuple[float, float]:
         gateway = Gateway(concurrency=64, cache=False)
         slots = asyncio.Semaphore(16)
 
@@ -115,10 +119,17 @@ def child(route: str, setting: str, calls: int, base: str, cli_gc: bool) -> None
         cpu = _cpu()
         await asyncio.gather(*(one() for _ in range(calls)))
         cpu = _cpu() - cpu
+        # The same work counted, not timed: Python function calls per call on the event loop's thread
+        # (litellm's thread-pool hop is not counted). Deterministic, so free of the machine's noise.
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await asyncio.gather(*(one() for _ in range(COUNTED)))
+        profiler.disable()
         await gateway.aclose()
-        return 1000 * cpu / calls
+        return 1000 * cpu / calls, pstats.Stats(profiler).total_calls / COUNTED  # type: ignore[attr-defined]
 
-    print(json.dumps({"ms": asyncio.run(go())}), flush=True)
+    ms, functions = asyncio.run(go())
+    print(json.dumps({"ms": ms, "functions": functions}), flush=True)
 
 
 def main() -> None:
@@ -133,6 +144,7 @@ def main() -> None:
         return
     stub = subprocess.Popen([sys.executable, "-c", STUB], stdout=subprocess.PIPE, text=True)
     results: dict[tuple[str, str], list[float]] = {}
+    functions: dict[tuple[str, str], float] = {}
     started, load0 = time.perf_counter(), os.getloadavg()[0]
     try:
         assert stub.stdout is not None
@@ -144,11 +156,14 @@ def main() -> None:
                     argv = [sys.executable, __file__, "--calls", str(ns.calls), "--child", route, setting, base]
                     done = subprocess.run(argv + (["--cli-gc"] if ns.cli_gc else []), capture_output=True,
                                           text=True, env=env, check=True)
-                    results.setdefault((route, setting), []).append(json.loads(done.stdout.splitlines()[-1])["ms"])
+                    got = json.loads(done.stdout.splitlines()[-1])
+                    results.setdefault((route, setting), []).append(got["ms"])
+                    functions[(route, setting)] = got["functions"]
     finally:
         stub.kill()
         stub.wait()
-    print(f"litellm CPU per Gateway.complete call, median of {ns.repeat} fresh processes per line "
+    print(f"per Gateway.complete call: Python function calls on the event loop's thread ({COUNTED} calls under "
+          f"cProfile; deterministic) and CPU (all threads), median of {ns.repeat} fresh processes per line "
           f"({ns.calls} calls, 16 in flight, {'the sop CLI' if ns.cli_gc else 'Python default'} GC setting; "
           f"load average {load0:.1f} → {os.getloadavg()[0]:.1f}, {time.perf_counter() - started:.0f} s)")
     summary = {}
@@ -158,8 +173,10 @@ def main() -> None:
             ms = statistics.median(results[(route, setting)])
             runs = ", ".join(f"{x:.2f}" for x in results[(route, setting)])
             delta = "" if setting == "none" else f"  {ms - plain:+.2f} ms ({(ms - plain) / plain:+.0%})"
-            print(f"  {route:<15} {setting:<10} {ms:6.2f} ms  [{runs}]{delta}")
-            summary[f"{route}/{setting}"] = round(ms, 3)
+            calls = functions[(route, setting)]
+            fewer = "" if setting == "none" else f" ({(calls - functions[(route, 'none')]) / functions[(route, 'none')]:+.0%})"
+            print(f"  {route:<15} {setting:<10} {calls:6.0f} function calls{fewer:<8} {ms:6.2f} ms CPU  [{runs}]{delta}")
+            summary[f"{route}/{setting}"] = {"ms": round(ms, 3), "functions": round(calls)}
     print(json.dumps(summary))
 
 
