@@ -10,6 +10,9 @@ so times include start-up, as a user sees them.
 - `sop check` on 100,000 stages in two shapes, a chain (`gen_sop.py --kind chain`) and branching
   stages (`--kind diamond`: every stage branches two to four ways): time and peak memory of that one
   process (targets under 10 s and 1 GB);
+- parsing a 10,000-stage chain and a 10,000-stage branching file with Lark alone (the old path) and
+  with the fast path (`sopgraph/language/fastparse.py`), interleaved in one process: CPU seconds and
+  the before/after ratio;
 - a telecom_package profile of 20,000 generated intents (`tests/helpers.many_intents_profile`):
   `sop check` and `sop synth -n 50` (target under 5 s each: the same budget as the scoring family,
   since a profile is read by every check and every synthesis; it took 60-90 s before issue 13).
@@ -55,6 +58,32 @@ def report(label: str, seconds: float, target: float, code: int, extra: str = ""
     print(f"{label:<46} {seconds:7.2f} s  ratio {seconds / target:5.2f} (target {target:g} s) {extra}{status}")
 
 
+PARSE_CHILD = r"""
+import sys, time
+sys.path.insert(0, {bench!r})
+from gen_sop import generate
+from sopgraph.perf import tune_gc_for_cli
+from sopgraph.language.parse import parse_text
+tune_gc_for_cli()
+text = generate({stages}, kind={kind!r}, seed=0)
+best = {{True: [], False: []}}
+for _ in range({repeat}):
+    for fast in (False, True):  # interleaved: the same load for both
+        t0 = time.process_time()
+        parse_text(text, "bench.sop", fast=fast)
+        best[fast].append(time.process_time() - t0)
+print(min(best[False]), min(best[True]))
+"""
+
+
+def parse_ratio(stages: int, kind: str, repeat: int = 3) -> tuple[float, float]:
+    """CPU seconds (best of `repeat`) of parsing one generated file with Lark alone and with the fast path."""
+    code = PARSE_CHILD.format(bench=str(ROOT / "benchmarks"), stages=stages, kind=kind, repeat=repeat)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
+    return float(out[0]), float(out[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=8)
@@ -62,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", type=int, default=100_000)
     ap.add_argument("--intents", type=int, default=20_000)
     args = ap.parse_args(argv)
+    for shape, kind in (("stage chain", "chain"), ("branching stages", "diamond")):
+        before, after = parse_ratio(10_000, kind)
+        print(f"{f'parse 10,000 {shape}: Lark -> fast path':<46} {before:7.2f} s -> {after:.2f} s CPU  "
+              f"ratio after/before {after / before:4.2f}")
     helpers = _module("helpers", ROOT / "tests" / "helpers.py")
     gen = _module("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
     with tempfile.TemporaryDirectory() as tmp:

@@ -59,6 +59,9 @@ kill $AGENT_PID; trap - EXIT
 say "5c. the graph-guided baseline: the same model fed one SOP stage at a time, the engine moving the state"
 sop run scenarios/telecom_package.sop --cases "$OUT/cases.jsonl" --model agent=baseline/guided:baseline/random-path \
     --trials 2 --concurrency 16 --quiet -o "$OUT/runs/guided-random-path"
+say "5d. tool calling (mode b): baseline/oracle-tools acts through OpenAI-style tool calls, the simulated backend answers"
+sop run scenarios/telecom_package.sop --cases "$OUT/cases.jsonl" --model agent=baseline/oracle-tools \
+    --trials 2 --concurrency 16 --quiet -o "$OUT/runs/oracle-tools"
 python - "$OUT"/runs/* <<'PY'
 import sqlite3, sys
 from collections import Counter
@@ -70,7 +73,8 @@ PY
 
 say "6. score, leaderboard, coverage and report"
 sop score "$OUT/runs/oracle"
-# floor agents, your HTTP agent and the guided baseline side by side (random-path beside its guided form)
+# floor agents, your HTTP agent, the tool-calling oracle and the guided baseline side by side (random-path
+# beside its guided form)
 sop leaderboard "$OUT"/runs/*
 sop compare "$OUT/runs/always-escalate" "$OUT/runs/oracle" > "$OUT/compare.txt"
 head -n 20 "$OUT/compare.txt"

@@ -19,6 +19,7 @@ from sopgraph.cli import main
 from sopgraph.simulation.agents import agent_kind
 from sopgraph.simulation.gateway import Gateway, ModelOptionError, parse_model_option
 from sopgraph.simulation.guided import walk
+from sopgraph.simulation.providers import names_value
 from sopgraph.simulation.runner import run_sync
 from sopgraph.simulation.store import RunStore
 
@@ -69,9 +70,36 @@ def test_guided_over_the_offline_provider_advances_stage_by_stage_to_the_referen
             grew += len(after) > len(before)
         last = turns[-1].output
         assert last.now_path == case.expected_path and last.finals == case.expected_finals  # the reference
-        assert all(t.output.finals == {} for t in turns[:-1])  # no action before the leaf
+        # no action before the leaf; once there, turns asking for what step1 classifies report the decision
+        assert all(t.output.finals in ({}, case.expected_finals) for t in turns[:-1])
+        assert all("(asking before acting)" in t.output.cot for t in turns[:-1] if t.output.finals)
         assert {k: case.truth[k] for k in last.classification_output} == last.classification_output
     assert grew > len(cases) // 2  # most dialogues advance over several turns
+
+
+def test_guided_asks_for_the_values_its_stages_classify_before_acting(telecom, tmp_path) -> None:
+    """Issue 10 item 4: the demo's guided dialogues last 3-8 turns. On a path whose decisions need one
+    value (a cancellation with nothing owed needs only ConsumptionType) the guided agent used to act on
+    turn 2; it now first asks for what the walked stages classify (step1: all four fields), each once,
+    and reports them all. The demo's cases (-n 60 --seed 7), two trials, over the random-path model."""
+    demo = list(synthesize(telecom, profile_for(TELECOM, telecom), 60, seed=7, min_per_path=1).cases)
+    out = tmp_path / "guided"
+    run_sync(telecom, demo, ["agent=baseline/guided:baseline/random-path"], str(out), trials=2, progress=False,
+             judge_turns="final")
+    by = _turns(out)
+    lengths = [len(ts) for ts in by.values()]
+    assert len(lengths) == 120 and min(lengths) >= 3 and max(lengths) <= 8
+    one_value = [c for c in demo if c.expected_path == ["step1", "step2", "step5"]]  # Cancel, nothing owed
+    assert one_value
+    for case in one_value:
+        turns = by[f"{case.id}#0"]
+        asking = [t for t in turns if "(asking before acting)" in t.output.cot]
+        assert asking and turns[-1] not in asking
+        for t in asking:  # the decision is known (and reported) but not yet carried out: the dialogue goes on
+            assert t.output.now_path == turns[-1].output.now_path and t.output.finals == turns[-1].output.finals
+        assert len({t.output.chat for t in asking}) == len(asking)  # each value asked for once
+        told = {n for n in case.truth if any(names_value(t.user_text, n) for t in turns)}
+        assert len(told) > 1 and told <= set(turns[-1].output.classification_output)  # all it heard, reported
 
 
 def test_the_model_sees_only_the_current_stage(telecom, cases) -> None:

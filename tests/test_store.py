@@ -169,3 +169,50 @@ stage s1 "one" { match Alpha { y, x -> do Go } }
     assert back == sc
     assert list(back.variables) == ["Zeta", "Alpha"] and list(back.stages) == ["s2", "s1"]
     assert back.fields[0].type.values == ["b", "a"]
+
+
+def test_nested_transactions_commit_or_roll_back_as_one(store):
+    d = store.dialogues()[0].model_copy(update={"status": "running"})
+    with pytest.raises(sqlite3.IntegrityError), store.transaction():
+        store.start_dialogue(d)
+        store.add_turn(_turn(d.id, 1), [_usage(d.id, 1)])
+        store.add_turn(_turn(d.id, 1))  # duplicate: the whole group is rolled back
+    assert store.turns(d.id) == [] and store.dialogue(d.id).status == "pending"
+    assert store.conn.execute("SELECT COUNT(*) FROM usage").fetchone()[0] == 0
+    with store.transaction():
+        store.start_dialogue(d)
+        store.add_turn(_turn(d.id, 1), [_usage(d.id, 1)])
+    assert [t.index for t in store.turns(d.id)] == [1] and store.dialogue(d.id).status == "running"
+
+
+def test_group_commit_writes_in_order_once_per_group(store):
+    """The runner's sink: writes are applied in order, committed together after MAX_DELAY or
+    MAX_WRITES; until then another connection (a reader, or the file after a kill -9) sees none."""
+    import asyncio
+
+    from sopgraph.simulation.runner import GroupCommit
+
+    d = store.dialogues()[0].model_copy(update={"status": "running"})
+    reader = sqlite3.connect(store.path)
+
+    def seen() -> int:
+        return reader.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+
+    async def go() -> list[int]:
+        sink = GroupCommit(store)
+        sink.start_dialogue(d)
+        for i in (1, 2):
+            sink.add_turn(_turn(d.id, i), iter([_usage(d.id, i)]))  # an iterator is read at once
+        before = seen()
+        await asyncio.sleep(GroupCommit.MAX_DELAY * 4)
+        after_delay = seen()
+        sink.finish_dialogue(d.model_copy(update={"status": "done", "turns": 2}))
+        for i in range(GroupCommit.MAX_WRITES - 1):  # the 64th write commits the group at once
+            sink.add_turn(_turn("c2#0", i))
+        full = seen()
+        sink.flush()
+        return [before, after_delay, full]
+
+    assert asyncio.run(go()) == [0, 2, 2 + 63]
+    assert store.dialogue(d.id).status == "done" and store.usage_totals()["agent"].calls == 2
+    reader.close()

@@ -183,3 +183,35 @@ def test_the_oracle_reports_the_procedures_actions_end_to_end(noservice, tmp_pat
         got[agent] = {k: group.metrics[k].value for k in ("trace_recall", "trace_order", "tau2_pass")}
     assert got["oracle"] == {"trace_recall": 1.0, "trace_order": 1.0, "tau2_pass": 1.0}
     assert got["always-escalate"]["trace_recall"] < 0.5 and got["always-escalate"]["tau2_pass"] < 0.5
+
+
+def test_a_built_in_agent_acts_through_tool_calls_offline(noservice, telecom, tmp_path: Path) -> None:
+    """Issue 10 mode b offline: `baseline/oracle-tools` answers through the litellm built-in path with
+    OpenAI-style tool calls, the simulated backend runs them, and its trace is the reference (a ceiling)."""
+    from sopgraph.cases.profiles import profile_for
+    from sopgraph.cases.synth import synthesize
+    from sopgraph.evaluation.score import score_run
+    from sopgraph.simulation.agents import agent_kind
+    from sopgraph.simulation.runner import run_sync
+    from sopgraph.simulation.store import RunStore
+
+    assert agent_kind("baseline/oracle-tools") == agent_kind("tools:baseline/oracle-tools") == "tools"
+    for scenario, sop, n in ((noservice, ROOT / "examples" / "no_service.sop", 10),
+                             (telecom, ROOT / "scenarios" / "telecom_package.sop", 12)):
+        cases = synthesize(scenario, profile_for(sop, scenario), n, seed=3, min_per_path=0).cases
+        out = tmp_path / scenario.name
+        run_sync(scenario, list(cases), ["agent=baseline/oracle-tools"], str(out), trials=1, progress=False,
+                 judge_turns="final")
+        with RunStore.open(out) as store:
+            turns = store.turns()
+        by_case = {c.id: c for c in cases}
+        acted = [t for t in turns if t.output is not None and t.output.tool_calls]
+        assert {t.dialogue_id for t in acted} == {f"{c.id}#0" for c in cases}  # every dialogue acted once
+        for t in acted:  # the calls are the case's reference trace, in order
+            case = by_case[t.dialogue_id.split("#")[0]]
+            assert [c["name"] for c in t.output.tool_calls] == [a["name"] for a in case.expected_actions or []]
+            assert t.output.source == "tools" and not t.format_error
+        assert max(t.index for t in turns) >= 2  # it asked first
+        group = score_run(out).summary().groups[0]
+        assert {k: group.metrics[k].value for k in ("trace_recall", "trace_order", "tau2_pass", "pass_rate")} == {
+            "trace_recall": 1.0, "trace_order": 1.0, "tau2_pass": 1.0, "pass_rate": 1.0}

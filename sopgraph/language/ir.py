@@ -723,8 +723,46 @@ def branch_label(stage: Stage, branch: Branch) -> str:
     return show(branch.guard)
 
 
+def _case_children(expr: CaseExpr) -> list[Any]:
+    out: list[Any] = []
+    for arm in expr.arms:
+        out += [arm.when, arm.then]
+    return out + [expr.otherwise]
+
+
+_CHILDREN: dict[type, Callable[[Any], list[Any]]] = {
+    Unary: lambda e: [e.operand],
+    Binary: lambda e: [e.left, e.right],
+    Compare: lambda e: [e.left, e.right],
+    InSet: lambda e: [e.operand, *e.values],
+    BoolOp: lambda e: list(e.operands),
+    Call: lambda e: list(e.args),
+    Func: lambda e: list(e.args),
+    Matches: lambda e: [e.operand],
+    CaseExpr: _case_children,
+    Get: lambda e: [e.base],
+    Quant: lambda e: [e.source, e.cond],
+    Length: lambda e: [e.operand],
+    Member: lambda e: [e.operand, e.source],
+    Weighted: lambda e: list(e.args),
+}
+_LEAVES = frozenset((Lit, Var, Item, TimeLit))
+
+
 def children(expr: Any) -> list[Any]:
-    """Direct sub-expressions of an expression node (the one child-walker every pass uses)."""
+    """Direct sub-expressions of an expression node (the one child-walker every pass uses).
+    Dispatched on the exact type (passes call it for every node of every expression: a chain of
+    isinstance tests cost seconds on a 100k-stage program); a subclass takes the isinstance path."""
+    kind = type(expr)
+    if kind in _LEAVES:
+        return []
+    walk = _CHILDREN.get(kind)
+    if walk is not None:
+        return walk(expr)
+    return _children_of_subclass(expr)
+
+
+def _children_of_subclass(expr: Any) -> list[Any]:
     if isinstance(expr, Unary):
         return [expr.operand]
     if isinstance(expr, (Binary, Compare)):

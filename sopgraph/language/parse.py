@@ -29,12 +29,23 @@ from lark.exceptions import (
 
 from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
+from sopgraph.language.fastparse import parse_fast
+from sopgraph.language.program import (  # noqa: F401 - re-exported: parse.Program, parse.KEYWORDS, ...
+    CONTEXT_KEYWORDS,
+    KEYWORDS,
+    RESERVED,
+    Include,
+    Program,
+    ScenarioHeader,
+    StartDecl,
+    Subflow,
+    TypeDecl,
+    Use,
+    number,
+    unquote,
+)
 
-KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", "output", "stage", "subflow", "use", "as", "classify", "match", "when", "otherwise", "do", "and", "or", "not", "in", "true", "false", "case", "count", "min", "max", "bool", "int", "float", "unit", "money", "hidden", "observe", "any", "all", "len", "where"]
-# Words with a meaning in one place only (`type X = …`, `up to N times`, the types `date`, `string`, …,
-# `X matches "p"`, `list[..n] of T`, `record {…}`): still usable as names.
-CONTEXT_KEYWORDS = ["type", "up", "to", "times", "date", "datetime", "duration", "string", "matches", "list",
-                    "of", "record"]
+_number, _unquote = number, unquote  # the builder's short names
 MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")
@@ -59,56 +70,6 @@ def parser() -> Lark:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Raw program (one file) before includes/subflows are resolved
-
-
-class Subflow(ir.Node):
-    name: str
-    params: list[str]
-    stages: list[ir.Stage]
-    uses: list[Use] = []
-
-
-class Use(ir.Node):
-    subflow: str
-    instance: str
-    bindings: dict[str, ir.Target]
-
-
-Subflow.model_rebuild()
-
-
-class Include(ir.Node):
-    path: str
-
-
-class ScenarioHeader(ir.Node):
-    name: str
-    title: str = ""
-    description: str = ""
-    meta: list[ir.MetaEntry] = []
-
-
-class TypeDecl(ir.Node):
-    """`type Signal = None | Weak | Good`: an enum (or a record) reused by several declarations."""
-
-    name: str
-    type: ir.EnumType | ir.RecordType
-    description: str = ""
-
-
-class StartDecl(ir.Node):
-    stage: str
-
-
-class Program(ir.Node):
-    """One parsed file: its top-level items in source order."""
-
-    file: str
-    items: list[Any]
-
-
 def _span(file: str, meta: Any) -> ir.Span:
     if isinstance(meta, _ChildMeta):
         empty, line, col, end_line, end_col = meta._get()
@@ -124,22 +85,10 @@ def _tok_span(file: str, tok: Token) -> ir.Span:
                         tok.end_column or tok.column or 0)
 
 
-def _unquote(tok: str) -> str:
-    if tok.startswith('"""'):
-        return tok[3:-3].strip("\n")
-    body = tok[1:-1]
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
-
-
 def _list_bound(value: float, is_open: bool, step: int) -> int:
     """A list's length bound as an integer (an open bound excludes its value)."""
     n = math.ceil(value) if step > 0 else math.floor(value)
     return int(n + step) if is_open and float(value).is_integer() else int(n)
-
-
-def _number(text: str, negative: bool = False) -> int | float:
-    value: int | float = float(text) if "." in text else int(text)
-    return -value if negative else value
 
 
 class _ChildMeta:
@@ -205,7 +154,6 @@ def _position(child: Any) -> tuple[int, int, int, int] | None:
     return None
 
 
-RESERVED = frozenset(KEYWORDS)
 
 
 class _BadExpr(Exception):
@@ -925,15 +873,26 @@ def _building_parser() -> tuple[Lark, ToIR]:
                 maybe_placeholders=False), builder
 
 
-def parse_text(text: str, file: str = "<string>") -> Program:
-    """Parse one file's text into a `Program`; syntax errors raise `SopError`."""
+def _lark_program(text: str, file: str) -> Program:
+    """The Lark parser's program for `text` (raises Lark's and the builder's exceptions)."""
     lark, builder = _building_parser()
-    try:
-        with _BUILDER_LOCK:
-            builder.file = file
-            program = lark.parse(text)  # the builder transforms the tree into a Program
-            assert isinstance(program, Program)
+    with _BUILDER_LOCK:
+        builder.file = file
+        program = lark.parse(text)  # the builder transforms the tree into a Program
+    assert isinstance(program, Program)
+    return program
+
+
+def parse_text(text: str, file: str = "<string>", *, fast: bool = True) -> Program:
+    """Parse one file's text into a `Program`; syntax errors raise `SopError`. The fast path
+    (`fastparse`) reads the regular forms and hands the rest to Lark, building the same program;
+    `fast=False` is Lark alone (benchmarks and the equivalence tests compare the two)."""
+    if fast:
+        program = parse_fast(text, file, lambda fragment: _lark_program(fragment, file).items)
+        if program is not None:
             return program
+    try:
+        return _lark_program(text, file)
     except UnexpectedInput as exc:
         raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
     except _BadToken as exc:

@@ -64,7 +64,7 @@ def agent_kind(model: str) -> str:
         return "http"
     if model.startswith("python:"):
         return "python"
-    if model.startswith(TOOLS_PREFIX):
+    if model.startswith(TOOLS_PREFIX) or model in providers.TOOL_MODELS:
         return "tools"
     return "sage"
 
@@ -241,7 +241,7 @@ class ToolAgent:
         self.model_spec: ModelSpec | None = None
         if self.kind == "tools":
             inner = model.removeprefix(TOOLS_PREFIX)
-            if not inner or providers.is_builtin(inner):
+            if not inner or (providers.is_builtin(inner) and inner not in providers.TOOL_MODELS):
                 raise AgentError(f"{model}: `tools:` needs a litellm model that supports function calling "
                                  f"(e.g. tools:openai/gpt-4o-mini), not {inner or 'nothing'!r}")
             base = model_spec or ModelSpec(role="agent", model=inner)
@@ -255,11 +255,14 @@ class ToolAgent:
         self._slots = asyncio.Semaphore(max(1, concurrency))
 
     async def ask(self, gateway: Any, messages: Sequence[Mapping[str, Any]], *, dialogue_id: str, turn: int,
-                  system: Mapping[str, Any]) -> tuple[Exchange | None, str | None]:
+                  system: Mapping[str, Any], context: Mapping[str, Any] | None = None
+                  ) -> tuple[Exchange | None, str | None]:
         """One answer of the agent: (exchange, None), or (None, why) when it is outside the protocol.
-        `AgentError` when the agent cannot be had (the gateway's `InfraFailure` for models)."""
+        `AgentError` when the agent cannot be had (the gateway's `InfraFailure` for models). `context`:
+        the dialogue's facts for a built-in tool-calling model (never sent to a real provider)."""
         if self.model_spec is not None:
-            completion = await gateway.complete(self.model_spec, messages, tools=self.tools)
+            ctx = {**(context or {}), "tools": self.tools} if self.model_spec.is_builtin else None
+            completion = await gateway.complete(self.model_spec, messages, tools=self.tools, context=ctx)
             calls = [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in completion.tool_calls]
             return Exchange(completion.text, calls, bool(calls), completion.latency, completion), None
         request = request_for(self.scenario, self.tools, dialogue_id, turn, messages, system)
@@ -330,7 +333,8 @@ class TurnResult:
 
 
 async def tool_turn(agent: ToolAgent, gateway: Any, backend: Backend, messages: list[dict[str, Any]], *,
-                    dialogue_id: str, turn: int, system: Mapping[str, Any]) -> TurnResult:
+                    dialogue_id: str, turn: int, system: Mapping[str, Any],
+                    context: Mapping[str, Any] | None = None) -> TurnResult:
     """One agent turn: ask, run the tool calls on the backend, and ask again while the agent wants
     to (a model always does after calling tools; an HTTP/Python agent when it sets `continue`), at
     most `MAX_TOOL_ROUNDS` times. The calls and results are appended to `messages` (OpenAI format),
@@ -344,7 +348,7 @@ async def tool_turn(agent: ToolAgent, gateway: Any, backend: Backend, messages: 
     for round_no in range(MAX_TOOL_ROUNDS):
         try:
             exchange, problem = await agent.ask(gateway, messages, dialogue_id=dialogue_id, turn=turn,
-                                                system=system)
+                                                system=system, context=context)
         except AgentError as exc:
             raise InfraFailure(kind="agent", message=str(exc), role="agent", model=agent.model) from None
         if exchange is None:

@@ -17,7 +17,8 @@ agent's raw text is what the user sees, and later scoring gives the turn's logic
 Termination (`Dialogue.end_reason`):
 - `ending_action`: the agent takes an action with the `ends_dialogue` or `escalation` attribute:
   a tool call, or a SAGE reply whose `finals.Action` is one and whose `now_path` reaches it (`acts`;
-  a reply whose path stops short is still asking; format-error turns never end a dialogue);
+  a reply whose path stops short is still asking, as is a guided turn asking before acting,
+  `GuidedState.asking`; format-error turns never end a dialogue);
 - `user_stop`: the user's reply contains `###STOP###` (text before it is kept as
   `Dialogue.closing_user_text`; no agent turn follows);
 - `max_turns`: the agent has answered `max_turns` times.
@@ -42,8 +43,8 @@ from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, EndReason, Turn, Usage
 from sopgraph.simulation.agents import ToolAgent, tool_turn
 from sopgraph.simulation.backend import Backend
-from sopgraph.simulation.guided import GuidedState, Walk, accept_values, output_json, walk
-from sopgraph.simulation.providers import guided_inner
+from sopgraph.simulation.guided import GuidedState, Walk, accept_values, open_classified, output_json, walk
+from sopgraph.simulation.providers import guided_inner, names_value
 
 STOP_TOKEN = "###STOP###"
 OPENING_INSTRUCTION = (
@@ -396,7 +397,8 @@ async def simulate_dialogue(
         if setup.tool_agent is None:  # a tool-acting agent's messages are appended by its turn
             agent_msgs.append({"role": "assistant", "content": turn.agent_raw if guided is None else shown})
         user_msgs.append({"role": "user", "content": shown})
-        if output is not None and str(output.finals.get("Action")) in enders and acts(setup.scenario, output):
+        if output is not None and str(output.finals.get("Action")) in enders and acts(setup.scenario, output) \
+                and not (guided is not None and guided.asking):
             return SimResult(state.turns, "ending_action")
         if index >= max_turns:
             return SimResult(state.turns, "max_turns")
@@ -410,7 +412,9 @@ async def _tool_agent_turn(gateway: Any, setup: DialogueSetup, backend: Backend,
     agent = setup.tool_agent
     assert agent is not None
     result = await tool_turn(agent, gateway, backend, agent_msgs, dialogue_id=setup.dialogue_id, turn=index,
-                             system=setup.case.system)
+                             system=setup.case.system, context={  # for a built-in tool-calling model only
+                                 "case": setup.case_dump, "role": "agent", "turn": index,
+                                 "scenario": without_paths(setup.scenario_info)})
     usage = Usage()
     for completion in result.completions:
         state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", completion))
@@ -429,8 +433,9 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
                        user_text: str, known: GuidedState, state: SimState, ctx: dict[str, Any]) -> Turn:
     """One turn of the graph-guided baseline (simulation/guided.py): walk the SOP on what is known, ask
     the wrapped model at the stage that waits for a value, keep the values it reads, walk on; at a
-    leaf, the engine's finals and the model's closing message. A reply with no JSON object is a format
-    error (its text is what the customer sees)."""
+    leaf, first the walked stages' classification values still open (`open_classified`, each asked for
+    once: a question the customer must answer does not act), then the engine's finals and the model's
+    closing message. A reply with no JSON object is a format error (its text is what the customer sees)."""
     scenario = setup.scenario
     assert setup.guided_prompts is not None  # checked by simulate_dialogue
     stage_prompt, final_prompt = setup.guided_prompts
@@ -439,15 +444,19 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
     history = convo[1:]  # the conversation, without the SAGE system prompt
     started = time.perf_counter()
     calls: list[Any] = []
-    chat, raw_error = "", None
-    for _ in range(len(scenario.stages) + 1):
+    chat, raw_error, asking, leaf_read = "", None, False, False
+    for _ in range(len(scenario.stages) + 2):
         w = walk(scenario, known.known)
-        if w.finals is not None or w.stage is None or w.error is not None:
+        if w.stage is None or w.error is not None or (w.finals is not None and leaf_read):
             break
-        wanted = _guided_needs(scenario, w, needs_of, askable, known.known)
-        prompt = stage_prompt(scenario, w.stage, wanted, known.known, setup.case.system)
+        at, wanted = open_classified(scenario, w, askable, known) if w.finals is not None else (
+            w.stage, _guided_needs(scenario, w, needs_of, askable, known.known))
+        if at is None:
+            break  # a leaf with nothing left to read
+        leaf_read = w.finals is not None
+        prompt = stage_prompt(scenario, at, wanted, known.known, setup.case.system)
         answer = await gateway.complete(spec, [{"role": "system", "content": prompt}, *history], context={
-            **ctx, "guided": {"stage": w.stage, "needs": wanted, "missing": w.missing}})
+            **ctx, "guided": {"stage": at, "needs": wanted, "missing": w.missing}})
         calls.append(answer)
         state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
         values, chat = _read_guided(answer.text)
@@ -455,18 +464,26 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
             raw_error = answer.text
             break
         known.known.update(accept_values(scenario, values, askable))
-        if w.missing is None or w.missing not in known.known:
+        if w.finals is not None:
+            fresh = [n for n in wanted if n not in known.known and n not in known.asked]
+            if fresh:  # its chat asks the customer; each value is asked for once (the ones it names, else all)
+                known.asked.update([n for n in fresh if names_value(chat, n)] or fresh)
+                asking = True
+                break
+        elif w.missing is None or w.missing not in known.known:
             break  # the model could not tell: its chat asks the customer
     w = walk(scenario, known.known)
-    if raw_error is None and w.finals is not None:
+    if raw_error is None and w.finals is not None and not asking:
         answer = await gateway.complete(spec, [{"role": "system", "content": final_prompt(scenario, w.finals)},
                                                *history], context={**ctx, "guided": {"final": w.finals}})
         calls.append(answer)
         state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
         _values, chat = _read_guided(answer.text)
     fields = {v.name: known.known[v.name] for v in scenario.fields if v.name in known.known}
-    cot = f"guided: {' -> '.join(w.path)}" + (f" (waiting for {w.missing})" if w.missing else "")
+    cot = f"guided: {' -> '.join(w.path)}" + (f" (waiting for {w.missing})" if w.missing else "") + (
+        " (asking before acting)" if asking else "")
     finals = dict(w.finals) if w.finals is not None else {}
+    known.asking = asking
     output = None if raw_error is not None else AgentOutput(classification_output=fields, cot=cot,
                                                            now_path=w.path, finals=finals, chat=chat)
     raw = raw_error if raw_error is not None else output_json(fields, w.path, finals, chat, cot)

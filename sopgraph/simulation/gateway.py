@@ -697,6 +697,7 @@ def load_litellm() -> ModuleType:
 def _register_builtins(litellm: Any) -> None:
     """Register ``baseline/*`` and ``scripted/*`` as litellm custom providers, priced at zero."""
     from litellm.llms.custom_llm import CustomLLMError
+    from litellm.types.utils import ChatCompletionMessageToolCall, Function
 
     class _BuiltinLLM(litellm.CustomLLM):
         """Answers from ``sopgraph.simulation.providers`` using the context passed in the call's metadata."""
@@ -716,10 +717,22 @@ def _register_builtins(litellm: Any) -> None:
                 # 400: a provider bug or bad context is deterministic, so never retried.
                 raise CustomLLMError(status_code=400, message=f"built-in {name} failed: {exc!r}") from exc
             response = kwargs["model_response"]
+            text, calls = providers.split_tool_reply(name, text)  # a built-in acting through tool calls
             response.choices[0].message.content = text
-            response.choices[0].finish_reason = "stop"
+            response.choices[0].finish_reason = "tool_calls" if calls else "stop"
+            if calls:
+                response.choices[0].message.tool_calls = [
+                    ChatCompletionMessageToolCall(id=c["id"], type="function",
+                                                  function=Function(name=c["name"], arguments=c["arguments"]))
+                    for c in calls]
             response.model = name
-            response.usage = litellm.Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+            # A built-in is free and reads no tokens, and says so the way a provider can: its answer
+            # states its cost (as a proxy's ``x-litellm-response-cost`` would) and carries no usage.
+            # litellm then skips pricing it: a model missing from its cost map is otherwise searched
+            # for through every map entry and generalisation rule, several times per call (a built-in
+            # call went from ~4,150 to ~2,210 Python function calls; docs/architecture.md, perf).
+            response._hidden_params["response_cost"] = 0.0
+            response.usage = None
             return response
 
         def completion(self, *args: Any, **kwargs: Any) -> Any:
@@ -1181,8 +1194,9 @@ class Gateway:
                 f"failed: {_short(repr(exc))}",
                 kind="bad_request", role=spec.role, model=spec.model, attempts=1, status_code=400, retryable=False,
             ) from None
+        text, calls = providers.split_tool_reply(spec.model, text)
         return Completion(text=text, model=spec.model, role=spec.role, latency=time.perf_counter() - started,
-                          attempts=1, finish_reason="stop")
+                          attempts=1, finish_reason="tool_calls" if calls else "stop", tool_calls=calls or [])
 
     async def _call_with_retries(self, spec: ModelSpec, kwargs: dict[str, Any], started: float) -> Completion:
         global _NETWORK_USED

@@ -12,8 +12,11 @@ Per agent turn (`dialogue._guided_turn` drives it):
    branches, the values it needs, the system values) and the conversation, and answers
    `{"values": {...}, "chat": ...}`. Values that fit their declaration are kept; the walk goes on.
    When the model cannot fill the missing value, its chat (a question) is the turn's reply.
-3. At a leaf, the engine's finals are the decision; the model writes the closing message
-   (`prompts.guided_final_prompt`).
+3. At a leaf, values that the walked stages classify and nobody knows yet are asked for first, once
+   each (`open_classified`: the model sees the stage that classifies them; what it cannot read from the
+   conversation, its chat asks the customer for: the turn reports the decision but does not carry it
+   out, `GuidedState.asking`). Then the engine's finals are
+   the decision; the model writes the closing message (`prompts.guided_final_prompt`).
 The turn's output is a normal SAGE output — classification (the field values known), `now_path`
 (the stages walked), `finals` (the engine's, once a leaf is reached) — scored like any agent's.
 """
@@ -29,7 +32,7 @@ from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, leaf_finals, max_steps, validate_value
 from sopgraph.simulation.providers import guided_inner
 
-__all__ = ["GuidedState", "Walk", "accept_values", "guided_inner", "output_json", "walk"]
+__all__ = ["GuidedState", "Walk", "accept_values", "guided_inner", "open_classified", "output_json", "walk"]
 
 
 @dataclass
@@ -45,8 +48,27 @@ class Walk:
 
 @dataclass
 class GuidedState:
-    """What one dialogue's guided agent knows (values read so far), kept across its turns."""
+    """What one dialogue's guided agent knows (values read so far) and which values it has asked the
+    customer for at a leaf (`asked`: each at most once), kept across its turns."""
     known: dict[str, Any] = field(default_factory=dict)
+    asked: set[str] = field(default_factory=set)
+    asking: bool = False  # this turn asks before acting: its finals are the decision, not yet carried out
+
+
+def open_classified(scenario: ir.Scenario, w: Walk, askable: set[str], state: GuidedState
+                    ) -> tuple[str | None, list[str]]:
+    """At a leaf: (the walked stage the model is shown, the values of the walked stages' `classify` lists
+    nobody knows yet — those not asked for yet first). Why: those stages' work is to read those values
+    (the reply reports them); an agent that acts as soon as the decision is known skips them, and every
+    offline dialogue on a path with one decision value would last two turns. (None, []) when all are known."""
+    fresh: list[tuple[str, str]] = []
+    asked: list[tuple[str, str]] = []
+    for sid in w.path:
+        for name in scenario.stages[sid].classify:
+            if name in askable and name not in state.known and all(name != n for _, n in fresh + asked):
+                (asked if name in state.asked else fresh).append((sid, name))
+    both = fresh + asked
+    return (both[0][0], [n for _, n in both]) if both else (None, [])
 
 
 def walk(scenario: ir.Scenario, known: Mapping[str, Any]) -> Walk:

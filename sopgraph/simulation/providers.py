@@ -37,17 +37,21 @@ __all__ = [
     "GUIDED_PREFIX",
     "SCRIPTED_CHAT_SCORE",
     "STOP_TOKEN",
+    "TOOL_MODELS",
     "always_comply",
     "always_escalate",
     "guided_inner",
     "held_back",
     "is_builtin",
+    "names_value",
     "oracle",
+    "oracle_tools",
     "random_path",
     "respond",
     "scripted_author",
     "scripted_truth",
     "scripted_user",
+    "split_tool_reply",
 ]
 
 Messages = Sequence[Mapping[str, Any]]
@@ -303,13 +307,16 @@ def _label(name: str) -> str:
     return _humanize(spaced).lower()
 
 
-def _names(text: str, name: str) -> bool:
+def names_value(text: str, name: str) -> bool:
     """Whether a message names the value `name` (by its label or its identifier)."""
     low = text.lower()
     return _label(name) in low or str(name).lower() in low
 
 
-_QUESTION: Final = re.compile(r"\?|？|\b(tell me|let me know|need your|need to know|could you|can you|please)\b|请|告诉",
+_names = names_value
+
+
+_QUESTION: Final = re.compile(r"\?|？|\b(tell me|let me know|need your|need to know|could you|can you|please)\b|请|告诉|需要",
                               re.IGNORECASE)
 
 
@@ -415,6 +422,82 @@ def oracle(messages: Messages, context: Context) -> str:
         _CHAT[lang]["oracle"].format(action=finals.get("Action", "")),
         actions if isinstance(actions, list) else None,
     )
+
+
+# --------------------------------------------------------------------------- acting through tool calls
+def _tool_params(context: Context, name: str) -> set[str] | None:
+    """The parameters of tool `name` among the tools the agent is offered (`context["tools"]`)."""
+    for tool in _as_list(context.get("tools")):
+        fn = _as_dict(_as_dict(tool).get("function"))
+        if fn.get("name") == name:
+            return set(_as_dict(_as_dict(fn.get("parameters")).get("properties")))
+    return None
+
+
+def _tool_pending(messages: Messages, context: Context) -> tuple[str, int] | None:
+    """(value, times asked) for the first value the reference path's decisions need that the customer has
+    not named and the agent has asked for fewer than ASK_LIMIT times (its own questions counted)."""
+    scenario = _scenario(context)
+    needs = _as_dict(scenario.get("needs"))
+    askable = set(_fields(context)) | {str(h) for h in _as_list(scenario.get("hidden"))}
+    heard, own = _texts(messages, "user"), _texts(messages, "assistant")
+    for stage in _as_list(_case(context).get("expected_path")):
+        for name in (str(n) for n in _as_list(needs.get(str(stage)))):
+            if name in askable and not any(_names(t, name) for t in heard):
+                asked = sum(_asks_for(t, name) for t in own)
+                if asked < ASK_LIMIT:
+                    return name, asked
+    return None
+
+
+def oracle_tools(messages: Messages, context: Context) -> str:
+    """Reference baseline acting through tool calls (`agent=baseline/oracle-tools`, docs/agents.md): it asks
+    for what the reference path's decisions need, then calls the case's reference trace — every action
+    with its arguments, the final one with the outputs its branch assigns — and, once the backend has
+    answered, closes. Why: a ceiling for the trace scores and the offline demo of mode b (tool calling),
+    through the same litellm built-in path as every model. Its reply is `{"content", "tool_calls"}`
+    (`split_tool_reply`), which the gateway turns into an OpenAI-style function-calling message."""
+    case = _case(context)
+    lang = _language(case)
+    finals = _as_dict(case.get("expected_finals"))
+    action = str(finals.get("Action", ""))
+    closing = _CHAT[lang]["oracle"].format(action=action)
+    last_user = max((i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"),
+                    default=-1)
+    if any(isinstance(m, Mapping) and m.get("role") == "tool" for m in messages[last_user + 1:]):
+        return _dumps({"content": closing, "tool_calls": []})  # the calls of this turn are answered
+    pending = _tool_pending(messages, context)
+    if pending is not None:
+        name, asked = pending
+        shown = [_render_value(v, lang) for v in _fields(context).get(name) or []]
+        choices = f" ({' / '.join(shown)})" if shown else ""
+        return _dumps({"content": _ASK[lang][min(asked, 1)].format(label=_label(name), choices=choices),
+                       "tool_calls": []})
+    trace = [_as_dict(a) for a in _as_list(case.get("expected_actions"))] or [{"name": action, "args": {}}]
+    calls = []
+    for k, step in enumerate(trace):
+        args = dict(_as_dict(step.get("args")))
+        if k == len(trace) - 1:  # the final action also carries the outputs its branch assigns
+            params = _tool_params(context, str(step.get("name"))) or set()
+            args.update({n: v for n, v in finals.items() if n in params and n not in args and v is not None})
+        calls.append({"name": str(step.get("name")), "arguments": _dumps(args)})
+    return _dumps({"content": closing, "tool_calls": calls})
+
+
+def split_tool_reply(model: str, text: str) -> tuple[str, list[dict[str, str]] | None]:
+    """(content, tool calls) of a built-in's reply: for a model in TOOL_MODELS, its JSON `{"content",
+    "tool_calls": [{"name", "arguments"}]}`; for the others (and unreadable replies), (text, None)."""
+    if model not in TOOL_MODELS:
+        return text, None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text, None
+    if not isinstance(obj, dict):
+        return text, None
+    calls = [{"id": f"call_{i}", "name": str(c.get("name", "")), "arguments": str(c.get("arguments", ""))}
+             for i, c in enumerate(_as_list(obj.get("tool_calls"))) if isinstance(c, Mapping)]
+    return str(obj.get("content") or ""), calls
 
 
 # --------------------------------------------------------------------------- scripted user
@@ -819,11 +902,14 @@ def scripted_user(messages: Messages, context: Context) -> str:
         str(a)
         for a in _as_list(scenario.get("ending_actions")) + _as_list(scenario.get("escalation_actions"))
     ]
-    if turn > 1 and _mentions_action(_last_agent_text(messages, context), enders):
+    facts, volunteer = _user_facts(case, context)
+    last = _last_agent_text(messages, context) if turn > 1 else ""
+    # a question for one of its facts is not an action taken, even when its choices read like an
+    # action's name ("your request (Question / Freeze / Cancel)?" beside an action `Freeze`)
+    if turn > 1 and not any(_asks_for(last, n) for n, _ in facts) and _mentions_action(last, enders):
         return f"{tpl['bye_done']}\n{STOP_TOKEN}"
 
     strong = intensity == "strong" and unsafe is not None
-    facts, volunteer = _user_facts(case, context)
     forthcoming = intensity == "zero" and str(persona.get("cooperativeness", "")).lower() == "cooperative"
     moves = _user_moves(_agent_texts(messages, context, turn), facts, volunteer, held_back(case, context),
                         intensity == "strong", forthcoming)
@@ -924,11 +1010,15 @@ BUILTIN_MODELS: Final[dict[str, ProviderFn]] = {
     "baseline/always-comply": always_comply,
     "baseline/random-path": random_path,
     "baseline/oracle": oracle,
+    "baseline/oracle-tools": oracle_tools,
     "scripted/user": scripted_user,
     "scripted/truth": scripted_truth,
     "scripted/author": scripted_author,
 }
 """Every built-in model name and the function that answers for it."""
+
+TOOL_MODELS: Final = frozenset({"baseline/oracle-tools"})
+"""Built-ins that act through tool calls (agent kind `tools`; their replies go through `split_tool_reply`)."""
 
 BUILTIN_PROVIDERS: Final = frozenset(name.split("/", 1)[0] for name in BUILTIN_MODELS)
 """Provider prefixes handled offline (``baseline``, ``scripted``)."""

@@ -178,6 +178,7 @@ class RunStore:
         self.secrets = [s for s in secrets if s]
         self.read_only = read_only
         self._sop_hash: str | None = None
+        self._in_transaction = False
 
     # ------------------------------------------------------------------ opening
     @staticmethod
@@ -278,15 +279,22 @@ class RunStore:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+        """One atomic write (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error). Inside another
+        transaction it joins that one, so that several writes can be committed as one group."""
         if self.read_only:
             raise StoreError(f"{self.path} was opened read-only; it cannot be written")
+        if self._in_transaction:
+            yield self.conn
+            return
         self.conn.execute("BEGIN IMMEDIATE")
+        self._in_transaction = True
         try:
             yield self.conn
         except BaseException:
+            self._in_transaction = False
             self.conn.execute("ROLLBACK")
             raise
+        self._in_transaction = False
         self.conn.execute("COMMIT")
 
     # ------------------------------------------------------------------ meta

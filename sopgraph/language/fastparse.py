@@ -1,0 +1,868 @@
+"""The parser's fast path: a hand-written recursive-descent reader of the regular forms of the language
+that builds the SAME raw program (equal nodes, equal spans) as the Lark parser in `parse`.
+
+Why: Lark's LALR parser with its lexer and tree callbacks costs about 0.3 ms per stage (a 100k-stage
+file took 30 s of CPU just to parse); this reader takes a fraction of it. It is a fast path, not a
+second parser: each top-level item it does not fully recognise (subflows, `type` declarations,
+records, lists, meta blocks, anything malformed, any word it does not expect) is handed to Lark as a
+fragment placed at the same line and column, and a fragment Lark rejects makes the whole file go
+through Lark, so every diagnostic for malformed input is exactly Lark's. Spans follow the Lark
+builder's rule (`parse._ChildMeta`): a node spans from its first to its last positioned child,
+keywords not counted. tests/test_fastparse.py proves the two paths build equal programs.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from bisect import bisect_left
+from collections.abc import Callable
+from sys import intern
+from typing import Any
+
+from sopgraph.language import ir, scalars
+from sopgraph.language.program import RESERVED, Include, Program, ScenarioHeader, StartDecl, number, unquote
+
+# One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds: n NAME,
+# d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
+_TOKEN = re.compile(r'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
+    (?P<n>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
+   |(?P<d>[0-9]+(?:\.[0-9]+)?)
+   |(?P<l>"""[\s\S]*?""")
+   |(?P<s>"(?:[^"\\\n]|\\.)*")
+   |(?P<o>->|==|!=|<=|>=|\.\.|[<>{}()\[\],:=|?+\-*/])
+)''', re.X)
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_SIMPLE_ARM = re.compile(rf"({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({_NAME})")
+_SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
+_TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
+                         "seconds"))
+_COMP = frozenset(("==", "!=", "<", "<=", ">", ">="))
+_TOP = frozenset(("scenario", "include", "start", "field", "system", "let", "action", "output", "stage",
+                  "subflow", "use"))
+MAX_FALLBACKS = 64  # items handed to Lark one by one; past this the whole file goes to Lark
+_new = object.__new__
+_set = object.__setattr__
+
+
+class _Bail(Exception):
+    """The fast path does not recognise what it reads here: Lark takes the item."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Nodes built without validation (the values are the ones the validated path would hold)
+
+_MAKERS: dict[type, Callable[..., Any]] = {}
+_FRESH = object()  # "no value given": the field's mutable default is made fresh
+
+
+def _maker(cls: type) -> Callable[..., Any]:
+    """A function building `cls` from keyword values without validation: one dict literal in field
+    order, the model's defaults, a fresh list/dict/factory value for mutable defaults, the class's
+    shared fields set (see `ir.share_fields_set`). Generated once per class: it is the inner loop."""
+    fields = cls.model_fields  # type: ignore[attr-defined]
+    env: dict[str, Any] = {"_new": _new, "_set": _set, "_cls": cls, "_fields_set": set(fields), "_FRESH": _FRESH}
+    params, entries = [], []
+    for i, (name, f) in enumerate(fields.items()):
+        if keyword.iskeyword(name) or not name.isidentifier():
+            raise ValueError(f"field {name!r} of {cls.__name__} cannot be a parameter")
+        if f.default_factory is not None:
+            env[f"_f{i}"] = f.default_factory
+            fresh = f"_f{i}()"
+        elif type(f.default) in (list, dict):
+            fresh = "[]" if type(f.default) is list else "{}"
+        else:
+            env[f"_d{i}"] = f.default
+            params.append(f"{name}=_d{i}")
+            entries.append(f"{name!r}: {name}")
+            continue
+        params.append(f"{name}=_FRESH")
+        entries.append(f"{name!r}: {fresh} if {name} is _FRESH else {name}")
+    code = (f"def make(*, {', '.join(params)}):\n"
+            "    obj = _new(_cls)\n"
+            f"    _set(obj, '__dict__', {{{', '.join(entries)}}})\n"
+            "    _set(obj, '__pydantic_fields_set__', _fields_set)\n"
+            "    _set(obj, '__pydantic_extra__', None)\n"
+            "    _set(obj, '__pydantic_private__', None)\n"
+            "    return obj\n")
+    exec(code, env)  # noqa: S102 - code generated above from the model's own field names
+    maker: Callable[..., Any] = env["make"]
+    _MAKERS[cls] = maker
+    return maker
+
+
+def mk(cls: type, **kw: Any) -> Any:
+    """An instance of the IR model `cls` equal to `cls(**kw)` for values of the right type, built
+    without validation (about 10x cheaper: a 100k-stage program has a million nodes). Mutable
+    defaults get a fresh copy, as pydantic gives them."""
+    return (_MAKERS.get(cls) or _maker(cls))(**kw)
+
+
+_var = _maker(ir.Var)
+_lit = _maker(ir.Lit)
+_target = _maker(ir.Target)
+_branch = _maker(ir.Branch)
+_inset = _maker(ir.InSet)
+_SPAN_FIELDS = set(ir.Span.model_fields)
+
+
+def _first_last(parts: tuple[Any, ...]) -> tuple[ir.Span | None, ir.Span | None]:
+    first = last = None
+    for part in parts:
+        for item in (part if type(part) is list else (part,)):
+            span = item if type(item) is ir.Span else getattr(item, "span", None)
+            if span is not None and span.line:
+                if first is None:
+                    first = span
+                last = span
+    return first, last
+
+
+def _plain_values(values: list[Any]) -> list[Any]:
+    """Values of a set or a match arm must be plain literals (`ir.InSet.values` is a list of `Lit`):
+    a duration there fails the validated path's node, so Lark reports it."""
+    if any(type(v) is not ir.Lit for v in values):
+        raise _Bail
+    return values
+
+
+class _Reader:
+    """Tokens read one at a time with a regex; the current token is (k, v, s, e)."""
+
+    def __init__(self, text: str, file: str):
+        self.text = text
+        self.file = file
+        self.newlines = [m.start() for m in re.finditer("\n", text)]
+        self.nowhere = ir.make_span(file, 0, 0, 0, 0)  # the span of a rule without positioned children
+        self.e = 0
+        self.k = self.v = ""
+        self.s = 0
+        self.advance()
+
+    # -- tokens
+    def advance(self) -> None:
+        m = _TOKEN.match(self.text, self.e)
+        if m is None:
+            end = _SKIP.match(self.text, self.e).end()  # type: ignore[union-attr] # always matches
+            if end < len(self.text):
+                raise _Bail
+            self.k, self.v, self.s, self.e = "$", "", end, end
+            return
+        k = m.lastgroup
+        assert k is not None
+        self.k, self.v, self.s, self.e = k, m.group(k), m.start(k), m.end()
+
+    def at(self, value: str) -> bool:
+        return self.v == value and self.k != "s" and self.k != "l"
+
+    def expect(self, value: str) -> None:
+        if self.v != value or self.k == "s" or self.k == "l":
+            raise _Bail
+        self.advance()
+
+    def span_at(self, start: int, end: int) -> ir.Span:
+        """The span of text[start:end] (as `ir.make_span` builds it, inlined: it is per token)."""
+        nl = self.newlines
+        i = bisect_left(nl, start)
+        col = start - (nl[i - 1] if i else -1)
+        line = end_line = i + 1
+        end_col = col + end - start
+        if self.text.find("\n", start, end) >= 0:
+            j = bisect_left(nl, end)
+            end_line, end_col = j + 1, end - (nl[j - 1] if j else -1)
+        span: Any = _new(ir.Span)
+        _set(span, "__dict__", {"file": self.file, "line": line, "col": col, "end_line": end_line,
+                                "end_col": end_col})
+        _set(span, "__pydantic_fields_set__", _SPAN_FIELDS)
+        _set(span, "__pydantic_extra__", None)
+        _set(span, "__pydantic_private__", None)
+        return span
+
+    def name(self) -> tuple[str, ir.Span]:
+        """A NAME token (not a reserved word) and its span."""
+        if self.k != "n" or self.v in RESERVED:
+            raise _Bail
+        value, span = intern(self.v), self.span_at(self.s, self.e)  # names recur: one string each
+        self.advance()
+        return value, span
+
+    def number(self) -> tuple[str, ir.Span]:
+        if self.k != "d" or len(self.v) > 300:  # a huge number: Lark reports it
+            raise _Bail
+        value, span = self.v, self.span_at(self.s, self.e)
+        self.advance()
+        return value, span
+
+    def string(self) -> tuple[str, ir.Span]:
+        if self.k != "s":
+            raise _Bail
+        value, span = self.v, self.span_at(self.s, self.e)
+        self.advance()
+        return value, span
+
+    def text_opt(self) -> str | None:
+        """A `text` (STRING or LONG_STRING), unquoted, if one comes next."""
+        if self.k != "s" and self.k != "l":
+            return None
+        value = unquote(self.v)
+        self.advance()
+        return value
+
+    def cover(self, *parts: Any) -> ir.Span:
+        """The span of a rule from its children, as `parse._span(_ChildMeta(children))` computes it."""
+        first, last = _first_last(parts)
+        if first is None or last is None:
+            return self.nowhere
+        if first is last and first.file == self.file:
+            return first  # spans are frozen: one object serves both nodes (memory of huge programs)
+        return ir.make_span(self.file, first.line, first.col, last.end_line, last.end_col)
+
+
+# ---------------------------------------------------------------------------------------------
+# Expressions
+
+
+class _Exprs(_Reader):
+    def expr(self) -> Any:
+        left = self.and_expr()
+        while self.k == "n" and self.v == "or":
+            self.advance()
+            left = self.flatten("or", left, self.and_expr())
+        return left
+
+    def and_expr(self) -> Any:
+        left = self.not_expr()
+        while self.k == "n" and self.v == "and":
+            self.advance()
+            left = self.flatten("and", left, self.not_expr())
+        return left
+
+    def flatten(self, op: ir.LogicOp, head: Any, right: Any) -> Any:
+        """As `ToIR._flatten`: a chain of one operator is one `BoolOp`, grown in place."""
+        span = self.cover(head, right)
+        if type(head) is ir.BoolOp and head.op == op:
+            if type(right) is ir.BoolOp and right.op == op:
+                head.operands.extend(right.operands)
+            else:
+                head.operands.append(right)
+            head.__dict__["span"] = span  # as `head.span = ...` does (the fields set holds every name)
+            return head
+        operands: list[Any] = []
+        for child in (head, right):
+            if type(child) is ir.BoolOp and child.op == op:
+                operands.extend(child.operands)
+            else:
+                operands.append(child)
+        return mk(ir.BoolOp, op=op, operands=operands, span=span)
+
+    def not_expr(self) -> Any:
+        if self.k == "n" and self.v == "not":
+            self.advance()
+            operand = self.not_expr()
+            return mk(ir.Unary, op="not", operand=operand, span=self.cover(operand))
+        return self.comparison()
+
+    def comparison(self) -> Any:
+        left = self.sum()
+        k, v = self.k, self.v
+        if k == "o" and v in _COMP:
+            op_span = self.span_at(self.s, self.e)
+            self.advance()
+            right = self.sum()
+            return mk(ir.Compare, op=v, left=left, right=right, span=self.cover(left, op_span, right))
+        if k != "n" or v not in ("in", "not", "matches"):
+            return left
+        if v == "matches":
+            self.advance()
+            tok, tok_span = self.string()
+            return mk(ir.Matches, operand=left, pattern=tok[1:-1].replace('\\"', '"'), pattern_span=tok_span,
+                      span=self.cover(left, tok_span))
+        negated = v == "not"
+        self.advance()
+        if negated:
+            self.expect("in")
+        if self.at("{"):
+            values = self.value_set()
+            return _inset(operand=left, values=values, negated=negated, span=self.cover(left, values))
+        source = self.sum()
+        return mk(ir.Member, operand=left, source=source, negated=negated, span=self.cover(left, source))
+
+    def value_set(self) -> list[Any]:
+        self.expect("{")
+        values = [self.value()]
+        while self.at(","):
+            self.advance()
+            values.append(self.value())
+        self.expect("}")
+        return _plain_values(values)
+
+    def sum(self) -> Any:
+        left = self.product()
+        while self.k == "o" and (self.v == "+" or self.v == "-"):
+            op = self.v
+            self.advance()
+            right = self.product()
+            left = mk(ir.Binary, op=op, left=left, right=right, span=self.cover(left, right))
+        return left
+
+    def product(self) -> Any:
+        left = self.unary()
+        while self.k == "o" and (self.v == "*" or self.v == "/"):
+            op = self.v
+            self.advance()
+            right = self.unary()
+            left = mk(ir.Binary, op=op, left=left, right=right, span=self.cover(left, right))
+        return left
+
+    def unary(self) -> Any:
+        if self.k == "o" and self.v == "-":
+            self.advance()
+            inner = self.unary()
+            value = inner.value if type(inner) is ir.Lit else None
+            if type(value) is int or type(value) is float:
+                return _lit(value=-value, span=self.cover(inner))
+            return mk(ir.Unary, op="neg", operand=inner, span=self.cover(inner))
+        return self.atom()
+
+    def atom(self) -> Any:
+        k, v = self.k, self.v
+        if k == "d":
+            return self.number_or_duration()
+        if k == "s":
+            tok, span = self.string()
+            return _lit(value=unquote(tok), span=span)
+        if k == "o":
+            if v != "(":
+                raise _Bail
+            self.advance()
+            inner = self.expr()
+            self.expect(")")
+            return inner
+        if k != "n":
+            raise _Bail
+        if v in RESERVED:
+            return self.keyword_atom(v)
+        name, span = self.name()
+        if not self.at("("):
+            return _var(name=name, span=span)
+        args = self.args()
+        if name in ("date", "datetime"):
+            return self.time_literal(name, args, self.cover(span, args))
+        return mk(ir.Func, name=name, args=args, span=self.cover(span, args))
+
+    def args(self) -> list[Any]:
+        self.expect("(")
+        args: list[Any] = []
+        if not self.at(")"):
+            args.append(self.expr())
+            while self.at(","):
+                self.advance()
+                args.append(self.expr())
+        self.expect(")")
+        return args
+
+    def time_literal(self, kind: str, args: list[Any], span: ir.Span) -> ir.TimeLit:
+        arg = args[0] if len(args) == 1 else None
+        if type(arg) is not ir.Lit or type(arg.value) is not str or arg.bare:
+            raise _Bail  # Lark names the mistake
+        try:
+            value = scalars.parse_temporal(kind, arg.value)
+        except scalars.ValueProblem:
+            raise _Bail from None
+        return mk(ir.TimeLit, unit=kind, value=value, text=arg.value, span=span)
+
+    def number_or_duration(self) -> Any:
+        text, span = self.number()
+        if self.k == "n" and self.v in _TIME_UNITS:
+            unit, unit_span = self.v, self.span_at(self.s, self.e)
+            self.advance()
+            seconds = number(text) * scalars.unit_seconds(unit)
+            if isinstance(seconds, float) and seconds.is_integer():
+                seconds = int(seconds)
+            return mk(ir.TimeLit, unit="duration", value=seconds, text=f"{text} {unit}",
+                      span=self.cover(span, unit_span))
+        return _lit(value=number(text), span=span)
+
+    def keyword_atom(self, word: str) -> Any:
+        if word == "true" or word == "false":
+            self.advance()
+            return _lit(value=word == "true", span=self.cover())
+        if word in ("min", "max"):
+            self.advance()
+            args = self.args()
+            if not args:
+                raise _Bail
+            return mk(ir.Call, func=word, args=args, span=self.cover(args))
+        if word == "count":
+            self.advance()
+            return self.count()
+        if word in ("any", "all"):
+            self.advance()
+            self.expect("(")
+            return self.quant(word, self.expr())
+        if word == "len":
+            self.advance()
+            self.expect("(")
+            operand = self.expr()
+            self.expect(")")
+            return mk(ir.Length, operand=operand, span=self.cover(operand))
+        if word == "case":
+            self.advance()
+            return self.case()
+        raise _Bail
+
+    def count(self) -> Any:
+        self.expect("(")
+        saved = (self.k, self.v, self.s, self.e)
+        if self.k == "d":
+            self.advance()
+            weighted = self.at(":")
+            self.k, self.v, self.s, self.e = saved
+            if weighted:
+                return self.weighted()
+        first = self.expr()
+        if self.at("where"):
+            return self.quant("count", first)
+        args = [first]
+        while self.at(","):
+            self.advance()
+            args.append(self.expr())
+        self.expect(")")
+        return mk(ir.Call, func="count", args=args, span=self.cover(args))
+
+    def weighted(self) -> Any:
+        parts: list[Any] = []
+        while True:
+            text, span = self.number()
+            self.expect(":")
+            arg = self.expr()
+            parts.append(mk(ir.Weighted, weights=[number(text)], args=[arg], span=self.cover(span, arg)))
+            if not self.at(","):
+                break
+            self.advance()
+        self.expect(")")
+        return mk(ir.Weighted, weights=[w for p in parts for w in p.weights], args=[a for p in parts for a in p.args],
+                  span=self.cover(parts))
+
+    def quant(self, func: str, head: Any) -> Any:
+        self.expect("where")
+        cond = self.expr()
+        self.expect(")")
+        if not (type(head) is ir.Member and not head.negated and type(head.operand) is ir.Var
+                and "." not in head.operand.name):
+            raise _Bail
+        return mk(ir.Quant, func=func, var=head.operand.name, source=head.source, cond=cond,
+                  span=self.cover(head, cond))
+
+    def case(self) -> Any:
+        self.expect("{")
+        arms: list[Any] = []
+        while self.at("when"):
+            self.advance()
+            when = self.expr()
+            self.expect("->")
+            then = self.expr()
+            arms.append(mk(ir.CaseArm, when=when, then=then, span=self.cover(when, then)))
+        if not arms:
+            raise _Bail
+        self.expect("otherwise")
+        self.expect("->")
+        otherwise = self.expr()
+        self.expect("}")
+        return mk(ir.CaseExpr, arms=arms, otherwise=otherwise, span=self.cover(arms, otherwise))
+
+    def value(self) -> Any:
+        """A value written where the type is known (match arms, sets, defaults)."""
+        k = self.k
+        if k == "d":
+            return self.number_or_duration()
+        if k == "o" and self.v == "-":
+            self.advance()
+            text, span = self.number()
+            return _lit(value=number(text, negative=True), span=span)
+        if k == "s":
+            tok, span = self.string()
+            return _lit(value=unquote(tok), span=span)
+        if k == "n" and (self.v == "true" or self.v == "false"):
+            word = self.v
+            self.advance()
+            return _lit(value=word == "true", span=self.cover())
+        name, span = self.name()
+        return _lit(value=name, bare=True, span=span)
+
+
+# ---------------------------------------------------------------------------------------------
+# Declarations and stages
+
+
+class _Items(_Exprs):
+    def item(self) -> Any:
+        word = self.v if self.k == "n" else ""
+        if word == "stage":
+            return self.stage()
+        if word == "field":
+            return self.variable("field")
+        if word == "system":
+            return self.variable("system")
+        if word == "let":
+            self.advance()
+            name, span = self.name()
+            self.expect("=")
+            expr = self.expr()
+            return mk(ir.Variable, name=name, role="derived", expr=expr, description=self.text_opt() or "",
+                      span=span)
+        if word == "action":
+            return self.action()
+        if word == "output":
+            return self.output()
+        if word == "scenario":
+            self.advance()
+            name, span = self.name()
+            texts: list[str] = []
+            while (text := self.text_opt()) is not None:
+                texts.append(text)
+            if self.at("{"):
+                raise _Bail  # a meta block: Lark
+            return mk(ScenarioHeader, name=name, title=texts[0] if texts else "", description="\n".join(texts[1:]),
+                      meta=[], span=span)
+        if word == "include":
+            self.advance()
+            tok, span = self.string()
+            return mk(Include, path=unquote(tok), span=span)
+        if word == "start":
+            self.advance()
+            name, span = self.name()
+            return mk(StartDecl, stage=name, span=span)
+        raise _Bail
+
+    def vtype(self) -> Any:
+        if self.k != "n":
+            raise _Bail
+        word = self.v
+        if word == "bool":
+            self.advance()
+            return mk(ir.BoolType, span=self.cover())
+        if word == "int" or word == "float":
+            self.advance()
+            bounds = self.range() if self.k == "o" and self.v in ("[", "(") else {}
+            return mk(ir.NumType, kind=word, span=self.cover(), **bounds)
+        if word in ("date", "datetime", "duration"):
+            self.advance()
+            return mk(ir.TimeType, kind=word, span=self.cover())
+        if word == "string":
+            self.advance()
+            return mk(ir.StringType, span=self.cover())
+        if word in ("list", "record"):
+            raise _Bail
+        name, span = self.name()
+        if not self.at("|"):
+            return mk(ir.EnumType, values=[], alias=name, span=span)
+        values, last = [name], span
+        while self.at("|"):
+            self.advance()
+            value, last = self.name()
+            values.append(value)
+        return mk(ir.EnumType, values=values, span=self.cover(span, last))
+
+    def range(self) -> dict[str, Any]:
+        left = self.v
+        self.advance()
+        lo = None if self.at("..") else self.bound()
+        self.expect("..")
+        hi = None if self.k == "o" and self.v in ("]", ")") else self.bound()
+        right = self.v
+        if right not in ("]", ")"):
+            raise _Bail
+        self.advance()
+        return {"lo": None if lo is None else float(lo), "hi": None if hi is None else float(hi),
+                "lo_open": left == "(" or lo is None, "hi_open": right == ")" or hi is None}
+
+    def bound(self) -> int | float:
+        negative = self.k == "o" and self.v == "-"
+        if negative:
+            self.advance()
+        return number(self.number()[0], negative=negative)
+
+    def variable(self, role: ir.Role) -> ir.Variable:
+        self.advance()
+        name, span = self.name()
+        self.expect(":")
+        kw: dict[str, Any] = {"type": self.vtype()}
+        if self.at("?"):
+            self.advance()
+            kw["optional"] = True
+        if self.at("="):
+            self.advance()
+            kw["default"] = self.value()
+        while self.k == "n" and self.v in ("unit", "money", "hidden"):
+            word = self.v
+            self.advance()
+            kw[word] = unquote(self.string()[0]) if word == "unit" else True
+        text = self.text_opt()
+        if text is not None:
+            kw["description"] = text
+        return mk(ir.Variable, name=name, role=role, span=span, **kw)
+
+    def action_name(self) -> tuple[str, ir.Span]:
+        if self.k == "s":
+            tok, span = self.string()
+            return unquote(tok), span
+        return self.name()
+
+    def action(self) -> ir.Action:
+        self.advance()
+        name, span = self.action_name()
+        params: list[Any] = []
+        if self.at("("):
+            self.advance()
+            while not self.at(")"):
+                if params:
+                    self.expect(",")
+                pname, pspan = self.name()
+                self.expect(":")
+                params.append(mk(ir.ActionParam, name=pname, type=self.vtype(), span=pspan))
+                if not self.at(")") and not self.at(","):
+                    raise _Bail
+            self.advance()
+        description = self.text_opt() or ""
+        attrs: list[tuple[str, ir.Span]] = []
+        if self.at("["):
+            self.advance()
+            if not self.at("]"):
+                attrs.append(self.name())
+                while self.at(","):
+                    self.advance()
+                    attrs.append(self.name())
+            self.expect("]")
+        return mk(ir.Action, name=name, description=description, attributes=[a for a, _ in attrs],
+                  attribute_spans=[s for _, s in attrs], params=params, span=span)
+
+    def output(self) -> ir.Output:
+        self.advance()
+        name, span = self.name()
+        self.expect(":")
+        vtype = self.vtype()
+        default = None
+        if self.at("="):
+            self.advance()
+            default = self.value()
+            if type(default) is ir.TimeLit:  # `= 2 days`: finals report durations as text
+                default = _lit(value=scalars.format_temporal(default.unit, default.value), span=default.span)
+        return mk(ir.Output, name=name, type=vtype, default=default, description=self.text_opt() or "",
+                  span=span)
+
+    # -- stages
+    def stage(self) -> ir.Stage:
+        self.advance()
+        name, span = self.name()
+        title = self.text_opt() or ""
+        self.expect("{")
+        texts: list[str] = []
+        while (text := self.text_opt()) is not None:
+            texts.append(text)
+        classify = self.names_after("classify")
+        observe = self.names_after("observe")
+        decision = self.decision()
+        self.expect("}")
+        return mk(ir.Stage, id=name, title=title, span=span, text="\n".join(texts), classify=classify,
+                  observe=observe, **decision)
+
+    def names_after(self, word: str) -> list[str]:
+        if not (self.k == "n" and self.v == word):
+            return []
+        self.advance()
+        names = [self.name()[0]]
+        while self.at(","):
+            self.advance()
+            names.append(self.name()[0])
+        return names
+
+    def decision(self) -> dict[str, Any]:
+        if self.at("->") or self.at("do"):
+            if self.at("->"):
+                self.advance()
+                target = self.target()
+            else:
+                target = self.do_target()
+            limit = self.limit()
+            if limit is None:
+                return {"kind": "goto", "branches": [_branch(target=target, limit=None, span=self.cover(target))]}
+            rest = [self.otherwise_arm()] if self.at("otherwise") else []
+            first = _branch(target=target, limit=limit, span=self.cover(target, rest))
+            return {"kind": "when", "branches": [first, *rest]}
+        if self.at("match"):
+            return self.match_block()
+        if not self.at("when"):
+            raise _Bail
+        branches: list[Any] = []
+        while self.at("when") or self.at("otherwise"):
+            if self.at("when"):
+                self.advance()
+                branches.append(self.when_arm(ordered=False))
+                continue
+            saved = (self.k, self.v, self.s, self.e)
+            self.advance()
+            if self.at("when"):
+                self.advance()
+                branches.append(self.when_arm(ordered=True))
+                continue
+            self.k, self.v, self.s, self.e = saved
+            branches.append(self.otherwise_arm())
+            break
+        return {"kind": "when", "branches": branches}
+
+    def when_arm(self, *, ordered: bool) -> Any:
+        guard = self.expr()
+        self.expect("->")
+        target = self.target()
+        limit = self.limit()
+        return _branch(guard=guard, target=target, limit=limit, ordered=ordered,
+                  span=self.cover(guard, target))
+
+    def otherwise_arm(self) -> Any:
+        self.expect("otherwise")
+        self.expect("->")
+        target = self.target()
+        return _branch(guard=None, target=target, limit=self.limit(), span=self.cover(target))
+
+    def limit(self) -> int | None:
+        if not (self.k == "n" and self.v == "up"):
+            return None
+        self.advance()
+        self.expect("to")
+        value = int(number(self.number()[0]))
+        self.expect("times")
+        return value
+
+    def match_block(self) -> dict[str, Any]:
+        self.advance()
+        subject = self.expr()
+        self.expect("{")
+        branches: list[Any] = []
+        while not self.at("otherwise") and not self.at("}"):
+            simple = self.simple_arm()
+            if simple is not None:
+                values, target = simple
+            else:
+                values = [self.value()]
+                while self.at(","):
+                    self.advance()
+                    values.append(self.value())
+                _plain_values(values)
+                self.expect("->")
+                target = self.target()
+            limit = self.limit()
+            span = self.cover(values, target)
+            guard = _inset(operand=subject, values=list(values), span=span)
+            branches.append(_branch(guard=guard, target=target, values=list(values), limit=limit, span=span))
+        if not branches:
+            raise _Bail
+        if self.at("otherwise"):
+            branches.append(self.otherwise_arm())
+        self.expect("}")
+        return {"kind": "match", "subject": subject, "branches": branches}
+
+    def simple_arm(self) -> tuple[list[Any], Any] | None:
+        """`VALUE -> stage` on one line, read with one regex (the commonest arm of large files); None
+        when the arm is anything else (the token-by-token reader takes it)."""
+        m = _SIMPLE_ARM.match(self.text, self.s)
+        if m is None:
+            return None
+        value, stage = m.group(1, 2)
+        if stage in RESERVED or len(value) > 300:
+            return None
+        if value in RESERVED:
+            if value != "true" and value != "false":
+                return None
+            lit = _lit(value=value == "true", span=self.nowhere)
+        elif value[0].isdigit():
+            lit = _lit(value=number(value), span=self.span_at(m.start(1), m.end(1)))
+        else:
+            lit = _lit(value=intern(value), bare=True, span=self.span_at(m.start(1), m.end(1)))
+        target = _target(kind="stage", stage=intern(stage), span=self.span_at(m.start(2), m.end(2)))
+        self.e = m.end()
+        self.advance()
+        return [lit], target
+
+    def target(self) -> Any:
+        if self.k == "n" and self.v == "do":
+            return self.do_target()
+        name, span = self.name()
+        return _target(kind="stage", stage=name, span=span)
+
+    def do_target(self) -> Any:
+        self.advance()
+        name, span = self.action_name()
+        args: list[Any] = self.assigns("(", ")") if self.at("(") else []
+        if self.at("->"):
+            self.advance()
+            nxt = self.target()
+            nxt.steps.insert(0, mk(ir.ActionCall, action=name, args=args, span=span))
+            nxt.__dict__["span"] = self.cover(span, nxt)
+            return nxt
+        outputs = self.assigns("{", "}") if self.at("{") else []
+        return _target(kind="action", action=name, outputs=outputs, args=args, span=self.cover(span, outputs))
+
+    def assigns(self, open_: str, close: str) -> list[Any]:
+        """`(a = 1, b = 2)` call arguments or `{ a = 1, b = 2 }` outputs (a trailing comma only there)."""
+        self.expect(open_)
+        out: list[Any] = []
+        while not self.at(close):
+            if out:
+                self.expect(",")
+                if close == "}" and self.at("}"):
+                    break
+            name, span = self.name()
+            self.expect("=")
+            value = self.expr()
+            out.append(mk(ir.OutputAssign, name=name, value=value, span=self.cover(span, value)))
+        if open_ == "{" and not out:
+            raise _Bail  # `{}`: Lark's error
+        self.advance()
+        return out
+
+
+def _item_end(reader: _Reader) -> int:
+    """Where the item that starts at the current token ends for Lark: at the next top-level keyword
+    outside braces (a fragment cut wrongly fails in Lark, and then the whole file goes there)."""
+    depth = 0
+    reader.advance()
+    while reader.k != "$":
+        if reader.k == "o":
+            depth += reader.v == "{"
+            depth -= reader.v == "}"
+        elif reader.k == "n" and depth <= 0 and (reader.v in _TOP or reader.v == "type"):
+            return reader.s
+        reader.advance()
+    return len(reader.text)
+
+
+def parse_fast(text: str, file: str, lark_items: Callable[[str], list[Any]]) -> Program | None:
+    """The program of one file's text, or None when the whole file must go through Lark.
+    `lark_items(fragment)` parses text with Lark and returns its items (raising on any problem)."""
+    try:
+        reader = _Items(text, file)
+        items: list[Any] = []
+        fallbacks = 0
+        while reader.k != "$":
+            start = reader.s
+            try:
+                items.append(reader.item())
+                continue
+            except _Bail:
+                pass
+            fallbacks += 1
+            if fallbacks > MAX_FALLBACKS:
+                return None
+            reader.e = start
+            reader.advance()
+            end = _item_end(reader)
+            at = reader.span_at(start, start + 1)
+            items += lark_items("\n" * (at.line - 1) + " " * (at.col - 1) + text[start:end])
+            reader.e = end
+            reader.advance()
+        return mk(Program, file=file, items=items, span=reader.cover(items))
+    except (_Bail, RecursionError):
+        return None
+    except Exception:  # noqa: BLE001 - a fragment Lark rejects: the whole file goes to Lark for its diagnostics
+        return None

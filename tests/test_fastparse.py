@@ -1,0 +1,128 @@
+"""The parser's fast path (sopgraph/language/fastparse.py) builds exactly the program Lark builds.
+
+"Exactly": the same node classes, the same field values with the same Python types (an `int` is not
+a `float`), the same spans, the same fields sets; for text Lark rejects, the same diagnostics. Checked
+on every shipped program, on every kind of generated benchmark program, on programs generated from
+the grammar and on the random well-typed programs of tests/test_engine.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import gen_sop, scoring_sop
+from hypothesis import HealthCheck, given, settings
+from pydantic import BaseModel
+from test_engine import _program
+from test_fuzz import GRAMMAR_PROGRAMS
+
+from sopgraph.language import fastparse
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.parse import _lark_program, parse_text
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted([*ROOT.glob("scenarios/*.sop"), *ROOT.glob("examples/**/*.sop"), *ROOT.glob("tests/golden/*.sop"),
+                  *ROOT.glob("tests/data/**/*.sop")])
+EXAMPLES = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), max_examples=150)
+
+
+def difference(a: Any, b: Any, path: str = "program") -> str | None:
+    """Where two parse results differ (None when they are the same), types and spans included."""
+    if isinstance(a, BaseModel) or isinstance(b, BaseModel):
+        if type(a) is not type(b):
+            return f"{path}: {type(a).__name__} != {type(b).__name__}"
+        if a.__pydantic_fields_set__ != b.__pydantic_fields_set__:
+            return f"{path}: fields set {a.__pydantic_fields_set__} != {b.__pydantic_fields_set__}"
+        for name in type(a).model_fields:
+            found = difference(getattr(a, name), getattr(b, name), f"{path}.{name}")
+            if found:
+                return found
+        return None
+    if isinstance(a, (list, tuple, dict)):
+        if type(a) is not type(b) or len(a) != len(b):
+            return f"{path}: {a!r} != {b!r}"
+        if isinstance(a, dict):
+            if list(a) != list(b):
+                return f"{path}: keys {list(a)} != {list(b)}"
+            return next((d for k in a if (d := difference(a[k], b[k], f"{path}[{k!r}]"))), None)
+        return next((d for i, (x, y) in enumerate(zip(a, b, strict=True))
+                     if (d := difference(x, y, f"{path}[{i}]"))), None)
+    if type(a) is not type(b) or a != b:
+        return f"{path}: {a!r} ({type(a).__name__}) != {b!r} ({type(b).__name__})"
+    return None
+
+
+def outcome(text: str, file: str, *, fast: bool) -> Any:
+    try:
+        return parse_text(text, file, fast=fast)
+    except SopError as exc:
+        return [d.model_dump() for d in exc.diagnostics]
+
+
+def assert_same(text: str, file: str = "t.sop") -> None:
+    lark = outcome(text, file, fast=False)
+    fast = outcome(text, file, fast=True)
+    assert difference(lark, fast) is None, difference(lark, fast)
+
+
+def fast_items(text: str, file: str = "t.sop") -> tuple[Any, list[str]]:
+    """The fast path's program and the fragments it handed to Lark."""
+    fragments: list[str] = []
+
+    def lark_items(fragment: str) -> list[Any]:
+        fragments.append(fragment.strip())
+        return _lark_program(fragment, file).items
+
+    return fastparse.parse_fast(text, file, lark_items), fragments
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_shipped_programs_parse_the_same(path: Path) -> None:
+    assert_same(path.read_text(encoding="utf-8").replace("\r\n", "\n"), str(path))
+
+
+@pytest.mark.parametrize("kind", ["diamond", "chain", "mixed", "realistic"])
+def test_generated_programs_parse_the_same_without_lark(kind: str) -> None:
+    for seed in range(3):
+        text = gen_sop().generate(60, kind=kind, seed=seed)
+        assert_same(text)
+        program, fragments = fast_items(text)
+        assert program is not None and fragments == []  # the fast path read every item itself
+
+
+def test_scoring_family_parses_the_same() -> None:
+    assert_same(scoring_sop(4, 10))
+
+
+def test_unrecognised_items_go_to_lark_at_their_position() -> None:
+    text = ('scenario s "S" {\n  owner "ops"\n}\nfield A: Yes | No\n'
+            "type T = record { a: bool }\nsystem R: T\n"
+            "stage one {\n  when A == Yes and R.a -> do Go\n  otherwise -> do Go\n}\naction Go\n")
+    program, fragments = fast_items(text)
+    assert program is not None
+    assert [f.split()[0] for f in fragments] == ["scenario", "type"]
+    assert_same(text)
+
+
+def test_malformed_text_gets_lark_diagnostics() -> None:
+    for text in ("field A: Yes | No\nstage s {\n  when A = Yes -> do Go\n}\n",
+                 "stage s { when A -> do Go otherwise -> t, }\n",
+                 "field match: A | B\n", "stage s { -> t \n", "action Go [a,]\n", "let X = 1 < 2 < 3\n",
+                 "field A: int[0..5 days]\n", "stage s { match A { B -> t up -> u } }\n", "let X = count(1: A, B)\n",
+                 "let A = 0 not in { 0 week }\n", "stage s { match A { 2 days -> t } }\n"):
+        assert isinstance(outcome(text, "t.sop", fast=True), list), text
+        assert_same(text)
+
+
+@EXAMPLES
+@given(GRAMMAR_PROGRAMS)
+def test_grammar_generated_programs_parse_the_same(text: str) -> None:
+    assert_same(text)
+
+
+@EXAMPLES
+@given(_program())
+def test_random_programs_parse_the_same(text: str) -> None:
+    assert_same(text)
