@@ -433,7 +433,10 @@ def _example_runner(unrolled: Unrolled | None, form: ir.Scenario) -> Callable[[d
             run(lowered.inner.scenario, lowered.lift_structures(values))
 
         return on_structures
-    return lambda values: run(form, values)
+    def on_form(values: dict[str, Any]) -> None:
+        run(form, values)
+
+    return on_form
 
 
 def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
