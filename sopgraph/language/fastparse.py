@@ -34,6 +34,12 @@ _TOKEN = re.compile(r'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
 )''', re.X)
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _SIMPLE_ARM = re.compile(rf"({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({_NAME})")
+# `when NAME [CMP NUMBER-or-NAME] -> [do] NAME` and `otherwise -> [do] NAME` on one line: the commonest
+# arms of large files, read with one regex (groups: guard name, operator, operand, `do`, target name)
+_WHEN_ARM = re.compile(rf"when[ \t]+({_NAME})(?:[ \t]*(==|!=|<=|>=|<|>)[ \t]*([0-9]+(?:\.[0-9]+)?|{_NAME}))?"
+                       rf"[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
+_OTHERWISE_ARM = re.compile(rf"otherwise()()()[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
+_GOES_ON = frozenset(("->", "(", "{"))  # after a target: steps, arguments or outputs follow
 _SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
 _TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
                          "seconds"))
@@ -103,7 +109,8 @@ _lit = _maker(ir.Lit)
 _target = _maker(ir.Target)
 _branch = _maker(ir.Branch)
 _inset = _maker(ir.InSet)
-_SPAN_FIELDS = set(ir.Span.model_fields)
+_compare = _maker(ir.Compare)
+_make_span = ir.make_span
 
 
 def _first_last(parts: tuple[Any, ...]) -> tuple[ir.Span | None, ir.Span | None]:
@@ -161,7 +168,7 @@ class _Reader:
         self.advance()
 
     def span_at(self, start: int, end: int) -> ir.Span:
-        """The span of text[start:end] (as `ir.make_span` builds it, inlined: it is per token)."""
+        """The span of text[start:end]."""
         nl = self.newlines
         i = bisect_left(nl, start)
         col = start - (nl[i - 1] if i else -1)
@@ -170,13 +177,7 @@ class _Reader:
         if self.text.find("\n", start, end) >= 0:
             j = bisect_left(nl, end)
             end_line, end_col = j + 1, end - (nl[j - 1] if j else -1)
-        span: Any = _new(ir.Span)
-        _set(span, "__dict__", {"file": self.file, "line": line, "col": col, "end_line": end_line,
-                                "end_col": end_col})
-        _set(span, "__pydantic_fields_set__", _SPAN_FIELDS)
-        _set(span, "__pydantic_extra__", None)
-        _set(span, "__pydantic_private__", None)
-        return span
+        return _make_span(self.file, line, col, end_line, end_col)
 
     def name(self) -> tuple[str, ir.Span]:
         """A NAME token (not a reserved word) and its span."""
@@ -697,21 +698,59 @@ class _Items(_Exprs):
         branches: list[Any] = []
         while self.at("when") or self.at("otherwise"):
             if self.at("when"):
-                self.advance()
-                branches.append(self.when_arm(ordered=False))
+                branches.append(self.quick_arm(_WHEN_ARM, ordered=False) or self.when_arm(ordered=False))
                 continue
             saved = (self.k, self.v, self.s, self.e)
             self.advance()
             if self.at("when"):
-                self.advance()
-                branches.append(self.when_arm(ordered=True))
+                branches.append(self.quick_arm(_WHEN_ARM, ordered=True) or self.when_arm(ordered=True))
                 continue
             self.k, self.v, self.s, self.e = saved
-            branches.append(self.otherwise_arm())
+            branches.append(self.quick_arm(_OTHERWISE_ARM) or self.otherwise_arm())
             break
         return {"kind": "when", "branches": branches}
 
+    def quick_arm(self, pattern: re.Pattern[str], *, ordered: bool = False) -> Any | None:
+        """A `when` or `otherwise` arm of the commonest one-line shapes (`_WHEN_ARM`, `_OTHERWISE_ARM`),
+        read with one regex and built as the token reader builds it (same nodes, same spans); None
+        when the arm is anything else, or goes on after its target (the token reader takes it)."""
+        m = pattern.match(self.text, self.s)
+        if m is None:
+            return None
+        guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
+        if target_name in RESERVED or guard_name in RESERVED or operand in RESERVED:
+            return None
+        if operand and operand[0].isdigit() and len(operand) > 300:
+            return None  # a huge number: Lark reports it
+        saved = (self.k, self.v, self.s, self.e)
+        self.e = m.end()
+        self.advance()
+        if (self.k == "o" and self.v in _GOES_ON) or (self.k == "n" and self.v == "up"):
+            self.k, self.v, self.s, self.e = saved
+            return None
+        nl = self.newlines
+        i = bisect_left(nl, m.start())
+        line, base, file = i + 1, (nl[i - 1] if i else -1), self.file
+        target_span = _make_span(file, line, m.start(5) - base, line, m.end(5) - base)
+        if do:
+            target = _target(kind="action", action=intern(target_name), outputs=[], args=[], span=target_span)
+        else:
+            target = _target(kind="stage", stage=intern(target_name), span=target_span)
+        if not guard_name:
+            return _branch(guard=None, target=target, limit=None, span=target_span)
+        col = m.start(1) - base
+        left = _var(name=intern(guard_name), span=_make_span(file, line, col, line, m.end(1) - base))
+        guard = left
+        if op is not None:
+            right_span = _make_span(file, line, m.start(3) - base, line, m.end(3) - base)
+            right = (_lit(value=number(operand), span=right_span) if operand[0].isdigit()
+                     else _var(name=intern(operand), span=right_span))
+            guard = _compare(op=op, left=left, right=right, span=_make_span(file, line, col, line, right_span.end_col))
+        return _branch(guard=guard, target=target, limit=None, ordered=ordered,
+                       span=_make_span(file, line, col, line, target_span.end_col))
+
     def when_arm(self, *, ordered: bool) -> Any:
+        self.expect("when")
         guard = self.expr()
         self.expect("->")
         target = self.target()
@@ -758,7 +797,7 @@ class _Items(_Exprs):
         if not branches:
             raise _Bail
         if self.at("otherwise"):
-            branches.append(self.otherwise_arm())
+            branches.append(self.quick_arm(_OTHERWISE_ARM) or self.otherwise_arm())
         self.expect("}")
         return {"kind": "match", "subject": subject, "branches": branches}
 
