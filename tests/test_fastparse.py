@@ -187,3 +187,56 @@ def test_one_line_arms_read_by_regex_build_the_token_readers_nodes() -> None:
     assert taken == ["when F -> t", "when N < 5 -> do Go  # a comment after the target", "when N<=M->t",
                      "when N >= 50 -> t", "otherwise -> do Go", "otherwise -> do Go", "when N < 3 -> do Go",
                      "otherwise -> s"]
+
+
+ONE_LINE_HEADS = '''field A: Yes | No "the answer"
+field B: Yes|No|Maybe
+field C: One | Two
+    | Three
+field D: bool
+field E: bool? = true
+system N: int[0..1000]
+system M: float[-5..5] unit "s"
+system P: int[ 0 .. 7 ] hidden
+system Q: int[0..]
+system R: int(0..9]
+field S: bool.x
+field T: Only
+stage s "S" {
+    match A {
+        Yes -> t
+        No -> t
+    }
+}
+stage t "T \\"quoted\\"" {
+    "more text"
+    match N + 1 {
+        1 -> do Go
+        otherwise -> u
+    }
+}
+stage u { match(B) { Yes -> do Go  No -> do Go  Maybe -> do Go } }
+action Go
+'''
+
+
+def test_one_line_heads_read_by_regex_build_the_token_readers_nodes() -> None:
+    """`_DECL_HEAD`, `_STAGE_HEAD` and `_MATCH_HEAD` take the commonest heads; other shapes (an enum
+    going on on the next line, open or half-open ranges, a second text, an expression) do not."""
+    assert_same(ONE_LINE_HEADS)
+    taken: list[str] = []
+    real = fastparse._Items.quick_decl
+
+    def spy(self: Any) -> Any:
+        found = real(self)
+        if found is not None:
+            taken.append(found[0])
+        return found
+
+    fastparse._Items.quick_decl = spy  # type: ignore[method-assign]
+    try:
+        program, fragments = fast_items(ONE_LINE_HEADS)
+    finally:
+        fastparse._Items.quick_decl = real  # type: ignore[method-assign]
+    assert program is not None and fragments == []
+    assert taken == ["A", "B", "D", "E", "N", "M", "P"]

@@ -40,6 +40,14 @@ _WHEN_ARM = re.compile(rf"when[ \t]+({_NAME})(?:[ \t]*(==|!=|<=|>=|<|>)[ \t]*([0
                        rf"[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
 _OTHERWISE_ARM = re.compile(rf"otherwise()()()[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
 _GOES_ON = frozenset(("->", "(", "{"))  # after a target: steps, arguments or outputs follow
+# Heads of the commonest items, read with one regex each; anything else goes to the token reader.
+_STAGE_HEAD = re.compile(rf'stage[ \t]+({_NAME})[ \t]+("(?:[^"\\\n]|\\.)*")[ \t]*\{{')  # `stage ID "title" {`
+_MATCH_HEAD = re.compile(rf"match[ \t]+({_NAME})[ \t]*\{{")  # `match NAME {`
+# `field|system NAME: TYPE` with TYPE `bool`, `int[lo..hi]`/`float[lo..hi]` (integer bounds) or `A | B | ...`
+_DECL_HEAD = re.compile(rf"(?:field|system)[ \t]+({_NAME})[ \t]*:[ \t]*(?:(bool)(?![A-Za-z0-9_.])"
+                        rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
+                        rf"|({_NAME}(?:[ \t]*\|[ \t]*{_NAME})+))")
+_NAMES = re.compile(_NAME)
 _SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
 _TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
                          "seconds"))
@@ -585,10 +593,14 @@ class _Items(_Exprs):
         return number(self.number()[0], negative=negative)
 
     def variable(self, role: ir.Role) -> ir.Variable:
-        self.advance()
-        name, span = self.name()
-        self.expect(":")
-        kw: dict[str, Any] = {"type": self.vtype()}
+        quick = self.quick_decl()
+        if quick is None:
+            self.advance()
+            name, span = self.name()
+            self.expect(":")
+            quick = name, span, self.vtype()
+        name, span, vtype = quick
+        kw: dict[str, Any] = {"type": vtype}
         if self.at("?"):
             self.advance()
             kw["optional"] = True
@@ -603,6 +615,31 @@ class _Items(_Exprs):
         if text is not None:
             kw["description"] = text
         return mk(ir.Variable, name=name, role=role, span=span, **kw)
+
+    def quick_decl(self) -> tuple[str, ir.Span, Any] | None:
+        """`field|system NAME: TYPE` of the commonest one-line shapes (`_DECL_HEAD`): its name, span and
+        type, as the token reader builds them; None for anything else (the token reader takes it)."""
+        m = _DECL_HEAD.match(self.text, self.s)
+        if m is None or m.group(1) in RESERVED:
+            return None
+        enum = m.group(6)
+        values = [intern(v) for v in _NAMES.findall(enum)] if enum else []
+        if any(v in RESERVED for v in values):
+            return None
+        saved = (self.k, self.v, self.s, self.e)
+        self.e = m.end()
+        self.advance()
+        if enum and self.k == "o" and self.v == "|":  # the enum goes on (on the next line)
+            self.k, self.v, self.s, self.e = saved
+            return None
+        if m.group(2):
+            vtype = mk(ir.BoolType, span=self.nowhere)
+        elif enum:
+            vtype = mk(ir.EnumType, values=values, span=self.span_at(m.start(6), m.end(6)))
+        else:
+            vtype = mk(ir.NumType, kind=intern(m.group(3)), span=self.nowhere, lo=float(int(m.group(4))),
+                       hi=float(int(m.group(5))), lo_open=False, hi_open=False)
+        return intern(m.group(1)), self.span_at(m.start(1), m.end(1)), vtype
 
     def action_name(self) -> tuple[str, ir.Span]:
         if self.k == "s":
@@ -654,10 +691,16 @@ class _Items(_Exprs):
 
     # -- stages
     def stage(self) -> ir.Stage:
-        self.advance()
-        name, span = self.name()
-        title = self.text_opt() or ""
-        self.expect("{")
+        m = _STAGE_HEAD.match(self.text, self.s)
+        if m is not None and m.group(1) not in RESERVED:
+            name, span, title = intern(m.group(1)), self.span_at(m.start(1), m.end(1)), unquote(m.group(2))
+            self.e = m.end()
+            self.advance()
+        else:
+            self.advance()
+            name, span = self.name()
+            title = self.text_opt() or ""
+            self.expect("{")
         texts: list[str] = []
         while (text := self.text_opt()) is not None:
             texts.append(text)
@@ -774,9 +817,15 @@ class _Items(_Exprs):
         return value
 
     def match_block(self) -> dict[str, Any]:
-        self.advance()
-        subject = self.expr()
-        self.expect("{")
+        m = _MATCH_HEAD.match(self.text, self.s)
+        if m is not None and m.group(1) not in RESERVED:
+            subject = _var(name=intern(m.group(1)), span=self.span_at(m.start(1), m.end(1)))
+            self.e = m.end()
+            self.advance()
+        else:
+            self.advance()
+            subject = self.expr()
+            self.expect("{")
         branches: list[Any] = []
         while not self.at("otherwise") and not self.at("}"):
             simple = self.simple_arm()

@@ -656,9 +656,11 @@ class Scenario(Node):
         finals: set[str] = set()
         for stage in self.stages.values():
             for b in stage.branches:
-                steps.update(dict.fromkeys(c.action for c in b.target.steps))
-                if b.target.kind == "action" and b.target.action:
-                    finals.add(b.target.action)
+                target = b.target
+                if target.steps:
+                    steps.update(dict.fromkeys(c.action for c in target.steps))
+                if target.kind == "action" and target.action:
+                    finals.add(target.action)
         return [a for a in steps if a in self.actions and a not in finals]
 
     @property
@@ -685,8 +687,13 @@ class Scenario(Node):
     @property
     def procedural(self) -> bool:
         """Whether the program observes values or bounds branches (it is then analysed unrolled)."""
-        return any(st.observe or any(b.limit is not None for b in st.branches)
-                   for st in self.stages.values())
+        for st in self.stages.values():
+            if st.observe:
+                return True
+            for b in st.branches:
+                if b.limit is not None:
+                    return True
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
