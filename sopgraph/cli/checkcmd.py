@@ -12,7 +12,7 @@ import click
 from sopgraph.cases.profiles import profile_path_for
 from sopgraph.cases.synth import check_profile_beside
 from sopgraph.cli.params import include_dirs
-from sopgraph.language.diagnostics import sort_key
+from sopgraph.language.diagnostics import SourceLines, sort_key
 from sopgraph.logic.checker import Checked, check_file
 from sopgraph.perf import batch_gc
 
@@ -35,7 +35,7 @@ def diagnostic_record(diag: Any) -> dict[str, Any]:
     }
 
 
-def render(diag: Any, sources: dict[str, str], split: dict[str, list[str]] | None = None) -> str:
+def render(diag: Any, sources: dict[str, str], split: dict[str, SourceLines] | None = None) -> str:
     """Rendered like a compiler; a diagnostic about a whole file still starts with the file name
     (`split`: the sources' lines, shared between the diagnostics of one file)."""
     text = diag.render(sources, split=split)
@@ -99,7 +99,7 @@ def _check_files(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bo
         click.echo(json.dumps(records, indent=2, ensure_ascii=False, sort_keys=False))
     else:
         for result in results:
-            split: dict[str, list[str]] = {}
+            split: dict[str, SourceLines] = {}
             diags = result.diagnostics
             for at in range(0, len(diags), ECHO_BATCH):  # one write per batch, not two per diagnostic
                 click.echo("".join(f"{render(d, result.sources, split)}\n\n" for d in diags[at:at + ECHO_BATCH]),
