@@ -78,6 +78,7 @@ _CACHE_VERSION: Final = 1
 _log = logging.getLogger(__name__)
 
 AIOHTTP_PROVIDERS: Final = frozenset({"aiohttp_openai"})
+"""litellm providers that call through an aiohttp session: the gateway gives them one per event loop."""
 _BUILTIN_CALL_OPTIONS: Final = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
 """Per-call litellm options of every built-in call (with ``custom_llm_provider``, the built-in's provider):
 documented per-call options that spare litellm work a local, free model does not need. The price (0, per
@@ -85,7 +86,6 @@ call: litellm keeps it on the call's logging object and never writes it to ``lit
 logging payload take the call's own price entry instead of searching the cost map for the model; the
 provider named up front saves resolving it from the model string. About 3,040 → 2,750 Python function
 calls per built-in call, litellm's async success logging included (docs/agents.md, "Speed")."""
-"""litellm providers that call through an aiohttp session: the gateway gives them one per event loop."""
 
 
 # =========================================================================== preflight

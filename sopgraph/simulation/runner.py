@@ -22,8 +22,8 @@ so that a killed run can be resumed from the store alone and a shard of cases co
 - Worker processes (`workers=N`, opt-in): the dialogues to run are dealt round-robin to N processes,
   each with its own event loop and gateway (concurrency/N). Workers never open the store: they send
   every write (start, turn, finish, fail) through a pipe to the parent, the single SQLite writer, in
-  the order they happened (in batches, see `_PipeSink`). Per dialogue the writes are the same as in one process, so resume and
-  "every dialogue exactly once" hold unchanged. Why: litellm costs ~2 ms CPU per call, so one
+  the order they happened (in batches, see `_PipeSink`). Per dialogue the writes are the same as in
+  one process, so resume and "every dialogue exactly once" hold unchanged. Why: litellm costs ~2 ms CPU per call, so one
   process saturates one core long before a fast model does.
 """
 
