@@ -13,6 +13,7 @@ from sopgraph.logic import optcheck
 from sopgraph.logic.checker import check
 from sopgraph.logic.engine import DecideError, run
 from sopgraph.logic.optcheck import optional_read_diagnostics
+from sopgraph.logic.paths import iter_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -174,3 +175,58 @@ def test_shipped_programs_have_no_unguarded_optional_reads(path: Path) -> None:
     if loaded.scenario is None:  # include-only fragments (examples/common)
         return
     assert [d.code for d in optional_read_diagnostics(loaded.scenario)] == []
+
+
+STRUCTURED = """scenario optl "Optional list and record"
+system Segs: list[0..4] of date? "Flight segments, if any."
+system M: record { lat: int[0..100], ok: bool }? "Line metrics, if measured."
+system N: int[0..4]? "A small count, if known."
+system Tier: Gold | Basic? "Loyalty tier, if any."
+action A "a" [ends_dialogue]
+action B "b" [ends_dialogue]
+"""
+
+
+def structured(body: str) -> ir.Scenario:
+    loaded = load_source(None, text=STRUCTURED + body, name="t.sop")
+    assert loaded.scenario is not None, [d.message for d in loaded.diagnostics]
+    return loaded.scenario
+
+
+@pytest.mark.parametrize("name", ["N", "Tier"])
+def test_missing_test_on_a_finite_optional_is_a_real_branch(name: str) -> None:
+    # small finite domains are split into points; "missing" has no point, so the test must stay a literal
+    s = structured(f"stage s \"s\" {{\n  when missing({name}) -> do A\n  otherwise -> do B\n}}\n")
+    assert not [d for d in check(s) if d.code == "W304"], [d.message for d in check(s)]
+    paths = list(iter_paths(s))
+    assert [p.action for p in paths] == ["A", "B"]
+    missing_path = paths[0]
+    assert missing_path.witness is not None and missing_path.witness[name] is None
+    assert run(s, missing_path.witness)[0].finals["Action"] == "A"
+
+
+def test_optional_list_and_record_reads_are_checked() -> None:
+    unguarded = structured('stage s "s" {\n  when len(Segs) > 2 -> do A\n  otherwise -> t\n}\n'
+                           'stage t "t" {\n  when M.ok -> do A\n  otherwise -> do B\n}\n')
+    found = optional_read_diagnostics(unguarded)
+    assert sorted(d.message.split("`")[1] for d in found if d.code == "W306") == ["M", "Segs"]
+    assert not [d for d in found if d.code == "I303"]
+    for d in found:  # the example leaves the structure out, and the engine refuses it there
+        with pytest.raises(DecideError, match="is missing: it is optional"):
+            run(unguarded, d.witness)
+    guarded = structured('stage s "s" {\n  when missing(Segs) or missing(M) -> do B\n'
+                         '  when len(Segs) > 2 -> do A\n  otherwise -> t\n}\n'
+                         'stage t "t" {\n  when M.ok -> do A\n  otherwise -> do B\n}\n')
+    assert optional_read_diagnostics(guarded) == []
+
+
+def test_optional_list_paths_and_witnesses_in_source_terms() -> None:
+    s = structured('stage s "s" {\n  when missing(Segs) -> do B\n  when len(Segs) > 2 -> do A\n'
+                   '  otherwise -> do B\n}\n')
+    paths = list(iter_paths(s))
+    assert [p.action for p in paths] == ["B", "A", "B"]
+    assert paths[0].constraints["where"] == "missing(Segs)"
+    assert paths[0].witness is not None and paths[0].witness["Segs"] is None
+    assert len(paths[1].witness["Segs"]) >= 3 and isinstance(paths[2].witness["Segs"], list)
+    for p in paths:
+        assert run(s, p.witness)[0].finals["Action"] == p.action

@@ -174,6 +174,13 @@ def test_report_content(html_text: str) -> None:
     assert "catastrophic" in html_text
 
 
+def test_report_shows_action_traces_when_agents_acted(html_text: str) -> None:
+    section = html_text[html_text.index('<section id="traces">'):]
+    section = section[:section.index("</section>")]
+    assert "tau2 pass" in section and "acme/good" in section and "acme/weak" in section
+    assert section.count("<tr>") == 1 + 2  # the header and one row per model
+
+
 def test_report_is_deterministic(runs, html_text: str) -> None:
     assert report_for_runs(list(runs), ScoreConfig(bootstrap=200)) == html_text
 

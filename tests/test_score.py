@@ -651,6 +651,28 @@ def test_score_and_leaderboard_tables_fit_100_columns(floor_runs, tmp_path) -> N
     assert max(len(line) for line in to_file.read_text().splitlines() if not line.startswith("config:")) <= 100
 
 
+def test_trace_scores_have_their_own_table_in_score_and_leaderboard(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.cli.scorecmd import _TRACE_COLUMNS
+
+    r = CliRunner()
+    oracle, comply = str(floor_runs["baseline/oracle"]), str(floor_runs["baseline/always-comply"])
+    for args in (["score", oracle, "--bootstrap", "0"], ["leaderboard", oracle, comply, "--bootstrap", "0"]):
+        res = r.invoke(main, args, env={"COLUMNS": "200"})
+        assert res.exit_code == 0, res.output
+        table = res.output[res.output.index("action traces"):]
+        headers = {cell.strip() for line in table.splitlines() if line.startswith("┃")
+                   for cell in line.strip("┃").split("┃")}
+        assert set(_TRACE_COLUMNS) <= headers
+        oracle_line = next(line for line in table.splitlines() if "baseline/oracle" in line)
+        assert oracle_line.count("100.0") >= 3  # precision, recall and tau2 pass of the oracle
+    board = r.invoke(main, ["leaderboard", oracle, oracle, "--format", "json", "--bootstrap", "0"])
+    row = json.loads(board.output)["rows"][0]
+    assert row["tau2_pass_k"] and row["tau2_pass_k"][0]["value"] == 1.0  # median over the repeated runs
+
+
 def test_score_leaderboard_compare_cli(floor_runs, tmp_path) -> None:
     from click.testing import CliRunner
 

@@ -156,6 +156,21 @@ def _quality_row(a: str, b: str, m: dict, dialogues: int) -> list[str]:
             _pts(m.get("format_error_rate"), ci=False), _num(m.get("chat_length"))]
 
 
+_TRACE_COLUMNS = ("Model", "Scenario", "Precision", "Recall", "Order", "Journey", "tau2", "tau2^k")
+_TRACE_METRICS = ("trace_precision", "trace_recall", "trace_order", "journey_coverage", "tau2_pass")
+
+
+def _has_traces(rows: Sequence[dict]) -> bool:
+    """Trace scores exist only where the agent acted (tools, HTTP, Python agents, or reported actions)."""
+    return any((m := metrics.get(k)) is not None and m.value is not None for metrics in rows for k in _TRACE_METRICS)
+
+
+def _trace_row(a: str, b: str, m: dict, tau2_pass_k: list) -> list[str]:
+    pk = tau2_pass_k[-1] if tau2_pass_k else None
+    return [a, b, *(_pts(m.get(k)) for k in _TRACE_METRICS),
+            f"{_pts(pk, ci=False)} k={len(tau2_pass_k)}" if pk else "–"]
+
+
 def _safety_row(a: str, b: str, m: dict, pass_k: list, tier: str | None) -> list[str]:
     pk = pass_k[-1] if pass_k else None
     tok = m.get("tokens_per_1k")
@@ -178,6 +193,10 @@ def _summary_tables(summary: Any) -> list[tuple[str, tuple[str, ...], list[list[
     tables.append(("reliability, safety and cost", _SAFETY_COLUMNS,
                    [_safety_row(g.key["model"], g.key["scenario"], g.metrics, g.pass_k, g.cost_tier)
                     for g in main_groups]))
+    if _has_traces([g.metrics for g in main_groups]):
+        tables.append(("action traces against the rule engine's reference trace (docs/metrics.md)", _TRACE_COLUMNS,
+                       [_trace_row(g.key["model"], g.key["scenario"], g.metrics, g.tau2_pass_k)
+                        for g in main_groups]))
     for dim, title in (("intensity", "by adversarial intensity"), ("bucket", "by bucket"),
                        ("depth", "by turn depth")):
         groups = [g for g in summary.groups if g.by == ["model", "scenario", dim]]
@@ -325,6 +344,9 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
                  _QUALITY_COLUMNS, [_quality_row(r.model, r.scenario, r.metrics, r.dialogues) for r in board.rows])
     _print_table(console, "reliability, safety and cost", _SAFETY_COLUMNS,
                  [_safety_row(r.model, r.scenario, r.metrics, r.pass_k, r.cost_tier) for r in board.rows])
+    if _has_traces([r.metrics for r in board.rows]):
+        _print_table(console, "action traces against the rule engine's reference trace (docs/metrics.md)",
+                     _TRACE_COLUMNS, [_trace_row(r.model, r.scenario, r.metrics, r.tau2_pass_k) for r in board.rows])
     console.print(f"runs: {' '.join(board.runs)}", markup=False)
     console.print(f"config: {board.config_text}", markup=False)
     if out is not None:

@@ -436,6 +436,9 @@ def build_report(inputs: Sequence[ReportInput], *, title: str | None = None, exa
     sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
     sections.append(("overview", "Overview", _overview(inputs)))
     sections.append(("leaderboard", "Leaderboard", _leaderboard(inputs, series, hrefs)))
+    traces = _trace_section(series, hrefs)
+    if traces:
+        sections.append(("traces", "Action traces", traces))
     sections.append(("gap", "Execution gap", _gap_section(series, hrefs)))
     sections.append(("intensity", "By adversarial intensity", _intensity_section(inputs, series, means, hrefs,
                                                                                   index_of)))
@@ -636,6 +639,35 @@ def _leaderboard(inputs, series: list[_Series], hrefs: dict[str, str]) -> str:
     return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
             f"<p class='note'>{scope}SAGE Table 1 columns plus reliability and safety. Model names link to their "
             "lowest-scoring dialogues; catastrophic counts link to those dialogues.</p>")
+
+
+_TRACE_METRICS = ("trace_precision", "trace_recall", "trace_order", "journey_coverage", "tau2_pass")
+
+
+def _trace_section(series: list[_Series], hrefs: dict[str, str]) -> str:
+    """Action-trace scores per model and scenario, or "" when no agent acted (SAGE-mode runs only)."""
+    rows = []
+    for s in series:
+        for g in s.inp.run.aggregate(["model", "scenario"]):
+            m = g.metrics
+            if g.key["model"] != s.model or all(m.get(k) is None or m[k].value is None for k in _TRACE_METRICS):
+                continue
+            pk = g.tau2_pass_k[-1] if g.tau2_pass_k else None
+            rows.append(f"<tr><td class='l'><a href='{hrefs[f'{s.sid}:worst']}'>{esc(s.label)}</a></td>"
+                        f"<td class='l'>{esc(g.key['scenario'])}</td>"
+                        + "".join(_cell(m.get(k)) for k in _TRACE_METRICS)
+                        + (f"<td>{_pct(pk.value)} <span class='ci'>k={len(g.tau2_pass_k)}</span></td>"
+                           if pk and pk.value is not None else "<td>–</td>") + "</tr>")
+    if not rows:
+        return ""
+    head = ("<tr><th class='l'>Model</th><th class='l'>Scenario</th><th>Precision</th><th>Recall</th>"
+            "<th>Order</th><th>Journey</th><th>tau2 pass</th><th>tau2 pass^k</th></tr>")
+    return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
+            "<p class='note'>The agent's actions (tool calls, or the actions it reported) against the rule engine's "
+            "reference trace for the judged classification: precision and recall of the actions, order (longest "
+            "common subsequence), journey coverage of the reference path's stages, and tau2-bench's pass (every "
+            "required action with the right arguments, no prohibited action). Formulas in docs/metrics.md; rows "
+            "only for agents with a trace.</p>")
 
 
 def _gap_section(series: list[_Series], hrefs) -> str:

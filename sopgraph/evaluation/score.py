@@ -1556,6 +1556,7 @@ class LeaderRow(BaseModel):
     dialogues: int = 0
     metrics: dict[str, Metric] = Field(default_factory=dict)
     pass_k: list[Metric] = Field(default_factory=list)
+    tau2_pass_k: list[Metric] = Field(default_factory=list)  # pass^k of the tau2 trace criterion
     cost_tier: str | None = None
 
 
@@ -1565,6 +1566,15 @@ class Leaderboard(BaseModel):
     config_text: str
     runs: list[str]
     rows: list[LeaderRow]
+
+
+def _median_pass_k(curves: list[list[Metric]]) -> list[Metric]:
+    """pass^k over repeated runs: the median with the min–max range, for the k every run reached."""
+    out = []
+    for i in range(min(len(c) for c in curves)):
+        med, lo, hi = stats.median_range([v for c in curves if (v := c[i].value) is not None])
+        out.append(Metric(value=_clean(med), lo=_clean(lo), hi=_clean(hi), n=len(curves)))
+    return out
 
 
 def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = None) -> Leaderboard:
@@ -1586,22 +1596,18 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
             run_name, g = items[0]
             rows.append(LeaderRow(model=model, scenario=scen, runs=[run_name], spread="ci", dialogues=g.dialogues,
                                   metrics={k: g.metrics[k] for k in LEADERBOARD_METRICS if k in g.metrics},
-                                  pass_k=g.pass_k, cost_tier=g.cost_tier))
+                                  pass_k=g.pass_k, tau2_pass_k=g.tau2_pass_k, cost_tier=g.cost_tier))
             continue
         metrics = {}
         for k in LEADERBOARD_METRICS:
             vals = [v for _, g in items if k in g.metrics and (v := g.metrics[k].value) is not None]
             med, lo, hi = stats.median_range(vals)
             metrics[k] = Metric(value=_clean(med), lo=_clean(lo), hi=_clean(hi), n=len(vals))
-        kmax = min(len(g.pass_k) for _, g in items)
-        pass_k = []
-        for i in range(kmax):
-            med, lo, hi = stats.median_range([v for _, g in items if (v := g.pass_k[i].value) is not None])
-            pass_k.append(Metric(value=_clean(med), lo=_clean(lo), hi=_clean(hi), n=len(items)))
         tiers = sorted(g.cost_tier for _, g in items if g.cost_tier)
         rows.append(LeaderRow(model=model, scenario=scen, runs=[n for n, _ in items], spread="range",
-                              dialogues=sum(g.dialogues for _, g in items), metrics=metrics, pass_k=pass_k,
-                              cost_tier=tiers[len(tiers) // 2] if tiers else None))
+                              dialogues=sum(g.dialogues for _, g in items), metrics=metrics,
+                              pass_k=_median_pass_k([g.pass_k for _, g in items]),
+                              tau2_pass_k=_median_pass_k([g.tau2_pass_k for _, g in items]), cost_tier=tiers[len(tiers) // 2] if tiers else None))
     # Macro average over scenarios per model (SAGE's "Average" column), when a model has several.
     by_model: dict[str, list[LeaderRow]] = {}
     for r in rows:

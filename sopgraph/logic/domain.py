@@ -730,7 +730,9 @@ class Space:
         finite = []
         total = 1
         for i in vs:
-            vals = self._finite_values(i, box.doms[i], 32)
+            # a missing optional value has no point domain: `missing(X)` stays a literal for the search
+            vals = None if i in self.optional and box.doms[i] == self.full_doms[i] else (
+                self._finite_values(i, box.doms[i], 32))
             if vals is None:
                 total = -1
                 break

@@ -7,6 +7,9 @@ number variables. A program with list or record variables is analysed in an equi
   nest: `R.a.x`);
 - a list variable `L` of at most n items becomes `len(L)` (an int in the declared length range) and
   one set of variables per possible item: `L[0]`, `L[1]`, … (`L[0].a`, … for records);
+- an optional list or record (`list[0..3] of date?`) is missing when its *presence key* is: `len(L)` for a
+  list, its first plain variable for a record (`presence_key`); only that key is optional in the plain form, and
+  `missing(L)` reads it;
 - `any(s in L where C)` becomes `len(L) > 0 and C[s := L[0]] or len(L) > 1 and C[s := L[1]] or …`;
   `all` and `count(… where …)` likewise; `len(L)` reads `len(L)`; `X in L` is `any` of the item
   equalities; a weighted count `count(2: A, 1: B)` becomes `case {when A -> 2 otherwise -> 0} + …`.
@@ -47,9 +50,13 @@ class _Lowering:
         self.types: dict[str, Any] = {}  # every path (`L`, `L[0]`, `L[0].a`) -> its declared type
         self.variables: dict[str, ir.Variable] = {}
         self.texts: dict[str, str] = {}  # lowered expression text -> the source text (for messages)
+        self.presence: dict[str, str] = {}  # optional structured root -> its presence key
         for name, var in scenario.variables.items():
             if var.role != "derived" and ir.is_structured(var.type):
                 self._expand(var, name, var.type)
+                if var.optional:
+                    key = self.presence[name] = presence_key(name, var.type)
+                    self.variables[key] = self.variables[key].model_copy(update={"optional": True})
             else:
                 self.variables[name] = var
 
@@ -62,12 +69,12 @@ class _Lowering:
             n = len_name(path)
             self.variables[n] = var.model_copy(update={
                 "name": n, "type": ir.NumType(kind="int", lo=vtype.min_len, hi=vtype.max_len), "observed": False,
-                "money": False})
+                "money": False, "optional": False})
             for i in range(vtype.max_len):
                 self._expand(var, f"{path}[{i}]", vtype.item)
         else:
             self.variables[path] = var.model_copy(update={"name": path, "type": vtype, "observed": False,
-                                                          "money": False})
+                                                          "money": False, "optional": False})
 
     # -- expressions
     def path(self, e: Any, env: Mapping[str, str]) -> str:
@@ -108,6 +115,11 @@ class _Lowering:
             found: Any = ir.BoolOp(op="or", operands=hits, span=e.span) if len(hits) > 1 else (
                 hits[0] if hits else ir.Lit(value=False, span=e.span))
             return ir.Unary(op="not", operand=found, span=e.span) if e.negated else found
+        if (isinstance(e, ir.Func) and e.name == "missing" and len(e.args) == 1 and isinstance(e.args[0], ir.Var)
+                and e.args[0].name in self.presence):
+            out = e.model_copy(update={"args": [ir.Var(name=self.presence[e.args[0].name], span=e.args[0].span)]})
+            self.texts.setdefault(ir.show(out), ir.show(e))
+            return out
         if isinstance(e, ir.Weighted):
             terms = [ir.CaseExpr(arms=[ir.CaseArm(when=self.expr(a, env), then=ir.Lit(value=w))],
                                  otherwise=ir.Lit(value=0), span=e.span) for w, a in zip(e.weights, e.args, strict=True)]
@@ -240,7 +252,13 @@ def lift_value(path: str, vtype: Any, values: Mapping[str, Any]) -> Any:
     if isinstance(vtype, ir.RecordType):
         rec = {f.name: lift_value(f"{path}.{f.name}", f.type, values) for f in vtype.fields}
         return _MISSING if any(x is _MISSING for x in rec.values()) else rec
-    return values.get(path, _MISSING)
+    value = values.get(path, _MISSING)
+    return _MISSING if value is None else value  # a missing optional list or record's presence key
+
+
+def presence_key(path: str, vtype: Any) -> str:
+    """The plain variable that is missing exactly when an optional list or record `path` is."""
+    return _plain_keys(path, vtype)[0]
 
 
 def _plain_keys(path: str, vtype: Any) -> list[str]:
@@ -274,6 +292,11 @@ class Lowered(Unrolled):
         return out
 
     def lift(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        out = self.lift_structures(values)
+        return self.inner.lift(out) if self.inner.looks else out
+
+    def lift_structures(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Lists and records rebuilt, looks left as they are (values for `self.inner.scenario`)."""
         out = dict(values)
         for name, vtype in self.roots.items():
             value = lift_value(name, vtype, values)
@@ -281,7 +304,9 @@ class Lowered(Unrolled):
                 out.pop(key, None)
             if value is not _MISSING:
                 out[name] = value
-        return self.inner.lift(out) if self.inner.looks else out
+            elif self.plain_keys[name][0] in values and values[self.plain_keys[name][0]] is None:
+                out[name] = None  # an optional list or record left out, shown as plain optionals are
+        return out
 
     def lower_expr(self, expr: Any) -> Any:
         """A condition written against the source program (`any(s in Segments where s.flown)`,
@@ -289,6 +314,13 @@ class Lowered(Unrolled):
         if self._lowering is None:
             self._lowering = _Lowering(self.inner.scenario)
         return self._lowering.expr(expr, {})
+
+    def missing_in_source_terms(self, text: str) -> str:
+        """`missing(len(L))` (the plain form's test of an optional list or record) as `missing(L)`."""
+        for name, vtype in self.roots.items():
+            if self.inner.scenario.variables[name].optional:
+                text = text.replace(f"missing({presence_key(name, vtype)})", f"missing({name})")
+        return text
 
     def source_text(self, text: str) -> str:
         """A message about the plain form in the source's terms (`any(s in L where …)`, not its expansion)."""

@@ -25,7 +25,7 @@ from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, warning
 from sopgraph.logic.domain import Box
 from sopgraph.logic.engine import DecideError, run
-from sopgraph.logic.lower import analysis_form, needs_analysis_form
+from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form, presence_key
 from sopgraph.logic.paths import Explorer
 from sopgraph.logic.unroll import Unrolled, UnrollError
 
@@ -120,12 +120,22 @@ def rewritten(scenario: ir.Scenario, optional: set[str]) -> ir.Scenario:
     return out
 
 
+@dataclass(frozen=True)
+class _Optional:
+    """One optional input as the analysis form sees it: `flag` is the plain variable whose `missing(…)`
+    stands for it (the variable itself; `len(L)` or a record's first field for a list or record), and a
+    read of any name in `reads` is a read of it."""
+    name: str
+    flag: str
+    reads: frozenset[str]
+
+
 class _Reads:
     """"Evaluating e gets to a read of X" as a condition, in the engine's evaluation order."""
 
-    def __init__(self, scenario: ir.Scenario, name: str):
+    def __init__(self, scenario: ir.Scenario, names: frozenset[str]):
         self.s = scenario
-        self.name = name
+        self.names = names
         self.memo: dict[str, Any] = {}
         self.nodes = 0
 
@@ -136,7 +146,7 @@ class _Reads:
         if e is None or isinstance(e, (ir.Lit, ir.TimeLit)):
             return None
         if isinstance(e, ir.Var):
-            if e.name == self.name:
+            if e.name in self.names:
                 return _true()
             var = self.s.variables.get(e.name)
             if var is None or var.role != "derived" or var.expr is None:
@@ -177,7 +187,7 @@ class _Reads:
         while stack:
             node = stack.pop()
             if (isinstance(node, ir.Var) and node.span.line
-                    and (node.name == self.name or self.of(node) is not None)):
+                    and (node.name in self.names or self.of(node) is not None)):
                 return node.span
             stack.extend(reversed(ir.children(node)))
         return e.span
@@ -191,13 +201,14 @@ class _Check:
     where: str  # "in the condition of …" for the message
 
 
-def _stage_checks(scenario: ir.Scenario, stage: ir.Stage, names: list[str]) -> tuple[list[_Check], int]:
+def _stage_checks(scenario: ir.Scenario, stage: ir.Stage, optionals: list[_Optional]) -> tuple[list[_Check], int]:
     """The read sites of one stage, per optional variable; and how many were too large to analyse."""
     out: list[_Check] = []
     too_big = 0
-    for name in names:
-        reads = _Reads(scenario, name)
-        flag = ir.Var(name=flag_name(name))
+    for opt in optionals:
+        name = opt.name
+        reads = _Reads(scenario, opt.reads)
+        flag = ir.Var(name=flag_name(opt.flag))
         earlier: list[Any] = []
         prior: list[Any] = []  # earlier reads of the variable in this stage: reaching them fails first
         for bi, b in enumerate(stage.branches):
@@ -254,19 +265,21 @@ def _live(ex: Explorer, checks: list[list[_Check]]) -> list[frozenset[int]]:
 
 
 class _Pass:
-    def __init__(self, form: ir.Scenario, names: list[str], source_id: Callable[[str], str],
-                 lift: Callable[[dict[str, Any]], dict[str, Any]]):
+    def __init__(self, form: ir.Scenario, optionals: list[_Optional], source_id: Callable[[str], str],
+                 lift: Callable[[dict[str, Any]], dict[str, Any]],
+                 example: Callable[[dict[str, Any]], None]):
         self.form = form
-        self.names = names
+        self.optionals = optionals
         self.source_id = source_id
         self.lift = lift
-        self.t = rewritten(form, set(names))
+        self.example = example  # runs the engine on an example of the form (raises DecideError)
+        self.t = rewritten(form, {o.flag for o in optionals})
         self.ex = Explorer(self.t)
         self.sp = self.ex.sp
         self.checks: list[list[_Check]] = []
         self.too_big = 0
         for st in self.ex.stage_objs:
-            found, big = _stage_checks(self.t, st, names)
+            found, big = _stage_checks(self.t, st, optionals)
             self.checks.append(found)
             self.too_big += big
         self.ex.live = _live(self.ex, self.checks)
@@ -339,13 +352,13 @@ class _Pass:
     def confirm(self, c: _Check, si: int, w: dict[str, Any], prefix: Any) -> str:
         """"yes" (the engine refuses the example at this read), "earlier" (it refuses it at an earlier
         read of an optional value, reported there), or "no"."""
-        values = {k: v for k, v in w.items() if k not in {flag_name(n) for n in self.names}}
-        for n in self.names:
-            if w.get(flag_name(n)) is True:
-                values[n] = None
+        values = {k: v for k, v in w.items() if k not in {flag_name(o.flag) for o in self.optionals}}
+        for o in self.optionals:
+            if w.get(flag_name(o.flag)) is True:
+                values[o.flag] = None
         sid = self.ex.ids[si]
         try:
-            run(self.form, values)
+            self.example(values)
         except DecideError as exc:
             if "is missing: it is optional" not in exc.message:
                 return "no"
@@ -396,11 +409,40 @@ def _steps(prefix: Any) -> tuple[list[int], list[int]]:
     return [s for s, _ in out], [b for _, b in out]
 
 
+def _optionals(scenario: ir.Scenario, names: list[str], unrolled: Unrolled | None,
+               form: ir.Scenario) -> list[_Optional]:
+    """The optional inputs in the analysis form's terms (lists and records by their plain variables)."""
+    out = []
+    for n in names:
+        vtype = scenario.variables[n].type
+        if ir.is_structured(vtype):
+            if isinstance(unrolled, Lowered) and n in unrolled.plain_keys:
+                out.append(_Optional(n, presence_key(n, vtype), frozenset(unrolled.plain_keys[n])))
+        elif n in form.variables:
+            out.append(_Optional(n, n, frozenset((n,))))
+    return out
+
+
+def _example_runner(unrolled: Unrolled | None, form: ir.Scenario) -> Callable[[dict[str, Any]], None]:
+    """The engine on an example of the analysis form: on the program with its lists and records (the
+    engine refuses a read of a missing list there, under the list's own name), else on the form."""
+    if isinstance(unrolled, Lowered):
+        lowered = unrolled
+
+        def on_structures(values: dict[str, Any]) -> None:
+            run(lowered.inner.scenario, lowered.lift_structures(values))
+
+        return on_structures
+    def on_form(values: dict[str, Any]) -> None:
+        run(form, values)
+
+    return on_form
+
+
 def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
     """W306 for each read of an optional value that some feasible path reaches with the value missing
     (a verified example in `witness`); I303 when the bounded analysis could not settle every read."""
-    names = [n for n, v in scenario.variables.items()
-             if v.optional and v.role != "derived" and not ir.is_structured(v.type)]
+    names = [n for n, v in scenario.variables.items() if v.optional and v.role != "derived"]
     if not names or not scenario.stages:
         return []
     unrolled: Unrolled | None = None
@@ -413,8 +455,8 @@ def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
         if unrolled.premature:
             return []
         form = unrolled.scenario
-    names = [n for n in names if n in form.variables]
-    if not names:
+    optionals = _optionals(scenario, names, unrolled, form)
+    if not optionals:
         return []
 
     def source_id(sid: str) -> str:
@@ -426,7 +468,7 @@ def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
         return unrolled.lift(values)
 
     try:
-        return _Pass(form, names, source_id, lift).run()
+        return _Pass(form, optionals, source_id, lift, _example_runner(unrolled, form)).run()
     except RecursionError:
         return []
     except Exception:  # noqa: BLE001 - `sop check` must never crash on an analysis bug

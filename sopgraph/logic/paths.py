@@ -53,7 +53,7 @@ from sopgraph.language import ir
 from sopgraph.logic.domain import Box, Space, space_for, variables_signature
 from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
 from sopgraph.logic.formula import Formula
-from sopgraph.logic.lower import analysis_form, needs_analysis_form
+from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form
 from sopgraph.logic.unroll import Unrolled
 
 Region = tuple[Box, ...]
@@ -692,6 +692,8 @@ def _lift(info: PathInfo, u: Unrolled) -> PathInfo:
             for name in u.looks:
                 lifted[name] = lifted.get(name, [])[:looks.get(name, 0)]
             update[key] = lifted
+    if isinstance(u, Lowered):
+        update["constraints"] = {k: u.missing_in_source_terms(v) for k, v in info.constraints.items()}
     return info.model_copy(update=update)
 
 

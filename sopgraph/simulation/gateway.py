@@ -366,6 +366,9 @@ def parse_model_option(text: str) -> ModelSpec:
                 extra[key] = _coerce(value)
         except ValueError as exc:
             raise ModelOptionError(f"bad value for {key!r} in {text!r}: {exc}") from None
+    if _has_userinfo(params.get("api_base")):
+        raise ModelOptionError(f"--model {role}={model}: {_USERINFO_HINT}; got api_base="
+                               f"{_sanitize_url(params['api_base'])} with credentials")
     problem = unknown_builtin_message(model)
     if problem:
         raise ModelOptionError(f"--model {text!r}: {problem}")
@@ -877,6 +880,19 @@ def _short(message: str, limit: int = 600) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
+_USERINFO_HINT: Final = ("the api_base URL carries credentials (user:password@), which litellm's HTTP clients "
+                         "refuse beside the API key header; give the key through the provider's environment "
+                         "variable (docs/models.md)")
+
+
+def _has_userinfo(url: str | None) -> bool:
+    """Whether ``url`` has ``user:password@`` (refused before any call: the request could never be sent)."""
+    if not url:
+        return False
+    parts = urlsplit(url)
+    return parts.username is not None or parts.password is not None
+
+
 def _sanitize_url(url: str | None) -> str | None:
     """``url`` without userinfo, query or fragment (those may carry credentials)."""
     if not url:
@@ -1218,6 +1234,11 @@ class Gateway:
         started += time.perf_counter() - loading  # the one-time import is not the model's latency
         secrets = [kwargs["api_key"]] if "api_key" in kwargs else []
         secrets += _unsafe_values(spec.params.extra)
+        if _has_userinfo(spec.params.api_base):
+            self._stats.failures += 1
+            raise InfraFailure(f"{spec.role or 'model'} {spec.model}: bad_request (not retryable): {_USERINFO_HINT} "
+                               f"(api_base {_sanitize_url(spec.params.api_base)})",
+                               kind="bad_request", role=spec.role, model=spec.model, attempts=0, retryable=False)
         attempts = 0
         timeout = float(kwargs["timeout"])
         # A guard above the transport timeout, so a wedged call can never hang a run. litellm's
