@@ -20,7 +20,7 @@ The run uses the collector setting the `sop` entry point applies (`--library-gc`
 and `--workers N` processes as `sop run --workers N` would (CPU then counts every process).
 
     python benchmarks/bench_agents.py [--dialogues 640] [--concurrency 64] [--modes b,c] [--workers 2]
-                                      [--builtins-direct] [--library-gc] [--profile 30]
+                                      [--builtins-direct] [--priced] [--library-gc] [--profile 30]
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ MODES = {"b": "tool-calling model, tools:ROUTE/…", "c": "HTTP agent"}
 
 def measure(mode: str, latency: float, dialogues: int, concurrency: int, max_turns: int,
             profile: int = 0, route: str = "aiohttp_openai", builtins_direct: bool = False,
-            workers: int = 1) -> dict:
+            workers: int = 1, priced: bool = False) -> dict:
     """One run against the stub: mode `b` (a function-calling model through the gateway: a lookup,
     then a question, two calls per turn) or `c` (an HTTP agent, one request per turn)."""
     import sopgraph
@@ -143,11 +143,13 @@ def measure(mode: str, latency: float, dialogues: int, concurrency: int, max_tur
     try:
         port = int(stub.stdout.readline())
         agent = (f"agent=http://127.0.0.1:{port}/agent" if mode == "c" else
-                 f"agent=tools:{route}/stub,api_base=http://127.0.0.1:{port}/v1")
-        if mode == "b":  # the one-time litellm import (~2 s) is not per-turn harness work
-            from sopgraph.simulation.gateway import load_litellm
+                 f"agent=tools:{route}/stub,api_base=http://127.0.0.1:{port}/v1"
+                 + (",input_cost_per_token=0,output_cost_per_token=0" if priced else ""))
+        # the one-time litellm import (~2-4 s of CPU) is not per-turn harness work; in both modes the
+        # built-in user and judges go through litellm
+        from sopgraph.simulation.gateway import load_litellm
 
-            load_litellm()
+        load_litellm()
         with tempfile.TemporaryDirectory() as tmp:
             cpu, t0, wait = _cpu(), time.perf_counter(), _runqueue_wait()
             if prof is not None:
@@ -232,6 +234,10 @@ def main() -> None:
     ap.add_argument("--builtins-direct", action="store_true",
                     help="call the built-in user and judges without litellm (what sop runs never do): "
                          "shows how much of the harness cost is litellm's per-call work")
+    ap.add_argument("--priced", action="store_true",
+                    help="mode b: give the stub model its price per call (litellm's documented per-call "
+                         "input_cost_per_token/output_cost_per_token, 0 here), as a user can for a local model; "
+                         "litellm then skips searching its cost map for the unknown model on every call")
     ap.add_argument("--library-gc", action="store_true",
                     help="keep Python's default collector settings (a library caller's), not the `sop` CLI's")
     ns = ap.parse_args()
@@ -242,11 +248,13 @@ def main() -> None:
 
         tune_gc_for_cli()
         gc_note = "the `sop` CLI's GC setting"
+    if ns.priced:
+        gc_note += ", the tool-calling model priced per call"
     latencies = [float(x) for x in ns.latencies.split(",")]
     summary = {}
     for mode in ns.modes.split(","):
         rows = [measure(mode, lat, ns.dialogues, ns.concurrency, ns.max_turns, ns.profile, ns.route,
-                        ns.builtins_direct, ns.workers)
+                        ns.builtins_direct, ns.workers, ns.priced)
                 for lat in latencies]
         summary[mode] = _report(mode, rows, ns, gc_note)
     print(json.dumps(summary))

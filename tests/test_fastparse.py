@@ -126,3 +126,117 @@ def test_grammar_generated_programs_parse_the_same(text: str) -> None:
 @given(_program())
 def test_random_programs_parse_the_same(text: str) -> None:
     assert_same(text)
+
+
+ONE_LINE_ARMS = """field A: Yes | No
+field F: bool
+system N: int[0..100]
+system M: int[0..100]
+action Go(x: int[0..9])
+output O: int[0..9] = 0
+stage s "S" {
+    when F -> t
+    when N < 5 -> do Go  # a comment after the target
+    when N<=M->t
+    otherwise when N >= 50 -> t
+    when N == 7 -> do Go -> t
+    when N != 8 -> do Go(x = 1)
+    when N > 9 -> do Go { O = 1 }
+    when N > 10 -> t up to 2 times
+    when F
+        -> t
+    when true -> t
+    when N < 12 days -> t
+    when N > 1.5 -> do
+        Go
+    otherwise -> do Go
+}
+stage t {
+    match A {
+        Yes -> do Go
+        No -> u
+        otherwise -> do Go
+    }
+}
+stage u {
+    when N < 3 -> do Go
+    otherwise -> s
+}
+"""
+
+
+def test_one_line_arms_read_by_regex_build_the_token_readers_nodes() -> None:
+    """`_WHEN_ARM`/`_OTHERWISE_ARM` take the commonest arms; anything else on the line (steps,
+    arguments, outputs, `up to`, a keyword, a unit, a line break) goes to the token reader."""
+    assert_same(ONE_LINE_ARMS)
+    taken: list[str] = []
+    real = fastparse._Items.quick_arm
+
+    def spy(self: Any, pattern: Any, *, ordered: bool = False) -> Any:
+        start = self.s
+        found = real(self, pattern, ordered=ordered)
+        if found is not None:
+            taken.append(self.text[start:self.text.index("\n", start)].strip())
+        return found
+
+    fastparse._Items.quick_arm = spy  # type: ignore[method-assign]
+    try:
+        fast_items(ONE_LINE_ARMS)
+    finally:
+        fastparse._Items.quick_arm = real  # type: ignore[method-assign]
+    assert taken == ["when F -> t", "when N < 5 -> do Go  # a comment after the target", "when N<=M->t",
+                     "when N >= 50 -> t", "otherwise -> do Go", "otherwise -> do Go", "when N < 3 -> do Go",
+                     "otherwise -> s"]
+
+
+ONE_LINE_HEADS = '''field A: Yes | No "the answer"
+field B: Yes|No|Maybe
+field C: One | Two
+    | Three
+field D: bool
+field E: bool? = true
+system N: int[0..1000]
+system M: float[-5..5] unit "s"
+system P: int[ 0 .. 7 ] hidden
+system Q: int[0..]
+system R: int(0..9]
+field S: bool.x
+field T: Only
+stage s "S" {
+    match A {
+        Yes -> t
+        No -> t
+    }
+}
+stage t "T \\"quoted\\"" {
+    "more text"
+    match N + 1 {
+        1 -> do Go
+        otherwise -> u
+    }
+}
+stage u { match(B) { Yes -> do Go  No -> do Go  Maybe -> do Go } }
+action Go
+'''
+
+
+def test_one_line_heads_read_by_regex_build_the_token_readers_nodes() -> None:
+    """`_DECL_HEAD`, `_STAGE_HEAD` and `_MATCH_HEAD` take the commonest heads; other shapes (an enum
+    going on on the next line, open or half-open ranges, a second text, an expression) do not."""
+    assert_same(ONE_LINE_HEADS)
+    taken: list[str] = []
+    real = fastparse._Items.quick_decl
+
+    def spy(self: Any) -> Any:
+        found = real(self)
+        if found is not None:
+            taken.append(found[0])
+        return found
+
+    fastparse._Items.quick_decl = spy  # type: ignore[method-assign]
+    try:
+        program, fragments = fast_items(ONE_LINE_HEADS)
+    finally:
+        fastparse._Items.quick_decl = real  # type: ignore[method-assign]
+    assert program is not None and fragments == []
+    assert taken == ["A", "B", "D", "E", "N", "M", "P"]

@@ -553,6 +553,34 @@ def test_builtin_answers_with_context(cache_dir: Path, via_litellm: bool) -> Non
     assert not cache_dir.exists() or not list(cache_dir.rglob("*.json"))
 
 
+def test_builtin_calls_carry_their_price_and_provider(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built-in call tells litellm, per call, its provider and its price (0): litellm then neither
+    resolves the provider from the model string nor searches its cost map for the model; the price
+    stays on the call (litellm's global cost map is not written to)."""
+    litellm = gw.load_litellm()
+    cost_map = dict(litellm.model_cost)
+    seen: list[dict[str, Any]] = []
+    real = litellm.acompletion
+
+    async def spy(**kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return await real(**kwargs)
+
+    monkeypatch.setattr(litellm, "acompletion", spy)
+    gateway = Gateway(cache_dir=cache_dir, default_timeout=5)
+    spec = ModelSpec(role="user", model="scripted/user")
+    ctx = {"case": {"intent_description": "I want a refund"}, "turn": 1}
+    completion = run(gateway.complete(spec, [{"role": "user", "content": "start"}], context=ctx))
+    assert completion.text and (completion.cost, completion.cost_known) == (0.0, True)
+    (kwargs,) = seen
+    assert kwargs["custom_llm_provider"] == "scripted"
+    assert (kwargs["input_cost_per_token"], kwargs["output_cost_per_token"]) == (0.0, 0.0)
+    assert litellm.model_cost == cost_map
+    agent = ModelSpec(role="agent", model="openai/gpt-4o-mini", params={"api_base": "http://127.0.0.1:9/v1"})
+    real_kwargs = gateway._call_kwargs(agent, [], None)
+    assert not {"custom_llm_provider", "input_cost_per_token", "output_cost_per_token"} & real_kwargs.keys()
+
+
 def test_direct_litellm_call_reaches_builtin() -> None:
     """The same path any litellm caller takes: metadata carries the context."""
     litellm = gw.load_litellm()

@@ -392,6 +392,7 @@ def test_dead_worker_leaves_a_resumable_run(tmp_path, toy_file, monkeypatch):
     async def dying_one(self, d, sink):
         if d.id == "k005#0":
             sink.start_dialogue(d.model_copy(update={"status": "running"}))
+            sink.flush()  # a worker sends its writes in batches: this one reaches the parent before the kill
             os._exit(7)  # like an OOM kill, mid-dialogue
         return await real_one(self, d, sink)
 

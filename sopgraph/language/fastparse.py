@@ -34,6 +34,20 @@ _TOKEN = re.compile(r'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
 )''', re.X)
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _SIMPLE_ARM = re.compile(rf"({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({_NAME})")
+# `when NAME [CMP NUMBER-or-NAME] -> [do] NAME` and `otherwise -> [do] NAME` on one line: the commonest
+# arms of large files, read with one regex (groups: guard name, operator, operand, `do`, target name)
+_WHEN_ARM = re.compile(rf"when[ \t]+({_NAME})(?:[ \t]*(==|!=|<=|>=|<|>)[ \t]*([0-9]+(?:\.[0-9]+)?|{_NAME}))?"
+                       rf"[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
+_OTHERWISE_ARM = re.compile(rf"otherwise()()()[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
+_GOES_ON = frozenset(("->", "(", "{"))  # after a target: steps, arguments or outputs follow
+# Heads of the commonest items, read with one regex each; anything else goes to the token reader.
+_STAGE_HEAD = re.compile(rf'stage[ \t]+({_NAME})[ \t]+("(?:[^"\\\n]|\\.)*")[ \t]*\{{')  # `stage ID "title" {`
+_MATCH_HEAD = re.compile(rf"match[ \t]+({_NAME})[ \t]*\{{")  # `match NAME {`
+# `field|system NAME: TYPE` with TYPE `bool`, `int[lo..hi]`/`float[lo..hi]` (integer bounds) or `A | B | ...`
+_DECL_HEAD = re.compile(rf"(?:field|system)[ \t]+({_NAME})[ \t]*:[ \t]*(?:(bool)(?![A-Za-z0-9_.])"
+                        rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
+                        rf"|({_NAME}(?:[ \t]*\|[ \t]*{_NAME})+))")
+_NAMES = re.compile(_NAME)
 _SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
 _TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
                          "seconds"))
@@ -103,7 +117,8 @@ _lit = _maker(ir.Lit)
 _target = _maker(ir.Target)
 _branch = _maker(ir.Branch)
 _inset = _maker(ir.InSet)
-_SPAN_FIELDS = set(ir.Span.model_fields)
+_compare = _maker(ir.Compare)
+_make_span = ir.make_span
 
 
 def _first_last(parts: tuple[Any, ...]) -> tuple[ir.Span | None, ir.Span | None]:
@@ -161,7 +176,7 @@ class _Reader:
         self.advance()
 
     def span_at(self, start: int, end: int) -> ir.Span:
-        """The span of text[start:end] (as `ir.make_span` builds it, inlined: it is per token)."""
+        """The span of text[start:end]."""
         nl = self.newlines
         i = bisect_left(nl, start)
         col = start - (nl[i - 1] if i else -1)
@@ -170,13 +185,7 @@ class _Reader:
         if self.text.find("\n", start, end) >= 0:
             j = bisect_left(nl, end)
             end_line, end_col = j + 1, end - (nl[j - 1] if j else -1)
-        span: Any = _new(ir.Span)
-        _set(span, "__dict__", {"file": self.file, "line": line, "col": col, "end_line": end_line,
-                                "end_col": end_col})
-        _set(span, "__pydantic_fields_set__", _SPAN_FIELDS)
-        _set(span, "__pydantic_extra__", None)
-        _set(span, "__pydantic_private__", None)
-        return span
+        return _make_span(self.file, line, col, end_line, end_col)
 
     def name(self) -> tuple[str, ir.Span]:
         """A NAME token (not a reserved word) and its span."""
@@ -584,10 +593,14 @@ class _Items(_Exprs):
         return number(self.number()[0], negative=negative)
 
     def variable(self, role: ir.Role) -> ir.Variable:
-        self.advance()
-        name, span = self.name()
-        self.expect(":")
-        kw: dict[str, Any] = {"type": self.vtype()}
+        quick = self.quick_decl()
+        if quick is None:
+            self.advance()
+            name, span = self.name()
+            self.expect(":")
+            quick = name, span, self.vtype()
+        name, span, vtype = quick
+        kw: dict[str, Any] = {"type": vtype}
         if self.at("?"):
             self.advance()
             kw["optional"] = True
@@ -602,6 +615,31 @@ class _Items(_Exprs):
         if text is not None:
             kw["description"] = text
         return mk(ir.Variable, name=name, role=role, span=span, **kw)
+
+    def quick_decl(self) -> tuple[str, ir.Span, Any] | None:
+        """`field|system NAME: TYPE` of the commonest one-line shapes (`_DECL_HEAD`): its name, span and
+        type, as the token reader builds them; None for anything else (the token reader takes it)."""
+        m = _DECL_HEAD.match(self.text, self.s)
+        if m is None or m.group(1) in RESERVED:
+            return None
+        enum = m.group(6)
+        values = [intern(v) for v in _NAMES.findall(enum)] if enum else []
+        if any(v in RESERVED for v in values):
+            return None
+        saved = (self.k, self.v, self.s, self.e)
+        self.e = m.end()
+        self.advance()
+        if enum and self.k == "o" and self.v == "|":  # the enum goes on (on the next line)
+            self.k, self.v, self.s, self.e = saved
+            return None
+        if m.group(2):
+            vtype = mk(ir.BoolType, span=self.nowhere)
+        elif enum:
+            vtype = mk(ir.EnumType, values=values, span=self.span_at(m.start(6), m.end(6)))
+        else:
+            vtype = mk(ir.NumType, kind=intern(m.group(3)), span=self.nowhere, lo=float(int(m.group(4))),
+                       hi=float(int(m.group(5))), lo_open=False, hi_open=False)
+        return intern(m.group(1)), self.span_at(m.start(1), m.end(1)), vtype
 
     def action_name(self) -> tuple[str, ir.Span]:
         if self.k == "s":
@@ -653,10 +691,16 @@ class _Items(_Exprs):
 
     # -- stages
     def stage(self) -> ir.Stage:
-        self.advance()
-        name, span = self.name()
-        title = self.text_opt() or ""
-        self.expect("{")
+        m = _STAGE_HEAD.match(self.text, self.s)
+        if m is not None and m.group(1) not in RESERVED:
+            name, span, title = intern(m.group(1)), self.span_at(m.start(1), m.end(1)), unquote(m.group(2))
+            self.e = m.end()
+            self.advance()
+        else:
+            self.advance()
+            name, span = self.name()
+            title = self.text_opt() or ""
+            self.expect("{")
         texts: list[str] = []
         while (text := self.text_opt()) is not None:
             texts.append(text)
@@ -697,21 +741,59 @@ class _Items(_Exprs):
         branches: list[Any] = []
         while self.at("when") or self.at("otherwise"):
             if self.at("when"):
-                self.advance()
-                branches.append(self.when_arm(ordered=False))
+                branches.append(self.quick_arm(_WHEN_ARM, ordered=False) or self.when_arm(ordered=False))
                 continue
             saved = (self.k, self.v, self.s, self.e)
             self.advance()
             if self.at("when"):
-                self.advance()
-                branches.append(self.when_arm(ordered=True))
+                branches.append(self.quick_arm(_WHEN_ARM, ordered=True) or self.when_arm(ordered=True))
                 continue
             self.k, self.v, self.s, self.e = saved
-            branches.append(self.otherwise_arm())
+            branches.append(self.quick_arm(_OTHERWISE_ARM) or self.otherwise_arm())
             break
         return {"kind": "when", "branches": branches}
 
+    def quick_arm(self, pattern: re.Pattern[str], *, ordered: bool = False) -> Any | None:
+        """A `when` or `otherwise` arm of the commonest one-line shapes (`_WHEN_ARM`, `_OTHERWISE_ARM`),
+        read with one regex and built as the token reader builds it (same nodes, same spans); None
+        when the arm is anything else, or goes on after its target (the token reader takes it)."""
+        m = pattern.match(self.text, self.s)
+        if m is None:
+            return None
+        guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
+        if target_name in RESERVED or guard_name in RESERVED or operand in RESERVED:
+            return None
+        if operand and operand[0].isdigit() and len(operand) > 300:
+            return None  # a huge number: Lark reports it
+        saved = (self.k, self.v, self.s, self.e)
+        self.e = m.end()
+        self.advance()
+        if (self.k == "o" and self.v in _GOES_ON) or (self.k == "n" and self.v == "up"):
+            self.k, self.v, self.s, self.e = saved
+            return None
+        nl = self.newlines
+        i = bisect_left(nl, m.start())
+        line, base, file = i + 1, (nl[i - 1] if i else -1), self.file
+        target_span = _make_span(file, line, m.start(5) - base, line, m.end(5) - base)
+        if do:
+            target = _target(kind="action", action=intern(target_name), outputs=[], args=[], span=target_span)
+        else:
+            target = _target(kind="stage", stage=intern(target_name), span=target_span)
+        if not guard_name:
+            return _branch(guard=None, target=target, limit=None, span=target_span)
+        col = m.start(1) - base
+        left = _var(name=intern(guard_name), span=_make_span(file, line, col, line, m.end(1) - base))
+        guard = left
+        if op is not None:
+            right_span = _make_span(file, line, m.start(3) - base, line, m.end(3) - base)
+            right = (_lit(value=number(operand), span=right_span) if operand[0].isdigit()
+                     else _var(name=intern(operand), span=right_span))
+            guard = _compare(op=op, left=left, right=right, span=_make_span(file, line, col, line, right_span.end_col))
+        return _branch(guard=guard, target=target, limit=None, ordered=ordered,
+                       span=_make_span(file, line, col, line, target_span.end_col))
+
     def when_arm(self, *, ordered: bool) -> Any:
+        self.expect("when")
         guard = self.expr()
         self.expect("->")
         target = self.target()
@@ -735,9 +817,15 @@ class _Items(_Exprs):
         return value
 
     def match_block(self) -> dict[str, Any]:
-        self.advance()
-        subject = self.expr()
-        self.expect("{")
+        m = _MATCH_HEAD.match(self.text, self.s)
+        if m is not None and m.group(1) not in RESERVED:
+            subject = _var(name=intern(m.group(1)), span=self.span_at(m.start(1), m.end(1)))
+            self.e = m.end()
+            self.advance()
+        else:
+            self.advance()
+            subject = self.expr()
+            self.expect("{")
         branches: list[Any] = []
         while not self.at("otherwise") and not self.at("}"):
             simple = self.simple_arm()
@@ -758,7 +846,7 @@ class _Items(_Exprs):
         if not branches:
             raise _Bail
         if self.at("otherwise"):
-            branches.append(self.otherwise_arm())
+            branches.append(self.quick_arm(_OTHERWISE_ARM) or self.otherwise_arm())
         self.expect("}")
         return {"kind": "match", "subject": subject, "branches": branches}
 

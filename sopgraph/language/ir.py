@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, PrivateAttr
+from pydantic_core import CoreSchema, core_schema
 
 IR_VERSION = 1
 
@@ -47,24 +48,95 @@ class AnalysisCache:
     __hash__ = None  # type: ignore[assignment]
 
 
-class Span(BaseModel):
-    """A source region: 1-based line and column, end exclusive."""
+class Span:
+    """A source region: 1-based line and column, end exclusive. Immutable.
 
-    model_config = ConfigDict(frozen=True)
+    A slotted class, not a pydantic model: a 100k-stage program holds about a million spans, and a
+    model instance with its own `__dict__` costs ~260 bytes where this costs 72 (and half the time to
+    build). Models still validate fields typed `Span` (an instance, or a dict of its fields) and
+    serialize them as that dict, as they did when it was a model (`__get_pydantic_core_schema__`)."""
 
-    file: str = "<string>"
-    line: int = 0
-    col: int = 0
-    end_line: int = 0
-    end_col: int = 0
+    __slots__ = ("file", "line", "col", "end_line", "end_col")
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __init__(self, file: str = "<string>", line: int = 0, col: int = 0, end_line: int = 0,
+                 end_col: int = 0) -> None:
+        _span_file(self, file)
+        _span_line(self, line)
+        _span_col(self, col)
+        _span_end_line(self, end_line)
+        _span_end_col(self, end_col)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Span is immutable: cannot set {name!r} (use `replace`)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Span is immutable: cannot delete {name!r}")
+
+    def replace(self, **changes: Any) -> Span:
+        """A copy with some fields changed (`span.replace(end_col=9)`)."""
+        return Span(**{**self.as_dict(), **changes})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "col": self.col, "end_line": self.end_line,
+                "end_col": self.end_col}
+
+    def _key(self) -> tuple[str, int, int, int, int]:
+        return (self.file, self.line, self.col, self.end_line, self.end_col)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Span:
+            return NotImplemented
+        return (self.line == other.line and self.col == other.col and self.end_line == other.end_line
+                and self.end_col == other.end_col and self.file == other.file)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"Span(file={self.file!r}, line={self.line!r}, col={self.col!r}, end_line={self.end_line!r}, "
+                f"end_col={self.end_col!r})")
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
 
+    def __copy__(self) -> Span:
+        return self  # immutable
 
+    def __deepcopy__(self, memo: dict[int, object]) -> Span:
+        return self
+
+    def __reduce__(self) -> tuple[type[Span], tuple[str, int, int, int, int]]:
+        return (Span, self._key())
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        """Validated from an instance or a dict of its fields; serialized as that dict."""
+        cs = core_schema
+
+        def field(schema: CoreSchema, default: object) -> Any:
+            return cs.typed_dict_field(cs.with_default_schema(schema, default=default), required=False)
+
+        fields = cs.typed_dict_schema({
+            "file": field(cs.str_schema(), "<string>"), "line": field(cs.int_schema(), 0),
+            "col": field(cs.int_schema(), 0), "end_line": field(cs.int_schema(), 0),
+            "end_col": field(cs.int_schema(), 0)}, total=False)
+        from_dict = cs.no_info_after_validator_function(lambda d: cls(**d), fields)
+        return cs.json_or_python_schema(
+            json_schema=from_dict,
+            python_schema=cs.union_schema([cs.is_instance_schema(cls), from_dict]),
+            serialization=cs.plain_serializer_function_ser_schema(cls.as_dict, return_schema=fields),
+        )
+
+
+_span_file, _span_line, _span_col, _span_end_line, _span_end_col = (
+    Span.__dict__[name].__set__ for name in Span.__slots__)  # slot setters: `Span.__setattr__` refuses
 NO_SPAN = Span()
 
-_SPAN_FIELDS_SET = set(Span.model_fields)  # shared by every `make_span` span: frozen, never added to
 _new = object.__new__
 _set = object.__setattr__
 _FIELDS_SETS: dict[type, set[str]] = {}
@@ -83,15 +155,14 @@ def share_fields_set(model: BaseModel) -> None:
 
 
 def make_span(file: str, line: int, col: int, end_line: int, end_col: int) -> Span:
-    """A `Span` equal to `Span(file=..., line=..., ...)` for trusted values, built without validation.
-    Why: the parser makes about nine spans per stage; validated, each owns a 728-byte fields set
-    and costs ~7 us, which made spans most of the memory of a 100k-stage program. `Span` is frozen,
-    so nothing adds to the shared set (a copy gets its own)."""
+    """A `Span` equal to `Span(file, line, col, end_line, end_col)`, built with positional values
+    (the parsers make about nine spans per stage)."""
     span = _new(Span)
-    _set(span, "__dict__", {"file": file, "line": line, "col": col, "end_line": end_line, "end_col": end_col})
-    _set(span, "__pydantic_fields_set__", _SPAN_FIELDS_SET)
-    _set(span, "__pydantic_extra__", None)
-    _set(span, "__pydantic_private__", None)
+    _span_file(span, file)
+    _span_line(span, line)
+    _span_col(span, col)
+    _span_end_line(span, end_line)
+    _span_end_col(span, end_col)
     return span
 
 
@@ -585,9 +656,11 @@ class Scenario(Node):
         finals: set[str] = set()
         for stage in self.stages.values():
             for b in stage.branches:
-                steps.update(dict.fromkeys(c.action for c in b.target.steps))
-                if b.target.kind == "action" and b.target.action:
-                    finals.add(b.target.action)
+                target = b.target
+                if target.steps:
+                    steps.update(dict.fromkeys(c.action for c in target.steps))
+                if target.kind == "action" and target.action:
+                    finals.add(target.action)
         return [a for a in steps if a in self.actions and a not in finals]
 
     @property
@@ -614,8 +687,13 @@ class Scenario(Node):
     @property
     def procedural(self) -> bool:
         """Whether the program observes values or bounds branches (it is then analysed unrolled)."""
-        return any(st.observe or any(b.limit is not None for b in st.branches)
-                   for st in self.stages.values())
+        for st in self.stages.values():
+            if st.observe:
+                return True
+            for b in st.branches:
+                if b.limit is not None:
+                    return True
+        return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1290,11 +1290,11 @@ def _resolve_var(expr: ir.Var, names: dict[str, ir.Variable], scope: frozenset[s
         return ir.Lit(value=expr.name, bare=True, span=expr.span)
     sp = expr.span
     end = sp.col + len(head)
-    base: Any = (ir.Item(name=head, span=sp.model_copy(update={"end_col": end})) if head in scope
-                 else ir.Var(name=head, span=sp.model_copy(update={"end_col": end})))
+    base: Any = (ir.Item(name=head, span=sp.replace(end_col=end)) if head in scope
+                 else ir.Var(name=head, span=sp.replace(end_col=end)))
     for field in fields:
         end += 1 + len(field)
-        base = ir.Get(base=base, field=field, span=sp.model_copy(update={"end_col": end}))
+        base = ir.Get(base=base, field=field, span=sp.replace(end_col=end))
     return base
 
 
@@ -1330,7 +1330,8 @@ def scenario_expressions(scenario: ir.Scenario) -> list[Any]:
             if branch.guard is not None:
                 out.append(branch.guard)
             target = branch.target
-            out += [a.value for a in [*target.outputs, *target.args, *(x for c in target.steps for x in c.args)]]
+            if target.outputs or target.args or target.steps:  # most targets have none: no lists built
+                out += [a.value for a in [*target.outputs, *target.args, *(x for c in target.steps for x in c.args)]]
     return out
 
 
@@ -1340,13 +1341,18 @@ def _declare_now(scenario: ir.Scenario) -> None:
     if NOW in scenario.variables:
         return
     stack = scenario_expressions(scenario)
+    children, var = ir.children, ir.Var
     while stack:
         e = stack.pop()
-        if isinstance(e, ir.Var) and e.name == NOW:
-            scenario.variables[NOW] = ir.Variable(name=NOW, role="system", type=ir.TimeType(kind="datetime"),
-                                                  description=NOW_DESCRIPTION, span=e.span)
-            return
-        stack.extend(ir.children(e))
+        if type(e) is var or isinstance(e, var):
+            if e.name == NOW:
+                scenario.variables[NOW] = ir.Variable(name=NOW, role="system", type=ir.TimeType(kind="datetime"),
+                                                      description=NOW_DESCRIPTION, span=e.span)
+                return
+            continue
+        kids = children(e)
+        if kids:
+            stack.extend(kids)
 
 
 def resolve_expression(expr: Any, variables: dict[str, ir.Variable]) -> Any:
@@ -1358,21 +1364,24 @@ def resolve_expression(expr: Any, variables: dict[str, ir.Variable]) -> Any:
 
 def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
     def fix(expr: Any, scope: frozenset[str] = frozenset()) -> Any:
-        if isinstance(expr, ir.Var):
+        kind = type(expr)
+        if kind is ir.Lit:
+            return expr
+        if kind is ir.Var or isinstance(expr, ir.Var):
             return _resolve_var(expr, names, scope)
         if isinstance(expr, ir.Unary):
-            expr.operand = fix(expr.operand, scope)
+            _fix_field(expr, "operand", fix(expr.operand, scope))
         elif isinstance(expr, (ir.Binary, ir.Compare)):
-            expr.left = fix(expr.left, scope)
-            expr.right = fix(expr.right, scope)
+            _fix_field(expr, "left", fix(expr.left, scope))
+            _fix_field(expr, "right", fix(expr.right, scope))
         elif isinstance(expr, ir.InSet):
-            expr.operand = fix(expr.operand, scope)
+            _fix_field(expr, "operand", fix(expr.operand, scope))
         elif isinstance(expr, ir.BoolOp):
             expr.operands = [fix(o, scope) for o in expr.operands]
         elif isinstance(expr, (ir.Call, ir.Func)):
             expr.args = [fix(a, scope) for a in expr.args]
         elif isinstance(expr, ir.Matches):
-            expr.operand = fix(expr.operand, scope)
+            _fix_field(expr, "operand", fix(expr.operand, scope))
         elif isinstance(expr, ir.CaseExpr):
             for arm in expr.arms:
                 arm.when = fix(arm.when, scope)
@@ -1385,27 +1394,37 @@ def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
     return fix
 
 
+def _fix_field(node: Any, name: str, value: Any) -> None:
+    """`node.<name> = value`, skipped when it is already that object (most names resolve to the
+    `Var` written there): a model's `__setattr__` costs about a microsecond, a million times."""
+    if node.__dict__[name] is not value:
+        setattr(node, name, value)
+
+
 def _resolve_names(scenario: ir.Scenario) -> None:
     """Bare identifiers that are not variables become enum-value literals (checked later); dotted
     names become field accesses; item variables of `any`/`all`/`count(… where …)` become `Item`s."""
     fix = _fixer(scenario.variables)
     for var in scenario.variables.values():
         if var.expr is not None:
-            var.expr = fix(var.expr)
+            _fix_field(var, "expr", fix(var.expr))
     for stage in scenario.stages.values():
-        if stage.subject is not None:
-            stage.subject = fix(stage.subject)
+        subject = stage.subject
+        if subject is not None:
+            subject = fix(subject)
+            _fix_field(stage, "subject", subject)
         for branch in stage.branches:
-            if branch.guard is not None:
-                branch.guard = fix(branch.guard)
-                if isinstance(branch.guard, ir.InSet) and stage.subject is not None and branch.values:
-                    branch.guard.operand = stage.subject
-            for assign in branch.target.outputs:
-                assign.value = fix(assign.value)
-            for assign in branch.target.args:
-                assign.value = fix(assign.value)
-            for call in branch.target.steps:
+            guard = branch.guard
+            if guard is not None:
+                guard = fix(guard)
+                _fix_field(branch, "guard", guard)
+                if subject is not None and branch.values and isinstance(guard, ir.InSet):
+                    _fix_field(guard, "operand", subject)
+            target = branch.target
+            for assign in target.outputs:
+                _fix_field(assign, "value", fix(assign.value))
+            for assign in target.args:
+                _fix_field(assign, "value", fix(assign.value))
+            for call in target.steps:
                 for assign in call.args:
-                    assign.value = fix(assign.value)
-
-
+                    _fix_field(assign, "value", fix(assign.value))

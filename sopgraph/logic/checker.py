@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1043,6 +1043,28 @@ def _feasible_cycle(scenario: ir.Scenario, graph: nx.DiGraph, scc: set[str], hea
     return None
 
 
+def _has_cycle(graph: nx.DiGraph, stages: dict[str, ir.Stage]) -> bool:
+    """Whether the stage-to-stage edges form a cycle (Kahn's algorithm: peel stages no other stage
+    leads to). Most programs have none, and then no strongly connected components are computed."""
+    succ = graph.succ
+    waiting = dict.fromkeys(stages, 0)
+    for sid in stages:
+        for nxt in succ[sid]:
+            if nxt in waiting:
+                waiting[nxt] += 1
+    free = [sid for sid, n in waiting.items() if n == 0]
+    peeled = 0
+    while free:
+        sid = free.pop()
+        peeled += 1
+        for nxt in succ[sid]:
+            if nxt in waiting:
+                waiting[nxt] -= 1
+                if waiting[nxt] == 0:
+                    free.append(nxt)
+    return peeled < len(waiting)
+
+
 def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
     """No stages (E304), cycles that guards do not rule out (E302, printed as `a -> b -> a`),
     cycles without exit (E303) and stages unreachable from the entry (W302)."""
@@ -1050,10 +1072,6 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
         return [error("E304", f"scenario `{scenario.name}` has no stages", scenario.span,
                       "add at least one `stage step1 { ... -> do SomeAction }`")]
     out: list[Diagnostic] = []
-    # built directly: copying a subgraph view walks filtered adjacency views (quadratic-ish on 10k stages)
-    stage_graph = nx.DiGraph()
-    stage_graph.add_nodes_from(scenario.stages)
-    stage_graph.add_edges_from((u, v) for u, v in graph.edges(scenario.stages) if v in scenario.stages)
     order = _bfs_order(graph, START)
     declared = {sid: i for i, sid in enumerate(scenario.stages)}
 
@@ -1066,14 +1084,21 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
             if (b.target.kind == "action") or b.target.stage not in scenario.stages}
     can_end: set[str] = set(ends)
     rev = deque(ends)
+    stages, preds = scenario.stages, graph.pred
     while rev:
         node = rev.popleft()
-        for pred in stage_graph.predecessors(node):
-            if pred not in can_end:
+        for pred in preds[node]:
+            if pred not in can_end and pred in stages:
                 can_end.add(pred)
                 rev.append(pred)
     # procedures loop on purpose: their cycles are bounded or reported by `procheck.check_loops`
-    sccs = [] if scenario.procedural else nx.strongly_connected_components(stage_graph)
+    sccs: Iterable[set[str]] = []
+    if not scenario.procedural and _has_cycle(graph, stages):
+        # built directly: copying a subgraph view walks filtered adjacency views (quadratic-ish on 10k stages)
+        stage_graph = nx.DiGraph()
+        stage_graph.add_nodes_from(stages)
+        stage_graph.add_edges_from((u, v) for u, v in graph.edges(stages) if v in stages)
+        sccs = nx.strongly_connected_components(stage_graph)
     for scc in sorted(sccs, key=lambda c: min(map(rank, c))):
         if len(scc) == 1:
             (only,) = scc
@@ -1117,25 +1142,18 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
 
 def _used_variables(scenario: ir.Scenario) -> set[str]:
     used: set[str] = set()
-    for var in scenario.derived:
-        if var.expr is not None:
-            used.update(reads(var.expr))
     for stage in scenario.stages.values():
         used.update(stage.classify)
-        if stage.subject is not None:
-            used.update(reads(stage.subject))
-        for branch in stage.branches:
-            if branch.guard is not None:
-                used.update(reads(branch.guard))
-            for assign in branch.target.outputs:
-                used.update(reads(assign.value))
-            for assign in _call_args(branch.target):
-                used.update(reads(assign.value))
+    for expr in _expressions(scenario):
+        used.update(reads(expr))
     return used
 
 
 def _call_args(target: ir.Target) -> list[ir.OutputAssign]:
-    """Arguments of every action a target carries out (steps and the final action)."""
+    """Arguments of every action a target carries out (steps and the final action); read-only (without
+    steps it is the target's own list: most targets have neither steps nor arguments)."""
+    if not target.steps:
+        return target.args
     return [a for c in target.steps for a in c.args] + list(target.args)
 
 
@@ -1217,7 +1235,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("declarations", check_declarations),
     Pass("targets", check_targets),
     Pass("types", check_types),
-    Pass("scalars", lambda s, g: check_scalars(s, list(_expressions(s)))),
+    Pass("scalars", lambda s, g: check_scalars(s, _expressions(s))),
     Pass("structure", check_structure),
     Pass("unused", check_unused),
     Pass("descriptions", check_descriptions),
@@ -1241,31 +1259,34 @@ def _dedupe(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
     return out
 
 
-def _expressions(scenario: ir.Scenario) -> Iterator[Any]:
-    for var in scenario.derived:
-        if var.expr is not None:
-            yield var.expr
+def _expressions(scenario: ir.Scenario) -> list[Any]:
+    """Every expression of the program: derived values, subjects, guards, outputs, arguments."""
+    out = [var.expr for var in scenario.derived if var.expr is not None]
     for stage in scenario.stages.values():
         if stage.subject is not None:
-            yield stage.subject
+            out.append(stage.subject)
         for branch in stage.branches:
             if branch.guard is not None:
-                yield branch.guard
-            for assign in branch.target.outputs:
-                yield assign.value
-            for assign in _call_args(branch.target):
-                yield assign.value
+                out.append(branch.guard)
+            target = branch.target
+            if target.outputs or target.args or target.steps:
+                out += [a.value for a in target.outputs]
+                out += [a.value for a in _call_args(target)]
+    return out
 
 
 def _depth(expr: Any) -> int:
-    """Nesting depth of an expression, computed without recursion (it guards the recursive passes)."""
-    deepest = 0
-    stack = [(expr, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in ir.children(node))
-    return deepest
+    """Nesting depth of an expression, computed without recursion (it guards the recursive passes):
+    one level of nodes at a time."""
+    children = ir.children
+    depth, level = 0, [expr]
+    while level:
+        depth += 1
+        below: list[Any] = []
+        for node in level:
+            below += children(node)
+        level = below
+    return depth
 
 
 def check_depth(scenario: ir.Scenario) -> list[Diagnostic]:

@@ -1,0 +1,27 @@
+"""Rendering diagnostics: source lines are read from the text as `text.split("\\n")` would give them."""
+
+from __future__ import annotations
+
+import pytest
+
+from sopgraph.language.diagnostics import SourceLines, error
+from sopgraph.language.ir import Span
+
+
+@pytest.mark.parametrize("text", ["", "a", "a\n", "\n\nb", "x\ny\n\nz", "one\r\ntwo\n"])
+def test_source_lines_are_the_split_lines(text: str) -> None:
+    lines, split = SourceLines(text), text.split("\n")
+    assert len(lines) == len(split)
+    assert [lines[i] for i in range(len(split))] == split
+    assert lines[-1] == split[-1]
+    with pytest.raises(IndexError):
+        lines[len(split)]
+
+
+def test_rendering_points_at_the_line_and_columns() -> None:
+    text = "field A: bool\nstage s {\n    -> t\n}\n"
+    diag = error("E101", "undefined stage `t`", Span(file="f.sop", line=3, col=8, end_line=3, end_col=9))
+    cache: dict[str, SourceLines] = {}
+    assert diag.render({"f.sop": text}, split=cache) == (
+        "f.sop:3:8: error[E101]: undefined stage `t`\n   3 |     -> t\n" + " " * 14 + "^")
+    assert list(cache) == ["f.sop"]  # the file's lines are kept for the next diagnostic
