@@ -45,13 +45,7 @@ def _module(name: str, path: Path):
 
 def run(args: list[str]) -> tuple[float, float, int]:
     """(seconds, peak RSS in MB of this one process, exit code) of one `sop` invocation."""
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", "from sopgraph.cli import main; main()", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - start
-    return elapsed, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+    return run_cpu(args)[:3]
 
 
 def run_cpu(args: list[str]) -> tuple[float, float, int, float]:

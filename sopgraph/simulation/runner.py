@@ -637,25 +637,21 @@ class _Dialogues:
                 await self.tool_agent.aclose()
 
 
-class GroupCommit:
-    """The store's dialogue writes, applied in the order they are made but committed in groups: one
-    transaction per `MAX_WRITES` writes or `MAX_DELAY` seconds, whichever comes first.
+class _BatchedWrites:
+    """Dialogue writes queued in the order they are made and handed on in groups (`_apply`): one group
+    per `MAX_WRITES` writes or `MAX_DELAY` seconds, whichever comes first. A group that fails when the
+    timer hands it on is re-raised by the next write or the final `flush`, never lost in a callback."""
 
-    Why: with 64 dialogues in flight a transaction per turn (BEGIN … COMMIT, a WAL append each) was
-    about a tenth of the harness's own CPU per turn. Exactly-once is kept: a group is one transaction
-    of writes in their original order, so after a kill -9 the store holds a prefix of the writes; a
-    dialogue whose `finish_dialogue` was not committed is not done, and a resume runs it again from
-    scratch (`start_dialogue` drops its partial turns). Readers (`sop view`, `--resume`) see writes at
-    most `MAX_DELAY` late."""
+    MAX_WRITES: int
+    MAX_DELAY: float
 
-    MAX_WRITES = 64
-    MAX_DELAY = 0.05
-
-    def __init__(self, store: RunStore):
-        self.store = store
+    def __init__(self) -> None:
         self._writes: list[tuple[str, tuple[Any, ...]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._error: BaseException | None = None
+
+    def _apply(self, writes: list[tuple[str, tuple[Any, ...]]]) -> None:
+        raise NotImplementedError
 
     def _add(self, name: str, *args: Any) -> None:
         if self._error is not None:  # a timed flush failed: stop the run instead of losing writes
@@ -673,15 +669,13 @@ class GroupCommit:
             self._error = exc
 
     def flush(self) -> None:
-        """Commit the pending writes (one transaction)."""
+        """Hand on the pending writes (one group)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         writes, self._writes = self._writes, []
         if writes:
-            with self.store.transaction():
-                for name, args in writes:
-                    getattr(self.store, name)(*args)
+            self._apply(writes)
         if self._error is not None:
             error, self._error = self._error, None
             raise error
@@ -698,6 +692,31 @@ class GroupCommit:
 
     def fail_dialogue(self, dialogue: Dialogue, usage: Iterable[Mapping[str, Any]] = ()) -> None:
         self._add("fail_dialogue", dialogue, list(usage))
+
+
+class GroupCommit(_BatchedWrites):
+    """The store's dialogue writes, applied in the order they are made but committed in groups: one
+    transaction per `MAX_WRITES` writes or `MAX_DELAY` seconds, whichever comes first.
+
+    Why: with 64 dialogues in flight a transaction per turn (BEGIN … COMMIT, a WAL append each) was
+    about a tenth of the harness's own CPU per turn. Exactly-once is kept: a group is one transaction
+    of writes in their original order, so after a kill -9 the store holds a prefix of the writes; a
+    dialogue whose `finish_dialogue` was not committed is not done, and a resume runs it again from
+    scratch (`start_dialogue` drops its partial turns). Readers (`sop view`, `--resume`) see writes at
+    most `MAX_DELAY` late."""
+
+    MAX_WRITES = 64
+    MAX_DELAY = 0.05
+
+    def __init__(self, store: RunStore):
+        super().__init__()
+        self.store = store
+
+    def _apply(self, writes: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Commit the writes (one transaction)."""
+        with self.store.transaction():
+            for name, args in writes:
+                getattr(self.store, name)(*args)
 
 
 async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
@@ -764,39 +783,26 @@ _TICK = "tick"
 _BATCH = "writes"  # a worker's message carrying several writes, in order: [(name, args), ...]
 
 
-class _PipeSink:
+class _PipeSink(_BatchedWrites):
     """A worker's store stand-in: every write goes to the parent, in order, with running totals.
 
-    Writes are sent in batches (one pipe message per `BATCH_WRITES` writes or `BATCH_DELAY` seconds,
+    Writes are sent in batches (one pipe message per `MAX_WRITES` writes or `MAX_DELAY` seconds,
     whichever comes first; what is left when the worker ends is sent before its exit message). Why:
     one message per write woke the parent, a pickle and a pipe round trip per turn; the parent
     commits in groups anyway (`GroupCommit`). Exactly-once is unchanged: the parent applies the
     writes in order and a write lost with a killed worker is one the store never committed."""
     TICK_EVERY = 0.25  # seconds between token updates sent to the parent's progress display
-    BATCH_WRITES = 32
-    BATCH_DELAY = 0.02
+    MAX_WRITES = 32
+    MAX_DELAY = 0.02
 
     def __init__(self, conn: Connection, gateway: Any):
+        super().__init__()
         self.conn, self.gateway = conn, gateway
         self._last_tick = 0.0
-        self._batch: list[tuple[str, tuple[Any, ...]]] = []
-        self._timer: asyncio.TimerHandle | None = None
 
-    def _write(self, name: str, *args: Any) -> None:
-        self._batch.append((name, args))
-        if len(self._batch) >= self.BATCH_WRITES:
-            self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.BATCH_DELAY, self.flush)
-
-    def flush(self) -> None:
-        """Send the writes not sent yet (one message)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        batch, self._batch = self._batch, []
-        if batch:
-            self._send(_BATCH, batch)
+    def _apply(self, writes: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Send the writes (one message)."""
+        self._send(_BATCH, writes)
 
     def tick(self, _gateway: Any = None) -> None:
         """A model call finished: send the running totals (throttled) so progress moves per call."""
@@ -812,19 +818,6 @@ class _PipeSink:
         except OSError:
             # The parent is gone (it held the only read end): stop now, before another model call.
             os._exit(_ORPHANED)
-
-    def start_dialogue(self, dialogue: Dialogue) -> None:
-        self._write("start_dialogue", dialogue)
-
-    def add_turn(self, turn: Any, usage: Iterable[Mapping[str, Any]] = ()) -> None:
-        self._write("add_turn", turn, list(usage))
-
-    def finish_dialogue(self, dialogue: Dialogue, judgments: Iterable[Any] = (), consensus: Iterable[Any] = (),
-                        usage: Iterable[Mapping[str, Any]] = ()) -> None:
-        self._write("finish_dialogue", dialogue, list(judgments), list(consensus), list(usage))
-
-    def fail_dialogue(self, dialogue: Dialogue, usage: Iterable[Mapping[str, Any]] = ()) -> None:
-        self._write("fail_dialogue", dialogue, list(usage))
 
 
 _ORPHANED = 70
