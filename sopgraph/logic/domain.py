@@ -823,7 +823,11 @@ class Space:
         """Witness search and the SMT solver (`solver`): the search first when the residuals read
         few variables (cheap, and it varies witnesses), the solver first when they read many (the
         search's few thousand candidates would be a needle-in-a-haystack guess). A solver model is
-        kept only if the reference interpreter confirms it."""
+        kept only if the reference interpreter confirms it. Residuals that share no variable are
+        decided one group at a time (`_solve_groups`)."""
+        groups = self._resid_groups(box)
+        if len(groups) > 1:
+            return self._solve_groups(box, groups, style, rng)
         if any(rid in self.diffs for rid, _t in box.resid):
             verdict, w = self._solve_diffs(box, style, rng)
             if verdict == "empty":
@@ -847,6 +851,46 @@ class Space:
                 return w, exhaustive
         self.undecided += 1
         return None, False
+
+    def _resid_groups(self, box: Box) -> list[frozenset]:
+        """The box's residual literals split into groups that read disjoint sets of variables."""
+        res_vars = self.res_vars
+        groups: list[tuple[set[int], list]] = []
+        for lit in sorted(box.resid):
+            reads = set(res_vars[lit[0]])
+            joined = [g for g in groups if g[0] & reads]
+            if not joined:
+                groups.append((reads, [lit]))
+                continue
+            first = joined[0]
+            first[0].update(reads)
+            first[1].append(lit)
+            for g in joined[1:]:
+                first[0].update(g[0])
+                first[1].extend(g[1])
+                groups.remove(g)
+        return [frozenset(lits) for _reads, lits in groups]
+
+    def _solve_groups(self, box: Box, groups: list[frozenset], style: str,
+                      rng: random.Random | None) -> tuple[dict | None, bool]:
+        """Independent residual groups (e.g. a score over some inputs, a pattern on a text, a date
+        window) decided one by one: the box has a member iff every group does, and the members of
+        the groups combine, since no two read the same variable. Searching them together would
+        multiply their candidate lists (and the solver gives up on the whole when one part is a
+        construct it does not model)."""
+        merged = self.pick_all(box, style, rng)
+        if merged is None:
+            return None, False
+        for lits in groups:
+            w, exhaustive = self._search_or_solve(self.box(box.doms, lits), style, rng)
+            if w is None:
+                return None, exhaustive  # one empty group empties the box; an undecided one was counted
+            for i in {v for rid, _t in lits for v in self.res_vars[rid]}:
+                merged[self.names[i]] = w[self.names[i]]
+        if not all(self.eval_resid(rid, truth, merged) for rid, truth in box.resid):
+            self.undecided += 1  # defensive: groups that do not combine (a read the split did not see)
+            return None, False
+        return merged, False
 
     def _solve_diffs(self, box: Box, style: str, rng: random.Random | None) -> tuple[str, dict | None]:
         """The box's difference literals as one difference-bound system (`diffbound`): "empty" is exact;
