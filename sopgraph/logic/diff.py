@@ -74,13 +74,15 @@ class DiffReport(BaseModel):
     differing_regions: int = 0
     unproven: list[str] = Field(default_factory=list)  # what the bounded check could not settle
     notes: list[str] = Field(default_factory=list)
+    compared: bool = True  # False when no input is valid for both versions: nothing could be compared
     cases_checked: int = 0
     cases_changed: list[CaseChange] = Field(default_factory=list)
 
     @property
     def equivalent(self) -> bool:
-        """No decision differs within the analysis (paths may still be relabelled or reordered)."""
-        return not self.witnesses and not self.cases_changed
+        """No decision differs within the analysis (paths may still be relabelled or reordered).
+        Versions whose decisions could not be compared at all are not equivalent."""
+        return self.compared and not self.witnesses and not self.cases_changed
 
     @property
     def proven(self) -> bool:
@@ -143,10 +145,31 @@ def _stages_only(key: str) -> str:
 # The joint space
 
 
+def _type_key(t: Any) -> Any:
+    """A type as plain data without source spans (or aliases), for comparing declarations."""
+    def strip(data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: strip(v) for k, v in data.items() if k not in ("span", "alias")}
+        if isinstance(data, list):
+            return [strip(v) for v in data]
+        return data
+    return strip(t.model_dump())
+
+
 def _meet_types(name: str, a: Any, b: Any) -> Any:
     """The values valid for both declarations of an input, or DiffError when they share none."""
-    if a == b or a is None or b is None:
+    if a is None or b is None:
         return a if a is not None else b
+    if _type_key(a) == _type_key(b):  # the same type written in two files (spans differ)
+        return a
+    if isinstance(a, ir.ListType) and isinstance(b, ir.ListType):
+        lo, hi = max(a.min_len, b.min_len), min(a.max_len, b.max_len)
+        if lo <= hi:
+            return ir.ListType(item=_meet_types(f"{name}[]", a.item, b.item), min_len=lo, max_len=hi)
+    if isinstance(a, ir.RecordType) and isinstance(b, ir.RecordType) \
+            and [f.name for f in a.fields] == [f.name for f in b.fields]:
+        return ir.RecordType(fields=[ir.RecordField(name=fa.name, type=_meet_types(f"{name}.{fa.name}", fa.type, fb.type))
+                                     for fa, fb in zip(a.fields, b.fields, strict=True)])
     if isinstance(a, ir.EnumType) and isinstance(b, ir.EnumType):
         common = [v for v in a.values if v in b.values]
         if len(common) >= 1:
@@ -313,6 +336,7 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
         joint, a, b = joint_scenario(old, new)
     except DiffError as exc:
         report.unproven.append(str(exc))
+        report.compared = False
         return
     for name in sorted(set(joint.variables) - {v for v in joint.variables if v.startswith("__")}):
         in_old, in_new = name in old.variables, name in new.variables
@@ -414,6 +438,8 @@ def render_text(report: DiffReport, *, limit: int = 10) -> str:
             out.append(f"  {i}. {values}")
             out.append(f"     old: {' -> '.join(w.old_path)} => {_finals(w.old_finals)}")
             out.append(f"     new: {' -> '.join(w.new_path)} => {_finals(w.new_finals)}")
+    elif not report.compared:
+        out.append("decisions: not compared (no input is valid for both versions)")
     else:
         out.append("decisions: equivalent" + (" (proven)" if report.proven else " within the analysis budget"))
     for u in report.unproven:

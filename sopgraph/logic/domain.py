@@ -36,6 +36,7 @@ This module holds the space, its boxes and the witness search; guards compile to
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import random
@@ -131,6 +132,9 @@ class Space:
         self.time_kinds: dict[int, str] = {}  # date/datetime/duration variables: ints of seconds
         self.time_names: dict[str, str] = {}
         self.strings: set[int] = set()  # string variables: decided by witness search alone
+        # lists and records (analysed lowered, `logic.lower`; here only sample values for the witness
+        # search of analyses on the source form, e.g. `sop diff`)
+        self.structured: dict[int, list[Any]] = {}
         self.optional = {i for i, n in enumerate(self.names) if scenario.variables[n].optional}
         for n in self.names:
             t = scenario.variables[n].type
@@ -164,6 +168,9 @@ class Space:
                     d = NumDom(-INF, INF, False, False, NO_POINTS)
                 full.append(d)
             else:
+                samples = structured_samples(t)
+                if samples:
+                    self.structured[len(self.kinds)] = samples
                 self.kinds.append("none")
                 self.values.append(())
                 full.append(None)
@@ -941,6 +948,8 @@ class Space:
             return pick_time(self.time_kinds[i], d, style, rng)
         if i in self.strings:
             return "text"
+        if i in self.structured:
+            return copy.deepcopy(self.structured[i][0])
         k = self.kinds[i]
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
@@ -965,6 +974,8 @@ class Space:
             return time_candidates(self.time_kinds[i], d, style, rng, consts), False
         if i in self.strings:
             return string_candidates(self.names[i], self.res_exprs, "text"), False
+        if i in self.structured:
+            return copy.deepcopy(self.structured[i]), False
         k = self.kinds[i]
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
@@ -1169,6 +1180,45 @@ def _numeric_consts(expr: Any) -> list[float]:
 
 # ---------------------------------------------------------------------------------------------
 # Public functions
+
+
+MAX_SAMPLES = 8  # sample values per list or record type
+
+
+def structured_samples(t: Any) -> list[Any]:
+    """A few values of a list or record type (enum, bool, number and string leaves; [] when it has
+    others), in the engine's input form: the shortest list, single-item lists of other items, the
+    longest list; records varying one field at a time. The witness search tries them as candidates."""
+    if isinstance(t, ir.EnumType):
+        return list(dict.fromkeys(t.values))
+    if isinstance(t, ir.BoolType):
+        return [False, True]
+    if isinstance(t, ir.StringType):
+        return ["text"]
+    if isinstance(t, ir.NumType):
+        lo = -INF if t.lo is None else t.lo + (1 if t.lo_open else 0)
+        hi = INF if t.hi is None else t.hi - (1 if t.hi_open else 0)
+        picks = [x for x in (max(lo, 0.0) if lo <= 0 <= hi else lo if lo != -INF else hi, 100.0, hi)
+                 if x not in (-INF, INF) and lo <= x <= hi]
+        return list(dict.fromkeys(int(x) if t.kind == "int" else float(x) for x in picks
+                                  if t.kind != "int" or float(x).is_integer()))
+    if isinstance(t, ir.ListType):
+        items = structured_samples(t.item)
+        if not items:
+            return []
+        some = max(t.min_len, 1)
+        out = [[items[0]] * t.min_len]
+        out += [[item] * some for item in items[1:MAX_SAMPLES - 2]] if some <= t.max_len else []
+        out.append([items[0]] * t.max_len)
+        return [v for i, v in enumerate(out) if v not in out[:i]][:MAX_SAMPLES]
+    if isinstance(t, ir.RecordType):
+        fields = [(f.name, structured_samples(f.type)) for f in t.fields]
+        if not fields or any(not samples for _name, samples in fields):
+            return []
+        base = {name: samples[0] for name, samples in fields}
+        out = [base] + [{**base, name: v} for name, samples in fields for v in samples[1:]]
+        return out[:MAX_SAMPLES]
+    return []
 
 
 def variables_signature(scenario: ir.Scenario) -> tuple:
