@@ -163,9 +163,9 @@ def _meet_types(name: str, a: Any, b: Any) -> Any:
     if _type_key(a) == _type_key(b):  # the same type written in two files (spans differ)
         return a
     if isinstance(a, ir.ListType) and isinstance(b, ir.ListType):
-        lo, hi = max(a.min_len, b.min_len), min(a.max_len, b.max_len)
-        if lo <= hi:
-            return ir.ListType(item=_meet_types(f"{name}[]", a.item, b.item), min_len=lo, max_len=hi)
+        shortest, longest = max(a.min_len, b.min_len), min(a.max_len, b.max_len)
+        if shortest <= longest:
+            return ir.ListType(item=_meet_types(f"{name}[]", a.item, b.item), min_len=shortest, max_len=longest)
     if isinstance(a, ir.RecordType) and isinstance(b, ir.RecordType) \
             and [f.name for f in a.fields] == [f.name for f in b.fields]:
         return ir.RecordType(fields=[ir.RecordField(name=fa.name, type=_meet_types(f"{name}.{fa.name}", fa.type, fb.type))

@@ -1207,17 +1207,17 @@ def structured_samples(t: Any) -> list[Any]:
         if not items:
             return []
         some = max(t.min_len, 1)
-        out = [[items[0]] * t.min_len]
-        out += [[item] * some for item in items[1:MAX_SAMPLES - 2]] if some <= t.max_len else []
-        out.append([items[0]] * t.max_len)
-        return [v for i, v in enumerate(out) if v not in out[:i]][:MAX_SAMPLES]
+        lists: list[Any] = [[items[0]] * t.min_len]
+        lists += [[item] * some for item in items[1:MAX_SAMPLES - 2]] if some <= t.max_len else []
+        lists.append([items[0]] * t.max_len)
+        return [v for i, v in enumerate(lists) if v not in lists[:i]][:MAX_SAMPLES]
     if isinstance(t, ir.RecordType):
         fields = [(f.name, structured_samples(f.type)) for f in t.fields]
         if not fields or any(not samples for _name, samples in fields):
             return []
         base = {name: samples[0] for name, samples in fields}
-        out = [base] + [{**base, name: v} for name, samples in fields for v in samples[1:]]
-        return out[:MAX_SAMPLES]
+        records: list[Any] = [base] + [{**base, name: v} for name, samples in fields for v in samples[1:]]
+        return records[:MAX_SAMPLES]
     return []
 
 
