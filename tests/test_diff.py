@@ -169,3 +169,31 @@ def test_errors_exit_2(tmp_path: Path) -> None:
     junk.write_text("{}\n", encoding="utf-8")
     result = CliRunner().invoke(main, ["diff", str(TELECOM), str(TELECOM), "--cases", str(junk)])
     assert result.exit_code == 2 and "invalid case" in result.output
+
+
+RETRY = """
+system Amount: int[0..1000]
+system Done: bool
+action A
+action B
+action Nudge
+stage s1 { -> do Nudge -> s2 }
+stage s2 { observe Done
+  when Done and Amount > LIMIT -> do A
+  when not Done -> s1 up to 2 times
+  otherwise -> do B }
+"""
+
+
+def test_procedures_are_compared_look_by_look() -> None:
+    """A changed threshold after a retry loop: the versions are compared unrolled (each look its own
+    value), and each witness is given in source form (a list of looks) and verified on the source."""
+    old, new = _load(RETRY.replace("LIMIT", "500")), _load(RETRY.replace("LIMIT", "300"))
+    report = diff(old, new)
+    assert report.compared and not report.unproven and len(report.witnesses) == 3
+    for w in report.witnesses:
+        assert 300 < w.values["Amount"] <= 500 and isinstance(w.values["Done"], list)
+        assert interpret(old, w.values).finals["Action"] == "B" and interpret(new, w.values).finals["Action"] == "A"
+    assert sorted(len(w.old_path) for w in report.witnesses) == [2, 4, 6]  # accepted at the 1st, 2nd, 3rd look
+    assert "Done=[" in render_text(report)
+    assert diff(old, _load(RETRY.replace("LIMIT", "500"))).equivalent

@@ -15,6 +15,7 @@ and they disagree. The walk is bounded (`budget` regions); what it could not set
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -25,7 +26,9 @@ from sopgraph.language import ir
 from sopgraph.language.fmt import show_expr
 from sopgraph.logic import domain
 from sopgraph.logic.engine import DecideError, interpret
+from sopgraph.logic.lower import analysis_form
 from sopgraph.logic.paths import iter_paths
+from sopgraph.logic.unroll import Unrolled, UnrollError
 from sopgraph.records import Case
 
 DEFAULT_BUDGET = 20_000  # regions explored by the product walk
@@ -110,9 +113,14 @@ def _path_table(scenario: ir.Scenario) -> tuple[dict[str, str], bool]:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, str) or value is None:
-        return str(value)
-    return show_expr(ir.Lit(value=value)) if isinstance(value, (bool, int, float)) else str(value)
+    """A witness value as the user writes it: plain text and numbers, JSON for lists and records."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "null (missing)"
+    if isinstance(value, (bool, int, float)):
+        return show_expr(ir.Lit(value=value))
+    return json.dumps(value, ensure_ascii=False)
 
 
 def path_changes(old: ir.Scenario, new: ir.Scenario, report: DiffReport) -> None:
@@ -332,16 +340,28 @@ def _decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str]
 
 def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport, budget: int,
                          max_witnesses: int = MAX_WITNESSES) -> None:
+    """Inputs on which OLD and NEW decide differently. A procedure is compared in its unrolled form
+    (one variable per look, one stage copy per visit: `unroll`), where every look can take its own
+    value; witnesses are lifted back to the source form and verified there by the engine."""
+    for name in sorted(set(old.variables) | set(new.variables)):
+        in_old, in_new = name in old.variables, name in new.variables
+        if in_old != in_new and (old.variables.get(name) or new.variables[name]).role != "derived":
+            report.notes.append(f"`{name}` is read only by the {'old' if in_old else 'new'} version")
+    forms: tuple[Unrolled, Unrolled] | None = None
+    if old.procedural or new.procedural:
+        try:
+            forms = analysis_form(old), analysis_form(new)
+        except UnrollError as exc:
+            report.unproven.append(f"the procedures could not be unrolled for the comparison: {exc}")
+            report.compared = False
+            return
+    flat_old, flat_new = (forms[0].scenario, forms[1].scenario) if forms else (old, new)
     try:
-        joint, a, b = joint_scenario(old, new)
+        joint, a, b = joint_scenario(flat_old, flat_new)
     except DiffError as exc:
         report.unproven.append(str(exc))
         report.compared = False
         return
-    for name in sorted(set(joint.variables) - {v for v in joint.variables if v.startswith("__")}):
-        in_old, in_new = name in old.variables, name in new.variables
-        if in_old != in_new:
-            report.notes.append(f"`{name}` is read only by the {'old' if in_old else 'new'} version")
     walk = _Walk(joint, a, b, budget)
     full = [domain.full_box(joint)]
     undecided = 0
@@ -351,7 +371,9 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
             if _outcome(b, new_leaf) == want:
                 continue
             report.differing_regions += 1
-            found = _verified_witness(joint, both, old, new)
+            found = _verified_witness(joint, both, flat_old, flat_new)
+            if found is not None and forms is not None:
+                found = _lifted(found, forms, old, new)
             if found is None:
                 undecided += 1
             elif len(report.witnesses) < max_witnesses:
@@ -366,6 +388,21 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
                                "assignment was found on which the engine decides differently "
                                "(equal values from different expressions, or constraints the domain "
                                "cannot decide)")
+
+
+def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
+            new: ir.Scenario) -> Witness | None:
+    """A witness of the unrolled forms in source terms (a list of looks per observed variable, the
+    longer of the two versions' lists), decided again by the engine on the two source programs."""
+    values = forms[0].lift(found.values)
+    for name, value in forms[1].lift(found.values).items():
+        mine = values.get(name)
+        if name not in values or (isinstance(value, list) and isinstance(mine, list) and len(value) > len(mine)):
+            values[name] = value
+    da, db = _decide(old, values), _decide(new, values)
+    if da is None or db is None or da[1] == db[1]:
+        return None
+    return Witness(values=values, old_path=da[0], old_finals=da[1], new_path=db[0], new_finals=db[1])
 
 
 def _verified_witness(joint: ir.Scenario, boxes: Sequence[domain.Box], old: ir.Scenario,
