@@ -615,6 +615,30 @@ def test_a_guard_that_rules_out_the_bad_values_keeps_the_assignment_clean() -> N
     assert e204.witness is not None and 400 <= e204.witness["NightlyRate"] < 500
 
 
+@pytest.mark.parametrize("extra, stages", [
+    # a list declared anywhere (even unused by the leaf) used to hide every E204: lists are lowered
+    ('system Items: list[0..3] of int[0..10] "items"\n',
+     "stage s1 { when len(Items) > 1 -> do PartialRefund { Fee = NightlyRate - 500 }\n otherwise -> do FullRefund }"),
+    # a procedure: an observation and a bounded retry before the leaf
+    ('system Paid: bool "paid"\naction Remind "remind"\n',
+     "stage s1 { -> do Remind -> s2 }\n"
+     "stage s2 { observe Paid\n when Paid -> do PartialRefund { Fee = NightlyRate - 500 }\n"
+     " when not Paid -> s1 up to 2 times\n otherwise -> do FullRefund }"),
+])
+def test_output_ranges_are_checked_in_procedures_and_with_lists(extra: str, stages: str) -> None:
+    s = sopgraph.load(text=FEE_HEAD + extra + stages, check=False)
+    e204 = only(check(s), "E204")
+    assert "of output `Fee`" in e204.message and e204.witness is not None
+    text = FEE_HEAD + extra + stages
+    assert e204.span is not None and e204.span.line == text[:text.index("NightlyRate - 500")].count("\n") + 1
+    with pytest.raises(sopgraph.DecideError) as refused:  # the lifted witness is refused by the engine
+        sopgraph.decide(s, e204.witness)
+    assert refused.value.output == "Fee"
+    clamped = sopgraph.load(text=FEE_HEAD + extra + stages.replace("NightlyRate - 500", "max(0, NightlyRate - 500)"),
+                            check=False)
+    assert "E204" not in codes(check(clamped))
+
+
 def test_cli_reports_the_profile_beside_the_file_under_its_own_name(tmp_path: Path) -> None:
     sop = tmp_path / "desk.sop"
     sop.write_text('scenario desk "Desk" "d"\nfield V: bool "v"\naction A "a"\naction B "b"\n'

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from sopgraph.cli import main
 from sopgraph.language import ir
 from sopgraph.language.parse import load_source
-from sopgraph.logic.diff import diff
+from sopgraph.logic.diff import diff, render_text
 from sopgraph.logic.engine import interpret
 from sopgraph.simulation.runner import read_cases
 
@@ -91,6 +91,42 @@ def test_changed_declarations_compare_on_common_inputs() -> None:
     clash = diff(_load("field X: bool\naction A\nstage s { -> do A }"),
                  _load("field X: int\naction A\nstage s { -> do A }"))
     assert clash.unproven and "no input is valid for both" in clash.unproven[0]
+    assert not clash.compared and not clash.equivalent  # nothing compared is not "equivalent"
+    assert "decisions: not compared" in render_text(clash)
+
+
+LISTS = """
+type Item = record { price: float[0..500], kind: Gift | Sale }
+system Basket: list[0..4] of Item "b"
+system Total: int[0..1000] "t"
+action A
+action B
+action C
+stage s { when Total > LIMIT -> do A
+  when any(i in Basket where i.kind == Gift) -> do B
+  otherwise -> do C }
+"""
+
+
+def test_versions_with_lists_and_records_are_compared_with_verified_witnesses(tmp_path: Path) -> None:
+    """The same list or record type in two files is one type (spans differ), and the search tries
+    sample lists, so a changed threshold next to a list is found, not reported as unprovable."""
+    (tmp_path / "old.sop").write_text(LISTS.replace("LIMIT", "500"))
+    (tmp_path / "new.sop").write_text(LISTS.replace("LIMIT", "400"))
+    old, new = _file(tmp_path / "old.sop"), _file(tmp_path / "new.sop")
+    report = diff(old, new)
+    assert report.compared and report.witnesses, report.unproven
+    for w in report.witnesses:
+        assert 400 < w.values["Total"] <= 500 and isinstance(w.values["Basket"], list)
+        assert interpret(old, w.values).finals != interpret(new, w.values).finals
+    assert not any("no input is valid" in u for u in report.unproven)
+    same = CliRunner().invoke(main, ["diff", str(tmp_path / "old.sop"), str(tmp_path / "old.sop")])
+    assert same.exit_code == 0, same.output
+    changed = CliRunner().invoke(main, ["diff", str(tmp_path / "old.sop"), str(tmp_path / "new.sop")])
+    assert changed.exit_code == 1 and "decisions differ" in changed.output
+    (tmp_path / "clash.sop").write_text(LISTS.replace("LIMIT", "500").replace("list[0..4]", "list[5..6]"))
+    clash = CliRunner().invoke(main, ["diff", str(tmp_path / "old.sop"), str(tmp_path / "clash.sop")])
+    assert clash.exit_code == 1 and "not compared" in clash.output
 
 
 def test_budget_is_reported_when_hit() -> None:
@@ -133,3 +169,31 @@ def test_errors_exit_2(tmp_path: Path) -> None:
     junk.write_text("{}\n", encoding="utf-8")
     result = CliRunner().invoke(main, ["diff", str(TELECOM), str(TELECOM), "--cases", str(junk)])
     assert result.exit_code == 2 and "invalid case" in result.output
+
+
+RETRY = """
+system Amount: int[0..1000]
+system Done: bool
+action A
+action B
+action Nudge
+stage s1 { -> do Nudge -> s2 }
+stage s2 { observe Done
+  when Done and Amount > LIMIT -> do A
+  when not Done -> s1 up to 2 times
+  otherwise -> do B }
+"""
+
+
+def test_procedures_are_compared_look_by_look() -> None:
+    """A changed threshold after a retry loop: the versions are compared unrolled (each look its own
+    value), and each witness is given in source form (a list of looks) and verified on the source."""
+    old, new = _load(RETRY.replace("LIMIT", "500")), _load(RETRY.replace("LIMIT", "300"))
+    report = diff(old, new)
+    assert report.compared and not report.unproven and len(report.witnesses) == 3
+    for w in report.witnesses:
+        assert 300 < w.values["Amount"] <= 500 and isinstance(w.values["Done"], list)
+        assert interpret(old, w.values).finals["Action"] == "B" and interpret(new, w.values).finals["Action"] == "A"
+    assert sorted(len(w.old_path) for w in report.witnesses) == [2, 4, 6]  # accepted at the 1st, 2nd, 3rd look
+    assert "Done=[" in render_text(report)
+    assert diff(old, _load(RETRY.replace("LIMIT", "500"))).equivalent

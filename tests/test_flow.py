@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import CODES
 from sopgraph.language.parse import load_source
+from sopgraph.logic.checker import check as sopgraph_check
 from sopgraph.logic.engine import DecideError, Interpreter, interpret
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.paths import trace
@@ -125,6 +127,55 @@ stage s1 "s1" {
     assert interpret(sc, d.witness).finals["Action"] == "Ok"
     assert Interpreter(sc, d.witness).eval(sc.stages["s1"].branches[1].guard) is True
     assert_witnesses_verified(sc, [d])
+
+
+INDEPENDENT = """
+scenario groups "Independent conditions"
+type Channel = Online | Atm
+type Txn = record { amount: float[0..), channel: Channel, disputed: bool }
+field CardInHand: bool "c"
+field Mood: Calm | Angry "m"
+system Prior: int[0..20] "p"
+system Amount: float[0..20000] "a"
+system Reference: string "r"
+system Booked: date "b"
+system Recent: list[0..5] of Txn "t"
+let Risk = count(2: not CardInHand, 1: Prior >= 3, 1: Amount > 1000, 1: any(t in Recent where t.channel == Atm and not t.disputed))
+action Block "b"
+action Human "h"
+action Ask "a"
+action Charge "c"
+action Late "l"
+stage window "w" {
+    when days_between(Booked, now) > 120 -> do Late
+    otherwise -> ref
+}
+stage ref "r" {
+    when Reference matches "[A-Z]{2}[0-9]{6}" -> fraud
+    otherwise -> do Ask
+}
+stage fraud "f" {
+    when Risk >= 3 -> do Block
+    when Mood == Angry and Risk >= 2 -> do Human
+    otherwise -> do Charge
+}
+"""
+
+
+def test_conditions_on_disjoint_inputs_are_decided_one_group_at_a_time() -> None:
+    """A score over many inputs, a pattern on a text and a date window share no variable: each is
+    decided alone and the examples combine. Searched together (and with the solver giving up on the
+    pattern) the overlap below stayed undecided: I302 instead of W301."""
+    loaded = load_source(None, text=INDEPENDENT)
+    assert loaded.scenario is not None
+    sc = loaded.scenario
+    diags = sopgraph_check(sc)
+    assert [d.code for d in diags] == ["W301"], [d.message for d in diags]
+    w = diags[0].witness
+    assert w["Mood"] == "Angry" and re.fullmatch("[A-Z]{2}[0-9]{6}", w["Reference"])
+    assert isinstance(w["Recent"], list)  # the list whole, though the route reads only some of its fields
+    assert trace(sc, w)[0] == ["window", "ref", "fraud"]
+    assert interpret(sc, w).finals["Action"] == "Block"
 
 
 def test_w301_only_when_reachable_together() -> None:

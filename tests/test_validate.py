@@ -163,3 +163,30 @@ def test_rows_that_cannot_be_decided_are_listed(tmp_path: Path) -> None:
     assert report.correct == 0
     assert [e["line"] for e in report.errors] == [2, 3]
     assert "not a number" in report.errors[0]["error"] and "missing value for `N`" in report.errors[1]["error"]
+
+
+def test_round_thresholds_observed_looks_and_optional_columns() -> None:
+    """Past decisions made with `Waited > 90` on fractional values: the top suggestion is the round
+    `> 90`, not a row's value; an observed variable's cell is its looks (a list, or one value);
+    an optional variable without a column is not reported as missing."""
+    scenario = _load("""
+        system Waited: float[0..400]
+        system Answer: Yes | No
+        system Note: string?
+        action Late
+        action Ask
+        action Done
+        stage s1 { when Waited > 120 -> do Late otherwise -> do Ask -> s2 }
+        stage s2 { observe Answer
+          when Answer == Yes -> do Done
+          when Answer == No -> do Ask -> s2 up to 1 times
+          otherwise -> do Late }
+    """)
+    waits = [10.4, 60.2, 89.6, 93.3, 97.8, 104.1, 111.9, 130.5, 150.25, 199.0]
+    rows = [{"Waited": w, "Answer": json.dumps(["No", "Yes"]) if i % 2 else "Yes",
+             "want": "Late" if w > 90 else "Done", "_line": i + 2} for i, w in enumerate(waits)]
+    report = validate(scenario, rows, expect={"Action": "want"})
+    assert report.errors == [] and report.unmapped == []
+    assert report.correct == len(rows) - 4  # 93.3 .. 111.9 were decided late under 90 days
+    (group,) = report.groups
+    assert group.candidates[0].describe() == "`Waited > 90` instead of `Waited > 120` at stage s1 explains 4/4"

@@ -129,8 +129,8 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: st
     """Semantic diff of two versions of an SOP: paths added, removed and changed; inputs on which
     they decide differently (verified by the engine); cases whose expectations change.
 
-    Exit status (for CI): 0 equivalent, 1 the versions decide differently (or a case changes),
-    2 error (a file does not load, bad cases file).
+    Exit status (for CI): 0 equivalent, 1 the versions decide differently (or a case changes, or
+    an input changed type so that no input is valid for both), 2 error (a file does not load, bad cases file).
     """
     a = _load_or_2(old)
     b = _load_or_2(new)

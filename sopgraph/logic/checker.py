@@ -1224,7 +1224,11 @@ def check_procedures(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnosti
 
 
 def check_output_ranges(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
-    """E204 for assignments some feasible path drives outside the output's range (`sopgraph.logic.ranges`)."""
+    """E204 for assignments some feasible path drives outside the output's range (`sopgraph.logic.ranges`).
+    Procedures, lists and records are searched in their analysis form, as the flow pass is: on the
+    source form their paths and values cannot be explored, so nothing would ever be found."""
+    if needs_analysis_form(scenario):
+        return procheck.procedure_flow(scenario, output_range_diagnostics)
     return output_range_diagnostics(scenario)
 
 

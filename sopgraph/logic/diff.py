@@ -15,6 +15,7 @@ and they disagree. The walk is bounded (`budget` regions); what it could not set
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -25,7 +26,9 @@ from sopgraph.language import ir
 from sopgraph.language.fmt import show_expr
 from sopgraph.logic import domain
 from sopgraph.logic.engine import DecideError, interpret
+from sopgraph.logic.lower import analysis_form
 from sopgraph.logic.paths import iter_paths
+from sopgraph.logic.unroll import Unrolled, UnrollError
 from sopgraph.records import Case
 
 DEFAULT_BUDGET = 20_000  # regions explored by the product walk
@@ -74,13 +77,15 @@ class DiffReport(BaseModel):
     differing_regions: int = 0
     unproven: list[str] = Field(default_factory=list)  # what the bounded check could not settle
     notes: list[str] = Field(default_factory=list)
+    compared: bool = True  # False when no input is valid for both versions: nothing could be compared
     cases_checked: int = 0
     cases_changed: list[CaseChange] = Field(default_factory=list)
 
     @property
     def equivalent(self) -> bool:
-        """No decision differs within the analysis (paths may still be relabelled or reordered)."""
-        return not self.witnesses and not self.cases_changed
+        """No decision differs within the analysis (paths may still be relabelled or reordered).
+        Versions whose decisions could not be compared at all are not equivalent."""
+        return self.compared and not self.witnesses and not self.cases_changed
 
     @property
     def proven(self) -> bool:
@@ -108,9 +113,14 @@ def _path_table(scenario: ir.Scenario) -> tuple[dict[str, str], bool]:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, str) or value is None:
-        return str(value)
-    return show_expr(ir.Lit(value=value)) if isinstance(value, (bool, int, float)) else str(value)
+    """A witness value as the user writes it: plain text and numbers, JSON for lists and records."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "null (missing)"
+    if isinstance(value, (bool, int, float)):
+        return show_expr(ir.Lit(value=value))
+    return json.dumps(value, ensure_ascii=False)
 
 
 def path_changes(old: ir.Scenario, new: ir.Scenario, report: DiffReport) -> None:
@@ -143,10 +153,31 @@ def _stages_only(key: str) -> str:
 # The joint space
 
 
+def _type_key(t: Any) -> Any:
+    """A type as plain data without source spans (or aliases), for comparing declarations."""
+    def strip(data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: strip(v) for k, v in data.items() if k not in ("span", "alias")}
+        if isinstance(data, list):
+            return [strip(v) for v in data]
+        return data
+    return strip(t.model_dump())
+
+
 def _meet_types(name: str, a: Any, b: Any) -> Any:
     """The values valid for both declarations of an input, or DiffError when they share none."""
-    if a == b or a is None or b is None:
+    if a is None or b is None:
         return a if a is not None else b
+    if _type_key(a) == _type_key(b):  # the same type written in two files (spans differ)
+        return a
+    if isinstance(a, ir.ListType) and isinstance(b, ir.ListType):
+        shortest, longest = max(a.min_len, b.min_len), min(a.max_len, b.max_len)
+        if shortest <= longest:
+            return ir.ListType(item=_meet_types(f"{name}[]", a.item, b.item), min_len=shortest, max_len=longest)
+    if isinstance(a, ir.RecordType) and isinstance(b, ir.RecordType) \
+            and [f.name for f in a.fields] == [f.name for f in b.fields]:
+        return ir.RecordType(fields=[ir.RecordField(name=fa.name, type=_meet_types(f"{name}.{fa.name}", fa.type, fb.type))
+                                     for fa, fb in zip(a.fields, b.fields, strict=True)])
     if isinstance(a, ir.EnumType) and isinstance(b, ir.EnumType):
         common = [v for v in a.values if v in b.values]
         if len(common) >= 1:
@@ -309,15 +340,28 @@ def _decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str]
 
 def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport, budget: int,
                          max_witnesses: int = MAX_WITNESSES) -> None:
+    """Inputs on which OLD and NEW decide differently. A procedure is compared in its unrolled form
+    (one variable per look, one stage copy per visit: `unroll`), where every look can take its own
+    value; witnesses are lifted back to the source form and verified there by the engine."""
+    for name in sorted(set(old.variables) | set(new.variables)):
+        in_old, in_new = name in old.variables, name in new.variables
+        if in_old != in_new and (old.variables.get(name) or new.variables[name]).role != "derived":
+            report.notes.append(f"`{name}` is read only by the {'old' if in_old else 'new'} version")
+    forms: tuple[Unrolled, Unrolled] | None = None
+    if old.procedural or new.procedural:
+        try:
+            forms = analysis_form(old), analysis_form(new)
+        except UnrollError as exc:
+            report.unproven.append(f"the procedures could not be unrolled for the comparison: {exc}")
+            report.compared = False
+            return
+    flat_old, flat_new = (forms[0].scenario, forms[1].scenario) if forms else (old, new)
     try:
-        joint, a, b = joint_scenario(old, new)
+        joint, a, b = joint_scenario(flat_old, flat_new)
     except DiffError as exc:
         report.unproven.append(str(exc))
+        report.compared = False
         return
-    for name in sorted(set(joint.variables) - {v for v in joint.variables if v.startswith("__")}):
-        in_old, in_new = name in old.variables, name in new.variables
-        if in_old != in_new:
-            report.notes.append(f"`{name}` is read only by the {'old' if in_old else 'new'} version")
     walk = _Walk(joint, a, b, budget)
     full = [domain.full_box(joint)]
     undecided = 0
@@ -327,7 +371,9 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
             if _outcome(b, new_leaf) == want:
                 continue
             report.differing_regions += 1
-            found = _verified_witness(joint, both, old, new)
+            found = _verified_witness(joint, both, flat_old, flat_new)
+            if found is not None and forms is not None:
+                found = _lifted(found, forms, old, new)
             if found is None:
                 undecided += 1
             elif len(report.witnesses) < max_witnesses:
@@ -342,6 +388,21 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
                                "assignment was found on which the engine decides differently "
                                "(equal values from different expressions, or constraints the domain "
                                "cannot decide)")
+
+
+def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
+            new: ir.Scenario) -> Witness | None:
+    """A witness of the unrolled forms in source terms (a list of looks per observed variable, the
+    longer of the two versions' lists), decided again by the engine on the two source programs."""
+    values = forms[0].lift(found.values)
+    for name, value in forms[1].lift(found.values).items():
+        mine = values.get(name)
+        if name not in values or (isinstance(value, list) and isinstance(mine, list) and len(value) > len(mine)):
+            values[name] = value
+    da, db = _decide(old, values), _decide(new, values)
+    if da is None or db is None or da[1] == db[1]:
+        return None
+    return Witness(values=values, old_path=da[0], old_finals=da[1], new_path=db[0], new_finals=db[1])
 
 
 def _verified_witness(joint: ir.Scenario, boxes: Sequence[domain.Box], old: ir.Scenario,
@@ -414,6 +475,8 @@ def render_text(report: DiffReport, *, limit: int = 10) -> str:
             out.append(f"  {i}. {values}")
             out.append(f"     old: {' -> '.join(w.old_path)} => {_finals(w.old_finals)}")
             out.append(f"     new: {' -> '.join(w.new_path)} => {_finals(w.new_finals)}")
+    elif not report.compared:
+        out.append("decisions: not compared (no input is valid for both versions)")
     else:
         out.append("decisions: equivalent" + (" (proven)" if report.proven else " within the analysis budget"))
     for u in report.unproven:

@@ -36,6 +36,7 @@ This module holds the space, its boxes and the witness search; guards compile to
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import random
@@ -131,6 +132,9 @@ class Space:
         self.time_kinds: dict[int, str] = {}  # date/datetime/duration variables: ints of seconds
         self.time_names: dict[str, str] = {}
         self.strings: set[int] = set()  # string variables: decided by witness search alone
+        # lists and records (analysed lowered, `logic.lower`; here only sample values for the witness
+        # search of analyses on the source form, e.g. `sop diff`)
+        self.structured: dict[int, list[Any]] = {}
         self.optional = {i for i, n in enumerate(self.names) if scenario.variables[n].optional}
         for n in self.names:
             t = scenario.variables[n].type
@@ -164,6 +168,9 @@ class Space:
                     d = NumDom(-INF, INF, False, False, NO_POINTS)
                 full.append(d)
             else:
+                samples = structured_samples(t)
+                if samples:
+                    self.structured[len(self.kinds)] = samples
                 self.kinds.append("none")
                 self.values.append(())
                 full.append(None)
@@ -823,7 +830,11 @@ class Space:
         """Witness search and the SMT solver (`solver`): the search first when the residuals read
         few variables (cheap, and it varies witnesses), the solver first when they read many (the
         search's few thousand candidates would be a needle-in-a-haystack guess). A solver model is
-        kept only if the reference interpreter confirms it."""
+        kept only if the reference interpreter confirms it. Residuals that share no variable are
+        decided one group at a time (`_solve_groups`)."""
+        groups = self._resid_groups(box)
+        if len(groups) > 1:
+            return self._solve_groups(box, groups, style, rng)
         if any(rid in self.diffs for rid, _t in box.resid):
             verdict, w = self._solve_diffs(box, style, rng)
             if verdict == "empty":
@@ -847,6 +858,46 @@ class Space:
                 return w, exhaustive
         self.undecided += 1
         return None, False
+
+    def _resid_groups(self, box: Box) -> list[frozenset]:
+        """The box's residual literals split into groups that read disjoint sets of variables."""
+        res_vars = self.res_vars
+        groups: list[tuple[set[int], list]] = []
+        for lit in sorted(box.resid):
+            reads = set(res_vars[lit[0]])
+            joined = [g for g in groups if g[0] & reads]
+            if not joined:
+                groups.append((reads, [lit]))
+                continue
+            first = joined[0]
+            first[0].update(reads)
+            first[1].append(lit)
+            for g in joined[1:]:
+                first[0].update(g[0])
+                first[1].extend(g[1])
+                groups.remove(g)
+        return [frozenset(lits) for _reads, lits in groups]
+
+    def _solve_groups(self, box: Box, groups: list[frozenset], style: str,
+                      rng: random.Random | None) -> tuple[dict | None, bool]:
+        """Independent residual groups (e.g. a score over some inputs, a pattern on a text, a date
+        window) decided one by one: the box has a member iff every group does, and the members of
+        the groups combine, since no two read the same variable. Searching them together would
+        multiply their candidate lists (and the solver gives up on the whole when one part is a
+        construct it does not model)."""
+        merged = self.pick_all(box, style, rng)
+        if merged is None:
+            return None, False
+        for lits in groups:
+            w, exhaustive = self._search_or_solve(self.box(box.doms, lits), style, rng)
+            if w is None:
+                return None, exhaustive  # one empty group empties the box; an undecided one was counted
+            for i in {v for rid, _t in lits for v in self.res_vars[rid]}:
+                merged[self.names[i]] = w[self.names[i]]
+        if not all(self.eval_resid(rid, truth, merged) for rid, truth in box.resid):
+            self.undecided += 1  # defensive: groups that do not combine (a read the split did not see)
+            return None, False
+        return merged, False
 
     def _solve_diffs(self, box: Box, style: str, rng: random.Random | None) -> tuple[str, dict | None]:
         """The box's difference literals as one difference-bound system (`diffbound`): "empty" is exact;
@@ -897,6 +948,8 @@ class Space:
             return pick_time(self.time_kinds[i], d, style, rng)
         if i in self.strings:
             return "text"
+        if i in self.structured:
+            return copy.deepcopy(self.structured[i][0])
         k = self.kinds[i]
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
@@ -921,6 +974,8 @@ class Space:
             return time_candidates(self.time_kinds[i], d, style, rng, consts), False
         if i in self.strings:
             return string_candidates(self.names[i], self.res_exprs, "text"), False
+        if i in self.structured:
+            return copy.deepcopy(self.structured[i]), False
         k = self.kinds[i]
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
@@ -1125,6 +1180,45 @@ def _numeric_consts(expr: Any) -> list[float]:
 
 # ---------------------------------------------------------------------------------------------
 # Public functions
+
+
+MAX_SAMPLES = 8  # sample values per list or record type
+
+
+def structured_samples(t: Any) -> list[Any]:
+    """A few values of a list or record type (enum, bool, number and string leaves; [] when it has
+    others), in the engine's input form: the shortest list, single-item lists of other items, the
+    longest list; records varying one field at a time. The witness search tries them as candidates."""
+    if isinstance(t, ir.EnumType):
+        return list(dict.fromkeys(t.values))
+    if isinstance(t, ir.BoolType):
+        return [False, True]
+    if isinstance(t, ir.StringType):
+        return ["text"]
+    if isinstance(t, ir.NumType):
+        lo = -INF if t.lo is None else t.lo + (1 if t.lo_open else 0)
+        hi = INF if t.hi is None else t.hi - (1 if t.hi_open else 0)
+        picks = [x for x in (max(lo, 0.0) if lo <= 0 <= hi else lo if lo != -INF else hi, 100.0, hi)
+                 if x not in (-INF, INF) and lo <= x <= hi]
+        return list(dict.fromkeys(int(x) if t.kind == "int" else float(x) for x in picks
+                                  if t.kind != "int" or float(x).is_integer()))
+    if isinstance(t, ir.ListType):
+        items = structured_samples(t.item)
+        if not items:
+            return []
+        some = max(t.min_len, 1)
+        lists: list[Any] = [[items[0]] * t.min_len]
+        lists += [[item] * some for item in items[1:MAX_SAMPLES - 2]] if some <= t.max_len else []
+        lists.append([items[0]] * t.max_len)
+        return [v for i, v in enumerate(lists) if v not in lists[:i]][:MAX_SAMPLES]
+    if isinstance(t, ir.RecordType):
+        fields = [(f.name, structured_samples(f.type)) for f in t.fields]
+        if not fields or any(not samples for _name, samples in fields):
+            return []
+        base = {name: samples[0] for name, samples in fields}
+        records: list[Any] = [base] + [{**base, name: v} for name, samples in fields for v in samples[1:]]
+        return records[:MAX_SAMPLES]
+    return []
 
 
 def variables_signature(scenario: ir.Scenario) -> tuple:

@@ -87,6 +87,10 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
         return []
 
 
+def _where(span: ir.Span) -> tuple[str, int, int]:
+    return span.file, span.line, span.col
+
+
 def _steps(prefix: Any) -> list[tuple[int, int]]:
     """The (stage, branch) decisions of a parent-linked prefix, from the entry on."""
     out: list[tuple[int, int]] = []
@@ -345,11 +349,16 @@ class _Flow:
 
     def _route_values(self, w: dict[str, Any], prefix: Any, si: int) -> dict[str, Any]:
         """The witness restricted to the variables the route's guards read (the example then
-        names what matters, not every variable of the program)."""
+        names what matters, not every variable of the program). A list or record (lowered into
+        one plain variable per length, item and field, all sharing its declaration) is kept whole:
+        a part of it is not a value the engine can take."""
         names: set[str] = set()
         for s_idx in [s for s, _ in _steps(prefix)] + [si]:
             names |= self._stage_vars(self.ex.stage_objs[s_idx])
-        kept = {k: v for k, v in w.items() if k in names}
+        variables = self.s.variables
+        declared = {_where(variables[n].span) for n in names if n in variables}
+        kept = {k: v for k, v in w.items()
+                if k in names or (k in variables and _where(variables[k].span) in declared)}
         return kept or w
 
     def _overlap_witness(self, full: Sequence[Box], prefix: Any, si: int, i: int,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import itertools
 import json
 import math
 import re
@@ -241,8 +242,9 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
         for name, column in plan.inputs.items():
             var = scenario.variables[name]
             try:
-                converted = convert(_lookup(row, column), var.type, unit=var.unit, now=now,
-                                    what=f"column `{column}`:")
+                converted = (_looks(_lookup(row, column), var, now, column) if var.observed else
+                             convert(_lookup(row, column), var.type, unit=var.unit, now=now,
+                                     what=f"column `{column}`:"))
             except ValueError as exc:
                 problems.append(str(exc))
                 continue
@@ -260,6 +262,22 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
         out.append(RowResult(line=line, values=values, expected=expected,
                              error="; ".join(problems) if problems else None))
     return out
+
+
+def _looks(value: Any, var: ir.Variable, now: dt.date | None, column: str) -> list[Any] | None:
+    """An observed variable's cell: a list of values, one per look (JSON `[..]` in a text cell), or
+    one value, which is the first and only look."""
+    if isinstance(value, str) and value.strip().startswith("["):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"column `{column}`: {value!r} is not JSON (the looks are written [..])") from None
+    items = value if isinstance(value, list) else [value]
+    looks = [convert(v, var.type, unit=var.unit, now=now, what=f"column `{column}` (look {k}):")
+             for k, v in enumerate(items, 1)]
+    if any(v is None for v in looks):
+        return None if len(looks) == 1 else [v for v in looks if v is not None] or None
+    return looks
 
 
 def decide_rows(scenario: ir.Scenario, rows: list[RowResult]) -> None:
@@ -430,8 +448,19 @@ def _observed(scenario: ir.Scenario, expr: Any, rows: Sequence[RowResult]) -> li
     return sorted(seen)
 
 
-def _compare_edits(scenario: ir.Scenario, where: str, cmp: ir.Compare,
-                   rows: Sequence[RowResult]) -> Iterator[tuple[str, str, str, ir.Compare]]:
+def _round_between(lo: float, hi: float) -> float | None:
+    """The roundest number strictly between `lo` and `hi` (a multiple of the largest power of ten,
+    or five times one, that fits), or None when they are too close."""
+    for k in range(12, -7, -1):
+        for step in (5 * 10.0 ** k, 10.0 ** k):
+            x = math.floor(lo / step + 1) * step
+            if lo < x < hi:
+                return float(int(x)) if step >= 1 else round(x, 6)
+    return None
+
+
+def _compare_edits(scenario: ir.Scenario, where: str, cmp: ir.Compare, rows: Sequence[RowResult],
+                   context: Sequence[RowResult] = ()) -> Iterator[tuple[str, str, str, ir.Compare]]:
     """(kind, before, after, new node) for one comparison: operator tweaks, then threshold shifts."""
     before = show_expr(cmp)
     if cmp.op in _STRICT:
@@ -446,9 +475,20 @@ def _compare_edits(scenario: ir.Scenario, where: str, cmp: ir.Compare,
     if isinstance(lit.value, bool) or not isinstance(lit.value, (int, float)):
         return
     other = cmp.left if lit_side == "right" else cmp.right
-    values = _observed(scenario, other, rows)
+    observed = _observed(scenario, other, rows)
     here = float(lit.value)
-    values = sorted(values, key=lambda v: (abs(v - here), v))[:THRESHOLDS_PER_COMPARISON]
+    # a round number between a mismatched row's value and the neighbouring value of any row splits
+    # the rows as the value itself does, and reads better (`> 90`, not `>= 92.41666666666667`)
+    mine = set(observed)
+    every = sorted(mine | set(_observed(scenario, other, context)))
+    between = [x for a, b in itertools.pairwise(every)
+               if (a in mine or b in mine) and (x := _round_between(a, b)) is not None
+               and _significant_digits(_num(x)) < min(_significant_digits(_num(a)), _significant_digits(_num(b)))]
+
+    def nearest(xs: list[float]) -> list[float]:
+        return sorted(xs, key=lambda v: (abs(v - here), v))[:THRESHOLDS_PER_COMPARISON]
+
+    values = list(dict.fromkeys(nearest(observed) + nearest(between)))
     for value in values:
         if value == lit.value:
             continue
@@ -498,12 +538,14 @@ def _move_value(stage_id: str, i: int, j: int, value: ir.Lit) -> Edit:
     return edit
 
 
-def candidate_edits(scenario: ir.Scenario, stage_id: str,
-                    rows: Sequence[RowResult]) -> Iterator[tuple[Candidate, Edit]]:
+def candidate_edits(scenario: ir.Scenario, stage_id: str, rows: Sequence[RowResult],
+                    context: Sequence[RowResult] = ()) -> Iterator[tuple[Candidate, Edit]]:
+    """Edits at one stage for the mismatched `rows`; `context` (the other rows reaching the stage)
+    places round thresholds between a mismatched row's value and its neighbours."""
     stage = scenario.stages[stage_id]
     for where, expr in _sites(scenario, stage):
         for cmp in _compares(expr):
-            for kind, before, after, new in _compare_edits(scenario, where, cmp, rows):
+            for kind, before, after, new in _compare_edits(scenario, where, cmp, rows, context):
                 def edit(s: ir.Scenario, cmp: ir.Compare = cmp, new: ir.Compare = new) -> ir.Scenario:
                     return _replace_compare(s, cmp, new)
                 yield Candidate(stage=stage_id, where=where, kind=kind, before=before, after=after), edit
@@ -534,8 +576,10 @@ def search(scenario: ir.Scenario, stage_ids: Sequence[str], group: Sequence[RowR
     found: list[Candidate] = []
     tried = 0
     seen: set[tuple[str, str, str]] = set()
-    for stage_id, cand, edit in ((sid, c, e) for sid in stage_ids for c, e in candidate_edits(scenario, sid, group)):
-        affected = [r for r in rows if stage_id in r.path]
+    reaching = {sid: [r for r in rows if sid in r.path] for sid in stage_ids}
+    for stage_id, cand, edit in ((sid, c, e) for sid in stage_ids
+                                 for c, e in candidate_edits(scenario, sid, group, reaching[sid])):
+        affected = reaching[stage_id]
         key = (cand.where, cand.before, cand.after)
         if key in seen:
             continue
@@ -558,7 +602,16 @@ def search(scenario: ir.Scenario, stage_ids: Sequence[str], group: Sequence[RowR
 def _best(found: list[Candidate], keep: int) -> list[Candidate]:
     """Most rows explained net of rows broken; among equals the smallest kind of edit first."""
     return sorted(found, key=lambda c: (-(c.fixes - c.breaks), -c.fixes, _KIND_RANK.get(c.kind, 9), c.where,
-                                        c.after))[:keep]
+                                        _significant_digits(c.after), c.after))[:keep]
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _significant_digits(text: str) -> int:
+    """How many significant digits the numbers of an edit have: among equals, the roundest first."""
+    return sum(len(n.replace(".", "").strip("0")) for n in re.findall(r"\d+(?:\.\d+)?", text))
 
 
 _KIND_RANK = {"operator": 0, "flip": 1, "arm-order": 2, "match-value": 2, "threshold": 3}
@@ -626,7 +679,8 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
         groups.append(group)
     correct = sum(1 for r in results if r.ok)
     labels = sorted({*confusion, *(g for row in confusion.values() for g in row)})
-    unmapped = [v.name for v in scenario.variables.values() if v.role != "derived" and v.name not in plan.inputs]
+    unmapped = [v.name for v in scenario.variables.values()  # an optional or defaulted one may be left out
+                if v.role != "derived" and v.name not in plan.inputs and not v.optional and v.default is None]
     return Report(file=file, data=data, total=len(results), correct=correct,
                   accuracy=correct / len(results) if results else 0.0, labels=labels, confusion=confusion,
                   errors=errors, groups=groups, unmapped=unmapped)
