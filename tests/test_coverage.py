@@ -155,3 +155,13 @@ def test_coverage_cli_errors(tmp_path) -> None:
     res = CliRunner().invoke(main, ["coverage", str(TELECOM), "--cases", str(tmp_path / "x.jsonl"),
                                     "--render", "svg"])
     assert res.exit_code == 1 and "-o" in res.output
+
+
+def test_edges_no_input_takes_are_listed_apart() -> None:
+    """A branch on no feasible path (W303) cannot be covered: it is not an 'uncovered edge' to chase."""
+    sc = sopgraph.load(text='field Big: bool "b"\nsystem N: int[0..10] "n"\naction A "a"\naction B "b"\n'
+                            "stage s1 { when N > 5 -> s2\n otherwise -> do B }\n"
+                            "stage s2 { when N > 3 -> do A\n otherwise -> do B }\n", check=False)
+    side = coverage_of(sc, [(["s1", "s2"], "A"), (["s1"], "B")], "cases")
+    assert side.infeasible_edges == ["s2 -> action:B"]
+    assert side.uncovered_edges == [] and side.edges_covered == side.edges_total - 1

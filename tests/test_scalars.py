@@ -204,6 +204,13 @@ def test_type_errors_are_located_diagnostics(guard: str, code: str, fragment: st
     assert any(c == code and fragment in m for c, m in diags), diags
 
 
+@pytest.mark.parametrize("guard", ["days_between(D, today) > 1", "D < today - 2 days"])
+def test_a_bare_word_where_a_time_goes_points_to_now(guard: str) -> None:
+    found = check_file("t.sop", text=HEAD + f'stage s "x" {{ when {guard} -> do A otherwise -> do A }}').diagnostics
+    (e201,) = [d for d in found if d.severity == "error"]
+    assert e201.code == "E201" and "the current time is `now`" in (e201.hint or "")
+
+
 @pytest.mark.parametrize("guard", [
     "D > now - 24 hours", "T - D < 2 days", "days_between(D, T) >= 1", "W * 2 > 1 hours", "W / 2 < W",
     "abs(N - 3) > 1", "abs(W) > 0 seconds", 'S matches "^[A-Z]{3}-\\d{5}$"', 'S == "x"', "not missing(O) and O > 1",

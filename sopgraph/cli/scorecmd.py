@@ -478,6 +478,9 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
             console.print(f"[{s.source}] uncovered nodes: {', '.join(s.uncovered_nodes)}", markup=False)
         if s.uncovered_edges:
             console.print(f"[{s.source}] uncovered edges: {', '.join(s.uncovered_edges)}", markup=False)
+        if s.infeasible_edges:
+            console.print(f"[{s.source}] edges on no feasible path (no input takes them; see `sop check`): "
+                          f"{', '.join(s.infeasible_edges)}", markup=False)
         if s.uncovered_paths:
             more = s.paths_total - s.paths_covered - len(s.uncovered_paths)
             console.print(f"[{s.source}] uncovered paths:", markup=False)

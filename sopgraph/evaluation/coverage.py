@@ -52,6 +52,7 @@ class CoverageSide(BaseModel):
     path_counts: dict[str, int] = Field(default_factory=dict)  # path id → count
     uncovered_nodes: list[str] = Field(default_factory=list)
     uncovered_edges: list[str] = Field(default_factory=list)
+    infeasible_edges: list[str] = Field(default_factory=list)  # on no feasible path: nothing can cover them
     uncovered_paths: list[str] = Field(default_factory=list)  # "P07: step1 > step2 > step4 => ChangeOrder"
     invalid_examples: list[str] = Field(default_factory=list)
 
@@ -184,10 +185,21 @@ def coverage_of(scenario: ir.Scenario, walks: Iterable[Walk],
     side.edge_counts = edge_counts
     side.path_counts = dict(sorted(path_counts.items()))
     side.uncovered_nodes = [n for n in nodes if node_counts[n] == 0]
-    side.uncovered_edges = [k for k, c in edge_counts.items() if c == 0]
+    feasible = _path_edges(path_ids) if exact else None
+    side.uncovered_edges = [k for k, c in edge_counts.items() if c == 0 and (feasible is None or k in feasible)]
+    side.infeasible_edges = [k for k, c in edge_counts.items() if c == 0 and feasible is not None and k not in feasible]
     uncovered = sorted((pid, key) for key, ids in path_ids.items() for pid in ids if pid not in path_counts)
     side.uncovered_paths = [f"{pid}: {' > '.join(key[0])} => {key[1]}" for pid, key in uncovered[:max_listed]]
     return side
+
+
+def _path_edges(path_ids: dict[tuple, list[str]]) -> set[str]:
+    """The edges some feasible path takes (an edge on none is a branch no input reaches: W303/W304)."""
+    out: set[str] = set()
+    for stages, action in path_ids:
+        seq = [*stages, action_node(action)] if action else list(stages)
+        out.update(_edge_key(u, v) for u, v in zip(seq, seq[1:], strict=False))
+    return out
 
 
 def _count_paths(scenario: ir.Scenario) -> int:

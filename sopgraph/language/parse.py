@@ -843,6 +843,9 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     elif found == "{" and "`|`" in words:
         message = "an enum type needs at least two values"
         hint = "write `field X: A | B`, or use `bool`"
+    elif found in ("}", ")", "]") and before.rstrip().endswith(","):
+        message = f"unexpected `{found}` after a comma"
+        hint = f"remove the trailing comma before `{found}`"
     elif found == "=" and "a comparison (==, <, ...)" in words:
         message = "`=` is not a comparison"
         hint = "write `==` to compare; `=` only assigns outputs and derived variables"
