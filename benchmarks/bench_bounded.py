@@ -18,7 +18,7 @@ so times include start-up, as a user sees them.
   since a profile is read by every check and every synthesis; it took 60-90 s before issue 13).
 
 Usage: `python benchmarks/bench_bounded.py [--k 8] [--n 30] [--stages 100000] [--intents 20000]`;
-`--only-100k` prints only the two large-check rows.
+`--only-100k` prints only the two large-check rows, `--only-profiles` only the two profile rows.
 """
 
 from __future__ import annotations
@@ -99,7 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intents", type=int, default=20_000)
     ap.add_argument("--only-100k", action="store_true",
                     help="only the two large `sop check` rows (--stages stages; 100,000 by default)")
+    ap.add_argument("--only-profiles", action="store_true",
+                    help="only the two profile rows (`sop check`, `sop synth -n 50`; --intents intents)")
     args = ap.parse_args(argv)
+    if args.only_profiles:
+        with tempfile.TemporaryDirectory() as tmp:
+            profile_rows(Path(tmp), args.intents)
+        return 0
     if args.only_100k:
         with tempfile.TemporaryDirectory() as tmp:
             large_checks(Path(tmp), args.stages)
@@ -126,19 +132,25 @@ def main(argv: list[str] | None = None) -> int:
         t, _, code = run(["synth", str(wide), "-n", "50", "-q", "-o", str(d / "w.jsonl")])
         lines = len((d / "w.jsonl").read_text().splitlines()) if (d / "w.jsonl").exists() else 0
         report("synth -n 50, 139,968 feasible paths", t, 5.0, code, f"({lines} cases) ")
-        profiled = d / "many"
-        profiled.mkdir()
-        sop = profiled / "telecom_package.sop"
-        sop.write_text((ROOT / "scenarios" / "telecom_package.sop").read_text(encoding="utf-8"))
-        (profiled / "telecom_package.profile.yaml").write_text(helpers.many_intents_profile(args.intents))
-        tag = f"profile of {args.intents:,} intents"
-        for label, cmd in ((f"{tag}: sop check", ["check", str(sop)]),
-                           (f"{tag}: sop synth -n 50", ["synth", str(sop), "-n", "50", "-q",
-                                                        "-o", str(d / "p.jsonl")])):
-            t, _, code = run(cmd)
-            report(label, t, 5.0, code)
+        profile_rows(d, args.intents)
         large_checks(d, args.stages)
     return 0
+
+
+def profile_rows(d: Path, intents: int) -> None:
+    """`sop check` and `sop synth -n 50` on telecom_package with a profile of `intents` generated intents."""
+    helpers = _module("helpers", ROOT / "tests" / "helpers.py")
+    profiled = d / "many"
+    profiled.mkdir()
+    sop = profiled / "telecom_package.sop"
+    sop.write_text((ROOT / "scenarios" / "telecom_package.sop").read_text(encoding="utf-8"))
+    (profiled / "telecom_package.profile.yaml").write_text(helpers.many_intents_profile(intents))
+    tag = f"profile of {intents:,} intents"
+    for label, cmd in ((f"{tag}: sop check", ["check", str(sop)]),
+                       (f"{tag}: sop synth -n 50", ["synth", str(sop), "-n", "50", "-q",
+                                                    "-o", str(d / "p.jsonl")])):
+        t, _, code, cpu = run_cpu(cmd)
+        report(label, t, 5.0, code, f"({cpu:.2f} s CPU) ")
 
 
 def large_checks(d: Path, stages: int) -> None:

@@ -438,3 +438,204 @@ def test_procedures_observed_values_and_uncovered_paths_speak_source_terms() -> 
     generated = [c for c in cases if c["intent_generated"]]
     assert generated and all("#" not in c["intent_description"] for c in generated)
     assert any("(look 1)" in c["intent_description"] for c in generated)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading YAML in one pass (issue 13: 20,000 intents) — the same data, positions and diagnostics
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefghi", "bcdefghij", strict=True))
+
+# texts the one-pass loader builds itself
+ONE_PASS = {
+    "empty": "", "comment": "# nothing\n", "null": "~\n", "list": "- 1\n- 2\n", "scalar": "hello\n",
+    "doc_start": "---\n", "doc_end": "a: 1\n...\n", "directive": "%YAML 1.1\n---\nintents: {}\n",
+    "deep63": "a: " + "[" * 63 + "]" * 63 + "\n",
+    "deepmap63": "".join("  " * i + f"k{i}:\n" for i in range(63)) + "  " * 63 + "v\n",
+    "aliases200": "x: &x 1\ny: [" + ", ".join(["*x"] * 200) + "]\n",
+    "expand": "a: &a [" + ",".join(["1"] * 1000) + "]\nb: [" + ",".join(["*a"] * 199) + "]\n",
+    "dup": "intents:\n  a: {}\n  a: {}\n", "dup_mixed": '1: a\n"1": b\nintents: {}\n',
+    "dup_nested": "intents:\n  a:\n    description: x\n    description: y\n",
+    "dup_replaced_collection": "a: {x: 1, y: [1, 2]}\na: 5\nb: [1]\nb: {z: 2}\n",
+    "anchors": "intents:\n  a: &A\n    description: one\n    requires: {EmotionTag: Calm}\n  b: *A\n",
+    "anchor_dups": "a: &x {k: 1, k: 2, n: &y [1, {m: 1, m: 2}]}\nb: *x\nc: [*x, *y]\nd: *y\n",
+    "anchor_nested": "a: &o {i: &n {v: 1}, j: *n}\nb: *o\nc: {deep: *o}\n",
+    "anchor_scalar": "intents:\n  a:\n    description: &d hello\n  b:\n    description: *d\n",
+    "anchor_key": "x: &k intents\n*k : {}\n", "alias_key_dup": "a: &a 1\n*a : 2\n",
+    "anchor_on_key": "&k a: 1\nb: *k\n",
+    "flow": 'intents: {a: {description: "x", requires: {EmotionTag: [Calm, Discontent]}}, b: {}}\n',
+    "block": "description: |\n  line one\n  line two\nintents:\n  a:\n    description: >\n      folded\n      text\n",
+    "block_keep": "description: |+\n  x\n\n\nintents: {}\n",
+    "tags": 'description: !!str 5\nversion: !!int "1"\nintents:\n  a: {weight: !!float "2"}\n',
+    "tag_binary": "description: !!binary aGVsbG8=\n", "tag_map": "intents: !!map {a: {}}\n",
+    "tag_seq": "personas: !!seq [a]\n", "nonspecific": "a: ! 5\nb: 5\n",
+    "keys": "~: 1\ntrue: 2\n5: 3\n1.5: 4\n2001-02-03: 5\n",
+    "scalars": "a: 0o17\nb: 0x1F\nc: 017\nd: 1_000\ne: +5\nf: -.5\ng: .NaN\nh: 1:30\ni: .inf\nj: yes\nk: 1e3\n"
+               "l: 2001-02-03\nm: 2001-02-03 04:05:06\nn: null\no: ''\np: \"\"\n",
+    "big_numbers": "intents:\n  x:\n    weight: 1e308\n  y:\n    weight: .inf\n",
+    "null_values": "intents:\n  a:\n    description:\n    requires:\n",
+    "unicode": 'description: "caf\\u00e9 \\U0001F600"\nintents:\n  é: {description: ü}\n',
+    "bom": "\ufeffintents: {}\n", "crlf": "intents:\r\n  a:\r\n    description: x\r\n",
+    "plain_multiline": "description: one\n  two\n  three\nintents: {}\n",
+    "quoted_multiline": 'description: "one\n  two"\nintents: {}\n',
+    "explicit_key": "? description\n: x\n", "seq_of_seq": "x:\n- - a\n  - b\n- - c\n",
+    "indent_seq": "personas:\n- a\n- name: Bob\n  description: x\n",
+    "empty_flow_values": "intents: {a: , b: }\n",
+}
+# texts it leaves to the composing loader: errors, broken limits, merge keys, other tags, complex keys
+COMPOSED = {
+    "bomb": BOMB, "deep5000": "a: " + "[" * 5000 + "]" * 5000 + "\n",
+    "deep64": "a: " + "[" * 64 + "]" * 64 + "\n",
+    "deepmap64": "".join("  " * i + f"k{i}:\n" for i in range(64)) + "  " * 64 + "v\n",
+    "aliases201": "x: &x 1\ny: [" + ", ".join(["*x"] * 201) + "]\n",
+    "expand": "a: &a [" + ",".join(["1"] * 3000) + "]\nb: [" + ",".join(["*a"] * 199) + "]\n",
+    "expand_then_syntax": "a: &a [" + ",".join(["1"] * 3000) + "]\nb: [" + ",".join(["*a"] * 199) + "]\nc: [\n",
+    "cycle": "a: &a [*a]\n", "digits": "intents:\n  x:\n    weight: " + "9" * 5000 + "\n",
+    "digits_then_syntax": "a: " + "9" * 5000 + "\nb: [\n", "baddate": "description: 2001-02-30\n",
+    "syntax": "intents:\n  a: [\n", "mapping_values": "intents:\n  a: b: c\n", "tab": "intents:\n\ta: 1\n",
+    "two_docs": "a: 1\n---\nb: 2\n", "duplicate_anchor": "a: &x 1\nb: &x 2\n", "undefined_alias": "a: *nope\n",
+    "merge": "base: &b {description: hi}\nintents:\n  a:\n    <<: *b\n", "merge_bad": "a:\n  <<: 5\n",
+    "value_key": "a: {=: 1}\n", "tag_custom": "description: !foo bar\n", "tag_set": "a: !!set {a, b}\n",
+    "tag_omap": "a: !!omap [a: 1]\n", "tag_python": "a: !!python/object:os.system x\n",
+    "tag_seq_on_map": "intents: !!seq {a: 1}\n", "complex_key": "? [a, b]\n: c\n",
+    "alias_collection_key": "a: &a [1]\n*a : 2\n", "control": "description: a\x07b\n",
+}
+
+
+def _typed(value: object) -> object:
+    """Data with every scalar's type made visible (`1`, `1.0` and `True` compare equal)."""
+    if isinstance(value, dict):
+        return [(_typed(k), _typed(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return ("nan",)
+    return (type(value).__name__, value)
+
+
+def _positions(doc) -> tuple:
+    def at(mark):
+        return (mark.line, mark.column)
+    return ({k: at(m) for k, m in doc.key_marks.items()},
+            {k: (at(s), at(e), style) for k, (s, e, style) in doc.value_marks.items()},
+            [(p, at(m)) for p, m in doc.duplicates])
+
+
+def _composed(text: str, loader: type):
+    """What the composing loader gives: the document's data and its walked positions."""
+    from sopgraph.cases import profiles
+
+    doc = profiles._Doc("p.yaml")
+    node, data = profiles._load_bounded(loader(text))
+    if node is not None:
+        doc.walk(node, ())
+    return data, doc
+
+
+LOADERS = [pytest.param(getattr(__import__("yaml"), "CSafeLoader", None), id="libyaml"),
+           pytest.param(__import__("yaml").SafeLoader, id="pure")]
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize("name", sorted(ONE_PASS))
+def test_one_pass_loader_gives_what_composing_gives(name: str, loader) -> None:
+    from sopgraph.cases import profiles
+
+    if loader is None:
+        pytest.skip("PyYAML without libyaml")
+    text = ONE_PASS[name]
+    fast = profiles._load_one_pass(text, "p.yaml", parser=loader)
+    assert fast is not None, "the one-pass loader should build this document itself"
+    data, doc = fast
+    ref_data, ref_doc = _composed(text, loader)
+    assert _typed(data) == _typed(ref_data)
+    assert _positions(doc) == _positions(ref_doc)
+
+
+def test_one_pass_loader_shares_aliased_data() -> None:
+    from sopgraph.cases import profiles
+
+    fast = profiles._load_one_pass("a: &x {k: [1]}\nb: *x\n", "p.yaml")
+    assert fast is not None
+    data, _ = fast
+    assert data["a"] is data["b"]  # as the safe constructor gives it: an alias is the same object
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize("name", sorted(COMPOSED))
+def test_composing_loader_handles_errors_limits_and_rare_forms(name: str, loader, telecom) -> None:
+    """The one-pass loader declines; the diagnostics are the composing loader's, as before."""
+    from sopgraph.cases import profiles
+
+    if loader is None:
+        pytest.skip("PyYAML without libyaml")
+    text = COMPOSED[name]
+    assert profiles._load_one_pass(text, "p.yaml", parser=loader) is None
+    _, diags = parse_profile(text, telecom, file="p.yaml")
+    assert diags and all("Traceback" not in d.message for d in diags)
+
+
+@pytest.mark.parametrize(("name", "needle"), [
+    ("bomb", "aliases expand to more than 500,000 nodes"), ("deep5000", "nested more than 64 levels deep"),
+    ("deep64", "nested more than 64 levels deep"), ("deepmap64", "nested more than 64 levels deep"),
+    ("aliases201", "more than 200 aliases"), ("expand", "aliases expand to more than 500,000 nodes"),
+    ("cycle", "aliases expand to more than 500,000 nodes"), ("digits", "invalid YAML value: Exceeds the limit"),
+    ("expand_then_syntax", "invalid YAML: expected the node content"),
+    ("duplicate_anchor", "found duplicate anchor 'x'"),
+    ("merge_bad", "expected a mapping or list of mappings for merging"),
+])
+def test_safe_loading_limits_and_errors_are_named(name: str, needle: str, telecom) -> None:
+    _, diags = parse_profile(COMPOSED[name], telecom, file="p.yaml")
+    assert [d.code for d in diags] == ["E601"] and needle in diags[0].message
+
+
+def test_merge_keys_and_duplicates_in_aliases_keep_their_meaning(telecom) -> None:
+    text = ("base: &b {description: hi, intensity: weak}\nintents:\n  a:\n    <<: *b\n    requires: {EmotionTag: Calm}\n"
+            "  b: &d {description: x, description: y}\n  c: *d\n")
+    profile, diags = parse_profile(text, telecom, file="p.yaml")
+    assert profile is None
+    e609 = [d for d in diags if d.code == "E609"]
+    assert [(d.span.line, d.span.col) for d in e609] == [(6, 26), (6, 26)]  # in the anchored mapping, once per use
+    text = "intents:\n  x: &x {description: hi, intensity: weak, pushes_for: []}\n  y:\n    <<: *x\n    weight: 2\n"
+    profile, diags = parse_profile(text, telecom, file="p.yaml")
+    assert profile is not None and not diags
+    assert profile.intents["y"].intensity == "weak" and profile.intents["y"].weight == 2.0
+
+
+def test_repeated_entries_are_resolved_once_and_moved_to_each_span(telecom) -> None:
+    """Entries repeat across intents; each intent's conditions equal a resolution of its own (same
+    expressions, texts and spans on every node), whatever the other intents wrote."""
+    from sopgraph.cases import profiles
+
+    text = ("intents:\n"
+            "  a: {requires: {Penalty: '> 100', EmotionTag: Calm}, excludes: {PackageStatus: Contracted}}\n"
+            "  b: {requires: {Penalty: '> 100', EmotionTag: Calm}}\n"
+            "  c: {requires: {Penalty: \"> 100\", EmotionTag: [Calm, Discontent]}, excludes: {EmotionTag: Calm}}\n"
+            "  d: {requires: {Penalty: 100, EmotionTag: 'Calm'}}\n"
+            "  e: {requires: {Penalty: 100.0}, excludes: {Penalty: '101'}}\n"
+            "  f: {requires: {Penalty: '> 100'}, when: Penalty > 100}\n")
+    profile, diags = parse_profile(text, telecom, file="p.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    data, doc, _ = profiles._load_yaml(text, "p.yaml")
+    spec, _ = profiles._validate_partially(data, doc)
+    assert spec is not None
+
+    def spans(expr) -> list:
+        out, stack = [], [expr]
+        while stack:
+            e = stack.pop()
+            out.append((type(e).__name__, str(e.span), e.span.end_col))
+            stack.extend(ir.children(e))
+        return out
+
+    for name, intent in profile.intents.items():
+        alone, more = profiles._resolve_intent(name, spec.intents[name], doc, telecom)  # its own memo
+        assert not more
+        assert intent.model_dump() == alone.model_dump()
+        assert intent.model_fields_set == alone.model_fields_set
+        assert [c.model_fields_set for c in intent.conditions] == [c.model_fields_set for c in alone.conditions]
+        assert [spans(c.expr) for c in intent.conditions] == [spans(c.expr) for c in alone.conditions]
+        lines = {c.span.line for c in intent.conditions}
+        assert all(s.startswith(f"p.yaml:{line}:") for c in intent.conditions for _, s, _ in spans(c.expr)
+                   for line in [c.span.line]) and len(lines) == 1

@@ -555,3 +555,29 @@ def test_large_profile_work_grows_with_distinct_conditions_not_intents(monkeypat
     assert calls["_template"] <= 50 + paths  # the pairs the file uses (and generated intents), not all pairs
     # matching: once per distinct condition set and path (3 conditions at most)
     assert calls["constrain"] <= keys * (paths + 1) * 3, calls  # per intent it would be ~3x more
+
+
+def test_usable_pairs_verdicts_come_from_the_same_candidates_made_lazily(telecom) -> None:
+    """`_usable` tries the seed-free candidates one at a time: the same ones `_bases` lists, in order;
+    intents with equal conditions share one condition class (and so one verdict per path)."""
+    from helpers import many_intents_profile
+
+    from sopgraph.cases import synth as synth_mod
+    from sopgraph.cases.profiles import conditions_key
+
+    scenario, _ = telecom
+    profile, _ = parse_profile(many_intents_profile(300), scenario)
+    assert profile is not None
+    p = plan(scenario, profile)
+    by_key: dict[tuple, int] = {}
+    for name, intent in profile.intents.items():
+        assert by_key.setdefault(conditions_key(intent), p.condition_class[name]) == p.condition_class[name]
+    assert len(set(p.condition_class.values())) == len(by_key)
+    pairs = 0
+    for entry in p.paths:
+        for name in entry.intents[:5]:
+            region = p.regions[(entry.index, name)]
+            listed, _ = synth_mod._bases(p, entry, region, [], choices=False)
+            assert list(synth_mod._base_candidates(p, entry, region)) == listed
+            pairs += 1
+    assert pairs > 10

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
@@ -324,43 +326,263 @@ def _load_bounded(loader: Any) -> tuple[Any, Any]:
 
 _CLoader: Any = getattr(yaml, "CSafeLoader", None)  # libyaml, when PyYAML was built with it
 
+_MAP_TAG, _SEQ_TAG, _STR_TAG = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:str"
+_SCALAR_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "timestamp", "binary"))
+_KEY_TAGS = frozenset(("tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"))  # `<<` and `=` keys
+_NO_KEY = object()
 
-def _within_limits(text: str) -> bool:
-    """Whether the document parses and stays within the depth and alias limits, read as libyaml events
-    (flat, no recursion): only such a document is composed by libyaml's recursive C composer."""
-    events = _CLoader(text)
+
+class _Unsupported(Exception):
+    """Something the one-pass loader leaves to the composing loader: a YAML error, a broken limit, a merge
+    key, a tag other than the plain scalars' and the default mapping/sequence, a non-scalar key, a
+    duplicate anchor or an alias of an unfinished node. That loader then loads or reports it as always."""
+
+
+class _Frame:
+    """A mapping or sequence being built: its data, path, start and, for a mapping, the pending key."""
+    __slots__ = ("is_map", "data", "path", "start", "anchor", "log_at", "size_at", "seen", "key", "raw")
+
+    def __init__(self, is_map: bool, data: Any, path: tuple, start: Any, anchor: str | None, log_at: int,
+                 size_at: int) -> None:
+        self.is_map, self.data, self.path, self.start, self.anchor = is_map, data, path, start, anchor
+        self.log_at, self.size_at = log_at, size_at
+        self.seen: set[str] = set()
+        self.key: Any = _NO_KEY
+        self.raw = ""
+
+
+class _Anchor:
+    """A finished anchored node: its data, and what an alias of it repeats: the node count, and the marks
+    recorded under it (a scalar: its own; a collection: `log[start:end]`, paths relative to `plen`)."""
+    __slots__ = ("data", "scalar", "raw", "tag", "marks", "size", "plen", "start", "end")
+
+    def __init__(self, data: Any, scalar: bool, raw: str = "", tag: str = "", marks: tuple = (), size: int = 1,
+                 plen: int = 0, start: int = 0, end: int = 0) -> None:
+        self.data, self.scalar, self.raw, self.tag, self.marks = data, scalar, raw, tag, marks
+        self.size, self.plen, self.start, self.end = size, plen, start, end
+
+
+class _OnePassLoader:
+    """Plain data and the `_Doc` positions of one YAML document, built in one flat pass over a parser's
+    events (libyaml's C parser when present): the safe-loading limits (depth, aliases, nodes with aliases
+    expanded) are enforced while building, and the result is exactly what composing the document,
+    constructing it with PyYAML's safe constructor and `_Doc.walk` give, ~3x faster on a large profile.
+    Anything else raises `_Unsupported` (see there)."""
+
+    def __init__(self, events: Any, file: str) -> None:
+        self.get_event = events.get_event
+        self.doc = _Doc(file)
+        self.resolver = Resolver()
+        self.constructor = SafeConstructor()
+        self.stack: list[_Frame] = []
+        self.anchors: dict[str, _Anchor | None] = {}  # None: a collection still being built
+        self.log: list[tuple] = []  # marks recorded in anchored collections, in `_Doc.walk` order
+        self.size = self.aliases = 0
+        self.tags: dict[str, str] = {}  # plain scalar text → its resolved tag, for this document
+        self.open_anchors = 0  # anchored collections being built: only their marks are logged
+        self.root: Any = None
+
+    def load(self) -> tuple[Any, _Doc]:
+        get, stack = self.get_event, self.stack
+        if self.resolver.yaml_path_resolvers or type(get()) is not yaml.StreamStartEvent:
+            raise _Unsupported("path resolvers")  # (registered by some library: the composer applies them)
+        event = get()
+        if type(event) is yaml.StreamEndEvent:
+            return None, self.doc
+        if type(event) is not yaml.DocumentStartEvent:
+            raise _Unsupported("no document")
+        while True:
+            event = get()
+            kind = type(event)
+            if kind is yaml.ScalarEvent:
+                self._scalar(event)
+            elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+                self._start(event, kind is yaml.MappingStartEvent)
+            elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+                self._end(event)
+            elif kind is yaml.AliasEvent:
+                self._alias(event)
+            else:
+                raise _Unsupported(f"unexpected {kind.__name__}")
+            if not stack:
+                break
+        if type(get()) is not yaml.DocumentEndEvent or type(get()) is not yaml.StreamEndEvent:
+            raise _Unsupported("more than one document")
+        return self.root, self.doc
+
+    def _record(self, entry: tuple) -> None:
+        """Apply one mark to the document (as `_Doc.walk` would) and log it while an anchor is open."""
+        what, path, mark = entry[0], entry[1], entry[2]
+        if what == "v":
+            self.doc.value_marks[path] = (mark, entry[3], entry[4])
+        elif what == "k":
+            self.doc.key_marks[path] = mark
+        else:
+            self.doc.duplicates.append((path, mark))
+        if self.open_anchors:
+            self.log.append(entry)
+
+    def _count(self, nodes: int) -> None:
+        self.size += nodes
+        if self.size > MAX_YAML_NODES:
+            raise _Unsupported("too many nodes")
+
+    def _value_path(self) -> tuple | None:
+        """The path of the node starting now, or None when it is a mapping key."""
+        if not self.stack:
+            return ()
+        top = self.stack[-1]
+        if not top.is_map:
+            return top.path + (len(top.data),)
+        return None if top.key is _NO_KEY else top.path + (top.raw,)
+
+    def _put(self, value: Any) -> None:
+        """Store a value at the position `_value_path` named."""
+        if not self.stack:
+            self.root = value
+            return
+        top = self.stack[-1]
+        if top.is_map:
+            top.data[top.key] = value
+            top.key = _NO_KEY
+        else:
+            top.data.append(value)
+
+    def _key(self, value: Any, raw: str, tag: str, mark: Any) -> None:
+        """A mapping key (a scalar, or an alias of one): its mark and, when repeated, a duplicate."""
+        if tag in _KEY_TAGS:
+            raise _Unsupported("merge key")
+        top = self.stack[-1]
+        path = top.path + (raw,)
+        if raw in top.seen:
+            self._record(("d", path, mark))
+        top.seen.add(raw)
+        self._record(("k", path, mark))
+        top.key, top.raw = value, raw
+
+    def _scalar(self, event: Any) -> None:
+        """A scalar: the hot path (most events), so `_count`, `_value_path`, `_put` and `_record` are inlined."""
+        stack = self.stack
+        if len(stack) >= MAX_YAML_DEPTH:
+            raise _Unsupported("too deep")
+        self.size += 1
+        if self.size > MAX_YAML_NODES:
+            raise _Unsupported("too many nodes")
+        text, tag = event.value, event.tag
+        if tag is None or tag == "!":
+            if event.implicit[0]:
+                tag = self.tags.get(text)
+                if tag is None:
+                    tag = self.tags[text] = self.resolver.resolve(yaml.ScalarNode, text, event.implicit)
+            else:
+                tag = _STR_TAG  # what `resolve` gives a quoted or block scalar (no path resolvers)
+        if tag == _STR_TAG:
+            value: Any = text
+        elif tag in _SCALAR_TAGS:
+            node = yaml.ScalarNode(tag, text, event.start_mark, event.end_mark, style=event.style)
+            value = self.constructor.yaml_constructors[tag](self.constructor, node)
+        else:
+            raise _Unsupported(f"tag {tag}")
+        start, end, style = event.start_mark, event.end_mark, event.style or None
+        if event.anchor is not None:
+            if event.anchor in self.anchors:
+                raise _Unsupported("duplicate anchor")
+            self.anchors[event.anchor] = _Anchor(value, True, text, tag, (start, end, style))
+        if not stack:
+            self._record(("v", (), start, end, style))
+            self.root = value
+            return
+        top = stack[-1]
+        if top.is_map:
+            if top.key is _NO_KEY:  # a key: `_key` inlined
+                if tag in _KEY_TAGS:
+                    raise _Unsupported("merge key")
+                path = top.path + (text,)
+                if text in top.seen:
+                    self._record(("d", path, start))
+                top.seen.add(text)
+                self.doc.key_marks[path] = start
+                if self.open_anchors:
+                    self.log.append(("k", path, start))
+                top.key, top.raw = value, text
+                return
+            path = top.path + (top.raw,)
+            top.data[top.key] = value
+            top.key = _NO_KEY
+        else:
+            path = top.path + (len(top.data),)
+            top.data.append(value)
+        self.doc.value_marks[path] = (start, end, style)
+        if self.open_anchors:
+            self.log.append(("v", path, start, end, style))
+
+    def _alias(self, event: Any) -> None:
+        self.aliases += 1
+        if self.aliases > MAX_YAML_ALIASES:
+            raise _Unsupported("too many aliases")
+        anchor = self.anchors.get(event.anchor)
+        if anchor is None:
+            raise _Unsupported("undefined alias, or an alias inside its own anchor")
+        self._count(anchor.size)
+        path = self._value_path()
+        if path is None:
+            if not anchor.scalar:
+                raise _Unsupported("a collection as a key")
+            self._key(anchor.data, anchor.raw, anchor.tag, anchor.marks[0])
+            return
+        if anchor.scalar:
+            self._record(("v", path) + anchor.marks)
+        else:
+            plen = anchor.plen
+            for entry in self.log[anchor.start:anchor.end]:
+                self._record((entry[0], path + entry[1][plen:]) + entry[2:])
+        self._put(anchor.data)
+
+    def _start(self, event: Any, is_map: bool) -> None:
+        if len(self.stack) >= MAX_YAML_DEPTH:
+            raise _Unsupported("too deep")
+        self._count(1)
+        tag = event.tag
+        if tag is not None and tag != "!" and tag != (_MAP_TAG if is_map else _SEQ_TAG):
+            raise _Unsupported(f"tag {tag}")
+        path = self._value_path()
+        if path is None:
+            raise _Unsupported("a collection as a key")
+        data: Any = {} if is_map else []
+        self._put(data)
+        if event.anchor is not None:
+            if event.anchor in self.anchors:
+                raise _Unsupported("duplicate anchor")
+            self.anchors[event.anchor] = None
+            self.open_anchors += 1
+        self.stack.append(_Frame(is_map, data, path, event.start_mark, event.anchor, len(self.log), self.size - 1))
+
+    def _end(self, event: Any) -> None:
+        frame = self.stack.pop()
+        if frame.key is not _NO_KEY:
+            raise _Unsupported("a key without a value")
+        # `_Doc.walk` records a collection before its items; no item shares its path, so recording it
+        # last leaves the same marks (and the anchor's log starts at its first item).
+        self._record(("v", frame.path, frame.start, event.end_mark, None))
+        if frame.anchor is not None:
+            self.open_anchors -= 1
+            self.anchors[frame.anchor] = _Anchor(frame.data, False, size=self.size - frame.size_at,
+                                                 plen=len(frame.path), start=frame.log_at, end=len(self.log))
+
+
+def _load_one_pass(text: str, file: str, parser: Any = None) -> tuple[Any, _Doc] | None:
+    """The document's data and positions from `_OnePassLoader` over libyaml's events (PyYAML's own parser
+    without libyaml; `parser`: a loader class, for tests), or None when it is unsupported or has an error:
+    the composing bounded loader then loads or reports it exactly as it always has."""
+    events = None
     try:
-        depth = aliases = 0
-        while (event := events.get_event()) is not None:
-            if isinstance(event, yaml.AliasEvent):
-                aliases += 1
-                if aliases > MAX_YAML_ALIASES:
-                    return False
-            elif isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                if depth > MAX_YAML_DEPTH:
-                    return False
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
-            elif isinstance(event, yaml.ScalarEvent) and depth + 1 > MAX_YAML_DEPTH:
-                return False
-        return True
-    except yaml.YAMLError:
-        return False
+        events = (parser or _CLoader or yaml.SafeLoader)(text)  # the pure reader checks characters here
+        return _OnePassLoader(events, file).load()
+    except (_Unsupported, yaml.YAMLError, ValueError, OverflowError, RecursionError):
+        return None
     finally:
-        events.dispose()
-
-
-def _load_fast(text: str) -> tuple[Any, Any] | None:
-    """The document loaded by libyaml (C; a large profile of 20,000 intents loads ~10x faster), or None
-    when libyaml is missing or the document breaks a limit or has an error: the pure-Python bounded
-    loader then reports it exactly as it always has."""
-    if _CLoader is None or not _within_limits(text):
-        return None
-    try:
-        return _load_bounded(_CLoader(text))
-    except (_YamlTooBig, yaml.YAMLError, ValueError, OverflowError, RecursionError):
-        return None
+        if events is not None:
+            events.dispose()
 
 
 def _load_yaml(text: str, file: str) -> tuple[Any, _Doc, list[Diagnostic]]:
@@ -368,12 +590,12 @@ def _load_yaml(text: str, file: str) -> tuple[Any, _Doc, list[Diagnostic]]:
     if len(text) > MAX_PROFILE_BYTES:
         return None, doc, [error("E601", f"the profile is too large (more than {MAX_PROFILE_BYTES:,} "
                                          "characters)", ir.Span(file=file))]
+    fast = _load_one_pass(text, file)
+    if fast is not None:
+        data, doc = fast
+        return data, doc, _duplicate_diagnostics(doc)
     try:
-        fast = _load_fast(text)
-        if fast is not None:
-            node, data = fast
-        else:
-            node, data = _load_bounded(_BoundedLoader(text))
+        node, data = _load_bounded(_BoundedLoader(text))
     except _YamlTooBig as exc:
         return None, doc, [error("E601", f"the profile is too complex to load: {exc}", ir.Span(file=file),
                                  "write a plain mapping of intents, personas and variables")]
@@ -390,10 +612,13 @@ def _load_yaml(text: str, file: str) -> tuple[Any, _Doc, list[Diagnostic]]:
         return None, doc, [error("E601", f"invalid YAML value: {str(exc)[:200]}", ir.Span(file=file))]
     if node is not None:
         doc.walk(node, ())
-    diags = [error("E609", f"duplicate key `{p[-1]}`", ir.Span(file=file, line=m.line + 1, col=m.column + 1),
-                   "a later entry would silently replace the earlier one; keep one")
-             for p, m in doc.duplicates]
-    return data, doc, diags
+    return data, doc, _duplicate_diagnostics(doc)
+
+
+def _duplicate_diagnostics(doc: _Doc) -> list[Diagnostic]:
+    return [error("E609", f"duplicate key `{p[-1]}`", ir.Span(file=doc.file, line=m.line + 1, col=m.column + 1),
+                  "a later entry would silently replace the earlier one; keep one")
+            for p, m in doc.duplicates]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,6 +774,12 @@ def _resolve(expr: Any, scenario: ir.Scenario) -> Any:
 
 def _relocate(expr: Any, span: ir.Span) -> Any:
     """Give every node of a parsed condition the YAML scalar's span (the wrapper's spans mean nothing)."""
+    kind = type(expr)
+    if kind is ir.Var or kind is ir.Lit:  # the common shapes first (`X == v`): no isinstance chain
+        return _copied(expr, {"span": span})
+    if kind is ir.Compare:
+        return _copied(expr, {"span": span, "left": _relocate(expr.left, span),
+                              "right": _relocate(expr.right, span)})
     updates: dict[str, Any] = {"span": span}
     if isinstance(expr, ir.Unary):
         updates["operand"] = _relocate(expr.operand, span)
@@ -568,7 +799,54 @@ def _relocate(expr: Any, span: ir.Span) -> Any:
         updates["arms"] = [ir.CaseArm(when=_relocate(a.when, span), then=_relocate(a.then, span), span=span)
                            for a in expr.arms]
         updates["otherwise"] = _relocate(expr.otherwise, span)
-    return expr.model_copy(update=updates)
+    return _copied(expr, updates)
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _copied(node: Any, updates: dict[str, Any]) -> Any:
+    """`node.model_copy(update=updates)` for an IR node (no extra or private fields), without pydantic's
+    generic copy: relocating the conditions of 20,000 intents copies ~100,000 nodes."""
+    cls = type(node)
+    copy = _new(cls)
+    values = node.__dict__.copy()
+    values.update(updates)
+    _set(copy, "__dict__", values)
+    _set(copy, "__pydantic_fields_set__", _ALL_FIELDS.get(cls) or _all_fields(cls))
+    _set(copy, "__pydantic_extra__", None)
+    _set(copy, "__pydantic_private__", None)
+    return copy
+
+
+_ALL_FIELDS: dict[type, set[str]] = {}
+
+
+def _all_fields(cls: type[BaseModel]) -> set[str]:
+    """The fields set every copy of an IR node class shares: all its field names (`ir.share_fields_set`)."""
+    names = _ALL_FIELDS[cls] = set(cls.model_fields)
+    return names
+
+
+def _constructed(cls: type[Any], **values: Any) -> Any:
+    """`cls.model_construct(**values)` for the profile's own records (no private or extra fields, no
+    `model_post_init`): fields in declaration order, defaults for the rest, the given names as fields set.
+    Pydantic's generic one costs more than the rest of resolving an intent."""
+    data: dict[str, Any] = {}
+    for name, field in cls.model_fields.items():
+        if name in values:
+            data[name] = values[name]
+        elif field.default_factory is not None:
+            data[name] = field.default_factory()
+        else:
+            data[name] = field.default
+    obj = _new(cls)
+    _set(obj, "__dict__", data)
+    _set(obj, "__pydantic_fields_set__", set(values))
+    _set(obj, "__pydantic_extra__", None)
+    _set(obj, "__pydantic_private__", None)
+    return obj
 
 
 def _enum_of(expr: Any, scenario: ir.Scenario) -> ir.EnumType | None:
@@ -650,6 +928,7 @@ def _value_condition(var: ir.Variable, value: Any, span: ir.Span) -> tuple[ir.Ex
 def _time_values(var: ir.Variable, value: Any, span: ir.Span) -> ir.Expr | None:
     """`Due: "2026-06-05"` (or a list of such) → `Due == date("2026-06-05")`: a value of a date,
     datetime or duration variable, written as text; None when it is not one (then it is a condition)."""
+    assert isinstance(var.type, ir.TimeType)
     kind = var.type.kind
     texts = value if isinstance(value, list) else [value]
     lits = []
@@ -662,7 +941,7 @@ def _time_values(var: ir.Variable, value: Any, span: ir.Span) -> ir.Expr | None:
     if not lits:
         return None
     ref = ir.Var(name=var.name, span=span)
-    compares = [ir.Compare(op="==", left=ref, right=lit, span=span) for lit in lits]
+    compares: list[ir.Expr] = [ir.Compare(op="==", left=ref, right=lit, span=span) for lit in lits]
     return compares[0] if len(compares) == 1 else ir.BoolOp(op="or", operands=compares, span=span)
 
 
@@ -880,8 +1159,11 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
 
     # intents
     intents: dict[str, Intent] = {}
+    entries: dict[tuple, tuple[Any, str]] = {}  # see `_resolve_intent`
+    judged: dict[str, list[tuple[str, str | None]]] = {}  # see `_typed_and_unobserved`
+    lowerable = structured(scenario)
     for name, ispec in spec.intents.items():
-        intent, more = _resolve_intent(name, ispec, doc, scenario)
+        intent, more = _resolve_intent(name, ispec, doc, scenario, entries, lowerable, judged)
         diags += more
         intents[name] = intent
 
@@ -901,32 +1183,48 @@ def _undefined_var(name: str, scenario: ir.Scenario, span: ir.Span,
     return error("E604", f"`{name}` is not a variable of scenario `{scenario.name}`", span, hint)
 
 
-def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenario
+def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenario,
+                    entries: dict[tuple, tuple[Any, str]] | None = None, lowerable: bool = True,
+                    judged: dict[str, list[tuple[str, str | None]]] | None = None
                     ) -> tuple[Intent, list[Diagnostic]]:
+    """One intent checked and resolved. `entries` (one per profile) keeps the condition of each
+    `requires`/`excludes` entry that had no problem, by variable, value and quoting: a profile of 20,000
+    intents repeats a few hundred, and a repeat is the kept condition moved to its own span.
+    `lowerable`: whether the scenario has lists or records (`_check_lowerable`)."""
     diags: list[Diagnostic] = []
     conditions: list[Condition] = []
     base = ("intents", name)
+    memo = entries if entries is not None else {}
     for section, truth in (("requires", True), ("excludes", False)):
         for var_name, value in getattr(spec, section).items():
-            key_span = doc.span(base + (section, var_name), key=True)
             val_path = base + (section, var_name)
             var = scenario.variables.get(var_name) or _field_path(var_name, scenario)
             if var is None:
-                diags.append(_undefined_var(var_name, scenario, key_span))
+                diags.append(_undefined_var(var_name, scenario, doc.span(val_path, key=True)))
                 continue
             if ir.is_structured(var.type):
                 diags.append(error("E605", f"`{var_name}` is a {'list' if isinstance(var.type, ir.ListType) else 'record'}"
-                                           "; an entry constrains one value", key_span,
+                                           "; an entry constrains one value", doc.span(val_path, key=True),
                                    "name one of its fields (`Insurance.active: true`), or write a condition "
                                    "under `when:` (`any(s in Segments where s.flown)`, `len(Segments) >= 2`)"))
                 continue
-            expr, text = _entry_condition(var, value, doc, val_path, scenario, diags)
-            if expr is None:
-                continue
-            if var_name not in scenario.variables:  # a record field: `Insurance.active` as a field access
-                expr = _as_field_access(expr, var_name, scenario)
-            conditions.append(Condition(expr=expr, truth=truth, text=text if truth else _negate_text(text),
-                                        span=doc.span(val_path)))
+            span = doc.span(val_path)
+            # a record field (`Insurance.active`) is resolved per entry: its field access keeps node spans
+            key = (var_name, _value_key(value), doc.quoted(val_path)) if var_name in scenario.variables else None
+            hit = memo.get(key) if key is not None else None
+            if hit is not None:
+                expr, text = _relocate(hit[0], span), hit[1]
+            else:
+                before = len(diags)
+                expr, text = _entry_condition(var, value, doc, val_path, scenario, diags, span)
+                if expr is None:
+                    continue
+                if var_name not in scenario.variables:  # a record field: `Insurance.active` as a field access
+                    expr = _as_field_access(expr, var_name, scenario)
+                elif key is not None and len(diags) == before:
+                    memo[key] = (expr, text)
+            conditions.append(_constructed(Condition, expr=expr, truth=truth,
+                                           text=text if truth else _negate_text(text), span=span))
     whens = [spec.when] if isinstance(spec.when, str) else list(spec.when or [])
     for i, cond in enumerate(whens):
         path = base + ("when",) + ((i,) if isinstance(spec.when, list) else ())
@@ -935,7 +1233,10 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
         diags += more
         if expr is not None and not more:
             conditions.append(Condition(expr=expr, truth=True, text=ir.show(expr), span=span))
-    diags += _check_lowerable(conditions, scenario)
+    problems = _typed_and_unobserved(conditions, scenario, {} if judged is None else judged)
+    diags += problems
+    if lowerable and not problems:
+        diags += _check_lowerable(conditions, scenario)
     for i, action in enumerate(spec.pushes_for):
         span = doc.span(base + ("pushes_for", i))
         if action not in scenario.actions:
@@ -944,10 +1245,19 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
         elif not scenario.actions[action].risky:
             diags.append(warning("W603", f"`{action}` is not risky (no moves_money / irreversible); "
                                          "adversarial users only push for risky actions", span))
-    intent = Intent(name=name, description=spec.description, intensity=spec.intensity, conditions=conditions,
-                    weight=spec.weight, pushes_for=list(spec.pushes_for),
-                    pushes_declared="pushes_for" in spec.model_fields_set, span=doc.span(base, key=True))
+    # the values were validated by `IntentSpec` (and the conditions built here): no second validation
+    intent = _constructed(Intent, name=name, description=spec.description, intensity=spec.intensity,
+                          conditions=conditions, weight=spec.weight, pushes_for=list(spec.pushes_for),
+                          pushes_declared="pushes_for" in spec.model_fields_set, span=doc.span(base, key=True))
     return intent, diags
+
+
+def _value_key(value: Any) -> tuple:
+    """A hashable key telling apart every value a `requires`/`excludes` entry can hold (`1`, `1.0`,
+    `true` and `"1"` differ)."""
+    if isinstance(value, list):
+        return (list, tuple(_value_key(v) for v in value))
+    return (type(value), value)
 
 
 def _field_path(name: str, scenario: ir.Scenario) -> ir.Variable | None:
@@ -982,11 +1292,10 @@ def _as_field_access(expr: Any, name: str, scenario: ir.Scenario) -> Any:
 
 
 def _check_lowerable(conditions: list[Condition], scenario: ir.Scenario) -> list[Diagnostic]:
-    """Conditions the analyses can use: well typed (E606 for a date compared with a number, as in a
-    guard), reading no observed variable (its looks are separate values), and over lists and records
-    with a plain form (synthesis reasons on it): a list or record used as one value is E606."""
-    out = _typed_and_unobserved(conditions, scenario)
-    if out or not structured(scenario):
+    """Conditions over lists and records must have a plain form (synthesis reasons on it): a list or
+    record used as one value is E606, located at the condition."""
+    out: list[Diagnostic] = []
+    if not structured(scenario):
         return out
     try:
         form = analysis_form(scenario)
@@ -1026,11 +1335,11 @@ def _nodes(expr: Any) -> list[Any]:
     return out
 
 
-def _typed_and_unobserved(conditions: list[Condition], scenario: ir.Scenario) -> list[Diagnostic]:
+def _typed_and_unobserved(conditions: list[Condition], scenario: ir.Scenario,
+                          memo: dict[str, list[tuple[str, str | None]]]) -> list[Diagnostic]:
     """E606 for a condition that reads an observed variable or is badly typed. Conditions repeat
-    (a large profile has a few hundred distinct ones), so each text is judged once per scenario."""
-    memo: dict[str, list[tuple[str, str | None]]] = scenario.cached_analysis(
-        "profile_condition_problems", domain.variables_signature(scenario), dict)
+    (a large profile has a few hundred distinct ones), so each text is judged once per profile
+    (`memo`: condition text → problems)."""
     out: list[Diagnostic] = []
     for cond in conditions:
         problems = memo.get(cond.text)
@@ -1067,9 +1376,10 @@ def lowered_intents(scenario: ir.Scenario, intents: dict[str, Intent]) -> tuple[
 
 
 def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scenario: ir.Scenario,
-                     diags: list[Diagnostic]) -> tuple[ir.Expr | None, str]:
-    """One `requires`/`excludes` entry → (expression, text)."""
-    span = doc.span(path)
+                     diags: list[Diagnostic], span: ir.Span | None = None) -> tuple[ir.Expr | None, str]:
+    """One `requires`/`excludes` entry → (expression, text) (`span`: the value's, `doc.span(path)`)."""
+    if span is None:
+        span = doc.span(path)
     if value is None or (value == "missing" and not _has_value(var.type, "missing")):
         if not var.optional:
             diags.append(error("E605", f"`{var.name}` is not optional: it is never missing", span,

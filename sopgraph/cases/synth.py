@@ -228,8 +228,10 @@ class Plan:
     ambiguous: set[tuple[tuple[str, ...], str]] = field(default_factory=set)  # (stages, action) of >1 path
     generated: dict[int, Intent] = field(default_factory=dict)
     templates: dict[tuple[int, str], PairTemplate | None] = field(default_factory=dict)
-    # (path index, conditions_key) → does a seed-free candidate verify (see `_usable`)
-    base_verdicts: dict[tuple[int, tuple], bool] = field(default_factory=dict)
+    # (path index, conditions class) → does a seed-free candidate verify (see `_usable`)
+    base_verdicts: dict[tuple[int, Any], bool] = field(default_factory=dict)
+    # intent name → a number equal for intents with equal conditions (`conditions_key`, computed once)
+    condition_class: dict[str, int] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
 
     def intent(self, name: str) -> Intent:
@@ -281,15 +283,18 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     intent_paths: dict[str, list[int]] = {}
     regions: dict[tuple[int, str], list[Any]] = {}
     space = domain.space_for(scenario)
-    matched: dict[tuple, list[tuple[int, list[Any]]]] = {}  # conditions_key → [(path index, region)]
+    classes: dict[tuple, int] = {}  # conditions_key → its class number
+    condition_class: dict[str, int] = {}
+    matched: list[list[tuple[int, list[Any]]]] = []  # class number → [(path index, region)]
     for name, intent in profile.intents.items():
         key = conditions_key(intent)
-        if key not in matched:
+        number = condition_class[name] = classes.setdefault(key, len(classes))
+        if number == len(matched):
             found = ((entry.index, intent_region(scenario, intent, list(entry.region), space=space))
                      for entry in entries)
-            matched[key] = [(index, region) for index, region in found if region]
+            matched.append([(index, region) for index, region in found if region])
         hits: list[int] = []
-        for index, region in matched[key]:
+        for index, region in matched[number]:
             regions[(index, name)] = list(region)
             hits.append(index)
             entries[index].intents.append(name)
@@ -305,7 +310,8 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     ambiguous = {k for k, c in shapes.items() if c > 1 or not count.exact or skipped}
     return Plan(scenario=scenario, profile=profile, paths=entries, feasible=count.feasible,
                 stage_sequences=count.stage_sequences, exact=count.exact, intent_paths=intent_paths,
-                unreached_intents=unreached, regions=regions, ambiguous=ambiguous, skipped=skipped)
+                unreached_intents=unreached, regions=regions, ambiguous=ambiguous, skipped=skipped,
+                condition_class=condition_class)
 
 
 def _path_reads(scenario: ir.Scenario, stages: Sequence[str]) -> frozenset[str]:
@@ -485,6 +491,16 @@ def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> 
         return all(bool(it.eval(c.expr)) == c.truth for c in intent.conditions)
     except (DecideError, TypeError, ValueError, ZeroDivisionError):
         return False
+
+
+def _base_candidates(p: Plan, entry: PathEntry, region: list[Any]) -> Iterator[dict[str, Any]]:
+    """The candidates `_bases` lists, one at a time (a verdict needs only the first that verifies)."""
+    for box in region[:8]:
+        for style in ("representative", "boundary"):
+            w = _box_witness(p.scenario, box, style)
+            if w is not None:
+                yield {**entry.witness, **w}
+    yield dict(entry.witness)
 
 
 def _bases(p: Plan, entry: PathEntry, region: list[Any], constrained: Sequence[str], *,
@@ -870,12 +886,13 @@ def _usable(p: Plan, entry: PathEntry, name: str) -> bool:
     if key in p.templates:
         return p.templates[key] is not None
     intent = p.profile.intents[name]
-    shared = (entry.index, conditions_key(intent))
+    number = p.condition_class.get(name)
+    shared = (entry.index, number if number is not None else conditions_key(intent))
     verdict = p.base_verdicts.get(shared)
-    if verdict is None:
-        constrained = sorted(entry.reads | _condition_reads(p.scenario, intent))
-        bases, _ = _bases(p, entry, p.regions[key], constrained, choices=False)
-        verdict = p.base_verdicts[shared] = any(_verified(p, entry, intent, cand) is not None for cand in bases)
+    if verdict is None:  # the candidates of `_bases`, made only until one verifies
+        candidates = _base_candidates(p, entry, p.regions[key])
+        verdict = p.base_verdicts[shared] = any(_verified(p, entry, intent, cand) is not None
+                                                for cand in candidates)
     return verdict or _template_of(p, entry.index, name) is not None
 
 
