@@ -639,3 +639,26 @@ def test_repeated_entries_are_resolved_once_and_moved_to_each_span(telecom) -> N
         lines = {c.span.line for c in intent.conditions}
         assert all(s.startswith(f"p.yaml:{line}:") for c in intent.conditions for _, s, _ in spans(c.expr)
                    for line in [c.span.line]) and len(lines) == 1
+
+
+def test_shared_intent_region_is_intent_region(telecom) -> None:
+    """Intents that begin with the same conditions share the constrained boxes of that prefix; every
+    intent still gets exactly the region it has alone, on each path and on the whole space."""
+    from helpers import many_intents_profile
+
+    from sopgraph.cases.profiles import conditions_key, intent_region, shared_intent_region
+    from sopgraph.logic import domain
+
+    profile, _ = parse_profile(many_intents_profile(400), telecom)
+    assert profile is not None
+    space = domain.space_for(telecom)
+    p = plan(telecom, profile)
+    memo: dict = {}
+    starts = set()
+    for intent in list(profile.intents.values())[:150]:
+        key = conditions_key(intent)
+        starts.add(key[:1])
+        for at, boxes in [(None, [space.full])] + [(e.index, e.region) for e in p.paths]:
+            alone = intent_region(telecom, intent, list(boxes), space=space)
+            assert shared_intent_region(telecom, intent, key, list(boxes), at, memo, space=space) == alone
+    assert len(starts) < 40 and len(memo) < 150 * (len(p.paths) + 1)  # prefixes were shared

@@ -40,12 +40,12 @@ from sopgraph.cases.profiles import (
     PersonaSpec,
     Profile,
     conditions_key,
-    intent_region,
     library,
     lowered_intents,
     parse_profile,
     profile_path_for,
     read_profile_text,
+    shared_intent_region,
 )
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads, stage_reads
@@ -286,11 +286,13 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     classes: dict[tuple, int] = {}  # conditions_key → its class number
     condition_class: dict[str, int] = {}
     matched: list[list[tuple[int, list[Any]]]] = []  # class number → [(path index, region)]
+    prefixes: dict[tuple, list[Any]] = {}  # see `shared_intent_region`
     for name, intent in profile.intents.items():
         key = conditions_key(intent)
         number = condition_class[name] = classes.setdefault(key, len(classes))
         if number == len(matched):
-            found = ((entry.index, intent_region(scenario, intent, list(entry.region), space=space))
+            found = ((entry.index, shared_intent_region(scenario, intent, key, list(entry.region), entry.index,
+                                                        prefixes, space=space))
                      for entry in entries)
             matched.append([(index, region) for index, region in found if region])
         hits: list[int] = []
@@ -478,9 +480,10 @@ def _safe_contains(contains: Any, value: Any) -> bool:
         return False
 
 
-def _box_witness(scenario: ir.Scenario, box: Any, style: str = "representative") -> dict[str, Any] | None:
+def _box_witness(scenario: ir.Scenario, box: Any, style: str = "representative", *,
+                 space: domain.Space | None = None) -> dict[str, Any] | None:
 
-    w = domain.witness(scenario, box, style=style)
+    w = domain.witness(scenario, box, style=style, space=space)
     return dict(w) if w else None
 
 
@@ -493,11 +496,13 @@ def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> 
         return False
 
 
-def _base_candidates(p: Plan, entry: PathEntry, region: list[Any]) -> Iterator[dict[str, Any]]:
-    """The candidates `_bases` lists, one at a time (a verdict needs only the first that verifies)."""
+def _base_candidates(p: Plan, entry: PathEntry, region: list[Any], space: domain.Space | None = None
+                     ) -> Iterator[dict[str, Any]]:
+    """The candidates `_bases` lists, one at a time (a verdict needs only the first that verifies;
+    `space`: the scenario's `domain.space_for`, fetched once by the caller)."""
     for box in region[:8]:
         for style in ("representative", "boundary"):
-            w = _box_witness(p.scenario, box, style)
+            w = _box_witness(p.scenario, box, style, space=space)
             if w is not None:
                 yield {**entry.witness, **w}
     yield dict(entry.witness)
@@ -858,10 +863,11 @@ def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
     """Which (path, intent) pairs have a template; a path with no usable profile intent gets a generated
     one. Templates themselves are built later, only for the pairs that get cases (`_template_of`)."""
     compat: dict[int, list[str]] = {}
+    space = domain.space_for(p.scenario) if p.paths else None
     for entry in p.paths:
         names: list[str] = []
         for name in entry.intents:
-            if _usable(p, entry, name):
+            if _usable(p, entry, name, space):
                 names.append(name)
             else:
                 skipped.append(Skip(kind="pair", name=f"{name} @ {entry.id}",
@@ -877,7 +883,7 @@ def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
     return compat
 
 
-def _usable(p: Plan, entry: PathEntry, name: str) -> bool:
+def _usable(p: Plan, entry: PathEntry, name: str, space: domain.Space | None = None) -> bool:
     """Whether the pair's template will have a pool, without building it when a seed-free candidate
     already verifies: that verdict depends only on the path and the intent's conditions, so intents
     with equal conditions share it (20,000 intents × their paths would otherwise build 20,000s of
@@ -890,7 +896,7 @@ def _usable(p: Plan, entry: PathEntry, name: str) -> bool:
     shared = (entry.index, number if number is not None else conditions_key(intent))
     verdict = p.base_verdicts.get(shared)
     if verdict is None:  # the candidates of `_bases`, made only until one verifies
-        candidates = _base_candidates(p, entry, p.regions[key])
+        candidates = _base_candidates(p, entry, p.regions[key], space)
         verdict = p.base_verdicts[shared] = any(_verified(p, entry, intent, cand) is not None
                                                 for cand in candidates)
     return verdict or _template_of(p, entry.index, name) is not None

@@ -26,6 +26,7 @@ from sopgraph.cases.synth import (
     synthesize_stream,
 )
 from sopgraph.language.diagnostics import SopError, render_all
+from sopgraph.perf import batch_gc
 
 from .checkcmd import diagnostic_record
 from .params import fail, load_or_exit, sop_file
@@ -87,6 +88,14 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
         click.echo("warning: `sop synth --cases N` is deprecated; use `-n N` or `--count N` "
                    "(`--cases` is the case file of `sop run`)", err=True)
         n = n_deprecated
+    with batch_gc():  # a batch command (see `perf.batch_gc`): the profile and the plan live until exit
+        _synth(file, n, seed, out, profile_path, min_per_path, balance, intensity, personas, languages,
+               coverage_out, quiet)
+
+
+def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None, min_per_path: int | None,
+           balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
+           coverage_out: Path | None, quiet: bool) -> None:
     scenario = load_or_exit(file)
     profile = _load_profile_or_exit(file, scenario, profile_path)
     try:

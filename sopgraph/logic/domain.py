@@ -1265,11 +1265,12 @@ def is_feasible(scenario: ir.Scenario, box: Box) -> bool | None:
 
 
 def witness(scenario: ir.Scenario, box: Box, *, style: str = "representative",
-            rng: random.Random | None = None) -> dict[str, Any] | None:
-    """A concrete assignment of every field and system variable inside `box`, or None."""
+            rng: random.Random | None = None, space: Space | None = None) -> dict[str, Any] | None:
+    """A concrete assignment of every field and system variable inside `box`, or None (`space`: the
+    scenario's `space_for`, when a caller making many witnesses fetched it once)."""
     if style not in ("representative", "boundary"):
         raise ValueError(f"unknown witness style {style!r}")
-    return space_for(scenario).witness(box, style, rng)
+    return (space if space is not None else space_for(scenario)).witness(box, style, rng)
 
 
 __all__ = [
