@@ -429,3 +429,15 @@ stage s1 "s1" {
     assert odd.status == "unknown" and odd.witness is None
     c = count_paths(sc)
     assert c.feasible == 3 and not c.exact
+
+
+def test_constraints_on_strings_quote_their_constants() -> None:
+    """`Channel in {"web", "app"}` as written (a bare `web` would read as an enum value or a variable)."""
+    loaded = load_source(None, text='field Channel: string "c"\nfield Kind: Web | Shop "k"\naction A "a"\n'
+                                    'action B "b"\nstage s { match Channel { "web", "app" -> t\n otherwise -> do B } }\n'
+                                    'stage t { when Kind == Web -> do A\n otherwise -> do B }\n')
+    sc = loaded.scenario
+    assert sc is not None
+    wheres = [p.constraints.get("where", "") for p in iter_paths(sc)]
+    assert 'Channel in {"web", "app"}' in wheres[0] and "Web" not in wheres[0]
+    assert any('not (Channel in {"web", "app"})' in w for w in wheres)

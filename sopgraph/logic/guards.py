@@ -52,6 +52,7 @@ class CompileSpace(DomainOps, Protocol):
     names: list[str]
     index: dict[str, int]
     values: list[tuple]
+    strings: set[int]  # string variables (their constants are shown quoted)
 
     def residual(self, expr: Any, truth: bool) -> Formula: ...
 
@@ -191,8 +192,9 @@ class GuardCompiler:
             if want:
                 return mk_or(sp, [self.compare(v, "==", ("c", x), True) for x in values])
             return mk_and(sp, [self.compare(v, "!=", ("c", x), True) for x in values])
+        quoted = _is_text(sp, v)
         node = ir.InSet.model_construct(kind="in", operand=_expr_of(sp, v),
-                                        values=[_lit(x) for x in values], negated=False, span=e.span)
+                                        values=[_lit(x, quoted) for x in values], negated=False, span=e.span)
         return sp.residual(node, want)
 
     def compare(self, vl: Val, op: str, vr: Val, truth: bool) -> Formula:
@@ -287,7 +289,7 @@ class GuardCompiler:
                 d = num_norm(c, INF, False, False, NO_POINTS, is_int)
             return FALSE if d is None else mk_atom(sp, i, d)
         node = ir.Compare.model_construct(kind="compare", op=op, left=_expr_of(sp, v),
-                                          right=_lit(c), span=ir.NO_SPAN)
+                                          right=_lit(c, _is_text(sp, v)), span=ir.NO_SPAN)
         return sp.residual(node, truth)
 
     def affine(self, v: Val, op: str, c: float, truth: bool) -> Formula | None:
@@ -601,8 +603,14 @@ class _Probe(Interpreter):
         self.cache[name] = value
 
 
-def _lit(x: Any) -> ir.Lit:
-    return ir.Lit.model_construct(value=x, bare=isinstance(x, str), kind="lit", span=ir.NO_SPAN)
+def _lit(x: Any, quoted: bool = False) -> ir.Lit:
+    """A constant of a residual; text is shown quoted when it is compared with a string variable
+    (`Channel == "web"`), bare when it is an enum value."""
+    return ir.Lit.model_construct(value=x, bare=isinstance(x, str) and not quoted, kind="lit", span=ir.NO_SPAN)
+
+
+def _is_text(space: CompileSpace, v: Val) -> bool:
+    return v[0] == "v" and v[1] in space.strings
 
 
 def _expr_of(space: CompileSpace, v: Val) -> Any:
