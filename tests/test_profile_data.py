@@ -96,7 +96,7 @@ def test_impossible_list_conditions_are_e607(trip: ir.Scenario) -> None:
 @pytest.mark.parametrize("intents, code, needle", [
     ("  x:\n    requires: {Segments: true}\n", "E605", "`Segments` is a list"),
     ("  x:\n    requires: {Insurance: true}\n", "E605", "`Insurance` is a record"),
-    ("  x:\n    when: \"Insurance\"\n", "E606", "`Insurance` is a list or record"),
+    ("  x:\n    when: \"Insurance\"\n", "E606", "`Insurance` is a record, not a condition"),
     ("  x:\n    requires: {Metrics.latncy: 3}\n", "E604", "`Metrics.latncy` is not a variable"),
     ("  x:\n    requires: {Metrics.latency: 5000}\n", "E605", "5000"),
 ])

@@ -353,6 +353,94 @@ def test_strong_intent_without_pushes_for_is_warned(toy: ir.Scenario) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Conditions on dates, optionals, observed values and nested enums
+
+DATED = """
+scenario dated "Dated" "d"
+type Channel = Online | Atm
+field Reason: Lost | Late "why"
+system Due: date? "when the goods were due"
+system Sent: date "when the goods left"
+system Recent: list[0..3] of record { channel: Channel, amount: int[0..100] } "recent payments"
+action Wait "w"
+action Refund "r"
+stage s1 { when Reason == Lost -> do Refund
+  when not missing(Due) and Due > Sent + 3 days -> do Wait
+  otherwise -> do Refund }
+"""
+
+RETRY = """
+scenario retry "Retry" "r"
+system Amount: int[0..1000] "a"
+system Done: bool "d"
+action A "a"
+action B "b"
+action Nudge "n"
+stage s1 { -> do Nudge -> s2 }
+stage s2 { observe Done
+  when Done and Amount > 500 -> do A
+  when not Done -> s1 up to 1 times
+  otherwise -> do B }
+"""
+
+
+def _intent(body: str, name: str) -> str:
+    return f"scenario: {name}\nintents:\n  it:\n    description: x\n" + body
+
+
+@pytest.mark.parametrize(("body", "code", "fragment"), [
+    ('    requires: {Sent: "> 2026-01-01"}\n', "E606", 'write a date as `date("2026-01-01")`'),
+    ('    requires: {Sent: "> 5"}\n', "E606", "comparing a date with a number"),
+    ('    requires: {Sent: "soon"}\n', "E605", "is not a date"),
+    ("    requires: {Sent: missing}\n", "E605", "`Sent` is not optional"),
+    ("    when: any(r in Recent where r.channel == Atmm)\n", "E604", "did you mean `Atm`?"),
+])
+def test_bad_conditions_on_dates_optionals_and_record_fields_are_located(body: str, code: str, fragment: str) -> None:
+    scenario = sopgraph.load(text=DATED)
+    found = one(diags_of(_intent(body, "dated"), scenario), code)
+    assert fragment in found.message + " " + (found.hint or "")
+
+
+@pytest.mark.parametrize("body", [
+    '    requires: {Due: "2026-06-05", Reason: Late}\n',
+    '    requires: {Due: ["2026-06-05", "2026-06-07"], Reason: Late}\n',
+    "    requires: {Due: null, Reason: Late}\n",
+    "    requires: {Due: missing, Reason: Late}\n",
+    '    requires: {Reason: Late}\n    when: any(r in Recent where r.channel == Atm)\n',
+])
+def test_date_values_missing_optionals_and_nested_enum_values_hold_in_every_case(body: str) -> None:
+    scenario = sopgraph.load(text=DATED)
+    profile, diags = parse_profile(_intent(body, "dated"), scenario, file="p.profile.yaml")
+    assert not [d for d in diags if d.severity == "error"], [d.render() for d in diags]
+    cases = [json.loads(line) for line in sopgraph.cases.synth.synthesize_stream(scenario, profile, 12, 0)]
+    mine = [c for c in cases if c["intent"] == "it"]
+    assert mine
+    for c in mine:
+        due = c["system"].get("Due")
+        if "null" in body or "missing" in body:
+            assert due is None
+        elif "when:" in body:
+            assert any(r["channel"] == "Atm" for r in c["system"]["Recent"])
+        else:
+            assert due in ("2026-06-05", "2026-06-07") and ("2026-06-07" in body or due == "2026-06-05")
+
+
+def test_procedures_observed_values_and_uncovered_paths_speak_source_terms() -> None:
+    scenario = sopgraph.load(text=RETRY)
+    observed = one(diags_of(_intent("    requires: {Done: true}\n", "retry"), scenario), "E606")
+    assert "`Done` is observed" in observed.message
+    profile, diags = parse_profile(_intent('    requires: {Amount: "> 500"}\n', "retry"), scenario,
+                                   file="p.profile.yaml")
+    uncovered = [d for d in profile_diagnostics(scenario, profile) if d.code == "W602"]
+    assert uncovered and all("#" not in d.message + " ".join(d.notes) for d in uncovered)
+    assert all(isinstance(d.witness["Done"], list) for d in uncovered)
+    cases = [json.loads(line) for line in sopgraph.cases.synth.synthesize_stream(scenario, profile, 8, 0)]
+    generated = [c for c in cases if c["intent_generated"]]
+    assert generated and all("#" not in c["intent_description"] for c in generated)
+    assert any("(look 1)" in c["intent_description"] for c in generated)
+
+
+# ---------------------------------------------------------------------------------------------
 # Loading YAML in one pass (issue 13: 20,000 intents) — the same data, positions and diagnostics
 
 

@@ -23,10 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
 from sopgraph.language.parse import parse_text, resolve_expression
 from sopgraph.logic import domain
+from sopgraph.logic.checker import condition_type_errors
 from sopgraph.logic.lower import LowerError, analysis_form, lower_condition, structured
 from sopgraph.logic.unroll import UnrollError
 from sopgraph.records import INTENSITIES, Intensity, Persona
@@ -38,7 +39,7 @@ PROFILE_SUFFIX = ".profile.yaml"
 PROFILE_CODES: dict[str, str] = {code: text for code, text in CODES.items() if code[1] == "6"}
 
 Scalar = bool | int | float | str
-ConditionValue = Scalar | list[Scalar]
+ConditionValue = Scalar | list[Scalar] | None  # None (YAML `null`): the optional variable is missing
 
 
 # ---------------------------------------------------------------------------------------------
@@ -868,11 +869,21 @@ def _enum_of(expr: Any, scenario: ir.Scenario) -> ir.EnumType | None:
     return None
 
 
+def _enum_values(vtype: Any) -> list[str]:
+    """The enum values of a type, those of list items and record fields included (`t.channel == Atm`)."""
+    if isinstance(vtype, ir.EnumType):
+        return list(vtype.values)
+    if isinstance(vtype, ir.ListType):
+        return _enum_values(vtype.item)
+    if isinstance(vtype, ir.RecordType):
+        return [v for f in vtype.fields for v in _enum_values(f.type)]
+    return []
+
+
 def _check_names(expr: Any, scenario: ir.Scenario, span: ir.Span, text: str) -> list[Diagnostic]:
     """Bare names must be enum values of the variable they are compared with (or of some enum)."""
     diags: list[Diagnostic] = []
-    all_values = {v for var in scenario.variables.values() if isinstance(var.type, ir.EnumType)
-                  for v in var.type.values}
+    all_values = {v for var in scenario.variables.values() for v in _enum_values(var.type)}
     checked: set[int] = set()
 
     def bad(lit: ir.Lit, pool: Iterable[str], context: str) -> None:
@@ -926,10 +937,43 @@ def _value_condition(var: ir.Variable, value: Any, span: ir.Span) -> tuple[ir.Ex
     return ir.InSet(operand=ref, values=lits, span=span), None
 
 
+def _time_values(var: ir.Variable, value: Any, span: ir.Span) -> ir.Expr | None:
+    """`Due: "2026-06-05"` (or a list of such) → `Due == date("2026-06-05")`: a value of a date,
+    datetime or duration variable, written as text; None when it is not one (then it is a condition)."""
+    assert isinstance(var.type, ir.TimeType)
+    kind = var.type.kind
+    texts = value if isinstance(value, list) else [value]
+    lits = []
+    for text in texts:
+        try:
+            seconds = scalars.parse_temporal(kind, str(text).strip())
+        except scalars.ValueProblem:
+            return None
+        lits.append(ir.TimeLit(unit=kind, value=seconds, text=str(text).strip(), span=span))
+    if not lits:
+        return None
+    ref = ir.Var(name=var.name, span=span)
+    compares: list[ir.Expr] = [ir.Compare(op="==", left=ref, right=lit, span=span) for lit in lits]
+    return compares[0] if len(compares) == 1 else ir.BoolOp(op="or", operands=compares, span=span)
+
+
+def _has_value(vtype: Any, text: str) -> bool:
+    """Whether `text` is itself a value of the type (a string, or an enum with such a value)."""
+    return isinstance(vtype, ir.StringType) or (isinstance(vtype, ir.EnumType) and text in vtype.values)
+
+
 def _domain_problem(var: ir.Variable, value: Any) -> tuple[str, str | None] | None:
     """A (message, hint) if `value` is outside the variable's domain."""
     vtype = var.type
     shown = ir.show_value(value) if isinstance(value, (bool, int, float, str)) else repr(value)
+    if isinstance(vtype, ir.TimeType):
+        try:
+            scalars.parse_temporal(vtype.kind, value)
+        except scalars.ValueProblem as exc:
+            return f"`{shown}` for `{var.name}` {exc}", "or write a condition such as `> \"2026-01-31\"`"
+        return None
+    if isinstance(vtype, ir.StringType) and not isinstance(value, str):
+        return f"`{var.name}` is a string; quote the value (`\"{shown}\"`)", None
     if isinstance(vtype, ir.EnumType):
         if not isinstance(value, str) or value not in vtype.values:
             return (f"`{shown}` is not a value of `{var.name}` ({' | '.join(vtype.values)})",
@@ -1128,9 +1172,10 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
     # intents
     intents: dict[str, Intent] = {}
     entries: dict[tuple, tuple[Any, str]] = {}  # see `_resolve_intent`
+    judged: dict[str, list[tuple[str, str | None]]] = {}  # see `_typed_and_unobserved`
     lowerable = structured(scenario)
     for name, ispec in spec.intents.items():
-        intent, more = _resolve_intent(name, ispec, doc, scenario, entries, lowerable)
+        intent, more = _resolve_intent(name, ispec, doc, scenario, entries, lowerable, judged)
         diags += more
         intents[name] = intent
 
@@ -1151,7 +1196,8 @@ def _undefined_var(name: str, scenario: ir.Scenario, span: ir.Span,
 
 
 def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenario,
-                    entries: dict[tuple, tuple[Any, str]] | None = None, lowerable: bool = True
+                    entries: dict[tuple, tuple[Any, str]] | None = None, lowerable: bool = True,
+                    judged: dict[str, list[tuple[str, str | None]]] | None = None
                     ) -> tuple[Intent, list[Diagnostic]]:
     """One intent checked and resolved. `entries` (one per profile) keeps the condition of each
     `requires`/`excludes` entry that had no problem, by variable, value and quoting: a profile of 20,000
@@ -1199,7 +1245,9 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
         diags += more
         if expr is not None and not more:
             conditions.append(Condition(expr=expr, truth=True, text=ir.show(expr), span=span))
-    if lowerable:
+    problems = _typed_and_unobserved(conditions, scenario, {} if judged is None else judged)
+    diags += problems
+    if lowerable and not problems:
         diags += _check_lowerable(conditions, scenario)
     for i, action in enumerate(spec.pushes_for):
         span = doc.span(base + ("pushes_for", i))
@@ -1258,14 +1306,14 @@ def _as_field_access(expr: Any, name: str, scenario: ir.Scenario) -> Any:
 def _check_lowerable(conditions: list[Condition], scenario: ir.Scenario) -> list[Diagnostic]:
     """Conditions over lists and records must have a plain form (synthesis reasons on it): a list or
     record used as one value is E606, located at the condition."""
+    out: list[Diagnostic] = []
     if not structured(scenario):
-        return []
+        return out
     try:
         form = analysis_form(scenario)
     except UnrollError:
         return []  # the .sop's own checker reports this
     plain = form.scenario.variables
-    out: list[Diagnostic] = []
     for cond in conditions:
         try:
             low = lower_condition(form, cond.expr)
@@ -1287,6 +1335,45 @@ def _check_lowerable(conditions: list[Condition], scenario: ir.Scenario) -> list
     return out
 
 
+_WRITTEN_DATE = re.compile(r'(?<!")\b\d{4}-\d{2}-\d{2}\b(?!")')  # a date written bare in a condition
+
+
+def _nodes(expr: Any) -> list[Any]:
+    out, stack = [], [expr]
+    while stack:
+        e = stack.pop()
+        out.append(e)
+        stack.extend(ir.children(e))
+    return out
+
+
+def _typed_and_unobserved(conditions: list[Condition], scenario: ir.Scenario,
+                          memo: dict[str, list[tuple[str, str | None]]]) -> list[Diagnostic]:
+    """E606 for a condition that reads an observed variable or is badly typed. Conditions repeat
+    (a large profile has a few hundred distinct ones), so each text is judged once per profile
+    (`memo`: condition text → problems)."""
+    out: list[Diagnostic] = []
+    for cond in conditions:
+        problems = memo.get(cond.text)
+        if problems is None:
+            problems = memo[cond.text] = _condition_problems(cond, scenario)
+        out += [error("E606", f"bad condition `{cond.text}`: {message}", cond.span, hint)
+                for message, hint in problems]
+    return out
+
+
+def _condition_problems(cond: Condition, scenario: ir.Scenario) -> list[tuple[str, str | None]]:
+    observed = sorted({e.name for e in _nodes(cond.expr) if isinstance(e, ir.Var)
+                       and e.name in scenario.variables and scenario.variables[e.name].observed})
+    if observed:
+        return [(f"`{observed[0]}` is observed (a new value at every look), so an intent cannot constrain it",
+                 "constrain the values that lead to the looks instead; paths that differ only in looks get "
+                 "generated intents")]
+    dated = _WRITTEN_DATE.search(cond.text)
+    return [(d.message, f'write a date as `date("{dated.group(0)}")`' if dated else d.hint)
+            for d in condition_type_errors(scenario, cond.expr)]
+
+
 def lowered_intents(scenario: ir.Scenario, intents: dict[str, Intent]) -> tuple[ir.Scenario, dict[str, Intent]]:
     """The program the analyses run on (lists and records lowered to plain variables) and the intents
     with their conditions in its terms; unchanged for a program without lists or records."""
@@ -1305,6 +1392,14 @@ def _entry_condition(var: ir.Variable, value: Any, doc: _Doc, path: tuple, scena
     """One `requires`/`excludes` entry → (expression, text) (`span`: the value's, `doc.span(path)`)."""
     if span is None:
         span = doc.span(path)
+    if value is None or (value == "missing" and not _has_value(var.type, "missing")):
+        if not var.optional:
+            diags.append(error("E605", f"`{var.name}` is not optional: it is never missing", span,
+                               f"declare it optional in the .sop (`{var.name}: TYPE?`), or give a value"))
+            return None, ""
+        return ir.Func(name="missing", args=[ir.Var(name=var.name, span=span)], span=span), f"missing({var.name})"
+    if isinstance(var.type, ir.TimeType) and (timed := _time_values(var, value, span)) is not None:
+        return timed, ir.show(timed)
     if isinstance(value, str) and isinstance(var.type, ir.NumType):
         try:  # a quoted number ("100") is a value, not a condition
             number = float(value)

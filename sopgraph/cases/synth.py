@@ -56,6 +56,7 @@ from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form
 from sopgraph.logic.paths import trace
+from sopgraph.logic.procheck import source_terms
 from sopgraph.logic.unroll import UnrollError
 from sopgraph.records import RECORD_VERSION, Case, Intensity
 
@@ -814,6 +815,8 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
     def lift(line: str) -> str:
         row = json.loads(line)
         row["expected_path"] = [unrolled.origin.get(s, s) for s in row["expected_path"]]
+        if row.get("intent_generated"):  # its description is the path's conditions: in source terms
+            row["intent_description"] = source_terms(row["intent_description"], unrolled)
         looks: dict[str, int] = {}
         for sid in row["expected_path"]:
             for name in scenario.stages[sid].observe:
@@ -1204,14 +1207,17 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
                              + ", or write `pushes_for: []` when such a user pushes for none"))
     if profile.intents:
         span = profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1)
+        form = analysis_form(scenario) if p.scenario is not scenario else None
         for entry in p.paths:
             if entry.intents:
                 continue
+            stages = [form.origin.get(s, s) for s in entry.stages] if form else entry.stages
             diags.append(warning("W602", f"no intent reaches path {entry.id} "
-                                         f"({' -> '.join(entry.stages)} => {entry.action})",
+                                         f"({' -> '.join(stages)} => {entry.action})",
                                  span, "synthesis will give it a generated `uncovered:` intent; add an intent "
                                        "whose conditions allow this path",
-                                 witness=dict(entry.witness), notes=[entry.description]))
+                                 witness=form.lift(entry.witness) if form else dict(entry.witness),
+                                 notes=[source_terms(entry.description, form) if form else entry.description]))
     return diags
 
 

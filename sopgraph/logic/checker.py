@@ -799,6 +799,18 @@ def _typer(scenario: ir.Scenario) -> _Typer:
     return typer
 
 
+def condition_type_errors(scenario: ir.Scenario, condition: Any) -> list[Diagnostic]:
+    """Type errors (E201) of one condition written outside the program (a profile intent's `when:` or
+    `requires:`), as the checker reports them in guards: a date compared with a number, a string
+    with an order, arithmetic on an enum. Names are the caller's to check."""
+    typer = scenario.cached_analysis("condition_typer", domain.variables_signature(scenario), lambda: _typer(scenario))
+    found = len(typer.out)
+    typer.expect_bool(condition, "a condition")
+    new = typer.out[found:]
+    del typer.out[found:]  # the typer is shared: each condition reports only its own errors
+    return [d for d in new if d.code == "E201"]
+
+
 def infer_types(scenario: ir.Scenario) -> list[Diagnostic]:
     """Infer each derived variable's type and store it on `Variable.type` (None when it cannot be
     typed); returns the diagnostics found in derived expressions. Idempotent."""
@@ -1394,5 +1406,6 @@ __all__ = [
     "check_targets",
     "check_types",
     "check_unused",
+    "condition_type_errors",
     "infer_types",
 ]

@@ -16,7 +16,7 @@ from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error
 from sopgraph.logic.lower import Lowered, analysis_form
 from sopgraph.logic.paths import explorer_for
-from sopgraph.logic.unroll import LOOK_SEP, UnrollError, unbounded_cycle, unrolled_for
+from sopgraph.logic.unroll import LOOK_SEP, Unrolled, UnrollError, unbounded_cycle, unrolled_for
 
 # output_value(output, expr, span) of the checker's typer: checks a value against a declared type
 ValueCheck = Callable[[ir.Output, Any, ir.Span], None]
@@ -177,6 +177,13 @@ def _taken_branches(flat: ir.Scenario, origin: dict[str, str]) -> set[tuple[str,
         for bi, _kind, _tgt, _creg, _u in ex.children(si, region):
             out.add((origin.get(ex.ids[si], ex.ids[si]), bi))
     return out
+
+
+def source_terms(text: str, form: Unrolled) -> str:
+    """A text about the analysis form (stage copies `check#3`, looks `X#2`, lowered list parts) in
+    the source program's terms, as the user wrote it."""
+    text = _source_ids(text, form.origin, form.looks)
+    return form.source_text(text) if isinstance(form, Lowered) else text
 
 
 def _source_ids(text: str, origin: dict[str, str], looks: dict[str, int]) -> str:
