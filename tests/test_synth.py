@@ -574,10 +574,17 @@ def test_usable_pairs_verdicts_come_from_the_same_candidates_made_lazily(telecom
         assert by_key.setdefault(conditions_key(intent), p.condition_class[name]) == p.condition_class[name]
     assert len(set(p.condition_class.values())) == len(by_key)
     pairs = 0
+    witnesses: dict = {}  # shared by every pair, as `_usable_pairs` shares it
     for entry in p.paths:
-        for name in entry.intents[:5]:
+        for name in entry.intents[:40]:
             region = p.regions[(entry.index, name)]
             listed, _ = synth_mod._bases(p, entry, region, [], choices=False)
             assert list(synth_mod._base_candidates(p, entry, region)) == listed
+            assert list(synth_mod._base_candidates(p, entry, region, None, witnesses)) == listed
             pairs += 1
-    assert pairs > 10
+    assert pairs > 100 and len(witnesses) < 2 * pairs  # boxes repeat across condition classes
+    # `_usable_pairs` answers from a class's verdict on a path; asking `_usable` for each pair agrees
+    fast = synth_mod._usable_pairs(plan(scenario, profile), [])
+    slow_plan = plan(scenario, profile)
+    slow = {e.index: [n for n in e.intents if synth_mod._usable(slow_plan, e, n)] for e in slow_plan.paths}
+    assert fast == {i: names for i, names in slow.items() if names}

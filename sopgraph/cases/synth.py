@@ -496,13 +496,22 @@ def _holds(scenario: ir.Scenario, intent: Intent, values: Mapping[str, Any]) -> 
         return False
 
 
-def _base_candidates(p: Plan, entry: PathEntry, region: list[Any], space: domain.Space | None = None
+def _base_candidates(p: Plan, entry: PathEntry, region: list[Any], space: domain.Space | None = None,
+                     witnesses: dict[tuple[int, str], tuple[Any, dict[str, Any] | None]] | None = None
                      ) -> Iterator[dict[str, Any]]:
     """The candidates `_bases` lists, one at a time (a verdict needs only the first that verifies;
-    `space`: the scenario's `domain.space_for`, fetched once by the caller)."""
+    `space`: the scenario's `domain.space_for`, fetched once by the caller). `witnesses` keeps the
+    witness of each box without residual predicates (a pure pick from its domains) by the box's
+    identity: the regions of many condition classes on a path begin with the same box."""
     for box in region[:8]:
         for style in ("representative", "boundary"):
-            w = _box_witness(p.scenario, box, style, space=space)
+            if witnesses is not None and not box.resid:
+                hit = witnesses.get((id(box), style))
+                if hit is None or hit[0] is not box:
+                    hit = witnesses[(id(box), style)] = (box, _box_witness(p.scenario, box, style, space=space))
+                w = hit[1]
+            else:
+                w = _box_witness(p.scenario, box, style, space=space)
             if w is not None:
                 yield {**entry.witness, **w}
     yield dict(entry.witness)
@@ -864,10 +873,16 @@ def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
     one. Templates themselves are built later, only for the pairs that get cases (`_template_of`)."""
     compat: dict[int, list[str]] = {}
     space = domain.space_for(p.scenario) if p.paths else None
+    witnesses: dict[tuple[int, str], tuple[Any, dict[str, Any] | None]] = {}  # see `_base_candidates`
+    verdicts, classes, templates = p.base_verdicts, p.condition_class, p.templates
     for entry in p.paths:
         names: list[str] = []
         for name in entry.intents:
-            if _usable(p, entry, name, space):
+            number = classes.get(name)
+            if (number is not None and verdicts.get((entry.index, number)) is True
+                    and (entry.index, name) not in templates):
+                names.append(name)  # what `_usable` answers for a class already verified on this path
+            elif _usable(p, entry, name, space, witnesses):
                 names.append(name)
             else:
                 skipped.append(Skip(kind="pair", name=f"{name} @ {entry.id}",
@@ -883,7 +898,8 @@ def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
     return compat
 
 
-def _usable(p: Plan, entry: PathEntry, name: str, space: domain.Space | None = None) -> bool:
+def _usable(p: Plan, entry: PathEntry, name: str, space: domain.Space | None = None,
+            witnesses: dict[tuple[int, str], tuple[Any, dict[str, Any] | None]] | None = None) -> bool:
     """Whether the pair's template will have a pool, without building it when a seed-free candidate
     already verifies: that verdict depends only on the path and the intent's conditions, so intents
     with equal conditions share it (20,000 intents × their paths would otherwise build 20,000s of
@@ -896,7 +912,7 @@ def _usable(p: Plan, entry: PathEntry, name: str, space: domain.Space | None = N
     shared = (entry.index, number if number is not None else conditions_key(intent))
     verdict = p.base_verdicts.get(shared)
     if verdict is None:  # the candidates of `_bases`, made only until one verifies
-        candidates = _base_candidates(p, entry, p.regions[key], space)
+        candidates = _base_candidates(p, entry, p.regions[key], space, witnesses)
         verdict = p.base_verdicts[shared] = any(_verified(p, entry, intent, cand) is not None
                                                 for cand in candidates)
     return verdict or _template_of(p, entry.index, name) is not None
