@@ -102,7 +102,21 @@ def test_unrecognised_items_go_to_lark_at_their_position() -> None:
             "stage one {\n  when A == Yes and R.a -> do Go\n  otherwise -> do Go\n}\naction Go\n")
     program, fragments = fast_items(text)
     assert program is not None
-    assert [f.split()[0] for f in fragments] == ["scenario", "type"]
+    assert [f.split()[0] for f in fragments] == ["type"]
+    assert_same(text)
+
+
+@pytest.mark.parametrize("header", [
+    'scenario s "S" "Desc." {\n  domain "telecom"\n  money "Penalty"\n  version "1"\n}\n',
+    'scenario s {\n}\n',
+    'scenario s "S" { notes """two\nlines""" }\n',
+])
+def test_a_header_with_metadata_is_read_without_lark(header: str) -> None:
+    """The SAGE scenarios open with a metadata block: read by the fast path, a check of them no longer
+    builds Lark's parser (a few hundred milliseconds of every command)."""
+    text = header + 'field A: Yes | No "a"\naction Go "g"\nstage one { match A { Yes -> do Go  No -> do Go } }\n'
+    program, fragments = fast_items(text)
+    assert program is not None and fragments == []
     assert_same(text)
 
 

@@ -530,10 +530,9 @@ class _Items(_Exprs):
             texts: list[str] = []
             while (text := self.text_opt()) is not None:
                 texts.append(text)
-            if self.at("{"):
-                raise _Bail  # a meta block: Lark
+            meta = self.meta_block() if self.at("{") else []
             return mk(ScenarioHeader, name=name, title=texts[0] if texts else "", description="\n".join(texts[1:]),
-                      meta=[], span=span)
+                      meta=meta, span=self.cover(span, meta))
         if word == "include":
             self.advance()
             tok, span = self.string()
@@ -543,6 +542,23 @@ class _Items(_Exprs):
             name, span = self.name()
             return mk(StartDecl, stage=name, span=span)
         raise _Bail
+
+    def meta_block(self) -> list[Any]:
+        """`{ key "value" ... }` after the scenario header: any name is a key, reserved words too
+        (`money "Penalty"`). Read here, so a header with metadata does not send the file's first item to
+        Lark (whose parser is built on first use: a few hundred milliseconds of every command)."""
+        self.advance()
+        entries: list[Any] = []
+        while not self.at("}"):
+            if self.k != "n":
+                raise _Bail
+            key, span = intern(self.v), self.span_at(self.s, self.e)
+            self.advance()
+            if self.k != "s" and self.k != "l":
+                raise _Bail
+            entries.append(mk(ir.MetaEntry, key=key, value=self.text_opt(), span=span))
+        self.advance()
+        return entries
 
     def vtype(self) -> Any:
         if self.k != "n":
