@@ -24,6 +24,7 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from sopgraph.language import ir, scalars
+from sopgraph.language.compile import reads
 from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
 from sopgraph.language.parse import parse_text, resolve_expression
 from sopgraph.logic import domain
@@ -1338,15 +1339,6 @@ def _check_lowerable(conditions: list[Condition], scenario: ir.Scenario) -> list
 _WRITTEN_DATE = re.compile(r'(?<!")\b\d{4}-\d{2}-\d{2}\b(?!")')  # a date written bare in a condition
 
 
-def _nodes(expr: Any) -> list[Any]:
-    out, stack = [], [expr]
-    while stack:
-        e = stack.pop()
-        out.append(e)
-        stack.extend(ir.children(e))
-    return out
-
-
 def _typed_and_unobserved(conditions: list[Condition], scenario: ir.Scenario,
                           memo: dict[str, list[tuple[str, str | None]]]) -> list[Diagnostic]:
     """E606 for a condition that reads an observed variable or is badly typed. Conditions repeat
@@ -1363,8 +1355,7 @@ def _typed_and_unobserved(conditions: list[Condition], scenario: ir.Scenario,
 
 
 def _condition_problems(cond: Condition, scenario: ir.Scenario) -> list[tuple[str, str | None]]:
-    observed = sorted({e.name for e in _nodes(cond.expr) if isinstance(e, ir.Var)
-                       and e.name in scenario.variables and scenario.variables[e.name].observed})
+    observed = sorted(n for n in reads(cond.expr) if n in scenario.variables and scenario.variables[n].observed)
     if observed:
         return [(f"`{observed[0]}` is observed (a new value at every look), so an intent cannot constrain it",
                  "constrain the values that lead to the looks instead; paths that differ only in looks get "

@@ -399,6 +399,11 @@ def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
         mine = values.get(name)
         if name not in values or (isinstance(value, list) and isinstance(mine, list) and len(value) > len(mine)):
             values[name] = value
+    return _differing(values, old, new)
+
+
+def _differing(values: dict[str, Any], old: ir.Scenario, new: ir.Scenario) -> Witness | None:
+    """`values` as a witness when the engine decides them differently in the two versions."""
     da, db = _decide(old, values), _decide(new, values)
     if da is None or db is None or da[1] == db[1]:
         return None
@@ -412,11 +417,9 @@ def _verified_witness(joint: ir.Scenario, boxes: Sequence[domain.Box], old: ir.S
             values = domain.witness(joint, box, style=style)
             if values is None:
                 continue
-            values = {k: v for k, v in values.items() if not k.startswith("__")}
-            da, db = _decide(old, values), _decide(new, values)
-            if da is None or db is None or da[1] == db[1]:
-                continue
-            return Witness(values=values, old_path=da[0], old_finals=da[1], new_path=db[0], new_finals=db[1])
+            found = _differing({k: v for k, v in values.items() if not k.startswith("__")}, old, new)
+            if found is not None:
+                return found
     return None
 
 

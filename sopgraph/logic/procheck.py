@@ -138,11 +138,8 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
                     spans.setdefault((sp.line, sp.col, sp.file), (sid, bi))
     out: list[Diagnostic] = []
     for d in found:
-        update: dict[str, Any] = {"message": _source_ids(d.message, unrolled.origin, unrolled.looks),
-                                  "notes": [_source_ids(n, unrolled.origin, unrolled.looks) for n in d.notes]}
-        if isinstance(unrolled, Lowered):  # lists and records: guards as written, not expanded
-            update["message"] = unrolled.source_text(update["message"])
-            update["notes"] = [unrolled.source_text(n) for n in update["notes"]]
+        update: dict[str, Any] = {"message": source_terms(d.message, unrolled),
+                                  "notes": [source_terms(n, unrolled) for n in d.notes]}
         if isinstance(d.witness, dict):
             update["witness"] = unrolled.lift(d.witness)
         d = d.model_copy(update=update)

@@ -46,6 +46,11 @@ def _whole_days(e: Any) -> bool:
     return False
 
 
+def _bare_word(e: Any) -> bool:
+    """A name that is no variable where a value goes (`today`): read as the enum value of that name."""
+    return isinstance(e, ir.Lit) and isinstance(e.value, str) and e.bare
+
+
 class ScalarTyping:
     """Mixin of the checker's typer: the rules above. Expects `infer`, `mismatch`, `undefined`,
     `expect_bool` and `s` (the scenario) from the host class."""
@@ -89,7 +94,7 @@ class ScalarTyping:
         hint = "subtract two dates to get a duration; add or subtract a duration such as `2 days` to move a date"
         if is_point(a) and isinstance(b, ir.NumType) or is_point(b) and isinstance(a, ir.NumType):
             hint = "a number has no unit here: write a duration, e.g. `Booked + 2 days`"
-        elif any(isinstance(x, ir.Lit) and isinstance(x.value, str) and x.bare for x in (e.left, e.right)):
+        elif _bare_word(e.left) or _bare_word(e.right):
             hint = "the current time is `now`; a date constant is written `date(\"2026-01-31\")`"
         self.mismatch(f"`{shown}` is not defined for {_text(a)} and {_text(b)}", e.span, hint)
         return True, None
@@ -136,10 +141,9 @@ class ScalarTyping:
         kinds = [self.infer(a) for a in e.args]
         for arg, t in zip(e.args, kinds, strict=True):
             if t is not None and not is_point(t):
-                bare_word = isinstance(arg, ir.Lit) and isinstance(arg.value, str) and arg.bare
                 self.mismatch(f"`days_between` takes dates or datetimes, but `{ir.show(arg)}` is {_text(t)}",
                               arg.span, "the current time is `now` (given per case or `sop decide --now`)"
-                              if bare_word else "write `days_between(Earlier, Later)`")
+                              if _bare_word(arg) else "write `days_between(Earlier, Later)`")
                 return None
         whole = all(isinstance(t, ir.TimeType) and t.kind == "date" for t in kinds)
         return ir.NumType(kind="int" if whole else "float", lo_open=True, hi_open=True)

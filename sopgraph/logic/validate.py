@@ -275,9 +275,7 @@ def _looks(value: Any, var: ir.Variable, now: dt.date | None, column: str) -> li
     items = value if isinstance(value, list) else [value]
     looks = [convert(v, var.type, unit=var.unit, now=now, what=f"column `{column}` (look {k}):")
              for k, v in enumerate(items, 1)]
-    if any(v is None for v in looks):
-        return None if len(looks) == 1 else [v for v in looks if v is not None] or None
-    return looks
+    return [v for v in looks if v is not None] or None  # empty cells are no looks
 
 
 def decide_rows(scenario: ir.Scenario, rows: list[RowResult]) -> None:
