@@ -48,6 +48,18 @@ _DECL_HEAD = re.compile(rf"(?:field|system)[ \t]+({_NAME})[ \t]*:[ \t]*(?:(bool)
                         rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
                         rf"|({_NAME}(?:[ \t]*\|[ \t]*{_NAME})+))")
 _NAMES = re.compile(_NAME)
+# A whole stage of the commonest shapes, one line per item (third round): the head, then either a `match
+# NAME {` block of `VALUE -> [do] NAME` arms (and an `otherwise` arm) or `when` arms (and an `otherwise`
+# arm), then the closing braces. Each item is one regex starting at the previous item's end: a line
+# break (blanks allowed) first, nothing after it on its line. Anything else (a comment, a text, steps,
+# `up to`, `otherwise when`, an item going on on the next line) puts the reader back (`quick_stage`).
+_Q_NL = r"[ \t]*\n[ \t\n]*"
+_Q_END = r"(?=[ \t]*\n)"
+_Q_MATCH = re.compile(rf"{_Q_NL}match[ \t]+({_NAME})[ \t]*\{{")
+_Q_MATCH_ARM = re.compile(rf"{_Q_NL}({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME}){_Q_END}")
+_Q_WHEN = re.compile(rf"{_Q_NL}{_WHEN_ARM.pattern}{_Q_END}")  # groups as `_WHEN_ARM`'s
+_Q_OTHERWISE = re.compile(rf"{_Q_NL}{_OTHERWISE_ARM.pattern}{_Q_END}")  # groups as `_OTHERWISE_ARM`'s
+_Q_CLOSE = re.compile(rf"{_Q_NL}\}}")
 _SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
 _TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
                          "seconds"))
@@ -139,6 +151,15 @@ def _plain_values(values: list[Any]) -> list[Any]:
     if any(type(v) is not ir.Lit for v in values):
         raise _Bail
     return values
+
+
+def _arm_ok(m: re.Match[str]) -> bool:
+    """An arm matched by `_WHEN_ARM`/`_OTHERWISE_ARM` the regex may build: no reserved word where a name
+    stands, no huge number (Lark reports those)."""
+    guard_name, operand, target_name = m.group(1, 3, 5)
+    if target_name in RESERVED or guard_name in RESERVED or operand in RESERVED:
+        return False
+    return not (operand and operand[0].isdigit() and len(operand) > 300)
 
 
 class _Reader:
@@ -707,6 +728,9 @@ class _Items(_Exprs):
 
     # -- stages
     def stage(self) -> ir.Stage:
+        quick = self.quick_stage()
+        if quick is not None:
+            return quick
         m = _STAGE_HEAD.match(self.text, self.s)
         if m is not None and m.group(1) not in RESERVED:
             name, span, title = intern(m.group(1)), self.span_at(m.start(1), m.end(1)), unquote(m.group(2))
@@ -774,21 +798,21 @@ class _Items(_Exprs):
         read with one regex and built as the token reader builds it (same nodes, same spans); None
         when the arm is anything else, or goes on after its target (the token reader takes it)."""
         m = pattern.match(self.text, self.s)
-        if m is None:
+        if m is None or not _arm_ok(m):
             return None
-        guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
-        if target_name in RESERVED or guard_name in RESERVED or operand in RESERVED:
-            return None
-        if operand and operand[0].isdigit() and len(operand) > 300:
-            return None  # a huge number: Lark reports it
         saved = (self.k, self.v, self.s, self.e)
         self.e = m.end()
         self.advance()
         if (self.k == "o" and self.v in _GOES_ON) or (self.k == "n" and self.v == "up"):
             self.k, self.v, self.s, self.e = saved
             return None
+        return self.arm_nodes(m, ordered)
+
+    def arm_nodes(self, m: re.Match[str], ordered: bool) -> Any:
+        """The branch of an arm matched by `_WHEN_ARM`/`_OTHERWISE_ARM` (or `_Q_WHEN`/`_Q_OTHERWISE`)."""
+        guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
         nl = self.newlines
-        i = bisect_left(nl, m.start())
+        i = bisect_left(nl, m.start(5))
         line, base, file = i + 1, (nl[i - 1] if i else -1), self.file
         target_span = _make_span(file, line, m.start(5) - base, line, m.end(5) - base)
         if do:
@@ -807,6 +831,93 @@ class _Items(_Exprs):
             guard = _compare(op=op, left=left, right=right, span=_make_span(file, line, col, line, right_span.end_col))
         return _branch(guard=guard, target=target, limit=None, ordered=ordered,
                        span=_make_span(file, line, col, line, target_span.end_col))
+
+    def quick_stage(self) -> Any | None:
+        """A whole stage of the commonest shapes (`_STAGE_HEAD`, then `_Q_MATCH` and `_Q_MATCH_ARM`s or
+        `_Q_WHEN`s, an `_Q_OTHERWISE`, `_Q_CLOSE`s), one regex per line, built as the token reader builds
+        it (same nodes, same spans); None for anything else: the token reader takes the stage."""
+        text = self.text
+        m = _STAGE_HEAD.match(text, self.s)
+        if m is None or m.group(1) in RESERVED:
+            return None
+        head = _Q_MATCH.match(text, m.end())
+        subject = None
+        if head is not None:
+            if head.group(1) in RESERVED:
+                return None
+            subject = _var(name=intern(head.group(1)), span=self.span_at(head.start(1), head.end(1)))
+            found = self.quick_match_arms(subject, head.end())
+        else:
+            found = self.quick_when_arms(m.end())
+        if found is None:
+            return None
+        branches, end = found
+        close = _Q_CLOSE.match(text, end)
+        if close is None:
+            return None
+        self.e = close.end()
+        self.advance()
+        return mk(ir.Stage, id=intern(m.group(1)), title=unquote(m.group(2)), span=self.span_at(m.start(1), m.end(1)),
+                  text="", classify=[], observe=[], kind="when" if subject is None else "match", subject=subject,
+                  branches=branches)
+
+    def quick_otherwise(self, branches: list[Any], pos: int) -> tuple[list[Any], int] | None:
+        """`branches` with an `otherwise -> [do] NAME` line at `pos` (if one is there), and where they end."""
+        o = _Q_OTHERWISE.match(self.text, pos)
+        if o is None:
+            return branches, pos
+        if not _arm_ok(o):
+            return None
+        branches.append(self.arm_nodes(o, False))
+        return branches, o.end()
+
+    def quick_when_arms(self, pos: int) -> tuple[list[Any], int] | None:
+        """The `when` lines of a quick stage (and its `otherwise` line), and where they end."""
+        branches: list[Any] = []
+        while (a := _Q_WHEN.match(self.text, pos)) is not None:
+            if not _arm_ok(a):
+                return None
+            branches.append(self.arm_nodes(a, False))
+            pos = a.end()
+        if not branches:
+            return None  # `otherwise` alone: the token reader's (and Lark's) error
+        return self.quick_otherwise(branches, pos)
+
+    def quick_match_arms(self, subject: Any, pos: int) -> tuple[list[Any], int] | None:
+        """The arms of a quick stage's `match` block up to its closing brace, and where they end."""
+        text, file, nl, nowhere = self.text, self.file, self.newlines, self.nowhere
+        branches: list[Any] = []
+        while (a := _Q_MATCH_ARM.match(text, pos)) is not None:
+            value, do, target_name = a.group(1, 2, 3)
+            if target_name in RESERVED or len(value) > 300:
+                return None
+            i = bisect_left(nl, a.start(1))
+            line, base = i + 1, (nl[i - 1] if i else -1)
+            target_span = span = _make_span(file, line, a.start(3) - base, line, a.end(3) - base)
+            if value in RESERVED:
+                if value != "true" and value != "false":
+                    break  # `otherwise` (or a keyword, which the closing brace then refuses)
+                lit = _lit(value=value == "true", span=nowhere)
+            else:
+                col = a.start(1) - base
+                value_span = _make_span(file, line, col, line, a.end(1) - base)
+                lit = (_lit(value=number(value), span=value_span) if value[0].isdigit()
+                       else _lit(value=intern(value), bare=True, span=value_span))
+                span = _make_span(file, line, col, line, target_span.end_col)
+            if do:
+                target = _target(kind="action", action=intern(target_name), outputs=[], args=[], span=target_span)
+            else:
+                target = _target(kind="stage", stage=intern(target_name), span=target_span)
+            guard = _inset(operand=subject, values=[lit], span=span)
+            branches.append(_branch(guard=guard, target=target, values=[lit], limit=None, span=span))
+            pos = a.end()
+        if not branches:
+            return None
+        found = self.quick_otherwise(branches, pos)
+        if found is None:
+            return None
+        close = _Q_CLOSE.match(text, found[1])
+        return None if close is None else (found[0], close.end())
 
     def when_arm(self, *, ordered: bool) -> Any:
         self.expect("when")
