@@ -344,6 +344,36 @@ variables:
     assert {c.system["NightlyRate"] for c in cases if c.system["NightlyRate"] <= 1000} <= {89, 149, 320}
 
 
+
+def test_profile_values_of_text_and_dates_are_used_on_paths_that_read_them() -> None:
+    """A path that tests a pattern on a text (or a date window) used to take the witness's made-up
+    `"00000000"` whatever the profile listed; listed values that the path allows are used, and a listed
+    value the pattern refuses goes to the path that refuses it."""
+    scenario = sopgraph.load(text="""scenario acct "Accounts"
+field Kind: Ask | Dispute "what"
+system AccountId: string "the account number"
+action Answer "answer"
+action Check "check the account"
+action Human "hand over" [escalation]
+stage s1 "Kind" { match Kind { Ask -> do Answer  Dispute -> s2 } }
+stage s2 "Account" {
+    when AccountId matches "[0-9]{8}" -> do Check
+    otherwise -> do Human
+}
+""")
+    text = """scenario: acct
+intents:
+  dispute: {description: disputes a bill, intensity: zero, requires: {Kind: Dispute}}
+variables:
+  AccountId: {values: ["12345678", "A-99"]}
+"""
+    profile, diags = parse_profile(text, scenario, file="acct.profile.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    cases = synthesize(scenario, profile, 12, seed=1).cases
+    by_action = {(c.expected_finals["Action"], c.system["AccountId"]) for c in cases if c.truth["Kind"] == "Dispute"}
+    assert by_action == {("Check", "12345678"), ("Human", "A-99")}
+
+
 LATE = """
 scenario late "Late delivery" "Late parcels."
 field Kind: Ask | Late | Damaged "what"

@@ -449,7 +449,10 @@ def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: An
     """Candidate values of one variable inside a domain box, the witness value first: the profile's
     plausible values and a few round numbers that the box allows."""
     if not isinstance(var.type, (ir.EnumType, ir.BoolType, ir.NumType)):
-        return [witness_value]  # dates, durations, strings: the witness (its text form) is the value
+        # dates, durations, strings: the witness (its text form), then the profile's `values:` (each
+        # candidate is verified by the engine, so a value the path's pattern or window refuses drops out)
+        listed = profile.sample_values.get(var.name) or []
+        return [witness_value, *(v for v in listed if v != witness_value)]
     try:
         dom = box[var.name]
     except (KeyError, TypeError):

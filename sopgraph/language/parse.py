@@ -769,6 +769,10 @@ FOREIGN_BRANCH_WORDS: dict[str, tuple[str, str]] = {
 _ACTION_ATTRS_BEFORE = re.compile(r'\baction\s+([A-Za-z_][\w.]*|"[^"\n]*")\s*\[([^\]\n]*)\]\s*$')
 
 
+# the last `otherwise -> …` arm before an error (group 1: it is bounded), on the error's own stage
+_OTHERWISE_ARM = re.compile(r"\botherwise\s*->[^{}]*?(\bup\s+to\s+\d+\s+times)?\s*$")
+
+
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
     line = getattr(exc, "line", 0) or 0
     col = getattr(exc, "column", 0) or 0
@@ -827,6 +831,11 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     elif ttype == "STRING" and (attrs_first := _ACTION_ATTRS_BEFORE.search(before)):
         message = "an action's description comes before its attributes"
         hint = f'write `action {attrs_first.group(1)} {found} [{attrs_first.group(2)}]`'
+    elif found == "otherwise" and (prior := _OTHERWISE_ARM.search(before)) and "{" not in before[prior.end():]:
+        message = "a second `otherwise`: only the last branch of a stage can be `otherwise`"
+        hint = ("to say what to do once the bounded branch is spent, write it as a `when` arm "
+                "(`when CONDITION -> ... up to N times`) and keep `otherwise -> ...` last"
+                if prior.group(1) else "remove one, or make the first a `when CONDITION -> ...` arm")
     elif arrow and ttype in ("NAME", "STRING", "NUMBER", "DO"):
         message = f"missing `->` before `{found}`"
         hint = "branches are written `value -> target` or `when condition -> target`"
