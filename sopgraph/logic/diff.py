@@ -28,7 +28,7 @@ from sopgraph.language.fmt import show_expr
 from sopgraph.logic import domain
 from sopgraph.logic.engine import DecideError, interpret
 from sopgraph.logic.lower import analysis_form, needs_analysis_form
-from sopgraph.logic.paths import iter_paths
+from sopgraph.logic.paths import iter_paths, used_looks
 from sopgraph.logic.unroll import Unrolled, UnrollError
 from sopgraph.records import Case
 
@@ -482,7 +482,16 @@ def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
         mine = values.get(name)
         if name not in values or (isinstance(value, list) and isinstance(mine, list) and len(value) > len(mine)):
             values[name] = value
-    return _differing(values, old, new)
+    found_here = _differing(values, old, new)
+    if found_here is None:
+        return None
+    # each observed variable's looks: as many as the longer of the two paths takes
+    trimmed = used_looks(old, values, found_here.old_path)
+    for name, value in used_looks(new, values, found_here.new_path).items():
+        mine = trimmed.get(name)
+        if name not in trimmed or (isinstance(value, list) and isinstance(mine, list) and len(value) > len(mine)):
+            trimmed[name] = value
+    return found_here.model_copy(update={"values": trimmed})
 
 
 def _differing(values: dict[str, Any], old: ir.Scenario, new: ir.Scenario) -> Witness | None:
