@@ -37,3 +37,13 @@ def test_example_values_are_shown_as_an_input_writes_them() -> None:
     assert "Due=null, Vip=true, Kind=Gold, Ref=text" in d.render()
     mark_text_values([d], frozenset({"Ref"}))
     assert "Due=null, Vip=true, Kind=Gold, Ref=\"text\"" in d.render()
+
+
+def test_carets_line_up_under_wide_characters() -> None:
+    """A CJK character takes two terminal columns: the caret goes under the character, not a column early."""
+    from sopgraph.language.diagnostics import Diagnostic
+    from sopgraph.language.ir import Span
+
+    d = Diagnostic(code="E005", severity="error", message="m", span=Span(file="f", line=1, col=9, end_line=1, end_col=10))
+    lines = d.render({"f": "field 意图： A | B"}).splitlines()
+    assert lines[2] == " " * (len("   1 | field ") + 4) + "^^"  # 意图: four columns; ：itself two

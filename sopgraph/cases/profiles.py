@@ -700,7 +700,7 @@ def _validation_diagnostics(exc: ValidationError, doc: _Doc) -> list[Diagnostic]
 
 
 _TRAILING = re.compile(r"^missing `->` before `(.+)`$")
-_PLAIN_VALUE = re.compile(r"^[A-Za-z_][A-Za-z0-9_+\-.]*$")
+_PLAIN_VALUE = re.compile(r"^[^\W\d][\w+\-.]*$")
 _OPERATOR_PREFIX = re.compile(r"^\s*(==|!=|<=|>=|<|>|not\s+in\b|in\b)")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import unicodedata
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
@@ -155,7 +156,8 @@ class Diagnostic(BaseModel):
                 if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
                     width = self.span.end_col - self.span.col
                 width = max(1, min(width, max(1, len(src) - self.span.col + 1)))
-                lines.append(" " * (len(gutter) + self.span.col - 1) + "^" * width)
+                start = self.span.col - 1  # in characters; on screen, wide (CJK) characters take two columns
+                lines.append(" " * (len(gutter) + _columns(src[:start])) + "^" * max(1, _columns(src[start:start + width])))
         if self.witness:
             shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False) if k in self._text_keys else _show(v)}"
                               for k, v in self.witness.items())
@@ -165,6 +167,13 @@ class Diagnostic(BaseModel):
         if self.hint:
             lines.append(f"  = hint: {self.hint}")
         return "\n".join(lines)
+
+
+def _columns(text: str) -> int:
+    """Terminal columns of `text`: East Asian wide and full-width characters take two."""
+    if text.isascii():
+        return len(text)
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
 def mark_text_values(diagnostics: list[Diagnostic], text_names: frozenset[str]) -> None:

@@ -26,13 +26,13 @@ from sopgraph.language.program import RESERVED, Include, Program, ScenarioHeader
 # One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds: n NAME,
 # d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
 _TOKEN = re.compile(r'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
-    (?P<n>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
+    (?P<n>[^\W\d]\w*(?:\.[^\W\d]\w*)*)
    |(?P<d>[0-9]+(?:\.[0-9]+)?)
    |(?P<l>"""[\s\S]*?""")
    |(?P<s>"(?:[^"\\\n]|\\.)*")
    |(?P<o>->|==|!=|<=|>=|\.\.|[<>{}()\[\],:=|?+\-*/])
 )''', re.X)
-_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_NAME = r"[^\W\d]\w*(?:\.[^\W\d]\w*)*"  # letters (any script), digits, `_`
 _SIMPLE_ARM = re.compile(rf"({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({_NAME})")
 # `when NAME [CMP NUMBER-or-NAME] -> [do] NAME` and `otherwise -> [do] NAME` on one line: the commonest
 # arms of large files, read with one regex (groups: guard name, operator, operand, `do`, target name)
@@ -44,7 +44,7 @@ _GOES_ON = frozenset(("->", "(", "{"))  # after a target: steps, arguments or ou
 _STAGE_HEAD = re.compile(rf'stage[ \t]+({_NAME})[ \t]+("(?:[^"\\\n]|\\.)*")[ \t]*\{{')  # `stage ID "title" {`
 _MATCH_HEAD = re.compile(rf"match[ \t]+({_NAME})[ \t]*\{{")  # `match NAME {`
 # `field|system NAME: TYPE` with TYPE `bool`, `int[lo..hi]`/`float[lo..hi]` (integer bounds) or `A | B | ...`
-_DECL_HEAD = re.compile(rf"(?:field|system)[ \t]+({_NAME})[ \t]*:[ \t]*(?:(bool)(?![A-Za-z0-9_.])"
+_DECL_HEAD = re.compile(rf"(?:field|system)[ \t]+({_NAME})[ \t]*:[ \t]*(?:(bool)(?![\w.])"
                         rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
                         rf"|({_NAME}(?:[ \t]*\|[ \t]*{_NAME})+))")
 _NAMES = re.compile(_NAME)

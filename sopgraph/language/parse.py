@@ -766,7 +766,7 @@ FOREIGN_BRANCH_WORDS: dict[str, tuple[str, str]] = {
     "elif": ("conditions are written with `when`, not `elif`",
              "write one `when CONDITION -> target` per branch; the first true one fires"),
 }
-_ACTION_ATTRS_BEFORE = re.compile(r'\baction\s+([A-Za-z_][\w.]*|"[^"\n]*")\s*\[([^\]\n]*)\]\s*$')
+_ACTION_ATTRS_BEFORE = re.compile(r'\baction\s+([^\W\d][\w.]*|"[^"\n]*")\s*\[([^\]\n]*)\]\s*$')
 
 
 # the last `otherwise -> …` arm before an error (group 1: it is bounded), on the error's own stage
@@ -792,6 +792,12 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
             hint = "write `and` / `or` in conditions; `|` separates enum values in a declaration"
         elif ch == ";":
             hint = "remove it: declarations need no separator"
+        elif "\uff01" <= ch <= "\uff5e":  # full-width forms of ASCII punctuation (a CJK input method)
+            hint = f"`{ch}` is a full-width character: write the ASCII `{chr(ord(ch) - 0xFEE0)}`"
+        elif ch in "\u201c\u201d\u2018\u2019":
+            hint = 'text goes in straight double quotes: "like this"'
+        elif ch in "\u3001\u3002":
+            hint = "write `,` between items; a sentence belongs inside a quoted text"
         return error("E005", f"invalid character {_char_name(ch)}", span, hint)
     token = getattr(exc, "token", None)
     # `accepts` is what the parser could really take here; `expected` also lists tokens that are

@@ -1151,8 +1151,13 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
     reachable = set(order)
     for sid, stage in scenario.stages.items():
         if sid not in reachable:
+            hint = "route a branch to it, or delete it"
+            if "." in sid:  # a subflow copy: the `use` is what to route to (or start with)
+                instance = sid.split(".")[0]
+                hint = (f"route a branch to `{instance}`, or write `start {instance}` to begin the procedure "
+                        f"with it (without `start`, the entry is the first `stage` of the main file)")
             out.append(warning("W302", f"stage `{sid}` is unreachable from the entry `{scenario.start}`",
-                               stage.span, "route a branch to it, or delete it"))
+                               stage.span, hint))
     return out
 
 
