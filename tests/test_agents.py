@@ -85,6 +85,7 @@ def test_python_callable_agent_sync_and_async(tmp_path, bike, cases) -> None:
     _check_run(tmp_path / "async", len(cases))
     with pytest.raises(RunError, match="cannot load"):
         run_sync(bike, cases, ["agent=python:no_such_module_x:f"], str(tmp_path / "bad"), progress=False)
+    assert not (tmp_path / "bad").exists()  # refused before anything is created: fix the name, run again
 
 
 async def async_agent(request: dict) -> dict:
@@ -110,11 +111,31 @@ def test_http_agent_on_localhost(tmp_path, bike, cases) -> None:
 
 
 def test_unreachable_http_agent_is_an_infra_failure(tmp_path, bike, cases) -> None:
+    # an agent that goes away during a run (here: never there, with the preflight off)
     summary = run_sync(bike, cases[:2], ["agent=http://127.0.0.1:9/agent"], str(tmp_path / "down"),
-                       progress=False)
+                       progress=False, preflight=False)
     with RunStore.open(tmp_path / "down") as store:
         assert all(d.status == "infra_failure" for d in store.dialogues())
     assert summary is not None
+
+
+def test_an_http_agent_that_is_not_running_stops_the_run_before_anything_is_created(tmp_path, bike, cases) -> None:
+    """Before, every dialogue became an infrastructure failure (a run directory of them, exit 3) and the
+    user had to find out why from the failure table; now the preflight says it in one line."""
+    with pytest.raises(RunError, match=r"cannot connect to 127\.0\.0\.1:9 .*is the agent server running"):
+        run_sync(bike, cases[:2], ["agent=http://127.0.0.1:9/agent"], str(tmp_path / "down"), progress=False)
+    assert not (tmp_path / "down").exists()
+    import json
+
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    cases_file = tmp_path / "cases.jsonl"
+    cases_file.write_text("".join(json.dumps(c.model_dump(mode="json")) + "\n" for c in cases[:2]))
+    res = CliRunner().invoke(main, ["run", str(BIKE), "--cases", str(cases_file), "-q",
+                                    "--model", "agent=http://127.0.0.1:9/agent", "-o", str(tmp_path / "cli")])
+    assert res.exit_code == 1 and "is the agent server running?" in res.output
+    assert not (tmp_path / "cli").exists()
 
 
 @pytest.mark.parametrize("kind", ["python", "http"])

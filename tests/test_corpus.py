@@ -149,3 +149,60 @@ def test_export_and_synth_cli(tmp_path_factory, tmp_path) -> None:
     assert all(r["metadata"]["scores"]["action"] == 1.0 for r in gold)
     res = CliRunner().invoke(main, ["synth-dialogues", str(TELECOM), "--cases", str(cases), "--model", "agent"])
     assert res.exit_code != 0
+
+
+@pytest.fixture(scope="module")
+def no_service_runs(tmp_path_factory) -> tuple[Path, Path, list[Case]]:
+    """examples/no_service.sop (actions on the way, a bounded retry) run by the oracle in SAGE mode and by
+    the oracle acting through tool calls."""
+    from sopgraph.cases.profiles import profile_for
+    from sopgraph.cases.synth import synthesize
+    from sopgraph.simulation.runner import run_sync
+    path = ROOT / "examples" / "no_service.sop"
+    sop = sopgraph.load(path)
+    cases = list(synthesize(sop, profile_for(path, sop), 14, seed=5, min_per_path=1).cases)
+    base = tmp_path_factory.mktemp("no_service_runs")
+    for name, model in (("sage", "baseline/oracle"), ("tools", "baseline/oracle-tools")):
+        run_sync(sop, cases, [f"agent={model}"], str(base / name), trials=1, progress=False, judge_turns="final")
+    return base / "sage", base / "tools", cases
+
+
+def test_export_of_a_tool_acting_agent_holds_its_calls_results_and_tools(no_service_runs, tmp_path) -> None:
+    """Before, a tool-acting agent's dialogues were exported as empty SAGE replies under the SAGE prompt
+    (no tool call, no tool, no result): a corpus that taught the opposite of what the agent did."""
+    from sopgraph.simulation.agents import tool_schemas
+    from sopgraph.simulation.prompts import agent_tools_prompt
+    _sage, tools_run, cases = no_service_runs
+    sop = sopgraph.load(ROOT / "examples" / "no_service.sop")
+    expected = {c.id: [a["name"] for a in c.expected_actions or []] for c in cases}
+    records, stats = export_run(tools_run)
+    assert stats.written == len(cases)
+    for rec in records:
+        msgs = rec["messages"]
+        assert msgs[0] == {"role": "system", "content": agent_tools_prompt(sop)}
+        assert rec["tools"] == tool_schemas(sop)
+        assert not any(str(m.get("content") or "").startswith('{"classification_output"') for m in msgs)
+        called = [c for m in msgs if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+        assert [c["function"]["name"] for c in called if c["function"]["name"] != "lookup"] == \
+            expected[rec["metadata"]["case_id"]]  # the oracle's calls, in order
+        answered = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
+        assert answered == [c["id"] for c in called]  # every call has its result, in order
+    share, _ = export_run(tools_run, fmt="sharegpt")
+    kinds = {t["from"] for r in share for t in r["conversations"]}
+    assert {"function_call", "observation", "human", "system"} <= kinds
+    assert json.loads(share[0]["tools"]) == [t["function"] for t in tool_schemas(sop)]
+    res = CliRunner().invoke(main, ["export", str(tools_run), "--reference", "-o", str(tmp_path / "x.jsonl")])
+    assert res.exit_code != 0 and "acts through tools" in res.output
+
+
+def test_export_keeps_the_actions_a_sage_reply_reports(no_service_runs) -> None:
+    sage, _tools, cases = no_service_runs
+    by_case = {c.id: c for c in cases}
+    records, _ = export_run(sage)
+    for rec in records:
+        last = json.loads(rec["messages"][-1]["content"])
+        assert last["actions"] == by_case[rec["metadata"]["case_id"]].expected_actions
+    records, _ = export_run(sage, reference=True)
+    for rec in records:  # the reference reply carries the reference trace beside the reference path
+        last = json.loads(rec["messages"][-1]["content"])
+        assert last["actions"] == by_case[rec["metadata"]["case_id"]].expected_actions

@@ -219,3 +219,28 @@ def test_guided_beside_the_plain_model_in_the_leaderboard_deterministically(tele
     # the engine keeps the guided agent's path and action consistent with its values and the system state
     plain, guided = rows["baseline/random-path"]["metrics"], rows["baseline/guided:baseline/random-path"]["metrics"]
     assert guided["action_self"]["value"] == 1.0 > plain["action_self"]["value"]
+
+
+def test_guided_reports_the_actions_its_walk_carries_out(tmp_path) -> None:
+    """A procedure that acts on the way (no_service: `do PushSettings(profile = …) -> do AskRestart -> retest`):
+    the guided agent's turns report the actions the engine's walk carried out, with their arguments, so its
+    trace scores see them (before, only its final Action: trace recall below 1 for the oracle inside)."""
+    path = ROOT / "examples" / "no_service.sop"
+    sop = sopgraph.load(path)
+    cases = list(synthesize(sop, profile_for(path, sop), 14, seed=3, min_per_path=1).cases)
+    assert any(len(c.expected_actions or []) > 2 for c in cases)  # paths with steps are among them
+    out = tmp_path / "guided"
+    run_sync(sop, cases, ["agent=baseline/guided:baseline/oracle"], str(out), trials=1, progress=False,
+             judge_turns="final")
+    by = _turns(out)
+    for case in cases:
+        turns = by[f"{case.id}#0"]
+        assert turns[-1].output.actions == case.expected_actions  # the whole reference trace, final action last
+        for t in turns[:-1]:  # an earlier turn has not taken the final action yet
+            assert t.output.actions == case.expected_actions[:len(t.output.actions)]
+            assert len(t.output.actions) < len(case.expected_actions)
+        assert json.loads(turns[-1].agent_raw)["actions"] == case.expected_actions
+    res = CliRunner().invoke(main, ["score", str(out), "--bootstrap", "0", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.output)["groups"][0]
+    assert row["metrics"]["trace_recall"]["value"] == 1.0 and row["metrics"]["tau2_pass"]["value"] == 1.0

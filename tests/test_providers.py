@@ -363,6 +363,11 @@ def test_scripted_user_speaks_in_the_first_person() -> None:
             "I'm a VIP member; my flight was changed by the airline, and I want to rebook.",
         "Angry, justified complaint about a damaged parcel.": "I have an angry, justified complaint about a damaged parcel.",
         "My blender arrived broken.": "My blender arrived broken.",  # already first person: unchanged
+        # the customer is the subject of the second clause only (was "I'm a storm flooded the attic; the caller
+        # and I am furious …": the subject search ran across the semicolon)
+        "A storm flooded the attic; the caller is furious and wants payment now.":
+            "A storm flooded the attic; I'm a caller and I am furious and want payment now.",
+        "Burst pipe: wants the damage paid.": "Burst pipe: I want the damage paid.",
     }
     for desc, want in cases.items():
         assert first_person(desc) == want

@@ -347,6 +347,21 @@ def test_turn_selection_and_depth_groups(telecom) -> None:
     assert main_group(everything).metrics["action"].value == pytest.approx(1 / 12)
 
 
+def test_a_depth_group_counts_the_dialogues_that_reached_that_depth(telecom) -> None:
+    """`sop score`'s "by turn depth" table: depth 5 of a run where one of two dialogues has 5 turns
+    counted 2 dialogues (and 2 cases) beside 1 turn."""
+    long_case, short_case = make_case(telecom, "a", CANCEL_ANGRY, CONTRACT), make_case(telecom, "b", CANCEL_ANGRY,
+                                                                                          CONTRACT)
+    long_d, short_d = dialogue(long_case), dialogue(short_case)
+    turns = [turn(long_d.id, i, labels=long_case.truth, path=long_case.expected_path, action="GoodBye")
+             for i in range(1, 6)] + [oracle_turn(long_case, long_d.id, 6), oracle_turn(short_case, short_d.id, 1)]
+    consensus = [cons(long_d.id, i, long_case.truth) for i in range(1, 7)] + [cons(short_d.id, 1, short_case.truth)]
+    run = score_records(telecom, [long_case, short_case], [long_d, short_d], turns, consensus)
+    depth = {g.key["depth"]: g for g in run.aggregate(["model", "depth"])}
+    assert (depth["5"].dialogues, depth["5"].cases, depth["5"].turns) == (1, 1, 1)
+    assert (depth["1"].dialogues, depth["final"].dialogues, main_group(run).dialogues) == (2, 2, 2)
+
+
 def test_pass_k_over_trials_excludes_infra_failures(telecom) -> None:
     case = make_case(telecom, "c", CANCEL_ANGRY, CONTRACT)
     dls = [dialogue(case, t) for t in range(4)]

@@ -379,7 +379,8 @@ def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regres
         click.echo(result.model_dump_json(indent=2))
     else:
         console = _console()
-        t = _table(f"compare {result.a} → {result.b}  ({result.pairs} paired dialogues; scores ×100)",
+        t = _table(f"compare {result.a} → {result.b}  ({result.pairs} paired dialogues; scores ×100, "
+                   "means over cases of per-dialogue means: not sop score's turn-pooled means)",
                    ("Metric", "A", "B", "B − A", "CI", "p", ""))
         for name, d in result.metrics.items():
             sig = "*" if d.p < alpha else ""

@@ -5,10 +5,13 @@ data synthesis"). Two sources:
 
 - **export** (`export_run`): done dialogues of a run whose agent turns meet a score bar, as chat
   transcripts in OpenAI (`messages`) or ShareGPT (`conversations`) form. The assistant messages are the
-  agent's SAGE-protocol JSON; with `reference=True` the classification, path and finals of each turn
-  are replaced by the reference (the judges' consensus labels and the rule engine's path/finals; the
-  case's truth where a turn has no scorable reference) and the `cot` is dropped (it would argue for
-  the agent's own, possibly wrong, answer).
+  agent's SAGE-protocol JSON (with the `actions` it reports, for procedures); with `reference=True` the
+  classification, path and finals of each turn are replaced by the reference (the judges' consensus
+  labels and the rule engine's path/finals; the case's truth where a turn has no scorable reference)
+  and the `cot` is dropped (it would argue for the agent's own, possibly wrong, answer). An agent that
+  acts through tools (`tools:MODEL`, HTTP, Python; `AgentOutput.source == "tools"`) is exported as
+  what it did: the tool-calling system prompt, its tool calls and the backend's results
+  (`tool_messages`), and the tools (`record["tools"]`); `reference=True` is refused for it.
 - **gold-path synthesis** (`synthesize_dialogues`): the agent model is told the reference
   classification, path and finals of the case and only has to write the conversation; dialogues are
   produced by the same simulator and gateway as `sop run` (offline with `baseline/oracle`), scored
@@ -40,10 +43,12 @@ from sopgraph.evaluation.score import (
 )
 from sopgraph.language import ir
 from sopgraph.records import Case, Consensus, Dialogue, Turn
+from sopgraph.simulation.agents import tool_schemas
 from sopgraph.simulation.dialogue import DialogueSetup, scenario_context, simulate_dialogue
 from sopgraph.simulation.gateway import Gateway, InfraFailure, ModelOptionError
 from sopgraph.simulation.prompts import (
     agent_system_prompt,
+    agent_tools_prompt,
     guided_final_prompt,
     guided_stage_prompt,
     user_system_prompt,
@@ -76,24 +81,92 @@ class CorpusStats(BaseModel):
 
 
 def agent_json(classification: Mapping[str, Any], now_path: Sequence[Any], finals: Mapping[str, Any], chat: str,
-               cot: str = "") -> str:
-    """The SAGE-protocol reply the assistant message holds (compact, key order fixed)."""
-    return json.dumps({"classification_output": dict(classification), "cot": cot, "now_path": list(now_path),
-                       "finals": dict(finals), "chat": chat}, ensure_ascii=False)
+               cot: str = "", actions: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The SAGE-protocol reply the assistant message holds (compact, key order fixed; `actions`, the
+    actions a procedure's reply reports having carried out, only when there are any)."""
+    reply: dict[str, Any] = {"classification_output": dict(classification), "cot": cot, "now_path": list(now_path),
+                             "finals": dict(finals), "chat": chat}
+    if actions:
+        reply["actions"] = [dict(a) for a in actions]
+    return json.dumps(reply, ensure_ascii=False)
 
 
-def to_record(system: str, exchanges: Sequence[tuple[str, str]], metadata: Mapping[str, Any], fmt: Format) -> dict:
-    """One corpus line: system prompt, then (user, assistant) pairs, plus metadata."""
+def tool_messages(turn: Turn) -> list[dict[str, Any]]:
+    """The OpenAI-format messages of a tool-acting agent's turn, from its stored answers
+    (`Turn.agent_raw`, `agents.tool_turn`): per answer, an assistant message with its text and tool calls,
+    then one `tool` message per call with the backend's result. Call ids are renumbered
+    `call_<turn>_<answer>_<call>` (an agent's own ids are not kept)."""
+    out: list[dict[str, Any]] = []
+    for r, answer in enumerate(json.loads(turn.agent_raw)):
+        if not isinstance(answer, Mapping) or "error" in answer:
+            continue
+        calls: list[dict[str, Any]] = []
+        for i, c in enumerate(answer.get("tool_calls") or []):
+            args = c.get("arguments")
+            calls.append({"id": f"call_{turn.index}_{r}_{i}", "type": "function", "function": {
+                "name": str(c.get("name")),
+                "arguments": args if isinstance(args, str) else json.dumps(args or {}, ensure_ascii=False)}})
+        msg: dict[str, Any] = {"role": "assistant", "content": answer.get("reply") or ""}
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+        for call, result in zip(calls, answer.get("results") or [], strict=False):
+            fn: dict[str, Any] = call["function"]
+            out.append({"role": "tool", "tool_call_id": call["id"], "name": fn["name"],
+                        "content": json.dumps(result, ensure_ascii=False, sort_keys=True)})
+    return out
+
+
+def _sharegpt(message: Mapping[str, Any]) -> list[dict[str, str]]:
+    """ShareGPT turns of one OpenAI message: `gpt` for text, `function_call` for tool calls (one JSON
+    object, or a list when several), `observation` for a tool result (LLaMA-Factory's names)."""
+    if message["role"] == "tool":
+        return [{"from": "observation", "value": str(message["content"])}]
+    out = [{"from": "gpt", "value": str(message["content"])}] if message.get("content") else []
+    calls = [{"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}
+             for c in message.get("tool_calls") or []]
+    if calls:
+        out.append({"from": "function_call", "value": json.dumps(calls[0] if len(calls) == 1 else calls,
+                                                                 ensure_ascii=False)})
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+Exchange = tuple[str, "str | list[dict[str, Any]]"]
+
+
+def to_record(system: str, exchanges: Sequence[Exchange], metadata: Mapping[str, Any], fmt: Format,
+              tools: Sequence[Mapping[str, Any]] | None = None) -> dict:
+    """One corpus line: system prompt, then (user, assistant) pairs — the assistant part a reply's text,
+    or the OpenAI messages of a tool-acting turn (`tool_messages`) — plus metadata, and the `tools` offered
+    (OpenAI: the tool list; ShareGPT: the functions as JSON text, as LLaMA-Factory reads them)."""
     if fmt == "openai":
-        messages = [{"role": "system", "content": system}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
         for user, assistant in exchanges:
-            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-        return {"messages": messages, "metadata": dict(metadata)}
+            messages.append({"role": "user", "content": user})
+            messages += assistant if isinstance(assistant, list) else [{"role": "assistant", "content": assistant}]
+        record: dict[str, Any] = {"messages": messages}
+        if tools is not None:
+            record["tools"] = [dict(t) for t in tools]
+        return {**record, "metadata": dict(metadata)}
     if fmt == "sharegpt":
         conv = [{"from": "system", "value": system}]
         for user, assistant in exchanges:
-            conv += [{"from": "human", "value": user}, {"from": "gpt", "value": assistant}]
-        return {"conversations": conv, "metadata": dict(metadata)}
+            conv.append({"from": "human", "value": user})
+            if isinstance(assistant, list):
+                conv += [turn for m in assistant for turn in _sharegpt(m)]
+            else:
+                conv.append({"from": "gpt", "value": assistant})
+        record = {"conversations": conv}
+        if tools is not None:
+            record["tools"] = json.dumps([t["function"] for t in tools], ensure_ascii=False)
+        return {**record, "metadata": dict(metadata)}
     raise ScoreError(f"unknown corpus format {fmt!r}; use {' or '.join(FORMATS)}")
 
 
@@ -151,30 +224,39 @@ def dialogue_records(run: ScoredRun, turns_of: Any, *, fmt: Format = "openai", m
         if case is None:
             continue
         scenario = run.scenarios.get(case.scenario) or next(iter(run.scenarios.values()))
-        key = f"{scenario.name}\x00{json.dumps(case.system, sort_keys=True, default=str)}"
-        if key not in prompts:
-            prompts[key] = agent_system_prompt(scenario, case.system)
         turns = {t.index: t for t in turns_of(run.dialogues[d].id)}
-        exchanges = []
+        tools = any(t.output is not None and t.output.source == "tools" for t in turns.values())
+        if tools and reference:
+            raise ScoreError(f"--reference rewrites SAGE replies (classification, path, finals), but the agent of "
+                             f"{run.dialogues[d].id} acts through tools: export this run without --reference")
+        key = f"{scenario.name}\x00" + ("tools" if tools else json.dumps(case.system, sort_keys=True, default=str))
+        if key not in prompts:
+            prompts[key] = agent_tools_prompt(scenario) if tools else agent_system_prompt(scenario, case.system)
+        exchanges: list[Exchange] = []
         fallback = 0
         for r in rows:
             t = turns.get(int(run.t_index[r]))
             if t is None or t.output is None:
                 continue
             o = t.output
-            if reference:
+            reply: str | list[dict[str, Any]]
+            if tools:
+                reply = tool_messages(t)
+            elif reference:
                 ref_id = int(run.t_ref[r])
                 if ref_id >= 0:
                     ref = run.refs[ref_id]
                     labels = dict(o.classification_output)
                     cons_labels = _consensus_labels(run, r)
                     labels.update(cons_labels)
-                    reply = agent_json(labels, list(ref.path), ref.finals, o.chat)
+                    reply = agent_json(labels, list(ref.path), ref.finals, o.chat,
+                                       actions=ref.actions if scenario.traced else ())
                 else:
                     fallback += 1
-                    reply = agent_json(case.truth, case.expected_path, case.expected_finals, o.chat)
+                    reply = agent_json(case.truth, case.expected_path, case.expected_finals, o.chat,
+                                       actions=(case.expected_actions or []) if scenario.traced else ())
             else:
-                reply = agent_json(o.classification_output, o.now_path, o.finals, o.chat, o.cot)
+                reply = agent_json(o.classification_output, o.now_path, o.finals, o.chat, o.cot, o.actions)
             exchanges.append((t.user_text, reply))
         if not exchanges:
             stats.skipped_format_error += 1
@@ -187,7 +269,7 @@ def dialogue_records(run: ScoredRun, turns_of: Any, *, fmt: Format = "openai", m
             "language": case.language, "source": stats.source, "reference": reference,
             "scores": _scores(run, d, means),
         }
-        out.append(to_record(prompts[key], exchanges, meta, fmt))
+        out.append(to_record(prompts[key], exchanges, meta, fmt, tool_schemas(scenario) if tools else None))
         stats.written += 1
         stats.turns_written += len(exchanges)
     return out, stats

@@ -1398,8 +1398,12 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
     def per_cluster(mat: np.ndarray) -> np.ndarray:
         return np.add.reduceat(mat[d_idx[order]], starts, axis=0)
 
-    dmat = per_cluster(_dialogue_matrix(run, depth))
+    dsum = _dialogue_matrix(run, depth)
+    dmat = per_cluster(dsum)
     n_turn_cols = 2 * len(TURN_METRICS)
+    # the dialogues (and cases) counted: at one depth, those that reached it (a turn at that depth);
+    # the clusters stay the group's, so a depth slice shares its run's bootstrap draw
+    counted = d_idx[dsum[d_idx, n_turn_cols + _TURN_COUNTS.index("turns")] > 0] if depth_mode else d_idx
     names = [m.name for m in TURN_METRICS]
     cols = [dmat[:, i] for i in range(n_turn_cols)]
     tcounts = {name: float(dmat[:, n_turn_cols + i].sum()) for i, name in enumerate(_TURN_COUNTS)}
@@ -1444,7 +1448,7 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
         counts["cost"] = float(run.d_cost[d_idx].sum())
         tier = cost_tier(res["cost_per_1k"].value, res["tokens_per_1k"].value, bool(counts["cost_known"]), cfg)
     return GroupScore(
-        by=by, key=key, dialogues=int(d_idx.size), cases=int(np.unique(run.d_case[d_idx]).size),
+        by=by, key=key, dialogues=int(counted.size), cases=int(np.unique(run.d_case[counted]).size),
         turns=int(tcounts["turns"]), scored_turns=int(tcounts["scored_turns"]), metrics=res, pass_k=pass_k,
         tau2_pass_k=tau2_pass_k, counts=counts, cost_tier=tier,
     )

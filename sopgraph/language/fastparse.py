@@ -23,43 +23,60 @@ from typing import Any
 from sopgraph.language import ir, scalars
 from sopgraph.language.program import RESERVED, Include, Program, ScenarioHeader, StartDecl, number, unquote
 
-# One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds: n NAME,
-# d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
-_TOKEN = re.compile(r'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
-    (?P<n>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
-   |(?P<d>[0-9]+(?:\.[0-9]+)?)
-   |(?P<l>"""[\s\S]*?""")
-   |(?P<s>"(?:[^"\\\n]|\\.)*")
-   |(?P<o>->|==|!=|<=|>=|\.\.|[<>{}()\[\],:=|?+\-*/])
-)''', re.X)
-_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-_SIMPLE_ARM = re.compile(rf"({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({_NAME})")
-# `when NAME [CMP NUMBER-or-NAME] -> [do] NAME` and `otherwise -> [do] NAME` on one line: the commonest
-# arms of large files, read with one regex (groups: guard name, operator, operand, `do`, target name)
-_WHEN_ARM = re.compile(rf"when[ \t]+({_NAME})(?:[ \t]*(==|!=|<=|>=|<|>)[ \t]*([0-9]+(?:\.[0-9]+)?|{_NAME}))?"
-                       rf"[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
-_OTHERWISE_ARM = re.compile(rf"otherwise()()()[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
+_ASCII_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_ANY_NAME = r"[^\W\d]\w*(?:\.[^\W\d]\w*)*"  # letters of any script, digits, `_` (the grammar's NAME)
 _GOES_ON = frozenset(("->", "(", "{"))  # after a target: steps, arguments or outputs follow
-# Heads of the commonest items, read with one regex each; anything else goes to the token reader.
-_STAGE_HEAD = re.compile(rf'stage[ \t]+({_NAME})[ \t]+("(?:[^"\\\n]|\\.)*")[ \t]*\{{')  # `stage ID "title" {`
-_MATCH_HEAD = re.compile(rf"match[ \t]+({_NAME})[ \t]*\{{")  # `match NAME {`
-# `field|system NAME: TYPE` with TYPE `bool`, `int[lo..hi]`/`float[lo..hi]` (integer bounds) or `A | B | ...`
-_DECL_HEAD = re.compile(rf"(?:field|system)[ \t]+({_NAME})[ \t]*:[ \t]*(?:(bool)(?![A-Za-z0-9_.])"
-                        rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
-                        rf"|({_NAME}(?:[ \t]*\|[ \t]*{_NAME})+))")
-_NAMES = re.compile(_NAME)
-# A whole stage of the commonest shapes, one line per item (third round): the head, then either a `match
-# NAME {` block of `VALUE -> [do] NAME` arms (and an `otherwise` arm) or `when` arms (and an `otherwise`
-# arm), then the closing braces. Each item is one regex starting at the previous item's end: a line
-# break (blanks allowed) first, nothing after it on its line. Anything else (a comment, a text, steps,
-# `up to`, `otherwise when`, an item going on on the next line) puts the reader back (`quick_stage`).
-_Q_NL = r"[ \t]*\n[ \t\n]*"
-_Q_END = r"(?=[ \t]*\n)"
-_Q_MATCH = re.compile(rf"{_Q_NL}match[ \t]+({_NAME})[ \t]*\{{")
-_Q_MATCH_ARM = re.compile(rf"{_Q_NL}({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME}){_Q_END}")
-_Q_WHEN = re.compile(rf"{_Q_NL}{_WHEN_ARM.pattern}{_Q_END}")  # groups as `_WHEN_ARM`'s
-_Q_OTHERWISE = re.compile(rf"{_Q_NL}{_OTHERWISE_ARM.pattern}{_Q_END}")  # groups as `_OTHERWISE_ARM`'s
+
+
+_Q_NL = r"[ \t]*\n[ \t\n]*"  # a line break, blank lines and indentation (whole-stage regexes)
+_Q_END = r"(?=[ \t]*\n)"  # nothing more on the line
 _Q_CLOSE = re.compile(rf"{_Q_NL}\}}")
+
+
+class _Syntax:
+    """The fast path's regexes for one spelling of names. An ASCII file (nearly all) is read with ASCII
+    name classes, a file with any other character with the grammar's own (letters of every script):
+    the Unicode classes cost a few per cent of the parse of a 100k-stage file."""
+
+    def __init__(self, name: str):
+        # One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds:
+        # n NAME, d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
+        self.token = re.compile(rf'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
+            (?P<n>{name})
+           |(?P<d>[0-9]+(?:\.[0-9]+)?)
+           |(?P<l>"""[\s\S]*?""")
+           |(?P<s>"(?:[^"\\\n]|\\.)*")
+           |(?P<o>->|==|!=|<=|>=|\.\.|[<>{{}}()\[\],:=|?+\-*/])
+        )''', re.X)
+        self.simple_arm = re.compile(rf"({name}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({name})")
+        # `when NAME [CMP NUMBER-or-NAME] -> [do] NAME` and `otherwise -> [do] NAME` on one line: the
+        # commonest arms of large files, read with one regex (groups: guard name, operator, operand, `do`,
+        # target name)
+        self.when_arm = re.compile(rf"when[ \t]+({name})(?:[ \t]*(==|!=|<=|>=|<|>)[ \t]*([0-9]+(?:\.[0-9]+)?|{name}))?"
+                                   rf"[ \t]*->[ \t]*(?:(do)[ \t]+)?({name})")
+        self.otherwise_arm = re.compile(rf"otherwise()()()[ \t]*->[ \t]*(?:(do)[ \t]+)?({name})")
+        # Heads of the commonest items, read with one regex each; anything else goes to the token reader.
+        self.stage_head = re.compile(rf'stage[ \t]+({name})[ \t]+("(?:[^"\\\n]|\\.)*")[ \t]*\{{')  # `stage ID "title" {{`
+        self.match_head = re.compile(rf"match[ \t]+({name})[ \t]*\{{")  # `match NAME {{`
+        # `field|system NAME: TYPE` with TYPE `bool`, `int[lo..hi]`/`float[lo..hi]` (integer bounds) or `A | B | ...`
+        self.decl_head = re.compile(rf"(?:field|system)[ \t]+({name})[ \t]*:[ \t]*(?:(bool)(?![\w.])"
+                                    rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
+                                    rf"|({name}(?:[ \t]*\|[ \t]*{name})+))")
+        self.names = re.compile(name)
+        # A whole stage of the commonest shapes, one line per item: the head (`stage_head`), then either
+        # a `match NAME {` block of `VALUE -> [do] NAME` arms (and an `otherwise` arm) or `when` arms (and
+        # an `otherwise` arm), then the closing braces (`_Q_CLOSE`). Each item is one regex starting at the
+        # previous item's end: a line break (blanks allowed) first, nothing after it on its line. Anything
+        # else (a comment, a text, steps, `up to`, `otherwise when`, an item going on on the next line)
+        # puts the reader back (`_Items.quick_stage`).
+        self.q_match = re.compile(rf"{_Q_NL}match[ \t]+({name})[ \t]*\{{")
+        self.q_match_arm = re.compile(rf"{_Q_NL}({name}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*(?:(do)[ \t]+)?({name}){_Q_END}")
+        self.q_when = re.compile(rf"{_Q_NL}{self.when_arm.pattern}{_Q_END}")  # groups as `when_arm`'s
+        self.q_otherwise = re.compile(rf"{_Q_NL}{self.otherwise_arm.pattern}{_Q_END}")  # as `otherwise_arm`'s
+
+
+_ASCII = _Syntax(_ASCII_NAME)
+_ANY_SCRIPT = _Syntax(_ANY_NAME)
 _SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
 _TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
                          "seconds"))
@@ -154,8 +171,8 @@ def _plain_values(values: list[Any]) -> list[Any]:
 
 
 def _arm_ok(m: re.Match[str]) -> bool:
-    """An arm matched by `_WHEN_ARM`/`_OTHERWISE_ARM` the regex may build: no reserved word where a name
-    stands, no huge number (Lark reports those)."""
+    """An arm matched by `_Syntax.when_arm`/`otherwise_arm` the regex may build: no reserved word where a
+    name stands, no huge number (Lark reports those)."""
     guard_name, operand, target_name = m.group(1, 3, 5)
     if target_name in RESERVED or guard_name in RESERVED or operand in RESERVED:
         return False
@@ -168,6 +185,7 @@ class _Reader:
     def __init__(self, text: str, file: str):
         self.text = text
         self.file = file
+        self.syntax = _ASCII if text.isascii() else _ANY_SCRIPT
         self.newlines = [m.start() for m in re.finditer("\n", text)]
         self.nowhere = ir.make_span(file, 0, 0, 0, 0)  # the span of a rule without positioned children
         self.e = 0
@@ -177,7 +195,7 @@ class _Reader:
 
     # -- tokens
     def advance(self) -> None:
-        m = _TOKEN.match(self.text, self.e)
+        m = self.syntax.token.match(self.text, self.e)
         if m is None:
             end = _SKIP.match(self.text, self.e).end()  # type: ignore[union-attr] # always matches
             if end < len(self.text):
@@ -654,13 +672,13 @@ class _Items(_Exprs):
         return mk(ir.Variable, name=name, role=role, span=span, **kw)
 
     def quick_decl(self) -> tuple[str, ir.Span, Any] | None:
-        """`field|system NAME: TYPE` of the commonest one-line shapes (`_DECL_HEAD`): its name, span and
+        """`field|system NAME: TYPE` of the commonest one-line shapes (`_Syntax.decl_head`): its name, span and
         type, as the token reader builds them; None for anything else (the token reader takes it)."""
-        m = _DECL_HEAD.match(self.text, self.s)
+        m = self.syntax.decl_head.match(self.text, self.s)
         if m is None or m.group(1) in RESERVED:
             return None
         enum = m.group(6)
-        values = [intern(v) for v in _NAMES.findall(enum)] if enum else []
+        values = [intern(v) for v in self.syntax.names.findall(enum)] if enum else []
         if any(v in RESERVED for v in values):
             return None
         saved = (self.k, self.v, self.s, self.e)
@@ -731,7 +749,7 @@ class _Items(_Exprs):
         quick = self.quick_stage()
         if quick is not None:
             return quick
-        m = _STAGE_HEAD.match(self.text, self.s)
+        m = self.syntax.stage_head.match(self.text, self.s)
         if m is not None and m.group(1) not in RESERVED:
             name, span, title = intern(m.group(1)), self.span_at(m.start(1), m.end(1)), unquote(m.group(2))
             self.e = m.end()
@@ -781,20 +799,20 @@ class _Items(_Exprs):
         branches: list[Any] = []
         while self.at("when") or self.at("otherwise"):
             if self.at("when"):
-                branches.append(self.quick_arm(_WHEN_ARM, ordered=False) or self.when_arm(ordered=False))
+                branches.append(self.quick_arm(self.syntax.when_arm, ordered=False) or self.when_arm(ordered=False))
                 continue
             saved = (self.k, self.v, self.s, self.e)
             self.advance()
             if self.at("when"):
-                branches.append(self.quick_arm(_WHEN_ARM, ordered=True) or self.when_arm(ordered=True))
+                branches.append(self.quick_arm(self.syntax.when_arm, ordered=True) or self.when_arm(ordered=True))
                 continue
             self.k, self.v, self.s, self.e = saved
-            branches.append(self.quick_arm(_OTHERWISE_ARM) or self.otherwise_arm())
+            branches.append(self.quick_arm(self.syntax.otherwise_arm) or self.otherwise_arm())
             break
         return {"kind": "when", "branches": branches}
 
     def quick_arm(self, pattern: re.Pattern[str], *, ordered: bool = False) -> Any | None:
-        """A `when` or `otherwise` arm of the commonest one-line shapes (`_WHEN_ARM`, `_OTHERWISE_ARM`),
+        """A `when` or `otherwise` arm of the commonest one-line shapes (`_Syntax.when_arm`, `_Syntax.otherwise_arm`),
         read with one regex and built as the token reader builds it (same nodes, same spans); None
         when the arm is anything else, or goes on after its target (the token reader takes it)."""
         m = pattern.match(self.text, self.s)
@@ -809,7 +827,7 @@ class _Items(_Exprs):
         return self.arm_nodes(m, ordered)
 
     def arm_nodes(self, m: re.Match[str], ordered: bool) -> Any:
-        """The branch of an arm matched by `_WHEN_ARM`/`_OTHERWISE_ARM` (or `_Q_WHEN`/`_Q_OTHERWISE`)."""
+        """The branch of an arm matched by `_Syntax.when_arm`/`otherwise_arm` (or `q_when`/`q_otherwise`)."""
         guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
         nl = self.newlines
         i = bisect_left(nl, m.start(5))
@@ -833,14 +851,14 @@ class _Items(_Exprs):
                        span=_make_span(file, line, col, line, target_span.end_col))
 
     def quick_stage(self) -> Any | None:
-        """A whole stage of the commonest shapes (`_STAGE_HEAD`, then `_Q_MATCH` and `_Q_MATCH_ARM`s or
-        `_Q_WHEN`s, an `_Q_OTHERWISE`, `_Q_CLOSE`s), one regex per line, built as the token reader builds
+        """A whole stage of the commonest shapes (`_Syntax.stage_head`, then `q_match` and `q_match_arm`s or
+        `q_when`s, a `q_otherwise`, `_Q_CLOSE`s), one regex per line, built as the token reader builds
         it (same nodes, same spans); None for anything else: the token reader takes the stage."""
         text = self.text
-        m = _STAGE_HEAD.match(text, self.s)
+        m = self.syntax.stage_head.match(text, self.s)
         if m is None or m.group(1) in RESERVED:
             return None
-        head = _Q_MATCH.match(text, m.end())
+        head = self.syntax.q_match.match(text, m.end())
         subject = None
         if head is not None:
             if head.group(1) in RESERVED:
@@ -863,7 +881,7 @@ class _Items(_Exprs):
 
     def quick_otherwise(self, branches: list[Any], pos: int) -> tuple[list[Any], int] | None:
         """`branches` with an `otherwise -> [do] NAME` line at `pos` (if one is there), and where they end."""
-        o = _Q_OTHERWISE.match(self.text, pos)
+        o = self.syntax.q_otherwise.match(self.text, pos)
         if o is None:
             return branches, pos
         if not _arm_ok(o):
@@ -874,7 +892,7 @@ class _Items(_Exprs):
     def quick_when_arms(self, pos: int) -> tuple[list[Any], int] | None:
         """The `when` lines of a quick stage (and its `otherwise` line), and where they end."""
         branches: list[Any] = []
-        while (a := _Q_WHEN.match(self.text, pos)) is not None:
+        while (a := self.syntax.q_when.match(self.text, pos)) is not None:
             if not _arm_ok(a):
                 return None
             branches.append(self.arm_nodes(a, False))
@@ -887,7 +905,7 @@ class _Items(_Exprs):
         """The arms of a quick stage's `match` block up to its closing brace, and where they end."""
         text, file, nl, nowhere = self.text, self.file, self.newlines, self.nowhere
         branches: list[Any] = []
-        while (a := _Q_MATCH_ARM.match(text, pos)) is not None:
+        while (a := self.syntax.q_match_arm.match(text, pos)) is not None:
             value, do, target_name = a.group(1, 2, 3)
             if target_name in RESERVED or len(value) > 300:
                 return None
@@ -944,7 +962,7 @@ class _Items(_Exprs):
         return value
 
     def match_block(self) -> dict[str, Any]:
-        m = _MATCH_HEAD.match(self.text, self.s)
+        m = self.syntax.match_head.match(self.text, self.s)
         if m is not None and m.group(1) not in RESERVED:
             subject = _var(name=intern(m.group(1)), span=self.span_at(m.start(1), m.end(1)))
             self.e = m.end()
@@ -973,14 +991,14 @@ class _Items(_Exprs):
         if not branches:
             raise _Bail
         if self.at("otherwise"):
-            branches.append(self.quick_arm(_OTHERWISE_ARM) or self.otherwise_arm())
+            branches.append(self.quick_arm(self.syntax.otherwise_arm) or self.otherwise_arm())
         self.expect("}")
         return {"kind": "match", "subject": subject, "branches": branches}
 
     def simple_arm(self) -> tuple[list[Any], Any] | None:
         """`VALUE -> stage` on one line, read with one regex (the commonest arm of large files); None
         when the arm is anything else (the token-by-token reader takes it)."""
-        m = _SIMPLE_ARM.match(self.text, self.s)
+        m = self.syntax.simple_arm.match(self.text, self.s)
         if m is None:
             return None
         value, stage = m.group(1, 2)

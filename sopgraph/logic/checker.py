@@ -24,7 +24,15 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.language.compile import START, topology
-from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
+from sopgraph.language.diagnostics import (
+    Diagnostic,
+    SopError,
+    did_you_mean,
+    error,
+    mark_text_values,
+    sort_key,
+    warning,
+)
 from sopgraph.language.fastparse import mk
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
@@ -401,7 +409,26 @@ class _Typer(ScalarTyping):
         return t
 
     # -- expectations
+    def declared_type(self, name: str) -> Any:
+        """The declared type of a field or system variable `name` (None for anything else)."""
+        var = self.s.variables.get(name)
+        return None if var is None or var.role == "derived" else var.type
+
+    def plainly_bool(self, e: Any) -> bool:
+        """Whether `e` is, by its exact shape, a condition with nothing to report: a bool variable, or
+        a number variable compared with a number (most guards of a large file; `infer` would build a
+        type for each node and find nothing)."""
+        kind = type(e)
+        if kind is ir.Var:
+            return type(self.declared_type(e.name)) is ir.BoolType
+        if kind is ir.Compare and type(e.left) is ir.Var and type(e.right) is ir.Lit:
+            value = e.right.value
+            return (type(value) is int or type(value) is float) and type(self.declared_type(e.left.name)) is ir.NumType
+        return False
+
     def expect_bool(self, e: Any, what: str) -> None:
+        if self.plainly_bool(e):
+            return
         t = self.infer(e)
         if isinstance(t, _Sym):
             self.undefined(t, "as a condition")
@@ -720,6 +747,8 @@ class _Typer(ScalarTyping):
 
     def membership(self, subject: Any, st: _Ty, values: list[ir.Lit], what: str) -> None:
         """Values of a `match` arm or an `in { ... }` set against the subject's type."""
+        if _plain_members(st, values):
+            return
         if isinstance(st, _Sym):
             self.undefined(st, f"as the subject of {what}")
             return
@@ -813,6 +842,17 @@ def _typer(scenario: ir.Scenario) -> _Typer:
     return typer
 
 
+def _plain_members(st: _Ty, values: list[ir.Lit]) -> bool:
+    """Whether every value is, by its exact type, one of the enum `st`'s values (a string) or a bool
+    for the bool `st`: what `membership` accepts without a word (most match arms of a large file)."""
+    if type(st) is ir.EnumType:
+        allowed = st.values
+        return all(type(lit) is ir.Lit and type(lit.value) is str and lit.value in allowed for lit in values)
+    if type(st) is ir.BoolType:
+        return all(type(lit) is ir.Lit and type(lit.value) is bool for lit in values)
+    return False
+
+
 def condition_type_errors(scenario: ir.Scenario, condition: Any) -> list[Diagnostic]:
     """Type errors (E201) of one condition written outside the program (a profile intent's `when:` or
     `requires:`), as the checker reports them in guards: a date compared with a number, a string
@@ -852,6 +892,8 @@ def check_types(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
                 if branch.guard is not None:
                     typer.expect_bool(branch.guard, "the condition")
         for branch in stage.branches:
+            if not branch.target.outputs:
+                continue
             for assign in branch.target.outputs:
                 declared_output = scenario.outputs.get(assign.name)
                 if declared_output is None:
@@ -1157,8 +1199,13 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
     reachable = set(order)
     for sid, stage in scenario.stages.items():
         if sid not in reachable:
+            hint = "route a branch to it, or delete it"
+            if "." in sid:  # a subflow copy: the `use` is what to route to (or start with)
+                instance = sid.split(".")[0]
+                hint = (f"route a branch to `{instance}`, or write `start {instance}` to begin the procedure "
+                        f"with it (without `start`, the entry is the first `stage` of the main file)")
             out.append(warning("W302", f"stage `{sid}` is unreachable from the entry `{scenario.start}`",
-                               stage.span, "route a branch to it, or delete it"))
+                               stage.span, hint))
     return out
 
 
@@ -1391,7 +1438,9 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
             found.append(error("E001", "the program is nested too deeply to check", scenario.span,
                                "split very long or deeply nested expressions into derived variables"))
             break
-    return sorted(_dedupe(found), key=sort_key)
+    found = sorted(_dedupe(found), key=sort_key)
+    mark_text_values(found, frozenset(n for n, v in scenario.variables.items() if isinstance(v.type, ir.StringType)))
+    return found
 
 
 check_scenario = check  # `load` takes a `check` flag, so it reaches the passes by this name

@@ -484,9 +484,12 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
         " (asking before acting)" if asking else "")
     finals = dict(w.finals) if w.finals is not None else {}
     known.asking = asking
+    # the actions the walk carried out (its trace for the scores); the final one only once it is taken
+    actions = w.actions[:-1] if w.finals is not None and asking else list(w.actions)
     output = None if raw_error is not None else AgentOutput(classification_output=fields, cot=cot,
-                                                           now_path=w.path, finals=finals, chat=chat)
-    raw = raw_error if raw_error is not None else output_json(fields, w.path, finals, chat, cot)
+                                                           now_path=w.path, finals=finals, chat=chat,
+                                                           actions=actions)
+    raw = raw_error if raw_error is not None else output_json(fields, w.path, finals, chat, cot, actions)
     usage = Usage(calls=len(calls), cost_known=all(c.cost_known for c in calls),
                   prompt_tokens=sum(c.usage.prompt_tokens for c in calls),
                   completion_tokens=sum(c.usage.completion_tokens for c in calls),

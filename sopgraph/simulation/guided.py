@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sopgraph.language import ir
-from sopgraph.logic.engine import DecideError, Interpreter, leaf_finals, max_steps, validate_value
+from sopgraph.logic.engine import (
+    DecideError,
+    Interpreter,
+    export_value,
+    leaf_finals,
+    max_steps,
+    validate_value,
+)
 from sopgraph.simulation.providers import guided_inner
 
 __all__ = ["GuidedState", "Walk", "accept_values", "guided_inner", "open_classified", "output_json", "walk"]
@@ -37,13 +44,16 @@ __all__ = ["GuidedState", "Walk", "accept_values", "guided_inner", "open_classif
 
 @dataclass
 class Walk:
-    """Where the SOP stands on the known values: the stages walked (the waiting stage last), and either
-    the finals of the leaf reached or the stage waiting for `missing`."""
+    """Where the SOP stands on the known values: the stages walked (the waiting stage last), the actions
+    carried out on the way (`do A(args) -> next`, with their arguments, as the engine's trace has them;
+    at a leaf the final action last), and either the finals of the leaf reached or the stage waiting for
+    `missing`."""
     path: list[str]
     stage: str | None = None
     missing: str | None = None
     finals: dict[str, Any] | None = None
     error: str | None = None
+    actions: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -76,12 +86,13 @@ def walk(scenario: ir.Scenario, known: Mapping[str, Any]) -> Walk:
     step limit as the engine)."""
     it = Interpreter(scenario, known)
     path: list[str] = []
+    actions: list[dict[str, Any]] = []
     fired: dict[tuple[str, int], int] = {}
     stage_id: str | None = scenario.start
     for _ in range(max_steps(scenario)):
         stage = scenario.stages.get(stage_id or "")
         if stage is None:
-            return Walk(path, error=f"undefined stage `{stage_id}`")
+            return Walk(path, error=f"undefined stage `{stage_id}`", actions=actions)
         path.append(stage.id)
         it.stage = stage.id
         if stage.observe:
@@ -89,15 +100,28 @@ def walk(scenario: ir.Scenario, known: Mapping[str, Any]) -> Walk:
         try:
             chosen = _choose(it, stage, fired)
             if chosen is None:
-                return Walk(path, stage=stage.id, error=f"no branch of `{stage.id}` applies to these values")
+                return Walk(path, stage=stage.id, error=f"no branch of `{stage.id}` applies to these values",
+                            actions=actions)
+            steps = [_call(it, c.action, c.args) for c in chosen.target.steps]
             if chosen.target.kind == "action":
-                return Walk(path, stage=stage.id, finals=leaf_finals(scenario, chosen.target, it.eval, stage.id))
+                finals = leaf_finals(scenario, chosen.target, it.eval, stage.id)
+                final = _call(it, chosen.target.action or "", chosen.target.args)
+                return Walk(path, stage=stage.id, finals=finals, actions=[*actions, *steps, final])
         except DecideError as exc:
             if exc.variable is not None and exc.variable not in known:
-                return Walk(path, stage=stage.id, missing=exc.variable)
-            return Walk(path, stage=stage.id, error=exc.message)
+                return Walk(path, stage=stage.id, missing=exc.variable, actions=actions)
+            return Walk(path, stage=stage.id, error=exc.message, actions=actions)
+        actions += steps
         stage_id = chosen.target.stage
-    return Walk(path, error="the SOP loops")
+    return Walk(path, error="the SOP loops", actions=actions)
+
+
+def _call(it: Interpreter, name: str, args: list[ir.OutputAssign]) -> dict[str, Any]:
+    """One action carried out, `{"name", "args"}`, its arguments evaluated now and reported as the
+    engine's trace reports them (`Decision.actions`)."""
+    action = it.s.actions.get(name)
+    types = {p.name: p.type for p in action.params} if action is not None else {}
+    return {"name": name, "args": {a.name: export_value(types.get(a.name), it.eval(a.value)) for a in args}}
 
 
 def _choose(it: Interpreter, stage: ir.Stage, fired: dict[tuple[str, int], int]) -> ir.Branch | None:
@@ -127,7 +151,11 @@ def accept_values(scenario: ir.Scenario, values: Mapping[str, Any], askable: set
 
 
 def output_json(classification: Mapping[str, Any], path: list[str], finals: Mapping[str, Any], chat: str,
-                cot: str) -> str:
-    """The turn as the agent's raw reply (SAGE keys), for transcripts and corpora."""
-    return json.dumps({"classification_output": dict(classification), "cot": cot, "now_path": path,
-                       "finals": dict(finals), "chat": chat}, ensure_ascii=False)
+                cot: str, actions: list[dict[str, Any]] | None = None) -> str:
+    """The turn as the agent's raw reply (SAGE keys; `actions` when the procedure has carried any out),
+    for transcripts and corpora."""
+    out: dict[str, Any] = {"classification_output": dict(classification), "cot": cot, "now_path": path,
+                           "finals": dict(finals), "chat": chat}
+    if actions:
+        out["actions"] = actions
+    return json.dumps(out, ensure_ascii=False)

@@ -745,6 +745,11 @@ def first_person(description: str) -> str:
     if k < len(words) and (words[k].lower() in _MAIN_VERBS or words[k].lower() in ("is", "has")):
         return _verb_clause(words) + "."
     cut = next((i for i, w in enumerate(words[:7]) if w.lower().strip(",") in _SUBJECTS), None)
+    brk = next((i for i, w in enumerate(words[:-1]) if w.endswith((";", ":"))), None)
+    if brk is not None and (cut is None or cut > brk):
+        # "A storm flooded the attic; the caller is furious…": the customer is the subject of the second
+        # clause only: the first stays as it is (it does not name them), the second is theirs
+        return f"{' '.join(words[:brk + 1])} {first_person(' '.join(words[brk + 1:]))}"
     if cut is None:
         phrase = _rest_first_person([text[0].lower() + text[1:]])
         if "complaint" in (w.lower().strip(",") for w in words[:4]):

@@ -35,6 +35,7 @@ import ctypes
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -44,6 +45,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
@@ -376,6 +378,11 @@ async def run(
         except StoreError as exc:
             raise RunError(str(exc)) from None
         roles = _roles_from_meta(meta.get("models") or {})
+        try:
+            _check_agent(roles, scenario)
+        except RunError:
+            store.close()
+            raise
         if preflight:
             try:
                 roles, notes = await _preflight(roles, gateway, config.get("gateway") or {}, workers)
@@ -405,6 +412,7 @@ async def run(
         except ValueError as exc:
             raise RunError(str(exc)) from None
         gateway_options = dict(gateway_options or {})
+        _check_agent(roles, scenario)  # a python: agent that does not load: refused before anything is created
         if structured and roles.agent is not None and not roles.agent.structured:
             roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
         notes = []
@@ -439,13 +447,7 @@ async def run(
                      tool_version=TOOL_VERSION)
             for c in cases for t in range(trials)
         )
-    if roles.agent is None:
-        raise RunError("no agent model: pass --model agent=PROVIDER/MODEL")
-    if agent_kind(roles.agent.model) in ("python", "tools"):
-        try:
-            ToolAgent(roles.agent.model, scenario, model_spec=roles.agent)
-        except AgentError as exc:
-            raise RunError(str(exc)) from None
+    assert roles.agent is not None  # _check_agent
     if structured and not roles.agent.structured:
         roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
     selfpref = _self_preference(roles)
@@ -457,6 +459,40 @@ async def run(
                               started=started, warnings=warnings, selfpref=selfpref, workers=workers)
     finally:
         store.close()
+
+
+def _check_agent(roles: RoleSet, scenario: ir.Scenario) -> None:
+    """RunError when there is no agent, or a `python:`/`tools:` agent cannot be set up (a module or
+    function that does not load)."""
+    if roles.agent is None:
+        raise RunError("no agent model: pass --model agent=PROVIDER/MODEL")
+    if agent_kind(roles.agent.model) in ("python", "tools"):
+        try:
+            ToolAgent(roles.agent.model, scenario, model_spec=roles.agent)
+        except AgentError as exc:
+            raise RunError(str(exc)) from None
+
+
+def _http_agent_problem(roles: RoleSet, timeout: float = 5.0) -> str | None:
+    """For an HTTP agent: None when a TCP connection to its host and port opens, else one line saying
+    why not. Why: an agent server that is not running made every dialogue an infrastructure failure (a
+    run directory full of them, exit 3); the preflight checks the litellm models, and this the agent.
+    A blocking connect (before the run starts), so that no resolver thread is left in a process that
+    forks workers."""
+    url = roles.agent.model if roles.agent is not None else ""
+    if agent_kind(url) != "http":
+        return None
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        return f"agent {url}: {exc}"
+    try:
+        socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
+    except OSError as exc:
+        why = str(exc) or type(exc).__name__
+        return f"agent {url}: cannot connect to {parts.hostname}:{port} ({why}); is the agent server running?"
+    return None
 
 
 def _litellm_specs(roles: RoleSet) -> list[ModelSpec]:
@@ -480,7 +516,11 @@ async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
     """Check every distinct non-built-in model with one call; (roles, notes) or `RunError` (one line).
 
     With worker processes to fork, the check runs in a forked child of its own: this process then
-    holds no HTTP client or thread, so the workers can still be forked (see `_mp_context`)."""
+    holds no HTTP client or thread, so the workers can still be forked (see `_mp_context`). An HTTP
+    agent is checked first, by connecting to it (`_http_agent_problem`)."""
+    problem = _http_agent_problem(roles)
+    if problem is not None:
+        raise RunError(f"model check failed, nothing was run: {problem}")
     if not _litellm_specs(roles):
         return roles, []
     if workers > 1 and gateway is None and _mp_context().get_start_method() == "fork":
