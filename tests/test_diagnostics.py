@@ -25,3 +25,25 @@ def test_rendering_points_at_the_line_and_columns() -> None:
     assert diag.render({"f.sop": text}, split=cache) == (
         "f.sop:3:8: error[E101]: undefined stage `t`\n   3 |     -> t\n" + " " * 14 + "^")
     assert list(cache) == ["f.sop"]  # the file's lines are kept for the next diagnostic
+
+
+def test_example_values_are_shown_as_an_input_writes_them() -> None:
+    """A missing optional value is `null` (not Python's `None`); a bool is `true`; free text is quoted only
+    for the keys the checker marks as text, so an enum value stays bare."""
+    from sopgraph.language.diagnostics import Diagnostic, mark_text_values
+
+    d = Diagnostic(code="W301", severity="warning", message="m",
+                   witness={"Due": None, "Vip": True, "Kind": "Gold", "Ref": "text"})
+    assert "Due=null, Vip=true, Kind=Gold, Ref=text" in d.render()
+    mark_text_values([d], frozenset({"Ref"}))
+    assert "Due=null, Vip=true, Kind=Gold, Ref=\"text\"" in d.render()
+
+
+def test_carets_line_up_under_wide_characters() -> None:
+    """A CJK character takes two terminal columns: the caret goes under the character, not a column early."""
+    from sopgraph.language.diagnostics import Diagnostic
+    from sopgraph.language.ir import Span
+
+    d = Diagnostic(code="E005", severity="error", message="m", span=Span(file="f", line=1, col=9, end_line=1, end_col=10))
+    lines = d.render({"f": "field 意图： A | B"}).splitlines()
+    assert lines[2] == " " * (len("   1 | field ") + 4) + "^^"  # 意图: four columns; ：itself two

@@ -254,3 +254,27 @@ def test_one_line_heads_read_by_regex_build_the_token_readers_nodes() -> None:
         fastparse._Items.quick_decl = real  # type: ignore[method-assign]
     assert program is not None and fragments == []
     assert taken == ["A", "B", "D", "E", "N", "M", "P"]
+
+
+UNICODE_NAMES = '''scenario 退款 "电商退款"
+field 意图: 退款 | 换货 | 咨询 "意图"
+field Größe: Klein | Groß
+system Ταχύτητα: int[0..10]
+action 办理退款 "办理"
+action Закрыть "закрыть"
+stage 第一步 "分类" {
+    when 意图 == 退款 and Ταχύτητα > 3 -> do 办理退款
+    when Größe == Groß -> 第二步
+    otherwise -> do Закрыть
+}
+stage 第二步 { match 意图 { 退款 -> do 办理退款  换货, 咨询 -> do Закрыть } }
+'''
+
+
+def test_names_in_any_script_parse_the_same() -> None:
+    """Names are letters of any script (CJK, Greek, Cyrillic, accented Latin), digits and `_`: both the
+    fast path and Lark read them, into the same program; a digit still cannot start a name."""
+    assert_same(UNICODE_NAMES)
+    program, fragments = fast_items(UNICODE_NAMES)
+    assert program is not None and fragments == []
+    assert_same(UNICODE_NAMES.replace("第二步 {", "2步 {"))  # a syntax error on both paths, alike

@@ -176,6 +176,8 @@ def test_conditions_on_disjoint_inputs_are_decided_one_group_at_a_time() -> None
     assert isinstance(w["Recent"], list)  # the list whole, though the route reads only some of its fields
     assert trace(sc, w)[0] == ["window", "ref", "fraud"]
     assert interpret(sc, w).finals["Action"] == "Block"
+    shown = diags[0].render()  # free text quoted (an enum value stays bare), a list as JSON
+    assert f'Reference="{w["Reference"]}"' in shown and "Mood=Angry" in shown and "Recent=[" in shown
 
 
 def test_w301_only_when_reachable_together() -> None:
@@ -276,3 +278,67 @@ def test_flow_is_skipped_with_a_note_on_programs_too_large_to_analyse() -> None:
     assert sc is not None
     diags = flow_diagnostics(sc)
     assert [d.code for d in diags] == ["I301"] and diags[0].severity == "info"
+
+
+MISSING_THEN_READ = """
+scenario s "s"
+field Hardship: bool "h"
+system PriorPlans: int[0..5] "p"
+system LastPayment: date? "last payment"
+action Refuse "r"
+action Human "h" [escalation]
+action Plan "p"
+let DaysSince = days_between(LastPayment, now)
+stage plan "Payment plan" {
+    when PriorPlans >= 3 -> do Refuse
+    otherwise when missing(LastPayment) -> do Human
+    when DaysSince > 90 and not Hardship -> do Refuse
+    otherwise -> do Plan
+}
+"""
+
+
+def test_a_read_of_a_value_known_missing_is_empty_not_undecided() -> None:
+    """Whether `DaysSince > 90` overlaps the earlier `missing(LastPayment)`: with the value missing
+    the engine refuses the read, so no values take both. The search could not show it (`now` has
+    unbounded candidates) and the solver does not model absence: this was an I302 at the scenario's
+    name ("2 feasibility questions stayed undecided")."""
+    diags = sopgraph_check(load_source(None, text=MISSING_THEN_READ).scenario)
+    assert [d.code for d in diags] == [], [d.message for d in diags]
+
+
+def test_strict_reads_skip_what_evaluation_may_skip() -> None:
+    from sopgraph.logic.domain import strict_reads
+
+    sc = load_source(None, text=MISSING_THEN_READ).scenario
+    assert sc is not None
+    guards = [b.guard for b in sc.stages["plan"].branches]
+    assert strict_reads(sc, guards[0]) == {"PriorPlans"}
+    assert strict_reads(sc, guards[1]) == frozenset()  # `missing(X)` reads no value
+    assert strict_reads(sc, guards[2]) == {"LastPayment", "now"}  # `not Hardship` may be skipped
+
+
+UNDECIDED = """
+scenario s "s"
+system Ref: string "a reference"
+system Code: string "a code"
+action A "a"
+action B "b"
+stage first "first" {
+    -> second
+}
+stage second "second" {
+    when Ref matches "(?>ab)c" -> do A
+    otherwise -> do B
+}
+"""
+
+
+def test_i302_names_the_open_question_and_where_it_arose() -> None:
+    """An undecided feasibility question (a pattern the example generator cannot build, which the solver
+    does not model) is reported at the stage where it arose, with its condition, instead of at the
+    scenario's name with the conditions kept whole for another reason."""
+    diags = sopgraph_check(load_source(None, text=UNDECIDED).scenario)
+    (note,) = [d for d in diags if d.code == "I302"]
+    assert note.span.line == 10, note.span  # `stage second`
+    assert any('undecided: `Ref matches "(?>ab)c"`' in n for n in note.notes), note.notes

@@ -134,7 +134,7 @@ def test_reserved_word_used_as_a_name(text: str, word: str) -> None:
     (HEAD + "stage s { when Vip && Vip -> do Help otherwise -> do Wait }", "`&`"),
     ("action Help 'h'\n", "`'`"),
     (HEAD + "stage s { -> do Help; }", "`;`"),
-    ("field Ä: A | B\n", "`Ä`"),
+    ("field Ä： A | B\n", "`：`"),  # `Ä` is a letter (names take any script); the full-width colon is not ASCII
     ("field A\x00: A | B\n", "U+0000"),
     ("field A: B | C\n\u00a0", "U+00A0"),
 ])
@@ -232,3 +232,19 @@ def test_keywords_list_matches_the_grammar() -> None:
     literal = {t.pattern.value for t in parser().terminals if t.pattern.type == "str"}
     words = {w for w in literal if w.isalpha()}
     assert words <= set(KEYWORDS) | set(CONTEXT_KEYWORDS)
+
+
+def test_a_program_written_with_chinese_names_checks_and_decides() -> None:
+    """SOP owners write names in their own language: `field 意图: 退款 | 换货`, `stage 第一步`."""
+    import json
+
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    path = Path(__file__).parent / "data" / "unicode_names.sop"
+    checked = CliRunner().invoke(main, ["check", str(path)])
+    assert checked.exit_code == 0 and "0 errors, 0 warnings" in checked.output, checked.output
+    decided = CliRunner().invoke(main, ["decide", str(path)],
+                                 input=json.dumps({"意图": "退款", "订单状态": "未发货", "金额": 100}, ensure_ascii=False))
+    assert json.loads(decided.output) == {"path": ["第一步", "第二步"], "finals": {"Action": "办理退款"}}

@@ -441,3 +441,17 @@ def test_constraints_on_strings_quote_their_constants() -> None:
     wheres = [p.constraints.get("where", "") for p in iter_paths(sc)]
     assert 'Channel in {"web", "app"}' in wheres[0] and "Web" not in wheres[0]
     assert any('not (Channel in {"web", "app"})' in w for w in wheres)
+
+
+def test_constraints_keep_how_variables_combine() -> None:
+    """`otherwise` after `Days > 90 and not Hardship` is "Days <= 90, or Hardship": the per-variable union
+    of its two boxes said nothing at all about Hardship or Days (each union is the whole domain), which
+    read as "no constraint" in `sop paths` and in generated intent descriptions."""
+    loaded = load_source(None, text='field Hardship: bool "h"\nsystem Days: int[0..365] "d"\naction A "a"\n'
+                                    'action B "b"\nstage s {\n when Days > 90 and not Hardship -> do A\n'
+                                    ' otherwise -> do B\n}\n')
+    sc = loaded.scenario
+    assert sc is not None
+    refuse, plan = iter_paths(sc)
+    assert refuse.constraints == {"Hardship": "false", "Days": ">= 91"}
+    assert plan.constraints == {"where": "(Days <= 90) or (Hardship = true and Days >= 91)"}

@@ -369,3 +369,37 @@ def test_run_start_validation_takes_one_value_per_look() -> None:
     assert any("is not a list" in p for p in case_problems(s, bare))
     wrong = good.model_copy(update={"system": {"Fixed": [False, "yes"]}})
     assert any("(look 2)" in p for p in case_problems(s, wrong))
+
+
+VERIFY = """
+field Vip: bool "v"
+system Amount: int[0..1000] "a"
+system IdentityOk: bool "whether the identity check passed"
+action SendCode "send a code"
+action Fail "fail" [ends_dialogue]
+action Big "big"
+action Small "small"
+stage verify "Identity" {
+    observe IdentityOk
+    when IdentityOk -> pay
+    when not IdentityOk -> do SendCode -> verify up to 2 times
+    otherwise -> do Fail
+}
+stage pay "Pay" {
+    when Vip -> do Big
+    when Amount > 100 -> do Small
+    otherwise -> do Big
+}
+"""
+
+
+def test_examples_give_only_the_looks_their_path_takes() -> None:
+    """The W301 example reaches `pay` after one look: `IdentityOk=[true]`, not the three looks the
+    unrolled form has variables for (which read as if later looks mattered)."""
+    sc = load_source(None, text=VERIFY).scenario
+    assert sc is not None
+    (w301,) = [d for d in check(sc) if d.code == "W301"]
+    assert w301.witness["IdentityOk"] == [True]
+    assert paths.used_looks(sc, {"IdentityOk": [False, True, False], "Vip": True}) == {
+        "IdentityOk": [False, True], "Vip": True}
+    assert paths.used_looks(sc, {"IdentityOk": [True, True]}, stages=[]) == {}  # a path that never looks

@@ -344,6 +344,72 @@ variables:
     assert {c.system["NightlyRate"] for c in cases if c.system["NightlyRate"] <= 1000} <= {89, 149, 320}
 
 
+
+def test_profile_values_of_text_and_dates_are_used_on_paths_that_read_them() -> None:
+    """A path that tests a pattern on a text (or a date window) used to take the witness's made-up
+    `"00000000"` whatever the profile listed; listed values that the path allows are used, and a listed
+    value the pattern refuses goes to the path that refuses it."""
+    scenario = sopgraph.load(text="""scenario acct "Accounts"
+field Kind: Ask | Dispute "what"
+system AccountId: string "the account number"
+action Answer "answer"
+action Check "check the account"
+action Human "hand over" [escalation]
+stage s1 "Kind" { match Kind { Ask -> do Answer  Dispute -> s2 } }
+stage s2 "Account" {
+    when AccountId matches "[0-9]{8}" -> do Check
+    otherwise -> do Human
+}
+""")
+    text = """scenario: acct
+intents:
+  dispute: {description: disputes a bill, intensity: zero, requires: {Kind: Dispute}}
+variables:
+  AccountId: {values: ["12345678", "A-99"]}
+"""
+    profile, diags = parse_profile(text, scenario, file="acct.profile.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    cases = synthesize(scenario, profile, 12, seed=1).cases
+    by_action = {(c.expected_finals["Action"], c.system["AccountId"]) for c in cases if c.truth["Kind"] == "Dispute"}
+    assert by_action == {("Check", "12345678"), ("Human", "A-99")}
+
+
+
+PAYMENT = """scenario pay "Payments"
+field Kind: Plan | Ask "what"
+system LastPayment: date "the last payment"
+action Answer "answer"
+action Offer "offer a plan"
+action Refuse "refuse"
+stage s1 "Kind" { match Kind { Ask -> do Answer  Plan -> s2 } }
+stage s2 "Recent" {
+    when days_between(LastPayment, now) > 90 -> do Refuse
+    otherwise -> do Offer
+}
+"""
+
+
+def test_now_follows_the_dates_a_profile_lists() -> None:
+    """With listed dates and no `now`, `now` used to stay at the example search's 2026-01-15, before the
+    payments the profile lists: cases about a payment "in the future". It is now a day after the latest
+    listed date wherever the path allows (both outcomes still get cases); a listed `now` is kept."""
+    scenario = sopgraph.load(text=PAYMENT)
+    text = """scenario: pay
+intents:
+  plan: {description: wants a plan, intensity: zero, requires: {Kind: Plan}}
+variables:
+  LastPayment: {values: ["2026-05-01", "2026-10-01"]}
+"""
+    profile, diags = parse_profile(text, scenario, file="pay.profile.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    assert profile.sample_values["now"] == ["2026-10-02T12:00:00Z"]
+    cases = [c for c in synthesize(scenario, profile, 12, seed=1).cases if c.truth["Kind"] == "Plan"]
+    assert {c.expected_finals["Action"] for c in cases} == {"Refuse", "Offer"}
+    assert all(c.system["now"] >= c.system["LastPayment"] for c in cases), [c.system for c in cases]
+    listed, _ = parse_profile(text + '  now: {values: ["2026-06-01T09:00"]}\n', scenario, file="pay.profile.yaml")
+    assert listed is not None and listed.sample_values["now"] == ["2026-06-01T09:00"]
+
+
 LATE = """
 scenario late "Late delivery" "Late parcels."
 field Kind: Ask | Late | Damaged "what"

@@ -35,7 +35,9 @@ def test_draft_mismatches_are_explained_by_the_nearest_edits() -> None:
     out = result.output
     assert "90/120 rows agree" in out and "accuracy 75.0%" in out
     assert "18 rows expected PartialRefund, decided RefundShipping: parting at stage s3" in out
-    assert "`OrderValue >= 100` instead of `OrderValue > 100` at stage s3 explains 18/18" in out
+    assert ("`OrderValue >= 100` instead of `OrderValue > 100` at stage s3 explains 18/18 "
+            "(breaks 3 matching rows: lines 14, 77, 105)") in out  # which rows an edit breaks, by data line
+    assert "(late_delivery_decisions.csv lines 9, 11, 16," in out
     assert ("`when Premium -> do Voucher` above `when OrderValue > 100 -> do PartialRefund` at stage s3 "
             "explains 12/12") in out
 

@@ -700,7 +700,7 @@ def _validation_diagnostics(exc: ValidationError, doc: _Doc) -> list[Diagnostic]
 
 
 _TRAILING = re.compile(r"^missing `->` before `(.+)`$")
-_PLAIN_VALUE = re.compile(r"^[A-Za-z_][A-Za-z0-9_+\-.]*$")
+_PLAIN_VALUE = re.compile(r"^[^\W\d][\w+\-.]*$")
 _OPERATOR_PREFIX = re.compile(r"^\s*(==|!=|<=|>=|<|>|not\s+in\b|in\b)")
 
 
@@ -1045,6 +1045,33 @@ def profile_for(sop_path: str | Path, scenario: ir.Scenario) -> Profile:
     return default_profile(scenario)
 
 
+
+def _now_after_listed_dates(scenario: ir.Scenario, sample_values: dict[str, list[Scalar]]) -> None:
+    """When the profile lists dates (`LastPayment: {values: ["2026-05-01"]}`) but no `now`, cases take
+    `now` a day after the latest of them wherever their path allows: left to the example search, `now`
+    could come before the listed dates, and a dialogue about a payment made "in the future" misleads
+    agents and judges alike. A listed `now` is kept as written."""
+    now = scenario.variables.get("now")
+    if now is None or "now" in sample_values or not isinstance(now.type, ir.TimeType) \
+            or now.type.kind not in ("date", "datetime"):
+        return
+    latest: int | None = None
+    for name, values in sample_values.items():
+        var = scenario.variables.get(name)
+        if var is None or not isinstance(var.type, ir.TimeType) or var.type.kind not in ("date", "datetime"):
+            continue
+        for value in values:
+            try:
+                seconds = int(scalars.parse_temporal(var.type.kind, value))
+            except (ValueError, TypeError):
+                continue
+            latest = seconds if latest is None else max(latest, seconds)
+    if latest is not None:
+        day = scalars.unit_seconds("day")
+        moment = (latest // day + 1) * day + (day // 2 if now.type.kind == "datetime" else 0)
+        sample_values["now"] = [scalars.format_temporal(now.type.kind, moment)]
+
+
 def parse_profile(text: str, scenario: ir.Scenario, *, file: str = "<profile>"
                   ) -> tuple[Profile | None, list[Diagnostic]]:
     """Parse and check profile text; returns the profile (None on errors) and every diagnostic."""
@@ -1169,6 +1196,7 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
             if not vspec.values:
                 diags.append(error("E603", f"empty `values` for `{name}`", doc.span(("variables", name))))
             sample_values[name] = ok
+    _now_after_listed_dates(scenario, sample_values)
 
     # intents
     intents: dict[str, Intent] = {}

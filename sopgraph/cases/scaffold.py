@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_RE = re.compile(r"^[^\W\d]\w*$")
 
 
 class InitError(Exception):

@@ -49,13 +49,13 @@ from sopgraph.cases.profiles import (
 )
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads, stage_reads
-from sopgraph.language.diagnostics import Diagnostic, did_you_mean, warning
+from sopgraph.language.diagnostics import Diagnostic, did_you_mean, mark_text_values, warning
 from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form
-from sopgraph.logic.paths import trace
+from sopgraph.logic.paths import trace, used_looks
 from sopgraph.logic.procheck import source_terms
 from sopgraph.logic.unroll import UnrollError
 from sopgraph.records import RECORD_VERSION, Case, Intensity
@@ -449,7 +449,10 @@ def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: An
     """Candidate values of one variable inside a domain box, the witness value first: the profile's
     plausible values and a few round numbers that the box allows."""
     if not isinstance(var.type, (ir.EnumType, ir.BoolType, ir.NumType)):
-        return [witness_value]  # dates, durations, strings: the witness (its text form) is the value
+        # dates, durations, strings: the witness (its text form), then the profile's `values:` (each
+        # candidate is verified by the engine, so a value the path's pattern or window refuses drops out)
+        listed = profile.sample_values.get(var.name) or []
+        return [witness_value, *(v for v in listed if v != witness_value)]
     try:
         dom = box[var.name]
     except (KeyError, TypeError):
@@ -1216,8 +1219,10 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
                                          f"({' -> '.join(stages)} => {entry.action})",
                                  span, "synthesis will give it a generated `uncovered:` intent; add an intent "
                                        "whose conditions allow this path",
-                                 witness=form.lift(entry.witness) if form else dict(entry.witness),
+                                 witness=used_looks(scenario, form.lift(entry.witness), stages) if form
+                                 else dict(entry.witness),
                                  notes=[source_terms(entry.description, form) if form else entry.description]))
+    mark_text_values(diags, frozenset(n for n, v in scenario.variables.items() if isinstance(v.type, ir.StringType)))
     return diags
 
 

@@ -130,7 +130,8 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: st
     they decide differently (verified by the engine); cases whose expectations change.
 
     Exit status (for CI): 0 equivalent, 1 the versions decide differently (or a case changes, or
-    an input changed type so that no input is valid for both), 2 error (a file does not load, bad cases file).
+    an input changed type so that no input is valid for both), 2 error (a file does not load, bad cases file),
+    3 no difference found but not proven (the budget ran out, or outputs written differently stayed undecided).
     """
     a = _load_or_2(old)
     b = _load_or_2(new)
@@ -147,7 +148,7 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: st
         click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
     else:
         click.echo(render_diff(report), nl=False)
-    sys.exit(0 if report.equivalent else 1)
+    sys.exit(1 if not report.equivalent else 0 if report.proven else 3)
 
 
 def _load_or_2(path: Path) -> Scenario:

@@ -33,7 +33,7 @@ def _table(infos: list[Any], title: str) -> None:
     if traced:
         table.add_column("actions")
     table.add_column("finals")
-    table.add_column("constraints")
+    table.add_column("constraints", overflow="fold")  # long names wrap instead of ending in "…"
     for p in infos:
         stages = " → ".join(p.stages)
         finals = []
@@ -42,7 +42,8 @@ def _table(infos: list[Any], title: str) -> None:
                 finals.append(f"{k}: {p.finals_varying[k]}")
             else:
                 finals.append(f"{k}: {_value(v)}")
-        cons = "\n".join(f"{k} {_relation(v)}" for k, v in p.constraints.items()) or "(none)"
+        cons = "\n".join(f"{k} {v}" if k == "where" else f"{k} {_relation(v)}"
+                         for k, v in p.constraints.items()) or "(none)"
         pid = p.id if p.status == "feasible" else f"{p.id} (?)"
         trace = ["\n".join(f"{i}. {a}" for i, a in enumerate(p.actions, 1))] if traced else []
         table.add_row(pid, stages, *trace, "\n".join(finals), cons)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import unicodedata
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from sopgraph.language.ir import Span, share_fields_set
 
@@ -122,6 +123,9 @@ class Diagnostic(BaseModel):
     hint: str | None = None
     witness: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
+    # witness keys whose values are free text (`string` variables): shown quoted, so `Ref="text"` is not
+    # read as an enum value; set by the checker, which knows the types (`mark_text_values`)
+    _text_keys: frozenset[str] = PrivateAttr(default=frozenset())
 
     def model_post_init(self, context: Any, /) -> None:
         share_fields_set(self)  # a huge program can have 100k diagnostics (see `share_fields_set`)
@@ -152,9 +156,11 @@ class Diagnostic(BaseModel):
                 if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
                     width = self.span.end_col - self.span.col
                 width = max(1, min(width, max(1, len(src) - self.span.col + 1)))
-                lines.append(" " * (len(gutter) + self.span.col - 1) + "^" * width)
+                start = self.span.col - 1  # in characters; on screen, wide (CJK) characters take two columns
+                lines.append(" " * (len(gutter) + _columns(src[:start])) + "^" * max(1, _columns(src[start:start + width])))
         if self.witness:
-            shown = ", ".join(f"{k}={_show(v)}" for k, v in self.witness.items())
+            shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False) if k in self._text_keys else _show(v)}"
+                              for k, v in self.witness.items())
             lines.append(f"  = example: {shown}")
         for note in self.notes:
             lines.append(f"  = note: {note}")
@@ -163,9 +169,25 @@ class Diagnostic(BaseModel):
         return "\n".join(lines)
 
 
+def _columns(text: str) -> int:
+    """Terminal columns of `text`: East Asian wide and full-width characters take two."""
+    if text.isascii():
+        return len(text)
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def mark_text_values(diagnostics: list[Diagnostic], text_names: frozenset[str]) -> None:
+    """Tell each diagnostic which of its example's values are free text (see `_text_keys`)."""
+    for d in diagnostics:
+        if d.witness and not text_names.isdisjoint(d.witness):
+            d._text_keys = text_names
+
+
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if value is None:  # a missing optional value, as an input gives it
+        return "null"
     if isinstance(value, (list, dict)):  # a list or record value, as it is written in an input
         return json.dumps(value, ensure_ascii=False)
     return str(value)

@@ -23,31 +23,45 @@ from typing import Any
 from sopgraph.language import ir, scalars
 from sopgraph.language.program import RESERVED, Include, Program, ScenarioHeader, StartDecl, number, unquote
 
-# One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds: n NAME,
-# d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
-_TOKEN = re.compile(r'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
-    (?P<n>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
-   |(?P<d>[0-9]+(?:\.[0-9]+)?)
-   |(?P<l>"""[\s\S]*?""")
-   |(?P<s>"(?:[^"\\\n]|\\.)*")
-   |(?P<o>->|==|!=|<=|>=|\.\.|[<>{}()\[\],:=|?+\-*/])
-)''', re.X)
-_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-_SIMPLE_ARM = re.compile(rf"({_NAME}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({_NAME})")
-# `when NAME [CMP NUMBER-or-NAME] -> [do] NAME` and `otherwise -> [do] NAME` on one line: the commonest
-# arms of large files, read with one regex (groups: guard name, operator, operand, `do`, target name)
-_WHEN_ARM = re.compile(rf"when[ \t]+({_NAME})(?:[ \t]*(==|!=|<=|>=|<|>)[ \t]*([0-9]+(?:\.[0-9]+)?|{_NAME}))?"
-                       rf"[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
-_OTHERWISE_ARM = re.compile(rf"otherwise()()()[ \t]*->[ \t]*(?:(do)[ \t]+)?({_NAME})")
+_ASCII_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_ANY_NAME = r"[^\W\d]\w*(?:\.[^\W\d]\w*)*"  # letters of any script, digits, `_` (the grammar's NAME)
 _GOES_ON = frozenset(("->", "(", "{"))  # after a target: steps, arguments or outputs follow
-# Heads of the commonest items, read with one regex each; anything else goes to the token reader.
-_STAGE_HEAD = re.compile(rf'stage[ \t]+({_NAME})[ \t]+("(?:[^"\\\n]|\\.)*")[ \t]*\{{')  # `stage ID "title" {`
-_MATCH_HEAD = re.compile(rf"match[ \t]+({_NAME})[ \t]*\{{")  # `match NAME {`
-# `field|system NAME: TYPE` with TYPE `bool`, `int[lo..hi]`/`float[lo..hi]` (integer bounds) or `A | B | ...`
-_DECL_HEAD = re.compile(rf"(?:field|system)[ \t]+({_NAME})[ \t]*:[ \t]*(?:(bool)(?![A-Za-z0-9_.])"
-                        rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
-                        rf"|({_NAME}(?:[ \t]*\|[ \t]*{_NAME})+))")
-_NAMES = re.compile(_NAME)
+
+
+class _Syntax:
+    """The fast path's regexes for one spelling of names. An ASCII file (nearly all) is read with ASCII
+    name classes, a file with any other character with the grammar's own (letters of every script):
+    the Unicode classes cost a few per cent of the parse of a 100k-stage file."""
+
+    def __init__(self, name: str):
+        # One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds:
+        # n NAME, d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
+        self.token = re.compile(rf'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
+            (?P<n>{name})
+           |(?P<d>[0-9]+(?:\.[0-9]+)?)
+           |(?P<l>"""[\s\S]*?""")
+           |(?P<s>"(?:[^"\\\n]|\\.)*")
+           |(?P<o>->|==|!=|<=|>=|\.\.|[<>{{}}()\[\],:=|?+\-*/])
+        )''', re.X)
+        self.simple_arm = re.compile(rf"({name}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({name})")
+        # `when NAME [CMP NUMBER-or-NAME] -> [do] NAME` and `otherwise -> [do] NAME` on one line: the
+        # commonest arms of large files, read with one regex (groups: guard name, operator, operand, `do`,
+        # target name)
+        self.when_arm = re.compile(rf"when[ \t]+({name})(?:[ \t]*(==|!=|<=|>=|<|>)[ \t]*([0-9]+(?:\.[0-9]+)?|{name}))?"
+                                   rf"[ \t]*->[ \t]*(?:(do)[ \t]+)?({name})")
+        self.otherwise_arm = re.compile(rf"otherwise()()()[ \t]*->[ \t]*(?:(do)[ \t]+)?({name})")
+        # Heads of the commonest items, read with one regex each; anything else goes to the token reader.
+        self.stage_head = re.compile(rf'stage[ \t]+({name})[ \t]+("(?:[^"\\\n]|\\.)*")[ \t]*\{{')  # `stage ID "title" {{`
+        self.match_head = re.compile(rf"match[ \t]+({name})[ \t]*\{{")  # `match NAME {{`
+        # `field|system NAME: TYPE` with TYPE `bool`, `int[lo..hi]`/`float[lo..hi]` (integer bounds) or `A | B | ...`
+        self.decl_head = re.compile(rf"(?:field|system)[ \t]+({name})[ \t]*:[ \t]*(?:(bool)(?![\w.])"
+                                    rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
+                                    rf"|({name}(?:[ \t]*\|[ \t]*{name})+))")
+        self.names = re.compile(name)
+
+
+_ASCII = _Syntax(_ASCII_NAME)
+_ANY_SCRIPT = _Syntax(_ANY_NAME)
 _SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
 _TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
                          "seconds"))
@@ -147,6 +161,7 @@ class _Reader:
     def __init__(self, text: str, file: str):
         self.text = text
         self.file = file
+        self.syntax = _ASCII if text.isascii() else _ANY_SCRIPT
         self.newlines = [m.start() for m in re.finditer("\n", text)]
         self.nowhere = ir.make_span(file, 0, 0, 0, 0)  # the span of a rule without positioned children
         self.e = 0
@@ -156,7 +171,7 @@ class _Reader:
 
     # -- tokens
     def advance(self) -> None:
-        m = _TOKEN.match(self.text, self.e)
+        m = self.syntax.token.match(self.text, self.e)
         if m is None:
             end = _SKIP.match(self.text, self.e).end()  # type: ignore[union-attr] # always matches
             if end < len(self.text):
@@ -633,13 +648,13 @@ class _Items(_Exprs):
         return mk(ir.Variable, name=name, role=role, span=span, **kw)
 
     def quick_decl(self) -> tuple[str, ir.Span, Any] | None:
-        """`field|system NAME: TYPE` of the commonest one-line shapes (`_DECL_HEAD`): its name, span and
+        """`field|system NAME: TYPE` of the commonest one-line shapes (`_Syntax.decl_head`): its name, span and
         type, as the token reader builds them; None for anything else (the token reader takes it)."""
-        m = _DECL_HEAD.match(self.text, self.s)
+        m = self.syntax.decl_head.match(self.text, self.s)
         if m is None or m.group(1) in RESERVED:
             return None
         enum = m.group(6)
-        values = [intern(v) for v in _NAMES.findall(enum)] if enum else []
+        values = [intern(v) for v in self.syntax.names.findall(enum)] if enum else []
         if any(v in RESERVED for v in values):
             return None
         saved = (self.k, self.v, self.s, self.e)
@@ -707,7 +722,7 @@ class _Items(_Exprs):
 
     # -- stages
     def stage(self) -> ir.Stage:
-        m = _STAGE_HEAD.match(self.text, self.s)
+        m = self.syntax.stage_head.match(self.text, self.s)
         if m is not None and m.group(1) not in RESERVED:
             name, span, title = intern(m.group(1)), self.span_at(m.start(1), m.end(1)), unquote(m.group(2))
             self.e = m.end()
@@ -757,20 +772,20 @@ class _Items(_Exprs):
         branches: list[Any] = []
         while self.at("when") or self.at("otherwise"):
             if self.at("when"):
-                branches.append(self.quick_arm(_WHEN_ARM, ordered=False) or self.when_arm(ordered=False))
+                branches.append(self.quick_arm(self.syntax.when_arm, ordered=False) or self.when_arm(ordered=False))
                 continue
             saved = (self.k, self.v, self.s, self.e)
             self.advance()
             if self.at("when"):
-                branches.append(self.quick_arm(_WHEN_ARM, ordered=True) or self.when_arm(ordered=True))
+                branches.append(self.quick_arm(self.syntax.when_arm, ordered=True) or self.when_arm(ordered=True))
                 continue
             self.k, self.v, self.s, self.e = saved
-            branches.append(self.quick_arm(_OTHERWISE_ARM) or self.otherwise_arm())
+            branches.append(self.quick_arm(self.syntax.otherwise_arm) or self.otherwise_arm())
             break
         return {"kind": "when", "branches": branches}
 
     def quick_arm(self, pattern: re.Pattern[str], *, ordered: bool = False) -> Any | None:
-        """A `when` or `otherwise` arm of the commonest one-line shapes (`_WHEN_ARM`, `_OTHERWISE_ARM`),
+        """A `when` or `otherwise` arm of the commonest one-line shapes (`_Syntax.when_arm`, `_Syntax.otherwise_arm`),
         read with one regex and built as the token reader builds it (same nodes, same spans); None
         when the arm is anything else, or goes on after its target (the token reader takes it)."""
         m = pattern.match(self.text, self.s)
@@ -833,7 +848,7 @@ class _Items(_Exprs):
         return value
 
     def match_block(self) -> dict[str, Any]:
-        m = _MATCH_HEAD.match(self.text, self.s)
+        m = self.syntax.match_head.match(self.text, self.s)
         if m is not None and m.group(1) not in RESERVED:
             subject = _var(name=intern(m.group(1)), span=self.span_at(m.start(1), m.end(1)))
             self.e = m.end()
@@ -862,14 +877,14 @@ class _Items(_Exprs):
         if not branches:
             raise _Bail
         if self.at("otherwise"):
-            branches.append(self.quick_arm(_OTHERWISE_ARM) or self.otherwise_arm())
+            branches.append(self.quick_arm(self.syntax.otherwise_arm) or self.otherwise_arm())
         self.expect("}")
         return {"kind": "match", "subject": subject, "branches": branches}
 
     def simple_arm(self) -> tuple[list[Any], Any] | None:
         """`VALUE -> stage` on one line, read with one regex (the commonest arm of large files); None
         when the arm is anything else (the token-by-token reader takes it)."""
-        m = _SIMPLE_ARM.match(self.text, self.s)
+        m = self.syntax.simple_arm.match(self.text, self.s)
         if m is None:
             return None
         value, stage = m.group(1, 2)

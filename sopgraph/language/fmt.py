@@ -36,7 +36,7 @@ from sopgraph.language.parse import (
 )
 
 INDENT = "    "
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+_NAME_RE = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 
 
 @dataclass

@@ -766,7 +766,37 @@ FOREIGN_BRANCH_WORDS: dict[str, tuple[str, str]] = {
     "elif": ("conditions are written with `when`, not `elif`",
              "write one `when CONDITION -> target` per branch; the first true one fires"),
 }
-_ACTION_ATTRS_BEFORE = re.compile(r'\baction\s+([A-Za-z_][\w.]*|"[^"\n]*")\s*\[([^\]\n]*)\]\s*$')
+_ACTION_ATTRS_BEFORE = re.compile(r'\baction\s+([^\W\d][\w.]*|"[^"\n]*")\s*\[([^\]\n]*)\]\s*$')
+
+
+_LINE_TAIL = re.compile(r"[^\n]*\Z")
+_ENUM_DECL = re.compile(r"^\s*(?:field|system|output|type)\b[^\n\"]*?(\w+)$")
+_MATCH_OPEN = re.compile(r"\bmatch\b[^{}]*\{[^{}]*\Z")
+_DANGLING = re.compile(r"(\w[\w.]*)\s*(?:==|!=|<=|>=|<|>)\s*\S+\s+(?:and|or)\s*\Z")
+
+
+def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
+    """Message and hint for slips people make while writing an SOP by hand (a hyphen in an enum
+    value, `A: target` in a match, `N > 5 and < 8`, `K in [A, B]`), or None."""
+    line = _LINE_TAIL.search(before)
+    head = line.group(0) if line else ""
+    if found == "-" and (enum := _ENUM_DECL.search(head)):
+        rest = re.match(r"\w+", after[1:])
+        joined = f"{enum.group(1)}_{rest.group(0)}" if rest else f"{enum.group(1)}_…"
+        return ("`-` cannot be part of a name: enum values are names (letters, digits and `_`)",
+                f"write `{joined}`")
+    if found == ":" and _MATCH_OPEN.search(before):
+        return "a match arm is written `VALUE -> target`, not `VALUE: target`", "replace `:` with `->`"
+    if found in ("==", "!=", "<", "<=", ">", ">=") and (prev := _DANGLING.search(before)):
+        return (f"`{found}` has nothing on its left: each comparison names its value",
+                f"write `{prev.group(1)} {found} ...` (e.g. `N > 5 and N < 8`)")
+    if found == "[" and re.search(r"\bin\s*\Z", before):
+        return "a set of values is written in braces", "write `X in {A, B}`"
+    return None
+
+
+# the last `otherwise -> …` arm before an error (group 1: it is bounded), on the error's own stage
+_OTHERWISE_ARM = re.compile(r"\botherwise\s*->[^{}]*?(\bup\s+to\s+\d+\s+times)?\s*$")
 
 
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
@@ -788,6 +818,12 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
             hint = "write `and` / `or` in conditions; `|` separates enum values in a declaration"
         elif ch == ";":
             hint = "remove it: declarations need no separator"
+        elif "\uff01" <= ch <= "\uff5e":  # full-width forms of ASCII punctuation (a CJK input method)
+            hint = f"`{ch}` is a full-width character: write the ASCII `{chr(ord(ch) - 0xFEE0)}`"
+        elif ch in "\u201c\u201d\u2018\u2019":
+            hint = 'text goes in straight double quotes: "like this"'
+        elif ch in "\u3001\u3002":
+            hint = "write `,` between items; a sentence belongs inside a quoted text"
         return error("E005", f"invalid character {_char_name(ch)}", span, hint)
     token = getattr(exc, "token", None)
     # `accepts` is what the parser could really take here; `expected` also lists tokens that are
@@ -827,6 +863,13 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
     elif ttype == "STRING" and (attrs_first := _ACTION_ATTRS_BEFORE.search(before)):
         message = "an action's description comes before its attributes"
         hint = f'write `action {attrs_first.group(1)} {found} [{attrs_first.group(2)}]`'
+    elif (special := _common_slip(found, before, text[pos:] if isinstance(pos, int) else "")) is not None:
+        message, hint = special
+    elif found == "otherwise" and (prior := _OTHERWISE_ARM.search(before)) and "{" not in before[prior.end():]:
+        message = "a second `otherwise`: only the last branch of a stage can be `otherwise`"
+        hint = ("to say what to do once the bounded branch is spent, write it as a `when` arm "
+                "(`when CONDITION -> ... up to N times`) and keep `otherwise -> ...` last"
+                if prior.group(1) else "remove one, or make the first a `when CONDITION -> ...` arm")
     elif arrow and ttype in ("NAME", "STRING", "NUMBER", "DO"):
         message = f"missing `->` before `{found}`"
         hint = "branches are written `value -> target` or `when condition -> target`"

@@ -24,7 +24,15 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.language.compile import START, reads, topology
-from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error, sort_key, warning
+from sopgraph.language.diagnostics import (
+    Diagnostic,
+    SopError,
+    did_you_mean,
+    error,
+    mark_text_values,
+    sort_key,
+    warning,
+)
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
@@ -1143,8 +1151,13 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
     reachable = set(order)
     for sid, stage in scenario.stages.items():
         if sid not in reachable:
+            hint = "route a branch to it, or delete it"
+            if "." in sid:  # a subflow copy: the `use` is what to route to (or start with)
+                instance = sid.split(".")[0]
+                hint = (f"route a branch to `{instance}`, or write `start {instance}` to begin the procedure "
+                        f"with it (without `start`, the entry is the first `stage` of the main file)")
             out.append(warning("W302", f"stage `{sid}` is unreachable from the entry `{scenario.start}`",
-                               stage.span, "route a branch to it, or delete it"))
+                               stage.span, hint))
     return out
 
 
@@ -1337,7 +1350,9 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
             found.append(error("E001", "the program is nested too deeply to check", scenario.span,
                                "split very long or deeply nested expressions into derived variables"))
             break
-    return sorted(_dedupe(found), key=sort_key)
+    found = sorted(_dedupe(found), key=sort_key)
+    mark_text_values(found, frozenset(n for n, v in scenario.variables.items() if isinstance(v.type, ir.StringType)))
+    return found
 
 
 check_scenario = check  # `load` takes a `check` flag, so it reaches the passes by this name

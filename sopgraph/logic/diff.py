@@ -23,16 +23,18 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
+from sopgraph.language.compile import reads as compile_reads
 from sopgraph.language.fmt import show_expr
 from sopgraph.logic import domain
 from sopgraph.logic.engine import DecideError, interpret
-from sopgraph.logic.lower import analysis_form
-from sopgraph.logic.paths import iter_paths
+from sopgraph.logic.lower import analysis_form, needs_analysis_form
+from sopgraph.logic.paths import iter_paths, used_looks
 from sopgraph.logic.unroll import Unrolled, UnrollError
 from sopgraph.records import Case
 
 DEFAULT_BUDGET = 20_000  # regions explored by the product walk
 PATH_LIMIT = 5_000  # paths listed per version
+RETRY_BUDGET = 2_000  # regions of the second, lowered comparison (lists and records)
 MAX_WITNESSES = 20
 
 
@@ -74,6 +76,7 @@ class DiffReport(BaseModel):
     changed: list[PathChange] = Field(default_factory=list)
     paths_truncated: bool = False
     witnesses: list[Witness] = Field(default_factory=list)
+    text_inputs: list[str] = Field(default_factory=list)  # `string` inputs: quoted in the witnesses' text
     differing_regions: int = 0
     unproven: list[str] = Field(default_factory=list)  # what the bounded check could not settle
     notes: list[str] = Field(default_factory=list)
@@ -190,7 +193,10 @@ def _meet_types(name: str, a: Any, b: Any) -> Any:
     if isinstance(a, ir.NumType) and isinstance(b, ir.NumType):
         lo, lo_open = _tighter(a.lo, a.lo_open, b.lo, b.lo_open, max)
         hi, hi_open = _tighter(a.hi, a.hi_open, b.hi, b.hi_open, min)
-        return ir.NumType(kind="int" if "int" in (a.kind, b.kind) else "float", lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open)
+        empty = lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_open or hi_open)))
+        if not empty:
+                return ir.NumType(kind="int" if "int" in (a.kind, b.kind) else "float", lo=lo, hi=hi,
+                              lo_open=lo_open, hi_open=hi_open)
     raise DiffError(f"`{name}` is {ir.describe_type(a)} in one version and {ir.describe_type(b)} in the other: "
                     "no input is valid for both")
 
@@ -208,12 +214,13 @@ def _renamer(prefix: str, derived: set[str]) -> Any:
         if isinstance(e, ir.Var):
             return e.model_copy(update={"name": prefix + e.name}) if e.name in derived else e
         update: dict[str, Any] = {}
-        for field in ("operand", "left", "right", "otherwise"):
-            if hasattr(e, field) and getattr(e, field) is not None and not isinstance(e, ir.Lit):
-                update[field] = rename(getattr(e, field))
+        for field in ("operand", "left", "right", "otherwise", "base", "source", "cond"):
+            sub = getattr(e, field, None)
+            if isinstance(sub, ir.Node) and not isinstance(e, ir.Lit):
+                update[field] = rename(sub)
         if isinstance(e, ir.BoolOp):
             update["operands"] = [rename(o) for o in e.operands]
-        elif isinstance(e, (ir.Call, ir.Func)):
+        elif isinstance(e, (ir.Call, ir.Func, ir.Weighted)):
             update["args"] = [rename(a) for a in e.args]
         elif isinstance(e, ir.CaseExpr):
             update["arms"] = [a.model_copy(update={"when": rename(a.when), "then": rename(a.then)}) for a in e.arms]
@@ -222,15 +229,36 @@ def _renamer(prefix: str, derived: set[str]) -> Any:
 
 
 class _Side:
-    """One version inside the joint space: its stages, with `let` names made private."""
+    """One version inside the joint space: its stages, with the names of the `let`s it defines
+    differently from the other version (`shared` are the same in both) made private."""
 
-    def __init__(self, scenario: ir.Scenario, prefix: str):
+    def __init__(self, scenario: ir.Scenario, prefix: str, shared: frozenset[str] = frozenset()):
         self.scenario = scenario
-        derived = {v.name for v in scenario.variables.values() if v.role == "derived"}
+        derived = {v.name for v in scenario.variables.values() if v.role == "derived"} - shared
         self.rename = _renamer(prefix, derived)
         self.derived = {prefix + v.name: v.model_copy(update={"name": prefix + v.name,
                                                               "expr": self.rename(v.expr)})
-                        for v in scenario.variables.values() if v.role == "derived"}
+                        for v in scenario.variables.values() if v.name in derived}
+
+
+def _shared_lets(old: ir.Scenario, new: ir.Scenario) -> frozenset[str]:
+    """The `let`s both versions define alike, reading only such `let`s: one variable in the joint space.
+    Two private copies of one definition would make "old holds and new does not" a question the domain
+    cannot always settle (a quantifier over a list), instead of plainly impossible."""
+    def lets(sc: ir.Scenario) -> dict[str, ir.Variable]:
+        return {n: v for n, v in sc.variables.items() if v.role == "derived" and v.expr is not None}
+
+    mine, theirs = lets(old), lets(new)
+    shared = {n for n in mine.keys() & theirs.keys() if show_expr(mine[n].expr) == show_expr(theirs[n].expr)}
+    changed = True
+    while changed:  # a `let` reading a `let` that differs differs too
+        changed = False
+        for name in sorted(shared):
+            reads = {r for r in compile_reads(mine[name].expr) if r in mine or r in theirs}
+            if not reads <= shared:
+                shared.discard(name)
+                changed = True
+    return frozenset(shared)
 
 
 def joint_scenario(old: ir.Scenario, new: ir.Scenario) -> tuple[ir.Scenario, _Side, _Side]:
@@ -244,7 +272,9 @@ def joint_scenario(old: ir.Scenario, new: ir.Scenario) -> tuple[ir.Scenario, _Si
                 variables[var.name] = variables[var.name].model_copy(update={"type": merged})
             else:
                 variables[var.name] = var
-    a, b = _Side(old, "__old__"), _Side(new, "__new__")
+    shared = _shared_lets(old, new)
+    a, b = _Side(old, "__old__", shared), _Side(new, "__new__", shared)
+    variables.update({n: old.variables[n] for n in sorted(shared)})
     variables.update(a.derived)
     variables.update(b.derived)
     return ir.Scenario(name="joint", variables=variables), a, b
@@ -293,6 +323,25 @@ class _Walk:
             elif branch.target.stage is not None:
                 yield from self._walk(side, branch.target.stage, taken, seen)
 
+    def outputs_differ(self, old_leaf: ir.Target, new_leaf: ir.Target, region: list[domain.Box]) -> list[domain.Box]:
+        """The part of `region` where an output the two leaves compute differently takes different values
+        (`Months = PlanMonths` after a changed threshold inside `PlanMonths`): a witness of the region as a
+        whole usually lies where both still agree. Empty when the actions differ (every member differs)."""
+        if old_leaf.action != new_leaf.action:
+            return []
+        found: list[domain.Box] = []
+        for name, out in self.old.scenario.outputs.items():
+            other = self.new.scenario.outputs.get(name)
+            if other is None:
+                continue
+            left = _output_expr(old_leaf, name, out.default)
+            right = _output_expr(new_leaf, name, other.default)
+            if left is None or right is None:
+                continue
+            differ = ir.Compare(op="!=", left=self.old.rename(left), right=self.new.rename(right))
+            found += self._constrain(region, differ, True)
+        return found
+
     def _constrain(self, boxes: list[domain.Box], expr: Any, truth: bool) -> list[domain.Box]:
         out: list[domain.Box] = []
         for box in boxes:
@@ -319,6 +368,14 @@ def _outcome(side: _Side, target: ir.Target) -> tuple[str, tuple[tuple[str, str]
     return str(target.action), tuple(outs)
 
 
+def _output_expr(target: ir.Target, name: str, default: Any) -> Any:
+    """The expression a leaf gives an output: its assignment, else the output's default (None: null)."""
+    for assign in target.outputs:
+        if assign.name == name:
+            return assign.value
+    return default
+
+
 def _lets_read(scenario: ir.Scenario, expr: Any, found: set[str]) -> None:
     if isinstance(expr, ir.Var):
         var = scenario.variables.get(expr.name)
@@ -342,52 +399,78 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
                          max_witnesses: int = MAX_WITNESSES) -> None:
     """Inputs on which OLD and NEW decide differently. A procedure is compared in its unrolled form
     (one variable per look, one stage copy per visit: `unroll`), where every look can take its own
-    value; witnesses are lifted back to the source form and verified there by the engine."""
+    value. Lists and records are compared as they are written (the witness search tries sample lists);
+    when that leaves regions undecided, they are compared again lowered (one variable per item field,
+    `lower`: item conditions decided exactly) within `RETRY_BUDGET` regions, and that answer is kept
+    when it is complete. Witnesses are lifted back to the source form and verified there by the engine."""
     for name in sorted(set(old.variables) | set(new.variables)):
         in_old, in_new = name in old.variables, name in new.variables
         if in_old != in_new and (old.variables.get(name) or new.variables[name]).role != "derived":
             report.notes.append(f"`{name}` is read only by the {'old' if in_old else 'new'} version")
-    forms: tuple[Unrolled, Unrolled] | None = None
-    if old.procedural or new.procedural:
-        try:
-            forms = analysis_form(old), analysis_form(new)
-        except UnrollError as exc:
-            report.unproven.append(f"the procedures could not be unrolled for the comparison: {exc}")
-            report.compared = False
-            return
-    flat_old, flat_new = (forms[0].scenario, forms[1].scenario) if forms else (old, new)
+    report.text_inputs = sorted({v.name for sc in (old, new) for v in sc.variables.values()
+                                 if isinstance(v.type, ir.StringType) and v.role != "derived"})
     try:
-        joint, a, b = joint_scenario(flat_old, flat_new)
+        forms = (analysis_form(old), analysis_form(new)) if old.procedural or new.procedural else None
+        first = _compare(old, new, forms, budget, max_witnesses)
+        if first.undecided and not first.exhausted and (needs_analysis_form(old) or needs_analysis_form(new)):
+            lowered = (analysis_form(old), analysis_form(new))
+            if lowered != forms:
+                retry = _compare(old, new, lowered, min(budget, RETRY_BUDGET), max_witnesses)
+                if not retry.exhausted and retry.undecided < first.undecided:
+                    first = retry
+    except UnrollError as exc:
+        report.unproven.append(f"the programs could not be put in analysis form for the comparison: {exc}")
+        report.compared = False
+        return
     except DiffError as exc:
         report.unproven.append(str(exc))
         report.compared = False
         return
+    report.witnesses += first.witnesses
+    report.differing_regions += first.differing
+    if first.exhausted:
+        report.unproven.append(f"the product walk stopped at its budget of {budget} regions: "
+                               "routes not reached may still differ (raise --budget)")
+    if first.undecided:
+        report.unproven.append(f"{first.undecided} region(s) where the outcomes are written differently but no "
+                               "assignment was found on which the engine decides differently "
+                               "(equal values from different expressions, or constraints the domain "
+                               "cannot decide)")
+
+
+class _Compared(BaseModel):
+    witnesses: list[Witness] = Field(default_factory=list)
+    differing: int = 0
+    undecided: int = 0
+    exhausted: bool = False
+
+
+def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled] | None, budget: int,
+             max_witnesses: int) -> _Compared:
+    """One product walk of the two versions (in `forms` when given), raising DiffError when no input
+    is valid for both."""
+    flat_old, flat_new = (forms[0].scenario, forms[1].scenario) if forms else (old, new)
+    joint, a, b = joint_scenario(flat_old, flat_new)
     walk = _Walk(joint, a, b, budget)
-    full = [domain.full_box(joint)]
-    undecided = 0
-    for old_leaf, _old_stage, region in walk.leaves(a, full):
+    out = _Compared()
+    for old_leaf, _old_stage, region in walk.leaves(a, [domain.full_box(joint)]):
         want = _outcome(a, old_leaf)
         for new_leaf, _new_stage, both in walk.leaves(b, region):
             if _outcome(b, new_leaf) == want:
                 continue
-            report.differing_regions += 1
-            found = _verified_witness(joint, both, flat_old, flat_new)
+            out.differing += 1
+            found = _verified_witness(joint, walk.outputs_differ(old_leaf, new_leaf, both) + both,
+                                      flat_old, flat_new)
             if found is not None and forms is not None:
                 found = _lifted(found, forms, old, new)
             if found is None:
-                undecided += 1
-            elif len(report.witnesses) < max_witnesses:
-                report.witnesses.append(found)
+                out.undecided += 1
+            elif len(out.witnesses) < max_witnesses:
+                out.witnesses.append(found)
         if walk.exhausted:
             break
-    if walk.exhausted:
-        report.unproven.append(f"the product walk stopped at its budget of {budget} regions: "
-                               "routes not reached may still differ (raise --budget)")
-    if undecided:
-        report.unproven.append(f"{undecided} region(s) where the outcomes are written differently but no "
-                               "assignment was found on which the engine decides differently "
-                               "(equal values from different expressions, or constraints the domain "
-                               "cannot decide)")
+    out.exhausted = walk.exhausted
+    return out
 
 
 def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
@@ -399,7 +482,16 @@ def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
         mine = values.get(name)
         if name not in values or (isinstance(value, list) and isinstance(mine, list) and len(value) > len(mine)):
             values[name] = value
-    return _differing(values, old, new)
+    found_here = _differing(values, old, new)
+    if found_here is None:
+        return None
+    # each observed variable's looks: as many as the longer of the two paths takes
+    trimmed = used_looks(old, values, found_here.old_path)
+    for name, value in used_looks(new, values, found_here.new_path).items():
+        mine = trimmed.get(name)
+        if name not in trimmed or (isinstance(value, list) and isinstance(mine, list) and len(value) > len(mine)):
+            trimmed[name] = value
+    return found_here.model_copy(update={"values": trimmed})
 
 
 def _differing(values: dict[str, Any], old: ir.Scenario, new: ir.Scenario) -> Witness | None:
@@ -474,7 +566,8 @@ def render_text(report: DiffReport, *, limit: int = 10) -> str:
     if report.witnesses:
         out.append(f"decisions differ: {report.differing_regions} region(s); witnesses verified by the engine:")
         for i, w in enumerate(report.witnesses[:limit], 1):
-            values = ", ".join(f"{k}={_show(v)}" for k, v in sorted(w.values.items()))
+            values = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False) if k in report.text_inputs else _show(v)}"
+                               for k, v in sorted(w.values.items()))
             out.append(f"  {i}. {values}")
             out.append(f"     old: {' -> '.join(w.old_path)} => {_finals(w.old_finals)}")
             out.append(f"     new: {' -> '.join(w.new_path)} => {_finals(w.new_finals)}")

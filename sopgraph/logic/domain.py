@@ -72,6 +72,7 @@ INF = math.inf
 _SEARCH_COMBOS = 4096  # candidate assignments tried per residual witness search
 MAX_SPLIT = 256  # boxes one constraint may split a box into; beyond, the constraint stays a residual
 EXPAND_VARS = 6  # aggregates (count/min/max/case) over more base variables are kept whole
+MAX_ALTERNATIVES = 8  # boxes of a region described one by one (`describe_region`)
 SOLVER_FIRST_VARS = 8  # residuals reading more variables go to the solver before the witness search
 
 
@@ -191,6 +192,8 @@ class Space:
         self._total: dict[int, tuple[Any, bool]] = {}
         self.unproven: list[str] = []  # conditions kept whole (compile budget), for flow's I302
         self.undecided = 0  # feasibility questions left open (neither a member nor a proof found)
+        self.undecided_texts: list[str] = []  # the first few of them, for I302
+        self._strict_reads: dict[int, tuple[Any, frozenset[str]]] = {}
         self._dead: dict[frozenset[int], list[int]] = {}
         self._describe_cache: dict[tuple[int, Any], str] = {}
         self.lit_true = ir.Lit.model_construct(value=True, bare=False, kind="lit", span=ir.NO_SPAN)
@@ -477,7 +480,8 @@ class Space:
         if pqk is not None:
             p, q, k = pqk
             return self._diff_text(q, p, -k - 1)
-        return f"not ({self.res_text[rid]})"
+        text = self.res_text[rid]
+        return f"not {text}" if _one_call(text) else f"not ({text})"
 
     def _var(self, i: int) -> ir.Var:
         return ir.Var.model_construct(kind="var", name=self.names[i], span=ir.NO_SPAN)
@@ -634,9 +638,20 @@ class Space:
 
     def note_unproven(self, expr: Any) -> None:
         """Remember a condition kept whole because expanding it ran over the compile budget."""
-        if len(self.unproven) < 20:
-            text = ir.show(expr)
-            self.unproven.append(text if len(text) <= 80 else text[:77] + "...")
+        text = ir.show(expr)
+        text = text if len(text) <= 80 else text[:77] + "..."
+        if len(self.unproven) < 20 and text not in self.unproven:
+            self.unproven.append(text)
+
+    def note_undecided(self, box: Box) -> None:
+        """Count a feasibility question left open and remember (the first few of) its conditions, so
+        the I302 that reports it can say which question it was."""
+        self.undecided += 1
+        if len(self.undecided_texts) < 5:
+            text = " and ".join(f"`{self.lit_text(rid, truth)}`" for rid, truth in sorted(box.resid))
+            text = text if len(text) <= 200 else text[:197] + "..."
+            if text not in self.undecided_texts:
+                self.undecided_texts.append(text)
 
     def fire_formula(self, stage: ir.Stage, index: int) -> Formula:
         """Region where branch `index` of `stage` fires: earlier guards false, this one true."""
@@ -832,6 +847,8 @@ class Space:
         search's few thousand candidates would be a needle-in-a-haystack guess). A solver model is
         kept only if the reference interpreter confirms it. Residuals that share no variable are
         decided one group at a time (`_solve_groups`)."""
+        if self._reads_missing(box):
+            return None, True
         groups = self._resid_groups(box)
         if len(groups) > 1:
             return self._solve_groups(box, groups, style, rng)
@@ -856,8 +873,34 @@ class Space:
             w, exhaustive = self._search(box, style, rng)
             if w is not None or exhaustive:
                 return w, exhaustive
-        self.undecided += 1
+        self.note_undecided(box)
         return None, False
+
+    def _reads_missing(self, box: Box) -> bool:
+        """True when the box says `missing(X)` and another of its residuals always reads `X`: the engine
+        refuses every such assignment, so the box is empty. (The search cannot show it, since the other
+        variables of that residual have unbounded candidates, and the solver does not model absence.)"""
+        absent: set[str] = set()
+        for rid, truth in box.resid:
+            pred = self.res_exprs[rid]
+            if truth and isinstance(pred, ir.Func) and pred.name == "missing" and isinstance(pred.args[0], ir.Var):
+                absent.add(pred.args[0].name)
+        if not absent:
+            return False
+        for rid, _truth in box.resid:
+            pred = self.res_exprs[rid]
+            if isinstance(pred, Formula) or (isinstance(pred, ir.Func) and pred.name == "missing"):
+                continue
+            if not absent.isdisjoint(self._strict(pred)):
+                return True
+        return False
+
+    def _strict(self, expr: Any) -> frozenset[str]:
+        hit = self._strict_reads.get(id(expr))
+        if hit is None or hit[0] is not expr:
+            hit = (expr, strict_reads(self.scenario, expr))
+            self._strict_reads[id(expr)] = hit
+        return hit[1]
 
     def _resid_groups(self, box: Box) -> list[frozenset]:
         """The box's residual literals split into groups that read disjoint sets of variables."""
@@ -895,7 +938,7 @@ class Space:
             for i in {v for rid, _t in lits for v in self.res_vars[rid]}:
                 merged[self.names[i]] = w[self.names[i]]
         if not all(self.eval_resid(rid, truth, merged) for rid, truth in box.resid):
-            self.undecided += 1  # defensive: groups that do not combine (a read the split did not see)
+            self.note_undecided(box)  # defensive: groups that do not combine (a read the split did not see)
             return None, False
         return merged, False
 
@@ -1075,10 +1118,19 @@ class Space:
         return describe_num(d, self.full_doms[i])
 
     def describe_region(self, region: Sequence[Box]) -> dict[str, str]:
-        """Per constrained variable, the union of its domains over the region, as text."""
+        """Per constrained variable, its domain over the region, as text; `where` for the rest. Exact
+        when the region is one box, or its boxes differ in one variable only, or they are few: then the
+        constraints they share are listed per variable and the rest as alternatives (`where`: "(Hardship
+        = true and now > …) or (…)"). Per-variable unions alone would lose how variables combine (a
+        region "A or B" would read as no constraint at all). Beyond `MAX_ALTERNATIVES` boxes, each
+        variable's union is listed and `where` names the variables whose combination is not shown."""
         out: dict[str, str] = {}
         if not region:
             return out
+        if len(region) > 1:
+            exact = self._describe_alternatives(region)
+            if exact is not None:
+                return exact
         full_doms = self.full_doms
         cache = self._describe_cache
         for i, n in enumerate(self.names):
@@ -1124,7 +1176,74 @@ class Space:
                 resid_texts.append(t)
         if resid_texts:
             out["where"] = " or ".join(f"({t})" if len(resid_texts) > 1 else t for t in resid_texts)
+        if len(region) > MAX_ALTERNATIVES:
+            combined = [self.names[i] for i in self._varying_vars(region)]
+            if len(combined) > 1:
+                shown = ", ".join(combined[:6]) + (", …" if len(combined) > 6 else "")
+                note = f"one of {len(region)} combinations of {shown} (not listed)"
+                out["where"] = f"{out['where']}; {note}" if "where" in out else note
         return out
+
+    def _varying_vars(self, region: Sequence[Box]) -> list[int]:
+        first = region[0].doms
+        return [i for i in range(len(first)) if any(b.doms[i] != first[i] for b in region[1:])]
+
+    def _describe_alternatives(self, region: Sequence[Box]) -> dict[str, str] | None:
+        """`describe_region` of a few boxes that differ in more than one variable (or residual): what they
+        share per variable, the rest as `where` alternatives. None when per-variable unions are exact
+        (one varying variable, same residuals) or the boxes are too many to list."""
+        varying = self._varying_vars(region)
+        resid_same = all(b.resid == region[0].resid for b in region[1:])
+        if (len(varying) <= 1 and resid_same) or len(region) > MAX_ALTERNATIVES:
+            return None
+        out: dict[str, str] = {}
+        full_doms = self.full_doms
+        vary = set(varying)
+        for i, n in enumerate(self.names):
+            d = region[0].doms[i]
+            if i not in vary and d != full_doms[i]:
+                out[n] = self.describe_dom(i, d)
+        shared = frozenset.intersection(*(b.resid for b in region))
+        alternatives: list[str] = []
+        for b in region:
+            parts = [f"{self.names[i]} {_relation_text(self.describe_dom(i, b.doms[i]))}"
+                     for i in varying if b.doms[i] != full_doms[i]]
+            parts += [self.lit_text(rid, truth) for rid, truth in sorted(b.resid - shared)]
+            if not parts:  # one box is unconstrained here: the alternatives cover everything
+                alternatives = []
+                break
+            text = " and ".join(parts)
+            if text not in alternatives:
+                alternatives.append(text)
+        where = [self.lit_text(rid, truth) for rid, truth in sorted(shared)]
+        if len(alternatives) == 1:
+            where.append(alternatives[0])
+        elif alternatives:
+            where.append("(" + " or ".join(f"({t})" for t in alternatives) + ")"
+                         if where else " or ".join(f"({t})" for t in alternatives))
+        if where:
+            out["where"] = " and ".join(where)
+        return out
+
+
+def _one_call(text: str) -> bool:
+    """`missing(X)`, `any(s in L where …)`: one call, so `not` needs no parentheses around it."""
+    head, paren, _rest = text.partition("(")
+    if not paren or not head.isidentifier() or not text.endswith(")"):
+        return False
+    depth = 0
+    for pos, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and pos >= len(head):
+            return pos == len(text) - 1
+    return False
+
+
+def _relation_text(text: str) -> str:
+    """A domain's text as a relation after the variable's name: `<= 2000`, `= true`, `in {A, B}`."""
+    if text[:1] in "<>=!" or text.startswith("in "):
+        return text
+    return f"= {text}" if " | " not in text else f"in {{{text.replace(' | ', ', ')}}}"
 
 
 def _serial(b: Box) -> int:
@@ -1283,3 +1402,34 @@ __all__ = [
     "space_for",
     "witness",
 ]
+
+
+def strict_reads(scenario: ir.Scenario, expr: Any) -> frozenset[str]:
+    """The input variables evaluating `expr` always reads, whatever their values: every operand,
+    except the later operands of `and`/`or` and the later arms of `case` (they may be skipped), the
+    condition of a quantifier (an empty list reads no item) and `missing(X)` (it reads no value).
+    Derived variables are followed."""
+    out: set[str] = set()
+    seen: set[str] = set()
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ir.Var):
+            var = scenario.variables.get(e.name)
+            if var is not None and var.role == "derived" and var.expr is not None:
+                if e.name not in seen:
+                    seen.add(e.name)
+                    stack.append(var.expr)
+            elif var is not None:
+                out.add(e.name)
+        elif isinstance(e, ir.BoolOp):
+            stack.append(e.operands[0])
+        elif isinstance(e, ir.CaseExpr):
+            stack.append(e.arms[0].when if e.arms else e.otherwise)
+        elif isinstance(e, ir.Quant):
+            stack.append(e.source)
+        elif isinstance(e, ir.Func) and e.name == "missing":
+            continue
+        elif isinstance(e, ir.Node):
+            stack.extend(ir.children(e))
+    return frozenset(out)

@@ -114,6 +114,7 @@ class _Flow:
         self.checks_left = MAX_WITNESS_CHECKS
         self.steps_left = STEP_BUDGET
         self.stopped_at: int | None = None  # stage index where the step budget ran out
+        self.undecided_at: int | None = None  # stage where the first feasibility question stayed open
         self.reads: dict[tuple[int, int], frozenset[int]] = {}
         self.states = 0  # states explored so far
 
@@ -153,11 +154,14 @@ class _Flow:
             if not ctxs:
                 continue
             stage = self.ex.stage_objs[si]
+            undecided = self.sp.undecided
             d = self.non_exhaustive(si, stage, ctxs)
             if d is not None:
                 out.append(d)
             if stage.kind == "when":
                 overlaps += self.overlaps(si, stage, ctxs)
+            if self.sp.undecided > undecided and self.undecided_at is None:
+                self.undecided_at = si
         dead = self.dead_branches() if self.complete else []
         dead_keys = {(si, bi) for si, bi, _d in dead}
         # a later guard that is entirely shadowed gets W303/W304 instead of W301
@@ -183,11 +187,15 @@ class _Flow:
             what.append("the exploration reached its bound on states or region size; never-taken branches "
                         "(W303/W304) were not checked")
         if self.sp.undecided:
+            if self.stopped_at is None and self.undecided_at is not None:
+                span = self.ex.stage_objs[self.undecided_at].span
             what.append(f"{self.sp.undecided} feasibility question(s) stayed undecided (no example found and "
                         "no proof within the solver's budget), so branches there may be reported as reachable")
         if not what:
             return None
         notes = []
+        if self.sp.undecided_texts:
+            notes.append("undecided: " + "; ".join(self.sp.undecided_texts[:3]))
         if self.sp.unproven:
             notes.append("kept whole and decided by the solver: " + "; ".join(f"`{t}`" for t in self.sp.unproven[:3]))
         return Diagnostic(code="I302", severity="info", message="flow analysis incomplete: " + what[0],
@@ -215,7 +223,10 @@ class _Flow:
             if len(ctxs) < MAX_CONTEXTS:
                 ctxs.append((region, prefix))
             nvk = ex.next_visited(si, vk)
+            undecided = self.sp.undecided
             kids = ex.children(si, region)
+            if self.sp.undecided > undecided and self.undecided_at is None:
+                self.undecided_at = si
             nxt = []
             for bi, kind, tgt, creg, _u in kids:
                 self.fired.add((si, bi))

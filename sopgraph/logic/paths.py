@@ -624,6 +624,34 @@ def explorer_for(scenario: ir.Scenario) -> Explorer:
     return scenario.cached_analysis("explorer", signature, lambda: Explorer(scenario))
 
 
+def used_looks(scenario: ir.Scenario, values: Mapping[str, Any], stages: Sequence[str] | None = None) -> dict[str, Any]:
+    """`values` (in source form) with each observed variable's list of looks cut to the looks the path
+    takes, and left out when it takes none: an example that gives `IdentityOk=[true, false, false]` for
+    a path that looks once reads as if three looks mattered. `stages`: the path's source stage ids;
+    else the engine's path for `values` (which are returned unchanged when the engine refuses them)."""
+    observed = {n for st in scenario.stages.values() for n in st.observe}
+    if not observed:
+        return dict(values)
+    if stages is None:
+        try:
+            stages = trace(scenario, values)[0]
+        except DecideError:
+            return dict(values)
+    looks: dict[str, int] = {}
+    for sid in stages:
+        stage = scenario.stages.get(sid)
+        for name in stage.observe if stage is not None else ():
+            looks[name] = looks.get(name, 0) + 1
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in observed and isinstance(value, list):
+            if looks.get(name):
+                out[name] = value[:looks[name]]
+            continue
+        out[name] = value
+    return out
+
+
 def trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], list[int]]:
     """The engine's decisions for `values`: stage ids and the index of the branch taken at each.
     Raises DecideError like the engine."""

@@ -15,7 +15,7 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error
 from sopgraph.logic.lower import Lowered, analysis_form
-from sopgraph.logic.paths import explorer_for
+from sopgraph.logic.paths import explorer_for, used_looks
 from sopgraph.logic.unroll import LOOK_SEP, Unrolled, UnrollError, unbounded_cycle, unrolled_for
 
 # output_value(output, expr, span) of the checker's typer: checks a value against a declared type
@@ -141,7 +141,7 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
         update: dict[str, Any] = {"message": source_terms(d.message, unrolled),
                                   "notes": [source_terms(n, unrolled) for n in d.notes]}
         if isinstance(d.witness, dict):
-            update["witness"] = unrolled.lift(d.witness)
+            update["witness"] = used_looks(scenario, unrolled.lift(d.witness))
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
             # a "never" claim about one copy holds for the stage only if no copy ever takes the branch

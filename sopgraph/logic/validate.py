@@ -357,6 +357,7 @@ class Candidate(BaseModel):
     after: str
     fixes: int = 0
     breaks: int = 0
+    broken_lines: list[int] = Field(default_factory=list)  # the data lines of the first few broken rows
     group_size: int = 0
 
     def describe(self) -> str:
@@ -364,8 +365,12 @@ class Candidate(BaseModel):
             edit = f"`{self.after}` above `{self.before}`"
         else:
             edit = f"`{self.after}` instead of `{self.before}`"
-        return (f"{edit} at {self.where} explains {self.fixes}/{self.group_size}"
-                + (f" (breaks {self.breaks} matching rows)" if self.breaks else ""))
+        broken = ""
+        if self.breaks:
+            lines = ", ".join(map(str, self.broken_lines)) + (" ..." if self.breaks > len(self.broken_lines) else "")
+            broken = (f" (breaks 1 matching row: line {lines})" if self.breaks == 1
+                      else f" (breaks {self.breaks} matching rows: lines {lines})")
+        return f"{edit} at {self.where} explains {self.fixes}/{self.group_size}{broken}"
 
 
 Edit = Callable[[ir.Scenario], ir.Scenario]
@@ -551,10 +556,10 @@ def candidate_edits(scenario: ir.Scenario, stage_id: str, rows: Sequence[RowResu
         yield Candidate(stage=stage_id, where=f"stage {stage_id}", kind=kind, before=before, after=after), arm_edit
 
 
-def _score(scenario: ir.Scenario, rows: Sequence[RowResult], group: Sequence[RowResult]) -> tuple[int, int]:
-    """(rows of the group fixed, matching rows broken) by an edited scenario."""
+def _score(scenario: ir.Scenario, rows: Sequence[RowResult], group: Sequence[RowResult]) -> tuple[int, list[int]]:
+    """(rows of the group fixed, data lines of the matching rows broken) by an edited scenario."""
     fixed = sum(1 for r in group if _row_ok(scenario, r))
-    broken = sum(1 for r in rows if r.ok and not _row_ok(scenario, r))
+    broken = [r.line for r in rows if r.ok and not _row_ok(scenario, r)]
     return fixed, broken
 
 
@@ -590,7 +595,8 @@ def search(scenario: ir.Scenario, stage_ids: Sequence[str], group: Sequence[RowR
         except (ValueError, TypeError):
             continue
         scope = rows if cand.where.startswith("let ") else affected
-        cand.fixes, cand.breaks = _score(edited, scope, group)
+        cand.fixes, broken = _score(edited, scope, group)
+        cand.breaks, cand.broken_lines = len(broken), broken[:5]
         cand.group_size = len(group)
         if cand.fixes:
             found.append(cand)
@@ -708,7 +714,9 @@ def render_text(report: Report, *, max_rows: int = 10) -> str:
     for g in report.groups:
         lines = ", ".join(str(n) for n in g.rows[:max_rows]) + (" ..." if len(g.rows) > max_rows else "")
         where = f"at stage {g.stage}" if g.stage != "-" else "no stage on the route can reach the expected action"
-        out += ["", f"{len(g.rows)} rows expected {g.expected}, decided {g.decided}: parting {where} (lines {lines})"]
+        rows = "1 row" if len(g.rows) == 1 else f"{len(g.rows)} rows"
+        out += ["", f"{rows} expected {g.expected}, decided {g.decided}: parting {where} "
+                    f"({Path(report.data).name} line{'s' if len(g.rows) > 1 else ''} {lines})"]
         for c in g.candidates:
             out.append(f"  - {c.describe()}")
         if g.stage != "-" and not g.candidates:
