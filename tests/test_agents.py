@@ -203,3 +203,18 @@ def _done_count(run_dir: Path) -> int:
 def slow_agent(request: dict) -> dict:
     time.sleep(float(os.environ.get("SOPGRAPH_TEST_SLOW", "0")))
     return rule_agent.respond(request)
+
+
+def broken_agent(request: dict) -> dict:
+    return {"reply": request["no_such_key"], "tool_calls": []}
+
+
+def test_a_python_agent_that_raises_says_where(tmp_path, bike, cases) -> None:
+    """The infrastructure failure of a Python agent that raises names the line that raised (before: only
+    `raised KeyError: 'no_such_key'`, with the traceback gone)."""
+    run_sync(bike, cases[:1], [f"agent=python:{__name__}:broken_agent"], str(tmp_path / "broken"), progress=False)
+    with RunStore.open(tmp_path / "broken") as store:
+        (dialogue,) = store.dialogues()
+    line = broken_agent.__code__.co_firstlineno + 1
+    assert dialogue.status == "infra_failure"
+    assert f"raised KeyError: 'no_such_key' (at test_agents.py:{line} in broken_agent)" in str(dialogue.error)

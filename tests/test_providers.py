@@ -349,6 +349,15 @@ def test_context_is_not_in_the_prompt(tmp_path: Path) -> None:
     assert json.loads(without.text)["classification_output"] == {}
 
 
+def test_scripted_user_never_tells_the_reference_time() -> None:
+    """A dated SOP's case holds `now` in its system state and user facts; the scripted user volunteered it
+    as a fact of its own ("Fine. My now is 2026-02-14T00:00:00Z.")."""
+    facts = {**CASE["user_facts"], "now": "2026-02-14T00:00:00Z"}
+    said = " ".join(user_turns(make_ctx(role="user", user_facts=facts, system={**CASE["system"], "now": facts["now"]})))
+    assert "2026-02-14" not in said and "my now" not in said.lower()
+    assert "A-991" in said  # the other facts are still told
+
+
 def test_scripted_user_speaks_in_the_first_person() -> None:
     from sopgraph.simulation.providers import first_person
 

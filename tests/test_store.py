@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 import pytest
@@ -52,6 +53,15 @@ def test_create_refuses_existing_and_open_refuses_non_run(tmp_path, store):
     (tmp_path / "bad" / STORE_FILE).write_bytes(b"not sqlite at all" * 100)
     with pytest.raises(StoreError):
         RunStore.open(tmp_path / "bad")
+
+
+def test_open_on_a_directory_of_runs_says_to_name_one(store):
+    """`sop score runs/` (the directory of runs, not a run) only said `runs is not a run directory`."""
+    parent = store.run_dir.parent
+    with pytest.raises(StoreError, match=re.escape(f"it holds 1 run (e.g. {store.run_dir}): name one of them")):
+        RunStore.open(parent)
+    with pytest.raises(StoreError, match=r"not a run directory \(no run\.sqlite\)$"):
+        RunStore.open(store.run_dir / "nothing")  # no runs within: no hint
 
 
 def test_wal_and_meta(store):

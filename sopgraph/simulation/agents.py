@@ -27,6 +27,7 @@ import importlib.util
 import inspect
 import json
 import time
+import traceback
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,6 +109,16 @@ def path_table(scenario: ir.Scenario, limit: int = 2000) -> list[dict[str, Any]]
                 for p in iter_paths(scenario, limit=limit, witnesses=False)]
     except Exception:  # noqa: BLE001 - path inference is best effort: no table, no inferred path
         return []
+
+
+def _where(exc: BaseException) -> str:
+    """` (at FILE:LINE in FUNCTION)`: the innermost frame of the traceback, so that a Python agent's
+    failure, stored as one line in the run, says where it happened."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
 
 
 def decode_call(call: Any) -> tuple[str, Any, str | None]:
@@ -284,7 +295,7 @@ class ToolAgent:
                 if inspect.isawaitable(result):
                     result = await result
             except Exception as exc:  # noqa: BLE001 - the user's agent failing is an infra failure
-                raise AgentError(f"{self.model} raised {type(exc).__name__}: {exc}") from None
+                raise AgentError(f"{self.model} raised {type(exc).__name__}: {exc}{_where(exc)}") from None
             return result, time.perf_counter() - started
         session = self._http()
         try:

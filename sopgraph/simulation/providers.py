@@ -569,6 +569,9 @@ _USER: Final[dict[str, dict[str, Any]]] = {
 }
 
 
+_REFERENCE_TIME: Final = "now"  # language.parse.NOW: the reference time of a SOP that reads dates
+
+
 def _known_facts(case: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """Facts the user knows, in a stable order.
 
@@ -581,17 +584,19 @@ def _known_facts(case: Mapping[str, Any]) -> list[tuple[str, Any]]:
             break
     else:
         return []
-    if isinstance(raw, Mapping):
-        return [(str(k), v) for k, v in raw.items()]
     facts: list[tuple[str, Any]] = []
-    for item in _as_list(raw):
-        if isinstance(item, Mapping) and "name" in item:
-            facts.append((str(item["name"]), item.get("value")))
-        elif isinstance(item, list | tuple) and len(item) == 2:
-            facts.append((str(item[0]), item[1]))
-        elif item is not None:
-            facts.append(("", item))
-    return facts
+    if isinstance(raw, Mapping):
+        facts = [(str(k), v) for k, v in raw.items()]
+    else:
+        for item in _as_list(raw):
+            if isinstance(item, Mapping) and "name" in item:
+                facts.append((str(item["name"]), item.get("value")))
+            elif isinstance(item, list | tuple) and len(item) == 2:
+                facts.append((str(item[0]), item[1]))
+            elif item is not None:
+                facts.append(("", item))
+    # the reference time of a dated SOP is in the case's state, not a fact of the customer's ("My now is …")
+    return [(n, v) for n, v in facts if n != _REFERENCE_TIME]
 
 
 def _render_value(value: Any, lang: str) -> str:

@@ -168,6 +168,19 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+def _runs_within(directory: Path) -> str:
+    """A hint when `directory` holds run directories (a directory of runs given where one run is wanted):
+    `; it holds 3 runs (e.g. runs/oracle): name one of them`."""
+    try:
+        runs = sorted(p.parent for p in directory.glob(f"*/{STORE_FILE}") if p.is_file())
+    except OSError:
+        return ""
+    if not runs:
+        return ""
+    return (f"; it holds {len(runs)} run{'s' if len(runs) != 1 else ''} (e.g. {runs[0]}): name one of them"
+            " (`sop leaderboard` and `sop view` take several)")
+
+
 class RunStore:
     """One run directory's SQLite store (see the module docstring for the layout and API)."""
     def __init__(self, run_dir: Path, conn: sqlite3.Connection, *, secrets: Iterable[str] = (),
@@ -236,7 +249,7 @@ class RunStore:
         run_dir = Path(run_dir)
         path = run_dir / STORE_FILE
         if not path.is_file():
-            raise StoreError(f"{run_dir} is not a run directory (no {STORE_FILE})")
+            raise StoreError(f"{run_dir} is not a run directory (no {STORE_FILE}){_runs_within(run_dir)}")
         _check_header(path)  # before connecting: sqlite would turn a 0-byte file into a database
         conn = None
         try:
