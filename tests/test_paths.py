@@ -487,3 +487,18 @@ def test_too_many_paths_to_count_is_said_and_bounded(monkeypatch: pytest.MonkeyP
     sop.write_text(text, encoding="utf-8")
     out = CliRunner().invoke(cli, ["paths", str(sop), "--count"])
     assert out.exit_code == 0 and "too many to count" in out.output, out.output
+
+
+def test_float_boundaries_are_shown_as_the_round_number_they_equal() -> None:
+    """The exact boundary of `Amount * 0.8 > 1400` is `Amount >= 1750.0000000000002` (float rounding); shown
+    as `> 1750`, which means exactly the same set of floats."""
+    from sopgraph.logic.intervals import NumDom, describe_num
+
+    loaded = load_source(None, text='system Amount: float[0..5000] "a"\naction A "a"\naction B "b"\n'
+                                    'stage s {\n when Amount * 0.8 > 1400 -> do A\n otherwise -> do B\n}\n')
+    sc = loaded.scenario
+    assert sc is not None
+    high, low = iter_paths(sc)
+    assert high.constraints == {"Amount": "> 1750"} and low.constraints == {"Amount": "<= 1750"}
+    assert describe_num(NumDom(1750.0000000000002, 5000.0, False, False, frozenset())) == "in (1750..5000]"
+    assert describe_num(NumDom(0.1, 0.30000000000000004, False, False, frozenset())) == "in [0.1..0.30000000000000004]"

@@ -1363,8 +1363,9 @@ def _fix_data(expr: Any, scope: frozenset[str], fix: Any) -> None:
 
 
 NOW = "now"
+# read by agents, users and judges in their prompts: no command-line advice here (errors give it)
 NOW_DESCRIPTION = ("The current date and time: the reference for every date comparison. It is given with "
-                   "each case (or `sop decide --now`), never read from a clock.")
+                   "each conversation, never read from a clock.")
 
 
 def scenario_expressions(scenario: ir.Scenario) -> list[Any]:
