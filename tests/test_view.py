@@ -191,7 +191,7 @@ def test_failure_kinds_of_a_tool_calling_run(server, runs_dir) -> None:
 
 def test_bad_parameters_are_4xx(server) -> None:
     for query in ({"pass": "maybe"}, {"metric": "nonsense"}, {"min": "abc"}, {"failure": "bogus"},
-                  {"sort": "nonsense"}, {"limit": "x"}):
+                  {"sort": "nonsense"}, {"limit": "x"}, {"verdict": "fail"}):  # a misspelt key: not unfiltered
         status, body = get(server, "/api/runs/random-path/dialogues", query)
         assert status == 400 and body["error"], query
     status, body = get(server, "/api/runs/no-such-run/summary")

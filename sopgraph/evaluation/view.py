@@ -342,6 +342,10 @@ def _int(query: Mapping[str, str], key: str, default: int, lo: int, hi: int) -> 
         raise ViewError(HTTPStatus.BAD_REQUEST, f"{key}={raw!r} is not an integer") from None
 
 
+_QUERY_KEYS: frozenset[str] = frozenset(("pass", "intensity", "path_id", "bucket", "model", "status", "failure",
+                                         "metric", "min", "max", "q", "sort", "order", "offset", "limit"))
+
+
 def filter_rows(rows: Sequence[dict[str, Any]], query: Mapping[str, str]) -> dict[str, Any]:
     """Filter, sort and paginate dialogue rows.
 
@@ -350,6 +354,10 @@ def filter_rows(rows: Sequence[dict[str, Any]], query: Mapping[str, str]) -> dic
     `model`, `status` (exact); `failure` (a FAILURE_KINDS entry, or `none`); `q` (substring of the
     dialogue id or intent); `sort` = a metric or `id`, `order` = asc | desc; `offset`, `limit`
     (≤ PAGE_MAX)."""
+    unknown = sorted(set(query) - _QUERY_KEYS)
+    if unknown:  # a misspelt filter (`verdict=fail`) would otherwise return every dialogue, unfiltered
+        raise ViewError(HTTPStatus.BAD_REQUEST, f"unknown parameter {unknown[0]!r}; known: "
+                        + ", ".join(sorted(_QUERY_KEYS)))
     out: Iterable[dict[str, Any]] = rows
     verdict = _one(query, "pass")
     if verdict is not None:
