@@ -656,3 +656,46 @@ def test_cli_reports_the_profile_beside_the_file_under_its_own_name(tmp_path: Pa
     assert two.output.rstrip().splitlines()[-2:] == ["2 files: 0 errors, 0 warnings (ok)",
                                                      "2 profiles: 2 errors, 0 warnings (failed)"]
     assert "profile beside" in CliRunner().invoke(main, ["check", "--help"]).output
+
+
+SHORTCUT_PROGRAMS = [
+    'field A: Yes | No\nfield F: bool\nsystem N: int[0..9]\nsystem X: float[0..1]\naction Go "g"\n'
+    'let D = N + 1\n'
+    'stage s "S" {\n  match A {\n    Yes -> t\n    Maybe -> t\n    "No" -> t\n  }\n}\n'
+    'stage t "T" {\n  match F {\n    true -> u\n    1 -> u\n  }\n}\n'
+    'stage u "U" {\n  when N < 3 -> v\n  when X >= 0.5 -> v\n  when D > 2 -> v\n  when A > 1 -> v\n'
+    '  when F == 2 -> v\n  when F -> v\n  when A -> v\n  when N -> v\n  otherwise -> do Go\n}\n'
+    'stage v "V" {\n  match N {\n    1 -> do Go\n    otherwise -> do Go\n  }\n}\n',
+    'type T = Yes | No\nfield A: T\nfield B: Missing\naction Go "g"\n'
+    'stage s "S" {\n  match B {\n    Yes -> do Go\n    true -> do Go\n  }\n}\n',
+]
+
+
+@pytest.mark.parametrize("text", SHORTCUT_PROGRAMS
+                         + [p.read_text(encoding="utf-8") for p in sorted(ROOT.glob("scenarios/*.sop"))])
+def test_type_shortcuts_report_what_inference_reports(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The typer's shortcuts for the commonest shapes (`_Typer.plainly_bool`, `_plain_members`) only skip
+    work that finds nothing: with them off, every program gets the same diagnostics."""
+    from sopgraph.logic import checker
+
+    def diagnostics() -> list[Diagnostic]:
+        loaded = load_source(text=text, name="t.sop")
+        assert loaded.scenario is not None
+        return checker.check_types(loaded.scenario, compile_graph(loaded.scenario))
+
+    with_shortcuts = diagnostics()
+    monkeypatch.setattr(checker._Typer, "plainly_bool", lambda self, e: False)
+    monkeypatch.setattr(checker, "_plain_members", lambda st, values: False)
+    assert diagnostics() == with_shortcuts
+
+
+def test_type_shortcuts_are_taken_on_plain_guards() -> None:
+    from sopgraph.logic import checker
+    loaded = load_source(text=SHORTCUT_PROGRAMS[0], name="t.sop")
+    assert loaded.scenario is not None
+    typer = checker._typer(loaded.scenario)
+    stages = loaded.scenario.stages
+    taken = [typer.plainly_bool(b.guard) for b in stages["u"].branches if b.guard is not None]
+    assert taken == [True, True, False, False, False, True, False, False]
+    st = loaded.scenario.variables["A"].type
+    assert [checker._plain_members(st, b.values) for b in stages["s"].branches] == [True, False, True]

@@ -256,6 +256,115 @@ def test_one_line_heads_read_by_regex_build_the_token_readers_nodes() -> None:
     assert taken == ["A", "B", "D", "E", "N", "M", "P"]
 
 
+QUICK_STAGES = '''field A: Yes | No
+field F: bool
+system N: int[0..100]
+system M: int[0..100]
+action Go
+stage m1 "match, plain arms" {
+    match A {
+        Yes -> m2
+
+        No -> do Go
+    }
+}
+stage m2 "match, bools and otherwise" {
+    match F {
+        true -> m3
+        otherwise -> do Go
+    }
+}
+stage m3 "match, numbers" {
+    match N {
+        1 -> w1
+        2.5 -> do Go
+    }
+}
+stage w1 "whens" {
+    when F -> w2
+    when N < 5 -> do Go
+    when N>=M->w2
+    otherwise -> do Go
+}
+stage w2 "whens without otherwise" {
+    when N == 7 -> x1
+}
+stage x1 "a comment" {
+    when F -> x2  # why
+    otherwise -> do Go
+}
+stage x2 "otherwise when" {
+    when F -> x3
+    otherwise when N > 3 -> x3
+    otherwise -> do Go
+}
+stage x3 "up to" {
+    when F -> x4 up to 2 times
+    otherwise -> do Go
+}
+stage x4 "a step" {
+    match A {
+        Yes -> do Go -> x5
+        No -> x5
+    }
+}
+stage x5 "text" {
+    "Ask for it."
+    when F -> x6
+    otherwise -> do Go
+}
+stage x6 "closing on one line" {
+    match A {
+        Yes -> x7
+        No -> x7 } }
+stage x7 "an arm going on" {
+    when F
+        -> x8
+    otherwise -> do Go
+}
+stage x8 "a reserved word" {
+    match A {
+        Yes -> x9
+        not -> x9
+    }
+}
+stage x9 "two values" {
+    match A {
+        Yes, No -> do Go
+    }
+}
+stage x10 {
+    when F -> do Go
+    otherwise -> do Go
+}
+'''
+
+
+def test_whole_stages_read_by_regex_build_the_token_readers_nodes() -> None:
+    """`quick_stage` takes whole stages of the commonest shapes (a `match` of one-line arms, or one-line
+    `when` arms, an `otherwise`), one regex per line; any other stage goes to the token reader."""
+    text = QUICK_STAGES.replace('        not -> x9\n', '        No -> x9\n')
+    assert_same(text)
+    assert isinstance(outcome(QUICK_STAGES, "t.sop", fast=True), list)  # `not` as a value: Lark's error
+    assert_same(QUICK_STAGES)
+    taken: list[str] = []
+    real = fastparse._Items.quick_stage
+
+    def spy(self: Any) -> Any:
+        found = real(self)
+        if found is not None:
+            taken.append(found.id)
+        return found
+
+    fastparse._Items.quick_stage = spy  # type: ignore[method-assign]
+    try:
+        program, fragments = fast_items(text)
+    finally:
+        fastparse._Items.quick_stage = real  # type: ignore[method-assign]
+    assert program is not None and fragments == []
+    assert taken == ["m1", "m2", "m3", "w1", "w2", "x8"]
+
+
 UNICODE_NAMES = '''scenario 退款 "电商退款"
 field 意图: 退款 | 换货 | 咨询 "意图"
 field Größe: Klein | Groß

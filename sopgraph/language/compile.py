@@ -8,6 +8,7 @@ action); a DiGraph has one edge per pair, so the edge carries the ordered list o
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import networkx as nx
@@ -69,17 +70,23 @@ def topology(scenario: ir.Scenario) -> nx.DiGraph:
     g.add_node(END)
     if scenario.start is not None and scenario.start in scenario.stages:
         g.add_edge(START, scenario.start)
-    for stage in scenario.stages.values():
-        for branch in stage.branches:
-            tgt = branch.target
-            node = tgt.stage if tgt.kind == "stage" else action_node(tgt.action or "")
-            if node in g:
-                g.add_edge(stage.id, node)
+    g.add_edges_from(_stage_edges(scenario, g))  # the nodes are all in: the same edges as one by one
     for action in scenario.actions.values():
         node = action_node(action.name)
         if g.in_degree(node):
             g.add_edge(node, END)
     return g
+
+
+def _stage_edges(scenario: ir.Scenario, g: nx.DiGraph) -> Iterator[tuple[str, str]]:
+    """Each branch's edge (stage, target node), in order, when the target is a node of `g`."""
+    for stage in scenario.stages.values():
+        sid = stage.id
+        for branch in stage.branches:
+            tgt = branch.target
+            node = tgt.stage if tgt.kind == "stage" else action_node(tgt.action or "")
+            if node in g:
+                yield sid, node  # type: ignore[misc]
 
 
 def _build(scenario: ir.Scenario) -> nx.DiGraph:

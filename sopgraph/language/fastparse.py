@@ -28,6 +28,11 @@ _ANY_NAME = r"[^\W\d]\w*(?:\.[^\W\d]\w*)*"  # letters of any script, digits, `_`
 _GOES_ON = frozenset(("->", "(", "{"))  # after a target: steps, arguments or outputs follow
 
 
+_Q_NL = r"[ \t]*\n[ \t\n]*"  # a line break, blank lines and indentation (whole-stage regexes)
+_Q_END = r"(?=[ \t]*\n)"  # nothing more on the line
+_Q_CLOSE = re.compile(rf"{_Q_NL}\}}")
+
+
 class _Syntax:
     """The fast path's regexes for one spelling of names. An ASCII file (nearly all) is read with ASCII
     name classes, a file with any other character with the grammar's own (letters of every script):
@@ -58,6 +63,16 @@ class _Syntax:
                                     rf"|(int|float)[ \t]*\[[ \t]*(-?[0-9]{{1,18}})[ \t]*\.\.[ \t]*(-?[0-9]{{1,18}})[ \t]*\]"
                                     rf"|({name}(?:[ \t]*\|[ \t]*{name})+))")
         self.names = re.compile(name)
+        # A whole stage of the commonest shapes, one line per item: the head (`stage_head`), then either
+        # a `match NAME {` block of `VALUE -> [do] NAME` arms (and an `otherwise` arm) or `when` arms (and
+        # an `otherwise` arm), then the closing braces (`_Q_CLOSE`). Each item is one regex starting at the
+        # previous item's end: a line break (blanks allowed) first, nothing after it on its line. Anything
+        # else (a comment, a text, steps, `up to`, `otherwise when`, an item going on on the next line)
+        # puts the reader back (`_Items.quick_stage`).
+        self.q_match = re.compile(rf"{_Q_NL}match[ \t]+({name})[ \t]*\{{")
+        self.q_match_arm = re.compile(rf"{_Q_NL}({name}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*(?:(do)[ \t]+)?({name}){_Q_END}")
+        self.q_when = re.compile(rf"{_Q_NL}{self.when_arm.pattern}{_Q_END}")  # groups as `when_arm`'s
+        self.q_otherwise = re.compile(rf"{_Q_NL}{self.otherwise_arm.pattern}{_Q_END}")  # as `otherwise_arm`'s
 
 
 _ASCII = _Syntax(_ASCII_NAME)
@@ -153,6 +168,15 @@ def _plain_values(values: list[Any]) -> list[Any]:
     if any(type(v) is not ir.Lit for v in values):
         raise _Bail
     return values
+
+
+def _arm_ok(m: re.Match[str]) -> bool:
+    """An arm matched by `_Syntax.when_arm`/`otherwise_arm` the regex may build: no reserved word where a
+    name stands, no huge number (Lark reports those)."""
+    guard_name, operand, target_name = m.group(1, 3, 5)
+    if target_name in RESERVED or guard_name in RESERVED or operand in RESERVED:
+        return False
+    return not (operand and operand[0].isdigit() and len(operand) > 300)
 
 
 class _Reader:
@@ -722,6 +746,9 @@ class _Items(_Exprs):
 
     # -- stages
     def stage(self) -> ir.Stage:
+        quick = self.quick_stage()
+        if quick is not None:
+            return quick
         m = self.syntax.stage_head.match(self.text, self.s)
         if m is not None and m.group(1) not in RESERVED:
             name, span, title = intern(m.group(1)), self.span_at(m.start(1), m.end(1)), unquote(m.group(2))
@@ -789,21 +816,21 @@ class _Items(_Exprs):
         read with one regex and built as the token reader builds it (same nodes, same spans); None
         when the arm is anything else, or goes on after its target (the token reader takes it)."""
         m = pattern.match(self.text, self.s)
-        if m is None:
+        if m is None or not _arm_ok(m):
             return None
-        guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
-        if target_name in RESERVED or guard_name in RESERVED or operand in RESERVED:
-            return None
-        if operand and operand[0].isdigit() and len(operand) > 300:
-            return None  # a huge number: Lark reports it
         saved = (self.k, self.v, self.s, self.e)
         self.e = m.end()
         self.advance()
         if (self.k == "o" and self.v in _GOES_ON) or (self.k == "n" and self.v == "up"):
             self.k, self.v, self.s, self.e = saved
             return None
+        return self.arm_nodes(m, ordered)
+
+    def arm_nodes(self, m: re.Match[str], ordered: bool) -> Any:
+        """The branch of an arm matched by `_Syntax.when_arm`/`otherwise_arm` (or `q_when`/`q_otherwise`)."""
+        guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
         nl = self.newlines
-        i = bisect_left(nl, m.start())
+        i = bisect_left(nl, m.start(5))
         line, base, file = i + 1, (nl[i - 1] if i else -1), self.file
         target_span = _make_span(file, line, m.start(5) - base, line, m.end(5) - base)
         if do:
@@ -822,6 +849,93 @@ class _Items(_Exprs):
             guard = _compare(op=op, left=left, right=right, span=_make_span(file, line, col, line, right_span.end_col))
         return _branch(guard=guard, target=target, limit=None, ordered=ordered,
                        span=_make_span(file, line, col, line, target_span.end_col))
+
+    def quick_stage(self) -> Any | None:
+        """A whole stage of the commonest shapes (`_Syntax.stage_head`, then `q_match` and `q_match_arm`s or
+        `q_when`s, a `q_otherwise`, `_Q_CLOSE`s), one regex per line, built as the token reader builds
+        it (same nodes, same spans); None for anything else: the token reader takes the stage."""
+        text = self.text
+        m = self.syntax.stage_head.match(text, self.s)
+        if m is None or m.group(1) in RESERVED:
+            return None
+        head = self.syntax.q_match.match(text, m.end())
+        subject = None
+        if head is not None:
+            if head.group(1) in RESERVED:
+                return None
+            subject = _var(name=intern(head.group(1)), span=self.span_at(head.start(1), head.end(1)))
+            found = self.quick_match_arms(subject, head.end())
+        else:
+            found = self.quick_when_arms(m.end())
+        if found is None:
+            return None
+        branches, end = found
+        close = _Q_CLOSE.match(text, end)
+        if close is None:
+            return None
+        self.e = close.end()
+        self.advance()
+        return mk(ir.Stage, id=intern(m.group(1)), title=unquote(m.group(2)), span=self.span_at(m.start(1), m.end(1)),
+                  text="", classify=[], observe=[], kind="when" if subject is None else "match", subject=subject,
+                  branches=branches)
+
+    def quick_otherwise(self, branches: list[Any], pos: int) -> tuple[list[Any], int] | None:
+        """`branches` with an `otherwise -> [do] NAME` line at `pos` (if one is there), and where they end."""
+        o = self.syntax.q_otherwise.match(self.text, pos)
+        if o is None:
+            return branches, pos
+        if not _arm_ok(o):
+            return None
+        branches.append(self.arm_nodes(o, False))
+        return branches, o.end()
+
+    def quick_when_arms(self, pos: int) -> tuple[list[Any], int] | None:
+        """The `when` lines of a quick stage (and its `otherwise` line), and where they end."""
+        branches: list[Any] = []
+        while (a := self.syntax.q_when.match(self.text, pos)) is not None:
+            if not _arm_ok(a):
+                return None
+            branches.append(self.arm_nodes(a, False))
+            pos = a.end()
+        if not branches:
+            return None  # `otherwise` alone: the token reader's (and Lark's) error
+        return self.quick_otherwise(branches, pos)
+
+    def quick_match_arms(self, subject: Any, pos: int) -> tuple[list[Any], int] | None:
+        """The arms of a quick stage's `match` block up to its closing brace, and where they end."""
+        text, file, nl, nowhere = self.text, self.file, self.newlines, self.nowhere
+        branches: list[Any] = []
+        while (a := self.syntax.q_match_arm.match(text, pos)) is not None:
+            value, do, target_name = a.group(1, 2, 3)
+            if target_name in RESERVED or len(value) > 300:
+                return None
+            i = bisect_left(nl, a.start(1))
+            line, base = i + 1, (nl[i - 1] if i else -1)
+            target_span = span = _make_span(file, line, a.start(3) - base, line, a.end(3) - base)
+            if value in RESERVED:
+                if value != "true" and value != "false":
+                    break  # `otherwise` (or a keyword, which the closing brace then refuses)
+                lit = _lit(value=value == "true", span=nowhere)
+            else:
+                col = a.start(1) - base
+                value_span = _make_span(file, line, col, line, a.end(1) - base)
+                lit = (_lit(value=number(value), span=value_span) if value[0].isdigit()
+                       else _lit(value=intern(value), bare=True, span=value_span))
+                span = _make_span(file, line, col, line, target_span.end_col)
+            if do:
+                target = _target(kind="action", action=intern(target_name), outputs=[], args=[], span=target_span)
+            else:
+                target = _target(kind="stage", stage=intern(target_name), span=target_span)
+            guard = _inset(operand=subject, values=[lit], span=span)
+            branches.append(_branch(guard=guard, target=target, values=[lit], limit=None, span=span))
+            pos = a.end()
+        if not branches:
+            return None
+        found = self.quick_otherwise(branches, pos)
+        if found is None:
+            return None
+        close = _Q_CLOSE.match(text, found[1])
+        return None if close is None else (found[0], close.end())
 
     def when_arm(self, *, ordered: bool) -> Any:
         self.expect("when")

@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -1055,7 +1055,7 @@ def _load_source(path: str | Path | None, *, text: str | None, name: str | None,
     if any(d.is_error for d in diags):
         return Loaded(diagnostics=diags, sources=sources)
     try:
-        scenario = _merge(programs, diags)
+        scenario = _merge(programs, diags, sources.values())
     except RecursionError:
         return Loaded(diagnostics=[error("E006", "an expression is nested too deeply",
                                          ir.Span(file=file), f"keep expressions under {MAX_DEPTH} levels; "
@@ -1123,7 +1123,9 @@ def _collect_includes(program: Program, base: Path, chain: list[str], programs: 
         _collect_includes(sub, target.parent, chain + [key], programs, sources, diags, roots)
 
 
-def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
+def _merge(programs: list[Program], diags: list[Diagnostic], texts: Iterable[str] | None = None) -> ir.Scenario:
+    """One scenario from the main program and its includes. `texts` (every source the programs were
+    parsed from, when known) lets the search for an undeclared `now` skip programs that never write it."""
     header: ScenarioHeader | None = None
     variables: dict[str, ir.Variable] = {}
     actions: dict[str, ir.Action] = {}
@@ -1196,7 +1198,7 @@ def _merge(programs: list[Program], diags: list[Diagnostic]) -> ir.Scenario:
         start=start_id,
         span=header.span if header else ir.Span(file=programs[0].file),
     )
-    _declare_now(scenario)
+    _declare_now(scenario, texts)
     _resolve_names(scenario)
     for name in scenario.observed:
         if name in scenario.variables and scenario.variables[name].role == "system":
@@ -1383,10 +1385,17 @@ def scenario_expressions(scenario: ir.Scenario) -> list[Any]:
     return out
 
 
-def _declare_now(scenario: ir.Scenario) -> None:
+_NOW_WORD = re.compile(r"(?<![A-Za-z0-9_])now(?![A-Za-z0-9_])")
+
+
+def _declare_now(scenario: ir.Scenario, texts: Iterable[str] | None = None) -> None:
     """A program that reads `now` without declaring it gets it as a system variable of type
-    `datetime`: the reference time given per case or per decision (never a wall-clock read)."""
+    `datetime`: the reference time given per case or per decision (never a wall-clock read).
+    A `Var` named `now` comes from the word `now` written in a source: when `texts` (all sources)
+    has none, there is nothing to find and the expressions are not walked."""
     if NOW in scenario.variables:
+        return
+    if texts is not None and not any(NOW in text and _NOW_WORD.search(text) for text in texts):
         return
     stack = scenario_expressions(scenario)
     children, var = ir.children, ir.Var
@@ -1416,8 +1425,15 @@ def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
         if kind is ir.Lit:
             return expr
         if kind is ir.Var or isinstance(expr, ir.Var):
+            if not scope and expr.name in names:
+                return expr  # a variable: most names (as `_resolve_var` answers, without the call)
             return _resolve_var(expr, names, scope)
-        if isinstance(expr, ir.Unary):
+        if kind is ir.InSet:  # the commonest guards first, by exact type (a subclass takes the chain below)
+            _fix_field(expr, "operand", fix(expr.operand, scope))
+        elif kind is ir.Compare:
+            _fix_field(expr, "left", fix(expr.left, scope))
+            _fix_field(expr, "right", fix(expr.right, scope))
+        elif isinstance(expr, ir.Unary):
             _fix_field(expr, "operand", fix(expr.operand, scope))
         elif isinstance(expr, (ir.Binary, ir.Compare)):
             _fix_field(expr, "left", fix(expr.left, scope))

@@ -40,6 +40,9 @@ def _checked_leaves(scenario: ir.Scenario) -> dict[tuple[str, int], list[tuple[i
     """(stage id, branch index) -> the assignments of bounded numeric outputs that are not literals
     (literals are checked by the type pass)."""
     out: dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]] = {}
+    if not any(isinstance(o.type, ir.NumType) and (o.type.lo is not None or o.type.hi is not None)
+               for o in scenario.outputs.values()):
+        return out  # no bounded numeric output: no assignment to check, no walk over every branch
     for sid, stage in scenario.stages.items():
         for bi, branch in enumerate(stage.branches):
             for assign in branch.target.outputs:

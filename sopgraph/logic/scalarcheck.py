@@ -350,8 +350,12 @@ def check_scalars(scenario: ir.Scenario, expressions: list[Any]) -> list[Diagnos
                              "give a value for every look"))
     stack = list(expressions)
     seen: set[str] = set()
+    children, var_node, lit_node = ir.children, ir.Var, ir.Lit
     while stack:
         e = stack.pop()
+        kind = type(e)
+        if kind is var_node or kind is lit_node:
+            continue  # leaves: most nodes of a large program
         if isinstance(e, ir.Matches):
             span = e.pattern_span if e.pattern_span.line else e.span
             bad = scalars.pattern_problem(e.pattern)
@@ -360,7 +364,7 @@ def check_scalars(scenario: ir.Scenario, expressions: list[Any]) -> list[Diagnos
             elif e.pattern not in seen:
                 seen.add(e.pattern)
                 out += _witness_note(e.pattern, span)
-        stack.extend(ir.children(e))
+        stack += children(e)
     return out
 
 
