@@ -7,6 +7,8 @@ so times include start-up, as a user sees them.
 - scoring family K=8 scores over N=30 shared inputs: `sop check`, `sop paths --count`,
   `sop synth -n 50` (target: each under 5 s);
 - `sop synth -n 50` on a generated workflow with >= 50,000 feasible paths (target under 5 s);
+- `sop paths --count` and `sop synth -n 50` on a 1,000-stage generated workflow whose paths are too many to
+  count (time and peak memory: bounded, where they used to run for minutes past 7 GB);
 - `sop check` on 100,000 stages in two shapes, a chain (`gen_sop.py --kind chain`) and branching
   stages (`--kind diamond`: every stage branches two to four ways): time and peak memory of that one
   process (targets under 10 s and 1 GB);
@@ -132,6 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         t, _, code = run(["synth", str(wide), "-n", "50", "-q", "-o", str(d / "w.jsonl")])
         lines = len((d / "w.jsonl").read_text().splitlines()) if (d / "w.jsonl").exists() else 0
         report("synth -n 50, 139,968 feasible paths", t, 5.0, code, f"({lines} cases) ")
+        huge = d / "huge.sop"  # a 1,000-stage `realistic` workflow: too many paths to count (>> 1e9)
+        huge.write_text(gen.generate(1000, kind="realistic", seed=0))
+        for label, cmd in (("paths --count, 1,000-stage workflow", ["paths", str(huge), "--count"]),
+                           ("synth -n 50, 1,000-stage workflow", ["synth", str(huge), "-n", "50", "-q",
+                                                                  "-o", str(d / "h.jsonl")])):
+            t, mem, code = run(cmd)  # before the count budget: no answer in minutes, over 7 GB
+            print(f"{label:<46} {t:7.2f} s  peak {mem:.0f} MB  exit {code} (bounded: the count stops at "
+                  "its budget and says so)")
         profile_rows(d, args.intents)
         large_checks(d, args.stages)
     return 0

@@ -269,3 +269,16 @@ def test_corrupted_store_is_named(run_dir):
         result = _invoke(*args, str(run_dir))
         assert result.exit_code == 1
         assert "run.sqlite" in result.output and "backup" in result.output
+
+
+def test_a_byte_order_mark_is_not_part_of_the_program(tmp_path: Path) -> None:
+    """Windows editors save UTF-8 with a byte-order mark: the `.sop`, a cases file and `sop decide` input
+    read past it (it was E005 "invalid character U+FEFF" at 1:1, and an invalid first decide line)."""
+    src = (Path(__file__).resolve().parents[1] / "scenarios" / "telecom_package.sop").read_text(encoding="utf-8")
+    sop = tmp_path / "bom.sop"
+    sop.write_bytes(b"\xef\xbb\xbf" + src.replace("\n", "\r\n").encode("utf-8"))
+    checked = CliRunner().invoke(main, ["check", str(sop)])
+    assert checked.exit_code == 0, checked.output
+    line = '{"ConsumptionType": "Change", "PackageStatus": "NoContract"}\n'
+    decided = CliRunner().invoke(main, ["decide", str(sop)], input="\ufeff" + line)
+    assert decided.exit_code == 0 and json.loads(decided.output)["finals"] == {"Action": "ChangeOrder"}

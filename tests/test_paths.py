@@ -102,7 +102,7 @@ def test_toy_telecom_paths() -> None:
     sc = load_text(TOY)
     paths = list(iter_paths(sc))
     assert [p.id for p in paths] == [f"P{i:02d}" for i in range(1, 13)]
-    assert count_paths(sc).model_dump() == {"feasible": 12, "stage_sequences": 9, "exact": True}
+    assert count_paths(sc).model_dump() == {"feasible": 12, "stage_sequences": 9, "exact": True, "complete": True}
     for p in paths:
         check_path_record(sc, p)
     p3 = paths[2]
@@ -366,7 +366,7 @@ def test_cli_paths(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert r.output.strip() == "12 feasible paths, 9 distinct stage sequences"
     r = runner.invoke(cli, ["paths", str(f), "--count", "--format", "json"])
-    assert json.loads(r.output) == {"feasible": 12, "stage_sequences": 9, "exact": True}
+    assert json.loads(r.output) == {"feasible": 12, "stage_sequences": 9, "exact": True, "complete": True}
     r = runner.invoke(cli, ["paths", str(f), "--format", "json"])
     data = json.loads(r.output)
     assert [d["id"] for d in data] == [f"P{i:02d}" for i in range(1, 13)]
@@ -455,3 +455,50 @@ def test_constraints_keep_how_variables_combine() -> None:
     refuse, plan = iter_paths(sc)
     assert refuse.constraints == {"Hardship": "false", "Days": ">= 91"}
     assert plan.constraints == {"where": "(Days <= 90) or (Hardship = true and Days >= 91)"}
+
+
+def test_too_many_paths_to_count_is_said_and_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A 100-stage generated workflow has billions of paths: counting them took 44 s and 0.7 GB (200 stages:
+    no answer in minutes; `sop synth` on 1,000 stages grew past 7 GB). The count now stops at its state
+    budget and says so with a lower bound; sampling falls back to a random walk whose paths are named by
+    their decisions (`W…`), each verified by the engine; synthesis writes exactly `-n` cases. (Budget made
+    small here so that a 40-stage file, 22,480 paths, runs past it.)"""
+    import sopgraph.logic.paths as paths_mod
+    from sopgraph.cases.profiles import default_profile
+    from sopgraph.cases.synth import synthesize
+
+    monkeypatch.setattr(paths_mod, "COUNT_BUDGET", 300)
+    text = gen.generate(40, kind="realistic", seed=0)
+    sc = load_source(None, text=text).scenario
+    assert sc is not None
+    counted = count_paths(sc)
+    assert not counted.complete and not counted.exact and 1 <= counted.feasible < 22_480
+    drawn = sample_paths(sc, 8, seed=3, unique=True)
+    assert len(drawn) == 8 and all(p.id.startswith("W") and p.rank == 0 for p in drawn)
+    assert len({p.id for p in drawn}) == 8
+    for p in drawn:
+        assert decide(sc, p.witness).path == p.stages
+    assert [p.id for p in sample_paths(load_source(None, text=text).scenario, 8, seed=3, unique=True)] == \
+        [p.id for p in drawn]  # the same walk on a fresh load
+    result = synthesize(sc, default_profile(sc), 10, seed=1)
+    assert len(result.cases) == 10 and not result.coverage.paths_counted
+    assert any("too many to count" in s.reason for s in result.skipped)
+    sop = tmp_path / "big.sop"
+    sop.write_text(text, encoding="utf-8")
+    out = CliRunner().invoke(cli, ["paths", str(sop), "--count"])
+    assert out.exit_code == 0 and "too many to count" in out.output, out.output
+
+
+def test_float_boundaries_are_shown_as_the_round_number_they_equal() -> None:
+    """The exact boundary of `Amount * 0.8 > 1400` is `Amount >= 1750.0000000000002` (float rounding); shown
+    as `> 1750`, which means exactly the same set of floats."""
+    from sopgraph.logic.intervals import NumDom, describe_num
+
+    loaded = load_source(None, text='system Amount: float[0..5000] "a"\naction A "a"\naction B "b"\n'
+                                    'stage s {\n when Amount * 0.8 > 1400 -> do A\n otherwise -> do B\n}\n')
+    sc = loaded.scenario
+    assert sc is not None
+    high, low = iter_paths(sc)
+    assert high.constraints == {"Amount": "> 1750"} and low.constraints == {"Amount": "<= 1750"}
+    assert describe_num(NumDom(1750.0000000000002, 5000.0, False, False, frozenset())) == "in (1750..5000]"
+    assert describe_num(NumDom(0.1, 0.30000000000000004, False, False, frozenset())) == "in [0.1..0.30000000000000004]"

@@ -88,9 +88,10 @@ class Coverage(BaseModel):
     sampled: int = 0
     supplemented: int = 0
     appended: int = 0
-    feasible_paths: int = 0
+    feasible_paths: int = 0  # a lower bound when not `paths_counted`
     stage_sequences: int = 0
     exact: bool = True
+    paths_counted: bool = True  # False: too many paths to count (`PathCount.complete`)
     per_path: dict[str, int] = Field(default_factory=dict)
     path_actions: dict[str, str] = Field(default_factory=dict)
     per_intent: dict[str, int] = Field(default_factory=dict)
@@ -230,6 +231,7 @@ class Plan:
     templates: dict[tuple[int, str], PairTemplate | None] = field(default_factory=dict)
     # (path index, conditions class) → does a seed-free candidate verify (see `_usable`)
     base_verdicts: dict[tuple[int, Any], bool] = field(default_factory=dict)
+    counted: bool = True  # False: too many paths to count; `feasible` is a lower bound
     # intent name → a number equal for intents with equal conditions (`conditions_key`, computed once)
     condition_class: dict[str, int] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
@@ -265,9 +267,17 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     explorer = paths_mod.explorer_for(scenario)
     entries: list[PathEntry] = []
     skipped: list[Skip] = []
-    if sample is not None and count.feasible > PLAN_PATH_LIMIT:
+    if sample is not None and (count.feasible > PLAN_PATH_LIMIT or not count.complete):
         drawn = paths_mod.sample_paths(scenario, max(1, sample), seed=seed, weights="action", unique=True)
-        infos: Iterable[Any] = sorted(drawn, key=lambda info: info.rank)
+        infos: Iterable[Any] = sorted(drawn, key=lambda info: (info.rank, info.id))
+        if not count.complete:
+            skipped.append(Skip(kind="paths", name="count", reason=f"more than {count.feasible:,} feasible paths "
+                                "(too many to count): paths drawn by a random walk, each feasible branch equally "
+                                "likely, not balanced by action"))
+    elif not count.complete:  # too many paths to count, and no sample size: the first ones, said so
+        infos = paths_mod.iter_paths(scenario, limit=PLAN_PATH_LIMIT)
+        skipped.append(Skip(kind="paths", name="count", reason=f"more than {count.feasible:,} feasible paths "
+                            f"(too many to count): only the first {PLAN_PATH_LIMIT:,} are considered"))
     else:
         infos = paths_mod.iter_paths(scenario)
     for info in infos:
@@ -304,7 +314,7 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     unreached = [name for name, hits in intent_paths.items() if not hits]
     for name in unreached:
         skipped.append(Skip(kind="intent", name=name, reason="reaches no feasible path"))
-    if not count.exact:
+    if not count.exact and count.complete:
         skipped.append(Skip(kind="paths", name="count", reason="the path count is an upper bound (undecided "
                                                                  "conditions)"))
     shapes = Counter((tuple(e.stages), e.action) for e in entries)
@@ -313,7 +323,7 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     return Plan(scenario=scenario, profile=profile, paths=entries, feasible=count.feasible,
                 stage_sequences=count.stage_sequences, exact=count.exact, intent_paths=intent_paths,
                 unreached_intents=unreached, regions=regions, ambiguous=ambiguous, skipped=skipped,
-                condition_class=condition_class)
+                condition_class=condition_class, counted=count.complete)
 
 
 def _path_reads(scenario: ir.Scenario, stages: Sequence[str]) -> frozenset[str]:
@@ -1171,6 +1181,7 @@ def _coverage(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensity
     return Coverage(
         scenario=p.scenario.name, cases=len(slots), sampled=sampled, supplemented=supplemented,
         appended=appended, feasible_paths=p.feasible, stage_sequences=p.stage_sequences, exact=p.exact,
+        paths_counted=p.counted,
         per_path=per_path, path_actions={e.id: e.action for e in p.paths}, per_intent=per_intent,
         per_intensity=per_intensity, per_action=dict(counts["action"]), per_bucket=dict(counts["bucket"]),
         per_persona=dict(counts["persona"]), per_language=dict(counts["language"]),

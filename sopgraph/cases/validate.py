@@ -60,6 +60,8 @@ def read_case_lines(path: str | Path) -> Iterator[tuple[int, str]]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise CaseFileError(f"{p}:{lineno}: not UTF-8 text (byte {exc.start})") from None
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")  # a byte-order mark (Windows editors)
             if text.strip():
                 yield lineno, text
 

@@ -137,6 +137,8 @@ def parse_line(raw: bytes | str, lineno: int) -> tuple[dict[str, Any] | None, di
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
         return None, {"error": f"line {lineno}: not UTF-8 text (byte {exc.start})"}
+    if lineno == 1:
+        text = text.removeprefix("\ufeff")  # a byte-order mark (Windows editors)
     if not text.strip():
         return None, {"error": f"line {lineno}: empty line (expected a JSON object of values)"}
     try:

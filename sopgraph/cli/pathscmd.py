@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from sopgraph.logic.paths import count_paths, iter_paths, sample_paths
+from sopgraph.logic.paths import COUNT_BUDGET, count_paths, iter_paths, sample_paths
 
 from .params import fail, load_or_exit, sop_file
 
@@ -77,7 +77,10 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
     scenario = load_or_exit(file)
     if count_only:
         c = count_paths(scenario)
-        if fmt == "table":
+        if fmt == "table" and not c.complete:
+            click.echo(f"more than {c.feasible:,} feasible paths: too many to count (the count stopped at its "
+                       f"budget of {COUNT_BUDGET:,} states); list some with --limit N or --sample N")
+        elif fmt == "table":
             approx = "" if c.exact else " (upper bounds: some conditions are undecided)"
             click.echo(f"{c.feasible} feasible paths, {c.stage_sequences} distinct stage sequences{approx}")
         else:
@@ -86,9 +89,10 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
     if sample is not None and limit is not None:
         fail("use either --sample or --limit, not both", 2)
     if sample is None and limit is None and fmt != "jsonl":
-        total = count_paths(scenario).feasible
-        if total > MAX_LISTED:
-            fail(f"{scenario.name} has {total} feasible paths: list them with --format jsonl, or use "
+        counted = count_paths(scenario)
+        if counted.feasible > MAX_LISTED or not counted.complete:
+            many = f"{counted.feasible}" if counted.complete else f"more than {counted.feasible:,}"
+            fail(f"{scenario.name} has {many} feasible paths: list them with --format jsonl, or use "
                  f"--limit N, --sample N or --count", 2)
     if sample is not None:
         infos = sample_paths(scenario, sample, seed=seed)
@@ -108,7 +112,9 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
         click.echo(json.dumps([p.model_dump(mode="json") for p in infos], indent=2, ensure_ascii=False))
         return
     if sample is None:
-        total = count_paths(scenario).feasible
-        shown = f"{len(infos)} of {total}" if len(infos) < total else f"{total}"
+        counted = count_paths(scenario)
+        total = counted.feasible
+        shown = (f"{len(infos)} of {total}" if len(infos) < total else f"{total}") if counted.complete \
+            else f"{len(infos)} of more than {total:,}"
         title = f"{scenario.name}: {shown} feasible paths"
     _table(infos, title)

@@ -113,7 +113,10 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
         coverage_out.write_text(json.dumps(stream.coverage.model_dump(mode="json"), indent=2, sort_keys=True)
                                 + "\n", encoding="utf-8")
     cov = stream.coverage
-    if cov.min_per_path == 0 and min_per_path is None and cov.feasible_paths > n:
+    if not cov.paths_counted:
+        click.echo(f"note: {n} cases over more than {cov.feasible_paths:,} feasible paths (too many to count): "
+                   "the paths are drawn by a random walk", err=True)
+    elif cov.min_per_path == 0 and min_per_path is None and cov.feasible_paths > n:
         click.echo(f"note: {n} cases over {cov.feasible_paths} feasible paths: the paths are sampled "
                    f"(balanced by {cov.balance}); raise -n to cover every path", err=True)
     if not quiet:
@@ -185,7 +188,8 @@ def _print_summary(stream: SynthStream, out: Path | None) -> None:
     where = str(out) if out is not None else "stdout"
     console.print(f"{cov.cases} cases ({cov.sampled} sampled, {cov.supplemented} by supplementation, "
                   f"{cov.appended} appended) over {covered}/"
-                  f"{cov.feasible_paths} feasible paths -> {where}", soft_wrap=True)
+                  f"{'more than ' if not cov.paths_counted else ''}{cov.feasible_paths} feasible paths -> {where}",
+                  soft_wrap=True)
     for skip in stream.skipped:
         console.print(f"skipped {skip.kind} {skip.name}: {skip.reason}", soft_wrap=True)
     if max(len(path_rows), len(intent_rows)) > TABLE_ROWS:

@@ -1019,9 +1019,10 @@ def read_sop_file(path: str | Path, *, limit: int | None = None) -> str:
     if b"\0" in data:
         raise ReadRefused("the file contains NUL bytes (binary data, not a .sop program)")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ReadRefused(f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from exc
+    return text[1:] if text.startswith("\ufeff") else text  # a byte-order mark (Windows editors)
 
 
 def _load_source(path: str | Path | None, *, text: str | None, name: str | None,
@@ -1364,8 +1365,9 @@ def _fix_data(expr: Any, scope: frozenset[str], fix: Any) -> None:
 
 
 NOW = "now"
+# read by agents, users and judges in their prompts: no command-line advice here (errors give it)
 NOW_DESCRIPTION = ("The current date and time: the reference for every date comparison. It is given with "
-                   "each case (or `sop decide --now`), never read from a clock.")
+                   "each conversation, never read from a clock.")
 
 
 def scenario_expressions(scenario: ir.Scenario) -> list[Any]:

@@ -173,8 +173,18 @@ def format_number(x: Any) -> str:
     return str(x)
 
 
+def _rounder(x: float, is_open: bool, toward: float) -> tuple[float, bool]:
+    """A closed float bound that is the neighbour of a rounder number, as that number open: the exact
+    boundary of `Amount * 0.8 >= 1400` is `>= 1750.0000000000002`, which is exactly `> 1750`."""
+    if is_open or not isinstance(x, float) or not math.isfinite(x) or x.is_integer():
+        return x, is_open
+    near = math.nextafter(x, toward)
+    return (near, True) if len(format_number(near)) + 3 < len(format_number(x)) else (x, is_open)
+
+
 def describe_num(d: NumDom, full: NumDom | None = None) -> str:
-    """Human text for a numeric domain, omitting bounds equal to the declared type's."""
+    """Human text for a numeric domain, omitting bounds equal to the declared type's. Float noise
+    from exact boundaries is written as the rounder open bound it equals (`_rounder`)."""
     if d.lo == d.hi:
         text = f"== {format_number(d.lo)}"
     else:
@@ -182,14 +192,16 @@ def describe_num(d: NumDom, full: NumDom | None = None) -> str:
                                            and d.lo_open == full.lo_open)
         hi_given = d.hi != INF and not (full is not None and d.hi == full.hi
                                           and d.hi_open == full.hi_open)
+        lo, lo_open = _rounder(d.lo, d.lo_open, -INF)
+        hi, hi_open = _rounder(d.hi, d.hi_open, INF)
         if lo_given and hi_given:
-            left = "(" if d.lo_open else "["
-            right = ")" if d.hi_open else "]"
-            text = f"in {left}{format_number(d.lo)}..{format_number(d.hi)}{right}"
+            left = "(" if lo_open else "["
+            right = ")" if hi_open else "]"
+            text = f"in {left}{format_number(lo)}..{format_number(hi)}{right}"
         elif lo_given:
-            text = f"{'>' if d.lo_open else '>='} {format_number(d.lo)}"
+            text = f"{'>' if lo_open else '>='} {format_number(lo)}"
         elif hi_given:
-            text = f"{'<' if d.hi_open else '<='} {format_number(d.hi)}"
+            text = f"{'<' if hi_open else '<='} {format_number(hi)}"
         else:
             text = ""
     if d.excl:

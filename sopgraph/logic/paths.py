@@ -43,6 +43,8 @@ a stage loops forever. Paths are therefore simple; revisits are pruned.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -58,6 +60,7 @@ from sopgraph.logic.unroll import Unrolled
 
 Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS
+COUNT_BUDGET = 100_000  # DP states of one count (paths or stage sequences) before it stops, incomplete
 WIDE_IDS = 12
 
 
@@ -89,9 +92,10 @@ class PathInfo(BaseModel):
 class PathCount(BaseModel):
     """Counts of feasible paths and of distinct stage sequences."""
 
-    feasible: int
-    stage_sequences: int
+    feasible: int  # when not `complete`: a lower bound (the paths through one counted state)
+    stage_sequences: int  # when not `complete`: a lower bound likewise, 0 when not reached
     exact: bool
+    complete: bool = True  # False: the count stopped at COUNT_BUDGET states (the paths are too many)
 
 
 # A child of a state: (branch index, kind, target, child region, uncertain)
@@ -395,8 +399,14 @@ class Explorer:
             self._total = PathCount(feasible=0, stage_sequences=0, exact=True)
             return self._total
         # `uncertain` is sticky: set whenever an undecided child was met
-        n = self._evaluate(rk, self._expand_paths, self.count_memo)
-        s = self._evaluate(rk, self._expand_seqs, self.seq_memo)
+        try:
+            n = self._evaluate(rk, self._expand_paths, self.count_memo, COUNT_BUDGET)
+            s = self._evaluate(rk, self._expand_seqs, self.seq_memo, COUNT_BUDGET)
+        except _Budget:  # too many paths to count: say so, with lower bounds, instead of running on
+            lower = max(self.count_memo.values(), default=1)
+            seqs = max(self.seq_memo.values(), default=0)
+            self._total = PathCount(feasible=max(1, lower), stage_sequences=seqs, exact=False, complete=False)
+            return self._total
         self._total = PathCount(feasible=n, stage_sequences=s, exact=not self.uncertain)
         return self._total
 
@@ -479,7 +489,7 @@ class Explorer:
         """Digits of the path ids: those of the total count, or WIDE_IDS when counting would take
         more than ID_COUNT_BUDGET states (so that `--limit` stays instant on huge graphs)."""
         if self._width is None:
-            if self._total is not None:
+            if self._total is not None and self._total.complete:
                 self._width = max(2, len(str(self._total.feasible)))
             else:
                 rk = self.root_key()
@@ -500,7 +510,7 @@ class Explorer:
         leaf = self.stage_objs[stages[-1]].branches[branches[-1]].target
         finals, varying = self.leaf_finals(leaf, region)
         info: dict[str, Any] = {
-            "id": f"P{rank:0{self.width()}d}",
+            "id": f"P{rank:0{self.width()}d}" if rank > 0 else walk_id(stage_ids, branches),
             "rank": rank,
             "stages": stage_ids,
             "branches": list(branches),
@@ -767,12 +777,12 @@ def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Se
         found = path_by_decisions(u.scenario, flat_ids, branches, witnesses=witnesses)
         return _lift(found, u) if found is not None else None
     ex = explorer_for(scenario)
-    ex.count()
+    ranked = ex.count().complete  # too many paths to count: no rank (the path is named by `walk_id`)
     rk = ex.root_key()
     if rk is None or not stages or ex.idx.get(stages[0]) != rk[0] or len(stages) != len(branches):
         return None
     si, region, vk = rk
-    rank = 1
+    rank = 1 if ranked else 0
     sidx = []
     for pos, (sid, bi) in enumerate(zip(stages, branches, strict=True)):
         if ex.idx.get(sid) != si:
@@ -785,6 +795,8 @@ def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Se
             if cbi == bi:
                 chosen = child
                 break
+            if not ranked:
+                continue
             if kind == "action":
                 rank += 1
             elif tgt not in nvk:
@@ -835,13 +847,14 @@ def sample_paths(scenario: ir.Scenario, n: int, *, seed: int = 0, weights: Weigh
         return [_lift(info, u) for info in sample_paths(u.scenario, n, seed=seed, weights=weights,
                                                         unique=unique, witnesses=witnesses)]
     ex = explorer_for(scenario)
-    total = ex.count().feasible
+    counted = ex.count()
+    total = counted.feasible if counted.complete else float("inf")
     if n <= 0 or total == 0:
         return []
     rng = random.Random(seed)
-    draw = _drawer(ex, weights, rng)
+    draw = _drawer(ex, weights, rng) if counted.complete else _walker(ex, rng)
     out: list[PathInfo] = []
-    seen: set[int] = set()
+    seen: set[Any] = set()
     attempts = 0
     max_attempts = 50 * n + 100
     while len(out) < n:
@@ -855,11 +868,47 @@ def sample_paths(scenario: ir.Scenario, n: int, *, seed: int = 0, weights: Weigh
             break
         rank, stages, branches, action = got
         if unique:
-            if rank in seen:
+            key = rank if rank > 0 else (tuple(stages), tuple(branches))
+            if key in seen:
                 continue
-            seen.add(rank)
+            seen.add(key)
         out.append(ex.make_info(rank, stages, branches, action, witnesses=witnesses))
     return out
+
+
+def walk_id(stages: Sequence[str], branches: Sequence[int]) -> str:
+    """The id of a path drawn when the paths are too many to count (no rank): `W` and a digest of its
+    decisions, the same in every run."""
+    digest = hashlib.blake2b(json.dumps([list(stages), list(branches)]).encode("utf-8"), digest_size=5)
+    return "W" + digest.hexdigest()
+
+
+def _walker(ex: Explorer, rng: random.Random) -> Callable[[], tuple | None]:
+    """Draws for graphs whose paths are too many to count (`PathCount.complete` is False): a random
+    walk, each feasible branch of a stage equally likely. Not uniform over paths (a path behind a
+    branch with few continuations is more likely), but it needs no counts and every feasible path
+    can be drawn. Rank 0: such paths are named by `walk_id`."""
+    rk = ex.root_key()
+    assert rk is not None
+
+    def walk() -> tuple | None:
+        si, region, vk = rk
+        stages: list[int] = [si]
+        branches: list[int] = []
+        for _step in range(len(ex.ids) * 64 + 64):  # a walk is at most as long as the unrolled graph
+            nvk = ex.next_visited(si, vk)
+            opts = [c for c in ex.children(si, region) if c[1] == "action" or c[2] not in nvk]
+            if not opts:
+                return None
+            bi, kind, tgt, creg, _u = opts[rng.randrange(len(opts))]
+            branches.append(bi)
+            if kind == "action":
+                return 0, stages, branches, tgt
+            si, region, vk = tgt, creg, nvk
+            stages.append(si)
+        return None
+
+    return walk
 
 
 def _drawer(ex: Explorer, weights: Weights, rng: random.Random) -> Callable[[], tuple | None]:
