@@ -180,7 +180,7 @@ def mark_text_values(diagnostics: list[Diagnostic], text_names: frozenset[str]) 
     """Tell each diagnostic which of its example's values are free text (see `_text_keys`)."""
     for d in diagnostics:
         if d.witness and not text_names.isdisjoint(d.witness):
-            d._text_keys = text_names
+            object.__setattr__(d, "__pydantic_private__", {**(d.__pydantic_private__ or {}), "_text_keys": text_names})
 
 
 def _show(value: Any) -> str:
@@ -240,12 +240,14 @@ def _diagnostic(code: str, severity: Severity, message: str, span: Span | None, 
     _set(diag, "__dict__", {"code": code, "severity": severity, "message": message, "span": span, "hint": hint,
                             "witness": None, "notes": []})
     _set(diag, "__pydantic_extra__", None)
-    _set(diag, "__pydantic_private__", {name: attr.get_default() for name, attr in _PRIVATE.items()})
+    _set(diag, "__pydantic_private__", _DEFAULT_PRIVATE)  # shared: 100k diagnostics, one dict
     share_fields_set(diag)
     return diag
 
 
-_PRIVATE = Diagnostic.__private_attributes__  # private attributes with their defaults, as `__init__` sets them
+# the private attributes with their defaults, as `__init__` sets them; shared by the diagnostics built
+# above, which is safe because private attributes are only ever replaced whole (`mark_text_values`)
+_DEFAULT_PRIVATE = {name: attr.get_default() for name, attr in Diagnostic.__private_attributes__.items()}
 
 
 def error(code: str, message: str, span: Span | None, hint: str | None = None, **kw: Any) -> Diagnostic:
