@@ -35,7 +35,12 @@ def test_example_values_are_shown_as_an_input_writes_them() -> None:
     d = Diagnostic(code="W301", severity="warning", message="m",
                    witness={"Due": None, "Vip": True, "Kind": "Gold", "Ref": "text"})
     assert "Due=null, Vip=true, Kind=Gold, Ref=text" in d.render()
-    mark_text_values([d], frozenset({"Ref"}))
+    from sopgraph.language.parse import load_source
+
+    scenario = load_source(None, text='system Ref: string "r"\nfield Kind: Gold | Plain "k"\naction A "a"\n'
+                                      'stage s { -> do A }\n').scenario
+    assert scenario is not None
+    mark_text_values([d], scenario)
     assert "Due=null, Vip=true, Kind=Gold, Ref=\"text\"" in d.render()
 
 

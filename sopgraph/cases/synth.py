@@ -1233,7 +1233,7 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
                                  witness=used_looks(scenario, form.lift(entry.witness), stages) if form
                                  else dict(entry.witness),
                                  notes=[source_terms(entry.description, form) if form else entry.description]))
-    mark_text_values(diags, frozenset(n for n, v in scenario.variables.items() if isinstance(v.type, ir.StringType)))
+    mark_text_values(diags, scenario)
     return diags
 
 

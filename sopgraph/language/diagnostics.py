@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
 
-from sopgraph.language.ir import Span, share_fields_set
+from sopgraph.language.ir import Scenario, Span, StringType, share_fields_set
 
 Severity = Literal["error", "warning", "info"]
 
@@ -176,11 +176,19 @@ def _columns(text: str) -> int:
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
-def mark_text_values(diagnostics: list[Diagnostic], text_names: frozenset[str]) -> None:
-    """Tell each diagnostic which of its example's values are free text (see `_text_keys`)."""
+def text_names(scenario: Scenario) -> frozenset[str]:
+    """The scenario's variables whose values are free text (`string`): quoted when an example shows them."""
+    return frozenset(n for n, v in scenario.variables.items() if isinstance(v.type, StringType))
+
+
+def mark_text_values(diagnostics: list[Diagnostic], scenario: Scenario) -> None:
+    """Tell each diagnostic with an example which of its values are free text (see `_text_keys`)."""
+    names: frozenset[str] | None = None
     for d in diagnostics:
-        if d.witness and not text_names.isdisjoint(d.witness):
-            object.__setattr__(d, "__pydantic_private__", {**(d.__pydantic_private__ or {}), "_text_keys": text_names})
+        if d.witness:
+            names = text_names(scenario) if names is None else names
+            if not names.isdisjoint(d.witness):
+                object.__setattr__(d, "__pydantic_private__", {**(d.__pydantic_private__ or {}), "_text_keys": names})
 
 
 def _show(value: Any) -> str:

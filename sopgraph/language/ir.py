@@ -840,6 +840,27 @@ def children(expr: Any) -> list[Any]:
     return _children_of_subclass(expr)
 
 
+_NODE_FIELDS = ("operand", "left", "right", "otherwise", "base", "source", "cond")
+
+
+def map_children(expr: Any, fn: Callable[[Any], Any]) -> Any:
+    """`expr` with `fn` applied to each direct sub-expression (`children`'s rebuilding counterpart, for
+    passes that rename or rewrite): a copy when something is rebuilt, `expr` itself for a leaf. The
+    values of an `in { ... }` set are literals and stay as they are."""
+    update: dict[str, Any] = {}
+    for key in _NODE_FIELDS:
+        sub = getattr(expr, key, None)
+        if isinstance(sub, Node):
+            update[key] = fn(sub)
+    for key in ("operands", "args"):
+        subs = getattr(expr, key, None)
+        if isinstance(subs, list):
+            update[key] = [fn(s) for s in subs]
+    if isinstance(expr, CaseExpr):
+        update["arms"] = [a.model_copy(update={"when": fn(a.when), "then": fn(a.then)}) for a in expr.arms]
+    return expr.model_copy(update=update) if update else expr
+
+
 def _children_of_subclass(expr: Any) -> list[Any]:
     if isinstance(expr, Unary):
         return [expr.operand]

@@ -1439,7 +1439,7 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
                                "split very long or deeply nested expressions into derived variables"))
             break
     found = sorted(_dedupe(found), key=sort_key)
-    mark_text_values(found, frozenset(n for n, v in scenario.variables.items() if isinstance(v.type, ir.StringType)))
+    mark_text_values(found, scenario)
     return found
 
 

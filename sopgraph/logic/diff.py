@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.language.compile import reads as compile_reads
+from sopgraph.language.diagnostics import text_names
 from sopgraph.language.fmt import show_expr
 from sopgraph.logic import domain
 from sopgraph.logic.engine import DecideError, interpret
@@ -213,18 +214,7 @@ def _renamer(prefix: str, derived: set[str]) -> Any:
     def rename(e: Any) -> Any:
         if isinstance(e, ir.Var):
             return e.model_copy(update={"name": prefix + e.name}) if e.name in derived else e
-        update: dict[str, Any] = {}
-        for field in ("operand", "left", "right", "otherwise", "base", "source", "cond"):
-            sub = getattr(e, field, None)
-            if isinstance(sub, ir.Node) and not isinstance(e, ir.Lit):
-                update[field] = rename(sub)
-        if isinstance(e, ir.BoolOp):
-            update["operands"] = [rename(o) for o in e.operands]
-        elif isinstance(e, (ir.Call, ir.Func, ir.Weighted)):
-            update["args"] = [rename(a) for a in e.args]
-        elif isinstance(e, ir.CaseExpr):
-            update["arms"] = [a.model_copy(update={"when": rename(a.when), "then": rename(a.then)}) for a in e.arms]
-        return e.model_copy(update=update) if update else e
+        return e if isinstance(e, ir.Lit) else ir.map_children(e, rename)
     return rename
 
 
@@ -407,8 +397,7 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
         in_old, in_new = name in old.variables, name in new.variables
         if in_old != in_new and (old.variables.get(name) or new.variables[name]).role != "derived":
             report.notes.append(f"`{name}` is read only by the {'old' if in_old else 'new'} version")
-    report.text_inputs = sorted({v.name for sc in (old, new) for v in sc.variables.values()
-                                 if isinstance(v.type, ir.StringType) and v.role != "derived"})
+    report.text_inputs = sorted(text_names(old) | text_names(new))
     try:
         forms = (analysis_form(old), analysis_form(new)) if old.procedural or new.procedural else None
         first = _compare(old, new, forms, budget, max_witnesses)

@@ -1192,9 +1192,10 @@ class Space:
         """`describe_region` of a few boxes that differ in more than one variable (or residual): what they
         share per variable, the rest as `where` alternatives. None when per-variable unions are exact
         (one varying variable, same residuals) or the boxes are too many to list."""
+        if len(region) > MAX_ALTERNATIVES:
+            return None
         varying = self._varying_vars(region)
-        resid_same = all(b.resid == region[0].resid for b in region[1:])
-        if (len(varying) <= 1 and resid_same) or len(region) > MAX_ALTERNATIVES:
+        if len(varying) <= 1 and all(b.resid == region[0].resid for b in region[1:]):
             return None
         out: dict[str, str] = {}
         full_doms = self.full_doms
@@ -1206,7 +1207,7 @@ class Space:
         shared = frozenset.intersection(*(b.resid for b in region))
         alternatives: list[str] = []
         for b in region:
-            parts = [f"{self.names[i]} {_relation_text(self.describe_dom(i, b.doms[i]))}"
+            parts = [f"{self.names[i]} {relation_text(self.describe_dom(i, b.doms[i]))}"
                      for i in varying if b.doms[i] != full_doms[i]]
             parts += [self.lit_text(rid, truth) for rid, truth in sorted(b.resid - shared)]
             if not parts:  # one box is unconstrained here: the alternatives cover everything
@@ -1239,7 +1240,7 @@ def _one_call(text: str) -> bool:
     return False
 
 
-def _relation_text(text: str) -> str:
+def relation_text(text: str) -> str:
     """A domain's text as a relation after the variable's name: `<= 2000`, `= true`, `in {A, B}`."""
     if text[:1] in "<>=!" or text.startswith("in "):
         return text

@@ -31,7 +31,7 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.compile import reads
 from sopgraph.language.diagnostics import Diagnostic, error, warning
-from sopgraph.logic.domain import Box, Space
+from sopgraph.logic.domain import Box, Space, relation_text
 from sopgraph.logic.engine import DecideError, Interpreter
 from sopgraph.logic.paths import Explorer, explorer_for, trace
 
@@ -495,16 +495,10 @@ def _same_effect(a: ir.Branch, b: ir.Branch) -> bool:
 
 def _describe(sp: Space, boxes: Sequence[Box], names: set[str]) -> str:
     text = sp.describe_region(tuple(boxes))
-    parts = [f"{k} {_as_relation(v)}" for k, v in text.items() if k in names]
+    parts = [f"{k} {relation_text(v)}" for k, v in text.items() if k in names]
     if "where" in text:
         parts.append(text["where"])
     return ", ".join(parts) if parts else "no constraint on the variables it reads"
-
-
-def _as_relation(text: str) -> str:
-    if text[:1] in "<>=!" or text.startswith("in "):
-        return text
-    return f"= {text}" if " | " not in text else f"in {{{text.replace(' | ', ', ')}}}"
 
 
 __all__ = ["FlowWork", "flow_diagnostics"]

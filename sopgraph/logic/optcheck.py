@@ -72,19 +72,7 @@ def _rewrite(e: Any, optional: set[str]) -> Any:
     if (isinstance(e, ir.Func) and e.name == "missing" and len(e.args) == 1 and isinstance(e.args[0], ir.Var)
             and e.args[0].name in optional):
         return ir.Var(name=flag_name(e.args[0].name), span=e.span)
-    update: dict[str, Any] = {}
-    for key in ("operand", "left", "right", "otherwise", "base", "source", "cond"):
-        sub = getattr(e, key, None)
-        if isinstance(sub, ir.Node):
-            update[key] = _rewrite(sub, optional)
-    for key in ("operands", "args"):
-        subs = getattr(e, key, None)
-        if isinstance(subs, list):
-            update[key] = [_rewrite(s, optional) for s in subs]
-    if isinstance(e, ir.CaseExpr):
-        update["arms"] = [a.model_copy(update={"when": _rewrite(a.when, optional), "then": _rewrite(a.then, optional)})
-                          for a in e.arms]
-    return e.model_copy(update=update) if update else e
+    return ir.map_children(e, lambda sub: _rewrite(sub, optional))
 
 
 def _assigns(items: list[ir.OutputAssign], optional: set[str]) -> list[ir.OutputAssign]:
