@@ -267,17 +267,17 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     explorer = paths_mod.explorer_for(scenario)
     entries: list[PathEntry] = []
     skipped: list[Skip] = []
+    uncounted = f"more than {count.feasible:,} feasible paths (too many to count)"
     if sample is not None and (count.feasible > PLAN_PATH_LIMIT or not count.complete):
         drawn = paths_mod.sample_paths(scenario, max(1, sample), seed=seed, weights="action", unique=True)
         infos: Iterable[Any] = sorted(drawn, key=lambda info: (info.rank, info.id))
         if not count.complete:
-            skipped.append(Skip(kind="paths", name="count", reason=f"more than {count.feasible:,} feasible paths "
-                                "(too many to count): paths drawn by a random walk, each feasible branch equally "
-                                "likely, not balanced by action"))
+            skipped.append(Skip(kind="paths", name="count", reason=f"{uncounted}: paths drawn by a random walk, "
+                                "each feasible branch equally likely, not balanced by action"))
     elif not count.complete:  # too many paths to count, and no sample size: the first ones, said so
         infos = paths_mod.iter_paths(scenario, limit=PLAN_PATH_LIMIT)
-        skipped.append(Skip(kind="paths", name="count", reason=f"more than {count.feasible:,} feasible paths "
-                            f"(too many to count): only the first {PLAN_PATH_LIMIT:,} are considered"))
+        skipped.append(Skip(kind="paths", name="count",
+                            reason=f"{uncounted}: only the first {PLAN_PATH_LIMIT:,} are considered"))
     else:
         infos = paths_mod.iter_paths(scenario)
     for info in infos:

@@ -769,7 +769,6 @@ FOREIGN_BRANCH_WORDS: dict[str, tuple[str, str]] = {
 _ACTION_ATTRS_BEFORE = re.compile(r'\baction\s+([^\W\d][\w.]*|"[^"\n]*")\s*\[([^\]\n]*)\]\s*$')
 
 
-_LINE_TAIL = re.compile(r"[^\n]*\Z")
 _ENUM_DECL = re.compile(r"^\s*(?:field|system|output|type)\b[^\n\"]*?(\w+)$")
 _MATCH_OPEN = re.compile(r"\bmatch\b[^{}]*\{[^{}]*\Z")
 _DANGLING = re.compile(r"(\w[\w.]*)\s*(?:==|!=|<=|>=|<|>)\s*\S+\s+(?:and|or)\s*\Z")
@@ -778,8 +777,7 @@ _DANGLING = re.compile(r"(\w[\w.]*)\s*(?:==|!=|<=|>=|<|>)\s*\S+\s+(?:and|or)\s*\
 def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
     """Message and hint for slips people make while writing an SOP by hand (a hyphen in an enum
     value, `A: target` in a match, `N > 5 and < 8`, `K in [A, B]`), or None."""
-    line = _LINE_TAIL.search(before)
-    head = line.group(0) if line else ""
+    head = before.rpartition("\n")[2]  # the error's line, up to the error
     if found == "-" and (enum := _ENUM_DECL.search(head)):
         rest = re.match(r"\w+", after[1:])
         joined = f"{enum.group(1)}_{rest.group(0)}" if rest else f"{enum.group(1)}_…"

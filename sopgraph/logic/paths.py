@@ -895,7 +895,7 @@ def _walker(ex: Explorer, rng: random.Random) -> Callable[[], tuple | None]:
         si, region, vk = rk
         stages: list[int] = [si]
         branches: list[int] = []
-        for _step in range(len(ex.ids) * 64 + 64):  # a walk is at most as long as the unrolled graph
+        for _step in range(len(ex.ids) + 1):  # paths are simple (no stage twice): at most every stage once
             nvk = ex.next_visited(si, vk)
             opts = [c for c in ex.children(si, region) if c[1] == "action" or c[2] not in nvk]
             if not opts:
