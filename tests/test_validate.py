@@ -192,3 +192,79 @@ def test_round_thresholds_observed_looks_and_optional_columns() -> None:
     assert report.correct == len(rows) - 4  # 93.3 .. 111.9 were decided late under 90 days
     (group,) = report.groups
     assert group.candidates[0].describe() == "`Waited > 90` instead of `Waited > 120` at stage s1 explains 4/4"
+
+
+SAGE_VECTORS = ROOT / "tests" / "data" / "sage_vectors"
+
+
+@pytest.mark.parametrize("name", ["telecom_package", "airline_refund", "property_service"])
+def test_sage_vector_files_validate_without_options(name: str) -> None:
+    """A SAGE-style vectors file (a JSON array; values under `classification` and `system`, the answer in
+    `finals`, the stage path in `expected_path`) is read as it is: columns found by name, paths compared."""
+    result = CliRunner().invoke(main, ["validate", str(ROOT / "scenarios" / f"{name}.sop"), "--data",
+                                       str(SAGE_VECTORS / f"{name}.vectors.json"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    count = len(json.loads((SAGE_VECTORS / f"{name}.vectors.json").read_text(encoding="utf-8")))
+    assert report["total"] == report["correct"] == count
+    assert report["expect"]["Action"] == "finals.Action" and "Action" in report["found"]
+    assert (report["path_column"], report["paths_compared"], report["paths_agree"]) == ("expected_path", count, count)
+
+
+def test_json_array_rows_keep_their_lines_and_errors_name_them(tmp_path: Path) -> None:
+    data = tmp_path / "v.json"
+    data.write_text('[\n  {"N": 1},\n\n  {"N": 2,\n   "M": 3}\n]\n', encoding="utf-8")
+    assert [(r["N"], r["_line"]) for r in read_rows(data)] == [(1, 2), (2, 4)]
+    data.write_text("[]", encoding="utf-8")
+    assert read_rows(data) == []
+    for text, message in [('[\n{"N": 1},\n{"N": }\n]', "v.json:3: invalid JSON"),
+                          ('[\n{"N": 1}\n{"N": 2}]', "v.json:3: expected `,` or `]`"),
+                          ('[{"N": 1}] x', "unexpected text after"),
+                          ('[\n1]', "v.json:2: expected a JSON object"),
+                          ('[{"N": 1},', "not closed"),
+                          ("[" + "[" * 100_000 + "]" * 100_000 + "]", "nested too deeply")]:
+        data.write_text(text, encoding="utf-8")
+        with pytest.raises(ValidateError, match=message):
+            read_rows(data)
+
+
+def test_nested_columns_not_applicable_cells_and_stage_paths(tmp_path: Path) -> None:
+    scenario = _load("""
+        field Mood: Calm | Angry | None
+        system Vip: bool
+        action A
+        action B
+        stage s1 { when Mood == Angry -> s2 otherwise -> do A }
+        stage s2 { when Vip -> do A otherwise -> do B }
+    """)
+    rows = [{"c": {"Mood": "Calm"}, "sys": {"Vip": "N/A"}, "out": {"action": "A"}, "path": "s1"},
+            {"c": {"Mood": "None"}, "sys": {"Vip": None}, "out": {"action": "A"}, "path": ["s1", "done"]},
+            {"c": {"Mood": "Angry"}, "sys": {"Vip": "no"}, "out": {"action": "B"}, "path": "s1 -> s2"},
+            {"c": {"Mood": "Angry"}, "sys": {"Vip": "-"}, "out": {"action": "B"}, "path": "s1, s2"}]
+    report = validate(scenario, [{**r, "_line": i + 1} for i, r in enumerate(rows)], expect={})
+    assert report.expect == {"Action": "out.action"} and report.found == ["Action"]
+    assert report.correct == 3  # "N/A" and "-" are blanks; the enum value None stays a value
+    assert report.errors == [{"line": 4, "error": report.errors[0]["error"]}]
+    assert "missing value for `Vip`" in report.errors[0]["error"]
+    assert (report.paths_compared, report.paths_agree) == (3, 2)
+    assert report.path_mismatches == [{"line": 2, "expected": ["s1", "done"], "decided": ["s1"]}]
+    from sopgraph.logic.validate import render_text
+    text = render_text(report)
+    assert "expected finals read from `out.action` (Action)" in text
+    assert "line 2: expected s1 → done, decided s1 (`done` not a stage)" in text
+    with pytest.raises(ValidateError, match="no column is named Action"):
+        validate(scenario, [{"Mood": "Calm", "want": "A"}], expect={})
+
+
+def test_outputs_found_by_name_are_compared_only_where_given() -> None:
+    scenario = _load("""
+        system N: int
+        output Fee: int
+        action A
+        stage s { when N > 0 -> do A { Fee = N } otherwise -> do A { Fee = 0 } }
+    """)
+    rows = [{"N": 5, "Action": "A", "Fee": 5, "_line": 1}, {"N": 2, "Action": "A", "_line": 2},
+            {"N": 3, "Action": "A", "Fee": 4, "_line": 3}]
+    report = validate(scenario, rows, expect={})
+    assert report.found == ["Action", "Fee"] and report.correct == 2
+    assert [g.rows for g in report.groups] == [[3]]

@@ -81,9 +81,10 @@ def fmt_cmd(files: tuple[Path, ...], check: bool, show_diff: bool, to_stdout: bo
 @click.command("validate")
 @sop_file
 @click.option("--data", "data", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Labelled decisions: CSV with a header line, or JSON Lines.")
+              help="Labelled decisions: CSV with a header line, JSON Lines, or a JSON array (SAGE test vectors).")
 @click.option("--expect", "expects", multiple=True, metavar="OUTPUT=COLUMN",
-              help="Column holding an expected final (Action=COLUMN is required; repeat for outputs).")
+              help="Column holding an expected final (repeat for outputs); default: the columns named like Action "
+                   "and the outputs, also inside nested objects (`finals.Action`).")
 @click.option("--map", "maps", multiple=True, metavar="VAR=COLUMN",
               help="Column feeding a variable (default: the column named like it); COLUMN.key reads JSON.")
 @click.option("--now", "now", default=None, metavar="DATE",

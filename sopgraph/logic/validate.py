@@ -43,20 +43,20 @@ class ValidateError(Exception):
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a CSV (header line) or JSON Lines file, as dicts; `_line` holds the source line."""
+    """Rows of a CSV (header line), JSON Lines or JSON array file (SAGE's test vectors are one), as
+    dicts; `_line` holds the line where the row starts."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValidateError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     rows: list[dict[str, Any]] = []
-    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".json") and text.lstrip().startswith("["):
+        rows = _json_array_rows(text, path)
+    elif path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise ValidateError(f"{path}:{lineno}: invalid JSON: {exc}") from None
+            obj = _json_value(line, 0, path, lineno)[0]
             if not isinstance(obj, dict):
                 raise ValidateError(f"{path}:{lineno}: expected a JSON object per line")
             obj["_line"] = lineno
@@ -74,10 +74,60 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+_JSON = json.JSONDecoder()
+_BLANK = re.compile(r"\s*")
+
+
+def _json_value(text: str, pos: int, path: Path, lineno: int) -> tuple[Any, int]:
+    try:
+        return _JSON.raw_decode(text, pos)
+    except RecursionError:
+        raise ValidateError(f"{path}:{lineno}: invalid JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise ValidateError(f"{path}:{lineno}: invalid JSON: {exc}") from None
+
+
+def _json_array_rows(text: str, path: Path) -> list[dict[str, Any]]:
+    """The objects of a top-level JSON array, each with the line it starts on (read one object at a
+    time, so an error names its line)."""
+    rows: list[dict[str, Any]] = []
+    pos = _BLANK.match(text).end() + 1  # type: ignore[union-attr]  # past the `[`
+    lineno, counted = 1, 0
+    while True:
+        pos = _BLANK.match(text, pos).end()  # type: ignore[union-attr]
+        lineno += text.count("\n", counted, pos)
+        counted = pos
+        if pos >= len(text):
+            raise ValidateError(f"{path}:{lineno}: the JSON array is not closed with `]`")
+        if text[pos] == "]" and not rows:
+            break
+        obj, pos = _json_value(text, pos, path, lineno)
+        if not isinstance(obj, dict):
+            raise ValidateError(f"{path}:{lineno}: expected a JSON object per array item")
+        obj["_line"] = lineno
+        rows.append(obj)
+        if len(rows) > MAX_ROWS:
+            raise ValidateError(f"{path}: more than {MAX_ROWS} rows; at most {MAX_ROWS} are validated at once")
+        pos = _BLANK.match(text, pos).end()  # type: ignore[union-attr]
+        if text.startswith(",", pos):
+            pos += 1
+            continue
+        if text.startswith("]", pos):
+            break
+        lineno += text.count("\n", counted, pos)
+        raise ValidateError(f"{path}:{lineno}: expected `,` or `]` after an array item")
+    rest = text[pos + 1:]
+    if rest.strip():
+        lineno += text.count("\n", counted, pos)
+        raise ValidateError(f"{path}:{lineno}: unexpected text after the JSON array")
+    return rows
+
+
 _NUMBER = re.compile(r"^\s*(?P<pre>[^\d+\-.]*?)\s*(?P<num>[+-]?(?:\d[\d,_]*)?\.?\d+(?:[eE][+-]?\d+)?)"
                      r"\s*(?P<unit>[^\d]*?)\s*$")
 _TRUE = {"true", "yes", "y", "t", "1", "on"}
 _FALSE = {"false", "no", "n", "f", "0", "off"}
+_NOT_APPLICABLE = {"none", "null", "n/a", "na", "-", "—", "nan"}
 _DATE = re.compile(r"^\s*(\d{4}-\d{2}-\d{2})(?:[T ][\d:.]+Z?)?\s*$")
 
 
@@ -106,6 +156,10 @@ def convert(value: Any, vtype: Any, *, unit: str | None = None, now: dt.date | N
     """A cell as a value of the variable's type; `None` for an empty cell. Raises ValueError."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
+    if isinstance(value, str) and value.strip().lower() in _NOT_APPLICABLE and not ir.is_structured(vtype) \
+            and not isinstance(vtype, ir.StringType) \
+            and not (isinstance(vtype, ir.EnumType) and value.strip().lower() in {v.lower() for v in vtype.values}):
+        return None  # how spreadsheets write "no value" (an enum value of that name wins)
     if isinstance(vtype, ir.BoolType):
         if isinstance(value, bool):
             return value
@@ -169,39 +223,67 @@ def _unit_key(unit: str) -> str:
 
 
 class ColumnPlan(BaseModel):
-    """Which column feeds which variable, and which columns hold the expected outputs."""
+    """Which column feeds which variable, and which columns hold the expected outputs and path."""
 
     inputs: dict[str, str]
     expect: dict[str, str]
+    found: list[str] = Field(default_factory=list)  # outputs whose column was found by name, not named
+    path: str | None = None  # the column holding the expected stage path, if any
+
+
+PATH_COLUMNS = ("expected_path", "path")
+
+
+def _by_name(name: str, columns: Sequence[str], nested: Mapping[str, Sequence[str]]) -> str | None:
+    """The column named like `name` (exact, then case-insensitive), else the key of that name in the
+    one nested object that has it (SAGE's vectors keep values under `classification` and `system`)."""
+    if name in columns:
+        return name
+    lower = {c.lower(): c for c in columns}
+    if name.lower() in lower:
+        return lower[name.lower()]
+    for key in (name, *(k for k in nested if k.lower() == name.lower() and k != name)):
+        parents = nested.get(key, ())
+        if len(parents) == 1:
+            return f"{parents[0]}.{key}"
+    return None
 
 
 def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[str, str],
-                 mapping: Mapping[str, str]) -> ColumnPlan:
-    """Variables read their own column (exact name, else case-insensitive) unless `--map` says otherwise."""
-    if "Action" not in expect:
-        raise ValidateError("give --expect Action=COLUMN (the column holding the decided action)")
-    for name in expect:
+                 mapping: Mapping[str, str], nested: Mapping[str, Sequence[str]] | None = None) -> ColumnPlan:
+    """Variables read their own column (by name, see `_by_name`) unless `--map` says otherwise.
+    Without `--expect`, the expected Action (and any output) come from columns named like them."""
+    nested = nested or {}
+    wanted = dict(expect)
+    found: list[str] = []
+    if not expect:
+        for name in ("Action", *scenario.outputs):
+            column = _by_name(name, columns, nested)
+            if column is not None:
+                wanted[name] = column
+                found.append(name)
+    if "Action" not in wanted:
+        raise ValidateError("give --expect Action=COLUMN (the column holding the decided action; no column "
+                            "is named Action)")
+    for name in wanted:
         if name != "Action" and name not in scenario.outputs:
             raise ValidateError(f"--expect {name}=...: `{name}` is not an output of the SOP "
                                 f"(outputs: Action{''.join(', ' + o for o in scenario.outputs)})")
-    lower = {c.lower(): c for c in columns}
     inputs: dict[str, str] = {}
     for var in scenario.variables.values():
         if var.role == "derived":
             continue
-        if var.name in mapping:
-            inputs[var.name] = mapping[var.name]
-        elif var.name in columns:
-            inputs[var.name] = var.name
-        elif var.name.lower() in lower:
-            inputs[var.name] = lower[var.name.lower()]
+        column = mapping.get(var.name) or _by_name(var.name, columns, nested)
+        if column is not None:
+            inputs[var.name] = column
     for name in mapping:
         if name not in scenario.variables or scenario.variables[name].role == "derived":
             raise ValidateError(f"--map {name}=...: `{name}` is not a field or system variable of the SOP")
-    for name, column in [*mapping.items(), *expect.items()]:
+    for name, column in [*mapping.items(), *wanted.items()]:
         if column.split(".")[0] not in columns and column not in columns:
             raise ValidateError(f"column `{column}` (for {name}) is not in the data; columns: {', '.join(columns)}")
-    return ColumnPlan(inputs=inputs, expect=dict(expect))
+    path = next((c for c in PATH_COLUMNS if c in columns and c not in inputs.values()), None)
+    return ColumnPlan(inputs=inputs, expect=wanted, found=found, path=path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,6 +297,7 @@ class RowResult(BaseModel):
     path: list[str] = Field(default_factory=list)
     finals: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
+    expected_path: list[str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -252,6 +335,8 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
                 values[name] = converted
         for name, column in plan.expect.items():
             raw = _lookup(row, column)
+            if raw is None and name != "Action" and name in plan.found:
+                continue  # an output column found by name, blank here: that output is not compared
             if name == "Action":
                 expected[name] = None if raw is None else str(raw).strip()
                 continue
@@ -259,9 +344,29 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
                 expected[name] = convert(raw, scenario.outputs[name].type, what=f"column `{column}`:")
             except ValueError as exc:
                 problems.append(str(exc))
-        out.append(RowResult(line=line, values=values, expected=expected,
-                             error="; ".join(problems) if problems else None))
+        result = RowResult(line=line, values=values, expected=expected,
+                           error="; ".join(problems) if problems else None)
+        if plan.path is not None:
+            result.expected_path = _stage_list(row.get(plan.path))
+        out.append(result)
     return out
+
+
+def _stage_list(value: Any) -> list[str] | None:
+    """An expected path: a JSON list of stage ids, or text with the ids separated by commas, spaces or
+    arrows (`s1 -> s2`); `None` when the cell is empty."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if isinstance(value, str) and value.strip():
+        if value.strip().startswith("["):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, list):
+                return [str(v) for v in parsed]
+        return [p for p in re.split(r"(?:->|[\s,;>→])+", value) if p]
+    return None
 
 
 def _looks(value: Any, var: ir.Variable, now: dt.date | None, column: str) -> list[Any] | None:
@@ -646,6 +751,13 @@ class Report(BaseModel):
     errors: list[dict[str, Any]]
     groups: list[Group]
     unmapped: list[str]
+    expect: dict[str, str] = Field(default_factory=dict)  # output -> the column holding its expected value
+    found: list[str] = Field(default_factory=list)  # outputs whose column was found by name
+    path_column: str | None = None
+    paths_compared: int = 0  # decided rows with an expected path
+    paths_agree: int = 0
+    path_mismatches: list[dict[str, Any]] = Field(default_factory=list)  # line, expected, decided
+    stages: list[str] = Field(default_factory=list)  # the SOP's stage ids (to name unknown ones)
 
 
 def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect: Mapping[str, str],
@@ -653,7 +765,12 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
              budget: int = DEFAULT_BUDGET, file: str = "", data: str = "") -> Report:
     """Decide every row, compare, group the mismatches and search explaining edits."""
     columns = sorted({k for r in rows for k in r if k != "_line"})
-    plan = plan_columns(scenario, columns, expect, mapping or {})
+    nested: dict[str, list[str]] = {}
+    for column in columns:
+        inner = sorted({k for r in rows if isinstance(r.get(column), dict) for k in r[column]})
+        for name in inner:
+            nested.setdefault(name, []).append(column)
+    plan = plan_columns(scenario, columns, expect, mapping or {}, nested)
     results = prepare_rows(scenario, rows, plan, now)
     decide_rows(scenario, results)
     reach = _reachable_actions(scenario)
@@ -685,16 +802,35 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
     labels = sorted({*confusion, *(g for row in confusion.values() for g in row)})
     unmapped = [v.name for v in scenario.variables.values()  # an optional or defaulted one may be left out
                 if v.role != "derived" and v.name not in plan.inputs and not v.optional and v.default is None]
+    compared = [r for r in results if r.expected_path is not None and r.error is None]
+    mismatches = [{"line": r.line, "expected": r.expected_path, "decided": r.path}
+                  for r in compared if r.expected_path != r.path]
     return Report(file=file, data=data, total=len(results), correct=correct,
                   accuracy=correct / len(results) if results else 0.0, labels=labels, confusion=confusion,
-                  errors=errors, groups=groups, unmapped=unmapped)
+                  errors=errors, groups=groups, unmapped=unmapped, expect=plan.expect, found=plan.found,
+                  path_column=plan.path, paths_compared=len(compared),
+                  paths_agree=len(compared) - len(mismatches), path_mismatches=mismatches,
+                  stages=sorted(scenario.stages) if mismatches else [])
 
 
 def render_text(report: Report, *, max_rows: int = 10) -> str:
     out = [f"{report.data}: {report.correct}/{report.total} rows agree with {report.file} "
            f"(accuracy {report.accuracy:.1%})"]
+    if report.found:
+        out.append("expected finals read from " + ", ".join(f"`{report.expect[n]}` ({n})" for n in report.found)
+                   + " (found by name; --expect OUTPUT=COLUMN chooses)")
     if report.unmapped:
         out.append(f"no column for: {', '.join(report.unmapped)} (rows that need them fail; use --map VAR=COLUMN)")
+    if report.path_column is not None:
+        out.append(f"paths: {report.paths_agree}/{report.paths_compared} decided rows follow the stage path in "
+                   f"`{report.path_column}`")
+        for m in report.path_mismatches[:max_rows]:
+            unknown = [s for s in m["expected"] if s not in report.stages]
+            out.append(f"  line {m['line']}: expected {' → '.join(m['expected']) or '(empty)'}, "
+                       f"decided {' → '.join(m['decided'])}"
+                       + (f" ({', '.join(f'`{s}`' for s in unknown)} not a stage)" if unknown else ""))
+        if len(report.path_mismatches) > max_rows:
+            out.append(f"  ... {len(report.path_mismatches) - max_rows} more (--format json lists all)")
     out += ["", "confusion (rows: expected, columns: decided)"]
     cols = report.labels
     head = max([len("expected \\ decided"), *(len(c) for c in cols)]) + 2
