@@ -502,3 +502,49 @@ def test_float_boundaries_are_shown_as_the_round_number_they_equal() -> None:
     assert high.constraints == {"Amount": "> 1750"} and low.constraints == {"Amount": "<= 1750"}
     assert describe_num(NumDom(1750.0000000000002, 5000.0, False, False, frozenset())) == "in (1750..5000]"
     assert describe_num(NumDom(0.1, 0.30000000000000004, False, False, frozenset())) == "in [0.1..0.30000000000000004]"
+
+
+LIST_SOP = """
+scenario claims "Claims"
+type Item = record { value: float[0..5000], covered: bool }
+field Mood: Calm | Angry "Calm = calm; Angry = angry."
+system Items: list[1..5] of Item "The items claimed."
+system Amount: float[0..10000] "Claimed amount."
+system PhotosOk: bool "Whether the photos arrived."
+let Covered = count(i in Items where i.covered)
+let Payout = max(0, Amount - 250)
+action Remind "Ask for the photos again."
+action Pay "Pay." [moves_money]
+action Review "Review."
+action Human "Human." [escalation]
+stage s1 {
+  when Mood == Angry -> do Human
+  when Covered >= 3 -> do Review
+  otherwise -> photos
+}
+stage photos {
+  observe PhotosOk
+  when PhotosOk -> pay
+  when not PhotosOk -> do Remind -> photos up to 1 times
+  otherwise -> do Review
+}
+stage pay { when Payout <= 1500 -> do Pay  otherwise -> do Review }
+"""
+
+
+def test_path_constraints_over_list_items_read_as_the_sop_writes_them() -> None:
+    """A region over list items is many boxes (`Items[0].covered`, `len(Items)`, …: "one of 20
+    combinations … (not listed)"); the path's own decisions say it exactly. Labels are the source's
+    guards, looks are named in words, and adjacent float ranges read as one range."""
+    paths = {tuple(p.labels): p for p in iter_paths(load_text(LIST_SOP))}
+    review = paths[("Covered >= 3",)]
+    assert review.constraints == {"Mood": "Calm", "where": "Covered >= 3"}
+    pay = paths[("otherwise", "PhotosOk", "Payout <= 1500")]
+    assert pay.constraints == {"Mood": "Calm", "Amount": "<= 1750", "PhotosOk": "true", "where": "Covered < 3"}
+    retried = paths[("otherwise", "not PhotosOk", "PhotosOk", "Payout <= 1500")]
+    assert retried.actions == ["Remind", "Pay"]
+    assert retried.constraints["PhotosOk (look 1)"] == "false" and retried.constraints["PhotosOk (look 2)"] == "true"
+    for p in paths.values():
+        text = json.dumps(p.constraints) + json.dumps(p.labels)
+        assert "Items[" not in text and "len(Items)" not in text and "#" not in text, text
+        assert p.witness is not None and decide(load_text(LIST_SOP), p.witness).finals["Action"] == p.action

@@ -1271,11 +1271,17 @@ def _dedupe(boxes: Sequence[Box]) -> tuple[Box, ...]:
 
 
 def _merge_nums(doms: list[NumDom], is_int: bool) -> list[NumDom]:
+    """The union as few intervals as possible. A strict float bound is kept as the next float
+    (`> 250` is `>= 250.00000000000003`), so `[0, 250]` and `[250.00000000000003, 1750]` touch: no
+    float lies between them, and they read as one range (not "<= 250 or in (250..1750]")."""
     pending = sorted(doms, key=lambda d: (d.lo, d.lo_open))
     out: list[NumDom] = []
     for d in pending:
         if out:
-            u = num_union(out[-1], d, is_int)
+            last = out[-1]
+            if not is_int and not last.hi_open and not d.lo_open and math.nextafter(last.hi, math.inf) == d.lo:
+                d = d._replace(lo=last.hi)
+            u = num_union(last, d, is_int)
             if u is not None:
                 out[-1] = u
                 continue

@@ -46,17 +46,19 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
+from sopgraph.language.compile import reads as compile_reads
 from sopgraph.logic.domain import Box, Space, space_for, variables_signature
 from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
 from sopgraph.logic.formula import Formula
 from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form
-from sopgraph.logic.unroll import Unrolled
+from sopgraph.logic.unroll import LOOK_SEP, Unrolled
 
 Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS
@@ -730,9 +732,129 @@ def _lift(info: PathInfo, u: Unrolled) -> PathInfo:
             for name in u.looks:
                 lifted[name] = lifted.get(name, [])[:looks.get(name, 0)]
             update[key] = lifted
+    constraints = dict(info.constraints)
     if isinstance(u, Lowered):
-        update["constraints"] = {k: u.missing_in_source_terms(v) for k, v in info.constraints.items()}
+        constraints = {k: u.missing_in_source_terms(v) for k, v in constraints.items()}
+        constraints = _source_constraints(u, constraints, stages, info.branches)
+    if u.looks:
+        constraints = {_look_text(k, looks): _look_text(v, looks) for k, v in constraints.items()}
+    update["constraints"] = constraints
+    update["labels"] = _source_labels(u.scenario_source, stages, info.branches, info.labels, looks)
     return info.model_copy(update=update)
+
+
+_LOOK = re.compile(rf"([^\W\d][\w.]*){re.escape(LOOK_SEP)}(\d+)\b")
+
+
+def _look_text(text: str, looks: Mapping[str, int]) -> str:
+    """`Fixed#2` (the analysis' name for the second look at `Fixed`) as `Fixed (look 2)`, and as
+    plain `Fixed` when the path looks once."""
+    def one(m: re.Match[str]) -> str:
+        name, k = m.group(1), int(m.group(2))
+        return name if k == 1 and looks.get(name, 0) <= 1 else f"{name} (look {k})"
+    return _LOOK.sub(one, text) if LOOK_SEP in text else text
+
+
+def _source_labels(src: ir.Scenario, stages: Sequence[str], branches: Sequence[int], labels: Sequence[str],
+                   looks: Mapping[str, int]) -> list[str]:
+    """Branch labels as the SOP writes them (the analysis form's guards read lowered list items and
+    numbered looks)."""
+    out: list[str] = []
+    for sid, bi, label in zip(stages, branches, labels, strict=True):
+        stage = src.stages.get(sid)
+        if stage is None or bi >= len(stage.branches):
+            out.append(_look_text(label, looks))
+        else:
+            out.append(ir.branch_label(stage, stage.branches[bi]))
+    return out
+
+
+_FLIPPED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+
+
+def _negated_text(guard: Any) -> str:
+    if isinstance(guard, ir.Compare):
+        return ir.show(guard.model_copy(update={"op": _FLIPPED[guard.op]}))
+    if isinstance(guard, (ir.InSet, ir.Member)):
+        return ir.show(guard.model_copy(update={"negated": not guard.negated}))
+    if isinstance(guard, ir.Unary) and guard.op == "not":
+        return ir.show(guard.operand)
+    return f"not {ir.show(guard, 3)}"
+
+
+def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequence[str],
+                        branches: Sequence[int]) -> dict[str, str]:
+    """A path's region over the items of lists, said as the SOP says it. The region's boxes name
+    each item (`len(Items) >= 2 and Items[0].category in {…} and Items[1].category = Jewellery`, or
+    "one of 20 combinations of len(Items), Items[0].value, … (not listed)"); the decisions the path
+    takes say the same exactly (`any(i in Items where i.category == Jewellery)`). So `where` becomes
+    those decisions that read a list (directly or through a `let`) or relate several variables;
+    constraints on single plain variables stay as they are."""
+    item_keys = {k for keys in u.plain_keys.values() for k in keys if "[" in k or k.startswith("len(")}
+    where = constraints.get("where", "")
+    if not item_keys or not any(k in item_keys or k in where for k in item_keys):
+        return constraints
+    src = u.scenario_source
+    lists = _reads_closure(src, {n for n, t in u.roots.items() if any(k.split("[")[0] == n or k == f"len({n})"
+                                                                         for k in u.plain_keys[n] if k in item_keys)})
+    bases = _base_reads(src)
+    clauses: list[str] = []
+    for sid, bi in zip(stages, branches, strict=True):
+        stage = src.stages.get(sid)
+        if stage is None or bi >= len(stage.branches):
+            return constraints  # not the source's shape: keep the summary
+        if stage.kind == "goto":
+            continue
+        guards = [(b.guard, True) for b in stage.branches[:bi] if b.guard is not None]
+        own = stage.branches[bi].guard
+        if own is not None:
+            guards.append((own, False))
+        for guard, negated in guards:
+            read = set(compile_reads(guard))
+            if not read & lists and len({b for n in read for b in bases.get(n, {n})}) < 2:
+                continue  # one plain variable: its constraint is listed on its own
+            text = _negated_text(guard) if negated else ir.show(guard)
+            if text not in clauses:
+                clauses.append(text)
+    out = {k: v for k, v in constraints.items() if k != "where" and k not in item_keys}
+    if clauses:
+        out["where"] = " and ".join(clauses)
+    return out
+
+
+def _base_reads(scenario: ir.Scenario) -> dict[str, set[str]]:
+    """For each derived variable, the inputs it reads through other derived variables."""
+    out: dict[str, set[str]] = {}
+
+    def base(name: str, trail: frozenset[str]) -> set[str]:
+        var = scenario.variables.get(name)
+        if var is None or var.role != "derived" or var.expr is None or name in trail:
+            return {name}
+        if name not in out:
+            found: set[str] = set()
+            for n in compile_reads(var.expr):
+                found |= base(n, trail | {name})
+            out[name] = found
+        return out[name]
+
+    for var in scenario.variables.values():
+        if var.role == "derived":
+            base(var.name, frozenset())
+    return out
+
+
+def _reads_closure(scenario: ir.Scenario, roots: set[str]) -> set[str]:
+    """`roots` and every derived variable that reads one of them, directly or through others."""
+    found = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for var in scenario.variables.values():
+            if var.role == "derived" and var.name not in found and var.expr is not None \
+                    and set(compile_reads(var.expr)) & found:
+                found.add(var.name)
+                changed = True
+    return found
 
 
 def iter_decisions(scenario: ir.Scenario) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
