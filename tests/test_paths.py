@@ -548,3 +548,24 @@ def test_path_constraints_over_list_items_read_as_the_sop_writes_them() -> None:
         text = json.dumps(p.constraints) + json.dumps(p.labels)
         assert "Items[" not in text and "len(Items)" not in text and "#" not in text, text
         assert p.witness is not None and decide(load_text(LIST_SOP), p.witness).finals["Action"] == p.action
+
+
+def test_list_paths_keep_how_plain_variables_combine() -> None:
+    """Next to list decisions, a condition over several plain variables that per-variable domains
+    cannot show (the `otherwise` of `Vip and Amount > 500`) is said as written; one that they show
+    exactly (`Vip and Amount > 500` taken) is not repeated."""
+    sc = load_text("""
+        type Item = record { ok: bool }
+        system Items: list[1..4] of Item "Items."
+        system Vip: bool "VIP."
+        system Amount: int[0..1000] "Amount."
+        action A "a"
+        action B "b"
+        action C "c"
+        stage s { when all(i in Items where i.ok) -> t  otherwise -> do C }
+        stage t { when Vip and Amount > 500 -> do A  otherwise -> do B }
+    """)
+    by_action = {p.action: p.constraints for p in iter_paths(sc)}
+    assert by_action["A"] == {"Vip": "true", "Amount": ">= 501", "where": "all(i in Items where i.ok)"}
+    assert by_action["B"] == {"where": "all(i in Items where i.ok) and not (Vip and Amount > 500)"}
+    assert by_action["C"] == {"where": "not all(i in Items where i.ok)"}

@@ -797,7 +797,7 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
     src = u.scenario_source
     lists = _reads_closure(src, {n for n, t in u.roots.items() if any(k.split("[")[0] == n or k == f"len({n})"
                                                                          for k in u.plain_keys[n] if k in item_keys)})
-    bases = _base_reads(src)
+    relates = _Relations(src)
     clauses: list[str] = []
     for sid, bi in zip(stages, branches, strict=True):
         stage = src.stages.get(sid)
@@ -810,10 +810,9 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
         if own is not None:
             guards.append((own, False))
         for guard, negated in guards:
-            read = set(compile_reads(guard))
-            if not read & lists and len({b for n in read for b in bases.get(n, {n})}) < 2:
-                continue  # one plain variable: its constraint is listed on its own
-            text = _negated_text(guard) if negated else ir.show(guard)
+            if not set(compile_reads(guard)) & lists and relates.per_variable(guard, not negated):
+                continue  # constraints on single variables: listed per variable
+            text = _negated_text(guard) if negated else ir.show(guard, 2)
             if text not in clauses:
                 clauses.append(text)
     out = {k: v for k, v in constraints.items() if k != "where" and k not in item_keys}
@@ -822,25 +821,34 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
     return out
 
 
-def _base_reads(scenario: ir.Scenario) -> dict[str, set[str]]:
-    """For each derived variable, the inputs it reads through other derived variables."""
-    out: dict[str, set[str]] = {}
+class _Relations:
+    """Which conditions per-variable constraints can show, and which need saying as written."""
 
-    def base(name: str, trail: frozenset[str]) -> set[str]:
-        var = scenario.variables.get(name)
+    def __init__(self, scenario: ir.Scenario):
+        self.scenario = scenario
+        self.bases: dict[str, frozenset[str]] = {}
+
+    def base(self, name: str, trail: frozenset[str] = frozenset()) -> frozenset[str]:
+        var = self.scenario.variables.get(name)
         if var is None or var.role != "derived" or var.expr is None or name in trail:
-            return {name}
-        if name not in out:
-            found: set[str] = set()
-            for n in compile_reads(var.expr):
-                found |= base(n, trail | {name})
-            out[name] = found
-        return out[name]
+            return frozenset({name})
+        if name not in self.bases:
+            self.bases[name] = frozenset(b for n in compile_reads(var.expr) for b in self.base(n, trail | {name}))
+        return self.bases[name]
 
-    for var in scenario.variables.values():
-        if var.role == "derived":
-            base(var.name, frozenset())
-    return out
+    def per_variable(self, expr: Any, positive: bool, trail: frozenset[str] = frozenset()) -> bool:
+        """Whether `expr` (or its negation) is a conjunction of conditions on one input each — what
+        per-variable constraints say exactly. A disjunction over several inputs (also a negated
+        `and`) or a comparison relating several inputs is not."""
+        if isinstance(expr, ir.BoolOp) and (expr.op == "and") == positive:
+            return all(self.per_variable(o, positive, trail) for o in expr.operands)
+        if isinstance(expr, ir.Unary) and expr.op == "not":
+            return self.per_variable(expr.operand, not positive, trail)
+        if isinstance(expr, ir.Var):
+            var = self.scenario.variables.get(expr.name)
+            if var is not None and var.role == "derived" and var.expr is not None and expr.name not in trail:
+                return self.per_variable(var.expr, positive, trail | {expr.name})
+        return len({b for n in compile_reads(expr) for b in self.base(n)}) <= 1
 
 
 def _reads_closure(scenario: ir.Scenario, roots: set[str]) -> set[str]:
