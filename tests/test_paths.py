@@ -569,3 +569,19 @@ def test_list_paths_keep_how_plain_variables_combine() -> None:
     assert by_action["A"] == {"Vip": "true", "Amount": ">= 501", "where": "all(i in Items where i.ok)"}
     assert by_action["B"] == {"where": "all(i in Items where i.ok) and not (Vip and Amount > 500)"}
     assert by_action["C"] == {"where": "not all(i in Items where i.ok)"}
+
+
+def test_list_paths_leave_out_conditions_the_listed_domains_imply() -> None:
+    sc = load_text("""
+        type Txn = record { ok: bool }
+        field Report: Lost | Stolen | Found "r"
+        system Status: Active | Blocked "s"
+        system Txns: list[..4] of Txn "t"
+        action A "a"
+        action B "b"
+        action C "c"
+        stage s { when Report == Found and Status == Blocked -> do A  otherwise -> t }
+        stage t { when Report == Found -> do C  when any(x in Txns where not x.ok) -> do B  otherwise -> do C }
+    """)
+    b = next(p for p in iter_paths(sc) if p.action == "B")
+    assert b.constraints == {"Report": "Lost | Stolen", "where": "any(x in Txns where not x.ok)"}

@@ -57,7 +57,7 @@ from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form
 from sopgraph.logic.paths import trace, used_looks
 from sopgraph.logic.procheck import source_terms
-from sopgraph.logic.unroll import UnrollError
+from sopgraph.logic.unroll import Unrolled, UnrollError
 from sopgraph.records import RECORD_VERSION, Case, Intensity
 
 BALANCES = ("intent", "path", "action")
@@ -248,19 +248,22 @@ class Plan:
 PLAN_PATH_LIMIT = 2_000  # past this many feasible paths, synthesis samples paths instead of listing all
 
 
-def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, seed: int = 0) -> Plan:
+def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, seed: int = 0,
+         form: Unrolled | None = None) -> Plan:
     """Enumerate the feasible paths and decide which intents can reach which path. With `sample`
     (the number of cases wanted) and more than `PLAN_PATH_LIMIT` feasible paths, `sample` distinct
     paths are drawn instead, stratified by action (each action equally likely, then uniform among
     its paths; deterministic per seed): synthesis at any size never enumerates every path. A
-    procedure is planned on its unrolled form (see `_synthesize_procedure`)."""
+    procedure is planned on its unrolled form (see `_synthesize_procedure`); `form` is that form,
+    so that the descriptions of generated intents speak of the source's lists, looks and guards."""
     if needs_analysis_form(scenario):
         try:
             plain, intents = lowered_intents(scenario, profile.intents)  # lists/records: plain conditions
-            flat = analysis_form(scenario).scenario
+            form = analysis_form(scenario)
+            flat = form.scenario
             if plain is not scenario:
                 profile = profile.model_copy(update={"intents": intents})
-            return plan(flat, profile, sample=sample, seed=seed)
+            return plan(flat, profile, sample=sample, seed=seed, form=form)
         except (UnrollError, LowerError) as exc:
             raise SynthError(f"cannot synthesize cases: {exc}") from None
     count = paths_mod.count_paths(scenario)
@@ -289,7 +292,8 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
         entries.append(PathEntry(
             index=len(entries), id=info.id, stages=list(info.stages), branches=list(info.branches),
             action=info.action, finals=dict(info.finals), witness=dict(info.witness), region=region,
-            description=describe_path(info), reads=_path_reads(scenario, info.stages)))
+            description=describe_path(paths_mod.lift_path(info, form) if form is not None else info),
+            reads=_path_reads(scenario, info.stages)))
     intent_paths: dict[str, list[int]] = {}
     regions: dict[tuple[int, str], list[Any]] = {}
     space = domain.space_for(scenario)

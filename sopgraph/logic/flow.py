@@ -350,7 +350,8 @@ class _Flow:
                 f"guard `{ir.show(bj_.guard)}` overlaps the earlier guard `{ir.show(bi_.guard)}` "
                 f"of `{stage.id}`: both hold for some values that reach it, and the earlier branch wins",
                 bj_.guard.span if bj_.guard is not None and bj_.guard.span.line else bj_.span,
-                "make the guards exclusive, or put the more specific one first",
+                ("make the guards exclusive, or put the more specific one first; if the earlier branch "
+                 f"should win, write `otherwise when {ir.show(bj_.guard)}` to say so"),
                 witness=w,
                 notes=[f"reached via {self.via(prefix, si)}",
                        f"for these values the engine takes `{ir.branch_label(stage, bi_)} -> "

@@ -44,6 +44,7 @@ a stage loops forever. Paths are therefore simple; revisits are pruned.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -717,7 +718,7 @@ def _unrolled(scenario: ir.Scenario) -> Unrolled | None:
     return analysis_form(scenario) if needs_analysis_form(scenario) else None
 
 
-def _lift(info: PathInfo, u: Unrolled) -> PathInfo:
+def lift_path(info: PathInfo, u: Unrolled) -> PathInfo:
     """A path of the unrolled form in the source's terms: stage ids, observed values as lists."""
     stages = [u.origin.get(s, s) for s in info.stages]
     update: dict[str, Any] = {"stages": stages}
@@ -810,8 +811,9 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
         if own is not None:
             guards.append((own, False))
         for guard, negated in guards:
-            if not set(compile_reads(guard)) & lists and relates.per_variable(guard, not negated):
-                continue  # constraints on single variables: listed per variable
+            if not set(compile_reads(guard)) & lists and (relates.per_variable(guard, not negated)
+                                                          or relates.implied(guard, not negated, constraints)):
+                continue  # constraints on single variables: listed per variable (and they imply this one)
             text = _negated_text(guard) if negated else ir.show(guard, 2)
             if text not in clauses:
                 clauses.append(text)
@@ -835,6 +837,37 @@ class _Relations:
         if name not in self.bases:
             self.bases[name] = frozenset(b for n in compile_reads(var.expr) for b in self.base(n, trail | {name}))
         return self.bases[name]
+
+    IMPLIED_BUDGET = 256  # value combinations tried by `implied`
+
+    def implied(self, expr: Any, positive: bool, constraints: Mapping[str, str]) -> bool:
+        """Whether the per-variable constraints already make `expr` (or its negation) true, when it
+        reads only enum and bool inputs: `not (Report == Found and CardStatus == Blocked)` next to
+        `Report: Lost | Stolen` says nothing more."""
+        choices: list[list[Any]] = []
+        names = sorted({b for n in compile_reads(expr) for b in self.base(n)})
+        for name in names:
+            var = self.scenario.variables.get(name)
+            if var is None or var.role == "derived" or var.observed or not isinstance(var.type, (ir.EnumType, ir.BoolType)):
+                return False
+            text = constraints.get(name)
+            domain: list[Any] = [True, False] if isinstance(var.type, ir.BoolType) else list(var.type.values)
+            if text is not None:
+                given = [{"true": True, "false": False}.get(v, v) for v in text.split(" | ")]
+                if any(v not in domain for v in given):
+                    return False
+                domain = given
+            choices.append(domain)
+        combos = 1
+        for c in choices:
+            combos *= len(c)
+        if not names or combos > self.IMPLIED_BUDGET:
+            return False
+        try:
+            return all(bool(Interpreter(self.scenario, dict(zip(names, combo, strict=True))).eval(expr)) == positive
+                       for combo in itertools.product(*choices))
+        except (DecideError, ArithmeticError, TypeError, ValueError):
+            return False
 
     def per_variable(self, expr: Any, positive: bool, trail: frozenset[str] = frozenset()) -> bool:
         """Whether `expr` (or its negation) is a conjunction of conditions on one input each — what
@@ -884,7 +917,7 @@ def iter_paths(scenario: ir.Scenario, *, limit: int | None = None,
     region_of = ex.prefix_regions()
     for rank, (stages, branches, action) in enumerate(ex.iter_raw(), 1):
         info = ex.make_info(rank, stages, branches, action, region_of(stages, branches), witnesses=witnesses)
-        yield _lift(info, u) if u else info
+        yield lift_path(info, u) if u else info
         if limit is not None and rank >= limit:
             return
 
@@ -905,7 +938,7 @@ def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Se
         if flat_ids is None:
             return None
         found = path_by_decisions(u.scenario, flat_ids, branches, witnesses=witnesses)
-        return _lift(found, u) if found is not None else None
+        return lift_path(found, u) if found is not None else None
     ex = explorer_for(scenario)
     ranked = ex.count().complete  # too many paths to count: no rank (the path is named by `walk_id`)
     rk = ex.root_key()
@@ -974,7 +1007,7 @@ def sample_paths(scenario: ir.Scenario, n: int, *, seed: int = 0, weights: Weigh
             def weights(sid: str, bi: int) -> float:
                 return user(origin.get(sid, sid), bi)
 
-        return [_lift(info, u) for info in sample_paths(u.scenario, n, seed=seed, weights=weights,
+        return [lift_path(info, u) for info in sample_paths(u.scenario, n, seed=seed, weights=weights,
                                                         unique=unique, witnesses=witnesses)]
     ex = explorer_for(scenario)
     counted = ex.count()
