@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import sopgraph
-from sopgraph.cases.profiles import profile_for
+from sopgraph.cases.profiles import default_profile, profile_for
 from sopgraph.cases.synth import synthesize
 from sopgraph.records import AgentOutput
 from sopgraph.simulation import providers
@@ -162,3 +162,17 @@ def test_a_path_that_stops_short_does_not_act(telecom) -> None:
     assert acts(telecom, out.model_copy(update={"now_path": ["step1", "step2", "step4"]}))
     assert not acts(telecom, out.model_copy(update={"now_path": []}))
     assert acts(telecom, out.model_copy(update={"now_path": [], "source": "tools"}))  # a tool call acts
+
+
+def test_a_generated_intent_is_not_read_out(telecom) -> None:
+    """A generated intent's description is the path's conditions and outcome ("— the SOP ends in
+    ChangeOrder"): the scripted user opens with its request's facts instead of saying the answer."""
+    generated = [c for c in synthesize(telecom, default_profile(telecom), 12, seed=3).cases if c.intent_generated]
+    assert generated
+    for case in generated:
+        opening = _talk(telecom, case, [])[0]
+        assert "the SOP ends in" not in opening and "(generated)" not in opening, opening
+        told = [n for n in case.truth if providers._label(n) in opening.lower()]
+        hidden = set(held_back(case.model_dump(mode="json"), _ctx(telecom, case, "user", 1)))
+        assert not set(told) & hidden
+    assert any(providers._label(n) in _talk(telecom, c, [])[0].lower() for c in generated for n in c.truth)

@@ -21,6 +21,7 @@ from sopgraph.cases.synth import (
     synthesize_stream,
 )
 from sopgraph.cli import main
+from sopgraph.language.parse import load_source
 from sopgraph.logic.engine import Interpreter
 from sopgraph.records import Case
 
@@ -654,3 +655,44 @@ def test_usable_pairs_verdicts_come_from_the_same_candidates_made_lazily(telecom
     slow_plan = plan(scenario, profile)
     slow = {e.index: [n for n in e.intents if synth_mod._usable(slow_plan, e, n)] for e in slow_plan.paths}
     assert fast == {i: names for i, names in slow.items() if names}
+
+
+CARD_SOP = """
+scenario card "Card"
+type Txn = record { ok: bool }
+field Report: Lost | Found "Lost = cannot find it; Found = found it again."
+system Txns: list[..4] of Txn "Recent transactions."
+system IdOk: bool "Whether the security questions were answered."
+let Unknown = count(t in Txns where not t.ok)
+action AskAgain "Ask the security questions again."
+action BlockCard "Block the card." [irreversible]
+action Reissue "Order a new card." [moves_money, ends_dialogue]
+action Dispute(items: int[0..4]) "Open a dispute." [moves_money, ends_dialogue]
+action Refuse "Refuse." [ends_dialogue]
+stage intake { classify Report  match Report { Lost -> verify  Found -> do Refuse } }
+stage verify {
+  observe IdOk
+  when IdOk -> do BlockCard -> txns
+  when not IdOk -> do AskAgain -> verify up to 1 times
+  otherwise -> do Refuse
+}
+stage txns { when Unknown == 0 -> do Reissue  otherwise -> do Dispute(items = Unknown) }
+"""
+
+
+def test_procedure_cases_speak_the_sops_terms_and_never_forbid_their_own_steps() -> None:
+    """A risky action the path itself carries out on the way (`do BlockCard -> txns`) is required, not
+    prohibited; generated intents describe lists, looks and guards as the SOP writes them."""
+    scenario = load_source(None, text=CARD_SOP).scenario
+    assert scenario is not None
+    result = synthesize(scenario, default_profile(scenario), 24, seed=2)
+    blocked = [c for c in result.cases if any(a["name"] == "BlockCard" for a in c.expected_actions)]
+    assert blocked and all("BlockCard" not in c.prohibited_actions for c in blocked)
+    assert all(set(c.prohibited_actions) == {"BlockCard", "Reissue", "Dispute"}
+               for c in result.cases if c.expected_finals["Action"] == "Refuse")
+    dispute = next(c for c in result.cases if c.expected_finals["Action"] == "Dispute")
+    assert "Reissue" in dispute.prohibited_actions and "Dispute" not in dispute.prohibited_actions
+    texts = " ".join(c.intent_description for c in result.cases)
+    assert "Unknown == 0" in texts and "Unknown != 0" in texts
+    assert "Txns[" not in texts and "len(Txns)" not in texts and "#" not in texts
+    assert "IdOk (look 2) is true" in texts

@@ -215,3 +215,12 @@ def test_a_built_in_agent_acts_through_tool_calls_offline(noservice, telecom, tm
         group = score_run(out).summary().groups[0]
         assert {k: group.metrics[k].value for k in ("trace_recall", "trace_order", "tau2_pass", "pass_rate")} == {
             "trace_recall": 1.0, "trace_order": 1.0, "tau2_pass": 1.0, "pass_rate": 1.0}
+
+
+def test_a_risky_step_of_the_reference_is_never_prohibited() -> None:
+    """Cases synthesized before mid-flow steps were exempted list them as prohibited: the tau2 pass
+    still holds for the agent that takes exactly the reference's steps."""
+    ref = [{"name": "BlockCard", "args": {}}, {"name": "Reissue", "args": {}}]
+    same = lambda a, b: a == b  # noqa: E731
+    assert trace_scores(ref, ref, frozenset({"BlockCard", "Dispute"}), same)[3] is True
+    assert trace_scores([*ref, {"name": "Dispute", "args": {}}], ref, frozenset({"BlockCard", "Dispute"}), same)[3] is False

@@ -614,9 +614,18 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
     pool, finals = _prefer_listed(scenario, profile, pool, finals)
     action = scenario.actions.get(entry.action)
     escalates = action is not None and "escalation" in action.attributes
-    prohibited = [a.name for a in scenario.actions.values() if a.risky and a.name != entry.action]
+    prohibited = _prohibited(scenario, entry)
     return PairTemplate(pool=pool, finals=finals, bucket_base="must-escalate" if escalates else "resolvable",
                         prohibited=prohibited, unsafe=_unsafe_action(p, entry, intent, prohibited))
+
+
+def _prohibited(scenario: ir.Scenario, entry: PathEntry) -> list[str]:
+    """The risky actions the path never carries out: neither its final action nor one done on the way
+    (`do BlockCard -> txns`). An action the procedure itself takes mid-flow is required, not forbidden."""
+    on_path = {entry.action}
+    for sid, bi in zip(entry.stages, entry.branches, strict=True):
+        on_path.update(step.action for step in scenario.stages[sid].branches[bi].target.steps)
+    return [a.name for a in scenario.actions.values() if a.risky and a.name not in on_path]
 
 
 def _prefer_listed(scenario: ir.Scenario, profile: Profile, pool: list[dict[str, Any]],

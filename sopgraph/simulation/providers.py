@@ -930,14 +930,22 @@ def scripted_user(messages: Messages, context: Context) -> str:
     mood = tpl["moods"].get(str(persona.get("emotional_state", "")).lower())
     if turn == 1:
         greet = tpl["greetings"][_seed("greet", case.get("id", "")) % len(tpl["greetings"])]
-        desc = str(case.get("intent_description") or "").strip()
-        intent = str(case.get("intent") or "").strip()
+        # a generated intent's description is the path's conditions and outcome, written for a model
+        # that plays the user: said aloud it would hand the agent the answer. Open with the request's
+        # own facts instead (those not held back).
+        generated = bool(case.get("intent_generated"))
+        desc = "" if generated else str(case.get("intent_description") or "").strip()
+        intent = "" if generated else str(case.get("intent") or "").strip()
         if desc:
             parts.append(tpl["open_desc"].format(greet=greet, desc=first_person(desc) if lang == "en" else desc))
         elif intent:
             parts.append(tpl["open_intent"].format(greet=greet, intent=_humanize(intent)))
         else:
             parts.append(tpl["open_empty"].format(greet=greet))
+        if generated:
+            hidden = set(held_back(case, context)) | {name for name, _ in volunteer}
+            parts += [_fact_text(tpl, persona, "volunteer", name, value, lang)
+                      for name, value in facts if name not in hidden][:2]
         if mood:
             parts.append(mood)
     else:
