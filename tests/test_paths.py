@@ -585,3 +585,24 @@ def test_list_paths_leave_out_conditions_the_listed_domains_imply() -> None:
     """)
     b = next(p for p in iter_paths(sc) if p.action == "B")
     assert b.constraints == {"Report": "Lost | Stolen", "where": "any(x in Txns where not x.ok)"}
+
+
+def test_solved_moments_are_placed_near_the_reference_not_in_1970() -> None:
+    """A solver model leaves moments that only relate to each other at 0 (1970-01-01, an item at
+    1969-12-31T23:59:59); they are moved together to the reference moment (the witness still verifies)."""
+    sc = load_text("""
+        type Txn = record { at: datetime, ok: bool }
+        system LostAt: datetime "When the card went missing."
+        system Txns: list[..6] of Txn "Transactions."
+        let Unknown = count(t in Txns where t.at >= LostAt and not t.ok)
+        action A "a"
+        action B "b"
+        action C "c"
+        stage s { when Unknown == 0 -> do A  when now - LostAt > 48 hours -> do B  otherwise -> do C }
+    """)
+    for p in iter_paths(sc):
+        for w in (p.witness, p.boundary_witness):
+            assert w is not None
+            moments = [w["LostAt"], w["now"], *(t["at"] for t in w["Txns"])]
+            assert all(m.startswith(("2025-", "2026-")) for m in moments), (p.id, moments)
+            assert decide(sc, w).finals["Action"] == p.action

@@ -60,12 +60,14 @@ from sopgraph.logic.intervals import (  # re-exported: NumDom and the num_* oper
     pick_num,
 )
 from sopgraph.logic.scalardom import (
+    DAY,
     InternalValues,
     describe_time,
     pick_time,
     string_candidates,
     time_candidates,
     to_input,
+    typical,
 )
 
 INF = math.inf
@@ -866,7 +868,7 @@ class Space:
                 return w, exhaustive
         model, empty = solver.solve(self, box)
         if model is not None and self.box_contains(box, model):
-            return model, False
+            return self._near_reference(box, model), False
         if empty:
             return None, True
         if solver_first:
@@ -875,6 +877,23 @@ class Space:
                 return w, exhaustive
         self.note_undecided(box)
         return None, False
+
+    def _near_reference(self, box: Box, model: dict[str, Any]) -> dict[str, Any]:
+        """The solver leaves a moment nothing pins at 0, which reads as 1970 (`LostAt=1970-01-01`, and
+        an item "at 1969-12-31T23:59:59" just before it). Comparisons between moments only see their
+        differences: moved together by whole days so that the latest sits at the reference moment, the
+        model usually still holds; that one is kept, else the model as it was."""
+        solved = {v for rid, _t in box.resid for v in self.res_vars[rid]}  # the rest was picked, not solved
+        moments = [self.names[i] for i, kind in self.time_kinds.items() if kind != "duration" and i in solved
+                   and isinstance(model.get(self.names[i]), int) and not isinstance(model.get(self.names[i]), bool)]
+        if not moments:
+            return model
+        latest = max(model[n] for n in moments)
+        shift = (typical("date") - latest) // DAY * DAY
+        if abs(shift) < 365 * DAY:  # already near the reference
+            return model
+        moved = {**model, **{n: model[n] + shift for n in moments}}
+        return moved if self.box_contains(box, moved) else model
 
     def _reads_missing(self, box: Box) -> bool:
         """True when the box says `missing(X)` and another of its residuals always reads `X`: the engine

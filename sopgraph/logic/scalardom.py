@@ -101,8 +101,10 @@ def time_candidates(kind: str, d: NumDom, style: str, rng: random.Random | None,
                       pick_time(kind, d, "representative", None)]
     center = typical(kind)
     for c in consts:
-        raw += [c, c + DAY, c - DAY, c + 1, c - 1]
-        if kind != "duration" and abs(c) < 20 * 365 * DAY:  # a duration: move the reference by it
+        offset = kind != "duration" and abs(c) < 20 * 365 * DAY  # for a date: a duration or a difference
+        if not offset:  # a moment (a date literal), or a duration for a duration
+            raw += [c, c + DAY, c - DAY, c + 1, c - 1]
+        else:  # move the reference by it (`0` of `at >= LostAt` is no date in 1970)
             raw += [center - c, center + c, center - c + 1, center - c - 1]
     raw += [center, center - DAY, center + DAY, center - 2 * DAY, center + 2 * DAY]
     if kind == "duration":
