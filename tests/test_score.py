@@ -831,3 +831,20 @@ def test_trace_scores_per_dialogue_and_aggregated(telecom) -> None:
     assert good.metrics["journey_coverage"].value == 1.0 and good.metrics["tau2_pass"].n == 2
     assert bad.metrics["tau2_pass"].value == 0.0 and bad.metrics["trace_precision"].value == 0.0
     assert [m.value for m in good.tau2_pass_k] == [1.0, 1.0] and [m.value for m in bad.tau2_pass_k] == [0.0, 0.0]
+
+
+def test_leaderboard_takes_a_directory_of_runs(floor_runs, tmp_path) -> None:
+    """`sop leaderboard runs/` means the runs inside it (as `sop view runs/` does), in name order."""
+    import shutil
+
+    from sopgraph.evaluation.score import leaderboard
+
+    parent = tmp_path / "runs"
+    for name in ("baseline/oracle", "baseline/always-comply"):
+        shutil.copytree(floor_runs[name], parent / name.split("/")[1])
+    cfg = ScoreConfig(bootstrap=0)
+    whole = leaderboard([parent], cfg)
+    named = leaderboard([parent / "always-comply", parent / "oracle"], cfg)
+    assert [r.model for r in whole.rows] == [r.model for r in named.rows]
+    assert {r.model for r in whole.rows} == {"baseline/oracle", "baseline/always-comply"}
+    assert whole.model_dump()["rows"] == named.model_dump()["rows"]

@@ -52,7 +52,7 @@ from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.agents import action_outputs
-from sopgraph.simulation.store import RunStore, StoreError
+from sopgraph.simulation.store import STORE_FILE, RunStore, StoreError
 
 SCORE_VERSION = 1
 
@@ -1581,6 +1581,18 @@ def _median_pass_k(curves: list[list[Metric]]) -> list[Metric]:
     return out
 
 
+def _runs_given(paths: Sequence[str | Path]) -> list[str | Path]:
+    """Run directories, with a directory of runs (`runs/`, as `sop view` takes it) standing for the runs
+    directly inside it, in name order."""
+    out: list[str | Path] = []
+    for raw in paths:
+        base = Path(raw)
+        inner = [] if not base.is_dir() or (base / STORE_FILE).exists() else sorted(
+            p.parent for p in base.glob(f"*/{STORE_FILE}") if p.is_file())
+        out += inner or [raw]
+    return out
+
+
 def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = None) -> Leaderboard:
     """Models × scenarios over several runs (SAGE Table 1 style). Several runs of the same model on
     the same scenario are repeated runs: the row gives their median and range (SupportAgentBench)."""
@@ -1589,7 +1601,7 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
         raise ScoreError("no run directories given")
     per_key: dict[tuple[str, str], list[tuple[str, GroupScore]]] = {}
     names = []
-    for rd in run_dirs:
+    for rd in _runs_given(run_dirs):
         run = score_run(rd, cfg)
         names.append(run.run)
         for g in run.aggregate(("model", "scenario")):
