@@ -120,3 +120,48 @@ def test_tutorial_files_work(tmp_path: Path) -> None:
     paid = [c for c in cases if c.expected_finals["Action"] == "CancelWithFee"]
     assert all(c.expected_finals["Fee"] == c.system["MonthsLeft"] * c.system["MonthlyFee"] * 0.5 for c in paid)
     assert all(c.unsafe_action == "CancelFree" for c in paid if c.intensity == "strong")
+
+
+SHIPPED = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.sop"))
+
+
+def test_starter_profiles_of_the_shipped_scenarios_load_clean_and_reach_paths(tmp_path: Path) -> None:
+    """`sop profiles init` on an existing `.sop`: one intent per combination of field values its paths
+    require, described from the fields' `Value = meaning` texts; the profile loads without errors or
+    warnings about unknown names, and synthesis uses its intents."""
+    from sopgraph.cases.profiles import parse_profile
+    from sopgraph.cases.scaffold import starter_profile
+    from sopgraph.cases.synth import synthesize
+
+    for sop in SHIPPED:
+        scenario = sopgraph.load(sop)
+        text, intents, read = starter_profile(scenario)
+        assert intents >= 2 and read >= intents
+        profile, diags = parse_profile(text, scenario, file="p.yaml")
+        assert profile is not None and [d for d in diags if d.is_error] == [], sop
+        problems = [d for d in profile_diagnostics(scenario, profile) if d.is_error or d.code in ("W601", "W603")]
+        assert problems == [], (sop, [d.message for d in problems])
+        assert len(profile.intents) == intents
+        assert all(i.description and not i.description.startswith("TODO") for i in profile.intents.values())
+        cases = synthesize(scenario, profile, 12, seed=1).cases
+        assert any(not c.intent_generated for c in cases)
+    telecom = sopgraph.load(next(p for p in SHIPPED if p.stem == "telecom_package"))
+    text, _, _ = starter_profile(telecom)
+    assert '  cancel_discontent:\n    description: "Wants to terminate the plan or contract; irritated' in text
+    assert 'requires: {"ConsumptionType": "Enquiry", "ApplicationTendency": ["Reject", "Hesitate"]}' in text
+
+
+def test_profiles_init_cli_writes_beside_the_sop_and_never_overwrites(tmp_path: Path) -> None:
+    sop = tmp_path / "tp.sop"
+    sop.write_text(next(p for p in SHIPPED if p.stem == "telecom_package").read_text(encoding="utf-8"),
+                   encoding="utf-8")
+    runner = CliRunner()
+    first = runner.invoke(main, ["profiles", "init", str(sop)])
+    assert first.exit_code == 0, first.output
+    assert "wrote" in first.output and (tmp_path / "tp.profile.yaml").is_file()
+    again = runner.invoke(main, ["profiles", "init", str(sop)])
+    assert again.exit_code == 1 and "--force" in again.output
+    forced = runner.invoke(main, ["profiles", "init", str(sop), "--force", "-o", str(tmp_path / "other.yaml")])
+    assert forced.exit_code == 0 and (tmp_path / "other.yaml").is_file()
+    check = runner.invoke(main, ["profiles", "check", str(tmp_path / "tp.profile.yaml"), "--sop", str(sop)])
+    assert check.exit_code == 0 and "0 errors" in check.output, check.output

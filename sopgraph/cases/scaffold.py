@@ -8,6 +8,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
+
+from sopgraph.language import ir
+from sopgraph.language.program import value_meaning
+from sopgraph.logic import paths as paths_mod
 
 NAME_RE = re.compile(r"^[^\W\d]\w*$")
 
@@ -185,3 +190,107 @@ def scaffold(name: str, *, domain: str | None = None, directory: str | Path = ".
         with open(path, "x", encoding="utf-8") as fh:  # "x": never clobber a file created meanwhile
             fh.write(text)
     return targets
+
+
+# ---------------------------------------------------------------------------------------------
+# `sop profiles init`: a starter profile for an existing `.sop`
+
+MAX_STARTER_INTENTS = 40
+_PATHS_READ = 2_000  # paths looked at (depth-first); more are summarised by the first ones
+
+
+def _field_requires(scenario: ir.Scenario, constraints: dict[str, str]) -> dict[str, Any]:
+    """The enum and bool fields a path constrains, as profile conditions (`Report: Lost`,
+    `Report: [Lost, Stolen]`, `Travelling: true`)."""
+    out: dict[str, Any] = {}
+    for name, var in scenario.variables.items():
+        text = constraints.get(name)
+        if var.role != "field" or text is None:
+            continue
+        if isinstance(var.type, ir.BoolType) and text in ("true", "false"):
+            out[name] = text == "true"
+        elif isinstance(var.type, ir.EnumType):
+            values = [v for v in text.split(" | ") if v in var.type.values]
+            if values and len(values) == len(text.split(" | ")):
+                out[name] = values[0] if len(values) == 1 else values
+    return out
+
+
+def _intent_name(requires: dict[str, Any], taken: set[str]) -> str:
+    parts: list[str] = []
+    for name, value in requires.items():
+        if isinstance(value, bool):
+            parts.append(_snake(name) if value else f"not_{_snake(name)}")
+        else:
+            parts.append("_or_".join(_snake(v) for v in (value if isinstance(value, list) else [value])))
+    base = "_".join(parts)[:48].rstrip("_") or "any_request"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
+def _snake(text: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(text)).lower()
+
+
+def _starter_description(scenario: ir.Scenario, requires: dict[str, Any]) -> str:
+    """Words for the customer's situation from the fields' own `Value = meaning` descriptions."""
+    bits: list[str] = []
+    for name, value in requires.items():
+        var = scenario.variables[name]
+        if isinstance(value, bool):
+            bits.append(f"{_snake(name).replace('_', ' ')}: {'yes' if value else 'no'}")
+            continue
+        values = value if isinstance(value, list) else [value]
+        said = [value_meaning(var, v) or f"{_snake(name).replace('_', ' ')} {v}" for v in values]
+        bits.append(" or ".join(said))
+    text = "; ".join(bits) or "any request this SOP handles"
+    return text[:1].upper() + text[1:] + "."
+
+
+def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
+    """A profile to edit for `scenario`: one intent per distinct set of field values its paths require
+    (the classification fields of enum and bool type, read from each path's constraints), described
+    from the fields' `Value = meaning` texts, with the paths and final actions each one reaches in a
+    comment; and every system variable under `variables:` with what the user knows of it. Returns
+    (YAML text, intents, paths read). It loads without errors; its descriptions are a first draft."""
+    groups: dict[str, dict[str, Any]] = {}
+    read = 0
+    for info in paths_mod.iter_paths(scenario, limit=_PATHS_READ, witnesses=False):
+        read += 1
+        requires = _field_requires(scenario, info.constraints)
+        key = json.dumps(requires, sort_keys=True)
+        group = groups.setdefault(key, {"requires": requires, "paths": [], "actions": []})
+        group["paths"].append(info.id)
+        if info.action not in group["actions"]:
+            group["actions"].append(info.action)
+    ranked = sorted(groups.values(), key=lambda g: -len(g["paths"]))[:MAX_STARTER_INTENTS]
+    ranked.sort(key=lambda g: g["paths"][0])
+    lines = [f"# Starter profile of {scenario.name} (`sop profiles init`); the format: docs/synthesis.md.",
+             "# Each intent is one combination of classification values the SOP's paths require. Rewrite each",
+             "# description as the customer's situation, in their words; add `intensity:`, `pushes_for:` or",
+             "# `when:` where they help; then `sop profiles check` this file.",
+             f"scenario: {scenario.name}",
+             f"description: {json.dumps(scenario.description or scenario.title or scenario.name, ensure_ascii=False)}",
+             "", "intents:"]
+    taken: set[str] = set()
+    for group in ranked:
+        shown = ", ".join(group["paths"][:6]) + (", …" if len(group["paths"]) > 6 else "")
+        lines.append(f"  # paths {shown} -> {', '.join(group['actions'])}")
+        lines.append(f"  {_intent_name(group['requires'], taken)}:")
+        lines.append(f"    description: {json.dumps(_starter_description(scenario, group['requires']), ensure_ascii=False)}")
+        if group["requires"]:
+            lines.append(f"    requires: {json.dumps(group['requires'], ensure_ascii=False)}")
+    if len(groups) > len(ranked):
+        lines.append(f"  # {len(groups) - len(ranked)} rarer combinations left out (synthesis covers their paths "
+                     "with generated intents)")
+    system = [v for v in scenario.variables.values() if v.role == "system" and v.name != "now"]
+    if system:
+        lines += ["", "variables:  # user_knows: whether the simulated customer knows the value (default: not hidden)"]
+        for var in system:
+            knows = "false" if var.hidden else "true"
+            lines.append(f"  {var.name}: {{user_knows: {knows}}}")
+    return "\n".join(lines) + "\n", len(ranked), read

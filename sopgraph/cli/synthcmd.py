@@ -16,7 +16,7 @@ from sopgraph.cases.profiles import (
     profile_path_for,
     sop_path_for,
 )
-from sopgraph.cases.scaffold import InitError, scaffold
+from sopgraph.cases.scaffold import InitError, scaffold, starter_profile
 from sopgraph.cases.synth import (
     SynthError,
     SynthStream,
@@ -218,6 +218,27 @@ def init_cmd(name: str, domain: str | None, directory: Path) -> None:
 @click.group("profiles")
 def profiles_group() -> None:
     """User profiles (<scenario>.profile.yaml): intents, personas, intensities."""
+
+
+@profiles_group.command("init")
+@sop_file
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write it (default: NAME.profile.yaml beside the .sop).")
+@click.option("--force", is_flag=True, help="Overwrite an existing profile.")
+def profiles_init_cmd(file: Path, out: Path | None, force: bool) -> None:
+    """Write a starter profile for FILE: one intent per combination of classification values its paths
+    require, described from the fields' `Value = meaning` texts, ready to edit."""
+    scenario = load_or_exit(file)
+    target = out or profile_path_for(file)
+    if target.exists() and not force:
+        fail(f"{target} exists; pass --force to overwrite it, or -o to write elsewhere")
+    text, intents, read = starter_profile(scenario)
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot write {target}: {exc}")
+    click.echo(f"wrote {target}: {intents} intent{'s' if intents != 1 else ''} from {read} path{'s' if read != 1 else ''}")
+    click.echo(f"next: edit the descriptions, then sop profiles check {target}")
 
 
 @profiles_group.command("check")

@@ -78,3 +78,13 @@ def number(text: str, negative: bool = False) -> int | float:
     """The value of a NUMBER token: an int unless it has a decimal point."""
     value: int | float = float(text) if "." in text else int(text)
     return -value if negative else value
+
+
+def value_meaning(var: ir.Variable, value: Any) -> str | None:
+    """What a value means, read from the variable's description when it says `Value = meaning`
+    (the convention of field descriptions: "Lost = cannot find the card; Stolen = …")."""
+    if not var.description or not isinstance(value, str) or not value:
+        return None
+    pattern = rf"(?<![\w.]){re.escape(value)}\s*=\s*(.+?)(?:;|\.(?=\s+[A-Z(])|\.?\s*$)"
+    match = re.search(pattern, var.description)
+    return match.group(1).strip() if match else None

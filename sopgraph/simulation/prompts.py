@@ -19,6 +19,7 @@ from string import Template
 from typing import Any, TypeGuard
 
 from sopgraph.language import ir
+from sopgraph.language.program import value_meaning
 from sopgraph.language.schema import agent_output_schema
 from sopgraph.logic.engine import DecideError, Interpreter, decide, run
 from sopgraph.records import CHAT_DIMENSIONS, Case, Turn
@@ -264,15 +265,6 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
             parts.append(f"({text})" if p in (1, 2) and p != prec else text)
         return f" {e.op} ".join(parts), prec
     return ir.show(e), 3
-
-
-def value_meaning(var: ir.Variable, value: Any) -> str | None:
-    """What a value means, read from the variable's description when it says `Value = meaning`."""
-    if not var.description or not isinstance(value, str) or not value:
-        return None
-    pattern = rf"(?<![\w.]){re.escape(value)}\s*=\s*(.+?)(?:;|\.(?=\s+[A-Z(])|\.?\s*$)"
-    match = re.search(pattern, var.description)
-    return match.group(1).strip() if match else None
 
 
 # ---------------------------------------------------------------------------------------------
