@@ -421,10 +421,11 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
         report.unproven.append(f"the product walk stopped at its budget of {budget} regions: "
                                "routes not reached may still differ (raise --budget)")
     if first.undecided:
-        report.unproven.append(f"{first.undecided} region(s) where the outcomes are written differently but no "
-                               "assignment was found on which the engine decides differently "
-                               "(equal values from different expressions, or constraints the domain "
-                               "cannot decide)")
+        report.unproven.append(f"{first.undecided} region(s) where the two versions end differently as written "
+                               "(another action, or outputs computed differently) but no input was found "
+                               "there on which the engine decides differently: the region may hold no input "
+                               "at all, or equal values from different expressions, under constraints the "
+                               "analysis could not decide")
 
 
 class _Compared(BaseModel):
