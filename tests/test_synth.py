@@ -689,3 +689,18 @@ def test_a_risky_step_on_the_reference_trace_is_not_prohibited(tmp_path) -> None
         assert case.prohibited_actions == expected[case.expected_finals["Action"]]
         seen.add(case.expected_finals["Action"])
     assert seen == {"Credit", "FraudTeam", "Chargeback"}
+
+
+def test_synth_says_when_no_profile_is_beside_the_file(tmp_path) -> None:
+    """A copy of a scenario (`v2.sop`) does not find `NAME.profile.yaml`: before, the generated intents
+    were the only sign that the profile was not read."""
+    path = tmp_path / "v2.sop"
+    path.write_text(STEP_SOP, encoding="utf-8")
+    res = CliRunner().invoke(main, ["synth", str(path), "-n", "3", "-o", str(tmp_path / "c.jsonl")])
+    assert res.exit_code == 0, res.output
+    assert "note: no profile v2.profile.yaml beside v2.sop (give one with --profile)" in res.stderr
+    quiet = CliRunner().invoke(main, ["synth", str(path), "-n", "3", "-q", "-o", str(tmp_path / "c.jsonl")])
+    assert quiet.exit_code == 0 and "no profile" not in quiet.stderr
+    (tmp_path / "v2.profile.yaml").write_text("intents: {}\n", encoding="utf-8")
+    found = CliRunner().invoke(main, ["synth", str(path), "-n", "3", "-o", str(tmp_path / "c.jsonl")])
+    assert found.exit_code == 0 and "no profile" not in found.stderr, found.stderr
