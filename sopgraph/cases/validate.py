@@ -22,7 +22,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from sopgraph.cases.profiles import library
 from sopgraph.language import ir
+from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.engine import DecideError, engine_for, validate_value
 from sopgraph.records import RECORD_VERSION, Case
 
@@ -164,3 +166,58 @@ def check_cases(scenario: ir.Scenario, cases: Sequence[Case], *, source: str = "
         warnings.append(f"{stale} case(s) were synthesized from another version of the SOP (sop_hash "
                         "differs); their expected paths still agree with this version")
     return warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-written cases: what the SOP decides is filled in
+
+HAND_WRITTEN_INTENT = "hand-written"
+
+
+def complete_case(scenario: ir.Scenario, obj: Any) -> Any:
+    """A case written by hand, or converted from another benchmark's test data, needs only `id`,
+    `truth` and `system` (and may give `intent_description`, `persona` — a library name or an
+    object —, `intensity`, `unsafe_action`, `user_facts`). The rest is what the SOP decides for those
+    values and is filled in: `scenario`, `expected_path`, `expected_finals`, `expected_actions`, `path_id`,
+    `prohibited_actions` (risky actions the trace does not carry out), `bucket`, `intent`, the persona
+    (the library's first) and `user_facts` (the system values that are not `hidden`). Anything given
+    is kept as it is (and still checked); values the SOP cannot decide are left for the check to name."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("truth"), dict) or not isinstance(obj.get("system"), dict):
+        return obj
+    out = dict(obj)
+    out.setdefault("scenario", scenario.name)
+    out.setdefault("intent", HAND_WRITTEN_INTENT)
+    persona = out.get("persona")
+    if persona is None or isinstance(persona, str):
+        out["persona"] = _library_persona(persona)
+    out.setdefault("user_facts", {k: v for k, v in obj["system"].items()
+                                  if k in scenario.variables and not scenario.variables[k].hidden})
+    if all(k in out for k in ("expected_path", "expected_finals", "path_id")):
+        return out
+    values = {k: v for k, v in {**obj["truth"], **obj["system"]}.items() if v is not None}
+    try:
+        path, finals, actions = engine_for(scenario).decide_trace_raw(values)
+        stages, branches = paths_mod.trace(scenario, values)
+        info = paths_mod.path_by_decisions(scenario, stages, branches, witnesses=False)
+    except (DecideError, ValueError, TypeError, KeyError):
+        return out
+    out.setdefault("expected_path", list(path))
+    out.setdefault("expected_finals", dict(finals))
+    out.setdefault("expected_actions", [dict(a) for a in actions])
+    out.setdefault("path_id", info.id if info is not None else paths_mod.walk_id(stages, branches))
+    taken = {str(a.get("name")) for a in actions} | {str(finals.get("Action"))}
+    out.setdefault("prohibited_actions", [a.name for a in scenario.actions.values() if a.risky and a.name not in taken])
+    final = scenario.actions.get(str(finals.get("Action")))
+    if "bucket" not in out:
+        out["bucket"] = ("must-escalate" if final is not None and "escalation" in final.attributes else
+                         "adversarial" if out.get("intensity") == "strong" else "resolvable")
+    return out
+
+
+def _library_persona(name: str | None) -> dict[str, Any]:
+    personas = library().personas
+    chosen = next((p for p in personas if p.name == name), None) if name else personas[0]
+    if chosen is None:
+        known = ", ".join(p.name for p in personas)
+        raise CaseFileError(f"persona `{name}` is not in the library ({known}); give an object or one of these")
+    return chosen.to_persona().model_dump()

@@ -139,7 +139,7 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: st
     cases = []
     if cases_path is not None:
         try:
-            cases = read_cases(cases_path)
+            cases = read_cases(cases_path, a)  # the cases were made for OLD
         except RunError as exc:
             fail(str(exc), 2)
     report = semantic_diff(a, b, cases=cases, budget=budget, old_name=str(old), new_name=str(new))

@@ -438,7 +438,7 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
     cases = None
     if cases_path is not None:
         try:
-            cases = read_cases(cases_path)
+            cases = read_cases(cases_path, scenario)
         except RunError as exc:
             fail(str(exc))
     report = _guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir))
@@ -586,7 +586,7 @@ def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], f
     finals and only writes the conversation; the dialogues are written as a training corpus."""
     scenario = load_or_exit(file)
     try:
-        cases = read_cases(cases_path)
+        cases = read_cases(cases_path, scenario)
     except RunError as exc:
         fail(str(exc))
     records, stats = _guard(lambda: synthesize_dialogues_sync(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import multiprocessing
 import os
 import signal
@@ -49,7 +50,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
-from sopgraph.cases.validate import CaseFileError, check_cases, read_case_lines
+from sopgraph.cases.validate import CaseFileError, check_cases, complete_case, read_case_lines
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
@@ -127,15 +128,22 @@ class RunSummary(BaseModel):
 # Inputs
 
 
-def read_cases(path: str | Path) -> list[Case]:
+def read_cases(path: str | Path, scenario: ir.Scenario | None = None) -> list[Case]:
     """Cases from a JSON Lines file (one `records.Case` per line); errors name the line. Read with
-    bounds (`cases.validate.read_case_lines`): a device, pipe or huge line is refused."""
+    bounds (`cases.validate.read_case_lines`): a device, pipe or huge line is refused. With the
+    `scenario`, a hand-written case (`id`, `truth`, `system`, …) gets what the SOP decides filled in
+    (`cases.validate.complete_case`)."""
     path = Path(path)
     cases: list[Case] = []
     try:
         for lineno, line in read_case_lines(path):
             try:
-                cases.append(Case.model_validate_json(line))
+                if scenario is None:
+                    cases.append(Case.model_validate_json(line))
+                else:
+                    cases.append(Case.model_validate(complete_case(scenario, json.loads(line))))
+            except RecursionError:
+                raise RunError(f"{path}:{lineno}: invalid case: nested too deeply") from None
             except ValueError as exc:
                 first = exc.errors()[0] if hasattr(exc, "errors") else {"msg": str(exc), "loc": ()}
                 where = ".".join(str(x) for x in first.get("loc", ()))
@@ -400,7 +408,7 @@ async def run(
             raise RunError("trials, max-turns and concurrency must be >= 1")
         scenario = scenario_path if isinstance(scenario_path, ir.Scenario) else _load(scenario_path)
         cases = (list(cases_path) if isinstance(cases_path, Sequence) and not isinstance(cases_path, str)
-                 else read_cases(cases_path))  # type: ignore[arg-type]
+                 else read_cases(cases_path, scenario))  # type: ignore[arg-type]
         warnings += _check_cases(scenario, cases, str(cases_path) if isinstance(cases_path, str | Path)
                                  else "cases")
         try:
