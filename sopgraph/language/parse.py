@@ -774,10 +774,17 @@ _MATCH_OPEN = re.compile(r"\bmatch\b[^{}]*\{[^{}]*\Z")
 _DANGLING = re.compile(r"(\w[\w.]*)\s*(?:==|!=|<=|>=|<|>)\s*\S+\s+(?:and|or)\s*\Z")
 
 
+_AGGREGATE = re.compile(r"\b(sum|avg|average|mean|total)\s*\((?![^()]*\)\s*$)")
+
+
 def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
     """Message and hint for slips people make while writing an SOP by hand (a hyphen in an enum
     value, `A: target` in a match, `N > 5 and < 8`, `K in [A, B]`), or None."""
     head = before.rpartition("\n")[2]  # the error's line, up to the error
+    if agg := _AGGREGATE.search(head):
+        return (f"`{agg.group(1)}(…)` is not part of the language: lists are counted and tested, not summed",
+                "count or test the items (`count(i in Items where i.amount > 100)`, `any(…)`, `all(…)`), "
+                "or give the total as a system variable the backend computes (`system ClaimTotal: float`)")
     if found == "-" and (enum := _ENUM_DECL.search(head)):
         rest = re.match(r"\w+", after[1:])
         joined = f"{enum.group(1)}_{rest.group(0)}" if rest else f"{enum.group(1)}_…"

@@ -116,9 +116,11 @@ class ScalarTyping:
         """The type of `abs(...)`, `days_between(...)`, `missing(...)`; unknown names are E101."""
         arity = {"abs": 1, "days_between": 2, "missing": 1}
         if e.name not in arity:
-            self.mismatch(f"unknown function `{e.name}`", e.span,
-                          "functions are " + ", ".join(f"`{f}`" for f in ir.FUNCTIONS)
-                          + ", `count`, `min`, `max`; dates are written `date(\"2026-11-23\")`", code="E101")
+            hint = ("functions are " + ", ".join(f"`{f}`" for f in ir.FUNCTIONS)
+                    + ", `count`, `min`, `max`; dates are written `date(\"2026-11-23\")`")
+            if e.name in ("sum", "total", "add"):
+                hint = (f"add values with `+` (`{' + '.join(ir.show(a) for a in e.args[:3]) or 'A + B'}`); " + hint)
+            self.mismatch(f"unknown function `{e.name}`", e.span, hint, code="E101")
             for arg in e.args:
                 self.infer(arg)
             return None
