@@ -218,3 +218,33 @@ def test_a_python_agent_that_raises_says_where(tmp_path, bike, cases) -> None:
     line = broken_agent.__code__.co_firstlineno + 1
     assert dialogue.status == "infra_failure"
     assert f"raised KeyError: 'no_such_key' (at test_agents.py:{line} in broken_agent)" in str(dialogue.error)
+
+
+def test_an_action_reached_from_several_stages_reads_as_the_case_path(tmp_path) -> None:
+    """telecom_package hands over to a human (TransHuman) from several stages: the path inferred from a
+    tool agent's calls was always the first path ending there, so the oracle acting through tools lost
+    path score on every other hand-over case."""
+    from sopgraph.cases.profiles import profile_for
+    from sopgraph.cases.synth import synthesize
+    path = ROOT / "scenarios" / "telecom_package.sop"
+    sop = sopgraph.load(path)
+    paths = scenario_context(sop)["paths"]
+    ends = [p["stages"] for p in paths if p["finals"]["Action"] == "TransHuman"]
+    assert len(ends) >= 2
+    assert infer_path(paths, "TransHuman") == ends[0]
+    assert infer_path(paths, "TransHuman", preferred=ends[1]) == ends[1]
+    assert infer_path(paths, "TransHuman", preferred=["step1", "nowhere"]) == ends[0]  # not a fitting path
+    cases = [c for c in synthesize(sop, profile_for(path, sop), 40, seed=4).cases
+             if c.expected_finals["Action"] == "TransHuman"]
+    assert {tuple(c.expected_path) for c in cases} - {tuple(ends[0])}  # some hand-over on another path
+    run_sync(sop, cases, ["agent=baseline/oracle-tools"], str(tmp_path / "r"), trials=1, progress=False,
+             judge_turns="final")
+    with RunStore.open(tmp_path / "r") as store:
+        by_case = {c.id: c for c in store.cases()}
+        last = {}
+        for turn in store.iter_turns(status="done"):
+            last[turn.dialogue_id] = turn
+        for d in store.dialogues(status="done"):
+            out = last[d.id].output
+            assert out is not None and out.finals["Action"] == "TransHuman"
+            assert out.now_path == by_case[d.case_id].expected_path, d.id

@@ -206,3 +206,39 @@ def test_export_keeps_the_actions_a_sage_reply_reports(no_service_runs) -> None:
     for rec in records:  # the reference reply carries the reference trace beside the reference path
         last = json.loads(rec["messages"][-1]["content"])
         assert last["actions"] == by_case[rec["metadata"]["case_id"]].expected_actions
+
+
+def _llama_factory_accepts(conversation: list[dict[str, str]]) -> bool:
+    """LLaMA-Factory's ShareGPT rule (SharegptDatasetConverter): after an optional leading system turn,
+    `human`/`observation` at even indexes, `gpt`/`function_call` at odd ones, and an even count."""
+    turns = conversation[1:] if conversation and conversation[0]["from"] == "system" else conversation
+    allowed = (("human", "observation"), ("gpt", "function_call"))
+    return len(turns) % 2 == 0 and all(t["from"] in allowed[i % 2] for i, t in enumerate(turns))
+
+
+def test_sharegpt_export_of_tool_calls_alternates_as_llama_factory_reads_it(no_service_runs) -> None:
+    """Before, a reply's text and its calls were two assistant-side turns in a row, each result its own
+    observation and the conversation ended on a result: LLaMA-Factory skipped every such dialogue."""
+    sage, tools_run, _cases = no_service_runs
+    for run in (sage, tools_run):
+        share, _ = export_run(run, fmt="sharegpt")
+        openai, _ = export_run(run)
+        for rec, twin in zip(share, openai, strict=True):
+            conv = rec["conversations"]
+            assert _llama_factory_accepts(conv), [t["from"] for t in conv]
+            calls = [c for m in twin["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+            shared = [json.loads(t["value"]) for t in conv if t["from"] == "function_call"]
+            flat = [c for v in shared for c in (v if isinstance(v, list) else [v])]
+            assert [c["name"] for c in flat] == [c["function"]["name"] for c in calls]
+    from sopgraph.evaluation.corpus import _sharegpt_turn
+    two = [{"role": "assistant", "content": "Blocking and refunding.", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "Block", "arguments": "{}"}},
+        {"id": "b", "type": "function", "function": {"name": "Refund", "arguments": '{"amount": 5}'}}]},
+        {"role": "tool", "tool_call_id": "a", "name": "Block", "content": '{"status": "done"}'},
+        {"role": "tool", "tool_call_id": "b", "name": "Refund", "content": '{"status": "done"}'}]
+    assert _sharegpt_turn(two) == [
+        {"from": "function_call", "value": '[{"name": "Block", "arguments": {}}, '
+                                           '{"name": "Refund", "arguments": {"amount": 5}}]'},
+        {"from": "observation", "value": '[{"status": "done"}, {"status": "done"}]'},
+        {"from": "gpt", "value": "Blocking and refunding."}]
+    assert _sharegpt_turn([]) == [{"from": "gpt", "value": ""}]  # an answer that failed still answers

@@ -35,7 +35,11 @@ def test_offline_draft_repairs_until_clean(tmp_path: Path) -> None:
     policy_lines = POLICY.read_text(encoding="utf-8").splitlines()
     for stage, lines in citations(text, POLICY.name).items():
         assert lines, stage
-        assert all(policy_lines[n - 1].lstrip()[:1].isdigit() for n in lines)  # numbered rules
+        assert policy_lines[lines[0] - 1].lstrip()[:1].isdigit()  # a numbered rule ...
+        assert all(policy_lines[n - 1][:1].isspace() for n in lines[1:])  # ... and the lines it goes on over
+    # a rule written over two lines is drafted whole, not cut at its first line
+    assert "hand the conversation to a human colleague." in text
+    assert f"# {POLICY.name}:8-9" in text
     assert len(questions(text)) == 1 and "question(s) for the author" in result.output
 
 

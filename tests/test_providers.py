@@ -377,6 +377,10 @@ def test_scripted_user_speaks_in_the_first_person() -> None:
         "A storm flooded the attic; the caller is furious and wants payment now.":
             "A storm flooded the attic; I'm a caller and I am furious and want payment now.",
         "Burst pipe: wants the damage paid.": "Burst pipe: I want the damage paid.",
+        # were "I'm getting in touch about this: was charged twice …" and "…: disputes a transaction …"
+        "Was charged twice for one purchase.": "I was charged twice for one purchase.",
+        "Did not make the payment and wants the money back.": "I did not make the payment and want the money back.",
+        "Disputes a transaction from many months ago.": "I dispute a transaction from many months ago.",
     }
     for desc, want in cases.items():
         assert first_person(desc) == want

@@ -654,3 +654,53 @@ def test_usable_pairs_verdicts_come_from_the_same_candidates_made_lazily(telecom
     slow_plan = plan(scenario, profile)
     slow = {e.index: [n for n in e.intents if synth_mod._usable(slow_plan, e, n)] for e in slow_plan.paths}
     assert fast == {i: names for i, names in slow.items() if names}
+
+
+STEP_SOP = """scenario card "Card"
+field Reason: Fraud | Other "Why."
+system Amount: float[0..) unit "EUR" money "Disputed amount."
+action BlockCard "Block the card." [irreversible]
+action Credit(amount: float[0..)) "Credit the amount back." [moves_money, ends_dialogue]
+action Chargeback "Open a chargeback." [ends_dialogue]
+action FraudTeam "Hand over to the fraud team." [escalation, ends_dialogue]
+stage s1 {
+    match Reason { Fraud -> do BlockCard -> s2  Other -> do Chargeback }
+}
+stage s2 {
+    when Amount <= 500 -> do Credit(amount = Amount)
+    otherwise -> do FraudTeam
+}
+"""
+
+
+def test_a_risky_step_on_the_reference_trace_is_not_prohibited(tmp_path) -> None:
+    """A path that blocks the card on the way must not list BlockCard as prohibited (an agent that
+    follows the SOP would fail tau2's 'no prohibited action'); other paths still prohibit it."""
+    path = tmp_path / "card.sop"
+    path.write_text(STEP_SOP, encoding="utf-8")
+    scenario = sopgraph.load(path)
+    result = synthesize(scenario, default_profile(scenario), 30, seed=2)
+    seen = set()
+    for case in result.cases:
+        trace = {a["name"] for a in case.expected_actions}
+        assert not trace & set(case.prohibited_actions), case.id
+        assert case.unsafe_action is None or case.unsafe_action not in trace
+        expected = {"Credit": [], "FraudTeam": ["Credit"], "Chargeback": ["BlockCard", "Credit"]}
+        assert case.prohibited_actions == expected[case.expected_finals["Action"]]
+        seen.add(case.expected_finals["Action"])
+    assert seen == {"Credit", "FraudTeam", "Chargeback"}
+
+
+def test_synth_says_when_no_profile_is_beside_the_file(tmp_path) -> None:
+    """A copy of a scenario (`v2.sop`) does not find `NAME.profile.yaml`: before, the generated intents
+    were the only sign that the profile was not read."""
+    path = tmp_path / "v2.sop"
+    path.write_text(STEP_SOP, encoding="utf-8")
+    res = CliRunner().invoke(main, ["synth", str(path), "-n", "3", "-o", str(tmp_path / "c.jsonl")])
+    assert res.exit_code == 0, res.output
+    assert "note: no profile v2.profile.yaml beside v2.sop (give one with --profile)" in res.stderr
+    quiet = CliRunner().invoke(main, ["synth", str(path), "-n", "3", "-q", "-o", str(tmp_path / "c.jsonl")])
+    assert quiet.exit_code == 0 and "no profile" not in quiet.stderr
+    (tmp_path / "v2.profile.yaml").write_text("intents: {}\n", encoding="utf-8")
+    found = CliRunner().invoke(main, ["synth", str(path), "-n", "3", "-o", str(tmp_path / "c.jsonl")])
+    assert found.exit_code == 0 and "no profile" not in found.stderr, found.stderr

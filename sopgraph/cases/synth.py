@@ -610,9 +610,21 @@ def _template(p: Plan, entry: PathEntry, intent: Intent, region: list[Any]) -> P
     pool, finals = _prefer_listed(scenario, profile, pool, finals)
     action = scenario.actions.get(entry.action)
     escalates = action is not None and "escalation" in action.attributes
-    prohibited = [a.name for a in scenario.actions.values() if a.risky and a.name != entry.action]
+    taken = _trace_names(scenario, entry)
+    prohibited = [a.name for a in scenario.actions.values() if a.risky and a.name not in taken]
     return PairTemplate(pool=pool, finals=finals, bucket_base="must-escalate" if escalates else "resolvable",
                         prohibited=prohibited, unsafe=_unsafe_action(p, entry, intent, prohibited))
+
+
+def _trace_names(scenario: ir.Scenario, entry: PathEntry) -> set[str]:
+    """The actions the path carries out: its steps on the way and its final action. Why: a risky step
+    the SOP itself prescribes (block the card, then refund) is part of the reference trace, so it
+    cannot also be a prohibited action of the path's cases."""
+    names = {entry.action}
+    for sid, bi in zip(entry.stages, entry.branches, strict=True):
+        target = scenario.stages[sid].branches[bi].target
+        names.update(step.action for step in target.steps)
+    return names
 
 
 def _prefer_listed(scenario: ir.Scenario, profile: Profile, pool: list[dict[str, Any]],

@@ -119,6 +119,9 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
     elif cov.min_per_path == 0 and min_per_path is None and cov.feasible_paths > n:
         click.echo(f"note: {n} cases over {cov.feasible_paths} feasible paths: the paths are sampled "
                    f"(balanced by {cov.balance}); raise -n to cover every path", err=True)
+    if not quiet and profile_path is None and not profile_path_for(file).is_file():
+        click.echo(f"note: no profile {profile_path_for(file).name} beside {file.name} (give one with --profile): "
+                   "every path gets a generated intent and the shipped personas (docs/synthesis.md)", err=True)
     if not quiet:
         diags = profile_diagnostics(scenario, profile, the_plan=the_plan)
         for text in render_all(diags, profile.sources):

@@ -117,17 +117,39 @@ def tool_messages(turn: Turn) -> list[dict[str, Any]]:
     return out
 
 
-def _sharegpt(message: Mapping[str, Any]) -> list[dict[str, str]]:
-    """ShareGPT turns of one OpenAI message: `gpt` for text, `function_call` for tool calls (one JSON
-    object, or a list when several), `observation` for a tool result (LLaMA-Factory's names)."""
-    if message["role"] == "tool":
-        return [{"from": "observation", "value": str(message["content"])}]
-    out = [{"from": "gpt", "value": str(message["content"])}] if message.get("content") else []
-    calls = [{"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}
-             for c in message.get("tool_calls") or []]
-    if calls:
-        out.append({"from": "function_call", "value": json.dumps(calls[0] if len(calls) == 1 else calls,
-                                                                 ensure_ascii=False)})
+def _sharegpt_turn(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """ShareGPT turns of one agent turn (its OpenAI messages), in LLaMA-Factory's names and order: per
+    answer with tool calls a `function_call` (one JSON object, or a list when several), then one
+    `observation` with their results (one result, or a JSON list when several), and the turn's text last
+    as `gpt`. Why: LLaMA-Factory reads `human`/`observation` only at odd positions and `gpt`/`function_call`
+    only at even ones (and wants an even count), and skips any other conversation as broken: a reply's text
+    and its calls cannot be two turns in a row, nor two results, nor a conversation end on a result."""
+    out: list[dict[str, str]] = []
+    texts: list[str] = []
+    results: list[Any] = []
+
+    def flush_results() -> None:
+        if results:
+            value = results[0] if len(results) == 1 else json.dumps(
+                [_arguments(r) for r in results], ensure_ascii=False)
+            out.append({"from": "observation", "value": str(value)})
+            results.clear()
+
+    for message in messages:
+        if message["role"] == "tool":
+            results.append(str(message["content"]))
+            continue
+        flush_results()
+        if message.get("content"):
+            texts.append(str(message["content"]))
+        calls = [{"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}
+                 for c in message.get("tool_calls") or []]
+        if calls:
+            out.append({"from": "function_call", "value": json.dumps(calls[0] if len(calls) == 1 else calls,
+                                                                     ensure_ascii=False)})
+    flush_results()
+    if texts or not out or out[-1]["from"] == "observation":
+        out.append({"from": "gpt", "value": "\n\n".join(texts)})
     return out
 
 
@@ -160,7 +182,7 @@ def to_record(system: str, exchanges: Sequence[Exchange], metadata: Mapping[str,
         for user, assistant in exchanges:
             conv.append({"from": "human", "value": user})
             if isinstance(assistant, list):
-                conv += [turn for m in assistant for turn in _sharegpt(m)]
+                conv += _sharegpt_turn(assistant)
             else:
                 conv.append({"from": "gpt", "value": assistant})
         record = {"conversations": conv}

@@ -15,7 +15,7 @@ parameters, and a `lookup` of system values), and their calls are answered by th
 backend (`simulation/backend.py`) from the case, observation sequences included. They report no
 classification and no path: the classification comes from the judges alone (scoring marks such
 turns `source="tools"`), and the path is inferred from the tool-call trace (`infer_path`: the
-first feasible path of the SOP that ends in the last action called). A tool call whose name is not
+feasible path of the SOP whose actions the agent carried out, the case's reference path when several do). A tool call whose name is not
 a tool, or whose arguments do not fit its schema, is a format error, like an unreadable SAGE reply.
 """
 
@@ -84,20 +84,25 @@ def tool_schemas(scenario: ir.Scenario) -> list[dict[str, Any]]:
 
 
 def infer_path(paths: Sequence[Mapping[str, Any]], action: str | None,
-               trace: Sequence[str] | None = None) -> list[str]:
+               trace: Sequence[str] | None = None, preferred: Sequence[str] | None = None) -> list[str]:
     """The agent's path from its tool-call trace: the stages of the feasible path whose action trace
-    (`actions`, for procedures) is the dialogue's actions so far, else of the first feasible path
-    ending in the last action called (empty when it called none, or no path ends there)."""
+    (`actions`, for procedures) is the dialogue's actions so far, else of a feasible path ending in the
+    last action called (empty when it called none, or no path ends there). Among several such paths,
+    `preferred` (the case's reference path) when it is one of them, else the first. Why: the agent
+    acted on the case's facts, and on those facts only the reference path carries out these actions;
+    an action reached from several stages (a hand-over) would otherwise always read as the first."""
     if action is None:
         return []
+    want = list(preferred or ())
     if trace:
         wanted = list(trace)
-        for path in paths:
-            if path.get("actions") == wanted:
-                return [str(s) for s in path.get("stages") or ()]
-    for path in paths:
-        if str((path.get("finals") or {}).get("Action")) == action:
-            return [str(s) for s in path.get("stages") or ()]
+        found = [list(map(str, p.get("stages") or ())) for p in paths if p.get("actions") == wanted]
+        if found:
+            return want if want in found else found[0]
+    found = [list(map(str, p.get("stages") or ())) for p in paths
+             if str((p.get("finals") or {}).get("Action")) == action]
+    if found:
+        return want if want in found else found[0]
     return []
 
 
@@ -159,11 +164,13 @@ def to_output(scenario: ir.Scenario, paths: Sequence[Mapping[str, Any]], reply: 
 
 
 def output_for(paths: Sequence[Mapping[str, Any]], text: str, trace: list[dict[str, Any]],
-               so_far: Sequence[str] | None = None) -> AgentOutput:
+               so_far: Sequence[str] | None = None, preferred: Sequence[str] | None = None) -> AgentOutput:
     """The turn's AgentOutput: finals from the last action called, the path inferred from it and from
-    the dialogue's action trace so far (`so_far`, this turn's actions included)."""
+    the dialogue's action trace so far (`so_far`, this turn's actions included; `preferred`: the case's
+    reference path, see `infer_path`)."""
     finals = {"Action": trace[-1]["name"], **trace[-1]["args"]} if trace else {}
-    return AgentOutput(classification_output={}, cot="", now_path=infer_path(paths, finals.get("Action"), so_far),
+    now_path = infer_path(paths, finals.get("Action"), so_far, preferred)
+    return AgentOutput(classification_output={}, cot="", now_path=now_path,
                        finals=finals, chat=text, source="tools", tool_calls=trace)
 
 
@@ -374,7 +381,8 @@ async def tool_turn(agent: ToolAgent, gateway: Any, backend: Backend, messages: 
         if problem is not None or ended or not exchange.more:
             break
     raw = json.dumps(rounds, ensure_ascii=False, sort_keys=True, default=str)
-    output = None if problem is not None else output_for(agent.paths, "\n\n".join(texts), trace, backend.actions)
+    output = None if problem is not None else output_for(agent.paths, "\n\n".join(texts), trace, backend.actions,
+                                                         backend.expected_path)
     return TurnResult(output, problem, raw, latency, completions)
 
 

@@ -188,10 +188,11 @@ class Backend:
     looks: dict[str, int] = field(default_factory=dict)  # observed variable -> index of the current look
     dirty: set[str] = field(default_factory=set)  # observed variables with an action since their last look
     actions: list[str] = field(default_factory=list)  # the actions carried out so far, in order
+    expected_path: list[str] = field(default_factory=list)  # the case's reference path (for `infer_path`)
 
     @classmethod
     def for_case(cls, spec: BackendSpec, case: Case) -> Backend:
-        return cls(spec, case.system)
+        return cls(spec, case.system, expected_path=list(case.expected_path or ()))
 
     def _look(self, name: str, new: bool) -> Any:
         """The value of a look at `name` (a new look advances the counter)."""

@@ -369,7 +369,7 @@ async def simulate_dialogue(
             agent_ctx["response_schema_name"] = "agent_output"
         if setup.tool_agent is not None:
             if backend is None:
-                backend = Backend(setup.tool_agent.backend, setup.case.system)
+                backend = Backend.for_case(setup.tool_agent.backend, setup.case)
             turn = await _tool_agent_turn(gateway, setup, backend, agent_msgs, index, user_text, state)
         elif guided is not None:
             agent_ctx.pop("response_schema", None)

@@ -695,10 +695,12 @@ def _first_person_verb(word: str) -> str:
 _MAIN_VERBS: Final = frozenset((
     "wants", "complains", "insists", "rebooks", "refunds", "makes", "asks", "returns", "questions", "objects",
     "demands", "needs", "accepts", "declines", "reports", "cancels", "expects", "gives", "sends", "claims",
-    "threatens", "agrees", "hesitates", "prefers", "refuses", "backs", "calls", "writes", "requests",
+    "threatens", "agrees", "hesitates", "prefers", "refuses", "backs", "calls", "writes", "requests", "disputes",
+    "contests",
 ))
 _LEAD_STATES: Final = frozenset(("stuck", "unhappy", "upset", "angry", "worried", "confused", "unsure", "happy"))
-_LEAD_PAST: Final = frozenset(("forgot", "received", "changed", "bought", "paid", "lost", "ordered", "moved"))
+_LEAD_PAST: Final = frozenset(("forgot", "received", "changed", "bought", "paid", "lost", "ordered", "moved", "was",
+                               "did", "got"))
 
 
 def _is_adverb(word: str) -> bool:
@@ -985,6 +987,21 @@ _RULE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(?P<text>\S.*)$")
 _REPAIR_MARK = "The checker reports problems"
 
 
+def _policy_rules(lines: Sequence[str]) -> list[tuple[str, str]]:
+    """(cited lines, text) of each numbered or bulleted rule: a rule goes on over the indented lines
+    under it (`2. A parcel ... Older` / `   transactions are declined.`), which are cited with it
+    (`9-10`). Why: a rule cut at its first line reads as half a sentence in the draft."""
+    rules: list[tuple[str, str]] = []
+    for i, line in enumerate(lines, 1):
+        m = _RULE.match(line)
+        if m:
+            rules.append((f"{i}", m.group("text").strip()))
+        elif rules and line[:1].isspace() and line.strip() and int(rules[-1][0].split("-")[-1]) == i - 1:
+            first = rules[-1][0].split("-")[0]
+            rules[-1] = (f"{first}-{i}", f"{rules[-1][1]} {line.strip()}")
+    return rules
+
+
 def scripted_author(messages: Messages, context: Context) -> str:
     """Drafts a `.sop` from the policy in ``context`` (``policy``, ``policy_file``, ``name``): one
     stage per rule line (numbered or bulleted), each citing its line. The first draft calls an
@@ -998,9 +1015,9 @@ def scripted_author(messages: Messages, context: Context) -> str:
         name = "sop_" + name
     repair = any(_REPAIR_MARK in _content_text(m.get("content")) for m in messages if isinstance(m, Mapping))
     lines = policy.splitlines()
-    rules = [(i, m.group("text").strip()) for i, line in enumerate(lines, 1) if (m := _RULE.match(line))]
+    rules = _policy_rules(lines)
     if not rules:
-        rules = [(i, line.strip()) for i, line in enumerate(lines, 1) if line.strip()][:1] or [(1, "the policy")]
+        rules = [(f"{i}", line.strip()) for i, line in enumerate(lines, 1) if line.strip()][:1] or [("1", "the policy")]
     title = next((line.lstrip("# ").strip() for line in lines if line.startswith("#")), name)
     out = [f"scenario {name} {json.dumps(title, ensure_ascii=False)}", ""]
     if repair:
