@@ -85,8 +85,16 @@ def test_topology_has_the_graphs_nodes_and_edges_in_order(path):
         pytest.skip("does not load")
     g, t = compile_graph(loaded.scenario), topology(loaded.scenario)
     assert list(t.nodes) == list(g.nodes)
-    assert list(t.edges) == list(g.edges)
-    assert all(not data for _n, data in t.nodes(data=True))  # structure only
+    assert t.edges() == list(g.edges)
+    assert {n: list(t.succ[n]) for n in t.nodes} == {n: list(g.succ[n]) for n in g.nodes}
+    assert {n: list(t.pred[n]) for n in t.nodes} == {n: list(g.pred[n]) for n in g.nodes}
+    assert all(n in t for n in g.nodes) and "nowhere" not in t and len(t) == len(g) and list(t) == list(g)
+    assert all(t.has_edge(u, v) for u, v in g.edges) and not t.has_edge("nowhere", "end")
+    sc = loaded.scenario  # what the walk records for the checker
+    assert t.procedural == sc.procedural
+    assert t.calls == any(b.target.steps or b.target.args for st in sc.stages.values() for b in st.branches)
+    assert t.exits == {sid for sid, st in sc.stages.items() for b in st.branches
+                       if b.target.kind == "action" or b.target.stage not in sc.stages}
 
 
 def test_graphml_roundtrips_through_networkx(telecom, tmp_path):

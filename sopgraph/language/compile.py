@@ -58,35 +58,117 @@ def compile_graph(scenario: ir.Scenario) -> nx.DiGraph:
     return _build(scenario)
 
 
-def topology(scenario: ir.Scenario) -> nx.DiGraph:
-    """The nodes and edges of `compile_graph`, in the same order, without labels, spans or branch
-    records. Why: the checker only walks the structure, and on a 100k-stage program the labelled
-    graph costs seconds and hundreds of megabytes that `sop check` never reads."""
-    g = nx.DiGraph()
+class Topology:
+    """The nodes and edges of `compile_graph` without labels, spans or branch records, as plain dicts:
+    `succ[node]` and `pred[node]` hold a node's successors and predecessors (keys, in the order the
+    labelled graph holds them). Why not an `nx.DiGraph`: the checker only walks the structure, and on a
+    100k-stage program networkx's per-node and per-edge dicts and views cost seconds. The checker's
+    graph walks read only `succ`, `pred` and `in` (an `nx.DiGraph` offers them too). `topology` also
+    records what its walk over the branches sees, so the checker's passes need not walk them again."""
+
+    __slots__ = ("succ", "pred", "exits", "procedural", "calls")
+
+    def __init__(self) -> None:
+        self.succ: dict[str, dict[str, None]] = {}
+        self.pred: dict[str, dict[str, None]] = {}
+        self.exits: set[str] = set()  # stages with a branch that ends (an action) or leaves (an undefined stage)
+        self.procedural = False  # some stage observes or some branch is bounded (`Scenario.procedural`)
+        self.calls = False  # some branch carries out actions on the way or gives its action arguments
+
+    def add_node(self, node: str) -> None:
+        if node not in self.succ:
+            self.succ[node] = {}
+            self.pred[node] = {}
+
+    def add_edge(self, u: str, v: str) -> None:
+        """An edge (a node not yet added is added last, as networkx does)."""
+        if u not in self.succ:
+            self.add_node(u)
+        if v not in self.succ:
+            self.add_node(v)
+        self.succ[u][v] = None
+        self.pred[v][u] = None
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.succ
+
+    def __len__(self) -> int:
+        return len(self.succ)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.succ)
+
+    def has_edge(self, u: str, v: str) -> bool:
+        return v in self.succ.get(u, ())
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.succ)
+
+    def edges(self) -> list[tuple[str, str]]:
+        """Every edge, in the labelled graph's order (by source node, then by when it was added)."""
+        return [(u, v) for u, vs in self.succ.items() for v in vs]
+
+    def successors(self, node: str) -> Iterator[str]:
+        return iter(self.succ[node])
+
+    def predecessors(self, node: str) -> Iterator[str]:
+        return iter(self.pred[node])
+
+
+def topology(scenario: ir.Scenario) -> Topology:
+    """The structure of `compile_graph(scenario)`: the same nodes and edges in the same order (see
+    `Topology`). One walk over the branches finds the edges and which actions are only carried out on
+    the way (`Scenario.step_actions`, which are not nodes)."""
+    stages, actions = scenario.stages, scenario.actions
+    pairs: list[tuple[str, str]] = []  # (stage, target node) of every branch, in order
+    steps: dict[str, None] = {}
+    finals: set[str] = set()
+    g = Topology()
+    exits = g.exits
+    for key, stage in stages.items():
+        sid = stage.id
+        if stage.observe:
+            g.procedural = True
+        for branch in stage.branches:
+            if branch.limit is not None:
+                g.procedural = True
+            tgt = branch.target
+            if tgt.steps or tgt.args:
+                steps.update(dict.fromkeys(c.action for c in tgt.steps))
+                g.calls = True
+            if tgt.kind == "stage":
+                pairs.append((sid, tgt.stage))  # type: ignore[arg-type] # a stage target names its stage
+                if tgt.stage not in stages:
+                    exits.add(key)
+            else:
+                if tgt.action:
+                    finals.add(tgt.action)
+                pairs.append((sid, ACTION_PREFIX + (tgt.action or "")))
+                exits.add(key)
+    step_only = {a for a in steps if a in actions and a not in finals}  # as `Scenario.step_actions`
     g.add_node(START)
-    g.add_nodes_from(scenario.stages)
-    step_only = set(scenario.step_actions)
-    g.add_nodes_from(action_node(a.name) for a in scenario.actions.values() if a.name not in step_only)
+    for sid in stages:
+        g.add_node(sid)
+    for action in actions.values():
+        if action.name not in step_only:
+            g.add_node(action_node(action.name))
     g.add_node(END)
-    if scenario.start is not None and scenario.start in scenario.stages:
+    if scenario.start is not None and scenario.start in stages:
         g.add_edge(START, scenario.start)
-    g.add_edges_from(_stage_edges(scenario, g))  # the nodes are all in: the same edges as one by one
-    for action in scenario.actions.values():
+    succ, pred = g.succ, g.pred
+    for sid, node in pairs:
+        if node in succ:  # an undefined target is reported by the checker, not drawn
+            if sid in succ:
+                succ[sid][node] = None  # `add_edge`, inline: 300k edges
+                pred[node][sid] = None
+            else:
+                g.add_edge(sid, node)
+    for action in actions.values():
         node = action_node(action.name)
-        if g.in_degree(node):
+        if g.pred.get(node):
             g.add_edge(node, END)
     return g
-
-
-def _stage_edges(scenario: ir.Scenario, g: nx.DiGraph) -> Iterator[tuple[str, str]]:
-    """Each branch's edge (stage, target node), in order, when the target is a node of `g`."""
-    for stage in scenario.stages.values():
-        sid = stage.id
-        for branch in stage.branches:
-            tgt = branch.target
-            node = tgt.stage if tgt.kind == "stage" else action_node(tgt.action or "")
-            if node in g:
-                yield sid, node  # type: ignore[misc]
 
 
 def _build(scenario: ir.Scenario) -> nx.DiGraph:

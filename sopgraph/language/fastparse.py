@@ -147,6 +147,9 @@ _target = _maker(ir.Target)
 _branch = _maker(ir.Branch)
 _inset = _maker(ir.InSet)
 _compare = _maker(ir.Compare)
+_stage = _maker(ir.Stage)
+_variable = _maker(ir.Variable)
+_enum_type = _maker(ir.EnumType)
 _make_span = ir.make_span
 
 
@@ -669,7 +672,7 @@ class _Items(_Exprs):
         text = self.text_opt()
         if text is not None:
             kw["description"] = text
-        return mk(ir.Variable, name=name, role=role, span=span, **kw)
+        return _variable(name=name, role=role, span=span, **kw)
 
     def quick_decl(self) -> tuple[str, ir.Span, Any] | None:
         """`field|system NAME: TYPE` of the commonest one-line shapes (`_Syntax.decl_head`): its name, span and
@@ -690,7 +693,7 @@ class _Items(_Exprs):
         if m.group(2):
             vtype = mk(ir.BoolType, span=self.nowhere)
         elif enum:
-            vtype = mk(ir.EnumType, values=values, span=self.span_at(m.start(6), m.end(6)))
+            vtype = _enum_type(values=values, span=self.span_at(m.start(6), m.end(6)))
         else:
             vtype = mk(ir.NumType, kind=intern(m.group(3)), span=self.nowhere, lo=float(int(m.group(4))),
                        hi=float(int(m.group(5))), lo_open=False, hi_open=False)
@@ -875,9 +878,9 @@ class _Items(_Exprs):
             return None
         self.e = close.end()
         self.advance()
-        return mk(ir.Stage, id=intern(m.group(1)), title=unquote(m.group(2)), span=self.span_at(m.start(1), m.end(1)),
-                  text="", classify=[], observe=[], kind="when" if subject is None else "match", subject=subject,
-                  branches=branches)
+        return _stage(id=intern(m.group(1)), title=unquote(m.group(2)), span=self.span_at(m.start(1), m.end(1)),
+                      text="", classify=[], observe=[], kind="when" if subject is None else "match", subject=subject,
+                      branches=branches)
 
     def quick_otherwise(self, branches: list[Any], pos: int) -> tuple[list[Any], int] | None:
         """`branches` with an `otherwise -> [do] NAME` line at `pos` (if one is there), and where they end."""

@@ -1154,6 +1154,15 @@ def _merge(programs: list[Program], diags: list[Diagnostic], texts: Iterable[str
     # The main file comes first, so its stages come first: the first stage is the entry.
     for program in programs:
         for item in program.items:
+            kind = type(item)
+            if kind is ir.Stage or kind is ir.Variable:  # most items of a large file: by exact type, as below
+                name, what = (item.id, "a stage") if kind is ir.Stage else (item.name, f"a {item.role} variable")
+                if name in seen:
+                    declare(name, what, item.span)
+                else:
+                    seen[name] = (what, item.span)
+                    (stages if kind is ir.Stage else variables)[name] = item
+                continue
             if isinstance(item, ScenarioHeader):
                 if program is programs[0] and header is None:
                     header = item
@@ -1485,10 +1494,15 @@ def _resolve_names(scenario: ir.Scenario) -> None:
         for branch in stage.branches:
             guard = branch.guard
             if guard is not None:
-                guard = fix(guard)
-                _fix_field(branch, "guard", guard)
-                if subject is not None and branch.values and isinstance(guard, ir.InSet):
+                if type(guard) is ir.InSet and subject is not None and branch.values:
+                    # a match arm's test: its operand becomes the resolved subject (its values are
+                    # literals), which is what resolving it and then replacing its operand gives
                     _fix_field(guard, "operand", subject)
+                else:
+                    guard = fix(guard)
+                    _fix_field(branch, "guard", guard)
+                    if subject is not None and branch.values and isinstance(guard, ir.InSet):
+                        _fix_field(guard, "operand", subject)
             target = branch.target
             for assign in target.outputs:
                 _fix_field(assign, "value", fix(assign.value))

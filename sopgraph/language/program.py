@@ -71,7 +71,17 @@ def unquote(tok: str) -> str:
     if tok.startswith('"""'):
         return tok[3:-3].strip("\n")
     body = tok[1:-1]
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+    if "\\" not in body:
+        return body  # no escapes: most strings (a stage title each)
+    return _ESCAPE.sub(_unescape, body)
+
+
+_ESCAPE = re.compile(r"\\(.)")
+_ESCAPES = {"n": "\n", "t": "\t"}
+
+
+def _unescape(m: re.Match[str]) -> str:
+    return _ESCAPES.get(m.group(1), m.group(1))
 
 
 def number(text: str, negative: bool = False) -> int | float:

@@ -17,13 +17,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import networkx as nx
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
-from sopgraph.language.compile import START, topology
+from sopgraph.language.compile import START, Topology, topology
 from sopgraph.language.diagnostics import (
     Diagnostic,
     SopError,
@@ -37,12 +37,15 @@ from sopgraph.language.fastparse import mk
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.flow import flow_diagnostics
-from sopgraph.logic.lower import needs_analysis_form
+from sopgraph.logic.lower import structured
 from sopgraph.logic.optcheck import optional_read_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
 from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
 
-PassFn = Callable[[ir.Scenario, nx.DiGraph], list[Diagnostic]]
+StageGraph: TypeAlias = Topology | nx.DiGraph
+"""What the passes get as the stage graph: `compile.topology`'s structure (what `check` builds), or a
+compiled `nx.DiGraph`; the passes read only `succ`, `pred` and `in`."""
+PassFn = Callable[[ir.Scenario, StageGraph], list[Diagnostic]]
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
     return out
 
 
-def check_declarations(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def check_declarations(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """Ranges (E203), repeated enum values, action attributes (E106), classify lists, the entry."""
     out: list[Diagnostic] = []
     suggest = _Suggester()
@@ -207,7 +210,7 @@ def check_declarations(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnos
 # Pass 2: names used by branches (stages, actions, outputs)
 
 
-def check_targets(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """Undefined stages (E103), actions (E104) and outputs (E107); outputs assigned twice (E102)."""
     out: list[Diagnostic] = []
     suggest = _Suggester()
@@ -871,7 +874,7 @@ def infer_types(scenario: ir.Scenario) -> list[Diagnostic]:
     return _typer(scenario).out
 
 
-def check_types(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def check_types(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """Type errors in derived variables, guards, match arms, output values and defaults; infers
     and records derived variables' types (see `infer_types`)."""
     typer = _typer(scenario)
@@ -907,15 +910,16 @@ def check_types(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
 # Pass 4: the stage graph (no stages, unreachable stages, cycles, stages that cannot end)
 
 
-def _bfs_order(graph: nx.DiGraph, source: str) -> dict[str, int]:
+def _bfs_order(graph: StageGraph, source: str) -> dict[str, int]:
     order: dict[str, int] = {}
     if source not in graph:
         return order
     queue = deque([source])
     order[source] = 0
+    succ = graph.succ
     while queue:
         node = queue.popleft()
-        for nxt in graph.successors(node):
+        for nxt in succ[node]:
             if nxt not in order:
                 order[nxt] = len(order)
                 queue.append(nxt)
@@ -1111,10 +1115,22 @@ def _feasible_cycle(scenario: ir.Scenario, graph: nx.DiGraph, scc: set[str], hea
     return None
 
 
-def _has_cycle(graph: nx.DiGraph, stages: dict[str, ir.Stage]) -> bool:
+def _has_cycle(graph: StageGraph, stages: dict[str, ir.Stage], declared: dict[str, int]) -> bool:
     """Whether the stage-to-stage edges form a cycle (Kahn's algorithm: peel stages no other stage
-    leads to). Most programs have none, and then no strongly connected components are computed."""
+    leads to). Most programs have none, and then no strongly connected components are computed.
+    Most of those write each stage before the stages it leads to: when every stage-to-stage edge goes
+    to a later stage (`declared`: each stage's position), there is no cycle and nothing is peeled."""
     succ = graph.succ
+    later = True
+    for sid, at in declared.items():
+        for nxt in succ[sid]:
+            if declared.get(nxt, at + 1) <= at:
+                later = False
+                break
+        if not later:
+            break
+    if later:
+        return False
     waiting = dict.fromkeys(stages, 0)
     for sid in stages:
         for nxt in succ[sid]:
@@ -1133,7 +1149,7 @@ def _has_cycle(graph: nx.DiGraph, stages: dict[str, ir.Stage]) -> bool:
     return peeled < len(waiting)
 
 
-def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def check_structure(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """No stages (E304), cycles that guards do not rule out (E302, printed as `a -> b -> a`),
     cycles without exit (E303) and stages unreachable from the entry (W302)."""
     if not scenario.stages:
@@ -1148,8 +1164,9 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
 
     # Branches to undefined stages/actions are reported as names; count them as ending here so
     # that one typo does not also claim that everything before it can never end.
-    ends = {sid for sid, st in scenario.stages.items() for b in st.branches
-            if (b.target.kind == "action") or b.target.stage not in scenario.stages}
+    ends = (graph.exits if isinstance(graph, Topology) else
+            {sid for sid, st in scenario.stages.items() for b in st.branches
+             if (b.target.kind == "action") or b.target.stage not in scenario.stages})
     can_end: set[str] = set(ends)
     rev = deque(ends)
     stages, preds = scenario.stages, graph.pred
@@ -1161,11 +1178,12 @@ def check_structure(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic
                 rev.append(pred)
     # procedures loop on purpose: their cycles are bounded or reported by `procheck.check_loops`
     sccs: Iterable[set[str]] = []
-    if not scenario.procedural and _has_cycle(graph, stages):
+    if not _procedural(scenario, graph) and _has_cycle(graph, stages, declared):
         # built directly: copying a subgraph view walks filtered adjacency views (quadratic-ish on 10k stages)
         stage_graph = nx.DiGraph()
         stage_graph.add_nodes_from(stages)
-        stage_graph.add_edges_from((u, v) for u, v in graph.edges(stages) if v in stages)
+        succ = graph.succ
+        stage_graph.add_edges_from((u, v) for u in stages for v in succ[u] if v in stages)
         sccs = nx.strongly_connected_components(stage_graph)
     for scc in sorted(sccs, key=lambda c: min(map(rank, c))):
         if len(scc) == 1:
@@ -1222,14 +1240,24 @@ def _uses(scenario: ir.Scenario) -> tuple[set[str], set[str | None], set[str]]:
     done: set[str | None] = set()
     assigned: set[str] = set()
     stack = [var.expr for var in scenario.derived if var.expr is not None]
+    var, lit, inset, compare = ir.Var, ir.Lit, ir.InSet, ir.Compare
     for stage in scenario.stages.values():
         if stage.classify:
             variables.update(stage.classify)
         if stage.subject is not None:
             stack.append(stage.subject)
         for branch in stage.branches:
-            if branch.guard is not None:
-                stack.append(branch.guard)
+            guard: Any = branch.guard
+            if guard is not None:  # the commonest guards read here, by exact shape; the walk below takes the rest
+                kind = type(guard)
+                if kind is inset and type(guard.operand) is var:
+                    variables.add(guard.operand.name)  # the set's values are literals
+                elif kind is compare and type(guard.left) is var and type(guard.right) in (var, lit):
+                    variables.add(guard.left.name)
+                    if type(guard.right) is var:
+                        variables.add(guard.right.name)
+                else:
+                    stack.append(guard)
             target = branch.target
             if target.kind == "action":
                 done.add(target.action)
@@ -1238,7 +1266,7 @@ def _uses(scenario: ir.Scenario) -> tuple[set[str], set[str | None], set[str]]:
                 assigned.update(a.name for a in target.outputs)
                 stack += [a.value for a in target.outputs]
                 stack += [a.value for a in _call_args(target)]
-    children, var = ir.children, ir.Var
+    children = ir.children
     while stack:
         e = stack.pop()
         if type(e) is var or isinstance(e, var):
@@ -1258,7 +1286,7 @@ def _call_args(target: ir.Target) -> list[ir.OutputAssign]:
     return [a for c in target.steps for a in c.args] + list(target.args)
 
 
-def check_unused(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def check_unused(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """Variables never read, actions never done, outputs never set and without default (W401)."""
     out: list[Diagnostic] = []
     used, done, assigned = _uses(scenario)
@@ -1280,7 +1308,7 @@ def check_unused(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
     return out
 
 
-def check_descriptions(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def check_descriptions(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """Fields, system variables and actions without a description (W402): the agent, the user
     simulator and the judges see only what is written, so a bare name is a weak instruction."""
     out: list[Diagnostic] = []
@@ -1300,31 +1328,46 @@ def check_descriptions(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnos
 # Pass 6: flow analysis (exhaustiveness, overlaps, infeasible paths) from `sopgraph.logic.flow`
 
 
-def check_flow(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def _procedural(scenario: ir.Scenario, graph: StageGraph) -> bool:
+    """`scenario.procedural`, as `topology` found it in its walk (the passes do not change it)."""
+    return graph.procedural if isinstance(graph, Topology) else scenario.procedural
+
+
+def _needs_analysis_form(scenario: ir.Scenario, graph: StageGraph) -> bool:
+    """`lower.needs_analysis_form`, with `_procedural`."""
+    return _procedural(scenario, graph) or structured(scenario)
+
+
+def check_flow(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 from the constraint domain (`sopgraph.logic.flow`); procedures
     are analysed unrolled (`procheck.procedure_flow`)."""
-    if needs_analysis_form(scenario):  # procedures unrolled, lists and records lowered
+    if _needs_analysis_form(scenario, graph):  # procedures unrolled, lists and records lowered
         return procheck.procedure_flow(scenario, flow_diagnostics)
     return list(flow_diagnostics(scenario))
 
 
-def check_procedures(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def check_procedures(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """Actions on the way and their arguments, observations, bounded loops (`procheck`)."""
     typer = _typer(scenario)
-    found = procheck.check_calls(scenario, typer.output_value)
+    # without steps, arguments or parameters there is no call to check; without observations or
+    # bounds, no observation and no loop (as `topology` found them)
+    calls = (not isinstance(graph, Topology) or graph.calls
+             or any(a.params for a in scenario.actions.values()))
+    found = procheck.check_calls(scenario, typer.output_value) if calls else []
     found += [d.model_copy(update={"message": d.message.replace("output `", "parameter `")})
               for d in typer.out]
-    found += procheck.check_observations(scenario)
-    if not any(d.is_error for d in found):
-        found += procheck.check_loops(scenario)
+    if _procedural(scenario, graph):
+        found += procheck.check_observations(scenario)
+        if not any(d.is_error for d in found):
+            found += procheck.check_loops(scenario)
     return found
 
 
-def check_output_ranges(scenario: ir.Scenario, graph: nx.DiGraph) -> list[Diagnostic]:
+def check_output_ranges(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """E204 for assignments some feasible path drives outside the output's range (`sopgraph.logic.ranges`).
     Procedures, lists and records are searched in their analysis form, as the flow pass is: on the
     source form their paths and values cannot be explored, so nothing would ever be found."""
-    if needs_analysis_form(scenario):
+    if _needs_analysis_form(scenario, graph):
         return procheck.procedure_flow(scenario, output_range_diagnostics)
     return output_range_diagnostics(scenario)
 
@@ -1419,7 +1462,7 @@ def check_depth(scenario: ir.Scenario) -> list[Diagnostic]:
 
 
 def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
-          graph: nx.DiGraph | None = None) -> list[Diagnostic]:
+          graph: StageGraph | None = None) -> list[Diagnostic]:
     """Run every pass and return all diagnostics, sorted by file, line and column. Expressions
     nested too deeply (E006) are reported alone: nothing else can safely walk them. Pass the
     scenario's compiled `graph` when you have it (the passes only read its nodes and edges) to avoid

@@ -353,11 +353,14 @@ def check_scalars(scenario: ir.Scenario, expressions: list[Any]) -> list[Diagnos
     stack = list(expressions)
     seen: set[str] = set()
     children, var_node, lit_node = ir.children, ir.Var, ir.Lit
+    leaves = (var_node, lit_node)
     while stack:
         e = stack.pop()
         kind = type(e)
         if kind is var_node or kind is lit_node:
             continue  # leaves: most nodes of a large program
+        if kind is ir.InSet and type(e.operand) in leaves:
+            continue  # a name's set test (its values are literals): most other guards
         if isinstance(e, ir.Matches):
             span = e.pattern_span if e.pattern_span.line else e.span
             bad = scalars.pattern_problem(e.pattern)
