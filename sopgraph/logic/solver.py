@@ -10,8 +10,11 @@ An SMT solver answers these questions directly: integer arithmetic, `count` as a
 
 Soundness rules:
 - every witness the solver proposes is re-checked by the caller with the reference interpreter;
-- "unsat" is trusted (the region is proven empty) only when the query is exact: no float variable,
-  no non-integer constant, no division — z3 reasons over exact rationals, the engine over floats;
+- "unsat" is trusted (the region is proven empty) only when the query is exact: no arithmetic on a
+  float value (`+`, `-`, `*` round in the engine, not in z3's rationals), no nonlinear product, no
+  division. Float variables and non-integer constants that are only compared are exact: a constant is
+  translated as the rational its float is (`0.1` as 3602879701896397/2**55), and every float is a
+  rational, so a comparison the reals cannot satisfy no float satisfies either;
 - each query has a deterministic resource limit (`rlimit`, z3's count of internal steps, not wall
   time), so the same input gives the same answer on any machine; "unknown" means undecided.
 """
@@ -19,6 +22,7 @@ Soundness rules:
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from sopgraph.language import ir
@@ -60,7 +64,7 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool]:
         goal = [tr.literal(rid, truth) for rid, truth in sorted(box.resid)]
     except (_Unsupported, RecursionError, z3.Z3Exception):
         return None, False
-    solver = z3.SolverFor("QF_LIA") if tr.exact else z3.Solver()
+    solver = z3.SolverFor("QF_LIA") if tr.exact and not tr.reals else z3.Solver()
     solver.set("rlimit", RLIMIT)
     solver.add(*tr.domains(), *goal)
     try:
@@ -85,6 +89,7 @@ class _Translator:
         self.derived: dict[str, tuple[str, Any]] = {}
         self.enum_ids: dict[str, int] = {}
         self.exact = True
+        self.reals = False  # a float variable or constant: z3's general solver, not QF_LIA
         self.terms = 0
 
     # -- variables -------------------------------------------------------------------------------
@@ -101,7 +106,7 @@ class _Translator:
                 x = self.z3.Bool(name)
             elif kind == "float":
                 x = self.z3.Real(name)
-                self.exact = False
+                self.reals = True
             elif kind in ("int", "enum"):
                 x = self.z3.Int(name)
             else:
@@ -140,8 +145,9 @@ class _Translator:
             return self.z3.IntVal(int(value))
         if not math.isfinite(value):
             raise _Unsupported("non-finite constant")
-        self.exact = False
-        return self.z3.RealVal(repr(value))
+        self.reals = True
+        exact = Fraction(value)  # the float itself, not the decimal it was written as
+        return self.z3.RealVal(f"{exact.numerator}/{exact.denominator}")
 
     def domains(self) -> list[Any]:
         return [self.dom(i, self.box.doms[i]) for i in list(self.vars)]
@@ -203,6 +209,8 @@ class _Translator:
             (_, a), (_, b) = self.expr(e.left), self.expr(e.right)
             if e.op == "*" and not (self.is_const(a) or self.is_const(b)):
                 self.exact = False  # nonlinear: z3 may answer unknown, never trust unsat blindly
+            if self.z3.is_real(a) or self.z3.is_real(b):
+                self.exact = False  # float arithmetic rounds; z3's rationals do not
             return "num", (a + b if e.op == "+" else a - b if e.op == "-" else a * b)
         if isinstance(e, ir.Compare):
             (_, a), (_, b) = self.expr(e.left), self.expr(e.right)
