@@ -86,11 +86,46 @@ class _Translator:
         self.box = box
         self.z3 = z3
         self.vars: dict[int, Any] = {}
-        self.derived: dict[str, tuple[str, Any]] = {}
-        self.enum_ids: dict[str, int] = {}
+        # Terms do not depend on the box (its domains are added separately), so translations of
+        # residuals and derived variables are kept on the space and reused by every later query:
+        # the z3 Python API costs far more than the solving on list-heavy SOPs. Enum ids are shared
+        # for the same reason.
+        shared = space.__dict__.setdefault("_z3_shared", {"memo": {}, "enums": {}})
+        self.memo: dict[Any, tuple[tuple[str, Any], bool, bool, int, frozenset[int]]] = shared["memo"]
+        self.enum_ids: dict[str, int] = shared["enums"]
+        self.reading: list[set[int]] = []  # base variables read by the translations in progress
         self.exact = True
         self.reals = False  # a float variable or constant: z3's general solver, not QF_LIA
         self.terms = 0
+
+    def memoized(self, key: Any, build: Any) -> tuple[str, Any]:
+        """`build()` once per space: later queries get its term, flags, size and base variables."""
+        hit = self.memo.get(key)
+        if hit is None:
+            saved = (self.exact, self.reals, self.terms)
+            self.exact, self.reals, self.terms = True, False, 0
+            self.reading.append(set())
+            try:
+                term = build()
+            finally:
+                used = self.reading.pop()
+                exact, reals, terms = self.exact, self.reals, self.terms
+                self.exact, self.reals = saved[0] and exact, saved[1] or reals
+                self.terms = saved[2] + terms
+            self.memo[key] = (term, exact, reals, terms, frozenset(used))
+            for outer in self.reading:
+                outer.update(used)
+            if self.terms > MAX_TERMS:
+                raise _Unsupported("too large")
+            return term
+        term, exact, reals, terms, reads = hit
+        for i in reads:
+            self.base(i)
+        self.exact, self.reals = self.exact and exact, self.reals or reals
+        self.terms += terms
+        if self.terms > MAX_TERMS:
+            raise _Unsupported("too large")
+        return term
 
     # -- variables -------------------------------------------------------------------------------
 
@@ -98,6 +133,8 @@ class _Translator:
         return self.enum_ids.setdefault(value, len(self.enum_ids))
 
     def base(self, i: int) -> tuple[str, Any]:
+        for reading in self.reading:
+            reading.add(i)
         kind = self.sp.kinds[i]
         x = self.vars.get(i)
         if x is None:
@@ -159,7 +196,7 @@ class _Translator:
         if type(pred).__name__ == "Formula":
             f = self.formula(pred)
         else:
-            kind, f = self.expr(pred)
+            kind, f = self.memoized(("resid", rid), lambda: self.expr(pred))
             if kind != "bool":
                 raise _Unsupported("non-boolean residual")
         return f if truth else self.z3.Not(f)
@@ -259,13 +296,10 @@ class _Translator:
             raise _Unsupported(f"unknown variable {name}")
         if v.role != "derived":
             return self.base(self.sp.index[name])
-        hit = self.derived.get(name)
-        if hit is None:
-            if v.expr is None:
-                raise _Unsupported("derived variable without expression")
-            hit = self.expr(v.expr)
-            self.derived[name] = hit
-        return hit
+        if v.expr is None:
+            raise _Unsupported("derived variable without expression")
+        expr = v.expr
+        return self.memoized(("let", name), lambda: self.expr(expr))
 
     # -- models ----------------------------------------------------------------------------------
 
