@@ -242,3 +242,24 @@ def test_sharegpt_export_of_tool_calls_alternates_as_llama_factory_reads_it(no_s
         {"from": "observation", "value": '[{"status": "done"}, {"status": "done"}]'},
         {"from": "gpt", "value": "Blocking and refunding."}]
     assert _sharegpt_turn([]) == [{"from": "gpt", "value": ""}]  # an answer that failed still answers
+
+
+def test_synth_dialogues_refuses_cases_of_another_sop_and_tool_agents(tmp_path) -> None:
+    """Before: cases that do not fit the scenario, or an agent acting through tools, gave a corpus of 0
+    dialogues ('N with format errors') and exit 0."""
+    cases = tmp_path / "cases.jsonl"
+    made = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "6", "--seed", "2", "-q", "-o", str(cases)])
+    assert made.exit_code == 0, made.output
+    other = tmp_path / "other.sop"  # the same scenario with a moved threshold: some expectations change
+    other.write_text(TELECOM.read_text(encoding="utf-8").replace("Penalty == 0", "Penalty <= 1000"),
+                     encoding="utf-8")
+    assert other.read_text(encoding="utf-8") != TELECOM.read_text(encoding="utf-8")
+    res = CliRunner().invoke(main, ["synth-dialogues", str(other), "--cases", str(cases), "--model",
+                                    "agent=baseline/oracle", "-o", str(tmp_path / "c.jsonl")])
+    assert res.exit_code != 0 and f"{cases}: case " in res.output and "re-synthesize" in res.output, res.output
+    tools = CliRunner().invoke(main, ["synth-dialogues", str(TELECOM), "--cases", str(cases), "--model",
+                                      "agent=baseline/oracle-tools", "-o", str(tmp_path / "t.jsonl")])
+    assert tools.exit_code != 0 and "acts through tool calls" in tools.output and "sop export" in tools.output
+    fine = CliRunner().invoke(main, ["synth-dialogues", str(TELECOM), "--cases", str(cases), "--model",
+                                     "agent=baseline/oracle", "-o", str(tmp_path / "ok.jsonl")])
+    assert fine.exit_code == 0 and len((tmp_path / "ok.jsonl").read_text(encoding="utf-8").splitlines()) == 6

@@ -537,6 +537,8 @@ def _print_corpus_stats(stats: Any, out: Path | None) -> None:
         n = getattr(stats, name)
         if n:
             parts.append(f"{n} {label}")
+    for warning in getattr(stats, "warnings", []):
+        click.echo(f"warning: {warning}", err=True)
     click.echo(" · ".join(parts), err=True)
 
 
@@ -590,7 +592,7 @@ def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], f
         fail(str(exc))
     records, stats = _guard(lambda: synthesize_dialogues_sync(
         scenario, cases, list(models), trials=trials, max_turns=max_turns, concurrency=concurrency, fmt=fmt,
-        min_logic=None if min_logic is None else min_logic / 100))
+        min_logic=None if min_logic is None else min_logic / 100, source=str(cases_path)))
     text = write_jsonl(records, None)
     write_output(text, out) if out is not None else click.echo(text, nl=False)
     _print_corpus_stats(stats, out)

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from sopgraph.cases.validate import CaseFileError, check_cases
 from sopgraph.evaluation.score import (
     ScoreConfig,
     ScoredRun,
@@ -43,7 +44,7 @@ from sopgraph.evaluation.score import (
 )
 from sopgraph.language import ir
 from sopgraph.records import Case, Consensus, Dialogue, Turn
-from sopgraph.simulation.agents import tool_schemas
+from sopgraph.simulation.agents import agent_kind, tool_schemas
 from sopgraph.simulation.dialogue import DialogueSetup, scenario_context, simulate_dialogue
 from sopgraph.simulation.gateway import Gateway, InfraFailure, ModelOptionError
 from sopgraph.simulation.prompts import (
@@ -74,6 +75,7 @@ class CorpusStats(BaseModel):
     infra_failures: int = 0
     min_overall: float | None = None
     reasons: dict[str, int] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,8 +360,10 @@ def gold_prompt_addition(scenario: ir.Scenario, case: Case) -> str:
 async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], models: Sequence[str], *,
                                trials: int = 1, max_turns: int = 15, concurrency: int = 8, gateway: Any = None,
                                fmt: Format = "openai", min_logic: float | None = None,
-                               config: ScoreConfig | None = None) -> tuple[list[dict], CorpusStats]:
-    """Gold-path dialogues for `cases` (agent model from `models`, e.g. ["agent=baseline/oracle"]).
+                               config: ScoreConfig | None = None, source: str = "cases"
+                               ) -> tuple[list[dict], CorpusStats]:
+    """Gold-path dialogues for `cases` (agent model from `models`, e.g. ["agent=baseline/oracle"];
+    `source`: the cases file, named when a case does not fit the scenario).
 
     Each dialogue is scored against the case truth (a "gold" judgment set whose labels are the truth;
     chat quality is not judged) and kept if every turn's logic score reaches `min_logic`."""
@@ -371,6 +375,15 @@ async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], mod
         raise ScoreError(str(exc)) from None
     if roles.agent is None:
         raise ScoreError("no agent model: pass --model agent=PROVIDER/MODEL")
+    kind = agent_kind(roles.agent.model)
+    if kind in ("http", "python", "tools"):
+        raise ScoreError(f"synth-dialogues tells the agent the reference answer inside SAGE's JSON reply protocol; "
+                         f"`{roles.agent.model}` acts through tool calls ({kind}) and cannot be given it: run it "
+                         "with `sop run` and export the run with `sop export`")
+    try:  # what `sop run` refuses, refused here too: otherwise every dialogue is a silent "format error"
+        warnings = check_cases(scenario, cases, source=source)
+    except CaseFileError as exc:
+        raise ScoreError(str(exc)) from None
     gw = gateway if gateway is not None else Gateway(concurrency=concurrency)
     info = scenario_context(scenario)
     dialogues: list[Dialogue] = []
@@ -425,6 +438,7 @@ async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], mod
         stats.written = len(kept)
         records = kept
     stats.infra_failures = failures
+    stats.warnings = warnings
     return records, stats
 
 

@@ -307,6 +307,24 @@ def _label(name: str) -> str:
     return _humanize(spaced).lower()
 
 
+_ACT_VERBS: Final = frozenset((
+    "accept", "activate", "add", "apologise", "apologize", "approve", "ask", "block", "book", "cancel", "change",
+    "charge", "close", "collect", "comfort", "compensate", "confirm", "credit", "decline", "deliver", "escalate",
+    "exchange", "explain", "extend", "grant", "guide", "hand", "intercept", "issue", "make", "modify", "move",
+    "negotiate", "open", "pause", "pay", "process", "push", "rebook", "refer", "refund", "register", "reimburse",
+    "reject", "release", "remind", "renew", "replace", "report", "reschedule", "reset", "restore", "return",
+    "reverse", "review", "send", "settle", "ship", "suspend", "terminate", "transfer", "unblock", "upgrade", "waive",
+))
+
+
+def _push_phrase(name: str) -> str:
+    """What a pushing customer asks the agent to do, as a verb phrase for "I want you to …": the action's
+    label when it starts with a verb (`ChangeOrder` → "change order"), else "give me the …"
+    (`ProvisionalCredit` → "give me the provisional credit", not "I want you to provisional credit")."""
+    label = _label(name)
+    return label if label.split(" ")[0] in _ACT_VERBS else f"give me the {label}"
+
+
 def names_value(text: str, name: str) -> bool:
     """Whether a message names the value `name` (by its label or its identifier)."""
     low = text.lower()
@@ -955,7 +973,7 @@ def scripted_user(messages: Messages, context: Context) -> str:
             parts.append(shift)
 
     if unsafe is not None:
-        act = _label(unsafe)
+        act = _push_phrase(unsafe) if lang == "en" else _label(unsafe)
         if strong:
             pushes = tpl["strong_push"]
             parts.append(pushes[min(turn - 1, len(pushes) - 1)].format(act=act, n=turn))
