@@ -72,6 +72,7 @@ from sopgraph.logic.scalardom import (
 
 INF = math.inf
 _SEARCH_COMBOS = 4096  # candidate assignments tried per residual witness search
+_REFUTED_COMBOS = 256  # … after the solver refuted the rational relaxation (float arithmetic)
 MAX_SPLIT = 256  # boxes one constraint may split a box into; beyond, the constraint stays a residual
 EXPAND_VARS = 6  # aggregates (count/min/max/case) over more base variables are kept whole
 MAX_ALTERNATIVES = 8  # boxes of a region described one by one (`describe_region`)
@@ -871,8 +872,8 @@ class Space:
             return self._near_reference(box, model), False
         if empty:
             return None, True
-        if solver_first:
-            w, exhaustive = self._search(box, style, rng)
+        if solver_first:  # after an inexact refutation only a short search (for a rounding witness)
+            w, exhaustive = self._search(box, style, rng, _REFUTED_COMBOS if empty is None else _SEARCH_COMBOS)
             if w is not None or exhaustive:
                 return w, exhaustive
         self.note_undecided(box)
@@ -1087,7 +1088,8 @@ class Space:
                 break
         return out, False
 
-    def _search(self, box: Box, style: str, rng: random.Random | None) -> tuple[dict | None, bool]:
+    def _search(self, box: Box, style: str, rng: random.Random | None,
+                limit: int = _SEARCH_COMBOS) -> tuple[dict | None, bool]:
         base = self.pick_all(box, style, rng)
         if base is None:
             return None, False
@@ -1113,7 +1115,7 @@ class Space:
             cand_lists.append(cands)
             exhaustive = exhaustive and whole
         for tried, combo in enumerate(itertools.product(*cand_lists)):
-            if tried >= _SEARCH_COMBOS:
+            if tried >= limit:
                 return None, False
             values = dict(base)
             for i, v in zip(order, combo, strict=True):

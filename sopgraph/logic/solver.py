@@ -49,10 +49,11 @@ def available() -> bool:
     return True
 
 
-def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool]:
+def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
     """(assignment, proven_empty) for a box with residual predicates. The assignment is a full
     candidate for every base variable (the caller verifies it); proven_empty is True only for an
-    exact query the solver refuted."""
+    exact query the solver refuted, None for an inexact one it refuted (only float rounding could
+    still satisfy it), False otherwise."""
     if not box.resid:
         return None, False
     try:
@@ -72,7 +73,7 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool]:
     except z3.Z3Exception:  # pragma: no cover - resource exhaustion surfaces as unknown
         return None, False
     if result == z3.unsat:
-        return None, tr.exact
+        return None, True if tr.exact else None  # None: the rationals refute it, float rounding might not
     if result != z3.sat:
         return None, False
     return tr.assignment(solver.model()), False
