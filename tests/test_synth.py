@@ -713,12 +713,14 @@ def test_synth_notes_cases_in_another_language_than_the_scenario(tmp_path) -> No
     path.write_text(STEP_SOP.replace('scenario card "Card"', 'scenario card "Card" { language "en" }'),
                     encoding="utf-8")
     out = tmp_path / "c.jsonl"
-    res = CliRunner().invoke(main, ["synth", str(path), "-n", "40", "--seed", "1", "-q", "-o", str(out)])
+    res = CliRunner().invoke(main, ["synth", str(path), "-n", "40", "--seed", "1", "-o", str(out)])
     zh = sum(1 for line in out.read_text(encoding="utf-8").splitlines() if json.loads(line)["language"] == "zh")
     assert res.exit_code == 0 and zh > 0
     assert (f"note: {zh} of 40 cases are in zh, their personas' own language, while the scenario's language is en; "
             "keep to it with --language en") in res.stderr
-    only = CliRunner().invoke(main, ["synth", str(path), "-n", "40", "--seed", "1", "-q", "--language", "en",
+    quiet = CliRunner().invoke(main, ["synth", str(path), "-n", "40", "--seed", "1", "-q", "-o", str(out)])
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    only = CliRunner().invoke(main, ["synth", str(path), "-n", "40", "--seed", "1", "--language", "en",
                                      "-o", str(out)])
     assert only.exit_code == 0 and "personas' own language" not in only.stderr
     assert all(json.loads(line)["language"] == "en" for line in out.read_text(encoding="utf-8").splitlines())

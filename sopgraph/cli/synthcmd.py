@@ -121,7 +121,7 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
                    f"(balanced by {cov.balance}); raise -n to cover every path", err=True)
     declared = scenario.meta.get("language")
     foreign = {lang: k for lang, k in sorted(cov.per_language.items()) if declared and lang.split("-")[0] != declared}
-    if foreign and not languages and not profile.languages:
+    if foreign and not quiet and not languages and not profile.languages:
         click.echo(f"note: {sum(foreign.values())} of {n} cases are in "
                    f"{', '.join(f'{lang} ({k})' if len(foreign) > 1 else lang for lang, k in foreign.items())}, "
                    "their personas' own language, while "
