@@ -139,25 +139,31 @@ class Diagnostic(BaseModel):
         """Render like rustc: header, source line, caret, hint. `split` caches each source's lines
         between calls (see `render_all`): rendering k diagnostics of a large file splits it once,
         not k times."""
-        where = f"{self.span}: " if self.span and self.span.line else ""
+        span = self.span
+        where = f"{span}: " if span and span.line else ""
         lines = [f"{where}{self.severity}[{self.code}]: {self.message}"]
-        text = (sources or {}).get(self.span.file) if self.span else None
-        if text is not None and self.span and self.span.line:
-            src_lines = split.get(self.span.file) if split is not None else None
+        text = (sources or {}).get(span.file) if span else None
+        if text is not None and span and span.line:
+            src_lines = split.get(span.file) if split is not None else None
             if src_lines is None:
                 src_lines = SourceLines(text)
                 if split is not None:
-                    split[self.span.file] = src_lines
-            if 0 < self.span.line <= len(src_lines):
-                src = src_lines[self.span.line - 1].replace("\t", " ")
-                gutter = f"{self.span.line:>4} | "
+                    split[span.file] = src_lines
+            line, col = span.line, span.col
+            if 0 < line <= len(src_lines):
+                src = src_lines[line - 1].replace("\t", " ")
+                gutter = f"{line:>4} | "
                 lines.append(gutter + src)
                 width = 1
-                if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
-                    width = self.span.end_col - self.span.col
-                width = max(1, min(width, max(1, len(src) - self.span.col + 1)))
-                start = self.span.col - 1  # in characters; on screen, wide (CJK) characters take two columns
-                lines.append(" " * (len(gutter) + _columns(src[:start])) + "^" * max(1, _columns(src[start:start + width])))
+                if span.end_line == line and span.end_col > col:
+                    width = span.end_col - col
+                width = max(1, min(width, max(1, len(src) - col + 1)))
+                start = col - 1  # in characters; on screen, wide (CJK) characters take two columns
+                if src.isascii():  # one column per character (most lines)
+                    lines.append(" " * (len(gutter) + len(src[:start])) + "^" * max(1, len(src[start:start + width])))
+                else:
+                    lines.append(" " * (len(gutter) + _columns(src[:start]))
+                                 + "^" * max(1, _columns(src[start:start + width])))
         if self.witness:
             shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False) if k in self._text_keys else _show(v)}"
                               for k, v in self.witness.items())

@@ -150,6 +150,8 @@ _compare = _maker(ir.Compare)
 _stage = _maker(ir.Stage)
 _variable = _maker(ir.Variable)
 _enum_type = _maker(ir.EnumType)
+_bool_type = _maker(ir.BoolType)
+_num_type = _maker(ir.NumType)
 _make_span = ir.make_span
 
 
@@ -690,14 +692,17 @@ class _Items(_Exprs):
         if enum and self.k == "o" and self.v == "|":  # the enum goes on (on the next line)
             self.k, self.v, self.s, self.e = saved
             return None
+        nl = self.newlines  # the head is on one line: one line number for both spans
+        i = bisect_left(nl, m.start(1))
+        line, base = i + 1, (nl[i - 1] if i else -1)
         if m.group(2):
-            vtype = mk(ir.BoolType, span=self.nowhere)
+            vtype = _bool_type(span=self.nowhere)
         elif enum:
-            vtype = _enum_type(values=values, span=self.span_at(m.start(6), m.end(6)))
+            vtype = _enum_type(values=values, span=_make_span(self.file, line, m.start(6) - base, line, m.end(6) - base))
         else:
-            vtype = mk(ir.NumType, kind=intern(m.group(3)), span=self.nowhere, lo=float(int(m.group(4))),
-                       hi=float(int(m.group(5))), lo_open=False, hi_open=False)
-        return intern(m.group(1)), self.span_at(m.start(1), m.end(1)), vtype
+            vtype = _num_type(kind=intern(m.group(3)), span=self.nowhere, lo=float(int(m.group(4))),
+                              hi=float(int(m.group(5))), lo_open=False, hi_open=False)
+        return intern(m.group(1)), _make_span(self.file, line, m.start(1) - base, line, m.end(1) - base), vtype
 
     def action_name(self) -> tuple[str, ir.Span]:
         if self.k == "s":

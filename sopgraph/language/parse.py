@@ -1222,7 +1222,9 @@ def _resolve_aliases(aliases: dict[str, TypeDecl], variables: dict[str, ir.Varia
     for action in actions.values():
         typed += action.params
     for decl in typed:
-        decl.type = _resolve_type(decl.type, aliases, diags, [])
+        resolved = _resolve_type(decl.type, aliases, diags, [])
+        if resolved is not decl.type:  # most types resolve to themselves (`_fix_field`'s reason)
+            decl.type = resolved
 
 
 def _resolve_type(vtype: Any, aliases: dict[str, TypeDecl], diags: list[Diagnostic], chain: list[str]) -> Any:
@@ -1472,11 +1474,17 @@ def _fix_field(node: Any, name: str, value: Any) -> None:
         setattr(node, name, value)
 
 
+def _named(expr: Any, names: dict[str, ir.Variable]) -> bool:
+    """Whether `expr` is a `Var` naming a variable: name resolution leaves it as it is."""
+    return type(expr) is ir.Var and expr.name in names
+
+
 def _resolve_names(scenario: ir.Scenario) -> None:
     """Bare identifiers that are not variables become enum-value literals (checked later); dotted
     names become field accesses; item variables of `any`/`all`/`count(… where …)` become `Item`s."""
-    fix = _fixer(scenario.variables)
-    for var in scenario.variables.values():
+    names = scenario.variables
+    fix = _fixer(names)
+    for var in names.values():
         if var.expr is not None:
             _fix_field(var, "expr", fix(var.expr))
     for stage in scenario.stages.values():
@@ -1485,18 +1493,23 @@ def _resolve_names(scenario: ir.Scenario) -> None:
             subject = fix(subject)
             _fix_field(stage, "subject", subject)
         for branch in stage.branches:
-            guard = branch.guard
+            guard: Any = branch.guard
             if guard is not None:
-                if type(guard) is ir.InSet and subject is not None and branch.values:
+                kind = type(guard)
+                if kind is ir.InSet and subject is not None and branch.values:
                     # a match arm's test: its operand becomes the resolved subject (its values are
                     # literals), which is what resolving it and then replacing its operand gives
                     _fix_field(guard, "operand", subject)
-                else:
+                elif not (kind is ir.Var and guard.name in names  # a variable, or one compared with a
+                          or kind is ir.Compare and _named(guard.left, names)  # literal or a variable:
+                          and (type(guard.right) is ir.Lit or _named(guard.right, names))):  # resolved as is
                     guard = fix(guard)
                     _fix_field(branch, "guard", guard)
                     if subject is not None and branch.values and isinstance(guard, ir.InSet):
                         _fix_field(guard, "operand", subject)
             target = branch.target
+            if not (target.outputs or target.args or target.steps):
+                continue  # most targets: nothing to resolve
             for assign in target.outputs:
                 _fix_field(assign, "value", fix(assign.value))
             for assign in target.args:

@@ -217,9 +217,9 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     for stage in scenario.stages.values():
         for branch in stage.branches:
             tgt = branch.target
-            span = _span_or(tgt.span, branch.span)
             if tgt.kind == "stage":
                 if tgt.stage not in scenario.stages:
+                    span = _span_or(tgt.span, branch.span)
                     name = tgt.stage or ""
                     hint = suggest(name, scenario.stages)
                     if hint is None and name in scenario.actions:
@@ -228,12 +228,15 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
                                      hint or "declare it with `stage " + name + " { ... }`"))
                 continue
             if tgt.action not in scenario.actions:
+                span = _span_or(tgt.span, branch.span)
                 name = tgt.action or ""
                 hint = suggest(name, scenario.actions)
                 if hint is None and name in scenario.stages:
                     hint = f"`{name}` is a stage: write `-> {name}` without `do`"
                 out.append(error("E104", f"undefined action `{name}`", span,
                                  hint or f'declare it with `action {name} "what it does"`'))
+            if not tgt.outputs:
+                continue
             seen: set[str] = set()
             for assign in tgt.outputs:
                 if assign.name == "Action":
@@ -837,9 +840,10 @@ class _Typer(ScalarTyping):
 def _typer(scenario: ir.Scenario) -> _Typer:
     """A typer that has inferred (and recorded on `Variable.type`) every derived variable."""
     typer = _Typer(scenario)
-    for var in scenario.derived:
+    derived = scenario.derived
+    for var in derived:
         typer.var_type(var.name, var.span)
-    for var in scenario.derived:
+    for var in derived:
         t = typer.derived.get(var.name)
         var.type = t if isinstance(t, (ir.EnumType, ir.BoolType, ir.NumType, ir.TimeType, ir.StringType)) else None
     return typer
@@ -848,11 +852,18 @@ def _typer(scenario: ir.Scenario) -> _Typer:
 def _plain_members(st: _Ty, values: list[ir.Lit]) -> bool:
     """Whether every value is, by its exact type, one of the enum `st`'s values (a string) or a bool
     for the bool `st`: what `membership` accepts without a word (most match arms of a large file)."""
-    if type(st) is ir.EnumType:
-        allowed = st.values
-        return all(type(lit) is ir.Lit and type(lit.value) is str and lit.value in allowed for lit in values)
-    if type(st) is ir.BoolType:
-        return all(type(lit) is ir.Lit and type(lit.value) is bool for lit in values)
+    kind = type(st)
+    if kind is ir.EnumType:
+        allowed = st.values  # type: ignore[union-attr] # an EnumType
+        for lit in values:  # a loop, not `all(...)`: called for each arm
+            if type(lit) is not ir.Lit or type(lit.value) is not str or lit.value not in allowed:
+                return False
+        return True
+    if kind is ir.BoolType:
+        for lit in values:  # noqa: SIM110 - a loop, as above
+            if type(lit) is not ir.Lit or type(lit.value) is not bool:
+                return False
+        return True
     return False
 
 
@@ -888,8 +899,9 @@ def check_types(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
                 typer.undefined(st, "as the subject of `match`")
                 st = None
             for branch in stage.branches:
-                if branch.values:
-                    typer.membership(stage.subject, st, branch.values, "match arm")
+                values = branch.values
+                if values and not _plain_members(st, values):  # as `membership` tests first (most arms)
+                    typer.membership(stage.subject, st, values, "match arm")
         else:
             for branch in stage.branches:
                 if branch.guard is not None:
