@@ -746,3 +746,23 @@ def test_synth_says_when_no_profile_is_beside_the_file(tmp_path) -> None:
     (tmp_path / "v2.profile.yaml").write_text("intents: {}\n", encoding="utf-8")
     found = CliRunner().invoke(main, ["synth", str(path), "-n", "3", "-o", str(tmp_path / "c.jsonl")])
     assert found.exit_code == 0 and "no profile" not in found.stderr, found.stderr
+
+
+def test_synth_notes_cases_in_another_language_than_the_scenario(tmp_path) -> None:
+    """The default persona library has a Mandarin speaker: an English SOP without `languages:` got Chinese
+    cases (and a scripted user mixing both) with no word about it."""
+    path = tmp_path / "card.sop"
+    path.write_text(STEP_SOP.replace('scenario card "Card"', 'scenario card "Card" { language "en" }'),
+                    encoding="utf-8")
+    out = tmp_path / "c.jsonl"
+    res = CliRunner().invoke(main, ["synth", str(path), "-n", "40", "--seed", "1", "-o", str(out)])
+    zh = sum(1 for line in out.read_text(encoding="utf-8").splitlines() if json.loads(line)["language"] == "zh")
+    assert res.exit_code == 0 and zh > 0
+    assert (f"note: {zh} of 40 cases are in zh, their personas' own language, while the scenario's language is en; "
+            "keep to it with --language en") in res.stderr
+    quiet = CliRunner().invoke(main, ["synth", str(path), "-n", "40", "--seed", "1", "-q", "-o", str(out)])
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    only = CliRunner().invoke(main, ["synth", str(path), "-n", "40", "--seed", "1", "--language", "en",
+                                     "-o", str(out)])
+    assert only.exit_code == 0 and "personas' own language" not in only.stderr
+    assert all(json.loads(line)["language"] == "en" for line in out.read_text(encoding="utf-8").splitlines())

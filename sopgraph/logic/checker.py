@@ -1526,7 +1526,11 @@ def check_file(path: str | Path, *, text: str | None = None, name: str | None = 
     diags = list(loaded.diagnostics)
     sources = dict(loaded.sources)
     if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
-        diags += check(loaded.scenario)
+        checked = check(loaded.scenario)
+        if not diags and all(d.code != "E006" for d in checked):
+            # already sorted and without repeats: `check` returns them so, but for E006 (not deduplicated)
+            return Checked(file=name or str(path), diagnostics=checked, sources=sources, scenario=loaded.scenario)
+        diags += checked
     return Checked(file=name or str(path), diagnostics=sorted(_dedupe(diags), key=sort_key), sources=sources,
                    scenario=loaded.scenario)
 
