@@ -268,3 +268,25 @@ def test_outputs_found_by_name_are_compared_only_where_given() -> None:
     report = validate(scenario, rows, expect={})
     assert report.found == ["Action", "Fee"] and report.correct == 2
     assert [g.rows for g in report.groups] == [[3]]
+
+
+def test_a_log_written_as_a_business_keeps_one(tmp_path: Path) -> None:
+    """Column names with spaces (`Account frozen` for `AccountFrozen`), values and actions in words
+    (`not received`, `open dispute`), and `--now` feeding the program's own `now`."""
+    scenario = _load("""
+        field Status: Received | NotReceived "s"
+        system AccountFrozen: bool "f"
+        system TxDate: date "t"
+        action OpenDispute "o"
+        action Refuse "r"
+        stage s {
+            when AccountFrozen -> do Refuse
+            when Status == NotReceived and days_between(TxDate, now) <= 120 -> do OpenDispute
+            otherwise -> do Refuse
+        }
+    """)
+    data = tmp_path / "log.csv"
+    data.write_text("status,Account frozen,tx date,decision\nnot received,no,2026-01-10,open dispute\n"
+                    "Not-Received,no,2025-06-01,refuse\nreceived,yes,2026-01-10,REFUSE\n", encoding="utf-8")
+    report = validate(scenario, read_rows(data), expect={"Action": "decision"}, now=dt.date(2026, 3, 1))
+    assert (report.correct, report.total, report.unmapped, report.errors) == (3, 3, [], [])

@@ -173,9 +173,9 @@ def convert(value: Any, vtype: Any, *, unit: str | None = None, now: dt.date | N
         text = str(value).strip()
         if text in vtype.values:
             return text
-        folded = {v.lower(): v for v in vtype.values}
-        if text.lower() in folded:
-            return folded[text.lower()]
+        folded = {_fold(v): v for v in vtype.values}
+        if _fold(text) in folded:  # `calm`, `not received`, `not-received` for `NotReceived`
+            return folded[_fold(text)]
         raise ValueError(f"{what} {value!r} is not one of {' | '.join(vtype.values)}")
     if isinstance(vtype, ir.NumType):
         return _number(value, vtype, unit, now, what)
@@ -234,15 +234,23 @@ class ColumnPlan(BaseModel):
 PATH_COLUMNS = ("expected_path", "path")
 
 
+def _fold(text: str) -> str:
+    """A name as spreadsheets write it: `Account frozen`, `account_frozen`, `ACCOUNT-FROZEN` all fold to
+    `accountfrozen`, as `AccountFrozen` does."""
+    return re.sub(r"[\s_\-]+", "", str(text)).lower()
+
+
 def _by_name(name: str, columns: Sequence[str], nested: Mapping[str, Sequence[str]]) -> str | None:
     """The column named like `name` (exact, then case-insensitive), else the key of that name in the
     one nested object that has it (SAGE's vectors keep values under `classification` and `system`)."""
     if name in columns:
         return name
-    lower = {c.lower(): c for c in columns}
-    if name.lower() in lower:
-        return lower[name.lower()]
-    for key in (name, *(k for k in nested if k.lower() == name.lower() and k != name)):
+    folded: dict[str, str] = {}
+    for c in columns:
+        folded.setdefault(_fold(c), c)
+    if _fold(name) in folded:
+        return folded[_fold(name)]
+    for key in (name, *(k for k in nested if _fold(k) == _fold(name) and k != name)):
         parents = nested.get(key, ())
         if len(parents) == 1:
             return f"{parents[0]}.{key}"
@@ -317,6 +325,7 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
                  now: dt.date | None) -> list[RowResult]:
     """Typed values and expectations for every row; conversion problems become row errors."""
     out: list[RowResult] = []
+    actions = {_fold(a): a for a in scenario.actions}
     for row in rows:
         line = int(row.get("_line", 0))
         values: dict[str, Any] = {}
@@ -337,13 +346,16 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
             raw = _lookup(row, column)
             if raw is None and name != "Action" and name in plan.found:
                 continue  # an output column found by name, blank here: that output is not compared
-            if name == "Action":
-                expected[name] = None if raw is None else str(raw).strip()
+            if name == "Action":  # an action written as the log writes it (`reissue`, `open dispute`)
+                text = None if raw is None else str(raw).strip()
+                expected[name] = actions.get(_fold(text), text) if text is not None else None
                 continue
             try:
                 expected[name] = convert(raw, scenario.outputs[name].type, what=f"column `{column}`:")
             except ValueError as exc:
                 problems.append(str(exc))
+        if now is not None and "now" in scenario.variables and "now" not in plan.inputs:
+            values["now"] = now.isoformat()  # `--now` is the program's `now` too (as for `sop decide --now`)
         result = RowResult(line=line, values=values, expected=expected,
                            error="; ".join(problems) if problems else None)
         if plan.path is not None:
@@ -801,7 +813,8 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
     correct = sum(1 for r in results if r.ok)
     labels = sorted({*confusion, *(g for row in confusion.values() for g in row)})
     unmapped = [v.name for v in scenario.variables.values()  # an optional or defaulted one may be left out
-                if v.role != "derived" and v.name not in plan.inputs and not v.optional and v.default is None]
+                if v.role != "derived" and v.name not in plan.inputs and not v.optional and v.default is None
+                and not (v.name == "now" and now is not None)]
     compared = [r for r in results if r.expected_path is not None and r.error is None]
     mismatches = [{"line": r.line, "expected": r.expected_path, "decided": r.path}
                   for r in compared if r.expected_path != r.path]
