@@ -62,7 +62,7 @@ class CompileSpace(DomainOps, Protocol):
 
 
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
-_NEGOP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+NEGATED_OP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
 
 
 def _is_num(x: Any) -> bool:
@@ -245,7 +245,7 @@ class GuardCompiler:
             return None
         c = int(b2) - int(b1)
         p, q = (i, j) if a1 == 1 else (j, i)  # x_p - x_q op c
-        eff = op if truth else _NEGOP[op]
+        eff = op if truth else NEGATED_OP[op]
         if eff == "<=":
             return sp.diff_residual(p, q, c)
         if eff == "<":
@@ -273,7 +273,7 @@ class GuardCompiler:
             return mk_atom(sp, i, m)
         if k in ("int", "float") and _is_num(c) and math.isfinite(c):
             if not truth:
-                op = _NEGOP[op]
+                op = NEGATED_OP[op]
             is_int = k == "int"
             if op == "==":
                 d = num_norm(c, c, False, False, NO_POINTS, is_int)
@@ -297,7 +297,7 @@ class GuardCompiler:
         sp = self.sp
         _, i, a, b, expr = v
         if not truth:
-            op = _NEGOP[op]
+            op = NEGATED_OP[op]
         if not math.isfinite(c):
             return None
         if op == "!=":

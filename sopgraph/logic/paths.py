@@ -58,6 +58,7 @@ from sopgraph.language.compile import reads as compile_reads
 from sopgraph.logic.domain import Box, Space, space_for, variables_signature
 from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
 from sopgraph.logic.formula import Formula
+from sopgraph.logic.guards import NEGATED_OP
 from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form
 from sopgraph.logic.unroll import LOOK_SEP, Unrolled
 
@@ -770,12 +771,9 @@ def _source_labels(src: ir.Scenario, stages: Sequence[str], branches: Sequence[i
     return out
 
 
-_FLIPPED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
-
-
 def _negated_text(guard: Any) -> str:
     if isinstance(guard, ir.Compare):
-        return ir.show(guard.model_copy(update={"op": _FLIPPED[guard.op]}))
+        return ir.show(guard.model_copy(update={"op": NEGATED_OP[guard.op]}))
     if isinstance(guard, (ir.InSet, ir.Member)):
         return ir.show(guard.model_copy(update={"negated": not guard.negated}))
     if isinstance(guard, ir.Unary) and guard.op == "not":
@@ -796,9 +794,10 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
     if not item_keys or not any(k in item_keys or k in where for k in item_keys):
         return constraints
     src = u.scenario_source
-    lists = _reads_closure(src, {n for n, t in u.roots.items() if any(k.split("[")[0] == n or k == f"len({n})"
-                                                                         for k in u.plain_keys[n] if k in item_keys)})
-    relates = _Relations(src)
+    relates = u.__dict__.get("_relations")
+    if relates is None:  # built once per analysis form, not per path
+        relates = u.__dict__["_relations"] = _Relations(src)
+    lists = relates.readers({n for n in u.roots if any(k in item_keys for k in u.plain_keys[n])})
     clauses: list[str] = []
     for sid, bi in zip(stages, branches, strict=True):
         stage = src.stages.get(sid)
@@ -869,6 +868,11 @@ class _Relations:
         except (DecideError, ArithmeticError, TypeError, ValueError):
             return False
 
+    def readers(self, roots: set[str]) -> set[str]:
+        """`roots` and every derived variable that reads one of them, directly or through others."""
+        return roots | {v.name for v in self.scenario.variables.values()
+                        if v.role == "derived" and self.base(v.name) & roots}
+
     def per_variable(self, expr: Any, positive: bool, trail: frozenset[str] = frozenset()) -> bool:
         """Whether `expr` (or its negation) is a conjunction of conditions on one input each — what
         per-variable constraints say exactly. A disjunction over several inputs (also a negated
@@ -882,20 +886,6 @@ class _Relations:
             if var is not None and var.role == "derived" and var.expr is not None and expr.name not in trail:
                 return self.per_variable(var.expr, positive, trail | {expr.name})
         return len({b for n in compile_reads(expr) for b in self.base(n)}) <= 1
-
-
-def _reads_closure(scenario: ir.Scenario, roots: set[str]) -> set[str]:
-    """`roots` and every derived variable that reads one of them, directly or through others."""
-    found = set(roots)
-    changed = True
-    while changed:
-        changed = False
-        for var in scenario.variables.values():
-            if var.role == "derived" and var.name not in found and var.expr is not None \
-                    and set(compile_reads(var.expr)) & found:
-                found.add(var.name)
-                changed = True
-    return found
 
 
 def iter_decisions(scenario: ir.Scenario) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
