@@ -1372,6 +1372,7 @@ def check_procedures(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnosti
         found += procheck.check_observations(scenario)
         if not any(d.is_error for d in found):
             found += procheck.check_loops(scenario)
+        found += procheck.check_still_retries(scenario)
     return found
 
 
