@@ -203,6 +203,12 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
                                   "notes": [source_terms(n, unrolled) for n in d.notes]}
         if isinstance(d.witness, dict):
             update["witness"] = used_looks(scenario, unrolled.lift(d.witness))
+        if d.code == "W301" and d.hint and d.span is not None:
+            # the hint quotes the guard to write after `otherwise when`: as written, not a copy's looks
+            at = spans.get((d.span.line, d.span.col, d.span.file))
+            guard = scenario.stages[at[0]].branches[at[1]].guard if at is not None else None
+            if guard is not None:
+                update["hint"] = re.sub(r"`otherwise when [^`]*`", f"`otherwise when {ir.show(guard)}`", d.hint)
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
             # a "never" claim about one copy holds for the stage only if no copy ever takes the branch
