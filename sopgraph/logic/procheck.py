@@ -205,8 +205,8 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
             update["witness"] = used_looks(scenario, unrolled.lift(d.witness))
         if d.code == "W301" and d.hint and d.span is not None:
             # the hint quotes the guard to write after `otherwise when`: as written, not a copy's looks
-            at = spans.get((d.span.line, d.span.col, d.span.file))
-            guard = scenario.stages[at[0]].branches[at[1]].guard if at is not None else None
+            source = spans.get((d.span.line, d.span.col, d.span.file))
+            guard = scenario.stages[source[0]].branches[source[1]].guard if source is not None else None
             if guard is not None:
                 update["hint"] = re.sub(r"`otherwise when [^`]*`", f"`otherwise when {ir.show(guard)}`", d.hint)
         d = d.model_copy(update=update)
