@@ -53,7 +53,7 @@ def run(args: list[str]) -> tuple[float, float, int]:
 def run_cpu(args: list[str]) -> tuple[float, float, int, float]:
     """`run`, and the CPU seconds (user + system) of that one process."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", "from sopgraph.cli import main; main()", *args],
+    proc = subprocess.Popen([sys.executable, "-c", "from sopgraph.cli import entry; entry()", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     _pid, status, usage = os.wait4(proc.pid, 0)

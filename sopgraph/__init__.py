@@ -5,69 +5,91 @@ stage packages (`language`, `logic`, `cases`, `simulation`, `evaluation`, `cli`)
 the package imports this façade.
 """
 
-import asyncio as _asyncio
-import importlib as _importlib
-import threading as _threading
-from pathlib import Path
-from typing import Any
+from __future__ import annotations
 
-import networkx as nx
+import importlib as _importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sopgraph._version import __version__
-from sopgraph.cases.profiles import Profile, default_profile
-from sopgraph.cases.synth import SynthResult
-from sopgraph.cases.synth import synthesize as _synthesize
-from sopgraph.language.compile import compile_graph as _compile_graph
-from sopgraph.language.diagnostics import Diagnostic, SopError
-from sopgraph.language.ir import Scenario
-from sopgraph.logic.checker import check as _check
-from sopgraph.logic.checker import load
-from sopgraph.logic.engine import DecideError, Decision, decide
-from sopgraph.logic.paths import PathCount, PathInfo
-from sopgraph.logic.paths import count_paths as _count_paths
-from sopgraph.logic.paths import iter_paths as _iter_paths
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+    from sopgraph.cases.profiles import Profile, default_profile
+    from sopgraph.cases.synth import SynthResult
+    from sopgraph.evaluation.score import ScoreConfig, ScoredRun
+    from sopgraph.language.diagnostics import Diagnostic, SopError
+    from sopgraph.language.ir import Scenario
+    from sopgraph.logic.checker import load
+    from sopgraph.logic.engine import DecideError, Decision, decide
+    from sopgraph.logic.paths import PathCount, PathInfo
+    from sopgraph.simulation.runner import run_sync
 
 
 def check(scenario: Scenario) -> list[Diagnostic]:
     """Every static-check diagnostic of a loaded scenario (errors and warnings)."""
+    from sopgraph.logic.checker import check as _check
+
     return _check(scenario)
 
 
 def compile_graph(scenario: Scenario) -> nx.DiGraph:
     """The scenario's NetworkX DiGraph (see `sopgraph.language.compile`)."""
+    from sopgraph.language.compile import compile_graph as _compile_graph
+
     return _compile_graph(scenario)
 
 
 def iter_paths(scenario: Scenario, *, limit: int | None = None) -> Any:
     """Lazily enumerate the feasible paths (`PathInfo`: stages, finals, constraints, witness)."""
+    from sopgraph.logic.paths import iter_paths as _iter_paths
+
     return _iter_paths(scenario, limit=limit)
 
 
 def count_paths(scenario: Scenario) -> PathCount:
     """Feasible paths and distinct stage sequences, counted without enumerating."""
+    from sopgraph.logic.paths import count_paths as _count_paths
+
     return _count_paths(scenario)
 
 
 def synthesize(scenario: Scenario, n: int, seed: int = 0, *, profile: Profile | None = None,
                **options: Any) -> SynthResult:
     """Coverage-balanced test cases (`SynthResult`); the profile defaults to the shipped library."""
-    return _synthesize(scenario, profile or default_profile(scenario), n, seed, **options)
+    from sopgraph.cases.profiles import default_profile as _default_profile
+    from sopgraph.cases.synth import synthesize as _synthesize
+
+    return _synthesize(scenario, profile or _default_profile(scenario), n, seed, **options)
 
 
-# The simulation and evaluation stages (httpx, asyncio, numpy, the runner and its store: ~0.4 s) load on
-# first use of the names below, not on `import sopgraph`: importing the package is what every `sop`
-# command pays at start-up (Python imports this façade before any `sopgraph.*` module), and `sop check`
-# never runs a model.
-_LAZY = {"run_sync": ("sopgraph.simulation.runner", "run_sync"),
-         "ScoreConfig": ("sopgraph.evaluation.score", "ScoreConfig"),
-         "ScoredRun": ("sopgraph.evaluation.score", "ScoredRun")}
+# Every stage loads on first use of its names, not on `import sopgraph`: importing the package is what
+# every `sop` command pays at start-up (Python imports this façade before any `sopgraph.*` module), and
+# `sop check` needs neither the graph library (networkx), the profiles (yaml), synthesis, nor the simulation
+# and evaluation stages (httpx, asyncio, numpy, the runner and its store). `sopgraph.X` and
+# `from sopgraph import X` import X's module once and keep the name here.
+_LAZY = {"run_sync": "sopgraph.simulation.runner",
+         "ScoreConfig": "sopgraph.evaluation.score",
+         "ScoredRun": "sopgraph.evaluation.score",
+         "Profile": "sopgraph.cases.profiles",
+         "default_profile": "sopgraph.cases.profiles",
+         "SynthResult": "sopgraph.cases.synth",
+         "Diagnostic": "sopgraph.language.diagnostics",
+         "SopError": "sopgraph.language.diagnostics",
+         "Scenario": "sopgraph.language.ir",
+         "load": "sopgraph.logic.checker",
+         "DecideError": "sopgraph.logic.engine",
+         "Decision": "sopgraph.logic.engine",
+         "decide": "sopgraph.logic.engine",
+         "PathCount": "sopgraph.logic.paths",
+         "PathInfo": "sopgraph.logic.paths"}
 
 
 def __getattr__(name: str) -> Any:
-    """`sopgraph.run_sync`, `sopgraph.ScoreConfig`, `sopgraph.ScoredRun`, imported on first use."""
+    """The public names of the stages (`_LAZY`), imported on first use."""
     if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(_importlib.import_module(module), attr)
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'sopgraph' has no attribute {name!r}")
@@ -78,9 +100,12 @@ def run(*args: Any, **kwargs: Any) -> Any:
 
     Inside a running event loop (a Jupyter notebook, an async application) use `await arun(...)`;
     called there anyway, `run` runs the run on its own loop in a helper thread and waits for it."""
+    import asyncio
+    import threading
+
     run_sync = __getattr__("run_sync")
     try:
-        _asyncio.get_running_loop()
+        asyncio.get_running_loop()
     except RuntimeError:
         return run_sync(*args, **kwargs)
     box: dict[str, Any] = {}
@@ -91,7 +116,7 @@ def run(*args: Any, **kwargs: Any) -> Any:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = exc
 
-    worker = _threading.Thread(target=target, name="sopgraph-run")
+    worker = threading.Thread(target=target, name="sopgraph-run")
     worker.start()
     worker.join()
     if "error" in box:

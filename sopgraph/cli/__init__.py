@@ -5,18 +5,20 @@ Each command module defines its commands; this module is the one place that asse
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import sqlite3
+import sys
+import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from sopgraph._version import __version__
 from sopgraph.perf import tune_gc_for_cli
-from sopgraph.simulation.gateway import quiet_litellm_output
-from sopgraph.simulation.store import StoreError
 
 
 class _Sop(click.Group):
@@ -50,12 +52,16 @@ class _Sop(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except StoreError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(1)
         except sqlite3.DatabaseError as exc:
             click.echo(f"error: a run store could not be read ({exc}); restore it from a backup or start a "
                        "new run in another directory", err=True)
+            ctx.exit(1)
+        except Exception as exc:
+            # Only a command that imported the run store can raise its error (`sop check` does not load it).
+            store = sys.modules.get("sopgraph.simulation.store")
+            if store is None or not isinstance(exc, store.StoreError):
+                raise
+            click.echo(f"error: {exc}", err=True)
             ctx.exit(1)
 
 
@@ -71,8 +77,12 @@ def main(ctx: click.Context, include_path: tuple[Path, ...]) -> None:
     ctx.ensure_object(dict)
     ctx.obj["include_path"] = tuple(include_path)
     # The CLI owns its terminal: litellm's "Give Feedback" prints and log lines would garble tables
-    # and JSON output. Library users keep litellm's own settings.
-    quiet_litellm_output()
+    # and JSON output. Library users keep litellm's own settings. `sop check` never loads the gateway
+    # (start-up time: ~0.05 s); every other command quiets it before it runs.
+    if ctx.invoked_subcommand != "check":
+        from sopgraph.simulation.gateway import quiet_litellm_output
+
+        quiet_litellm_output()
 
 
 COMMAND_MODULES = ("checkcmd", "lang", "pathscmd", "synthcmd", "runcmd", "scorecmd", "tools", "authorcmd",
@@ -98,3 +108,68 @@ def top_level_commands(module: object) -> list[click.Command]:
     found = [c for c in vars(module).values() if isinstance(c, click.Command)]
     nested = {id(sub) for c in found if isinstance(c, click.Group) for sub in c.commands.values()}
     return [c for c in found if id(c) not in nested]
+
+
+KEEP_UNTIL_EXIT = "keep_until_exit"
+"""The root context's `obj` key where a command leaves what `params.keep_until_exit` hands over."""
+
+
+def entry() -> None:
+    """The `sop` console script (pyproject's [project.scripts]): `main` as the whole process.
+
+    When the command handed its results over (`params.keep_until_exit`: `sop check`) and no other thread is
+    running, the process ends with `os._exit` once the streams are flushed and the atexit handlers have run:
+    interpreter finalization would only free the results, about a second for ten million objects (mypy ends
+    the same way, `mypy.util.hard_exit`). Any other command, or an exception other than `SystemExit`, ends
+    as usual. Library code never does this; `main(...)` and `main.main(...)` called from Python return or
+    raise `SystemExit` as click does."""
+    state: dict[str, Any] = {}
+    try:
+        main(obj=state)
+    except SystemExit as exc:
+        if KEEP_UNTIL_EXIT not in state or not _only_thread():
+            raise
+        status = exit_status(exc.code)
+    else:  # pragma: no cover - click's standalone mode always ends with SystemExit
+        return
+    hard_exit(status)
+
+
+def exit_status(code: object) -> int:
+    """The process status Python gives `SystemExit(code)`: 0 for None, the number, else 1 after printing
+    the value to stderr."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _only_thread() -> bool:
+    """True when no thread but the main one would keep the process alive (daemon threads end anyway)."""
+    main_thread = threading.main_thread()
+    return all(t is main_thread or t.daemon for t in threading.enumerate())
+
+
+def hard_exit(status: int) -> NoReturn:
+    """Flush stdout and stderr, run the atexit handlers, and end the process without finalizing objects.
+    A stream that cannot be flushed (a closed pipe) makes the status 120, as Python's own exit does."""
+    if not _flush():
+        status = status or 120
+    atexit._run_exitfuncs()
+    if not _flush():
+        status = status or 120
+    os._exit(status)
+
+
+def _flush() -> bool:
+    ok = True
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            ok = False
+    return ok

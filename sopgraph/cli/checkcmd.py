@@ -9,9 +9,7 @@ from typing import Any
 
 import click
 
-from sopgraph.cases.profiles import profile_path_for
-from sopgraph.cases.synth import check_profile_beside
-from sopgraph.cli.params import include_dirs
+from sopgraph.cli.params import include_dirs, keep_until_exit
 from sopgraph.language.diagnostics import SourceLines, sort_key
 from sopgraph.logic.checker import Checked, check_file
 from sopgraph.perf import batch_gc
@@ -50,6 +48,11 @@ def _profile_result(result: Checked, path: Path) -> Checked | None:
     once the program itself has no errors, as a result of its own (its file name, its own counts)."""
     if result.scenario is None or result.errors:
         return None
+    # Imported here: profiles and synthesis (yaml, the solver) cost start-up that `--no-profile` and a
+    # program with errors never need.
+    from sopgraph.cases.profiles import profile_path_for
+    from sopgraph.cases.synth import check_profile_beside
+
     diags, sources = check_profile_beside(path, result.scenario)
     if not diags and not sources:
         return None
@@ -92,6 +95,7 @@ def _check_files(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bo
         if profile is not None:
             results.append(profile)
             profile_results.append(profile)
+    keep_until_exit(results)  # ended without freeing them under the console script
     errors = sum(r.errors for r in results)
     warnings = sum(r.warnings for r in results)
     if fmt == "json":

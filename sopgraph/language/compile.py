@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from sopgraph.language import ir
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 START = "start"
 END = "end"
@@ -172,6 +173,8 @@ def topology(scenario: ir.Scenario) -> Topology:
 
 
 def _build(scenario: ir.Scenario) -> nx.DiGraph:
+    import networkx as nx  # here: `sop check` and the other walks of `topology` never need it (start-up)
+
     g = nx.DiGraph(
         name=scenario.name,
         title=scenario.title,
@@ -254,12 +257,16 @@ def _edge_label(record: dict[str, Any]) -> str:
 
 def graph_to_json(g: nx.DiGraph) -> str:
     """Deterministic node-link JSON (insertion order is declaration order; keys sorted)."""
+    import networkx as nx
+
     data = nx.node_link_data(g, edges="links")
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def graph_to_graphml(g: nx.DiGraph) -> str:
     """GraphML needs scalar attributes: lists and dicts are stored as JSON strings."""
+    import networkx as nx
+
     flat = nx.DiGraph()
     flat.graph.update({k: _scalar(v) for k, v in g.graph.items()})
     for n, d in g.nodes(data=True):

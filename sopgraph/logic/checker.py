@@ -17,9 +17,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-import networkx as nx
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
@@ -42,7 +41,10 @@ from sopgraph.logic.optcheck import optional_read_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
 from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
 
-StageGraph: TypeAlias = Topology | nx.DiGraph
+if TYPE_CHECKING:
+    import networkx as nx
+
+StageGraph: TypeAlias = "Topology | nx.DiGraph"
 """What the passes get as the stage graph: `compile.topology`'s structure (what `check` builds), or a
 compiled `nx.DiGraph`; the passes read only `succ`, `pred` and `in`."""
 PassFn = Callable[[ir.Scenario, StageGraph], list[Diagnostic]]
@@ -1126,6 +1128,8 @@ def _feasible_cycle(scenario: ir.Scenario, graph: nx.DiGraph, scc: set[str], hea
                     rank: Callable[[str], tuple[int, int]]) -> list[str] | None:
     """A cycle of the component that guards do not rule out (starting at its earliest stage), or
     None when every cycle needs contradictory guards. Too many cycles to examine: assume walkable."""
+    import networkx as nx  # here: only a file with a cycle needs it (start-up of `sop check`)
+
     for n, cyc in enumerate(nx.simple_cycles(graph.subgraph(scc))):
         if n >= _CYCLE_LIMIT:
             return _shortest_cycle(graph, scc, head)
@@ -1200,6 +1204,8 @@ def check_structure(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic
     # procedures loop on purpose: their cycles are bounded or reported by `procheck.check_loops`
     sccs: Iterable[set[str]] = []
     if not _procedural(scenario, graph) and _has_cycle(graph, stages, declared):
+        import networkx as nx  # here: only a file with a cycle needs it (start-up of `sop check`)
+
         # built directly: copying a subgraph view walks filtered adjacency views (quadratic-ish on 10k stages)
         stage_graph = nx.DiGraph()
         stage_graph.add_nodes_from(stages)

@@ -1,0 +1,119 @@
+"""The `sop` console script (`sopgraph.cli.entry`) and the start-up of `import sopgraph` / `sop check`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, gen_sop
+
+from sopgraph.cli import entry, exit_status
+
+# `os._exit` reports on stderr before ending the process; an atexit handler, which both ways of ending run,
+# writes there too.
+PROBE = ("import atexit, os, sys\n"
+         "real_exit = os._exit\n"
+         "def reporting_exit(status):\n"
+         "    os.write(2, f'hard exit {{status}}\\n'.encode())\n"
+         "    real_exit(status)\n"
+         "os._exit = reporting_exit\n"
+         "atexit.register(lambda: sys.stderr.write('atexit ran\\n'))\n"
+         "from sopgraph.cli import {name}\n"
+         "{name}()\n")
+
+
+def _sop(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", PROBE.format(name=name), *args], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def warned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A program with 3,000 warnings: ~400 KB of output, more than a pipe holds, so it must be flushed."""
+    path = tmp_path_factory.mktemp("entry") / "wide.sop"
+    path.write_text(gen_sop().generate(3000, kind="diamond", seed=0))
+    return path
+
+
+def test_entry_prints_what_main_prints_and_keeps_the_exit_code(warned: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sop"
+    bad.write_text(warned.read_text() + "\nstage Broken \"b\" {\n  -> nowhere\n}\n")
+    for path, code in ((warned, 0), (bad, 1)):
+        fast, plain = _sop("entry", "check", str(path)), _sop("main", "check", str(path))
+        assert (fast.returncode, plain.returncode) == (code, code), (fast.stderr[-500:], plain.stderr[-500:])
+        assert fast.stdout == plain.stdout
+        assert len(fast.stdout) > 300_000 and fast.stdout.rstrip().endswith("(ok)" if code == 0 else "(failed)")
+        # the console script ends without finalizing objects (the point: no second spent freeing the IR),
+        # after running the atexit handlers and flushing both streams
+        assert fast.stderr.splitlines() == ["atexit ran", f"hard exit {code}"]
+        assert plain.stderr.splitlines() == ["atexit ran"]
+
+
+def test_entry_ends_other_commands_the_usual_way() -> None:
+    proc = _sop("entry", "--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("sop")
+    assert proc.stderr.splitlines() == ["atexit ran"]
+    proc = _sop("entry", "nosuchcommand")
+    assert proc.returncode == 2 and "No such command" in proc.stderr and proc.stderr.endswith("\natexit ran\n")
+
+
+def test_entry_with_another_thread_running_ends_the_usual_way(warned: Path) -> None:
+    # a thread that lives until the main thread is done (Python's shutdown then joins it)
+    code = ("import threading, sys, os\n"
+            "threading.Thread(target=threading.main_thread().join).start()\n"
+            "os._exit = lambda status: sys.exit(f'os._exit({status}) called')\n"
+            "from sopgraph.cli import entry\n"
+            "entry()\n")
+    proc = subprocess.run([sys.executable, "-c", code, "check", str(warned)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("(ok)")
+    assert proc.stderr == ""
+
+
+def test_exit_status_is_python_s(capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_status(None) == 0
+    assert exit_status(3) == 3
+    assert exit_status(False) == 0
+    assert capsys.readouterr().err == ""
+    assert exit_status("no such file") == 1
+    assert capsys.readouterr().err == "no such file\n"
+
+
+def test_main_called_in_process_returns_through_system_exit(warned: Path) -> None:
+    """Only the console script ends the process: `main(...)` from Python raises SystemExit as click does."""
+    from sopgraph.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--no-profile", str(warned)])
+    assert info.value.code == 0
+    assert threading.main_thread().is_alive()
+    assert callable(entry)
+
+
+def test_import_and_sop_check_load_only_what_they_use() -> None:
+    """`import sopgraph` loads no stage; `sop check` loads neither networkx, yaml, asyncio, the gateway nor
+    litellm (start-up time), and every public name still resolves."""
+    script = ("import sys\n"
+              "import sopgraph\n"
+              "print(sorted(m for m in sys.modules if m.startswith('sopgraph.')))\n"
+              "from sopgraph.cli import main\n"
+              "try:\n    main(['check', '--no-profile', sys.argv[1]])\n"
+              "except SystemExit:\n    pass\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('networkx', 'yaml', 'asyncio', 'litellm')"
+              " or m.startswith(('sopgraph.simulation', 'sopgraph.cases'))))\n"
+              "names = {n: getattr(sopgraph, n) for n in sopgraph.__all__}\n"
+              "from sopgraph.logic.engine import decide\n"
+              "assert names['decide'] is decide and sopgraph.decide is decide\n"
+              "print(sorted(n for n, v in names.items() if v is None))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(ROOT / "scenarios" / "telecom_package.sop")],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert (lines[0], lines[-2:]) == ("['sopgraph._version']", ["[]", "[]"])
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        import sopgraph
+
+        sopgraph.nope  # noqa: B018
