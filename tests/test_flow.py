@@ -273,6 +273,22 @@ def test_ordered_thresholds_on_one_variable_are_not_overlaps() -> None:
     assert "W301" in by_code(flow_diagnostics(mixed))
 
 
+def test_a_special_case_written_first_is_not_an_overlap() -> None:
+    """`when Mood == Angry and Amount > 500` before `when Mood == Angry`: the earlier guard implies the
+    later one, the usual way to write the special case first (it was W301); a partial overlap still is."""
+    first = load('stage s { when Mood == Angry and Amount > 500 -> do Ok when Mood == Angry -> do No '
+                 'otherwise -> do Other }')
+    assert "W301" not in by_code(flow_diagnostics(first))
+    # implied only where the stage is reached: `t` is entered with Amount > 500 only
+    reached = load('stage s { when Amount > 500 -> t otherwise -> do Other }\n'
+                   'stage t { when Mood == Angry and Amount > 100 -> do Ok when Mood == Angry -> do No '
+                   'otherwise -> do Other }')
+    assert "W301" not in by_code(flow_diagnostics(reached))
+    partial = load('stage s { when Mood == Angry and Amount > 500 -> do Ok when Kind == A -> do No '
+                   'otherwise -> do Other }')
+    assert "W301" in by_code(flow_diagnostics(partial))
+
+
 def test_flow_is_skipped_with_a_note_on_programs_too_large_to_analyse() -> None:
     sc = load_source(None, text=gen.generate(4000, kind="diamond", seed=3)).scenario
     assert sc is not None

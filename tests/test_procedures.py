@@ -207,6 +207,27 @@ def test_procedure_mistakes_are_reported(edit: tuple[str, str], code: str) -> No
     assert code in codes(text)
 
 
+def test_a_retry_that_observes_nothing_is_w307() -> None:
+    """Without `observe Fixed` every round of the loop reads the same value: the retry never succeeds."""
+    still = RETRY.replace("    observe Fixed\n", "")
+    found = [d for d in check(load(still)) if d.code == "W307"]
+    assert len(found) == 1 and "`look`" in found[0].message
+    assert found[0].hint is not None and "`observe Fixed`" in found[0].hint
+    assert found[0].span.line == RETRY.splitlines().index("    -> do Try(n = 1, mode = Soft) -> look up to 2 times")
+    assert "W307" not in codes(RETRY)  # the look in the loop: clean
+    # the look on another stage of the same loop counts too
+    moved = still.replace('stage fix "Fix" {\n', 'stage fix "Fix" {\n    observe Fixed\n')
+    assert "W307" not in codes(moved)
+
+
+def test_an_overlap_hint_quotes_the_guard_as_written() -> None:
+    """W301's hint in a procedure says `otherwise when Fixed`, not the analysis copy's `Fixed#1`."""
+    text = RETRY.replace("    when Fixed -> do Done\n", "    when Kind == A -> do Human\n    when Fixed -> do Done\n")
+    found = [d for d in check(load(text + 'system Kind: A | B "k"\n')) if d.code == "W301"]
+    assert found and found[0].hint is not None
+    assert "`otherwise when Fixed`" in found[0].hint and "#" not in found[0].hint
+
+
 def test_spent_copies_do_not_make_branches_look_dead() -> None:
     # the bounded branch is spent on the last visit of `fix`: no W304 "never taken" for it
     assert "W304" not in codes(RETRY)

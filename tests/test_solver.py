@@ -56,3 +56,50 @@ def test_counts_over_float_amounts_of_a_list_are_exact() -> None:
     sc = load(Path(__file__).resolve().parent / "data" / "lost_card_lists.sop")
     counted = paths.count_paths(sc)
     assert counted.complete and counted.exact and counted.feasible == 56
+
+
+DATED = """
+scenario d "D"
+type Bill = record { due: date, paid: bool }
+field Request: Plan | Other "Plan = plan; Other = other."
+system Bills: list[..6] of Bill "The bills."
+system BrokenAt: date? "When the last plan was broken, if ever."
+let Overdue = count(b in Bills where not b.paid and b.due < date("2026-01-01"))
+let RecentBreak = not missing(BrokenAt) and days_between(BrokenAt, now) < 180
+action A "a"
+action B "b"
+action C "c"
+action D "d"
+stage s {
+    classify Request
+    when Request == Other -> do C
+    when Overdue == 0 -> do A
+    when RecentBreak -> do D
+    otherwise -> do B
+}
+"""
+
+
+def test_dates_and_optional_values_are_decided_by_the_solver() -> None:
+    """Bills due before a date constant, an optional date tested with `missing`, and `days_between`:
+    the solver translated none of `date("…")`, `missing(…)` and `days_between(…)`, and took a date
+    for any second (a model with a bill due at 23:59:59 is no date), so `sop check` said
+    "flow analysis incomplete" (I302) on every such stage and no path list was exact."""
+    from sopgraph.logic.checker import check
+
+    sc = load(text=DATED)
+    found = {p.action: p.status for p in paths.iter_paths(sc)}
+    assert found == {"A": "feasible", "B": "feasible", "C": "feasible", "D": "feasible"}
+    counted = paths.count_paths(sc)
+    assert counted.complete and counted.exact
+    assert not [d for d in check(sc) if d.code in ("I302", "I303")]
+
+
+def test_a_date_is_a_whole_day_for_the_solver() -> None:
+    """No bill is due strictly between two consecutive midnights: Overdue is always 0, so only A and C
+    are reachable, and that is proven (a second-resolution model said otherwise)."""
+    text = DATED.replace('b.due < date("2026-01-01")', 'b.due > date("2026-01-01") and b.due < date("2026-01-02")')
+    sc = load(text=text)
+    assert {p.action: p.status for p in paths.iter_paths(sc)} == {"A": "feasible", "C": "feasible"}
+    counted = paths.count_paths(sc)
+    assert counted.complete and counted.exact and counted.feasible == 2

@@ -164,6 +164,27 @@ def test_sage_scenarios_keep_one_action(telecom) -> None:
     assert not math.isnan(got["m"]["trace_order"])
 
 
+def test_a_tool_agents_turns_before_it_acts_are_pending(telecom) -> None:
+    """A tool agent states no decision while it asks: those turns are not scored on path, action, finals
+    and logic (they scored 0, so a tool agent that asks first, as it should, lost half its action score);
+    its final turn always is, so one that never acts scores 0 there."""
+    truth = {"ConsumptionType": "Cancel", "ApplicationTendency": "Agree", "ConsumptionProfile": "Data",
+             "EmotionTag": "Calm"}
+    case = make_case(telecom, truth, {"PackageStatus": "Contracted", "Penalty": 0})
+    final = [{"name": "ChangeOrder", "args": {}}]
+    turns = {"asks-then-acts": [tool_turn("asks-then-acts", 1, []), tool_turn("asks-then-acts", 2, final)],
+             "never-acts": [tool_turn("never-acts", 1, []), tool_turn("never-acts", 2, [])]}
+    dls = [Dialogue(id=m, case_id=case.id, models={"agent": m}, status="done") for m in turns]
+    all_turns = [t for ts in turns.values() for t in ts]
+    run = score_records(telecom, [case], dls, all_turns, [cons(t.dialogue_id, t.index, truth) for t in all_turns])
+    assert run.counts["pending_turns"] == 2  # the first turn of each; never the final one
+    for model, want in (("asks-then-acts", 1.0), ("never-acts", 0.0)):
+        rows = [i for i in range(len(run.t_dlg)) if run.t_dlg[i] == run.dialogue_index(model)]
+        scored = [float(run.t_act[i]) for i in rows if not math.isnan(run.t_act[i])]
+        assert scored == [want], (model, scored)
+        assert math.isnan(run.t_path[rows[0]]) and math.isnan(run.t_logic[rows[0]])
+
+
 def test_the_oracle_reports_the_procedures_actions_end_to_end(noservice, tmp_path: Path) -> None:
     """Through the runner: the oracle's replies on a procedure report the case's trace (a ceiling: every
     trace score 1); always-escalate, which skips the fixes, loses recall on the cases that need them."""

@@ -290,3 +290,26 @@ def test_a_log_written_as_a_business_keeps_one(tmp_path: Path) -> None:
                     "Not-Received,no,2025-06-01,refuse\nreceived,yes,2026-01-10,REFUSE\n", encoding="utf-8")
     report = validate(scenario, read_rows(data), expect={"Action": "decision"}, now=dt.date(2026, 3, 1))
     assert (report.correct, report.total, report.unmapped, report.errors) == (3, 3, [], [])
+
+
+def test_a_csv_log_with_an_action_taken_column_and_blank_outputs(tmp_path: Path) -> None:
+    """A business log names its decision column `Action taken` and leaves an output blank where it does
+    not apply: the column is found, a blank (or N/A) output cell is not compared, and a row whose action
+    agrees but whose output differs says which output (it read "expected A, decided A")."""
+    scenario = _load("""
+        system N: int
+        output Fee: int = 0
+        action A
+        action B
+        stage s { when N > 5 -> do A { Fee = N } otherwise -> do B }
+    """)
+    data = tmp_path / "log.csv"
+    data.write_text("n,Action taken,fee\n7,A,7\n2,B,\n1,b,N/A\n9,A,8\n", encoding="utf-8")
+    report = validate(scenario, read_rows(data), expect={})
+    assert report.found == ["Fee", "Action"] or report.found == ["Action", "Fee"]
+    assert (report.correct, report.total, report.errors) == (3, 4, [])
+    assert [(g.expected, g.decided, g.rows) for g in report.groups] == [("A (Fee 8)", "A (Fee 9)", [5])]
+    two = tmp_path / "two.csv"
+    two.write_text("n,action taken,final action\n7,A,A\n", encoding="utf-8")
+    with pytest.raises(ValidateError, match="no one column is named like it"):
+        validate(scenario, read_rows(two), expect={})

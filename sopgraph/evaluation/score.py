@@ -784,7 +784,7 @@ class _DialogueFrame:
 
 # One evaluated turn outcome: (format error, judged, unscorable, self-unscorable, reference id,
 # action code, catastrophic, escalated, cls, path, action, finals, logic, self, no-consensus fields)
-_OUTCOME_WIDTH = 15
+_OUTCOME_WIDTH = 16
 
 
 class _TurnEvaluator:
@@ -875,7 +875,7 @@ class _TurnEvaluator:
         ref_id = self.reference(sc, sys_id, case, ckey, labels or {}, fields) if ckey is not None else _UNSCORABLE
         if fmt:
             z = 0.0 if cfg.format_errors == "zero" else nan
-            return (True, judged, False, False, ref_id, -1, False, False, z, z, z, z, z, nan, nnc)
+            return (True, judged, False, False, ref_id, -1, False, False, z, z, z, z, z, nan, nnc, False)
         if action is not None and not isinstance(action, str):
             action = str(action)
         code = self.code_of(action)
@@ -901,7 +901,10 @@ class _TurnEvaluator:
         else:
             pth = act = fin = logic = nan
             unsc = judged
-        return (False, judged, unsc, self_unsc, ref_id, code, cat, esc, cls, pth, act, fin, logic, selfv, nnc)
+        # a tool agent that has not called a final action yet has decided nothing on this turn (pending)
+        pending = tools and action is None
+        return (False, judged, unsc, self_unsc, ref_id, code, cat, esc, cls, pth, act, fin, logic, selfv, nnc,
+                pending)
 
     def _classification(self, fields: tuple[str, ...], ckey: tuple | None, labels: Mapping[str, Any] | None,
                         agent: Mapping[str, Any]) -> float:
@@ -1069,20 +1072,27 @@ def _turn_columns(read: _ReadTurns, ev: _TurnEvaluator, frame: _DialogueFrame, c
     r_idx = np.asarray(read.t_r, np.int64)
     cols = list(zip(*read.results, strict=True)) if read.results else [()] * (_OUTCOME_WIDTH + 1)
     names = ("fmt", "judged", "unsc", "self_unsc", "ref", "action", "cat", "esc", "cls", "path", "act", "fin",
-             "logic", "self", "nnc")
+             "logic", "self", "nnc", "pending")
     dtypes = (bool, bool, bool, bool, np.int64, np.int64, bool, bool, float, float, float, float, float, float,
-              np.int64)
+              np.int64, bool)
     tc: dict[str, Any] = {}
     for name, dtype, values in zip(names, dtypes, cols[:_OUTCOME_WIDTH], strict=True):
         tc[name] = np.asarray(values).astype(dtype)[r_idx] if T else np.zeros(0, dtype)
     tc.update(dlg=a_dlg, index=a_index, outcome=r_idx, outcome_paths=list(cols[_OUTCOME_WIDTH]),
               chat=np.asarray(read.t_ch, float), clen=np.asarray(read.t_cl, float))
-    with np.errstate(invalid="ignore"):
-        tc["overall"] = overall_formula(cfg, tc["logic"], tc["chat"])
     final_index = np.zeros(D, np.int64)
     if T:
         np.maximum.at(final_index, a_dlg, a_index)
     tc["final"] = a_index == final_index[a_dlg] if T else np.zeros(0, bool)
+    # a tool agent's turns before its final action decide nothing yet: not scored on path, action, finals
+    # and logic (a SAGE reply states its tentative decision on every turn and is scored on it); its final
+    # turn always is, so an agent that never acts still scores 0 there
+    tc["pending"] &= ~tc["final"]
+    if tc["pending"].any():
+        for name in ("path", "act", "fin", "logic"):
+            tc[name] = np.where(tc["pending"], math.nan, tc[name])
+    with np.errstate(invalid="ignore"):
+        tc["overall"] = overall_formula(cfg, tc["logic"], tc["chat"])
     if cfg.turns == "sage":
         tc["selected"] = np.isin(a_index, np.asarray(cfg.depths, np.int64)) | tc["final"]
     else:
@@ -1139,6 +1149,7 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
         "format_errors": int(tc["fmt"].sum()),
         "judged_turns": int(tc["judged"].sum()),
         "unscorable_turns": int(tc["unsc"].sum()),
+        "pending_turns": int(tc["pending"].sum()),
         "self_unscorable_turns": int(tc["self_unsc"].sum()),
         "no_consensus_fields": int(tc["nnc"].sum()),
         "unscored_judgments": 0,

@@ -774,6 +774,8 @@ _MATCH_OPEN = re.compile(r"\bmatch\b[^{}]*\{[^{}]*\Z")
 _DANGLING = re.compile(r"(\w[\w.]*)\s*(?:==|!=|<=|>=|<|>)\s*\S+\s+(?:and|or)\s*\Z")
 
 
+_TYPE_WORDS = frozenset({"int", "float", "list", "string", "bool", "date", "datetime", "duration", "record"})
+_INDEXED = re.compile(r"([^\W\d]\w*)\s*\Z")  # `Name[` where a list would be indexed
 _AGGREGATE = re.compile(r"\b(sum|avg|average|mean|total)\s*\((?![^()]*\)\s*$)")
 
 
@@ -797,6 +799,26 @@ def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
                 f"write `{prev.group(1)} {found} ...` (e.g. `N > 5 and N < 8`)")
     if found == "[" and re.search(r"\bin\s*\Z", before):
         return "a set of values is written in braces", "write `X in {A, B}`"
+    if found == "," and (group := re.search(r"(\w+)\s+(not\s+)?in\s*\(([^()]*)\Z", head)):
+        rest = re.match(r"([^()\n]*)\)", after[1:])
+        values = group.group(3).strip() + (", " + rest.group(1).strip() if rest else ", …")
+        return ("a set of values is written in braces, not parentheses",
+                f"write `{group.group(1)} {group.group(2) or ''}in {{{values}}}`")
+    if found == "is" and (subject := re.search(r"(\w+)\s*\Z", head)):
+        value = re.match(r"\s*(not\s+)?(\w+)", after[2:])
+        op, shown = ("!=" if value and value.group(1) else "=="), (value.group(2) if value else "VALUE")
+        return ("`is` is not an operator: compare with `==`", f"write `{subject.group(1)} {op} {shown}`")
+    if re.fullmatch(r"\d\w*", found) and re.search(r"\bstage\s*\Z", head):
+        return ("a stage id is a name: it cannot start with a digit",
+                f"write `stage step{found} ...` (ids like `step1`, `s1`, `intake` appear verbatim in paths)")
+    if found == "[" and (listed := _INDEXED.search(head)) and listed.group(1) not in _TYPE_WORDS \
+            and re.search(r"\bwhen\b|\blet\b|\bmatch\b|=|\(", head):
+        name = listed.group(1)
+        item = name[:1].lower()
+        return (f"`{name}[…]`: list items are not read by position",
+                f"test the items (`any({item} in {name} where {item}.…)`, `all(…)`, `count(…)`, `len({name})`), "
+                f"or give the one item the rule needs as a system variable of its own "
+                f"(`system Latest{name.rstrip('s')}: …`)")
     return None
 
 

@@ -213,6 +213,9 @@ def check_declarations(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnos
 # Pass 2: names used by branches (stages, actions, outputs)
 
 
+_END_WORDS = frozenset({"end", "stop", "exit", "finish", "done", "close", "terminate"})
+
+
 def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     """Undefined stages (E103), actions (E104) and outputs (E107); outputs assigned twice (E102)."""
     out: list[Diagnostic] = []
@@ -227,6 +230,12 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
                     hint = suggest(name, scenario.stages)
                     if hint is None and name in scenario.actions:
                         hint = f"`{name}` is an action: write `do {name}`"
+                    elif hint is None and name.lower() in _END_WORDS:
+                        ranked = sorted(scenario.actions.values(), key=lambda a: (
+                            "ends_dialogue" not in a.attributes, a.risky))  # stable: declaration order
+                        ending = ranked[0] if ranked else None
+                        hint = (f"a procedure ends with an action, not a stage: write `-> do "
+                                f"{ending.name if ending else 'ACTION'}` (the graph's end node is implicit)")
                     out.append(error("E103", f"undefined stage `{name}`", span,
                                      hint or "declare it with `stage " + name + " { ... }`"))
                 continue
@@ -1379,6 +1388,7 @@ def check_procedures(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnosti
         found += procheck.check_observations(scenario)
         if not any(d.is_error for d in found):
             found += procheck.check_loops(scenario)
+        found += procheck.check_still_retries(scenario)
     return found
 
 

@@ -325,6 +325,8 @@ class _Flow:
                     continue  # the same idiom on one derived value (`when Total > 10 / when Total > 5`)
                 if _same_effect(stage.branches[i], stage.branches[j]):
                     continue  # either arm does the same thing: the overlap cannot matter
+                if self._special_case_first(si, guards[i], gj, ctxs):
+                    continue  # `when A and B -> …` before `when A -> …`: the special case written first
                 fire_i = self.ex.fire(si, i)
                 for region, prefix in ctxs[:MAX_CONTEXTS]:
                     if not self.spend(si, len(region)):
@@ -358,6 +360,23 @@ class _Flow:
                        f"{bi_.target.describe()}`, never `{bj_.target.describe()}`"],
             )))
         return out
+
+    def _special_case_first(self, si: int, gi: tuple[Any, Any] | None, gj: tuple[Any, Any],
+                            ctxs: Sequence[Any]) -> bool:
+        """Whether the earlier guard implies the later one wherever the stage is reached (proven: no
+        context has a value where the earlier holds and the later does not). Then the later arm is
+        "the rest of the general case": the usual way to write a special case first, not an overlap
+        to warn about. Undecided or out of budget counts as not proven."""
+        if gi is None:
+            return False
+        sp = self.sp
+        for region, _prefix in ctxs[:MAX_CONTEXTS]:
+            if not self.spend(si, len(region)):
+                return False
+            rest = [b3 for b in region for b2 in sp.constrain(b, gi[0]) for b3 in sp.constrain(b2, gj[1])]
+            if rest and sp.decide_region(rest) is not False:
+                return False
+        return True
 
     def _route_values(self, w: dict[str, Any], prefix: Any, si: int) -> dict[str, Any]:
         """The witness restricted to the variables the route's guards read (the example then

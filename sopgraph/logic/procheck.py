@@ -13,7 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sopgraph.language import ir
-from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error
+from sopgraph.language.compile import reads as compile_reads
+from sopgraph.language.compile import stage_reads
+from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error, warning
 from sopgraph.logic.lower import Lowered, analysis_form
 from sopgraph.logic.paths import explorer_for, used_looks
 from sopgraph.logic.unroll import LOOK_SEP, Unrolled, UnrollError, unbounded_cycle, unrolled_for
@@ -117,6 +119,65 @@ def check_loops(scenario: ir.Scenario) -> list[Diagnostic]:
     return out
 
 
+def check_still_retries(scenario: ir.Scenario) -> list[Diagnostic]:
+    """W307: a bounded branch back into a loop on which no stage observes anything. Fields and system
+    values stay the same for a whole dialogue unless a stage takes a new look, so every round takes the
+    same branches until the bound is spent: the retry can never succeed, which is rarely what a
+    procedure that "asks again" means (the usual slip: `observe` left out of the re-checking stage)."""
+    succ = {sid: {b.target.stage for b in st.branches if b.target.kind == "stage" and b.target.stage}
+            for sid, st in scenario.stages.items()}
+    pred: dict[str, set[str]] = {sid: set() for sid in succ}
+    for sid, nxt in succ.items():
+        for t in nxt:
+            pred.setdefault(t, set()).add(sid)
+    out: list[Diagnostic] = []
+    for sid, stage in scenario.stages.items():
+        for branch in stage.branches:
+            head = branch.target.stage if branch.target.kind == "stage" else None
+            if branch.limit is None or head is None or head not in succ:
+                continue
+            loop = _reach(succ, head) & _reach(pred, sid)  # the stages of some round head ->* sid
+            if not loop or any(scenario.stages[x].observe for x in loop):
+                continue
+            rechecked = _system_reads(scenario, [scenario.stages[x] for x in sorted(loop)])
+            looks = ", ".join(f"`observe {n}`" for n in rechecked[:3]) or "`observe X`"
+            out.append(warning(
+                "W307", f"`up to {branch.limit} times` repeats `{head}`, but no stage of that loop observes "
+                "anything: every round reads the same values, so it takes the same branches until the bound "
+                "is spent", branch.span,
+                f"add {looks} to `{head}` if the retry re-checks {'them' if len(rechecked) > 1 else 'it'} (each `observe` is a new look after the "
+                "actions on the way); fields and unobserved system values never change during a dialogue"))
+    return out
+
+
+def _reach(edges: dict[str, set[str]], start: str) -> set[str]:
+    seen, stack = {start}, [start]
+    while stack:
+        for nxt in edges.get(stack.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def _system_reads(scenario: ir.Scenario, stages: list[ir.Stage]) -> list[str]:
+    """System variables the stages' guards read, directly or through derived variables (first-seen order)."""
+    found: dict[str, None] = {}
+    todo = [n for st in stages for n in stage_reads(st)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop(0)
+        var = scenario.variables.get(name)
+        if name in seen or var is None:
+            continue
+        seen.add(name)
+        if var.role == "system":
+            found[name] = None
+        elif var.role == "derived" and var.expr is not None:
+            todo.extend(compile_reads(var.expr))
+    return list(found)
+
+
 def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Diagnostic]]) -> list[Diagnostic]:
     """The flow analysis of a procedure, run on its unrolled form and mapped back: a finding about
     any copy of a stage is a finding about the stage; "never" claims (W303/W304) hold only if they
@@ -142,6 +203,12 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
                                   "notes": [source_terms(n, unrolled) for n in d.notes]}
         if isinstance(d.witness, dict):
             update["witness"] = used_looks(scenario, unrolled.lift(d.witness))
+        if d.code == "W301" and d.hint and d.span is not None:
+            # the hint quotes the guard to write after `otherwise when`: as written, not a copy's looks
+            source = spans.get((d.span.line, d.span.col, d.span.file))
+            guard = scenario.stages[source[0]].branches[source[1]].guard if source is not None else None
+            if guard is not None:
+                update["hint"] = re.sub(r"`otherwise when [^`]*`", f"`otherwise when {ir.show(guard)}`", d.hint)
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
             # a "never" claim about one copy holds for the stage only if no copy ever takes the branch

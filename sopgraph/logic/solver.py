@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sopgraph.logic.domain import Box, Space
     from sopgraph.logic.formula import Formula
 
+DAY_SECONDS = 86_400
 RLIMIT = 5_000_000  # z3 resource units per query (deterministic); a scoring SOP needs ~1e5
 MAX_TERMS = 20_000  # expression nodes translated per query before giving up (undecided)
 
@@ -87,6 +88,7 @@ class _Translator:
         self.box = box
         self.z3 = z3
         self.vars: dict[int, Any] = {}
+        self.absent: dict[int, Any] = {}  # optional variable -> the Bool "it is missing"
         # Terms do not depend on the box (its domains are added separately), so translations of
         # residuals and derived variables are kept on the space and reused by every later query:
         # the z3 Python API costs far more than the solving on list-heavy SOPs. Enum ids are shared
@@ -121,7 +123,7 @@ class _Translator:
             return term
         term, exact, reals, terms, reads = hit
         for i in reads:
-            self.base(i)
+            self.base(i) if i >= 0 else self.missing_var(-i - 1)
         self.exact, self.reals = self.exact and exact, self.reals or reals
         self.terms += terms
         if self.terms > MAX_TERMS:
@@ -154,6 +156,17 @@ class _Translator:
             return "enum", x
         return ("bool" if kind == "bool" else "num"), x
 
+    def missing_var(self, i: int) -> Any:
+        """`missing(X)` as a free Bool. Reads of `X` are not tied to it: that admits more than the
+        engine does (it refuses a read of a missing value), so "unsat" stays sound; a model is
+        re-checked by the caller."""
+        for reading in self.reading:
+            reading.add(-i - 1)  # recorded apart from the value's own reads (see `memoized`)
+        x = self.absent.get(i)
+        if x is None:
+            x = self.absent[i] = self.z3.Bool(f"m{i}")
+        return x
+
     def dom(self, i: int, d: Any) -> Any:
         """The constraint "variable i lies in domain d" (a mask for enums/bools, a NumDom else)."""
         z3 = self.z3
@@ -174,6 +187,8 @@ class _Translator:
             hi = self.num(d.hi)
             parts.append(x < hi if d.hi_open else x <= hi)
         parts += [x != self.num(e) for e in d.excl]
+        if i in self.sp.dates:  # a date is a whole day of seconds (its midnight, UTC)
+            parts.append(x % DAY_SECONDS == 0)
         return z3.And(parts) if parts else z3.BoolVal(True)
 
     def num(self, value: float) -> Any:
@@ -188,7 +203,9 @@ class _Translator:
         return self.z3.RealVal(f"{exact.numerator}/{exact.denominator}")
 
     def domains(self) -> list[Any]:
-        return [self.dom(i, self.box.doms[i]) for i in list(self.vars)]
+        doms = self.box.doms
+        present = [self.z3.Not(m) for i, m in self.absent.items() if doms[i] != self.sp.full_doms[i]]
+        return [self.dom(i, doms[i]) for i in list(self.vars)] + present
 
     # -- residual literals -----------------------------------------------------------------------
 
@@ -234,8 +251,12 @@ class _Translator:
             if isinstance(v, (int, float)):
                 return "num", self.num(v)
             return "enum", z3.IntVal(self.enum_id(v))
+        if isinstance(e, ir.TimeLit):  # dates, datetimes and durations are seconds, as in the space
+            return "num", self.num(e.value)
         if isinstance(e, ir.Var):
             return self.var(e.name)
+        if isinstance(e, ir.Func):
+            return self.func(e)
         if isinstance(e, ir.Unary):
             kind, x = self.expr(e.operand)
             if e.op == "not":
@@ -281,6 +302,25 @@ class _Translator:
             return kind, out
         raise _Unsupported(type(e).__name__)
 
+    def func(self, e: ir.Func) -> tuple[str, Any]:
+        """`abs(x)` exactly; `days_between(a, b)` as (b - a) / 1 day over the reals, which the engine
+        computes in floats (whole days exactly, fractions rounded): such a query is inexact. `missing`
+        is not modelled (absence is decided before the solver, `Space._reads_missing`)."""
+        z3 = self.z3
+        if e.name == "abs" and len(e.args) == 1:
+            _, x = self.expr(e.args[0])
+            return "num", z3.If(x < 0, -x, x)
+        if e.name == "days_between" and len(e.args) == 2:
+            (_, a), (_, b) = self.expr(e.args[0]), self.expr(e.args[1])
+            self.exact = False
+            self.reals = True
+            return "num", z3.ToReal(b - a) / z3.RealVal(DAY_SECONDS) if not z3.is_real(b - a) else (b - a) / DAY_SECONDS
+        if e.name == "missing" and len(e.args) == 1 and isinstance(e.args[0], ir.Var):
+            i = self.sp.index.get(e.args[0].name)
+            if i is not None and i in self.sp.optional:
+                return "bool", self.missing_var(i)
+        raise _Unsupported(f"function {e.name}")
+
     def is_const(self, x: Any) -> bool:
         return bool(self.z3.is_int_value(x) or self.z3.is_rational_value(x))
 
@@ -311,6 +351,10 @@ class _Translator:
         names = {v: k for k, v in self.enum_ids.items()}
         out: dict[str, Any] = {}
         for i, n in enumerate(sp.names):
+            gone = self.absent.get(i)
+            if gone is not None and self.z3.is_true(model.eval(gone, model_completion=True)):
+                out[n] = None
+                continue
             x = self.vars.get(i)
             if x is None:
                 out[n] = sp.pick(i, self.box.doms[i], "representative", None)

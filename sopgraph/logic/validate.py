@@ -128,6 +128,11 @@ _NUMBER = re.compile(r"^\s*(?P<pre>[^\d+\-.]*?)\s*(?P<num>[+-]?(?:\d[\d,_]*)?\.?
 _TRUE = {"true", "yes", "y", "t", "1", "on"}
 _FALSE = {"false", "no", "n", "f", "0", "off"}
 _NOT_APPLICABLE = {"none", "null", "n/a", "na", "-", "—", "nan"}
+def _blank(value: Any) -> bool:
+    """An empty cell (`""` in a CSV, `null` in JSON) or one that says "not applicable" (`N/A`, `-`)."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("", *_NOT_APPLICABLE))
+
+
 _DATE = re.compile(r"^\s*(\d{4}-\d{2}-\d{2})(?:[T ][\d:.]+Z?)?\s*$")
 
 
@@ -257,6 +262,16 @@ def _by_name(name: str, columns: Sequence[str], nested: Mapping[str, Sequence[st
     return None
 
 
+_ACTION_WORDS = ("action", "decision", "outcome", "resolution")
+
+
+def _action_like(columns: Sequence[str], taken: set[str]) -> str | None:
+    """The one column a business log names like the decided action (`action taken`, `Final action`,
+    `decision`, `outcome`), or None when there is none or more than one."""
+    like = [c for c in columns if c not in taken and any(w in _fold(c) for w in _ACTION_WORDS)]
+    return like[0] if len(like) == 1 else None
+
+
 def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[str, str],
                  mapping: Mapping[str, str], nested: Mapping[str, Sequence[str]] | None = None) -> ColumnPlan:
     """Variables read their own column (by name, see `_by_name`) unless `--map` says otherwise.
@@ -270,9 +285,15 @@ def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[
             if column is not None:
                 wanted[name] = column
                 found.append(name)
+    if not expect and "Action" not in wanted:
+        column = _action_like(columns, set(wanted.values()))
+        if column is not None:
+            wanted["Action"] = column
+            found.append("Action")
     if "Action" not in wanted:
         raise ValidateError("give --expect Action=COLUMN (the column holding the decided action; no column "
-                            "is named Action)")
+                            "is named Action, and no one column is named like it: `action taken`, `decision`, "
+                            f"`outcome`; columns: {', '.join(columns)})")
     for name in wanted:
         if name != "Action" and name not in scenario.outputs:
             raise ValidateError(f"--expect {name}=...: `{name}` is not an output of the SOP "
@@ -344,7 +365,7 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
                 values[name] = converted
         for name, column in plan.expect.items():
             raw = _lookup(row, column)
-            if raw is None and name != "Action" and name in plan.found:
+            if _blank(raw) and name != "Action" and name in plan.found:
                 continue  # an output column found by name, blank here: that output is not compared
             if name == "Action":  # an action written as the log writes it (`reissue`, `open dispute`)
                 text = None if raw is None else str(raw).strip()
@@ -752,6 +773,18 @@ class Group(BaseModel):
     budget_hit: bool = False
 
 
+def _mismatch_labels(row: RowResult, want: str, got: str) -> tuple[str, str]:
+    """The expected and decided labels of a row that disagrees: the Actions, and when they are the same,
+    the outputs that differ (`Plan (Installments 6)` against `Plan (Installments 3)`)."""
+    if want != got:
+        return want, got
+    differ = [k for k, v in row.expected.items() if k != "Action" and not _same(row.finals.get(k), v)]
+    if not differ:
+        return want, got
+    return (f"{want} ({', '.join(f'{k} {row.expected[k]}' for k in differ)})",
+            f"{got} ({', '.join(f'{k} {row.finals.get(k)}' for k in differ)})")
+
+
 class Report(BaseModel):
     file: str
     data: str
@@ -799,7 +832,7 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
             errors.append({"line": row.line, "error": row.error})
         elif not row.ok:
             stages = parting_stages(scenario, row, reach)
-            key = (stages[0] if stages else "-", want, got)
+            key = (stages[0] if stages else "-", *_mismatch_labels(row, want, got))
             buckets.setdefault(key, []).append(row)
             route = routes.setdefault(key, [])
             route += [sid for sid in stages if sid not in route]
