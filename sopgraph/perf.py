@@ -2,7 +2,8 @@
 
 Why here and not in the stages: pausing or retuning the collector changes the whole process (every
 thread, every other library), so library code must not do it. The CLI entry point applies
-`tune_gc_for_cli` once; `sop check` runs under `batch_gc`; benchmarks may use `no_cyclic_gc`.
+`tune_gc_for_cli` once; `sop check` runs under `batch_gc` and, as the process, loads under
+`build_then_freeze`; benchmarks may use `no_cyclic_gc`.
 benchmarks/bench_gc.py prints the gain.
 """
 
