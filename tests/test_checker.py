@@ -726,3 +726,24 @@ def test_check_file_loads_inside_the_given_context(tmp_path: Path, monkeypatch: 
     result = check_file(path, loading=loading)
     assert events == ["enter", "load", "exit"]
     assert result.diagnostics == plain.diagnostics and plain.diagnostics
+
+
+def test_check_gathers_the_expressions_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The depth check and the scalar pass share one expression list (a 100k-stage program: ~0.3 s each)."""
+    import sopgraph.logic.checker as checker_module
+
+    calls: list[int] = []
+    real = checker_module._expressions
+
+    def counting(scenario):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(scenario)
+
+    scenario = load_source("t.sop", text=HEAD + "stage s { when EmotionTag == Angry -> do Help\n"
+                                                 "  otherwise -> do Help }\n").scenario
+    expected = checker_module.check(scenario)
+    monkeypatch.setattr(checker_module, "_expressions", counting)
+    assert checker_module.check(scenario) == expected
+    assert len(calls) == 1
+    checker_module.check(scenario, passes=checker_module.CHEAP_PASSES)
+    assert len(calls) == 2

@@ -1404,11 +1404,14 @@ def check_output_ranges(scenario: ir.Scenario, graph: StageGraph) -> list[Diagno
 # ---------------------------------------------------------------------------------------------
 # The pass list and the entry points
 
+_SCALARS = Pass("scalars", lambda s, g: check_scalars(s, _expressions(s)))
+"""The scalar pass; `check` gives it the expression list the depth check walked."""
+
 PASSES: tuple[Pass, ...] = (
     Pass("declarations", check_declarations),
     Pass("targets", check_targets),
     Pass("types", check_types),
-    Pass("scalars", lambda s, g: check_scalars(s, _expressions(s))),
+    _SCALARS,
     Pass("structure", check_structure),
     Pass("unused", check_unused),
     Pass("descriptions", check_descriptions),
@@ -1476,11 +1479,12 @@ def _shallow(expr: Any) -> bool:
     return kind is ir.Compare and type(expr.left) in _LEAF and type(expr.right) in _LEAF
 
 
-def check_depth(scenario: ir.Scenario) -> list[Diagnostic]:
+def check_depth(scenario: ir.Scenario, expressions: list[Any] | None = None) -> list[Diagnostic]:
     """Expressions nested deeper than `MAX_DEPTH` (E006). Runs before everything else: graph
-    building, type inference and the engine's code generation all recurse over expressions."""
+    building, type inference and the engine's code generation all recurse over expressions.
+    `expressions`: the program's (`_expressions`), when the caller has them already."""
     out: list[Diagnostic] = []
-    for expr in _expressions(scenario):
+    for expr in _expressions(scenario) if expressions is None else expressions:
         if _shallow(expr):
             continue
         depth = _depth(expr)
@@ -1496,7 +1500,8 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
     nested too deeply (E006) are reported alone: nothing else can safely walk them. Pass the
     scenario's compiled `graph` when you have it (the passes only read its nodes and edges) to avoid
     building one; otherwise only its structure is built (`compile.topology`)."""
-    found: list[Diagnostic] = check_depth(scenario)
+    expressions = _expressions(scenario)  # one list for the depth check and the scalar pass (no pass changes them)
+    found: list[Diagnostic] = check_depth(scenario, expressions)
     if found:
         return sorted(found, key=sort_key)
     if graph is None:
@@ -1505,7 +1510,7 @@ def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
         if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
             continue
         try:
-            found += p.run(scenario, graph)
+            found += check_scalars(scenario, expressions) if p is _SCALARS else p.run(scenario, graph)
         except RecursionError:
             found.append(error("E001", "the program is nested too deeply to check", scenario.span,
                                "split very long or deeply nested expressions into derived variables"))
