@@ -699,3 +699,30 @@ def test_type_shortcuts_are_taken_on_plain_guards() -> None:
     assert taken == [True, True, False, False, False, True, False, False]
     st = loaded.scenario.variables["A"].type
     assert [checker._plain_members(st, b.values) for b in stages["s"].branches] == [True, False, True]
+
+
+def test_check_file_loads_inside_the_given_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`loading` wraps the loading only (the CLI's collector policy): entered once, before the passes."""
+    from contextlib import contextmanager
+
+    import sopgraph.logic.checker as checker_module
+
+    events: list[str] = []
+
+    @contextmanager
+    def loading():  # type: ignore[no-untyped-def]
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    def recording_load(*args, **kwargs):  # type: ignore[no-untyped-def]
+        events.append("load")
+        return load_source(*args, **kwargs)
+
+    path = tmp_path / "t.sop"
+    path.write_text(HEAD + "stage s { -> do Help }\n")
+    plain = check_file(path)
+    monkeypatch.setattr(checker_module, "load_source", recording_load)
+    result = check_file(path, loading=loading)
+    assert events == ["enter", "load", "exit"]
+    assert result.diagnostics == plain.diagnostics and plain.diagnostics

@@ -117,3 +117,59 @@ def test_import_and_sop_check_load_only_what_they_use() -> None:
         import sopgraph
 
         sopgraph.nope  # noqa: B018
+
+
+def test_sop_check_as_the_process_loads_without_the_collector_and_freezes_the_ir(warned: Path) -> None:
+    """`perf.build_then_freeze` runs only when `main` is the process (not under click's test runner): the
+    collector is off while loading, on again after, and the loaded objects are frozen."""
+    script = ("import gc, sys\n"
+              "from sopgraph.language import parse\n"
+              "from sopgraph.logic import checker\n"
+              "seen = []\n"
+              "def load(*a, **k):\n"
+              "    seen.append((gc.isenabled(), gc.get_freeze_count()))\n"
+              "    return parse.load_source(*a, **k)\n"
+              "checker.load_source = load\n"
+              "from sopgraph.cli import main\n"
+              "frozen = []\n"
+              "orig = checker.check\n"
+              "def check(*a, **k):\n"
+              "    frozen.append((gc.isenabled(), gc.get_freeze_count()))\n"
+              "    return orig(*a, **k)\n"
+              "checker.check = check\n"
+              "mode = sys.argv[2]\n"
+              "try:\n"
+              "    if mode == 'process':\n"
+              "        main(['check', '--no-profile', sys.argv[1]])\n"
+              "    else:\n"
+              "        from click.testing import CliRunner\n"
+              "        gc.unfreeze()\n"
+              "        CliRunner().invoke(main, ['check', '--no-profile', sys.argv[1]])\n"
+              "except SystemExit:\n"
+              "    pass\n"
+              "(enabled, at_load), = seen\n"
+              "print(enabled, frozen[0][0], frozen[0][1] - at_load > 100_000, gc.isenabled())\n")
+    lines = {}
+    for mode in ("process", "runner"):
+        proc = subprocess.run([sys.executable, "-c", script, str(warned), mode], capture_output=True, text=True,
+                              env={"PYTHONPATH": str(ROOT)}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines[mode] = proc.stdout.splitlines()[-1]
+    # while loading: collector off; at the passes: on again, and the IR (~300k objects) frozen
+    assert lines == {"process": "False True True True", "runner": "True True False True"}
+
+
+def test_build_then_freeze_restores_the_collector_when_the_block_fails() -> None:
+    script = ("import gc\n"
+              "from sopgraph.perf import build_then_freeze\n"
+              "before = gc.get_freeze_count()\n"
+              "try:\n"
+              "    with build_then_freeze():\n"
+              "        assert not gc.isenabled()\n"
+              "        raise ValueError\n"
+              "except ValueError:\n"
+              "    pass\n"
+              "print(gc.isenabled(), gc.get_freeze_count() == before)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.stdout.split() == ["True", "True"], proc.stderr

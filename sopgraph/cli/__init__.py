@@ -30,6 +30,9 @@ class _Sop(click.Group):
         # Process-wide settings belong to the application, not to the library (issue 8): a test or a
         # script invoking `main.main(...)` directly keeps its own collector settings.
         tune_gc_for_cli()
+        obj = kwargs.setdefault("obj", {})
+        if isinstance(obj, dict):
+            obj[OWNS_PROCESS] = True  # commands may apply their own process-wide collector policy
         return super().__call__(*args, **kwargs)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
@@ -109,6 +112,11 @@ def top_level_commands(module: object) -> list[click.Command]:
     nested = {id(sub) for c in found if isinstance(c, click.Group) for sub in c.commands.values()}
     return [c for c in found if id(c) not in nested]
 
+
+OWNS_PROCESS = "owns_process"
+"""The root context's `obj` key set when `main` runs as the process (called: the console script, `main()`), not
+through `main.main(...)` (click's test runner): then a command may change process-wide settings
+(`params.owns_process`)."""
 
 KEEP_UNTIL_EXIT = "keep_until_exit"
 """The root context's `obj` key where a command leaves what `params.keep_until_exit` hands over."""

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import click
 
-from sopgraph.cli.params import include_dirs, keep_until_exit
+from sopgraph.cli.params import include_dirs, keep_until_exit, owns_process
 from sopgraph.language.diagnostics import SourceLines, sort_key
 from sopgraph.logic.checker import Checked, check_file
-from sopgraph.perf import batch_gc
+from sopgraph.perf import batch_gc, build_then_freeze
 
 
 def diagnostic_record(diag: Any) -> dict[str, Any]:
@@ -88,8 +89,10 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool)
 def _check_files(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool) -> None:
     results: list[Checked] = []
     profile_results: list[Checked] = []
+    # As the process, the loading runs without the cyclic collector and its IR is frozen (`perf.build_then_freeze`)
+    loading = build_then_freeze if owns_process() else nullcontext
     for f in files:
-        result = check_file(f, include_path=include_dirs())
+        result = check_file(f, include_path=include_dirs(), loading=loading)
         results.append(result)
         profile = None if no_profile else _profile_result(result, f)
         if profile is not None:

@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import click
 
-from sopgraph.cli import KEEP_UNTIL_EXIT
+from sopgraph.cli import KEEP_UNTIL_EXIT, OWNS_PROCESS
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.ir import Scenario
 from sopgraph.logic.checker import load
@@ -28,6 +28,14 @@ def include_dirs() -> tuple[Path, ...]:
     if root is None or not isinstance(root.obj, dict):
         return ()
     return tuple(root.obj.get("include_path", ()))
+
+
+def owns_process() -> bool:
+    """Whether the running command is the whole process (`sop ...`, `main()`), so that it may change
+    process-wide settings such as the collector's; not under `main.main(...)` or click's test runner."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return root is not None and isinstance(root.obj, dict) and bool(root.obj.get(OWNS_PROCESS))
 
 
 def keep_until_exit(value: object) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -1534,11 +1535,14 @@ class Checked(BaseModel):
 
 
 def check_file(path: str | Path, *, text: str | None = None, name: str | None = None,
-               include_path: Sequence[str | Path] = ()) -> Checked:
+               include_path: Sequence[str | Path] = (),
+               loading: Callable[[], AbstractContextManager[object]] = nullcontext) -> Checked:
     """Load and check one file. Static checks run when the loader built a scenario and found no
     errors other than duplicate declarations (whose later copies it drops), so nothing is reported
-    twice and a broken include or subflow does not cascade into undefined-stage errors."""
-    loaded = load_source(path, text=text, name=name, include_path=include_path)
+    twice and a broken include or subflow does not cascade into undefined-stage errors. The loading
+    runs inside `loading()`: the application's choice (`sop check` gives `perf.build_then_freeze`)."""
+    with loading():
+        loaded = load_source(path, text=text, name=name, include_path=include_path)
     diags = list(loaded.diagnostics)
     sources = dict(loaded.sources)
     if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
