@@ -23,6 +23,7 @@ and must land on its path.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import random
 import re
@@ -34,6 +35,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, Field
 
+from sopgraph.cases.moods import compatible, mood_fields, truth_moods
 from sopgraph.cases.profiles import (
     INTENSITIES,
     Intent,
@@ -1108,6 +1110,20 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
             acc += pp.weight
             cum.append(acc)
         pools[level] = (members, cum)
+    moods_by_field = mood_fields(scenario)
+    fitting: dict[tuple[str, tuple[str, ...]], tuple[list[PersonaSpec], list[float]]] = {}
+
+    def pool_for(level: str, values: Mapping[str, Any]) -> tuple[list[PersonaSpec], list[float]]:
+        """The intensity's personas whose emotional state fits the truth's mood (`moods`); all when none does."""
+        moods = truth_moods(moods_by_field, values) if moods_by_field else ()
+        if not moods:
+            return pools[level]
+        hit = fitting.get((level, moods))
+        if hit is None:
+            members = [pp for pp in pools[level][0] if compatible(pp.emotional_state, moods)]
+            hit = fitting[(level, moods)] = (members, list(itertools.accumulate(pp.weight for pp in members))) \
+                if members else pools[level]
+        return hit
     persona_json: dict[tuple[str, str], str] = {}
 
     def persona_text(pp: PersonaSpec, lang: str) -> str:
@@ -1164,7 +1180,7 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
             path, fin, acts = decide(values)
             if path != stages or fin != tmpl.finals[k]:  # pragma: no cover - guarded at plan time
                 raise AssertionError(f"internal error: case {idx + 1} of path {key[0]} decides {path} {fin}")
-            members, cum = pools[level]
+            members, cum = pool_for(level, values)
             pp = members[bisect.bisect_right(cum, rand() * cum[-1]) if len(members) > 1 else 0]
             lang = languages[int(rand() * len(languages))] if languages else pp.language
             lang_text = str_text.get(lang)
