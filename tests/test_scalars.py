@@ -211,6 +211,21 @@ def test_a_bare_word_where_a_time_goes_points_to_now(guard: str) -> None:
     assert e201.code == "E201" and "the current time is `now`" in (e201.hint or "")
 
 
+@pytest.mark.parametrize(("guard", "literal"), [("D >= 2026-01-05", 'date("2026-01-05")'),
+                                               ("2025-12-31 < T", 'datetime("2025-12-31T00:00")')])
+def test_a_date_written_without_quotes_gets_its_literal_as_hint(guard: str, literal: str) -> None:
+    """`2026-01-05` parses as 2026 - 1 - 5: the hint spells the constant the writer meant."""
+    found = check_file("t.sop", text=HEAD + f'stage s "x" {{ when {guard} -> do A otherwise -> do A }}').diagnostics
+    (e201,) = [d for d in found if d.severity == "error"]
+    assert e201.code == "E201" and literal in (e201.hint or "")
+
+
+def test_a_subtraction_that_spells_no_date_keeps_the_general_hint() -> None:
+    found = check_file("t.sop", text=HEAD + 'stage s "x" { when D > 2026-13-01 -> do A otherwise -> do A }').diagnostics
+    (e201,) = [d for d in found if d.severity == "error"]
+    assert "compare a date with a date" in (e201.hint or "")
+
+
 @pytest.mark.parametrize("guard", [
     "D > now - 24 hours", "T - D < 2 days", "days_between(D, T) >= 1", "W * 2 > 1 hours", "W / 2 < W",
     "abs(N - 3) > 1", "abs(W) > 0 seconds", 'S matches "^[A-Z]{3}-\\d{5}$"', 'S == "x"', "not missing(O) and O > 1",

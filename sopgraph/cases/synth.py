@@ -274,17 +274,18 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     skipped: list[Skip] = []
     uncounted = f"more than {count.feasible:,} feasible paths (too many to count)"
     if sample is not None and (count.feasible > PLAN_PATH_LIMIT or not count.complete):
-        drawn = paths_mod.sample_paths(scenario, max(1, sample), seed=seed, weights="action", unique=True)
+        drawn = paths_mod.sample_paths(scenario, max(1, sample), seed=seed, weights="action", unique=True,
+                                       written=form is None)
         infos: Iterable[Any] = sorted(drawn, key=lambda info: (info.rank, info.id))
         if not count.complete:
             skipped.append(Skip(kind="paths", name="count", reason=f"{uncounted}: paths drawn by a random walk, "
                                 "each feasible branch equally likely, not balanced by action"))
     elif not count.complete:  # too many paths to count, and no sample size: the first ones, said so
-        infos = paths_mod.iter_paths(scenario, limit=PLAN_PATH_LIMIT)
+        infos = paths_mod.iter_paths(scenario, limit=PLAN_PATH_LIMIT, written=form is None)
         skipped.append(Skip(kind="paths", name="count",
                             reason=f"{uncounted}: only the first {PLAN_PATH_LIMIT:,} are considered"))
     else:
-        infos = paths_mod.iter_paths(scenario)
+        infos = paths_mod.iter_paths(scenario, written=form is None)
     for info in infos:
         if info.witness is None:
             skipped.append(Skip(kind="path", name=info.id, reason="feasibility unknown: no witness found "

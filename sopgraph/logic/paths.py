@@ -11,8 +11,8 @@ Public API (stable; the synthesis engineer builds on it):
   order, zero-padded to the digits of the total — or to 12 digits when the total would cost more
   than 50,000 DP states; stable across runs and independent of `limit`), `rank`, `stages`, `branches`,
   `labels`, `action`, `finals` (constant values, `None` where an output varies along the path, see
-  `finals_varying`), `constraints` (variable → text of its remaining domain; `where` holds relations
-  between variables), `status` ("feasible": a witness was verified by the engine; "unknown": not
+  `finals_varying`), `constraints` (variable → text of its remaining domain; `where` holds the
+  conditions relating several variables, as the path's decisions write them: see `as_written`), `status` ("feasible": a witness was verified by the engine; "unknown": not
   proven either way), `witness`/`witness_finals` (representative assignment of every field and
   system variable and the finals the engine gives it), `boundary_witness`/`boundary_finals`.
 - `iter_paths(scenario, *, limit=None, witnesses=True) -> Iterator[PathInfo]` — lazy, depth-first in
@@ -798,11 +798,25 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
     if relates is None:  # built once per analysis form, not per path
         relates = u.__dict__["_relations"] = _Relations(src)
     lists = relates.readers({n for n in u.roots if any(k in item_keys for k in u.plain_keys[n])})
+    clauses = _decision_clauses(src, relates, stages, branches, constraints, lists)
+    if clauses is None:
+        return constraints  # not the source's shape: keep the summary
+    out = {k: v for k, v in constraints.items() if k != "where" and k not in item_keys}
+    if clauses:
+        out["where"] = " and ".join(clauses)
+    return out
+
+
+def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[str], branches: Sequence[int],
+                      constraints: Mapping[str, str], lists: set[str]) -> list[str] | None:
+    """The conditions a path's decisions state, as the SOP writes them: each earlier arm of a stage
+    negated, then the arm taken. Conditions that the per-variable constraints already say exactly
+    (and that read no list in `lists`) are left out. None when the path does not fit `src`."""
     clauses: list[str] = []
     for sid, bi in zip(stages, branches, strict=True):
         stage = src.stages.get(sid)
         if stage is None or bi >= len(stage.branches):
-            return constraints  # not the source's shape: keep the summary
+            return None
         if stage.kind == "goto":
             continue
         guards = [(b.guard, True) for b in stage.branches[:bi] if b.guard is not None]
@@ -810,16 +824,32 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
         if own is not None:
             guards.append((own, False))
         for guard, negated in guards:
-            if not set(compile_reads(guard)) & lists and (relates.per_variable(guard, not negated)
-                                                          or relates.implied(guard, not negated, constraints)):
+            reads = set(compile_reads(guard))
+            listed = relates.listed(reads)
+            if not reads & lists and ((listed and relates.per_variable(guard, not negated))
+                                      or relates.implied(guard, not negated, constraints)):
                 continue  # constraints on single variables: listed per variable (and they imply this one)
             text = _negated_text(guard) if negated else ir.show(guard, 2)
             if text not in clauses:
                 clauses.append(text)
-    out = {k: v for k, v in constraints.items() if k != "where" and k not in item_keys}
+    return clauses
+
+
+def as_written(scenario: ir.Scenario, info: PathInfo) -> PathInfo:
+    """A plain program's path with its `where` said as its decisions are written. Why: the region's
+    own text is the solver's normal form (operands flipped, `let`s inlined, a disjunction of every
+    way past the earlier arms), which is exact but unreadable once several variables are related;
+    the decisions the path takes say the same (`not (Hardship and Remaining > 100) and …`)."""
+    if "where" not in info.constraints:
+        return info
+    relates = scenario.cached_analysis("path_relations", variables_signature(scenario), lambda: _Relations(scenario))
+    clauses = _decision_clauses(scenario, relates, info.stages, info.branches, info.constraints, set())
+    if clauses is None:
+        return info
+    constraints = {k: v for k, v in info.constraints.items() if k != "where"}
     if clauses:
-        out["where"] = " and ".join(clauses)
-    return out
+        constraints["where"] = " and ".join(clauses)
+    return info.model_copy(update={"constraints": constraints})
 
 
 class _Relations:
@@ -868,6 +898,16 @@ class _Relations:
         except (DecideError, ArithmeticError, TypeError, ValueError):
             return False
 
+    def listed(self, names: set[str]) -> bool:
+        """Whether the per-variable constraints can say conditions on these variables (a string's
+        conditions are residual relations: they stay in `where`)."""
+        for name in names:
+            for base in self.base(name):
+                var = self.scenario.variables.get(base)
+                if var is not None and isinstance(var.type, ir.StringType):
+                    return False
+        return True
+
     def readers(self, roots: set[str]) -> set[str]:
         """`roots` and every derived variable that reads one of them, directly or through others."""
         return roots | {v.name for v in self.scenario.variables.values()
@@ -898,8 +938,9 @@ def iter_decisions(scenario: ir.Scenario) -> Iterator[tuple[tuple[str, ...], tup
 
 
 def iter_paths(scenario: ir.Scenario, *, limit: int | None = None,
-               witnesses: bool = True) -> Iterator[PathInfo]:
-    """Feasible paths, lazily, depth-first in declaration order (ranks 1, 2, ...)."""
+               witnesses: bool = True, written: bool = True) -> Iterator[PathInfo]:
+    """Feasible paths, lazily, depth-first in declaration order (ranks 1, 2, ...). `written=False`
+    keeps the region's own `where` (for an analysis form, whose paths `lift_path` reads)."""
     u = _unrolled(scenario)
     ex = explorer_for(u.scenario if u else scenario)
     if limit is not None and limit <= 0:
@@ -907,7 +948,7 @@ def iter_paths(scenario: ir.Scenario, *, limit: int | None = None,
     region_of = ex.prefix_regions()
     for rank, (stages, branches, action) in enumerate(ex.iter_raw(), 1):
         info = ex.make_info(rank, stages, branches, action, region_of(stages, branches), witnesses=witnesses)
-        yield lift_path(info, u) if u else info
+        yield lift_path(info, u) if u else (as_written(scenario, info) if written else info)
         if limit is not None and rank >= limit:
             return
 
@@ -920,14 +961,14 @@ def count_paths(scenario: ir.Scenario) -> PathCount:
 
 
 def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Sequence[int],
-                      *, witnesses: bool = True) -> PathInfo | None:
+                      *, witnesses: bool = True, written: bool = True) -> PathInfo | None:
     """The PathInfo (with its rank) of a decision sequence, or None if it is not a feasible path."""
     u = _unrolled(scenario)
     if u is not None:
         flat_ids = _flat_stage_ids(u, stages, branches)
         if flat_ids is None:
             return None
-        found = path_by_decisions(u.scenario, flat_ids, branches, witnesses=witnesses)
+        found = path_by_decisions(u.scenario, flat_ids, branches, witnesses=witnesses, written=False)
         return lift_path(found, u) if found is not None else None
     ex = explorer_for(scenario)
     ranked = ex.count().complete  # too many paths to count: no rank (the path is named by `walk_id`)
@@ -961,7 +1002,8 @@ def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Se
         if kind == "action":
             if not last:
                 return None
-            return ex.make_info(rank, sidx, list(branches), tgt, witnesses=witnesses)
+            info = ex.make_info(rank, sidx, list(branches), tgt, witnesses=witnesses)
+            return as_written(scenario, info) if written else info
         if last or tgt in nvk:
             return None
         si, region, vk = tgt, creg, nvk
@@ -986,8 +1028,9 @@ def _flat_stage_ids(u: Unrolled, stages: Sequence[str], branches: Sequence[int])
 
 
 def sample_paths(scenario: ir.Scenario, n: int, *, seed: int = 0, weights: Weights = None,
-                 unique: bool = False, witnesses: bool = True) -> list[PathInfo]:
-    """`n` paths drawn at random (see the module docstring for `weights`); deterministic per seed."""
+                 unique: bool = False, witnesses: bool = True, written: bool = True) -> list[PathInfo]:
+    """`n` paths drawn at random (see the module docstring for `weights`); deterministic per seed.
+    `written=False` keeps the region's own `where` (the unrolled form's, which `lift_path` reads)."""
     u = _unrolled(scenario)
     if u is not None:
         if callable(weights):
@@ -998,7 +1041,7 @@ def sample_paths(scenario: ir.Scenario, n: int, *, seed: int = 0, weights: Weigh
                 return user(origin.get(sid, sid), bi)
 
         return [lift_path(info, u) for info in sample_paths(u.scenario, n, seed=seed, weights=weights,
-                                                        unique=unique, witnesses=witnesses)]
+                                                        unique=unique, witnesses=witnesses, written=False)]
     ex = explorer_for(scenario)
     counted = ex.count()
     total = counted.feasible if counted.complete else float("inf")
@@ -1025,7 +1068,8 @@ def sample_paths(scenario: ir.Scenario, n: int, *, seed: int = 0, weights: Weigh
             if key in seen:
                 continue
             seen.add(key)
-        out.append(ex.make_info(rank, stages, branches, action, witnesses=witnesses))
+        info = ex.make_info(rank, stages, branches, action, witnesses=witnesses)
+        out.append(as_written(scenario, info) if written else info)
     return out
 
 

@@ -197,7 +197,13 @@ class ScalarTyping:
         if is_duration(lt) and isinstance(rt, ir.NumType) or is_duration(rt) and isinstance(lt, ir.NumType):
             hint = "give the number a unit, e.g. `Waited > 2 hours`"
         elif is_point(lt) or is_point(rt):
-            hint = "compare a date with a date, e.g. `Booked > now - 24 hours`, or use `days_between(a, b)`"
+            bare = _bare_date(e.right if is_point(lt) else e.left)
+            point = lt if is_point(lt) else rt
+            if bare is not None:  # `Bought >= 2026-01-01`: read as 2026 minus 1 minus 1
+                literal = f'date("{bare}")' if point.kind == "date" else f'datetime("{bare}T00:00")'
+                hint = f"a date constant is written in quotes: `{literal}`"
+            else:
+                hint = "compare a date with a date, e.g. `Booked > now - 24 hours`, or use `days_between(a, b)`"
         self.mismatch(f"comparing {_text(lt)} with {_text(rt)}: `{shown}`", e.span, hint)
         return True
 
@@ -384,3 +390,18 @@ def _witness_note(pattern: str, span: ir.Span) -> list[Diagnostic]:
         return [info("I210", f"no example string that {which} this pattern could be built", span,
                      "synthesis cannot cover the branch that needs one")]
     return []
+
+
+def _bare_date(e: Any) -> str | None:
+    """`2026-01-01` written without `date("…")` parses as the subtraction 2026 - 1 - 1: the date it
+    spells (YYYY-MM-DD from the numbers as written), else None."""
+    if not (isinstance(e, ir.Binary) and e.op == "-" and isinstance(e.left, ir.Binary) and e.left.op == "-"):
+        return None
+    parts = [e.left.left, e.left.right, e.right]
+    if not all(isinstance(p, ir.Lit) and type(p.value) is int for p in parts):
+        return None
+    year, month, day = (p.value for p in parts)
+    if not (1000 <= year <= 9999 and 1 <= month <= 12 and 1 <= day <= 31):
+        return None
+    return f"{year:04d}-{month:02d}-{day:02d}"
+
