@@ -397,10 +397,10 @@ def _bare_date(e: Any) -> str | None:
     spells (YYYY-MM-DD from the numbers as written), else None."""
     if not (isinstance(e, ir.Binary) and e.op == "-" and isinstance(e.left, ir.Binary) and e.left.op == "-"):
         return None
-    parts = [e.left.left, e.left.right, e.right]
-    if not all(isinstance(p, ir.Lit) and type(p.value) is int for p in parts):
+    numbers = [p.value for p in (e.left.left, e.left.right, e.right) if isinstance(p, ir.Lit) and type(p.value) is int]
+    if len(numbers) != 3:
         return None
-    year, month, day = (p.value for p in parts)
+    year, month, day = (int(n) for n in numbers)
     if not (1000 <= year <= 9999 and 1 <= month <= 12 and 1 <= day <= 31):
         return None
     return f"{year:04d}-{month:02d}-{day:02d}"
