@@ -180,7 +180,7 @@ stage s2 "soon?" {
             assert w is not None
             assert decide(sc, w).path == list(info.stages)
     assert "where" in next(iter_paths(sc)).constraints
-    assert "T > now - 1 day" in next(iter_paths(sc)).constraints["where"]
+    assert "T > now - 24 hours" in next(iter_paths(sc)).constraints["where"]  # as the SOP writes it
 
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(-3, 3)), max_size=6),

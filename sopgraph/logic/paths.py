@@ -823,7 +823,7 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
         own = stage.branches[bi].guard
         if own is not None:
             guards.append((own, False))
-        for guard, negated in guards:
+        for guard, negated in _conjuncts(guards):
             reads = set(compile_reads(guard))
             listed = relates.listed(reads)
             if not reads & lists and ((listed and relates.per_variable(guard, not negated))
@@ -833,6 +833,17 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
             if text not in clauses:
                 clauses.append(text)
     return clauses
+
+
+def _conjuncts(guards: list[tuple[Any, bool]]) -> Iterator[tuple[Any, bool]]:
+    """Each (guard, negated) split into the conditions that must all hold: the operands of an `and`
+    taken, of an `or` passed by (`not (A or B)` is `not A` and `not B`), so each is left out or
+    kept on its own (`Loyal and Mood == Calm` next to `Mood = Calm` keeps `Loyal`)."""
+    for guard, negated in guards:
+        if isinstance(guard, ir.BoolOp) and guard.op == ("or" if negated else "and"):
+            yield from _conjuncts([(o, negated) for o in guard.operands])
+        else:
+            yield guard, negated
 
 
 def as_written(scenario: ir.Scenario, info: PathInfo) -> PathInfo:
