@@ -165,3 +165,25 @@ def test_profiles_init_cli_writes_beside_the_sop_and_never_overwrites(tmp_path: 
     assert forced.exit_code == 0 and (tmp_path / "other.yaml").is_file()
     check = runner.invoke(main, ["profiles", "check", str(tmp_path / "tp.profile.yaml"), "--sop", str(sop)])
     assert check.exit_code == 0 and "0 errors" in check.output, check.output
+
+
+def test_a_starter_intent_says_how_a_field_relates_to_the_backend() -> None:
+    """A path decided by a field compared with a system value (the e-mail the caller gives against the one
+    on file) is no "any request" intent matching every path: its intent carries the condition as `when:`,
+    and synthesis gives that intent only the path it describes."""
+    from sopgraph.cases.profiles import parse_profile
+    from sopgraph.cases.scaffold import starter_profile
+    from sopgraph.cases.synth import synthesize
+
+    scenario = sopgraph.load(text='field Given: string "the e-mail the caller gives"\n'
+                                  'field Request: Question | Cancel "Question = asks; Cancel = wants to cancel"\n'
+                                  'system OnFile: string "the e-mail on file"\naction Refuse "r"\naction Explain "e"\n'
+                                  'action End "x"\nstage verify { when Given != OnFile -> do Refuse  otherwise -> ask }\n'
+                                  'stage ask { match Request { Question -> do Explain\n Cancel -> do End } }\n')
+    text, _, _ = starter_profile(scenario)
+    assert '  given_ne_on_file:\n    description: "Where Given != OnFile."\n    when: "Given != OnFile"' in text
+    assert "any_request" not in text
+    profile, diags = parse_profile(text, scenario, file="p.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    cases = synthesize(scenario, profile, 9, seed=1).cases
+    assert {c.expected_finals["Action"] for c in cases if c.intent == "given_ne_on_file"} == {"Refuse"}

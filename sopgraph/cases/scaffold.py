@@ -216,13 +216,33 @@ def _field_requires(scenario: ir.Scenario, constraints: dict[str, str]) -> dict[
     return out
 
 
-def _intent_name(requires: dict[str, Any], taken: set[str]) -> str:
+def _field_relations(scenario: ir.Scenario, info: paths_mod.PathInfo) -> list[str]:
+    """The conditions of a path that relate a classification field to other values (`GivenEmail !=
+    EmailOnFile`, `Claimed > Limit`): part of the customer's situation, which `requires:` (one enum or
+    bool field = a value) cannot say. Conditions on enum and bool fields alone are `requires:`; ones that
+    read a derived variable or a list stay out (the path's own constraints carry them)."""
+    out: list[str] = []
+    for text, reads in paths_mod.decision_conditions(scenario, info.stages, info.branches):
+        found = [scenario.variables.get(n) for n in reads]
+        if any(v is None or v.role == "derived" or isinstance(v.type, (ir.ListType, ir.RecordType)) for v in found):
+            continue
+        fields = [v for v in found if v is not None and v.role == "field"]
+        if fields and not all(isinstance(v.type, (ir.EnumType, ir.BoolType)) for v in found if v is not None):
+            out.append(text)
+    return out
+
+
+def _intent_name(requires: dict[str, Any], taken: set[str], when: list[str] | None = None) -> str:
     parts: list[str] = []
     for name, value in requires.items():
         if isinstance(value, bool):
             parts.append(_snake(name) if value else f"not_{_snake(name)}")
         else:
             parts.append("_or_".join(_snake(v) for v in (value if isinstance(value, list) else [value])))
+    for condition in [] if parts else when or []:  # `GivenEmail != EmailOnFile` -> given_email_ne_email_on_file
+        words = re.findall(r"[^\W\d]\w*|[<>=!]=?", condition)
+        ops = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "not": "not"}
+        parts.append("_".join(ops.get(w, _snake(w)) for w in words if w not in ("and", "or", "in")))
     base = "_".join(parts)[:48].rstrip("_") or "any_request"
     name, n = base, 1
     while name in taken:
@@ -236,8 +256,9 @@ def _snake(text: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(text)).lower()
 
 
-def _starter_description(scenario: ir.Scenario, requires: dict[str, Any]) -> str:
-    """Words for the customer's situation from the fields' own `Value = meaning` descriptions."""
+def _starter_description(scenario: ir.Scenario, requires: dict[str, Any], when: list[str] | None = None) -> str:
+    """Words for the customer's situation from the fields' own `Value = meaning` descriptions (and the
+    conditions of `when:`, as written)."""
     bits: list[str] = []
     for name, value in requires.items():
         var = scenario.variables[name]
@@ -247,6 +268,7 @@ def _starter_description(scenario: ir.Scenario, requires: dict[str, Any]) -> str
         values = value if isinstance(value, list) else [value]
         said = [value_meaning(var, v) or f"{_snake(name).replace('_', ' ')} {v}" for v in values]
         bits.append(" or ".join(said))
+    bits += [f"where {c}" for c in when or []]
     text = "; ".join(bits) or "any request this SOP handles"
     return text[:1].upper() + text[1:] + "."
 
@@ -262,8 +284,9 @@ def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
     for info in paths_mod.iter_paths(scenario, limit=_PATHS_READ, witnesses=False):
         read += 1
         requires = _field_requires(scenario, info.constraints)
-        key = json.dumps(requires, sort_keys=True)
-        group = groups.setdefault(key, {"requires": requires, "paths": [], "actions": []})
+        when = _field_relations(scenario, info)
+        key = json.dumps([requires, when], sort_keys=True)
+        group = groups.setdefault(key, {"requires": requires, "when": when, "paths": [], "actions": []})
         group["paths"].append(info.id)
         if info.action not in group["actions"]:
             group["actions"].append(info.action)
@@ -280,10 +303,12 @@ def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
     for group in ranked:
         shown = ", ".join(group["paths"][:6]) + (", …" if len(group["paths"]) > 6 else "")
         lines.append(f"  # paths {shown} -> {', '.join(group['actions'])}")
-        lines.append(f"  {_intent_name(group['requires'], taken)}:")
-        lines.append(f"    description: {json.dumps(_starter_description(scenario, group['requires']), ensure_ascii=False)}")
+        lines.append(f"  {_intent_name(group['requires'], taken, group['when'])}:")
+        lines.append(f"    description: {json.dumps(_starter_description(scenario, group['requires'], group['when']), ensure_ascii=False)}")
         if group["requires"]:
             lines.append(f"    requires: {json.dumps(group['requires'], ensure_ascii=False)}")
+        if group["when"]:
+            lines.append(f"    when: {json.dumps(' and '.join(group['when']), ensure_ascii=False)}")
     if len(groups) > len(ranked):
         lines.append(f"  # {len(groups) - len(ranked)} rarer combinations left out (synthesis covers their paths "
                      "with generated intents)")

@@ -32,6 +32,8 @@ Public API (stable; the synthesis engineer builds on it):
   `unique=True` draws distinct paths. Deterministic for a seed.
 - `path_by_decisions(scenario, stages, branches) -> PathInfo | None` — the record (and rank) of one
   decision sequence, computed from the counts (e.g. for the engine's answer on given values).
+- `decision_conditions(scenario, stages, branches)` — the single conditions a path's decisions state,
+  as written, with the variables each reads.
 - `trace(scenario, values) -> (stage ids, branch indices)` — the engine's decisions for values;
   `verify(scenario, values, stages, branches) -> finals | None` — the check every witness passes.
 - `explorer_for(scenario)` — the memoised machinery behind all of the above (`full_region(stage
@@ -844,6 +846,28 @@ def _conjuncts(guards: list[tuple[Any, bool]]) -> Iterator[tuple[Any, bool]]:
             yield from _conjuncts([(o, negated) for o in guard.operands])
         else:
             yield guard, negated
+
+
+def decision_conditions(scenario: ir.Scenario, stages: Sequence[str],
+                        branches: Sequence[int]) -> list[tuple[str, frozenset[str]]]:
+    """The single conditions a plain program's path states (`_conjuncts` of each earlier arm negated
+    and of the arm taken), as written, each with the variables it reads (derived ones by name); []
+    when the path does not fit the program. For tools that reuse a path's own words (a starter profile's
+    `when:`)."""
+    out: list[tuple[str, frozenset[str]]] = []
+    for sid, bi in zip(stages, branches, strict=True):
+        stage = scenario.stages.get(sid)
+        if stage is None or bi >= len(stage.branches):
+            return []
+        guards = [(b.guard, True) for b in stage.branches[:bi] if b.guard is not None]
+        own = stage.branches[bi].guard
+        if stage.kind != "goto" and own is not None:
+            guards.append((own, False))
+        for guard, negated in _conjuncts(guards if stage.kind != "goto" else []):
+            text = _negated_text(guard) if negated else ir.show(guard, 2)
+            if all(text != t for t, _ in out):
+                out.append((text, frozenset(compile_reads(guard))))
+    return out
 
 
 def as_written(scenario: ir.Scenario, info: PathInfo) -> PathInfo:
