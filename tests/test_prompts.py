@@ -347,3 +347,16 @@ def test_cli_prompt_errors(tmp_path):
     assert res.exit_code == 1 and "not a valid case" in res.output and "Traceback" not in res.output
     res = runner.invoke(main, ["prompt", str(TELECOM), "--case", str(tmp_path / "missing.json")])
     assert res.exit_code == 1 and "cannot read case file" in res.output
+
+
+def test_a_retry_line_without_a_condition_reads_as_each_time_up_to_its_bound() -> None:
+    """`-> do Remind -> check up to 2 times` then `otherwise`: the agent reads when the line applies and its bound."""
+    from sopgraph.simulation.prompts import sop_flow_text
+
+    sc = sopgraph.load(text='system Ok: bool "o"\naction Remind "r"\naction Done "d"\naction Human "h"\n'
+                            'stage check { observe Ok\n when Ok -> do Done\n otherwise -> retry }\n'
+                            'stage retry { -> do Remind -> check up to 2 times\n otherwise -> do Human }\n')
+    text = sop_flow_text(sc)
+    assert ("  - each time → carry out Remind, then go to check (at most 2 times in this conversation; "
+            "after that, skip this line)") in text
+    assert "  - otherwise → final action Human (end)" in text

@@ -331,7 +331,7 @@ def _stage_block(scenario: ir.Scenario, number: int, stage: ir.Stage, numbered: 
     for branch in stage.branches:
         cond = "otherwise" if branch.guard is None else "if " + plain(branch.guard, scenario)
         if branch.guard is None and branch.limit is not None and branch is stage.branches[0]:
-            cond = "first"
+            cond = "each time"  # a retry line without a condition: taken until its bound is spent
         bound = ""
         if branch.limit is not None:
             bound = (f" (at most {branch.limit} time{'s' if branch.limit != 1 else ''} in this conversation; "
