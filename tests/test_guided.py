@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from fakeserver import Behavior, FakeServer, RecordedRequest
 
 import sopgraph
-from sopgraph.cases.profiles import profile_for
+from sopgraph.cases.profiles import default_profile, profile_for
 from sopgraph.cases.synth import synthesize
 from sopgraph.cli import main
 from sopgraph.simulation.agents import agent_kind
@@ -244,3 +244,23 @@ def test_guided_reports_the_actions_its_walk_carries_out(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     row = json.loads(res.output)["groups"][0]
     assert row["metrics"]["trace_recall"]["value"] == 1.0 and row["metrics"]["tau2_pass"]["value"] == 1.0
+
+
+def test_guided_floor_takes_a_free_form_value_the_customer_states(tmp_path) -> None:
+    """A decision on a string field (the e-mail the caller gives against the one on file): the floor model
+    has no list to pick from, so it takes what the customer said (`Given email: …`). Before, it asked again
+    on every turn and no dialogue ever reached an action."""
+    sop = sopgraph.load(text='field Given: string "the e-mail the caller gives"\n'
+                             'system OnFile: string "the e-mail on file"\naction Refuse "r" [ends_dialogue]\n'
+                             'action Help "h" [ends_dialogue]\n'
+                             'stage verify { classify Given\n when Given != OnFile -> do Refuse\n otherwise -> do Help }\n')
+    cases = list(synthesize(sop, default_profile(sop), 4, seed=2, min_per_path=1).cases)
+    assert {c.expected_finals["Action"] for c in cases} == {"Refuse", "Help"}
+    out = tmp_path / "guided"
+    run_sync(sop, cases, ["agent=baseline/guided:baseline/random-path"], str(out), trials=1, progress=False,
+             judge_turns="final")
+    by = _turns(out)
+    for case in cases:
+        last = by[f"{case.id}#0"][-1]
+        assert last.output.classification_output.get("Given") == case.truth["Given"]
+        assert last.output.finals.get("Action") == case.expected_finals["Action"]

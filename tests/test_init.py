@@ -178,11 +178,15 @@ def test_a_starter_intent_says_how_a_field_relates_to_the_backend() -> None:
     scenario = sopgraph.load(text='field Given: string "the e-mail the caller gives"\n'
                                   'field Request: Question | Cancel "Question = asks; Cancel = wants to cancel"\n'
                                   'system OnFile: string "the e-mail on file"\naction Refuse "r"\naction Explain "e"\n'
-                                  'action End "x"\nstage verify { when Given != OnFile -> do Refuse  otherwise -> ask }\n'
-                                  'stage ask { match Request { Question -> do Explain\n Cancel -> do End } }\n')
+                                  'action End "x"\nsystem Paid: bool "p"\naction Charge "c"\n'
+                                  'stage verify { when Given != OnFile -> do Refuse  otherwise -> ask }\n'
+                                  'stage ask { match Request { Question -> do Explain\n Cancel -> do Charge -> paid } }\n'
+                                  'stage paid { observe Paid\n when Paid -> do End\n otherwise -> do Refuse }\n')
     text, _, _ = starter_profile(scenario)
-    assert '  given_ne_on_file:\n    description: "Where Given != OnFile."\n    when: "Given != OnFile"' in text
+    assert ('  given_ne_on_file:\n    description: "The e-mail the caller gives is not the e-mail on file."\n'
+            '    when: "Given != OnFile"') in text  # said in the variables' words: the simulated user speaks it
     assert "any_request" not in text
+    assert "  Paid: {user_knows: false}" in text  # an observed value is the backend's news, not the customer's
     profile, diags = parse_profile(text, scenario, file="p.yaml")
     assert profile is not None and not [d for d in diags if d.is_error]
     cases = synthesize(scenario, profile, 9, seed=1).cases

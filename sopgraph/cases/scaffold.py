@@ -13,6 +13,7 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.program import value_meaning
 from sopgraph.logic import paths as paths_mod
+from sopgraph.logic.guards import NEGATED_OP
 
 NAME_RE = re.compile(r"^[^\W\d]\w*$")
 
@@ -216,19 +217,41 @@ def _field_requires(scenario: ir.Scenario, constraints: dict[str, str]) -> dict[
     return out
 
 
-def _field_relations(scenario: ir.Scenario, info: paths_mod.PathInfo) -> list[str]:
+_OP_WORDS = {"==": "is", "!=": "is not", "<": "is less than", "<=": "is at most", ">": "is more than",
+             ">=": "is at least"}
+
+
+def _relation_words(scenario: ir.Scenario, guard: Any, negated: bool) -> str | None:
+    """`GivenEmail != EmailOnFile` in the words of the two variables' descriptions ("the account e-mail
+    address the caller gives is not the e-mail address on the account"): what the simulated customer
+    says of their situation, which must not be code. None for other shapes."""
+    if not isinstance(guard, ir.Compare):
+        return None
+    op = NEGATED_OP[guard.op] if negated else guard.op
+
+    def side(e: Any) -> str:
+        var = scenario.variables.get(e.name) if isinstance(e, ir.Var) else None
+        if var is not None:
+            desc = " ".join(var.description.split()).split(". ")[0].rstrip(".")
+            return (desc[:1].lower() + desc[1:]) if desc else _snake(var.name).replace("_", " ")
+        return ir.show(e)
+
+    return f"{side(guard.left)} {_OP_WORDS.get(op, op)} {side(guard.right)}"
+
+
+def _field_relations(scenario: ir.Scenario, info: paths_mod.PathInfo) -> list[tuple[str, str | None]]:
     """The conditions of a path that relate a classification field to other values (`GivenEmail !=
     EmailOnFile`, `Claimed > Limit`): part of the customer's situation, which `requires:` (one enum or
     bool field = a value) cannot say. Conditions on enum and bool fields alone are `requires:`; ones that
     read a derived variable or a list stay out (the path's own constraints carry them)."""
-    out: list[str] = []
-    for text, reads in paths_mod.decision_conditions(scenario, info.stages, info.branches):
+    out: list[tuple[str, str | None]] = []
+    for text, reads, guard, negated in paths_mod.decision_conditions(scenario, info.stages, info.branches):
         found = [scenario.variables.get(n) for n in reads]
         if any(v is None or v.role == "derived" or isinstance(v.type, (ir.ListType, ir.RecordType)) for v in found):
             continue
         fields = [v for v in found if v is not None and v.role == "field"]
         if fields and not all(isinstance(v.type, (ir.EnumType, ir.BoolType)) for v in found if v is not None):
-            out.append(text)
+            out.append((text, _relation_words(scenario, guard, negated)))
     return out
 
 
@@ -256,9 +279,9 @@ def _snake(text: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(text)).lower()
 
 
-def _starter_description(scenario: ir.Scenario, requires: dict[str, Any], when: list[str] | None = None) -> str:
-    """Words for the customer's situation from the fields' own `Value = meaning` descriptions (and the
-    conditions of `when:`, as written)."""
+def _starter_description(scenario: ir.Scenario, requires: dict[str, Any], relations: list[str] | None = None) -> str:
+    """Words for the customer's situation from the fields' own `Value = meaning` descriptions; an intent
+    known only by how a field relates to other values (`when:`) is said in the variables' words."""
     bits: list[str] = []
     for name, value in requires.items():
         var = scenario.variables[name]
@@ -268,7 +291,8 @@ def _starter_description(scenario: ir.Scenario, requires: dict[str, Any], when: 
         values = value if isinstance(value, list) else [value]
         said = [value_meaning(var, v) or f"{_snake(name).replace('_', ' ')} {v}" for v in values]
         bits.append(" or ".join(said))
-    bits += [f"where {c}" for c in when or []]
+    if not bits:
+        bits = list(relations or [])
     text = "; ".join(bits) or "any request this SOP handles"
     return text[:1].upper() + text[1:] + "."
 
@@ -284,9 +308,11 @@ def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
     for info in paths_mod.iter_paths(scenario, limit=_PATHS_READ, witnesses=False):
         read += 1
         requires = _field_requires(scenario, info.constraints)
-        when = _field_relations(scenario, info)
+        relations = _field_relations(scenario, info)
+        when = [text for text, _ in relations]
         key = json.dumps([requires, when], sort_keys=True)
-        group = groups.setdefault(key, {"requires": requires, "when": when, "paths": [], "actions": []})
+        group = groups.setdefault(key, {"requires": requires, "when": when, "paths": [], "actions": [],
+                                        "words": [w for _, w in relations if w]})
         group["paths"].append(info.id)
         if info.action not in group["actions"]:
             group["actions"].append(info.action)
@@ -304,7 +330,7 @@ def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
         shown = ", ".join(group["paths"][:6]) + (", …" if len(group["paths"]) > 6 else "")
         lines.append(f"  # paths {shown} -> {', '.join(group['actions'])}")
         lines.append(f"  {_intent_name(group['requires'], taken, group['when'])}:")
-        lines.append(f"    description: {json.dumps(_starter_description(scenario, group['requires'], group['when']), ensure_ascii=False)}")
+        lines.append(f"    description: {json.dumps(_starter_description(scenario, group['requires'], group['words']), ensure_ascii=False)}")
         if group["requires"]:
             lines.append(f"    requires: {json.dumps(group['requires'], ensure_ascii=False)}")
         if group["when"]:
@@ -316,6 +342,6 @@ def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
     if system:
         lines += ["", "variables:  # user_knows: whether the simulated customer knows the value (default: not hidden)"]
         for var in system:
-            knows = "false" if var.hidden else "true"
+            knows = "false" if var.hidden or var.observed else "true"  # an observed value is the backend's news
             lines.append(f"  {var.name}: {{user_knows: {knows}}}")
     return "\n".join(lines) + "\n", len(ranked), read

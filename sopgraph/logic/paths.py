@@ -849,12 +849,12 @@ def _conjuncts(guards: list[tuple[Any, bool]]) -> Iterator[tuple[Any, bool]]:
 
 
 def decision_conditions(scenario: ir.Scenario, stages: Sequence[str],
-                        branches: Sequence[int]) -> list[tuple[str, frozenset[str]]]:
+                        branches: Sequence[int]) -> list[tuple[str, frozenset[str], Any, bool]]:
     """The single conditions a plain program's path states (`_conjuncts` of each earlier arm negated
-    and of the arm taken), as written, each with the variables it reads (derived ones by name); []
-    when the path does not fit the program. For tools that reuse a path's own words (a starter profile's
-    `when:`)."""
-    out: list[tuple[str, frozenset[str]]] = []
+    and of the arm taken): each as written, the variables it reads (derived ones by name), the guard and
+    whether the path passes it by (negated); [] when the path does not fit the program. For tools that
+    reuse a path's own words (a starter profile's `when:`)."""
+    out: list[tuple[str, frozenset[str], Any, bool]] = []
     for sid, bi in zip(stages, branches, strict=True):
         stage = scenario.stages.get(sid)
         if stage is None or bi >= len(stage.branches):
@@ -865,8 +865,8 @@ def decision_conditions(scenario: ir.Scenario, stages: Sequence[str],
             guards.append((own, False))
         for guard, negated in _conjuncts(guards if stage.kind != "goto" else []):
             text = _negated_text(guard) if negated else ir.show(guard, 2)
-            if all(text != t for t, _ in out):
-                out.append((text, frozenset(compile_reads(guard))))
+            if all(text != t for t, *_ in out):
+                out.append((text, frozenset(compile_reads(guard)), guard, negated))
     return out
 
 

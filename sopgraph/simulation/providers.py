@@ -270,7 +270,8 @@ def _guided_reply(messages: Messages, context: Context, chat_key: str,
         return _dumps({"chat": _CHAT[lang][chat_key].format(action=action)})
     heard = _texts(messages, "user")
     fields = _fields(context)
-    values = {str(n): (pick(str(n), fields.get(str(n)) or []) if any(_names(t, str(n)) for t in heard) else None)
+    values = {str(n): ((pick(str(n), fields[str(n)]) if fields.get(str(n)) else _stated(heard, str(n)))
+                       if any(_names(t, str(n)) for t in heard) else None)
               for n in _as_list(guided.get("needs"))}
     open_ = [n for n, v in values.items() if v is None]
     if open_:
@@ -280,6 +281,23 @@ def _guided_reply(messages: Messages, context: Context, chat_key: str,
     else:
         chat = "Thank you, one moment please." if lang == "en" else "谢谢，请稍等。"
     return _dumps({"values": values, "chat": chat})
+
+
+def _stated(heard: list[str], name: str) -> Any:
+    """The value the customer stated for `name` (a string, number or date: no list of values to pick
+    from) as `Label: value.` or `my label is value.` (`我的label是value。`), the latest statement first; None when none is found. Why: a floor agent
+    cannot guess a free-form value, and without it a guided decision on one would wait forever."""
+    said = re.compile(rf"(?:{re.escape(_label(name))}|{re.escape(str(name))})(?:\s*[:：]\s*|\s+is\s+|是)"
+                      r"(.+?)\s*(?:\.(?:\s|$)|。|$)", re.IGNORECASE)
+    for text in reversed(heard):
+        m = said.search(text)
+        if m is None or not m.group(1):
+            continue
+        try:
+            return json.loads(m.group(1))
+        except ValueError:
+            return m.group(1)
+    return None
 
 
 def _first_value(name: str, allowed: list[Any]) -> Any:
