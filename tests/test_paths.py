@@ -606,3 +606,29 @@ def test_solved_moments_are_placed_near_the_reference_not_in_1970() -> None:
             moments = [w["LostAt"], w["now"], *(t["at"] for t in w["Txns"])]
             assert all(m.startswith(("2025-", "2026-")) for m in moments), (p.id, moments)
             assert decide(sc, w).finals["Action"] == p.action
+
+
+def test_where_leaves_out_what_the_path_s_own_equalities_settle() -> None:
+    """`Tier != High` next to `Tier == Medium`, and `not (Tier == Medium and Mood == Distressed)` next to
+    `Mood = Calm`, say nothing more: the path's decisions as written, without them."""
+    sc = load_text("""
+        field Mood: Calm | Distressed "m"
+        system A: bool "a"
+        system B: bool "b"
+        let Score = count(A, B)
+        let Tier = case { when Score >= 2 -> High  when Score >= 1 -> Medium  otherwise -> Low }
+        action Block "b"
+        action Human "h"
+        action Note "n"
+        stage s {
+            when Tier == High -> do Block
+            when Tier == Medium and Mood == Distressed -> do Human
+            when Tier == Medium -> do Note
+            otherwise -> do Note
+        }
+    """)
+    wheres = {tuple(p.labels): p.constraints.get("where") for p in iter_paths(sc)}
+    assert wheres[("Tier == Medium and Mood == Distressed",)] == "Tier == Medium"
+    assert wheres[("Tier == Medium",)] == "Tier == Medium"
+    other = next(p for p in iter_paths(sc) if p.labels == ["otherwise"])
+    assert other.constraints == {"A": "false", "B": "false"}  # the inputs' values settle every passed-by arm

@@ -814,7 +814,7 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
     """The conditions a path's decisions state, as the SOP writes them: each earlier arm of a stage
     negated, then the arm taken. Conditions that the per-variable constraints already say exactly
     (and that read no list in `lists`) are left out. None when the path does not fit `src`."""
-    clauses: list[str] = []
+    pairs: list[tuple[Any, bool]] = []
     for sid, bi in zip(stages, branches, strict=True):
         stage = src.stages.get(sid)
         if stage is None or bi >= len(stage.branches):
@@ -825,16 +825,56 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
         own = stage.branches[bi].guard
         if own is not None:
             guards.append((own, False))
-        for guard, negated in _conjuncts(guards):
-            reads = set(compile_reads(guard))
-            listed = relates.listed(reads)
-            if not reads & lists and ((listed and relates.per_variable(guard, not negated))
-                                      or relates.implied(guard, not negated, constraints)):
-                continue  # constraints on single variables: listed per variable (and they imply this one)
-            text = _negated_text(guard) if negated else ir.show(guard, 2)
-            if text not in clauses:
-                clauses.append(text)
+        pairs += _conjuncts(guards)
+    known: dict[str, Any] = {}
+    for name, text in constraints.items():  # one value left by the per-variable constraints (`Mood = Calm`)
+        var = src.variables.get(name)
+        if var is not None and isinstance(var.type, ir.EnumType) and text in var.type.values:
+            known[name] = text
+        elif var is not None and isinstance(var.type, ir.BoolType) and text in ("true", "false"):
+            known[name] = text == "true"
+    known.update(e for e in (_equality(g, n) for g, n in pairs) if e is not None)
+    clauses: list[str] = []
+    for guard, negated in pairs:
+        reads = set(compile_reads(guard))
+        listed = relates.listed(reads)
+        if not reads & lists and ((listed and relates.per_variable(guard, not negated))
+                                  or relates.implied(guard, not negated, constraints)):
+            continue  # constraints on single variables: listed per variable (and they imply this one)
+        if _settled(guard, negated, known):
+            continue  # `Tier != High` next to `Tier == Medium`
+        text = _negated_text(guard) if negated else ir.show(guard, 2)
+        if text not in clauses:
+            clauses.append(text)
     return clauses
+
+
+def _equality(guard: Any, negated: bool) -> tuple[str, Any] | None:
+    """(name, value) when the condition says a variable equals one value (`Tier == High`, a passed-by
+    `Tier != High`, `Report in {Lost}`); else None."""
+    if isinstance(guard, ir.Compare) and guard.op in ("==", "!=") and (guard.op == "==") != negated:
+        if isinstance(guard.left, ir.Var) and isinstance(guard.right, ir.Lit):
+            return guard.left.name, guard.right.value
+        if isinstance(guard.right, ir.Var) and isinstance(guard.left, ir.Lit):
+            return guard.right.name, guard.left.value
+    if (isinstance(guard, ir.InSet) and isinstance(guard.operand, ir.Var) and len(guard.values) == 1
+            and guard.negated == negated):
+        return guard.operand.name, guard.values[0].value
+    return None
+
+
+def _settled(guard: Any, negated: bool, known: Mapping[str, Any]) -> bool:
+    """Whether the equalities the path states (`known`) already make this condition hold: `Tier !=
+    High`, or `not (Tier == High and …)`, next to `Tier == Medium`."""
+    parts = guard.operands if negated and isinstance(guard, ir.BoolOp) and guard.op == "and" else [guard]
+    for part in parts:  # one operand of a passed-by `and` that cannot hold settles the whole
+        eq = _equality(part, False)  # the operand as stated: `X == w`
+        if eq is not None and eq[0] in known and known[eq[0]] != eq[1] and (negated or part is not guard):
+            return True
+        ne = _equality(part, True)  # `X != w` taken
+        if ne is not None and not negated and part is guard and ne[0] in known and known[ne[0]] != ne[1]:
+            return True
+    return False
 
 
 def _conjuncts(guards: list[tuple[Any, bool]]) -> Iterator[tuple[Any, bool]]:
