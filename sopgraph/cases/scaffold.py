@@ -247,8 +247,10 @@ def _field_relations(scenario: ir.Scenario, info: paths_mod.PathInfo) -> list[tu
     out: list[tuple[str, str | None]] = []
     for text, reads, guard, negated in paths_mod.decision_conditions(scenario, info.stages, info.branches):
         found = [scenario.variables.get(n) for n in reads]
-        if any(v is None or v.role == "derived" or isinstance(v.type, (ir.ListType, ir.RecordType)) for v in found):
-            continue
+        if (not isinstance(guard, ir.Compare) or len(found) < 2
+                or any(v is None or v.role == "derived" or isinstance(v.type, (ir.ListType, ir.RecordType))
+                       for v in found)):
+            continue  # a relation between a field and other values, nothing else
         fields = [v for v in found if v is not None and v.role == "field"]
         if fields and not all(isinstance(v.type, (ir.EnumType, ir.BoolType)) for v in found if v is not None):
             out.append((text, _relation_words(scenario, guard, negated)))
