@@ -111,9 +111,9 @@ def test_branch_edges_and_labels(telecom, tricky):
     assert len(re.findall(r'^\s*"step5" -> ', dot, re.M)) == 2
     # two branches into the same action with the same outputs: one edge, conditions joined by "or"
     tdot = R.to_dot(tricky)
-    assert label_of(tdot, "s2", "action:Hand") == "Kind == B\\nor Angry"
+    assert label_of(tdot, "s2", "action:Hand") == "2. Kind == B\\nor 3. Angry"  # numbered: the order decides
     # an assigned output is shown on the edge, under its condition
-    assert label_of(tdot, "s2", "action:Comfort+Compensation") == "Kind == A and Amount > 100\\n[Charge = Fee]"
+    assert label_of(tdot, "s2", "action:Comfort+Compensation") == "1. Kind == A\\nand Amount > 100\\n[Charge = Fee]"
 
 
 BRANCHES = """
@@ -332,7 +332,7 @@ def test_mermaid_escaping(tricky):
     text = R.to_mermaid(tricky)
     assert 'a_Comfort_Compensation("Comfort+Compensation<br/>#91;moves_money#93;")' in text
     assert 'Intro #quot;quoted#quot;' in text
-    assert 's2 -->|"Kind == B<br/>or Angry"| a_Hand' in text
+    assert 's2 -->|"2. Kind == B<br/>or 3. Angry"| a_Hand' in text  # a when ladder: numbered
     assert 'Amount #gt; 100' in text
     assert R.mermaid_text('<a href="x">#1|{}</a>') == "#lt;a href=#quot;x#quot;#gt;#35;1#124;#123;#125;#lt;/a#gt;"
 
@@ -422,3 +422,21 @@ def test_cli_render_heat(tmp_path):
     heat.write_text('{"edges": [["step1", "step2"]]}')
     res = CliRunner().invoke(main, ["render", str(TELECOM), "--heat", str(heat)])
     assert res.exit_code == 1 and "[from, to, count]" in res.output
+
+
+def test_a_when_ladder_numbers_its_conditions_a_match_does_not() -> None:
+    """In a `when` stage the first condition that holds decides, and the layout does not keep the order:
+    each condition is drawn after its place (`2. Days > 30`); a `match` (exclusive values) is not numbered."""
+    from sopgraph.language.render import to_dot
+
+    sc = sopgraph.load(text='system Pending: bool "p"\nsystem Days: int[0..400] "d"\nfield R: A | B "r"\n'
+                            'action X "x"\naction Y "y"\naction Z "z"\n'
+                            'stage s { match R { A -> t\n B -> do Z } }\n'
+                            'stage t { when Pending -> do X\n when Days > 30 -> do Y\n otherwise -> do Z }\n')
+    dot = to_dot(sc)
+    assert 'label="1. Pending"' in dot and 'label="2. Days > 30"' in dot
+    assert 'label="A"' in dot and 'label="otherwise"' in dot and "3. otherwise" not in dot  # bare: a match value, otherwise
+    assert "the order a stage checks its conditions in" in dot
+    plain = to_dot(sopgraph.load(text='field R: A | B "r"\naction X "x"\naction Z "z"\n'
+                                      'stage s { match R { A -> do X\n B -> do Z } }\n'))
+    assert "the order a stage checks" not in plain

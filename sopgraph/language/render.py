@@ -118,10 +118,12 @@ def edge_groups(data: Mapping[str, Any]) -> list[list[Mapping[str, Any]]]:
     return list(groups.values()) or [[]]
 
 
-def group_text(group: Sequence[Mapping[str, Any]], *, wrap: bool = True) -> str:
-    """One drawn edge's label: its conditions joined by "or" (each wrapped), then the outputs it assigns."""
-    guards = [str(b.get("guard") or "") for b in group]
-    guards = [g for g in guards if g]
+def group_text(group: Sequence[Mapping[str, Any]], *, wrap: bool = True, numbered: bool = False) -> str:
+    """One drawn edge's label: its conditions joined by "or" (each wrapped), then the outputs it assigns.
+    `numbered`: each condition after its place in the stage's ladder (`2. PriorDisputes >= 5`), since in a
+    `when` stage the first that holds decides and the layout does not keep their order."""
+    guards = [(f"{int(b.get('index', 0)) + 1}. " if numbered and b.get("guard") not in (None, "", "otherwise") else "")
+              + str(b.get("guard") or "") for b in group if b.get("guard")]
     lines = [(_wrap(g) if wrap else g) for g in guards]
     text = "\nor ".join(lines)
     steps = group[0].get("steps") if group else None
@@ -386,7 +388,7 @@ def _legend_html(g: nx.DiGraph, scenario: ir.Scenario, hot: _Heat | None) -> str
     return "".join(cells)
 
 
-def _graph_label(title: str, summary: str, legend: str) -> str:
+def _graph_label(title: str, summary: str, legend: str, ordered: bool = False) -> str:
     rows = [f'<tr><td align="left"><font point-size="15">{_html(title)}</font></td></tr>']
     if summary:
         rows.append(f'<tr><td align="left"><font point-size="11">{_html(summary)}</font></td></tr>')
@@ -394,6 +396,8 @@ def _graph_label(title: str, summary: str, legend: str) -> str:
                 f"<tr>{legend}</tr></table></font></td></tr>")
     note = ("Text on a line: the condition of that branch (&quot;or&quot;: any of several branches);"
             '<br align="left"/>[X = v]: the output that branch sets.')
+    if ordered:
+        note += '<br align="left"/>1., 2., …: the order a stage checks its conditions in (the first that holds decides).'
     if summary:
         note += " Heat: a leaf keeps its risk colour as its border."
     rows.append(f'<tr><td align="left"><font point-size="10">{note}<br align="left"/></font></td></tr>')
@@ -424,7 +428,7 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
             ("rankdir", "TB"), ("newrank", "true"), ("nodesep", "0.22"), ("ranksep", "0.28"),
             ("size", MAX_SIZE_IN),
             ("fontname", FONT), ("labelloc", "t"), ("labeljust", "l"))),
-        f"  label={_graph_label(title, summary, _legend_html(g, scenario, hot))};",
+        f"  label={_graph_label(title, summary, _legend_html(g, scenario, hot), any(_ordered(scenario, n) for n in g))};",
         f'  node [fontname="{FONT}", fontsize="11"];',
         f'  edge [fontname="{FONT}", fontsize="9", color="#555555", arrowsize="0.7"];',
     ]
@@ -450,9 +454,10 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
     for u, v, data in g.edges(data=True):
         count = hot.edge(u, v) if hot is not None else None
         groups = edge_groups(data)
+        numbered = _ordered(scenario, u)
         for k, group in enumerate(groups):
-            text = group_text(group)
-            full = group_text(group, wrap=False)
+            text = group_text(group, numbered=numbered)
+            full = group_text(group, wrap=False, numbered=numbered)
             tooltip = f"{u} -> {v}" + ("\n" + full if full else "")
             note = _heat_note(count, len(groups))
             eattrs: dict[str, Any] = {"tooltip": tooltip}
@@ -482,6 +487,13 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
     lines += edge_lines
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _ordered(scenario: ir.Scenario, node: str) -> bool:
+    """Whether `node` is a `when` stage with two or more conditions: their order decides."""
+    stage = scenario.stages.get(node)
+    return (stage is not None and stage.kind == "when"
+            and sum(1 for b in stage.branches if b.guard is not None) >= 2)
 
 
 def dot_binary() -> str | None:
@@ -613,7 +625,7 @@ def to_mermaid(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *,
     for u, v, data in g.edges(data=True):
         groups = edge_groups(data)
         for group in groups:
-            label = group_text(group)
+            label = group_text(group, numbered=_ordered(scenario, u))
             if hot is not None:
                 count = hot.edge(u, v)
                 note = _heat_note(count, len(groups))
