@@ -129,6 +129,26 @@ def test_match_values_and_lets_are_searched() -> None:
     assert "`Spent >= 800` instead of `Spent >= 1000` at let Loyal explains 1/2" in described
 
 
+def test_a_condition_the_decisions_do_not_follow_is_suggested_dropped() -> None:
+    """The log hands every medium-risk report to a specialist, calm or not: the SOP's extra `and Mood ==
+    Distressed` is the edit that explains the rows without breaking any (a flip of it breaks the others)."""
+    scenario = _load("""
+        field Mood: Calm | Distressed
+        system Risk: int[0..10]
+        action Specialist
+        action Open
+        stage s1 { when Risk >= 5 and Mood == Distressed -> do Specialist  otherwise -> do Open }
+    """)
+    rows = [{"Mood": "Calm", "Risk": 6, "want": "Specialist", "_line": 2},
+            {"Mood": "Distressed", "Risk": 7, "want": "Specialist", "_line": 3},
+            {"Mood": "Calm", "Risk": 2, "want": "Open", "_line": 4},
+            {"Mood": "Distressed", "Risk": 1, "want": "Open", "_line": 5}]
+    report = validate(scenario, rows, expect={"Action": "want"})
+    (group,) = report.groups
+    assert group.rows == [2]
+    assert group.candidates[0].describe() == "`Risk >= 5` instead of `Risk >= 5 and Mood == Distressed` at stage s1 explains 1/1"
+
+
 def test_budget_bounds_the_search() -> None:
     scenario = _load("""
         system N: int

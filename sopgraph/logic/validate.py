@@ -490,7 +490,7 @@ class Candidate(BaseModel):
 
     stage: str
     where: str  # "stage s6" or "let Eligible"
-    kind: str  # threshold | operator | flip | arm-order | match-value
+    kind: str  # threshold | operator | flip | arm-order | match-value | drop
     before: str
     after: str
     fixes: int = 0
@@ -514,6 +514,24 @@ class Candidate(BaseModel):
 Edit = Callable[[ir.Scenario], ir.Scenario]
 _FLIP = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "==": "!=", "!=": "=="}
 _STRICT = {"<": "<=", "<=": "<", ">": ">=", ">=": ">"}
+
+
+def _bool_ops(expr: Any) -> Iterator[ir.BoolOp]:
+    if isinstance(expr, ir.BoolOp):
+        yield expr
+    for child in ir.children(expr):
+        yield from _bool_ops(child)
+
+
+def _drop_edits(op: ir.BoolOp) -> Iterator[tuple[str, str, str, Any]]:
+    """(kind, before, after, new node): the `and`/`or` without one of its conditions (`Tier == Medium`
+    for `Tier == Medium and Mood == Distressed`): a condition the SOP adds that the decisions do not
+    follow, or one they follow that the SOP lacks (an `or` too wide)."""
+    before = show_expr(op)
+    for i in range(len(op.operands)):
+        rest = op.operands[:i] + op.operands[i + 1:]
+        new = rest[0] if len(rest) == 1 else op.model_copy(update={"operands": rest})
+        yield "drop", before, show_expr(new), new
 
 
 def _compares(expr: Any) -> Iterator[ir.Compare]:
@@ -548,8 +566,9 @@ def _sites(scenario: ir.Scenario, stage: ir.Stage) -> list[tuple[str, Any]]:
     return sites
 
 
-def _replace_compare(scenario: ir.Scenario, target: ir.Compare, new: ir.Compare) -> ir.Scenario:
-    """A copy of the scenario with one comparison node replaced (matched by identity)."""
+def _replace_compare(scenario: ir.Scenario, target: Any, new: Any) -> ir.Scenario:
+    """A copy of the scenario with one expression node (a comparison, an `and`/`or`) replaced (matched by
+    identity)."""
     def rebuild(e: Any) -> Any:
         if e is target:
             return new
@@ -690,6 +709,11 @@ def candidate_edits(scenario: ir.Scenario, stage_id: str, rows: Sequence[RowResu
                 def edit(s: ir.Scenario, cmp: ir.Compare = cmp, new: ir.Compare = new) -> ir.Scenario:
                     return _replace_compare(s, cmp, new)
                 yield Candidate(stage=stage_id, where=where, kind=kind, before=before, after=after), edit
+        for op in _bool_ops(expr):
+            for kind, before, after, node in _drop_edits(op):
+                def drop(s: ir.Scenario, op: ir.BoolOp = op, node: Any = node) -> ir.Scenario:
+                    return _replace_compare(s, op, node)
+                yield Candidate(stage=stage_id, where=where, kind=kind, before=before, after=after), drop
     for kind, before, after, arm_edit in _arm_edits(scenario, stage):
         yield Candidate(stage=stage_id, where=f"stage {stage_id}", kind=kind, before=before, after=after), arm_edit
 
@@ -756,7 +780,7 @@ def _significant_digits(text: str) -> int:
     return sum(len(n.replace(".", "").strip("0")) for n in re.findall(r"\d+(?:\.\d+)?", text))
 
 
-_KIND_RANK = {"operator": 0, "flip": 1, "arm-order": 2, "match-value": 2, "threshold": 3}
+_KIND_RANK = {"operator": 0, "flip": 1, "arm-order": 2, "match-value": 2, "drop": 2, "threshold": 3}
 
 
 # ---------------------------------------------------------------------------------------------
