@@ -133,3 +133,34 @@ def test_observed_dates_take_one_value_per_look_in_witnesses() -> None:
         w = _verified(scenario, p)
         assert isinstance(w["LastSeen"], list) and len(w["LastSeen"]) == len(p.stages)
         assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", x) for x in w["LastSeen"])
+
+
+@pytest.mark.parametrize(("name", "description", "first"), [
+    ("GivenEmail", "The account e-mail address the caller gives.", "alex.morgan@example.com"),
+    ("OnFile", "the e-mail address on the account", "alex.morgan@example.com"),
+    ("PhoneNumber", "", "+44 7700 900123"),
+    ("OrderRef", "The order reference.", "REF-20417"),
+    ("CustomerName", "", "Alex Morgan"),
+    ("Channel", "Where the order came from.", "text"),
+])
+def test_string_samples_read_like_the_variable(name: str, description: str, first: str) -> None:
+    """A simulated customer who gives "text" as an e-mail address tests no agent: a string's sample values
+    come from what its name and description say it is, two different ones (for `A != B` witnesses)."""
+    from sopgraph.logic.scalardom import string_samples
+
+    a, b = string_samples(name, description)
+    assert a == first and a != b
+
+
+def test_a_case_s_strings_read_like_their_variables() -> None:
+    import sopgraph
+    from sopgraph.cases.profiles import default_profile
+    from sopgraph.cases.synth import synthesize
+
+    sc = sopgraph.load(text='field Given: string "the e-mail address the caller gives"\n'
+                            'system OnFile: string "the e-mail address on the account"\naction Refuse "r"\n'
+                            'action Help "h"\nstage s { when Given != OnFile -> do Refuse\n otherwise -> do Help }\n')
+    cases = synthesize(sc, default_profile(sc), 4, seed=0, min_per_path=1).cases
+    values = {c.truth["Given"] for c in cases} | {c.system["OnFile"] for c in cases}
+    assert values and all("@example." in v for v in values)
+    assert any(c.truth["Given"] != c.system["OnFile"] for c in cases)

@@ -65,6 +65,7 @@ from sopgraph.logic.scalardom import (
     describe_time,
     pick_time,
     string_candidates,
+    string_samples,
     time_candidates,
     to_input,
     typical,
@@ -136,6 +137,7 @@ class Space:
         self.time_kinds: dict[int, str] = {}  # date/datetime/duration variables: ints of seconds
         self.time_names: dict[str, str] = {}
         self.strings: set[int] = set()  # string variables: decided by witness search alone
+        self.string_samples: dict[int, tuple[str, str]] = {}  # their plausible values (`string_samples`)
         # lists and records (analysed lowered, `logic.lower`; here only sample values for the witness
         # search of analyses on the source form, e.g. `sop diff`)
         self.structured: dict[int, list[Any]] = {}
@@ -148,6 +150,7 @@ class Space:
                 self.values.append(())  # a duration input is never negative ("-5 hours" does not parse)
                 full.append(NumDom(0 if t.kind == "duration" else -INF, INF, False, False, NO_POINTS))
             elif isinstance(t, ir.StringType):
+                self.string_samples[len(self.kinds)] = string_samples(n, scenario.variables[n].description)
                 self.strings.add(len(self.kinds))
                 self.kinds.append("none")
                 self.values.append(())
@@ -1010,7 +1013,7 @@ class Space:
         if i in self.time_kinds:
             return pick_time(self.time_kinds[i], d, style, rng)
         if i in self.strings:
-            return "text"
+            return self.string_samples[i][0]
         if i in self.structured:
             return copy.deepcopy(self.structured[i][0])
         k = self.kinds[i]
@@ -1036,7 +1039,7 @@ class Space:
         if i in self.time_kinds:
             return time_candidates(self.time_kinds[i], d, style, rng, consts), False
         if i in self.strings:
-            return string_candidates(self.names[i], self.res_exprs, "text"), False
+            return string_candidates(self.names[i], self.res_exprs, *self.string_samples[i]), False
         if i in self.structured:
             return copy.deepcopy(self.structured[i]), False
         k = self.kinds[i]

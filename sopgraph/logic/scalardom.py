@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -121,9 +122,41 @@ def time_candidates(kind: str, d: NumDom, style: str, rng: random.Random | None,
     return out
 
 
-def string_candidates(name: str, preds: Iterable[Any], first: str) -> list[str]:
+_STRING_KINDS: tuple[tuple[tuple[str, ...], tuple[str, str]], ...] = (
+    (("email", "e-mail", "e mail"), ("alex.morgan@example.com", "sam.lee@example.org")),
+    (("phone", "mobile", "telephone"), ("+44 7700 900123", "+44 7700 900456")),
+    (("postcode", "post code", "zip"), ("LS1 4AP", "YO1 7HH")),
+    (("address",), ("12 Harbour Street, Leeds", "4 Mill Lane, York")),
+    (("reference", "ref", "id", "number", "code", "order", "ticket", "tracking", "account"), ("REF-20417", "REF-38852")),
+    (("name",), ("Alex Morgan", "Sam Lee")),
+    (("reason", "comment", "note", "message", "description", "text"), ("the item arrived damaged", "I changed my mind")),
+)
+
+
+_TELLING = {"email", "e-mail", "e mail", "phone", "mobile", "telephone", "postcode", "post code", "address",
+            "reference"}
+
+
+def string_samples(name: str, description: str = "") -> tuple[str, str]:
+    """Two different values a string variable plausibly holds, from the words of its name and description
+    (`GivenEmail` → e-mail addresses, `OrderRef` → references): what a case's customer and backend say
+    must read as such (a simulated user giving "text" as an e-mail address is no test of an agent);
+    ("text", "other text") when nothing says what it is. Deterministic."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", name).replace("_", " ").lower()
+    words = set(re.findall(r"[a-z]+(?:-[a-z]+)?", spaced))
+    phrase = f" {spaced} {' '.join(description.lower().split()[:12])} "
+    for keys, samples in _STRING_KINDS:  # the name first, then the first words of the description
+        if any(k in words or (" " in k and k in phrase) for k in keys):
+            return samples
+    for keys, samples in _STRING_KINDS:  # the description: only words that cannot mean anything else
+        if any(k in _TELLING and re.search(rf"\b{re.escape(k)}\b", phrase) for k in keys):
+            return samples
+    return "text", "other text"
+
+
+def string_candidates(name: str, preds: Iterable[Any], first: str, other: str = "other text") -> list[str]:
     """Strings worth trying for `name`: `first`, the literals of the conditions and, for each
-    `matches`, an example that matches the pattern and one that does not."""
+    `matches`, an example that matches the pattern and one that does not; then `other`."""
     out: list[str] = [first]
     for pred in preds:
         stack = [pred]
@@ -138,7 +171,7 @@ def string_candidates(name: str, preds: Iterable[Any], first: str) -> list[str]:
             elif isinstance(e, ir.Lit) and isinstance(e.value, str):
                 out.append(e.value)
             stack.extend(ir.children(e))
-    out += ["other text"]
+    out += [other]
     unique = list(dict.fromkeys(out))
     return unique[:_MAX_CANDIDATES]
 
