@@ -808,6 +808,14 @@ def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
         value = re.match(r"\s*(not\s+)?(\w+)", after[2:])
         op, shown = ("!=" if value and value.group(1) else "=="), (value.group(2) if value else "VALUE")
         return ("`is` is not an operator: compare with `==`", f"write `{subject.group(1)} {op} {shown}`")
+    if found == "," and (num := re.search(r"(\d{1,3})\s*\Z", head)) and (more := re.match(r",(\d{3}(?:,\d{3})*)\b", after)):
+        whole = num.group(1) + more.group(1).replace(",", "")
+        return ("a number has no thousands separator", f"write `{whole}`")
+    if found == "between" and (subject := re.search(r"([\w.]+)\s*\Z", head)):
+        bounds = re.match(r"between\s+([\w.]+)\s+and\s+([\w.]+)", after)
+        lo, hi = (bounds.group(1), bounds.group(2)) if bounds else ("LOW", "HIGH")
+        return ("`between` is not an operator: write both comparisons",
+                f"write `{subject.group(1)} >= {lo} and {subject.group(1)} <= {hi}`")
     if re.fullmatch(r"\d\w*", found) and re.search(r"\bstage\s*\Z", head):
         return ("a stage id is a name: it cannot start with a digit",
                 f"write `stage step{found} ...` (ids like `step1`, `s1`, `intake` appear verbatim in paths)")
@@ -837,7 +845,11 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
             return error("E005", "unterminated string: this `\"` is never closed", span,
                          'close it on the same line; use """...""" for text over several lines')
         hint = "names use letters, digits and `_`; text goes in double quotes"
-        if ch == "'":
+        if ch == "%" and pos is not None and re.search(r"\d\s*\Z", text[:pos]):
+            number = re.search(r"(\d+(?:\.\d+)?)\s*\Z", text[:pos])
+            shown = number.group(1) if number else "5"
+            hint = f"write a percentage as a plain number (`{shown}` on a 0–100 scale, or `{float(shown) / 100:g}`)"
+        elif ch == "'":
             hint = 'strings use double quotes: "like this"'
         elif ch in "=!<>":
             hint = "comparisons are ==, !=, <, <=, >, >=; branches use ->"
