@@ -814,18 +814,9 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
     """The conditions a path's decisions state, as the SOP writes them: each earlier arm of a stage
     negated, then the arm taken. Conditions that the per-variable constraints already say exactly
     (and that read no list in `lists`) are left out. None when the path does not fit `src`."""
-    pairs: list[tuple[Any, bool]] = []
-    for sid, bi in zip(stages, branches, strict=True):
-        stage = src.stages.get(sid)
-        if stage is None or bi >= len(stage.branches):
-            return None
-        if stage.kind == "goto":
-            continue
-        guards = [(b.guard, True) for b in stage.branches[:bi] if b.guard is not None]
-        own = stage.branches[bi].guard
-        if own is not None:
-            guards.append((own, False))
-        pairs += _conjuncts(guards)
+    pairs = _path_conditions(src, stages, branches)
+    if pairs is None:
+        return None
     known: dict[str, Any] = {}
     for name, text in constraints.items():  # one value left by the per-variable constraints (`Mood = Calm`)
         var = src.variables.get(name)
@@ -847,6 +838,25 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
         if text not in clauses:
             clauses.append(text)
     return clauses
+
+
+def _path_conditions(src: ir.Scenario, stages: Sequence[str],
+                     branches: Sequence[int]) -> list[tuple[Any, bool]] | None:
+    """The single conditions (guard, passed by) a path's decisions state in order: each earlier arm of a
+    stage negated, then the arm taken, split by `_conjuncts`; None when the path does not fit `src`."""
+    pairs: list[tuple[Any, bool]] = []
+    for sid, bi in zip(stages, branches, strict=True):
+        stage = src.stages.get(sid)
+        if stage is None or bi >= len(stage.branches):
+            return None
+        if stage.kind == "goto":
+            continue
+        guards = [(b.guard, True) for b in stage.branches[:bi] if b.guard is not None]
+        own = stage.branches[bi].guard
+        if own is not None:
+            guards.append((own, False))
+        pairs += _conjuncts(guards)
+    return pairs
 
 
 def _equality(guard: Any, negated: bool) -> tuple[str, Any] | None:
@@ -895,18 +905,10 @@ def decision_conditions(scenario: ir.Scenario, stages: Sequence[str],
     whether the path passes it by (negated); [] when the path does not fit the program. For tools that
     reuse a path's own words (a starter profile's `when:`)."""
     out: list[tuple[str, frozenset[str], Any, bool]] = []
-    for sid, bi in zip(stages, branches, strict=True):
-        stage = scenario.stages.get(sid)
-        if stage is None or bi >= len(stage.branches):
-            return []
-        guards = [(b.guard, True) for b in stage.branches[:bi] if b.guard is not None]
-        own = stage.branches[bi].guard
-        if stage.kind != "goto" and own is not None:
-            guards.append((own, False))
-        for guard, negated in _conjuncts(guards if stage.kind != "goto" else []):
-            text = _negated_text(guard) if negated else ir.show(guard, 2)
-            if all(text != t for t, *_ in out):
-                out.append((text, frozenset(compile_reads(guard)), guard, negated))
+    for guard, negated in _path_conditions(scenario, stages, branches) or []:
+        text = _negated_text(guard) if negated else ir.show(guard, 2)
+        if all(text != t for t, *_ in out):
+            out.append((text, frozenset(compile_reads(guard)), guard, negated))
     return out
 
 
