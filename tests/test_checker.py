@@ -747,3 +747,11 @@ def test_check_gathers_the_expressions_once(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(calls) == 1
     checker_module.check(scenario, passes=checker_module.CHEAP_PASSES)
     assert len(calls) == 2
+
+
+def test_an_action_named_as_a_stage_is_one_error_not_also_unused() -> None:
+    """`-> Refund` for an action: E103 says "write `do Refund`"; W401 "action never used" beside it was noise."""
+    found = check_file("t.sop", text='field Vip: bool "v"\naction Refund "r"\naction No "n"\n'
+                                     'stage s { when Vip -> Refund\n otherwise -> do No }\n').diagnostics
+    assert [d.code for d in found] == ["E103"]
+    assert "do Refund" in (found[0].hint or "")

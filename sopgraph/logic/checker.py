@@ -1262,14 +1262,15 @@ def check_structure(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic
 def _uses(scenario: ir.Scenario) -> tuple[set[str], set[str | None], set[str]]:
     """What the program uses, in one walk over its stages: the variables some expression reads or a
     `classify` names (the names `reads` finds, gathered into one set), the actions done (final or a
-    step) and the outputs assigned. One walk, not four: each walk over 300k branches costs a quarter
+    step, or named as a stage that does not exist: its E103 already says `do …`) and the outputs assigned. One walk, not four: each walk over 300k branches costs a quarter
     of a second on a large file."""
     variables: set[str] = set()
     done: set[str | None] = set()
     assigned: set[str] = set()
     stack = [var.expr for var in scenario.derived if var.expr is not None]
     var, lit, inset, compare = ir.Var, ir.Lit, ir.InSet, ir.Compare
-    for stage in scenario.stages.values():
+    stages = scenario.stages
+    for stage in stages.values():
         if stage.classify:
             variables.update(stage.classify)
         if stage.subject is not None:
@@ -1289,6 +1290,8 @@ def _uses(scenario: ir.Scenario) -> tuple[set[str], set[str | None], set[str]]:
             target = branch.target
             if target.kind == "action":
                 done.add(target.action)
+            elif target.stage not in stages:  # `-> Refund` naming an action: E103 says "write `do Refund`"
+                done.add(target.stage)
             if target.outputs or target.args or target.steps:
                 done.update(c.action for c in target.steps)
                 assigned.update(a.name for a in target.outputs)
