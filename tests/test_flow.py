@@ -358,3 +358,22 @@ def test_i302_names_the_open_question_and_where_it_arose() -> None:
     (note,) = [d for d in diags if d.code == "I302"]
     assert note.span.line == 10, note.span  # `stage second`
     assert any('undecided: `Ref matches "(?>ab)c"`' in n for n in note.notes), note.notes
+
+
+def test_w303_on_a_field_tested_again_says_it_keeps_its_value() -> None:
+    """Ask for a reference, then test it again: the field has one value for the whole conversation, so the
+    second test can only go one way; the hint says so (and not for a system value tested twice)."""
+    from sopgraph.logic.checker import check_file
+
+    def w303(text: str) -> str:
+        (d,) = [d for d in check_file("t.sop", text=text).diagnostics if d.code == "W303"]
+        return d.hint or ""
+
+    field = w303('field Ref: string? "r"\naction Ask "a"\naction Human "h"\naction Go "g"\n'
+                 'stage s { when missing(Ref) -> do Ask -> t\n otherwise -> do Go }\n'
+                 'stage t { when missing(Ref) -> do Human\n otherwise -> do Go }\n')
+    assert "`Ref` keeps one value for the whole conversation" in field and "`observe`" in field
+    system = w303('system Late: bool "l"\naction Ask "a"\naction Human "h"\naction Go "g"\n'
+                  'stage s { when Late -> do Ask -> t\n otherwise -> do Go }\n'
+                  'stage t { when Late -> do Human\n otherwise -> do Go }\n')
+    assert "keeps one value" not in system

@@ -24,6 +24,7 @@ failure yields no flow diagnostics rather than a crashed `sop check`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -494,11 +495,18 @@ class _Flow:
                     notes.append("the earlier guards already hold for every value that reaches it")
                 ways = sorted({self.via(p, si) for _r, p in ctxs})
                 notes.append("reached via " + "; ".join(ways[:3]) + (" ..." if len(ways) > 3 else ""))
+                hint = "remove the branch, or fix the guards on the way to it"
+                rechecked = [n for n in names if (v := self.s.variables.get(n)) is not None and v.role == "field"
+                             and re.search(rf"(?<![\w.]){re.escape(n)}(?![\w.])", reach)]
+                if rechecked:  # `do AskReference -> recheck` then `when missing(Reference)` again
+                    hint += (f"; `{rechecked[0]}` keeps one value for the whole conversation and the way here "
+                             "already decided it (asking again does not change it): test it once; a backend value "
+                             "read again after an action is a system variable with `observe`")
                 out.append((si, bi, warning(
                     "W303",
                     f"infeasible path: branch `{label} -> {target}` of `{stage.id}` is never taken "
                     f"by the values that reach `{stage.id}`",
-                    span, "remove the branch, or fix the guards on the way to it",
+                    span, hint,
                     notes=notes,
                 )))
         return out
