@@ -398,6 +398,8 @@ class _Exprs(_Reader):
         name, span = self.name()
         if not self.at("("):
             return _var(name=name, span=span)
+        if name == "sum":
+            raise _Bail  # `sum(V for x in L …)`: Lark's
         args = self.args()
         if name in ("date", "datetime"):
             return self.time_literal(name, args, self.cover(span, args))

@@ -388,13 +388,15 @@ class Item(Node):
 
 
 class Quant(Node):
-    """`any(s in L where C)`, `all(…)`, `count(…)`: C for each item `s` of the list L."""
+    """`any(s in L where C)`, `all(…)`, `count(…)`: C for each item `s` of the list L; `sum(V for s in L
+    where C)`: the total of V over the items for which C holds (`value` is V; C is `true` without `where`)."""
 
     kind: Literal["quant"] = "quant"
-    func: Literal["any", "all", "count"]
+    func: Literal["any", "all", "count", "sum"]
     var: str
     source: Expr
     cond: Expr
+    value: Expr | None = None
 
 
 class Length(Node):
@@ -761,6 +763,9 @@ def _show_data(e: object) -> tuple[str, int]:
     if isinstance(e, Item):
         return e.name, 9
     if isinstance(e, Quant):
+        if e.func == "sum":
+            where = "" if isinstance(e.cond, Lit) and e.cond.value is True else f" where {show(e.cond)}"
+            return f"sum({show(e.value)} for {e.var} in {show(e.source, 5)}{where})", 9
         return f"{e.func}({e.var} in {show(e.source, 5)} where {show(e.cond)})", 9
     if isinstance(e, Length):
         return f"len({show(e.operand)})", 9
@@ -819,7 +824,7 @@ _CHILDREN: dict[type, Callable[[Any], list[Any]]] = {
     Matches: lambda e: [e.operand],
     CaseExpr: _case_children,
     Get: lambda e: [e.base],
-    Quant: lambda e: [e.source, e.cond],
+    Quant: lambda e: [e.source, e.cond] if e.value is None else [e.source, e.cond, e.value],
     Length: lambda e: [e.operand],
     Member: lambda e: [e.operand, e.source],
     Weighted: lambda e: list(e.args),
@@ -884,7 +889,7 @@ def _children_of_subclass(expr: Any) -> list[Any]:
     if isinstance(expr, Get):
         return [expr.base]
     if isinstance(expr, Quant):
-        return [expr.source, expr.cond]
+        return [expr.source, expr.cond] if expr.value is None else [expr.source, expr.cond, expr.value]
     if isinstance(expr, Length):
         return [expr.operand]
     if isinstance(expr, Member):

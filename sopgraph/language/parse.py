@@ -631,6 +631,22 @@ class ToIR(Transformer):
                            f"write `{func}(x in List where condition)`")
         return ir.Quant(func=func, var=head.operand.name, source=head.source, cond=cond, span=self._sp(meta))
 
+    def sum_for(self, meta, children):
+        _sum, value, head, *rest = children
+        if not (isinstance(head, ir.Member) and not head.negated and isinstance(head.operand, ir.Var)
+                and "." not in head.operand.name):
+            raise _BadExpr(head.span if isinstance(head, ir.Node) else self._sp(meta),
+                           "`sum(… for …)` names an item and a list after `for`",
+                           "write `sum(x.amount for x in List)` or `sum(x.amount for x in List where condition)`")
+        cond = rest[0] if rest else ir.Lit(value=True, span=self._sp(meta))
+        return ir.Quant(func="sum", var=head.operand.name, source=head.source, cond=cond, value=value,
+                        span=self._sp(meta))
+
+    def sum_call(self, meta, children):
+        """`sum(A, B)` (scalars): the checker's E101 says to write `A + B`."""
+        args = [c for c in children[1:] if c is not None]
+        return ir.Func(name="sum", args=args, span=self._sp(meta))
+
     def count_where(self, meta, children):
         return self._quant("count", meta, children)
 
@@ -784,9 +800,13 @@ def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
     value, `A: target` in a match, `N > 5 and < 8`, `K in [A, B]`), or None."""
     head = before.rpartition("\n")[2]  # the error's line, up to the error
     if agg := _AGGREGATE.search(head):
-        return (f"`{agg.group(1)}(…)` is not part of the language: lists are counted and tested, not summed",
-                "count or test the items (`count(i in Items where i.amount > 100)`, `any(…)`, `all(…)`), "
-                "or give the total as a system variable the backend computes (`system ClaimTotal: float`)")
+        if agg.group(1) == "sum":
+            return ("`sum` adds up a value over a list's items, written with `for`",
+                    "write `sum(i.amount for i in Items)`, or `sum(i.amount for i in Items where not i.paid)`")
+        return (f"`{agg.group(1)}(…)` is not part of the language: a list's items are added up with `sum`, "
+                "counted and tested",
+                "write `sum(i.amount for i in Items)` (divide by `len(Items)` for a mean), `count(i in Items where "
+                "…)`, `any(…)`, `all(…)`")
     if found == "-" and (enum := _ENUM_DECL.search(head)):
         rest = re.match(r"\w+", after[1:])
         joined = f"{enum.group(1)}_{rest.group(0)}" if rest else f"{enum.group(1)}_…"
@@ -1399,12 +1419,14 @@ def _resolve_var(expr: ir.Var, names: dict[str, ir.Variable], scope: frozenset[s
 
 def _fix_data(expr: Any, scope: frozenset[str], fix: Any) -> None:
     """Name resolution inside the list/record expressions (an item variable is in scope only in the
-    condition of its own `any`/`all`/`count(… where …)`)."""
+    condition of its own `any`/`all`/`count(… where …)`, and in the value of its `sum(… for …)`)."""
     if isinstance(expr, ir.Get):
         expr.base = fix(expr.base, scope)
     elif isinstance(expr, ir.Quant):
         expr.source = fix(expr.source, scope)
         expr.cond = fix(expr.cond, scope | {expr.var})
+        if expr.value is not None:  # `sum(x.amount for x in L …)`: the item is in scope in the value too
+            expr.value = fix(expr.value, scope | {expr.var})
     elif isinstance(expr, ir.Length):
         expr.operand = fix(expr.operand, scope)
     elif isinstance(expr, ir.Member):

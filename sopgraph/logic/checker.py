@@ -317,6 +317,16 @@ def _num(kind: ir.NumKind, lo: float | None, hi: float | None) -> ir.NumType:
     return ir.NumType(kind=kind, lo=lo, hi=hi, lo_open=lo is None, hi_open=hi is None)
 
 
+def _sum_bounds(item: ir.NumType | None, max_len: int | None) -> ir.NumType:
+    """The type of `sum(V for x in L …)`: V's kind, between `max_len` times V's bounds and 0 (any item may be
+    left out)."""
+    if item is None:
+        return _num("float", None, None)
+    lo = None if item.lo is None or max_len is None else min(0.0, item.lo * max_len)
+    hi = None if item.hi is None or max_len is None else max(0.0, item.hi * max_len)
+    return _num(item.kind, lo, hi)
+
+
 def _bool(span: ir.Span) -> ir.BoolType:
     """`ir.BoolType(span=span)` without validation (a span is always a `Span` here)."""
     return mk(ir.BoolType, span=span)
@@ -530,12 +540,17 @@ class _Typer(ScalarTyping):
             saved = self.items.get(e.var)
             self.items[e.var] = lt.item if lt is not None else None
             self.expect_bool(e.cond, f"`{e.func}(... where ...)` needs a condition, but")
+            total = None
+            if e.func == "sum" and e.value is not None:
+                total = self.expect_num(e.value, self.infer(e.value), "`sum(...)`")
             if saved is None:
                 self.items.pop(e.var, None)
             else:
                 self.items[e.var] = saved
             if e.func == "count":
                 return _num("int", 0.0, float(lt.max_len) if lt is not None else None)
+            if e.func == "sum":
+                return _sum_bounds(total, lt.max_len if lt is not None else None)
             return _bool(e.span)
         if isinstance(e, ir.Length):
             lt = self.list_of(e.operand, "`len`")

@@ -427,6 +427,8 @@ class Interpreter:
         if isinstance(e, ir.Item):
             return self.items[e.name]
         if isinstance(e, ir.Quant):
+            if e.func == "sum":  # the same order and operations as the generated `sum(V for x in L if C)`
+                return sum(self._with_item(e, x, e.value) for x in self.eval(e.source) if self._with_item(e, x))
             return _quantify(e.func, self.eval(e.source), lambda x: self._with_item(e, x))
         if isinstance(e, ir.Length):
             return len(self.eval(e.operand))
@@ -437,11 +439,12 @@ class Interpreter:
             return _wcount(tuple(self.eval(a) for a in e.args), tuple(e.weights))
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
-    def _with_item(self, e: ir.Quant, item: Any) -> Any:
+    def _with_item(self, e: ir.Quant, item: Any, expr: Any = None) -> Any:
+        """`expr` (default: the condition) evaluated with the item variable bound to `item`."""
         saved = self.items.get(e.var, _UNSET)
         self.items[e.var] = item
         try:
-            return self.eval(e.cond)
+            return self.eval(e.cond if expr is None else expr)
         finally:
             if saved is _UNSET:
                 del self.items[e.var]
@@ -749,6 +752,8 @@ class _Gen:
             src, cond, x = self.expr(e.source), self.expr(e.cond), f"I_{e.var}"
             if e.func == "count":
                 return f"sum(1 for {x} in {src} if {cond})"
+            if e.func == "sum":
+                return f"sum({self.expr(e.value)} for {x} in {src} if {cond})"
             return f"{e.func}({cond} for {x} in {src})"
         if isinstance(e, ir.Length):
             return f"len({self.expr(e.operand)})"

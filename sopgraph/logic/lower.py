@@ -164,6 +164,16 @@ class _Lowering:
     def quant(self, e: ir.Quant, env: Mapping[str, str]) -> Any:
         src, lt = self._list(e.source, env)
         conds = [self.expr(e.cond, {**env, e.var: f"{src}[{i}]"}) for i in range(lt.max_len)]
+        if e.func == "sum":  # the item's value where its condition holds, else 0, added up
+            if e.value is None:
+                raise LowerError("`sum(…)` without a value")
+            terms = [ir.CaseExpr(arms=[ir.CaseArm(when=self._guarded(src, lt, i, c, e.span),
+                                                  then=self.expr(e.value, {**env, e.var: f"{src}[{i}]"}))],
+                                 otherwise=ir.Lit(value=0, span=e.span), span=e.span) for i, c in enumerate(conds)]
+            total: Any = terms[0] if terms else ir.Lit(value=0, span=e.span)
+            for t in terms[1:]:
+                total = ir.Binary(op="+", left=total, right=t, span=e.span)
+            return total
         if e.func == "count":
             if not conds:
                 return ir.Lit(value=0, span=e.span)
