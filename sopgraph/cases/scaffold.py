@@ -217,6 +217,7 @@ def _field_requires(scenario: ir.Scenario, constraints: dict[str, str]) -> dict[
     return out
 
 
+_OP_NAMES = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}  # in intent names
 _OP_WORDS = {"==": "is", "!=": "is not", "<": "is less than", "<=": "is at most", ">": "is more than",
              ">=": "is at least"}
 
@@ -266,8 +267,7 @@ def _intent_name(requires: dict[str, Any], taken: set[str], when: list[str] | No
             parts.append("_or_".join(_snake(v) for v in (value if isinstance(value, list) else [value])))
     for condition in [] if parts else when or []:  # `GivenEmail != EmailOnFile` -> given_email_ne_email_on_file
         words = re.findall(r"[^\W\d]\w*|[<>=!]=?", condition)
-        ops = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "not": "not"}
-        parts.append("_".join(ops.get(w, _snake(w)) for w in words if w not in ("and", "or", "in")))
+        parts.append("_".join(_OP_NAMES.get(w, _snake(w)) for w in words if w not in ("and", "or", "in")))
     base = "_".join(parts)[:48].rstrip("_") or "any_request"
     name, n = base, 1
     while name in taken:

@@ -163,7 +163,7 @@ def _item(e: ir.Item) -> tuple[str, int]:
 
 def _quant(e: ir.Quant) -> tuple[str, int]:
     if e.func == "sum":
-        where = "" if isinstance(e.cond, ir.Lit) and e.cond.value is True else f" where {show_expr(e.cond)}"
+        where = "" if e.every else f" where {show_expr(e.cond)}"
         return f"sum({show_expr(e.value)} for {e.var} in {show_expr(e.source, 5)}{where})", 9
     return f"{e.func}({e.var} in {show_expr(e.source, 5)} where {show_expr(e.cond)})", 9
 

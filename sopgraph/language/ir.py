@@ -398,6 +398,11 @@ class Quant(Node):
     cond: Expr
     value: Expr | None = None
 
+    @property
+    def every(self) -> bool:
+        """Whether the condition keeps every item (`sum(V for x in L)`, written without `where`)."""
+        return isinstance(self.cond, Lit) and self.cond.value is True
+
 
 class Length(Node):
     """`len(L)`: the number of items of a list."""
@@ -764,7 +769,7 @@ def _show_data(e: object) -> tuple[str, int]:
         return e.name, 9
     if isinstance(e, Quant):
         if e.func == "sum":
-            where = "" if isinstance(e.cond, Lit) and e.cond.value is True else f" where {show(e.cond)}"
+            where = "" if e.every else f" where {show(e.cond)}"
             return f"sum({show(e.value)} for {e.var} in {show(e.source, 5)}{where})", 9
         return f"{e.func}({e.var} in {show(e.source, 5)} where {show(e.cond)})", 9
     if isinstance(e, Length):

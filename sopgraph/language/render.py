@@ -420,6 +420,7 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
     """
     g = graph if graph is not None else compile_graph(scenario)
     hot = _Heat(heat, g) if heat is not None else None
+    ordered = ordered_stages(scenario)
     title = scenario.name + (f" — {scenario.title}" if scenario.title else "")
     summary = _coverage_summary(g, hot) if hot is not None else ""
     lines = [
@@ -428,7 +429,7 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
             ("rankdir", "TB"), ("newrank", "true"), ("nodesep", "0.22"), ("ranksep", "0.28"),
             ("size", MAX_SIZE_IN),
             ("fontname", FONT), ("labelloc", "t"), ("labeljust", "l"))),
-        f"  label={_graph_label(title, summary, _legend_html(g, scenario, hot), any(_ordered(scenario, n) for n in g))};",
+        f"  label={_graph_label(title, summary, _legend_html(g, scenario, hot), bool(ordered))};",
         f'  node [fontname="{FONT}", fontsize="11"];',
         f'  edge [fontname="{FONT}", fontsize="9", color="#555555", arrowsize="0.7"];',
     ]
@@ -454,7 +455,7 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
     for u, v, data in g.edges(data=True):
         count = hot.edge(u, v) if hot is not None else None
         groups = edge_groups(data)
-        numbered = _ordered(scenario, u)
+        numbered = u in ordered
         for k, group in enumerate(groups):
             text = group_text(group, numbered=numbered)
             full = group_text(group, wrap=False, numbered=numbered)
@@ -489,11 +490,11 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
     return "\n".join(lines) + "\n"
 
 
-def _ordered(scenario: ir.Scenario, node: str) -> bool:
-    """Whether `node` is a `when` stage with two or more conditions: their order decides."""
-    stage = scenario.stages.get(node)
-    return (stage is not None and stage.kind == "when"
-            and sum(1 for b in stage.branches if b.guard is not None) >= 2)
+def ordered_stages(scenario: ir.Scenario) -> set[str]:
+    """The `when` stages with two or more conditions (their order decides), found once per picture:
+    asked per edge, a stage of thousands of arms was walked once per arm."""
+    return {sid for sid, stage in scenario.stages.items()
+            if stage.kind == "when" and sum(1 for b in stage.branches if b.guard is not None) >= 2}
 
 
 def dot_binary() -> str | None:
@@ -622,10 +623,11 @@ def to_mermaid(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *,
         lines.append("  end")
     link_styles: list[str] = []
     index = 0
+    ordered = ordered_stages(scenario)
     for u, v, data in g.edges(data=True):
         groups = edge_groups(data)
         for group in groups:
-            label = group_text(group, numbered=_ordered(scenario, u))
+            label = group_text(group, numbered=u in ordered)
             if hot is not None:
                 count = hot.edge(u, v)
                 note = _heat_note(count, len(groups))

@@ -1277,8 +1277,9 @@ def check_structure(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic
 def _uses(scenario: ir.Scenario) -> tuple[set[str], set[str | None], set[str]]:
     """What the program uses, in one walk over its stages: the variables some expression reads or a
     `classify` names (the names `reads` finds, gathered into one set), the actions done (final or a
-    step, or named as a stage that does not exist: its E103 already says `do …`) and the outputs assigned. One walk, not four: each walk over 300k branches costs a quarter
-    of a second on a large file."""
+    step, or named as a stage that does not exist: its E103 already says `do …`) and the outputs
+    assigned. One walk, not four: each walk over 300k branches costs a quarter of a second on a large
+    file."""
     variables: set[str] = set()
     done: set[str | None] = set()
     assigned: set[str] = set()

@@ -12,8 +12,8 @@ Public API (stable; the synthesis engineer builds on it):
   than 50,000 DP states; stable across runs and independent of `limit`), `rank`, `stages`, `branches`,
   `labels`, `action`, `finals` (constant values, `None` where an output varies along the path, see
   `finals_varying`), `constraints` (variable → text of its remaining domain; `where` holds the
-  conditions relating several variables, as the path's decisions write them: see `as_written`), `status` ("feasible": a witness was verified by the engine; "unknown": not
-  proven either way), `witness`/`witness_finals` (representative assignment of every field and
+  conditions relating several variables, as the path's decisions write them: see `as_written`),
+  `status` ("feasible": a witness was verified by the engine; "unknown": not proven either way), `witness`/`witness_finals` (representative assignment of every field and
   system variable and the finals the engine gives it), `boundary_witness`/`boundary_finals`.
 - `iter_paths(scenario, *, limit=None, witnesses=True) -> Iterator[PathInfo]` — lazy, depth-first in
   declaration order; `limit` stops early without exploring the rest.
@@ -796,9 +796,7 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
     if not item_keys or not any(k in item_keys or k in where for k in item_keys):
         return constraints
     src = u.scenario_source
-    relates = u.__dict__.get("_relations")
-    if relates is None:  # built once per analysis form, not per path
-        relates = u.__dict__["_relations"] = _Relations(src)
+    relates = _relations_for(src)
     lists = relates.readers({n for n in u.roots if any(k in item_keys for k in u.plain_keys[n])})
     clauses = _decision_clauses(src, relates, stages, branches, constraints, lists)
     if clauses is None:
@@ -807,6 +805,11 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
     if clauses:
         out["where"] = " and ".join(clauses)
     return out
+
+
+def _relations_for(scenario: ir.Scenario) -> _Relations:
+    """The scenario's `_Relations`, built once per scenario and set of variables, not per path."""
+    return scenario.cached_analysis("path_relations", variables_signature(scenario), lambda: _Relations(scenario))
 
 
 def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[str], branches: Sequence[int],
@@ -919,7 +922,7 @@ def as_written(scenario: ir.Scenario, info: PathInfo) -> PathInfo:
     the decisions the path takes say the same (`not (Hardship and Remaining > 100) and …`)."""
     if "where" not in info.constraints:
         return info
-    relates = scenario.cached_analysis("path_relations", variables_signature(scenario), lambda: _Relations(scenario))
+    relates = _relations_for(scenario)
     clauses = _decision_clauses(scenario, relates, info.stages, info.branches, info.constraints, set())
     if clauses is None:
         return info

@@ -247,7 +247,7 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
         cmp_words = _TIME_WORDS if _is_moment(left, s) or _is_moment(right, s) else _CMP_WORDS
         return f"{ir.show(left, 5)} {cmp_words[op]} {ir.show(right, 5)}", 3
     if isinstance(e, ir.Quant) and e.func == "sum":
-        over = "" if isinstance(e.cond, ir.Lit) and e.cond.value is True else f" for which {plain(e.cond, s)}"
+        over = "" if e.every else f" for which {plain(e.cond, s)}"
         return f"the total of {ir.show(e.value, 5)} over the items {e.var} of {ir.show(e.source)}{over}", 3
     if isinstance(e, ir.Quant) and e.func != "count":
         which = "at least one item" if e.func == "any" else "every item"
