@@ -241,3 +241,82 @@ def test_lets_inside_quantifiers_belong_to_their_version() -> None:
     assert report.witnesses and not report.unproven, report.unproven
     w = report.witnesses[0]
     assert {w.old_finals["Action"], w.new_finals["Action"]} == {"Plan", "Correct"}
+
+
+REFUND = """scenario refund "Refund"
+
+field Reason: Damaged | Late "why the customer writes"
+system Paid: int[0..1000] "the amount paid"
+
+action Refund(amount: int[0..1000]) "refund the given amount"
+action Apologise "say sorry"
+action Escalate "hand over to a person"
+
+start triage
+
+stage triage "Triage" {
+    match Reason {
+        Damaged -> do Refund(amount = Paid)
+        Late -> do Escalate
+    }
+}
+"""
+
+
+def test_a_changed_argument_is_a_decision_difference_with_both_traces() -> None:
+    old = _load(REFUND)
+    new = _load(REFUND.replace("amount = Paid)", "amount = Paid - 10)"))
+    report = diff(old, new)
+    assert not report.equivalent and report.differing_regions == 1
+    assert [(c.key, c.old, c.new) for c in report.changed] == [
+        ("triage [Damaged]", "do Refund(amount = Paid)", "do Refund(amount = Paid - 10)")]
+    (w,) = report.witnesses
+    assert w.values["Reason"] == "Damaged" and w.values["Paid"] >= 10  # inside the new argument's range
+    assert w.old_finals == w.new_finals == {"Action": "Refund"}
+    assert w.old_actions == interpret(old, w.values).actions == [{"name": "Refund", "args": {"amount": w.values["Paid"]}}]
+    assert w.new_actions == [{"name": "Refund", "args": {"amount": w.values["Paid"] - 10}}]
+    text = render_text(report)
+    assert f"actions Refund(amount={w.values['Paid']}) " not in text  # the trace ends the line
+    assert f"; actions Refund(amount={w.values['Paid'] - 10})" in text
+
+
+def test_an_added_step_on_the_way_is_a_decision_difference() -> None:
+    old = _load(REFUND)
+    new = _load(REFUND.replace("Late -> do Escalate", "Late -> do Apologise -> do Escalate"))
+    report = diff(old, new)
+    assert not report.equivalent
+    assert [(c.old, c.new) for c in report.changed] == [("do Escalate", "do Apologise -> do Escalate")]
+    (w,) = report.witnesses
+    assert w.values["Reason"] == "Late"
+    assert [a["name"] for a in w.old_actions] == ["Escalate"]
+    assert [a["name"] for a in w.new_actions] == ["Apologise", "Escalate"]
+
+
+def test_an_argument_written_differently_with_the_same_value_is_not_a_witness() -> None:
+    report = diff(_load(REFUND), _load(REFUND.replace("amount = Paid)", "amount = Paid + 0)")))
+    assert not report.witnesses and report.equivalent
+    assert report.changed  # as written, the path's outcome changed
+
+
+def test_cases_whose_action_trace_changes_are_listed(tmp_path: Path) -> None:
+    old_file, new_file = tmp_path / "old.sop", tmp_path / "new.sop"
+    old_file.write_text(REFUND, encoding="utf-8")
+    new_file.write_text(REFUND.replace("amount = Paid)", "amount = Paid - 10)"), encoding="utf-8")
+    cases_path = tmp_path / "cases.jsonl"
+    runner = CliRunner()
+    made = runner.invoke(main, ["synth", str(old_file), "-n", "6", "--seed", "1", "-o", str(cases_path)])
+    assert made.exit_code == 0, made.output
+    cases = read_cases(cases_path)
+    assert all(c.expected_actions is not None for c in cases)
+    refunds = [c.id for c in cases if c.truth["Reason"] == "Damaged"]
+    result = runner.invoke(main, ["diff", str(old_file), str(new_file), "--cases", str(cases_path),
+                                  "--format", "json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    changed = report["cases_changed"]
+    assert [c["id"] for c in changed] == refunds and refunds
+    assert all(c["old_path"] == c["new_path"] and c["old_finals"] == c["new_finals"] for c in changed)
+    assert all(c["new_actions"][0]["args"]["amount"] == c["old_actions"][0]["args"]["amount"] - 10
+               for c in changed)
+    text = runner.invoke(main, ["diff", str(old_file), str(new_file), "--cases", str(cases_path)]).output
+    assert f"{refunds[0]}: actions Refund(amount=" in text

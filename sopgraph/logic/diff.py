@@ -27,7 +27,7 @@ from sopgraph.language.compile import reads as compile_reads
 from sopgraph.language.diagnostics import text_names
 from sopgraph.language.fmt import show_expr
 from sopgraph.logic import domain
-from sopgraph.logic.engine import DecideError, interpret
+from sopgraph.logic.engine import DecideError, Decision, interpret
 from sopgraph.logic.lower import analysis_form, needs_analysis_form
 from sopgraph.logic.paths import iter_paths, used_looks
 from sopgraph.logic.unroll import Unrolled, UnrollError
@@ -56,6 +56,9 @@ class Witness(BaseModel):
     old_finals: dict[str, Any]
     new_path: list[str]
     new_finals: dict[str, Any]
+    # the action traces (`Decision.actions`: steps on the way, then the final action, with argument values)
+    old_actions: list[dict[str, Any]] = Field(default_factory=list)
+    new_actions: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class CaseChange(BaseModel):
@@ -65,6 +68,8 @@ class CaseChange(BaseModel):
     old_finals: dict[str, Any]
     new_finals: dict[str, Any] | None
     error: str | None = None
+    old_actions: list[dict[str, Any]] | None = None  # only when the case records its trace and it changes
+    new_actions: list[dict[str, Any]] | None = None
 
 
 class DiffReport(BaseModel):
@@ -108,7 +113,9 @@ def _path_table(scenario: ir.Scenario) -> tuple[dict[str, str], bool]:
             truncated = True
             break
         parts = [f"{s} [{label}]" if label else s for s, label in zip(info.stages, info.labels, strict=False)]
-        outcome = f"do {info.action}"
+        # the actions as written, steps on the way and arguments included (`do Pay(amount = Payout)`):
+        # a changed argument or step is a changed outcome
+        outcome = " -> ".join(f"do {call}" for call in (info.actions or [info.action]))
         fixed = {k: v for k, v in info.finals.items() if k != "Action" and v is not None}
         if fixed:
             outcome += " {" + ", ".join(f"{k} = {_show(v)}" for k, v in fixed.items()) + "}"
@@ -283,15 +290,16 @@ class _Walk:
         self.steps = 0
         self.exhausted = False
 
-    def leaves(self, side: _Side, boxes: list[domain.Box]) -> Iterator[tuple[ir.Target, str, list[domain.Box]]]:
-        """(leaf target, leaf stage, region) for every route of one version inside `boxes`."""
+    def leaves(self, side: _Side, boxes: list[domain.Box]) -> Iterator[_Leaf]:
+        """(leaf target, the actions carried out on the way, region) for every route of one version
+        inside `boxes`."""
         start = side.scenario.start
         if start is None:
             return
-        yield from self._walk(side, start, boxes, frozenset())
+        yield from self._walk(side, start, boxes, frozenset(), ())
 
-    def _walk(self, side: _Side, stage_id: str, boxes: list[domain.Box],
-              seen: frozenset[str]) -> Iterator[tuple[ir.Target, str, list[domain.Box]]]:
+    def _walk(self, side: _Side, stage_id: str, boxes: list[domain.Box], seen: frozenset[str],
+              steps: tuple[ir.ActionCall, ...]) -> Iterator[_Leaf]:
         stage = side.scenario.stages.get(stage_id)
         if stage is None or stage_id in seen:
             return  # a revisit loops forever in the engine: no decision there
@@ -308,24 +316,31 @@ class _Walk:
                 rest = self._constrain(rest, guard, False)
             if not taken:
                 continue
+            route = (*steps, *branch.target.steps)
             if branch.target.kind == "action":
-                yield branch.target, stage_id, taken
+                yield branch.target, route, taken
             elif branch.target.stage is not None:
-                yield from self._walk(side, branch.target.stage, taken, seen)
+                yield from self._walk(side, branch.target.stage, taken, seen, route)
 
-    def outputs_differ(self, old_leaf: ir.Target, new_leaf: ir.Target, region: list[domain.Box]) -> list[domain.Box]:
-        """The part of `region` where an output the two leaves compute differently takes different values
-        (`Months = PlanMonths` after a changed threshold inside `PlanMonths`): a witness of the region as a
-        whole usually lies where both still agree. Empty when the actions differ (every member differs)."""
-        if old_leaf.action != new_leaf.action:
+    def outputs_differ(self, old_leaf: _Leaf, new_leaf: _Leaf, region: list[domain.Box]) -> list[domain.Box]:
+        """The part of `region` where a value the two leaves compute differently differs: an output
+        (`Months = PlanMonths` after a changed threshold inside `PlanMonths`) or an argument of the same
+        action (`do Pay(amount = Payout + 1)`): a witness of the region as a whole usually lies where both
+        still agree. Empty when the actions differ (every member differs)."""
+        old_target, new_target = old_leaf[0], new_leaf[0]
+        old_calls, new_calls = _calls(old_leaf), _calls(new_leaf)
+        if [name for name, _ in old_calls] != [name for name, _ in new_calls]:
             return []
-        found: list[domain.Box] = []
+        pairs: list[tuple[Any, Any]] = []
         for name, out in self.old.scenario.outputs.items():
             other = self.new.scenario.outputs.get(name)
-            if other is None:
-                continue
-            left = _output_expr(old_leaf, name, out.default)
-            right = _output_expr(new_leaf, name, other.default)
+            if other is not None:
+                pairs.append((_output_expr(old_target, name, out.default), _output_expr(new_target, name, other.default)))
+        for (_, old_args), (_, new_args) in zip(old_calls, new_calls, strict=True):
+            by_name = {arg.name: arg.value for arg in new_args}
+            pairs += [(arg.value, by_name.get(arg.name)) for arg in old_args]
+        found: list[domain.Box] = []
+        for left, right in pairs:
             if left is None or right is None:
                 continue
             differ = ir.Compare(op="!=", left=self.old.rename(left), right=self.new.rename(right))
@@ -343,9 +358,15 @@ class _Walk:
         return out
 
 
-def _outcome(side: _Side, target: ir.Target) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """A leaf's outcome as text: the action, every output's expression (or default), and the
-    definitions of the `let`s those expressions read (so a changed `let` is a changed outcome)."""
+_Leaf = tuple[ir.Target, tuple[ir.ActionCall, ...], list[domain.Box]]  # target, steps on the way, region
+
+
+def _outcome(side: _Side, leaf: _Leaf) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A leaf's outcome as text: the actions carried out (steps on the way, then the final action, with
+    their arguments as written), every output's expression (or default), and the definitions of the
+    `let`s those expressions read (so a changed `let` is a changed outcome)."""
+    target = leaf[0]
+    calls = _calls(leaf)
     assigned = {a.name: a.value for a in target.outputs}
     outs: list[tuple[str, str]] = []
     lets: set[str] = set()
@@ -354,8 +375,17 @@ def _outcome(side: _Side, target: ir.Target) -> tuple[str, tuple[tuple[str, str]
         outs.append((name, show_expr(expr) if expr is not None else "none"))
         if expr is not None:
             _lets_read(side.scenario, expr, lets)
+    for _, args in calls:
+        for arg in args:
+            _lets_read(side.scenario, arg.value, lets)
     outs += [(f"let {n}", show_expr(side.scenario.variables[n].expr)) for n in sorted(lets)]
-    return str(target.action), tuple(outs)
+    return " -> ".join(ir.show_call(name, args) for name, args in calls), tuple(outs)
+
+
+def _calls(leaf: _Leaf) -> list[tuple[str, list[ir.OutputAssign]]]:
+    """The actions a route carries out, in order, with their arguments: the steps, then the final action."""
+    target, steps, _ = leaf
+    return [*((c.action, c.args) for c in steps), (str(target.action), target.args)]
 
 
 def _output_expr(target: ir.Target, name: str, default: Any) -> Any:
@@ -376,13 +406,12 @@ def _lets_read(scenario: ir.Scenario, expr: Any, found: set[str]) -> None:
         _lets_read(scenario, child, found)
 
 
-def _decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]] | None:
+def _decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision | None:
     own = {k: v for k, v in values.items() if k in scenario.variables}
     try:
-        d = interpret(scenario, own)
+        return interpret(scenario, own)
     except DecideError:
         return None
-    return d.path, d.finals
 
 
 def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport, budget: int,
@@ -422,7 +451,7 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
                                "routes not reached may still differ (raise --budget)")
     if first.undecided:
         report.unproven.append(f"{first.undecided} region(s) where the two versions end differently as written "
-                               "(another action, or outputs computed differently) but no input was found "
+                               "(other actions, arguments or outputs as written) but no input was found "
                                "there on which the engine decides differently: the region may hold no input "
                                "at all, or equal values from different expressions, under constraints the "
                                "analysis could not decide")
@@ -443,11 +472,12 @@ def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled
     joint, a, b = joint_scenario(flat_old, flat_new)
     walk = _Walk(joint, a, b, budget)
     out = _Compared()
-    for old_leaf, _old_stage, region in walk.leaves(a, [domain.full_box(joint)]):
+    for old_leaf in walk.leaves(a, [domain.full_box(joint)]):
         want = _outcome(a, old_leaf)
-        for new_leaf, _new_stage, both in walk.leaves(b, region):
+        for new_leaf in walk.leaves(b, old_leaf[2]):
             if _outcome(b, new_leaf) == want:
                 continue
+            both = new_leaf[2]
             out.differing += 1
             found = _verified_witness(joint, walk.outputs_differ(old_leaf, new_leaf, both) + both,
                                       flat_old, flat_new)
@@ -485,11 +515,13 @@ def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
 
 
 def _differing(values: dict[str, Any], old: ir.Scenario, new: ir.Scenario) -> Witness | None:
-    """`values` as a witness when the engine decides them differently in the two versions."""
+    """`values` as a witness when the engine decides them differently in the two versions: other
+    finals, or the same finals reached by carrying out other actions (or the same with other arguments)."""
     da, db = _decide(old, values), _decide(new, values)
-    if da is None or db is None or da[1] == db[1]:
+    if da is None or db is None or (da.finals == db.finals and da.actions == db.actions):
         return None
-    return Witness(values=values, old_path=da[0], old_finals=da[1], new_path=db[0], new_finals=db[1])
+    return Witness(values=values, old_path=da.path, old_finals=da.finals, new_path=db.path, new_finals=db.finals,
+                   old_actions=da.actions, new_actions=db.actions)
 
 
 def _verified_witness(joint: ir.Scenario, boxes: Sequence[domain.Box], old: ir.Scenario,
@@ -515,15 +547,18 @@ def case_changes(new: ir.Scenario, cases: Sequence[Case], report: DiffReport) ->
     for case in cases:
         values = {**case.truth, **case.system}
         values = {k: v for k, v in values.items() if v is not None}
+        actions: list[dict[str, Any]] | None
         try:
             d = interpret(new, {k: v for k, v in values.items() if k in new.variables})
-            path, finals, error = d.path, d.finals, None
+            path, finals, actions, error = d.path, d.finals, d.actions, None
         except DecideError as exc:
-            path, finals, error = None, None, exc.message
-        if path != case.expected_path or finals != case.expected_finals:
-            report.cases_changed.append(CaseChange(id=case.id, old_path=case.expected_path, new_path=path,
-                                                   old_finals=case.expected_finals, new_finals=finals,
-                                                   error=error))
+            path, finals, actions, error = None, None, None, exc.message
+        trace_changed = case.expected_actions is not None and actions is not None and actions != case.expected_actions
+        if path != case.expected_path or finals != case.expected_finals or trace_changed:
+            report.cases_changed.append(CaseChange(
+                id=case.id, old_path=case.expected_path, new_path=path, old_finals=case.expected_finals,
+                new_finals=finals, error=error, old_actions=case.expected_actions if trace_changed else None,
+                new_actions=actions if trace_changed else None))
 
 
 def diff(old: ir.Scenario, new: ir.Scenario, *, cases: Sequence[Case] = (), budget: int = DEFAULT_BUDGET,
@@ -559,8 +594,11 @@ def render_text(report: DiffReport, *, limit: int = 10) -> str:
             values = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False) if k in report.text_inputs else _show(v)}"
                                for k, v in sorted(w.values.items()))
             out.append(f"  {i}. {values}")
-            out.append(f"     old: {' -> '.join(w.old_path)} => {_finals(w.old_finals)}")
-            out.append(f"     new: {' -> '.join(w.new_path)} => {_finals(w.new_finals)}")
+            traced = w.old_finals == w.new_finals  # the same finals: the actions carried out differ
+            out.append(f"     old: {' -> '.join(w.old_path)} => {_finals(w.old_finals)}"
+                       + (f"; actions {_trace_text(w.old_actions)}" if traced else ""))
+            out.append(f"     new: {' -> '.join(w.new_path)} => {_finals(w.new_finals)}"
+                       + (f"; actions {_trace_text(w.new_actions)}" if traced else ""))
     elif not report.compared:
         out.append("decisions: not compared (no input is valid for both versions)")
     else:
@@ -578,9 +616,21 @@ def render_text(report: DiffReport, *, limit: int = 10) -> str:
                 parts.append(f"path {' '.join(c.old_path)} => {' '.join(c.new_path)}")
             if c.new_finals != c.old_finals:
                 parts.append(f"finals {_finals(c.old_finals)} => {_finals(c.new_finals or {})}")
+            if c.old_actions is not None and c.new_actions is not None:
+                parts.append(f"actions {_trace_text(c.old_actions)} => {_trace_text(c.new_actions)}")
             out.append(f"  {c.id}: " + "; ".join(parts))
     return "\n".join(out) + "\n"
 
 
 def _finals(finals: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={_show(v)}" for k, v in finals.items())
+
+
+def _trace_text(actions: Sequence[Mapping[str, Any]]) -> str:
+    """An engine action trace as the user writes values: `OpenClaim(peril=Water) -> PayClaim(amount=1200)`."""
+    shown = []
+    for call in actions:
+        args = call.get("args") or {}
+        inner = ", ".join(f"{k}={_show(v)}" for k, v in args.items())
+        shown.append(f"{call.get('name')}({inner})" if inner else str(call.get("name")))
+    return " -> ".join(shown) or "(none)"
