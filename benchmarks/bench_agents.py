@@ -128,7 +128,7 @@ def measure(mode: str, latency: float, dialogues: int, concurrency: int, max_tur
     import sopgraph
     from sopgraph.cases.profiles import profile_for
     from sopgraph.cases.synth import synthesize
-    from sopgraph.simulation.runner import run
+    from sopgraph.simulation.runner import in_own_loop, run
     from sopgraph.simulation.store import RunStore
 
     sop = ROOT / "scenarios" / "telecom_package.sop"
@@ -154,9 +154,10 @@ def measure(mode: str, latency: float, dialogues: int, concurrency: int, max_tur
             cpu, t0, wait = _cpu(), time.perf_counter(), _runqueue_wait()
             if prof is not None:
                 prof.enable()
-            asyncio.run(run(scenario, cases, [agent], Path(tmp) / "r", concurrency=concurrency,
-                            max_turns=max_turns, progress=False, judge_turns="final", workers=workers,
-                            gateway_options={"builtins_via_litellm": not builtins_direct}))
+            # as `sop run` does: its own loop set up by `in_own_loop` (and so every worker's)
+            asyncio.run(in_own_loop(run(scenario, cases, [agent], Path(tmp) / "r", concurrency=concurrency,
+                                        max_turns=max_turns, progress=False, judge_turns="final", workers=workers,
+                                        gateway_options={"builtins_via_litellm": not builtins_direct})))
             if prof is not None:
                 prof.disable()
             elapsed, cpu, wait = time.perf_counter() - t0, _cpu() - cpu, _runqueue_wait() - wait

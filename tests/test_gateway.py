@@ -709,3 +709,86 @@ def test_pydantic_objects_in_context_reach_builtins(gateway: Gateway) -> None:
         gateway.complete(ModelSpec(role="judge1", model="scripted/truth"), MESSAGES, context=ctx)
     )
     assert json.loads(completion.text)["labels"] == {"intent": "refund"}
+
+
+def test_an_unpriced_model_gets_a_zero_per_call_price_after_its_first_answer(
+        server: FakeServer, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """litellm searched its whole cost map for an unpriced model on every call (~0.3 ms); once a call
+    shows that it cannot price the model, later calls carry a zero per-call price and still count as of
+    unknown cost. A priced model, and a model the user priced, never get the zero price."""
+    litellm = gw.load_litellm()
+    seen: list[dict[str, Any]] = []
+    real = litellm.acompletion
+
+    async def spy(**kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return await real(**kwargs)
+
+    monkeypatch.setattr(litellm, "acompletion", spy)
+    gateway = Gateway(cache=False, cache_dir=cache_dir, default_timeout=5, max_retries=0)
+    local = spec_for(server, model="aiohttp_openai/my-local-finetune")
+    answers = [run(gateway.complete(local, MESSAGES)) for _ in range(3)]
+    assert [(a.cost, a.cost_known) for a in answers] == [(0.0, False)] * 3
+    assert gateway.stats.unknown_cost_calls == 3
+    assert ["input_cost_per_token" in k for k in seen] == [False, True, True]
+    assert all(k.get("input_cost_per_token", 0.0) == 0.0 for k in seen)
+    seen.clear()
+    priced = [run(gateway.complete(spec_for(server), MESSAGES)) for _ in range(2)]
+    assert all(p.cost > 0 and p.cost_known for p in priced) and not any("input_cost_per_token" in k for k in seen)
+    seen.clear()
+    own = spec_for(server, model="openai/my-priced-finetune", input_cost_per_token="0.001",
+                   output_cost_per_token="0.002")
+    mine = [run(gateway.complete(own, MESSAGES)) for _ in range(2)]
+    assert all(m.cost > 0 and m.cost_known for m in mine)
+    assert [k["input_cost_per_token"] for k in seen] == [0.001, 0.001]
+
+
+def test_the_inline_executor_runs_marked_work_on_the_calling_thread_and_the_rest_on_threads() -> None:
+    import threading
+
+    from sopgraph.simulation.gateway import _INLINE_PREPARATION, InlinePreparationExecutor
+
+    here = threading.get_ident()
+    with InlinePreparationExecutor(max_workers=1) as executor:
+        assert executor.submit(threading.get_ident).result() != here
+        token = _INLINE_PREPARATION.set(True)
+        try:
+            assert executor.submit(threading.get_ident).result() == here
+            failed = executor.submit(int, "not a number")
+            assert isinstance(failed.exception(), ValueError)
+        finally:
+            _INLINE_PREPARATION.reset(token)
+
+
+class _CountingExecutor(gw.InlinePreparationExecutor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inline = self.pooled = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if gw._INLINE_PREPARATION.get():
+            self.inline += 1
+        else:
+            self.pooled += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize(("model", "inline"), [("scripted/user", True), ("aiohttp_openai/local", True),
+                                               ("openai/local", False)])
+def test_gateway_calls_prepare_inline_only_on_cpu_only_routes(model: str, inline: bool, server: FakeServer,
+                                                              cache_dir: Path) -> None:
+    """Built-in providers and aiohttp routes prepare on the loop's thread (no GIL hand-off per call);
+    other routes (whose preparation may refresh credentials over the network) keep litellm's thread."""
+    gateway = Gateway(cache=False, cache_dir=cache_dir, default_timeout=5, max_retries=0)
+    spec = (ModelSpec(role="user", model=model) if model.startswith("scripted/")
+            else spec_for(server, model=model))
+    ctx = {"case": {"intent_description": "I want a refund"}, "turn": 1}
+
+    async def call() -> tuple[int, int]:
+        executor = _CountingExecutor()
+        asyncio.get_running_loop().set_default_executor(executor)
+        await gateway.complete(spec, MESSAGES, context=ctx)
+        return executor.inline, executor.pooled
+
+    counts = run(call())
+    assert counts[0 if inline else 1] >= 1 and counts[1 if inline else 0] == 0, counts

@@ -4,6 +4,7 @@ and secret hygiene of everything stored."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import re
@@ -436,3 +437,24 @@ def test_workers_reject_a_shared_gateway(tmp_path, toy_file):
                         gateway=Gateway(cache=False)))
     with pytest.raises(RunError, match="workers must be"):
         asyncio.run(run(toy_file, toy_cases(2), ["agent=baseline/oracle"], tmp_path / "r", workers=0))
+
+
+def test_in_own_loop_sets_up_the_loop_as_sops_own_processes_do() -> None:
+    """`sop run`, `sop judge` and every worker process await their work through `in_own_loop`: the
+    loop's default executor then prepares CPU-only model calls on the loop's thread."""
+    from sopgraph.simulation.gateway import _INLINE_PREPARATION, InlinePreparationExecutor
+    from sopgraph.simulation.runner import in_own_loop
+
+    async def probe() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        token = _INLINE_PREPARATION.set(True)
+        try:
+            marked = await loop.run_in_executor(None, threading.get_ident) == threading.get_ident()
+        finally:
+            _INLINE_PREPARATION.reset(token)
+        unmarked = await loop.run_in_executor(None, threading.get_ident) == threading.get_ident()
+        return marked, unmarked
+
+    assert asyncio.run(in_own_loop(probe())) == (True, False)
+    assert asyncio.run(probe()) == (False, False)  # a loop nobody set up: litellm's threads as usual
+    assert issubclass(InlinePreparationExecutor, concurrent.futures.ThreadPoolExecutor)

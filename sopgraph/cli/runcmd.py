@@ -19,7 +19,7 @@ from sopgraph.simulation.gateway import (
 )
 from sopgraph.simulation.judge import agreement as agree
 from sopgraph.simulation.judge import parse_judge_turns
-from sopgraph.simulation.runner import RunError, rejudge, run
+from sopgraph.simulation.runner import RunError, in_own_loop, rejudge, run
 from sopgraph.simulation.store import RunStore, StoreError
 
 from .params import fail, load_or_exit
@@ -118,9 +118,9 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
                                       "max_delay": retry_max_delay, "cache": not no_cache}}
         target = out
     try:
-        summary = asyncio.run(run(scenario, cases, specs, target, concurrency=concurrency, workers=workers,
-                                  progress="never" if quiet else progress, preflight=not no_preflight,
-                                  **kwargs))
+        summary = asyncio.run(in_own_loop(run(scenario, cases, specs, target, concurrency=concurrency,
+                                              workers=workers, progress="never" if quiet else progress,
+                                              preflight=not no_preflight, **kwargs)))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -150,9 +150,9 @@ def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judg
     if bad:
         fail(f"sop judge takes judge models only (got {', '.join(bad)})")
     try:
-        summary = asyncio.run(rejudge(run_dir, specs, judgment_set=set_name, judge_turns=judge_turns,
-                                      concurrency=concurrency, replace=replace,
-                                      progress="never" if quiet else progress))
+        summary = asyncio.run(in_own_loop(rejudge(run_dir, specs, judgment_set=set_name, judge_turns=judge_turns,
+                                                  concurrency=concurrency, replace=replace,
+                                                  progress="never" if quiet else progress)))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     _render_summary(summary.model_dump(), fmt)

@@ -12,6 +12,7 @@ litellm never fetches its cost map).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import difflib
 import email.utils
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final, Literal
@@ -52,6 +54,7 @@ __all__ = [
     "ResponseCache",
     "RoleSet",
     "Usage",
+    "InlinePreparationExecutor",
     "default_cache_dir",
     "load_litellm",
     "network_used",
@@ -86,6 +89,37 @@ call: litellm keeps it on the call's logging object and never writes it to ``lit
 logging payload take the call's own price entry instead of searching the cost map for the model; the
 provider named up front saves resolving it from the model string. About 3,040 → 2,750 Python function
 calls per built-in call, litellm's async success logging included (docs/agents.md, "Speed")."""
+
+
+_INLINE_PREPARATION: ContextVar[bool] = ContextVar("sopgraph_inline_preparation", default=False)
+"""Set by the gateway around a litellm call whose synchronous preparation is CPU only (see below)."""
+
+
+class InlinePreparationExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The default executor of an event loop sopgraph owns (a `--workers` process, the `sop run` command):
+    runs the synchronous preparation of a gateway call inline when that is CPU only.
+
+    Why: ``litellm.acompletion`` hands every call's synchronous part (``completion()``: building the
+    request, or for a built-in provider making the coroutine that answers) to the loop's default
+    executor. For built-in providers and aiohttp routes that part never blocks, and the thread hop only
+    adds GIL hand-offs: with 64 dialogues in flight, each hop waits for a pool thread and then for the
+    GIL, and a model call held its concurrency slot ~40 ms longer than the model took (benchmarks/
+    bench_agents.py; docs/agents.md, "Speed"). Everything else (other litellm routes, whose preparation
+    may refresh credentials over the network, and any other ``run_in_executor(None, ...)``) still runs
+    on the pool's threads. Installed with ``loop.set_default_executor`` by the code that owns the loop;
+    library calls never change a caller's loop."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        if not _INLINE_PREPARATION.get():
+            return super().submit(fn, *args, **kwargs)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller, as a pool thread would
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+        return future
 
 
 # =========================================================================== preflight
@@ -969,6 +1003,7 @@ class Gateway:
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._session_keeper: AsyncIterator[None] | None = None
         self._no_json_schema: set[tuple[str, str]] = set()
+        self._unpriced: set[tuple[str, str]] = set()  # models litellm could not price (learned per call)
         self.notes: list[str] = []
         self._listeners: list[Callable[[Gateway], None]] = []
         """Things a run should record, e.g. a structured-output fallback (one line each)."""
@@ -1228,7 +1263,7 @@ class Gateway:
         if spec.is_builtin and not self.builtins_via_litellm:
             return self._builtin(spec, kwargs, started)
         loading = time.perf_counter()
-        litellm = load_litellm()
+        load_litellm()
         if not spec.is_builtin:
             _NETWORK_USED = True
         started += time.perf_counter() - loading  # the one-time import is not the model's latency
@@ -1239,7 +1274,6 @@ class Gateway:
             raise InfraFailure(f"{spec.role or 'model'} {spec.model}: bad_request (not retryable): {_USERINFO_HINT} "
                                f"(api_base {_sanitize_url(spec.params.api_base)})",
                                kind="bad_request", role=spec.role, model=spec.model, attempts=0, retryable=False)
-        attempts = 0
         timeout = float(kwargs["timeout"])
         # A guard above the transport timeout, so a wedged call can never hang a run. litellm's
         # aiohttp route does not apply ``timeout`` itself, so there the guard is the timeout.
@@ -1247,6 +1281,24 @@ class Gateway:
         if spec.provider in AIOHTTP_PROVIDERS and "client" not in kwargs:
             kwargs = {**kwargs, "client": await self._aiohttp_session()}
             guard = timeout
+        # A model litellm could not price stays unpriced (its cost map is never written to): later calls
+        # carry a zero per-call price, which spares litellm searching its whole cost map for the model on
+        # every call, and are recorded as of unknown cost all the same. Not when the user priced it.
+        unpriced = (not spec.is_builtin and _price_key(spec) in self._unpriced
+                    and not any(k in kwargs for k in _BUILTIN_CALL_OPTIONS))
+        if unpriced:
+            kwargs = {**kwargs, **_BUILTIN_CALL_OPTIONS}
+        inline = _INLINE_PREPARATION.set(spec.is_builtin or spec.provider in AIOHTTP_PROVIDERS)
+        try:
+            return await self._attempts(spec, kwargs, started, secrets, guard, unpriced)
+        finally:
+            _INLINE_PREPARATION.reset(inline)
+
+    async def _attempts(self, spec: ModelSpec, kwargs: dict[str, Any], started: float, secrets: list[str],
+                        guard: float, unpriced: bool) -> Completion:
+        """Call litellm until an answer, a failure that is not retryable, or the retries run out."""
+        litellm = load_litellm()
+        attempts = 0
         fallback_tried = False
         schema_format: Any = kwargs.get("response_format")
         while True:
@@ -1259,7 +1311,7 @@ class Gateway:
                 else:
                     async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
                         response = await litellm.acompletion(**kwargs)
-                completion = self._to_completion(spec, response, attempts, started, secrets)
+                completion = self._to_completion(spec, response, attempts, started, secrets, unpriced)
                 if fallback_tried and _format_type(kwargs) == "json_object":
                     self._learn_no_json_schema(spec)
                 return completion
@@ -1300,7 +1352,8 @@ class Gateway:
         )
 
     def _to_completion(
-        self, spec: ModelSpec, response: Any, attempts: int, started: float, secrets: list[str]
+        self, spec: ModelSpec, response: Any, attempts: int, started: float, secrets: list[str],
+        unpriced: bool = False,
     ) -> Completion:
         choices = getattr(response, "choices", None)
         if not choices:
@@ -1313,7 +1366,9 @@ class Gateway:
         if not isinstance(text, str):
             raise _MalformedResponse("response message has no text content")
         usage = _usage(getattr(response, "usage", None))
-        cost, known = self._cost(spec, response)
+        cost, known = (0.0, False) if unpriced else self._cost(spec, response)
+        if not known:
+            self._unpriced.add(_price_key(spec))
         self._stats.prompt_tokens += usage.prompt_tokens
         self._stats.completion_tokens += usage.completion_tokens
         self._stats.reasoning_tokens += usage.reasoning_tokens
@@ -1353,6 +1408,11 @@ class Gateway:
             return float(litellm.completion_cost(completion_response=response, model=spec.model)), True
         except Exception:  # noqa: BLE001 - an unpriced model is not an error
             return 0.0, False
+
+
+def _price_key(spec: ModelSpec) -> tuple[str, str]:
+    """What litellm prices a call by (the model and where it is served); kept in memory only."""
+    return spec.model, spec.params.api_base or ""
 
 
 def _schema_key(spec: ModelSpec) -> tuple[str, str]:

@@ -41,11 +41,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
@@ -67,6 +67,7 @@ from sopgraph.simulation.dialogue import (
 from sopgraph.simulation.gateway import (
     Gateway,
     InfraFailure,
+    InlinePreparationExecutor,
     ModelOptionError,
     ModelSpec,
     RoleSet,
@@ -911,7 +912,7 @@ def _worker_main(conn: Connection, job: dict[str, Any], parent_pid: int = 0,
         _die_with_parent(parent_pid, inherited)
     error = None
     try:
-        asyncio.run(_worker_run(conn, job))
+        asyncio.run(in_own_loop(_worker_run(conn, job)))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises RunError
 
         error = redact(traceback.format_exc(limit=20))
@@ -921,6 +922,17 @@ def _worker_main(conn: Connection, job: dict[str, Any], parent_pid: int = 0,
         os._exit(_ORPHANED)
     finally:
         conn.close()
+
+
+_T = TypeVar("_T")
+
+
+async def in_own_loop(work: Awaitable[_T]) -> _T:
+    """Await `work` in an event loop the caller owns (its `asyncio.run`), set up as sopgraph's own
+    processes set theirs: model calls prepare inline where that is CPU only (`InlinePreparationExecutor`).
+    For applications (`sop run`, `sop judge`) and worker processes; library calls leave a loop as it is."""
+    asyncio.get_running_loop().set_default_executor(InlinePreparationExecutor())
+    return await work
 
 
 async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
