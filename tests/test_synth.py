@@ -166,6 +166,25 @@ def test_intent_balance_is_exact(telecom) -> None:
     assert max(counts.values()) - min(counts.values()) <= 1
 
 
+def test_an_intents_share_smaller_than_its_paths_goes_to_the_least_covered_outcomes() -> None:
+    """claim_intake: 18 paths, 6 intents, most of which can end in several ways (paid, referred, a visit,
+    a hand-over). With 6 or 12 cases, a uniform draw over each intent's paths ended all cases of an intent
+    in its commonest action (2 of the 5 final actions for 6 cases); now every reachable action is covered
+    and no intent repeats a path while it has an unused one."""
+    sop = ROOT / "examples" / "claim_intake.sop"
+    scenario = sopgraph.load(sop)
+    profile = load_profile(ROOT / "examples" / "claim_intake.profile.yaml", scenario)
+    reachable = {e.action for e in plan(scenario, profile).paths if e.intents}
+    assert len(reachable) == 5
+    for n, seed in ((6, 2), (12, 2), (12, 9)):
+        cases = synthesize(scenario, profile, n, seed=seed).cases
+        assert len(cases) == n
+        assert {c.expected_finals["Action"] for c in cases} == reachable, (n, seed)
+        for intent, group in Counter(c.intent for c in cases).items():
+            paths = [c.path_id for c in cases if c.intent == intent]
+            assert len(set(paths)) == min(group, len(plan(scenario, profile).intent_paths[intent])), intent
+
+
 def test_path_and_action_balance(telecom) -> None:
     scenario, profile = telecom
     by_path = synthesize(scenario, profile, 120, seed=4, balance="path", min_per_path=0)

@@ -973,9 +973,10 @@ def _stage_one(p: Plan, compat: dict[int, list[str]], usable: list[int], n: int,
         weights = [p.profile.intents[name].weight for name in profile_intents]
         per_intent = Counter(_spread(n, profile_intents, weights, rng, shuffle=False))
         slots: list[tuple[int, str]] = []
+        action_count: Counter[str] = Counter()
+        path_count: Counter[int] = Counter()
         for name in profile_intents:
-            paths_of = paths_by_intent[name]
-            for i in _spread(per_intent[name], paths_of, [1.0] * len(paths_of), rng, shuffle=False):
+            for i in _diverse_picks(per_intent[name], paths_by_intent[name], p, action_count, path_count, rng):
                 slots.append((i, name))
         rng.shuffle(slots)
         return slots
@@ -998,6 +999,40 @@ def _stage_one(p: Plan, compat: dict[int, list[str]], usable: list[int], n: int,
             slots.append((i, name))
     rng.shuffle(slots)
     return slots
+
+
+def _diverse_picks(k: int, paths_of: list[int], p: Plan, action_count: Counter[str], path_count: Counter[int],
+                   rng: random.Random) -> list[int]:
+    """`k` cases of one intent over its paths: whole rounds over every path, then the rest one per path
+    where the file so far has the fewest cases ending in the path's action, then of the path itself (ties
+    in a seeded order). Why: an intent usually reaches several outcomes (a water leak is paid, or referred
+    when an item is dear, or when the photos never come); with fewer cases than paths, a uniform draw
+    often gave every case of a file the commonest outcome. Updates the file's counts."""
+    if k <= 0 or not paths_of:
+        return []
+    rounds, rest = divmod(k, len(paths_of))
+    picks = [i for i in paths_of for _ in range(rounds)]
+    order = list(paths_of)
+    rng.shuffle(order)
+    if rest:
+        rank = {i: r for r, i in enumerate(order)}
+        by_action: dict[str, list[int]] = defaultdict(list)  # each in the seeded order
+        for i in order:
+            by_action[p.paths[i].action].append(i)
+        for _ in range(rest):
+            action = min(by_action, key=lambda a: (action_count[a], rank[by_action[a][0]]))
+            members = by_action[action]
+            pick = min(members, key=lambda i: (path_count[i], rank[i]))
+            members.remove(pick)
+            if not members:
+                del by_action[action]
+            picks.append(pick)
+            action_count[action] += 1
+            path_count[pick] += 1
+    for i in picks[:len(picks) - rest]:
+        action_count[p.paths[i].action] += 1
+        path_count[i] += 1
+    return picks
 
 
 def _stage_two(p: Plan, compat: dict[int, list[str]], usable: list[int], slots: list[tuple[int, str]],
