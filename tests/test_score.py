@@ -727,9 +727,12 @@ def test_score_leaderboard_compare_cli(floor_runs, tmp_path) -> None:
     res = r.invoke(main, ["compare", str(comply), str(oracle), "--bootstrap", "200"])
     assert res.exit_code == 0, res.output
     assert "cases that flipped" in res.output and "McNemar" in res.output
-    res = r.invoke(main, ["compare", str(oracle), str(comply), "--format", "json", "--fail-on-regression",
+    # B significantly worse: the escalating floor fails every resolvable case (the complying one fails only the
+    # few traps of 12 cases: 2 or 3 × 2 trials, too few discordant pairs for McNemar's p < 0.05 on most seeds)
+    escalate = floor_runs["baseline/always-escalate"]
+    res = r.invoke(main, ["compare", str(oracle), str(escalate), "--format", "json", "--fail-on-regression",
                           "--bootstrap", "200"])
-    assert res.exit_code == 1  # B is significantly worse
+    assert res.exit_code == 1
     cmp = json.loads(res.output)
     assert cmp["a_only"] > 0 and cmp["b_only"] == 0 and cmp["mcnemar_p"] < 0.05
     assert all(f["a_pass"] and not f["b_pass"] for f in cmp["flipped"])
