@@ -186,6 +186,9 @@ def test_a_starter_intent_says_how_a_field_relates_to_the_backend() -> None:
     assert ('  given_ne_on_file:\n    description: "The e-mail the caller gives is not the e-mail on file."\n'
             '    when: "Given != OnFile"') in text  # said in the variables' words: the simulated user speaks it
     assert "any_request" not in text
+    # with a field value as well, the relation is said too: the intents of P02 and P03 differ from P01's
+    assert ('  question_given_eq_on_file:\n    description: "Asks; the e-mail the caller gives is the e-mail on '
+            'file."\n') in text
     assert "  Paid: {user_knows: false}" in text  # an observed value is the backend's news, not the customer's
     profile, diags = parse_profile(text, scenario, file="p.yaml")
     assert profile is not None and not [d for d in diags if d.is_error]

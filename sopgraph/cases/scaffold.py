@@ -265,7 +265,7 @@ def _intent_name(requires: dict[str, Any], taken: set[str], when: list[str] | No
             parts.append(_snake(name) if value else f"not_{_snake(name)}")
         else:
             parts.append("_or_".join(_snake(v) for v in (value if isinstance(value, list) else [value])))
-    for condition in [] if parts else when or []:  # `GivenEmail != EmailOnFile` -> given_email_ne_email_on_file
+    for condition in when or []:  # `GivenEmail != EmailOnFile` -> given_email_ne_email_on_file
         words = re.findall(r"[^\W\d]\w*|[<>=!]=?", condition)
         parts.append("_".join(_OP_NAMES.get(w, _snake(w)) for w in words if w not in ("and", "or", "in")))
     base = "_".join(parts)[:48].rstrip("_") or "any_request"
@@ -282,8 +282,10 @@ def _snake(text: str) -> str:
 
 
 def _starter_description(scenario: ir.Scenario, requires: dict[str, Any], relations: list[str] | None = None) -> str:
-    """Words for the customer's situation from the fields' own `Value = meaning` descriptions; an intent
-    known only by how a field relates to other values (`when:`) is said in the variables' words."""
+    """Words for the customer's situation from the fields' own `Value = meaning` descriptions, and how a
+    field relates to other values (`when:`) in the variables' words: without them, intents that differ
+    only in that relation read alike (three "Request ChangeEmail." for a matching, a different and any
+    given address)."""
     bits: list[str] = []
     for name, value in requires.items():
         var = scenario.variables[name]
@@ -293,8 +295,7 @@ def _starter_description(scenario: ir.Scenario, requires: dict[str, Any], relati
         values = value if isinstance(value, list) else [value]
         said = [value_meaning(var, v) or f"{_snake(name).replace('_', ' ')} {v}" for v in values]
         bits.append(" or ".join(said))
-    if not bits:
-        bits = list(relations or [])
+    bits += relations or []
     text = "; ".join(bits) or "any request this SOP handles"
     return text[:1].upper() + text[1:] + "."
 
