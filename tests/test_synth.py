@@ -785,3 +785,51 @@ def test_synth_notes_cases_in_another_language_than_the_scenario(tmp_path) -> No
                                      "-o", str(out)])
     assert only.exit_code == 0 and "personas' own language" not in only.stderr
     assert all(json.loads(line)["language"] == "en" for line in out.read_text(encoding="utf-8").splitlines())
+
+
+EMAIL_SOP = """scenario email_change "Email change"
+
+field Request: ChangeEmail | Question "what the customer wants"
+field GivenEmail: string "the e-mail address the customer gives as their current one"
+system EmailOnFile: string "the e-mail address on the account"
+
+action UpdateEmail "change the e-mail address"
+action Explain "explain how to change the address"
+action Refuse "refuse: the identity could not be confirmed"
+
+start intake
+
+stage intake "Intake" {
+    classify Request, GivenEmail
+    match Request {
+        Question -> do Explain
+        ChangeEmail -> verify
+    }
+}
+
+stage verify "Verify" {
+    when GivenEmail != EmailOnFile -> do Refuse
+    otherwise -> do UpdateEmail
+}
+"""
+
+
+def test_a_string_field_the_path_never_reads_still_gets_a_value(tmp_path: Path) -> None:
+    """A question about the rules never reads the e-mail address, but the intake classifies it: the case's
+    truth held null there, which the agent's reply schema (a string) refuses, so even the oracle made a
+    format error on every such turn. Free strings now get values that read like the variable."""
+    from sopgraph.simulation.runner import run_sync
+    from sopgraph.simulation.store import RunStore
+
+    sop = tmp_path / "email_change.sop"
+    sop.write_text(EMAIL_SOP, encoding="utf-8")
+    scenario = sopgraph.load(sop)
+    cases = synthesize(scenario, default_profile(scenario), 8, seed=1).cases
+    questions = [c for c in cases if c.truth["Request"] == "Question"]
+    assert questions and all("@" in c.truth["GivenEmail"] and "@" in c.system["EmailOnFile"] for c in questions)
+    path = tmp_path / "cases.jsonl"
+    path.write_text("".join(c.model_dump_json() + "\n" for c in cases), encoding="utf-8")
+    run_sync(str(sop), str(path), ["agent=baseline/oracle"], str(tmp_path / "run"), progress=False)
+    with RunStore.open(tmp_path / "run") as store:
+        turns = store.turns()
+    assert turns and not [t.format_note for t in turns if t.format_error]

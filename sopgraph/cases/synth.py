@@ -403,8 +403,10 @@ def describe_path(info: Any) -> str:
 
 
 def plausible_values(var: ir.Variable, profile: Profile) -> list[Any]:
-    """Values to draw from when a variable is free: its enum/bool domain, the profile's `values`, or a
-    few round numbers inside a numeric range (ints stay ints; floats have two decimals)."""
+    """Values to draw from when a variable is free: its enum/bool domain, the profile's `values`, a
+    few round numbers inside a numeric range (ints stay ints; floats have two decimals), or two texts
+    that read like the variable (an e-mail address for an e-mail): a field the path never reads is still
+    part of the customer's situation, and the agent's reply must give it a value of its type."""
     if var.name in profile.sample_values and profile.sample_values[var.name]:
         return [_normalise(var, v) for v in profile.sample_values[var.name]]
     vtype = var.type
@@ -416,6 +418,8 @@ def plausible_values(var: ir.Variable, profile: Profile) -> list[Any]:
         return _numeric_points(vtype)
     if isinstance(vtype, ir.TimeType):  # where the domain places unconstrained dates, as text
         return [scalars.format_temporal(vtype.kind, scalardom.typical(vtype.kind))]
+    if isinstance(vtype, ir.StringType):
+        return list(scalardom.string_samples(var.name, var.description))
     return [None]
 
 
