@@ -744,20 +744,30 @@ def test_an_unpriced_model_gets_a_zero_per_call_price_after_its_first_answer(
 
 
 def test_the_inline_executor_runs_marked_work_on_the_calling_thread_and_the_rest_on_threads() -> None:
+    """Only the task that marked itself prepares inline: a task started during its call (as litellm starts
+    its logging worker) inherits the mark but not inline execution."""
     import threading
 
     from sopgraph.simulation.gateway import _INLINE_PREPARATION, InlinePreparationExecutor
 
-    here = threading.get_ident()
-    with InlinePreparationExecutor(max_workers=1) as executor:
-        assert executor.submit(threading.get_ident).result() != here
-        token = _INLINE_PREPARATION.set(True)
-        try:
-            assert executor.submit(threading.get_ident).result() == here
-            failed = executor.submit(int, "not a number")
-            assert isinstance(failed.exception(), ValueError)
-        finally:
-            _INLINE_PREPARATION.reset(token)
+    async def probe() -> tuple[bool, bool, bool, bool]:
+        here = threading.get_ident()
+        with InlinePreparationExecutor(max_workers=1) as executor:
+            unmarked = executor.submit(threading.get_ident).result() == here
+            token = _INLINE_PREPARATION.set(asyncio.current_task())
+            try:
+                marked = executor.submit(threading.get_ident).result() == here
+                failed = executor.submit(int, "not a number").exception()
+
+                async def spawned() -> bool:
+                    return executor.submit(threading.get_ident).result() == here
+
+                child = await asyncio.create_task(spawned())
+            finally:
+                _INLINE_PREPARATION.reset(token)
+        return unmarked, marked, isinstance(failed, ValueError), child
+
+    assert asyncio.run(probe()) == (False, True, True, False)
 
 
 class _CountingExecutor(gw.InlinePreparationExecutor):
@@ -766,7 +776,7 @@ class _CountingExecutor(gw.InlinePreparationExecutor):
         self.inline = self.pooled = 0
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if gw._INLINE_PREPARATION.get():
+        if gw._inline_here():
             self.inline += 1
         else:
             self.pooled += 1

@@ -447,7 +447,7 @@ def test_in_own_loop_sets_up_the_loop_as_sops_own_processes_do() -> None:
 
     async def probe() -> tuple[bool, bool]:
         loop = asyncio.get_running_loop()
-        token = _INLINE_PREPARATION.set(True)
+        token = _INLINE_PREPARATION.set(asyncio.current_task())
         try:
             marked = await loop.run_in_executor(None, threading.get_ident) == threading.get_ident()
         finally:

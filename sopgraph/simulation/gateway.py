@@ -91,8 +91,20 @@ provider named up front saves resolving it from the model string. About 3,040 â†
 calls per built-in call, litellm's async success logging included (docs/agents.md, "Speed")."""
 
 
-_INLINE_PREPARATION: ContextVar[bool] = ContextVar("sopgraph_inline_preparation", default=False)
-"""Set by the gateway around a litellm call whose synchronous preparation is CPU only (see below)."""
+_INLINE_PREPARATION: ContextVar[object | None] = ContextVar("sopgraph_inline_preparation", default=None)
+"""The task making a litellm call whose synchronous preparation is CPU only (see below), while it makes it.
+A task, not a flag: tasks that litellm starts during the call inherit the variable, and must not inherit
+inline execution (whatever they hand to the executor may block)."""
+
+
+def _inline_here() -> bool:
+    owner = _INLINE_PREPARATION.get()
+    if owner is None:
+        return False
+    try:
+        return owner is asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread: submitted from elsewhere
+        return False
 
 
 class InlinePreparationExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -110,7 +122,7 @@ class InlinePreparationExecutor(concurrent.futures.ThreadPoolExecutor):
     library calls never change a caller's loop."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        if not _INLINE_PREPARATION.get():
+        if not _inline_here():
             return super().submit(fn, *args, **kwargs)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         try:
@@ -1288,7 +1300,8 @@ class Gateway:
                     and not any(k in kwargs for k in _BUILTIN_CALL_OPTIONS))
         if unpriced:
             kwargs = {**kwargs, **_BUILTIN_CALL_OPTIONS}
-        inline = _INLINE_PREPARATION.set(spec.is_builtin or spec.provider in AIOHTTP_PROVIDERS)
+        cpu_only = spec.is_builtin or spec.provider in AIOHTTP_PROVIDERS
+        inline = _INLINE_PREPARATION.set(asyncio.current_task() if cpu_only else None)
         try:
             return await self._attempts(spec, kwargs, started, secrets, guard, unpriced)
         finally:
