@@ -59,6 +59,20 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def spy_on_litellm(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The keyword arguments of every `litellm.acompletion` call from now on (the calls still go through)."""
+    litellm = gw.load_litellm()
+    seen: list[dict[str, Any]] = []
+    real = litellm.acompletion
+
+    async def spy(**kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return await real(**kwargs)
+
+    monkeypatch.setattr(litellm, "acompletion", spy)
+    return seen
+
+
 # The OpenAI SDK route and litellm's lighter aiohttp route must behave the same for every fault.
 ROUTES = ["openai/gpt-4o-mini", "aiohttp_openai/gpt-4o-mini"]
 
@@ -559,14 +573,7 @@ def test_builtin_calls_carry_their_price_and_provider(cache_dir: Path, monkeypat
     stays on the call (litellm's global cost map is not written to)."""
     litellm = gw.load_litellm()
     cost_map = dict(litellm.model_cost)
-    seen: list[dict[str, Any]] = []
-    real = litellm.acompletion
-
-    async def spy(**kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return await real(**kwargs)
-
-    monkeypatch.setattr(litellm, "acompletion", spy)
+    seen = spy_on_litellm(monkeypatch)
     gateway = Gateway(cache_dir=cache_dir, default_timeout=5)
     spec = ModelSpec(role="user", model="scripted/user")
     ctx = {"case": {"intent_description": "I want a refund"}, "turn": 1}
@@ -716,15 +723,7 @@ def test_an_unpriced_model_gets_a_zero_per_call_price_after_its_first_answer(
     """litellm searched its whole cost map for an unpriced model on every call (~0.3 ms); once a call
     shows that it cannot price the model, later calls carry a zero per-call price and still count as of
     unknown cost. A priced model, and a model the user priced, never get the zero price."""
-    litellm = gw.load_litellm()
-    seen: list[dict[str, Any]] = []
-    real = litellm.acompletion
-
-    async def spy(**kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return await real(**kwargs)
-
-    monkeypatch.setattr(litellm, "acompletion", spy)
+    seen = spy_on_litellm(monkeypatch)
     gateway = Gateway(cache=False, cache_dir=cache_dir, default_timeout=5, max_retries=0)
     local = spec_for(server, model="aiohttp_openai/my-local-finetune")
     answers = [run(gateway.complete(local, MESSAGES)) for _ in range(3)]
