@@ -801,3 +801,23 @@ def test_gateway_calls_prepare_inline_only_on_cpu_only_routes(model: str, inline
 
     counts = run(call())
     assert counts[0 if inline else 1] >= 1 and counts[1 if inline else 0] == 0, counts
+
+
+def test_the_aiohttp_route_counts_the_tokens_the_server_reports(server: FakeServer, cache_dir: Path) -> None:
+    """litellm's `aiohttp_openai/` route drops the body's `usage`: every call counted 0 tokens and a model
+    priced per call cost 0. The gateway's session keeps the usage and the call is priced from it, as on
+    `openai/`; an unpriced model stays of unknown cost (its later calls too, with their tokens)."""
+    gateway = Gateway(cache=False, cache_dir=cache_dir, default_timeout=5, max_retries=0)
+    for route in ("aiohttp_openai", "openai"):
+        priced = spec_for(server, model=f"{route}/my-priced-finetune", input_cost_per_token="0.001",
+                          output_cost_per_token="0.002")
+        server.script([Behavior.ok("x", prompt_tokens=1000, completion_tokens=500)])
+        answer = run(gateway.complete(priced, MESSAGES))
+        assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (1000, 500), route
+        assert answer.cost == pytest.approx(1000 * 0.001 + 500 * 0.002) and answer.cost_known, route
+    unpriced = spec_for(server, model="aiohttp_openai/my-local-finetune")
+    for tokens in (300, 200):
+        server.script([Behavior.ok("x", prompt_tokens=tokens, completion_tokens=7)])
+        answer = run(gateway.complete(unpriced, MESSAGES))
+        assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.cost, answer.cost_known) == (
+            tokens, 7, 0.0, False)

@@ -134,6 +134,33 @@ class InlinePreparationExecutor(concurrent.futures.ThreadPoolExecutor):
         return future
 
 
+_RAW_USAGE: ContextVar[dict[str, Any] | None] = ContextVar("sopgraph_raw_usage", default=None)
+"""Where the gateway's aiohttp responses put the `usage` of a chat-completions body during a call."""
+_RESPONSE_CLASS: Any = None
+
+
+def _usage_keeping_response() -> Any:
+    """An ``aiohttp.ClientResponse`` that keeps the body's ``usage`` for the gateway (``_RAW_USAGE``).
+
+    Why: litellm's ``aiohttp_openai/`` route builds its answer from the body without ``usage``, so every
+    call counted 0 tokens, and a model priced per call cost 0, whatever the server reported. Given to the
+    gateway's session as its ``response_class`` (a documented aiohttp option); built once, on first use."""
+    global _RESPONSE_CLASS
+    if _RESPONSE_CLASS is None:
+        import aiohttp
+
+        class UsageKeepingResponse(aiohttp.ClientResponse):
+            async def json(self, *args: Any, **kwargs: Any) -> Any:
+                body = await super().json(*args, **kwargs)
+                sink = _RAW_USAGE.get()
+                if sink is not None and isinstance(body, dict) and isinstance(body.get("usage"), dict):
+                    sink.update(body["usage"])
+                return body
+
+        _RESPONSE_CLASS = UsageKeepingResponse
+    return _RESPONSE_CLASS
+
+
 # =========================================================================== preflight
 PREFLIGHT_PROMPT: Final = "sopgraph preflight: a one-call check that this model answers. Reply with OK."
 """The one message of a preflight call (test servers recognise it by its first two words)."""
@@ -1145,7 +1172,8 @@ class Gateway:
         # Like litellm's own session, honour HTTP(S)_PROXY; but with no proxy configured, skip
         # aiohttp's per-request environment and ~/.netrc lookups (two thread hops, ~0.3 ms a call).
         trust_env = bool(urllib.request.getproxies()) and not getattr(litellm, "disable_aiohttp_trust_env", False)
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=trust_env)
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=trust_env,
+                                        response_class=_usage_keeping_response())
         keeper = _close_at_loop_end(session)
         await keeper.__anext__()
         self._session, self._session_loop, self._session_keeper = session, loop, keeper
@@ -1322,8 +1350,14 @@ class Gateway:
                     async with asyncio.timeout(guard):
                         response = await litellm.acompletion(**kwargs)
                 else:
-                    async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
-                        response = await litellm.acompletion(**kwargs)
+                    raw_usage: dict[str, Any] = {}
+                    kept = _RAW_USAGE.set(raw_usage)
+                    try:
+                        async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
+                            response = await litellm.acompletion(**kwargs)
+                    finally:
+                        _RAW_USAGE.reset(kept)
+                    _restore_usage(spec, response, raw_usage, priced=not unpriced)
                 completion = self._to_completion(spec, response, attempts, started, secrets, unpriced)
                 if fallback_tried and _format_type(kwargs) == "json_object":
                     self._learn_no_json_schema(spec)
@@ -1497,6 +1531,40 @@ def _tool_calls(message: Any) -> list[dict[str, Any]]:
         out.append({"id": str(getattr(call, "id", None) or f"call_{i}"),
                     "name": str(getattr(fn, "name", None) or ""), "arguments": args or ""})
     return out
+
+
+def _restore_usage(spec: ModelSpec, response: Any, raw: Mapping[str, Any], *, priced: bool = True) -> None:
+    """Put the server's ``usage`` back on a response litellm built without it (``aiohttp_openai/``), and
+    price it again when it is priced: per call (the model's ``input_cost_per_token``/``output_cost_per_token``
+    options) or by litellm's cost map; not when the gateway's own zero price stands in for an unpriced
+    model (``priced=False``). A response that has its usage is left as it is."""
+    usage = getattr(response, "usage", None)
+    if not raw or (usage is not None and (getattr(usage, "prompt_tokens", None)
+                                          or getattr(usage, "completion_tokens", None))):
+        return
+    try:
+        prompt, completion = int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0)
+    except (TypeError, ValueError):
+        return
+    if not prompt and not completion:
+        return
+    litellm = load_litellm()
+    response.usage = litellm.Usage(prompt_tokens=prompt, completion_tokens=completion,
+                                   total_tokens=prompt + completion)
+    hidden = getattr(response, "_hidden_params", None)
+    if not priced or not isinstance(hidden, dict) or not isinstance(hidden.get("response_cost"), int | float):
+        return  # litellm could not price the model: it stays of unknown cost
+    extra = spec.params.extra
+    try:
+        if "input_cost_per_token" in extra or "output_cost_per_token" in extra:
+            cost = (prompt * float(extra.get("input_cost_per_token") or 0)
+                    + completion * float(extra.get("output_cost_per_token") or 0))
+        else:
+            cost = float(litellm.completion_cost(completion_response=response, model=spec.model))
+    except Exception:  # noqa: BLE001 - cannot price after all: unknown, as litellm says for an unpriced model
+        hidden["response_cost"] = None
+        return
+    hidden["response_cost"] = cost
 
 
 def _usage(raw: Any) -> Usage:
