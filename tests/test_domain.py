@@ -301,3 +301,25 @@ def test_num_norm_edge_cases() -> None:
     assert num_norm(0.5, 2.5, False, False, frozenset(), True) == NumDom(1, 2, False, False, frozenset())
     assert num_norm(-INF, INF, True, True, frozenset(), False) == NumDom(-INF, INF, False, False, frozenset())
     assert math.isinf(num_norm(0, INF, False, False, frozenset(), True).hi)
+
+
+def test_an_equality_and_its_negation_written_the_other_way_are_one_literal() -> None:
+    """`Given != OnFile` on a branch and `OnFile == Given` in an intent's `when:` are one residual literal
+    (`==`, operands in a fixed order), so the domain sees at once that no values satisfy both; before,
+    they were two unrelated literals and only a failed witness search ruled the pair out."""
+    src = ('scenario t "t"\nfield Given: string "g"\nsystem OnFile: string "o"\n'
+           'system A: float[0..1] "a"\nsystem B: float[0..1] "b"\naction Ok "ok"\n'
+           'stage s "s" {\n    when Given != OnFile -> do Ok\n    when OnFile == Given -> do Ok\n'
+           '    when A == B -> do Ok\n    when B != A -> do Ok\n    otherwise -> do Ok\n}\n')
+    loaded = load_source(None, text=src)
+    assert loaded.scenario is not None
+    scenario = loaded.scenario
+    ne, eq, floats_eq, floats_ne = (b.guard for b in scenario.stages["s"].branches[:4])
+    (box,) = constrain(scenario, full_box(scenario), ne, True)
+    assert box.constraints() == {"where": "Given != OnFile"}  # shown as written, not `not (… == …)`
+    assert constrain(scenario, box, eq, True) == []
+    assert constrain(scenario, box, eq, False) == [box]
+    (same,) = constrain(scenario, full_box(scenario), floats_eq, True)
+    assert constrain(scenario, same, floats_ne, True) == []
+    w = witness(scenario, box)
+    assert w is not None and w["Given"] != w["OnFile"]

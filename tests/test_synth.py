@@ -833,3 +833,20 @@ def test_a_string_field_the_path_never_reads_still_gets_a_value(tmp_path: Path) 
     with RunStore.open(tmp_path / "run") as store:
         turns = store.turns()
     assert turns and not [t.format_note for t in turns if t.format_error]
+
+
+def test_intents_that_relate_two_strings_pair_only_with_their_paths() -> None:
+    """The starter profile gives the e-mail SOP intents with `when: GivenEmail == EmailOnFile` and `!=`. The
+    plan now knows that an intent saying `==` cannot reach the path that needs `!=` (one domain literal), so
+    synthesis no longer reports "skipped pair … no engine-verified values" for such pairs."""
+    from sopgraph.cases.scaffold import starter_profile
+
+    scenario = load_source(None, text=EMAIL_SOP).scenario
+    assert scenario is not None
+    profile, diags = parse_profile(starter_profile(scenario)[0], scenario, file="p.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    the_plan = plan(scenario, profile)
+    equal = next(n for n in profile.intents if n.endswith("_eq_email_on_file"))
+    assert [the_plan.paths[i].action for i in the_plan.intent_paths[equal]] == ["UpdateEmail"]
+    result = synthesize(scenario, profile, 12, seed=1)
+    assert not [s for s in result.skipped if s.kind == "pair"]

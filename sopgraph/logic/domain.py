@@ -445,14 +445,23 @@ class Space:
         return ok
 
     def residual(self, expr: Any, truth: bool) -> Formula:
-        text = ir.show(expr)
+        """The literal "expr is `truth`", kept whole. `A != B` is the literal `A == B` false and `B == A`
+        is `A == B`: a condition and its negation written the other way (a branch `when A != B`, an
+        intent's `when: A == B`) are then one literal, which a box cannot hold both ways (empty)."""
+        if isinstance(expr, ir.Compare) and expr.op in ("==", "!="):
+            if expr.op == "!=":
+                expr, truth = expr.model_copy(update={"op": "=="}), not truth
+            left, right = ir.show(expr.left), ir.show(expr.right)
+            text = f"{min(left, right)} == {max(left, right)}"
+        else:
+            text = ir.show(expr)
         rid = self._res_index.get(text)
         if rid is None:
             rid = len(self.res_exprs)
             self._res_index[text] = rid
             self.res_exprs.append(expr)
             self.res_vars.append(self.base_reads(expr))
-            self.res_text.append(text)
+            self.res_text.append(ir.show(expr))
         return Formula("res", rid=rid, truth=truth, exact=False)
 
     def diff_residual(self, p: int, q: int, k: int) -> Formula:
@@ -486,6 +495,9 @@ class Space:
         if pqk is not None:
             p, q, k = pqk
             return self._diff_text(q, p, -k - 1)
+        expr = self.res_exprs[rid]
+        if isinstance(expr, ir.Compare) and expr.op == "==":
+            return f"{ir.show(expr.left)} != {ir.show(expr.right)}"
         text = self.res_text[rid]
         return f"not {text}" if _one_call(text) else f"not ({text})"
 
