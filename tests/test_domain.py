@@ -323,3 +323,24 @@ def test_an_equality_and_its_negation_written_the_other_way_are_one_literal() ->
     assert constrain(scenario, same, floats_ne, True) == []
     w = witness(scenario, box)
     assert w is not None and w["Given"] != w["OnFile"]
+
+
+def test_an_ordering_and_its_negation_or_mirror_are_one_literal() -> None:
+    """Over floats (no exact difference literals), `Claimed > Limit`, its mirror `Limit < Claimed` and its
+    negation `Limit >= Claimed` are one literal; each is shown as it was first written."""
+    src = ('scenario t "t"\nsystem Claimed: float[0..) "c"\nsystem Limit: float[0..) "l"\naction Ok "ok"\n'
+           'stage s "s" {\n    when Claimed > Limit -> do Ok\n    when Limit < Claimed -> do Ok\n'
+           '    when Limit >= Claimed -> do Ok\n    when Claimed <= Limit -> do Ok\n    otherwise -> do Ok\n}\n')
+    loaded = load_source(None, text=src)
+    assert loaded.scenario is not None
+    scenario = loaded.scenario
+    gt, mirror, negation, negation_mirror = (b.guard for b in scenario.stages["s"].branches[:4])
+    (box,) = constrain(scenario, full_box(scenario), gt, True)
+    assert box.constraints() == {"where": "Claimed > Limit"}
+    assert constrain(scenario, box, mirror, True) == [box]
+    assert constrain(scenario, box, negation, True) == [] == constrain(scenario, box, negation_mirror, True)
+    (other,) = constrain(scenario, full_box(scenario), negation, True)
+    assert other.constraints() == {"where": "Limit >= Claimed"}
+    assert constrain(scenario, other, gt, True) == []
+    w = witness(scenario, other)
+    assert w is not None and w["Limit"] >= w["Claimed"]

@@ -47,7 +47,7 @@ from sopgraph.language import ir, scalars
 from sopgraph.logic import diffbound, solver
 from sopgraph.logic.engine import DecideError
 from sopgraph.logic.formula import FALSE, TRUE, Formula, mk_and, negate_exact
-from sopgraph.logic.guards import GuardCompiler, OverBudget
+from sopgraph.logic.guards import NEGATED_OP, GuardCompiler, OverBudget
 from sopgraph.logic.intervals import (  # re-exported: NumDom and the num_* operations are the domain's API
     NO_POINTS,
     NO_VALUE,
@@ -192,6 +192,7 @@ class Space:
         self.res_vars: list[tuple[int, ...]] = []
         self.res_text: list[str] = []
         self._res_index: dict[str, int] = {}
+        self._res_shown: dict[tuple[int, bool], str] = {}  # a literal as first written (`Given != OnFile`)
         self.diffs: dict[int, tuple[int, int, int]] = {}  # residual id -> (p, q, k): x_p - x_q <= k
         self.dates = {i for i, k in self.time_kinds.items() if k == "date"}
         self._base_reads: dict[str, tuple[int, ...]] = {}
@@ -445,23 +446,23 @@ class Space:
         return ok
 
     def residual(self, expr: Any, truth: bool) -> Formula:
-        """The literal "expr is `truth`", kept whole. `A != B` is the literal `A == B` false and `B == A`
-        is `A == B`: a condition and its negation written the other way (a branch `when A != B`, an
-        intent's `when: A == B`) are then one literal, which a box cannot hold both ways (empty)."""
-        if isinstance(expr, ir.Compare) and expr.op in ("==", "!="):
-            if expr.op == "!=":
-                expr, truth = expr.model_copy(update={"op": "=="}), not truth
-            left, right = ir.show(expr.left), ir.show(expr.right)
-            text = f"{min(left, right)} == {max(left, right)}"
+        """The literal "expr is `truth`", kept whole. A comparison is one literal with its negation and its
+        mirror image: `A != B` is `A == B` false, `B == A` is `A == B`, `A >= B` is `A < B` false and
+        `B > A` is `A < B`. So a condition and its negation written another way (a branch `when A != B`,
+        an intent's `when: A == B`) make a box that cannot hold both (empty). Shown as first written."""
+        shown = ir.show(expr)
+        if isinstance(expr, ir.Compare) and expr.op in _CANONICAL_OP:
+            expr, truth, text = _canonical_compare(expr, truth)
         else:
-            text = ir.show(expr)
+            text = shown
         rid = self._res_index.get(text)
         if rid is None:
             rid = len(self.res_exprs)
             self._res_index[text] = rid
             self.res_exprs.append(expr)
             self.res_vars.append(self.base_reads(expr))
-            self.res_text.append(ir.show(expr))
+            self.res_text.append(text)
+        self._res_shown.setdefault((rid, truth), shown)
         return Formula("res", rid=rid, truth=truth, exact=False)
 
     def diff_residual(self, p: int, q: int, k: int) -> Formula:
@@ -488,7 +489,11 @@ class Space:
         return Formula("res", rid=rid, truth=True, exact=False)
 
     def lit_text(self, rid: int, truth: bool) -> str:
-        """A residual literal as text (a false difference literal as its complement, not `not (…)`)."""
+        """A residual literal as text: as first written with this truth, else a false difference literal
+        or comparison as its complement (`A >= B`), not `not (…)`."""
+        shown = self._res_shown.get((rid, truth))
+        if shown is not None:
+            return shown
         if truth:
             return self.res_text[rid]
         pqk = self.diffs.get(rid)
@@ -496,8 +501,8 @@ class Space:
             p, q, k = pqk
             return self._diff_text(q, p, -k - 1)
         expr = self.res_exprs[rid]
-        if isinstance(expr, ir.Compare) and expr.op == "==":
-            return f"{ir.show(expr.left)} != {ir.show(expr.right)}"
+        if isinstance(expr, ir.Compare) and expr.op in _CANONICAL_OP:
+            return f"{ir.show(expr.left)} {NEGATED_OP[expr.op]} {ir.show(expr.right)}"
         text = self.res_text[rid]
         return f"not {text}" if _one_call(text) else f"not ({text})"
 
@@ -1261,6 +1266,29 @@ class Space:
         if where:
             out["where"] = " and ".join(where)
         return out
+
+
+_CANONICAL_OP = {"==": ("==", False), "!=": ("==", True), "<": ("<", False), ">=": ("<", True),
+                 "<=": ("<=", False), ">": ("<=", True)}
+"""A comparison operator as (the operator of its literal, whether the literal is negated)."""
+_MIRROR = {"==": "==", "<": ">", "<=": ">="}  # `A op B` is `B mirror A`
+
+
+def _canonical_compare(expr: ir.Compare, truth: bool) -> tuple[ir.Compare, bool, str]:
+    """(`X op Y`, truth, key) equal to "`expr` is `truth`", with op one of `==` `<` `<=` and the operands in
+    the order of their text. Why: so that `A >= B`, `B > A` and `not (A < B)` are one literal."""
+    op, negated = _CANONICAL_OP[expr.op]
+    left, right = expr.left, expr.right
+    shown_left, shown_right = ir.show(left), ir.show(right)
+    if shown_left > shown_right:  # mirror: `B < A` is `A > B`, which is `A <= B` negated
+        left, right, shown_left, shown_right = right, left, shown_right, shown_left
+        mirrored = _MIRROR[op]
+        op, flip = _CANONICAL_OP[mirrored]
+        negated = negated != flip
+    truth = truth != negated
+    canonical = expr if op == expr.op and left is expr.left else expr.model_copy(
+        update={"op": op, "left": left, "right": right})
+    return canonical, truth, f"{shown_left} {op} {shown_right}"
 
 
 def _one_call(text: str) -> bool:
