@@ -303,18 +303,22 @@ def test_num_norm_edge_cases() -> None:
     assert math.isinf(num_norm(0, INF, False, False, frozenset(), True).hi)
 
 
+def _four_guards(declarations: str, guards: tuple[str, str, str, str]) -> tuple[ir.Scenario, list[Any]]:
+    """A scenario of `declarations` and one stage with the four `guards` (then `otherwise`), and the guards."""
+    arms = "".join(f"    when {g} -> do Ok\n" for g in guards)
+    loaded = load_source(None, text=f'scenario t "t"\n{declarations}action Ok "ok"\n'
+                                    f'stage s "s" {{\n{arms}    otherwise -> do Ok\n}}\n')
+    assert loaded.scenario is not None
+    return loaded.scenario, [b.guard for b in loaded.scenario.stages["s"].branches[:4]]
+
+
 def test_an_equality_and_its_negation_written_the_other_way_are_one_literal() -> None:
     """`Given != OnFile` on a branch and `OnFile == Given` in an intent's `when:` are one residual literal
     (`==`, operands in a fixed order), so the domain sees at once that no values satisfy both; before,
     they were two unrelated literals and only a failed witness search ruled the pair out."""
-    src = ('scenario t "t"\nfield Given: string "g"\nsystem OnFile: string "o"\n'
-           'system A: float[0..1] "a"\nsystem B: float[0..1] "b"\naction Ok "ok"\n'
-           'stage s "s" {\n    when Given != OnFile -> do Ok\n    when OnFile == Given -> do Ok\n'
-           '    when A == B -> do Ok\n    when B != A -> do Ok\n    otherwise -> do Ok\n}\n')
-    loaded = load_source(None, text=src)
-    assert loaded.scenario is not None
-    scenario = loaded.scenario
-    ne, eq, floats_eq, floats_ne = (b.guard for b in scenario.stages["s"].branches[:4])
+    scenario, (ne, eq, floats_eq, floats_ne) = _four_guards(
+        'field Given: string "g"\nsystem OnFile: string "o"\nsystem A: float[0..1] "a"\nsystem B: float[0..1] "b"\n',
+        ("Given != OnFile", "OnFile == Given", "A == B", "B != A"))
     (box,) = constrain(scenario, full_box(scenario), ne, True)
     assert box.constraints() == {"where": "Given != OnFile"}  # shown as written, not `not (… == …)`
     assert constrain(scenario, box, eq, True) == []
@@ -328,13 +332,9 @@ def test_an_equality_and_its_negation_written_the_other_way_are_one_literal() ->
 def test_an_ordering_and_its_negation_or_mirror_are_one_literal() -> None:
     """Over floats (no exact difference literals), `Claimed > Limit`, its mirror `Limit < Claimed` and its
     negation `Limit >= Claimed` are one literal; each is shown as it was first written."""
-    src = ('scenario t "t"\nsystem Claimed: float[0..) "c"\nsystem Limit: float[0..) "l"\naction Ok "ok"\n'
-           'stage s "s" {\n    when Claimed > Limit -> do Ok\n    when Limit < Claimed -> do Ok\n'
-           '    when Limit >= Claimed -> do Ok\n    when Claimed <= Limit -> do Ok\n    otherwise -> do Ok\n}\n')
-    loaded = load_source(None, text=src)
-    assert loaded.scenario is not None
-    scenario = loaded.scenario
-    gt, mirror, negation, negation_mirror = (b.guard for b in scenario.stages["s"].branches[:4])
+    scenario, (gt, mirror, negation, negation_mirror) = _four_guards(
+        'system Claimed: float[0..) "c"\nsystem Limit: float[0..) "l"\n',
+        ("Claimed > Limit", "Limit < Claimed", "Limit >= Claimed", "Claimed <= Limit"))
     (box,) = constrain(scenario, full_box(scenario), gt, True)
     assert box.constraints() == {"where": "Claimed > Limit"}
     assert constrain(scenario, box, mirror, True) == [box]
