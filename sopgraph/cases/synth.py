@@ -1015,7 +1015,8 @@ def _diverse_picks(k: int, paths_of: list[int], p: Plan, action_count: Counter[s
     if k <= 0 or not paths_of:
         return []
     rounds, rest = divmod(k, len(paths_of))
-    picks = [i for i in paths_of for _ in range(rounds)]
+    whole = [i for i in paths_of for _ in range(rounds)]
+    picks: list[int] = []
     order = list(paths_of)
     rng.shuffle(order)
     if rest:
@@ -1033,10 +1034,10 @@ def _diverse_picks(k: int, paths_of: list[int], p: Plan, action_count: Counter[s
             picks.append(pick)
             action_count[action] += 1
             path_count[pick] += 1
-    for i in picks[:len(picks) - rest]:
+    for i in whole:
         action_count[p.paths[i].action] += 1
         path_count[i] += 1
-    return picks
+    return whole + picks
 
 
 def _stage_two(p: Plan, compat: dict[int, list[str]], usable: list[int], slots: list[tuple[int, str]],

@@ -450,11 +450,12 @@ class Space:
         mirror image: `A != B` is `A == B` false, `B == A` is `A == B`, `A >= B` is `A < B` false and
         `B > A` is `A < B`. So a condition and its negation written another way (a branch `when A != B`,
         an intent's `when: A == B`) make a box that cannot hold both (empty). Shown as first written."""
-        shown = ir.show(expr)
+        written: Any = None  # a comparison as written, shown only if this literal has no text yet
         if isinstance(expr, ir.Compare) and expr.op in _CANONICAL_OP:
+            written = expr
             expr, truth, text = _canonical_compare(expr, truth)
         else:
-            text = shown
+            text = ir.show(expr)
         rid = self._res_index.get(text)
         if rid is None:
             rid = len(self.res_exprs)
@@ -462,7 +463,8 @@ class Space:
             self.res_exprs.append(expr)
             self.res_vars.append(self.base_reads(expr))
             self.res_text.append(text)
-        self._res_shown.setdefault((rid, truth), shown)
+        if (rid, truth) not in self._res_shown:
+            self._res_shown[rid, truth] = text if written is None else ir.show(written)
         return Formula("res", rid=rid, truth=truth, exact=False)
 
     def diff_residual(self, p: int, q: int, k: int) -> Formula:

@@ -13,8 +13,9 @@ Public API (stable; the synthesis engineer builds on it):
   `labels`, `action`, `finals` (constant values, `None` where an output varies along the path, see
   `finals_varying`), `constraints` (variable → text of its remaining domain; `where` holds the
   conditions relating several variables, as the path's decisions write them: see `as_written`),
-  `status` ("feasible": a witness was verified by the engine; "unknown": not proven either way), `witness`/`witness_finals` (representative assignment of every field and
-  system variable and the finals the engine gives it), `boundary_witness`/`boundary_finals`.
+  `status` ("feasible": a witness was verified by the engine; "unknown": not proven either way),
+  `witness`/`witness_finals` (representative assignment of every field and system variable and the
+  finals the engine gives it), `boundary_witness`/`boundary_finals`.
 - `iter_paths(scenario, *, limit=None, witnesses=True) -> Iterator[PathInfo]` — lazy, depth-first in
   declaration order; `limit` stops early without exploring the rest.
 - `iter_decisions(scenario) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]` — the same paths

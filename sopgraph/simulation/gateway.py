@@ -1324,7 +1324,7 @@ class Gateway:
         # A model litellm could not price stays unpriced (its cost map is never written to): later calls
         # carry a zero per-call price, which spares litellm searching its whole cost map for the model on
         # every call, and are recorded as of unknown cost all the same. Not when the user priced it.
-        unpriced = (not spec.is_builtin and _price_key(spec) in self._unpriced
+        unpriced = (not spec.is_builtin and _schema_key(spec) in self._unpriced
                     and not any(k in kwargs for k in _BUILTIN_CALL_OPTIONS))
         if unpriced:
             kwargs = {**kwargs, **_BUILTIN_CALL_OPTIONS}
@@ -1415,7 +1415,7 @@ class Gateway:
         usage = _usage(getattr(response, "usage", None))
         cost, known = (0.0, False) if unpriced else self._cost(spec, response)
         if not known:
-            self._unpriced.add(_price_key(spec))
+            self._unpriced.add(_schema_key(spec))
         self._stats.prompt_tokens += usage.prompt_tokens
         self._stats.completion_tokens += usage.completion_tokens
         self._stats.reasoning_tokens += usage.reasoning_tokens
@@ -1457,12 +1457,9 @@ class Gateway:
             return 0.0, False
 
 
-def _price_key(spec: ModelSpec) -> tuple[str, str]:
-    """What litellm prices a call by (the model and where it is served); kept in memory only."""
-    return spec.model, spec.params.api_base or ""
-
-
 def _schema_key(spec: ModelSpec) -> tuple[str, str]:
+    """A model as served (its name and where): what a learnt fact about it (no `json_schema`, unpriced)
+    is kept by."""
     return spec.model, _sanitize_url(spec.params.api_base) or ""
 
 
