@@ -731,6 +731,12 @@ def test_an_unpriced_model_gets_a_zero_per_call_price_after_its_first_answer(
     assert gateway.stats.unknown_cost_calls == 3
     assert ["input_cost_per_token" in k for k in seen] == [False, True, True]
     assert all(k.get("input_cost_per_token", 0.0) == 0.0 for k in seen)
+    # the zero price comes as the call's deployment entry too (litellm then does not search its cost map
+    # to explain a zero), which litellm keeps to itself: the server never sees it
+    entries = [(k.get("litellm_metadata") or {}).get("model_info") for k in seen]
+    assert entries[0] is None and entries[1] == entries[2]
+    assert entries[1]["input_cost_per_token"] == entries[1]["output_cost_per_token"] == 0.0
+    assert not any(b"model_info" in r.raw_body or b"metadata" in r.raw_body for r in server.requests)
     seen.clear()
     priced = [run(gateway.complete(spec_for(server), MESSAGES)) for _ in range(2)]
     assert all(p.cost > 0 and p.cost_known for p in priced) and not any("input_cost_per_token" in k for k in seen)
@@ -821,3 +827,39 @@ def test_the_aiohttp_route_counts_the_tokens_the_server_reports(server: FakeServ
         answer = run(gateway.complete(unpriced, MESSAGES))
         assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.cost, answer.cost_known) == (
             tokens, 7, 0.0, False)
+
+
+_FORKED_FIRST_CALL = r"""
+import asyncio, json, os, sys, threading
+from sopgraph.simulation.gateway import Gateway, ModelSpec, load_litellm, warm_up_litellm
+load_litellm()
+if sys.argv[1] == "warm":
+    warm_up_litellm()
+threads = threading.active_count()
+read, write = os.pipe()
+if os.fork() == 0:
+    async def first_call():
+        gateway = Gateway(concurrency=1, cache=False)
+        await gateway.complete(ModelSpec(role="user", model="scripted/user"), [{"role": "user", "content": "hi"}],
+                               context={})
+        await gateway.aclose()
+    before = set(sys.modules)
+    asyncio.run(first_call())
+    os.write(write, json.dumps(sorted(set(sys.modules) - before)).encode())
+    os._exit(0)
+os.close(write)
+print(json.dumps({"threads": threads, "imported_by_child": json.loads(os.read(read, 1 << 20) or b"[]")}))
+"""
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_warmed_up_process_forks_children_whose_first_call_imports_nothing(warm: bool) -> None:
+    """litellm imports about 65 modules and loads a tokenizer on a process's first call; `warm_up_litellm`
+    does that work in the process about to fork (and leaves it with no other thread), so a forked child's
+    first call imports nothing. Cold, the child does it all again."""
+    out = subprocess.run([sys.executable, "-c", _FORKED_FIRST_CALL, "warm" if warm else "cold"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["threads"] == 1
+    imported = [m for m in report["imported_by_child"] if m.startswith(("litellm", "tiktoken"))]
+    assert (imported == []) if warm else (len(imported) > 10)

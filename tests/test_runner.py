@@ -384,6 +384,33 @@ def test_workers_store_the_same_results_as_one_process(tmp_path, toy_file, monke
     assert a == b
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_litellm_is_warmed_up_once_before_forking_workers_and_never_for_spawned_ones(
+        tmp_path, toy_file, monkeypatch, method):
+    """litellm's first-call work (~0.4 s of CPU) is done by the process that forks, before it forks the
+    workers, so that each of them inherits it; spawned workers inherit nothing, so nothing is warmed."""
+    from sopgraph.simulation import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "_START_METHOD", method)
+    forks: list[str] = []
+
+    def warm() -> None:
+        forks.append("warm")
+
+    monkeypatch.setattr(runner_mod, "warm_up_litellm", warm)
+    real_execute = runner_mod._execute_sharded
+
+    async def execute(*args, **kwargs):
+        forks.append("workers")
+        return await real_execute(*args, **kwargs)
+
+    monkeypatch.setattr(runner_mod, "_execute_sharded", execute)
+    summary = asyncio.run(run(toy_file, toy_cases(4), ["agent=baseline/oracle"], tmp_path / "r", workers=2,
+                              concurrency=2, max_turns=2, progress=False))
+    assert summary.by_status == {"done": 4}
+    assert forks == (["workers", "warm"] if method == "fork" else ["workers"])
+
+
 def test_dead_worker_leaves_a_resumable_run(tmp_path, toy_file, monkeypatch):
     from sopgraph.simulation import runner as runner_mod
 

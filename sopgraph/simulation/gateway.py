@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -89,6 +90,17 @@ call: litellm keeps it on the call's logging object and never writes it to ``lit
 logging payload take the call's own price entry instead of searching the cost map for the model; the
 provider named up front saves resolving it from the model string. About 3,040 → 2,750 Python function
 calls per built-in call, litellm's async success logging included (docs/agents.md, "Speed")."""
+
+
+def _unpriced_call_options(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Per-call options of a model litellm could not price, beside its zero per-call price: that price as the
+    call's deployment entry (``litellm_metadata["model_info"]``, as litellm's router hands each deployment's
+    prices to a call; never sent to the provider). Why: a call priced at zero makes litellm look for the
+    model's pricing to explain the zero, through every cost-map entry and generalisation rule, unless the call
+    brings its entry (about 7,900 → 6,800 Python function calls per call; benchmarks/bench_agents.py)."""
+    metadata = dict(kwargs.get("litellm_metadata") or {})
+    metadata.setdefault("model_info", {"id": model, "key": model, **_BUILTIN_CALL_OPTIONS})
+    return {"litellm_metadata": metadata}
 
 
 _INLINE_PREPARATION: ContextVar[object | None] = ContextVar("sopgraph_inline_preparation", default=None)
@@ -777,6 +789,42 @@ def load_litellm() -> ModuleType:
         return litellm
 
 
+WARM_UP_MODEL: Final = "scripted/user"
+"""The built-in model `warm_up_litellm` calls (offline, free, answers without a case)."""
+
+
+def warm_up_litellm() -> None:
+    """One call to a built-in model through litellm, in an event loop of its own on a thread that has ended
+    when this returns, and litellm's logging of that call finished in that loop. Why: litellm's first call in
+    a process imports about 65 modules and loads a tokenizer (~0.4 s of CPU); a process about to fork does it
+    once for all its children, and then has no other thread and nothing pending in litellm's logging queue
+    for them to inherit. A failure only leaves the work to the first real call."""
+
+    async def one_call() -> None:
+        asyncio.get_running_loop().set_default_executor(InlinePreparationExecutor())
+        gateway = Gateway(concurrency=1, cache=False)
+        try:
+            await gateway.complete(ModelSpec(role="user", model=WARM_UP_MODEL), [{"role": "user", "content": "hello"}],
+                                   context={})
+        finally:
+            await gateway.aclose()
+        # litellm's own queue of logging work (``flush``: wait until every enqueued task has completed)
+        logging_worker = sys.modules.get("litellm.litellm_core_utils.logging_worker")
+        queue = getattr(logging_worker, "GLOBAL_LOGGING_WORKER", None)
+        if queue is not None:
+            await asyncio.wait_for(queue.flush(), 5.0)
+
+    def in_thread() -> None:
+        try:
+            asyncio.run(one_call())
+        except Exception as exc:  # noqa: BLE001 - a warm-up only: the run's own calls report what fails
+            _log.debug("litellm warm-up failed: %r", exc)
+
+    thread = threading.Thread(target=in_thread, name="sop-litellm-warm-up", daemon=True)
+    thread.start()
+    thread.join()
+
+
 def _register_builtins(litellm: Any) -> None:
     """Register ``baseline/*`` and ``scripted/*`` as litellm custom providers, priced at zero."""
     from litellm.llms.custom_llm import CustomLLMError
@@ -1327,7 +1375,7 @@ class Gateway:
         unpriced = (not spec.is_builtin and _schema_key(spec) in self._unpriced
                     and not any(k in kwargs for k in _BUILTIN_CALL_OPTIONS))
         if unpriced:
-            kwargs = {**kwargs, **_BUILTIN_CALL_OPTIONS}
+            kwargs = {**kwargs, **_BUILTIN_CALL_OPTIONS, **_unpriced_call_options(spec.model, kwargs)}
         cpu_only = spec.is_builtin or spec.provider in AIOHTTP_PROVIDERS
         inline = _INLINE_PREPARATION.set(asyncio.current_task() if cpu_only else None)
         try:
