@@ -169,6 +169,17 @@ def test_a_pattern_must_match_the_whole_string(flight: ir.Scenario) -> None:
     assert _both(flight, {**GOOD, "Reservation": "ABC-123456"}).finals["Action"] == "Refuse"
 
 
+def test_a_pattern_may_ignore_case_with_an_inline_flag() -> None:
+    """Strings compare exactly; a rule that ignores case says so in its pattern (docs/language.md §7)."""
+    s = sopgraph.load(text='system Code: string "c"\naction A "a"\naction B "b"\n'
+                           'stage s "x" { when Code matches "(?i)welcome10" -> do A otherwise -> do B }')
+    codes = ["WELCOME10", "Welcome10", "welcome10", "welcome1", "xwelcome10"]
+    assert [_both(s, {"Code": c}).finals["Action"] for c in codes] == ["A", "A", "A", "B", "B"]
+    good, bad = scalars.pattern_examples("(?i)welcome10")
+    assert good is not None and re.fullmatch("(?i)welcome10", good)
+    assert bad is not None and not re.fullmatch("(?i)welcome10", bad)
+
+
 # ---- the checker
 
 

@@ -1008,8 +1008,9 @@ def _stage_one(p: Plan, compat: dict[int, list[str]], usable: list[int], n: int,
 def _diverse_picks(k: int, paths_of: list[int], p: Plan, action_count: Counter[str], path_count: Counter[int],
                    rng: random.Random) -> list[int]:
     """`k` cases of one intent over its paths: whole rounds over every path, then the rest one per path
-    where the file so far has the fewest cases ending in the path's action, then of the path itself (ties
-    in a seeded order). Why: an intent usually reaches several outcomes (a water leak is paid, or referred
+    where the file so far (the intents before this one, and the rest picked so far; not yet this intent's
+    whole rounds) has the fewest cases ending in the path's action, then of the path itself (ties in a
+    seeded order). Why: an intent usually reaches several outcomes (a water leak is paid, or referred
     when an item is dear, or when the photos never come); with fewer cases than paths, a uniform draw
     often gave every case of a file the commonest outcome. Updates the file's counts."""
     if k <= 0 or not paths_of:
