@@ -836,6 +836,8 @@ load_litellm()
 if sys.argv[1] == "warm":
     warm_up_litellm()
 threads = threading.active_count()
+logging_worker = sys.modules.get("litellm.litellm_core_utils.logging_worker")
+pending = logging_worker.GLOBAL_LOGGING_WORKER.pending_count if logging_worker else 0  # litellm's property
 read, write = os.pipe()
 if os.fork() == 0:
     async def first_call():
@@ -848,18 +850,20 @@ if os.fork() == 0:
     os.write(write, json.dumps(sorted(set(sys.modules) - before)).encode())
     os._exit(0)
 os.close(write)
-print(json.dumps({"threads": threads, "imported_by_child": json.loads(os.read(read, 1 << 20) or b"[]")}))
+print(json.dumps({"threads": threads, "pending_logs": pending,
+                  "imported_by_child": json.loads(os.read(read, 1 << 20) or b"[]")}))
 """
 
 
 @pytest.mark.parametrize("warm", [False, True])
 def test_a_warmed_up_process_forks_children_whose_first_call_imports_nothing(warm: bool) -> None:
     """litellm imports about 65 modules and loads a tokenizer on a process's first call; `warm_up_litellm`
-    does that work in the process about to fork (and leaves it with no other thread), so a forked child's
-    first call imports nothing. Cold, the child does it all again."""
+    does that work in the process about to fork (and leaves it with no other thread and nothing queued in
+    litellm's logging worker for the children to inherit), so a forked child's first call imports nothing.
+    Cold, the child does it all again."""
     out = subprocess.run([sys.executable, "-c", _FORKED_FIRST_CALL, "warm" if warm else "cold"],
                          capture_output=True, text=True, timeout=120, check=True)
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["threads"] == 1
+    assert report["threads"] == 1 and report["pending_logs"] == 0
     imported = [m for m in report["imported_by_child"] if m.startswith(("litellm", "tiktoken"))]
     assert (imported == []) if warm else (len(imported) > 10)
