@@ -7,7 +7,9 @@ Why: with a slow agent the harness (runner, dialogue loop, scripted user and jud
 `concurrency` agent requests in flight. The stub (its own process, so it does not share our GIL)
 answers every request after a fixed latency: as an HTTP agent, a question without a tool call; as a
 function-calling model, a `lookup` call and then, given its result, a question (two requests per
-turn). The scripted user and judges are the offline built-ins. With C = concurrency, L = latency and N agent requests made in the run,
+turn). The scripted user and judges are the offline built-ins; the three judges judge each dialogue's
+final turn only (`sop run --judge-turns final`: `sop run`'s default also judges turns 1, 5, 10 and 15, three
+more judge calls for each of those a dialogue reaches). With C = concurrency, L = latency and N agent requests made in the run,
 
     ideal time = N × L / C        ratio = ideal time / measured time
 
