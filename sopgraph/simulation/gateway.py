@@ -93,14 +93,14 @@ calls per built-in call, litellm's async success logging included (docs/agents.m
 
 
 def _unpriced_call_options(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Per-call options of a model litellm could not price, beside its zero per-call price: that price as the
+    """Per-call options of a model litellm could not price: its zero per-call price, and that price as the
     call's deployment entry (``litellm_metadata["model_info"]``, as litellm's router hands each deployment's
     prices to a call; never sent to the provider). Why: a call priced at zero makes litellm look for the
     model's pricing to explain the zero, through every cost-map entry and generalisation rule, unless the call
     brings its entry (about 7,900 → 6,800 Python function calls per call; benchmarks/bench_agents.py)."""
     metadata = dict(kwargs.get("litellm_metadata") or {})
     metadata.setdefault("model_info", {"id": model, "key": model, **_BUILTIN_CALL_OPTIONS})
-    return {"litellm_metadata": metadata}
+    return {**_BUILTIN_CALL_OPTIONS, "litellm_metadata": metadata}
 
 
 _INLINE_PREPARATION: ContextVar[object | None] = ContextVar("sopgraph_inline_preparation", default=None)
@@ -1375,7 +1375,7 @@ class Gateway:
         unpriced = (not spec.is_builtin and _schema_key(spec) in self._unpriced
                     and not any(k in kwargs for k in _BUILTIN_CALL_OPTIONS))
         if unpriced:
-            kwargs = {**kwargs, **_BUILTIN_CALL_OPTIONS, **_unpriced_call_options(spec.model, kwargs)}
+            kwargs = {**kwargs, **_unpriced_call_options(spec.model, kwargs)}
         cpu_only = spec.is_builtin or spec.provider in AIOHTTP_PROVIDERS
         inline = _INLINE_PREPARATION.set(asyncio.current_task() if cpu_only else None)
         try:

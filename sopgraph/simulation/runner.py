@@ -534,7 +534,7 @@ async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
     if not _litellm_specs(roles):
         return roles, []
     if workers > 1 and gateway is None and _mp_context().get_start_method() == "fork":
-        _warm_before_fork()
+        warm_up_litellm()  # litellm's first-call work, once, inherited by the checking child and the workers
         return await _preflight_in_child(roles, options)
     return await _preflight_here(roles, gateway, options)
 
@@ -937,14 +937,6 @@ async def in_own_loop(work: Awaitable[_T]) -> _T:
     return await work
 
 
-def _warm_before_fork() -> None:
-    """Before this process forks children (the model check, the `--workers` processes): litellm's first-call
-    work done here, once, and inherited (`gateway.warm_up_litellm`), instead of paid again by every child
-    just when all its dialogues open at once (benchmarks/bench_agents.py)."""
-    if _mp_context().get_start_method() == "fork":
-        warm_up_litellm()
-
-
 async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
     gateway = _make_gateway(job["concurrency"], job["gateway_options"])
     scenario = ir.Scenario.model_validate(job["scenario"])
@@ -1009,10 +1001,9 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                            spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
                            workers: int, progress: ProgressMode, gateway_options: Mapping[str, Any]) -> None:
     """Run `todo` in `workers` processes; this process applies their writes to the store, in order."""
-    _warm_before_fork()
     ctx = _mp_context()
     if ctx.get_start_method() == "fork":
-        load_litellm()  # imported once here, inherited by every worker
+        warm_up_litellm()  # litellm imported and its first-call work done once here, inherited by every worker
     shards = [list(todo[i::workers]) for i in range(workers)]
     share = [concurrency // workers + (1 if i < concurrency % workers else 0) for i in range(workers)]
     # The scenario travels as its JSON dump (as in the store, for resume): the object may carry a
