@@ -198,6 +198,8 @@ def test_guided_names_are_checked() -> None:
     parse_model_option("agent=baseline/guided:baseline/oracle")
     with pytest.raises(ModelOptionError, match="wraps one model"):
         parse_model_option("agent=baseline/guided:")
+    with pytest.raises(ModelOptionError, match="wraps one model.*offline, baseline/guided:baseline/oracle"):
+        parse_model_option("agent=baseline/guided")  # the wrapped model left out
     with pytest.raises(ModelOptionError, match="did you mean 'baseline/oracle'"):
         parse_model_option("agent=baseline/guided:baseline/orcale")
 

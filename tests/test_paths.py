@@ -632,3 +632,36 @@ def test_where_leaves_out_what_the_path_s_own_equalities_settle() -> None:
     assert wheres[("Tier == Medium",)] == "Tier == Medium"
     other = next(p for p in iter_paths(sc) if p.labels == ["otherwise"])
     assert other.constraints == {"A": "false", "B": "false"}  # the inputs' values settle every passed-by arm
+
+
+def test_where_drops_the_operands_of_a_passed_by_and_that_the_path_s_values_settle() -> None:
+    """On a path with `Reason ∈ {Duplicate, Other}`, `not (Reason != Fraud and Days > 120)` is
+    `Days <= Limit`; with `Reason = Fraud` it says nothing more and is left out."""
+    sc = load_text("""
+        field Reason: Fraud | Duplicate | Other "r"
+        system Days: int[0..400] "d"
+        system Limit: int[0..400] "l"
+        system Amount: int[0..1000] "a"
+        action Decline "d"
+        action Block "b"
+        action Refund "r"
+        action Case "c"
+        stage window {
+            when Reason != Fraud and Days > Limit -> do Decline
+            otherwise -> route
+        }
+        stage route {
+            match Reason {
+                Fraud -> do Block
+                Duplicate, Other -> size
+            }
+        }
+        stage size {
+            when Amount <= 200 -> do Refund
+            otherwise -> do Case
+        }
+    """)
+    paths = {p.action: p.constraints for p in iter_paths(sc)}
+    assert paths["Block"] == {"Reason": "Fraud"}
+    assert paths["Refund"] == {"Reason": "Duplicate | Other", "Amount": "<= 200", "where": "Days <= Limit"}
+    assert paths["Decline"] == {"Reason": "Duplicate | Other", "where": "Days > Limit"}

@@ -790,6 +790,7 @@ _MATCH_OPEN = re.compile(r"\bmatch\b[^{}]*\{[^{}]*\Z")
 _DANGLING = re.compile(r"(\w[\w.]*)\s*(?:==|!=|<=|>=|<|>)\s*\S+\s+(?:and|or)\s*\Z")
 
 
+_MEMBERSHIP_WORDS = frozenset({"contains", "includes", "has"})  # `Flags contains Vip` from other languages
 _TYPE_WORDS = frozenset({"int", "float", "list", "string", "bool", "date", "datetime", "duration", "record"})
 _INDEXED = re.compile(r"([^\W\d]\w*)\s*\Z")  # `Name[` where a list would be indexed
 _AGGREGATE = re.compile(r"\b(sum|avg|average|mean|total)\s*\((?![^()]*\)\s*$)")
@@ -836,6 +837,10 @@ def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
         lo, hi = (bounds.group(1), bounds.group(2)) if bounds else ("LOW", "HIGH")
         return ("`between` is not an operator: write both comparisons",
                 f"write `{subject.group(1)} >= {lo} and {subject.group(1)} <= {hi}`")
+    if found in _MEMBERSHIP_WORDS and (container := re.search(r"([^\W\d][\w.]*)\s*\Z", head)):
+        named = re.match(rf"{found}\s+(\w+)", after)
+        return (f"`{found}` is not an operator: a list's membership is written `VALUE in LIST`",
+                f"write `{named.group(1) if named else 'VALUE'} in {container.group(1)}`")
     if re.fullmatch(r"\d\w*", found) and re.search(r"\bstage\s*\Z", head):
         return ("a stage id is a name: it cannot start with a digit",
                 f"write `stage step{found} ...` (ids like `step1`, `s1`, `intake` appear verbatim in paths)")

@@ -821,14 +821,16 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
     pairs = _path_conditions(src, stages, branches)
     if pairs is None:
         return None
-    known: dict[str, Any] = {}
-    for name, text in constraints.items():  # one value left by the per-variable constraints (`Mood = Calm`)
+    known: dict[str, frozenset[Any]] = {}
+    for name, text in constraints.items():  # the values the per-variable constraints leave (`Calm | Upset`)
         var = src.variables.get(name)
-        if var is not None and isinstance(var.type, ir.EnumType) and text in var.type.values:
-            known[name] = text
+        values = text.split(" | ")
+        if var is not None and isinstance(var.type, ir.EnumType) and set(values) <= set(var.type.values):
+            known[name] = frozenset(values)
         elif var is not None and isinstance(var.type, ir.BoolType) and text in ("true", "false"):
-            known[name] = text == "true"
-    known.update(e for e in (_equality(g, n) for g, n in pairs) if e is not None)
+            known[name] = frozenset({text == "true"})
+    known.update((name, frozenset({value})) for name, value in
+                 (e for e in (_equality(g, n) for g, n in pairs) if e is not None))
     clauses: list[str] = []
     for guard, negated in pairs:
         reads = set(compile_reads(guard))
@@ -838,6 +840,7 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
             continue  # constraints on single variables: listed per variable (and they imply this one)
         if _settled(guard, negated, known):
             continue  # `Tier != High` next to `Tier == Medium`
+        guard = _without_known(guard, negated, known)
         text = _negated_text(guard) if negated else ir.show(guard, 2)
         if text not in clauses:
             clauses.append(text)
@@ -877,18 +880,40 @@ def _equality(guard: Any, negated: bool) -> tuple[str, Any] | None:
     return None
 
 
-def _settled(guard: Any, negated: bool, known: Mapping[str, Any]) -> bool:
-    """Whether the equalities the path states (`known`) already make this condition hold: `Tier !=
-    High`, or `not (Tier == High and …)`, next to `Tier == Medium`."""
-    parts = guard.operands if negated and isinstance(guard, ir.BoolOp) and guard.op == "and" else [guard]
-    for part in parts:  # one operand of a passed-by `and` that cannot hold settles the whole
-        eq = _equality(part, False)  # the operand as stated: `X == w`
-        if eq is not None and eq[0] in known and known[eq[0]] != eq[1] and (negated or part is not guard):
-            return True
-        ne = _equality(part, True)  # `X != w` taken
-        if ne is not None and not negated and part is guard and ne[0] in known and known[ne[0]] != ne[1]:
-            return True
-    return False
+def _settled(guard: Any, negated: bool, known: Mapping[str, frozenset[Any]]) -> bool:
+    """Whether the values the path leaves its enums and bools (`known`) already make this condition
+    hold: `Tier != High`, or `not (Tier == High and …)`, next to `Tier = Medium`."""
+    if negated and isinstance(guard, ir.BoolOp) and guard.op == "and":
+        # one operand of a passed-by `and` that cannot hold settles the whole
+        return any(_known_truth(part, known) is False for part in guard.operands)
+    if negated:  # `X == w` passed by (a taken `X == w` is where the value comes from: kept)
+        return _equality(guard, False) is not None and _known_truth(guard, known) is False
+    return _equality(guard, True) is not None and _known_truth(guard, known) is True  # `X != w` taken
+
+
+def _known_truth(condition: Any, known: Mapping[str, frozenset[Any]]) -> bool | None:
+    """Whether `X == w` or `X != w` (`X in {w}`, `X not in {w}`) holds given the values the path
+    leaves `X` elsewhere (`known`); None when it is not one of those, or it may go either way."""
+    for negated in (False, True):
+        eq = _equality(condition, negated)  # `X == w`, or (negated) `X != w`
+        if eq is not None and eq[0] in known:
+            values = known[eq[0]]
+            if eq[1] not in values:
+                return negated
+            if values == {eq[1]}:
+                return not negated
+    return None
+
+
+def _without_known(guard: Any, negated: bool, known: Mapping[str, frozenset[Any]]) -> Any:
+    """A passed-by `not (A and B)` whose `A` the path already makes true said as `not B`: on a path
+    with `Reason = Other`, `not (Reason != Fraud and Days > 120)` is `Days <= 120`."""
+    if not (negated and isinstance(guard, ir.BoolOp) and guard.op == "and"):
+        return guard
+    rest = [part for part in guard.operands if _known_truth(part, known) is not True]
+    if not rest or len(rest) == len(guard.operands):
+        return guard
+    return rest[0] if len(rest) == 1 else guard.model_copy(update={"operands": rest})
 
 
 def _conjuncts(guards: list[tuple[Any, bool]]) -> Iterator[tuple[Any, bool]]:
