@@ -665,3 +665,35 @@ def test_where_drops_the_operands_of_a_passed_by_and_that_the_path_s_values_sett
     assert paths["Block"] == {"Reason": "Fraud"}
     assert paths["Refund"] == {"Reason": "Duplicate | Other", "Amount": "<= 200", "where": "Days <= Limit"}
     assert paths["Decline"] == {"Reason": "Duplicate | Other", "where": "Days > Limit"}
+
+
+def test_a_procedure_s_path_says_an_optional_value_is_present_when_it_must_be() -> None:
+    """The analysis form of a procedure (an observation and a retry) keeps the solver's text: a passed-by
+    `missing(X)` is `not missing(X)` there, never `missing(X)` (it once was, the opposite of the witness)."""
+    sc = load_text("""
+        field Wants: bool "w"
+        system LastCredit: date? "d"
+        system Restored: bool "r"
+        action Human "h" [ends_dialogue]
+        action Explain "e" [ends_dialogue]
+        action Reset "r"
+        stage check {
+            observe Restored
+            when Restored -> credit
+            otherwise -> retry
+        }
+        stage retry {
+            -> do Reset -> check up to 1 times
+            otherwise -> do Explain
+        }
+        stage credit {
+            when not Wants -> do Explain
+            when not missing(LastCredit) and days_between(LastCredit, now) < 90 -> do Human
+            otherwise -> do Explain
+        }
+    """)
+    human = [p for p in iter_paths(sc) if p.action == "Human"]
+    assert human and all(p.witness is not None and p.witness["LastCredit"] is not None for p in human)
+    assert {p.constraints["where"] for p in human} == {"not missing(LastCredit) and LastCredit > now - 90 days"}
+    explained = {p.constraints.get("where") for p in iter_paths(sc) if p.action == "Explain"} - {None}
+    assert explained == {"missing(LastCredit) or (not missing(LastCredit) and LastCredit <= now - 90 days)"}

@@ -222,6 +222,18 @@ def test_a_bare_word_where_a_time_goes_points_to_now(guard: str) -> None:
     assert e201.code == "E201" and "the current time is `now`" in (e201.hint or "")
 
 
+def test_a_score_written_as_weights_times_conditions_is_shown_as_a_weighted_count() -> None:
+    """`weighted(2 * (…), …)` and `2 * Flag`, as spreadsheets and other rule languages write a score: the
+    hints spell the count with weights the language has."""
+    text = HEAD + 'system V: bool "v"\nlet Score = weighted(2 * (N > 3), 1 * V)\n' \
+        'stage s "x" { when Score > 1 -> do A otherwise -> do A }'
+    found = [d for d in check_file("t.sop", text=text).diagnostics if d.severity == "error"]
+    e101 = next(d for d in found if d.code == "E101")
+    assert "`count(2: N > 3, 1: V)`" in (e101.hint or "")
+    times_bool = next(d for d in found if d.code == "E201" and "`V` is not a number" in d.message)
+    assert "`count(2: V)`" in (times_bool.hint or "")
+
+
 @pytest.mark.parametrize(("guard", "literal"), [("D >= 2026-01-05", 'date("2026-01-05")'),
                                                ("2025-12-31 < T", 'datetime("2025-12-31T00:00")')])
 def test_a_date_written_without_quotes_gets_its_literal_as_hint(guard: str, literal: str) -> None:

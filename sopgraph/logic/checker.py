@@ -478,8 +478,10 @@ class _Typer(ScalarTyping):
         if isinstance(t, _Sym):
             self.undefined(t, f"in {what}")
         elif t is not None:
-            self.mismatch(f"{what} on {_kind(t)}: `{ir.show(e)}` is not a number", e.span,
-                          "arithmetic works on int and float values only")
+            hint = "arithmetic works on int and float values only"
+            if isinstance(t, ir.BoolType):
+                hint += f"; to count a condition as a number, weigh it: `count(2: {ir.show(e)})` is 2 when it holds"
+            self.mismatch(f"{what} on {_kind(t)}: `{ir.show(e)}` is not a number", e.span, hint)
         return None
 
     # -- inference

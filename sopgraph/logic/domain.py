@@ -451,6 +451,7 @@ class Space:
         `B > A` is `A < B`. So a condition and its negation written another way (a branch `when A != B`,
         an intent's `when: A == B`) make a box that cannot hold both (empty). Shown as first written."""
         written: Any = None  # a comparison as written, shown only if this literal has no text yet
+        as_written = truth  # the text written is this literal's only when it is asked for true
         if isinstance(expr, ir.Compare) and expr.op in _CANONICAL_OP:
             written = expr
             expr, truth, text = _canonical_compare(expr, truth)
@@ -463,7 +464,7 @@ class Space:
             self.res_exprs.append(expr)
             self.res_vars.append(self.base_reads(expr))
             self.res_text.append(text)
-        if (rid, truth) not in self._res_shown:
+        if as_written and (rid, truth) not in self._res_shown:
             self._res_shown[rid, truth] = text if written is None else ir.show(written)
         return Formula("res", rid=rid, truth=truth, exact=False)
 
@@ -1218,7 +1219,7 @@ class Space:
             if t and t not in resid_texts:
                 resid_texts.append(t)
         if resid_texts:
-            out["where"] = " or ".join(f"({t})" if len(resid_texts) > 1 else t for t in resid_texts)
+            out["where"] = " or ".join(_alternative(t) if len(resid_texts) > 1 else t for t in resid_texts)
         if len(region) > MAX_ALTERNATIVES:
             combined = [self.names[i] for i in self._varying_vars(region)]
             if len(combined) > 1:
@@ -1263,8 +1264,8 @@ class Space:
         if len(alternatives) == 1:
             where.append(alternatives[0])
         elif alternatives:
-            where.append("(" + " or ".join(f"({t})" for t in alternatives) + ")"
-                         if where else " or ".join(f"({t})" for t in alternatives))
+            where.append("(" + " or ".join(_alternative(t) for t in alternatives) + ")"
+                         if where else " or ".join(_alternative(t) for t in alternatives))
         if where:
             out["where"] = " and ".join(where)
         return out
@@ -1291,6 +1292,11 @@ def _canonical_compare(expr: ir.Compare, truth: bool) -> tuple[ir.Compare, bool,
     canonical = expr if op == expr.op and left is expr.left else expr.model_copy(
         update={"op": op, "left": left, "right": right})
     return canonical, truth, f"{shown_left} {op} {shown_right}"
+
+
+def _alternative(text: str) -> str:
+    """One alternative of an `or`, in parentheses unless it is one call (`missing(X)`)."""
+    return text if _one_call(text) else f"({text})"
 
 
 def _one_call(text: str) -> bool:

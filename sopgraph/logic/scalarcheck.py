@@ -51,6 +51,17 @@ def _bare_word(e: Any) -> bool:
     return isinstance(e, ir.Lit) and isinstance(e.value, str) and e.bare
 
 
+def _weighed(arg: Any) -> str:
+    """`2 * (A == B)` (a weight times a condition, as other languages write a score) as `2: A == B`."""
+    if isinstance(arg, ir.Binary) and arg.op == "*":
+        for weight, cond in ((arg.left, arg.right), (arg.right, arg.left)):
+            if isinstance(weight, ir.Lit) and not isinstance(weight.value, bool):
+                return f"{ir.show(weight)}: {ir.show(cond)}"
+    return f"1: {ir.show(arg)}"
+
+
+_WEIGHTED_WORDS = frozenset({"weighted", "weight", "score", "points", "countif", "count_if", "sumif", "sum_if"})
+
 class ScalarTyping:
     """Mixin of the checker's typer: the rules above. Expects `infer`, `mismatch`, `undefined`,
     `expect_bool` and `s` (the scenario) from the host class."""
@@ -117,8 +128,12 @@ class ScalarTyping:
         arity = {"abs": 1, "days_between": 2, "missing": 1}
         if e.name not in arity:
             hint = ("functions are " + ", ".join(f"`{f}`" for f in ir.FUNCTIONS)
-                    + ", `count`, `min`, `max`; dates are written `date(\"2026-11-23\")`")
-            if e.name in ("sum", "total", "add"):
+                    + ", `count`, `min`, `max`, `len`, `any`, `all`, `sum(… for … in …)`; dates are written `date(\"2026-11-23\")`")
+            if e.name in _WEIGHTED_WORDS:
+                weighted = ", ".join(_weighed(a) for a in e.args[:4]) or "2: A, 1: B"
+                hint = (f"a weighted score is a count with weights: `count({weighted})` adds the weights of the "
+                        "conditions that hold")
+            elif e.name in ("sum", "total", "add"):
                 hint = (f"add values with `+` (`{' + '.join(ir.show(a) for a in e.args[:3]) or 'A + B'}`); " + hint)
             self.mismatch(f"unknown function `{e.name}`", e.span, hint, code="E101")
             for arg in e.args:
