@@ -329,6 +329,18 @@ def test_an_equality_and_its_negation_written_the_other_way_are_one_literal() ->
     assert w is not None and w["Given"] != w["OnFile"]
 
 
+def test_a_literal_asked_for_false_is_shown_negated_whatever_was_written_for_true() -> None:
+    """`missing(X)` or `A == B` constrained to false is `not missing(X)` / `A != B`, never the text of the
+    literal as written for true (a box once read `missing(LastCredit)` where the value had to be there)."""
+    scenario, (missing_guard, eq, _, _) = _four_guards(
+        'system Last: date? "l"\nsystem A: float[0..1] "a"\nsystem B: float[0..1] "b"\n',
+        ("missing(Last)", "A == B", "A > 0", "B > 0"))
+    (present,) = constrain(scenario, full_box(scenario), missing_guard, False)
+    assert present.constraints() == {"where": "not missing(Last)"}
+    (differ,) = constrain(scenario, full_box(scenario), eq, False)
+    assert differ.constraints() == {"where": "A != B"}
+
+
 def test_an_ordering_and_its_negation_or_mirror_are_one_literal() -> None:
     """Over floats (no exact difference literals), `Claimed > Limit`, its mirror `Limit < Claimed` and its
     negation `Limit >= Claimed` are one literal; each is shown as it was first written."""

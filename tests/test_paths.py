@@ -668,8 +668,9 @@ def test_where_drops_the_operands_of_a_passed_by_and_that_the_path_s_values_sett
 
 
 def test_a_procedure_s_path_says_an_optional_value_is_present_when_it_must_be() -> None:
-    """The analysis form of a procedure (an observation and a retry) keeps the solver's text: a passed-by
-    `missing(X)` is `not missing(X)` there, never `missing(X)` (it once was, the opposite of the witness)."""
+    """A procedure's path (an observation and a retry) says its decisions as written, like a plain
+    program's, `not missing(X)` included: the solver's text once said `missing(X)` there (the opposite of
+    the witness), and a per-variable constraint never says whether a value is there."""
     sc = load_text("""
         field Wants: bool "w"
         system LastCredit: date? "d"
@@ -694,6 +695,34 @@ def test_a_procedure_s_path_says_an_optional_value_is_present_when_it_must_be() 
     """)
     human = [p for p in iter_paths(sc) if p.action == "Human"]
     assert human and all(p.witness is not None and p.witness["LastCredit"] is not None for p in human)
-    assert {p.constraints["where"] for p in human} == {"not missing(LastCredit) and LastCredit > now - 90 days"}
+    assert {p.constraints["where"] for p in human} == {
+        "not missing(LastCredit) and days_between(LastCredit, now) < 90"}
     explained = {p.constraints.get("where") for p in iter_paths(sc) if p.action == "Explain"} - {None}
-    assert explained == {"missing(LastCredit) or (not missing(LastCredit) and LastCredit <= now - 90 days)"}
+    assert explained == {"not (not missing(LastCredit) and days_between(LastCredit, now) < 90)"}
+
+
+def test_a_procedure_s_path_numbers_the_looks_its_decisions_read() -> None:
+    """Said as written, a condition on an observed value names the look it reads; the path's own
+    values settle the rest (`Mood = Calm` leaves `Balance (look 1) <= Limit` of the passed-by arm)."""
+    sc = load_text("""
+        field Mood: Calm | Upset "m"
+        system Balance: int[0..1000] "b"
+        system Limit: int[0..1000] "l"
+        action Pay "p" [ends_dialogue]
+        action Wait "w"
+        action Human "h" [ends_dialogue]
+        stage check {
+            observe Balance
+            when Balance > Limit and Mood == Calm -> do Pay
+            otherwise -> again
+        }
+        stage again {
+            -> do Wait -> check up to 1 times
+            otherwise -> do Human
+        }
+    """)
+    wheres = {(p.action, len(p.stages)): p.constraints.get("where") for p in iter_paths(sc)}
+    assert wheres[("Pay", 1)] == "Balance > Limit"
+    assert wheres[("Pay", 3)] == "Balance (look 1) <= Limit and Balance (look 2) > Limit"
+    assert wheres[("Human", 4)] == ("not (Balance (look 1) > Limit and Mood == Calm) and "
+                                    "not (Balance (look 2) > Limit and Mood == Calm)")

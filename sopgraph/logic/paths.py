@@ -741,6 +741,8 @@ def lift_path(info: PathInfo, u: Unrolled) -> PathInfo:
     if isinstance(u, Lowered):
         constraints = {k: u.missing_in_source_terms(v) for k, v in constraints.items()}
         constraints = _source_constraints(u, constraints, stages, info.branches)
+    else:  # said as the unrolled copies' decisions are written (looks numbered, named below)
+        constraints = dict(as_written(u.scenario, info).constraints)
     if u.looks:
         constraints = {_look_text(k, looks): _look_text(v, looks) for k, v in constraints.items()}
     update["constraints"] = constraints
@@ -835,7 +837,8 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
     for guard, negated in pairs:
         reads = set(compile_reads(guard))
         listed = relates.listed(reads)
-        if not reads & lists and ((listed and relates.per_variable(guard, not negated))
+        if not reads & lists and ((listed and relates.per_variable(guard, not negated)
+                                   and not _unsaid_presence(guard, constraints))
                                   or relates.implied(guard, not negated, constraints)):
             continue  # constraints on single variables: listed per variable (and they imply this one)
         if _settled(guard, negated, known):
@@ -845,6 +848,20 @@ def _decision_clauses(src: ir.Scenario, relates: _Relations, stages: Sequence[st
         if text not in clauses:
             clauses.append(text)
     return clauses
+
+
+def _unsaid_presence(guard: Any, constraints: Mapping[str, str]) -> bool:
+    """Whether `guard` tests `missing(X)` for an `X` the per-variable constraints do not name: whether
+    a value is there is said by no per-variable constraint, so the condition must stay in `where`."""
+    stack = [guard]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ir.Func) and e.name == "missing":
+            if any(not (isinstance(a, ir.Var) and a.name in constraints) for a in e.args):
+                return True
+            continue
+        stack.extend(ir.children(e))
+    return False
 
 
 def _path_conditions(src: ir.Scenario, stages: Sequence[str],
