@@ -430,6 +430,37 @@ variables:
     assert listed is not None and listed.sample_values["now"] == ["2026-06-01T09:00"]
 
 
+OUTAGE = """
+scenario outage "Outage" "Outages."
+field Issue: Outage | Billing "what"
+system OutageStart: datetime "when the outage began"
+system LastBill: date "the day of the last bill"
+action Credit "credit" [ends_dialogue]
+action Explain "explain" [ends_dialogue]
+stage s1 "Kind" { match Issue { Outage -> s2  Billing -> do Explain } }
+stage s2 "Long" {
+    when now - OutageStart > 24 hours -> do Credit
+    otherwise -> do Explain
+}
+"""
+
+
+def test_dates_and_datetimes_of_cases_lie_before_now_not_at_it() -> None:
+    """An outage, an order, a payment lie in the past of the conversation: cases used to put every date
+    and datetime the path leaves free (or only bounds) at the reference moment itself, `now`. The values
+    chosen are still verified (each case decides its expected path)."""
+    scenario = sopgraph.load(text=OUTAGE)
+    cases = synthesize(scenario, default_profile(scenario), 24, seed=3).cases
+    starts = {c.system["OutageStart"] for c in cases if c.truth["Issue"] == "Outage"}
+    bills = {c.system["LastBill"] for c in cases}
+    assert all(c.system["now"] == "2026-01-15T12:00:00Z" for c in cases)
+    assert len(starts) >= 2 and any(s < "2026-01-15T12:00:00Z" for s in starts)
+    assert bills and all(b < "2026-01-15" for b in bills), bills
+    for c in cases:
+        decided = sopgraph.decide(scenario, {**c.truth, **c.system})
+        assert decided.path == c.expected_path and decided.finals == c.expected_finals
+
+
 LATE = """
 scenario late "Late delivery" "Late parcels."
 field Kind: Ask | Late | Damaged "what"
