@@ -207,6 +207,15 @@ def test_plain_words(small):
     assert prompts._one_of(["A", "B"], True) == "neither A nor B"
 
 
+def test_plain_words_for_a_value_that_may_be_missing():
+    s = sopgraph.load(text='scenario o "O"\nsystem Last: date? "l"\naction A "a"\naction B "b"\n'
+                           'stage s "s" { when not missing(Last) and days_between(Last, now) < 90 -> do A\n'
+                           '  when missing(Last) -> do B\n  otherwise -> do B }\n')
+    given, absent = (prompts.plain(b.guard, s) for b in s.stages["s"].branches[:2])
+    assert given == "Last is given and days_between(Last, now) is less than 90"
+    assert absent == "Last is missing (not given)"
+
+
 def test_describe_domain():
     assert prompts.describe_domain(ir.NumType(kind="float", lo=0, lo_open=True, hi=1)) == \
         "a number, greater than 0 and at most 1"

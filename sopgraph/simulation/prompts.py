@@ -225,6 +225,8 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
             return f"{inner.name} is false", 3
         if isinstance(inner, (ir.Get, ir.Item)):
             return f"{ir.show(inner)} is false", 3
+        if isinstance(inner, ir.Func) and inner.name == "missing" and inner.args:
+            return f"{ir.show(inner.args[0])} is given", 3
         text, _ = _plain(inner, s)
         return f"not ({text})", 3
     if isinstance(e, ir.Compare):
