@@ -25,7 +25,7 @@ import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 
 if TYPE_CHECKING:  # pragma: no cover
     from sopgraph.logic.domain import Box, Space
@@ -62,22 +62,48 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
     except ImportError:  # pragma: no cover
         return None, False
     tr = _Translator(space, box, z3)
-    try:
-        goal = [tr.literal(rid, truth) for rid, truth in sorted(box.resid)]
-    except (_Unsupported, RecursionError, z3.Z3Exception):
+    goal: list[Any] = []
+    exact_goal: list[Any] = []  # the literals whose translation is exact (see below)
+    for rid, truth in sorted(box.resid):
+        was_exact, tr.exact = tr.exact, True
+        try:
+            term = tr.literal(rid, truth)
+        except (_Unsupported, RecursionError, z3.Z3Exception):
+            # left out: the rest still decides (an empty rest is an empty box; a model of the rest
+            # is a candidate the caller verifies against every literal, this one included)
+            tr.exact = False
+            continue
+        finally:
+            literal_exact, tr.exact = tr.exact, was_exact and tr.exact
+        goal.append(term)
+        if literal_exact:
+            exact_goal.append(term)
+    if not goal:
         return None, False
-    solver = z3.SolverFor("QF_LIA") if tr.exact and not tr.reals else z3.Solver()
+    result, model = _check(z3, tr, goal, z3.SolverFor("QF_LIA") if tr.exact and not tr.reals else z3.Solver())
+    if result == z3.unsat:
+        if tr.exact:
+            return None, True
+        # Refuted over the rationals with float arithmetic somewhere: rounding might still satisfy it,
+        # unless the literals without float arithmetic are already contradictory on their own
+        # (`count(…) != 0` beside an item that is not returned, next to a sum of prices).
+        if exact_goal and len(exact_goal) < len(goal) and _check(z3, tr, exact_goal, z3.Solver())[0] == z3.unsat:
+            return None, True
+        return None, None
+    if result != z3.sat:
+        return None, False
+    return tr.assignment(model), False
+
+
+def _check(z3: Any, tr: _Translator, goal: list[Any], solver: Any) -> tuple[Any, Any]:
+    """z3's verdict on the box's domains and `goal` within the deterministic budget, and its model."""
     solver.set("rlimit", RLIMIT)
     solver.add(*tr.domains(), *goal)
     try:
         result = solver.check()
     except z3.Z3Exception:  # pragma: no cover - resource exhaustion surfaces as unknown
-        return None, False
-    if result == z3.unsat:
-        return None, True if tr.exact else None  # None: the rationals refute it, float rounding might not
-    if result != z3.sat:
-        return None, False
-    return tr.assignment(solver.model()), False
+        return None, None
+    return result, solver.model() if result == z3.sat else None
 
 
 class _Translator:
@@ -89,14 +115,19 @@ class _Translator:
         self.z3 = z3
         self.vars: dict[int, Any] = {}
         self.absent: dict[int, Any] = {}  # optional variable -> the Bool "it is missing"
+        self.patterns: dict[tuple[int, str], Any] = {}  # (string variable, pattern) -> the Bool "it matches"
         # Terms do not depend on the box (its domains are added separately), so translations of
         # residuals and derived variables are kept on the space and reused by every later query:
         # the z3 Python API costs far more than the solving on list-heavy SOPs. Enum ids are shared
         # for the same reason.
-        shared = space.__dict__.setdefault("_z3_shared", {"memo": {}, "enums": {}})
-        self.memo: dict[Any, tuple[tuple[str, Any], bool, bool, int, frozenset[int]]] = shared["memo"]
+        shared = space.__dict__.setdefault("_z3_shared", {"memo": {}, "enums": {}, "patterns": {}, "doms": {}})
+        self.memo: dict[Any, tuple[tuple[str, Any], bool, bool, int, frozenset[Any]]] = shared["memo"]
         self.enum_ids: dict[str, int] = shared["enums"]
-        self.reading: list[set[int]] = []  # base variables read by the translations in progress
+        self.pattern_ids: dict[tuple[int, str], int] = shared["patterns"]
+        self.dom_memo: dict[tuple[int, Any], tuple[Any, bool]] = shared["doms"]
+        # base variables (and `missing`, pattern tests: see `missing_var`, `pattern_atom`) read by the
+        # translations in progress
+        self.reading: list[set[Any]] = []
         self.exact = True
         self.reals = False  # a float variable or constant: z3's general solver, not QF_LIA
         self.terms = 0
@@ -123,7 +154,12 @@ class _Translator:
             return term
         term, exact, reals, terms, reads = hit
         for i in reads:
-            self.base(i) if i >= 0 else self.missing_var(-i - 1)
+            if isinstance(i, tuple):
+                self.pattern_atom(*i)
+            elif i >= 0:
+                self.base(i)
+            else:
+                self.missing_var(-i - 1)
         self.exact, self.reals = self.exact and exact, self.reals or reals
         self.terms += terms
         if self.terms > MAX_TERMS:
@@ -167,11 +203,34 @@ class _Translator:
             x = self.absent[i] = self.z3.Bool(f"m{i}")
         return x
 
+    def pattern_atom(self, i: int, pattern: str) -> Any:
+        """`X matches "pattern"` for a string `X` as a free Bool, one per (variable, pattern). Two patterns
+        on one string are not tied together: that admits more than the engine does, so "unsat" stays
+        sound; `assignment` then looks for a string with the truths the model gives (the caller
+        re-checks it)."""
+        for reading in self.reading:
+            reading.add((i, pattern))  # replayed by `memoized` like a variable read
+        x = self.patterns.get((i, pattern))
+        if x is None:  # named by a number the space keeps: memoized terms of earlier queries use the same Bool
+            number = self.pattern_ids.setdefault((i, pattern), len(self.pattern_ids))
+            x = self.patterns[i, pattern] = self.z3.Bool(f"p{number}")
+        return x
+
     def dom(self, i: int, d: Any) -> Any:
-        """The constraint "variable i lies in domain d" (a mask for enums/bools, a NumDom else)."""
+        """The constraint "variable i lies in domain d" (a mask for enums/bools, a NumDom else), built once
+        per space: the z3 Python API costs far more than the solving (a box has a domain per variable)."""
+        _, x = self.base(i)
+        hit = self.dom_memo.get((i, d))
+        if hit is None:
+            saved, self.reals = self.reals, False
+            hit = self.dom_memo[i, d] = (self._dom(i, d, x), self.reals)
+            self.reals = saved
+        self.reals = self.reals or hit[1]
+        return hit[0]
+
+    def _dom(self, i: int, d: Any, x: Any) -> Any:
         z3 = self.z3
         kind = self.sp.kinds[i]
-        _, x = self.base(i)
         if kind in ("enum", "bool"):
             vals = [v for j, v in enumerate(self.sp.values[i]) if d >> j & 1]
             if kind == "bool":
@@ -292,6 +351,10 @@ class _Translator:
             for x in args[1:]:
                 best = z3.If(x < best, x, best) if e.func == "min" else z3.If(x > best, x, best)
             return "num", best
+        if isinstance(e, ir.Matches) and isinstance(e.operand, ir.Var):
+            i = self.sp.index.get(e.operand.name)
+            if i is not None and i in self.sp.strings:
+                return "bool", self.pattern_atom(i, e.pattern)
         if isinstance(e, ir.CaseExpr):
             kind, out = self.expr(e.otherwise)
             for arm in reversed(e.arms):
@@ -344,6 +407,28 @@ class _Translator:
 
     # -- models ----------------------------------------------------------------------------------
 
+    @property
+    def tested(self) -> set[int]:
+        """The string variables some pattern test of the query reads."""
+        return {i for i, _p in self.patterns}
+
+    def matching_string(self, model: Any, i: int, picked: Any) -> Any:
+        """A value of string variable `i` that matches exactly the patterns the model says it matches:
+        the box's pick, its plausible samples, or an example built from one of the patterns; the pick
+        when none fits (the caller's check then refuses the assignment)."""
+        wanted = [(p, self.z3.is_true(model.eval(x, model_completion=True)))
+                  for (j, p), x in self.patterns.items() if j == i]
+        candidates: list[Any] = [picked, *self.sp.string_samples.get(i, ())]
+        for p, _truth in wanted:
+            try:
+                candidates += [c for c in scalars.pattern_examples(p) if c is not None]
+            except (scalars.OutsideSubset, ValueError, RecursionError):
+                continue
+        for c in candidates:
+            if isinstance(c, str) and all(scalars.matches(p, c) == truth for p, truth in wanted):
+                return c
+        return picked
+
     def assignment(self, model: Any) -> dict[str, Any] | None:
         """Every base variable: the model's value where the query constrained it, else a pick
         from the box (the caller verifies the whole assignment)."""
@@ -358,6 +443,8 @@ class _Translator:
             x = self.vars.get(i)
             if x is None:
                 out[n] = sp.pick(i, self.box.doms[i], "representative", None)
+                if i in self.tested:
+                    out[n] = self.matching_string(model, i, out[n])
                 continue
             val = model.eval(x, model_completion=True)
             kind = sp.kinds[i]
