@@ -461,6 +461,38 @@ def test_dates_and_datetimes_of_cases_lie_before_now_not_at_it() -> None:
         assert decided.path == c.expected_path and decided.finals == c.expected_finals
 
 
+FLAGS = """
+scenario flags "Flags" "Flagged accounts."
+field Kind: Ask | Dispute "what"
+system Flags: list[..3] of HighRisk | Travel | Vip | Student "account flags"
+system Amount: int[0..1000] "amount"
+action Answer "answer" [ends_dialogue]
+action Refund "refund" [ends_dialogue]
+action Review "review" [ends_dialogue]
+stage s1 "Kind" { match Kind { Ask -> do Answer  Dispute -> s2 } }
+stage s2 "Risk" {
+    when HighRisk in Flags -> do Review
+    when Amount > 500 -> do Review
+    otherwise -> do Refund
+}
+"""
+
+
+def test_a_list_of_enum_values_repeats_none_where_the_path_allows() -> None:
+    """A list of flags reads as a set: its items used to be drawn one by one, so about half the cases held
+    a repeat (`["Travel", "Travel"]`). Repeats are replaced by unused values the case's decision allows
+    (never `HighRisk` where the path needs it absent), and every case still decides its expected path."""
+    scenario = sopgraph.load(text=FLAGS)
+    cases = synthesize(scenario, default_profile(scenario), 40, seed=5).cases
+    lists = [c.system["Flags"] for c in cases]
+    assert any(len(f) >= 2 for f in lists)
+    assert all(len(set(f)) == len(f) for f in lists), lists
+    for c in cases:
+        decided = sopgraph.decide(scenario, {**c.truth, **c.system})
+        assert decided.path == c.expected_path and decided.finals == c.expected_finals
+        assert c.user_facts.get("Flags", c.system["Flags"]) == c.system["Flags"]
+
+
 LATE = """
 scenario late "Late delivery" "Late parcels."
 field Kind: Ask | Late | Damaged "what"

@@ -866,6 +866,7 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
     given = options.pop("the_plan", None)
     the_plan = given if given is not None and given.scenario is unrolled.scenario else plan(scenario, profile)
     flat = synthesize_stream(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
+    enum_lists = {name: values for name, values in _enum_lists(scenario).items() if name not in unrolled.looks}
 
     def lift(line: str) -> str:
         row = json.loads(line)
@@ -884,9 +885,54 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
             if key == "user_facts":
                 values = {k: v for k, v in values.items() if k in (row.get(key) or {}) or v}
             row[key] = values
+        if enum_lists:
+            _spread_repeats(scenario, row, enum_lists)
         return json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
     return SynthStream(map(lift, flat), flat.skipped, lambda: flat.coverage)
+
+
+def _enum_lists(scenario: ir.Scenario) -> dict[str, list[str]]:
+    """The fields and system variables that are lists of enum values (`Flags: list of Vip | Late`)."""
+    return {v.name: list(v.type.item.values) for v in [*scenario.fields, *scenario.system_vars]
+            if isinstance(v.type, ir.ListType) and isinstance(v.type.item, ir.EnumType) and v.type.item.values}
+
+
+def _spread_repeats(scenario: ir.Scenario, row: dict[str, Any], enum_lists: Mapping[str, list[str]]) -> None:
+    """A list of enum values reads as a set of flags or problems (`["HighRisk", "HighRisk", "Vip"]` looks
+    like a mistake): the analysis draws each item on its own, so values repeat. Each repeat is replaced by
+    the first unused value (in declaration order) with which the engine still decides the case's path,
+    finals and actions; a repeat no unused value can replace stays."""
+    truth, system = row.get("truth") or {}, row.get("system") or {}
+    values = {**truth, **system}
+    expected = (row.get("expected_path"), row.get("expected_finals"), row.get("expected_actions"))
+    engine = engine_for(scenario)
+
+    def same(trial: dict[str, Any]) -> bool:
+        try:
+            d = engine.decide(trial)
+        except DecideError:
+            return False
+        return (d.path, d.finals, d.actions) == expected
+
+    for name, domain_values in enum_lists.items():
+        items = values.get(name)
+        if not isinstance(items, list) or len(set(items)) == len(items):
+            continue
+        items = list(items)
+        for at in range(len(items)):
+            if items[at] not in items[:at]:
+                continue
+            for other in (v for v in domain_values if v not in items):
+                trial = [*items[:at], other, *items[at + 1:]]
+                if same({**values, name: trial}):
+                    items = trial
+                    break
+        if items != values[name]:
+            values[name] = items
+            for key in ("truth", "system", "user_facts"):
+                if name in (row.get(key) or {}):
+                    row[key][name] = items
 
 
 def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
