@@ -70,8 +70,9 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
             term = tr.literal(rid, truth)
         except (_Unsupported, RecursionError, z3.Z3Exception):
             # left out: the rest still decides (an empty rest is an empty box; a model of the rest
-            # is a candidate the caller verifies against every literal, this one included)
-            tr.exact = False
+            # is a candidate the caller verifies against every literal, this one included), and what
+            # its partial translation saw does not make the rest inexact
+            tr.exact = True
             continue
         finally:
             literal_exact, tr.exact = tr.exact, was_exact and tr.exact
