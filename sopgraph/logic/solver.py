@@ -14,7 +14,10 @@ Soundness rules:
   float value (`+`, `-`, `*` round in the engine, not in z3's rationals), no nonlinear product, no
   division. Float variables and non-integer constants that are only compared are exact: a constant is
   translated as the rational its float is (`0.1` as 3602879701896397/2**55), and every float is a
-  rational, so a comparison the reals cannot satisfy no float satisfies either;
+  rational, so a comparison the reals cannot satisfy no float satisfies either. An inexact query that
+  is refuted is still empty when its exact literals alone are refuted;
+- what the translation cannot model is relaxed, never guessed: a literal it cannot take is left out,
+  a pattern test on a string is a free Bool (`pattern_atom`); a refuted relaxation refutes the query;
 - each query has a deterministic resource limit (`rlimit`, z3's count of internal steps, not wall
   time), so the same input gives the same answer on any machine; "unknown" means undecided.
 """
