@@ -418,7 +418,7 @@ def plausible_values(var: ir.Variable, profile: Profile) -> list[Any]:
         return _numeric_points(vtype)
     if isinstance(vtype, ir.TimeType):  # where the domain places unconstrained dates, as text
         typical = scalars.format_temporal(vtype.kind, scalardom.typical(vtype.kind))
-        return (var.name != "now" and _earlier_moments(vtype.kind, typical)) or [typical]
+        return _earlier_moments(var, typical) or [typical]
     if isinstance(vtype, ir.StringType):
         return list(scalardom.string_samples(var.name, var.description))
     return [None]
@@ -428,10 +428,12 @@ _EARLIER_BY = {"date": (2 * scalars.DAY, 9 * scalars.DAY, 40 * scalars.DAY),
                "datetime": (3 * 3600, 27 * 3600, 6 * scalars.DAY)}
 
 
-def _earlier_moments(kind: scalars.TemporalKind, value: Any) -> list[Any]:
-    """A few dates or datetimes before `value`: what a customer talks about (an order, an incident, a
-    payment) lies in the past of the conversation, seldom at its very moment (the reference `now`)."""
-    if kind not in _EARLIER_BY or value is None:
+def _earlier_moments(var: ir.Variable, value: Any) -> list[Any]:
+    """A few dates or datetimes before `value` for a date or datetime `var` other than `now`: what a
+    customer talks about (an order, an incident, a payment) lies in the past of the conversation, seldom
+    at its very moment (the reference `now`). [] for anything else."""
+    kind = var.type.kind if isinstance(var.type, ir.TimeType) else ""
+    if kind not in _EARLIER_BY or value is None or var.name == "now":
         return []
     try:
         at = scalars.parse_temporal(kind, value)
@@ -490,8 +492,8 @@ def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: An
         # dates, durations, strings: the witness (its text form), then the profile's `values:` (each
         # candidate is verified by the engine, so a value the path's pattern or window refuses drops out)
         listed = profile.sample_values.get(var.name) or []
-        if not listed and isinstance(var.type, ir.TimeType) and var.name != "now":
-            listed = _earlier_moments(var.type.kind, witness_value)  # each verified: the path's window decides
+        if not listed:
+            listed = _earlier_moments(var, witness_value)  # each verified: the path's window decides
         return [witness_value, *(v for v in listed if v != witness_value)]
     try:
         dom = box[var.name]

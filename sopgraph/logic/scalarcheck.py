@@ -62,6 +62,7 @@ def _weighed(arg: Any) -> str:
 
 _WEIGHTED_WORDS = frozenset({"weighted", "weight", "score", "points", "countif", "count_if", "sumif", "sum_if"})
 
+
 class ScalarTyping:
     """Mixin of the checker's typer: the rules above. Expects `infer`, `mismatch`, `undefined`,
     `expect_bool` and `s` (the scenario) from the host class."""

@@ -411,11 +411,6 @@ class _Translator:
 
     # -- models ----------------------------------------------------------------------------------
 
-    @property
-    def tested(self) -> set[int]:
-        """The string variables some pattern test of the query reads."""
-        return {i for i, _p in self.patterns}
-
     def matching_string(self, model: Any, i: int, picked: Any) -> Any:
         """A value of string variable `i` that matches exactly the patterns the model says it matches:
         the box's pick, its plausible samples, or an example built from one of the patterns; the pick
@@ -437,6 +432,7 @@ class _Translator:
         """Every base variable: the model's value where the query constrained it, else a pick
         from the box (the caller verifies the whole assignment)."""
         sp = self.sp
+        tested = {j for j, _pattern in self.patterns}  # string variables a pattern test reads
         names = {v: k for k, v in self.enum_ids.items()}
         out: dict[str, Any] = {}
         for i, n in enumerate(sp.names):
@@ -447,7 +443,7 @@ class _Translator:
             x = self.vars.get(i)
             if x is None:
                 out[n] = sp.pick(i, self.box.doms[i], "representative", None)
-                if i in self.tested:
+                if i in tested:
                     out[n] = self.matching_string(model, i, out[n])
                 continue
             val = model.eval(x, model_completion=True)

@@ -470,7 +470,7 @@ def unknown_builtin_message(model: str) -> str | None:
     """One line naming the closest built-in for a misspelled ``baseline/...`` or ``scripted/...``; None if fine.
     ``baseline/guided:MODEL`` is fine when MODEL is (any litellm model, or a built-in)."""
     if model.startswith(providers.GUIDED_PREFIX) or model == providers.GUIDED_PREFIX.rstrip(":"):
-        inner = providers.guided_inner(model) if model.startswith(providers.GUIDED_PREFIX) else None
+        inner = providers.guided_inner(model)
         if inner is None or inner.startswith(providers.GUIDED_PREFIX):
             return (f"{providers.GUIDED_PREFIX}MODEL wraps one model, e.g. {providers.GUIDED_PREFIX}openai/gpt-4o-mini "
                     f"or, offline, {providers.GUIDED_PREFIX}baseline/oracle")
