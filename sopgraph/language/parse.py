@@ -1538,7 +1538,7 @@ def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
 def _fix_field(node: Any, name: str, value: Any) -> None:
     """`node.<name> = value`, skipped when it is already that object (most names resolve to the
     `Var` written there): a model's `__setattr__` costs about a microsecond, a million times."""
-    if node.__dict__[name] is not value:
+    if getattr(node, name) is not value:
         setattr(node, name, value)
 
 
