@@ -5,6 +5,7 @@ the scripted author and through litellm's real HTTP path against a local fake se
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,14 @@ def test_offline_draft_repairs_until_clean(tmp_path: Path) -> None:
     assert "hand the conversation to a human colleague." in text
     assert f"# {POLICY.name}:8-9" in text
     assert len(questions(text)) == 1 and "question(s) for the author" in result.output
+    # titles are cut between words (or are a whole short sentence), never inside a word
+    titles = re.findall(r'^stage s\d+ "([^"]*)"', text, re.M)
+    assert len(titles) == 7
+    for title in titles:
+        assert len(title) <= 60, title
+        rule = next(line for line in policy_lines if title.rstrip("…") in line)
+        rest = rule[rule.index(title.rstrip("…")) + len(title.rstrip("…")):]
+        assert not rest[:1].isalnum(), (title, rule)  # the next character ends a word
 
 
 def test_repair_message_carries_the_checker_diagnostics(tmp_path: Path) -> None:

@@ -790,6 +790,7 @@ _MATCH_OPEN = re.compile(r"\bmatch\b[^{}]*\{[^{}]*\Z")
 _DANGLING = re.compile(r"(\w[\w.]*)\s*(?:==|!=|<=|>=|<|>)\s*\S+\s+(?:and|or)\s*\Z")
 
 
+_VARIABLE_ATTRS = frozenset({"unit", "money", "hidden"})  # attributes outputs do not take
 _MEMBERSHIP_WORDS = frozenset({"contains", "includes", "has"})  # `Flags contains Vip` from other languages
 _TYPE_WORDS = frozenset({"int", "float", "list", "string", "bool", "date", "datetime", "duration", "record"})
 _INDEXED = re.compile(r"([^\W\d]\w*)\s*\Z")  # `Name[` where a list would be indexed
@@ -808,6 +809,9 @@ def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
                 "counted and tested",
                 "write `sum(i.amount for i in Items)` (divide by `len(Items)` for a mean), `count(i in Items where "
                 "…)`, `any(…)`, `all(…)`")
+    if found in _VARIABLE_ATTRS and (output := re.match(r"\s*output\s+(\w+)", head)):
+        return (f"`{found}` is an attribute of fields and system variables, not of outputs",
+                f"say it in the output's description, e.g. `output {output.group(1)}: … \"… (in EUR)\"`")
     if found == "-" and (enum := _ENUM_DECL.search(head)):
         rest = re.match(r"\w+", after[1:])
         joined = f"{enum.group(1)}_{rest.group(0)}" if rest else f"{enum.group(1)}_…"

@@ -1046,6 +1046,18 @@ def _policy_rules(lines: Sequence[str]) -> list[tuple[str, str]]:
     return rules
 
 
+def _short_title(text: str, width: int = 60) -> str:
+    """A stage title from a rule's text: the first sentence when it is short, else the words that fit
+    in `width` characters and an ellipsis (a title cut inside a word reads as a typo)."""
+    sentence = re.split(r"(?<=[.:;!?])\s", text, maxsplit=1)[0].rstrip(".:;")
+    if len(sentence) <= width:
+        return sentence
+    cut = sentence[:width - 1]
+    if " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(",;: ") + "…"
+
+
 def scripted_author(messages: Messages, context: Context) -> str:
     """Drafts a `.sop` from the policy in ``context`` (``policy``, ``policy_file``, ``name``): one
     stage per rule line (numbered or bulleted), each citing its line. The first draft calls an
@@ -1068,7 +1080,7 @@ def scripted_author(messages: Messages, context: Context) -> str:
         out += ['action Respond "Answer the customer as the policy says." [ends_dialogue]', ""]
     for k, (lineno, text) in enumerate(rules, 1):
         target = f"s{k + 1}" if k < len(rules) else "do Respond"
-        out += [f"# {source}:{lineno}", f"stage s{k} {json.dumps(text[:60], ensure_ascii=False)} {{",
+        out += [f"# {source}:{lineno}", f"stage s{k} {json.dumps(_short_title(text), ensure_ascii=False)} {{",
                 f"    {json.dumps(text, ensure_ascii=False)}", f"    -> {target}", "}", ""]
     out.append("# QUESTION: the scripted author does not model the policy's conditions; "
                "which fields and values decide each rule?")
