@@ -797,6 +797,34 @@ _INDEXED = re.compile(r"([^\W\d]\w*)\s*\Z")  # `Name[` where a list would be ind
 _AGGREGATE = re.compile(r"\b(sum|avg|average|mean|total)\s*\((?![^()]*\)\s*$)")
 
 
+_NUMBER_BEFORE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s+\Z")  # a number, then a space, just before the error
+_TIME_ABBREVIATIONS = {"h": "hours", "hr": "hours", "hrs": "hours", "min": "minutes", "mins": "minutes",
+                       "sec": "seconds", "secs": "seconds", "s": "seconds", "d": "days", "wk": "weeks",
+                       "wks": "weeks", "w": "weeks"}
+_CALENDAR_UNITS = {"month": 30, "months": 30, "year": 365, "years": 365}  # days, roughly: no fixed length
+_AMOUNT_WORDS = frozenset({"percent", "pct", "km", "kg", "miles", "mi"})
+
+
+def _unit_slip(found: str, number: str, head: str) -> tuple[str, str] | None:
+    """`14 hrs`, `2 months`, `3000 EUR`: a unit the language does not take after a number (`head`:
+    the line up to the error, for the name the number is compared with)."""
+    if found in _TIME_ABBREVIATIONS:
+        unit = _TIME_ABBREVIATIONS[found]
+        return (f"`{found}` is not a duration unit: units are written in full",
+                f"write `{number} {unit}` (units: seconds, minutes, hours, days, weeks)")
+    if found.lower() in _CALENDAR_UNITS:
+        days = float(number) * _CALENDAR_UNITS[found.lower()]
+        return (f"`{found}` is not a duration unit: months and years have no fixed length",
+                f"write the policy's number of days or weeks, e.g. `{days:g} days`")
+    if found.lower() in _AMOUNT_WORDS or re.fullmatch(r"[A-Z]{3}", found):
+        compared = re.search(r"([^\W\d]\w*)\s*(?:[<>]=?|[=!]=)\s*\d+(?:\.\d+)?\s+\Z", head)
+        name = compared.group(1) if compared else "Amount"
+        return (f"a number is written without a unit: `{number} {found}`",
+                f"write `{number}`; a variable's unit is part of its declaration "
+                f"(`system {name}: float unit \"{found}\" …`)")
+    return None
+
+
 def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
     """Message and hint for slips people make while writing an SOP by hand (a hyphen in an enum
     value, `A: target` in a match, `N > 5 and < 8`, `K in [A, B]`), or None."""
@@ -809,6 +837,8 @@ def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
                 "counted and tested",
                 "write `sum(i.amount for i in Items)` (divide by `len(Items)` for a mean), `count(i in Items where "
                 "…)`, `any(…)`, `all(…)`")
+    if (number := _NUMBER_BEFORE.search(head)) and (unit := _unit_slip(found, number.group(1), head)) is not None:
+        return unit
     if found in _VARIABLE_ATTRS and (output := re.match(r"\s*output\s+(\w+)", head)):
         return (f"`{found}` is an attribute of fields and system variables, not of outputs",
                 f"say it in the output's description, e.g. `output {output.group(1)}: … \"… (in EUR)\"`")

@@ -17,6 +17,7 @@ place (docs/language.md §7 "Dates, durations and strings"):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sopgraph.language import ir, scalars
@@ -211,13 +212,26 @@ class ScalarTyping:
             return True
         hint = "both sides of a comparison must be of the same kind"
         if is_duration(lt) and isinstance(rt, ir.NumType) or is_duration(rt) and isinstance(lt, ir.NumType):
-            hint = "give the number a unit, e.g. `Waited > 2 hours`"
+            number_side = e.right if is_duration(lt) else e.left
+            if isinstance(number_side, ir.Func) and number_side.name == "days_between" and len(number_side.args) == 2:
+                a, b = (ir.show(arg) for arg in number_side.args)  # `days_between(a, b) < 14 days`
+                written = ir.show(e.left if is_duration(lt) else e.right)
+                days = re.fullmatch(r"(\d+(?:\.\d+)?) days?", written)
+                op = e.op if number_side is e.left else _FLIPPED[e.op]  # written as `days_between(…) OP days`
+                hint = (f"`days_between` gives a number of days: compare it with a number "
+                        f"(`days_between({a}, {b}) {op} {days.group(1) if days else 'N'}`), or compare the "
+                        f"duration `{b} - {a}` with `{written}`")
+            else:
+                hint = "give the number a unit, e.g. `Waited > 2 hours`"
         elif is_point(lt) or is_point(rt):
-            bare = _bare_date(e.right if is_point(lt) else e.left)
+            other_side = e.right if is_point(lt) else e.left
+            bare = _bare_date(other_side)
             point = lt if is_point(lt) else rt
             if bare is not None:  # `Bought >= 2026-01-01`: read as 2026 minus 1 minus 1
                 literal = f'date("{bare}")' if point.kind == "date" else f'datetime("{bare}T00:00")'
                 hint = f"a date constant is written in quotes: `{literal}`"
+            elif (quoted := _quoted_moment(other_side)) is not None:  # `Bought < "2026-01-01"`: a string
+                hint = f"a date constant is written `{quoted}`"
             else:
                 hint = "compare a date with a date, e.g. `Booked > now - 24 hours`, or use `days_between(a, b)`"
         self.mismatch(f"comparing {_text(lt)} with {_text(rt)}: `{shown}`", e.span, hint)
@@ -406,6 +420,23 @@ def _witness_note(pattern: str, span: ir.Span) -> list[Diagnostic]:
         return [info("I210", f"no example string that {which} this pattern could be built", span,
                      "synthesis cannot cover the branch that needs one")]
     return []
+
+
+_FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}  # `a OP b` is `b FLIPPED[OP] a`
+
+
+def _quoted_moment(e: Any) -> str | None:
+    """`"2026-01-01"` (or a datetime) written as a plain string where a date is compared: the
+    `date("…")` / `datetime("…")` constant it means, else None."""
+    if not (isinstance(e, ir.Lit) and isinstance(e.value, str) and not e.bare):
+        return None
+    for kind, parse in (("date", scalars.parse_date), ("datetime", scalars.parse_datetime)):
+        try:
+            parse(e.value)
+        except (ValueError, TypeError):
+            continue
+        return f'{kind}("{e.value}")'
+    return None
 
 
 def _bare_date(e: Any) -> str | None:
