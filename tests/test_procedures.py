@@ -424,3 +424,24 @@ def test_examples_give_only_the_looks_their_path_takes() -> None:
     assert paths.used_looks(sc, {"IdentityOk": [False, True, False], "Vip": True}) == {
         "IdentityOk": [False, True], "Vip": True}
     assert paths.used_looks(sc, {"IdentityOk": [True, True]}, stages=[]) == {}  # a path that never looks
+
+
+def test_the_customer_never_knows_the_looks_of_an_observed_variable() -> None:
+    """The looks of an observed variable are the backend's news after each action: not among the facts the
+    simulated customer knows (`user_facts`), with the shipped profile, with none, or for a hand-written
+    case; a profile that says `user_knows: true` still gets them."""
+    from sopgraph.cases.profiles import default_profile, load_profile
+    from sopgraph.cases.synth import synthesize
+    from sopgraph.cases.validate import complete_case
+
+    s = load(NO_SERVICE.read_text())
+    shipped = load_profile(ROOT / "examples" / "no_service.profile.yaml", s)
+    for profile in (shipped, default_profile(s)):
+        cases = synthesize(s, profile, 20, seed=1).cases
+        assert cases and all("ServiceRestored" not in c.user_facts for c in cases)
+        assert any(c.user_facts for c in cases)  # the other system facts are still known
+    told = shipped.model_copy(update={"user_knows": {**shipped.user_knows, "ServiceRestored": True}})
+    cases = synthesize(s, told, 20, seed=1).cases
+    assert any(c.user_facts.get("ServiceRestored") == c.system["ServiceRestored"] for c in cases)
+    hand = complete_case(s, {"truth": cases[0].truth, "system": cases[0].system})
+    assert "ServiceRestored" not in hand["user_facts"]

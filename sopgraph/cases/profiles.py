@@ -1168,7 +1168,8 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
                                doc.span(("personas",))))
 
     # variables
-    user_knows = {v.name: not v.hidden for v in scenario.system_vars}
+    # the customer cannot know a hidden value, nor the looks of an observed one (the backend's news after each action)
+    user_knows = {v.name: not (v.hidden or v.observed) for v in scenario.system_vars}
     sample_values: dict[str, list[Scalar]] = {}
     for name, vspec in spec.variables.items():
         var = scenario.variables.get(name)

@@ -59,7 +59,7 @@ from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form
 from sopgraph.logic.paths import trace, used_looks
 from sopgraph.logic.procheck import source_terms
-from sopgraph.logic.unroll import Unrolled, UnrollError
+from sopgraph.logic.unroll import Unrolled, UnrollError, look_name
 from sopgraph.records import RECORD_VERSION, Case, Intensity
 
 BALANCES = ("intent", "path", "action")
@@ -263,8 +263,15 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
             plain, intents = lowered_intents(scenario, profile.intents)  # lists/records: plain conditions
             form = analysis_form(scenario)
             flat = form.scenario
+            # each look of an observed variable is a system variable of the unrolled form (`X#1`, `X#2`, ...):
+            # the customer knows it exactly when the profile says they know the variable
+            knows = {look_name(name, k): profile.user_knows.get(name, False)
+                     for name, n in form.looks.items() for k in range(1, n + 1)}
+            update: dict[str, Any] = {"user_knows": {**profile.user_knows, **knows}} if knows else {}
             if plain is not scenario:
-                profile = profile.model_copy(update={"intents": intents})
+                update["intents"] = intents
+            if update:
+                profile = profile.model_copy(update=update)
             return plan(flat, profile, sample=sample, seed=seed, form=form)
         except (UnrollError, LowerError) as exc:
             raise SynthError(f"cannot synthesize cases: {exc}") from None

@@ -191,7 +191,8 @@ def complete_case(scenario: ir.Scenario, obj: Any) -> Any:
     if persona is None or isinstance(persona, str):
         out["persona"] = _library_persona(persona)
     out.setdefault("user_facts", {k: v for k, v in obj["system"].items()
-                                  if k in scenario.variables and not scenario.variables[k].hidden})
+                                  if k in scenario.variables and not (scenario.variables[k].hidden
+                                                                      or scenario.variables[k].observed)})
     if all(k in out for k in ("expected_path", "expected_finals", "path_id")):
         return out
     values = {k: v for k, v in {**obj["truth"], **obj["system"]}.items() if v is not None}
