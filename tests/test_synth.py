@@ -913,3 +913,27 @@ def test_intents_that_relate_two_strings_pair_only_with_their_paths() -> None:
     assert [the_plan.paths[i].action for i in the_plan.intent_paths[equal]] == ["UpdateEmail"]
     result = synthesize(scenario, profile, 12, seed=1)
     assert not [s for s in result.skipped if s.kind == "pair"]
+
+
+def test_a_free_text_the_sop_tests_with_a_pattern_has_that_form() -> None:
+    """`Employee matches "E[0-9]{5}"` on one route: on the other routes (where any text takes the path)
+    the employee id is still given in that form, not as a placeholder text."""
+    import re
+
+    from sopgraph.cases.synth import synthesize
+
+    text = ('scenario ids "Ids"\n'
+            'field Request: Reset | Unlock "Reset = password; Unlock = device."\n'
+            'system Employee: string "Employee id on file."\n'
+            'action Unlock "Unlock." [ends_dialogue]\naction Reset "Reset." [ends_dialogue]\n'
+            'action Refer "Refer." [ends_dialogue]\n'
+            'stage s {\n  when Request == Unlock and Employee matches "E[0-9]{5}" -> do Unlock\n'
+            '  when Request == Unlock -> do Refer\n  otherwise -> do Reset\n}\n')
+    loaded = load_source(None, text=text, name="ids.sop")
+    assert loaded.scenario is not None
+    s = loaded.scenario
+    cases = synthesize(s, default_profile(s), 30, seed=3).cases
+    resets = [c.system["Employee"] for c in cases if c.truth["Request"] == "Reset"]
+    assert resets and any(re.fullmatch("E[0-9]{5}", e) for e in resets), resets
+    for c in cases:  # every case still decides as recorded
+        assert sopgraph.decide(s, {**c.truth, **c.system}).path == c.expected_path

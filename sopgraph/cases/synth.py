@@ -237,6 +237,14 @@ class Plan:
     # intent name → a number equal for intents with equal conditions (`conditions_key`, computed once)
     condition_class: dict[str, int] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
+    _patterns: dict[str, list[str]] | None = None
+
+    @property
+    def patterns(self) -> dict[str, list[str]]:
+        """`tested_patterns` of the scenario, found once per plan (the SOP is walked once, not per path)."""
+        if self._patterns is None:
+            self._patterns = tested_patterns(self.scenario)
+        return self._patterns
 
     def intent(self, name: str) -> Intent:
         if name in self.profile.intents:
@@ -409,11 +417,12 @@ def describe_path(info: Any) -> str:
 # Values
 
 
-def plausible_values(var: ir.Variable, profile: Profile) -> list[Any]:
+def plausible_values(var: ir.Variable, profile: Profile, patterns: dict[str, list[str]] | None = None) -> list[Any]:
     """Values to draw from when a variable is free: its enum/bool domain, the profile's `values`, a
-    few round numbers inside a numeric range (ints stay ints; floats have two decimals), or two texts
-    that read like the variable (an e-mail address for an e-mail): a field the path never reads is still
-    part of the customer's situation, and the agent's reply must give it a value of its type."""
+    few round numbers inside a numeric range (ints stay ints; floats have two decimals), or texts
+    that read like the variable (an example of the pattern the SOP tests it with, `patterns`, else
+    an e-mail address for an e-mail): a field the path never reads is still part of the customer's
+    situation, and the agent's reply must give it a value of its type."""
     if var.name in profile.sample_values and profile.sample_values[var.name]:
         return [_normalise(var, v) for v in profile.sample_values[var.name]]
     vtype = var.type
@@ -427,8 +436,35 @@ def plausible_values(var: ir.Variable, profile: Profile) -> list[Any]:
         typical = scalars.format_temporal(vtype.kind, scalardom.typical(vtype.kind))
         return _earlier_moments(var, typical) or [typical]
     if isinstance(vtype, ir.StringType):
+        if patterns and patterns.get(var.name):  # `Employee matches "E[0-9]{5}"`: an id of that form
+            return patterns[var.name]
         return list(scalardom.string_samples(var.name, var.description))
     return [None]
+
+
+def tested_patterns(scenario: ir.Scenario) -> dict[str, list[str]]:
+    """For each string variable the SOP tests with `matches`, an example of each pattern that matches
+    it (`E[0-9]{5}` → `E00000`): a free value of such a variable then has the form the SOP expects
+    instead of a placeholder text."""
+    stack: list[Any] = [v.expr for v in scenario.variables.values() if v.expr is not None]
+    for stage in scenario.stages.values():
+        for branch in stage.branches:
+            if branch.guard is not None:
+                stack.append(branch.guard)
+            stack += [a.value for a in [*branch.target.outputs, *branch.target.args]]
+            stack += [a.value for call in branch.target.steps for a in call.args]
+    found: dict[str, list[str]] = {}
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ir.Matches) and isinstance(e.operand, ir.Var):
+            try:
+                good, _bad = scalars.pattern_examples(e.pattern)
+            except (scalars.OutsideSubset, ValueError):
+                good = None
+            if good is not None and good not in found.setdefault(e.operand.name, []):
+                found[e.operand.name].append(good)
+        stack.extend(ir.children(e))
+    return {name: sorted(examples) for name, examples in found.items() if examples}
 
 
 _EARLIER_BY = {"date": (2 * scalars.DAY, 9 * scalars.DAY, 40 * scalars.DAY),
@@ -492,7 +528,8 @@ def _numeric_points(vtype: ir.NumType, lo: float | None = None, hi: float | None
     return out or ([int(lo)] if lo is not None and vtype.kind == "int" else [lo if lo is not None else 0])
 
 
-def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: Any) -> list[Any]:
+def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: Any,
+                 patterns: dict[str, list[str]] | None = None) -> list[Any]:
     """Candidate values of one variable inside a domain box, the witness value first: the profile's
     plausible values and a few round numbers that the box allows."""
     if not isinstance(var.type, (ir.EnumType, ir.BoolType, ir.NumType)):
@@ -501,6 +538,8 @@ def _box_choices(box: Any, var: ir.Variable, profile: Profile, witness_value: An
         listed = profile.sample_values.get(var.name) or []
         if not listed:
             listed = _earlier_moments(var, witness_value)  # each verified: the path's window decides
+        if not listed and isinstance(var.type, ir.StringType):
+            listed = plausible_values(var, profile, patterns)  # a text of the form the SOP tests, when it tests one
         return [witness_value, *(v for v in listed if v != witness_value)]
     try:
         dom = box[var.name]
@@ -584,7 +623,8 @@ def _bases(p: Plan, entry: PathEntry, region: list[Any], constrained: Sequence[s
                 bases.append({**entry.witness, **w})
         if choices:
             base = bases[-1] if bases else entry.witness
-            choices_per_box.append({name: _box_choices(box, scenario.variables[name], p.profile, base.get(name))
+            choices_per_box.append({name: _box_choices(box, scenario.variables[name], p.profile, base.get(name),
+                                                       p.patterns)
                                     for name in constrained if name in scenario.variables})
     bases.append(dict(entry.witness))
     return bases, choices_per_box
@@ -1214,7 +1254,7 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
     known = [name for name in system_names if profile.user_knows.get(name, True)]
     enc_truth, enc_system, enc_facts = (_ObjectEncoder(field_names), _ObjectEncoder(system_names),
                                         _ObjectEncoder(known))
-    free_choices = {v.name: plausible_values(v, profile) for v in [*scenario.fields, *scenario.system_vars]}
+    free_choices = {v.name: plausible_values(v, profile, p.patterns) for v in [*scenario.fields, *scenario.system_vars]}
 
     # Persona pools per intensity (cumulative weights for bisect), each persona encoded once per language.
     pools: dict[str, tuple[list[PersonaSpec], list[float]]] = {}
