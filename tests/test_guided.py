@@ -266,3 +266,30 @@ def test_guided_floor_takes_a_free_form_value_the_customer_states(tmp_path) -> N
         last = by[f"{case.id}#0"][-1]
         assert last.output.classification_output.get("Given") == case.truth["Given"]
         assert last.output.finals.get("Action") == case.expected_finals["Action"]
+
+
+def test_an_optional_value_the_customer_lacks_does_not_hold_up_the_decision(tmp_path) -> None:
+    """The first stage classifies an optional reference the customer may not have (truth: missing), a later
+    stage waits for whether the caller's identity is confirmed. The guided floor used to ask for the
+    reference on every turn (the first open value) while the engine waited for the identity, which it never
+    asked for: the dialogue ran to the turn limit. The decision's own value now comes first, and no value
+    is asked for more than ASK_LIMIT times."""
+    sop = sopgraph.load(text='field Claim: Medical | Baggage "Medical = treatment; Baggage = luggage."\n'
+                             'field Ref: string? "The police report reference, if the caller has one."\n'
+                             'field Confirmed: bool "The caller gave the policy number and birth date."\n'
+                             'action Ask "Ask for the policy number." [ends_dialogue]\n'
+                             'action Pay "Pay." [ends_dialogue]\naction Refer "Refer." [ends_dialogue]\n'
+                             'stage intake { classify Claim, Ref\n -> gate }\n'
+                             'stage gate { when not Confirmed -> do Ask\n otherwise -> route }\n'
+                             'stage route { match Claim {\n Medical -> do Pay\n Baggage -> do Refer\n } }\n')
+    cases = [c.model_copy(update={"truth": {**c.truth, "Ref": None}})  # the caller has no reference
+             for c in synthesize(sop, default_profile(sop), 12, seed=4, min_per_path=1).cases]
+    assert {c.expected_finals["Action"] for c in cases} == {"Ask", "Pay", "Refer"}
+    out = tmp_path / "guided"
+    run_sync(sop, cases, ["agent=baseline/guided:baseline/oracle"], str(out), trials=1, progress=False,
+             judge_turns="final", max_turns=8)
+    by = _turns(out)
+    for case in cases:
+        turns = by[f"{case.id}#0"]
+        assert turns[-1].output.finals.get("Action") == case.expected_finals["Action"], [t.output.cot for t in turns]
+        assert len(turns) < 8

@@ -502,15 +502,15 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
 
 def _guided_needs(scenario: ir.Scenario, w: Walk, needs_of: Mapping[str, Any], askable: set[str],
                   known: Mapping[str, Any]) -> list[str]:
-    """What the model is asked for at the waiting stage: the classification values of the stages walked
-    that are still open, then the values the waiting stage reads (the missing one always included)."""
-    wanted: list[str] = []
+    """What the model is asked for at the waiting stage: the value the decision waits for first, then the
+    classification values of the stages walked that are still open. Why first: a model (or a floor agent)
+    asks for the first open value, and an open value the customer may never give (an optional one they do
+    not have) must not hold up the decision."""
+    wanted: list[str] = [] if w.missing is None else [w.missing]
     for stage in w.path:
         for name in needs_of.get(stage) or ():
             if name in askable and name not in known and name not in wanted:
                 wanted.append(name)
-    if w.missing is not None and w.missing not in wanted:
-        wanted.append(w.missing)
     return wanted
 
 

@@ -273,7 +273,10 @@ def _guided_reply(messages: Messages, context: Context, chat_key: str,
     values = {str(n): ((pick(str(n), fields[str(n)]) if fields.get(str(n)) else _stated(heard, str(n)))
                        if any(_names(t, str(n)) for t in heard) else None)
               for n in _as_list(guided.get("needs"))}
-    open_ = [n for n, v in values.items() if v is None]
+    own = _texts(messages, "assistant")
+    # a value asked for ASK_LIMIT times is not asked again (the customer may not have it, as an optional
+    # value they lack): the next open one is, and the decision's own value comes first (`_guided_needs`)
+    open_ = [n for n, v in values.items() if v is None and sum(_asks_for(t, n) for t in own) < ASK_LIMIT]
     if open_:
         shown = [_render_value(v, lang) for v in fields.get(open_[0]) or []]
         choices = f" ({' / '.join(shown)})" if shown else ""
