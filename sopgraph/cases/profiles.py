@@ -1129,6 +1129,12 @@ def _validate_partially(data: dict, doc: _Doc) -> tuple[ProfileFile | None, list
     return None, diags  # pragma: no cover - each round removes at least one entry
 
 
+def known_by_default(var: ir.Variable) -> bool:
+    """Whether the simulated customer knows a system variable when no profile says (`user_knows`): not a
+    hidden value, nor the looks of an observed one (the backend's news after each action)."""
+    return not (var.hidden or var.observed)
+
+
 def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: str,
                      structural_errors: bool = False) -> tuple[Profile, list[Diagnostic]]:
     diags: list[Diagnostic] = []
@@ -1168,8 +1174,7 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
                                doc.span(("personas",))))
 
     # variables
-    # the customer cannot know a hidden value, nor the looks of an observed one (the backend's news after each action)
-    user_knows = {v.name: not (v.hidden or v.observed) for v in scenario.system_vars}
+    user_knows = {v.name: known_by_default(v) for v in scenario.system_vars}
     sample_values: dict[str, list[Scalar]] = {}
     for name, vspec in spec.variables.items():
         var = scenario.variables.get(name)

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sopgraph.cases.profiles import known_by_default
 from sopgraph.language import ir
 from sopgraph.language.program import value_meaning
 from sopgraph.logic import paths as paths_mod
@@ -345,6 +346,6 @@ def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
     if system:
         lines += ["", "variables:  # user_knows: whether the simulated customer knows the value (default: not hidden)"]
         for var in system:
-            knows = "false" if var.hidden or var.observed else "true"  # an observed value is the backend's news
+            knows = "true" if known_by_default(var) else "false"
             lines.append(f"  {var.name}: {{user_knows: {knows}}}")
     return "\n".join(lines) + "\n", len(ranked), read

@@ -52,6 +52,7 @@ from sopgraph.cases.profiles import (
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads, stage_reads
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, mark_text_values, warning
+from sopgraph.language.parse import scenario_expressions
 from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
@@ -446,13 +447,7 @@ def tested_patterns(scenario: ir.Scenario) -> dict[str, list[str]]:
     """For each string variable the SOP tests with `matches`, an example of each pattern that matches
     it (`E[0-9]{5}` → `E00000`): a free value of such a variable then has the form the SOP expects
     instead of a placeholder text."""
-    stack: list[Any] = [v.expr for v in scenario.variables.values() if v.expr is not None]
-    for stage in scenario.stages.values():
-        for branch in stage.branches:
-            if branch.guard is not None:
-                stack.append(branch.guard)
-            stack += [a.value for a in [*branch.target.outputs, *branch.target.args]]
-            stack += [a.value for call in branch.target.steps for a in call.args]
+    stack = scenario_expressions(scenario)
     found: dict[str, list[str]] = {}
     while stack:
         e = stack.pop()

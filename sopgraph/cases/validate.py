@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sopgraph.cases.profiles import library
+from sopgraph.cases.profiles import known_by_default, library
 from sopgraph.language import ir
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.engine import DecideError, engine_for, validate_value
@@ -191,8 +191,7 @@ def complete_case(scenario: ir.Scenario, obj: Any) -> Any:
     if persona is None or isinstance(persona, str):
         out["persona"] = _library_persona(persona)
     out.setdefault("user_facts", {k: v for k, v in obj["system"].items()
-                                  if k in scenario.variables and not (scenario.variables[k].hidden
-                                                                      or scenario.variables[k].observed)})
+                                  if k in scenario.variables and known_by_default(scenario.variables[k])})
     if all(k in out for k in ("expected_path", "expected_finals", "path_id")):
         return out
     values = {k: v for k, v in {**obj["truth"], **obj["system"]}.items() if v is not None}

@@ -194,6 +194,8 @@ class BoolType(Node):
 NumKind = Literal["int", "float"]
 BinOp = Literal["+", "-", "*", "/"]
 CmpOp = Literal["==", "!=", "<", "<=", ">", ">="]
+MIRRORED_OP: dict[str, CmpOp] = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+"""`a OP b` says the same as `b MIRRORED_OP[OP] a`."""
 LogicOp = Literal["and", "or"]
 
 

@@ -61,7 +61,6 @@ class CompileSpace(DomainOps, Protocol):
     def total(self, expr: Any) -> bool: ...
 
 
-_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 NEGATED_OP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
 
 
@@ -209,7 +208,7 @@ class GuardCompiler:
             return TRUE if bool(r) == truth else FALSE
         if vl[0] == "c":
             vl, vr = vr, vl
-            op = _FLIP[op]
+            op = ir.MIRRORED_OP[op]
         if vr[0] == "c":
             c = vr[1]
             if vl[0] == "d":

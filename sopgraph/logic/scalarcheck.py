@@ -217,7 +217,7 @@ class ScalarTyping:
                 a, b = (ir.show(arg) for arg in number_side.args)  # `days_between(a, b) < 14 days`
                 written = ir.show(e.left if is_duration(lt) else e.right)
                 days = re.fullmatch(r"(\d+(?:\.\d+)?) days?", written)
-                op = e.op if number_side is e.left else _FLIPPED[e.op]  # written as `days_between(…) OP days`
+                op = e.op if number_side is e.left else ir.MIRRORED_OP[e.op]  # written as `days_between(…) OP days`
                 hint = (f"`days_between` gives a number of days: compare it with a number "
                         f"(`days_between({a}, {b}) {op} {days.group(1) if days else 'N'}`), or compare the "
                         f"duration `{b} - {a}` with `{written}`")
@@ -422,17 +422,14 @@ def _witness_note(pattern: str, span: ir.Span) -> list[Diagnostic]:
     return []
 
 
-_FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}  # `a OP b` is `b FLIPPED[OP] a`
-
-
 def _quoted_moment(e: Any) -> str | None:
     """`"2026-01-01"` (or a datetime) written as a plain string where a date is compared: the
     `date("…")` / `datetime("…")` constant it means, else None."""
     if not (isinstance(e, ir.Lit) and isinstance(e.value, str) and not e.bare):
         return None
-    for kind, parse in (("date", scalars.parse_date), ("datetime", scalars.parse_datetime)):
+    for kind in ("date", "datetime"):
         try:
-            parse(e.value)
+            scalars.parse_temporal(kind, e.value)
         except (ValueError, TypeError):
             continue
         return f'{kind}("{e.value}")'

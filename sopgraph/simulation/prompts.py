@@ -171,7 +171,6 @@ def _is_var(e: Any) -> TypeGuard[ir.Var]:
 
 _CMP_WORDS = {"==": "is", "!=": "is not", "<": "is less than", "<=": "is at most", ">": "is greater than",
               ">=": "is at least"}
-_FLIP: dict[ir.CmpOp, ir.CmpOp] = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 _TIME_WORDS = {"==": "is", "!=": "is not", "<": "is before", "<=": "is on or before", ">": "is after",
                ">=": "is on or after"}
 
@@ -232,7 +231,7 @@ def _plain(e: Any, s: ir.Scenario | None) -> tuple[str, int]:
     if isinstance(e, ir.Compare):
         left, right, op = e.left, e.right, e.op
         if isinstance(left, ir.Lit) and not isinstance(right, ir.Lit):
-            left, right, op = right, left, _FLIP[op]
+            left, right, op = right, left, ir.MIRRORED_OP[op]
         if isinstance(left, ir.Call) and left.func == "count" and isinstance(right, ir.Lit):
             conds = "; ".join(plain(a, s) for a in left.args)
             n = _lit(right)
