@@ -179,7 +179,10 @@ def measure(mode: str, latency: float, dialogues: int, concurrency: int, max_tur
         pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(profile)
         print(out.getvalue())
     per_request = 1000 * cpu / requests
-    return {"mode": mode, "latency": latency, "turns": n, "requests": requests, "elapsed": elapsed,
+    arrivals = sorted(report["arrivals"])
+    # time.perf_counter and the stub's time.monotonic are both CLOCK_MONOTONIC on Linux
+    ramp, tail = (arrivals[0] - t0, t0 + elapsed - arrivals[-1]) if arrivals else (0.0, 0.0)
+    return {"ramp": ramp, "tail": tail, "mode": mode, "latency": latency, "turns": n, "requests": requests, "elapsed": elapsed,
             "ideal": ideal, "ratio": ideal / elapsed, "wait": wait, "workers": workers,
             "steady": steady_ratio(report["arrivals"], latency, concurrency),
             "stub_ms": 1000 * report["cpu"] / max(1, len(report["arrivals"])),
@@ -209,7 +212,8 @@ def _report(mode: str, rows: list[dict], ns: argparse.Namespace, gc_note: str) -
         print(f"mode {mode} ({MODES[mode]}), latency {r['latency'] * 1000:.0f} ms, concurrency {ns.concurrency}, "
               f"{procs}, {gc_note}: {r['requests']} agent requests ({r['turns']} turns) in {r['elapsed']:.1f} s "
               f"(ideal {r['ideal']:.1f} s) → ratio {r['ratio']:.2f}, steady state {steady} (10–90 % of the "
-              f"requests: no ramp-up, no tail); {r['wait']:.1f} s waiting for a CPU (machine load); harness CPU "
+              f"requests: no ramp-up, no tail; {r['ramp']:.2f} s to the first request, {r['tail']:.2f} s after the "
+              f"last); {r['wait']:.1f} s waiting for a CPU (machine load); harness CPU "
               f"{r['cpu_per_turn_ms']:.2f} ms per turn, {r['cpu_per_request_ms']:.2f} ms per request (all its "
               f"processes) → at most {r['ceiling']:.2f} of ideal on {ns.workers} free core(s); the stub used "
               f"{r['stub_ms']:.2f} ms CPU per request in its own process"

@@ -394,6 +394,61 @@ def test_waiting_for_a_slot_does_not_count_against_the_timeout(
     assert max(r.latency for r in results) > 0.6
 
 
+def test_a_slot_is_held_only_while_the_request_is_at_the_provider(
+    server: FakeServer, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap counts requests a provider is serving: litellm's work before sending a request (here a
+    0.3 s stand-in) overlaps another call's request instead of holding the one slot."""
+    gateway = Gateway(cache_dir=cache_dir, concurrency=1, cache=False)
+    server.set_default(Behavior.ok("slow", latency=0.3))
+    spec = spec_for(server, "aiohttp_openai/gpt-4o-mini")
+    run(gateway.complete(spec, MESSAGES))  # litellm's first-call work, not timed
+    litellm = gw.load_litellm()
+    real = litellm.acompletion
+
+    async def slow_to_prepare(**kwargs: Any) -> Any:
+        await asyncio.sleep(0.3)
+        return await real(**kwargs)
+
+    monkeypatch.setattr(litellm, "acompletion", slow_to_prepare)
+
+    async def three() -> list[Completion]:
+        return await asyncio.gather(*(gateway.complete(spec, MESSAGES) for _ in range(3)))
+
+    started = time.monotonic()
+    assert [r.text for r in run(three())] == ["slow"] * 3
+    assert server.max_in_flight == 1
+    # 0.3 s of preparation (all three at once), then three requests of 0.3 s one after the other;
+    # a slot held around the whole call makes it 3 x 0.6 = 1.8 s
+    assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("model", ROUTES)
+def test_a_failed_or_cancelled_request_gives_its_slot_back(model: str, server: FakeServer, cache_dir: Path) -> None:
+    gateway = Gateway(cache_dir=cache_dir, concurrency=1, cache=False, max_retries=0)
+    spec = spec_for(server, model)
+    server.script([Behavior.drop(), Behavior.server_error(), Behavior.ok("late", latency=2.0)])
+    server.set_default(Behavior.ok("ok"))
+
+    async def scenario() -> list[str]:
+        seen = []
+        for _ in range(2):
+            try:
+                await gateway.complete(spec, MESSAGES)
+            except InfraFailure as exc:
+                seen.append(exc.kind)
+        late = asyncio.ensure_future(gateway.complete(spec, MESSAGES))
+        await asyncio.sleep(0.5)  # on the wire, holding the only slot
+        late.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        seen.append((await asyncio.wait_for(gateway.complete(spec, MESSAGES), 1.5)).text)
+        return seen
+
+    kinds = run(scenario())
+    assert kinds[-1] == "ok" and len(kinds) == 3
+
+
 def test_usage_and_cost_are_captured(server: FakeServer, gateway: Gateway) -> None:
     server.script([Behavior.ok("x", prompt_tokens=1000, completion_tokens=500, reasoning_tokens=120)])
     completion = run(gateway.complete(spec_for(server), MESSAGES))

@@ -22,6 +22,7 @@ a tool, or whose arguments do not fit its schema, is a format error, like an unr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -288,37 +289,40 @@ class ToolAgent:
         return exchange_from_reply(reply, latency)
 
     async def respond(self, request: dict[str, Any]) -> tuple[Any, float]:
-        """(the decoded response, seconds taken); AgentError if the agent cannot be had."""
-        if self._slots is None:
-            return await self._respond(request)
-        async with self._slots:
-            return await self._respond(request)
-
-    async def _respond(self, request: dict[str, Any]) -> tuple[Any, float]:
-        started = time.perf_counter()
+        """(the decoded response, seconds taken); AgentError if the agent cannot be had.
+        A slot of the cap (`limit`) is held while the agent has the request: for an HTTP agent, from
+        sending it to reading the answer (encoding and decoding JSON are not the agent's time)."""
         if self._fn is not None:
-            try:
-                result = self._fn(request)
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as exc:  # noqa: BLE001 - the user's agent failing is an infra failure
-                raise AgentError(f"{self.model} raised {type(exc).__name__}: {exc}{_where(exc)}") from None
-            return result, time.perf_counter() - started
+            async with self._slot():
+                started = time.perf_counter()
+                try:
+                    result = self._fn(request)
+                    if inspect.isawaitable(result):
+                        result = await result
+                except Exception as exc:  # noqa: BLE001 - the user's agent failing is an infra failure
+                    raise AgentError(f"{self.model} raised {type(exc).__name__}: {exc}{_where(exc)}") from None
+                return result, time.perf_counter() - started
         session = self._http()
+        data = json.dumps(request, ensure_ascii=False).encode()
         try:
-            async with session.post(self.model, data=json.dumps(request, ensure_ascii=False).encode(),
-                                    headers=_JSON_HEADERS) as r:
-                body = await r.read()
-                status = r.status
+            async with self._slot():
+                started = time.perf_counter()
+                async with session.post(self.model, data=data, headers=_JSON_HEADERS) as r:
+                    body = await r.read()
+                    status = r.status
+                latency = time.perf_counter() - started
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise AgentError(f"{self.model}: {type(exc).__name__}: {exc}") from None
         text = body.decode("utf-8", "replace")
         if status != 200:
             raise AgentError(f"{self.model} answered HTTP {status}: {text[:200]}")
         try:
-            return json.loads(text), time.perf_counter() - started
+            return json.loads(text), latency
         except ValueError:
-            return text, time.perf_counter() - started
+            return text, latency
+
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._slots if self._slots is not None else contextlib.nullcontext()
 
     def _http(self) -> aiohttp.ClientSession:
         """This loop's keep-alive pool (one per run and loop; no connection limit: `limit` is the cap).

@@ -146,6 +146,60 @@ class InlinePreparationExecutor(concurrent.futures.ThreadPoolExecutor):
         return future
 
 
+class _WireSlot:
+    """The concurrency slot of one gateway call, held only while its HTTP request is at the provider.
+
+    Why: the cap (``--concurrency``) is on requests a provider is serving. Held around the whole
+    ``litellm.acompletion``, a slot also covered litellm's preparation of the request, its handling of
+    the answer and the event-loop turns between them: with 64 calls in flight, ~30 ms a request beyond the
+    provider's latency, so a 200 ms model was sent ~13 % fewer requests than the cap allows
+    (benchmarks/bench_agents.py; docs/agents.md, "Speed"). The gateway's aiohttp session takes it when a
+    request starts (an aiohttp ``TraceConfig`` hook) and gives it back when the answer's headers arrive or
+    the request fails; the gateway gives it back in any case when the call ends. The call's guard
+    timeout stands still while the call waits for a slot and starts again on the wire: waiting for a
+    slot is not the call."""
+
+    __slots__ = ("_sem", "_guard", "_seconds", "held", "used")
+
+    def __init__(self, sem: asyncio.Semaphore, guard: asyncio.Timeout, seconds: float) -> None:
+        self._sem, self._guard, self._seconds = sem, guard, seconds
+        self.held = self.used = False
+
+    async def take(self) -> None:
+        if self.held:
+            return
+        waits = self._sem.locked() and not self._guard.expired()
+        if waits:
+            self._guard.reschedule(None)
+        await self._sem.acquire()
+        self.held = self.used = True
+        if waits:
+            self._guard.reschedule(asyncio.get_running_loop().time() + self._seconds)
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self._sem.release()
+
+
+_WIRE_SLOT: ContextVar[_WireSlot | None] = ContextVar("sopgraph_wire_slot", default=None)
+"""The slot of the gateway call being made (see ``_WireSlot``); None outside one."""
+
+
+async def _take_wire_slot(*_: Any) -> None:
+    """aiohttp ``on_request_start`` hook of the gateway's session."""
+    slot = _WIRE_SLOT.get()
+    if slot is not None:
+        await slot.take()
+
+
+async def _give_back_wire_slot(*_: Any) -> None:
+    """aiohttp ``on_request_end`` and ``on_request_exception`` hook of the gateway's session."""
+    slot = _WIRE_SLOT.get()
+    if slot is not None:
+        slot.give_back()
+
+
 _RAW_USAGE: ContextVar[dict[str, Any] | None] = ContextVar("sopgraph_raw_usage", default=None)
 """Where the gateway's aiohttp responses put the `usage` of a chat-completions body during a call."""
 _RESPONSE_CLASS: Any = None
@@ -1042,7 +1096,8 @@ class Gateway:
     """Async model gateway shared by every role of a run.
 
     One instance per run: it owns the concurrency cap (an ``asyncio.Semaphore``
-    over all provider calls of all roles), the retry policy, the response cache
+    over all provider calls of all roles; on its aiohttp session, held only while a request is at
+    the provider: ``_WireSlot``), the retry policy, the response cache
     and the running totals.  Built-in providers bypass the cap and the cache
     (they are local, free and deterministic), but not litellm: every model call, built-in
     or real, goes through ``litellm.acompletion``, so offline runs exercise the same code
@@ -1087,6 +1142,7 @@ class Gateway:
         self._stats = GatewayStats()
         self._sem: asyncio.Semaphore | None = None
         self._sem_loop: asyncio.AbstractEventLoop | None = None
+        self._wire_slots = True  # aiohttp routes hold a slot only on the wire (``_WireSlot``)
         self._session: Any = None  # aiohttp.ClientSession of ``_session_loop`` (aiohttp_openai/)
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._session_keeper: AsyncIterator[None] | None = None
@@ -1221,8 +1277,12 @@ class Gateway:
         # Like litellm's own session, honour HTTP(S)_PROXY; but with no proxy configured, skip
         # aiohttp's per-request environment and ~/.netrc lookups (two thread hops, ~0.3 ms a call).
         trust_env = bool(urllib.request.getproxies()) and not getattr(litellm, "disable_aiohttp_trust_env", False)
+        tracing = aiohttp.TraceConfig()
+        tracing.on_request_start.append(_take_wire_slot)
+        tracing.on_request_end.append(_give_back_wire_slot)
+        tracing.on_request_exception.append(_give_back_wire_slot)
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=trust_env,
-                                        response_class=_usage_keeping_response())
+                                        response_class=_usage_keeping_response(), trace_configs=[tracing])
         keeper = _close_at_loop_end(session)
         await keeper.__anext__()
         self._session, self._session_loop, self._session_keeper = session, loop, keeper
@@ -1235,6 +1295,23 @@ class Gateway:
             self._sem = asyncio.Semaphore(self.concurrency)
             self._sem_loop = loop
         return self._sem
+
+    async def _on_the_wire(self, litellm: Any, kwargs: dict[str, Any], guard: float) -> Any:
+        """``litellm.acompletion`` over this gateway's aiohttp session, holding a slot of the cap only while
+        the request is at the provider (``_WireSlot``). Should a litellm version not send the request through
+        the session it was given (the slot never taken), later calls hold the slot around the whole call."""
+        async with asyncio.timeout(guard) as deadline:
+            slot = _WireSlot(self._semaphore(), deadline, guard)
+            token = _WIRE_SLOT.set(slot)
+            try:
+                return await litellm.acompletion(**kwargs)
+            finally:
+                _WIRE_SLOT.reset(token)
+                slot.give_back()
+                if not slot.used:
+                    self._wire_slots = False
+                    _log.warning("litellm did not send the request through the gateway's aiohttp session: "
+                                 "the concurrency cap now holds each call's slot around the whole call")
 
     def _use_cache(self, spec: ModelSpec) -> bool:
         if not self.cache_enabled or spec.is_builtin:
@@ -1402,8 +1479,11 @@ class Gateway:
                     raw_usage: dict[str, Any] = {}
                     kept = _RAW_USAGE.set(raw_usage)
                     try:
-                        async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
-                            response = await litellm.acompletion(**kwargs)
+                        if self._wire_slots and kwargs.get("client") is not None and kwargs["client"] is self._session:
+                            response = await self._on_the_wire(litellm, kwargs, guard)
+                        else:
+                            async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
+                                response = await litellm.acompletion(**kwargs)
                     finally:
                         _RAW_USAGE.reset(kept)
                     _restore_usage(spec, response, raw_usage, priced=not unpriced)
