@@ -449,6 +449,69 @@ def test_a_failed_or_cancelled_request_gives_its_slot_back(model: str, server: F
     assert kinds[-1] == "ok" and len(kinds) == 3
 
 
+def _logged_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The models of the calls whose litellm success logging runs from now on (litellm's payload builder,
+    whether or not a callback then receives the payload)."""
+    from litellm.litellm_core_utils.litellm_logging import Logging
+
+    seen: list[str] = []
+    real = Logging.async_success_handler
+
+    async def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(str(self.model))
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Logging, "async_success_handler", spy)
+    return seen
+
+
+def test_litellm_builds_no_logging_payload_for_calls_it_is_told_not_to_log(
+    server: FakeServer, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`no-log` only kept litellm's callbacks from the payload it still built for every call (~0.4 ms of CPU);
+    the gateway's calls without litellm logging now skip the building too, built-in and real alike."""
+    gw.load_litellm()
+    seen = _logged_calls(monkeypatch)
+
+    async def calls() -> None:
+        gateway = Gateway(cache_dir=cache_dir, cache=False)
+        await gateway.complete(ModelSpec(role="user", model="scripted/user"), MESSAGES, context={})
+        await gateway.complete(spec_for(server, "aiohttp_openai/gpt-4o-mini"), MESSAGES)
+        await gateway.complete(spec_for(server, "openai/gpt-4o-mini"), MESSAGES)
+        await asyncio.sleep(0.2)  # litellm logs in a task of its own after the call
+        await gateway.aclose()
+
+    run(calls())
+    assert seen == []
+
+
+def test_with_litellm_logging_on_its_callbacks_see_every_call(
+    server: FakeServer, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    litellm = gw.load_litellm()
+    from litellm.integrations.custom_logger import CustomLogger
+
+    logged: list[str] = []
+
+    class Recorder(CustomLogger):  # type: ignore[misc]
+        async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            logged.append(str(kwargs.get("model")))
+
+    monkeypatch.setattr(litellm, "callbacks", [Recorder()])
+
+    async def calls(logging_on: bool) -> None:
+        gateway = Gateway(cache_dir=cache_dir, cache=False, litellm_logging=logging_on)
+        await gateway.complete(ModelSpec(role="user", model="scripted/user"), MESSAGES, context={})
+        await gateway.complete(spec_for(server, "aiohttp_openai/gpt-4o-mini"), MESSAGES)
+        await asyncio.sleep(0.3)
+        await gateway.aclose()
+
+    run(calls(False))
+    assert logged == []
+    run(calls(True))
+    assert sorted(logged) == ["gpt-4o-mini", "user"]
+
+
 def test_usage_and_cost_are_captured(server: FakeServer, gateway: Gateway) -> None:
     server.script([Behavior.ok("x", prompt_tokens=1000, completion_tokens=500, reasoning_tokens=120)])
     completion = run(gateway.complete(spec_for(server), MESSAGES))
