@@ -685,10 +685,12 @@ def test_builtin_answers_with_context(cache_dir: Path, via_litellm: bool) -> Non
     assert not cache_dir.exists() or not list(cache_dir.rglob("*.json"))
 
 
-def test_builtin_calls_carry_their_price_and_provider(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A built-in call tells litellm, per call, its provider and its price (0): litellm then neither
-    resolves the provider from the model string nor searches its cost map for the model; the price
-    stays on the call (litellm's global cost map is not written to)."""
+def test_builtin_calls_carry_their_provider_and_a_logged_one_its_price(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A built-in call tells litellm, per call, its provider (not resolved from the model string) and, when
+    litellm logs it, its price (0: the logging payload does not search the cost map for the model); the
+    price stays on the call (litellm's global cost map is not written to)."""
     litellm = gw.load_litellm()
     cost_map = dict(litellm.model_cost)
     seen = spy_on_litellm(monkeypatch)
@@ -699,7 +701,11 @@ def test_builtin_calls_carry_their_price_and_provider(cache_dir: Path, monkeypat
     assert completion.text and (completion.cost, completion.cost_known) == (0.0, True)
     (kwargs,) = seen
     assert kwargs["custom_llm_provider"] == "scripted"
-    assert (kwargs["input_cost_per_token"], kwargs["output_cost_per_token"]) == (0.0, 0.0)
+    # not logged by litellm (the default), a built-in call needs no price: its answer states its cost
+    assert "input_cost_per_token" not in kwargs and "output_cost_per_token" not in kwargs
+    logged = Gateway(cache_dir=cache_dir, default_timeout=5, litellm_logging=True)
+    assert run(logged.complete(spec, [{"role": "user", "content": "start"}], context=ctx)).cost_known
+    assert (seen[-1]["input_cost_per_token"], seen[-1]["output_cost_per_token"]) == (0.0, 0.0)
     assert litellm.model_cost == cost_map
     agent = ModelSpec(role="agent", model="openai/gpt-4o-mini", params={"api_base": "http://127.0.0.1:9/v1"})
     real_kwargs = gateway._call_kwargs(agent, [], None)

@@ -84,12 +84,13 @@ _log = logging.getLogger(__name__)
 AIOHTTP_PROVIDERS: Final = frozenset({"aiohttp_openai"})
 """litellm providers that call through an aiohttp session: the gateway gives them one per event loop."""
 _BUILTIN_CALL_OPTIONS: Final = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
-"""Per-call litellm options of every built-in call (with ``custom_llm_provider``, the built-in's provider):
-documented per-call options that spare litellm work a local, free model does not need. The price (0, per
-call: litellm keeps it on the call's logging object and never writes it to ``litellm.model_cost``) lets its
-logging payload take the call's own price entry instead of searching the cost map for the model; the
-provider named up front saves resolving it from the model string. About 3,040 → 2,750 Python function
-calls per built-in call, litellm's async success logging included (docs/agents.md, "Speed")."""
+"""The zero per-call price of a built-in call that litellm logs (``Gateway(litellm_logging=True)``): documented
+per-call options (litellm keeps the price on the call's logging object and never writes it to
+``litellm.model_cost``) that let the logging payload take the call's own price entry instead of searching the
+cost map for the model (about 3,040 → 2,750 Python function calls per call). A call litellm does not log
+(the default, see ``_unlogged_mark``) goes without: the built-in's answer states its cost (0) already, and the
+price only made litellm build the call's catalog entry (~7 % of a built-in call; docs/agents.md, "Speed").
+Every built-in call names its provider (``custom_llm_provider``), which saves resolving it from the model."""
 
 
 def _unpriced_call_options(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -1389,7 +1390,9 @@ class Gateway:
             # Local OpenAI-compatible servers (llama.cpp, vLLM) need no key, but the SDK insists on one.
             kwargs["api_key"] = "no-key-required"
         if spec.is_builtin:
-            kwargs.update(_BUILTIN_CALL_OPTIONS, custom_llm_provider=spec.provider)
+            kwargs["custom_llm_provider"] = spec.provider
+            if self.litellm_logging:
+                kwargs.update(_BUILTIN_CALL_OPTIONS)
         kwargs.update(extra)
         if spec.is_builtin:
             kwargs["metadata"] = {CONTEXT_METADATA_KEY: _plain(context or {})}
