@@ -423,6 +423,33 @@ def test_a_slot_is_held_only_while_the_request_is_at_the_provider(
     assert time.monotonic() - started < 1.5
 
 
+def test_a_litellm_that_bypasses_the_session_still_gets_the_cap(
+    server: FakeServer, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should litellm not send through the session the gateway hands it (the slot is never taken), the
+    gateway goes back to holding the slot around the whole call, so the cap still holds."""
+    gateway = Gateway(cache_dir=cache_dir, concurrency=2, cache=False)
+    server.set_default(Behavior.ok("slow", latency=0.1))
+    spec = spec_for(server, "aiohttp_openai/gpt-4o-mini")
+    litellm = gw.load_litellm()
+    real = litellm.acompletion
+
+    async def own_session(**kwargs: Any) -> Any:
+        kwargs.pop("client", None)
+        return await real(**kwargs)
+
+    monkeypatch.setattr(litellm, "acompletion", own_session)
+
+    async def one_then_many() -> list[Completion]:  # one loop: litellm's own session is bound to it
+        await gateway.complete(spec, MESSAGES)
+        server.reset()
+        server.set_default(Behavior.ok("slow", latency=0.1))
+        return await asyncio.gather(*(gateway.complete(spec, MESSAGES) for _ in range(8)))
+
+    assert [r.text for r in run(one_then_many())] == ["slow"] * 8
+    assert server.max_in_flight == 2
+
+
 @pytest.mark.parametrize("model", ROUTES)
 def test_a_failed_or_cancelled_request_gives_its_slot_back(model: str, server: FakeServer, cache_dir: Path) -> None:
     gateway = Gateway(cache_dir=cache_dir, concurrency=1, cache=False, max_retries=0)
