@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +59,19 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def spy_on_litellm(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The keyword arguments of every `litellm.acompletion` call from now on (the calls still go through)."""
+def spy_on_litellm(
+    monkeypatch: pytest.MonkeyPatch, before: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+) -> list[dict[str, Any]]:
+    """The keyword arguments of every `litellm.acompletion` call from now on (the calls still go through,
+    after `before`, if given, has seen, and possibly changed, the arguments: a stand-in for litellm's own work)."""
     litellm = gw.load_litellm()
     seen: list[dict[str, Any]] = []
     real = litellm.acompletion
 
     async def spy(**kwargs: Any) -> Any:
         seen.append(kwargs)
+        if before is not None:
+            await before(kwargs)
         return await real(**kwargs)
 
     monkeypatch.setattr(litellm, "acompletion", spy)
@@ -403,14 +408,11 @@ def test_a_slot_is_held_only_while_the_request_is_at_the_provider(
     server.set_default(Behavior.ok("slow", latency=0.3))
     spec = spec_for(server, "aiohttp_openai/gpt-4o-mini")
     run(gateway.complete(spec, MESSAGES))  # litellm's first-call work, not timed
-    litellm = gw.load_litellm()
-    real = litellm.acompletion
 
-    async def slow_to_prepare(**kwargs: Any) -> Any:
+    async def slow_to_prepare(kwargs: dict[str, Any]) -> None:
         await asyncio.sleep(0.3)
-        return await real(**kwargs)
 
-    monkeypatch.setattr(litellm, "acompletion", slow_to_prepare)
+    spy_on_litellm(monkeypatch, before=slow_to_prepare)
 
     async def three() -> list[Completion]:
         return await asyncio.gather(*(gateway.complete(spec, MESSAGES) for _ in range(3)))
@@ -431,14 +433,11 @@ def test_a_litellm_that_bypasses_the_session_still_gets_the_cap(
     gateway = Gateway(cache_dir=cache_dir, concurrency=2, cache=False)
     server.set_default(Behavior.ok("slow", latency=0.1))
     spec = spec_for(server, "aiohttp_openai/gpt-4o-mini")
-    litellm = gw.load_litellm()
-    real = litellm.acompletion
 
-    async def own_session(**kwargs: Any) -> Any:
+    async def own_session(kwargs: dict[str, Any]) -> None:
         kwargs.pop("client", None)
-        return await real(**kwargs)
 
-    monkeypatch.setattr(litellm, "acompletion", own_session)
+    spy_on_litellm(monkeypatch, before=own_session)
 
     async def one_then_many() -> list[Completion]:  # one loop: litellm's own session is bound to it
         await gateway.complete(spec, MESSAGES)

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -1485,12 +1485,13 @@ class Gateway:
             kwargs = {**kwargs, **_unpriced_call_options(spec.model, kwargs)}
         cpu_only = spec.is_builtin or spec.provider in AIOHTTP_PROVIDERS
         inline = _INLINE_PREPARATION.set(asyncio.current_task() if cpu_only else None)
-        unlogged = _UNLOGGED_MARK.set(True) if _UNLOGGED_MARK is not None and not self.litellm_logging else None
+        mark = None if self.litellm_logging else _UNLOGGED_MARK
+        unlogged = mark.set(True) if mark is not None else None
         try:
             return await self._attempts(spec, kwargs, started, secrets, guard, unpriced)
         finally:
-            if unlogged is not None:
-                cast(ContextVar[bool], _UNLOGGED_MARK).reset(unlogged)
+            if mark is not None and unlogged is not None:
+                mark.reset(unlogged)
             _INLINE_PREPARATION.reset(inline)
 
     async def _attempts(self, spec: ModelSpec, kwargs: dict[str, Any], started: float, secrets: list[str],
