@@ -228,6 +228,40 @@ def test_an_overlap_hint_quotes_the_guard_as_written() -> None:
     assert "`otherwise when Fixed`" in found[0].hint and "#" not in found[0].hint
 
 
+BACKSLASH_GUARDS = """
+system Code: string "the code the caller reads out"
+system Ok: bool "whether it works now"
+action Fix "fix" [ends_dialogue]
+action Done "done" [ends_dialogue]
+action Give "give up" [escalation]
+stage s "Check" {
+    observe Ok
+    when Ok -> do Done
+    when Code matches "\\d+" -> do Fix -> s up to 2 times
+    when Code == "\\\\1" -> do Fix -> s up to 2 times
+    when Code == "\\\\g<0>" or Code == "x\\\\2" -> do Give
+    otherwise -> do Give
+}
+"""
+
+
+def test_an_overlap_hint_takes_backslashes_in_guards_literally(tmp_path: Path) -> None:
+    """Issue 29 item 1: W301's hint quotes a guard holding `\\d`, `\\1` or `\\g<0>` as written (it was used
+    as a `re.sub` template: `re.error: bad escape \\d` crashed every command loading the file)."""
+    scenario = load(BACKSLASH_GUARDS)
+    found = [d for d in check(scenario) if d.code == "W301"]
+    hints = [d.hint or "" for d in found]
+    assert len(found) == 3, [d.message for d in found]
+    for branch, hint in zip(scenario.stages["s"].branches[1:4], hints, strict=True):
+        assert branch.guard is not None
+        assert f"`otherwise when {ir.show(branch.guard)}`" in hint
+    assert "\\d+" in hints[0] and "\\1" in hints[1] and "\\g<0>" in hints[2]
+    (tmp_path / "codes.sop").write_text(BACKSLASH_GUARDS, encoding="utf-8")
+    result = CliRunner().invoke(cli_main, ["check", str(tmp_path / "codes.sop")])
+    assert result.exit_code == 0 and result.exception is None, result.output
+    assert "W301" in result.output and "Traceback" not in result.output
+
+
 def test_spent_copies_do_not_make_branches_look_dead() -> None:
     # the bounded branch is spent on the last visit of `fix`: no W304 "never taken" for it
     assert "W304" not in codes(RETRY)

@@ -208,7 +208,8 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
             source = spans.get((d.span.line, d.span.col, d.span.file))
             guard = scenario.stages[source[0]].branches[source[1]].guard if source is not None else None
             if guard is not None:
-                update["hint"] = re.sub(r"`otherwise when [^`]*`", f"`otherwise when {ir.show(guard)}`", d.hint)
+                written = f"`otherwise when {ir.show(guard)}`"  # user text: a literal, never a template
+                update["hint"] = re.sub(r"`otherwise when [^`]*`", lambda _m: written, d.hint)
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
             # a "never" claim about one copy holds for the stage only if no copy ever takes the branch
@@ -256,5 +257,6 @@ def _source_ids(text: str, origin: dict[str, str], looks: dict[str, int]) -> str
         if cid != origin[cid]:
             text = text.replace(f"`{cid}`", f"`{origin[cid]}` (on a later visit)").replace(cid, origin[cid])
     for name in looks:
-        text = re.sub(rf"\b{re.escape(name)}{LOOK_SEP}(\d+)", rf"{name} (look \1)", text)
+        text = re.sub(rf"\b{re.escape(name)}{re.escape(LOOK_SEP)}(\d+)",
+                      lambda m, name=name: f"{name} (look {m.group(1)})", text)
     return text
