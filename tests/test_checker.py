@@ -230,6 +230,25 @@ def test_self_referencing_derived_variable() -> None:
     assert d.message == "derived variable cycle: A -> A"
 
 
+def test_a_derived_variable_named_like_the_value_it_compares_with_is_told_to_quote_it() -> None:
+    """Issue 29 item 14: `let Discontent = EmotionTag == Discontent` reads itself because the value's name is
+    the variable's; E205 says so where it is read, and how to write the value (as E201 does)."""
+    text = "let Discontent = EmotionTag == Discontent\nstage s { when Discontent -> do Help otherwise -> do Help }"
+    d = only(run(check_types, text), "E205")
+    assert d.message == ("derived variable cycle: Discontent -> Discontent: `Discontent` here is the derived "
+                         "variable, not the value of `EmotionTag`")
+    assert d.span is not None and (d.span.line, d.span.col) == (9, 32)  # the read, not the declaration
+    assert d.hint == ('`Discontent` is both a variable and a value of `EmotionTag`; rename one of them, or write '
+                      'the value as "Discontent"')
+    assert codes(run(check_types, text.replace("== Discontent", '== "Discontent"'))) == []
+    # through another derived variable: the read that names a value is the one pointed at
+    longer = run(check_types, "let Calm = Mood and Vip\nlet Mood = EmotionTag == Calm\n"
+                              "stage s { when Calm -> do Help otherwise -> do Help }")
+    d = only(longer, "E205")
+    assert d.message.startswith("derived variable cycle: Calm -> Mood -> Calm: `Calm` here")
+    assert d.span is not None and (d.span.line, d.span.col) == (10, 26)
+
+
 def test_inferred_types_are_stored_on_derived_variables() -> None:
     s = scenario("""
 let Fee = Penalty * 2 + 10

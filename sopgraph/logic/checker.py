@@ -380,6 +380,7 @@ class _Typer(ScalarTyping):
         self.out: list[Diagnostic] = []
         self.derived: dict[str, _Ty] = {}
         self.visiting: list[str] = []
+        self.reads: list[ir.Span] = []  # where each derived variable being visited was read
         self.suggest = _Suggester()
         self.cycles: set[frozenset[str]] = set()
         self.items: dict[str, _Ty] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
@@ -393,8 +394,7 @@ class _Typer(ScalarTyping):
             return
         hint = self.suggest(sym.value, self.s.variables)
         if hint is None:
-            owner = next((v.name for v in self.s.variables.values()
-                          if isinstance(v.type, ir.EnumType) and sym.value in v.type.values), None)
+            owner = self.value_owner(sym.value)
             if owner is not None:
                 hint = f"`{sym.value}` is a value of `{owner}`, not a variable"
         self.out.append(error("E101", f"undefined name `{sym.value}` (used {context})", sym.span,
@@ -403,6 +403,24 @@ class _Typer(ScalarTyping):
 
     def mismatch(self, message: str, span: ir.Span, hint: str | None = None, code: str = "E201") -> None:
         self.out.append(error(code, message, span, hint))
+
+    def value_owner(self, value: str) -> str | None:
+        """The first variable whose enum has `value` among its values."""
+        return next((v.name for v in self.s.variables.values()
+                     if isinstance(v.type, ir.EnumType) and value in v.type.values), None)
+
+    def cycle_error(self, cycle: list[str], reads: list[ir.Span]) -> Diagnostic:
+        """E205 for a cycle of derived variables (`reads[i]` is where `cycle[i + 1]` is read). A read of a
+        name that is also an enum value (`let Damaged = P == Damaged`) was meant as the value: say so there."""
+        text = "derived variable cycle: " + " -> ".join(cycle)
+        for name, read in zip(cycle[1:], reads, strict=True):
+            owner = self.value_owner(name)
+            if owner is not None:
+                return error("E205", f"{text}: `{name}` here is the derived variable, not the value of `{owner}`",
+                             read, f"`{name}` is both a variable and a value of `{owner}`; rename one of them, "
+                                   f'or write the value as "{name}"')
+        return error("E205", text, self.s.variables[cycle[0]].span,
+                     "a derived variable cannot depend on itself; compute it from fields and system variables")
 
     # -- variables
     def var_type(self, name: str, span: ir.Span) -> _Ty:
@@ -414,18 +432,18 @@ class _Typer(ScalarTyping):
         if name in self.derived:
             return self.derived[name]
         if name in self.visiting:
-            cycle = self.visiting[self.visiting.index(name):] + [name]
+            at = self.visiting.index(name)
+            cycle = self.visiting[at:] + [name]
             key = frozenset(cycle)
             if key not in self.cycles:
                 self.cycles.add(key)
-                first = self.s.variables[cycle[0]]
-                self.out.append(error("E205", "derived variable cycle: " + " -> ".join(cycle), first.span,
-                                      "a derived variable cannot depend on itself; compute it from fields "
-                                      "and system variables"))
+                self.out.append(self.cycle_error(cycle, self.reads[at + 1:] + [span]))
             return None
         self.visiting.append(name)
+        self.reads.append(span)
         t = self.infer(var.expr) if var.expr is not None else None
         self.visiting.pop()
+        self.reads.pop()
         if isinstance(t, _Sym):
             self.undefined(t, "as the whole value of a derived variable")
             t = None
