@@ -77,6 +77,24 @@ def test_type_alias_is_shared_and_an_unknown_alias_is_e101() -> None:
     assert [d.code for d in loaded.diagnostics] == ["E101"]
 
 
+def test_a_type_may_share_its_name_with_a_variable(tmp_path: Path) -> None:
+    """Issue 29 item 15: types have their own namespace (`type Cabin = …` + `system Cabin: Cabin` was E102
+    and then a misleading E101; from an include, "undefined type"); two types of one name stay E102."""
+    body = ('system Cabin: Cabin "the cabin booked"\nfield Seat: Seat "seat"\naction A "a"\naction B "b"\n'
+            'stage s { when Cabin == Economy and Seat.window -> do A otherwise -> do B }\n')
+    types = 'type Cabin = Economy | Business\ntype Seat = record { window: bool, row: int[1..40] }\n'
+    for text in (types + body, body + types):
+        s = load(text)
+        assert s.variables["Cabin"].type.values == ["Economy", "Business"]
+        assert codes(text) == []
+    (tmp_path / "types.sop").write_text(types, encoding="utf-8")
+    (tmp_path / "main.sop").write_text('include "types.sop"\n' + body, encoding="utf-8")
+    assert sopgraph.load(path=tmp_path / "main.sop").variables["Cabin"].type.alias == "Cabin"
+    twice = load_source(text=types + 'type Cabin = First | Coach\n' + body)
+    assert [(d.code, d.message.split(" at ")[0]) for d in twice.diagnostics] == [
+        ("E102", "type `Cabin` is already declared")]
+
+
 def test_contextual_words_stay_usable_as_names() -> None:
     s = load('field to: bool "t"\nfield type: bool "y"\nfield times: bool "z"\nfield up: bool "u"\n'
              'field else: bool "e"\naction Go "g"\n'

@@ -1285,8 +1285,12 @@ def _merge(programs: list[Program], diags: list[Diagnostic], texts: Iterable[str
                     uses.append(item)
             elif isinstance(item, StartDecl):
                 start = start or item
-            elif isinstance(item, TypeDecl) and declare(item.name, "a type", item.span):
-                aliases[item.name] = item
+            elif isinstance(item, TypeDecl):  # types have their own namespace: a name is only ever read as a type
+                if item.name in aliases:
+                    diags.append(error("E102", f"type `{item.name}` is already declared at "
+                                       f"{aliases[item.name].span}", item.span, "rename one of them"))
+                else:
+                    aliases[item.name] = item
     _resolve_aliases(aliases, variables, actions, outputs, diags)
     entries = _inline_subflows(subflows, uses, stages, diags, declare)
     if entries:
