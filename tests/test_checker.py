@@ -381,6 +381,28 @@ stage s { classify EmotionTag match Intent { Enquiry, Change -> do Help Cancel -
     assert named == ["Amount", "Never", "Note", "Spare", "Vip"]
 
 
+def test_declarations_of_an_included_file_are_not_reported_unused(tmp_path: Path) -> None:
+    """Issue 29 item 17: a shared include declares more than one program reads; W401 is about the main
+    file's own declarations (checked alone, the shared file is still told)."""
+    (tmp_path / "common").mkdir()
+    shared = tmp_path / "common" / "shared.sop"
+    shared.write_text('field Verified: bool "v"\nsystem Locked: bool "l"\nlet Risky = Locked and not Verified\n'
+                      'output Team: Ops | Sales "t"\naction AskId "a"\naction Human "h" [escalation]\n',
+                      encoding="utf-8")
+    main = tmp_path / "main.sop"
+    main.write_text('include "common/shared.sop"\nfield Mine: bool "m"\nsystem Spare: bool "s"\n'
+                    'action Unused "u"\nstage s { when Locked -> do Human otherwise -> do AskId }\n', encoding="utf-8")
+    found = [d for d in sopgraph.check(sopgraph.load(path=main)) if d.code == "W401"]
+    assert sorted((d.message, d.span.file if d.span else "") for d in found) == [
+        ("action `Unused` is never used", str(main)), ("field `Mine` is never used", str(main)),
+        ("system variable `Spare` is never used", str(main))]
+    alone_scenario = load_source(shared).scenario
+    assert alone_scenario is not None
+    alone = [d.message for d in check_unused(alone_scenario, compile_graph(alone_scenario))]
+    assert "derived variable `Risky` is never used" in alone and "output `Team` is never assigned and has no default" \
+        in alone
+
+
 def test_missing_descriptions_are_warnings() -> None:
     from sopgraph.logic.checker import check_descriptions
 

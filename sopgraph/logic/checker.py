@@ -1354,21 +1354,23 @@ def _call_args(target: ir.Target) -> list[ir.OutputAssign]:
 
 
 def check_unused(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
-    """Variables never read, actions never done, outputs never set and without default (W401)."""
+    """Variables never read, actions never done, outputs never set and without default (W401), among
+    the main file's declarations: an included file is shared, and one program rarely reads all of it."""
     out: list[Diagnostic] = []
     used, done, assigned = _uses(scenario)
+    main = scenario.span.file
     role_word = {"field": "field", "system": "system variable", "derived": "derived variable"}
     for var in scenario.variables.values():
-        if var.name not in used:
+        if var.name not in used and var.span.file == main:
             out.append(warning("W401", f"{role_word[var.role]} `{var.name}` is never used", var.span,
                                "no guard, derived variable, output or `classify` reads it; use it or "
                                "delete it"))
     for action in scenario.actions.values():
-        if action.name not in done:
+        if action.name not in done and action.span.file == main:
             out.append(warning("W401", f"action `{action.name}` is never used", action.span,
                                "no branch ends in `do " + action.name + "`"))
     for output in scenario.outputs.values():
-        if output.name not in assigned and output.default is None:
+        if output.name not in assigned and output.default is None and output.span.file == main:
             out.append(warning("W401", f"output `{output.name}` is never assigned and has no default",
                                output.span, f"give it a default (`= value`) or set it in a `do "
                                f"<Action> {{ {output.name} = ... }}` block"))
