@@ -289,6 +289,26 @@ def test_a_special_case_written_first_is_not_an_overlap() -> None:
     assert "W301" in by_code(flow_diagnostics(partial))
 
 
+def test_arms_doing_the_same_action_with_the_same_arguments_are_not_overlaps() -> None:
+    """Issue 29 item 18: four arms `-> do Cancel(ref = Amount)` warned three times (each argument's span
+    made the targets differ); the same call with other arguments or outputs still overlaps, and the note
+    then tells the two apart instead of reading "takes `do Cancel`, never `do Cancel`"."""
+    head = 'action Cancel(ref: int[0..1000], how: Soft | Hard) "cancel"\noutput Why: X | Y = X\n'
+    arm = "-> do Cancel(ref = Amount + 1 - 1, how = Soft) { Why = Y }"
+    same = load(head + f"stage s {{ when Kind == A {arm} when Mood == Angry {arm} when Score > 0.5 {arm} "
+                       f"when Amount > 10 {arm} otherwise -> do Other }}")
+    assert "W301" not in by_code(flow_diagnostics(same))
+    for other in ("-> do Cancel(ref = Amount + 1 - 1, how = Hard) { Why = Y }",
+                  "-> do Cancel(ref = Amount - 1 + 1, how = Soft) { Why = Y }",
+                  "-> do Cancel(ref = Amount + 1 - 1, how = Soft) { Why = X }"):
+        sc = load(head + f"stage s {{ when Kind == A {arm} when Mood == Angry {other} otherwise -> do Other }}")
+        (d,) = by_code(flow_diagnostics(sc))["W301"]
+        written = other.removeprefix("-> ")
+        assert d.notes[-1] == ("for these values the engine takes `Kind == A -> do Cancel(ref = Amount + 1 - 1, "
+                               f"how = Soft) {{ Why = Y }}`, never `{written}`")
+        assert_witnesses_verified(sc, [d])
+
+
 def test_flow_is_skipped_with_a_note_on_programs_too_large_to_analyse() -> None:
     sc = load_source(None, text=gen.generate(4000, kind="diamond", seed=3)).scenario
     assert sc is not None

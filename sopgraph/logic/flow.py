@@ -347,6 +347,7 @@ class _Flow:
                 continue
             i, prefix, w = found
             bi_, bj_ = stage.branches[i], stage.branches[j]
+            took, missed = _effects(bi_.target, bj_.target)
             w = self._route_values(w, prefix, si)
             out.append((si, j, warning(
                 "W301",
@@ -357,8 +358,8 @@ class _Flow:
                  f"should win, write `otherwise when {ir.show(bj_.guard)}` to say so"),
                 witness=w,
                 notes=[f"reached via {self.via(prefix, si)}",
-                       f"for these values the engine takes `{ir.branch_label(stage, bi_)} -> "
-                       f"{bi_.target.describe()}`, never `{bj_.target.describe()}`"],
+                       f"for these values the engine takes `{ir.branch_label(stage, bi_)} -> {took}`, "
+                       f"never `{missed}`"],
             )))
         return out
 
@@ -516,9 +517,38 @@ class _Flow:
 
 
 def _same_effect(a: ir.Branch, b: ir.Branch) -> bool:
-    """Two branches that go to the same place doing the same actions with the same outputs."""
-    keep = {"span"}
-    return a.target.model_dump(exclude=keep) == b.target.model_dump(exclude=keep) and a.limit == b.limit
+    """Two branches that go to the same place doing the same actions with the same arguments and outputs,
+    compared as written: the expressions' structure, not where they stand (every node has its own span)."""
+    ta, tb = a.target, b.target
+    if (ta.kind, ta.stage, ta.action, a.limit) != (tb.kind, tb.stage, tb.action, b.limit):
+        return False
+    return _without_spans(ta.model_dump()) == _without_spans(tb.model_dump())
+
+
+def _effects(a: ir.Target, b: ir.Target) -> tuple[str, str]:
+    """Two targets in words, short (`do Refund -> check`) unless only their arguments or outputs tell
+    them apart: then as written (`do Refund(amount = Total) { Channel = Voucher }`)."""
+    short_a, short_b = a.describe(), b.describe()
+    if short_a != short_b:
+        return short_a, short_b
+    return _written(a), _written(b)
+
+
+def _written(t: ir.Target) -> str:
+    steps = [f"do {ir.show_call(c.action, c.args)}" for c in t.steps]
+    if t.kind == "stage":
+        return " -> ".join([*steps, str(t.stage)])
+    sets = ", ".join(f"{o.name} = {ir.show(o.value)}" for o in t.outputs)
+    return " -> ".join([*steps, f"do {ir.show_call(str(t.action), t.args)}" + (f" {{ {sets} }}" if sets else "")])
+
+
+def _without_spans(value: Any) -> Any:
+    """A dumped IR node without its positions (`span`, `pattern_span`, …) at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_spans(v) for k, v in value.items() if k != "span" and not k.endswith("_span")}
+    if isinstance(value, list):
+        return [_without_spans(v) for v in value]
+    return value
 
 
 def _describe(sp: Space, boxes: Sequence[Box], names: set[str]) -> str:
