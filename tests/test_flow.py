@@ -380,6 +380,20 @@ def test_i302_names_the_open_question_and_where_it_arose() -> None:
     assert any('undecided: `Ref matches "(?>ab)c"`' in n for n in note.notes), note.notes
 
 
+def test_i302_says_at_which_stage_a_bound_or_an_open_question_was_met() -> None:
+    """Issue 31: an exploration bound gave I302 at the scenario's name with no stage; it is located at the
+    stage where the bound was met and names it, and an undecided question's stage is named too."""
+    sc = load('stage first "first" { match Kind { A -> second B -> third otherwise -> do Ok } }\n'
+              'stage second "second" { when Mood == Angry -> third otherwise -> do No }\n'
+              'stage third "third" { when Amount > 10 -> do Ok otherwise -> do No }\n')
+    (note,) = [d for d in flow_diagnostics(sc, budget=1) if d.code == "I302"]
+    assert note.span is not None and note.span.line == 11, note.span  # `stage second`
+    assert note.message == ("flow analysis incomplete: the exploration reached its bound on states or region size "
+                            "at stage `second`; never-taken branches (W303/W304) were not checked")
+    (open_,) = [d for d in sopgraph_check(load_source(None, text=UNDECIDED).scenario) if d.code == "I302"]
+    assert "stayed undecided, the first at stage `second` (" in open_.message
+
+
 def test_w303_on_a_field_tested_again_says_it_keeps_its_value() -> None:
     """Ask for a reference, then test it again: the field has one value for the whole conversation, so the
     second test can only go one way; the hint says so (and not for a system value tested twice)."""

@@ -166,6 +166,36 @@ stage s1 "first" { when Voucher > Fee -> do Stop  otherwise -> do Pay(amount = F
     assert "work budget" in diags[0].message
 
 
+def test_i303_points_at_the_undecided_read_and_names_its_variable_and_branch() -> None:
+    """Issue 31: I303 pointed at the scenario's name and named nothing. A read the analysis cannot settle
+    (a pattern the solver does not model) is located at the read, named with its stage and branch (the
+    source's stage, not a copy of a procedure's), and a budget stop at the stage where it stopped."""
+    body = ('system Ref: string "r"\nsystem Ok: bool "o"\n'
+            'stage first "first" { -> second }\n'
+            'stage second "second" {\n'
+            '    observe Ok\n'
+            '    when Ok -> do Stop\n'
+            '    when Ref matches "(?>ab)c" and not missing(Voucher) -> do Stop\n'
+            '    when Ref matches "(?>ab)c" and Voucher > 10 -> do Pay(amount = 1) -> second up to 1 times\n'
+            '    otherwise -> do Stop\n'
+            '}\n')
+    (d,) = [d for d in check(scenario(body)) if d.code == "I303"]
+    assert d.span is not None and (d.span.line, d.span.col) == (15, 36)  # `Voucher` in `Voucher > 10`
+    assert d.message == ("optional-value analysis incomplete: 1 read(s) of optional values stayed undecided (no "
+                         "example the engine refuses was found, and no proof that none exists)")
+    assert d.notes == ["undecided: `Voucher` in branch 3 of `second` (its condition)"]
+
+
+def test_a_budget_stop_of_i303_is_located_at_its_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(optcheck, "STEP_BUDGET", 3)
+    diags = optional_read_diagnostics(scenario("""
+stage s1 "first" { when Want == Refund -> s2  otherwise -> do Stop }
+stage s2 "second" { when Voucher > Fee -> do Stop  otherwise -> do Pay(amount = Fee) }
+"""))
+    (d,) = [d for d in diags if d.code == "I303"]
+    assert d.message.endswith("operations) at stage `s2`") and d.span is not None and d.span.line == 10
+
+
 SHIPPED = sorted([*ROOT.glob("examples/**/*.sop"), *ROOT.glob("scenarios/*.sop")])
 
 

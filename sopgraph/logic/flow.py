@@ -116,6 +116,7 @@ class _Flow:
         self.steps_left = STEP_BUDGET
         self.stopped_at: int | None = None  # stage index where the step budget ran out
         self.undecided_at: int | None = None  # stage where the first feasibility question stayed open
+        self.bounded_at: int | None = None  # stage where the exploration met its bound on states or region size
         self.reads: dict[tuple[int, int], frozenset[int]] = {}
         self.states = 0  # states explored so far
 
@@ -175,22 +176,24 @@ class _Flow:
 
     def not_proven(self) -> Diagnostic | None:
         """I302 when a bound cut the analysis short or a question stayed open: says what was not
-        proven and where, so a clean result is never mistaken for a proof."""
+        proven and where (the stage, and the question), so a clean result is never mistaken for a proof."""
         what: list[str] = []
-        span = self.s.span
+        at: int | None = None  # the stage the note points at
         if self.stopped_at is not None:
-            stage = self.ex.stage_objs[self.stopped_at]
-            span = stage.span
+            at = self.stopped_at
             what.append(f"the analysis reached its work budget ({STEP_BUDGET:,} region operations) at stage "
-                        f"`{stage.id}`; overlaps, exhaustiveness and never-taken branches from there on were "
+                        f"`{self.ex.ids[at]}`; overlaps, exhaustiveness and never-taken branches from there on were "
                         "not checked")
         elif not self.complete:
-            what.append("the exploration reached its bound on states or region size; never-taken branches "
+            at = self.bounded_at
+            where = f" at stage `{self.ex.ids[at]}`" if at is not None else ""
+            what.append(f"the exploration reached its bound on states or region size{where}; never-taken branches "
                         "(W303/W304) were not checked")
         if self.sp.undecided:
-            if self.stopped_at is None and self.undecided_at is not None:
-                span = self.ex.stage_objs[self.undecided_at].span
-            what.append(f"{self.sp.undecided} feasibility question(s) stayed undecided (no example found and "
+            asked = self.undecided_at
+            at = asked if at is None else at
+            where = f", the first at stage `{self.ex.ids[asked]}`" if asked is not None else ""
+            what.append(f"{self.sp.undecided} feasibility question(s) stayed undecided{where} (no example found and "
                         "no proof within the solver's budget), so branches there may be reported as reachable")
         if not what:
             return None
@@ -200,7 +203,8 @@ class _Flow:
         if self.sp.unproven:
             notes.append("kept whole and decided by the solver: " + "; ".join(f"`{t}`" for t in self.sp.unproven[:3]))
         return Diagnostic(code="I302", severity="info", message="flow analysis incomplete: " + what[0],
-                          span=span, hint="split large conditions into smaller derived variables, or test "
+                          span=self.ex.stage_objs[at].span if at is not None else self.s.span,
+                          hint="split large conditions into smaller derived variables, or test "
                           "the SOP with `sop paths` and `sop decide`", notes=what[1:] + notes)
 
     # -- exploration -----------------------------------------------------------------------------
@@ -219,6 +223,7 @@ class _Flow:
             self.states += 1
             if self.states > self.budget or len(region) > MAX_REGION or not self.spend(si, len(region)):
                 self.complete = False
+                self.bounded_at = si
                 return
             ctxs = self.contexts.setdefault(si, [])
             if len(ctxs) < MAX_CONTEXTS:
@@ -457,6 +462,7 @@ class _Flow:
         out: list[tuple[int, int, Diagnostic]] = []
         for si, ctxs in self.contexts.items():
             stage = self.ex.stage_objs[si]
+            undecided = sp.undecided
             for bi, br in enumerate(stage.branches):
                 if (si, bi) in self.fired:
                     continue
@@ -510,6 +516,8 @@ class _Flow:
                     span, hint,
                     notes=notes,
                 )))
+            if sp.undecided > undecided and self.undecided_at is None:
+                self.undecided_at = si
         return out
 
     def _earlier_values(self, stage: ir.Stage, bi: int) -> set[tuple[str, Any]]:

@@ -189,10 +189,11 @@ class _Check:
     where: str  # "in the condition of …" for the message
 
 
-def _stage_checks(scenario: ir.Scenario, stage: ir.Stage, optionals: list[_Optional]) -> tuple[list[_Check], int]:
-    """The read sites of one stage, per optional variable; and how many were too large to analyse."""
+def _stage_checks(scenario: ir.Scenario, stage: ir.Stage,
+                  optionals: list[_Optional]) -> tuple[list[_Check], list[_Check]]:
+    """The read sites of one stage, per optional variable; and those too large to analyse."""
     out: list[_Check] = []
-    too_big = 0
+    too_big: list[_Check] = []
     for opt in optionals:
         name = opt.name
         reads = _Reads(scenario, opt.reads)
@@ -214,7 +215,8 @@ def _stage_checks(scenario: ir.Scenario, stage: ir.Stage, optionals: list[_Optio
                 try:
                     r = reads.of(expr)
                 except _TooBig:
-                    too_big += 1
+                    too_big.append(_Check(name, None, expr.span if expr.span.line else b.span,
+                                          f"branch {bi + 1} of `{stage.id}` ({what})"))
                     continue
                 if r is None:
                     continue
@@ -265,23 +267,26 @@ class _Pass:
         self.ex = Explorer(self.t)
         self.sp = self.ex.sp
         self.checks: list[list[_Check]] = []
-        self.too_big = 0
-        for st in self.ex.stage_objs:
+        self.too_big: list[tuple[_Check, int]] = []  # (read site, stage index)
+        for si, st in enumerate(self.ex.stage_objs):
             found, big = _stage_checks(self.t, st, optionals)
             self.checks.append(found)
-            self.too_big += big
+            self.too_big += [(c, si) for c in big]
         self.ex.live = _live(self.ex, self.checks)
         self.steps = STEP_BUDGET
         self.states = 0
         self.complete = True
-        self.unproven = 0
+        self.stopped_at: int | None = None  # stage index where the budget ran out
+        self.unproven: list[tuple[_Check, int]] = []  # reads left undecided (and their stage index)
+        self.open_keys: set[tuple[str, int, int, str]] = set()  # their (variable, line, col, file)
         self.done: set[tuple[str, int, int, str]] = set()  # (variable, line, col, file) reported or proven
         self.out: list[Diagnostic] = []
 
-    def spend(self, n: int) -> bool:
+    def spend(self, n: int, si: int) -> bool:
         self.steps -= n
         if self.steps < 0:
             self.complete = False
+            self.stopped_at = si if self.stopped_at is None else self.stopped_at
         return self.steps >= 0
 
     def run(self) -> list[Diagnostic]:
@@ -295,8 +300,9 @@ class _Pass:
             key, prefix = stack.pop()
             si, region, vk = key
             self.states += 1
-            if self.states > MAX_STATES or not self.spend(len(region)):
+            if self.states > MAX_STATES or not self.spend(len(region), si):
                 self.complete = False
+                self.stopped_at = si if self.stopped_at is None else self.stopped_at
                 break
             for c in self.checks[si]:
                 self.check(c, si, region, prefix)
@@ -313,7 +319,7 @@ class _Pass:
 
     def check(self, c: _Check, si: int, region: tuple[Box, ...], prefix: Any) -> None:
         key = (c.name, c.span.line, c.span.col, c.span.file)
-        if key in self.done or not self.spend(len(region)):
+        if key in self.done or not self.spend(len(region), si):
             return
         sp = self.sp
         f = sp.formula(c.cond, True)
@@ -323,7 +329,7 @@ class _Pass:
             return
         stages, branches = _steps(prefix)
         full = sp.constrain_region(self.ex.full_region(stages, branches), f)
-        if not self.spend(len(full) + 1):
+        if not self.spend(len(full) + 1, si):
             return
         explained = False
         for box in full[:MAX_WITNESSES]:
@@ -334,8 +340,9 @@ class _Pass:
                     self.done.add(key)
                     return
                 explained = explained or verdict == "earlier"
-        if not explained:
-            self.unproven += 1
+        if not explained and key not in self.open_keys:
+            self.open_keys.add(key)  # once per read as written (copies of a stage share it)
+            self.unproven.append((c, si))
 
     def confirm(self, c: _Check, si: int, w: dict[str, Any], prefix: Any) -> str:
         """"yes" (the engine refuses the example at this read), "earlier" (it refuses it at an earlier
@@ -371,21 +378,41 @@ class _Pass:
         return "yes"
 
     def note(self) -> list[Diagnostic]:
+        """I303 when reads stayed unproven: located at the first such read (or where the budget ran out),
+        naming each read's variable and branch, so the user knows what to test or rewrite."""
         what = []
         if not self.complete:
+            where = f" at stage `{self.source_id(self.ex.ids[self.stopped_at])}`" if self.stopped_at is not None else ""
             what.append(f"the analysis reached its work budget ({MAX_STATES:,} states, {STEP_BUDGET:,} region "
-                        "operations)")
+                        f"operations){where}")
         if self.unproven:
-            what.append(f"{self.unproven} read(s) of optional values stayed undecided (no example the engine "
+            what.append(f"{len(self.unproven)} read(s) of optional values stayed undecided (no example the engine "
                         "refuses was found, and no proof that none exists)")
         if self.too_big:
-            what.append(f"{self.too_big} condition(s) were too large to analyse for reads of optional values")
+            what.append(f"{len(self.too_big)} condition(s) were too large to analyse for reads of optional values")
         if not what:
             return []
+        notes = []
+        if self.unproven:
+            notes.append("undecided: " + "; ".join(self._read_text(c, si) for c, si in self.unproven[:3]))
+        if self.too_big:
+            notes.append("too large: " + "; ".join(self._read_text(c, si) for c, si in self.too_big[:3]))
+        first = (self.unproven or self.too_big)[:1]
+        if first:
+            span = first[0][0].span
+        elif self.stopped_at is not None:
+            span = self.ex.stage_objs[self.stopped_at].span
+        else:
+            span = self.form.span
         return [Diagnostic(code="I303", severity="info",
-                           message="optional-value analysis incomplete: " + what[0], span=self.form.span,
+                           message="optional-value analysis incomplete: " + what[0], span=span,
                            hint="reads of optional values there were not proven guarded; test them with "
-                                "`sop decide` on inputs that leave them out", notes=what[1:])]
+                                "`sop decide` on inputs that leave them out", notes=what[1:] + notes)]
+
+    def _read_text(self, c: _Check, si: int) -> str:
+        """`Voucher` in branch 2 of `check` (its condition), in the source's stage ids."""
+        sid = self.ex.ids[si]
+        return f"`{c.name}` in {c.where.replace(f'`{sid}`', f'`{self.source_id(sid)}`')}"
 
 
 def _steps(prefix: Any) -> tuple[list[int], list[int]]:
