@@ -208,8 +208,9 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
             source = spans.get((d.span.line, d.span.col, d.span.file))
             guard = scenario.stages[source[0]].branches[source[1]].guard if source is not None else None
             if guard is not None:
-                written = f"`otherwise when {ir.show(guard)}`"  # user text: a literal, never a template
-                update["hint"] = re.sub(r"`otherwise when [^`]*`", lambda _m: written, d.hint)
+                quoted = re.search(r"`otherwise when [^`]*`", d.hint)
+                if quoted is not None:  # spliced in: the guard is user text, never a `re.sub` template
+                    update["hint"] = f"{d.hint[:quoted.start()]}`otherwise when {ir.show(guard)}`{d.hint[quoted.end():]}"
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
             # a "never" claim about one copy holds for the stage only if no copy ever takes the branch
@@ -256,7 +257,7 @@ def _source_ids(text: str, origin: dict[str, str], looks: dict[str, int]) -> str
     for cid in sorted(origin, key=len, reverse=True):
         if cid != origin[cid]:
             text = text.replace(f"`{cid}`", f"`{origin[cid]}` (on a later visit)").replace(cid, origin[cid])
-    for name in looks:
-        text = re.sub(rf"\b{re.escape(name)}{re.escape(LOOK_SEP)}(\d+)",
-                      lambda m, name=name: f"{name} (look {m.group(1)})", text)
+    if looks:
+        names = "|".join(re.escape(n) for n in sorted(looks, key=len, reverse=True))
+        text = re.sub(rf"\b({names}){re.escape(LOOK_SEP)}(\d+)", lambda m: f"{m.group(1)} (look {m.group(2)})", text)
     return text
