@@ -257,7 +257,7 @@ stage s "Check" {
     when Ok -> do Done
     when Code matches "\\d+" -> do Fix -> s up to 2 times
     when Code == "\\\\1" -> do Fix -> s up to 2 times
-    when Code == "\\\\g<0>" or Code == "x\\\\2" -> do Give
+    when Code == "\\\\g<0>" or Code == "x\\\\2`" -> do Give
     otherwise -> do Give
 }
 """
@@ -272,7 +272,7 @@ def test_an_overlap_hint_takes_backslashes_in_guards_literally(tmp_path: Path) -
     assert len(found) == 3, [d.message for d in found]
     for branch, hint in zip(scenario.stages["s"].branches[1:4], hints, strict=True):
         assert branch.guard is not None
-        assert f"`otherwise when {ir.show(branch.guard)}`" in hint
+        assert hint.endswith(f"write `otherwise when {ir.show(branch.guard)}` to say so")  # a backtick too
     assert "\\d+" in hints[0] and "\\1" in hints[1] and "\\g<0>" in hints[2]
     (tmp_path / "codes.sop").write_text(BACKSLASH_GUARDS, encoding="utf-8")
     result = CliRunner().invoke(cli_main, ["check", str(tmp_path / "codes.sop")])

@@ -208,9 +208,10 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
             source = spans.get((d.span.line, d.span.col, d.span.file))
             guard = scenario.stages[source[0]].branches[source[1]].guard if source is not None else None
             if guard is not None:
-                quoted = re.search(r"`otherwise when [^`]*`", d.hint)
-                if quoted is not None:  # spliced in: the guard is user text, never a `re.sub` template
-                    update["hint"] = f"{d.hint[:quoted.start()]}`otherwise when {ir.show(guard)}`{d.hint[quoted.end():]}"
+                # spliced in by position: the guard is user text (backslashes, backticks), never a template
+                start, end = d.hint.find("`otherwise when "), d.hint.rfind("` to say so")
+                if 0 <= start < end:
+                    update["hint"] = f"{d.hint[:start]}`otherwise when {ir.show(guard)}{d.hint[end:]}"
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
             # a "never" claim about one copy holds for the stage only if no copy ever takes the branch
