@@ -186,6 +186,18 @@ def test_i303_points_at_the_undecided_read_and_names_its_variable_and_branch() -
     assert d.notes == ["undecided: `Voucher` in branch 3 of `second` (its condition)"]
 
 
+def test_a_read_too_large_to_analyse_is_named_and_pointed_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(optcheck, "MAX_NODES", 3)
+    diags = optional_read_diagnostics(scenario("""
+stage s1 "first" { when Want == Refund -> s2  otherwise -> do Stop }
+stage s2 "second" { when Want == Refund and Fee > 1 and Voucher > Fee -> do Stop  otherwise -> do Stop }
+"""))
+    (d,) = [d for d in diags if d.code == "I303"]
+    assert d.message.endswith("1 condition(s) were too large to analyse for reads of optional values")
+    assert d.notes == ["too large: `Voucher` in branch 1 of `s2` (its condition)"]
+    assert d.span is not None and (d.span.line, d.span.col) == (10, 26)
+
+
 def test_a_budget_stop_of_i303_is_located_at_its_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(optcheck, "STEP_BUDGET", 3)
     diags = optional_read_diagnostics(scenario("""

@@ -215,8 +215,9 @@ def _stage_checks(scenario: ir.Scenario, stage: ir.Stage,
                 try:
                     r = reads.of(expr)
                 except _TooBig:
-                    too_big.append(_Check(name, None, expr.span if expr.span.line else b.span,
-                                          f"branch {bi + 1} of `{stage.id}` ({what})"))
+                    if _mentions(scenario, expr, opt.reads):  # a site that cannot read it proves nothing
+                        too_big.append(_Check(name, None, expr.span if expr.span.line else b.span,
+                                              f"branch {bi + 1} of `{stage.id}` ({what})"))
                     continue
                 if r is None:
                     continue
@@ -227,6 +228,24 @@ def _stage_checks(scenario: ir.Scenario, stage: ir.Stage,
             if b.guard is not None:
                 earlier.append(_not(b.guard))
     return out, too_big
+
+
+def _mentions(scenario: ir.Scenario, e: Any, names: frozenset[str]) -> bool:
+    """Whether `e` names one of `names`, directly or through derived variables (one walk, each derived
+    variable followed once: linear where `_Reads` is not)."""
+    stack, seen = [e], set()
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ir.Var):
+            if node.name in names:
+                return True
+            var = scenario.variables.get(node.name)
+            if var is not None and var.expr is not None and node.name not in seen:
+                seen.add(node.name)
+                stack.append(var.expr)
+        elif node is not None:
+            stack.extend(ir.children(node))
+    return False
 
 
 def _live(ex: Explorer, checks: list[list[_Check]]) -> list[frozenset[int]]:
@@ -268,10 +287,14 @@ class _Pass:
         self.sp = self.ex.sp
         self.checks: list[list[_Check]] = []
         self.too_big: list[tuple[_Check, int]] = []  # (read site, stage index)
+        big_keys: set[tuple[str, int, int, str]] = set()
         for si, st in enumerate(self.ex.stage_objs):
             found, big = _stage_checks(self.t, st, optionals)
             self.checks.append(found)
-            self.too_big += [(c, si) for c in big]
+            for c in big:  # once per read as written (copies of a stage share it)
+                if (c.name, c.span.line, c.span.col, c.span.file) not in big_keys:
+                    big_keys.add((c.name, c.span.line, c.span.col, c.span.file))
+                    self.too_big.append((c, si))
         self.ex.live = _live(self.ex, self.checks)
         self.steps = STEP_BUDGET
         self.states = 0
@@ -398,12 +421,10 @@ class _Pass:
         if self.too_big:
             notes.append("too large: " + "; ".join(self._read_text(c, si) for c, si in self.too_big[:3]))
         first = (self.unproven or self.too_big)[:1]
-        if first:
-            span = first[0][0].span
-        elif self.stopped_at is not None:
+        if not self.complete and self.stopped_at is not None:  # where the message says it stopped
             span = self.ex.stage_objs[self.stopped_at].span
         else:
-            span = self.form.span
+            span = first[0][0].span if first else self.form.span
         return [Diagnostic(code="I303", severity="info",
                            message="optional-value analysis incomplete: " + what[0], span=span,
                            hint="reads of optional values there were not proven guarded; test them with "
