@@ -49,6 +49,7 @@ from sopgraph.cases.profiles import (
     read_profile_text,
     shared_intent_region,
 )
+from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads, stage_reads
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, mark_text_values, warning
@@ -69,7 +70,7 @@ POOL_TRIES = 32  # random candidates tried per (path, intent) when building the 
 BOUNDARY_VALUES = (0, 10, 50, 100, 250, 1000)
 
 
-class SynthError(Exception):
+class SynthError(Error):
     """Bad synthesis parameters (reported to the user, never a traceback)."""
 
 
