@@ -204,8 +204,7 @@ def test_every_error_the_library_defines_is_a_sopgraph_error() -> None:
         module = importlib.import_module(name)
         for attr, value in vars(module).items():
             if (inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == name
-                    and not attr.startswith("_")):
-                if not issubclass(value, sopgraph.Error):
-                    outside.append(f"{name}.{attr}")
+                    and not attr.startswith("_") and not issubclass(value, sopgraph.Error)):
+                outside.append(f"{name}.{attr}")
     assert outside == []
     assert issubclass(sopgraph.ArgumentError, ValueError)

@@ -121,3 +121,12 @@ def test_stable_seed_depends_on_key_not_order() -> None:
     assert stats.stable_seed(0, "a", "b") == stats.stable_seed(0, "a", "b")
     assert stats.stable_seed(0, "a", "b") != stats.stable_seed(0, "b", "a")
     assert stats.stable_seed(1, "a") != stats.stable_seed(0, "a")
+
+
+def test_percentile_interval_puts_half_the_rest_on_each_side() -> None:
+    """A 95 % interval leaves 2.5 % of the replicates below it and 2.5 % above (not 1.25 %)."""
+    samples = np.arange(1001, dtype=float)  # quantile q of 0..1000 is 1000 q exactly
+    assert stats.percentile_interval(samples, 0.95) == pytest.approx((25.0, 975.0))
+    assert stats.percentile_interval(samples, 0.80) == pytest.approx((100.0, 900.0))
+    with_nan = np.concatenate([samples, [np.nan, np.inf]])
+    assert stats.percentile_interval(with_nan, 0.95) == pytest.approx((25.0, 975.0))

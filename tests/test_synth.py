@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sopgraph
 from sopgraph.cases.profiles import default_profile, load_profile, parse_profile
@@ -937,3 +939,34 @@ def test_a_free_text_the_sop_tests_with_a_pattern_has_that_form() -> None:
     assert resets and any(re.fullmatch("E[0-9]{5}", e) for e in resets), resets
     for c in cases:  # every case still decides as recorded
         assert sopgraph.decide(s, {**c.truth, **c.system}).path == c.expected_path
+
+
+def test_spread_gives_the_remaining_cases_to_the_largest_remainders() -> None:
+    """Largest remainder: 4 cases over weights 3:1:1 (quotas 2.4, 0.8, 0.8) are 2, 1, 1 (not 3, 1, 0)."""
+    import random
+
+    from sopgraph.cases.synth import _spread
+
+    got = Counter(_spread(4, ["zero", "weak", "strong"], [3, 1, 1], random.Random(0)))
+    assert got == {"zero": 2, "weak": 1, "strong": 1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 60), weights=st.lists(st.integers(1, 9), min_size=1, max_size=6), seed=st.integers(0, 9))
+def test_spread_counts_are_quotas_rounded_by_largest_remainder(n: int, weights: list[int], seed: int) -> None:
+    import math
+    import random
+
+    from sopgraph.cases.synth import _spread
+
+    keys = [f"k{i}" for i in range(len(weights))]
+    counts = Counter(_spread(n, keys, weights, random.Random(seed)))
+    quotas = [n * w / sum(weights) for w in weights]
+    assert sum(counts.values()) == n
+    for key, quota in zip(keys, quotas, strict=True):
+        assert math.floor(quota) <= counts[key] <= math.ceil(quota)
+    rounded_up = [q - math.floor(q) for k, q in zip(keys, quotas, strict=True) if counts[k] > math.floor(q)]
+    rounded_down = [q - math.floor(q) for k, q in zip(keys, quotas, strict=True)
+                    if counts[k] == math.floor(q) and q > math.floor(q)]
+    if rounded_up and rounded_down:
+        assert min(rounded_up) >= max(rounded_down) - 1e-9
