@@ -38,7 +38,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sopgraph.errors import Error
 from sopgraph.simulation import providers
 
-
 __all__ = [
     "CONTEXT_METADATA_KEY",
     "DEFAULT_JUDGE_MODEL",
