@@ -859,6 +859,13 @@ def synthesize_stream(scenario: ir.Scenario, profile: Profile, n: int, seed: int
     p = the_plan or plan(scenario, profile)
     persona_pool = _persona_pool(profile, personas)
     langs = list(languages) if languages else (list(profile.languages) if profile.languages else None)
+    declared = scenario.meta.get("language")
+    if langs is None and declared:
+        # the scenario's language is the dialogue's (a case or profile may say otherwise); personas written
+        # for another language (the library's Mandarin speaker) are left out unless asked for by name
+        langs = [declared]
+        if not personas:
+            persona_pool = [pp for pp in persona_pool if _same_language(pp.language, declared)] or persona_pool
     rng = random.Random(seed)
     skipped = list(p.skipped)
 
@@ -993,6 +1000,11 @@ def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
     if sum(out.values()) <= 0:
         raise SynthError("the intensity mix needs at least one positive weight")
     return out
+
+
+def _same_language(a: str | None, b: str) -> bool:
+    """`en` and `en-GB` are one language for choosing personas."""
+    return (a or "").split("-")[0].lower() == b.split("-")[0].lower()
 
 
 def _persona_pool(profile: Profile, personas: Sequence[str | PersonaSpec] | None) -> list[PersonaSpec]:
