@@ -49,6 +49,7 @@ from sopgraph.cases.profiles import (
     read_profile_text,
     shared_intent_region,
 )
+from sopgraph.cases.values import varier_for
 from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads, stage_reads
@@ -888,8 +889,19 @@ def synthesize_stream(scenario: ir.Scenario, profile: Profile, n: int, seed: int
 
     counts: dict[str, Counter] = {k: Counter() for k in ("action", "bucket", "persona", "language")}
     lines = _case_lines(p, slots, intensities, persona_pool, langs, seed, rng, counts)
+    vary = varier_for(p.scenario, p.profile.intents, fixed=p.profile.sample_values)
+    if vary is not None:
+        lines = _varied(lines, vary)
     return SynthStream(lines, skipped, lambda: _coverage(p, slots, intensities, counts, sampled, supplemented,
                                                          appended, min_per_path, balance))
+
+
+def _varied(lines: Iterator[str], vary: Callable[[dict[str, Any]], None]) -> Iterator[str]:
+    """Each case with its values varied where the SOP allows (`cases.values`), in canonical JSON again."""
+    for line in lines:
+        row = json.loads(line)
+        vary(row)
+        yield json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def exact_min_per_path(n: int, requested: int | None, paths: int) -> int:
