@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench mutate clean
 
 $(BIN)/sop: pyproject.toml
 	bash .ci/system-deps graphviz fonts-liberation fonts-wqy-microhei
@@ -27,6 +27,9 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check sopgraph tests benchmarks
+
+mutate: setup
+	$(BIN)/python .ci/mutate.py
 
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sopgraph._version import __version__
+from sopgraph.errors import ArgumentError, Error
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -139,9 +140,11 @@ def score_run(run_dir: str | Path, config: Any = None) -> Any:
 
 
 __all__ = [
+    "ArgumentError",
     "Decision",
     "DecideError",
     "Diagnostic",
+    "Error",
     "PathCount",
     "PathInfo",
     "Profile",

@@ -165,3 +165,17 @@ def test_edges_no_input_takes_are_listed_apart() -> None:
     side = coverage_of(sc, [(["s1", "s2"], "A"), (["s1"], "B")], "cases")
     assert side.infeasible_edges == ["s2 -> action:B"]
     assert side.uncovered_edges == [] and side.edges_covered == side.edges_total - 1
+
+
+def test_a_walk_that_loops_counts_each_stage_once_and_each_edge_per_pass() -> None:
+    """A node's count is the number of walks that reach it (a retry loop does not count a stage twice);
+    an edge's count is the number of times walks take it."""
+    scenario = sopgraph.load(ROOT / "examples" / "no_service.sop")
+    d = decide(scenario, {"Mood": "Calm", "AccountSuspended": False, "AreaOutage": False,
+                          "ServiceRestored": [False, False, False], "SimDetected": True, "AirplaneMode": False,
+                          "Registered": "Home", "SimAgeYears": 5})
+    assert d.path.count("fix") == 3 and d.path.count("retest") == 2
+    side = coverage_of(scenario, [(d.path, d.finals["Action"]), (d.path, d.finals["Action"])], "agents")
+    assert side.invalid_walks == 0
+    assert side.node_counts["fix"] == 2 and side.node_counts["retest"] == 2 and side.node_counts["account"] == 2
+    assert sum(count for key, count in side.edge_counts.items() if "fix" in key and "retest" in key) >= 4

@@ -152,8 +152,28 @@ def _same(scenario: ir.Scenario, engines: list[Engine], values: dict[str, Any]) 
         assert got == expected, f"{eng.mode} engine disagrees on {values!r}"
 
 
-def _value_strategy(var: ir.Variable) -> st.SearchStrategy[Any]:
-    """Mostly values of the domain; sometimes missing, off-domain or of the wrong type."""
+def _numeric_literals(node: Any) -> set[float]:
+    """Every number written in the program (guards, derived values, case arms), wherever it stands."""
+    found: set[float] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ir.Lit):
+            if isinstance(item.value, (int, float)) and not isinstance(item.value, bool):
+                found.add(item.value)
+        elif isinstance(item, ir.Node):
+            stack.extend(getattr(item, name) for name in type(item).model_fields)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return found
+
+
+def _value_strategy(var: ir.Variable, literals: frozenset[float] = frozenset(), *,
+                    well_typed: bool = False) -> st.SearchStrategy[Any]:
+    """Mostly values of the domain, numbers often at the program's own boundaries (each literal and ±1:
+    `<` and `<=` differ only there); sometimes missing, off-domain or of the wrong type."""
     t = var.type
     if isinstance(t, ir.EnumType):
         good: st.SearchStrategy[Any] = st.sampled_from(t.values)
@@ -164,8 +184,14 @@ def _value_strategy(var: ir.Variable) -> st.SearchStrategy[Any]:
         hi = 150 if t.hi is None else int(math.floor(t.hi))
         ints = st.integers(min(lo, hi), max(lo, hi)) if lo <= hi else st.just(lo)
         good = ints if t.kind == "int" else st.one_of(ints, st.floats(lo, max(lo, hi), allow_nan=False))
+        edges = sorted({v for c in literals for v in (c - 1, c, c + 1)
+                        if lo <= v <= hi and (t.kind != "int" or float(v).is_integer())}
+                       | {lo, hi})
+        good = st.one_of(good, st.sampled_from([int(v) if t.kind == "int" else v for v in edges]))
     else:
         good = st.none()
+    if well_typed:
+        return good
     bad = st.one_of(st.none(), st.just("Bogus"), st.integers(-1000, 1000), st.booleans(),
                     st.floats(allow_nan=False, allow_infinity=False), st.just(2.5))
     return st.one_of(good, good, good, bad)
@@ -173,7 +199,14 @@ def _value_strategy(var: ir.Variable) -> st.SearchStrategy[Any]:
 
 def _assignments(scenario: ir.Scenario) -> st.SearchStrategy[dict[str, Any]]:
     inputs = [v for v in scenario.variables.values() if v.role != "derived"]
-    return st.fixed_dictionaries({}, optional={v.name: _value_strategy(v) for v in inputs})
+    literals = frozenset(_numeric_literals(scenario))
+    # half the time every input is present and well typed, so that decisions (not only errors) are
+    # compared, at the program's boundaries as often as anywhere else
+    complete = st.fixed_dictionaries({v.name: _value_strategy(v, literals, well_typed=True) for v in inputs
+                                      if not isinstance(v.type, (ir.TimeType, ir.StringType, ir.ListType,
+                                                                 ir.RecordType))})
+    return st.one_of(complete, st.fixed_dictionaries({}, optional={v.name: _value_strategy(v, literals)
+                                                                   for v in inputs}))
 
 
 def _engines(scenario: ir.Scenario) -> list[Engine]:
@@ -188,7 +221,8 @@ def _engines(scenario: ir.Scenario) -> list[Engine]:
     return [tree, loop]
 
 
-KNOWN_PROGRAMS = sorted((ROOT / "scenarios").glob("*.sop")) + sorted(GOLDEN.glob("valid_*.sop"))
+KNOWN_PROGRAMS = (sorted((ROOT / "scenarios").glob("*.sop")) + sorted(GOLDEN.glob("valid_*.sop"))
+                  + sorted((ROOT / "examples").glob("*.sop")) + [ROOT / "tests" / "data" / "engine_boundaries.sop"])
 
 
 @pytest.mark.parametrize("path", KNOWN_PROGRAMS, ids=lambda p: p.stem)

@@ -112,3 +112,99 @@ def test_authoring_commands_do_not_load_the_simulation_or_evaluation_stages(tmp_
                           capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _contracts() -> list[dict]:
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    return config["tool"]["importlinter"]["contracts"]
+
+
+def test_every_module_of_a_stage_package_is_in_its_package_s_layer_contract() -> None:
+    """A module outside every layer list can import its siblings unchecked (issue 34)."""
+    named: set[str] = set()
+    for contract in _contracts():
+        if contract["type"] == "layers":
+            for layer in contract["layers"]:
+                named.update(part.strip() for part in layer.split("|"))
+    missing = []
+    for package in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()):
+        modules = sorted(m.stem for m in package.glob("*.py") if m.stem != "__init__")
+        if len(modules) < 2:  # a package of one module has no siblings to order
+            continue
+        missing += [f"sopgraph.{package.name}.{m}" for m in modules if f"sopgraph.{package.name}.{m}" not in named]
+    top = sorted(m.stem for m in PACKAGE.glob("*.py") if m.stem != "__init__")
+    missing += [f"sopgraph.{m}" for m in top if f"sopgraph.{m}" not in named]
+    assert missing == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every import between sopgraph's modules, including those only made for type checking."""
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            found: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                found = [f"{base}.{a.name}" for a in node.names] + [base]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            for target in found:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target != "sopgraph":
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def test_no_import_cycle_even_counting_type_checking_imports() -> None:
+    graph = _module_graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    # packages import their own modules in __init__ (the façade, the CLI's index): not a cycle of stages
+    cycles = [c for c in cycles if not any(m.count(".") < 2 and m != c[0] for m in c[1:-1])]
+    assert cycles == []
+
+
+def test_every_error_the_library_defines_is_a_sopgraph_error() -> None:
+    """`except sopgraph.Error` catches every error sopgraph raises on purpose (issue 34)."""
+    import importlib
+    import inspect
+
+    import sopgraph
+
+    outside = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        if name.startswith("sopgraph.cli"):
+            continue
+        module = importlib.import_module(name)
+        for attr, value in vars(module).items():
+            if (inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == name
+                    and not attr.startswith("_") and not issubclass(value, sopgraph.Error)):
+                outside.append(f"{name}.{attr}")
+    assert outside == []
+    assert issubclass(sopgraph.ArgumentError, ValueError)

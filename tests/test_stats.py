@@ -121,3 +121,32 @@ def test_stable_seed_depends_on_key_not_order() -> None:
     assert stats.stable_seed(0, "a", "b") == stats.stable_seed(0, "a", "b")
     assert stats.stable_seed(0, "a", "b") != stats.stable_seed(0, "b", "a")
     assert stats.stable_seed(1, "a") != stats.stable_seed(0, "a")
+
+
+def test_percentile_interval_puts_half_the_rest_on_each_side() -> None:
+    """A 95 % interval leaves 2.5 % of the replicates below it and 2.5 % above (not 1.25 %)."""
+    samples = np.arange(1001, dtype=float)  # quantile q of 0..1000 is 1000 q exactly
+    assert stats.percentile_interval(samples, 0.95) == pytest.approx((25.0, 975.0))
+    assert stats.percentile_interval(samples, 0.80) == pytest.approx((100.0, 900.0))
+    with_nan = np.concatenate([samples, [np.nan, np.inf]])
+    assert stats.percentile_interval(with_nan, 0.95) == pytest.approx((25.0, 975.0))
+
+
+def test_percentile_interval_of_one_replicate_is_that_replicate() -> None:
+    assert stats.percentile_interval(np.array([0.25]), 0.95) == (0.25, 0.25)
+    assert all(math.isnan(v) for v in stats.percentile_interval(np.array([]), 0.95))
+
+
+def test_ratio_ci_of_zero_successes_is_zero_and_of_no_trials_is_undefined() -> None:
+    assert stats.ratio_ci([0, 0], [1, 1], replicates=50)[0] == 0.0
+    assert math.isnan(stats.ratio_ci([1, 1], [0, 0], replicates=50)[0])
+
+
+@pytest.mark.parametrize("n, c, k", [(3, 1, 0), (-1, 0, 1), (3, -1, 1), (3, 4, 1)])
+def test_pass_hat_k_refuses_impossible_arguments(n: int, c: int, k: int) -> None:
+    with pytest.raises(ValueError):
+        stats.pass_hat_k(n, c, k)
+
+
+def test_pass_hat_k_at_its_edges() -> None:
+    assert stats.pass_hat_k(3, 3, 3) == 1.0 and stats.pass_hat_k(3, 0, 1) == 0.0 and stats.pass_hat_k(1, 1, 1) == 1.0

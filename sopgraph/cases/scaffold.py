@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sopgraph.cases.profiles import known_by_default
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.program import value_meaning
 from sopgraph.logic import paths as paths_mod
@@ -19,7 +20,7 @@ from sopgraph.logic.guards import NEGATED_OP
 NAME_RE = re.compile(r"^[^\W\d]\w*$")
 
 
-class InitError(Exception):
+class InitError(Error):
     """A scaffold that cannot be written (bad name, files already there)."""
 
 

@@ -49,6 +49,8 @@ from sopgraph.cases.profiles import (
     read_profile_text,
     shared_intent_region,
 )
+from sopgraph.cases.values import varier_for
+from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads, stage_reads
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, mark_text_values, warning
@@ -69,7 +71,7 @@ POOL_TRIES = 32  # random candidates tried per (path, intent) when building the 
 BOUNDARY_VALUES = (0, 10, 50, 100, 250, 1000)
 
 
-class SynthError(Exception):
+class SynthError(Error):
     """Bad synthesis parameters (reported to the user, never a traceback)."""
 
 
@@ -858,6 +860,13 @@ def synthesize_stream(scenario: ir.Scenario, profile: Profile, n: int, seed: int
     p = the_plan or plan(scenario, profile)
     persona_pool = _persona_pool(profile, personas)
     langs = list(languages) if languages else (list(profile.languages) if profile.languages else None)
+    declared = scenario.meta.get("language")
+    if langs is None and declared:
+        # the scenario's language is the dialogue's (a case or profile may say otherwise); personas written
+        # for another language (the library's Mandarin speaker) are left out unless asked for by name
+        langs = [declared]
+        if not personas:
+            persona_pool = [pp for pp in persona_pool if _same_language(pp.language, declared)] or persona_pool
     rng = random.Random(seed)
     skipped = list(p.skipped)
 
@@ -880,8 +889,19 @@ def synthesize_stream(scenario: ir.Scenario, profile: Profile, n: int, seed: int
 
     counts: dict[str, Counter] = {k: Counter() for k in ("action", "bucket", "persona", "language")}
     lines = _case_lines(p, slots, intensities, persona_pool, langs, seed, rng, counts)
+    vary = varier_for(p.scenario, p.profile.intents, fixed=p.profile.sample_values)
+    if vary is not None:
+        lines = _varied(lines, vary)
     return SynthStream(lines, skipped, lambda: _coverage(p, slots, intensities, counts, sampled, supplemented,
                                                          appended, min_per_path, balance))
+
+
+def _varied(lines: Iterator[str], vary: Callable[[dict[str, Any]], None]) -> Iterator[str]:
+    """Each case with its values varied where the SOP allows (`cases.values`), in canonical JSON again."""
+    for line in lines:
+        row = json.loads(line)
+        vary(row)
+        yield json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def exact_min_per_path(n: int, requested: int | None, paths: int) -> int:
@@ -992,6 +1012,11 @@ def _check_mix(mix: Mapping[str, float] | None) -> dict[str, float]:
     if sum(out.values()) <= 0:
         raise SynthError("the intensity mix needs at least one positive weight")
     return out
+
+
+def _same_language(a: str | None, b: str) -> bool:
+    """`en` and `en-GB` are one language for choosing personas."""
+    return (a or "").split("-")[0].lower() == b.split("-")[0].lower()
 
 
 def _persona_pool(profile: Profile, personas: Sequence[str | PersonaSpec] | None) -> list[PersonaSpec]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sopgraph.cases.profiles import known_by_default, library
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.engine import DecideError, engine_for, validate_value
@@ -32,7 +33,7 @@ MAX_CASES_BYTES = 512 * 1024 * 1024  # a cases file larger than this is refused
 MAX_CASE_LINE = 4 * 1024 * 1024  # one case (one JSON line)
 
 
-class CaseFileError(ValueError):
+class CaseFileError(Error, ValueError):
     """A cases file that cannot be read safely; the message is one line naming the file."""
 
 

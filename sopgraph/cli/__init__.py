@@ -18,13 +18,15 @@ from typing import Any, NoReturn
 import click
 
 from sopgraph._version import __version__
+from sopgraph.errors import Error
 from sopgraph.perf import tune_gc_for_cli
 
 
 class _Sop(click.Group):
     """The `sop` group. As the process entry point (console script) it also tunes the process once;
     a store that turns out unreadable while a command reads it (corruption past the integrity check,
-    a row that is not a record) ends the command with one line, no traceback."""
+    a row that is not a record), or any other `sopgraph.Error` a command lets through, ends the command
+    with one line, no traceback."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Process-wide settings belong to the application, not to the library (issue 8): a test or a
@@ -59,11 +61,10 @@ class _Sop(click.Group):
             click.echo(f"error: a run store could not be read ({exc}); restore it from a backup or start a "
                        "new run in another directory", err=True)
             ctx.exit(1)
-        except Exception as exc:
-            # Only a command that imported the run store can raise its error (`sop check` does not load it).
-            store = sys.modules.get("sopgraph.simulation.store")
-            if store is None or not isinstance(exc, store.StoreError):
-                raise
+        except Error as exc:
+            # The one mapping of the library's root error: a problem sopgraph reports (bad input, a store
+            # it cannot use, a model it cannot reach) ends the command with its message, never a traceback.
+            # Commands that say more (diagnostics, a distinct exit code) catch their errors themselves.
             click.echo(f"error: {exc}", err=True)
             ctx.exit(1)
 

@@ -119,14 +119,6 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
     elif cov.min_per_path == 0 and min_per_path is None and cov.feasible_paths > n:
         click.echo(f"note: {n} cases over {cov.feasible_paths} feasible paths: the paths are sampled "
                    f"(balanced by {cov.balance}); raise -n to cover every path", err=True)
-    declared = scenario.meta.get("language")
-    foreign = {lang: k for lang, k in sorted(cov.per_language.items()) if declared and lang.split("-")[0] != declared}
-    if foreign and not quiet and not languages and not profile.languages:
-        click.echo(f"note: {sum(foreign.values())} of {n} cases are in "
-                   f"{', '.join(f'{lang} ({k})' if len(foreign) > 1 else lang for lang, k in foreign.items())}, "
-                   "their personas' own language, while "
-                   f"the scenario's language is {declared}; keep to it with --language {declared} or the profile's "
-                   "`languages:`", err=True)
     if not quiet and profile_path is None and not profile_path_for(file).is_file():
         click.echo(f"note: no profile {profile_path_for(file).name} beside {file.name} (give one with --profile): "
                    "every path gets a generated intent and the shipped personas (docs/synthesis.md)", err=True)

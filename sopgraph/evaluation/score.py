@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sopgraph.errors import Error
 from sopgraph.evaluation import stats
 from sopgraph.evaluation.metrics import (
     BUCKETS,
@@ -74,7 +75,7 @@ DEFAULT_CHAT_WEIGHTS: dict[str, float] = {
 TIER_NAMES = ("$", "$$", "$$$", "$$$$")
 
 
-class ScoreError(Exception):
+class ScoreError(Error):
     """A user-facing problem with the inputs of scoring (bad run, ambiguous judgment set...)."""
 
 

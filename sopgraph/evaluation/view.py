@@ -38,6 +38,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
+from sopgraph.errors import Error
 from sopgraph.evaluation.score import ScoreConfig, ScoredRun, ScoreError, score_run
 from sopgraph.evaluation.traces import case_reference_trace, sage_trace
 from sopgraph.records import INTENSITIES, Case, Dialogue
@@ -67,7 +68,7 @@ _ASSETS = {"/": ("view.html", "text/html; charset=utf-8"),
            "/assets/view.css": ("view.css", "text/css; charset=utf-8")}
 
 
-class ViewError(Exception):
+class ViewError(Error):
     """A request the viewer answers with a 4xx status (unknown run, dialogue or bad parameter)."""
 
     def __init__(self, status: HTTPStatus, message: str):

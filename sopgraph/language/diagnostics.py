@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
 
+from sopgraph.errors import Error
 from sopgraph.language.ir import Scenario, Span, StringType, share_fields_set
 
 Severity = Literal["error", "warning", "info"]
@@ -208,12 +209,15 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-class SopError(Exception):
-    """The one root error for problems in user input; it carries diagnostics, never a traceback."""
+class SopError(Error):
+    """Problems in a user's program: it carries diagnostics, never a traceback; `code` is the first
+    error's code (the first diagnostic's when none is an error)."""
 
     def __init__(self, diagnostics: Sequence[Diagnostic], sources: dict[str, str] | None = None):
         self.diagnostics = list(diagnostics)
         self.sources = sources or {}
+        first = next((d for d in self.diagnostics if d.is_error), self.diagnostics[0] if self.diagnostics else None)
+        self.code = first.code if first is not None else None
         super().__init__(self.render())
 
     def render(self) -> str:

@@ -27,6 +27,7 @@ from lark.exceptions import (
     VisitError,
 )
 
+from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
 from sopgraph.language.fastparse import parse_fast
@@ -1077,7 +1078,7 @@ MAX_SOURCE_BYTES = 64 * 1024 * 1024  # a .sop file (main or included) larger tha
 _SYSTEM_TREES = ("/proc", "/sys", "/dev")  # pseudo-files: endless, blocking or secret
 
 
-class ReadRefused(Exception):
+class ReadRefused(Error):
     """A source file that must not be read; `str()` is the reason, `hint` says what to do."""
 
     def __init__(self, reason: str, hint: str | None = None):

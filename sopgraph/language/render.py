@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import networkx as nx
 
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.compile import ACTION_PREFIX, END, START, compile_graph
 
@@ -61,7 +62,7 @@ MAX_SIZE_IN = "14,60"
 LABEL_WIDTH = 28  # wrap edge labels at about this many characters, on word boundaries
 
 
-class RenderError(Exception):
+class RenderError(Error):
     """A picture could not be produced (no `dot` binary, `dot` failed or timed out)."""
 
 

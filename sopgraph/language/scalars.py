@@ -24,6 +24,8 @@ from functools import lru_cache
 from re import _parser as sre_parse  # the regex parser (Python 3.11+): the only door to a pattern's structure
 from typing import Any
 
+from sopgraph.errors import Error
+
 DAY = 86_400
 MAX_STRING = 1000  # longest string input accepted (bounds the cost of every pattern match)
 MAX_PATTERN = 200  # longest pattern accepted in a `matches` test
@@ -41,7 +43,7 @@ DURATION_PATTERN = (r"^\s*(\d+(\.\d+)?\s*(second|minute|hour|day|week)s?\s*)+$"
 TemporalKind = str  # "date" | "datetime" | "duration"
 
 
-class ValueProblem(ValueError):
+class ValueProblem(Error, ValueError):
     """A value that is not of its declared kind; the message says what was expected."""
 
 
@@ -231,7 +233,7 @@ def pattern_problem(pattern: str) -> tuple[str, str] | None:
 # ---- example strings for witnesses
 
 
-class OutsideSubset(Exception):
+class OutsideSubset(Error):
     """The pattern uses a construct the example builder does not cover."""
 
 

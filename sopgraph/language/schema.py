@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import sopgraph.records as records
+from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.records import CHAT_DIMENSIONS
 
@@ -365,7 +366,7 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return {"$schema": JSON_SCHEMA_DIALECT, **model.model_json_schema()}
 
 
-class SchemaError(Exception):
+class SchemaError(Error):
     """Unknown schema name, or a per-scenario schema asked for without a scenario."""
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.compile import reads as compile_reads
 from sopgraph.language.diagnostics import text_names
@@ -39,7 +40,7 @@ RETRY_BUDGET = 2_000  # regions of the second, lowered comparison (lists and rec
 MAX_WITNESSES = 20
 
 
-class DiffError(Exception):
+class DiffError(Error):
     """The two versions cannot be compared (a message for the user)."""
 
 

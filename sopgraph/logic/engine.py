@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import did_you_mean
 from sopgraph.logic.scalarcheck import default_value
@@ -35,7 +36,7 @@ CASE_INLINE = 16  # `case` arms written as one conditional expression; longer on
 EXPAND_LIMIT = 4000  # stage occurrences in the expanded tree before falling back to the loop
 
 
-class DecideError(Exception):
+class DecideError(Error):
     """A value the path needs is missing or outside its domain, an output the chosen leaf sets does
     not fit its declared type (`output` names it), or the SOP is not exhaustive."""
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, Protocol
 
+from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.logic.engine import DecideError, Interpreter, apply_arith, apply_compare
 from sopgraph.logic.formula import FALSE, TRUE, DomainOps, Formula, mk_and, mk_atom, mk_or, negate
@@ -68,7 +69,7 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-class OverBudget(Exception):
+class OverBudget(Error):
     """A condition whose expansion into boxes ran over `COMPILE_BUDGET`."""
 
 

@@ -25,11 +25,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.logic.unroll import Unrolled, UnrollError, structure_signature, unrolled_for
 
 
-class LowerError(Exception):
+class LowerError(Error):
     """An expression over lists or records that has no plain form (a checker error in the source)."""
 
 

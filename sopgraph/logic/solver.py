@@ -25,14 +25,40 @@ Soundness rules:
 from __future__ import annotations
 
 import math
+import random
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sopgraph.language import ir, scalars
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sopgraph.logic.domain import Box, Space
     from sopgraph.logic.formula import Formula
+
+
+class Space(Protocol):
+    """What the translation reads of a `domain.Space`. A protocol, so that the solver does not import
+    the domain that calls it (no import cycle, not even for type checking)."""
+
+    scenario: ir.Scenario
+    names: list[str]
+    index: dict[str, int]
+    kinds: list[str]
+    values: list[tuple]
+    dates: set[int]
+    full_doms: tuple
+    res_exprs: list[Any]
+    strings: set[int]
+    optional: set[int]
+    string_samples: dict[int, tuple[str, str]]
+
+    def pick(self, i: int, d: Any, style: str, rng: random.Random | None) -> Any: ...
+
+
+class Box(Protocol):
+    """What the translation reads of a `domain.Box`: per-variable domains and residual literals."""
+
+    doms: tuple
+    resid: frozenset
 
 DAY_SECONDS = 86_400
 RLIMIT = 5_000_000  # z3 resource units per query (deterministic); a scoring SOP needs ~1e5

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sopgraph.errors import Error
 from sopgraph.language import ir
 
 UNROLL_LIMIT = 20_000  # stage copies before giving up (the analyses would be too slow anyway)
@@ -31,7 +32,7 @@ LOOK_SEP = "#"
 SPENT = "#spent"  # the action of a spent bounded branch in the unrolled form (never taken)
 
 
-class UnrollError(Exception):
+class UnrollError(Error):
     """The procedure has an unbounded cycle or unrolls to more than UNROLL_LIMIT stage copies."""
 
 

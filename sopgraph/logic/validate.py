@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.fmt import show_expr
 from sopgraph.logic.engine import DecideError, Interpreter, interpret
@@ -34,7 +35,7 @@ THRESHOLDS_PER_COMPARISON = 12  # nearest observed values tried as a new thresho
 MAX_ROWS = 200_000
 
 
-class ValidateError(Exception):
+class ValidateError(Error):
     """Bad input data or options (a message for the user, not a traceback)."""
 
 

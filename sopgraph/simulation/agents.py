@@ -38,6 +38,7 @@ from typing import Any
 
 import aiohttp
 
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput
@@ -52,7 +53,7 @@ MAX_TOOL_ROUNDS = 8  # agent answers within one turn (tool calls, results, ask a
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-class AgentError(Exception):
+class AgentError(Error):
     """The agent could not be reached or answered outside the protocol (an infrastructure failure)."""
 
 

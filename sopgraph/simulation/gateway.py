@@ -5,8 +5,8 @@ simulator, judges, built-in baselines) goes through ``Gateway.complete`` so
 that retry policy, infrastructure-failure reporting, caching, cost accounting
 and secret hygiene are uniform.  This is the only module that imports
 litellm, and it does so lazily (the import takes about two seconds) and
-offline-safe (``LITELLM_LOCAL_MODEL_COST_MAP`` is set before the import, so
-litellm never fetches its cost map).
+offline-safe (``LITELLM_LOCAL_MODEL_COST_MAP`` is set for the import only and
+restored after it, so litellm never fetches its cost map and the process keeps its environment).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
@@ -35,11 +35,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from sopgraph.errors import Error
 from sopgraph.simulation import providers
-
-# Set at import, before litellm can ever be imported (only ``load_litellm`` imports it):
-# otherwise litellm fetches its cost map from the internet at import time.
-os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 __all__ = [
     "CONTEXT_METADATA_KEY",
@@ -380,7 +377,7 @@ class GatewayStats(BaseModel):
     unknown_cost_calls: int = 0
 
 
-class InfraFailure(Exception):
+class InfraFailure(Error):
     """The model could not be reached or answered garbage: an infrastructure failure, never a model failure.
 
     Raised after retries are exhausted, or at once for non-retryable errors
@@ -426,7 +423,7 @@ def _rebuild_infra_failure(message: str, fields: dict[str, Any]) -> InfraFailure
     return InfraFailure(message, **fields)
 
 
-class ModelOptionError(ValueError):
+class ModelOptionError(Error, ValueError):
     """A ``--model`` option that cannot be understood."""
 
 
@@ -834,7 +831,8 @@ def load_litellm() -> ModuleType:
     with _LOAD_LOCK:
         if _LITELLM is not None:
             return _LITELLM
-        import litellm
+        with _offline_cost_map():
+            import litellm
 
         if _QUIET:
             litellm.suppress_debug_info = True
@@ -846,6 +844,26 @@ def load_litellm() -> ModuleType:
         _LITELLM = litellm
         return litellm
 
+
+@contextlib.contextmanager
+def _offline_cost_map() -> Iterator[None]:
+    """``LITELLM_LOCAL_MODEL_COST_MAP=True`` while litellm is imported, the environment as it was after.
+
+    Why: litellm reads the variable once, at import, to decide whether to fetch its cost map from the
+    internet; sopgraph never lets it. Setting it for the whole process (as earlier versions did at the
+    gateway's import) changed what every later subprocess and library of the user sees."""
+    before = os.environ.get(_OFFLINE_COST_MAP)
+    os.environ[_OFFLINE_COST_MAP] = "True"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_OFFLINE_COST_MAP, None)
+        else:
+            os.environ[_OFFLINE_COST_MAP] = before
+
+
+_OFFLINE_COST_MAP: Final = "LITELLM_LOCAL_MODEL_COST_MAP"
 
 _UNLOGGED_MARK: ContextVar[bool] | None = None
 """litellm's own per-context mark of a call it neither logs nor bills (``is_internal_call``), or None when

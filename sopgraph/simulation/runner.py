@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field
 
 from sopgraph.cases.validate import CaseFileError, check_cases, complete_case, read_case_lines
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
@@ -101,7 +102,7 @@ from sopgraph.simulation.store import REDACTED, TOOL_VERSION, RunStore, StoreErr
 DEFAULT_SET = "default"
 
 
-class RunError(Exception):
+class RunError(Error):
     """A user-facing problem with a run's inputs (bad cases file, unresumable run, ...)."""
 
 

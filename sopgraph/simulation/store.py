@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from sopgraph._version import __version__
+from sopgraph.errors import Error
 from sopgraph.language.ir import Scenario
 from sopgraph.records import RECORD_VERSION, Case, Consensus, Dialogue, Judgment, Turn, Usage
 from sopgraph.simulation.gateway import REDACTED_PARAM, is_safe_param, public_params, redact
@@ -99,7 +100,7 @@ CREATE INDEX IF NOT EXISTS usage_dialogue ON usage(dialogue_id);
 """
 
 
-class StoreError(Exception):
+class StoreError(Error):
     """A run directory that cannot be used (missing, not a run, already a run, newer format,
     corrupted); the message names the file and says what to do."""
 
