@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from sopgraph._version import __version__
-from sopgraph.evaluation.coverage import case_walks, coverage_of, feasible_paths, render_coverage
+from sopgraph.evaluation.coverage import CoverageSide, render_coverage, run_coverage
 from sopgraph.evaluation.score import (
     BUCKETS,
     INTENSITIES,
@@ -87,6 +87,8 @@ class ReportInput:
     judgments: list[Judgment] = field(default_factory=list)
     consensus: list[Consensus] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # scenario name -> (by the cases, by the agents), from `run_coverage`: the numbers `sop coverage` prints
+    coverage: dict[str, tuple[CoverageSide, CoverageSide]] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +122,7 @@ def report_for_runs(run_dirs: Sequence[str | Path], config: ScoreConfig | None =
                 judgments=store.judgments(jset) if jset else [],
                 consensus=store.consensus(jset) if jset else [],
                 meta=store.meta(),
+                coverage={name: run_coverage(scenario, store) for name, scenario in run.scenarios.items()},
             ))
         return build_report(inputs, title=title, examples=examples, max_transcripts=max_transcripts)
     finally:
@@ -900,10 +903,9 @@ def _coverage_section(inputs, series: list[_Series], hrefs) -> str:
     for inp in inputs:
         run = inp.run
         for name, scenario in run.scenarios.items():
-            paths = feasible_paths(scenario)
-            cases = [c for c in run.cases if c.scenario == name] or run.cases
-            exp = coverage_of(scenario, case_walks(cases), "cases", paths=paths)
-            agents = coverage_of(scenario, run.final_walks(), "agents", paths=paths)
+            if name not in inp.coverage:
+                continue
+            exp, agents = inp.coverage[name]
             exp_key = (exp.walks, exp.invalid_walks, exp.node_counts, exp.edge_counts, exp.path_counts)
             sides = [agents]
             if seen_cases.get(name) != exp_key:  # the cases row once while runs share their cases
@@ -916,6 +918,8 @@ def _coverage_section(inputs, series: list[_Series], hrefs) -> str:
                     f"<td>{side.nodes_covered}/{side.nodes_total}</td><td>{side.edges_covered}/{side.edges_total}</td>"
                     f"<td>{side.paths_covered}/{side.paths_total}{'' if side.paths_exact else ' (≥)'}</td></tr>")
             blocks.append(_coverage_block(inp, series, hrefs, scenario, name, agents, open_=not blocks))
+    if not rows:
+        return "<p class='note'>No coverage: the report was built without the runs' stores.</p>"
     head = ("<tr><th class='l'>Run</th><th class='l'>Scenario</th><th class='l'>Walks of</th><th>Walks</th>"
             "<th>Invalid</th><th>Nodes</th><th>Edges</th><th>Paths</th></tr>")
     return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
