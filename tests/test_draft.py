@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fakeserver import Behavior, FakeServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sopgraph.authoring.draft import citations, draft, extract_program, numbered, questions, sanitize
 from sopgraph.cli import main
@@ -199,3 +201,23 @@ def test_repair_rounds_send_only_the_latest_draft() -> None:
     assert sent[1][:3] == sent[2][:3]
     assert sent[2][3]["content"] == sent[1][3]["content"].replace("round 1 of 3", "round 2 of 3")
     assert "prose" not in sent[1][2]["content"] and sent[1][2]["content"].startswith("```sop\n")
+
+
+_PIECES = st.sampled_from(["#", "# QUESTION: q", "\"", '"""', "\\", "\n", "\r", "\t", " ", "stage a", "//", "`",
+                           "\x1b[31m", "\x1b]0;t\x07", "\x1b", "\x9b", "\x00", "\u202e", "x", "\u00e9"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_PIECES, st.text(max_size=5), st.just("\u2028")), max_size=40).map("".join))
+def test_mutated_answers_are_sanitized_and_read_without_error(text: str) -> None:
+    """Any answer: sanitising leaves no control character but newline and tab (and is idempotent); every
+    question comes from a line that is a comment; nothing raises."""
+    clean, removed = sanitize(text)
+    assert removed >= 0 and sanitize(clean) == (clean, 0)
+    assert not any((ord(ch) < 32 and ch not in "\n\t") or 0x7F <= ord(ch) <= 0x9F for ch in clean)
+    lines = clean.split("\n")
+    from sopgraph.authoring.draft import comment_lines
+    for number, comment in comment_lines(clean).items():
+        assert lines[number - 1].strip() == comment.strip()
+    assert len(questions(clean)) <= sum(1 for line in lines if line.lstrip().startswith("#"))
+    citations(clean, "P.md")

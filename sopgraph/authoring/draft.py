@@ -134,7 +134,7 @@ def citations(text: str, policy_file: str) -> dict[str, list[int]]:
     comments = comment_lines(text)
     found: dict[str, list[int]] = {}
     pending: list[int] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):  # numbered as comment_lines (and Lark) count lines
         stripped = line.strip()
         if number in comments:
             m = cite.search(stripped)
