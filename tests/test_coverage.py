@@ -179,3 +179,42 @@ def test_a_walk_that_loops_counts_each_stage_once_and_each_edge_per_pass() -> No
     assert side.invalid_walks == 0
     assert side.node_counts["fix"] == 2 and side.node_counts["retest"] == 2 and side.node_counts["account"] == 2
     assert sum(count for key, count in side.edge_counts.items() if "fix" in key and "retest" in key) >= 4
+
+
+def test_report_and_cli_give_the_same_coverage_of_a_run(tmp_path: Path) -> None:
+    """One definition, one number: a run made offline by a built-in agent (gym_membership has paths that
+    share stages and Action), then `sop coverage --run` and `sop report` on it. The report said 8/10 paths
+    where the command said 10/10 (it credited twin paths to the first of them)."""
+    import re
+    from html import unescape
+
+    gym = ROOT / "examples" / "gym_membership.sop"
+    runner = CliRunner()
+    cases = tmp_path / "cases.jsonl"
+    res = runner.invoke(main, ["synth", str(gym), "-n", "20", "--seed", "3", "--min-per-path", "1", "-q",
+                               "-o", str(cases)])
+    assert res.exit_code == 0, res.output
+    run = tmp_path / "run"
+    res = runner.invoke(main, ["run", str(gym), "--cases", str(cases), "--model", "agent=baseline/oracle", "--quiet",
+                               "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["coverage", str(gym), "--run", str(run), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    cli = json.loads(res.output)
+    html_out = tmp_path / "report.html"
+    res = runner.invoke(main, ["report", str(run), "-o", str(html_out)])
+    assert res.exit_code == 0, res.output
+    text = unescape(html_out.read_text(encoding="utf-8"))
+    agents = cli["traversed"]
+    said = re.search(r"agents reached (\d+)/(\d+) stages and actions, (\d+)/(\d+) branches, (\d+)/(\d+) paths", text)
+    assert said, "the report's coverage summary"
+    assert [int(x) for x in said.groups()] == [agents["nodes_covered"], agents["nodes_total"], agents["edges_covered"],
+                                               agents["edges_total"], agents["paths_covered"], agents["paths_total"]]
+    assert (agents["paths_covered"], agents["paths_total"]) == (10, 10)  # the oracle walks every case's own path
+    rows = re.findall(r"<td class='l'>(\S+)</td><td class='l'>gym_membership</td><td class='l'>(cases|agents)</td>"
+                      r"<td>(\d+)</td><td>(\d+)</td><td>(\d+/\d+)</td><td>(\d+/\d+)</td><td>(\d+/\d+)</td>", text)
+    table = {side: (int(w), int(i), n, e, p) for _, side, w, i, n, e, p in rows}
+    for side, data in (("cases", cli["expected"]), ("agents", agents)):
+        assert table[side] == (data["walks"], data["invalid_walks"], f"{data['nodes_covered']}/{data['nodes_total']}",
+                               f"{data['edges_covered']}/{data['edges_total']}",
+                               f"{data['paths_covered']}/{data['paths_total']}"), side

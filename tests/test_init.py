@@ -194,3 +194,30 @@ def test_a_starter_intent_says_how_a_field_relates_to_the_backend() -> None:
     assert profile is not None and not [d for d in diags if d.is_error]
     cases = synthesize(scenario, profile, 9, seed=1).cases
     assert {c.expected_finals["Action"] for c in cases if c.intent == "given_ne_on_file"} == {"Refuse"}
+
+
+def test_a_starter_profile_keeps_backend_values_from_the_customer() -> None:
+    """`sop profiles init` used to mark a backend list as known to the customer, and the simulated customer
+    pasted it as raw JSON ("For reference, fees: [{"amount": 0.0, …}]"). Every system value starts unknown
+    (the author says which ones a customer sees); lists and records are unknown even without a profile."""
+    from sopgraph.cases.profiles import default_profile, parse_profile
+    from sopgraph.cases.scaffold import starter_profile
+    from sopgraph.cases.synth import synthesize
+
+    scenario = sopgraph.load(text='field Request: Refund | Ask "Refund = wants money back; Ask = asks"\n'
+                                  'type Fee = record { amount: float, waived: bool }\n'
+                                  'system Fees: list[0..3] of Fee "the fees on the account"\n'
+                                  'system Plan: Basic | Premium "the plan on file"\n'
+                                  'action Refund "r"\naction Explain "e"\n'
+                                  'stage s { match Request { Refund -> do Refund\n Ask -> do Explain } }\n')
+    text, _, _ = starter_profile(scenario)
+    assert "  Fees: {user_knows: false}  # the backend's data (a list or record)" in text
+    assert "  Plan: {user_knows: false}\n" in text
+    profile, diags = parse_profile(text, scenario, file="p.yaml")
+    assert profile is not None and not [d for d in diags if d.is_error]
+    assert profile.user_knows == {"Fees": False, "Plan": False}
+    cases = synthesize(scenario, profile, 6, seed=3).cases
+    assert cases and all(c.user_facts == {} for c in cases)
+    # without a profile: a scalar a customer can state is known, the backend's list is not
+    assert default_profile(scenario).user_knows == {"Fees": False, "Plan": True}
+    assert all("Fees" not in c.user_facts for c in synthesize(scenario, default_profile(scenario), 6, seed=3).cases)

@@ -440,3 +440,68 @@ def test_a_when_ladder_numbers_its_conditions_a_match_does_not() -> None:
     plain = to_dot(sopgraph.load(text='field R: A | B "r"\naction X "x"\naction Z "z"\n'
                                       'stage s { match R { A -> do X\n B -> do Z } }\n'))
     assert "the order a stage checks" not in plain
+
+
+NO_SERVICE = ROOT / "examples" / "no_service.sop"
+
+
+def _svg_node_y(svg: str, node: str) -> float:
+    """The centre height of a node in Graphviz SVG (y grows downwards)."""
+    group = re.search(rf'<g id="[^"]*" class="node[^"]*">\s*<title>{re.escape(node)}</title>(.*?)</g>', svg, re.S)
+    assert group, node
+    ys = [float(y) for y in re.findall(r"[\d.-]+,([\d.-]+)", group.group(1))] or \
+        [float(y) for y in re.findall(r'cy="([\d.-]+)"', group.group(1))]
+    return sum(ys) / len(ys)
+
+
+def _svg_edges(svg: str) -> dict[str, str]:
+    """Edge title (`u->v`, with `&#45;&gt;` read back) -> the edge group's SVG."""
+    out = {}
+    for m in re.finditer(r'<g id="[^"]*" class="edge[^"]*">\s*<title>(.*?)</title>(.*?)</g>\s*(?=<g|</g>|<!--)', svg, re.S):
+        out[m.group(1).replace("&#45;", "-").replace("&gt;", ">")] = m.group(2)
+    return out
+
+
+def test_only_the_edge_that_closes_a_loop_is_drawn_as_a_loop() -> None:
+    """no_service bounds its loop on the forward step (`fix -> retest up to 2 times`; `retest -> fix` closes
+    it): that step was drawn as a dashed edge going up (retest above fix). Now the closing edge is the dashed
+    one, drawn upwards from retest to fix, and the forward step is solid and goes down."""
+    scenario = sopgraph.load(NO_SERVICE)
+    g = compile_graph(scenario)
+    assert R.back_edges(g) == {("retest", "fix")}
+    dot = R.to_dot(scenario)
+    forward = [attrs for _, attrs in drawn_edges(dot, "fix", "retest")]
+    assert forward and all("dashed" not in a and "constraint" not in a for a in forward)
+    assert "dashed" not in edge_attrs(dot, "fix", "fix -> retest")
+    # the loop back is written v -> u with the arrow at v (dir=back), dashed, its label between the two
+    assert 'dir="back"' in edge_attrs(dot, "fix", "retest -> fix") and "dashed" in edge_attrs(dot, "fix", "retest -> fix")
+    assert 'dir="none"' in edge_attrs(dot, "retest -> fix", "retest")
+    if R.dot_binary() is None:
+        pytest.skip("graphviz `dot` not installed")
+    svg = R.render(scenario, "svg").decode("utf-8")
+    assert _svg_node_y(svg, "fix") < _svg_node_y(svg, "retest"), "the forward step goes down"
+    edges = _svg_edges(svg)
+    assert "stroke-dasharray" not in edges["fix->fix -> retest"] + edges["fix -> retest->retest"]
+    assert "stroke-dasharray" in edges["fix->retest -> fix"]
+
+
+def test_a_self_loop_and_a_plain_graph_have_the_loops_they_have() -> None:
+    g = compile_graph(sopgraph.load(ROOT / "tests" / "data" / "lost_card_lists.sop"))
+    assert R.back_edges(g) == {("verify", "verify")}
+    assert R.back_edges(compile_graph(sopgraph.load(ROOT / "examples" / "claim_intake.sop"))) == {("remind", "photos")}
+    assert R.back_edges(compile_graph(sopgraph.load(TELECOM))) == set()
+
+
+def test_a_title_that_names_the_stage_is_not_repeated() -> None:
+    """`stage approval "Supervisor approval"` rendered as "approval / Supervisor / approval"."""
+    scenario = sopgraph.load(text='field Amount: int "a"\naction Approve "a"\naction Refuse "r"\n'
+                                  'stage approval "Supervisor approval" { when Amount > 100 -> do Refuse\n'
+                                  '  otherwise -> late_fee }\n'
+                                  'stage late_fee "Late fee waiver" { when Amount > 5 -> do Refuse\n otherwise -> do Approve }\n'
+                                  'stage other "Something else" { -> do Approve }\n')
+    dot = R.to_dot(scenario)
+    assert 'label="Supervisor\\napproval"' in node_attrs(dot, "approval")
+    assert 'label="Late fee waiver"' in node_attrs(dot, "late_fee")
+    assert R.title_names_id("late_fee", "Late fee waiver") and not R.title_names_id("fee", "Feedback")
+    assert not R.title_names_id("approval", "Disapproval") and R.title_names_id("s1", "S1: check")
+    assert '  s_approval{"Supervisor<br/>approval"}' in R.to_mermaid(scenario).splitlines()  # the same in Mermaid

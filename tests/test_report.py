@@ -105,7 +105,7 @@ def build_run(run_dir: Path, *, model: str, skill: float, n_cases: int = 16, tri
                         votes[f].append(v)
                     scores = {dim: rng.choice([3, 6, 9]) for dim in CHAT_DIMENSIONS}
                     judgments.append(Judgment(dialogue_id=dlg.id, turn_index=idx, judge=f"judge{j + 1}",
-                                              model="scripted/noisy", labels=lab, scores=scores))
+                                              model="acme/noisy-judge", labels=lab, scores=scores))
                 labels, nc = {}, []
                 for f, vs in votes.items():
                     value, count = Counter(vs).most_common(1)[0]
@@ -168,7 +168,7 @@ def test_every_internal_link_has_a_target(html_text: str) -> None:
 
 def test_report_content(html_text: str) -> None:
     assert "acme/good" in html_text and "acme/weak" in html_text
-    assert "Fleiss" in html_text and "scripted/noisy" in html_text
+    assert "Fleiss" in html_text and "acme/noisy-judge" in html_text
     assert "format error" in html_text  # a format-error turn shown raw
     assert "0.4·classification" in html_text  # the config is printed
     assert "catastrophic" in html_text
@@ -192,6 +192,56 @@ def test_report_cli(runs, tmp_path) -> None:
     assert "<title>T</title>" in out.read_text()
     res = CliRunner().invoke(main, ["report", str(tmp_path / "none"), "-o", str(out)])
     assert res.exit_code == 1 and "not a run directory" in res.output
+
+
+@pytest.fixture(scope="module")
+def offline_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two runs made offline by built-in agents and the built-in judges (scripted/truth): a SAGE agent and
+    a tool-calling one."""
+    base = tmp_path_factory.mktemp("offline_runs")
+    cases = base / "cases.jsonl"
+    res = CliRunner().invoke(main, ["synth", str(TELECOM), "-n", "8", "--seed", "2", "-q", "-o", str(cases)])
+    assert res.exit_code == 0, res.output
+    out = []
+    for agent in ("oracle", "oracle-tools"):
+        res = CliRunner().invoke(main, ["run", str(TELECOM), "--cases", str(cases), "--model", f"agent=baseline/{agent}",
+                                        "--quiet", "-o", str(base / agent)])
+        assert res.exit_code == 0, res.output
+        out.append(base / agent)
+    return out[0], out[1]
+
+
+def _section(html_text: str, anchor: str) -> str:
+    start = html_text.index(f'<section id="{anchor}">')
+    return html_text[start:html_text.index("</section>", start)]
+
+
+def test_chat_is_not_measured_offline(offline_runs, html_text: str) -> None:
+    """Under the built-in judges every reply gets the same chat score: the report said a flat 66.7 (a
+    leaderboard column, a box per intensity, a line per turn). It says "not measured offline" instead;
+    judges that are models (the fixture's acme/noisy-judge) measure chat, and its numbers stay."""
+    assert "not measured offline" not in html_text
+    assert _section(html_text, "intensity").count("<svg") == 4
+    text = report_for_runs(list(offline_runs), ScoreConfig(bootstrap=0))
+    board = _section(text, "leaderboard")
+    assert board.count("'ci'>not measured offline<") == 2 and "66.7" not in board
+    assert "Chat is not measured offline" in board
+    intensity, depth = _section(text, "intensity"), _section(text, "depth")
+    assert "Chat quality</b></figcaption><p class='note'>not measured offline" in intensity
+    assert "Chat by turn</b></figcaption><p class='note'>not measured offline" in depth
+    assert intensity.count("<svg") == 3 and depth.count("<svg") == 2  # no chart of a constant
+    assert "66.7" not in intensity and " · chat 66.7" not in text and " · chat not measured offline" in text
+
+
+def test_the_execution_gap_is_drawn_only_for_agents_that_classify(offline_runs) -> None:
+    """A tool agent states no classification: its gap chart was one meaningless bar. It is left out, and
+    said so; with no agent that classifies there is no chart at all."""
+    both = _section(report_for_runs(list(offline_runs), ScoreConfig(bootstrap=0)), "gap")
+    assert both.count("<svg") == 1 and "baseline/oracle:" in both
+    assert "Not shown for baseline/oracle-tools: it reports no classification" in both
+    assert ">baseline/oracle-tools<" not in both.split("<svg", 1)[1].split("</svg>", 1)[0]
+    tools_only = _section(report_for_runs([offline_runs[1]], ScoreConfig(bootstrap=0)), "gap")
+    assert "<svg" not in tools_only and "Not shown for baseline/oracle-tools" in tools_only
 
 
 def test_one_agreement_table_when_runs_are_judged_alike(runs, html_text: str) -> None:

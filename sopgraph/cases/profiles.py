@@ -1131,8 +1131,10 @@ def _validate_partially(data: dict, doc: _Doc) -> tuple[ProfileFile | None, list
 
 def known_by_default(var: ir.Variable) -> bool:
     """Whether the simulated customer knows a system variable when no profile says (`user_knows`): not a
-    hidden value, nor the looks of an observed one (the backend's news after each action)."""
-    return not (var.hidden or var.observed)
+    hidden value, nor the looks of an observed one (the backend's news after each action), nor a list or
+    record (the backend's data: a customer states facts in words, a customer "knowing" a list of fee
+    records pasted it as raw JSON)."""
+    return not (var.hidden or var.observed or isinstance(var.type, ir.ListType | ir.RecordType))
 
 
 def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: str,

@@ -345,8 +345,21 @@ def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
                      "with generated intents)")
     system = [v for v in scenario.variables.values() if v.role == "system" and v.name != "now"]
     if system:
-        lines += ["", "variables:  # user_knows: whether the simulated customer knows the value (default: not hidden)"]
+        # the backend's values start unknown to the customer: the author says which ones a customer sees
+        lines += ["", "# user_knows: whether the simulated customer knows the value. A system value is the backend's,",
+                  "# so every one starts false; set true where a customer sees it (an order's status on the",
+                  "# tracking page, whether they paid). Lists and records stay false: the customer would paste JSON.",
+                  "variables:"]
         for var in system:
-            knows = "true" if known_by_default(var) else "false"
-            lines.append(f"  {var.name}: {{user_knows: {knows}}}")
+            why = "" if known_by_default(var) else "  # " + _unknown_why(var)
+            lines.append(f"  {var.name}: {{user_knows: false}}{why}")
     return "\n".join(lines) + "\n", len(ranked), read
+
+
+def _unknown_why(var: ir.Variable) -> str:
+    """Why a system value is not the customer's even when a profile omits it (the starter's comment)."""
+    if var.hidden:
+        return "hidden: internal to the business"
+    if var.observed:
+        return "observed: the backend's news after an action"
+    return "the backend's data (a list or record), not a fact a customer states"

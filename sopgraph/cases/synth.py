@@ -278,6 +278,9 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
             # the customer knows it exactly when the profile says they know the variable
             knows = {look_name(name, k): profile.user_knows.get(name, False)
                      for name, n in form.looks.items() for k in range(1, n + 1)}
+            # and each plain variable of a list or record (`len(Fees)`, `Fees[0].amount`) as its root says
+            knows.update({key: profile.user_knows.get(name, False)
+                          for name, keys in getattr(form, "plain_keys", {}).items() for key in keys})
             update: dict[str, Any] = {"user_knows": {**profile.user_knows, **knows}} if knows else {}
             if plain is not scenario:
                 update["intents"] = intents

@@ -16,7 +16,7 @@ from .params import fail
 @click.argument("paths", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Port on 127.0.0.1 (0: a free one, printed).")
-@click.option("--log/--no-log", default=False, help="Print one line per request to stderr.")
+@click.option("--log/--no-log", default=False, help="Print one line per request (and per client that hung up) to stderr.")
 def view_cmd(paths: tuple[Path, ...], port: int, log: bool) -> None:
     """Browse runs in a web browser: PATHS are run directories or directories of runs (`sop view runs/`).
 

@@ -211,15 +211,20 @@ def case_walks(cases: Iterable[Any]) -> list[Walk]:
     return [(list(c.expected_path), c.expected_finals.get("Action"), c.path_id) for c in cases]
 
 
-def agent_walks(run: Any) -> list[Walk]:
-    """Final-turn (now_path, Action, the case's path id) of every done dialogue of a run store."""
+def agent_walks(run: Any, case_ids: Iterable[str] | None = None) -> list[Walk]:
+    """Final-turn (now_path, Action, the case's path id) of every done dialogue of a run store (of the
+    cases `case_ids` only, when given). The path id is what credits a walk its own path when two paths
+    share stages and Action: without it the report counted 8/10 paths where `sop coverage` counted 10/10."""
     walks: list[Walk] = []
     meant = {c.id: c.path_id for c in run.cases()}
     case_of = {d.id: d.case_id for d in run.dialogues(status="done")}
+    wanted = set(case_ids) if case_ids is not None else None
     last: dict[str, dict] = {}
     for t in run.iter_turn_dicts(status="done"):
         last[t["dialogue_id"]] = t  # turns come ordered by (dialogue, index): the last one wins
     for did in sorted(last):
+        if wanted is not None and case_of.get(did) not in wanted:
+            continue
         out = last[did].get("output") or {}
         finals = out.get("finals")
         action = finals.get("Action") if isinstance(finals, dict) else None
@@ -227,6 +232,21 @@ def agent_walks(run: Any) -> list[Walk]:
         path = now_path if isinstance(now_path, list) else []
         walks.append((path, action if isinstance(action, str) else None, meant.get(case_of.get(did, ""))))
     return walks
+
+
+def run_coverage(scenario: ir.Scenario, store: Any, *, graph: Any = None,
+                 paths: tuple[dict[tuple, list[str]], bool] | None = None) -> tuple[CoverageSide, CoverageSide]:
+    """(by the cases, by the agents) of one run store for one scenario: the one definition of a run's
+    coverage, behind both `sop coverage --run` and the report's Coverage section (they disagreed, 15/21
+    against 7/21 paths, while each built its own walks). The run's cases of this scenario count (all of
+    them when none names it: a renamed or edited SOP), and the agents' final turns on those cases."""
+    g = graph if graph is not None else compile_graph(scenario)
+    known = paths if paths is not None else feasible_paths(scenario)
+    run_cases = store.cases()
+    cases = [c for c in run_cases if c.scenario == scenario.name] or run_cases
+    expected = coverage_of(scenario, case_walks(cases), "cases", graph=g, paths=known)
+    walks = agent_walks(store, case_ids=[c.id for c in cases] if len(cases) < len(run_cases) else None)
+    return expected, coverage_of(scenario, walks, "agents", graph=g, paths=known)
 
 
 def coverage_report(scenario: ir.Scenario, *, cases: Sequence[Any] | None = None,
@@ -238,9 +258,7 @@ def coverage_report(scenario: ir.Scenario, *, cases: Sequence[Any] | None = None
     if run_dir is not None:
         store = open_run(run_dir)
         try:
-            run_cases = store.cases()
-            report.expected = coverage_of(scenario, case_walks(run_cases), "cases", graph=g, paths=paths)
-            report.traversed = coverage_of(scenario, agent_walks(store), "agents", graph=g, paths=paths)
+            report.expected, report.traversed = run_coverage(scenario, store, graph=g, paths=paths)
         finally:
             store.close()
     if cases is not None:
@@ -254,4 +272,4 @@ def render_coverage(scenario: ir.Scenario, side: CoverageSide, fmt: str = "svg")
 
 
 __all__ = ["ACTION_PREFIX", "CoverageReport", "CoverageSide", "coverage_of", "coverage_report",
-           "render_coverage"]
+           "render_coverage", "run_coverage"]

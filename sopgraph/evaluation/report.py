@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from sopgraph._version import __version__
-from sopgraph.evaluation.coverage import case_walks, coverage_of, feasible_paths, render_coverage
+from sopgraph.evaluation.coverage import CoverageSide, render_coverage, run_coverage
 from sopgraph.evaluation.score import (
     BUCKETS,
     INTENSITIES,
@@ -42,6 +42,7 @@ from sopgraph.evaluation.stats import fleiss_kappa
 from sopgraph.language.render import RenderError
 from sopgraph.records import Case, Consensus, Judgment, Turn
 from sopgraph.simulation.judge import agreement
+from sopgraph.simulation.providers import is_builtin
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
@@ -87,6 +88,29 @@ class ReportInput:
     judgments: list[Judgment] = field(default_factory=list)
     consensus: list[Consensus] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # scenario name -> (by the cases, by the agents), from `run_coverage`: the numbers `sop coverage` prints
+    coverage: dict[str, tuple[CoverageSide, CoverageSide]] = field(default_factory=dict)
+    chat_measured: bool | None = None  # None: decided from the judges' models (`judges_measure_chat`)
+
+
+NOT_MEASURED = "not measured offline"
+
+
+def judges_measure_chat(inp: ReportInput) -> bool:
+    """Whether the run's judges measured chat quality. The built-in judges (`scripted/truth`) give every
+    reply the same fixed score, so under them a chat number is a constant, not a measurement: the report
+    says "not measured offline" instead of a flat 66.7."""
+    models = {j.model for j in inp.judgments if j.model}
+    if not models:
+        sets = inp.meta.get("judgment_sets") or {}
+        chosen = sets.get(inp.run.judgment_set or "") if isinstance(sets, dict) else None
+        named = chosen.get("models") if isinstance(chosen, dict) else None
+        models = {str(m) for m in named.values()} if isinstance(named, dict) else set()
+    return not models or not all(is_builtin(m) for m in models)
+
+
+def _chat_ok(inp: ReportInput) -> bool:
+    return inp.chat_measured is not False
 
 
 @dataclass
@@ -120,6 +144,7 @@ def report_for_runs(run_dirs: Sequence[str | Path], config: ScoreConfig | None =
                 judgments=store.judgments(jset) if jset else [],
                 consensus=store.consensus(jset) if jset else [],
                 meta=store.meta(),
+                coverage={name: run_coverage(scenario, store) for name, scenario in run.scenarios.items()},
             ))
         return build_report(inputs, title=title, examples=examples, max_transcripts=max_transcripts)
     finally:
@@ -427,6 +452,9 @@ def build_report(inputs: Sequence[ReportInput], *, title: str | None = None, exa
     """The HTML text of the report (see the module docstring)."""
     if not inputs:
         raise ValueError("no runs to report")
+    for inp in inputs:
+        if inp.chat_measured is None:
+            inp.chat_measured = judges_measure_chat(inp)
     series = _series(inputs)
     ex = _Examples(examples, max_transcripts)
     index_of = {id(inp): i for i, inp in enumerate(inputs)}
@@ -626,7 +654,8 @@ def _leaderboard(inputs, series: list[_Series], hrefs: dict[str, str]) -> str:
                 + ("" if one_scenario else f"<td class='l'>{esc(g.key['scenario'])}</td>")
                 + f"<td>{g.dialogues:,}</td>"
                 + _cell(m.get("classification")) + _cell(m.get("path")) + _cell(m.get("action"))
-                + _cell(m.get("finals")) + _cell(m.get("logic")) + _cell(m.get("chat")) + _cell(m.get("overall"))
+                + _cell(m.get("finals")) + _cell(m.get("logic")) + _chat_cell(s.inp, m.get("chat"))
+                + _cell(m.get("overall"))
                 + _cell(m.get("format_error_rate"), ci=False)
                 + f"<td>{_plain(m.get('chat_length'), 0)}</td>"
                 + _cell(g.pass_k[0] if g.pass_k else None)
@@ -636,9 +665,16 @@ def _leaderboard(inputs, series: list[_Series], hrefs: dict[str, str]) -> str:
     scope = ""
     if one_scenario and series:
         scope = f"All rows: scenario {esc(', '.join(series[0].inp.run.scenario_names))}. "
+    if any(not _chat_ok(s.inp) for s in series):
+        scope += ("Chat is not measured offline: the built-in judges give every reply the same score, so no "
+                  "chat number is shown for their runs (their Overall still counts that fixed score). ")
     return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
             f"<p class='note'>{scope}SAGE Table 1 columns plus reliability and safety. Model names link to their "
             "lowest-scoring dialogues; catastrophic counts link to those dialogues.</p>")
+
+
+def _chat_cell(inp: ReportInput, m: Metric | None) -> str:
+    return _cell(m) if _chat_ok(inp) else f"<td><span class='ci'>{NOT_MEASURED}</span></td>"
 
 
 _TRACE_METRICS = ("trace_precision", "trace_recall", "trace_order", "journey_coverage", "tau2_pass")
@@ -670,12 +706,27 @@ def _trace_section(series: list[_Series], hrefs: dict[str, str]) -> str:
             "only for agents with a trace.</p>")
 
 
+def _reports_labels(s: _Series) -> bool:
+    """Whether an agent states its classification (SAGE JSON): the execution gap compares that reading with
+    its action, so for an agent that only acts (through tools) it is not defined."""
+    m = s.group.metrics if s.group is not None else {}
+    return all(m.get(k) is not None and m[k].value is not None for k in ("classification", "action_self"))
+
+
 def _gap_section(series: list[_Series], hrefs) -> str:
-    cats = [(s.label, hrefs[f"{s.sid}:gap"]) for s in series]
+    shown = [s for s in series if _reports_labels(s)]
+    left = [s for s in series if not _reports_labels(s)]
+    skipped = (f"<p class='note'>Not shown for {esc(', '.join(s.label for s in left))}: "
+               f"{'it reports' if len(left) == 1 else 'they report'} no classification of the conversation "
+               "(an agent that acts through tools), so there is no reading of the SOP to compare its action "
+               "with.</p>") if left else ""
+    if not shown:
+        return skipped
+    cats = [(s.label, hrefs[f"{s.sid}:gap"]) for s in shown]
     ser = [("classification", METRIC_COLORS["classification"]), ("action (vs consensus)", METRIC_COLORS["action"]),
            ("action given own classification", METRIC_COLORS["action_self"])]
     values = {}
-    for ci, s in enumerate(series):
+    for ci, s in enumerate(shown):
         if s.group is None:
             continue
         for si, key in enumerate(("classification", "action", "action_self")):
@@ -683,12 +734,13 @@ def _gap_section(series: list[_Series], hrefs) -> str:
     svg = bar_chart(cats, ser, values, "Classification vs action accuracy")
     rows = "".join(
         f"<li><a href='{hrefs[f'{s.sid}:gap']}'>{esc(s.label)}: wrong Action consistent with its own labels</a> · "
-        f"<a href='{hrefs[f'{s.sid}:inconsistent']}'>Action inconsistent with its own labels</a></li>" for s in series)
+        f"<a href='{hrefs[f'{s.sid}:inconsistent']}'>Action inconsistent with its own labels</a></li>" for s in shown)
     return (f"<div class='figs'><figure>{svg}</figure><div class='side'><p class='note'>SAGE's execution gap: "
             "models often classify the conversation right but still choose the wrong Action. The orange bar runs "
             "the rule engine on the agent's <i>own</i> labels: a high orange bar with a low blue one means the "
             "agent acts on what it perceives but perceives wrongly; a low orange bar means it does not follow its "
-            "own reading of the SOP. Bars link to examples.</p><ul class='note'>" + rows + "</ul></div></div>")
+            "own reading of the SOP. Bars link to examples.</p><ul class='note'>" + rows + "</ul>" + skipped
+            + "</div></div>")
 
 
 def _intensity_section(inputs, series: list[_Series], means, hrefs, index_of) -> str:
@@ -698,7 +750,12 @@ def _intensity_section(inputs, series: list[_Series], means, hrefs, index_of) ->
     ser = [(s.label, s.color) for s in series]
     for key, title in panels:
         data = {}
+        if key == "chat" and not any(_chat_ok(s.inp) for s in series):
+            figs.append(_not_measured_figure(title))
+            continue
         for si, s in enumerate(series):
+            if key == "chat" and not _chat_ok(s.inp):
+                continue
             run = s.inp.run
             m = means[index_of[id(s.inp)]]
             if key == "overall":
@@ -733,7 +790,8 @@ def _intensity_table(series: list[_Series], hrefs) -> str:
             lvl = g.key["intensity"]
             rows.append(f"<tr><td class='l'>{esc(s.label)}</td><td class='l'><a href='{hrefs[f'{s.sid}:{lvl}']}'>"
                         f"{esc(lvl)}</a></td><td>{g.dialogues:,}</td>" + _cell(m.get("overall")) + _cell(m.get("logic"))
-                        + _cell(m.get("chat")) + _cell(m.get("action")) + _cell(m.get("format_error_rate"), ci=False)
+                        + _chat_cell(s.inp, m.get("chat")) + _cell(m.get("action"))
+                        + _cell(m.get("format_error_rate"), ci=False)
                         + _cell(m.get("pass_rate")) + _cell(m.get("catastrophic_rate"), ci=False) + "</tr>")
     head = ("<tr><th class='l'>Model</th><th class='l'>Intensity</th><th>Dialogues</th><th>Overall</th><th>Logic</th>"
             "<th>Chat</th><th>Action</th><th>Format err %</th><th>Pass</th><th>Catastrophic %</th></tr>")
@@ -752,12 +810,23 @@ def _depth_section(series: list[_Series], hrefs) -> str:
     labels = [x for x in order if x in labels]
     figs = []
     for key, title in (("overall", "Overall by turn"), ("logic", "Logic by turn"), ("chat", "Chat by turn")):
+        shown = [s for s in series if key != "chat" or _chat_ok(s.inp)]
+        if not shown:
+            figs.append(_not_measured_figure(title))
+            continue
         lines = [(s.label, s.color, [per[s.sid][x].metrics.get(key) if x in per[s.sid] else None for x in labels],
-                  hrefs[f"{s.sid}:long"]) for s in series]
+                  hrefs[f"{s.sid}:long"]) for s in shown]
         figs.append(f"<figure>{line_chart(labels, lines, title, xtitle='agent turn')}</figure>")
     return (f"<div class='figs'>{''.join(figs)}</div><p class='note'>Metrics on the agent's turns 1, 5, 10, 15 "
             "and the final turn (SAGE §4.5: information gain, then context fatigue). Points link to the longest "
             "dialogues.</p>")
+
+
+def _not_measured_figure(title: str) -> str:
+    """A panel in place of a chart of chat scores that are a constant (built-in judges)."""
+    return (f"<figure class='empty'><figcaption><b>{esc(title)}</b></figcaption><p class='note'>{NOT_MEASURED}: "
+            "the built-in judges give every reply the same chat score. Judge with a model "
+            "(<code>--model judge=…</code>) to measure it.</p></figure>")
 
 
 def _passk_section(series: list[_Series], hrefs) -> str:
@@ -900,10 +969,9 @@ def _coverage_section(inputs, series: list[_Series], hrefs) -> str:
     for inp in inputs:
         run = inp.run
         for name, scenario in run.scenarios.items():
-            paths = feasible_paths(scenario)
-            cases = [c for c in run.cases if c.scenario == name] or run.cases
-            exp = coverage_of(scenario, case_walks(cases), "cases", paths=paths)
-            agents = coverage_of(scenario, run.final_walks(), "agents", paths=paths)
+            if name not in inp.coverage:
+                continue
+            exp, agents = inp.coverage[name]
             exp_key = (exp.walks, exp.invalid_walks, exp.node_counts, exp.edge_counts, exp.path_counts)
             sides = [agents]
             if seen_cases.get(name) != exp_key:  # the cases row once while runs share their cases
@@ -916,6 +984,8 @@ def _coverage_section(inputs, series: list[_Series], hrefs) -> str:
                     f"<td>{side.nodes_covered}/{side.nodes_total}</td><td>{side.edges_covered}/{side.edges_total}</td>"
                     f"<td>{side.paths_covered}/{side.paths_total}{'' if side.paths_exact else ' (≥)'}</td></tr>")
             blocks.append(_coverage_block(inp, series, hrefs, scenario, name, agents, open_=not blocks))
+    if not rows:
+        return "<p class='note'>No coverage: the report was built without the runs' stores.</p>"
     head = ("<tr><th class='l'>Run</th><th class='l'>Scenario</th><th class='l'>Walks of</th><th>Walks</th>"
             "<th>Invalid</th><th>Nodes</th><th>Edges</th><th>Paths</th></tr>")
     return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
@@ -1008,7 +1078,7 @@ def _transcripts(inputs, ex: _Examples, means) -> str:
         turns = {t.index: t for t in inp.turns_of(dlg.id)}
         rows = {int(run.t_index[r]): int(r) for r in run.turn_rows(d)}
         label = f"{run.run} · {run.model_of(d)}"
-        groups.setdefault(label, []).append(_dialogue_html(ii, run, d, dlg.id, case, turns, rows))
+        groups.setdefault(label, []).append(_dialogue_html(ii, run, d, dlg.id, case, turns, rows, _chat_ok(inp)))
     if not groups:
         return "<p class='note'>No dialogues.</p>"
     return ("<p class='note'>Each line opens its transcript: user, agent, and what was scored per turn.</p>"
@@ -1017,7 +1087,7 @@ def _transcripts(inputs, ex: _Examples, means) -> str:
 
 
 def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None, turns: dict[int, Turn],
-                   rows: dict[int, int]) -> str:
+                   rows: dict[int, int], chat_ok: bool = True) -> str:
     ok = bool(run.d_pass[d])
     tags = [f"<span class='tag {'good' if ok else 'bad'}'>{'pass' if ok else 'fail'}</span>"]
     if run.d_cat_turns[d]:
@@ -1070,7 +1140,8 @@ def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None,
                      f" · path {_pct(rec['path'] if rec['path'] is not None else math.nan)}"
                      f" · action {_pct(rec['action_acc'] if rec['action_acc'] is not None else math.nan, 0)}"
                      f" · logic {_pct(rec['logic'] if rec['logic'] is not None else math.nan)}"
-                     f" · chat {_pct(rec['chat'] if rec['chat'] is not None else math.nan)} {flags}</div>")
+                     f" · chat {_pct(rec['chat'] if rec['chat'] is not None else math.nan) if chat_ok else NOT_MEASURED}"
+                     f" {flags}</div>")
         parts.append(f"<div class='turn'><div class='idx'>#{idx}</div><div class='user'>{user}</div>{agent}"
                      f"<div class='score'>{score}</div></div>")
     parts.append("<div class='back'><a href='#examples'>↑ examples</a></div></div></details>")

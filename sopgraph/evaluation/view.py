@@ -12,9 +12,11 @@ no build step) and a JSON API:
     GET /api/runs/<run>/dialogues/<id>      one transcript: turns, agent JSON, reference vs agent path/trace
 
 Safety: bound to 127.0.0.1 only; every method but GET is refused (405); a request whose Host header is
-not this server is refused (DNS rebinding); nothing on disk is reachable through a URL (runs are looked
+not this server is refused (421: DNS rebinding), and so is one with no Host, more than one Host (which one
+a proxy or browser honours is not ours to guess) or an absolute URL as its target (400); nothing on disk is reachable through a URL (runs are looked
 up by name in a table built at start, assets in a fixed dict); stores are opened read-only
-(`RunStore.open(read_only=True)`), so the run directory is never written.
+(`RunStore.open(read_only=True)`), so the run directory is never written. A client that hangs up is no
+error (nothing printed, one line with `--log`); a connection idle for `IDLE_TIMEOUT_S` is closed.
 
 Scale: each run is scored once, on first use (`score_run`, bootstrap off), into a list of small row
 dicts; filtering and pagination are done on that list, so a page of a 10,000-dialogue run is a few
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -558,11 +561,15 @@ def _asset(name: str) -> bytes:
     return resources.files("sopgraph").joinpath("templates", "view", name).read_bytes()
 
 
+IDLE_TIMEOUT_S = 30.0  # a connection that sends nothing for this long is closed (it would hold a thread)
+
+
 class _Handler(BaseHTTPRequestHandler):
     """GET only; everything else is 405. The app is set on the server (`ViewServer`)."""
     server: ViewServer
     server_version = "sop-view"
     sys_version = ""
+    timeout = IDLE_TIMEOUT_S
 
     def parse_request(self) -> bool:
         if not super().parse_request():
@@ -572,7 +579,15 @@ class _Handler(BaseHTTPRequestHandler):
                        _json_bytes({"error": f"{self.command} is not allowed: the viewer is read-only"}),
                        extra={"Allow": "GET"})
             return False
-        host = (self.headers.get("Host") or "").lower()
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) != 1 or not self.path.startswith("/"):
+            # the Host check stops DNS rebinding only if the Host it reads is the one the request is for:
+            # with two, or with an absolute URL as the target, another party may honour the other one
+            problem = (f"{len(hosts)} Host headers (exactly one is required)" if len(hosts) != 1
+                       else "an absolute URL as the request target (send a path)")
+            self._send(HTTPStatus.BAD_REQUEST, "application/json", _json_bytes({"error": problem}))
+            return False
+        host = hosts[0].strip().lower()
         if host not in self.server.hosts:
             self._send(HTTPStatus.MISDIRECTED_REQUEST, "application/json",
                        _json_bytes({"error": f"unexpected Host {host!r}"}))
@@ -623,6 +638,21 @@ class ViewServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up (a closed tab, a reload, curl cut short) is routine: nothing is printed
+        (one quiet line with `log`); anything else is one line, not the stdlib's traceback per request."""
+        exc = sys.exc_info()[1]
+        who = client_address[0] if isinstance(client_address, tuple) and client_address else "client"
+        if isinstance(exc, ConnectionError | TimeoutError):  # broken pipe, reset, aborted, idle
+            if self.log is not None:
+                self.log(f"{who} hung up ({type(exc).__name__})")
+            return
+        line = f"sop view: request from {who} failed: {type(exc).__name__}: {exc}"
+        if self.log is not None:
+            self.log(line)
+        else:
+            print(line, file=sys.stderr)
 
     def start(self) -> ViewServer:
         """Serve in a background thread (tests, notebooks); `close()` stops it."""

@@ -142,12 +142,22 @@ def group_text(group: Sequence[Mapping[str, Any]], *, wrap: bool = True, numbere
     return text
 
 
+def title_names_id(node: str, title: str) -> bool:
+    """Whether a stage's title already says its id as a word (`approval` in "Supervisor approval";
+    `late_fee` in "Late fee"): the label then shows the title alone, not "approval / Supervisor / approval"."""
+    words = node.replace("_", " ").strip()
+    return bool(words) and re.search(rf"(?<!\w){re.escape(words)}(?!\w)", title, re.IGNORECASE) is not None
+
+
 def _node_label(node: str, data: Mapping[str, Any]) -> str:
     kind = data.get("kind")
     if kind == "decision":
         title = data.get("title") or ""
         width = 18 if _is_branching(data) else 28  # a diamond grows twice as fast as its text
-        label = f"{node}\n{_wrap(title, width)}" if title else node
+        if title and title_names_id(node, title):
+            label = _wrap(title, width)
+        else:
+            label = f"{node}\n{_wrap(title, width)}" if title else node
         if data.get("observe"):
             label += "\nobserve " + ", ".join(data["observe"])
         return label
@@ -453,6 +463,7 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
             _apply_node_heat(attrs, hot.node(node, str(data.get("kind"))), hot)
         place(f"  {dot_quote(node)} {_attrs(attrs)};", node)
     edge_lines: list[str] = []
+    loops = back_edges(g)
     for u, v, data in g.edges(data=True):
         count = hot.edge(u, v) if hot is not None else None
         groups = edge_groups(data)
@@ -465,19 +476,26 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
             eattrs: dict[str, Any] = {"tooltip": tooltip}
             if u == START or v == END:
                 eattrs["color"] = "#9e9e9e"
-            if group and group[0].get("limit") is not None:
-                eattrs["style"] = "dashed"  # a bounded loop back: drawn as a loop, not as forward flow
-                eattrs["constraint"] = "false"
+            back = (u, v) in loops and u != v
+            if (u, v) in loops:
+                eattrs["style"] = "dashed"  # a loop back: dashed, and laid out as the flow it returns to
             if hot is not None:
                 _apply_edge_heat(eattrs, count, hot)
                 if count is not None:
                     eattrs["tooltip"] = f"{tooltip}\n" + (f"count: {_fmt_count(count)}" if count > 0 else "uncovered")
             if not text and not (note and u != START and v != END):
-                edge_lines.append(f"  {dot_quote(u)} -> {dot_quote(v)} {_attrs(eattrs)};")
+                if back:  # written v -> u with the arrow at v: the layout keeps v above u, the line points up
+                    edge_lines.append(f"  {dot_quote(v)} -> {dot_quote(u)} {_attrs({**eattrs, 'dir': 'back'})};")
+                else:
+                    edge_lines.append(f"  {dot_quote(u)} -> {dot_quote(v)} {_attrs(eattrs)};")
                 continue
             label_id = f"{u} -> {v}" + (f" #{k + 1}" if len(groups) > 1 else "")
             text = f"{text}\n{note}" if text and note else (text or note)
             place(f"  {dot_quote(label_id)} {_attrs(_label_node_attrs(text, eattrs['tooltip'], count))};", u, v)
+            if back:  # its label sits between the two stages, beside the forward flow
+                edge_lines.append(f"  {dot_quote(v)} -> {dot_quote(label_id)} {_attrs({**eattrs, 'dir': 'back'})};")
+                edge_lines.append(f"  {dot_quote(label_id)} -> {dot_quote(u)} {_attrs({**eattrs, 'dir': 'none'})};")
+                continue
             edge_lines.append(f"  {dot_quote(u)} -> {dot_quote(label_id)} {_attrs({**eattrs, 'arrowhead': 'none'})};")
             edge_lines.append(f"  {dot_quote(label_id)} -> {dot_quote(v)} {_attrs(eattrs)};")
     for i, origin in enumerate(clusters):
@@ -489,6 +507,33 @@ def to_dot(scenario: ir.Scenario, graph: nx.DiGraph | None = None, *, heat: Heat
     lines += edge_lines
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def back_edges(graph: nx.DiGraph) -> set[tuple[str, str]]:
+    """The edges that close a loop: a depth-first walk from `start` in the graph's own order (branch
+    order), an edge into a node still on the walk. Only these are drawn as loop edges (dashed, not
+    pulling the layout): the bound of a loop (`up to 2 times`) may sit on its forward step
+    (`fix -> retest`, with `retest -> fix` closing the loop), which was drawn as a dashed edge going up."""
+    state: dict[str, int] = {}  # 1: on the walk, 2: done
+    back: set[tuple[str, str]] = set()
+    roots = [START] + [n for n in graph.nodes if n != START] if START in graph else list(graph.nodes)
+    for root in roots:
+        if root in state:
+            continue
+        state[root] = 1
+        walk = [(root, iter(graph.successors(root)))]
+        while walk:
+            node, successors = walk[-1]
+            nxt = next(successors, None)
+            if nxt is None:
+                state[node] = 2
+                walk.pop()
+            elif state.get(nxt) == 1:
+                back.add((node, nxt))
+            elif nxt not in state:
+                state[nxt] = 1
+                walk.append((nxt, iter(graph.successors(nxt))))
+    return back
 
 
 def ordered_stages(scenario: ir.Scenario) -> set[str]:
