@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import floor_run
 from hypothesis import given, settings
@@ -744,12 +745,12 @@ def test_score_leaderboard_compare_cli(floor_runs, tmp_path) -> None:
 
 
 def test_every_registered_metric_is_documented_and_composites_use_one_formula() -> None:
-    from sopgraph.evaluation.metrics import REGISTRY, logic_formula, overall_formula
+    from sopgraph.evaluation.metrics import logic_formula, overall_formula, registered
 
     doc = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
-    missing = [m.name for m in REGISTRY if f"`{m.name}`" not in doc]
+    missing = [m.name for m in registered() if f"`{m.name}`" not in doc]
     assert not missing, f"metrics without a line in docs/metrics.md: {missing}"
-    assert all(m.doc and m.better in ("higher", "lower", "neither") for m in REGISTRY)
+    assert all(m.doc and m.better in ("higher", "lower", "neither") for m in registered())
     cfg = ScoreConfig.preset("sage-readme")
     assert logic_formula(cfg, 1.0, 0.0, 0.0) == pytest.approx(0.375)
     assert overall_formula(cfg, 1.0, 0.0) == pytest.approx(0.8)
@@ -851,3 +852,101 @@ def test_leaderboard_takes_a_directory_of_runs(floor_runs, tmp_path) -> None:
     assert [r.model for r in whole.rows] == [r.model for r in named.rows]
     assert {r.model for r in whole.rows} == {"baseline/oracle", "baseline/always-comply"}
     assert whole.model_dump()["rows"] == named.model_dump()["rows"]
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics and reducers as registries (issue 34): one definition each, listed, extensible from Python
+
+
+def test_pass_k_majority_and_ci_come_from_the_reducer_registry(floor_runs, monkeypatch) -> None:
+    """Swapping a registered reducer changes every place that reports it: one definition, used everywhere."""
+    from sopgraph.evaluation import metrics
+
+    run = score_run(floor_runs["baseline/always-comply"], ScoreConfig(bootstrap=0))
+    before = run.aggregate(["model"])[0]
+    assert before.pass_k and before.pass_majority is not None
+    case_rows = run.case_records()
+    assert all("majority" in row for row in case_rows)
+    calls: list[int] = []
+
+    def fake_pass_k(n, c, k):
+        calls.append(k)
+        return np.full(np.shape(n), 0.25) if np.ndim(n) else 0.25
+
+    monkeypatch.setitem(metrics.REDUCERS, "pass^k", metrics.ReducerDef("pass^k", "test", "trials", fake_pass_k))
+    monkeypatch.setitem(metrics.REDUCERS, "majority",
+                        metrics.ReducerDef("majority", "test", "trials", lambda n, c: np.zeros(np.shape(n))
+                                           if np.ndim(n) else 0.0))
+    run = score_run(floor_runs["baseline/always-comply"], ScoreConfig(bootstrap=0))
+    after = run.aggregate(["model"])[0]
+    assert [m.value for m in after.pass_k] == [0.25] * len(before.pass_k)
+    assert [m.value for m in after.tau2_pass_k] == [0.25] * len(after.tau2_pass_k)
+    assert after.pass_majority is not None and after.pass_majority.value == 0.0
+    assert all(row["pass^1"] == 0.25 and row["majority"] is False for row in run.case_records())
+    assert calls
+
+
+def test_stats_pass_hat_k_takes_arrays_and_majority_breaks_ties_down() -> None:
+    from sopgraph.evaluation import stats
+
+    got = stats.pass_hat_k(np.array([4, 4, 8]), np.array([2, 4, 7]), 2)
+    assert got.tolist() == pytest.approx([1 / 6, 1.0, 21 / 28])
+    assert stats.majority(np.array([4, 4, 3]), np.array([2, 3, 2])).tolist() == [0.0, 1.0, 1.0]
+    assert stats.majority(2, 1) == 0.0
+
+
+def test_list_metrics_lists_every_metric_and_reducer() -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation.metrics import REDUCERS, registered
+
+    res = CliRunner().invoke(main, ["score", "--list-metrics"])
+    assert res.exit_code == 0, res.output
+    for m in registered():
+        line = next(x for x in res.output.splitlines() if x.split()[:1] == [m.name])
+        assert m.doc in line
+    for name in ("pass^k", "majority", "mean", "bootstrap_ci"):
+        assert name in REDUCERS and any(x.split()[:1] == [name] for x in res.output.splitlines())
+    data = json.loads(CliRunner().invoke(main, ["score", "--list-metrics", "--format", "json"]).output)
+    assert {r["name"] for r in data["reducers"]} == set(REDUCERS)
+    assert CliRunner().invoke(main, ["score"]).exit_code == 2
+
+
+SHORT_METRIC = '''
+import numpy as np
+from sopgraph.evaluation.metrics import dialogue_metric, register_metric
+
+register_metric(dialogue_metric(
+    "short_dialogues", "share of dialogues that ended within 3 turns", "higher",
+    lambda run: ((run.d_turns <= 3).astype(float), np.ones(len(run.dialogues)))), replace=True)
+'''
+
+
+def test_a_metric_registered_from_python_shows_in_score_output(floor_runs, tmp_path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation import metrics
+
+    (tmp_path / "my_metrics.py").write_text(SHORT_METRIC, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(metrics, "_REGISTRY", dict(metrics._REGISTRY))  # the test leaves the registry as it was
+    oracle = str(floor_runs["baseline/oracle"])
+    r = CliRunner()
+    res = r.invoke(main, ["score", oracle, "--format", "json", "--bootstrap", "0", "--metrics-module", "my_metrics"])
+    assert res.exit_code == 0, res.output
+    groups = json.loads(res.output)["groups"]
+    run = score_run(oracle, ScoreConfig(bootstrap=0))
+    expected = float((run.d_turns[run.valid] <= 3).mean())
+    assert groups[0]["metrics"]["short_dialogues"]["value"] == pytest.approx(expected)
+    res = r.invoke(main, ["score", oracle, "--bootstrap", "0"], env={"COLUMNS": "200"})
+    assert "registered metrics" in res.output and "short_dialogues" in res.output
+    res = r.invoke(main, ["score", "--list-metrics"])
+    assert "short_dialogues" in res.output and "(registered)" in res.output
+    with pytest.raises(metrics.MetricError, match="built-in"):
+        metrics.register_metric(metrics.turn_metric("path", "again", "higher", lambda r: r.t_path))
+    with pytest.raises(metrics.MetricError, match="needs exactly `derive`"):
+        metrics.register_metric(metrics.MetricDef("x", "d", "higher", "derived"))
+    res = r.invoke(main, ["score", oracle, "--metrics-module", "no_such_module_here"])
+    assert res.exit_code == 1 and "cannot import" in res.output

@@ -7,6 +7,7 @@ Scores are fractions in JSON/CSV and printed ×100 in tables (SAGE's scale).
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import shutil
@@ -18,6 +19,7 @@ import click
 
 from sopgraph.evaluation.corpus import Format, export_run, synthesize_dialogues_sync, write_jsonl
 from sopgraph.evaluation.coverage import coverage_report, render_coverage
+from sopgraph.evaluation.metrics import BUILTIN_METRICS, REDUCERS, MetricError, registered
 from sopgraph.evaluation.report import report_for_runs
 from sopgraph.evaluation.score import ScoreConfig, ScoreError, compare, leaderboard, open_run, score_run
 from sopgraph.language.render import RenderError
@@ -46,6 +48,9 @@ def _score_options(fn: Callable) -> Callable:
         click.option("--bootstrap", type=click.IntRange(min=0), default=1000, show_default=True,
                      help="Bootstrap replicates for CIs (0: none)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed."),
+        click.option("--metrics-module", "metrics_modules", multiple=True, metavar="MODULE",
+                     help="Import this Python module first (repeatable): it registers your own metrics with "
+                          "sopgraph.evaluation.metrics.register_metric (docs/metrics.md)."),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -53,11 +58,23 @@ def _score_options(fn: Callable) -> Callable:
 
 
 def _config(judgment_set: str | None, path_metric: str, weights: str, turns: str, format_errors: str,
-            pass_reference: str, bootstrap: int, seed: int, **extra: Any):
-
+            pass_reference: str, bootstrap: int, seed: int, metrics_modules: Sequence[str] = (), **extra: Any):
+    import_metric_modules(metrics_modules)
     return ScoreConfig.preset(weights, judgment_set=judgment_set, path_metric=path_metric, turns=turns,
                               format_errors=format_errors, pass_reference=pass_reference, bootstrap=bootstrap,
                               seed=seed, **extra)
+
+
+def import_metric_modules(names: Sequence[str]) -> None:
+    """Import the user's metric modules (each registers its metrics when imported); a module that is
+    missing or fails to import is a one-line error, not a traceback."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except MetricError as exc:
+            fail(f"--metrics-module {name}: {exc}")
+        except ImportError as exc:
+            fail(f"--metrics-module {name}: cannot import it ({exc}); is its directory on PYTHONPATH?")
 
 
 def _guard(fn: Callable[[], Any]) -> Any:
@@ -197,6 +214,13 @@ def _summary_tables(summary: Any) -> list[tuple[str, tuple[str, ...], list[list[
         tables.append(("action traces against the rule engine's reference trace (docs/metrics.md)", _TRACE_COLUMNS,
                        [_trace_row(g.key["model"], g.key["scenario"], g.metrics, g.tau2_pass_k)
                         for g in main_groups]))
+    builtin = {m.name for m in BUILTIN_METRICS}
+    own = [name for name in (main_groups[0].metrics if main_groups else {}) if name not in builtin]
+    if own:
+        scale = {m.name: m.scale for m in registered()}
+        tables.append(("registered metrics (docs/metrics.md)", ("Model", "Scenario", *own),
+                       [[g.key["model"], g.key["scenario"],
+                         *(_pts(g.metrics.get(n), scale=scale.get(n, 100.0)) for n in own)] for g in main_groups]))
     for dim, title in (("intensity", "by adversarial intensity"), ("bucket", "by bucket"),
                        ("depth", "by turn depth")):
         groups = [g for g in summary.groups if g.by == ["model", "scenario", dim]]
@@ -255,17 +279,53 @@ def _group_rows(summary: Any) -> list[dict[str, Any]]:
 # score
 
 
+def metric_listing() -> dict[str, list[dict[str, str]]]:
+    """Every registered metric and reducer with its one-line description (`sop score --list-metrics`)."""
+    builtin = {m.name for m in BUILTIN_METRICS}
+    return {
+        "metrics": [{"name": m.name, "aggregation": m.aggregation, "better": m.better,
+                     "scale": "points (×100)" if m.scale == 100 else "as is",
+                     "source": "built-in" if m.name in builtin else "registered", "doc": m.doc}
+                    for m in registered()],
+        "reducers": [{"name": r.name, "over": r.over, "doc": r.doc} for r in REDUCERS.values()],
+    }
+
+
+def _print_listing(fmt: str) -> None:
+    listing = metric_listing()
+    if fmt == "json":
+        click.echo(json.dumps(listing, indent=2, ensure_ascii=False))
+        return
+    for kind, keys in (("metrics", ("name", "aggregation", "better", "doc")), ("reducers", ("name", "over", "doc"))):
+        click.echo(f"{kind}:")
+        rows = listing[kind]
+        widths = [max(len(r[k]) for r in rows) for k in keys[:-1]]
+        for r in rows:
+            cells = [r[k].ljust(w) for k, w in zip(keys[:-1], widths, strict=True)]
+            mark = " (registered)" if r.get("source") == "registered" else ""
+            click.echo("  " + "  ".join(cells) + "  " + r[keys[-1]] + mark)
+    click.echo("formulas and policies: docs/metrics.md; add your own: sopgraph.evaluation.metrics.register_metric")
+
+
 @click.command("score")
-@_run_dir
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--list-metrics", is_flag=True, help="List every metric and reducer with a one-line description.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option("--level", type=click.Choice(["summary", "case", "dialogue", "turn"]), default="summary",
               show_default=True, help="json/csv detail: aggregates, or one row per case, dialogue or turn.")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write here instead of stdout.")
 @_score_options
-def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any) -> None:
+def score_cmd(run_dir: Path | None, list_metrics: bool, fmt: str, level: str, out: Path | None,
+              **opts: Any) -> None:
     """Score a run: per-turn metrics from the judges' consensus and the rule engine, aggregated per
     model, scenario, adversarial intensity, bucket and turn depth, with bootstrap CIs."""
+    if list_metrics:
+        import_metric_modules(opts.get("metrics_modules", ()))
+        _print_listing(fmt)
+        return
+    if run_dir is None:
+        fail("missing RUN_DIR (or --list-metrics)", code=2)
     cfg = _guard(lambda: _config(**opts))
     run = _guard(lambda: score_run(run_dir, cfg))
     if level != "summary":

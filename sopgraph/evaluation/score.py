@@ -33,13 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sopgraph.evaluation import stats
 from sopgraph.evaluation.metrics import (
     BUCKETS,
-    DIALOGUE_METRICS,
-    REGISTRY,
-    TURN_METRICS,
+    MetricDef,
+    dialogue_metrics,
     logic_formula,
     metric_functions,
     metric_n,
     overall_formula,
+    reducer,
+    registered,
+    turn_metrics,
 )
 from sopgraph.evaluation.traces import (
     case_reference_trace,
@@ -247,6 +249,8 @@ class GroupScore(BaseModel):
     metrics: dict[str, Metric] = Field(default_factory=dict)
     pass_k: list[Metric] = Field(default_factory=list)  # k = 1..K
     tau2_pass_k: list[Metric] = Field(default_factory=list)  # pass^k of the tau2 trace criterion
+    pass_majority: Metric | None = None  # share of cases most of whose trials pass (the `majority` reducer)
+    tau2_pass_majority: Metric | None = None
     counts: dict[str, int | float] = Field(default_factory=dict)
     cost_tier: str | None = None
 
@@ -412,6 +416,7 @@ class ScoredRun:
     outcome_paths: list[tuple]  # the agent's raw now_path of each distinct outcome
     counts: dict[str, int] = field(default_factory=dict)
     consensus_labels: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    metrics: tuple[MetricDef, ...] = field(default_factory=registered)  # the registry when the run was scored
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
     _dsum_cache: dict[str | None, np.ndarray] = field(default_factory=dict)
@@ -533,7 +538,8 @@ class ScoredRun:
             rows.append({
                 "case_id": case.id, "model": self.models[m], "scenario": case.scenario, "intensity": case.intensity,
                 "bucket": case.bucket, "trials": n, "passed": passed,
-                "pass^1": passed / n, f"pass^{n}": stats.pass_hat_k(n, passed, n),
+                "pass^1": reducer("pass^k")(n, passed, 1), f"pass^{n}": reducer("pass^k")(n, passed, n),
+                "majority": bool(reducer("majority")(n, passed)),
                 "overall": _num(float(parts["overall"])), "logic": _num(float(parts["logic"])),
                 "chat": _num(float(parts["chat"])), "action": _num(float(parts["action"])), "catastrophic_dialogues": int((self.d_cat_turns[ds] > 0).sum()),
                 "escalated_dialogues": int(self.d_escalated[ds].sum()),
@@ -1347,7 +1353,7 @@ def _dialogue_matrix(run: ScoredRun, depth: str | None) -> np.ndarray:
         m_all = m
     scopes = {"selected": m, "all": m_all, "readable": m_all & ~run.t_format_error}
     cols: list[np.ndarray] = []
-    for metric in TURN_METRICS:
+    for metric in turn_metrics(run.metrics):
         assert metric.turn_value is not None
         values = metric.turn_value(run)
         ok = scopes[metric.scope] & ~np.isnan(values)
@@ -1375,10 +1381,11 @@ def _turn_means(run: ScoredRun, mat: np.ndarray) -> dict[str, np.ndarray]:
     derived ones (logic, overall, ...) from the same formulas as the aggregates."""
     out: dict[str, np.ndarray] = {}
     with np.errstate(invalid="ignore", divide="ignore"):
-        for i, metric in enumerate(TURN_METRICS):
-            out[metric.name] = mat[..., 2 * i] / mat[..., 2 * i + 1]
-        for metric in REGISTRY:
-            if metric.derive is not None:
+        mean = reducer("mean")
+        for i, metric in enumerate(turn_metrics(run.metrics)):
+            out[metric.name] = mean(mat[..., 2 * i], mat[..., 2 * i + 1])
+        for metric in run.metrics:
+            if metric.derive is not None and metric.per_depth:
                 out[metric.name] = metric.derive(run.config, out.__getitem__)
     return out
 
@@ -1411,41 +1418,47 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
 
     dsum = _dialogue_matrix(run, depth)
     dmat = per_cluster(dsum)
-    n_turn_cols = 2 * len(TURN_METRICS)
+    turn_defs = turn_metrics(run.metrics)
+    n_turn_cols = 2 * len(turn_defs)
     # the dialogues (and cases) counted: at one depth, those that reached it (a turn at that depth);
     # the clusters stay the group's, so a depth slice shares its run's bootstrap draw
     counted = d_idx[dsum[d_idx, n_turn_cols + _TURN_COUNTS.index("turns")] > 0] if depth_mode else d_idx
-    names = [m.name for m in TURN_METRICS]
+    names = [m.name for m in turn_defs]
     cols = [dmat[:, i] for i in range(n_turn_cols)]
     tcounts = {name: float(dmat[:, n_turn_cols + i].sum()) for i, name in enumerate(_TURN_COUNTS)}
     if depth_mode and tcounts["turns"] == 0:
         return None  # no dialogue reached this depth
     if not depth_mode:
-        pairs = [metric.dialogue_value(run) for metric in DIALOGUE_METRICS if metric.dialogue_value is not None]
+        dialogue_defs = dialogue_metrics(run.metrics)
+        pairs = [metric.dialogue_value(run) for metric in dialogue_defs if metric.dialogue_value is not None]
         dm = per_cluster(np.column_stack([np.column_stack([s, n.astype(float)]) for s, n in pairs]))
-        for i, metric in enumerate(DIALOGUE_METRICS):
+        for i, metric in enumerate(dialogue_defs):
             names.append(metric.name)
             cols += [dm[:, 2 * i], dm[:, 2 * i + 1]]
-        for prefix, passed in (("pass^", run.d_pass.astype(float)),
-                               ("tau2^", np.nan_to_num(run.d_trace["tau2_pass"], nan=0.0))):
+        # the trial reducers: per case (cluster) from its n trials of which c passed, then averaged over cases
+        for prefix, passed in (("pass", run.d_pass.astype(float)),
+                               ("tau2", np.nan_to_num(run.d_trace["tau2_pass"], nan=0.0))):
             pm = per_cluster(np.column_stack([passed, np.ones(len(run.dialogues))]))
-            c_tr, n_tr = pm[:, 0], pm[:, 1]
+            c_tr, n_tr = pm[:, 0].astype(np.int64), pm[:, 1].astype(np.int64)
             for k in range(1, (int(n_tr.min()) if C else 0) + 1):
-                pk = np.array([math.comb(int(c), k) / math.comb(int(n), k)
-                               for n, c in zip(n_tr, c_tr, strict=True)])
-                names.append(f"{prefix}{k}")
-                cols += [pk, np.ones(C)]
+                names.append(f"{prefix}^{k}")
+                cols += [reducer("pass^k")(n_tr, c_tr, k), np.ones(C)]
+            if C:
+                names.append(f"{prefix}@majority")
+                cols += [reducer("majority")(n_tr, c_tr), np.ones(C)]
     M = np.column_stack(cols)
     column = {name: i for i, name in enumerate(names)}
-    metrics = tuple(m for m in REGISTRY if m.per_depth or not depth_mode)
+    metrics = tuple(m for m in run.metrics if m.per_depth or not depth_mode)
     fns = metric_functions(cfg, column, metrics)
-    pk_names = [n for n in names if n.startswith(("pass^", "tau2^"))]
-    for n in pk_names:
+    trial_names = [n for n in names if n.startswith(("pass^", "tau2^", "pass@", "tau2@"))]
+    for n in trial_names:
         fns[n] = _ratio_at(column[n])
     totals = M.sum(axis=0)[None, :]
     res = _bootstrapped(run, M, uniq, C, fns, column, totals)
-    pass_k = [res.pop(n) for n in pk_names if n.startswith("pass^")]
-    tau2_pass_k = [res.pop(n) for n in pk_names if n.startswith("tau2^")]
+    pass_k = [res.pop(n) for n in trial_names if n.startswith("pass^")]
+    tau2_pass_k = [res.pop(n) for n in trial_names if n.startswith("tau2^")]
+    pass_majority = res.pop("pass@majority", None)
+    tau2_pass_majority = res.pop("tau2@majority", None)
     counts: dict[str, int | float] = {
         "infra_failures": infra,
         "incomplete": incomplete,
@@ -1461,7 +1474,8 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
     return GroupScore(
         by=by, key=key, dialogues=int(counted.size), cases=int(np.unique(run.d_case[counted]).size),
         turns=int(tcounts["turns"]), scored_turns=int(tcounts["scored_turns"]), metrics=res, pass_k=pass_k,
-        tau2_pass_k=tau2_pass_k, counts=counts, cost_tier=tier,
+        tau2_pass_k=tau2_pass_k, pass_majority=pass_majority, tau2_pass_majority=tau2_pass_majority,
+        counts=counts, cost_tier=tier,
     )
 
 
@@ -1478,16 +1492,20 @@ def _bootstrapped(run: ScoredRun, M: np.ndarray, uniq: np.ndarray, C: int, fns: 
     else:
         boot = np.zeros((0, M.shape[1]))
     res: dict[str, Metric] = {}
+    ci = reducer("bootstrap_ci")
+    defs = {m.name: m for m in run.metrics}
     with np.errstate(invalid="ignore", divide="ignore"):
         for name, fn in fns.items():
             value = float(fn(totals)[0])
-            lo, hi = stats.percentile_interval(fn(boot), cfg.confidence) if boot.size else (math.nan, math.nan)
-            res[name] = Metric(value=_clean(value), lo=_clean(lo), hi=_clean(hi), n=metric_n(name, column, totals))
+            lo, hi = ci(fn(boot), cfg.confidence) if boot.size else (math.nan, math.nan)
+            res[name] = Metric(value=_clean(value), lo=_clean(lo), hi=_clean(hi),
+                               n=metric_n(defs.get(name), name, column, totals))
     return res
 
 
 def _ratio_at(i: int) -> Any:
-    return lambda t: t[:, 2 * i] / t[:, 2 * i + 1]
+    mean = reducer("mean")
+    return lambda t: mean(t[:, 2 * i], t[:, 2 * i + 1])
 
 
 def _clean(x: float | None) -> float | None:
@@ -1587,7 +1605,7 @@ def _median_pass_k(curves: list[list[Metric]]) -> list[Metric]:
     """pass^k over repeated runs: the median with the min–max range, for the k every run reached."""
     out = []
     for i in range(min(len(c) for c in curves)):
-        med, lo, hi = stats.median_range([v for c in curves if (v := c[i].value) is not None])
+        med, lo, hi = reducer("median")([v for c in curves if (v := c[i].value) is not None])
         out.append(Metric(value=_clean(med), lo=_clean(lo), hi=_clean(hi), n=len(curves)))
     return out
 
@@ -1628,7 +1646,7 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
         metrics = {}
         for k in LEADERBOARD_METRICS:
             vals = [v for _, g in items if k in g.metrics and (v := g.metrics[k].value) is not None]
-            med, lo, hi = stats.median_range(vals)
+            med, lo, hi = reducer("median")(vals)
             metrics[k] = Metric(value=_clean(med), lo=_clean(lo), hi=_clean(hi), n=len(vals))
         tiers = sorted(g.cost_tier for _, g in items if g.cost_tier)
         rows.append(LeaderRow(model=model, scenario=scen, runs=[n for n, _ in items], spread="range",
