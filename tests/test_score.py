@@ -950,3 +950,53 @@ def test_a_metric_registered_from_python_shows_in_score_output(floor_runs, tmp_p
         metrics.register_metric(metrics.MetricDef("x", "d", "higher", "derived"))
     res = r.invoke(main, ["score", oracle, "--metrics-module", "no_such_module_here"])
     assert res.exit_code == 1 and "cannot import" in res.output
+
+
+# ---------------------------------------------------------------------------------------------
+# the CI gate (issue 32): --fail-under / --fail-over on any metric, per group, a distinct exit code
+
+
+def test_fail_under_gates_any_metric_per_group_with_its_own_exit_code(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.cli.scorecmd import EXIT_GATE
+
+    oracle, comply = str(floor_runs["baseline/oracle"]), str(floor_runs["baseline/always-comply"])
+    r = CliRunner()
+    res = r.invoke(main, ["score", oracle, "--bootstrap", "0", "--format", "json", "--fail-under", "pass_rate=100",
+                          "--fail-under", "pass^2=100", "--fail-under", "action@intensity=strong=100"])
+    assert res.exit_code == 0, res.output
+    assert "gate: 3/3 checks passed" in res.stderr and json.loads(res.stdout)["groups"]
+    res = r.invoke(main, ["score", comply, "--bootstrap", "0", "--fail-under", "pass_rate=99.9",
+                          "--fail-over", "catastrophic_failures=0", "--fail-under", "overall=0"])
+    assert res.exit_code == EXIT_GATE == 4
+    assert "gate FAILED pass_rate=99.9: baseline/always-comply:" in res.stderr
+    assert "gate FAILED catastrophic_failures=0" in res.stderr and "> 0" in res.stderr
+    assert "gate ok     overall=0" in res.stderr and "gate: 1/3 checks passed; exit 4" in res.stderr
+    # one line per selected group: every intensity level of the scenario is checked
+    res = r.invoke(main, ["score", comply, "--bootstrap", "0", "--fail-over", "catastrophic_failures@bucket=adversarial=0"])
+    assert res.exit_code == EXIT_GATE and "adversarial" in res.stderr
+    # bad thresholds are usage errors before anything is scored; a level the run lacks is an input error
+    for bad, msg in (("nope=3", "unknown metric 'nope'"), ("overall", "expected METRIC"), ("overall=x", "not a number"),
+                     ("overall@colour=red=3", "DIM=LEVEL")):
+        res = r.invoke(main, ["score", oracle, "--fail-under", bad])
+        assert res.exit_code == 2 and msg in res.output, (bad, res.output)
+    res = r.invoke(main, ["score", oracle, "--bootstrap", "0", "--fail-under", "overall@intensity=extreme=3"])
+    assert res.exit_code == 1 and "levels present: intensity=" in res.output
+
+
+def test_check_thresholds_scale_and_direction(floor_runs) -> None:
+    from sopgraph.evaluation.score import check_thresholds, parse_threshold
+
+    summary = score_run(floor_runs["baseline/always-comply"], ScoreConfig(bootstrap=0)).summary()
+    group = next(g for g in summary.groups if g.by == ["model"])
+    rate = group.metrics["pass_rate"].value * 100
+    at = check_thresholds(summary, [parse_threshold(f"pass_rate={rate}")])
+    above = check_thresholds(summary, [parse_threshold(f"pass_rate={rate + 0.01}")])
+    assert at[0].passed and not above[0].passed and at[0].value == pytest.approx(rate)
+    cat = group.metrics["catastrophic_failures"].value  # a count: compared as it is, not ×100
+    assert check_thresholds(summary, [parse_threshold(f"catastrophic_failures={cat}", "over")])[0].passed
+    assert not check_thresholds(summary, [parse_threshold(f"catastrophic_failures={cat - 1}", "over")])[0].passed
+    missing = check_thresholds(summary, [parse_threshold("pass^9=0")])  # k beyond the trials: not measured
+    assert missing[0].value is None and not missing[0].passed

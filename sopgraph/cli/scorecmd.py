@@ -21,13 +21,64 @@ from sopgraph.evaluation.corpus import Format, export_run, synthesize_dialogues_
 from sopgraph.evaluation.coverage import coverage_report, render_coverage
 from sopgraph.evaluation.metrics import BUILTIN_METRICS, REDUCERS, MetricError, registered
 from sopgraph.evaluation.report import report_for_runs
-from sopgraph.evaluation.score import ScoreConfig, ScoreError, compare, leaderboard, open_run, score_run
+from sopgraph.evaluation.score import (
+    ScoreConfig,
+    ScoreError,
+    Threshold,
+    check_thresholds,
+    compare,
+    leaderboard,
+    open_run,
+    parse_threshold,
+    score_run,
+)
 from sopgraph.language.render import RenderError
 from sopgraph.simulation.runner import RunError, read_cases
 
 from .params import fail, load_or_exit, sop_file, write_output
 
 _run_dir = click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+
+EXIT_GATE = 4  # `sop score` / `sop eval`: scored, but a --fail-under / --fail-over threshold was not met
+
+_GATE_HELP = ("METRIC[@DIM=LEVEL,...]=VALUE (repeatable): exit {code} when {what} VALUE, on the scale the tables "
+              "print (points for scores and rates). DIM: model, scenario, intensity, bucket, depth; e.g. "
+              "overall=80, pass^2=90, path@intensity=strong=75. Any metric of --list-metrics, pass^K, tau2_pass^K.")
+
+
+def gate_options(fn: Callable) -> Callable:
+    """`--fail-under` and `--fail-over`: the CI gate of `sop score` and `sop eval`."""
+    fn = click.option("--fail-over", "fail_over", multiple=True, metavar="METRIC=VALUE",
+                      help=_GATE_HELP.format(code=EXIT_GATE, what="a value is above"))(fn)
+    return click.option("--fail-under", "fail_under", multiple=True, metavar="METRIC=VALUE",
+                        help=_GATE_HELP.format(code=EXIT_GATE, what="a value is below"))(fn)
+
+
+def parse_gate(fail_under: Sequence[str], fail_over: Sequence[str]) -> list[Threshold]:
+    """The thresholds given, checked before anything is scored (a typo fails fast, exit 2)."""
+    try:
+        return ([parse_threshold(t, "under") for t in fail_under]
+                + [parse_threshold(t, "over") for t in fail_over])
+    except ScoreError as exc:
+        fail(str(exc), code=2)
+
+
+def report_gate(summary: Any, thresholds: Sequence[Threshold]) -> bool:
+    """Check the thresholds, print one line per checked group to stderr (failures first), and say
+    whether every one held."""
+    if not thresholds:
+        return True
+    results = _guard(lambda: check_thresholds(summary, thresholds))
+    failed = [r for r in results if not r.passed]
+    for r in failed + [r for r in results if r.passed]:
+        where = " ".join(r.key.values())
+        shown = "not measured" if r.value is None else f"{r.value:.2f}"
+        rel = ("<" if r.op == "under" else ">") if not r.passed else ("≥" if r.op == "under" else "≤")
+        click.echo(f"gate {'FAILED' if not r.passed else 'ok    '} {r.threshold}: {where}: {shown} {rel} "
+                   f"{r.limit:g} (n={r.n})", err=True)
+    click.echo(f"gate: {len(results) - len(failed)}/{len(results)} checks passed"
+               + (f"; exit {EXIT_GATE}" if failed else ""), err=True)
+    return not failed
 
 
 def _score_options(fn: Callable) -> Callable:
@@ -315,11 +366,15 @@ def _print_listing(fmt: str) -> None:
               show_default=True, help="json/csv detail: aggregates, or one row per case, dialogue or turn.")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write here instead of stdout.")
+@gate_options
 @_score_options
 def score_cmd(run_dir: Path | None, list_metrics: bool, fmt: str, level: str, out: Path | None,
-              **opts: Any) -> None:
+              fail_under: tuple[str, ...], fail_over: tuple[str, ...], **opts: Any) -> None:
     """Score a run: per-turn metrics from the judges' consensus and the rule engine, aggregated per
-    model, scenario, adversarial intensity, bucket and turn depth, with bootstrap CIs."""
+    model, scenario, adversarial intensity, bucket and turn depth, with bootstrap CIs.
+
+    Exit status: 0 scored (and every threshold held), 1 input error, 2 usage error, 4 a --fail-under /
+    --fail-over threshold failed (each check is printed to stderr)."""
     if list_metrics:
         import_metric_modules(opts.get("metrics_modules", ()))
         _print_listing(fmt)
@@ -327,6 +382,9 @@ def score_cmd(run_dir: Path | None, list_metrics: bool, fmt: str, level: str, ou
     if run_dir is None:
         fail("missing RUN_DIR (or --list-metrics)", code=2)
     cfg = _guard(lambda: _config(**opts))
+    thresholds = parse_gate(fail_under, fail_over)
+    if thresholds and level != "summary":
+        fail("--fail-under / --fail-over check the summary: drop --level", code=2)
     run = _guard(lambda: score_run(run_dir, cfg))
     if level != "summary":
         if fmt == "table":
@@ -341,6 +399,12 @@ def score_cmd(run_dir: Path | None, list_metrics: bool, fmt: str, level: str, ou
         write_output(text, out)
         return
     summary = run.summary()
+    _render_score(summary, fmt, out)
+    if not report_gate(summary, thresholds):
+        raise SystemExit(EXIT_GATE)
+
+
+def _render_score(summary: Any, fmt: str, out: Path | None) -> None:
     if fmt == "json":
         write_output(summary.model_dump_json(indent=2) + "\n", out)
         return

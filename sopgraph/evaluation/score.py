@@ -1569,6 +1569,115 @@ def _score_store(store: Any, run_dir: str | Path, cfg: ScoreConfig, keep_labels:
 
 
 # ---------------------------------------------------------------------------------------------
+# CI gate: thresholds on any metric, per group
+
+
+GATE_DIMENSIONS = ("model", "scenario", "intensity", "bucket", "depth")
+_TRIAL_VALUES = ("pass_majority", "tau2_pass_majority")
+
+
+class Threshold(BaseModel):
+    """One `--fail-under` / `--fail-over` threshold: METRIC[@DIM=LEVEL[,DIM=LEVEL]]=VALUE.
+
+    VALUE is on the scale `sop score` prints (points 0–100 for scores and rates; counts, money, tokens
+    and cost as they are). `under`: the gate fails when the value is below VALUE; `over`: above."""
+    text: str
+    metric: str
+    where: dict[str, str] = Field(default_factory=dict)
+    value: float
+    op: Literal["under", "over"] = "under"
+
+
+class GateResult(BaseModel):
+    """A threshold checked on one group: the value (printed scale; None = not measured) and the verdict."""
+    threshold: str
+    op: Literal["under", "over"]
+    key: dict[str, str]
+    value: float | None
+    limit: float
+    n: int = 0
+    passed: bool
+
+
+def _metric_scale(name: str, metric_defs: Sequence[MetricDef]) -> float | None:
+    """The printed scale of a gateable name (None: no such metric)."""
+    for m in metric_defs:
+        if m.name == name:
+            return m.scale
+    base, _, k = name.partition("^")
+    if (base in ("pass", "tau2_pass") and k.isdigit() and int(k) >= 1) or name in _TRIAL_VALUES:
+        return 100.0
+    return None
+
+
+def parse_threshold(text: str, op: Literal["under", "over"] = "under",
+                    metric_defs: Sequence[MetricDef] | None = None) -> Threshold:
+    """`path=80`, `pass^2=90`, `overall@intensity=strong=70`, `tau2_pass@scenario=telecom,bucket=adversarial=95`."""
+    defs = registered() if metric_defs is None else tuple(metric_defs)
+    head, sep, raw = text.rpartition("=")
+    if not sep or not head:
+        raise ScoreError(f"threshold {text!r}: expected METRIC[@DIM=LEVEL,...]=VALUE, e.g. overall=80")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ScoreError(f"threshold {text!r}: {raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ScoreError(f"threshold {text!r}: the value must be a finite number")
+    name, _, selector = head.partition("@")
+    if _metric_scale(name, defs) is None:
+        raise ScoreError(f"threshold {text!r}: unknown metric {name!r}; metrics: "
+                         f"{', '.join(m.name for m in defs)}, pass^K, tau2_pass^K, {', '.join(_TRIAL_VALUES)} "
+                         "(sop score --list-metrics)")
+    where: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in selector.split(","))) if selector else ():
+        dim, eq, level = part.partition("=")
+        if not eq or dim not in GATE_DIMENSIONS or not level:
+            raise ScoreError(f"threshold {text!r}: {part!r} should be DIM=LEVEL with DIM one of "
+                             f"{', '.join(GATE_DIMENSIONS)}")
+        where[dim] = level
+    extra = [d for d in where if d not in ("model", "scenario")]
+    if len(extra) > 1:
+        raise ScoreError(f"threshold {text!r}: at most one of intensity, bucket, depth per threshold")
+    return Threshold(text=text, metric=name, where=where, value=value, op=op)
+
+
+def _gate_value(g: GroupScore, name: str) -> Metric | None:
+    if name in g.metrics:
+        return g.metrics[name]
+    base, _, k = name.partition("^")
+    if k.isdigit():
+        curve = g.pass_k if base == "pass" else g.tau2_pass_k
+        return curve[int(k) - 1] if int(k) <= len(curve) else None
+    return getattr(g, name, None) if name in _TRIAL_VALUES else None
+
+
+def check_thresholds(summary: Summary, thresholds: Sequence[Threshold],
+                     metric_defs: Sequence[MetricDef] | None = None) -> list[GateResult]:
+    """Every threshold on every group it selects. Without a selector a threshold applies to each agent
+    model over all scenarios; `scenario=` selects model × scenario groups; `intensity=`, `bucket=` or
+    `depth=` the model × scenario × that dimension groups. A value that is not measured (no unit) fails."""
+    defs = registered() if metric_defs is None else tuple(metric_defs)
+    out: list[GateResult] = []
+    for t in thresholds:
+        extra = [d for d in t.where if d not in ("model", "scenario")]
+        by = ["model"] if not extra and "scenario" not in t.where else ["model", "scenario", *extra]
+        groups = [g for g in summary.groups if g.by == by and all(g.key.get(d) == v for d, v in t.where.items())]
+        if not groups:
+            levels = sorted({f"{d}={g.key[d]}" for g in summary.groups if g.by == by for d in t.where if d in g.key})
+            raise ScoreError(f"threshold {t.text!r}: no group of the run matches "
+                             f"{', '.join(f'{d}={v}' for d, v in t.where.items()) or 'the run'}; "
+                             f"levels present: {', '.join(levels) or 'none'}")
+        scale = _metric_scale(t.metric, defs) or 100.0
+        for g in groups:
+            m = _gate_value(g, t.metric)
+            value = None if m is None or m.value is None else m.value * scale
+            ok = value is not None and (value >= t.value if t.op == "under" else value <= t.value)
+            out.append(GateResult(threshold=t.text, op=t.op, key=dict(g.key), value=value, limit=t.value,
+                                  n=m.n if m is not None else 0, passed=ok))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Leaderboard over runs
 
 
