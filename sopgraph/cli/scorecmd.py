@@ -68,7 +68,7 @@ def report_gate(summary: Any, thresholds: Sequence[Threshold]) -> bool:
     whether every one held."""
     if not thresholds:
         return True
-    results = _guard(lambda: check_thresholds(summary, thresholds))
+    results = guard(lambda: check_thresholds(summary, thresholds))
     failed = [r for r in results if not r.passed]
     for r in failed + [r for r in results if r.passed]:
         where = " ".join(r.key.values())
@@ -128,7 +128,7 @@ def import_metric_modules(names: Sequence[str]) -> None:
             fail(f"--metrics-module {name}: cannot import it ({exc}); is its directory on PYTHONPATH?")
 
 
-def _guard(fn: Callable[[], Any]) -> Any:
+def guard(fn: Callable[[], Any]) -> Any:
     """Run a library call, turning user-facing errors into `error: ...` and exit 1."""
     try:
         return fn()
@@ -381,11 +381,11 @@ def score_cmd(run_dir: Path | None, list_metrics: bool, fmt: str, level: str, ou
         return
     if run_dir is None:
         fail("missing RUN_DIR (or --list-metrics)", code=2)
-    cfg = _guard(lambda: _config(**opts))
+    cfg = guard(lambda: _config(**opts))
     thresholds = parse_gate(fail_under, fail_over)
     if thresholds and level != "summary":
         fail("--fail-under / --fail-over check the summary: drop --level", code=2)
-    run = _guard(lambda: score_run(run_dir, cfg))
+    run = guard(lambda: score_run(run_dir, cfg))
     if level != "summary":
         if fmt == "table":
             fail("--level case/dialogue/turn needs --format json or csv")
@@ -399,12 +399,12 @@ def score_cmd(run_dir: Path | None, list_metrics: bool, fmt: str, level: str, ou
         write_output(text, out)
         return
     summary = run.summary()
-    _render_score(summary, fmt, out)
+    render_score(summary, fmt, out)
     if not report_gate(summary, thresholds):
         raise SystemExit(EXIT_GATE)
 
 
-def _render_score(summary: Any, fmt: str, out: Path | None) -> None:
+def render_score(summary: Any, fmt: str, out: Path | None) -> None:
     if fmt == "json":
         write_output(summary.model_dump_json(indent=2) + "\n", out)
         return
@@ -446,8 +446,8 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
     """Models × scenarios over runs (SAGE Table 1 style). Repeated runs of a model on a scenario
     give the median with the range; a single run gives its bootstrap CI. `*` rows average scenarios.
     A directory of runs (`runs/`) stands for the runs inside it."""
-    cfg = _guard(lambda: _config(**opts))
-    board = _guard(lambda: leaderboard(list(run_dirs), cfg))
+    cfg = guard(lambda: _config(**opts))
+    board = guard(lambda: leaderboard(list(run_dirs), cfg))
     if fmt == "json":
         write_output(board.model_dump_json(indent=2) + "\n", out)
         return
@@ -494,10 +494,10 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
 def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regression: bool, **opts: Any) -> None:
     """Paired per-case comparison of RUN_B against RUN_A: McNemar exact test on pass/fail, paired
     bootstrap on scores, and the cases that flipped."""
-    cfg = _guard(lambda: _config(**opts))
-    a = _guard(lambda: score_run(run_a, cfg))
-    b = _guard(lambda: score_run(run_b, cfg))
-    result = _guard(lambda: compare(a, b))
+    cfg = guard(lambda: _config(**opts))
+    a = guard(lambda: score_run(run_a, cfg))
+    b = guard(lambda: score_run(run_b, cfg))
+    result = guard(lambda: compare(a, b))
     regressed = (result.a_only > result.b_only and result.mcnemar_p < alpha) or (
         (result.metrics["overall"].diff or 0) < 0 and result.metrics["overall"].p < alpha)
     if fmt == "json":
@@ -565,7 +565,7 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
             cases = read_cases(cases_path, scenario)
         except RunError as exc:
             fail(str(exc))
-    report = _guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir))
+    report = guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir))
     if run_dir is not None and report.expected is not None and report.expected.walks:
 
         store = open_run(run_dir)
@@ -641,8 +641,8 @@ def report_cmd(run_dirs: tuple[Path, ...], out: Path, title: str | None, example
     """One self-contained HTML report (inline SVG plots, no scripts) of one or more runs: leaderboard,
     execution gap, intensity box plots, turn depth, pass^k, safety, judge agreement, coverage graph,
     and example transcripts linked from every figure."""
-    cfg = _guard(lambda: _config(**opts))
-    text = _guard(lambda: report_for_runs(list(run_dirs), cfg, title=title, examples=examples,
+    cfg = guard(lambda: _config(**opts))
+    text = guard(lambda: report_for_runs(list(run_dirs), cfg, title=title, examples=examples,
                                           max_transcripts=max_transcripts))
     write_output(text, out)
     click.echo(f"wrote {out} ({len(text.encode('utf-8')) / 1024:.0f} KiB)", err=True)
@@ -684,8 +684,8 @@ def export_cmd(run_dir: Path, fmt: Format, min_overall: float | None, reference:
     if min_overall is not None and 0 < min_overall <= 1:
         click.echo(f"warning: --min-overall is on the 0–100 scale of `sop score`; {min_overall:g} keeps almost "
                    f"everything (did you mean {min_overall * 100:g}?)", err=True)
-    cfg = _guard(lambda: _config(**opts))
-    records, stats = _guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg,
+    cfg = guard(lambda: _config(**opts))
+    records, stats = guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg,
                                                min_overall=None if min_overall is None else min_overall / 100))
     text = write_jsonl(records, None)
     write_output(text, out) if out is not None else click.echo(text, nl=False)
@@ -715,7 +715,7 @@ def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], f
         cases = read_cases(cases_path, scenario)
     except RunError as exc:
         fail(str(exc))
-    records, stats = _guard(lambda: synthesize_dialogues_sync(
+    records, stats = guard(lambda: synthesize_dialogues_sync(
         scenario, cases, list(models), trials=trials, max_turns=max_turns, concurrency=concurrency, fmt=fmt,
         min_logic=None if min_logic is None else min_logic / 100, source=str(cases_path)))
     text = write_jsonl(records, None)

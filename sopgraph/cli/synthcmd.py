@@ -34,7 +34,7 @@ from .checkcmd import diagnostic_record
 from .params import fail, load_or_exit, sop_file
 
 
-def _load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
+def load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
     """The profile given, else the one beside the .sop, else the default; diagnostics on errors."""
     path = profile_path or profile_path_for(sop_path)
     if profile_path is None and not path.is_file():
@@ -150,7 +150,7 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
            balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
            coverage_out: Path | None, quiet: bool) -> SynthStream:
     scenario = load_or_exit(file)
-    profile = _load_profile_or_exit(file, scenario, profile_path)
+    profile = load_profile_or_exit(file, scenario, profile_path)
     try:
         mix = parse_mix(intensity)
         the_plan = plan(scenario, profile, sample=n, seed=seed)
