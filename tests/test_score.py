@@ -1000,3 +1000,65 @@ def test_check_thresholds_scale_and_direction(floor_runs) -> None:
     assert not check_thresholds(summary, [parse_threshold(f"catastrophic_failures={cat - 1}", "over")])[0].passed
     missing = check_thresholds(summary, [parse_threshold("pass^9=0")])  # k beyond the trials: not measured
     assert missing[0].value is None and not missing[0].passed
+
+
+# ---------------------------------------------------------------------------------------------
+# every metric at every level and in compare (issue 32)
+
+
+def test_every_metric_at_dialogue_case_and_turn_level(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation.metrics import dialogue_metrics, registered, turn_metrics
+
+    comply = str(floor_runs["baseline/always-comply"])
+    names = {m.name for m in registered()}
+    trace = {"trace_precision", "trace_recall", "trace_order", "journey_coverage", "tau2_pass"}
+    r = CliRunner()
+    for level in ("dialogue", "case"):
+        rows = [json.loads(x) for x in r.invoke(main, ["score", comply, "--format", "json", "--level", level,
+                                                       "--bootstrap", "0"]).stdout.splitlines()]
+        done = [row for row in rows if row.get("status", "done") == "done"]
+        assert done and all(names <= set(row) for row in done), names - set(done[0])
+        assert any(row["tau2_pass"] == 0.0 for row in done) and all(row["trace_recall"] is not None for row in done)
+        header = r.invoke(main, ["score", comply, "--format", "csv", "--level", level, "--bootstrap", "0"]
+                          ).stdout.splitlines()[0].split(",")
+        assert names <= set(header)
+    run = score_run(comply, ScoreConfig(bootstrap=0))
+    summary = run.aggregate(["model"])[0]
+    rows = [run.dialogue_record(d) for d in range(len(run.dialogues))]
+    for name in trace:  # the dialogue rows average to the group's value (a rate over dialogues)
+        vals = [row[name] for row in rows if row[name] is not None]
+        assert sum(vals) / len(vals) == pytest.approx(summary.metrics[name].value)
+    turns = [run.turn_record(i) for i in range(run.t_dlg.size)]
+    turn_names = {m.name for m in turn_metrics(run.metrics)} - {"action"} | {"execution_gap", "action_acc"}
+    assert all(turn_names <= set(t) for t in turns)
+    by_id = {row["dialogue_id"]: row for row in rows}
+    for m in dialogue_metrics(run.metrics):  # on the final turn, null elsewhere: sums over turn rows stay right
+        assert all(t[m.name] is None for t in turns if not t["final"])
+        assert all(t[m.name] == by_id[t["dialogue_id"]][m.name] for t in turns if t["final"])
+    total = sum(t["catastrophic_failures"] or 0 for t in turns)
+    assert total == summary.metrics["catastrophic_failures"].value
+
+
+def test_compare_has_every_metric_and_lists_trace_flips(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation.metrics import registered
+    from sopgraph.evaluation.score import compare
+
+    oracle, comply = floor_runs["baseline/oracle"], floor_runs["baseline/always-comply"]
+    a, b = score_run(oracle, ScoreConfig(bootstrap=50)), score_run(comply, ScoreConfig(bootstrap=50))
+    result = compare(a, b)
+    assert {m.name for m in registered()} <= set(result.metrics)
+    assert result.metrics["tau2_pass"].diff < 0 and result.metrics["trace_recall"].n > 0
+    expected = sorted((d.case_id, d.trial) for i, d in enumerate(b.dialogues)
+                      if b.valid[i] and b.d_trace["tau2_pass"][i] == 0.0)
+    assert sorted((f.case_id, f.trial) for f in result.tau2_flipped) == expected  # the oracle passes every one
+    assert all(f.a_pass and not f.b_pass for f in result.tau2_flipped)
+    res = CliRunner().invoke(main, ["compare", str(oracle), str(comply), "--bootstrap", "50"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "action trace flipped" in res.output and "trace_precision" in res.output
+    assert "revenue_at_risk" in res.output

@@ -320,6 +320,10 @@ def _group_rows(summary: Any) -> list[dict[str, Any]]:
             row[f"{name}_hi"] = m.hi
         for k, m in enumerate(g.pass_k, 1):
             row[f"pass^{k}"] = m.value
+        for k, m in enumerate(g.tau2_pass_k, 1):
+            row[f"tau2_pass^{k}"] = m.value
+        row["pass_majority"] = g.pass_majority.value if g.pass_majority else None
+        row["tau2_pass_majority"] = g.tau2_pass_majority.value if g.tau2_pass_majority else None
         row.update({f"n_{k}": v for k, v in g.counts.items()})
         row["cost_tier"] = g.cost_tier
         rows.append(row)
@@ -507,20 +511,26 @@ def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regres
         t = _table(f"compare {result.a} → {result.b}  ({result.pairs} paired dialogues; scores ×100, "
                    "means over cases of per-dialogue means: not sop score's turn-pooled means)",
                    ("Metric", "A", "B", "B − A", "CI", "p", ""))
+        scales = {m.name: m.scale for m in registered()}
         for name, d in result.metrics.items():
+            k = scales.get(name, 100.0)
             sig = "*" if d.p < alpha else ""
-            ci = f"[{d.lo * 100:+.1f}, {d.hi * 100:+.1f}]" if d.lo is not None and d.hi is not None else "–"
-            t.add_row(name, "–" if d.a is None else f"{d.a * 100:.1f}", "–" if d.b is None else f"{d.b * 100:.1f}",
-                      "–" if d.diff is None else f"{d.diff * 100:+.1f}", ci, _p(d.p), sig)
+            ci = f"[{d.lo * k:+.1f}, {d.hi * k:+.1f}]" if d.lo is not None and d.hi is not None else "–"
+            t.add_row(name, "–" if d.a is None else f"{d.a * k:.1f}", "–" if d.b is None else f"{d.b * k:.1f}",
+                      "–" if d.diff is None else f"{d.diff * k:+.1f}", ci, _p(d.p), sig)
         console.print(t)
         console.print(f"pass/fail: both {result.both_pass} · A only {result.a_only} (regressions) · "
                       f"B only {result.b_only} (fixes) · neither {result.neither} · "
                       f"McNemar exact p = {_p(result.mcnemar_p)}")
         for w in result.warnings:
             console.print(f"warning: {w}", markup=False)
-        if result.flipped:
-            ft = _table("cases that flipped", ("Case", "Trial", "A", "B", "A action", "B action", "Expected"))
-            for f in result.flipped:
+        for title, flips in (("cases that flipped", result.flipped),
+                             ("cases whose action trace flipped (tau2 pass: every reference action with its "
+                              "arguments, nothing prohibited)", result.tau2_flipped)):
+            if not flips:
+                continue
+            ft = _table(title, ("Case", "Trial", "A", "B", "A action", "B action", "Expected"))
+            for f in flips:
                 ft.add_row(f.case_id, str(f.trial), "pass" if f.a_pass else "fail", "pass" if f.b_pass else "fail",
                            f.a_final_action or "–", f.b_final_action or "–", f.expected_action or "–")
             console.print(ft)

@@ -420,6 +420,7 @@ class ScoredRun:
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
     _dsum_cache: dict[str | None, np.ndarray] = field(default_factory=dict)
+    _dvalues: dict[str, np.ndarray] | None = None
     _weights: stats.WeightCache = field(default_factory=stats.WeightCache)
 
     # -- lookups ---------------------------------------------------------------------------
@@ -497,7 +498,49 @@ class ScoredRun:
             "overall": _num(self.t_overall[row]),
             "action_self": _num(self.t_self[row]),
             "chat_length": _num(self.t_chat_len[row]),
+            **self._turn_metric_values(row),
+            **self._final_turn_dialogue_values(row, d),
         }
+
+    def _turn_metric_values(self, row: int) -> dict[str, float | None]:
+        """Every other registered turn metric's value on one turn (the registry's own, and yours); the
+        Action's accuracy stays `action_acc` (`action` names the Action the agent took)."""
+        cache = self._dsum_cache_turn()
+        out: dict[str, float | None] = {}
+        for name, values in cache.items():
+            out[name] = _num(values[row])
+        return out
+
+    def _dsum_cache_turn(self) -> dict[str, np.ndarray]:
+        key = "\x00turn-values"
+        cached = self._dvalues_cache.get(key)
+        if cached is None:
+            cached = {}
+            per_turn: dict[str, np.ndarray] = {"logic": self.t_logic, "overall": self.t_overall}
+            for m in turn_metrics(self.metrics):
+                assert m.turn_value is not None
+                per_turn[m.name] = np.asarray(m.turn_value(self), dtype=float)
+                if m.name not in _TURN_RECORD_KEYS:
+                    cached[m.name] = per_turn[m.name]
+            with np.errstate(invalid="ignore"):
+                for m in self.metrics:
+                    if m.derive is not None and m.per_depth and m.name not in _TURN_RECORD_KEYS:
+                        cached[m.name] = np.asarray(m.derive(self.config, _lookup(per_turn, cached)), dtype=float)
+            self._dvalues_cache[key] = cached
+        return cached
+
+    @property
+    def _dvalues_cache(self) -> dict[str, Any]:
+        if self._dvalues is None:
+            self._dvalues = {}
+        return self._dvalues
+
+    def _final_turn_dialogue_values(self, row: int, d: int) -> dict[str, float | None]:
+        """The dialogue's per-dialogue metrics (pass, safety, traces, cost), on its final turn only (null on
+        the others), so that sums over turn rows stay right."""
+        values = dialogue_metric_values(self)
+        final = bool(self.t_final[row])
+        return {m.name: (_num(values[m.name][d]) if final else None) for m in dialogue_metrics(self.metrics)}
 
     def dialogue_record(self, d: int) -> dict[str, Any]:
         dlg = self.dialogues[d]
@@ -518,8 +561,10 @@ class ScoredRun:
             "escalated": bool(self.d_escalated[d]),
             "revenue_at_risk": float(self.d_revenue[d]),
             "overall": _num(self.d_overall[d]),
-            "tokens": int(self.d_tokens[d]),
-            "cost": float(self.d_cost[d]),
+            "agent_tokens": int(self.d_tokens[d]),
+            "agent_cost": float(self.d_cost[d]),
+            **({name: _num(v[d]) for name, v in dialogue_metric_values(self).items()}
+               if self.d_status[d] == 0 else {}),
         }
 
     def case_records(self) -> list[dict[str, Any]]:
@@ -546,8 +591,21 @@ class ScoredRun:
                 "revenue_at_risk": float(self.d_revenue[ds].sum()),
                 "mean_dialogue_overall": _num(float(np.nanmean(self.d_overall[ds])) if np.any(
                     ~np.isnan(self.d_overall[ds])) else math.nan),
+                **{name: _num(float(v)) for name, v in parts.items() if name not in ("overall", "logic", "chat",
+                                                                                    "action")},
+                **self._case_dialogue_values(ds),
             })
         return rows
+
+    def _case_dialogue_values(self, ds: list[int]) -> dict[str, float | None]:
+        """The per-dialogue metrics over a case's trials, aggregated as the groups aggregate them."""
+        out: dict[str, float | None] = {}
+        for m in dialogue_metrics(self.metrics):
+            assert m.dialogue_value is not None
+            num, den = (np.asarray(x, dtype=float) for x in m.dialogue_value(self))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[m.name] = _num(float(reducer(m.reducer)(num[ds].sum(), den[ds].sum())))
+        return out
 
     # -- aggregation -----------------------------------------------------------------------
     def aggregate(self, by: Sequence[str]) -> list[GroupScore]:
@@ -579,6 +637,19 @@ DEFAULT_GROUPINGS: tuple[tuple[str, ...], ...] = (
     ("model", "scenario", "bucket"),
     ("model", "scenario", "depth"),
 )
+
+
+_TURN_RECORD_KEYS = ("classification", "path", "action", "finals", "logic", "chat", "overall", "action_self",
+                     "chat_length")  # the turn record's own keys (`action` is given as `action_acc`)
+
+
+def _lookup(*tables: dict[str, np.ndarray]) -> Any:
+    def get(name: str) -> np.ndarray:
+        for t in tables:
+            if name in t:
+                return t[name]
+        raise KeyError(name)
+    return get
 
 
 def _num(x: float) -> float | None:
@@ -1830,10 +1901,26 @@ class Comparison(BaseModel):
     unpaired_b: int
     metrics: dict[str, PairedDiff]
     flipped: list[Flip]
+    tau2_flipped: list[Flip] = Field(default_factory=list)  # dialogues whose tau2 trace pass differs
     warnings: list[str] = Field(default_factory=list)
 
 
-_COMPARE_METRICS = ("overall", "logic", "classification", "path", "action", "finals", "chat", "action_self")
+def dialogue_metric_values(run: ScoredRun) -> dict[str, np.ndarray]:
+    """Every registered metric's value per dialogue (NaN where it is undefined): the turn metrics as
+    means over the dialogue's selected turns (logic and overall recombined, `dialogue_means`), the
+    per-dialogue ones as numerator / denominator (a total: the numerator). The one source of the
+    dialogue rows of `sop score --level dialogue|turn` and of `sop compare`."""
+    cache = run._dvalues_cache
+    if "\x00dialogue-values" not in cache:
+        out = dict(dialogue_means(run))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for m in dialogue_metrics(run.metrics):
+                assert m.dialogue_value is not None
+                num, den = (np.asarray(x, dtype=float) for x in m.dialogue_value(run))
+                value = num if m.aggregation == "dialogue-total" else np.where(den > 0, num / den, np.nan)
+                out[m.name] = np.where(run.valid, value, np.nan)
+        cache["\x00dialogue-values"] = out
+    return cache["\x00dialogue-values"]
 
 
 def dialogue_means(run: ScoredRun) -> dict[str, np.ndarray]:
@@ -1875,28 +1962,19 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
     if not common:
         raise ScoreError("the two runs share no (case, trial) pair: were they made from the same cases?")
     both = a_only = b_only = neither = 0
-    flips: list[Flip] = []
     for key in common:
-        da, db = ka[key], kb[key]
-        pa, pb = bool(run_a.d_pass[da]), bool(run_b.d_pass[db])
-        if pa and pb:
-            both += 1
-        elif pa:
-            a_only += 1
-        elif pb:
-            b_only += 1
-        else:
-            neither += 1
-        if pa != pb:
-            case = run_a.case_of(da)
-            flips.append(Flip(case_id=key[0], trial=key[1], model_a=run_a.model_of(da), model_b=run_b.model_of(db),
-                              a_pass=pa, b_pass=pb, a_final_action=_final_action(run_a, da),
-                              b_final_action=_final_action(run_b, db),
-                              expected_action=case.expected_finals.get("Action") if case else None))
-    means_a, means_b = dialogue_means(run_a), dialogue_means(run_b)
+        pa, pb = bool(run_a.d_pass[ka[key]]), bool(run_b.d_pass[kb[key]])
+        both += pa and pb
+        a_only += pa and not pb
+        b_only += pb and not pa
+        neither += not pa and not pb
+    flips = _flips(run_a, run_b, ka, kb, common, run_a.d_pass, run_b.d_pass)
+    tau2_flips = _flips(run_a, run_b, ka, kb, common, run_a.d_trace["tau2_pass"], run_b.d_trace["tau2_pass"])
+    means_a, means_b = dialogue_metric_values(run_a), dialogue_metric_values(run_b)
     metrics: dict[str, PairedDiff] = {}
     case_keys = sorted({(k[0], k[2]) for k in common})
-    for name in _COMPARE_METRICS + ("pass",):
+    names = [m.name for m in run_a.metrics if m.name in means_a and m.name in means_b]
+    for name in [*names, "pass"]:
         va: dict[tuple, list[float]] = {}
         vb: dict[tuple, list[float]] = {}
         for key in common:
@@ -1920,7 +1998,6 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
             a=_clean(sum(a_vals) / len(a_vals)) if a_vals else None,
             b=_clean(sum(b_vals) / len(b_vals)) if b_vals else None,
             diff=_clean(mean), lo=_clean(lo), hi=_clean(hi), p=round(p, 12), n=len(keys))
-    flips.sort(key=lambda f: (f.a_pass, f.case_id, f.trial))
     warnings = []
     ha = sorted({x.source_hash for x in run_a.scenarios.values()})
     hb = sorted({x.source_hash for x in run_b.scenarios.values()})
@@ -1935,4 +2012,23 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
     return Comparison(a=run_a.run, b=run_b.run, config_text=cfg.describe(), pairs=len(common), both_pass=both,
                       a_only=a_only, b_only=b_only, neither=neither, mcnemar_p=round(stats.mcnemar_exact(a_only, b_only), 12),
                       unpaired_a=len(ka) - len(common), unpaired_b=len(kb) - len(common), metrics=metrics,
-                      flipped=flips, warnings=warnings)
+                      flipped=flips, tau2_flipped=tau2_flips, warnings=warnings)
+
+
+def _flips(run_a: ScoredRun, run_b: ScoredRun, ka: dict[tuple, int], kb: dict[tuple, int], common: list[tuple],
+           ok_a: np.ndarray, ok_b: np.ndarray) -> list[Flip]:
+    """The paired dialogues whose 0/1 outcome (pass, tau2 pass) differs between A and B, regressions
+    first; a dialogue where either outcome is undefined (NaN) is not a flip."""
+    flips = []
+    for key in common:
+        da, db = ka[key], kb[key]
+        x, y = float(ok_a[da]), float(ok_b[db])
+        if x != x or y != y or bool(x) == bool(y):
+            continue
+        case = run_a.case_of(da)
+        flips.append(Flip(case_id=key[0], trial=key[1], model_a=run_a.model_of(da), model_b=run_b.model_of(db),
+                          a_pass=bool(x), b_pass=bool(y), a_final_action=_final_action(run_a, da),
+                          b_final_action=_final_action(run_b, db),
+                          expected_action=case.expected_finals.get("Action") if case else None))
+    flips.sort(key=lambda f: (f.a_pass, f.case_id, f.trial))
+    return flips
