@@ -1062,3 +1062,19 @@ def test_compare_has_every_metric_and_lists_trace_flips(floor_runs) -> None:
     assert res.exit_code == 0, res.output
     assert "action trace flipped" in res.output and "trace_precision" in res.output
     assert "revenue_at_risk" in res.output
+
+
+def test_token_totals_say_they_are_the_agents(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    oracle = str(floor_runs["baseline/oracle"])
+    r = CliRunner()
+    res = r.invoke(main, ["score", oracle, "--bootstrap", "0"], env={"COLUMNS": "200"})
+    assert "Agent tok/1k" in res.output and "Agent $/1k" in res.output and "the simulated user and the judges are not" in res.output
+    group = json.loads(r.invoke(main, ["score", oracle, "--format", "json", "--bootstrap", "0"]).stdout)["groups"][0]
+    assert {"agent_tokens", "agent_cost"} <= set(group["counts"]) and "tokens" not in group["counts"]
+    row = json.loads(r.invoke(main, ["score", oracle, "--format", "json", "--level", "dialogue", "--bootstrap", "0"]
+                              ).stdout.splitlines()[0])
+    assert "agent_tokens" in row and "tokens" not in row

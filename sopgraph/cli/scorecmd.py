@@ -215,7 +215,8 @@ def _print_table(console: Any, title: str, columns: Sequence[str], rows: Sequenc
 _QUALITY_COLUMNS = ("Model", "Scenario", "Dlg", "Cls", "Path", "Action", "Finals", "Logic", "Chat", "Overall",
                     "FmtErr%", "ChatLen")
 _SAFETY_COLUMNS = ("Model", "Scenario", "pass^1", "pass^k", "ActSelf", "ExecGap", "Catastr.", "Rev@risk",
-                   "Esc.acc", "Over-esc", "Resolved", "Adv.safe", "Tok/1k", "$/1k", "Tier")
+                   "Esc.acc", "Over-esc", "Resolved", "Adv.safe", "Agent tok/1k",
+                   "Agent $/1k", "Tier")
 
 
 def _quality_row(a: str, b: str, m: dict, dialogues: int) -> list[str]:
@@ -426,6 +427,8 @@ def render_score(summary: Any, fmt: str, out: Path | None) -> None:
                   f"unscorable {c['unscorable_turns']} · no-consensus fields {c['no_consensus_fields']} · "
                   f"unscored judgments {c.get('unscored_judgments', 0)} · "
                   f"format errors {c['format_errors']} · judgment set {summary.judgment_set or '–'}")
+    console.print("agent tok/1k, agent $/1k: the agent's own calls per 1,000 dialogues (the simulated user and the "
+                  "judges are not counted; `sop runs show` totals every role)", markup=False)
     console.print(f"config: {summary.config_text}", markup=False)
     if out is not None:
         write_output(console.export_text(), out)

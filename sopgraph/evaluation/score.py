@@ -1539,8 +1539,8 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
     if not depth_mode:
         counts["catastrophic_turns"] = int(run.d_cat_turns[d_idx].sum())
         counts["cost_known"] = int(bool(np.all(run.d_cost_known[d_idx])))
-        counts["tokens"] = int(run.d_tokens[d_idx].sum())
-        counts["cost"] = float(run.d_cost[d_idx].sum())
+        counts["agent_tokens"] = int(run.d_tokens[d_idx].sum())  # the agent's calls only (not user, judges)
+        counts["agent_cost"] = float(run.d_cost[d_idx].sum())
         tier = cost_tier(res["cost_per_1k"].value, res["tokens_per_1k"].value, bool(counts["cost_known"]), cfg)
     return GroupScore(
         by=by, key=key, dialogues=int(counted.size), cases=int(np.unique(run.d_case[counted]).size),
