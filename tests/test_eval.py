@@ -73,3 +73,17 @@ def test_eval_gate_failure_and_usage_errors(oracle_eval, tmp_path) -> None:
     (tmp_path / "other" / "run" / "run.sqlite").write_bytes(b"")
     res = _eval(tmp_path / "other")
     assert res.exit_code == 1 and "did not start" in res.output
+
+
+def test_user_docs_carry_no_commit_hashes_and_link_the_performance_history() -> None:
+    """Performance diaries with revisions live in docs/performance.md; user docs say how to use (issue 34)."""
+    import re
+
+    pattern = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = {p.name: pattern.findall(p.read_text(encoding="utf-8")) for p in docs if p.name != "performance.md"}
+    assert not {k: v for k, v in found.items() if v}
+    assert "performance.md" in (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    assert "performance.md" in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    speed = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8").split("## Speed\n")[1].split("\n## ")[0]
+    assert len([line for line in speed.splitlines() if line.strip()]) <= 6  # five lines and the link
