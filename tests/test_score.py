@@ -944,6 +944,8 @@ def test_a_metric_registered_from_python_shows_in_score_output(floor_runs, tmp_p
     assert "registered metrics" in res.output and "short_dialogues" in res.output
     res = r.invoke(main, ["score", "--list-metrics"])
     assert "short_dialogues" in res.output and "(registered)" in res.output
+    board = json.loads(r.invoke(main, ["leaderboard", oracle, "--format", "json", "--bootstrap", "0"]).stdout)
+    assert board["rows"][0]["metrics"]["short_dialogues"]["value"] == pytest.approx(expected)
     with pytest.raises(metrics.MetricError, match="built-in"):
         metrics.register_metric(metrics.turn_metric("path", "again", "higher", lambda r: r.t_path))
     with pytest.raises(metrics.MetricError, match="needs exactly `derive`"):

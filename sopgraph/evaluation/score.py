@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sopgraph.evaluation import stats
 from sopgraph.evaluation.metrics import (
     BUCKETS,
+    BUILTIN_METRICS,
     MetricDef,
     dialogue_metrics,
     logic_formula,
@@ -1810,6 +1811,8 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
         raise ScoreError("no run directories given")
     per_key: dict[tuple[str, str], list[tuple[str, GroupScore]]] = {}
     names = []
+    builtin = {m.name for m in BUILTIN_METRICS}
+    shown = LEADERBOARD_METRICS + tuple(m.name for m in registered() if m.name not in builtin)
     for rd in _runs_given(run_dirs):
         run = score_run(rd, cfg)
         names.append(run.run)
@@ -1820,11 +1823,11 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
         if len(items) == 1:
             run_name, g = items[0]
             rows.append(LeaderRow(model=model, scenario=scen, runs=[run_name], spread="ci", dialogues=g.dialogues,
-                                  metrics={k: g.metrics[k] for k in LEADERBOARD_METRICS if k in g.metrics},
+                                  metrics={k: g.metrics[k] for k in shown if k in g.metrics},
                                   pass_k=g.pass_k, tau2_pass_k=g.tau2_pass_k, cost_tier=g.cost_tier))
             continue
         metrics = {}
-        for k in LEADERBOARD_METRICS:
+        for k in shown:
             vals = [v for _, g in items if k in g.metrics and (v := g.metrics[k].value) is not None]
             med, lo, hi = reducer("median")(vals)
             metrics[k] = Metric(value=_clean(med), lo=_clean(lo), hi=_clean(hi), n=len(vals))
@@ -1842,7 +1845,7 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
         out += sorted(rs, key=lambda r: r.scenario)
         if len(rs) > 1:
             metrics = {}
-            for k in LEADERBOARD_METRICS:
+            for k in shown:
                 vals = [v for r in rs if k in r.metrics and (v := r.metrics[k].value) is not None]
                 metrics[k] = Metric(value=_clean(sum(vals) / len(vals)) if vals else None, n=len(vals))
             out.append(LeaderRow(model=model, scenario="*", runs=sorted({n for r in rs for n in r.runs}),
