@@ -421,7 +421,7 @@ class ScoredRun:
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
     _dsum_cache: dict[str | None, np.ndarray] = field(default_factory=dict)
-    _dvalues: dict[str, np.ndarray] | None = None
+    _dvalues: dict[str, Any] | None = None
     _weights: stats.WeightCache = field(default_factory=stats.WeightCache)
 
     # -- lookups ---------------------------------------------------------------------------
@@ -506,32 +506,29 @@ class ScoredRun:
     def _turn_metric_values(self, row: int) -> dict[str, float | None]:
         """Every other registered turn metric's value on one turn (the registry's own, and yours); the
         Action's accuracy stays `action_acc` (`action` names the Action the agent took)."""
-        cache = self._dsum_cache_turn()
-        out: dict[str, float | None] = {}
-        for name, values in cache.items():
-            out[name] = _num(values[row])
-        return out
+        return {name: _num(values[row]) for name, values in self._turn_value_columns().items()}
 
-    def _dsum_cache_turn(self) -> dict[str, np.ndarray]:
-        key = "\x00turn-values"
-        cached = self._dvalues_cache.get(key)
-        if cached is None:
-            cached = {}
+    def _turn_value_columns(self) -> dict[str, np.ndarray]:
+        """Per-turn columns of the turn metrics the turn record does not already carry (computed once)."""
+        cache = self._dvalues_cache
+        if "\x00turn-values" not in cache:
+            columns: dict[str, np.ndarray] = {}
             per_turn: dict[str, np.ndarray] = {"logic": self.t_logic, "overall": self.t_overall}
             for m in turn_metrics(self.metrics):
                 assert m.turn_value is not None
                 per_turn[m.name] = np.asarray(m.turn_value(self), dtype=float)
                 if m.name not in _TURN_RECORD_KEYS:
-                    cached[m.name] = per_turn[m.name]
+                    columns[m.name] = per_turn[m.name]
             with np.errstate(invalid="ignore"):
                 for m in self.metrics:
                     if m.derive is not None and m.per_depth and m.name not in _TURN_RECORD_KEYS:
-                        cached[m.name] = np.asarray(m.derive(self.config, _lookup(per_turn, cached)), dtype=float)
-            self._dvalues_cache[key] = cached
-        return cached
+                        columns[m.name] = np.asarray(m.derive(self.config, _lookup(per_turn, columns)), dtype=float)
+            cache["\x00turn-values"] = columns
+        return cache["\x00turn-values"]
 
     @property
     def _dvalues_cache(self) -> dict[str, Any]:
+        """Per-run caches of the record values (turn and dialogue columns of every metric)."""
         if self._dvalues is None:
             self._dvalues = {}
         return self._dvalues
