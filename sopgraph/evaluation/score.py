@@ -537,8 +537,10 @@ class ScoredRun:
         """The dialogue's per-dialogue metrics (pass, safety, traces, cost), on its final turn only (null on
         the others), so that sums over turn rows stay right."""
         values = dialogue_metric_values(self)
-        final = bool(self.t_final[row])
-        return {m.name: (_num(values[m.name][d]) if final else None) for m in dialogue_metrics(self.metrics)}
+        names = [m.name for m in dialogue_metrics(self.metrics)]
+        if not self.t_final[row]:
+            return dict.fromkeys(names)
+        return {name: _num(values[name][d]) for name in names}
 
     def dialogue_record(self, d: int) -> dict[str, Any]:
         dlg = self.dialogues[d]
