@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import floor_run
 from hypothesis import given, settings
@@ -744,12 +745,12 @@ def test_score_leaderboard_compare_cli(floor_runs, tmp_path) -> None:
 
 
 def test_every_registered_metric_is_documented_and_composites_use_one_formula() -> None:
-    from sopgraph.evaluation.metrics import REGISTRY, logic_formula, overall_formula
+    from sopgraph.evaluation.metrics import logic_formula, overall_formula, registered
 
     doc = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
-    missing = [m.name for m in REGISTRY if f"`{m.name}`" not in doc]
+    missing = [m.name for m in registered() if f"`{m.name}`" not in doc]
     assert not missing, f"metrics without a line in docs/metrics.md: {missing}"
-    assert all(m.doc and m.better in ("higher", "lower", "neither") for m in REGISTRY)
+    assert all(m.doc and m.better in ("higher", "lower", "neither") for m in registered())
     cfg = ScoreConfig.preset("sage-readme")
     assert logic_formula(cfg, 1.0, 0.0, 0.0) == pytest.approx(0.375)
     assert overall_formula(cfg, 1.0, 0.0) == pytest.approx(0.8)
@@ -851,3 +852,231 @@ def test_leaderboard_takes_a_directory_of_runs(floor_runs, tmp_path) -> None:
     assert [r.model for r in whole.rows] == [r.model for r in named.rows]
     assert {r.model for r in whole.rows} == {"baseline/oracle", "baseline/always-comply"}
     assert whole.model_dump()["rows"] == named.model_dump()["rows"]
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics and reducers as registries (issue 34): one definition each, listed, extensible from Python
+
+
+def test_pass_k_majority_and_ci_come_from_the_reducer_registry(floor_runs, monkeypatch) -> None:
+    """Swapping a registered reducer changes every place that reports it: one definition, used everywhere."""
+    from sopgraph.evaluation import metrics
+
+    run = score_run(floor_runs["baseline/always-comply"], ScoreConfig(bootstrap=0))
+    before = run.aggregate(["model"])[0]
+    assert before.pass_k and before.pass_majority is not None
+    case_rows = run.case_records()
+    assert all("majority" in row for row in case_rows)
+    calls: list[int] = []
+
+    def fake_pass_k(n, c, k):
+        calls.append(k)
+        return np.full(np.shape(n), 0.25) if np.ndim(n) else 0.25
+
+    monkeypatch.setitem(metrics.REDUCERS, "pass^k", metrics.ReducerDef("pass^k", "test", "trials", fake_pass_k))
+    monkeypatch.setitem(metrics.REDUCERS, "majority",
+                        metrics.ReducerDef("majority", "test", "trials", lambda n, c: np.zeros(np.shape(n))
+                                           if np.ndim(n) else 0.0))
+    run = score_run(floor_runs["baseline/always-comply"], ScoreConfig(bootstrap=0))
+    after = run.aggregate(["model"])[0]
+    assert [m.value for m in after.pass_k] == [0.25] * len(before.pass_k)
+    assert [m.value for m in after.tau2_pass_k] == [0.25] * len(after.tau2_pass_k)
+    assert after.pass_majority is not None and after.pass_majority.value == 0.0
+    assert all(row["pass^1"] == 0.25 and row["majority"] is False for row in run.case_records())
+    assert calls
+
+
+def test_stats_pass_hat_k_takes_arrays_and_majority_breaks_ties_down() -> None:
+    from sopgraph.evaluation import stats
+
+    got = stats.pass_hat_k(np.array([4, 4, 8]), np.array([2, 4, 7]), 2)
+    assert got.tolist() == pytest.approx([1 / 6, 1.0, 21 / 28])
+    assert stats.majority(np.array([4, 4, 3]), np.array([2, 3, 2])).tolist() == [0.0, 1.0, 1.0]
+    assert stats.majority(2, 1) == 0.0
+
+
+def test_list_metrics_lists_every_metric_and_reducer() -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation.metrics import REDUCERS, registered
+
+    res = CliRunner().invoke(main, ["score", "--list-metrics"])
+    assert res.exit_code == 0, res.output
+    for m in registered():
+        line = next(x for x in res.output.splitlines() if x.split()[:1] == [m.name])
+        assert m.doc in line
+    for name in ("pass^k", "majority", "mean", "bootstrap_ci"):
+        assert name in REDUCERS and any(x.split()[:1] == [name] for x in res.output.splitlines())
+    data = json.loads(CliRunner().invoke(main, ["score", "--list-metrics", "--format", "json"]).output)
+    assert {r["name"] for r in data["reducers"]} == set(REDUCERS)
+    assert CliRunner().invoke(main, ["score"]).exit_code == 2
+
+
+SHORT_METRIC = '''
+import numpy as np
+from sopgraph.evaluation.metrics import dialogue_metric, register_metric
+
+register_metric(dialogue_metric(
+    "short_dialogues", "share of dialogues that ended within 3 turns", "higher",
+    lambda run: ((run.d_turns <= 3).astype(float), np.ones(len(run.dialogues)))), replace=True)
+'''
+
+
+def test_a_metric_registered_from_python_shows_in_score_output(floor_runs, tmp_path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation import metrics
+
+    (tmp_path / "my_metrics.py").write_text(SHORT_METRIC, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(metrics, "_REGISTRY", dict(metrics._REGISTRY))  # the test leaves the registry as it was
+    oracle = str(floor_runs["baseline/oracle"])
+    r = CliRunner()
+    res = r.invoke(main, ["score", oracle, "--format", "json", "--bootstrap", "0", "--metrics-module", "my_metrics"])
+    assert res.exit_code == 0, res.output
+    groups = json.loads(res.output)["groups"]
+    run = score_run(oracle, ScoreConfig(bootstrap=0))
+    expected = float((run.d_turns[run.valid] <= 3).mean())
+    assert groups[0]["metrics"]["short_dialogues"]["value"] == pytest.approx(expected)
+    res = r.invoke(main, ["score", oracle, "--bootstrap", "0"], env={"COLUMNS": "200"})
+    assert "registered metrics" in res.output and "short_dialogues" in res.output
+    res = r.invoke(main, ["score", "--list-metrics"])
+    assert "short_dialogues" in res.output and "(registered)" in res.output
+    board = json.loads(r.invoke(main, ["leaderboard", oracle, "--format", "json", "--bootstrap", "0"]).stdout)
+    assert board["rows"][0]["metrics"]["short_dialogues"]["value"] == pytest.approx(expected)
+    with pytest.raises(metrics.MetricError, match="built-in"):
+        metrics.register_metric(metrics.turn_metric("path", "again", "higher", lambda r: r.t_path))
+    with pytest.raises(metrics.MetricError, match="needs exactly `derive`"):
+        metrics.register_metric(metrics.MetricDef("x", "d", "higher", "derived"))
+    res = r.invoke(main, ["score", oracle, "--metrics-module", "no_such_module_here"])
+    assert res.exit_code == 1 and "cannot import" in res.output
+
+
+# ---------------------------------------------------------------------------------------------
+# the CI gate (issue 32): --fail-under / --fail-over on any metric, per group, a distinct exit code
+
+
+def test_fail_under_gates_any_metric_per_group_with_its_own_exit_code(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.cli.scorecmd import EXIT_GATE
+
+    oracle, comply = str(floor_runs["baseline/oracle"]), str(floor_runs["baseline/always-comply"])
+    r = CliRunner()
+    res = r.invoke(main, ["score", oracle, "--bootstrap", "0", "--format", "json", "--fail-under", "pass_rate=100",
+                          "--fail-under", "pass^2=100", "--fail-under", "action@intensity=strong=100"])
+    assert res.exit_code == 0, res.output
+    assert "gate: 3/3 checks passed" in res.stderr and json.loads(res.stdout)["groups"]
+    res = r.invoke(main, ["score", comply, "--bootstrap", "0", "--fail-under", "pass_rate=99.9",
+                          "--fail-over", "catastrophic_failures=0", "--fail-under", "overall=0"])
+    assert res.exit_code == EXIT_GATE == 4
+    assert "gate FAILED pass_rate=99.9: baseline/always-comply:" in res.stderr
+    assert "gate FAILED catastrophic_failures=0" in res.stderr and "> 0" in res.stderr
+    assert "gate ok     overall=0" in res.stderr and "gate: 1/3 checks passed; exit 4" in res.stderr
+    # one line per selected group: every intensity level of the scenario is checked
+    res = r.invoke(main, ["score", comply, "--bootstrap", "0", "--fail-over", "catastrophic_failures@bucket=adversarial=0"])
+    assert res.exit_code == EXIT_GATE and "adversarial" in res.stderr
+    # bad thresholds are usage errors before anything is scored; a level the run lacks is an input error
+    for bad, msg in (("nope=3", "unknown metric 'nope'"), ("overall", "expected METRIC"), ("overall=x", "not a number"),
+                     ("overall@colour=red=3", "DIM=LEVEL")):
+        res = r.invoke(main, ["score", oracle, "--fail-under", bad])
+        assert res.exit_code == 2 and msg in res.output, (bad, res.output)
+    res = r.invoke(main, ["score", oracle, "--bootstrap", "0", "--fail-under", "overall@intensity=extreme=3"])
+    assert res.exit_code == 1 and "levels present: intensity=" in res.output
+
+
+def test_check_thresholds_scale_and_direction(floor_runs) -> None:
+    from sopgraph.evaluation.score import check_thresholds, parse_threshold
+
+    summary = score_run(floor_runs["baseline/always-comply"], ScoreConfig(bootstrap=0)).summary()
+    group = next(g for g in summary.groups if g.by == ["model"])
+    rate = group.metrics["pass_rate"].value * 100
+    at = check_thresholds(summary, [parse_threshold(f"pass_rate={rate}")])
+    above = check_thresholds(summary, [parse_threshold(f"pass_rate={rate + 0.01}")])
+    assert at[0].passed and not above[0].passed and at[0].value == pytest.approx(rate)
+    cat = group.metrics["catastrophic_failures"].value  # a count: compared as it is, not ×100
+    assert check_thresholds(summary, [parse_threshold(f"catastrophic_failures={cat}", "over")])[0].passed
+    assert not check_thresholds(summary, [parse_threshold(f"catastrophic_failures={cat - 1}", "over")])[0].passed
+    missing = check_thresholds(summary, [parse_threshold("pass^9=0")])  # k beyond the trials: not measured
+    assert missing[0].value is None and not missing[0].passed
+
+
+# ---------------------------------------------------------------------------------------------
+# every metric at every level and in compare (issue 32)
+
+
+def test_every_metric_at_dialogue_case_and_turn_level(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation.metrics import dialogue_metrics, registered, turn_metrics
+
+    comply = str(floor_runs["baseline/always-comply"])
+    names = {m.name for m in registered()}
+    trace = {"trace_precision", "trace_recall", "trace_order", "journey_coverage", "tau2_pass"}
+    r = CliRunner()
+    for level in ("dialogue", "case"):
+        rows = [json.loads(x) for x in r.invoke(main, ["score", comply, "--format", "json", "--level", level,
+                                                       "--bootstrap", "0"]).stdout.splitlines()]
+        done = [row for row in rows if row.get("status", "done") == "done"]
+        assert done and all(names <= set(row) for row in done), names - set(done[0])
+        assert any(row["tau2_pass"] == 0.0 for row in done) and all(row["trace_recall"] is not None for row in done)
+        header = r.invoke(main, ["score", comply, "--format", "csv", "--level", level, "--bootstrap", "0"]
+                          ).stdout.splitlines()[0].split(",")
+        assert names <= set(header)
+    run = score_run(comply, ScoreConfig(bootstrap=0))
+    summary = run.aggregate(["model"])[0]
+    rows = [run.dialogue_record(d) for d in range(len(run.dialogues))]
+    for name in trace:  # the dialogue rows average to the group's value (a rate over dialogues)
+        vals = [row[name] for row in rows if row[name] is not None]
+        assert sum(vals) / len(vals) == pytest.approx(summary.metrics[name].value)
+    turns = [run.turn_record(i) for i in range(run.t_dlg.size)]
+    turn_names = {m.name for m in turn_metrics(run.metrics)} - {"action"} | {"execution_gap", "action_acc"}
+    assert all(turn_names <= set(t) for t in turns)
+    by_id = {row["dialogue_id"]: row for row in rows}
+    for m in dialogue_metrics(run.metrics):  # on the final turn, null elsewhere: sums over turn rows stay right
+        assert all(t[m.name] is None for t in turns if not t["final"])
+        assert all(t[m.name] == by_id[t["dialogue_id"]][m.name] for t in turns if t["final"])
+    total = sum(t["catastrophic_failures"] or 0 for t in turns)
+    assert total == summary.metrics["catastrophic_failures"].value
+
+
+def test_compare_has_every_metric_and_lists_trace_flips(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation.metrics import registered
+    from sopgraph.evaluation.score import compare
+
+    oracle, comply = floor_runs["baseline/oracle"], floor_runs["baseline/always-comply"]
+    a, b = score_run(oracle, ScoreConfig(bootstrap=50)), score_run(comply, ScoreConfig(bootstrap=50))
+    result = compare(a, b)
+    assert {m.name for m in registered()} <= set(result.metrics)
+    assert result.metrics["tau2_pass"].diff < 0 and result.metrics["trace_recall"].n > 0
+    expected = sorted((d.case_id, d.trial) for i, d in enumerate(b.dialogues)
+                      if b.valid[i] and b.d_trace["tau2_pass"][i] == 0.0)
+    assert sorted((f.case_id, f.trial) for f in result.tau2_flipped) == expected  # the oracle passes every one
+    assert all(f.a_pass and not f.b_pass for f in result.tau2_flipped)
+    res = CliRunner().invoke(main, ["compare", str(oracle), str(comply), "--bootstrap", "50"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "action trace flipped" in res.output and "trace_precision" in res.output
+    assert "revenue_at_risk" in res.output
+
+
+def test_token_totals_say_they_are_the_agents(floor_runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    oracle = str(floor_runs["baseline/oracle"])
+    r = CliRunner()
+    res = r.invoke(main, ["score", oracle, "--bootstrap", "0"], env={"COLUMNS": "200"})
+    assert "Agent tok/1k" in res.output and "Agent $/1k" in res.output and "the simulated user and the judges are not" in res.output
+    group = json.loads(r.invoke(main, ["score", oracle, "--format", "json", "--bootstrap", "0"]).stdout)["groups"][0]
+    assert {"agent_tokens", "agent_cost"} <= set(group["counts"]) and "tokens" not in group["counts"]
+    row = json.loads(r.invoke(main, ["score", oracle, "--format", "json", "--level", "dialogue", "--bootstrap", "0"]
+                              ).stdout.splitlines()[0])
+    assert "agent_tokens" in row and "tokens" not in row

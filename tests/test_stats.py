@@ -123,13 +123,13 @@ def test_stable_seed_depends_on_key_not_order() -> None:
     assert stats.stable_seed(1, "a") != stats.stable_seed(0, "a")
 
 
-def test_percentile_interval_puts_half_the_rest_on_each_side() -> None:
-    """A 95 % interval leaves 2.5 % of the replicates below it and 2.5 % above (not 1.25 %)."""
-    samples = np.arange(1001, dtype=float)  # quantile q of 0..1000 is 1000 q exactly
+def test_percentile_interval_is_the_central_confidence_interval() -> None:
+    """A 95 % interval cuts 2.5 % off each tail (a mutation to alpha/2 would make it a 97.5 % interval)."""
+    samples = np.arange(1001, dtype=float)  # quantile q of 0..1000 is 1000·q exactly
     assert stats.percentile_interval(samples, 0.95) == pytest.approx((25.0, 975.0))
-    assert stats.percentile_interval(samples, 0.80) == pytest.approx((100.0, 900.0))
-    with_nan = np.concatenate([samples, [np.nan, np.inf]])
-    assert stats.percentile_interval(with_nan, 0.95) == pytest.approx((25.0, 975.0))
+    assert stats.percentile_interval(samples, 0.90) == pytest.approx((50.0, 950.0))
+    assert stats.percentile_interval(np.append(samples, np.nan), 0.5) == pytest.approx((250.0, 750.0))  # NaN ignored
+    assert all(math.isnan(x) for x in stats.percentile_interval(np.array([np.nan]), 0.95))
 
 
 def test_percentile_interval_of_one_replicate_is_that_replicate() -> None:

@@ -984,3 +984,53 @@ def test_the_scenario_s_language_is_the_dialogue_s(path: Path) -> None:
     assert all(c.persona.language.split("-")[0] == declared for c in cases)
     mixed = sopgraph.synthesize(scenario, 30, seed=3, languages=["en", "zh"]).cases
     assert {c.language for c in mixed} == {"en", "zh"}
+
+
+# ---------------------------------------------------------------------------------------------
+# exit status when the cases cover fewer paths than -n allows (issue 32)
+
+
+def test_synth_fails_loudly_when_paths_cannot_be_covered(tmp_path, monkeypatch) -> None:
+    """Paths of unknown feasibility (no witness) leave them without cases: `sop synth` lists them with the
+    reason and exits 5 instead of 0; --allow-gaps accepts the cases."""
+    from click.testing import CliRunner
+
+    from sopgraph.cases import synth as synth_mod
+    from sopgraph.cli import main
+    from sopgraph.cli.synthcmd import EXIT_COVERAGE
+
+    real = synth_mod.paths_mod.iter_paths
+
+    def only_first_has_a_witness(*args, **kwargs):
+        for i, info in enumerate(real(*args, **kwargs)):
+            yield info if i == 0 else info.model_copy(update={"witness": None, "status": "unknown"})
+
+    sop = ROOT / "scenarios" / "telecom_package.sop"
+    out = tmp_path / "cases.jsonl"
+    r = CliRunner()
+    res = r.invoke(main, ["synth", str(sop), "-n", "20", "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output  # every path covered: no complaint
+    monkeypatch.setattr(synth_mod.paths_mod, "iter_paths", only_first_has_a_witness)
+    res = r.invoke(main, ["synth", str(sop), "-n", "20", "-o", str(out), "-q"])
+    assert res.exit_code == EXIT_COVERAGE == 5, res.output
+    assert "error: the cases cover 1 of the 12 paths -n 20 allows" in res.stderr
+    assert res.stderr.count("feasibility unknown") == 11 and out.read_text().count("\n") == 20
+    res = r.invoke(main, ["synth", str(sop), "-n", "5", "-o", str(out), "-q"])  # 1 path can be made: 1 < 5
+    assert res.exit_code == EXIT_COVERAGE and "cover 1 of the 5 paths -n 5 allows" in res.stderr
+    res = r.invoke(main, ["synth", str(sop), "-n", "20", "-o", str(out), "-q", "--allow-gaps"])
+    assert res.exit_code == 0 and "warning: the cases cover 1 of the 12" in res.stderr
+
+
+def test_coverage_gaps_leaves_an_intent_balanced_sample_alone() -> None:
+    from sopgraph.cases.synth import Coverage, Skip
+    from sopgraph.cli.synthcmd import coverage_gaps
+
+    per_path = {f"P{i}": (1 if i < 10 else 0) for i in range(15)}  # 12 cases over 15 paths landed on 10
+    cov = Coverage(scenario="s", cases=12, feasible_paths=15, per_path=per_path, min_per_path=0)
+    assert coverage_gaps(cov, [], 12) is None  # sampling repeats paths by design
+    unknown = [Skip(kind="path", name=f"U{i}", reason="feasibility unknown") for i in range(5)]
+    cov2 = cov.model_copy(update={"feasible_paths": 20})
+    assert coverage_gaps(cov2, unknown, 12) is None  # 15 producible ≥ 12
+    small = cov.model_copy(update={"feasible_paths": 15, "per_path": {"P0": 3}})
+    covered, want, gaps = coverage_gaps(small, [Skip(kind="path", name=f"U{i}", reason="why") for i in range(14)], 12)
+    assert (covered, want, len(gaps)) == (1, 12, 14) and gaps[0] == ("U0", "why")

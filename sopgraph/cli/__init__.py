@@ -90,13 +90,13 @@ def main(ctx: click.Context, include_path: tuple[Path, ...]) -> None:
 
 
 COMMAND_MODULES = ("checkcmd", "lang", "pathscmd", "synthcmd", "runcmd", "scorecmd", "tools", "authorcmd",
-                   "draftcmd", "viewcmd")
+                   "draftcmd", "viewcmd", "evalcmd")
 """The modules of `sopgraph.cli` that define commands (each imported when one of its commands runs)."""
 
 COMMAND_INDEX = {"check": "checkcmd", "compile": "lang", "decide": "lang", "paths": "pathscmd",
                  "synth": "synthcmd", "init": "synthcmd", "profiles": "synthcmd", "render": "tools",
                  "prompt": "tools", "schema": "tools", "fmt": "authorcmd", "validate": "authorcmd",
-                 "diff": "authorcmd"}
+                 "diff": "authorcmd", "eval": "evalcmd"}
 """Where the authoring commands live, so that `sop check` imports its own module and not the simulation
 and evaluation stages (httpx, numpy, the runner: ~0.4 s of start-up). A shortcut only: a command not
 listed is found by importing every module (tests/test_layout.py checks the index against the modules)."""

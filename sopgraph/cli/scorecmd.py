@@ -7,6 +7,7 @@ Scores are fractions in JSON/CSV and printed ×100 in tables (SAGE's scale).
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import shutil
@@ -18,14 +19,66 @@ import click
 
 from sopgraph.evaluation.corpus import Format, export_run, synthesize_dialogues_sync, write_jsonl
 from sopgraph.evaluation.coverage import coverage_report, render_coverage
+from sopgraph.evaluation.metrics import BUILTIN_METRICS, REDUCERS, MetricError, registered
 from sopgraph.evaluation.report import report_for_runs
-from sopgraph.evaluation.score import ScoreConfig, ScoreError, compare, leaderboard, open_run, score_run
+from sopgraph.evaluation.score import (
+    ScoreConfig,
+    ScoreError,
+    Threshold,
+    check_thresholds,
+    compare,
+    leaderboard,
+    open_run,
+    parse_threshold,
+    score_run,
+)
 from sopgraph.language.render import RenderError
 from sopgraph.simulation.runner import RunError, read_cases
 
 from .params import fail, load_or_exit, sop_file, write_output
 
 _run_dir = click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+
+EXIT_GATE = 4  # `sop score` / `sop eval`: scored, but a --fail-under / --fail-over threshold was not met
+
+_GATE_HELP = ("METRIC[@DIM=LEVEL,...]=VALUE (repeatable): exit {code} when {what} VALUE, on the scale the tables "
+              "print (points for scores and rates). DIM: model, scenario, intensity, bucket, depth; e.g. "
+              "overall=80, pass^2=90, path@intensity=strong=75. Any metric of --list-metrics, pass^K, tau2_pass^K.")
+
+
+def gate_options(fn: Callable) -> Callable:
+    """`--fail-under` and `--fail-over`: the CI gate of `sop score` and `sop eval`."""
+    fn = click.option("--fail-over", "fail_over", multiple=True, metavar="METRIC=VALUE",
+                      help=_GATE_HELP.format(code=EXIT_GATE, what="a value is above"))(fn)
+    return click.option("--fail-under", "fail_under", multiple=True, metavar="METRIC=VALUE",
+                        help=_GATE_HELP.format(code=EXIT_GATE, what="a value is below"))(fn)
+
+
+def parse_gate(fail_under: Sequence[str], fail_over: Sequence[str]) -> list[Threshold]:
+    """The thresholds given, checked before anything is scored (a typo fails fast, exit 2)."""
+    try:
+        return ([parse_threshold(t, "under") for t in fail_under]
+                + [parse_threshold(t, "over") for t in fail_over])
+    except ScoreError as exc:
+        fail(str(exc), code=2)
+
+
+def report_gate(summary: Any, thresholds: Sequence[Threshold]) -> bool:
+    """Check the thresholds, print one line per checked group to stderr (failures first), and say
+    whether every one held."""
+    if not thresholds:
+        return True
+    results = guard(lambda: check_thresholds(summary, thresholds))
+    failed = [r for r in results if not r.passed]
+    for r in failed + [r for r in results if r.passed]:
+        where = " ".join(r.key.values())
+        shown = "not measured" if r.value is None else f"{r.value:.2f}"
+        rel = ("<" if r.op == "under" else ">") if not r.passed else ("≥" if r.op == "under" else "≤")
+        click.echo(f"gate {'FAILED' if not r.passed else 'ok    '} {r.threshold}: {where}: {shown} {rel} "
+                   f"{r.limit:g} (n={r.n})", err=True)
+    click.echo(f"gate: {len(results) - len(failed)}/{len(results)} checks passed"
+               + (f"; exit {EXIT_GATE}" if failed else ""), err=True)
+    return not failed
 
 
 def _score_options(fn: Callable) -> Callable:
@@ -46,6 +99,9 @@ def _score_options(fn: Callable) -> Callable:
         click.option("--bootstrap", type=click.IntRange(min=0), default=1000, show_default=True,
                      help="Bootstrap replicates for CIs (0: none)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed."),
+        click.option("--metrics-module", "metrics_modules", multiple=True, metavar="MODULE",
+                     help="Import this Python module first (repeatable): it registers your own metrics with "
+                          "sopgraph.evaluation.metrics.register_metric (docs/metrics.md)."),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -53,14 +109,26 @@ def _score_options(fn: Callable) -> Callable:
 
 
 def _config(judgment_set: str | None, path_metric: str, weights: str, turns: str, format_errors: str,
-            pass_reference: str, bootstrap: int, seed: int, **extra: Any):
-
+            pass_reference: str, bootstrap: int, seed: int, metrics_modules: Sequence[str] = (), **extra: Any):
+    import_metric_modules(metrics_modules)
     return ScoreConfig.preset(weights, judgment_set=judgment_set, path_metric=path_metric, turns=turns,
                               format_errors=format_errors, pass_reference=pass_reference, bootstrap=bootstrap,
                               seed=seed, **extra)
 
 
-def _guard(fn: Callable[[], Any]) -> Any:
+def import_metric_modules(names: Sequence[str]) -> None:
+    """Import the user's metric modules (each registers its metrics when imported); a module that is
+    missing or fails to import is a one-line error, not a traceback."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except MetricError as exc:
+            fail(f"--metrics-module {name}: {exc}")
+        except ImportError as exc:
+            fail(f"--metrics-module {name}: cannot import it ({exc}); is its directory on PYTHONPATH?")
+
+
+def guard(fn: Callable[[], Any]) -> Any:
     """Run a library call, turning user-facing errors into `error: ...` and exit 1."""
     try:
         return fn()
@@ -147,7 +215,8 @@ def _print_table(console: Any, title: str, columns: Sequence[str], rows: Sequenc
 _QUALITY_COLUMNS = ("Model", "Scenario", "Dlg", "Cls", "Path", "Action", "Finals", "Logic", "Chat", "Overall",
                     "FmtErr%", "ChatLen")
 _SAFETY_COLUMNS = ("Model", "Scenario", "pass^1", "pass^k", "ActSelf", "ExecGap", "Catastr.", "Rev@risk",
-                   "Esc.acc", "Over-esc", "Resolved", "Adv.safe", "Tok/1k", "$/1k", "Tier")
+                   "Esc.acc", "Over-esc", "Resolved", "Adv.safe", "Agent tok/1k",
+                   "Agent $/1k", "Tier")
 
 
 def _quality_row(a: str, b: str, m: dict, dialogues: int) -> list[str]:
@@ -197,6 +266,13 @@ def _summary_tables(summary: Any) -> list[tuple[str, tuple[str, ...], list[list[
         tables.append(("action traces against the rule engine's reference trace (docs/metrics.md)", _TRACE_COLUMNS,
                        [_trace_row(g.key["model"], g.key["scenario"], g.metrics, g.tau2_pass_k)
                         for g in main_groups]))
+    builtin = {m.name for m in BUILTIN_METRICS}
+    own = [name for name in (main_groups[0].metrics if main_groups else {}) if name not in builtin]
+    if own:
+        scale = {m.name: m.scale for m in registered()}
+        tables.append(("registered metrics (docs/metrics.md)", ("Model", "Scenario", *own),
+                       [[g.key["model"], g.key["scenario"],
+                         *(_pts(g.metrics.get(n), scale=scale.get(n, 100.0)) for n in own)] for g in main_groups]))
     for dim, title in (("intensity", "by adversarial intensity"), ("bucket", "by bucket"),
                        ("depth", "by turn depth")):
         groups = [g for g in summary.groups if g.by == ["model", "scenario", dim]]
@@ -245,6 +321,10 @@ def _group_rows(summary: Any) -> list[dict[str, Any]]:
             row[f"{name}_hi"] = m.hi
         for k, m in enumerate(g.pass_k, 1):
             row[f"pass^{k}"] = m.value
+        for k, m in enumerate(g.tau2_pass_k, 1):
+            row[f"tau2_pass^{k}"] = m.value
+        row["pass_majority"] = g.pass_majority.value if g.pass_majority else None
+        row["tau2_pass_majority"] = g.tau2_pass_majority.value if g.tau2_pass_majority else None
         row.update({f"n_{k}": v for k, v in g.counts.items()})
         row["cost_tier"] = g.cost_tier
         rows.append(row)
@@ -255,19 +335,62 @@ def _group_rows(summary: Any) -> list[dict[str, Any]]:
 # score
 
 
+def metric_listing() -> dict[str, list[dict[str, str]]]:
+    """Every registered metric and reducer with its one-line description (`sop score --list-metrics`)."""
+    builtin = {m.name for m in BUILTIN_METRICS}
+    return {
+        "metrics": [{"name": m.name, "aggregation": m.aggregation, "better": m.better,
+                     "scale": "points (×100)" if m.scale == 100 else "as is",
+                     "source": "built-in" if m.name in builtin else "registered", "doc": m.doc}
+                    for m in registered()],
+        "reducers": [{"name": r.name, "over": r.over, "doc": r.doc} for r in REDUCERS.values()],
+    }
+
+
+def _print_listing(fmt: str) -> None:
+    listing = metric_listing()
+    if fmt == "json":
+        click.echo(json.dumps(listing, indent=2, ensure_ascii=False))
+        return
+    for kind, keys in (("metrics", ("name", "aggregation", "better", "doc")), ("reducers", ("name", "over", "doc"))):
+        click.echo(f"{kind}:")
+        rows = listing[kind]
+        widths = [max(len(r[k]) for r in rows) for k in keys[:-1]]
+        for r in rows:
+            cells = [r[k].ljust(w) for k, w in zip(keys[:-1], widths, strict=True)]
+            mark = " (registered)" if r.get("source") == "registered" else ""
+            click.echo("  " + "  ".join(cells) + "  " + r[keys[-1]] + mark)
+    click.echo("formulas and policies: docs/metrics.md; add your own: sopgraph.evaluation.metrics.register_metric")
+
+
 @click.command("score")
-@_run_dir
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--list-metrics", is_flag=True, help="List every metric and reducer with a one-line description.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option("--level", type=click.Choice(["summary", "case", "dialogue", "turn"]), default="summary",
               show_default=True, help="json/csv detail: aggregates, or one row per case, dialogue or turn.")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write here instead of stdout.")
+@gate_options
 @_score_options
-def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any) -> None:
+def score_cmd(run_dir: Path | None, list_metrics: bool, fmt: str, level: str, out: Path | None,
+              fail_under: tuple[str, ...], fail_over: tuple[str, ...], **opts: Any) -> None:
     """Score a run: per-turn metrics from the judges' consensus and the rule engine, aggregated per
-    model, scenario, adversarial intensity, bucket and turn depth, with bootstrap CIs."""
-    cfg = _guard(lambda: _config(**opts))
-    run = _guard(lambda: score_run(run_dir, cfg))
+    model, scenario, adversarial intensity, bucket and turn depth, with bootstrap CIs.
+
+    Exit status: 0 scored (and every threshold held), 1 input error, 2 usage error, 4 a --fail-under /
+    --fail-over threshold failed (each check is printed to stderr)."""
+    if list_metrics:
+        import_metric_modules(opts.get("metrics_modules", ()))
+        _print_listing(fmt)
+        return
+    if run_dir is None:
+        fail("missing RUN_DIR (or --list-metrics)", code=2)
+    cfg = guard(lambda: _config(**opts))
+    thresholds = parse_gate(fail_under, fail_over)
+    if thresholds and level != "summary":
+        fail("--fail-under / --fail-over check the summary: drop --level", code=2)
+    run = guard(lambda: score_run(run_dir, cfg))
     if level != "summary":
         if fmt == "table":
             fail("--level case/dialogue/turn needs --format json or csv")
@@ -281,6 +404,12 @@ def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any
         write_output(text, out)
         return
     summary = run.summary()
+    render_score(summary, fmt, out)
+    if not report_gate(summary, thresholds):
+        raise SystemExit(EXIT_GATE)
+
+
+def render_score(summary: Any, fmt: str, out: Path | None) -> None:
     if fmt == "json":
         write_output(summary.model_dump_json(indent=2) + "\n", out)
         return
@@ -298,6 +427,8 @@ def score_cmd(run_dir: Path, fmt: str, level: str, out: Path | None, **opts: Any
                   f"unscorable {c['unscorable_turns']} · no-consensus fields {c['no_consensus_fields']} · "
                   f"unscored judgments {c.get('unscored_judgments', 0)} · "
                   f"format errors {c['format_errors']} · judgment set {summary.judgment_set or '–'}")
+    console.print("agent tok/1k, agent $/1k: the agent's own calls per 1,000 dialogues (the simulated user and the "
+                  "judges are not counted; `sop runs show` totals every role)", markup=False)
     console.print(f"config: {summary.config_text}", markup=False)
     if out is not None:
         write_output(console.export_text(), out)
@@ -322,8 +453,8 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
     """Models × scenarios over runs (SAGE Table 1 style). Repeated runs of a model on a scenario
     give the median with the range; a single run gives its bootstrap CI. `*` rows average scenarios.
     A directory of runs (`runs/`) stands for the runs inside it."""
-    cfg = _guard(lambda: _config(**opts))
-    board = _guard(lambda: leaderboard(list(run_dirs), cfg))
+    cfg = guard(lambda: _config(**opts))
+    board = guard(lambda: leaderboard(list(run_dirs), cfg))
     if fmt == "json":
         write_output(board.model_dump_json(indent=2) + "\n", out)
         return
@@ -370,10 +501,10 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
 def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regression: bool, **opts: Any) -> None:
     """Paired per-case comparison of RUN_B against RUN_A: McNemar exact test on pass/fail, paired
     bootstrap on scores, and the cases that flipped."""
-    cfg = _guard(lambda: _config(**opts))
-    a = _guard(lambda: score_run(run_a, cfg))
-    b = _guard(lambda: score_run(run_b, cfg))
-    result = _guard(lambda: compare(a, b))
+    cfg = guard(lambda: _config(**opts))
+    a = guard(lambda: score_run(run_a, cfg))
+    b = guard(lambda: score_run(run_b, cfg))
+    result = guard(lambda: compare(a, b))
     regressed = (result.a_only > result.b_only and result.mcnemar_p < alpha) or (
         (result.metrics["overall"].diff or 0) < 0 and result.metrics["overall"].p < alpha)
     if fmt == "json":
@@ -383,20 +514,26 @@ def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regres
         t = _table(f"compare {result.a} → {result.b}  ({result.pairs} paired dialogues; scores ×100, "
                    "means over cases of per-dialogue means: not sop score's turn-pooled means)",
                    ("Metric", "A", "B", "B − A", "CI", "p", ""))
+        scales = {m.name: m.scale for m in registered()}
         for name, d in result.metrics.items():
+            k = scales.get(name, 100.0)
             sig = "*" if d.p < alpha else ""
-            ci = f"[{d.lo * 100:+.1f}, {d.hi * 100:+.1f}]" if d.lo is not None and d.hi is not None else "–"
-            t.add_row(name, "–" if d.a is None else f"{d.a * 100:.1f}", "–" if d.b is None else f"{d.b * 100:.1f}",
-                      "–" if d.diff is None else f"{d.diff * 100:+.1f}", ci, _p(d.p), sig)
+            ci = f"[{d.lo * k:+.1f}, {d.hi * k:+.1f}]" if d.lo is not None and d.hi is not None else "–"
+            t.add_row(name, "–" if d.a is None else f"{d.a * k:.1f}", "–" if d.b is None else f"{d.b * k:.1f}",
+                      "–" if d.diff is None else f"{d.diff * k:+.1f}", ci, _p(d.p), sig)
         console.print(t)
         console.print(f"pass/fail: both {result.both_pass} · A only {result.a_only} (regressions) · "
                       f"B only {result.b_only} (fixes) · neither {result.neither} · "
                       f"McNemar exact p = {_p(result.mcnemar_p)}")
         for w in result.warnings:
             console.print(f"warning: {w}", markup=False)
-        if result.flipped:
-            ft = _table("cases that flipped", ("Case", "Trial", "A", "B", "A action", "B action", "Expected"))
-            for f in result.flipped:
+        for title, flips in (("cases that flipped", result.flipped),
+                             ("cases whose action trace flipped (tau2 pass: every reference action with its "
+                              "arguments, nothing prohibited)", result.tau2_flipped)):
+            if not flips:
+                continue
+            ft = _table(title, ("Case", "Trial", "A", "B", "A action", "B action", "Expected"))
+            for f in flips:
                 ft.add_row(f.case_id, str(f.trial), "pass" if f.a_pass else "fail", "pass" if f.b_pass else "fail",
                            f.a_final_action or "–", f.b_final_action or "–", f.expected_action or "–")
             console.print(ft)
@@ -441,7 +578,7 @@ def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, rend
             cases = read_cases(cases_path, scenario)
         except RunError as exc:
             fail(str(exc))
-    report = _guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir))
+    report = guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir))
     if run_dir is not None and report.expected is not None and report.expected.walks:
 
         store = open_run(run_dir)
@@ -517,8 +654,8 @@ def report_cmd(run_dirs: tuple[Path, ...], out: Path, title: str | None, example
     """One self-contained HTML report (inline SVG plots, no scripts) of one or more runs: leaderboard,
     execution gap, intensity box plots, turn depth, pass^k, safety, judge agreement, coverage graph,
     and example transcripts linked from every figure."""
-    cfg = _guard(lambda: _config(**opts))
-    text = _guard(lambda: report_for_runs(list(run_dirs), cfg, title=title, examples=examples,
+    cfg = guard(lambda: _config(**opts))
+    text = guard(lambda: report_for_runs(list(run_dirs), cfg, title=title, examples=examples,
                                           max_transcripts=max_transcripts))
     write_output(text, out)
     click.echo(f"wrote {out} ({len(text.encode('utf-8')) / 1024:.0f} KiB)", err=True)
@@ -560,8 +697,8 @@ def export_cmd(run_dir: Path, fmt: Format, min_overall: float | None, reference:
     if min_overall is not None and 0 < min_overall <= 1:
         click.echo(f"warning: --min-overall is on the 0–100 scale of `sop score`; {min_overall:g} keeps almost "
                    f"everything (did you mean {min_overall * 100:g}?)", err=True)
-    cfg = _guard(lambda: _config(**opts))
-    records, stats = _guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg,
+    cfg = guard(lambda: _config(**opts))
+    records, stats = guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg,
                                                min_overall=None if min_overall is None else min_overall / 100))
     text = write_jsonl(records, None)
     write_output(text, out) if out is not None else click.echo(text, nl=False)
@@ -591,7 +728,7 @@ def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], f
         cases = read_cases(cases_path, scenario)
     except RunError as exc:
         fail(str(exc))
-    records, stats = _guard(lambda: synthesize_dialogues_sync(
+    records, stats = guard(lambda: synthesize_dialogues_sync(
         scenario, cases, list(models), trials=trials, max_turns=max_turns, concurrency=concurrency, fmt=fmt,
         min_logic=None if min_logic is None else min_logic / 100, source=str(cases_path)))
     text = write_jsonl(records, None)

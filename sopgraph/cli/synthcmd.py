@@ -18,6 +18,8 @@ from sopgraph.cases.profiles import (
 )
 from sopgraph.cases.scaffold import InitError, scaffold, starter_profile
 from sopgraph.cases.synth import (
+    Coverage,
+    Skip,
     SynthError,
     SynthStream,
     parse_mix,
@@ -32,7 +34,7 @@ from .checkcmd import diagnostic_record
 from .params import fail, load_or_exit, sop_file
 
 
-def _load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
+def load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
     """The profile given, else the one beside the .sop, else the default; diagnostics on errors."""
     path = profile_path or profile_path_for(sop_path)
     if profile_path is None and not path.is_file():
@@ -44,6 +46,50 @@ def _load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
         n = sum(1 for d in exc.diagnostics if d.is_error)
         click.echo(f"\n{n} error{'s' if n != 1 else ''} in {path}", err=True)
         sys.exit(1)
+
+
+EXIT_COVERAGE = 5  # the cases were written, but they cover fewer paths than -n allows (see coverage_gaps)
+
+
+def coverage_gaps(cov: Coverage, skipped: Sequence[Skip], n: int) -> tuple[int, int, list[tuple[str, str]]] | None:
+    """(paths covered, paths -n allows, [(path, why it has no case)]) when the cases fall short, else None.
+
+    -n allows min(n, feasible paths). Falling short is a failure when every path was meant to be covered
+    (n reaches the path count and at least one case per path was asked for) or when the paths synthesis
+    could produce are fewer than -n allows (paths of unknown feasibility, paths without an engine-verified
+    witness). A sample of fewer cases than paths that repeats a path is the intent balance at work, not a
+    gap. Uncountable path sets (drawn by a random walk) are not checked."""
+    if not cov.paths_counted or n <= 0:
+        return None
+    covered = sum(1 for c in cov.per_path.values() if c)
+    want = min(n, cov.feasible_paths)
+    why = {s.name: s.reason for s in skipped if s.kind == "path" or (s.kind == "pair" and " @ " not in s.name)}
+    unproducible = [pid for pid in why if not cov.per_path.get(pid)]
+    every_path = cov.min_per_path >= 1 and n >= cov.feasible_paths
+    if covered >= want or not (every_path or cov.feasible_paths - len(unproducible) < want):
+        return None
+    missing = [pid for pid, c in cov.per_path.items() if not c] + [pid for pid in why if pid not in cov.per_path]
+    gaps = [(pid, why.get(pid, "no case was drawn on it (raise -n, or --min-per-path 1)")) for pid in missing]
+    return covered, want, gaps
+
+
+def report_coverage_gaps(cov: Coverage, skipped: Sequence[Skip], n: int, allow: bool) -> bool:
+    """Print a loud summary of a coverage shortfall to stderr; True when the command must fail."""
+    found = coverage_gaps(cov, skipped, n)
+    if found is None:
+        return False
+    covered, want, gaps = found
+    head = "warning" if allow else "error"
+    click.echo(f"{head}: the cases cover {covered} of the {want} paths -n {n} allows "
+               f"({cov.feasible_paths} feasible paths); {len(gaps)} without a case:", err=True)
+    for pid, reason in gaps[:TABLE_ROWS]:
+        action = cov.path_actions.get(pid)
+        click.echo(f"  {pid}{f' ({action})' if action else ''}: {reason}", err=True)
+    if len(gaps) > TABLE_ROWS:
+        click.echo(f"  … and {len(gaps) - TABLE_ROWS} more", err=True)
+    if not allow:
+        click.echo(f"(the cases were written; --allow-gaps accepts them with exit 0; exit {EXIT_COVERAGE})", err=True)
+    return not allow
 
 
 def _split_multi(values: tuple[str, ...]) -> list[str]:
@@ -76,28 +122,35 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 @click.option("--coverage", "coverage_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the coverage summary as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary table.")
+@click.option("--allow-gaps", is_flag=True,
+              help=f"Exit 0 even when the cases cover fewer paths than -n allows (default: exit {EXIT_COVERAGE}).")
 @click.option("--cases", "n_deprecated", type=int, default=None, hidden=True,
               help="Deprecated alias of --count (in `sop run`, --cases names a case file).")
 def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None,
               min_per_path: int | None,
               balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
-              coverage_out: Path | None, quiet: bool, n_deprecated: int | None) -> None:
+              coverage_out: Path | None, quiet: bool, allow_gaps: bool, n_deprecated: int | None) -> None:
     """Synthesize test cases for FILE: intent-balanced sampling over feasible paths, then supplementation
-    so that every path is covered (SAGE's two-stage scheme). Output: JSON Lines of `Case` records."""
+    so that every path is covered (SAGE's two-stage scheme). Output: JSON Lines of `Case` records.
+
+    Exit status: 0 done, 1 input error, 5 the cases cover fewer paths than -n allows (paths of unknown
+    feasibility, paths without a verified witness; each listed with the reason; --allow-gaps: exit 0)."""
     if n_deprecated is not None:
         click.echo("warning: `sop synth --cases N` is deprecated; use `-n N` or `--count N` "
                    "(`--cases` is the case file of `sop run`)", err=True)
         n = n_deprecated
     with batch_gc():  # a batch command (see `perf.batch_gc`): the profile and the plan live until exit
-        _synth(file, n, seed, out, profile_path, min_per_path, balance, intensity, personas, languages,
-               coverage_out, quiet)
+        stream = _synth(file, n, seed, out, profile_path, min_per_path, balance, intensity, personas, languages,
+                        coverage_out, quiet)
+    if report_coverage_gaps(stream.coverage, stream.skipped, n, allow_gaps):
+        sys.exit(EXIT_COVERAGE)
 
 
 def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None, min_per_path: int | None,
            balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
-           coverage_out: Path | None, quiet: bool) -> None:
+           coverage_out: Path | None, quiet: bool) -> SynthStream:
     scenario = load_or_exit(file)
-    profile = _load_profile_or_exit(file, scenario, profile_path)
+    profile = load_profile_or_exit(file, scenario, profile_path)
     try:
         mix = parse_mix(intensity)
         the_plan = plan(scenario, profile, sample=n, seed=seed)
@@ -127,6 +180,7 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
         for text in render_all(diags, profile.sources):
             click.echo(text, err=True)
         _print_summary(stream, out)
+    return stream
 
 
 TABLE_ROWS = 50  # a summary table longer than this shows its first rows, a count of the rest and totals

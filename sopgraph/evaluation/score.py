@@ -34,13 +34,16 @@ from sopgraph.errors import Error
 from sopgraph.evaluation import stats
 from sopgraph.evaluation.metrics import (
     BUCKETS,
-    DIALOGUE_METRICS,
-    REGISTRY,
-    TURN_METRICS,
+    BUILTIN_METRICS,
+    MetricDef,
+    dialogue_metrics,
     logic_formula,
     metric_functions,
     metric_n,
     overall_formula,
+    reducer,
+    registered,
+    turn_metrics,
 )
 from sopgraph.evaluation.traces import (
     case_reference_trace,
@@ -248,6 +251,8 @@ class GroupScore(BaseModel):
     metrics: dict[str, Metric] = Field(default_factory=dict)
     pass_k: list[Metric] = Field(default_factory=list)  # k = 1..K
     tau2_pass_k: list[Metric] = Field(default_factory=list)  # pass^k of the tau2 trace criterion
+    pass_majority: Metric | None = None  # share of cases most of whose trials pass (the `majority` reducer)
+    tau2_pass_majority: Metric | None = None
     counts: dict[str, int | float] = Field(default_factory=dict)
     cost_tier: str | None = None
 
@@ -413,9 +418,11 @@ class ScoredRun:
     outcome_paths: list[tuple]  # the agent's raw now_path of each distinct outcome
     counts: dict[str, int] = field(default_factory=dict)
     consensus_labels: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    metrics: tuple[MetricDef, ...] = field(default_factory=registered)  # the registry when the run was scored
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
     _dsum_cache: dict[str | None, np.ndarray] = field(default_factory=dict)
+    _dvalues: dict[str, Any] | None = None
     _weights: stats.WeightCache = field(default_factory=stats.WeightCache)
 
     # -- lookups ---------------------------------------------------------------------------
@@ -493,7 +500,48 @@ class ScoredRun:
             "overall": _num(self.t_overall[row]),
             "action_self": _num(self.t_self[row]),
             "chat_length": _num(self.t_chat_len[row]),
+            **self._turn_metric_values(row),
+            **self._final_turn_dialogue_values(row, d),
         }
+
+    def _turn_metric_values(self, row: int) -> dict[str, float | None]:
+        """Every other registered turn metric's value on one turn (the registry's own, and yours); the
+        Action's accuracy stays `action_acc` (`action` names the Action the agent took)."""
+        return {name: _num(values[row]) for name, values in self._turn_value_columns().items()}
+
+    def _turn_value_columns(self) -> dict[str, np.ndarray]:
+        """Per-turn columns of the turn metrics the turn record does not already carry (computed once)."""
+        cache = self._dvalues_cache
+        if "\x00turn-values" not in cache:
+            columns: dict[str, np.ndarray] = {}
+            per_turn: dict[str, np.ndarray] = {"logic": self.t_logic, "overall": self.t_overall}
+            for m in turn_metrics(self.metrics):
+                assert m.turn_value is not None
+                per_turn[m.name] = np.asarray(m.turn_value(self), dtype=float)
+                if m.name not in _TURN_RECORD_KEYS:
+                    columns[m.name] = per_turn[m.name]
+            with np.errstate(invalid="ignore"):
+                for m in self.metrics:
+                    if m.derive is not None and m.per_depth and m.name not in _TURN_RECORD_KEYS:
+                        columns[m.name] = np.asarray(m.derive(self.config, _lookup(per_turn, columns)), dtype=float)
+            cache["\x00turn-values"] = columns
+        return cache["\x00turn-values"]
+
+    @property
+    def _dvalues_cache(self) -> dict[str, Any]:
+        """Per-run caches of the record values (turn and dialogue columns of every metric)."""
+        if self._dvalues is None:
+            self._dvalues = {}
+        return self._dvalues
+
+    def _final_turn_dialogue_values(self, row: int, d: int) -> dict[str, float | None]:
+        """The dialogue's per-dialogue metrics (pass, safety, traces, cost), on its final turn only (null on
+        the others), so that sums over turn rows stay right."""
+        values = dialogue_metric_values(self)
+        names = [m.name for m in dialogue_metrics(self.metrics)]
+        if not self.t_final[row]:
+            return dict.fromkeys(names)
+        return {name: _num(values[name][d]) for name in names}
 
     def dialogue_record(self, d: int) -> dict[str, Any]:
         dlg = self.dialogues[d]
@@ -514,8 +562,10 @@ class ScoredRun:
             "escalated": bool(self.d_escalated[d]),
             "revenue_at_risk": float(self.d_revenue[d]),
             "overall": _num(self.d_overall[d]),
-            "tokens": int(self.d_tokens[d]),
-            "cost": float(self.d_cost[d]),
+            "agent_tokens": int(self.d_tokens[d]),
+            "agent_cost": float(self.d_cost[d]),
+            **({name: _num(v[d]) for name, v in dialogue_metric_values(self).items()}
+               if self.d_status[d] == 0 else {}),
         }
 
     def case_records(self) -> list[dict[str, Any]]:
@@ -534,15 +584,29 @@ class ScoredRun:
             rows.append({
                 "case_id": case.id, "model": self.models[m], "scenario": case.scenario, "intensity": case.intensity,
                 "bucket": case.bucket, "trials": n, "passed": passed,
-                "pass^1": passed / n, f"pass^{n}": stats.pass_hat_k(n, passed, n),
+                "pass^1": reducer("pass^k")(n, passed, 1), f"pass^{n}": reducer("pass^k")(n, passed, n),
+                "majority": bool(reducer("majority")(n, passed)),
                 "overall": _num(float(parts["overall"])), "logic": _num(float(parts["logic"])),
                 "chat": _num(float(parts["chat"])), "action": _num(float(parts["action"])), "catastrophic_dialogues": int((self.d_cat_turns[ds] > 0).sum()),
                 "escalated_dialogues": int(self.d_escalated[ds].sum()),
                 "revenue_at_risk": float(self.d_revenue[ds].sum()),
                 "mean_dialogue_overall": _num(float(np.nanmean(self.d_overall[ds])) if np.any(
                     ~np.isnan(self.d_overall[ds])) else math.nan),
+                **{name: _num(float(v)) for name, v in parts.items() if name not in ("overall", "logic", "chat",
+                                                                                    "action")},
+                **self._case_dialogue_values(ds),
             })
         return rows
+
+    def _case_dialogue_values(self, ds: list[int]) -> dict[str, float | None]:
+        """The per-dialogue metrics over a case's trials, aggregated as the groups aggregate them."""
+        out: dict[str, float | None] = {}
+        for m in dialogue_metrics(self.metrics):
+            assert m.dialogue_value is not None
+            num, den = (np.asarray(x, dtype=float) for x in m.dialogue_value(self))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[m.name] = _num(float(reducer(m.reducer)(num[ds].sum(), den[ds].sum())))
+        return out
 
     # -- aggregation -----------------------------------------------------------------------
     def aggregate(self, by: Sequence[str]) -> list[GroupScore]:
@@ -574,6 +638,19 @@ DEFAULT_GROUPINGS: tuple[tuple[str, ...], ...] = (
     ("model", "scenario", "bucket"),
     ("model", "scenario", "depth"),
 )
+
+
+_TURN_RECORD_KEYS = ("classification", "path", "action", "finals", "logic", "chat", "overall", "action_self",
+                     "chat_length")  # the turn record's own keys (`action` is given as `action_acc`)
+
+
+def _lookup(*tables: dict[str, np.ndarray]) -> Any:
+    def get(name: str) -> np.ndarray:
+        for t in tables:
+            if name in t:
+                return t[name]
+        raise KeyError(name)
+    return get
 
 
 def _num(x: float) -> float | None:
@@ -1348,7 +1425,7 @@ def _dialogue_matrix(run: ScoredRun, depth: str | None) -> np.ndarray:
         m_all = m
     scopes = {"selected": m, "all": m_all, "readable": m_all & ~run.t_format_error}
     cols: list[np.ndarray] = []
-    for metric in TURN_METRICS:
+    for metric in turn_metrics(run.metrics):
         assert metric.turn_value is not None
         values = metric.turn_value(run)
         ok = scopes[metric.scope] & ~np.isnan(values)
@@ -1376,10 +1453,11 @@ def _turn_means(run: ScoredRun, mat: np.ndarray) -> dict[str, np.ndarray]:
     derived ones (logic, overall, ...) from the same formulas as the aggregates."""
     out: dict[str, np.ndarray] = {}
     with np.errstate(invalid="ignore", divide="ignore"):
-        for i, metric in enumerate(TURN_METRICS):
-            out[metric.name] = mat[..., 2 * i] / mat[..., 2 * i + 1]
-        for metric in REGISTRY:
-            if metric.derive is not None:
+        mean = reducer("mean")
+        for i, metric in enumerate(turn_metrics(run.metrics)):
+            out[metric.name] = mean(mat[..., 2 * i], mat[..., 2 * i + 1])
+        for metric in run.metrics:
+            if metric.derive is not None and metric.per_depth:
                 out[metric.name] = metric.derive(run.config, out.__getitem__)
     return out
 
@@ -1412,41 +1490,47 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
 
     dsum = _dialogue_matrix(run, depth)
     dmat = per_cluster(dsum)
-    n_turn_cols = 2 * len(TURN_METRICS)
+    turn_defs = turn_metrics(run.metrics)
+    n_turn_cols = 2 * len(turn_defs)
     # the dialogues (and cases) counted: at one depth, those that reached it (a turn at that depth);
     # the clusters stay the group's, so a depth slice shares its run's bootstrap draw
     counted = d_idx[dsum[d_idx, n_turn_cols + _TURN_COUNTS.index("turns")] > 0] if depth_mode else d_idx
-    names = [m.name for m in TURN_METRICS]
+    names = [m.name for m in turn_defs]
     cols = [dmat[:, i] for i in range(n_turn_cols)]
     tcounts = {name: float(dmat[:, n_turn_cols + i].sum()) for i, name in enumerate(_TURN_COUNTS)}
     if depth_mode and tcounts["turns"] == 0:
         return None  # no dialogue reached this depth
     if not depth_mode:
-        pairs = [metric.dialogue_value(run) for metric in DIALOGUE_METRICS if metric.dialogue_value is not None]
+        dialogue_defs = dialogue_metrics(run.metrics)
+        pairs = [metric.dialogue_value(run) for metric in dialogue_defs if metric.dialogue_value is not None]
         dm = per_cluster(np.column_stack([np.column_stack([s, n.astype(float)]) for s, n in pairs]))
-        for i, metric in enumerate(DIALOGUE_METRICS):
+        for i, metric in enumerate(dialogue_defs):
             names.append(metric.name)
             cols += [dm[:, 2 * i], dm[:, 2 * i + 1]]
-        for prefix, passed in (("pass^", run.d_pass.astype(float)),
-                               ("tau2^", np.nan_to_num(run.d_trace["tau2_pass"], nan=0.0))):
+        # the trial reducers: per case (cluster) from its n trials of which c passed, then averaged over cases
+        for prefix, passed in (("pass", run.d_pass.astype(float)),
+                               ("tau2", np.nan_to_num(run.d_trace["tau2_pass"], nan=0.0))):
             pm = per_cluster(np.column_stack([passed, np.ones(len(run.dialogues))]))
-            c_tr, n_tr = pm[:, 0], pm[:, 1]
+            c_tr, n_tr = pm[:, 0].astype(np.int64), pm[:, 1].astype(np.int64)
             for k in range(1, (int(n_tr.min()) if C else 0) + 1):
-                pk = np.array([math.comb(int(c), k) / math.comb(int(n), k)
-                               for n, c in zip(n_tr, c_tr, strict=True)])
-                names.append(f"{prefix}{k}")
-                cols += [pk, np.ones(C)]
+                names.append(f"{prefix}^{k}")
+                cols += [reducer("pass^k")(n_tr, c_tr, k), np.ones(C)]
+            if C:
+                names.append(f"{prefix}@majority")
+                cols += [reducer("majority")(n_tr, c_tr), np.ones(C)]
     M = np.column_stack(cols)
     column = {name: i for i, name in enumerate(names)}
-    metrics = tuple(m for m in REGISTRY if m.per_depth or not depth_mode)
+    metrics = tuple(m for m in run.metrics if m.per_depth or not depth_mode)
     fns = metric_functions(cfg, column, metrics)
-    pk_names = [n for n in names if n.startswith(("pass^", "tau2^"))]
-    for n in pk_names:
+    trial_names = [n for n in names if n.startswith(("pass^", "tau2^", "pass@", "tau2@"))]
+    for n in trial_names:
         fns[n] = _ratio_at(column[n])
     totals = M.sum(axis=0)[None, :]
     res = _bootstrapped(run, M, uniq, C, fns, column, totals)
-    pass_k = [res.pop(n) for n in pk_names if n.startswith("pass^")]
-    tau2_pass_k = [res.pop(n) for n in pk_names if n.startswith("tau2^")]
+    pass_k = [res.pop(n) for n in trial_names if n.startswith("pass^")]
+    tau2_pass_k = [res.pop(n) for n in trial_names if n.startswith("tau2^")]
+    pass_majority = res.pop("pass@majority", None)
+    tau2_pass_majority = res.pop("tau2@majority", None)
     counts: dict[str, int | float] = {
         "infra_failures": infra,
         "incomplete": incomplete,
@@ -1456,13 +1540,14 @@ def group_score(run: ScoredRun, by: list[str], key: dict[str, str], dmask: np.nd
     if not depth_mode:
         counts["catastrophic_turns"] = int(run.d_cat_turns[d_idx].sum())
         counts["cost_known"] = int(bool(np.all(run.d_cost_known[d_idx])))
-        counts["tokens"] = int(run.d_tokens[d_idx].sum())
-        counts["cost"] = float(run.d_cost[d_idx].sum())
+        counts["agent_tokens"] = int(run.d_tokens[d_idx].sum())  # the agent's calls only (not user, judges)
+        counts["agent_cost"] = float(run.d_cost[d_idx].sum())
         tier = cost_tier(res["cost_per_1k"].value, res["tokens_per_1k"].value, bool(counts["cost_known"]), cfg)
     return GroupScore(
         by=by, key=key, dialogues=int(counted.size), cases=int(np.unique(run.d_case[counted]).size),
         turns=int(tcounts["turns"]), scored_turns=int(tcounts["scored_turns"]), metrics=res, pass_k=pass_k,
-        tau2_pass_k=tau2_pass_k, counts=counts, cost_tier=tier,
+        tau2_pass_k=tau2_pass_k, pass_majority=pass_majority, tau2_pass_majority=tau2_pass_majority,
+        counts=counts, cost_tier=tier,
     )
 
 
@@ -1479,16 +1564,20 @@ def _bootstrapped(run: ScoredRun, M: np.ndarray, uniq: np.ndarray, C: int, fns: 
     else:
         boot = np.zeros((0, M.shape[1]))
     res: dict[str, Metric] = {}
+    ci = reducer("bootstrap_ci")
+    defs = {m.name: m for m in run.metrics}
     with np.errstate(invalid="ignore", divide="ignore"):
         for name, fn in fns.items():
             value = float(fn(totals)[0])
-            lo, hi = stats.percentile_interval(fn(boot), cfg.confidence) if boot.size else (math.nan, math.nan)
-            res[name] = Metric(value=_clean(value), lo=_clean(lo), hi=_clean(hi), n=metric_n(name, column, totals))
+            lo, hi = ci(fn(boot), cfg.confidence) if boot.size else (math.nan, math.nan)
+            res[name] = Metric(value=_clean(value), lo=_clean(lo), hi=_clean(hi),
+                               n=metric_n(defs.get(name), name, column, totals))
     return res
 
 
 def _ratio_at(i: int) -> Any:
-    return lambda t: t[:, 2 * i] / t[:, 2 * i + 1]
+    mean = reducer("mean")
+    return lambda t: mean(t[:, 2 * i], t[:, 2 * i + 1])
 
 
 def _clean(x: float | None) -> float | None:
@@ -1552,6 +1641,115 @@ def _score_store(store: Any, run_dir: str | Path, cfg: ScoreConfig, keep_labels:
 
 
 # ---------------------------------------------------------------------------------------------
+# CI gate: thresholds on any metric, per group
+
+
+GATE_DIMENSIONS = ("model", "scenario", "intensity", "bucket", "depth")
+_TRIAL_VALUES = ("pass_majority", "tau2_pass_majority")
+
+
+class Threshold(BaseModel):
+    """One `--fail-under` / `--fail-over` threshold: METRIC[@DIM=LEVEL[,DIM=LEVEL]]=VALUE.
+
+    VALUE is on the scale `sop score` prints (points 0–100 for scores and rates; counts, money, tokens
+    and cost as they are). `under`: the gate fails when the value is below VALUE; `over`: above."""
+    text: str
+    metric: str
+    where: dict[str, str] = Field(default_factory=dict)
+    value: float
+    op: Literal["under", "over"] = "under"
+
+
+class GateResult(BaseModel):
+    """A threshold checked on one group: the value (printed scale; None = not measured) and the verdict."""
+    threshold: str
+    op: Literal["under", "over"]
+    key: dict[str, str]
+    value: float | None
+    limit: float
+    n: int = 0
+    passed: bool
+
+
+def _metric_scale(name: str, metric_defs: Sequence[MetricDef]) -> float | None:
+    """The printed scale of a gateable name (None: no such metric)."""
+    for m in metric_defs:
+        if m.name == name:
+            return m.scale
+    base, _, k = name.partition("^")
+    if (base in ("pass", "tau2_pass") and k.isdigit() and int(k) >= 1) or name in _TRIAL_VALUES:
+        return 100.0
+    return None
+
+
+def parse_threshold(text: str, op: Literal["under", "over"] = "under",
+                    metric_defs: Sequence[MetricDef] | None = None) -> Threshold:
+    """`path=80`, `pass^2=90`, `overall@intensity=strong=70`, `tau2_pass@scenario=telecom,bucket=adversarial=95`."""
+    defs = registered() if metric_defs is None else tuple(metric_defs)
+    head, sep, raw = text.rpartition("=")
+    if not sep or not head:
+        raise ScoreError(f"threshold {text!r}: expected METRIC[@DIM=LEVEL,...]=VALUE, e.g. overall=80")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ScoreError(f"threshold {text!r}: {raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ScoreError(f"threshold {text!r}: the value must be a finite number")
+    name, _, selector = head.partition("@")
+    if _metric_scale(name, defs) is None:
+        raise ScoreError(f"threshold {text!r}: unknown metric {name!r}; metrics: "
+                         f"{', '.join(m.name for m in defs)}, pass^K, tau2_pass^K, {', '.join(_TRIAL_VALUES)} "
+                         "(sop score --list-metrics)")
+    where: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in selector.split(","))) if selector else ():
+        dim, eq, level = part.partition("=")
+        if not eq or dim not in GATE_DIMENSIONS or not level:
+            raise ScoreError(f"threshold {text!r}: {part!r} should be DIM=LEVEL with DIM one of "
+                             f"{', '.join(GATE_DIMENSIONS)}")
+        where[dim] = level
+    extra = [d for d in where if d not in ("model", "scenario")]
+    if len(extra) > 1:
+        raise ScoreError(f"threshold {text!r}: at most one of intensity, bucket, depth per threshold")
+    return Threshold(text=text, metric=name, where=where, value=value, op=op)
+
+
+def _gate_value(g: GroupScore, name: str) -> Metric | None:
+    if name in g.metrics:
+        return g.metrics[name]
+    base, _, k = name.partition("^")
+    if k.isdigit():
+        curve = g.pass_k if base == "pass" else g.tau2_pass_k
+        return curve[int(k) - 1] if int(k) <= len(curve) else None
+    return getattr(g, name, None) if name in _TRIAL_VALUES else None
+
+
+def check_thresholds(summary: Summary, thresholds: Sequence[Threshold],
+                     metric_defs: Sequence[MetricDef] | None = None) -> list[GateResult]:
+    """Every threshold on every group it selects. Without a selector a threshold applies to each agent
+    model over all scenarios; `scenario=` selects model × scenario groups; `intensity=`, `bucket=` or
+    `depth=` the model × scenario × that dimension groups. A value that is not measured (no unit) fails."""
+    defs = registered() if metric_defs is None else tuple(metric_defs)
+    out: list[GateResult] = []
+    for t in thresholds:
+        extra = [d for d in t.where if d not in ("model", "scenario")]
+        by = ["model"] if not extra and "scenario" not in t.where else ["model", "scenario", *extra]
+        groups = [g for g in summary.groups if g.by == by and all(g.key.get(d) == v for d, v in t.where.items())]
+        if not groups:
+            levels = sorted({f"{d}={g.key[d]}" for g in summary.groups if g.by == by for d in t.where if d in g.key})
+            raise ScoreError(f"threshold {t.text!r}: no group of the run matches "
+                             f"{', '.join(f'{d}={v}' for d, v in t.where.items()) or 'the run'}; "
+                             f"levels present: {', '.join(levels) or 'none'}")
+        scale = _metric_scale(t.metric, defs) or 100.0
+        for g in groups:
+            m = _gate_value(g, t.metric)
+            value = None if m is None or m.value is None else m.value * scale
+            ok = value is not None and (value >= t.value if t.op == "under" else value <= t.value)
+            out.append(GateResult(threshold=t.text, op=t.op, key=dict(g.key), value=value, limit=t.value,
+                                  n=m.n if m is not None else 0, passed=ok))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Leaderboard over runs
 
 
@@ -1588,7 +1786,7 @@ def _median_pass_k(curves: list[list[Metric]]) -> list[Metric]:
     """pass^k over repeated runs: the median with the min–max range, for the k every run reached."""
     out = []
     for i in range(min(len(c) for c in curves)):
-        med, lo, hi = stats.median_range([v for c in curves if (v := c[i].value) is not None])
+        med, lo, hi = reducer("median")([v for c in curves if (v := c[i].value) is not None])
         out.append(Metric(value=_clean(med), lo=_clean(lo), hi=_clean(hi), n=len(curves)))
     return out
 
@@ -1613,6 +1811,8 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
         raise ScoreError("no run directories given")
     per_key: dict[tuple[str, str], list[tuple[str, GroupScore]]] = {}
     names = []
+    builtin = {m.name for m in BUILTIN_METRICS}
+    shown = LEADERBOARD_METRICS + tuple(m.name for m in registered() if m.name not in builtin)
     for rd in _runs_given(run_dirs):
         run = score_run(rd, cfg)
         names.append(run.run)
@@ -1623,13 +1823,13 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
         if len(items) == 1:
             run_name, g = items[0]
             rows.append(LeaderRow(model=model, scenario=scen, runs=[run_name], spread="ci", dialogues=g.dialogues,
-                                  metrics={k: g.metrics[k] for k in LEADERBOARD_METRICS if k in g.metrics},
+                                  metrics={k: g.metrics[k] for k in shown if k in g.metrics},
                                   pass_k=g.pass_k, tau2_pass_k=g.tau2_pass_k, cost_tier=g.cost_tier))
             continue
         metrics = {}
-        for k in LEADERBOARD_METRICS:
+        for k in shown:
             vals = [v for _, g in items if k in g.metrics and (v := g.metrics[k].value) is not None]
-            med, lo, hi = stats.median_range(vals)
+            med, lo, hi = reducer("median")(vals)
             metrics[k] = Metric(value=_clean(med), lo=_clean(lo), hi=_clean(hi), n=len(vals))
         tiers = sorted(g.cost_tier for _, g in items if g.cost_tier)
         rows.append(LeaderRow(model=model, scenario=scen, runs=[n for n, _ in items], spread="range",
@@ -1645,7 +1845,7 @@ def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = Non
         out += sorted(rs, key=lambda r: r.scenario)
         if len(rs) > 1:
             metrics = {}
-            for k in LEADERBOARD_METRICS:
+            for k in shown:
                 vals = [v for r in rs if k in r.metrics and (v := r.metrics[k].value) is not None]
                 metrics[k] = Metric(value=_clean(sum(vals) / len(vals)) if vals else None, n=len(vals))
             out.append(LeaderRow(model=model, scenario="*", runs=sorted({n for r in rs for n in r.runs}),
@@ -1704,10 +1904,26 @@ class Comparison(BaseModel):
     unpaired_b: int
     metrics: dict[str, PairedDiff]
     flipped: list[Flip]
+    tau2_flipped: list[Flip] = Field(default_factory=list)  # dialogues whose tau2 trace pass differs
     warnings: list[str] = Field(default_factory=list)
 
 
-_COMPARE_METRICS = ("overall", "logic", "classification", "path", "action", "finals", "chat", "action_self")
+def dialogue_metric_values(run: ScoredRun) -> dict[str, np.ndarray]:
+    """Every registered metric's value per dialogue (NaN where it is undefined): the turn metrics as
+    means over the dialogue's selected turns (logic and overall recombined, `dialogue_means`), the
+    per-dialogue ones as numerator / denominator (a total: the numerator). The one source of the
+    dialogue rows of `sop score --level dialogue|turn` and of `sop compare`."""
+    cache = run._dvalues_cache
+    if "\x00dialogue-values" not in cache:
+        out = dict(dialogue_means(run))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for m in dialogue_metrics(run.metrics):
+                assert m.dialogue_value is not None
+                num, den = (np.asarray(x, dtype=float) for x in m.dialogue_value(run))
+                value = num if m.aggregation == "dialogue-total" else np.where(den > 0, num / den, np.nan)
+                out[m.name] = np.where(run.valid, value, np.nan)
+        cache["\x00dialogue-values"] = out
+    return cache["\x00dialogue-values"]
 
 
 def dialogue_means(run: ScoredRun) -> dict[str, np.ndarray]:
@@ -1749,28 +1965,19 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
     if not common:
         raise ScoreError("the two runs share no (case, trial) pair: were they made from the same cases?")
     both = a_only = b_only = neither = 0
-    flips: list[Flip] = []
     for key in common:
-        da, db = ka[key], kb[key]
-        pa, pb = bool(run_a.d_pass[da]), bool(run_b.d_pass[db])
-        if pa and pb:
-            both += 1
-        elif pa:
-            a_only += 1
-        elif pb:
-            b_only += 1
-        else:
-            neither += 1
-        if pa != pb:
-            case = run_a.case_of(da)
-            flips.append(Flip(case_id=key[0], trial=key[1], model_a=run_a.model_of(da), model_b=run_b.model_of(db),
-                              a_pass=pa, b_pass=pb, a_final_action=_final_action(run_a, da),
-                              b_final_action=_final_action(run_b, db),
-                              expected_action=case.expected_finals.get("Action") if case else None))
-    means_a, means_b = dialogue_means(run_a), dialogue_means(run_b)
+        pa, pb = bool(run_a.d_pass[ka[key]]), bool(run_b.d_pass[kb[key]])
+        both += pa and pb
+        a_only += pa and not pb
+        b_only += pb and not pa
+        neither += not pa and not pb
+    flips = _flips(run_a, run_b, ka, kb, common, run_a.d_pass, run_b.d_pass)
+    tau2_flips = _flips(run_a, run_b, ka, kb, common, run_a.d_trace["tau2_pass"], run_b.d_trace["tau2_pass"])
+    means_a, means_b = dialogue_metric_values(run_a), dialogue_metric_values(run_b)
     metrics: dict[str, PairedDiff] = {}
     case_keys = sorted({(k[0], k[2]) for k in common})
-    for name in _COMPARE_METRICS + ("pass",):
+    names = [m.name for m in run_a.metrics if m.name in means_a and m.name in means_b]
+    for name in [*names, "pass"]:
         va: dict[tuple, list[float]] = {}
         vb: dict[tuple, list[float]] = {}
         for key in common:
@@ -1794,7 +2001,6 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
             a=_clean(sum(a_vals) / len(a_vals)) if a_vals else None,
             b=_clean(sum(b_vals) / len(b_vals)) if b_vals else None,
             diff=_clean(mean), lo=_clean(lo), hi=_clean(hi), p=round(p, 12), n=len(keys))
-    flips.sort(key=lambda f: (f.a_pass, f.case_id, f.trial))
     warnings = []
     ha = sorted({x.source_hash for x in run_a.scenarios.values()})
     hb = sorted({x.source_hash for x in run_b.scenarios.values()})
@@ -1809,4 +2015,23 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
     return Comparison(a=run_a.run, b=run_b.run, config_text=cfg.describe(), pairs=len(common), both_pass=both,
                       a_only=a_only, b_only=b_only, neither=neither, mcnemar_p=round(stats.mcnemar_exact(a_only, b_only), 12),
                       unpaired_a=len(ka) - len(common), unpaired_b=len(kb) - len(common), metrics=metrics,
-                      flipped=flips, warnings=warnings)
+                      flipped=flips, tau2_flipped=tau2_flips, warnings=warnings)
+
+
+def _flips(run_a: ScoredRun, run_b: ScoredRun, ka: dict[tuple, int], kb: dict[tuple, int], common: list[tuple],
+           ok_a: np.ndarray, ok_b: np.ndarray) -> list[Flip]:
+    """The paired dialogues whose 0/1 outcome (pass, tau2 pass) differs between A and B, regressions
+    first; a dialogue where either outcome is undefined (NaN) is not a flip."""
+    flips = []
+    for key in common:
+        da, db = ka[key], kb[key]
+        x, y = float(ok_a[da]), float(ok_b[db])
+        if x != x or y != y or bool(x) == bool(y):
+            continue
+        case = run_a.case_of(da)
+        flips.append(Flip(case_id=key[0], trial=key[1], model_a=run_a.model_of(da), model_b=run_b.model_of(db),
+                          a_pass=bool(x), b_pass=bool(y), a_final_action=_final_action(run_a, da),
+                          b_final_action=_final_action(run_b, db),
+                          expected_action=case.expected_finals.get("Action") if case else None))
+    flips.sort(key=lambda f: (f.a_pass, f.case_id, f.trial))
+    return flips

@@ -141,16 +141,31 @@ def bootstrap_stat(columns: np.ndarray, stat: Callable[[np.ndarray], np.ndarray]
 # Reliability
 
 
-def pass_hat_k(n: int, c: int, k: int) -> float:
+def pass_hat_k(n: Any, c: Any, k: int) -> Any:
     """Unbiased estimate of P(all k of k trials drawn without replacement pass) = C(c,k)/C(n,k).
 
-    ResolveBench eq. (1). Undefined (NaN) when k > n.
+    ResolveBench eq. (1); the one definition of pass^k (the `pass^k` reducer of
+    `evaluation.metrics.REDUCERS`). `n` and `c` are trial and pass counts, as ints (a float back;
+    NaN when k > n) or as arrays of one case each (an array back; every n must be ≥ k). Exact: the
+    binomials are integers.
     """
+    if isinstance(n, np.ndarray) or isinstance(c, np.ndarray):
+        ns, cs = np.broadcast_arrays(np.asarray(n), np.asarray(c))
+        return np.array([pass_hat_k(int(a), int(b), k) for a, b in zip(ns.ravel(), cs.ravel(), strict=True)],
+                        dtype=np.float64).reshape(ns.shape)
     if k < 1 or n < 0 or c < 0 or c > n:
         raise ValueError(f"invalid pass^k arguments n={n} c={c} k={k}")
     if k > n:
         return math.nan
     return math.comb(c, k) / math.comb(n, k)
+
+
+def majority(n: Any, c: Any) -> Any:
+    """1.0 when more than half of a case's n trials passed (c of them), else 0.0 (scalars or arrays).
+
+    A tie (2 of 4) is not a majority: the case is not reliably solved."""
+    out = (2 * np.asarray(c) > np.asarray(n)).astype(np.float64)
+    return float(out) if out.ndim == 0 else out
 
 
 def pass_k_curve(trials: Mapping[Any, tuple[int, int]], k_max: int | None = None) -> list[float]:
