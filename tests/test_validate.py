@@ -3,8 +3,10 @@ ways, and the nearest edits that explain them (on the shipped authoring example 
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -333,3 +335,48 @@ def test_a_csv_log_with_an_action_taken_column_and_blank_outputs(tmp_path: Path)
     two.write_text("n,action taken,final action\n7,A,A\n", encoding="utf-8")
     with pytest.raises(ValidateError, match="no one column is named like it"):
         validate(scenario, read_rows(two), expect={})
+
+
+# --------------------------------------------------------------------------------------------- bad data files
+
+
+@pytest.mark.timeout(60)  # the old reader blocked for ever on a FIFO
+def test_data_that_is_not_a_regular_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/zero")):
+        with pytest.raises(ValidateError, match="not a regular file"):
+            read_rows(target)
+    result = CliRunner().invoke(main, ["validate", str(EX / "late_delivery.sop"), "--data", str(fifo), *COLUMNS])
+    assert result.exit_code == 2 and "not a regular file" in result.output and "Traceback" not in result.output
+
+
+def test_a_data_file_over_the_size_bound_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sopgraph.logic import validate as module
+
+    data = tmp_path / "d.csv"
+    data.write_text("N,want\n" + "1,A\n" * 100, encoding="utf-8")
+    monkeypatch.setattr(module, "MAX_DATA_BYTES", 100)
+    with pytest.raises(ValidateError, match=r"too large \(407 bytes; at most 100\)"):
+        read_rows(data)
+
+
+@pytest.mark.parametrize("body,where", [
+    ("1,A\n2," + "x" * 200_000 + "\n", "d.csv:3: column 2: a cell longer than 131,072"),
+    ('1,A\n2,"A\n3,B\n' + "x" * 200_000 + "\n", "d.csv:3: column 2: a cell longer than 131,072"),
+    ("x" * 200_000 + ",A\n", "d.csv:2: column 1: a cell longer"),
+])
+def test_an_overlong_csv_cell_names_its_line_and_column(tmp_path: Path, body: str, where: str) -> None:
+    data = tmp_path / "d.csv"
+    data.write_text("N,want\n" + body, encoding="utf-8")
+    with pytest.raises(ValidateError, match=where) as info:
+        read_rows(data)
+    assert "never closed" in str(info.value)
+    assert csv.field_size_limit() == 131_072  # the process-wide limit is left alone
+
+
+def test_data_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    data = tmp_path / "d.csv"
+    data.write_bytes(b"N,want\n1,A\n2,\xff\n")
+    with pytest.raises(ValidateError, match=r"d.csv:3: not UTF-8 text"):
+        read_rows(data)

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import itertools
 import json
 import math
+import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +35,7 @@ from sopgraph.logic.engine import DecideError, Interpreter, interpret
 DEFAULT_BUDGET = 300  # candidate edits tried per mismatch group
 THRESHOLDS_PER_COMPARISON = 12  # nearest observed values tried as a new threshold
 MAX_ROWS = 200_000
+MAX_DATA_BYTES = 256 * 1024 * 1024  # a data file larger than this is refused
 
 
 class ValidateError(Exception):
@@ -45,10 +49,7 @@ class ValidateError(Exception):
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """Rows of a CSV (header line), JSON Lines or JSON array file (SAGE's test vectors are one), as
     dicts; `_line` holds the line where the row starts."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValidateError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    text = _read_text(path)
     rows: list[dict[str, Any]] = []
     if path.suffix.lower() in (".jsonl", ".ndjson", ".json") and text.lstrip().startswith("["):
         rows = _json_array_rows(text, path)
@@ -62,16 +63,83 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             obj["_line"] = lineno
             rows.append(obj)
     else:
-        reader = csv.DictReader(text.splitlines())
-        if not reader.fieldnames:
-            raise ValidateError(f"{path}: no header line")
-        for row in reader:
-            row = {k: v for k, v in row.items() if k is not None}
-            row["_line"] = reader.line_num
-            rows.append(row)
+        rows = _csv_rows(text, path)
     if len(rows) > MAX_ROWS:
         raise ValidateError(f"{path}: {len(rows)} rows; at most {MAX_ROWS} are validated at once")
     return rows
+
+
+def _read_text(path: Path) -> str:
+    """The whole data file as text, read with bounds: a regular file of at most `MAX_DATA_BYTES`
+    (a FIFO, a directory or `/dev/zero` is refused in one line instead of blocking or filling memory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError) as exc:
+        raise ValidateError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ValidateError(f"cannot read {path}: not a regular file (a device, pipe or directory)")
+    if info.st_size > MAX_DATA_BYTES:
+        os.close(fd)
+        raise ValidateError(f"{path} is too large ({info.st_size:,} bytes; at most {MAX_DATA_BYTES:,})")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            raw = fh.read(MAX_DATA_BYTES + 1)
+        except OSError as exc:
+            raise ValidateError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_DATA_BYTES:  # the file grew while it was read
+        raise ValidateError(f"{path} is too large (more than {MAX_DATA_BYTES:,} bytes)")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValidateError(f"{path}:{line}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _csv_rows(text: str, path: Path) -> list[dict[str, Any]]:
+    """The rows of a CSV text under its header line; a cell over the csv module's field limit (often a
+    quote that is never closed, swallowing the rest of the file) is an error naming the line and column,
+    not a traceback. The limit is left as it is: it is process-wide state."""
+    rows: list[dict[str, Any]] = []
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    done = 0  # the last line of the last row read: a failing row starts after it
+    try:
+        if not reader.fieldnames:
+            raise ValidateError(f"{path}: no header line")
+        done = reader.line_num
+        for row in reader:
+            row = {k: v for k, v in row.items() if k is not None}
+            row["_line"] = done = reader.line_num
+            rows.append(row)
+            if len(rows) > MAX_ROWS:
+                raise ValidateError(f"{path}: more than {MAX_ROWS} rows; at most {MAX_ROWS} are validated at once")
+    except csv.Error as exc:
+        raise ValidateError(_csv_problem(text, path, done + 1, exc)) from None
+    return rows
+
+
+def _csv_problem(text: str, path: Path, line: int, exc: csv.Error) -> str:
+    """Where a CSV read failed (the line the row starts on, and for an overlong cell its column), and why
+    in words."""
+    if "field larger than field limit" not in str(exc):
+        return f"{path}:{line}: cannot read the CSV: {exc}"
+    limit = csv.field_size_limit()
+    start = 0
+    for _ in range(line - 1):
+        start = text.find("\n", start) + 1
+    column, size, quoted = 1, 0, False
+    for ch in itertools.islice(text, start, None):  # the column where a cell outgrows the limit
+        if ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            column, size = column + 1, 0
+            continue
+        size += 1
+        if size > limit:
+            break
+    return (f"{path}:{line}: column {column}: a cell longer than {limit:,} characters, the most a CSV cell may "
+            "hold (a quote `\"` that is never closed makes the rest of the file one cell)")
 
 
 _JSON = json.JSONDecoder()
