@@ -380,3 +380,25 @@ def test_data_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
     data.write_bytes(b"N,want\n1,A\n2,\xff\n")
     with pytest.raises(ValidateError, match=r"d.csv:3: not UTF-8 text"):
         read_rows(data)
+
+
+def test_an_empty_expected_output_matches_none_and_an_empty_label_is_missing(tmp_path: Path) -> None:
+    """`output Plan: ... | none = none` decided `none` agrees with an empty `plan` cell (it read 2/4 with an
+    all-diagonal confusion matrix); an output without a default agrees with an empty cell too; a row
+    whose expected action is empty is reported as missing, not counted as a blank action of its own."""
+    scenario = _load("""
+        system N: int
+        output Plan: Basic | Gold | none = none
+        output Note: Short | Long
+        action Sell
+        action Skip
+        stage s { when N > 5 -> do Sell { Plan = Gold, Note = Long } otherwise -> do Skip }
+    """)
+    data = tmp_path / "log.csv"
+    data.write_text("n,decision,plan,note\n7,Sell,Gold,Long\n2,Skip,,\n1,skip,,\n3,,,\n9,Sell,,Long\n",
+                    encoding="utf-8")
+    report = validate(scenario, read_rows(data), expect={"Action": "decision", "Plan": "plan", "Note": "note"})
+    assert (report.correct, report.total) == (3, 5)
+    assert report.errors == [{"line": 5, "error": "column `decision`: no expected action (the cell is empty)"}]
+    assert "" not in report.labels and report.confusion["(missing)"] == {"(error)": 1}
+    assert [(g.expected, g.decided, g.rows) for g in report.groups] == [("Sell (Plan none)", "Sell (Plan Gold)", [6])]

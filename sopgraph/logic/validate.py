@@ -401,6 +401,7 @@ class RowResult(BaseModel):
         return self.error is None and all(_same(self.finals.get(k), v) for k, v in self.expected.items())
 
 
+MISSING_LABEL = "(missing)"  # the confusion row of rows whose expected action is empty
 TOLERANCE = 0.01  # numbers agree within this (labelled money is usually rounded to cents)
 
 
@@ -436,11 +437,15 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
             if _blank(raw) and name != "Action" and name in plan.found:
                 continue  # an output column found by name, blank here: that output is not compared
             if name == "Action":  # an action written as the log writes it (`reissue`, `open dispute`)
-                text = None if raw is None else str(raw).strip()
-                expected[name] = actions.get(_fold(text), text) if text is not None else None
+                text = "" if raw is None else str(raw).strip()
+                if _fold(text) in actions or not _blank(raw):
+                    expected[name] = actions.get(_fold(text), text)
+                else:  # a row without a label: named as such, never a blank class of its own
+                    problems.append(f"column `{column}`: no expected action (the cell is empty)")
                 continue
             try:
-                expected[name] = convert(raw, scenario.outputs[name].type, what=f"column `{column}`:")
+                expected[name] = _no_value(convert(raw, scenario.outputs[name].type, what=f"column `{column}`:"),
+                                           scenario.outputs[name].type)
             except ValueError as exc:
                 problems.append(str(exc))
         if now is not None and "now" in scenario.variables and "now" not in plan.inputs:
@@ -451,6 +456,14 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
             result.expected_path = _stage_list(row.get(plan.path))
         out.append(result)
     return out
+
+
+def _no_value(value: Any, vtype: Any) -> Any:
+    """An expected output cell left empty means "no value": the output's own `none` when its type has one
+    (`output Plan: A | B | none = none`), else null."""
+    if value is None and isinstance(vtype, ir.EnumType):
+        return next((v for v in vtype.values if v.lower() == "none"), None)
+    return value
 
 
 def _stage_list(value: Any) -> list[str] | None:
@@ -916,7 +929,7 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
     buckets: dict[tuple[str, str, str], list[RowResult]] = {}
     routes: dict[tuple[str, str, str], list[str]] = {}
     for row in results:
-        want = str(row.expected.get("Action"))
+        want = str(row.expected["Action"]) if "Action" in row.expected else MISSING_LABEL
         got = "(error)" if row.error else str(row.finals.get("Action"))
         confusion.setdefault(want, {}).setdefault(got, 0)
         confusion[want][got] += 1
