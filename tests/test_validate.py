@@ -402,3 +402,24 @@ def test_an_empty_expected_output_matches_none_and_an_empty_label_is_missing(tmp
     assert report.errors == [{"line": 5, "error": "column `decision`: no expected action (the cell is empty)"}]
     assert "" not in report.labels and report.confusion["(missing)"] == {"(error)": 1}
     assert [(g.expected, g.decided, g.rows) for g in report.groups] == [("Sell (Plan none)", "Sell (Plan Gold)", [6])]
+
+
+def test_a_program_reading_now_without_now_says_to_give_now(tmp_path: Path) -> None:
+    """Without `--now` the report said "no column for: now (… use --map …)" and each row "or with `sop
+    decide --now …`": the way to give it here is `--now`, which takes a datetime as `sop decide` does."""
+    sop = tmp_path / "due.sop"
+    sop.write_text("system TxDate: date\naction Open\naction Refuse\n"
+                   "stage s { when days_between(TxDate, now) >= 31 -> do Refuse otherwise -> do Open }\n",
+                   encoding="utf-8")
+    data = tmp_path / "rows.csv"
+    data.write_text("TxDate,decision\n2026-01-30,Open\n2026-01-29,Refuse\n", encoding="utf-8")
+    args = ["validate", str(sop), "--data", str(data), "--expect", "Action=decision"]
+    out = CliRunner().invoke(main, args).output
+    assert "no column for" not in out and "sop decide" not in out
+    assert "no value for `now`, the program's reference time (never the clock): give --now 2026-11-23T10:00" in out
+    assert "line 2: missing value for `now` (needed at s): the program reads the current time" in out
+    assert "give it with --now 2026-11-23T10:00 (or --map now=COLUMN)" in out
+    good = CliRunner().invoke(main, [*args, "--now", "2026-03-01T10:00"])
+    assert good.exit_code == 0 and "2/2 rows agree" in good.output
+    assert validate(_load(sop.read_text()), read_rows(data), expect={"Action": "decision"},
+                    now=dt.datetime(2026, 3, 1, 10, 0)).correct == 2

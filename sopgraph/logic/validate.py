@@ -28,13 +28,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sopgraph.language import ir
+from sopgraph.language import ir, scalars
 from sopgraph.language.fmt import show_expr
-from sopgraph.logic.engine import DecideError, Interpreter, interpret
+from sopgraph.logic.engine import NOW, DecideError, Interpreter, interpret
 
 DEFAULT_BUDGET = 300  # candidate edits tried per mismatch group
 THRESHOLDS_PER_COMPARISON = 12  # nearest observed values tried as a new threshold
 MAX_ROWS = 200_000
+NOW_EXAMPLE = "2026-11-23T10:00"
 MAX_DATA_BYTES = 256 * 1024 * 1024  # a data file larger than this is refused
 
 
@@ -411,9 +412,25 @@ def _same(got: Any, want: Any, tolerance: float = TOLERANCE) -> bool:
     return got == want
 
 
+def reference_time(now: str | dt.date | None) -> tuple[str | None, dt.date | None]:
+    """`--now` as the program's `now` (datetime text, as `sop decide --now` takes it: a date, or a date and
+    time in any of `scalars.parse_datetime`'s forms) and as the day that date cells count to (UTC)."""
+    if now is None:
+        return None, None
+    if isinstance(now, dt.date) and not isinstance(now, dt.datetime):
+        return now.isoformat(), now
+    text = now.isoformat() if isinstance(now, dt.datetime) else str(now).strip()
+    try:
+        seconds = scalars.parse_datetime(text)
+    except scalars.ValueProblem as exc:
+        raise ValidateError(f"--now {now!r} {exc}") from None
+    return text, dt.date(1970, 1, 1) + dt.timedelta(days=seconds // scalars.DAY)
+
+
 def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan: ColumnPlan,
-                 now: dt.date | None) -> list[RowResult]:
-    """Typed values and expectations for every row; conversion problems become row errors."""
+                 now: dt.date | None, now_text: str | None = None) -> list[RowResult]:
+    """Typed values and expectations for every row; conversion problems become row errors. `now` is the
+    day date cells count to, `now_text` the program's `now` (see `reference_time`)."""
     out: list[RowResult] = []
     actions = {_fold(a): a for a in scenario.actions}
     for row in rows:
@@ -448,8 +465,8 @@ def prepare_rows(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], plan:
                                            scenario.outputs[name].type)
             except ValueError as exc:
                 problems.append(str(exc))
-        if now is not None and "now" in scenario.variables and "now" not in plan.inputs:
-            values["now"] = now.isoformat()  # `--now` is the program's `now` too (as for `sop decide --now`)
+        if now_text is not None and NOW in scenario.variables and NOW not in plan.inputs:
+            values[NOW] = now_text  # `--now` is the program's `now` too (as for `sop decide --now`)
         result = RowResult(line=line, values=values, expected=expected,
                            error="; ".join(problems) if problems else None)
         if plan.path is not None:
@@ -504,9 +521,23 @@ def decide_rows(scenario: ir.Scenario, rows: list[RowResult]) -> None:
         try:
             decision = interpret(scenario, row.values)
         except DecideError as exc:
-            row.error, row.path, row.finals = exc.message, [], {}
+            row.error, row.path, row.finals = _row_error(exc), [], {}
             continue
         row.path, row.finals, row.error = decision.path, decision.finals, None
+
+
+_WHERE = re.compile(r" \((?:needed )?at [^()]*\)$")
+
+
+def _row_error(exc: DecideError) -> str:
+    """The engine's reason a row cannot be decided, in this command's words: a missing `now` is given
+    with `--now` here (the engine's message names `sop decide`)."""
+    if exc.variable == NOW and exc.message.startswith(f"missing value for `{NOW}`"):
+        where = _WHERE.search(exc.message)
+        return (f"missing value for `{NOW}`{where.group(0) if where else ''}: the program reads the current "
+                f"time, which is never taken from the clock; give it with --now {NOW_EXAMPLE} "
+                f"(or --map {NOW}=COLUMN)")
+    return exc.message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -911,9 +942,11 @@ class Report(BaseModel):
 
 
 def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect: Mapping[str, str],
-             mapping: Mapping[str, str] | None = None, now: dt.date | None = None,
+             mapping: Mapping[str, str] | None = None, now: str | dt.date | None = None,
              budget: int = DEFAULT_BUDGET, file: str = "", data: str = "") -> Report:
-    """Decide every row, compare, group the mismatches and search explaining edits."""
+    """Decide every row, compare, group the mismatches and search explaining edits. `now` is `--now`:
+    the program's `now` and the day that dates in numeric columns count to."""
+    now_text, today = reference_time(now)
     columns = sorted({k for r in rows for k in r if k != "_line"})
     nested: dict[str, list[str]] = {}
     for column in columns:
@@ -921,7 +954,7 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
         for name in inner:
             nested.setdefault(name, []).append(column)
     plan = plan_columns(scenario, columns, expect, mapping or {}, nested)
-    results = prepare_rows(scenario, rows, plan, now)
+    results = prepare_rows(scenario, rows, plan, today, now_text)
     decide_rows(scenario, results)
     reach = _reachable_actions(scenario)
     confusion: dict[str, dict[str, int]] = {}
@@ -970,8 +1003,12 @@ def render_text(report: Report, *, max_rows: int = 10) -> str:
     if report.found:
         out.append("expected finals read from " + ", ".join(f"`{report.expect[n]}` ({n})" for n in report.found)
                    + " (found by name; --expect OUTPUT=COLUMN chooses)")
-    if report.unmapped:
-        out.append(f"no column for: {', '.join(report.unmapped)} (rows that need them fail; use --map VAR=COLUMN)")
+    columns = [n for n in report.unmapped if n != NOW]
+    if columns:
+        out.append(f"no column for: {', '.join(columns)} (rows that need them fail; use --map VAR=COLUMN)")
+    if NOW in report.unmapped:
+        out.append(f"no value for `{NOW}`, the program's reference time (never the clock): give --now "
+                   f"{NOW_EXAMPLE} (or --map {NOW}=COLUMN); rows that read it fail")
     if report.path_column is not None:
         out.append(f"paths: {report.paths_agree}/{report.paths_compared} decided rows follow the stage path in "
                    f"`{report.path_column}`")
