@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from sopgraph.cli import main
 from sopgraph.language import ir
 from sopgraph.language.parse import load_source
-from sopgraph.logic.validate import ValidateError, _lookup, convert, read_rows, validate
+from sopgraph.language.fmt import show_expr
+from sopgraph.logic.validate import ValidateError, _lookup, convert, read_rows, render_text, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples" / "authoring"
@@ -423,3 +424,69 @@ def test_a_program_reading_now_without_now_says_to_give_now(tmp_path: Path) -> N
     assert good.exit_code == 0 and "2/2 rows agree" in good.output
     assert validate(_load(sop.read_text()), read_rows(data), expect={"Action": "decision"},
                     now=dt.datetime(2026, 3, 1, 10, 0)).correct == 2
+
+
+SUSPEND = """scenario suspend "Account suspension"
+
+field Risk: Low | Medium | High
+    "The risk tier."
+system Amount: int[0..1000] unit "EUR"
+    "The amount at stake."
+system Strikes: int[0..10]
+    "Earlier strikes."
+
+let Big = Amount > 500 and Strikes >= 2
+    "A big case."
+
+action "Temporary Suspension" "Suspend the account for a while." [irreversible]
+action Review "Send to review."
+action Close "Close the report."
+
+stage s1 "Triage" {
+    match Risk {
+        Low -> low
+        Medium, High -> do "Temporary Suspension"
+    }
+}
+
+stage low "Low risk" {
+    when Big -> do Review
+    when Strikes > 5 -> do "Temporary Suspension"
+    otherwise -> do Close
+}
+"""
+
+
+def _candidate_program(scenario: ir.Scenario, group_stage: str, kind: str, text: str) -> str:
+    """The SOP with one more stage that uses a candidate's text where that kind of text goes."""
+    stage = scenario.stages[group_stage]
+    if kind == "match-value":
+        body = f"match {show_expr(stage.subject)} {{\n        {text}\n        otherwise -> do Close\n    }}"
+    elif kind == "arm-order":
+        body = f"{text}\n    otherwise -> do Close"
+    else:
+        body = f"when {text} -> do Close\n    otherwise -> do Close"
+    return SUSPEND + f"\nstage probe {{\n    {body}\n}}\n"
+
+
+def test_every_printed_candidate_is_valid_sop_text() -> None:
+    """`Medium -> low` instead of `Medium -> do Temporary Suspension`: the action name has a space and was
+    printed bare, which is not `.sop` (it is written `do "Temporary Suspension"`). Every candidate's text
+    is put where such text goes in a program and the program must load without errors."""
+    scenario = _load(SUSPEND)
+    rows = [{"Risk": "Medium", "Amount": 10, "Strikes": 0, "want": "Close"},
+            {"Risk": "Low", "Amount": 600, "Strikes": 6, "want": "Temporary Suspension"},
+            {"Risk": "Low", "Amount": 700, "Strikes": 1, "want": "Review"},
+            {"Risk": "Low", "Amount": 10, "Strikes": 1, "want": "Close"},
+            {"Risk": "High", "Amount": 10, "Strikes": 0, "want": "temporary suspension"}]
+    report = validate(scenario, [{**r, "_line": i + 2} for i, r in enumerate(rows)], expect={"Action": "want"})
+    candidates = [(g.stage, c) for g in report.groups for c in g.candidates]
+    kinds = {c.kind for _, c in candidates}
+    assert {"match-value", "arm-order", "threshold"} <= kinds, kinds
+    shown = render_text(report)
+    assert '`Medium -> low` instead of `Medium -> do "Temporary Suspension"`' in shown
+    for stage, c in candidates:
+        for text in (c.before, c.after):
+            loaded = load_source(text=_candidate_program(scenario, stage, c.kind, text), name="probe.sop")
+            errors = [d for d in loaded.diagnostics if d.is_error]
+            assert errors == [], (c.kind, text, [d.message for d in errors])

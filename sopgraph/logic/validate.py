@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir, scalars
-from sopgraph.language.fmt import show_expr
+from sopgraph.language.fmt import print_node, show_expr
 from sopgraph.logic.engine import NOW, DecideError, Interpreter, interpret
 
 DEFAULT_BUDGET = 300  # candidate edits tried per mismatch group
@@ -781,8 +781,7 @@ def _arm_edits(scenario: ir.Scenario, stage: ir.Stage) -> Iterator[tuple[str, st
         def edit(s: ir.Scenario, order: list[ir.Branch] = order) -> ir.Scenario:
             new_stage = s.stages[stage.id].model_copy(update={"branches": order})
             return s.model_copy(update={"stages": {**s.stages, stage.id: new_stage}})
-        yield ("arm-order", f"when {show_expr(a.guard)} -> {a.target.describe()}",
-               f"when {show_expr(b.guard)} -> {b.target.describe()}", edit)
+        yield "arm-order", _source(a), _source(b), edit
     if stage.kind != "match":
         return
     for i, src in enumerate(stage.branches):
@@ -790,9 +789,14 @@ def _arm_edits(scenario: ir.Scenario, stage: ir.Stage) -> Iterator[tuple[str, st
             for j, dst in enumerate(stage.branches):
                 if i == j or not dst.values:
                     continue
-                yield ("match-value", f"{show_expr(value)} -> {src.target.describe()}",
-                       f"{show_expr(value)} -> {dst.target.describe()}",
-                       _move_value(stage.id, i, j, value))
+                yield ("match-value", f"{show_expr(value)} -> {_source(src.target)}",
+                       f"{show_expr(value)} -> {_source(dst.target)}", _move_value(stage.id, i, j, value))
+
+
+def _source(node: ir.Branch | ir.Target) -> str:
+    """An arm or a target as `.sop` text, as `sop fmt` writes it (an action name with spaces quoted,
+    arguments and outputs included), so that a suggested edit can be pasted into the file."""
+    return " ".join(line.text.strip() for line in print_node(node, 0))
 
 
 def _move_value(stage_id: str, i: int, j: int, value: ir.Lit) -> Edit:
