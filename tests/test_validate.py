@@ -41,8 +41,8 @@ def test_draft_mismatches_are_explained_by_the_nearest_edits() -> None:
     assert ("`OrderValue >= 100` instead of `OrderValue > 100` at stage s3 explains 18/18 "
             "(breaks 3 matching rows: lines 14, 77, 105)") in out  # which rows an edit breaks, by data line
     assert "(late_delivery_decisions.csv lines 9, 11, 16," in out
-    assert ("`when Premium -> do Voucher` above `when OrderValue > 100 -> do PartialRefund` at stage s3 "
-            "explains 12/12") in out
+    assert ("`when Premium -> do Voucher { Amount = 20 }` above `when OrderValue > 100 -> do PartialRefund "
+            "{ Amount = OrderValue * 0.1 }` at stage s3 explains 12/12") in out  # as written in the file
 
 
 def test_corrected_sop_agrees_with_every_row_and_gates_on_accuracy() -> None:
