@@ -490,3 +490,25 @@ def test_every_printed_candidate_is_valid_sop_text() -> None:
             loaded = load_source(text=_candidate_program(scenario, stage, c.kind, text), name="probe.sop")
             errors = [d for d in loaded.diagnostics if d.is_error]
             assert errors == [], (c.kind, text, [d.message for d in errors])
+
+
+def test_a_variable_without_a_column_gets_a_did_you_mean(tmp_path: Path) -> None:
+    """`no column for: OutageFound` named no column although the data has `outage_detected`: columns are
+    suggested by the folded names (case, `_`, spaces ignored) and shared words, never one already used."""
+    scenario = _load("""
+        system OutageFound: bool
+        system Premium: bool
+        system Region: North | South
+        action Credit
+        action Apologise
+        stage s { when OutageFound or Premium -> do Credit otherwise -> do Apologise }
+    """)
+    data = tmp_path / "log.csv"
+    data.write_text("outage_detected,premium member,regions,Region,decision\nyes,no,x,North,Credit\n",
+                    encoding="utf-8")
+    report = validate(scenario, read_rows(data), expect={"Action": "decision"})
+    assert report.unmapped == ["OutageFound", "Premium"]
+    assert report.suggest == {"OutageFound": ["outage_detected"], "Premium": ["premium member"]}
+    text = render_text(report)
+    assert "did you mean --map OutageFound=outage_detected?" in text
+    assert "did you mean --map 'Premium=premium member'?" in text

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import difflib
 import io
 import itertools
 import json
 import math
 import os
 import re
+import shlex
 import stat
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -936,6 +938,7 @@ class Report(BaseModel):
     errors: list[dict[str, Any]]
     groups: list[Group]
     unmapped: list[str]
+    suggest: dict[str, list[str]] = Field(default_factory=dict)  # unmapped variable -> columns named like it
     expect: dict[str, str] = Field(default_factory=dict)  # output -> the column holding its expected value
     found: list[str] = Field(default_factory=list)  # outputs whose column was found by name
     path_column: str | None = None
@@ -990,12 +993,16 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
     unmapped = [v.name for v in scenario.variables.values()  # an optional or defaulted one may be left out
                 if v.role != "derived" and v.name not in plan.inputs and not v.optional and v.default is None
                 and not (v.name == "now" and now is not None)]
+    used = {*plan.inputs.values(), *plan.expect.values(), plan.path}
+    free = [c for c in columns if c not in used]
+    suggest = {name: close for name in unmapped if name != NOW and (close := similar_columns(name, free))}
     compared = [r for r in results if r.expected_path is not None and r.error is None]
     mismatches = [{"line": r.line, "expected": r.expected_path, "decided": r.path}
                   for r in compared if r.expected_path != r.path]
     return Report(file=file, data=data, total=len(results), correct=correct,
                   accuracy=correct / len(results) if results else 0.0, labels=labels, confusion=confusion,
-                  errors=errors, groups=groups, unmapped=unmapped, expect=plan.expect, found=plan.found,
+                  errors=errors, groups=groups, unmapped=unmapped, suggest=suggest, expect=plan.expect,
+                  found=plan.found,
                   path_column=plan.path, paths_compared=len(compared),
                   paths_agree=len(compared) - len(mismatches), path_mismatches=mismatches,
                   stages=sorted(scenario.stages) if mismatches else [])
@@ -1010,6 +1017,10 @@ def render_text(report: Report, *, max_rows: int = 10) -> str:
     columns = [n for n in report.unmapped if n != NOW]
     if columns:
         out.append(f"no column for: {', '.join(columns)} (rows that need them fail; use --map VAR=COLUMN)")
+        for name in columns:
+            if report.suggest.get(name):
+                maps = " or ".join(f"--map {_shell_word(f'{name}={c}')}" for c in report.suggest[name])
+                out.append(f"  did you mean {maps}?")
     if NOW in report.unmapped:
         out.append(f"no value for `{NOW}`, the program's reference time (never the clock): give --now "
                    f"{NOW_EXAMPLE} (or --map {NOW}=COLUMN); rows that read it fail")
@@ -1052,6 +1063,31 @@ def render_text(report: Report, *, max_rows: int = 10) -> str:
         if g.budget_hit:
             out.append(f"  (search stopped at the budget of {g.tried} candidate edits; raise --budget)")
     return "\n".join(out) + "\n"
+
+
+def similar_columns(name: str, columns: Sequence[str], limit: int = 2) -> list[str]:
+    """Columns named like a variable that found no column of its own: by the folded names (case, spaces,
+    `_` and `-` ignored) with difflib, or sharing a word of four letters or more (`OutageFound` and
+    `outage_detected`), closest first."""
+    want = _fold(name)
+    words = {w.lower() for w in _words(name) if len(w) >= 4}
+    scored = []
+    for column in columns:
+        ratio = difflib.SequenceMatcher(None, want, _fold(column)).ratio()
+        shared = words & {w.lower() for w in _words(column)}
+        if ratio >= 0.6 or shared:
+            scored.append((-(ratio + 0.2 * len(shared)), column))
+    return [c for _, c in sorted(scored)[:limit]]
+
+
+def _words(name: str) -> list[str]:
+    """The words of a name: `OutageFound` → Outage, Found; `outage_detected` → outage, detected."""
+    return re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name)
+
+
+def _shell_word(text: str) -> str:
+    """`text` quoted for a shell when it needs it (a column with spaces: `--map 'Reason=Reason given'`)."""
+    return shlex.quote(text)
 
 
 def parse_pairs(pairs: Sequence[str], option: str) -> dict[str, str]:
