@@ -512,3 +512,20 @@ def test_a_variable_without_a_column_gets_a_did_you_mean(tmp_path: Path) -> None
     text = render_text(report)
     assert "did you mean --map OutageFound=outage_detected?" in text
     assert "did you mean --map 'Premium=premium member'?" in text
+
+
+def test_an_edit_found_for_several_groups_is_printed_once_with_its_groups() -> None:
+    """`Strikes <= 2` at let Big explains the rows of two groups: it was printed in full under both; now
+    it is printed once, naming the other group, and the other group refers to it."""
+    scenario = _load(SUSPEND)
+    rows = [{"Risk": "Low", "Amount": 700, "Strikes": 1, "want": "Review"},
+            {"Risk": "Low", "Amount": 600, "Strikes": 6, "want": "Temporary Suspension"}]
+    report = validate(scenario, [{**r, "_line": i + 2} for i, r in enumerate(rows)], expect={"Action": "want"})
+    shared = [(n, c) for n, g in enumerate(report.groups, 1) for c in g.candidates if c.after == "Strikes <= 2"]
+    assert [n for n, _ in shared] == [1, 2] and all(c.groups == [1, 2] for _, c in shared)
+    text = render_text(report)
+    assert text.count("`Strikes <= 2` instead of `Strikes >= 2`") == 1
+    assert ("`Strikes <= 2` instead of `Strikes >= 2` at let Big explains 1/1; the same edit explains rows of "
+            "group 2") in text
+    assert "  - the edit of group 1 at let Big explains 1/1 here" in text
+    assert "\n1. 1 row expected Review, decided Close: parting at stage low" in text

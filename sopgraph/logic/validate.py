@@ -611,12 +611,20 @@ class Candidate(BaseModel):
     breaks: int = 0
     broken_lines: list[int] = Field(default_factory=list)  # the data lines of the first few broken rows
     group_size: int = 0
+    groups: list[int] = Field(default_factory=list)  # the groups (1-based) this same edit explains rows of
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The edit itself: the same key in two groups is one edit of the SOP."""
+        return self.where, self.before, self.after
+
+    def edit_text(self) -> str:
+        if self.kind == "arm-order":
+            return f"`{self.after}` above `{self.before}`"
+        return f"`{self.after}` instead of `{self.before}`"
 
     def describe(self) -> str:
-        if self.kind == "arm-order":
-            edit = f"`{self.after}` above `{self.before}`"
-        else:
-            edit = f"`{self.after}` instead of `{self.before}`"
+        edit = self.edit_text()
         broken = ""
         if self.breaks:
             lines = ", ".join(map(str, self.broken_lines)) + (" ..." if self.breaks > len(self.broken_lines) else "")
@@ -948,6 +956,17 @@ class Report(BaseModel):
     stages: list[str] = Field(default_factory=list)  # the SOP's stage ids (to name unknown ones)
 
 
+def _link_shared(groups: Sequence[Group]) -> None:
+    """The same edit found for several groups is one fix: each copy lists every group it explains."""
+    where: dict[tuple[str, str, str], list[int]] = {}
+    for number, g in enumerate(groups, 1):
+        for c in g.candidates:
+            where.setdefault(c.key, []).append(number)
+    for g in groups:
+        for c in g.candidates:
+            c.groups = where[c.key]
+
+
 def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect: Mapping[str, str],
              mapping: Mapping[str, str] | None = None, now: str | dt.date | None = None,
              budget: int = DEFAULT_BUDGET, file: str = "", data: str = "") -> Report:
@@ -988,6 +1007,7 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
             group.candidates, group.tried, group.budget_hit = search(scenario, routes[(stage, want, got)],
                                                                      members, results, budget)
         groups.append(group)
+    _link_shared(groups)
     correct = sum(1 for r in results if r.ok)
     labels = sorted({*confusion, *(g for row in confusion.values() for g in row)})
     unmapped = [v.name for v in scenario.variables.values()  # an optional or defaulted one may be left out
@@ -1050,19 +1070,31 @@ def render_text(report: Report, *, max_rows: int = 10) -> str:
         reasons = Counter(e["error"].split(" (")[0] for e in report.errors)
         if len(report.errors) > max_rows:
             out.append("  ... most common: " + "; ".join(f"{n}x {r}" for r, n in reasons.most_common(3)))
-    for g in report.groups:
+    for number, g in enumerate(report.groups, 1):
         lines = ", ".join(str(n) for n in g.rows[:max_rows]) + (" ..." if len(g.rows) > max_rows else "")
         where = f"at stage {g.stage}" if g.stage != "-" else "no stage on the route can reach the expected action"
         rows = "1 row" if len(g.rows) == 1 else f"{len(g.rows)} rows"
-        out += ["", f"{rows} expected {g.expected}, decided {g.decided}: parting {where} "
+        out += ["", f"{number}. {rows} expected {g.expected}, decided {g.decided}: parting {where} "
                     f"({Path(report.data).name} line{'s' if len(g.rows) > 1 else ''} {lines})"]
         for c in g.candidates:
-            out.append(f"  - {c.describe()}")
+            out.append(f"  - {_shared(c, number)}")
         if g.stage != "-" and not g.candidates:
             out.append(f"  no single edit of {g.stage} explains these rows ({g.tried} tried)")
         if g.budget_hit:
             out.append(f"  (search stopped at the budget of {g.tried} candidate edits; raise --budget)")
     return "\n".join(out) + "\n"
+
+
+def _shared(c: Candidate, number: int) -> str:
+    """A candidate line: in full in the first group it explains, naming the other groups it explains too;
+    in those, a reference to the first (one edit of the SOP, printed once)."""
+    others = [n for n in c.groups if n != number]
+    if not others:
+        return c.describe()
+    if c.groups[0] == number:
+        return f"{c.describe()}; the same edit explains rows of group{'s' if len(others) > 1 else ''} " \
+               f"{', '.join(map(str, others))}"
+    return f"the edit of group {c.groups[0]} at {c.where} explains {c.fixes}/{c.group_size} here"
 
 
 def similar_columns(name: str, columns: Sequence[str], limit: int = 2) -> list[str]:
