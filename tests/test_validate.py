@@ -529,3 +529,26 @@ def test_an_edit_found_for_several_groups_is_printed_once_with_its_groups() -> N
             "group 2") in text
     assert "  - the edit of group 1 at let Big explains 1/1 here" in text
     assert "\n1. 1 row expected Review, decided Close: parting at stage low" in text
+
+
+def test_lets_read_only_by_outputs_are_searched() -> None:
+    """The voucher amount comes from `let Bonus = case { when Spent > 1000 -> 20 otherwise -> 5 }`, read
+    only by the output assignment: the log pays 20 from 700 on. The let and the assignment are edit sites
+    now (they were never tried: "no single edit of s explains these rows")."""
+    scenario = _load("""
+        system Tier: Gold | Silver
+        system Spent: int[0..10000]
+        let Bonus = case { when Spent > 1000 -> 20 otherwise -> 5 }
+        output Amount: int = 0
+        action Voucher
+        action Nothing
+        stage s { when Tier == Gold -> do Voucher { Amount = Bonus } otherwise -> do Nothing }
+    """)
+    spent = [100, 650, 720, 800, 950, 1200, 3000]
+    rows = [{"Tier": "Gold", "Spent": n, "want": "Voucher", "amount": 20 if n > 700 else 5, "_line": i + 2}
+            for i, n in enumerate(spent)]
+    report = validate(scenario, rows, expect={"Action": "want", "Amount": "amount"})
+    (group,) = report.groups
+    assert (group.stage, group.rows) == ("s", [4, 5, 6])
+    best = group.candidates[0]
+    assert (best.where, best.after, best.fixes, best.breaks) == ("let Bonus", "Spent > 700", 3, 0)

@@ -673,8 +673,14 @@ def _vars_read(expr: Any, scenario: ir.Scenario, seen: set[str]) -> None:
         _vars_read(child, scenario, seen)
 
 
+def _assignments(target: ir.Target) -> list[ir.OutputAssign]:
+    """A target's output assignments and action arguments (those of the actions on the way too)."""
+    return [*target.outputs, *target.args, *(a for step in target.steps for a in step.args)]
+
+
 def _sites(scenario: ir.Scenario, stage: ir.Stage) -> list[tuple[str, Any]]:
-    """Expressions an edit at `stage` may touch: its guards, then the `let`s they read."""
+    """Expressions an edit at `stage` may touch: its guards and the `let`s they read, then its output
+    assignments and action arguments and the `let`s only they read (a wrong amount is decided there)."""
     sites: list[tuple[str, Any]] = [(f"stage {stage.id}", b.guard) for b in stage.branches
                                     if b.guard is not None and not b.values]
     seen: set[str] = set()
@@ -682,6 +688,15 @@ def _sites(scenario: ir.Scenario, stage: ir.Stage) -> list[tuple[str, Any]]:
         if b.guard is not None:
             _vars_read(b.guard, scenario, seen)
     for name in sorted(seen):
+        var = scenario.variables.get(name)
+        if var is not None and var.expr is not None:
+            sites.append((f"let {name}", var.expr))
+    by_guards = set(seen)
+    for b in stage.branches:
+        for assign in _assignments(b.target):
+            sites.append((f"stage {stage.id} ({assign.name} = …)", assign.value))
+            _vars_read(assign.value, scenario, seen)
+    for name in sorted(seen - by_guards):
         var = scenario.variables.get(name)
         if var is not None and var.expr is not None:
             sites.append((f"let {name}", var.expr))
@@ -709,7 +724,17 @@ def _replace_compare(scenario: ir.Scenario, target: Any, new: Any) -> ir.Scenari
             return e.model_copy(update={"arms": arms, "otherwise": rebuild(e.otherwise)})
         return e
 
-    stages = {sid: s.model_copy(update={"branches": [b.model_copy(update={"guard": rebuild(b.guard)})
+    def assigned(assigns: list[ir.OutputAssign]) -> list[ir.OutputAssign]:
+        return [a.model_copy(update={"value": rebuild(a.value)}) for a in assigns]
+
+    def retarget(t: ir.Target) -> ir.Target:
+        if not (t.outputs or t.args or t.steps):
+            return t
+        steps = [c.model_copy(update={"args": assigned(c.args)}) for c in t.steps]
+        return t.model_copy(update={"outputs": assigned(t.outputs), "args": assigned(t.args), "steps": steps})
+
+    stages = {sid: s.model_copy(update={"branches": [b.model_copy(update={"guard": rebuild(b.guard),
+                                                                          "target": retarget(b.target)})
                                                       for b in s.branches]})
               for sid, s in scenario.stages.items()}
     variables = {n: (v.model_copy(update={"expr": rebuild(v.expr)}) if v.expr is not None else v)
