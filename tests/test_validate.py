@@ -552,3 +552,70 @@ def test_lets_read_only_by_outputs_are_searched() -> None:
     assert (group.stage, group.rows) == ("s", [4, 5, 6])
     best = group.candidates[0]
     assert (best.where, best.after, best.fixes, best.breaks) == ("let Bonus", "Spent > 700", 3, 0)
+
+
+ESCALATE = """
+system Severity: int[0..10]
+system EscalationTeam: Billing | Tech
+action Resolve
+action ToBilling
+action ToTech
+stage s1 { when Severity > 5 -> s2 otherwise -> do Resolve }
+stage s2 { match EscalationTeam { Billing -> do ToBilling  Tech -> do ToTech } }
+"""
+
+
+def test_a_wrong_route_into_a_stage_whose_column_is_empty_is_still_explained(tmp_path: Path) -> None:
+    """The log fills `EscalationTeam` only where a case was really escalated. The SOP escalates from
+    severity 6 on, the log from 8: rows of severity 6 and 7 stopped at s2 for lack of `EscalationTeam`
+    and were listed as "could not be decided" with nothing proposed. Decided as far as they go, no team
+    leads from s2 to Resolve: they part at s1 and `Severity > 7` explains them. A row that lacks the team
+    where it could decide (expected ToTech) stays a row that could not be decided."""
+    data = tmp_path / "log.csv"
+    lines = ["severity,escalationteam,decision"]
+    lines += [f"{n},,Resolve" for n in (1, 3, 5, 6, 6, 7, 7)]
+    lines += [f"{n},{t},To{t}" for n, t in ((8, "Billing"), (9, "Tech"), (10, "Tech"))]
+    lines += ["9,,ToTech"]
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    report = validate(_load(ESCALATE), read_rows(data), expect={"Action": "decision"})
+    assert (report.correct, report.total) == (6, 11)
+    assert [e["line"] for e in report.errors] == [12] and "EscalationTeam" in report.errors[0]["error"]
+    (group,) = report.groups
+    assert (group.stage, group.expected, group.decided, group.rows) == ("s1", "Resolve", "(needs EscalationTeam)",
+                                                                         [5, 6, 7, 8])
+    assert group.stopped == ["s2 (EscalationTeam)"]
+    best = group.candidates[0]
+    assert (best.after, best.fixes, best.breaks) == ("Severity > 7", 4, 0)
+    assert report.confusion["Resolve"] == {"Resolve": 3, "(needs EscalationTeam)": 4}
+    text = render_text(report)
+    assert "1. 4 rows expected Resolve, decided (needs EscalationTeam): parting at stage s1" in text
+    assert "the route stops at s2 (EscalationTeam)" in text
+    assert "`Severity > 7` instead of `Severity > 5` at stage s1 explains 4/4" in text
+
+
+def test_a_missing_input_is_unknown_where_every_value_of_it_decides_alike() -> None:
+    """`when Team == Tech and Severity > 5` cannot hold at severity 3 whatever the team is: the row is
+    decided (it stopped as "missing value for `Team`" though no team changes its route); where the team
+    does matter the row still stops, naming it. An edit is scored the same way, so such a row is not
+    counted as broken by every edit."""
+    scenario = _load("""
+        system Severity: int[0..10]
+        system Team: Billing | Tech
+        let Urgent = not (Severity <= 5 or Team == Billing)
+        action Resolve
+        action ToTech
+        action Hold
+        stage s1 { when Team == Tech and Severity > 5 -> do ToTech  otherwise -> s2 }
+        stage s2 { when Urgent -> do Hold  when Severity > 2 -> do Hold  otherwise -> do Resolve }
+    """)
+    rows = [{"Severity": 1, "want": "Resolve", "_line": 2},
+            {"Severity": 4, "want": "Resolve", "_line": 3},
+            {"Severity": 7, "want": "ToTech", "_line": 4},
+            {"Severity": 7, "Team": "Tech", "want": "ToTech", "_line": 5}]
+    report = validate(scenario, rows, expect={"Action": "want"})
+    assert report.correct == 2
+    assert [e["line"] for e in report.errors] == [4] and "missing value for `Team`" in report.errors[0]["error"]
+    (group,) = report.groups
+    assert (group.stage, group.decided, group.rows) == ("s2", "Hold", [3])
+    best = group.candidates[0]
+    assert (best.after, best.fixes, best.breaks) == ("Severity > 4", 1, 0)

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from sopgraph.language import ir, scalars
 from sopgraph.language.fmt import print_node, show_expr
-from sopgraph.logic.engine import NOW, DecideError, Interpreter, interpret
+from sopgraph.logic.engine import NOW, DecideError, Decision, Interpreter, interpret
 
 DEFAULT_BUDGET = 300  # candidate edits tried per mismatch group
 THRESHOLDS_PER_COMPARISON = 12  # nearest observed values tried as a new threshold
@@ -398,6 +398,7 @@ class RowResult(BaseModel):
     finals: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     expected_path: list[str] | None = None
+    needs: str | None = None  # the input the route stopped at, missing from the row (`path` ends at its stage)
 
     @property
     def ok(self) -> bool:
@@ -517,15 +518,107 @@ def _looks(value: Any, var: ir.Variable, now: dt.date | None, column: str) -> li
 
 
 def decide_rows(scenario: ir.Scenario, rows: list[RowResult]) -> None:
+    """Decide every row whose cells converted. A row lacking a value its route needs is decided as far
+    as it goes: its `path` ends at the stage that needed it and `needs` names the input, so that a
+    wrong route into a stage whose column the data lacks (the log fills it only where that route was
+    really taken) can still be placed and explained."""
     for row in rows:
         if row.error is not None:  # the row's cells did not convert
             continue
-        try:
-            decision = interpret(scenario, row.values)
-        except DecideError as exc:
-            row.error, row.path, row.finals = _row_error(exc), [], {}
+        decision, exc, settled = decide_unknown(scenario, row.values)
+        if decision is not None:
+            row.path, row.finals, row.error = decision.path, decision.finals, None
             continue
-        row.path, row.finals, row.error = decision.path, decision.finals, None
+        assert exc is not None  # no decision without its reason
+        row.error, row.path, row.finals = _row_error(exc), [], {}
+        if _lacks(exc, row.values):
+            row.path, row.needs = _route_to(settled, str(exc.stage), row.values), exc.variable
+
+
+def decide_unknown(scenario: ir.Scenario, values: Mapping[str, Any]
+                   ) -> tuple[Decision | None, DecideError | None, ir.Scenario]:
+    """The engine's decision, with an input the row lacks taken as unknown: a stage that stops for it
+    goes on by the branch that every value of it would choose (`when Team == Tech and Severity > 5`
+    is false for severity 3, whatever the team), and only where the branch depends on it does the row
+    stop. Returns (decision or None, the reason it stopped, the SOP with the stages settled so far)."""
+    current = scenario
+    for _ in range(len(scenario.stages) + 1):
+        try:
+            return interpret(current, values), None, current
+        except DecideError as exc:
+            settled = _settle(current, exc, values) if _lacks(exc, values) else None
+            if settled is None:
+                return None, exc, current
+            current = settled
+    return None, DecideError("the SOP loops"), current
+
+
+def _lacks(exc: DecideError, values: Mapping[str, Any]) -> bool:
+    """Whether the engine stopped at a stage because an input is missing from `values`."""
+    return exc.variable is not None and exc.stage is not None and values.get(exc.variable) is None
+
+
+def _settle(scenario: ir.Scenario, exc: DecideError, values: Mapping[str, Any]) -> ir.Scenario | None:
+    """A copy of the SOP in which the stage that stopped goes straight to the branch its guards choose
+    whatever the missing input is, or None when that depends on it. Not for procedures that observe
+    (a look depends on the route so far) or stages with bounded arms (a count depends on it too)."""
+    stage = scenario.stages[str(exc.stage)]
+    if stage.observe or any(b.limit is not None for b in stage.branches) \
+            or any(v.observed for v in scenario.variables.values()):
+        return None
+    it = Interpreter(scenario, values)
+    it.stage = stage.id
+    for branch in stage.branches:
+        fires = True if branch.guard is None else _known(it, branch.guard, 0)
+        if fires is None:
+            return None
+        if fires:
+            going = branch.model_copy(update={"guard": None, "values": []})
+            settled = stage.model_copy(update={"kind": "goto", "branches": [going], "subject": None})
+            return scenario.model_copy(update={"stages": {**scenario.stages, stage.id: settled}})
+    return None
+
+
+_MAX_KNOWN_DEPTH = 64  # `let`s followed when deciding a guard three-valued; deeper ones are evaluated whole
+
+
+def _known(it: Interpreter, expr: Any, depth: int) -> bool | None:
+    """A condition in three-valued logic: True or False when every value of the missing inputs gives
+    that, None when it depends on them (`false and unknown` is false, `true or unknown` is true)."""
+    if depth < _MAX_KNOWN_DEPTH:
+        if isinstance(expr, ir.BoolOp):
+            parts = [_known(it, e, depth + 1) for e in expr.operands]
+            stop = expr.op == "or"  # the value that decides the whole: true for `or`, false for `and`
+            if stop in parts:
+                return stop
+            return None if None in parts else not stop
+        if isinstance(expr, ir.Unary) and expr.op == "not":
+            inner = _known(it, expr.operand, depth + 1)
+            return None if inner is None else not inner
+        var = it.s.variables.get(expr.name) if isinstance(expr, ir.Var) else None
+        if var is not None and var.role == "derived" and var.expr is not None:
+            return _known(it, var.expr, depth + 1)
+    try:
+        return bool(it.eval(expr))
+    except DecideError:
+        return None
+
+
+_STOP = "\x00stop"  # the action of a stage cut short (no action can be named so)
+
+
+def _route_to(scenario: ir.Scenario, stage_id: str, values: Mapping[str, Any]) -> list[str]:
+    """The route of `values` up to `stage_id`, where the engine stopped for a missing value: the engine
+    decides a copy of the SOP in which that stage ends at once (the same semantics, never re-implemented).
+    Empty when that decision fails anyway."""
+    stage = scenario.stages[stage_id]
+    stop = ir.Branch(guard=None, target=ir.Target(kind="action", action=_STOP))
+    cut = stage.model_copy(update={"kind": "goto", "branches": [stop], "observe": [], "subject": None})
+    try:
+        path = interpret(scenario.model_copy(update={"stages": {**scenario.stages, stage_id: cut}}), values).path
+    except DecideError:
+        return []
+    return path if path and path[-1] == stage_id else []
 
 
 _WHERE = re.compile(r" \((?:needed )?at [^()]*\)$")
@@ -877,11 +970,10 @@ def _score(scenario: ir.Scenario, rows: Sequence[RowResult], group: Sequence[Row
 
 
 def _row_ok(scenario: ir.Scenario, row: RowResult) -> bool:
-    try:
-        d = interpret(scenario, row.values)
-    except DecideError:
-        return False
-    return all(_same(d.finals.get(k), v) for k, v in row.expected.items())
+    """Whether the (edited) SOP decides the row as expected, a missing input taken as unknown as in
+    `decide_rows`."""
+    d = decide_unknown(scenario, row.values)[0]
+    return d is not None and all(_same(d.finals.get(k), v) for k, v in row.expected.items())
 
 
 def search(scenario: ir.Scenario, stage_ids: Sequence[str], group: Sequence[RowResult],
@@ -946,6 +1038,7 @@ class Group(BaseModel):
     candidates: list[Candidate] = Field(default_factory=list)
     tried: int = 0
     budget_hit: bool = False
+    stopped: list[str] = Field(default_factory=list)  # where rows that lack a value stopped (`stage (Var)`)
 
 
 def _mismatch_labels(row: RowResult, want: str, got: str) -> tuple[str, str]:
@@ -981,6 +1074,14 @@ class Report(BaseModel):
     stages: list[str] = Field(default_factory=list)  # the SOP's stage ids (to name unknown ones)
 
 
+def _wrong_way(row: RowResult, reach: Mapping[str, set[str]]) -> bool:
+    """Whether a row that stopped for a missing value took a wrong way before: no value of what it lacks
+    could lead from where it stopped to the expected action (a data gap is only an error when it could)."""
+    want = row.expected.get("Action")
+    return (row.needs is not None and bool(row.path) and want is not None
+            and want not in reach.get(row.path[-1], set()))
+
+
 def _link_shared(groups: Sequence[Group]) -> None:
     """The same edit found for several groups is one fix: each copy lists every group it explains."""
     where: dict[tuple[str, str, str], list[int]] = {}
@@ -1014,10 +1115,11 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
     routes: dict[tuple[str, str, str], list[str]] = {}
     for row in results:
         want = str(row.expected["Action"]) if "Action" in row.expected else MISSING_LABEL
-        got = "(error)" if row.error else str(row.finals.get("Action"))
+        wrong_way = _wrong_way(row, reach)
+        got = f"(needs {row.needs})" if wrong_way else "(error)" if row.error else str(row.finals.get("Action"))
         confusion.setdefault(want, {}).setdefault(got, 0)
         confusion[want][got] += 1
-        if row.error:
+        if row.error and not wrong_way:
             errors.append({"line": row.line, "error": row.error})
         elif not row.ok:
             stages = parting_stages(scenario, row, reach)
@@ -1027,7 +1129,8 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
             route += [sid for sid in stages if sid not in route]
     groups: list[Group] = []
     for (stage, want, got), members in sorted(buckets.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        group = Group(stage=stage, expected=want, decided=got, rows=[r.line for r in members])
+        group = Group(stage=stage, expected=want, decided=got, rows=[r.line for r in members],
+                      stopped=sorted({f"{r.path[-1]} ({r.needs})" for r in members if r.needs and r.path}))
         if stage != "-":
             group.candidates, group.tried, group.budget_hit = search(scenario, routes[(stage, want, got)],
                                                                      members, results, budget)
@@ -1101,6 +1204,9 @@ def render_text(report: Report, *, max_rows: int = 10) -> str:
         rows = "1 row" if len(g.rows) == 1 else f"{len(g.rows)} rows"
         out += ["", f"{number}. {rows} expected {g.expected}, decided {g.decided}: parting {where} "
                     f"({Path(report.data).name} line{'s' if len(g.rows) > 1 else ''} {lines})"]
+        if g.stopped:
+            out.append(f"  the route stops at {', '.join(g.stopped)}: a value these rows lack, but none of its "
+                       f"values leads to {g.expected} from there")
         for c in g.candidates:
             out.append(f"  - {_shared(c, number)}")
         if g.stage != "-" and not g.candidates:
