@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from sopgraph.cli import main
 from sopgraph.language import ir
-from sopgraph.language.parse import load_source
 from sopgraph.language.fmt import show_expr
+from sopgraph.language.parse import load_source
 from sopgraph.logic.validate import ValidateError, _lookup, convert, read_rows, render_text, validate
 
 ROOT = Path(__file__).resolve().parent.parent
