@@ -619,3 +619,18 @@ def test_a_missing_input_is_unknown_where_every_value_of_it_decides_alike() -> N
     assert (group.stage, group.decided, group.rows) == ("s2", "Hold", [3])
     best = group.candidates[0]
     assert (best.after, best.fixes, best.breaks) == ("Severity > 4", 1, 0)
+
+
+def test_the_action_column_is_found_by_its_words() -> None:
+    """The card dispute log has `Outcome` and `Transaction date`: "transaction" contains "action", so no
+    one column was named like the action and `--expect` was required."""
+    from sopgraph.logic.validate import _action_like
+
+    columns = ["Case ref", "Transaction date", "Outcome", "Credited"]
+    assert _action_like(columns, set()) == "Outcome"
+    assert _action_like(["actiontaken", "n"], set()) == "actiontaken"
+    assert _action_like(["Final action", "FinalDecision"], set()) is None  # two: the user chooses
+    result = CliRunner().invoke(main, ["validate", str(EX / "card_dispute.sop"), "--data",
+                                       str(EX / "card_dispute_decisions.csv"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["expect"]["Action"] == "Outcome"

@@ -338,8 +338,11 @@ _ACTION_WORDS = ("action", "decision", "outcome", "resolution")
 
 def _action_like(columns: Sequence[str], taken: set[str]) -> str | None:
     """The one column a business log names like the decided action (`action taken`, `Final action`,
-    `decision`, `outcome`), or None when there is none or more than one."""
-    like = [c for c in columns if c not in taken and any(w in _fold(c) for w in _ACTION_WORDS)]
+    `decision`, `outcome`), or None when there is none or more than one. A word of the name must start
+    with one of those words (`Transaction date` is no action column)."""
+    def named(column: str) -> bool:
+        return any(w.lower().startswith(a) for w in _words(column) for a in _ACTION_WORDS)
+    like = [c for c in columns if c not in taken and named(c)]
     return like[0] if len(like) == 1 else None
 
 
