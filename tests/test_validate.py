@@ -634,3 +634,27 @@ def test_the_action_column_is_found_by_its_words() -> None:
                                        str(EX / "card_dispute_decisions.csv"), "--format", "json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["expect"]["Action"] == "Outcome"
+
+
+def test_an_output_that_reads_a_missing_input_is_unknown_not_the_decision() -> None:
+    """`do Voucher { Amount = Spent * 2 }` for a row without `Spent`: the action is decided whatever the
+    amount, so a row that only expects the action agrees and one expecting another action disagrees (it
+    failed as "missing value for `Spent`"); a row that expects the amount cannot be decided."""
+    scenario = _load("""
+        system Tier: Gold | Silver
+        system Spent: int[0..100]
+        output Amount: int = 0
+        action Voucher
+        action Nothing
+        stage s { when Tier == Gold -> do Voucher { Amount = Spent * 2 } otherwise -> do Nothing }
+    """)
+    rows = [{"Tier": "Gold", "want": "Voucher", "_line": 2}, {"Tier": "Gold", "want": "Nothing", "_line": 3},
+            {"Tier": "Silver", "want": "Nothing", "_line": 4}]
+    report = validate(scenario, rows, expect={"Action": "want"})
+    assert (report.correct, report.errors) == (2, [])
+    (group,) = report.groups
+    assert (group.expected, group.decided, group.rows) == ("Nothing", "Voucher", [3])
+    assert group.candidates[0].after == "Tier != Gold"
+    amounts = [{**r, "amount": 8} for r in rows[:1]]
+    report = validate(scenario, amounts, expect={"Action": "want", "Amount": "amount"})
+    assert report.correct == 0 and "missing value for `Spent`" in report.errors[0]["error"]

@@ -26,7 +26,7 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -521,39 +521,64 @@ def _looks(value: Any, var: ir.Variable, now: dt.date | None, column: str) -> li
 
 
 def decide_rows(scenario: ir.Scenario, rows: list[RowResult]) -> None:
-    """Decide every row whose cells converted. A row lacking a value its route needs is decided as far
-    as it goes: its `path` ends at the stage that needed it and `needs` names the input, so that a
-    wrong route into a stage whose column the data lacks (the log fills it only where that route was
-    really taken) can still be placed and explained."""
+    """Decide every row whose cells converted, a missing input taken as unknown (`decide_unknown`). A row
+    that stops for one is decided as far as it goes: its `path` ends at the stage that needed it and
+    `needs` names the input, so that a wrong route into a stage whose column the data lacks (the log
+    fills it only where that route was really taken) can still be placed and explained. An output that
+    cannot be computed without the missing input is `UNKNOWN`: the row fails only if it expects it."""
     for row in rows:
         if row.error is not None:  # the row's cells did not convert
             continue
-        decision, exc, settled = decide_unknown(scenario, row.values)
-        if decision is not None:
-            row.path, row.finals, row.error = decision.path, decision.finals, None
+        found = decide_unknown(scenario, row.values)
+        if found.decision is not None:
+            row.path, row.finals, row.error = found.decision.path, found.decision.finals, None
+            open_outputs = [k for k in row.expected if row.finals.get(k) == UNKNOWN]
+            if found.stopped is not None and open_outputs and row.finals.get("Action") == row.expected.get("Action"):
+                row.error, row.needs = _row_error(found.stopped), found.stopped.variable  # a data gap
             continue
-        assert exc is not None  # no decision without its reason
-        row.error, row.path, row.finals = _row_error(exc), [], {}
-        if _lacks(exc, row.values):
-            row.path, row.needs = _route_to(settled, str(exc.stage), row.values), exc.variable
+        assert found.stopped is not None  # no decision without its reason
+        row.error, row.path, row.finals = _row_error(found.stopped), [], {}
+        if _lacks(found.stopped, row.values):
+            row.path = _route_to(found.scenario, str(found.stopped.stage), row.values)
+            row.needs = found.stopped.variable
 
 
-def decide_unknown(scenario: ir.Scenario, values: Mapping[str, Any]
-                   ) -> tuple[Decision | None, DecideError | None, ir.Scenario]:
+UNKNOWN = "(unknown)"  # an output the row's values cannot decide (it reads an input the row lacks)
+
+
+class Unknowns(NamedTuple):
+    """What `decide_unknown` found: the decision (None when the row stops), the engine's reason for the
+    first stop for a missing input (or the final one), and the SOP with the stages settled so far."""
+
+    decision: Decision | None
+    stopped: DecideError | None
+    scenario: ir.Scenario
+
+
+def decide_unknown(scenario: ir.Scenario, values: Mapping[str, Any]) -> Unknowns:
     """The engine's decision, with an input the row lacks taken as unknown: a stage that stops for it
     goes on by the branch that every value of it would choose (`when Team == Tech and Severity > 5`
     is false for severity 3, whatever the team), and only where the branch depends on it does the row
-    stop. Returns (decision or None, the reason it stopped, the SOP with the stages settled so far)."""
+    stop. Outputs and arguments of the branch taken that read it are left out: those outputs are
+    `UNKNOWN` in the decision's finals (the action itself is known)."""
     current = scenario
-    for _ in range(len(scenario.stages) + 1):
+    first: DecideError | None = None
+    unknown: set[str] = set()
+    for _ in range(2 * len(scenario.stages) + 2):  # each round settles a stage or strips its target
         try:
-            return interpret(current, values), None, current
+            decision = interpret(current, values)
         except DecideError as exc:
             settled = _settle(current, exc, values) if _lacks(exc, values) else None
             if settled is None:
-                return None, exc, current
-            current = settled
-    return None, DecideError("the SOP loops"), current
+                return Unknowns(None, exc, current)
+            first = first or exc
+            current, stripped = settled
+            unknown |= stripped
+            continue
+        if unknown:
+            decision.finals.update({k: UNKNOWN for k in unknown if k in decision.finals})
+        return Unknowns(decision, first, current)
+    return Unknowns(None, first, current)  # not reached: every round removes an unknown read
 
 
 def _lacks(exc: DecideError, values: Mapping[str, Any]) -> bool:
@@ -561,10 +586,12 @@ def _lacks(exc: DecideError, values: Mapping[str, Any]) -> bool:
     return exc.variable is not None and exc.stage is not None and values.get(exc.variable) is None
 
 
-def _settle(scenario: ir.Scenario, exc: DecideError, values: Mapping[str, Any]) -> ir.Scenario | None:
+def _settle(scenario: ir.Scenario, exc: DecideError, values: Mapping[str, Any]
+            ) -> tuple[ir.Scenario, set[str]] | None:
     """A copy of the SOP in which the stage that stopped goes straight to the branch its guards choose
-    whatever the missing input is, or None when that depends on it. Not for procedures that observe
-    (a look depends on the route so far) or stages with bounded arms (a count depends on it too)."""
+    whatever the missing input is, that branch's outputs and arguments that read it left out (their
+    names returned), or None when the choice depends on it. Not for procedures that observe (a look
+    depends on the route so far) or stages with bounded arms (a count depends on it too)."""
     stage = scenario.stages[str(exc.stage)]
     if stage.observe or any(b.limit is not None for b in stage.branches) \
             or any(v.observed for v in scenario.variables.values()):
@@ -576,10 +603,50 @@ def _settle(scenario: ir.Scenario, exc: DecideError, values: Mapping[str, Any]) 
         if fires is None:
             return None
         if fires:
-            going = branch.model_copy(update={"guard": None, "values": []})
+            target, stripped = _strip(it, branch.target)
+            if stage.kind == "goto" and branch.guard is None and target is branch.target:
+                return None  # settled already: what stops it is not in this stage's choice
+            going = branch.model_copy(update={"guard": None, "values": [], "target": target})
             settled = stage.model_copy(update={"kind": "goto", "branches": [going], "subject": None})
-            return scenario.model_copy(update={"stages": {**scenario.stages, stage.id: settled}})
+            return scenario.model_copy(update={"stages": {**scenario.stages, stage.id: settled}}), stripped
     return None
+
+
+def _strip(it: Interpreter, target: ir.Target) -> tuple[ir.Target, set[str]]:
+    """The target without the output assignments and action arguments that cannot be computed from the
+    row (the target itself when all can), and the outputs left out."""
+    def computable(assign: ir.OutputAssign) -> bool:
+        try:
+            it.eval(assign.value)
+        except DecideError:
+            return False
+        return True
+
+    outputs = [a for a in target.outputs if computable(a)]
+    args = [a for a in target.args if computable(a)]
+    steps = [c.model_copy(update={"args": [a for a in c.args if computable(a)]}) for c in target.steps]
+    if len(outputs) == len(target.outputs) and len(args) == len(target.args) \
+            and all(len(a.args) == len(b.args) for a, b in zip(steps, target.steps, strict=True)):
+        return target, set()
+    stripped = {a.name for a in target.outputs} - {a.name for a in outputs}
+    return target.model_copy(update={"outputs": outputs, "args": args, "steps": steps}), stripped
+
+
+_STOP = "\x00stop"  # the action of a stage cut short (no action can be named so)
+
+
+def _route_to(scenario: ir.Scenario, stage_id: str, values: Mapping[str, Any]) -> list[str]:
+    """The route of `values` up to `stage_id`, where the engine stopped for a missing value: the engine
+    decides a copy of the SOP in which that stage ends at once (the same semantics, never re-implemented).
+    Empty when that decision fails anyway."""
+    stage = scenario.stages[stage_id]
+    stop = ir.Branch(guard=None, target=ir.Target(kind="action", action=_STOP))
+    cut = stage.model_copy(update={"kind": "goto", "branches": [stop], "observe": [], "subject": None})
+    try:
+        path = interpret(scenario.model_copy(update={"stages": {**scenario.stages, stage_id: cut}}), values).path
+    except DecideError:
+        return []
+    return path if path and path[-1] == stage_id else []
 
 
 _MAX_KNOWN_DEPTH = 64  # `let`s followed when deciding a guard three-valued; deeper ones are evaluated whole
@@ -605,23 +672,6 @@ def _known(it: Interpreter, expr: Any, depth: int) -> bool | None:
         return bool(it.eval(expr))
     except DecideError:
         return None
-
-
-_STOP = "\x00stop"  # the action of a stage cut short (no action can be named so)
-
-
-def _route_to(scenario: ir.Scenario, stage_id: str, values: Mapping[str, Any]) -> list[str]:
-    """The route of `values` up to `stage_id`, where the engine stopped for a missing value: the engine
-    decides a copy of the SOP in which that stage ends at once (the same semantics, never re-implemented).
-    Empty when that decision fails anyway."""
-    stage = scenario.stages[stage_id]
-    stop = ir.Branch(guard=None, target=ir.Target(kind="action", action=_STOP))
-    cut = stage.model_copy(update={"kind": "goto", "branches": [stop], "observe": [], "subject": None})
-    try:
-        path = interpret(scenario.model_copy(update={"stages": {**scenario.stages, stage_id: cut}}), values).path
-    except DecideError:
-        return []
-    return path if path and path[-1] == stage_id else []
 
 
 _WHERE = re.compile(r" \((?:needed )?at [^()]*\)$")
@@ -974,8 +1024,8 @@ def _score(scenario: ir.Scenario, rows: Sequence[RowResult], group: Sequence[Row
 
 def _row_ok(scenario: ir.Scenario, row: RowResult) -> bool:
     """Whether the (edited) SOP decides the row as expected, a missing input taken as unknown as in
-    `decide_rows`."""
-    d = decide_unknown(scenario, row.values)[0]
+    `decide_rows` (an expected output left unknown is not a match)."""
+    d = decide_unknown(scenario, row.values).decision
     return d is not None and all(_same(d.finals.get(k), v) for k, v in row.expected.items())
 
 
