@@ -1281,6 +1281,10 @@ def _shared(c: Candidate, number: int) -> str:
     return f"the edit of group {c.groups[0]} at {c.where} explains {c.fixes}/{c.group_size} here"
 
 
+_MAX_SUGGEST = 5000  # columns compared for a did-you-mean (a JSON file may have any number of keys)
+_MAX_NAME = 200  # longer column names are never suggested
+
+
 def similar_columns(name: str, columns: Sequence[str], limit: int = 2) -> list[str]:
     """Columns named like a variable that found no column of its own: by the folded names (case, spaces,
     `_` and `-` ignored) with difflib, or sharing a word of four letters or more (`OutageFound` and
@@ -1288,7 +1292,7 @@ def similar_columns(name: str, columns: Sequence[str], limit: int = 2) -> list[s
     want = _fold(name)
     words = {w.lower() for w in _words(name) if len(w) >= 4}
     scored = []
-    for column in columns:
+    for column in itertools.islice((c for c in columns if len(c) <= _MAX_NAME), _MAX_SUGGEST):
         ratio = difflib.SequenceMatcher(None, want, _fold(column)).ratio()
         shared = words & {w.lower() for w in _words(column)}
         if ratio >= 0.6 or shared:
