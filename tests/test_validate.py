@@ -706,3 +706,14 @@ def test_a_row_decided_with_unknowns_is_decided_alike_by_every_value_of_them(val
     for filled in itertools.product(*(DOMAINS[k] for k in open_names)):
         full = interpret(scenario, {**given_values, **dict(zip(open_names, filled, strict=True))})
         assert (full.path, full.finals["Action"]) == (found.decision.path, found.decision.finals["Action"])
+
+
+def test_a_mistyped_map_names_the_column_or_variable_it_meant() -> None:
+    scenario = _load("system OutageFound: bool\naction A\naction B\nstage s { when OutageFound -> do A otherwise -> do B }")
+    rows = [{"outage_detected": "yes", "decision": "A", "_line": 2}]
+    with pytest.raises(ValidateError, match=r"column `outage_detect` \(for OutageFound\) is not in the data "
+                                            r"\(did you mean `outage_detected`\?\)"):
+        validate(scenario, rows, expect={"Action": "decision"}, mapping={"OutageFound": "outage_detect"})
+    with pytest.raises(ValidateError, match=r"`Outage` is not a field or system variable of the SOP "
+                                            r"\(did you mean `OutageFound`\?\)"):
+        validate(scenario, rows, expect={"Action": "decision"}, mapping={"Outage": "outage_detected"})

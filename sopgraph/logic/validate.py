@@ -381,10 +381,14 @@ def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[
             inputs[var.name] = column
     for name in mapping:
         if name not in scenario.variables or scenario.variables[name].role == "derived":
-            raise ValidateError(f"--map {name}=...: `{name}` is not a field or system variable of the SOP")
+            inputs_named = [v.name for v in scenario.variables.values() if v.role != "derived"]
+            raise ValidateError(f"--map {name}=...: `{name}` is not a field or system variable of the SOP"
+                                + _did_you_mean(similar_columns(name, inputs_named)))
     for name, column in [*mapping.items(), *wanted.items()]:
         if column.split(".")[0] not in columns and column not in columns:
-            raise ValidateError(f"column `{column}` (for {name}) is not in the data; columns: {', '.join(columns)}")
+            raise ValidateError(f"column `{column}` (for {name}) is not in the data"
+                                + _did_you_mean(similar_columns(column, columns))
+                                + f"; columns: {', '.join(columns)}")
     path = next((c for c in PATH_COLUMNS if c in columns and c not in inputs.values()), None)
     return ColumnPlan(inputs=inputs, expect=wanted, found=found, path=path)
 
@@ -1298,6 +1302,10 @@ def similar_columns(name: str, columns: Sequence[str], limit: int = 2) -> list[s
         if ratio >= 0.6 or shared:
             scored.append((-(ratio + 0.2 * len(shared)), column))
     return [c for _, c in sorted(scored)[:limit]]
+
+
+def _did_you_mean(names: Sequence[str]) -> str:
+    return f" (did you mean {' or '.join(f'`{n}`' for n in names)}?)" if names else ""
 
 
 def _words(name: str) -> list[str]:
