@@ -717,3 +717,20 @@ def test_a_mistyped_map_names_the_column_or_variable_it_meant() -> None:
     with pytest.raises(ValidateError, match=r"`Outage` is not a field or system variable of the SOP "
                                             r"\(did you mean `OutageFound`\?\)"):
         validate(scenario, rows, expect={"Action": "decision"}, mapping={"Outage": "outage_detected"})
+
+
+def test_a_row_left_with_an_unknown_output_names_that_output_s_input() -> None:
+    scenario = _load("""
+        system Severity: int[0..10]
+        system Team: Billing | Tech
+        system Spent: int[0..100]
+        output Amount: int = 0
+        action Hold
+        action Voucher
+        stage s1 { when Team == Tech and Severity > 5 -> do Hold  otherwise -> s2 }
+        stage s2 { -> do Voucher { Amount = Spent * 2 } }
+    """)
+    rows = [{"Severity": 1, "want": "Voucher", "amount": 8, "_line": 2}]
+    report = validate(scenario, rows, expect={"Action": "want", "Amount": "amount"})
+    assert report.errors == [{"line": 2, "error": "missing value for `Spent` (needed for the outputs of s2)"}]
+    assert validate(scenario, rows, expect={"Action": "want"}).correct == 1

@@ -551,8 +551,9 @@ UNKNOWN = "(unknown)"  # an output the row's values cannot decide (it reads an i
 
 
 class Unknowns(NamedTuple):
-    """What `decide_unknown` found: the decision (None when the row stops), the engine's reason for the
-    first stop for a missing input (or the final one), and the SOP with the stages settled so far."""
+    """What `decide_unknown` found: the decision (None when the row stops), the engine's reason (for the
+    stop; with a decision, for the first output left unknown, else the first stage settled), and the SOP
+    with the stages settled so far."""
 
     decision: Decision | None
     stopped: DecideError | None
@@ -575,8 +576,9 @@ def decide_unknown(scenario: ir.Scenario, values: Mapping[str, Any]) -> Unknowns
             settled = _settle(current, exc, values) if _lacks(exc, values) else None
             if settled is None:
                 return Unknowns(None, exc, current)
-            first = first or exc
             current, stripped = settled
+            if first is None or (stripped and not unknown):
+                first = exc  # the reason to give: the first stop, or the first that leaves an output unknown
             unknown |= stripped
             continue
         if unknown:
