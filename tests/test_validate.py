@@ -734,3 +734,13 @@ def test_a_row_left_with_an_unknown_output_names_that_output_s_input() -> None:
     report = validate(scenario, rows, expect={"Action": "want", "Amount": "amount"})
     assert report.errors == [{"line": 2, "error": "missing value for `Spent` (needed for the outputs of s2)"}]
     assert validate(scenario, rows, expect={"Action": "want"}).correct == 1
+
+
+def test_json_lines_break_at_newlines_only(tmp_path: Path) -> None:
+    """A raw U+2028 or U+0085 inside a JSON string is no line break (it was: "invalid JSON")."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"N": 1, "note": "a\u2028b\u0085c"}\r\n{"N": 2}\n', encoding="utf-8")
+    assert [(r["N"], r["_line"]) for r in read_rows(data)] == [(1, 1), (2, 2)]
+    data.write_text('{"N": 1}\n{"N": 2} {"N": 3}\n', encoding="utf-8")
+    with pytest.raises(ValidateError, match=r"rows.jsonl:2: unexpected text after the JSON object"):
+        read_rows(data)  # the third object was dropped without a word

@@ -57,10 +57,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if path.suffix.lower() in (".jsonl", ".ndjson", ".json") and text.lstrip().startswith("["):
         rows = _json_array_rows(text, path)
     elif path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-        for lineno, line in enumerate(text.splitlines(), 1):
+        for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 may be inside a string
             if not line.strip():
                 continue
-            obj = _json_value(line, 0, path, lineno)[0]
+            obj, end = _json_value(line, _BLANK.match(line).end(), path, lineno)  # type: ignore[union-attr]
+            if line[end:].strip():
+                raise ValidateError(f"{path}:{lineno}: unexpected text after the JSON object")
             if not isinstance(obj, dict):
                 raise ValidateError(f"{path}:{lineno}: expected a JSON object per line")
             obj["_line"] = lineno
