@@ -744,3 +744,24 @@ def test_json_lines_break_at_newlines_only(tmp_path: Path) -> None:
     data.write_text('{"N": 1}\n{"N": 2} {"N": 3}\n', encoding="utf-8")
     with pytest.raises(ValidateError, match=r"rows.jsonl:2: unexpected text after the JSON object"):
         read_rows(data)  # the third object was dropped without a word
+
+
+@pytest.mark.timeout(60)  # the number pattern backtracked for minutes on a long cell of spaces
+def test_hostile_cells_are_row_errors_with_short_messages(tmp_path: Path) -> None:
+    """A cell nested 100,000 deep (a RecursionError traceback) or 100,000 spaces and a letter in a
+    numeric column (the number pattern backtracked without end) is a row error quoting the cell cut short."""
+    scenario = _load("""
+        system N: float
+        system Looks: list of bool
+        action A
+        action B
+        stage s { when N > 1 -> do A otherwise -> do B }
+    """)
+    deep = "[" * 100_000 + "]" * 100_000
+    rows = [{"N": " " * 100_000 + "x", "want": "A", "_line": 2}, {"N": 2, "Looks": deep, "want": "A", "_line": 3}]
+    report = validate(scenario, rows, expect={"Action": "want"})
+    messages = [e["error"] for e in report.errors]
+    assert [e["line"] for e in report.errors] == [2, 3]
+    assert "is not a number" in messages[0] and "is not JSON" in messages[1]
+    assert all(len(m) < 300 for m in messages), messages
+    assert _lookup({"order": deep}, "order.n") is None

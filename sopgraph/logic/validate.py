@@ -39,6 +39,7 @@ THRESHOLDS_PER_COMPARISON = 12  # nearest observed values tried as a new thresho
 MAX_ROWS = 200_000
 NOW_EXAMPLE = "2026-11-23T10:00"
 MAX_DATA_BYTES = 256 * 1024 * 1024  # a data file larger than this is refused
+MAX_NUMBER_CELL = 100  # characters: a longer cell is not read as a number (`¥1,200.50`, `30 days` are short)
 
 
 class ValidateError(Exception):
@@ -209,6 +210,20 @@ def _blank(value: Any) -> bool:
 _DATE = re.compile(r"^\s*(\d{4}-\d{2}-\d{2})(?:[T ][\d:.]+Z?)?\s*$")
 
 
+def _loads(text: str) -> Any:
+    """JSON in a cell; too deep a nesting is a ValueError like any other bad JSON (not a RecursionError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A cell as quoted in a message, cut short (a cell may be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 5] + "…" + text[-4:]
+
+
 def _lookup(row: Mapping[str, Any], column: str) -> Any:
     """A column, or a dotted path into a JSON column / nested JSON Lines object."""
     if column in row:
@@ -219,7 +234,7 @@ def _lookup(row: Mapping[str, Any], column: str) -> Any:
     value = row[head]
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = _loads(value)
         except ValueError:
             return None
     for part in rest.split("."):
@@ -246,7 +261,7 @@ def convert(value: Any, vtype: Any, *, unit: str | None = None, now: dt.date | N
             return True
         if text in _FALSE:
             return False
-        raise ValueError(f"{what} {value!r} is not a boolean (yes/no, true/false, 1/0)")
+        raise ValueError(f"{what} {_shown(value)} is not a boolean (yes/no, true/false, 1/0)")
     if isinstance(vtype, ir.EnumType):
         text = str(value).strip()
         if text in vtype.values:
@@ -254,35 +269,38 @@ def convert(value: Any, vtype: Any, *, unit: str | None = None, now: dt.date | N
         folded = {_fold(v): v for v in vtype.values}
         if _fold(text) in folded:  # `calm`, `not received`, `not-received` for `NotReceived`
             return folded[_fold(text)]
-        raise ValueError(f"{what} {value!r} is not one of {' | '.join(vtype.values)}")
+        raise ValueError(f"{what} {_shown(value)} is not one of {' | '.join(vtype.values)}")
     if isinstance(vtype, ir.NumType):
         return _number(value, vtype, unit, now, what)
     if ir.is_structured(vtype) and isinstance(value, str):  # a list or record cell is written as JSON
         try:
-            return json.loads(value)
+            return _loads(value)
         except ValueError:
-            raise ValueError(f"{what} {value!r} is not JSON (a list is written [..], a record {{..}})") from None
+            raise ValueError(f"{what} {_shown(value)} is not JSON (a list is written [..], a record {{..}})") from None
     return value
 
 
 def _number(value: Any, vtype: ir.NumType, unit: str | None, now: dt.date | None, what: str) -> Any:
     if isinstance(value, bool):
-        raise ValueError(f"{what} {value!r} is not a number")
+        raise ValueError(f"{what} {_shown(value)} is not a number")
     if isinstance(value, (int, float)):
         num: float = value
     else:
-        text = str(value)
+        text = str(value).strip()
+        if len(text) > MAX_NUMBER_CELL:  # never a number; and the patterns below need not be tried on it
+            raise ValueError(f"{what} {_shown(value)} is not a number")
         date = _DATE.match(text)
         if date:
             if now is None:
-                raise ValueError(f"{what} {text!r} is a date: give --now DATE to count days from it")
+                raise ValueError(f"{what} {_shown(text)} is a date: give --now (e.g. --now 2024-06-30) to count "
+                                 "days from it")
             return (now - dt.date.fromisoformat(date.group(1))).days
         m = _NUMBER.match(text)
         if not m:
-            raise ValueError(f"{what} {value!r} is not a number")
+            raise ValueError(f"{what} {_shown(value)} is not a number")
         written = (m.group("pre") + " " + m.group("unit")).strip()
         if written and unit and _unit_key(written) != _unit_key(unit):
-            raise ValueError(f"{what} {value!r} is in {written!r}, the variable is in {unit!r}")
+            raise ValueError(f"{what} {_shown(value)} is in {_shown(written)}, the variable is in {unit!r}")
         num = float(m.group("num").replace(",", "").replace("_", ""))
     if vtype.kind == "int" and float(num).is_integer():
         return int(num)
@@ -503,7 +521,7 @@ def _stage_list(value: Any) -> list[str] | None:
     if isinstance(value, str) and value.strip():
         if value.strip().startswith("["):
             try:
-                parsed = json.loads(value)
+                parsed = _loads(value)
             except ValueError:
                 parsed = None
             if isinstance(parsed, list):
@@ -517,9 +535,9 @@ def _looks(value: Any, var: ir.Variable, now: dt.date | None, column: str) -> li
     one value, which is the first and only look."""
     if isinstance(value, str) and value.strip().startswith("["):
         try:
-            value = json.loads(value)
+            value = _loads(value)
         except ValueError:
-            raise ValueError(f"column `{column}`: {value!r} is not JSON (the looks are written [..])") from None
+            raise ValueError(f"column `{column}`: {_shown(value)} is not JSON (the looks are written [..])") from None
     items = value if isinstance(value, list) else [value]
     looks = [convert(v, var.type, unit=var.unit, now=now, what=f"column `{column}` (look {k}):")
              for k, v in enumerate(items, 1)]
