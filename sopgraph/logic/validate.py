@@ -336,21 +336,38 @@ def _fold(text: str) -> str:
     return re.sub(r"[\s_\-]+", "", str(text)).lower()
 
 
-def _by_name(name: str, columns: Sequence[str], nested: Mapping[str, Sequence[str]]) -> str | None:
-    """The column named like `name` (exact, then case-insensitive), else the key of that name in the
-    one nested object that has it (SAGE's vectors keep values under `classification` and `system`)."""
-    if name in columns:
-        return name
-    folded: dict[str, str] = {}
-    for c in columns:
-        folded.setdefault(_fold(c), c)
-    if _fold(name) in folded:
-        return folded[_fold(name)]
-    for key in (name, *(k for k in nested if _fold(k) == _fold(name) and k != name)):
-        parents = nested.get(key, ())
-        if len(parents) == 1:
-            return f"{parents[0]}.{key}"
-    return None
+class _Columns:
+    """The data's column names indexed once for lookups by name (a JSON file may have any number)."""
+
+    def __init__(self, columns: Sequence[str], nested: Mapping[str, Sequence[str]]):
+        self.names = set(columns)
+        self.folded: dict[str, str] = {}
+        for c in columns:
+            self.folded.setdefault(_fold(c), c)
+        self.nested = nested
+        self.nested_folded: dict[str, list[str]] = {}
+        for k in nested:
+            self.nested_folded.setdefault(_fold(k), []).append(k)
+
+    def by_name(self, name: str) -> str | None:
+        """The column named like `name` (exact, then ignoring case, spaces, `_` and `-`), else the key of
+        that name in the one nested object that has it (SAGE's vectors keep values under `classification`
+        and `system`)."""
+        if name in self.names:
+            return name
+        if _fold(name) in self.folded:
+            return self.folded[_fold(name)]
+        for key in (name, *(k for k in self.nested_folded.get(_fold(name), ()) if k != name)):
+            parents = self.nested.get(key, ())
+            if len(parents) == 1:
+                return f"{parents[0]}.{key}"
+        return None
+
+
+def _listed(columns: Sequence[str], limit: int = 30) -> str:
+    """Column names for a message, the first `limit` of them."""
+    more = f", … ({len(columns) - limit} more)" if len(columns) > limit else ""
+    return ", ".join(columns[:limit]) + more
 
 
 _ACTION_WORDS = ("action", "decision", "outcome", "resolution")
@@ -370,12 +387,12 @@ def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[
                  mapping: Mapping[str, str], nested: Mapping[str, Sequence[str]] | None = None) -> ColumnPlan:
     """Variables read their own column (by name, see `_by_name`) unless `--map` says otherwise.
     Without `--expect`, the expected Action (and any output) come from columns named like them."""
-    nested = nested or {}
+    index = _Columns(columns, nested or {})
     wanted = dict(expect)
     found: list[str] = []
     if not expect:
         for name in ("Action", *scenario.outputs):
-            column = _by_name(name, columns, nested)
+            column = index.by_name(name)
             if column is not None:
                 wanted[name] = column
                 found.append(name)
@@ -387,7 +404,7 @@ def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[
     if "Action" not in wanted:
         raise ValidateError("give --expect Action=COLUMN (the column holding the decided action; no column "
                             "is named Action, and no one column is named like it: `action taken`, `decision`, "
-                            f"`outcome`; columns: {', '.join(columns)})")
+                            f"`outcome`; columns: {_listed(columns)})")
     for name in wanted:
         if name != "Action" and name not in scenario.outputs:
             raise ValidateError(f"--expect {name}=...: `{name}` is not an output of the SOP "
@@ -396,7 +413,7 @@ def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[
     for var in scenario.variables.values():
         if var.role == "derived":
             continue
-        column = mapping.get(var.name) or _by_name(var.name, columns, nested)
+        column = mapping.get(var.name) or index.by_name(var.name)
         if column is not None:
             inputs[var.name] = column
     for name in mapping:
@@ -405,11 +422,11 @@ def plan_columns(scenario: ir.Scenario, columns: Sequence[str], expect: Mapping[
             raise ValidateError(f"--map {name}=...: `{name}` is not a field or system variable of the SOP"
                                 + _did_you_mean(similar_columns(name, inputs_named)))
     for name, column in [*mapping.items(), *wanted.items()]:
-        if column.split(".")[0] not in columns and column not in columns:
+        if column.split(".")[0] not in index.names and column not in index.names:
             raise ValidateError(f"column `{column}` (for {name}) is not in the data"
                                 + _did_you_mean(similar_columns(column, columns))
-                                + f"; columns: {', '.join(columns)}")
-    path = next((c for c in PATH_COLUMNS if c in columns and c not in inputs.values()), None)
+                                + f"; columns: {_listed(columns)}")
+    path = next((c for c in PATH_COLUMNS if c in index.names and c not in inputs.values()), None)
     return ColumnPlan(inputs=inputs, expect=wanted, found=found, path=path)
 
 
@@ -1179,11 +1196,13 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
     the program's `now` and the day that dates in numeric columns count to."""
     now_text, today = reference_time(now)
     columns = sorted({k for r in rows for k in r if k != "_line"})
-    nested: dict[str, list[str]] = {}
-    for column in columns:
-        inner = sorted({k for r in rows if isinstance(r.get(column), dict) for k in r[column]})
-        for name in inner:
-            nested.setdefault(name, []).append(column)
+    inside: dict[str, set[str]] = {}  # a key of nested objects -> the columns holding it (one pass)
+    for r in rows:
+        for column, value in r.items():
+            if isinstance(value, dict):
+                for name in value:
+                    inside.setdefault(name, set()).add(column)
+    nested = {name: sorted(inside[name]) for name in sorted(inside)}
     plan = plan_columns(scenario, columns, expect, mapping or {}, nested)
     results = prepare_rows(scenario, rows, plan, today, now_text)
     decide_rows(scenario, results)
