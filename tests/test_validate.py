@@ -603,6 +603,11 @@ def test_a_wrong_route_into_a_stage_whose_column_is_empty_is_still_explained(tmp
     assert "1. 4 rows expected Resolve, decided (needs EscalationTeam): parting at stage s1" in text
     assert "the route stops at s2 (EscalationTeam)" in text
     assert "`Severity > 7` instead of `Severity > 5` at stage s1 explains 4/4" in text
+    no_column = tmp_path / "short.csv"  # the log has no team column at all
+    no_column.write_text("severity,decision\n1,Resolve\n6,Resolve\n7,Resolve\n", encoding="utf-8")
+    short = validate(_load(ESCALATE), read_rows(no_column), expect={"Action": "decision"})
+    assert short.unmapped == ["EscalationTeam"] and short.errors == []
+    assert [(g.stage, g.rows, g.candidates[0].after) for g in short.groups] == [("s1", [3, 4], "Severity > 7")]
 
 
 def test_a_missing_input_is_unknown_where_every_value_of_it_decides_alike() -> None:
