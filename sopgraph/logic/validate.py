@@ -1290,7 +1290,8 @@ def render_text(report: Report, *, max_rows: int = 10) -> str:
             counts = [str(report.confusion[want].get(c, 0) or ".") for c in cols]
             out.append(want.ljust(head) + "".join(n.rjust(w) for n, w in zip(counts, widths, strict=True)))
     if report.errors:
-        out += ["", f"{len(report.errors)} rows could not be decided:"]
+        count = len(report.errors)
+        out += ["", f"{count} row{'' if count == 1 else 's'} could not be decided:"]
         for err in report.errors[:max_rows]:
             out.append(f"  line {err['line']}: {err['error']}")
         reasons = Counter(e["error"].split(" (")[0] for e in report.errors)
