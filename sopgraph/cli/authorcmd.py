@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import difflib
 import json
 import sys
@@ -28,7 +27,7 @@ from sopgraph.logic.validate import (
 )
 from sopgraph.simulation.runner import RunError, read_cases
 
-from .params import fail, load_or_exit, sop_file
+from .params import fail, load_or_exit, now_option, sop_file
 
 
 @click.command("fmt")
@@ -87,8 +86,8 @@ def fmt_cmd(files: tuple[Path, ...], check: bool, show_diff: bool, to_stdout: bo
                    "and the outputs, also inside nested objects (`finals.Action`).")
 @click.option("--map", "maps", multiple=True, metavar="VAR=COLUMN",
               help="Column feeding a variable (default: the column named like it); COLUMN.key reads JSON.")
-@click.option("--now", "now", default=None, metavar="DATE",
-              help="Reference date (YYYY-MM-DD): a date in a numeric column becomes the days until it.")
+@now_option("which is also the day a date in a numeric column counts to (`2024-06-20` becomes the days "
+            "until then)")
 @click.option("--budget", default=DEFAULT_BUDGET, show_default=True, type=click.IntRange(0),
               help="Candidate edits tried per mismatch group.")
 @click.option("--min-accuracy", default=None, type=click.FloatRange(0, 1),
@@ -100,12 +99,8 @@ def validate_cmd(file: Path, data: Path, expects: tuple[str, ...], maps: tuple[s
     and why the SOP disagrees (with the nearest edits that explain the rows)."""
     scenario = load_or_exit(file)
     try:
-        when = dt.date.fromisoformat(now) if now else None
-    except ValueError:
-        fail(f"--now {now!r}: write the date as YYYY-MM-DD", 2)
-    try:
         report = validate(scenario, read_rows(data), expect=parse_pairs(expects, "--expect"),
-                          mapping=parse_pairs(maps, "--map"), now=when, budget=budget, file=str(file),
+                          mapping=parse_pairs(maps, "--map"), now=now, budget=budget, file=str(file),
                           data=str(data))
     except ValidateError as exc:
         fail(str(exc), 2)

@@ -11,12 +11,11 @@ from typing import Any, BinaryIO
 
 import click
 
-from sopgraph.language import scalars
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
 from sopgraph.logic.engine import DecideError, engine_for, has_action_trace, undeclared_inputs
 
-from .params import load_or_exit, sop_file, write_output
+from .params import load_or_exit, now_option, sop_file, write_output
 
 
 @click.command("compile")
@@ -43,9 +42,7 @@ def compile_cmd(file: Path, out: Path | None, fmt: str) -> None:
 @sop_file
 @click.option("--values", "values_json", default=None, metavar="JSON",
               help="One JSON object of field/system values. Without it, JSON Lines are read from stdin.")
-@click.option("--now", "now", default=None, metavar="DATETIME",
-              help="The reference time `now` for every input that does not give its own "
-                   "(e.g. 2026-11-23T10:00; UTC unless it ends in Z or +HH:MM).")
+@now_option("for every input that does not give its own")
 def decide_cmd(file: Path, values_json: str | None, now: str | None) -> None:
     """Reference path and finals for values (one JSON line out per input, in order).
 
@@ -58,11 +55,6 @@ def decide_cmd(file: Path, values_json: str | None, now: str | None) -> None:
     [{"name", "args"}, ...] in order. A program that reads `now` needs the reference time: a
     "now" key in the line, or --now for every line (never the clock).
     """
-    if now is not None:
-        try:
-            scalars.parse_datetime(now)
-        except scalars.ValueProblem as exc:
-            raise click.BadParameter(f"{now!r} {exc}", param_hint="--now") from None
     scenario = load_or_exit(file)
     engine = engine_for(scenario)
     with_actions = has_action_trace(scenario)

@@ -3,17 +3,48 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from sopgraph.cli import KEEP_UNTIL_EXIT, OWNS_PROCESS
+from sopgraph.language import scalars
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.ir import Scenario
 from sopgraph.logic.checker import load
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 sop_file = click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+
+
+class NowType(click.ParamType):
+    """`--now`: the reference time `now` of the program, read by one parser in every command
+    (`scalars.parse_datetime`: a date, or a date and time with `T` or a space, with or without seconds,
+    `Z` or an offset). The value is handed on as written (checked), for the engine reads it alike."""
+
+    name = "datetime"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip()
+        try:
+            scalars.parse_datetime(text)
+        except scalars.ValueProblem as exc:
+            self.fail(f"{value!r} {exc}", param, ctx)
+        return text
+
+
+NOW = NowType()
+NOW_FORMATS = "2026-11-23, 2026-11-23T10:00 or 2026-11-23 10:00:30; UTC unless it ends in Z or +HH:MM"
+
+
+def now_option(what: str) -> Callable[[F], F]:
+    """The `--now DATETIME` option of a command; `what` says what the command does with it."""
+    return click.option("--now", "now", type=NOW, default=None, metavar="DATETIME",
+                        help=f"The program's `now`, its reference time (never the clock), {what}; written "
+                             f"{NOW_FORMATS}.")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
