@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import sopgraph.records as records
-from sopgraph.errors import Error
+from sopgraph.errors import ArgumentError, Error
 from sopgraph.language import ir, scalars
 from sopgraph.records import CHAT_DIMENSIONS
 
@@ -391,7 +391,7 @@ class SchemaCatalog:
     def with_entries(self, *entries: SchemaEntry) -> SchemaCatalog:
         clash = [e.name for e in entries if e.name in self.entries]
         if clash:
-            raise ValueError(f"schema `{clash[0]}` is already in the catalogue")
+            raise ArgumentError(f"schema `{clash[0]}` is already in the catalogue")
         return SchemaCatalog({**self.entries, **{e.name: e for e in entries}})
 
 
