@@ -248,3 +248,24 @@ def test_a_program_written_with_chinese_names_checks_and_decides() -> None:
     decided = CliRunner().invoke(main, ["decide", str(path)],
                                  input=json.dumps({"意图": "退款", "订单状态": "未发货", "金额": 100}, ensure_ascii=False))
     assert json.loads(decided.output) == {"path": ["第一步", "第二步"], "finals": {"Action": "办理退款"}}
+
+
+@pytest.mark.parametrize("body", ['observe Vip "Look again." -> do Help', 'classify Mood\n "Ask." -> do Help',
+                                  'when Vip -> do Help\n "Then wait." otherwise -> do Wait'])
+def test_stage_text_after_a_statement_says_texts_come_first(body: str) -> None:
+    diag, _ = syntax_error(HEAD + f'stage s "S" {{\n {body}\n}}\n')
+    assert diag.message.startswith("a stage's description text comes first"), diag.message
+    assert diag.hint == "move the text up, right after `stage s ... {`"
+
+
+@pytest.mark.parametrize(("text", "keyword", "glued"), [
+    ("systemB: int\n", "system", "systemB"), ('actionGo "go"\n', "action", "actionGo"),
+    ("stages { -> t }\n", "stage", "stages"), ("letY = 1\n", "let", "letY"),
+    ("stage s { whenVip -> do Help otherwise -> do Help }\n", "when", "whenVip"),
+    ("stage s { -> do Help up to2 times otherwise -> do Wait }\n", "to", "to2"),
+])
+def test_a_keyword_run_into_a_name_is_refused(text: str, keyword: str, glued: str) -> None:
+    """Lark's contextual lexer split `systemB` where no name can stand; a keyword is a word of its own."""
+    diag, _ = syntax_error(HEAD + text)
+    assert diag.message == f"missing space after `{keyword}` in `{glued}`", diag.message
+    assert diag.span.line == 6 and diag.span.end_col - diag.span.col == len(glued)

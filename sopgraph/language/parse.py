@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +26,7 @@ from lark.exceptions import (
     UnexpectedInput,
     VisitError,
 )
+from lark.lark import PostLex
 
 from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
@@ -67,7 +68,52 @@ def parser() -> Lark:
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=False,
+        postlex=KeywordGlue(),
     )
+
+
+GLUE_HINT = "a keyword is a word of its own"
+_WORD_EDGE = re.compile(r"\w")
+_WORDS_OF_THEIR_OWN = frozenset({"NAME", "NUMBER", "TIME_UNIT", "STRING", "LONG_STRING"})
+
+
+# what follows the name of each declaration (to tell `systemB: int` from a stray word `systems`)
+_DECL_GOES_ON = {"scenario": r'["{]', "include": '"', "start": r"(?:\n|\Z)", "field": ":", "system": ":",
+                 "let": "=", "action": r'(?:["(\[\n]|\Z)', "output": ":", "stage": r'["{]', "subflow": r"\(",
+                 "use": r"as\b"}
+
+
+def _glued_keyword(word: str, after: str) -> tuple[str, str] | None:
+    """`systemB: int` where a declaration starts: the message `KeywordGlue` gives where no name can stand."""
+    keyword = next((k for k in DECL_KEYWORDS if word.startswith(k) and len(word) > len(k)
+                    and re.match(r"[ \t]*" + _DECL_GOES_ON[k], after)), None)
+    if keyword is None:
+        return None
+    return (f"missing space after `{keyword}` in `{word}`",
+            f"write `{keyword} {word[len(keyword):]}`: {GLUE_HINT}")
+
+
+class KeywordGlue(PostLex):
+    """Refuses a keyword run into the next word (`systemB: int`, `whenA -> t`, `up to2 times`).
+
+    Why: Lark's contextual lexer only tries the terminals the parser can take next, so where no name
+    can stand it reads `systemB` as the keyword `system` and the name `B`, yet where a name can stand
+    the same text is the one name `systemB`. The fast path's reader (and a person) read one word, so
+    the language is: a keyword is a word of its own. A number may still run into a unit (`2days`)."""
+
+    always_accept: tuple[str, ...] = ()
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        prev: Token | None = None
+        for tok in stream:
+            if (prev is not None and prev.type not in _WORDS_OF_THEIR_OWN and prev.end_pos == tok.start_pos
+                    and _WORD_EDGE.match(prev.value[-1:]) and _WORD_EDGE.match(tok.value[:1])):
+                glued = Token(prev.type, prev.value + tok.value, prev.start_pos, prev.line, prev.column,
+                              tok.end_line, tok.end_column, tok.end_pos)
+                raise _BadToken(glued, f"missing space after `{prev}` in `{glued}`",
+                                f"write `{prev} {tok}`: {GLUE_HINT}")
+            yield tok
+            prev = tok
 
 
 def _span(file: str, meta: Any) -> ir.Span:
@@ -889,6 +935,25 @@ def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
     return None
 
 
+_STAGE_OPENED = re.compile(r'\bstage\s+([^\W\d][\w.]*)\s*(?:"(?:[^"\\\n]|\\.)*"\s*)?\Z')
+
+
+def _late_stage_text(ttype: str, before: str) -> tuple[str, str] | None:
+    """A text written in a stage after `classify`, `observe` or a branch (`observe A "Look again."`):
+    the grammar wants a stage's texts first, which "missing `->`" did not say."""
+    if ttype not in ("STRING", "LONG_STRING") or re.search(r"\bwhen\b(?:(?!->).)*\Z", before):
+        return None
+    brace = _unclosed_brace(before)
+    if brace is None:
+        return None
+    lines = before.split("\n")
+    opened = _STAGE_OPENED.search("\n".join(lines[: brace[0] - 1] + [lines[brace[0] - 1][: brace[1] - 1]]))
+    if opened is None:
+        return None
+    return ("a stage's description text comes first, before `classify`, `observe` and the branches",
+            f"move the text up, right after `stage {opened.group(1)} ... {{`")
+
+
 # the last `otherwise -> …` arm before an error (group 1: it is bounded), on the error's own stage
 _OTHERWISE_ARM = re.compile(r"\botherwise\s*->[^{}]*?(\bup\s+to\s+\d+\s+times)?\s*$")
 
@@ -956,21 +1021,26 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
                          "add the matching `}` before the next declaration")
     pos = getattr(token, "start_pos", None)
     before = text[:pos] if isinstance(pos, int) else ""
+    after = text[pos:] if isinstance(pos, int) else ""
     if ttype == "NAME" and found in FOREIGN_BRANCH_WORDS:
         message, hint = FOREIGN_BRANCH_WORDS[found]
     elif ttype == "STRING" and (attrs_first := _ACTION_ATTRS_BEFORE.search(before)):
         message = "an action's description comes before its attributes"
         hint = f'write `action {attrs_first.group(1)} {found} [{attrs_first.group(2)}]`'
-    elif (special := _common_slip(found, before, text[pos:] if isinstance(pos, int) else "")) is not None:
+    elif (special := _common_slip(found, before, after)) is not None:
         message, hint = special
     elif found == "otherwise" and (prior := _OTHERWISE_ARM.search(before)) and "{" not in before[prior.end():]:
         message = "a second `otherwise`: only the last branch of a stage can be `otherwise`"
         hint = ("to say what to do once the bounded branch is spent, write it as a `when` arm "
                 "(`when CONDITION -> ... up to N times`) and keep `otherwise -> ...` last"
                 if prior.group(1) else "remove one, or make the first a `when CONDITION -> ...` arm")
+    elif (late := _late_stage_text(ttype, before)) is not None:
+        message, hint = late
     elif arrow and ttype in ("NAME", "STRING", "NUMBER", "DO"):
         message = f"missing `->` before `{found}`"
         hint = "branches are written `value -> target` or `when condition -> target`"
+    elif ttype == "NAME" and "`stage`" in words and (glued := _glued_keyword(found, after[len(found):])):
+        message, hint = glued
     elif ttype == "NAME" and "`stage`" in words:
         message = f"unexpected `{found}` at top level"
         hint = did_you_mean(found, DECL_KEYWORDS) or (
@@ -1014,7 +1084,7 @@ def _building_parser() -> tuple[Lark, ToIR]:
     """A parser that builds the IR while parsing (no intermediate tree): about as fast as Lark alone."""
     builder = ToIR("<string>")
     return Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr", transformer=builder,
-                maybe_placeholders=False), builder
+                maybe_placeholders=False, postlex=KeywordGlue()), builder
 
 
 def _lark_program(text: str, file: str) -> Program:
@@ -1037,20 +1107,33 @@ def parse_text(text: str, file: str = "<string>", *, fast: bool = True) -> Progr
             return program
     try:
         return _lark_program(text, file)
-    except UnexpectedInput as exc:
-        raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
-    except _BadToken as exc:
-        raise SopError([error("E001", exc.message, _tok_span(file, exc.token), exc.hint)], {file: text}) from None
-    except _BadExpr as exc:
-        raise SopError([error("E001", exc.message, exc.span, exc.hint)], {file: text}) from None
-    except _BadLiteral as exc:
-        raise SopError([error("E210", exc.message, exc.span, exc.hint)], {file: text}) from None
-    except RecursionError:
-        raise SopError([error("E006", "the program nests too deeply to parse", ir.Span(file=file),
-                              "split deeply nested expressions")], {file: text}) from None
-    except (LarkError, VisitError, ValueError, TypeError) as exc:
-        raise SopError([error("E001", f"cannot build the program: {exc}", ir.Span(file=file))],
-                       {file: text}) from None
+    except PARSE_FAILURES as exc:
+        raise parse_error(exc, text, file) from None
+
+
+# what a Lark parse of malformed text can raise (`parse_error` names each one for the user)
+PARSE_FAILURES = (LarkError, _BadToken, _BadExpr, _BadLiteral, RecursionError, ValueError, TypeError)
+
+
+def parse_error(exc: Exception, text: str, file: str) -> SopError:
+    """The `SopError` for an exception out of a Lark parse of `text` (with or without the IR builder):
+    one place, so `sop check` and `sop fmt` say the same about the same text."""
+    if isinstance(exc, VisitError) and isinstance(exc.orig_exc, (_BadToken, _BadExpr, _BadLiteral, RecursionError)):
+        exc = exc.orig_exc
+    if isinstance(exc, UnexpectedInput):
+        found = _syntax_diagnostic(exc, text, file)
+    elif isinstance(exc, _BadToken):
+        found = error("E001", exc.message, _tok_span(file, exc.token), exc.hint)
+    elif isinstance(exc, _BadExpr):
+        found = error("E001", exc.message, exc.span, exc.hint)
+    elif isinstance(exc, _BadLiteral):
+        found = error("E210", exc.message, exc.span, exc.hint)
+    elif isinstance(exc, RecursionError):
+        found = error("E006", "the program nests too deeply to parse", ir.Span(file=file),
+                      "split deeply nested expressions")
+    else:
+        found = error("E001", f"cannot build the program: {exc}", ir.Span(file=file))
+    return SopError([found], {file: text})
 
 
 # ---------------------------------------------------------------------------------------------
