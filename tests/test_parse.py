@@ -6,10 +6,19 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from sopgraph.cli import main
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError
-from sopgraph.language.parse import CONTEXT_KEYWORDS, KEYWORDS, load_source, parse_text
+from sopgraph.language.parse import (
+    CONTEXT_KEYWORDS,
+    KEYWORDS,
+    MAX_DEPTH,
+    MAX_DERIVED_CHAIN,
+    load_source,
+    parse_text,
+)
 
 HEAD = 'field Mood: Calm | Angry\nfield Vip: bool\nsystem Fee: int[0..100]\naction Help "h"\naction Wait "w"\n'
 RAW_TOKEN_NAMES = ("__ANON", "RBRACE", "LBRACE", "RPAR", "LPAR", "$END", "COMP_OP", "NAME", "STRING",
@@ -269,3 +278,65 @@ def test_a_keyword_run_into_a_name_is_refused(text: str, keyword: str, glued: st
     diag, _ = syntax_error(HEAD + text)
     assert diag.message == f"missing space after `{keyword}` in `{glued}`", diag.message
     assert diag.span.line == 6 and diag.span.end_col - diag.span.col == len(glued)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds on nesting (docs/language.md, "Limits"): located E006 diagnostics, never a RecursionError
+
+
+def let_chain(n: int) -> str:
+    lets = "".join(f"let X{i} = X{i - 1} * 2 - 1\n" for i in range(1, n + 1))
+    return (f'scenario chain "c"\nsystem X0: float[0..10]\n{lets}action Go "g"\naction No "n"\n'
+            f"stage s {{ when X{n} > 5 -> do Go otherwise -> do No }}\n")
+
+
+def test_a_derived_chain_is_bounded_with_a_located_diagnostic() -> None:
+    assert load_source(None, text=let_chain(MAX_DERIVED_CHAIN), name="c.sop").scenario is not None
+    loaded = load_source(None, text=let_chain(1000), name="c.sop")
+    assert loaded.scenario is None and len(loaded.diagnostics) == 1
+    diag = loaded.diagnostics[0]
+    assert diag.code == "E006" and diag.message.startswith(f"derived chain too long: `X{MAX_DERIVED_CHAIN + 1}` reads")
+    assert diag.span.line == MAX_DERIVED_CHAIN + 3 and diag.span.col == 5
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 1, MAX_DEPTH, 5000])
+def test_expression_nesting_is_bounded_at_parse_time(depth: int) -> None:
+    text = HEAD + f"stage s {{ when {'not ' * depth}Vip -> do Help otherwise -> do Wait }}\n"
+    if depth < MAX_DEPTH:  # `not` x (depth) over a name: depth + 1 levels
+        assert parse_text(text, "t.sop") is not None
+        return
+    with pytest.raises(SopError) as exc:
+        parse_text(text, "t.sop")
+    diag = exc.value.diagnostics[0]
+    assert diag.code == "E006" and diag.message == f"expression nested too deeply ({depth + 1} levels; at most {MAX_DEPTH})"
+    assert diag.span.line == 6
+
+
+PROFILE_FOR_DEEP = """scenario: p
+intents:
+  deep:
+    description: deep
+    intensity: zero
+    when: "{when}"
+"""
+
+
+@pytest.mark.parametrize("command", [["check"], ["paths"], ["decide", "--values", '{"X0": 3}'], ["synth"], ["prompt"],
+                                     ["fmt", "--check"]])
+def test_deep_inputs_never_traceback_in_any_command(tmp_path: Path, command: list[str]) -> None:
+    """A 1,000-`let` chain and a profile `when` of 5,000 nested `not`: diagnostics, no RecursionError."""
+    chain = tmp_path / "chain.sop"
+    chain.write_text(let_chain(1000), encoding="utf-8")
+    deep = tmp_path / "deep.sop"
+    deep.write_text('scenario p "p"\nfield Calm: bool\naction Go "g"\naction No "n"\n'
+                    "stage s { when Calm -> do Go otherwise -> do No }\n", encoding="utf-8")
+    (tmp_path / "deep.profile.yaml").write_text(PROFILE_FOR_DEEP.format(when="not " * 5000 + "Calm"), encoding="utf-8")
+    for path in (chain, deep):
+        result = CliRunner().invoke(main, [*command, str(path)])
+        assert result.exception is None or isinstance(result.exception, SystemExit), (command, path, result.output)
+        assert "Traceback" not in result.output
+        if command[0] in ("check", "paths", "synth", "decide", "prompt") and path is chain:
+            assert f"chain.sop:{MAX_DERIVED_CHAIN + 3}:5: error[E006]: derived chain too long" in result.output
+        if command[0] in ("check", "synth") and path is deep:
+            assert "deep.profile.yaml:6:" in result.output and "nested too deeply (5001 levels; at most 100)" \
+                in result.output

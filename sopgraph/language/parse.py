@@ -47,7 +47,8 @@ from sopgraph.language.program import (  # noqa: F401 - re-exported: parse.Progr
 )
 
 _number, _unquote = number, unquote  # the builder's short names
-MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
+MAX_DEPTH = 100  # expression nesting the parser accepts (the engine compiles expressions to Python)
+MAX_DERIVED_CHAIN = 300  # derived variables defined one through the next (walks follow them recursively)
 DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
                  "stage", "subflow", "use")
 
@@ -1101,14 +1102,70 @@ def parse_text(text: str, file: str = "<string>", *, fast: bool = True) -> Progr
     """Parse one file's text into a `Program`; syntax errors raise `SopError`. The fast path
     (`fastparse`) reads the regular forms and hands the rest to Lark, building the same program;
     `fast=False` is Lark alone (benchmarks and the equivalence tests compare the two)."""
-    if fast:
-        program = parse_fast(text, file, lambda fragment: _lark_program(fragment, file).items)
-        if program is not None:
-            return program
-    try:
-        return _lark_program(text, file)
-    except PARSE_FAILURES as exc:
-        raise parse_error(exc, text, file) from None
+    program = parse_fast(text, file, lambda fragment: _lark_program(fragment, file).items) if fast else None
+    if program is None:
+        try:
+            program = _lark_program(text, file)
+        except PARSE_FAILURES as exc:
+            raise parse_error(exc, text, file) from None
+    too_deep = [d for e in _program_expressions(program.items) if (d := _too_deep(e)) is not None]
+    if too_deep:
+        raise SopError(too_deep, {file: text})
+    return program
+
+
+def _target_expressions(target: ir.Target) -> Iterator[Any]:
+    for assign in target.outputs:
+        yield assign.value
+    for assign in target.args:
+        yield assign.value
+    for step in target.steps:
+        for assign in step.args:
+            yield assign.value
+
+
+def _program_expressions(items: Iterable[Any]) -> Iterator[Any]:
+    """Every expression written in a file's items (subflows included), before names are resolved."""
+    for item in items:
+        if type(item) is ir.Stage:
+            if item.subject is not None:
+                yield item.subject
+            for branch in item.branches:
+                if branch.guard is not None:
+                    yield branch.guard
+                target = branch.target
+                if target.outputs or target.args or target.steps:
+                    yield from _target_expressions(target)
+        elif isinstance(item, ir.Variable):
+            yield from (e for e in (item.expr, item.default) if e is not None)
+        elif isinstance(item, ir.Output) and item.default is not None:
+            yield item.default
+        elif isinstance(item, Subflow):
+            yield from _program_expressions([*item.stages, *item.uses])
+        elif isinstance(item, Use):
+            for target in item.bindings.values():
+                yield from _target_expressions(target)
+
+
+_SHALLOW = frozenset((ir.Var, ir.Lit))
+
+
+def _too_deep(expr: Any) -> Diagnostic | None:
+    """E006 for an expression nested deeper than `MAX_DEPTH`, measured without recursion, at parse time:
+    name resolution, type inference, path listing and the engine's code generation all recurse over
+    expressions, so nothing after the parser may see one (a profile's `when` is parsed here too)."""
+    kind = type(expr)
+    if kind in _SHALLOW or (kind is ir.InSet and type(expr.operand) in _SHALLOW) or (
+            kind is ir.Compare and type(expr.left) in _SHALLOW and type(expr.right) in _SHALLOW):
+        return None  # most guards: measured by their shape
+    depth, level = 0, [expr]
+    while level:
+        depth += 1
+        level = [child for node in level for child in ir.children(node)]
+    if depth <= MAX_DEPTH:
+        return None
+    return error("E006", f"expression nested too deeply ({depth} levels; at most {MAX_DEPTH})", expr.span,
+                 "split it into derived variables (`let`)")
 
 
 # what a Lark parse of malformed text can raise (`parse_error` names each one for the user)
@@ -1237,6 +1294,8 @@ def _load_source(path: str | Path | None, *, text: str | None, name: str | None,
         return Loaded(diagnostics=diags, sources=sources)
     try:
         scenario = _merge(programs, diags, sources.values())
+        if (chain := _long_derived_chain(scenario)) is not None:
+            return Loaded(diagnostics=[chain], sources=sources)
     except RecursionError:
         return Loaded(diagnostics=[error("E006", "an expression is nested too deeply",
                                          ir.Span(file=file), f"keep expressions under {MAX_DEPTH} levels; "
@@ -1604,6 +1663,54 @@ def _declare_now(scenario: ir.Scenario, texts: Iterable[str] | None = None) -> N
         kids = children(e)
         if kids:
             stack.extend(kids)
+
+
+def _derived_reads(scenario: ir.Scenario) -> dict[str, list[str]]:
+    """The derived variables each derived variable's definition reads (walked without recursion)."""
+    derived = {v.name for v in scenario.derived}
+    reads: dict[str, list[str]] = {}
+    for var in scenario.derived:
+        found: dict[str, None] = {}
+        stack = [var.expr] if var.expr is not None else []
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ir.Var) and node.name in derived:
+                found[node.name] = None
+            stack.extend(ir.children(node))
+        reads[var.name] = list(found)
+    return reads
+
+
+def _long_derived_chain(scenario: ir.Scenario) -> Diagnostic | None:
+    """E006 for a derived variable defined through more than `MAX_DERIVED_CHAIN` derived variables, one
+    reading the next (`let X2 = X1 + 1`, `let X3 = X2 + 1`, …): path listing, the solver and the checker
+    follow a definition into the ones it reads recursively. A cycle (E205, the checker's) counts once."""
+    reads = _derived_reads(scenario)
+    length: dict[str, int] = {}  # longest chain from a variable down (itself counted)
+    for root in reads:
+        stack: list[tuple[str, int]] = [(root, 0)]
+        on_stack = {root}
+        while stack:
+            name, i = stack[-1]
+            below = reads.get(name, [])
+            if i < len(below):
+                stack[-1] = (name, i + 1)
+                nxt = below[i]
+                if nxt not in length and nxt not in on_stack:
+                    stack.append((nxt, 0))
+                    on_stack.add(nxt)
+                continue
+            stack.pop()
+            on_stack.discard(name)
+            length[name] = 1 + max((length.get(n, 0) for n in below), default=0)
+            if length[name] > MAX_DERIVED_CHAIN:
+                var = scenario.variables[name]
+                first = next(n for n in below if length.get(n, 0) == length[name] - 1)
+                return error("E006", f"derived chain too long: `{name}` reads `{first}`, which reads another "
+                             f"derived variable, and so on, {length[name]} deep (at most {MAX_DERIVED_CHAIN})",
+                             var.span, "define it from fewer intermediate `let`s (or give the value as a system "
+                             "variable)")
+    return None
 
 
 def resolve_expression(expr: Any, variables: dict[str, ir.Variable]) -> Any:
