@@ -444,7 +444,7 @@ MUTATIONS = ["delete", "duplicate", "swap", "glue", "glue_keyword", "drop_newlin
 MUTATION = st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 10**6), st.integers(0, 10**6))
 
 
-@settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), max_examples=200)
+@settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), max_examples=150)
 @given(st.sampled_from(range(len(MUTATION_SEEDS))), st.lists(MUTATION, min_size=1, max_size=3))
 def test_mutated_text_parses_the_same(seed: int, edits: list[tuple[str, int, int]]) -> None:
     text = MUTATION_SEEDS[seed]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from sopgraph.cli import main
-from sopgraph.language import ir
+from sopgraph.language import ir, syntax_errors
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.parse import (
     CONTEXT_KEYWORDS,
@@ -19,6 +20,7 @@ from sopgraph.language.parse import (
     load_source,
     parse_text,
 )
+from sopgraph.language.syntax_errors import CATALOGUE
 
 HEAD = 'field Mood: Calm | Angry\nfield Vip: bool\nsystem Fee: int[0..100]\naction Help "h"\naction Wait "w"\n'
 RAW_TOKEN_NAMES = ("__ANON", "RBRACE", "LBRACE", "RPAR", "LPAR", "$END", "COMP_OP", "NAME", "STRING",
@@ -340,3 +342,31 @@ def test_deep_inputs_never_traceback_in_any_command(tmp_path: Path, command: lis
         if command[0] in ("check", "synth") and path is deep:
             assert "deep.profile.yaml:6:" in result.output and "nested too deeply (5001 levels; at most 100)" \
                 in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# The syntax-error catalogue (sopgraph/language/syntax_errors.py), matched by example
+
+
+@pytest.mark.parametrize(("label", "example"), [(e.label, x) for e in CATALOGUE for x in e.examples])
+def test_every_catalogue_example_gets_its_message(label: str, example: str) -> None:
+    entry = next(e for e in CATALOGUE if e.label == label)
+    with pytest.raises(SopError) as exc:
+        parse_text(example, "t.sop", fast=False)
+    diag = exc.value.diagnostics[0]
+    head = entry.message.split("{")[0].replace("}}", "}")
+    assert diag.message.startswith(head), (example, diag.message)
+
+
+def test_the_catalogue_is_matched_by_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the entries' `expects` gone, their examples alone still name the errors they stand for."""
+    bare = tuple(dataclasses.replace(e, expects=frozenset()) if e.examples else e for e in CATALOGUE)
+    monkeypatch.setattr(syntax_errors, "CATALOGUE", bare)
+    monkeypatch.setattr(syntax_errors, "_MATCHED", {})
+    for text, message in (("stage s { match A { B do X } }", "missing `->` before `do`"),
+                          ("stage s { }", "stage has no decision"),
+                          ("stage s { when A = B -> t }", "`=` is not a comparison"),
+                          ("feild A: bool", "unexpected `feild` at top level")):
+        with pytest.raises(SopError) as exc:
+            parse_text(text, "t.sop", fast=False)
+        assert exc.value.diagnostics[0].message == message
