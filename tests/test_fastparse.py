@@ -8,19 +8,21 @@ the grammar and on the random well-typed programs of tests/test_engine.py.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import gen_sop, scoring_sop
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 from test_engine import _program
 from test_fuzz import GRAMMAR_PROGRAMS
 
 from sopgraph.language import fastparse
 from sopgraph.language.diagnostics import SopError
-from sopgraph.language.parse import _lark_program, parse_text
+from sopgraph.language.parse import KEYWORDS, _lark_program, parse_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted([*ROOT.glob("scenarios/*.sop"), *ROOT.glob("examples/**/*.sop"), *ROOT.glob("tests/golden/*.sop"),
@@ -387,3 +389,77 @@ def test_names_in_any_script_parse_the_same() -> None:
     program, fragments = fast_items(UNICODE_NAMES)
     assert program is not None and fragments == []
     assert_same(UNICODE_NAMES.replace("第二步 {", "2步 {"))  # a syntax error on both paths, alike
+
+
+# ---------------------------------------------------------------------------------------------
+# Differential fuzz over mutated text: the fast path never accepts what Lark rejects, and when both
+# accept they build the same program (assert_same also compares the diagnostics of a rejection).
+
+_WORD_TOKEN = re.compile(r'"""[\s\S]*?"""|"(?:[^"\\\n]|\\.)*"|[^\W\d]\w*(?:\.[^\W\d]\w*)*|\d+(?:\.\d+)?|->|==|!=|<=|>='
+                         r"|\.\.|\S")
+_STRAY = ["?", "|", ":", "=", ",", "->", "{", "}", "(", ")", "[", "]", "..", "-", "#", '"', "x", "1", "do", "when",
+          "otherwise", "up to 2 times", "not", "in", "\n", " "]
+
+
+def _seed_texts() -> list[str]:
+    paths = sorted([*ROOT.glob("scenarios/*.sop"), *ROOT.glob("examples/**/*.sop")])
+    texts = [p.read_text(encoding="utf-8").replace("\r\n", "\n") for p in paths]
+    texts += [gen_sop().generate(6, kind=kind, seed=1) for kind in ("diamond", "chain", "mixed", "realistic")]
+    return texts
+
+
+MUTATION_SEEDS = _seed_texts()
+
+
+def mutate_text(text: str, op: str, a: int, b: int) -> str:
+    """One edit of `text` at token positions picked by `a` and `b` (modulo what exists)."""
+    toks = [(m.start(), m.end()) for m in _WORD_TOKEN.finditer(text)] or [(0, 0)]
+    s, e = toks[a % len(toks)]
+    s2, e2 = toks[b % len(toks)]
+    if op == "delete":
+        return text[:s] + text[e:]
+    if op == "duplicate":
+        return text[:e] + " " + text[s:e] + text[e:]
+    if op == "swap":
+        (s, e), (s2, e2) = sorted(((s, e), (s2, e2)))
+        return text if s == s2 or e > s2 else text[:s] + text[s2:e2] + text[e:s2] + text[s:e] + text[e2:]
+    if op == "glue_keyword":  # a keyword runs into the next word
+        keywords = [t for t in toks if text[t[0]:t[1]] in KEYWORDS] or toks
+        s, e = keywords[a % len(keywords)]
+        op = "glue"
+    if op == "glue":  # the token runs into the next one: the whitespace after it goes
+        gap = re.match(r"[ \t\n]+", text[e:])
+        return text if gap is None else text[:e] + text[e + gap.end():]
+    if op == "drop_newline":
+        nl = text.find("\n", s)
+        return text if nl < 0 else text[:nl] + text[nl + 1:]
+    if op == "stray":
+        return text[:s] + _STRAY[b % len(_STRAY)] + text[s:]
+    if op == "truncate":
+        return text[:s]
+    raise AssertionError(op)
+
+
+MUTATIONS = ["delete", "duplicate", "swap", "glue", "glue_keyword", "drop_newline", "stray", "truncate"]
+MUTATION = st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 10**6), st.integers(0, 10**6))
+
+
+@settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), max_examples=150)
+@given(st.sampled_from(range(len(MUTATION_SEEDS))), st.lists(MUTATION, min_size=1, max_size=3))
+def test_mutated_text_parses_the_same(seed: int, edits: list[tuple[str, int, int]]) -> None:
+    text = MUTATION_SEEDS[seed]
+    for op, a, b in edits:
+        text = mutate_text(text, op, a, b)
+    assert_same(text)
+
+
+@pytest.mark.parametrize("text", [
+    'fieldA: bool\n', 'field A: bool\nsystemB: int\n', 'actionGo "go"\n', 'field A: bool\nstages { -> t }\n',
+    'field A: bool\nletY = A\n', 'field A: bool\nstage s { whenA -> t otherwise -> t }\n',
+    'stage s { -> t up to2 times otherwise -> u }\n', 'stage s { match A { B -> t otherwise-> u } }\n',
+])
+def test_keywords_glued_to_names_parse_the_same(text: str) -> None:
+    """A keyword run into the next word (`systemB:`) is one name to the fast path's reader; Lark's
+    contextual lexer would split it where no name can stand. Both reject it, with the same diagnostic."""
+    assert_same(text)
+    assert isinstance(outcome(text, "t.sop", fast=True), list) == ("otherwise->" not in text), text

@@ -22,8 +22,10 @@ from lark import Lark, Token, Tree
 
 from sopgraph.language import ir
 from sopgraph.language.parse import (
+    PARSE_FAILURES,
     RESERVED,
     Include,
+    KeywordGlue,
     Program,
     ScenarioHeader,
     StartDecl,
@@ -32,6 +34,7 @@ from sopgraph.language.parse import (
     TypeDecl,
     Use,
     grammar_path,
+    parse_error,
     parse_text,
 )
 
@@ -568,18 +571,24 @@ _COLLECTED: list[Token] = []
 @lru_cache(maxsize=1)
 def _comment_parser() -> Lark:
     return Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr", propagate_positions=True,
-                maybe_placeholders=False, lexer_callbacks={"COMMENT": _COLLECTED.append})
+                maybe_placeholders=False, lexer_callbacks={"COMMENT": _COLLECTED.append},
+                postlex=KeywordGlue())
 
 
 def _parse_with_comments(text: str, file: str) -> tuple[Program, list[Comment], list[tuple[int, int]]]:
     """The program, its comments, and (first, last) source lines of each top-level item."""
     parse_text(text, file)  # syntax errors surface here, as diagnostics
-    with _LOCK:
-        _COLLECTED.clear()
-        tree = _comment_parser().parse(text)
-        tokens = list(_COLLECTED)
-        _COLLECTED.clear()
-    program = ToIR(file).transform(tree)
+    try:
+        with _LOCK:
+            _COLLECTED.clear()
+            try:
+                tree = _comment_parser().parse(text)
+                tokens = list(_COLLECTED)
+            finally:
+                _COLLECTED.clear()
+        program = ToIR(file).transform(tree)
+    except PARSE_FAILURES as exc:  # the same diagnostics as `sop check`
+        raise parse_error(exc, text, file) from None
     lines = text.split("\n")
     comments = []
     for tok in tokens:
