@@ -485,3 +485,62 @@ def test_in_own_loop_sets_up_the_loop_as_sops_own_processes_do() -> None:
     assert asyncio.run(in_own_loop(probe())) == (True, False)
     assert asyncio.run(probe()) == (False, False)  # a loop nobody set up: litellm's threads as usual
     assert issubclass(InlinePreparationExecutor, concurrent.futures.ThreadPoolExecutor)
+
+
+# ----------------------------------------------------------------------------- judges lost to infrastructure
+
+JUDGE_REPLY = {"labels": {"Want": "Money", "Angry": False, "Items": 2},
+               "scores": {"linguistic": 6, "anthropomorphism": 6, "content_utility": 6, "satisfaction": 6,
+                          "instruction": 6}}
+
+
+def test_a_judge_outage_is_an_infra_failure_and_resume_judges_again(tmp_path, toy_file, monkeypatch):
+    """Issue 29: with the judges' server down past the retries, every judgment was unscored, yet the run said
+    "4/4 done, 0 failed", "infra failures 0", exit 0, and `--resume` ran nothing. Now the dialogues are
+    infrastructure failures that keep their transcript, and `--resume` judges them without running them."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    judges_up = threading.Event()
+    agent_calls: Counter = Counter()
+
+    def responder(req):
+        if "judge" in req.body["model"]:
+            return Behavior.json_reply(JUDGE_REPLY) if judges_up.is_set() else Behavior.server_error(503)
+        k, turn = who(req)
+        agent_calls[k] += 1
+        return Behavior.ok(planned_reply(k, turn))
+
+    with FakeServer(lifetime=120) as server:
+        server.responder(responder)
+        judge = f"judge=openai/fake-judge,api_base={server.base_url},api_key_env={KEY_ENV}"
+        out = tmp_path / "run"
+        cases = write_cases(tmp_path / "cases.jsonl", toy_cases(4))
+        runner = CliRunner()
+        res = runner.invoke(main, ["run", str(toy_file), "--cases", str(cases), "--model", agent_spec(server),
+                                   "--model", judge, "--retries", "1", "--retry-delay", "0.01", "--no-cache",
+                                   "--progress", "always", "-o", str(out)])
+        assert res.exit_code == 3, res.output
+        assert "4/4 (100%) done, 4 failed" in res.stderr
+        info = json.loads(runner.invoke(main, ["runs", "show", str(out), "--format", "json"]).output)
+        assert info["by_status"] == {"infra_failure": 4} and len(info["infra_failures"]) == 4
+        assert all(e["error"].startswith("judging: ") and "server_error after 2 attempts" in e["error"]
+                   and "the transcript is kept" in e["error"] for e in info["infra_failures"])
+        with RunStore.open(out) as store:
+            turns = store.turns()
+            assert turns and {t.dialogue_id for t in turns} == {f"k{k:03d}#0" for k in range(4)}
+        calls = dict(agent_calls)
+        # still down: resume judges again, fails again, says so
+        res = runner.invoke(main, ["run", "--resume", str(out), "-q", "--format", "json"])
+        assert res.exit_code == 3 and json.loads(res.output)["infra_failures"] == 4
+        judges_up.set()
+        res = runner.invoke(main, ["run", "--resume", str(out), "-q", "--format", "json"])
+        assert res.exit_code == 0, res.output
+        summary = json.loads(res.output)
+        assert summary["ran"] == 4 and summary["by_status"] == {"done": 4} and summary["infra_failures"] == 0
+        assert dict(agent_calls) == calls  # the dialogues were not run again
+    with RunStore.open(out) as store:
+        assert store.turns() == turns
+        assert all(c.labels == JUDGE_REPLY["labels"] for c in store.consensus("default"))
+        assert store.judging_counts("default")["unscored_judgments"] == 0
+        judge_rows = store.conn.execute("SELECT discarded, COUNT(*) FROM usage WHERE role LIKE 'judge%'"
+                                        " GROUP BY discarded").fetchall()
+        assert dict(judge_rows)[0] == 3 * len(store.consensus("default"))  # one row per call that answered

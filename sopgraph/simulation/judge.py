@@ -45,6 +45,8 @@ from sopgraph.simulation.gateway import InfraFailure
 from sopgraph.simulation.prompts import judge_prompt
 
 DEFAULT_JUDGE_TURNS: tuple[int | str, ...] = (1, 5, 10, 15, "final")
+INFRA_FAILURE = "infra failure: "
+"""How the unscored reason of a judgment lost to infrastructure starts (the judge's model could not be had)."""
 SCORE_VALUES = (3, 6, 9)
 
 # Accepted spellings of the five chat dimensions (ours, SAGE's judge template, loose variants).
@@ -310,7 +312,7 @@ class LLMJudge:
             try:
                 answer = await self.gateway.complete(self.spec, messages, context=context)
             except InfraFailure as exc:
-                return unscored(request, self.role, self.model, f"infra failure: {exc.message}", raw, usage)
+                return unscored(request, self.role, self.model, f"{INFRA_FAILURE}{exc.message}", raw, usage)
             got = record_usage(answer)
             usage = Usage(prompt_tokens=usage.prompt_tokens + got.prompt_tokens,
                           completion_tokens=usage.completion_tokens + got.completion_tokens,
@@ -428,6 +430,12 @@ class Ensemble:
         judgments = [j for js, _ in results for j in js]
         return judgments, [c for _, c in results]
 
+
+
+def lost_to_infra(judgments: Iterable[Judgment]) -> list[Judgment]:
+    """The judgments whose judge's model could not be had (retries exhausted, unreachable): not a verdict
+    on the turn, so a run must not count the dialogue as judged (it re-judges it on `--resume`)."""
+    return [j for j in judgments if j.labels is None and (j.unscored_reason or "").startswith(INFRA_FAILURE)]
 
 
 def judgment_usage_rows(judgments: Iterable[Judgment]) -> list[dict[str, Any]]:

@@ -11,8 +11,10 @@ so that a killed run can be resumed from the store alone and a shard of cases co
   set complete".
 - An `InfraFailure` (the gateway gave up on the agent or the user simulator) marks the dialogue
   `infra_failure`: its partial turns are dropped, the error is kept, it is excluded from scores and
-  re-tried on resume. It is never counted as a model failure. Judges failing is not an infra
-  failure of the dialogue: such judgments are unscored (see `judge.py`).
+  re-tried on resume. It is never counted as a model failure. A judge whose model cannot be had
+  (`judge.lost_to_infra`) makes the dialogue an infra failure that keeps its transcript
+  (`judging_failed`): a resume judges it again without running it. A judge's malformed answers are
+  a verdict, not an outage: that judgment is unscored (see `judge.py`).
 - Resume (`resume=True`): the stored config, scenario, cases and models are used; `done` dialogues
   are skipped; every other dialogue (pending, running — e.g. after SIGKILL — or infra_failure) is
   restarted from scratch, its partial rows deleted in one transaction first. So after any crash and
@@ -55,7 +57,7 @@ from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
 from sopgraph.logic.checker import load
-from sopgraph.records import Case, Dialogue
+from sopgraph.records import Case, Dialogue, Turn
 from sopgraph.simulation.agents import TOOLS_PREFIX, AgentError, ToolAgent, agent_kind
 from sopgraph.simulation.dialogue import (
     DialogueSetup,
@@ -81,11 +83,13 @@ from sopgraph.simulation.gateway import (
 from sopgraph.simulation.gateway import preflight as check_models
 from sopgraph.simulation.judge import (
     DEFAULT_JUDGE_TURNS,
+    INFRA_FAILURE,
     Ensemble,
     JudgeTurns,
     LLMJudge,
     judge_turns_text,
     judgment_usage_rows,
+    lost_to_infra,
     parse_judge_turns,
 )
 from sopgraph.simulation.prompts import (
@@ -612,12 +616,13 @@ class _Dialogues:
     The sink has the `RunStore` write methods (`start_dialogue`, `add_turn`, `finish_dialogue`,
     `fail_dialogue`): the store itself in one process, a pipe to the parent in a worker."""
     def __init__(self, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any, spec: JudgeTurns,
-                 max_turns: int, gateway: Any):
+                 max_turns: int, gateway: Any, kept: Mapping[str, list[Turn]] | None = None):
 
         self._agent_prompt: Callable[[ir.Scenario, Mapping[str, Any]], str] = agent_system_prompt
         self._user_prompt = user_system_prompt
         self.scenario, self.cases, self.roles, self.spec = scenario, cases, roles, spec
         self.max_turns, self.gateway = max_turns, gateway
+        self.kept = dict(kept or {})  # dialogue id → its stored transcript, to be judged again (`_judge_again`)
         self.info = scenario_context(scenario)
         self.judge_info = without_paths(self.info)
         self.schema = agent_output_schema(scenario) if roles.agent.structured else None
@@ -645,7 +650,11 @@ class _Dialogues:
                              guided_prompts=(guided_stage_prompt, guided_final_prompt))
 
     async def one(self, d: Dialogue, sink: Any) -> bool:
-        """Run dialogue `d` from scratch; True if it ended as an infrastructure failure."""
+        """Run dialogue `d` from scratch (or, when its transcript was kept, judge it again); True if it
+        ended as an infrastructure failure."""
+        kept = self.kept.get(d.id)
+        if kept is not None:
+            return await self._judge_again(d, kept, sink)
         setup = self.setup_for(d)
         d = d.model_copy(update={"status": "running", "end_reason": None, "turns": 0, "error": None,
                                  "closing_user_text": None, "sop_hash": self.scenario.source_hash,
@@ -665,8 +674,31 @@ class _Dialogues:
             return True
         done = d.model_copy(update={"status": "done", "end_reason": result.end_reason,
                                     "turns": len(result.turns), "closing_user_text": result.closing_user_text})
-        sink.finish_dialogue(done, judgments, cons, [*state.pending_usage, *judgment_usage_rows(judgments)])
-        return False
+        return self._finish(done, judgments, cons, [*state.pending_usage, *judgment_usage_rows(judgments)], sink)
+
+    async def _judge_again(self, d: Dialogue, turns: Sequence[Turn], sink: Any) -> bool:
+        """Judge a dialogue whose judging was lost to infrastructure from its stored transcript (the agent
+        and the user are not called again)."""
+        sink.restart_judging(d.id, DEFAULT_SET)
+        judgments, cons = await self.ensemble.judge_dialogue(
+            self.scenario, self.cases[d.case_id], d.id, turns, self.spec, judgment_set=DEFAULT_SET,
+            scenario_info=self.judge_info)
+        done = d.model_copy(update={"status": "done", "error": None})
+        return self._finish(done, judgments, cons, judgment_usage_rows(judgments), sink)
+
+    @staticmethod
+    def _finish(done: Dialogue, judgments: list[Any], cons: list[Any], usage: list[dict[str, Any]], sink: Any) -> bool:
+        """Store a finished dialogue: `done`, or — when judgments were lost to infrastructure (the judges'
+        server down past the retries) — an infrastructure failure that keeps its transcript, so that
+        `--resume` judges it again without running it again. True if it failed."""
+        lost = lost_to_infra(judgments)
+        if lost:
+            why = (lost[0].unscored_reason or "").removeprefix(INFRA_FAILURE)
+            done = done.model_copy(update={"status": "infra_failure", "error": (
+                f"judging: {len(lost)} of {len(judgments)} judgments lost ({why}); the transcript is kept and "
+                "`sop run --resume` judges it again")})
+        sink.finish_dialogue(done, judgments, cons, usage)
+        return bool(lost)
 
     async def run_all(self, todo: Sequence[Dialogue], sink: Any, concurrency: int,
                       on_done: Any = None) -> None:
@@ -744,6 +776,9 @@ class _BatchedWrites:
     def fail_dialogue(self, dialogue: Dialogue, usage: Iterable[Mapping[str, Any]] = ()) -> None:
         self._add("fail_dialogue", dialogue, list(usage))
 
+    def restart_judging(self, dialogue_id: str, judgment_set: str) -> None:
+        self._add("restart_judging", dialogue_id, judgment_set)
+
 
 class GroupCommit(_BatchedWrites):
     """The store's dialogue writes, applied in the order they are made but committed in groups: one
@@ -770,6 +805,12 @@ class GroupCommit(_BatchedWrites):
                 getattr(self.store, name)(*args)
 
 
+def judging_failed(d: Dialogue) -> bool:
+    """Whether `d` is an infrastructure failure of its judging only: its transcript was kept (it ended for a
+    reason of its own, with turns), and a resume judges it again instead of running it again."""
+    return d.status == "infra_failure" and d.end_reason not in (None, "infra_failure") and d.turns > 0
+
+
 async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
                    concurrency: int, progress: ProgressMode, gateway: Any, gateway_options: Mapping[str, Any],
                    started: float, warnings: list[str], selfpref: list[str], workers: int = 1) -> RunSummary:
@@ -777,15 +818,16 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
     todo = [d for d in all_dialogues if d.status != "done"]
     skipped = len(all_dialogues) - len(todo)
     cases = {c.id: c for c in store.cases()}
+    kept = {d.id: store.turns(dialogue_id=d.id) for d in todo if judging_failed(d)}
     workers = min(workers, concurrency, len(todo))
     if workers > 1:
         await _execute_sharded(store, scenario, cases, roles, spec, todo, max_turns=max_turns,
                                concurrency=concurrency, workers=workers, progress=progress,
-                               gateway_options=gateway_options)
+                               gateway_options=gateway_options, kept=kept)
     else:
         own = gateway is None
         gateway = _make_gateway(concurrency, gateway_options) if own else gateway
-        runner = _Dialogues(scenario, cases, roles, spec, max_turns, gateway)
+        runner = _Dialogues(scenario, cases, roles, spec, max_turns, gateway, kept)
         bar = _Progress(len(todo), progress_mode(progress), "dialogues")
         listen = getattr(gateway, "add_listener", None)
         if listen is not None:
@@ -829,7 +871,7 @@ def _mp_context() -> Any:
     return multiprocessing.get_context(method)
 
 
-_WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue"})
+_WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue", "restart_judging"})
 _TICK = "tick"
 _BATCH = "writes"  # a worker's message carrying several writes, in order: [(name, args), ...]
 
@@ -940,7 +982,8 @@ async def in_own_loop(work: Awaitable[_T]) -> _T:
 async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
     gateway = _make_gateway(job["concurrency"], job["gateway_options"])
     scenario = ir.Scenario.model_validate(job["scenario"])
-    runner = _Dialogues(scenario, job["cases"], job["roles"], job["spec"], job["max_turns"], gateway)
+    runner = _Dialogues(scenario, job["cases"], job["roles"], job["spec"], job["max_turns"], gateway,
+                        job.get("kept"))
     sink = _PipeSink(conn, gateway)
     gateway.add_listener(sink.tick)
     try:
@@ -999,7 +1042,8 @@ class _Readable:
 
 async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
                            spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
-                           workers: int, progress: ProgressMode, gateway_options: Mapping[str, Any]) -> None:
+                           workers: int, progress: ProgressMode, gateway_options: Mapping[str, Any],
+                           kept: Mapping[str, list[Turn]] | None = None) -> None:
     """Run `todo` in `workers` processes; this process applies their writes to the store, in order."""
     ctx = _mp_context()
     if ctx.get_start_method() == "fork":
@@ -1020,7 +1064,8 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
             needed = {d.case_id for d in shard}
             job = {"scenario": scenario_dump, "cases": {k: v for k, v in cases.items() if k in needed},
                    "roles": roles, "spec": spec, "max_turns": max_turns, "concurrency": max(1, share[i]),
-                   "todo": shard, "gateway_options": dict(gateway_options)}
+                   "todo": shard, "gateway_options": dict(gateway_options),
+                   "kept": {d.id: (kept or {})[d.id] for d in shard if d.id in (kept or {})}}
             # A forked child inherits every read end this process holds (its own and earlier workers'):
             # it closes them at once. A spawned child inherits only what it is given.
             inherited = [*conns, reader] if ctx.get_start_method() == "fork" else []
@@ -1069,7 +1114,7 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                             getattr(sink, write)(*write_args)
                             if write in ("finish_dialogue", "fail_dialogue"):
                                 bar.advance_totals(sum(t[0] for t in totals), sum(t[1] for t in totals),
-                                                   failed=write == "fail_dialogue")
+                                                   failed=write_args[0].status == "infra_failure")
         finally:
             pipes.close()
             sink.flush()

@@ -427,6 +427,14 @@ class RunStore:
             self._clear_dialogue(c, dialogue.id)
             self._write_dialogue(c, dialogue)
 
+    def restart_judging(self, dialogue_id: str, judgment_set: str) -> None:
+        """Judge a dialogue again from its kept transcript (one transaction): drop its judgments and consensus
+        in `judgment_set` and mark the usage of the earlier judging discarded; its turns stay."""
+        with self.transaction() as c:
+            c.execute("DELETE FROM judgments WHERE dialogue_id=? AND judgment_set=?", (dialogue_id, judgment_set))
+            c.execute("DELETE FROM consensus WHERE dialogue_id=? AND judgment_set=?", (dialogue_id, judgment_set))
+            c.execute("UPDATE usage SET discarded=1 WHERE dialogue_id=? AND judgment_set=?", (dialogue_id, judgment_set))
+
     def add_judgments(
         self,
         judgments: Iterable[Judgment],
