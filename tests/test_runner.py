@@ -544,3 +544,81 @@ def test_a_judge_outage_is_an_infra_failure_and_resume_judges_again(tmp_path, to
         judge_rows = store.conn.execute("SELECT discarded, COUNT(*) FROM usage WHERE role LIKE 'judge%'"
                                         " GROUP BY discarded").fetchall()
         assert dict(judge_rows)[0] == 3 * len(store.consensus("default"))  # one row per call that answered
+
+
+def _stored_tokens(run_dir: Path) -> int:
+    """Every token of the usage table, discarded attempts included (read without opening the store)."""
+    import sqlite3
+
+    db = run_dir / "run.sqlite"
+    if not db.exists():
+        return -1
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM usage").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return -1
+
+
+def test_calls_of_dialogues_open_at_sigkill_are_recorded(tmp_path, toy_file, monkeypatch):
+    """Issue 29: after a kill -9 and a resume, the stored token total undercounted the server's by exactly
+    the calls (mostly judge calls) of the dialogues that were not finished: their usage was written only
+    with the turn or the dialogue's end. Here the server stops answering once some judge calls are served
+    (the rest hang), the run is killed once nothing is moving, resumed, and the stored total (discarded
+    attempts included) must equal the tokens the server served."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    cases_file = write_cases(tmp_path / "cases.jsonl", toy_cases(12))
+    env = {**os.environ, KEY_ENV: KEY, "PYTHONPATH": str(ROOT)}
+    lock = threading.Lock()
+    served = Counter()
+    gate_open = threading.Event()
+    gate_open.set()
+
+    def responder(req):
+        judge = "judge" in req.body["model"]
+        with lock:
+            if not gate_open.is_set():
+                return Behavior.timeout(600)  # never answered before the kill
+            if judge:
+                served["judge_calls"] += 1
+                if served["judge_calls"] == 10:
+                    gate_open.clear()  # the 10th judge call is the last one answered before the kill
+            served["tokens"] += 13 + 5 if judge else 11 + 7
+        if judge:
+            return Behavior.json_reply(JUDGE_REPLY, prompt_tokens=13, completion_tokens=5)
+        k, turn = who(req)
+        return Behavior.ok(planned_reply(k, turn), prompt_tokens=11, completion_tokens=7)
+
+    with FakeServer(lifetime=120) as server:
+        server.responder(responder)
+        judge = f"judge=openai/fake-judge,api_base={server.base_url},api_key_env={KEY_ENV}"
+        out = tmp_path / "killed"
+        proc = _cli(["run", str(toy_file), "--cases", str(cases_file), "--model", agent_spec(server), "--model", judge,
+                     "--concurrency", "4", "--judge-turns", "all", "--no-cache", "-q", "-o", str(out)], env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            with lock:
+                stalled, total = not gate_open.is_set(), served["tokens"]
+            if stalled and _stored_tokens(out) == total:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        with RunStore.open(out) as s:
+            statuses = Counter(d.status for d in s.dialogues())
+        assert statuses["running"] > 0, statuses  # killed with dialogues open
+        with lock:
+            at_kill = served["tokens"]
+        assert _stored_tokens(out) == at_kill  # nothing served is missing from the store
+        gate_open.set()
+        summary = asyncio.run(run(None, None, None, out, resume=True, progress=False))
+        assert summary.by_status == {"done": 12}, summary.infra_errors[:2]
+        with lock:
+            total = served["tokens"]
+    with RunStore.open(out) as s:
+        stored = _stored_tokens(out)
+        discarded = s.summary()["discarded_tokens"]
+    assert stored == total and discarded > 0, (stored, total, discarded)

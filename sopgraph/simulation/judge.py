@@ -32,7 +32,7 @@ import asyncio
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -40,7 +40,7 @@ from pydantic import BaseModel, PrivateAttr
 
 from sopgraph.language import ir, scalars
 from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Judgment, Turn, Usage
-from sopgraph.simulation.dialogue import extract_json_object, record_usage
+from sopgraph.simulation.dialogue import extract_json_object, record_usage, usage_row
 from sopgraph.simulation.gateway import InfraFailure
 from sopgraph.simulation.prompts import judge_prompt
 
@@ -292,12 +292,16 @@ def unscored(request: JudgeRequest, role: str, model: str, reason: str, raw: str
 
 class LLMJudge:
     """A judge backed by a model through the gateway (prompt from `prompts.judge_prompt`)."""
-    def __init__(self, spec: Any, gateway: Any, *, max_attempts: int = 3):
+    def __init__(self, spec: Any, gateway: Any, *, max_attempts: int = 3,
+                 on_usage: Callable[[dict[str, Any]], None] | None = None):
         self.spec = spec
         self.gateway = gateway
         self.role = spec.role
         self.model = spec.model
         self.max_attempts = max(1, max_attempts)
+        self.on_usage = on_usage
+        """Called with each answered call's usage row as it returns (the runner writes it to the store at
+        once: a crash loses none); the Judgment's `usage` still sums them."""
 
     async def judge(self, request: JudgeRequest) -> Judgment:
 
@@ -313,6 +317,9 @@ class LLMJudge:
                 answer = await self.gateway.complete(self.spec, messages, context=context)
             except InfraFailure as exc:
                 return unscored(request, self.role, self.model, f"{INFRA_FAILURE}{exc.message}", raw, usage)
+            if self.on_usage is not None:
+                self.on_usage(usage_row(request.dialogue_id, request.turn_index, self.role, answer,
+                                        request.judgment_set))
             got = record_usage(answer)
             usage = Usage(prompt_tokens=usage.prompt_tokens + got.prompt_tokens,
                           completion_tokens=usage.completion_tokens + got.completion_tokens,

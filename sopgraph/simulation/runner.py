@@ -660,7 +660,8 @@ class _Dialogues:
                                  "closing_user_text": None, "sop_hash": self.scenario.source_hash,
                                  "tool_version": TOOL_VERSION})
         sink.start_dialogue(d)
-        state = SimState()
+        self._record_calls_in(sink)
+        state = SimState(on_usage=sink.add_call)
         try:
             result = await simulate_dialogue(self.gateway, self.roles.agent, self.roles.user, setup,
                                              max_turns=self.max_turns, on_turn=sink.add_turn, state=state)
@@ -670,24 +671,32 @@ class _Dialogues:
         except InfraFailure as exc:
             failed = d.model_copy(update={"status": "infra_failure", "end_reason": "infra_failure",
                                           "turns": 0, "error": exc.message})
-            sink.fail_dialogue(failed, state.pending_usage)
+            sink.fail_dialogue(failed)
             return True
         done = d.model_copy(update={"status": "done", "end_reason": result.end_reason,
                                     "turns": len(result.turns), "closing_user_text": result.closing_user_text})
-        return self._finish(done, judgments, cons, [*state.pending_usage, *judgment_usage_rows(judgments)], sink)
+        return self._finish(done, judgments, cons, sink)
 
     async def _judge_again(self, d: Dialogue, turns: Sequence[Turn], sink: Any) -> bool:
         """Judge a dialogue whose judging was lost to infrastructure from its stored transcript (the agent
         and the user are not called again)."""
         sink.restart_judging(d.id, DEFAULT_SET)
+        self._record_calls_in(sink)
         judgments, cons = await self.ensemble.judge_dialogue(
             self.scenario, self.cases[d.case_id], d.id, turns, self.spec, judgment_set=DEFAULT_SET,
             scenario_info=self.judge_info)
         done = d.model_copy(update={"status": "done", "error": None})
-        return self._finish(done, judgments, cons, judgment_usage_rows(judgments), sink)
+        return self._finish(done, judgments, cons, sink)
+
+    def _record_calls_in(self, sink: Any) -> None:
+        """Each judge call's usage goes to `sink` as it returns, like the agent's and the user's (so the
+        usage of a dialogue still open at a crash is in the store, marked discarded once it is redone)."""
+        for judge in self.ensemble.judges:
+            if isinstance(judge, LLMJudge):
+                judge.on_usage = sink.add_call
 
     @staticmethod
-    def _finish(done: Dialogue, judgments: list[Any], cons: list[Any], usage: list[dict[str, Any]], sink: Any) -> bool:
+    def _finish(done: Dialogue, judgments: list[Any], cons: list[Any], sink: Any) -> bool:
         """Store a finished dialogue: `done`, or — when judgments were lost to infrastructure (the judges'
         server down past the retries) — an infrastructure failure that keeps its transcript, so that
         `--resume` judges it again without running it again. True if it failed."""
@@ -697,7 +706,7 @@ class _Dialogues:
             done = done.model_copy(update={"status": "infra_failure", "error": (
                 f"judging: {len(lost)} of {len(judgments)} judgments lost ({why}); the transcript is kept and "
                 "`sop run --resume` judges it again")})
-        sink.finish_dialogue(done, judgments, cons, usage)
+        sink.finish_dialogue(done, judgments, cons)
         return bool(lost)
 
     async def run_all(self, todo: Sequence[Dialogue], sink: Any, concurrency: int,
@@ -778,6 +787,13 @@ class _BatchedWrites:
 
     def restart_judging(self, dialogue_id: str, judgment_set: str) -> None:
         self._add("restart_judging", dialogue_id, judgment_set)
+
+    def add_usage(self, usage: Iterable[Mapping[str, Any]]) -> None:
+        self._add("add_usage", list(usage))
+
+    def add_call(self, row: Mapping[str, Any]) -> None:
+        """One model call's usage row, as the call returns (see `SimState.on_usage`)."""
+        self._add("add_usage", [row])
 
 
 class GroupCommit(_BatchedWrites):
@@ -871,7 +887,8 @@ def _mp_context() -> Any:
     return multiprocessing.get_context(method)
 
 
-_WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue", "restart_judging"})
+_WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue", "restart_judging",
+                     "add_usage"})
 _TICK = "tick"
 _BATCH = "writes"  # a worker's message carrying several writes, in order: [(name, args), ...]
 

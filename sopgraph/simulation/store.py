@@ -16,8 +16,8 @@ holds the full pydantic record as JSON, the other columns are for indexing and q
     judgments   judgment_set, dialogue_id, turn_index, judge, model, data         -- records.Judgment
     consensus   judgment_set, dialogue_id, turn_index, data                       -- records.Consensus
     usage       dialogue_id, turn_index, role, model, judgment_set, tokens, cost, calls, discarded
-                -- one row per finished model call group; rows of a restarted attempt are kept
-                   (money was spent) but marked `discarded`
+                -- one row per answered model call, written as it returns; rows of a restarted
+                   attempt (or of a crashed one) are kept (money was spent) but marked `discarded`
 
 Reading API (for scoring and reports; all results are in a deterministic order)::
 
@@ -426,6 +426,12 @@ class RunStore:
             self._add_usage(c, usage)
             self._clear_dialogue(c, dialogue.id)
             self._write_dialogue(c, dialogue)
+
+    def add_usage(self, usage: Iterable[Mapping[str, Any]]) -> None:
+        """Usage rows of model calls, written as the calls return (one transaction): a dialogue restarted
+        later marks them discarded, so a crash loses no spent tokens and counts none as a result's."""
+        with self.transaction() as c:
+            self._add_usage(c, usage)
 
     def restart_judging(self, dialogue_id: str, judgment_set: str) -> None:
         """Judge a dialogue again from its kept transcript (one transaction): drop its judgments and consensus
