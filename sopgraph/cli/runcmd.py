@@ -230,9 +230,12 @@ def _render_summary(info: dict[str, Any], fmt: str) -> None:
         table.add_row("this call", f"ran {info['ran']}, skipped {info['skipped']} already done, "
                                    f"{info.get('elapsed_s', 0):.1f} s")
     cost = f"${info.get('cost', 0):.4f}" + ("" if info.get("cost_known", True) else " (some models unpriced)")
-    table.add_row("tokens / cost", f"{info.get('tokens', 0)} / {cost}")
+    # Every role's calls, abandoned attempts included: what was spent. `sop score`'s Tok/1k counts the agent's
+    # calls of finished dialogues only; the label says which total this is.
+    table.add_row("tokens / cost (all roles, incl. discarded attempts)", f"{info.get('tokens', 0):,} / {cost}")
     if info.get("discarded_tokens"):
-        table.add_row("discarded attempts", f"{info['discarded_tokens']} tok / ${info['discarded_cost']:.4f}")
+        table.add_row("of which discarded attempts",
+                      f"{info['discarded_tokens']:,} tok / ${info['discarded_cost']:.4f}")
     for name, s in (info.get("judgment_sets") or {}).items():
         models = s.get("models") or {}
         text = (f"{s.get('judged_turns', 0)} turns judged, {s.get('unscored_judgments', 0)} unscored judgments, "

@@ -1195,6 +1195,7 @@ class Gateway:
         self.notes: list[str] = []
         self._listeners: list[Callable[[Gateway], None]] = []
         """Things a run should record, e.g. a structured-output fallback (one line each)."""
+        self._retry_listeners: list[Callable[[str], None]] = []
 
     # ------------------------------------------------------------------ public
     def add_listener(self, fn: Callable[[Gateway], None]) -> None:
@@ -1204,6 +1205,15 @@ class Gateway:
     def remove_listener(self, fn: Callable[[Gateway], None]) -> None:
         with contextlib.suppress(ValueError):
             self._listeners.remove(fn)
+
+    def add_retry_listener(self, fn: Callable[[str], None]) -> None:
+        """Call ``fn(line)`` before each retry's wait: ``retrying ROLE at API_BASE (attempt k/n, next in s): KIND``.
+        Why: a run (or its model check) waiting out an outage said nothing for minutes."""
+        self._retry_listeners.append(fn)
+
+    def remove_retry_listener(self, fn: Callable[[str], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._retry_listeners.remove(fn)
 
     def _notify(self) -> None:
         for fn in list(self._listeners):
@@ -1565,7 +1575,13 @@ class Gateway:
                         retryable=retryable,
                     ) from None
                 self._stats.retries += 1
-                await asyncio.sleep(self._backoff(attempts, _retry_after(exc)))
+                delay = self._backoff(attempts, _retry_after(exc))
+                if self._retry_listeners:
+                    line = (f"retrying {spec.role or 'model'} at {_sanitize_url(spec.params.api_base) or spec.model} "
+                            f"(attempt {attempts + 1}/{self.max_retries + 1}, next in {delay:.1f} s): {kind}")
+                    for fn in list(self._retry_listeners):
+                        fn(line)
+                await asyncio.sleep(delay)
 
     def _learn_no_json_schema(self, spec: ModelSpec) -> None:
         key = _schema_key(spec)

@@ -251,8 +251,11 @@ class _Progress:
 
     A rich bar on a terminal; for logs, plain lines (one per finished dialogue, and one at most every
     `PLAIN_EVERY` seconds while tokens move). Tokens and cost update after every model call (`tick`),
-    not only when a dialogue finishes."""
+    not only when a dialogue finishes. A call being retried says so (`retrying`): on the bar until a call
+    answers, in logs as a line (at most one per `RETRY_EVERY` seconds for the same model, server and attempt: 64 calls
+    waiting out one outage say it once per round)."""
     PLAIN_EVERY = 5.0
+    RETRY_EVERY = 1.0
 
     def __init__(self, total: int, mode: str, label: str):
         self.mode, self.total, self.label = mode, total, label
@@ -262,6 +265,7 @@ class _Progress:
         self._started = self._last_line = time.monotonic()
         self._printed: tuple[int, int] | None = None
         self._bar: Any = None
+        self._retry_key, self._retry_at, self._noted = "", 0.0, False
         if mode != "bar":
             return
         from rich.console import Console  # heavy import, only for a terminal bar
@@ -270,10 +274,10 @@ class _Progress:
         self._bar = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("fail {task.fields[failures]}"), TextColumn("{task.fields[tokens]} tok"),
-            TextColumn("${task.fields[cost]}"), TimeElapsedColumn(),
+            TextColumn("${task.fields[cost]}"), TimeElapsedColumn(), TextColumn("{task.fields[note]}", markup=False),
             console=Console(stderr=True), transient=False,
         )
-        self._task = self._bar.add_task(label, total=total, failures=0, tokens=0, cost="0.00")
+        self._task = self._bar.add_task(label, total=total, failures=0, tokens=0, cost="0.00", note="")
         self._bar.start()
 
     def advance(self, gateway: Any, failed: bool = False) -> None:
@@ -297,13 +301,29 @@ class _Progress:
             stats = gateway.stats
             self.tick_totals(stats.prompt_tokens + stats.completion_tokens, stats.cost)
 
+    def retrying(self, line: str) -> None:
+        """A call is being retried (a gateway retry listener): `retrying ROLE at API_BASE (attempt k/n, …)`."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._noted = True
+            self._bar.update(self._task, note=line)
+            return
+        now, key = time.monotonic(), line.split(", next in", 1)[0]  # the model, the server and the attempt
+        if key != self._retry_key or now - self._retry_at >= self.RETRY_EVERY:
+            self._retry_key, self._retry_at = key, now
+            sys.stderr.write(f"[sop] {line}\n")
+            sys.stderr.flush()
+
     def tick_totals(self, tokens: int, cost: float, force: bool = False) -> None:
         if not self.enabled:
             return
         self.tokens, self.cost = tokens, cost
         if self._bar is not None:
+            note: dict[str, str] = {"note": ""} if self._noted else {}  # a call answered: the retry note is over
+            self._noted = False
             self._bar.update(self._task, completed=self.done, failures=self.failures, tokens=tokens,
-                             cost=f"{cost:.4f}")
+                             cost=f"{cost:.4f}", **note)
             return
         now = time.monotonic()
         if force or (now - self._last_line >= self.PLAIN_EVERY and self._printed != (self.done, tokens)):
@@ -314,7 +334,8 @@ class _Progress:
         elapsed = int(now - self._started)
         pct = f" ({100 * self.done // self.total}%)" if self.total else ""
         sys.stderr.write(f"[sop] {self.label}: {self.done}/{self.total}{pct} done, {self.failures} failed, "
-                         f"{self.tokens:,} tokens, ${self.cost:.4f}, {elapsed // 60}:{elapsed % 60:02d} elapsed\n")
+                         f"{self.tokens:,} tokens (all roles), ${self.cost:.4f}, "
+                         f"{elapsed // 60}:{elapsed % 60:02d} elapsed\n")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -399,7 +420,8 @@ async def run(
             raise
         if preflight:
             try:
-                roles, notes = await _preflight(roles, gateway, config.get("gateway") or {}, workers)
+                roles, notes = await _preflight(roles, gateway, config.get("gateway") or {}, workers,
+                                                progress_mode(progress))
             except RunError:
                 store.close()
                 raise
@@ -431,7 +453,7 @@ async def run(
             roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
         notes = []
         if preflight:
-            roles, notes = await _preflight(roles, gateway, gateway_options, workers)
+            roles, notes = await _preflight(roles, gateway, gateway_options, workers, progress_mode(progress))
         warnings += notes
         config = {
             "scenario_path": None if isinstance(scenario_path, ir.Scenario) else str(scenario_path),
@@ -525,8 +547,20 @@ def _litellm_specs(roles: RoleSet) -> list[ModelSpec]:
     return out
 
 
+def _retry_printer(mode: str) -> Callable[[str], None] | None:
+    """For the model check (before any progress display): each retry as a line on stderr, unless silent."""
+    if mode == "off":
+        return None
+
+    def say(line: str) -> None:
+        sys.stderr.write(f"[sop] model check: {line}\n")
+        sys.stderr.flush()
+
+    return say
+
+
 async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
-                     workers: int = 1) -> tuple[RoleSet, list[str]]:
+                     workers: int = 1, mode: str = "off") -> tuple[RoleSet, list[str]]:
     """Check every distinct non-built-in model with one call; (roles, notes) or `RunError` (one line).
 
     With worker processes to fork, the check runs in a forked child of its own: this process then
@@ -539,15 +573,15 @@ async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
         return roles, []
     if workers > 1 and gateway is None and _mp_context().get_start_method() == "fork":
         warm_up_litellm()  # litellm's first-call work, once, inherited by the checking child and the workers
-        return await _preflight_in_child(roles, options)
-    return await _preflight_here(roles, gateway, options)
+        return await _preflight_in_child(roles, options, mode)
+    return await _preflight_here(roles, gateway, options, mode)
 
 
-async def _preflight_in_child(roles: RoleSet, options: Mapping[str, Any]) -> tuple[RoleSet, list[str]]:
+async def _preflight_in_child(roles: RoleSet, options: Mapping[str, Any], mode: str) -> tuple[RoleSet, list[str]]:
     ctx = _mp_context()
     load_litellm()  # imported once here, inherited by the checking child and later by the workers
     reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_preflight_child_main, args=(writer, roles, dict(options)),
+    proc = ctx.Process(target=_preflight_child_main, args=(writer, roles, dict(options), mode),
                        name="sop-run-preflight", daemon=True)
     proc.start()
     writer.close()
@@ -567,11 +601,11 @@ async def _preflight_in_child(roles: RoleSet, options: Mapping[str, Any]) -> tup
     return payload
 
 
-def _preflight_child_main(conn: Connection, roles: RoleSet, options: dict[str, Any]) -> None:
+def _preflight_child_main(conn: Connection, roles: RoleSet, options: dict[str, Any], mode: str = "off") -> None:
     """Entry point of the forked model-check process: `("ok", (roles, notes))` or `("error", line)`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        conn.send(("ok", asyncio.run(_preflight_here(roles, None, options))))
+        conn.send(("ok", asyncio.run(_preflight_here(roles, None, options, mode))))
     except RunError as exc:
         conn.send(("error", str(exc)))
     except BaseException:  # noqa: BLE001 - reported to the parent as a RunError
@@ -580,12 +614,18 @@ def _preflight_child_main(conn: Connection, roles: RoleSet, options: dict[str, A
         conn.close()
 
 
-async def _preflight_here(roles: RoleSet, gateway: Any, options: Mapping[str, Any]) -> tuple[RoleSet, list[str]]:
+async def _preflight_here(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
+                          mode: str = "off") -> tuple[RoleSet, list[str]]:
     own = gateway is None
     gw = _make_gateway(8, {**options, "cache": False}) if own else gateway
+    say = _retry_printer(mode)
+    if say is not None and hasattr(gw, "add_retry_listener"):
+        gw.add_retry_listener(say)
     try:
         failures = await check_models(gw, _litellm_specs(roles))
     finally:
+        if say is not None and hasattr(gw, "remove_retry_listener"):
+            gw.remove_retry_listener(say)
         if own:
             await gw.aclose()
     if failures:
@@ -848,6 +888,9 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
         listen = getattr(gateway, "add_listener", None)
         if listen is not None:
             listen(bar.tick)
+        retries = getattr(gateway, "add_retry_listener", None)
+        if retries is not None:
+            retries(bar.retrying)
         sink = GroupCommit(store)
         try:
             await runner.run_all(todo, sink, concurrency, lambda failed: bar.advance(gateway, failed))
@@ -856,6 +899,8 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
             bar.close()
             if listen is not None:
                 gateway.remove_listener(bar.tick)
+            if retries is not None:
+                gateway.remove_retry_listener(bar.retrying)
             if own:
                 await gateway.aclose()
         learnt = [n for n in getattr(gateway, "notes", []) if n not in warnings]
@@ -890,6 +935,7 @@ def _mp_context() -> Any:
 _WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue", "restart_judging",
                      "add_usage"})
 _TICK = "tick"
+_RETRY = "retry"
 _BATCH = "writes"  # a worker's message carrying several writes, in order: [(name, args), ...]
 
 
@@ -920,6 +966,10 @@ class _PipeSink(_BatchedWrites):
         if now - self._last_tick >= self.TICK_EVERY:
             self._last_tick = now
             self._send("tick")
+
+    def retrying(self, line: str) -> None:
+        """A call is being retried: tell the parent's progress display at once."""
+        self._send(_RETRY, line)
 
     def _send(self, name: str, *args: Any) -> None:
         stats = self.gateway.stats
@@ -1003,6 +1053,7 @@ async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
                         job.get("kept"))
     sink = _PipeSink(conn, gateway)
     gateway.add_listener(sink.tick)
+    gateway.add_retry_listener(sink.retrying)
     try:
         await runner.run_all(job["todo"], sink, job["concurrency"])
     finally:
@@ -1112,6 +1163,9 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                         if name == _TICK:
                             bar.tick_totals(sum(t[0] for t in totals), sum(t[1] for t in totals))
                             continue
+                        if name == _RETRY:
+                            bar.retrying(args[0])
+                            continue
                         if name == "exit":
                             exited.add(i)
                             if args[0]:
@@ -1210,6 +1264,8 @@ async def rejudge(
         bar = _Progress(len(todo), progress_mode(progress), f"judging ({name})")
         if hasattr(gateway, "add_listener"):
             gateway.add_listener(bar.tick)
+        if hasattr(gateway, "add_retry_listener"):
+            gateway.add_retry_listener(bar.retrying)
         queue = list(reversed(todo))
 
         async def worker() -> None:
