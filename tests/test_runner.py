@@ -622,3 +622,32 @@ def test_calls_of_dialogues_open_at_sigkill_are_recorded(tmp_path, toy_file, mon
         stored = _stored_tokens(out)
         discarded = s.summary()["discarded_tokens"]
     assert stored == total and discarded > 0, (stored, total, discarded)
+
+
+def test_sop_judge_leaves_dialogues_whose_judges_were_unreachable_for_the_next_call(tmp_path, toy_file, monkeypatch):
+    """`sop judge` stored the unscored judgments of an outage as the set's verdict, and a second `sop judge`
+    skipped those dialogues. Now they are left out of the set (exit 3) and the next call judges them."""
+    from sopgraph.simulation import runner as runner_mod
+
+    out = tmp_path / "run"
+    asyncio.run(run(toy_file, toy_cases(3), ["agent=baseline/oracle"], out, progress=False))
+    up = threading.Event()
+    monkeypatch.setattr(runner_mod, "_make_gateway", lambda concurrency, options: Gateway(
+        concurrency=concurrency, max_retries=0, cache=False))
+    with FakeServer(lifetime=60) as server:
+        server.responder(lambda req: Behavior.json_reply(JUDGE_REPLY) if up.is_set() else Behavior.server_error(503))
+        args = ["judge", str(out), "--model", f"judge=openai/judge-x,api_base={server.base_url}", "--set", "second",
+                "-q", "--format", "json"]
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 3, res.output
+        assert "3 dialogue(s) could not be judged (judges unreachable)" in res.stderr
+        assert len(json.loads(res.stdout)["unjudged"]) == 3
+        with RunStore.open(out) as store:
+            assert store.consensus("second") == [] and store.judgments("second") == []
+        up.set()
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["ran"] == 3
+    with RunStore.open(out) as store:
+        assert len(store.consensus("second")) == len(store.consensus("default"))
+        assert store.judging_counts("second")["unscored_judgments"] == 0

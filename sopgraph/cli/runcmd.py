@@ -144,7 +144,10 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
 @_format
 def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judge_turns: str | None,
               concurrency: int, replace: bool, quiet: bool, progress: str, fmt: str) -> None:
-    """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls)."""
+    """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls).
+
+    Exit status: 0 every dialogue judged, 1 usage error, 3 some judgments were lost to infrastructure (the
+    judges could not be reached; run the same command again to judge those dialogues)."""
     specs = _model_options(models)
     bad = [s.role for s in specs if not s.role.startswith("judge")]
     if bad:
@@ -156,6 +159,10 @@ def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judg
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     _render_summary(summary.model_dump(), fmt)
+    if summary.unjudged:
+        click.echo(f"error: {len(summary.unjudged)} dialogue(s) could not be judged (judges unreachable), e.g. "
+                   f"{summary.unjudged[0]['dialogue']}: {summary.unjudged[0]['error']}", err=True)
+        sys.exit(EXIT_INFRA)
 
 
 @click.group("runs")

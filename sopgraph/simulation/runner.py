@@ -127,6 +127,9 @@ class RunSummary(BaseModel):
     skipped: int = 0  # dialogues already finished before this call
     elapsed_s: float = 0.0
     self_preference: list[str] = Field(default_factory=list)  # judge roles using the agent's model
+    unjudged: list[dict[str, Any]] = Field(default_factory=list)
+    """`sop judge`: dialogues whose judging was lost to infrastructure (judges unreachable) in this call;
+    they are not in the set, and running the same `sop judge` again judges them."""
     warnings: list[str] = Field(default_factory=list)
 
 
@@ -1267,6 +1270,7 @@ async def rejudge(
         if hasattr(gateway, "add_retry_listener"):
             gateway.add_retry_listener(bar.retrying)
         queue = list(reversed(todo))
+        unjudged: list[dict[str, Any]] = []
 
         async def worker() -> None:
             while queue:
@@ -1274,8 +1278,15 @@ async def rejudge(
                 turns = store.turns(dialogue_id=d.id)
                 judgments, cons = await ensemble.judge_dialogue(
                     scenario, cases[d.case_id], d.id, turns, spec, judgment_set=name, scenario_info=info)
-                store.add_judgments(judgments, cons, judgment_usage_rows(judgments))
-                bar.advance(gateway)
+                lost = lost_to_infra(judgments)
+                if lost:  # not stored: the set stays open for this dialogue, the next `sop judge` judges it
+                    why = (lost[0].unscored_reason or "").removeprefix(INFRA_FAILURE)
+                    unjudged.append({"dialogue": d.id, "error": f"judging: {len(lost)} of {len(judgments)} "
+                                     f"judgments lost ({why}); run the same sop judge again to judge it"})
+                    store.add_usage([{**row, "discarded": True} for row in judgment_usage_rows(judgments)])
+                else:
+                    store.add_judgments(judgments, cons, judgment_usage_rows(judgments))
+                bar.advance(gateway, failed=bool(lost))
 
         try:
             await asyncio.gather(*(worker() for _ in range(min(len(todo), max(2 * concurrency, 4)))))
@@ -1283,7 +1294,7 @@ async def rejudge(
             bar.close()
         agent_model = meta.get("agent_model")
         selfpref = [j.role for j in roles.judges if agent_model and j.model == agent_model]
-        return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo),
+        return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo), unjudged=unjudged,
                         elapsed_s=round(time.perf_counter() - started, 3), self_preference=selfpref)
     finally:
         store.close()

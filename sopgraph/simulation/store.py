@@ -478,14 +478,15 @@ class RunStore:
         rows = [
             (u["dialogue_id"], u.get("turn_index", 0), u["role"], u.get("model", ""), u.get("judgment_set"),
              u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("reasoning_tokens", 0),
-             float(u.get("cost", 0.0)), int(u.get("cost_known", True)), u.get("calls", 1), *stamp)
+             float(u.get("cost", 0.0)), int(u.get("cost_known", True)), u.get("calls", 1),
+             int(u.get("discarded", False)), *stamp)
             for u in usage
         ]
         if rows:
             c.executemany(
                 "INSERT INTO usage(dialogue_id, turn_index, role, model, judgment_set, prompt_tokens,"
-                " completion_tokens, reasoning_tokens, cost, cost_known, calls, schema_version, sop_hash,"
-                " tool_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " completion_tokens, reasoning_tokens, cost, cost_known, calls, discarded, schema_version, sop_hash,"
+                " tool_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 rows,
             )
 
