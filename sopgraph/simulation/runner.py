@@ -16,8 +16,10 @@ so that a killed run can be resumed from the store alone and a shard of cases co
   (`judging_failed`): a resume judges it again without running it. A judge's malformed answers are
   a verdict, not an outage: that judgment is unscored (see `judge.py`).
 - Resume (`resume=True`): the stored config, scenario, cases and models are used; `done` dialogues
-  are skipped; every other dialogue (pending, running — e.g. after SIGKILL — or infra_failure) is
-  restarted from scratch, its partial rows deleted in one transaction first. So after any crash and
+  are skipped; those whose judging alone failed are judged again; every other dialogue (pending,
+  running — e.g. after SIGKILL — or infra_failure) is restarted from scratch, its partial rows deleted
+  in one transaction first (the usage of its earlier attempt, written call by call, is kept and marked
+  discarded). So after any crash and
   resume, every dialogue is present exactly once.
 - Re-judging (`rejudge`) reads stored transcripts and writes a new judgment set beside the others;
   agents and users are never called.
@@ -656,8 +658,9 @@ def _load(path: str | Path | None) -> ir.Scenario:
 class _Dialogues:
     """Runs single dialogues (simulate, then judge) and reports every write to a sink.
 
-    The sink has the `RunStore` write methods (`start_dialogue`, `add_turn`, `finish_dialogue`,
-    `fail_dialogue`): the store itself in one process, a pipe to the parent in a worker."""
+    The sink has the `RunStore` write methods (`start_dialogue`, `add_turn`, `add_usage`, `finish_dialogue`,
+    `fail_dialogue`, `restart_judging`) and `add_call` (one call's usage row): batched into the store in one
+    process (`GroupCommit`), into a pipe to the parent in a worker (`_PipeSink`)."""
     def __init__(self, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any, spec: JudgeTurns,
                  max_turns: int, gateway: Any, kept: Mapping[str, list[Turn]] | None = None):
 
