@@ -112,3 +112,29 @@ def test_decide_warns_about_undeclared_keys_without_failing():
     ]
     single = run("decide", TELECOM, "--values", '{"ConsumptionType": "Cancel", "Penalty": 0, "Reqest": 1}')
     assert single.exit_code == 0 and "`Reqest` is not a field" in single.stderr
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def _no_traceback(*args: str) -> str:
+    res = run(*args)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert "Traceback" not in res.output, res.output
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_quoted_enum_values_through_check_paths_synth_prompt_schema_render(tmp_path):
+    sop = str(DATA / "lang_quoted_values.sop")
+    assert "0 errors" in _no_traceback("check", sop)
+    paths = json.loads(_no_traceback("paths", sop, "--format", "json"))
+    assert any(p["constraints"].get("Reports") == '"5+ times"' for p in paths)
+    _no_traceback("synth", sop, "-n", "4", "-o", str(tmp_path / "c.jsonl"), "-q")
+    cases = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert {c["truth"]["Reports"] for c in cases} >= {"5+ times"}
+    assert 'one of: Never, "1-2 times", "5+ times"' in _no_traceback("prompt", sop)
+    assert '"5+ times"' in _no_traceback("schema", "agent-output", sop)
+    _no_traceback("render", sop, "-o", str(tmp_path / "g.mmd"))
+    out = _no_traceback("decide", sop, "--values", '{"Reports": "5+ times"}')
+    assert json.loads(out)["finals"] == {"Action": "Remove", "Severity": "Very high"}

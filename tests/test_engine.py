@@ -542,3 +542,31 @@ def test_an_output_outside_its_declared_range_is_a_decide_error(values: dict[str
     ok = {"Reason": "Other", "NightlyRate": 620}
     assert [e.decide(ok).finals for e in _engines(scenario)] == [{"Action": "PartialRefund", "Fee": 120,
                                                                   "Nights": 1}] * 2
+
+
+QUOTED_VALUES = ROOT / "tests" / "data" / "lang_quoted_values.sop"
+
+
+def test_quoted_enum_values_decide_alike_in_every_engine_form() -> None:
+    """`"5+ times"`, `"Traffic/URL Cloaking"`: values that are not names are values like any other; a value
+    off the domain is refused with the domain shown as written."""
+    scenario = sopgraph.load(QUOTED_VALUES)
+    engines = _engines(scenario)
+    cases = [({"Reports": "5+ times"}, {"Action": "Remove", "Severity": "Very high"}),
+             ({"Reports": "1-2 times", "Kind": "Traffic/URL Cloaking"}, {"Action": "Remove", "Severity": "Very high"}),
+             ({"Reports": "1-2 times", "Kind": "count"}, {"Action": "Review", "Severity": "Low"}),
+             ({"Reports": "Never"}, {"Action": "Keep", "Severity": "Low"})]
+    for values, finals in cases:
+        assert interpret(scenario, values).finals == finals
+        _same(scenario, engines, values)
+    with pytest.raises(DecideError, match=re.escape('value "5 times" is not in the domain of `Reports` '
+                                                    '(Never | "1-2 times" | "5+ times")')):
+        interpret(scenario, {"Reports": "5 times"})
+    _same(scenario, engines, {"Reports": "5 times"})
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_assignments(scenario))
+    def run(values: dict[str, Any]) -> None:
+        _same(scenario, engines, values)
+
+    run()

@@ -387,3 +387,25 @@ def test_names_in_any_script_parse_the_same() -> None:
     program, fragments = fast_items(UNICODE_NAMES)
     assert program is not None and fragments == []
     assert_same(UNICODE_NAMES.replace("第二步 {", "2步 {"))  # a syntax error on both paths, alike
+
+
+QUOTED_ENUMS = '''field Visits: Never | "1-2 times" | "5+ times" "v"
+system Kind: "Traffic/URL Cloaking" | Phishing
+action Go(level: Low | "Very high") "g"
+output Level: Low | "Very high" = Low
+stage s1 {
+    match Visits { "5+ times" -> do Go(level = "Very high") Never, "1-2 times" -> s2 }
+}
+stage s2 { when Kind == "Traffic/URL Cloaking" -> do Go(level = Low) otherwise -> do Go(level = "Very high") }
+'''
+
+
+def test_quoted_enum_values_parse_the_same_without_lark() -> None:
+    """Enum values written in quotes (`"5+ times"`) are read by the fast path itself, into Lark's nodes;
+    one quoted string alone is no type on either path."""
+    assert_same(QUOTED_ENUMS)
+    program, fragments = fast_items(QUOTED_ENUMS)
+    assert program is not None and fragments == []
+    assert_same('field V: "5+ times" "v"\n')
+    assert_same('field V: A | "x" | \n')
+    assert_same('type T = "a b" | C\nsystem S: T\n')

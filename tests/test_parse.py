@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,3 +249,54 @@ def test_a_program_written_with_chinese_names_checks_and_decides() -> None:
     decided = CliRunner().invoke(main, ["decide", str(path)],
                                  input=json.dumps({"意图": "退款", "订单状态": "未发货", "金额": 100}, ensure_ascii=False))
     assert json.loads(decided.output) == {"path": ["第一步", "第二步"], "finals": {"Action": "办理退款"}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Quoted enum values (values that are not names: `"5+ times"`, `"Traffic/URL Cloaking"`)
+
+QUOTED = '''field Visits: Never | "1-2 times" | "5+ times" "v"
+type Abuse = "Traffic/URL Cloaking" | Phishing | "count"
+system Kind: Abuse "k"
+output Level: Low | "Very high" = Low "l"
+action Go "g"
+action Stop "s"
+stage s1 {
+    match Visits {
+        "5+ times" -> do Stop { Level = "Very high" }
+        Never, "1-2 times" -> s2
+    }
+}
+stage s2 {
+    when Kind == "Traffic/URL Cloaking" or Kind == "count" -> do Stop
+    otherwise -> do Go
+}
+'''
+
+
+def _errors(text: str) -> list[Any]:
+    from sopgraph.logic.checker import check_file
+
+    return [d for d in check_file("q.sop", text=text).diagnostics if d.is_error]
+
+
+def test_quoted_enum_values_are_values_of_fields_aliases_and_outputs() -> None:
+    assert _errors(QUOTED) == []
+    loaded = load_source(None, text=QUOTED, name="q.sop")
+    s = loaded.scenario
+    assert s is not None
+    assert s.variables["Visits"].type.values == ["Never", "1-2 times", "5+ times"]
+    assert s.variables["Kind"].type.values == ["Traffic/URL Cloaking", "Phishing", "count"]
+    assert s.outputs["Level"].type.values == ["Low", "Very high"]
+    assert ir.describe_type(s.variables["Visits"].type) == 'Never | "1-2 times" | "5+ times"'
+
+
+def test_a_quoted_value_not_in_the_enum_is_e202_and_a_bad_one_e005() -> None:
+    assert [d.code for d in _errors(QUOTED.replace('"5+ times" ->', '"5 times" ->'))] == ["E202"]
+    for bad, what in (('""', "is empty"), ('" A"', "starts or ends with a space"), ('"a\\nb"', "control character")):
+        errors = _errors(f'field V: A | {bad} "v"\naction Go "g"\nstage s {{ match V {{ A -> do Go otherwise -> do Go }} }}\n')
+        assert [d.code for d in errors] == ["E005"] and what in errors[0].message, errors
+
+
+def test_one_quoted_string_is_not_a_type() -> None:
+    diag, _ = syntax_error('field V: "5+ times" "v"\n')
+    assert diag.code == "E001"

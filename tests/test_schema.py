@@ -221,3 +221,16 @@ def test_cli_schema(tmp_path, telecom):
     assert res.exit_code == 1 and "give a .sop FILE" in res.output
     res = runner.invoke(main, ["schema", "bogus"])
     assert res.exit_code == 1 and "unknown schema" in res.output
+
+
+def test_quoted_enum_values_are_the_schema_enums_as_written():
+    scenario = sopgraph.load(ROOT / "tests" / "data" / "lang_quoted_values.sop")
+    schema = S.agent_output_schema(scenario)
+    assert schema["properties"]["classification_output"]["properties"]["Reports"]["enum"] == [
+        "Never", "1-2 times", "5+ times"]
+    finals = schema["properties"]["finals"]["properties"]
+    assert finals["Severity"]["enum"] == ["Low", "Very high"]
+    reply = {"classification_output": {"Reports": "5+ times"}, "cot": "c", "now_path": ["reports"],
+             "finals": {"Action": "Remove", "Severity": "Very high"}, "chat": "done"}
+    assert S.validate_agent_output(scenario, reply) == []
+    assert S.validate_agent_output(scenario, {**reply, "finals": {"Action": "Remove", "Severity": "very high"}})

@@ -242,14 +242,15 @@ def _text_lines(value: str, depth: int) -> list[Line]:
 def _enum_type(node: ir.EnumType, depth: int) -> list[Line]:
     if node.alias is not None:
         return [Line(node.alias)]  # written as the name of a `type` declaration
-    return [Line(" | ".join(node.values))]
+    return [Line(" | ".join(fmt_name(v) for v in node.values))]  # quoted when not a name: `"5+ times"`
 
 
 def _type_decl(node: TypeDecl, depth: int) -> list[Line]:
     if isinstance(node.type, ir.RecordType):
         body = _inline(node.type.model_copy(update={"alias": None}))
         return _described(f"type {node.name} = {body}", node.description, node, depth)
-    return _described(f"type {node.name} = {' | '.join(node.type.values)}", node.description, node, depth)
+    values = " | ".join(fmt_name(v) for v in node.type.values)
+    return _described(f"type {node.name} = {values}", node.description, node, depth)
 
 
 def _list_type(node: ir.ListType, depth: int) -> list[Line]:

@@ -8,6 +8,8 @@ output schema and path list are all derived from it.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar, cast
 
@@ -291,6 +293,15 @@ def _fmt_num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
+_VALUE_WORD = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")  # an enum value that reads as a name
+
+
+def show_enum_value(value: str) -> str:
+    """An enum value as text: bare when it reads as a name (`Calm`), else JSON-quoted (`"5+ times"`),
+    so a value with spaces, `|` or `,` cannot be mistaken for several."""
+    return value if _VALUE_WORD.match(value) else json.dumps(value, ensure_ascii=False)
+
+
 def describe_type(vtype: AnyType | None) -> str:
     """Human text for a type, as used in diagnostics and prompts."""
     if vtype is None:
@@ -303,7 +314,7 @@ def describe_type(vtype: AnyType | None) -> str:
             return vtype.alias
         return "record { " + ", ".join(f"{f.name}: {describe_type(f.type)}" for f in vtype.fields) + " }"
     if isinstance(vtype, EnumType):
-        return " | ".join(vtype.values)
+        return " | ".join(show_enum_value(v) for v in vtype.values)
     if isinstance(vtype, BoolType):
         return "bool"
     if isinstance(vtype, (TimeType, StringType)):
@@ -728,7 +739,7 @@ def show(expr: object, parent: int = 0) -> str:
 
 def _show(e: object) -> tuple[str, int]:
     if isinstance(e, Lit):
-        if isinstance(e.value, str) and not e.bare:
+        if isinstance(e.value, str) and (not e.bare or not _VALUE_WORD.match(e.value)):
             return '"' + e.value.replace('"', '\\"') + '"', 9
         return show_value(e.value), 9
     if isinstance(e, Var):

@@ -332,7 +332,8 @@ class ToIR(Transformer):
 
     # -- types
     def enum_type(self, meta, children):
-        return ir.EnumType(values=[str(c) for c in children], span=self._sp(meta))
+        values = [_unquote(str(c)) if c.type == "STRING" else str(c) for c in children]
+        return ir.EnumType(values=values, span=self._sp(meta))
 
     def bool_type(self, meta, children):
         return ir.BoolType(span=self._sp(meta))

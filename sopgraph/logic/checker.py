@@ -157,7 +157,28 @@ def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
                 out.append(error("E102", f"enum value `{value}` of `{owner}` is listed twice",
                                  _span_or(vtype.span, span), "remove the repeated value"))
             seen.add(value)
+            out += _quoted_value_problems(owner, value, _span_or(vtype.span, span))
     return out
+
+
+ENUM_VALUE_MAX = 200  # characters of a quoted enum value (prompts and schemas list every value)
+
+
+def _quoted_value_problems(owner: str, value: str, span: ir.Span) -> list[Diagnostic]:
+    """A quoted enum value (`"5+ times"`) is compared exactly: no empty, padded, multi-line or huge one (E005)."""
+    shown = ir.show_enum_value(value)
+    if not value.strip():
+        problem = "is empty"
+    elif value != value.strip():
+        problem = "starts or ends with a space"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+        problem = "contains a control character (a line break or tab)"
+    elif len(value) > ENUM_VALUE_MAX:
+        problem = f"is longer than {ENUM_VALUE_MAX} characters"
+    else:
+        return []
+    return [error("E005", f"enum value {shown[:80]} of `{owner}` {problem}", span,
+                  "an enum value is compared exactly: write it on one line, without spaces at its ends")]
 
 
 def check_declarations(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:

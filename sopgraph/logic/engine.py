@@ -85,7 +85,7 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
     if isinstance(vtype, ir.EnumType):
         if not isinstance(value, str) or value not in vtype.values:
             raise DecideError(f"value {_fmt(value)} is not in the domain of `{var.name}` "
-                              f"({' | '.join(vtype.values)})", var.name)
+                              f"({ir.describe_type(vtype)})", var.name)
         return value
     if isinstance(vtype, ir.BoolType):
         if value is not True and value is not False:
@@ -191,7 +191,7 @@ def output_problem(output: ir.Output, value: Any) -> str | None:
         return None
     if isinstance(otype, ir.EnumType):
         if not isinstance(value, str) or value not in otype.values:
-            return f"is not one of {' | '.join(otype.values)}"
+            return f"is not one of {ir.describe_type(otype)}"
         return None
     if isinstance(otype, ir.StringType):
         return None if isinstance(value, str) else "is not a string"

@@ -111,7 +111,7 @@ _SCALAR_EXAMPLES = {"date": "2026-01-01", "datetime": "2026-01-01T00:00:00Z", "d
 def describe_domain(vtype: Any, unit: str | None = None) -> str:
     """A type in words: `one of: A, B`, `true or false`, `an integer, at least 0 (CNY)`."""
     if isinstance(vtype, ir.EnumType):
-        text = "one of: " + ", ".join(vtype.values)
+        text = "one of: " + ", ".join(ir.show_enum_value(v) for v in vtype.values)
     elif isinstance(vtype, ir.BoolType):
         text = "true or false"
     elif isinstance(vtype, ir.NumType):
@@ -786,7 +786,7 @@ def _judge_format(scenario: ir.Scenario) -> str:
     labels = {}
     for var in scenario.fields:
         if isinstance(var.type, ir.EnumType):
-            labels[var.name] = "<one of: " + ", ".join(var.type.values) + ">"
+            labels[var.name] = "<one of: " + ", ".join(ir.show_enum_value(v) for v in var.type.values) + ">"
         else:
             labels[var.name] = f"<{describe_domain(var.type, var.unit)}>"
     scores = {d: "<3, 6 or 9>" for d in CHAT_DIMENSIONS}
