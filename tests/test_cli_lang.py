@@ -138,3 +138,16 @@ def test_quoted_enum_values_through_check_paths_synth_prompt_schema_render(tmp_p
     _no_traceback("render", sop, "-o", str(tmp_path / "g.mmd"))
     out = _no_traceback("decide", sop, "--values", '{"Reports": "5+ times"}')
     assert json.loads(out)["finals"] == {"Action": "Remove", "Severity": "Very high"}
+
+
+def test_optional_record_fields_through_check_paths_synth_prompt(tmp_path):
+    sop = str(DATA / "lang_optional_fields.sop")
+    assert "0 errors, 0 warnings" in _no_traceback("check", sop)
+    paths = json.loads(_no_traceback("paths", sop, "--format", "json"))
+    assert any(p["witness"]["Contact"]["email"] is None for p in paths)
+    _no_traceback("synth", sop, "-n", "7", "-o", str(tmp_path / "c.jsonl"), "-q")
+    cases = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert any(c["system"]["Contact"].get("email") is None for c in cases)
+    assert "email (text, may be absent)" in _no_traceback("prompt", sop)
+    out = _no_traceback("decide", sop, "--values", '{"Contact": {"phone": "1"}, "Bills": [{"amount": 5, "note": "urgent"}]}')
+    assert json.loads(out)["finals"] == {"Action": "Call"}

@@ -4,6 +4,7 @@ the analyses (paths, witnesses, synthesis), JSON Schemas, prompt text and `sop f
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from sopgraph.logic.engine import DecideError, Engine, interpret
 from sopgraph.logic.lower import analysis_form
 from sopgraph.logic.paths import count_paths, iter_paths
 from sopgraph.simulation.prompts import agent_system_prompt, describe_domain
+
+ROOT_DATA = Path(__file__).resolve().parent / "data"
 
 PROGRAM = """\
 type Cabin = Economy | Business
@@ -367,3 +370,49 @@ def test_sum_mistakes_are_located_errors(expr: str, fragment: str) -> None:
     text = SUM_PROGRAM.replace("sum(i.amount for i in Invoices)", expr)
     errors = [d for d in check_file("t.sop", text=text).diagnostics if d.is_error]
     assert errors and any(fragment in d.message for d in errors), [d.message for d in errors]
+
+
+# ---- optional record fields (`note: string?`) ---------------------------------------------------
+
+OPTIONAL_FIELDS = ROOT_DATA / "lang_optional_fields.sop"
+
+
+def test_an_optional_record_field_may_be_absent_or_null_and_missing_tests_it() -> None:
+    sc = sopgraph.load(OPTIONAL_FIELDS)
+    contact = {"phone": "1"}
+    bills = [{"amount": 5.0}, {"amount": 5.0, "note": None, "due": None}, {"amount": 5.0, "note": "urgent"}]
+    assert _both(sc, {"Contact": contact, "Bills": bills}).finals == {"Action": "Call"}
+    assert _both(sc, {"Contact": {**contact, "email": "a@example.com"}, "Bills": []}).finals == {"Action": "Mail"}
+    assert _both(sc, {"Contact": {**contact, "email": None}, "Bills": bills[:2]}).finals == {"Action": "Mail"}
+    # a declared field that is not optional is still required, and the optional one still typed
+    assert "missing value for `Contact.phone`" in _both(sc, {"Contact": {"email": "a@example.com"}})
+    assert "Bills[0].note" in _both(sc, {"Contact": contact, "Bills": [{"amount": 5.0, "note": 3}]})
+
+
+def test_reading_an_absent_optional_field_is_refused_in_both_engine_forms() -> None:
+    sc = sopgraph.load(text=str(OPTIONAL_FIELDS.read_text()).replace("not missing(b.note) and ", ""), check=False)
+    got = _both(sc, {"Contact": {"phone": "1"}, "Bills": [{"amount": 5.0}]})
+    assert got == ("`b.note` (`Bills[0].note`) is missing: it is optional, so test `missing(b.note)` before reading "
+                   "it (needed at bills)")
+
+
+def test_optional_fields_are_checked_analysed_and_described() -> None:
+    text = OPTIONAL_FIELDS.read_text()
+    unguarded = text.replace("not missing(b.note) and ", "")
+    codes = [d.code for d in check_file("t.sop", text=unguarded).diagnostics]
+    assert "W306" in codes  # an unguarded read of an optional field
+    not_optional = text.replace("when missing(Contact.email)", "when missing(Contact.phone)")
+    errors = [d for d in check_file("t.sop", text=not_optional).diagnostics if d.is_error]
+    assert [d.code for d in errors] == ["E212"] and "`phone` is not optional" in errors[0].message
+    sc = sopgraph.load(OPTIONAL_FIELDS)
+    paths = list(iter_paths(sc))
+    assert [p.action for p in paths] == ["Call", "Ask", "Mail", "Mail", "Call", "Ask", "Mail"]
+    for p in paths:  # every witness, optional fields left out (null) included, decides down its own path
+        assert p.witness is not None and sopgraph.decide(sc, p.witness).path == p.stages
+    assert any(w["Contact"]["email"] is None for w in (p.witness for p in paths) if w)
+    assert "email (text, may be absent)" in describe_domain(sc.variables["Contact"].type)
+    rec = type_schema(sc.variables["Contact"].type)
+    assert rec["required"] == ["phone"] and rec["properties"]["email"]["type"] == ["string", "null"]
+    assert validate(rec, {"phone": "1"}) == [] and validate(rec, {"phone": "1", "email": None}) == []
+    assert validate(rec, {"email": "x"}) != []
+    assert "note: string?" in format_text(text)

@@ -409,3 +409,11 @@ def test_quoted_enum_values_parse_the_same_without_lark() -> None:
     assert_same('field V: "5+ times" "v"\n')
     assert_same('field V: A | "x" | \n')
     assert_same('type T = "a b" | C\nsystem S: T\n')
+
+
+def test_optional_record_fields_parse_the_same() -> None:
+    text = ('type Bill = record { amount: float, note: string?, due: date? }\nsystem B: Bill "b"\n'
+            'system C: record { a: bool?, b: list of X | Y? } "c"\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)  # a program, not diagnostics
+    assert_same(text)
+    assert_same('system C: record { a: bool?? } "c"\n')  # a syntax error on both paths, alike

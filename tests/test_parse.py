@@ -300,3 +300,17 @@ def test_a_quoted_value_not_in_the_enum_is_e202_and_a_bad_one_e005() -> None:
 def test_one_quoted_string_is_not_a_type() -> None:
     diag, _ = syntax_error('field V: "5+ times" "v"\n')
     assert diag.code == "E001"
+
+
+def test_a_record_field_may_be_optional() -> None:
+    text = ('type Bill = record { amount: float, note: string?, due: date? }\nsystem B: Bill "b"\n'
+            'system C: record { a: bool, tags: list of X | Y? } "c"\naction Go "g"\n'
+            'stage s { when missing(B.note) or missing(C.tags) -> do Go otherwise -> do Go }\n')
+    assert _errors(text) == []
+    s = load_source(None, text=text, name="q.sop").scenario
+    assert s is not None
+    assert [(f.name, f.optional) for f in s.variables["B"].type.fields] == [
+        ("amount", False), ("note", True), ("due", True)]
+    assert [f.optional for f in s.variables["C"].type.fields] == [False, True]
+    assert ir.describe_type(s.variables["B"].type) == "Bill"
+    assert "note: string?" in ir.describe_type(s.variables["B"].type.model_copy(update={"alias": None}))

@@ -234,3 +234,12 @@ def test_quoted_enum_values_are_the_schema_enums_as_written():
              "finals": {"Action": "Remove", "Severity": "Very high"}, "chat": "done"}
     assert S.validate_agent_output(scenario, reply) == []
     assert S.validate_agent_output(scenario, {**reply, "finals": {"Action": "Remove", "Severity": "very high"}})
+
+
+def test_optional_record_fields_are_nullable_and_not_required_in_the_decide_input():
+    scenario = sopgraph.load(ROOT / "tests" / "data" / "lang_optional_fields.sop")
+    props = S.decide_input_schema(scenario)["properties"]
+    assert props["Contact"]["required"] == ["phone"]
+    assert props["Contact"]["properties"]["email"]["type"] == ["string", "null"]
+    bill = props["Bills"]["items"]
+    assert bill["required"] == ["amount"] and bill["properties"]["due"]["type"] == ["string", "null"]

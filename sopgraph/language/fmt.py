@@ -266,7 +266,7 @@ def _record_type(node: ir.RecordType, depth: int) -> list[Line]:
 
 
 def _record_field(node: ir.RecordField, depth: int) -> list[Line]:
-    return [Line(f"{node.name}: {_inline(node.type)}")]
+    return [Line(f"{node.name}: {_inline(node.type)}{'?' if node.optional else ''}")]
 
 
 def _bool_type(node: ir.BoolType, depth: int) -> list[Line]:

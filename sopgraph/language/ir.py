@@ -262,6 +262,7 @@ class ListType(Node):
 class RecordField(Node):
     name: str
     type: VarType
+    optional: bool = False  # `note: string?`: the field may be absent or null; test it with `missing(R.note)`
 
 
 class RecordType(Node):
@@ -312,7 +313,8 @@ def describe_type(vtype: AnyType | None) -> str:
     if isinstance(vtype, RecordType):
         if vtype.alias:
             return vtype.alias
-        return "record { " + ", ".join(f"{f.name}: {describe_type(f.type)}" for f in vtype.fields) + " }"
+        return "record { " + ", ".join(f"{f.name}: {describe_type(f.type)}{'?' if f.optional else ''}"
+                                       for f in vtype.fields) + " }"
     if isinstance(vtype, EnumType):
         return " | ".join(show_enum_value(v) for v in vtype.values)
     if isinstance(vtype, BoolType):

@@ -322,7 +322,9 @@ class ToIR(Transformer):
         return ir.RecordType(fields=[c for c in children if c is not None], span=self._sp(meta))
 
     def record_field(self, meta, children):
-        return ir.RecordField(name=str(children[0]), type=children[1], span=_tok_span(self.file, children[0]))
+        optional = len(children) > 2  # `note: string?`
+        return ir.RecordField(name=str(children[0]), type=children[1], optional=optional,
+                              span=_tok_span(self.file, children[0]))
 
     def alias_type(self, meta, children):
         return ir.EnumType(values=[], alias=str(children[0]), span=_tok_span(self.file, children[0]))

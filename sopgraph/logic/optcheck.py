@@ -24,8 +24,8 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, warning
 from sopgraph.logic.domain import Box
-from sopgraph.logic.engine import DecideError, run
-from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form, presence_key
+from sopgraph.logic.engine import DecideError, optional_field_names, run
+from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form, optional_field_keys, presence_key
 from sopgraph.logic.paths import Explorer
 from sopgraph.logic.unroll import Unrolled, UnrollError
 
@@ -350,7 +350,7 @@ class _Pass:
         except DecideError as exc:
             if "is missing: it is optional" not in exc.message:
                 return "no"
-            if exc.variable != c.name or exc.stage != sid:
+            if (exc.part or exc.variable) != c.name or exc.stage != sid:  # `part`: an optional record field
                 return "earlier"
         except Exception:  # noqa: BLE001 - an example the engine cannot run proves nothing
             return "no"
@@ -408,6 +408,8 @@ def _optionals(scenario: ir.Scenario, names: list[str], unrolled: Unrolled | Non
                 out.append(_Optional(n, presence_key(n, vtype), frozenset(unrolled.plain_keys[n])))
         elif n in form.variables:
             out.append(_Optional(n, n, frozenset((n,))))
+    if isinstance(unrolled, Lowered):  # optional record fields (`note: string?`), item by item
+        out += [_Optional(path, key, keys) for path, key, keys in optional_field_keys(unrolled.roots)]
     return out
 
 
@@ -431,7 +433,7 @@ def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
     """W306 for each read of an optional value that some feasible path reaches with the value missing
     (a verified example in `witness`); I303 when the bounded analysis could not settle every read."""
     names = [n for n, v in scenario.variables.items() if v.optional and v.role != "derived"]
-    if not names or not scenario.stages:
+    if (not names and not optional_field_names(scenario)) or not scenario.stages:
         return []
     unrolled: Unrolled | None = None
     form = scenario
