@@ -25,7 +25,13 @@ from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, warning
 from sopgraph.logic.domain import Box
 from sopgraph.logic.engine import DecideError, optional_field_names, run
-from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form, optional_field_keys, presence_key
+from sopgraph.logic.lower import (
+    Lowered,
+    analysis_form,
+    needs_analysis_form,
+    optional_field_keys,
+    presence_key,
+)
 from sopgraph.logic.paths import Explorer
 from sopgraph.logic.unroll import Unrolled, UnrollError
 
