@@ -151,3 +151,14 @@ def test_optional_record_fields_through_check_paths_synth_prompt(tmp_path):
     assert "email (text, may be absent)" in _no_traceback("prompt", sop)
     out = _no_traceback("decide", sop, "--values", '{"Contact": {"phone": "1"}, "Bills": [{"amount": 5, "note": "urgent"}]}')
     assert json.loads(out)["finals"] == {"Action": "Call"}
+
+
+def test_open_records_through_check_paths_synth_prompt(tmp_path):
+    sop = str(DATA / "lang_open_records.sop")
+    assert "0 errors, 0 warnings" in _no_traceback("check", sop)
+    assert len(json.loads(_no_traceback("paths", sop, "--format", "json"))) >= 3
+    _no_traceback("synth", sop, "-n", "3", "-o", str(tmp_path / "c.jsonl"), "-q")
+    assert "other fields may appear too" in _no_traceback("prompt", sop)
+    seg = {"flown": False, "fare": 5, "cabin": "Economy", "price": 99, "carrier": "LH"}
+    out = _no_traceback("decide", sop, "--values", json.dumps({"Segments": [seg], "Account": {"vip": False}}))
+    assert json.loads(out)["finals"] == {"Action": "Refund"}

@@ -416,3 +416,46 @@ def test_optional_fields_are_checked_analysed_and_described() -> None:
     assert validate(rec, {"phone": "1"}) == [] and validate(rec, {"phone": "1", "email": None}) == []
     assert validate(rec, {"email": "x"}) != []
     assert "note: string?" in format_text(text)
+
+
+# ---- open records (`record open { … }`) ---------------------------------------------------------
+
+OPEN_RECORDS = ROOT_DATA / "lang_open_records.sop"
+DB_SEGMENT = {"flown": False, "fare": 120.0, "cabin": "Economy", "price": 99, "carrier": "LH", "seat": None}
+
+
+def test_an_open_record_ignores_undeclared_fields_and_keeps_declared_ones_strict() -> None:
+    sc = sopgraph.load(OPEN_RECORDS)
+    account = {"vip": False}
+    assert _both(sc, {"Segments": [DB_SEGMENT], "Account": account}).finals == {"Action": "Refund"}
+    assert _both(sc, {"Segments": [{**DB_SEGMENT, "flown": True}], "Account": account}).finals == {"Action": "Decline"}
+    # declared fields: still required and typed
+    assert "missing value for `Segments[0].fare`" in _both(
+        sc, {"Segments": [{k: v for k, v in DB_SEGMENT.items() if k != "fare"}], "Account": account})
+    assert "`Segments[0].cabin`" in _both(sc, {"Segments": [{**DB_SEGMENT, "cabin": "First"}], "Account": account})
+    # a record not declared open stays closed, and says how to open it
+    got = _both(sc, {"Segments": [DB_SEGMENT], "Account": {"vip": False, "tier": "gold"}})
+    assert got == ("`Account` has no field `tier` (write `record open { … }` to ignore fields the record does not "
+                   "declare) (needed at check)")
+
+
+def test_open_records_are_described_formatted_and_in_the_schema() -> None:
+    sc = sopgraph.load(OPEN_RECORDS)
+    seg = sc.variables["Segments"].type.item
+    assert seg.open and not sc.variables["Account"].type.open
+    assert type_schema(seg)["additionalProperties"] is True
+    assert type_schema(sc.variables["Account"].type)["additionalProperties"] is False
+    assert validate(type_schema(sc.variables["Segments"].type), [DB_SEGMENT]) == []
+    assert "other fields may appear too" in describe_domain(sc.variables["Segments"].type)
+    text = OPEN_RECORDS.read_text()
+    assert "record open { flown: bool" in format_text(text)
+    assert ir.describe_type(seg.model_copy(update={"alias": None})).startswith("record open { flown: bool")
+    for p in iter_paths(sc):  # witnesses hold the declared fields and decide down their own path
+        assert p.witness is not None and set(p.witness["Segments"][0]) == {"flown", "fare", "cabin"}
+        assert sopgraph.decide(sc, p.witness).path == p.stages
+
+
+def test_open_is_a_keyword_only_after_record() -> None:
+    sc = sopgraph.load(text='field open: bool "o"\ntype R = record open { open: bool }\nsystem X: R "x"\n'
+                            'action Go "g"\nstage s { when open and X.open -> do Go otherwise -> do Go }\n')
+    assert sc.variables["X"].type.open and sc.variables["X"].type.fields[0].name == "open"

@@ -417,3 +417,11 @@ def test_optional_record_fields_parse_the_same() -> None:
     assert not isinstance(outcome(text, "t.sop", fast=True), list)  # a program, not diagnostics
     assert_same(text)
     assert_same('system C: record { a: bool?? } "c"\n')  # a syntax error on both paths, alike
+
+
+def test_open_records_parse_the_same() -> None:
+    text = ('type Seg = record open { flown: bool, inner: record { x: int } }\nsystem S: list of Seg "s"\n'
+            'system M: record open { ok: bool? } "m"\nfield open: bool "o"\nlet X = open\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)
+    assert_same(text)
+    assert_same('system M: record open open { ok: bool } "m"\n')

@@ -314,3 +314,16 @@ def test_a_record_field_may_be_optional() -> None:
     assert [f.optional for f in s.variables["C"].type.fields] == [False, True]
     assert ir.describe_type(s.variables["B"].type) == "Bill"
     assert "note: string?" in ir.describe_type(s.variables["B"].type.model_copy(update={"alias": None}))
+
+
+def test_a_record_may_be_open() -> None:
+    text = ('type Seg = record open { flown: bool, inner: record { x: int } }\nsystem S: list of Seg "s"\n'
+            'system M: record open { ok: bool? } "m"\nfield open: bool "o"\naction Go "g"\n'
+            'stage s { when open and any(x in S where x.flown) and M.ok -> do Go otherwise -> do Go }\n')
+    s = load_source(None, text=text, name="q.sop").scenario
+    assert s is not None
+    seg = s.variables["S"].type.item
+    assert seg.open and not seg.fields[1].type.open
+    assert s.variables["M"].type.open and s.variables["M"].type.fields[0].optional
+    diag, _ = syntax_error('system M: record opened { ok: bool } "m"\n')
+    assert diag.code == "E001"

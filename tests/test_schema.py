@@ -243,3 +243,13 @@ def test_optional_record_fields_are_nullable_and_not_required_in_the_decide_inpu
     assert props["Contact"]["properties"]["email"]["type"] == ["string", "null"]
     bill = props["Bills"]["items"]
     assert bill["required"] == ["amount"] and bill["properties"]["due"]["type"] == ["string", "null"]
+
+
+def test_open_records_allow_other_properties_in_the_decide_input():
+    scenario = sopgraph.load(ROOT / "tests" / "data" / "lang_open_records.sop")
+    props = S.decide_input_schema(scenario)["properties"]
+    assert props["Segments"]["items"]["additionalProperties"] is True
+    assert props["Account"]["additionalProperties"] is False
+    seg = {"flown": True, "fare": 3, "cabin": "Economy", "carrier": "LH"}
+    assert S.validate(props["Segments"], [seg]) == []
+    assert S.validate(props["Account"], {"vip": True, "tier": 1}) != []

@@ -262,7 +262,8 @@ def _list_type(node: ir.ListType, depth: int) -> list[Line]:
 def _record_type(node: ir.RecordType, depth: int) -> list[Line]:
     if node.alias is not None:
         return [Line(node.alias)]
-    return [Line("record { " + ", ".join(_inline(f) for f in node.fields) + " }")]
+    head = "record open { " if node.open else "record { "
+    return [Line(head + ", ".join(_inline(f) for f in node.fields) + " }")]
 
 
 def _record_field(node: ir.RecordField, depth: int) -> list[Line]:

@@ -271,6 +271,7 @@ class RecordType(Node):
     kind: Literal["record"] = "record"
     fields: list[RecordField]
     alias: str | None = None  # written as the name of a `type NAME = record {…}` declaration
+    open: bool = False  # `record open {…}`: undeclared fields of the data are ignored (declared ones stay strict)
 
     def field(self, name: str) -> RecordField | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -313,7 +314,7 @@ def describe_type(vtype: AnyType | None) -> str:
     if isinstance(vtype, RecordType):
         if vtype.alias:
             return vtype.alias
-        return "record { " + ", ".join(f"{f.name}: {describe_type(f.type)}{'?' if f.optional else ''}"
+        return ("record open { " if vtype.open else "record { ") + ", ".join(f"{f.name}: {describe_type(f.type)}{'?' if f.optional else ''}"
                                        for f in vtype.fields) + " }"
     if isinstance(vtype, EnumType):
         return " | ".join(show_enum_value(v) for v in vtype.values)

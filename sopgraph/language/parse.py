@@ -319,7 +319,11 @@ class ToIR(Transformer):
         return ir.ListType(item=children[-1], span=self._sp(meta), **kw)
 
     def record_type(self, meta, children):
-        return ir.RecordType(fields=[c for c in children if c is not None], span=self._sp(meta))
+        fields = [c for c in children if isinstance(c, ir.RecordField)]
+        return ir.RecordType(fields=fields, open=len(fields) < len(children), span=self._sp(meta))
+
+    def record_open(self, meta, children):
+        return "open"
 
     def record_field(self, meta, children):
         optional = len(children) > 2  # `note: string?`

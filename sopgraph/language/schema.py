@@ -63,7 +63,8 @@ def data_schema(vtype: ir.ListType | ir.RecordType) -> dict[str, Any]:
         return out
     return {"type": "object",
             "properties": {f.name: type_schema(f.type, nullable=f.optional) for f in vtype.fields},
-            "required": [f.name for f in vtype.fields if not f.optional], "additionalProperties": False}
+            "required": [f.name for f in vtype.fields if not f.optional],
+            "additionalProperties": vtype.open}  # `record open`: other fields allowed (and ignored)
 def _scalar_schema(vtype: Any) -> dict[str, Any]:
     """Dates and datetimes as ISO strings (`format`), durations by `pattern`, strings bounded."""
     if isinstance(vtype, ir.TimeType):

@@ -164,9 +164,10 @@ def validate_data(label: str, owner: str, vtype: Any, value: Any) -> Any:
             raise DecideError(f"value {_fmt(value)} of `{label}` is not a record (an object with {names})", owner)
         names_list = [f.name for f in vtype.fields]
         for key in value:
-            if key not in names_list:
+            if key not in names_list and not vtype.open:  # `record open`: undeclared fields are ignored
                 hint = did_you_mean(str(key), names_list)
-                raise DecideError(f"`{label}` has no field `{key}`" + (f" ({hint})" if hint else ""), owner)
+                hint = hint or "write `record open { … }` to ignore fields the record does not declare"
+                raise DecideError(f"`{label}` has no field `{key}` ({hint})", owner)
         return {f.name: None if f.optional and value.get(f.name) is None  # `note: string?` left out
                 else validate_data(f"{label}.{f.name}", owner, f.type, value.get(f.name)) for f in vtype.fields}
     leaf = ir.Variable.model_construct(name=label, role="system", type=vtype)

@@ -145,6 +145,7 @@ def describe_data(vtype: ir.ListType | ir.RecordType) -> str:
         size = f"at most {vtype.max_len}" if vtype.min_len == 0 else f"{vtype.min_len} to {vtype.max_len}"
         return f"a list of {size} items, each {describe_domain(vtype.item)}"
     name = f" {vtype.alias}" if vtype.alias else ""
+    name += " (other fields may appear too; only these matter)" if vtype.open else ""
     return f"a record{name} with: " + "; ".join(
         f"{f.name} ({describe_domain(f.type)}{', may be absent' if f.optional else ''})" for f in vtype.fields)
 
