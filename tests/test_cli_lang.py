@@ -162,3 +162,21 @@ def test_open_records_through_check_paths_synth_prompt(tmp_path):
     seg = {"flown": False, "fare": 5, "cabin": "Economy", "price": 99, "carrier": "LH"}
     out = _no_traceback("decide", sop, "--values", json.dumps({"Segments": [seg], "Account": {"vip": False}}))
     assert json.loads(out)["finals"] == {"Action": "Refund"}
+
+
+def test_list_outputs_through_check_paths_synth_prompt_schema(tmp_path):
+    sop = str(DATA / "lang_list_outputs.sop")
+    assert "0 errors, 0 warnings" in _no_traceback("check", sop)
+    paths = json.loads(_no_traceback("paths", sop, "--format", "json"))
+    assert {tuple(p["witness_finals"]["ProblemTypes"]) for p in paths} >= {()}
+    assert any("Network when NoSignal" in (p.get("finals_varying") or {}).get("ProblemTypes", "") for p in paths)
+    _no_traceback("synth", sop, "-n", "6", "-o", str(tmp_path / "c.jsonl"), "-q")
+    cases = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert all(isinstance(c["expected_finals"]["ProblemTypes"], list) for c in cases)
+    prompt = _no_traceback("prompt", sop)
+    assert "ProblemTypes — a list of at most 3 items, each one of: Billing, Network, Device" in prompt
+    assert "in any order (compared as a set)" in prompt and "[] when the final action does not set it" in prompt
+    assert '"type":"array"' in _no_traceback("schema", "agent-output", sop).replace(" ", "").replace("\n", "")
+    _no_traceback("render", sop, "-o", str(tmp_path / "g.svg"))
+    out = _no_traceback("decide", sop, "--values", '{"DeviceBroken": true, "NoSignal": true, "BillingIssue": false}')
+    assert json.loads(out)["finals"] == {"Action": "Repair", "ProblemTypes": ["Network", "Device"]}

@@ -459,3 +459,38 @@ def test_open_is_a_keyword_only_after_record() -> None:
     sc = sopgraph.load(text='field open: bool "o"\ntype R = record open { open: bool }\nsystem X: R "x"\n'
                             'action Go "g"\nstage s { when open and X.open -> do Go otherwise -> do Go }\n')
     assert sc.variables["X"].type.open and sc.variables["X"].type.fields[0].name == "open"
+
+
+# ---- list outputs over lists and records ------------------------------------------------------------
+
+FLAGS = """\
+type Seg = record { flown: bool, cabin: Eco | Biz }
+system Segs: list[1..3] of Seg "The segments."
+field Angry: bool "The caller is angry."
+output Flags: list[..2] of Flown | Business | Upset "What the case involves."
+action Log "Log the case."
+stage s1 {
+    when Angry -> do Log { Flags = [Upset, Flown when any(s in Segs where s.flown), Business when any(s in Segs where s.cabin == Biz)] }
+    otherwise -> do Log { Flags = case { when all(s in Segs where s.flown) -> [Flown] otherwise -> [] } }
+}
+"""
+
+
+def test_a_list_output_built_from_conditions_over_lists_is_checked_and_analysed() -> None:
+    diags = check_file("t.sop", text=FLAGS).diagnostics
+    errors = [d for d in diags if d.is_error]
+    assert [d.code for d in errors] == ["E204"] and "can hold 3 values, outside the 0 to 2" in errors[0].message
+    witness = errors[0].witness
+    assert witness is not None  # verified by the engine: three flags for a list of at most two
+    sc = sopgraph.load(text=FLAGS, check=False)
+    with pytest.raises(DecideError, match="has 3 values; it holds at most 2"):
+        interpret(sc, witness)
+    fixed = FLAGS.replace("list[..2] of", "list[..3] of")
+    assert [d for d in check_file("t.sop", text=fixed).diagnostics if d.is_error] == []
+    sc = sopgraph.load(text=fixed)
+    seg = {"flown": True, "cabin": "Biz"}
+    assert _both(sc, {"Angry": True, "Segs": [seg]}).finals == {"Action": "Log", "Flags": ["Flown", "Business", "Upset"]}
+    assert _both(sc, {"Angry": False, "Segs": [seg]}).finals == {"Action": "Log", "Flags": ["Flown"]}
+    assert _both(sc, {"Angry": False, "Segs": [seg, {**seg, "flown": False}]}).finals == {"Action": "Log", "Flags": []}
+    for p in iter_paths(sc):
+        assert p.witness is not None and sopgraph.decide(sc, p.witness).finals == p.witness_finals

@@ -570,3 +570,43 @@ def test_quoted_enum_values_decide_alike_in_every_engine_form() -> None:
         _same(scenario, engines, values)
 
     run()
+
+
+LIST_OUTPUTS = ROOT / "tests" / "data" / "lang_list_outputs.sop"
+
+
+def test_a_list_output_is_a_set_in_the_enums_order_in_every_engine_form() -> None:
+    """`ProblemTypes = [Device, Network when NoSignal, Billing when BillingIssue]`: the items whose condition
+    holds, each once, reported in the enum's declaration order; unset, the default `[]`."""
+    scenario = sopgraph.load(LIST_OUTPUTS)
+    engines = _engines(scenario)
+    cases = [({"DeviceBroken": True, "NoSignal": True, "BillingIssue": True}, ["Billing", "Network", "Device"]),
+             ({"DeviceBroken": True, "NoSignal": False, "BillingIssue": False}, ["Device"]),
+             ({"DeviceBroken": False, "NoSignal": True, "BillingIssue": False}, ["Network"]),
+             ({"DeviceBroken": False, "NoSignal": False, "BillingIssue": False}, [])]
+    for values, problems in cases:
+        assert interpret(scenario, values).finals["ProblemTypes"] == problems
+        _same(scenario, engines, values)
+    assert "[*((" in engines[0].source  # the generated form builds the list itself
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_assignments(scenario))
+    def run(values: dict[str, Any]) -> None:
+        _same(scenario, engines, values)
+
+    run()
+
+
+def test_a_list_output_outside_its_length_is_refused_in_every_engine_form() -> None:
+    text = LIST_OUTPUTS.read_text().replace("list[..3] of", "list[1..2] of")
+    scenario = sopgraph.load(text=text, check=False)
+    values = {"DeviceBroken": True, "NoSignal": True, "BillingIssue": True}
+    with pytest.raises(DecideError, match=re.escape(
+            'output `ProblemTypes` = ["Device", "Network", "Billing"] has 3 values; it holds at most 2')):
+        interpret(scenario, values)
+    for row in (values, {"DeviceBroken": False, "NoSignal": True, "BillingIssue": False}):
+        _same(scenario, _engines(scenario), row)
+    at_least = sopgraph.load(text=text.replace("list[1..2] of", "list[2..3] of"), check=False)
+    with pytest.raises(DecideError, match="has 1 value; it holds at least 2"):
+        interpret(at_least, {"DeviceBroken": False, "NoSignal": True, "BillingIssue": False})
+    _same(at_least, _engines(at_least), {"DeviceBroken": False, "NoSignal": True, "BillingIssue": False})

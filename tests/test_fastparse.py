@@ -409,6 +409,9 @@ def test_quoted_enum_values_parse_the_same_without_lark() -> None:
     assert_same('field V: "5+ times" "v"\n')
     assert_same('field V: A | "x" | \n')
     assert_same('type T = "a b" | C\nsystem S: T\n')
+    two_first = 'field V: A | B | "c d" "v"\nfield W: A | B\n    | "c"\n'  # the one-line head regex gives way
+    assert_same(two_first)
+    assert fast_items(two_first)[1] == []
 
 
 def test_optional_record_fields_parse_the_same() -> None:
@@ -425,3 +428,12 @@ def test_open_records_parse_the_same() -> None:
     assert not isinstance(outcome(text, "t.sop", fast=True), list)
     assert_same(text)
     assert_same('system M: record open open { ok: bool } "m"\n')
+
+
+def test_list_outputs_parse_the_same() -> None:
+    text = ('field X: bool "x"\noutput P: list[..3] of A | B | "C d" = [B, A] "p"\naction Go "g"\n'
+            'stage s { when X -> do Go { P = [A, B when X and not X, "C d" when X] } otherwise -> do Go { P = [] } }\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)
+    assert_same(text)
+    assert_same(text.replace("[B, A]", "[B, A when X]"))  # a default is a list of values: no conditions
+    assert_same(text.replace("P = []", "P = [,]"))

@@ -253,3 +253,17 @@ def test_open_records_allow_other_properties_in_the_decide_input():
     seg = {"flown": True, "fare": 3, "cabin": "Economy", "carrier": "LH"}
     assert S.validate(props["Segments"], [seg]) == []
     assert S.validate(props["Account"], {"vip": True, "tier": 1}) != []
+
+
+def test_a_list_output_is_an_array_of_its_values_in_the_agent_reply():
+    scenario = sopgraph.load(ROOT / "tests" / "data" / "lang_list_outputs.sop")
+    finals = S.agent_output_schema(scenario)["properties"]["finals"]["properties"]
+    assert finals["ProblemTypes"]["type"] == "array"
+    assert finals["ProblemTypes"]["items"]["enum"] == ["Billing", "Network", "Device"]
+    assert finals["ProblemTypes"]["maxItems"] == 3
+    reply = {"classification_output": {"BillingIssue": True, "NoSignal": True, "DeviceBroken": False}, "cot": "c",
+             "now_path": ["triage"], "finals": {"Action": "Resolve", "ProblemTypes": ["Network", "Billing"]},
+             "chat": "done"}
+    assert S.validate_agent_output(scenario, reply) == []
+    assert S.validate_agent_output(scenario, {**reply, "finals": {"Action": "Resolve", "ProblemTypes": "Billing"}})
+    assert S.validate_agent_output(scenario, {**reply, "finals": {"Action": "Resolve", "ProblemTypes": ["Bill"]}})

@@ -851,3 +851,14 @@ def test_leaderboard_takes_a_directory_of_runs(floor_runs, tmp_path) -> None:
     assert [r.model for r in whole.rows] == [r.model for r in named.rows]
     assert {r.model for r in whole.rows} == {"baseline/oracle", "baseline/always-comply"}
     assert whole.model_dump()["rows"] == named.model_dump()["rows"]
+
+
+def test_a_list_output_is_compared_as_a_set() -> None:
+    """`list of A | B` outputs are sets (docs/language.md §5.4): order and repeats do not count, values do."""
+    from sopgraph.evaluation.score import same_value
+
+    assert same_value(["Network", "Billing"], ["Billing", "Network"])
+    assert same_value(["Billing", "Billing"], ["Billing"])
+    assert same_value([], [])
+    assert not same_value(["Billing"], ["Billing", "Network"])
+    assert not same_value(["Billing"], "Billing") and not same_value([1, 2], [2, 1])  # numbers keep list equality

@@ -179,6 +179,10 @@ def _member(e: ir.Member) -> tuple[str, int]:
 def _weighted(e: ir.Weighted) -> tuple[str, int]:
     args = ", ".join(f"{fmt_number(w)}: {show_expr(a)}" for w, a in zip(e.weights, e.args, strict=True))
     return f"count({args})", 9
+def _list_lit(e: ir.ListLit) -> tuple[str, int]:
+    return "[" + ", ".join(ir.show_list_item(i, c, show_expr) for i, c in zip(e.items, e.conds, strict=True)) + "]", 9
+
+
 def _time_lit(e: ir.TimeLit) -> tuple[str, int]:
     return ir.show_time(e), 9
 
@@ -195,7 +199,7 @@ EXPR_PRINTERS: dict[type, ExprPrinter] = {
     ir.Lit: _lit, ir.Var: _var, ir.Unary: _unary, ir.Binary: _binary, ir.Compare: _compare,
     ir.InSet: _in_set, ir.BoolOp: _bool_op, ir.Call: _call, ir.CaseArm: _case_arm, ir.CaseExpr: _case,
     ir.Get: _get, ir.Item: _item, ir.Quant: _quant, ir.Length: _length, ir.Member: _member,
-    ir.Weighted: _weighted,
+    ir.Weighted: _weighted, ir.ListLit: _list_lit,
     ir.TimeLit: _time_lit, ir.Func: _func, ir.Matches: _matches,
 }
 

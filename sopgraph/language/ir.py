@@ -487,17 +487,35 @@ class Matches(Node):
     pattern_span: Span = NO_SPAN
 
 
+class ListLit(Node):
+    """`[Billing, Network when NoSignal]`: the value of a list output (docs/language.md §5.4). Each item is
+    kept when its condition holds (`conds[i]`; `true` for an item written without `when`)."""
+
+    kind: Literal["listlit"] = "listlit"
+    items: list[Expr]
+    conds: list[Expr]
+
+    @property
+    def value(self) -> list[Scalar]:
+        """The items of a constant list (an output default), each once, in written order."""
+        out: list[Scalar] = []
+        for item in self.items:
+            if isinstance(item, Lit) and item.value not in out:
+                out.append(item.value)
+        return out
+
+
 FUNCTIONS = ("abs", "days_between", "missing")  # names a `Func` may call (dates are literals)
 
 
 Expr = Annotated[
     Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | TimeLit | Func | Matches | Get | Item
-    | Quant | Length | Member | Weighted,
+    | Quant | Length | Member | Weighted | ListLit,
     Field(discriminator="kind"),
 ]
 
 for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Func, Matches, Get, Quant, Length,
-               Member, Weighted):
+               Member, Weighted, ListLit):
     _model.model_rebuild()
 
 
@@ -552,7 +570,7 @@ class Output(Node):
 
     name: str
     type: VarType
-    default: Lit | None = None
+    default: Lit | ListLit | None = None  # a list output's default is a list of values (`= []`)
     description: str = ""
 
 
@@ -796,7 +814,16 @@ def _show_data(e: object) -> tuple[str, int]:
     if isinstance(e, Weighted):
         args = ", ".join(f"{_fmt_num(w)}: {show(a)}" for w, a in zip(e.weights, e.args, strict=True))
         return f"count({args})", 9
+    if isinstance(e, ListLit):
+        return "[" + ", ".join(show_list_item(i, c, show) for i, c in zip(e.items, e.conds, strict=True)) + "]", 9
     return str(e), 9
+
+
+def show_list_item(item: Any, cond: Any, shown: Callable[[Any], str]) -> str:
+    """One item of a list literal: `A`, or `A when C` (an item kept only when `C` holds)."""
+    if isinstance(cond, Lit) and cond.value is True:
+        return shown(item)
+    return f"{shown(item)} when {shown(cond)}"
 
 
 def quote(text: str) -> str:
@@ -849,6 +876,7 @@ _CHILDREN: dict[type, Callable[[Any], list[Any]]] = {
     Length: lambda e: [e.operand],
     Member: lambda e: [e.operand, e.source],
     Weighted: lambda e: list(e.args),
+    ListLit: lambda e: [*e.items, *e.conds],
 }
 _LEAVES = frozenset((Lit, Var, Item, TimeLit))
 
@@ -878,7 +906,7 @@ def map_children(expr: Any, fn: Callable[[Any], Any]) -> Any:
         sub = getattr(expr, key, None)
         if isinstance(sub, Node):
             update[key] = fn(sub)
-    for key in ("operands", "args"):
+    for key in ("operands", "args", "items", "conds"):
         subs = getattr(expr, key, None)
         if isinstance(subs, list):
             update[key] = [fn(s) for s in subs]
@@ -917,4 +945,6 @@ def _children_of_subclass(expr: Any) -> list[Any]:
         return [expr.operand, expr.source]
     if isinstance(expr, Weighted):
         return list(expr.args)
+    if isinstance(expr, ListLit):
+        return [*expr.items, *expr.conds]
     return []

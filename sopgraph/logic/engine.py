@@ -137,9 +137,14 @@ def input_value(var: ir.Variable, value: Any) -> Any:
 
 
 def export_value(vtype: Any, value: Any) -> Any:
-    """An output or argument value as reported: dates and durations as text (`2026-11-23`)."""
+    """An output or argument value as reported: dates and durations as text (`2026-11-23`); a list of enum
+    values once each, in the enum's order (a list output is a set: `[Network, Billing, Network]` is
+    `["Billing", "Network"]` for `list of Billing | Network`)."""
     if isinstance(vtype, ir.TimeType) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return scalars.format_temporal(vtype.kind, value)
+    if isinstance(vtype, ir.ListType) and isinstance(vtype.item, ir.EnumType) and isinstance(value, list):
+        present = set(value)
+        return [v for v in vtype.item.values if v in present]
     return value
 
 
@@ -181,6 +186,8 @@ def output_problem(output: ir.Output, value: Any) -> str | None:
     """Why `value` cannot be the final value of `output` (None when it fits). Both engine forms
     use this one test, so an assignment that leaves its declared range fails the same way in both."""
     otype = output.type
+    if isinstance(otype, ir.ListType):
+        return _list_output_problem(otype, value)
     if isinstance(otype, ir.NumType):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return "is not a number"
@@ -205,6 +212,20 @@ def output_problem(output: ir.Output, value: Any) -> str | None:
         return None
     if value is not True and value is not False:
         return "is not a bool"
+    return None
+
+
+def _list_output_problem(otype: ir.ListType, value: Any) -> str | None:
+    """A list output holds values of its enum, each counted once, within its length bounds."""
+    if not isinstance(value, list) or not isinstance(otype.item, ir.EnumType):
+        return "is not a list"
+    bad = [v for v in value if not isinstance(v, str) or v not in otype.item.values]
+    if bad:
+        return f"holds {_fmt(bad[0])}, which is not one of {ir.describe_type(otype.item)}"
+    n = len(set(value))
+    if not otype.min_len <= n <= otype.max_len:
+        bound = f"at most {otype.max_len}" if n > otype.max_len else f"at least {otype.min_len}"
+        return f"has {n} value{'' if n == 1 else 's'}; it holds {bound}"
     return None
 
 
@@ -447,6 +468,8 @@ class Interpreter:
             return not hit if e.negated else hit
         if isinstance(e, ir.Weighted):
             return _wcount(tuple(self.eval(a) for a in e.args), tuple(e.weights))
+        if isinstance(e, ir.ListLit):  # the items whose condition holds, in written order
+            return [self.eval(i) for i, c in zip(e.items, e.conds, strict=True) if self.eval(c)]
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
     def _with_item(self, e: ir.Quant, item: Any, expr: Any = None, index: int = 0) -> Any:
@@ -587,6 +610,7 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate,
         else:
             finals[name] = out.default.value if out.default is not None else None
     return finals
+
 
 
 def _call(it: Interpreter, name: str, args: list[ir.OutputAssign]) -> dict[str, Any]:
@@ -832,6 +856,10 @@ class _Gen:
         if isinstance(e, ir.Weighted):
             conds = ", ".join(self.expr(a) for a in e.args)
             return f"_wcount(({conds},), {self.const(tuple(e.weights))})"
+        if isinstance(e, ir.ListLit):  # `[*([A] if C else ()), B]`: the same items, order and evaluation order
+            parts = [self.expr(i) if isinstance(c, ir.Lit) and c.value is True
+                     else f"*(({self.expr(i)},) if {self.expr(c)} else ())" for i, c in zip(e.items, e.conds, strict=True)]
+            return "[" + ", ".join(parts) + "]"
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
     def case_function(self, e: ir.CaseExpr) -> str:

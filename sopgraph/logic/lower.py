@@ -157,6 +157,9 @@ class _Lowering:
             update["operands"] = [self.expr(o, env) for o in e.operands]
         elif isinstance(e, ir.Call):
             update["args"] = [self.expr(a, env) for a in e.args]
+        elif isinstance(e, ir.ListLit):  # a list output's value: its items and their conditions
+            update["items"] = [self.expr(i, env) for i in e.items]
+            update["conds"] = [self.expr(c, env) for c in e.conds]
         elif isinstance(e, ir.CaseExpr):
             update["arms"] = [ir.CaseArm(when=self.expr(a.when, env), then=self.expr(a.then, env), span=a.span)
                               for a in e.arms]

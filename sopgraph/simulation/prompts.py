@@ -406,7 +406,11 @@ def _output_lines(scenario: ir.Scenario) -> str:
     lines = [f"- Action — one of: {', '.join(scenario.final_actions)}. The action the procedure leads to."]
     for out in scenario.outputs.values():
         line = f"- {out.name} — {describe_domain(out.type)}"
-        if out.default is not None:
+        if isinstance(out.type, ir.ListType):
+            line += "; each value at most once, in any order (compared as a set)"
+        if isinstance(out.default, ir.ListLit):
+            line += f"; {ir.show(out.default)} when the final action does not set it"
+        elif out.default is not None:
             line += f"; {_lit(out.default)} when the final action does not set it"
         line += "."
         if out.description:
