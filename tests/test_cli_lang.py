@@ -180,3 +180,13 @@ def test_list_outputs_through_check_paths_synth_prompt_schema(tmp_path):
     _no_traceback("render", sop, "-o", str(tmp_path / "g.svg"))
     out = _no_traceback("decide", sop, "--values", '{"DeviceBroken": true, "NoSignal": true, "BillingIssue": false}')
     assert json.loads(out)["finals"] == {"Action": "Repair", "ProblemTypes": ["Network", "Device"]}
+
+
+def test_validate_compares_a_list_output_as_a_set(tmp_path):
+    data = tmp_path / "log.csv"
+    data.write_text('DeviceBroken,NoSignal,BillingIssue,Action,ProblemTypes\n'
+                    'true,true,false,Repair,"[""Device"",""Network"",""Device""]"\n'
+                    'false,true,true,Resolve,"[""Network""]"\n', encoding="utf-8")
+    res = run("validate", str(DATA / "lang_list_outputs.sop"), "--data", str(data))
+    assert "Traceback" not in res.output
+    assert "1/2 rows agree" in res.output, res.output
