@@ -136,6 +136,9 @@ def test_quoted_enum_values_through_check_paths_synth_prompt_schema_render(tmp_p
     assert 'one of: Never, "1-2 times", "5+ times"' in _no_traceback("prompt", sop)
     assert '"5+ times"' in _no_traceback("schema", "agent-output", sop)
     _no_traceback("render", sop, "-o", str(tmp_path / "g.mmd"))
+    assert "#quot;5+ times#quot;" in (tmp_path / "g.mmd").read_text()  # the label escapes the quotes
+    _no_traceback("render", sop, "-o", str(tmp_path / "g.dot"))
+    assert '\\"Traffic/URL' in (tmp_path / "g.dot").read_text()
     out = _no_traceback("decide", sop, "--values", '{"Reports": "5+ times"}')
     assert json.loads(out)["finals"] == {"Action": "Remove", "Severity": "Very high"}
 
