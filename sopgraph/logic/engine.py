@@ -40,13 +40,14 @@ class DecideError(Exception):
     not fit its declared type (`output` names it), or the SOP is not exhaustive."""
 
     def __init__(self, message: str, variable: str | None = None, stage: str | None = None,
-                 output: str | None = None, part: str | None = None):
+                 output: str | None = None, part: str | None = None, read: str | None = None):
         super().__init__(message)
         self.message = message
         self.variable = variable
         self.stage = stage
         self.output = output
         self.part = part  # the missing optional record field read, as a path (`Bills[1].note`)
+        self.read = read  # ... and as the program reads it (`b.note`)
 
 
 class Decision(BaseModel):
@@ -515,7 +516,7 @@ def missing_field(e: ir.Get, part: str | None) -> DecideError:
     where = f" (`{part}`)" if part and part != shown else ""
     root = part.split(".")[0].split("[")[0] if part else None
     return DecideError(f"`{shown}`{where} is missing: it is optional, so test `missing({shown})` before reading it",
-                       root, part=part)
+                       root, part=part, read=shown)
 
 
 def optional_field_names(scenario: ir.Scenario) -> set[str]:
@@ -660,7 +661,7 @@ def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, lis
                 actions += [_call(it, c.action, c.args) for c in chosen.target.steps]
         except DecideError as exc:
             where = f" (needed at {stage_id})" if exc.variable else f" (at {stage_id})"
-            raise DecideError(exc.message + where, exc.variable, stage_id, part=exc.part) from None
+            raise DecideError(exc.message + where, exc.variable, stage_id, part=exc.part, read=exc.read) from None
         if chosen is None:
             raise DecideError(f"no branch of `{stage_id}` applies to these values", stage=stage_id)
         target = chosen.target
@@ -672,7 +673,7 @@ def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, lis
                 if exc.output is not None:
                     raise
                 raise DecideError(exc.message + f" (needed for the outputs of {stage_id})",
-                                  exc.variable, stage_id, part=exc.part) from None
+                                  exc.variable, stage_id, part=exc.part, read=exc.read) from None
             return Decision(path=path, finals=finals, actions=actions), taken
         stage_id = target.stage
     raise DecideError("the SOP has no entry stage")

@@ -358,6 +358,7 @@ class _Pass:
                 return "no"
             if (exc.part or exc.variable) != c.name or exc.stage != sid:  # `part`: an optional record field
                 return "earlier"
+            shown = exc.read or c.name  # an optional record field: as the program reads it (`b.note`)
         except Exception:  # noqa: BLE001 - an example the engine cannot run proves nothing
             return "no"
         else:
@@ -367,11 +368,14 @@ class _Pass:
         if len(via) > 8:
             via = via[:3] + ["..."] + via[-4:]
         src = self.source_id(sid)
+        named = f"`{shown}`" if shown == c.name else f"`{shown}` (`{c.name}`)"
+        message = f"{named} is optional and may be read while it is missing, at "
+        if any(d.span == c.span and d.message.startswith(f"`{shown}` ") for d in self.out):
+            return "yes"  # the same read of another item of the list: reported once
         self.out.append(warning(
-            "W306", f"`{c.name}` is optional and may be read while it is missing, at "
-                    f"{c.where.replace(f'`{sid}`', f'`{src}`')}",
+            "W306", message + f"{c.where.replace(f'`{sid}`', f'`{src}`')}",
             c.span,
-            f"test it first: `when missing({c.name}) -> …` before this branch, or `not missing({c.name}) and …` "
+            f"test it first: `when missing({shown}) -> …` before this branch, or `not missing({shown}) and …` "
             f"in the condition; or give it an input default (`= value`) instead of `?`",
             witness=self.lift(values), notes=["reached via " + " -> ".join(via)]))
         return "yes"
