@@ -243,6 +243,10 @@ def _guard(draw, depth: int = 0) -> str:
         st.sampled_from(["Met.ok", "not Met.ok", "X in Tags", "Y not in Tags", "E2 in Tags",
                          "any(t in Tags where t == Y and any(s in Segs where s.cabin == C))"]),
         st.builds(lambda c: f"Heavy >= {c}", st.sampled_from([0, 1, 1.5, 2, 3.5, 5, 6.5])),
+        # optional record fields, quoted enum values (docs/language.md §4)
+        st.sampled_from(['any(s in Segs where not missing(s.note) and s.note == "x")',
+                         'any(s in Segs where s.note == "x")', "all(s in Segs where missing(s.note))",
+                         'E3 == "5+ times"', 'E3 in {Low, "5+ times"}']),
     ]
     atoms = [st.one_of(atoms), st.one_of(data)]
     if depth < 2:
@@ -260,8 +264,9 @@ def _program(draw) -> str:
         "let Fee = N * 2 + 1", "let Ratio = F / D", "let Big = N > 50",
         "let Score = count(B1, B2, E1 == A)",
         "let Tier = case { when Big -> Gold when B1 -> Silver otherwise -> Bronze }",
-        "type Seg = record { flown: bool, cabin: A | B | C, price: int[0..100] }",
-        "system Segs: list[..3] of Seg", "system Met: record { lat: int[0..1000], ok: bool }",
+        "type Seg = record { flown: bool, cabin: A | B | C, price: int[0..100], note: string? }",
+        "system Segs: list[..3] of Seg", "system Met: record open { lat: int[0..1000], ok: bool }",
+        'field E3: Low | "5+ times"', "output Kinds: list[..2] of A | B | C = []",
         "system Tags: list[1..3] of X | Y",
         "let Flown = count(s in Segs where s.flown)", "let Heavy = count(2: B1, 1.5: Met.ok, 3: N > 50)",
         "system Day: date", "system At: datetime", "system Wait: duration", "field Code: string",
@@ -277,7 +282,9 @@ def _program(draw) -> str:
         leaf = draw(st.sampled_from(["do Go", "do Stop", "do Ask", "do Go { Plan = Tier }",
                                      "do Stop { Amount = Fee, Plan = Silver }", "do Ask { Amount = F * 2 }",
                                      "do Go { Charge = Fee - 50 }", "do Stop { Amount = Heavy + len(Segs) }",
-                                     "do Ask { When = Day + 1 days }"]))
+                                     "do Ask { When = Day + 1 days }",
+                                     "do Ask { Kinds = [A, B when B1, C when Met.ok] }",
+                                     "do Go { Kinds = case { when Big -> [C] otherwise -> [B, B when B2] } }"]))
         return draw(st.sampled_from(choices + [leaf, leaf])) if choices else leaf
 
     for i in range(n):
@@ -317,13 +324,16 @@ VALUES = st.fixed_dictionaries({}, optional={
     "Other": st.sampled_from(["AB1", "ZZ"]),
     "Opt": st.one_of(st.none(), st.floats(0, 5), st.just("x")),
     "Dflt": st.one_of(st.none(), st.integers(0, 10), st.just(11)),
+    "E3": st.sampled_from(["Low", "5+ times", "5 times"]),
 })
 DATA_VALUES = st.fixed_dictionaries({
     "Segs": st.one_of(
         st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(ENUMS["E1"]),
                                         "price": st.integers(0, 100)}), min_size=2, max_size=3),
         st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(ENUMS["E1"]),
-                                        "price": st.integers(0, 100)}), max_size=3),
+                                        "price": st.integers(0, 100)},
+                                       optional={"note": st.one_of(st.none(), st.sampled_from(["x", "y"]))}),
+                 max_size=3),
         st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(["A", "Z"])},
                                        optional={"price": st.one_of(st.integers(-1, 101), st.just(5.0)),
                                                  "prise": st.just(1)}), max_size=4),
