@@ -463,3 +463,53 @@ def test_keywords_glued_to_names_parse_the_same(text: str) -> None:
     contextual lexer would split it where no name can stand. Both reject it, with the same diagnostic."""
     assert_same(text)
     assert isinstance(outcome(text, "t.sop", fast=True), list) == ("otherwise->" not in text), text
+
+
+QUOTED_ENUMS = '''field Visits: Never | "1-2 times" | "5+ times" "v"
+system Kind: "Traffic/URL Cloaking" | Phishing
+action Go(level: Low | "Very high") "g"
+output Level: Low | "Very high" = Low
+stage s1 {
+    match Visits { "5+ times" -> do Go(level = "Very high") Never, "1-2 times" -> s2 }
+}
+stage s2 { when Kind == "Traffic/URL Cloaking" -> do Go(level = Low) otherwise -> do Go(level = "Very high") }
+'''
+
+
+def test_quoted_enum_values_parse_the_same_without_lark() -> None:
+    """Enum values written in quotes (`"5+ times"`) are read by the fast path itself, into Lark's nodes;
+    one quoted string alone is no type on either path."""
+    assert_same(QUOTED_ENUMS)
+    program, fragments = fast_items(QUOTED_ENUMS)
+    assert program is not None and fragments == []
+    assert_same('field V: "5+ times" "v"\n')
+    assert_same('field V: A | "x" | \n')
+    assert_same('type T = "a b" | C\nsystem S: T\n')
+    two_first = 'field V: A | B | "c d" "v"\nfield W: A | B\n    | "c"\n'  # the one-line head regex gives way
+    assert_same(two_first)
+    assert fast_items(two_first)[1] == []
+
+
+def test_optional_record_fields_parse_the_same() -> None:
+    text = ('type Bill = record { amount: float, note: string?, due: date? }\nsystem B: Bill "b"\n'
+            'system C: record { a: bool?, b: list of X | Y? } "c"\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)  # a program, not diagnostics
+    assert_same(text)
+    assert_same('system C: record { a: bool?? } "c"\n')  # a syntax error on both paths, alike
+
+
+def test_open_records_parse_the_same() -> None:
+    text = ('type Seg = record open { flown: bool, inner: record { x: int } }\nsystem S: list of Seg "s"\n'
+            'system M: record open { ok: bool? } "m"\nfield open: bool "o"\nlet X = open\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)
+    assert_same(text)
+    assert_same('system M: record open open { ok: bool } "m"\n')
+
+
+def test_list_outputs_parse_the_same() -> None:
+    text = ('field X: bool "x"\noutput P: list[..3] of A | B | "C d" = [B, A] "p"\naction Go "g"\n'
+            'stage s { when X -> do Go { P = [A, B when X and not X, "C d" when X] } otherwise -> do Go { P = [] } }\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)
+    assert_same(text)
+    assert_same(text.replace("[B, A]", "[B, A when X]"))  # a default is a list of values: no conditions
+    assert_same(text.replace("P = []", "P = [,]"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -370,3 +371,123 @@ def test_the_catalogue_is_matched_by_example(monkeypatch: pytest.MonkeyPatch) ->
         with pytest.raises(SopError) as exc:
             parse_text(text, "t.sop", fast=False)
         assert exc.value.diagnostics[0].message == message
+
+
+# ---------------------------------------------------------------------------------------------
+# Quoted enum values (values that are not names: `"5+ times"`, `"Traffic/URL Cloaking"`)
+
+QUOTED = '''field Visits: Never | "1-2 times" | "5+ times" "v"
+type Abuse = "Traffic/URL Cloaking" | Phishing | "count"
+system Kind: Abuse "k"
+output Level: Low | "Very high" = Low "l"
+action Go "g"
+action Stop "s"
+stage s1 {
+    match Visits {
+        "5+ times" -> do Stop { Level = "Very high" }
+        Never, "1-2 times" -> s2
+    }
+}
+stage s2 {
+    when Kind == "Traffic/URL Cloaking" or Kind == "count" -> do Stop
+    otherwise -> do Go
+}
+'''
+
+
+def _errors(text: str) -> list[Any]:
+    from sopgraph.logic.checker import check_file
+
+    return [d for d in check_file("q.sop", text=text).diagnostics if d.is_error]
+
+
+def test_quoted_enum_values_are_values_of_fields_aliases_and_outputs() -> None:
+    assert _errors(QUOTED) == []
+    loaded = load_source(None, text=QUOTED, name="q.sop")
+    s = loaded.scenario
+    assert s is not None
+    assert s.variables["Visits"].type.values == ["Never", "1-2 times", "5+ times"]
+    assert s.variables["Kind"].type.values == ["Traffic/URL Cloaking", "Phishing", "count"]
+    assert s.outputs["Level"].type.values == ["Low", "Very high"]
+    assert ir.describe_type(s.variables["Visits"].type) == 'Never | "1-2 times" | "5+ times"'
+    diag, _ = syntax_error('field V: "5+ times" "v"\n')  # one quoted string is no type
+    assert diag.code == "E001"
+
+
+def test_a_quoted_value_not_in_the_enum_is_e202_and_a_bad_one_e005() -> None:
+    assert [d.code for d in _errors(QUOTED.replace('"5+ times" ->', '"5 times" ->'))] == ["E202"]
+    for bad, what in (('""', "is empty"), ('" A"', "starts or ends with a space"), ('"a\\nb"', "control character")):
+        errors = _errors(f'field V: A | {bad} "v"\naction Go "g"\nstage s {{ match V {{ A -> do Go otherwise -> do Go }} }}\n')
+        assert [d.code for d in errors] == ["E005"] and what in errors[0].message, errors
+
+
+def test_a_record_field_may_be_optional() -> None:
+    text = ('type Bill = record { amount: float, note: string?, due: date? }\nsystem B: Bill "b"\n'
+            'system C: record { a: bool, tags: list of X | Y? } "c"\naction Go "g"\n'
+            'stage s { when missing(B.note) or missing(C.tags) -> do Go otherwise -> do Go }\n')
+    assert _errors(text) == []
+    s = load_source(None, text=text, name="q.sop").scenario
+    assert s is not None
+    assert [(f.name, f.optional) for f in s.variables["B"].type.fields] == [
+        ("amount", False), ("note", True), ("due", True)]
+    assert [f.optional for f in s.variables["C"].type.fields] == [False, True]
+    assert ir.describe_type(s.variables["B"].type) == "Bill"
+    assert "note: string?" in ir.describe_type(s.variables["B"].type.model_copy(update={"alias": None}))
+
+
+def test_a_record_may_be_open() -> None:
+    text = ('type Seg = record open { flown: bool, inner: record { x: int } }\nsystem S: list of Seg "s"\n'
+            'system M: record open { ok: bool? } "m"\nfield open: bool "o"\naction Go "g"\n'
+            'stage s { when open and any(x in S where x.flown) and M.ok -> do Go otherwise -> do Go }\n')
+    s = load_source(None, text=text, name="q.sop").scenario
+    assert s is not None
+    seg = s.variables["S"].type.item
+    assert seg.open and not seg.fields[1].type.open
+    assert s.variables["M"].type.open and s.variables["M"].type.fields[0].optional
+    diag, _ = syntax_error('system M: record opened { ok: bool } "m"\n')
+    assert diag.code == "E001"
+
+
+# ---------------------------------------------------------------------------------------------
+# List outputs (`output P: list of A | B = []`, `P = [A, B when C]`)
+
+LIST_OUTPUT = '''field X: bool "x"
+field Y: int[0..9] "y"
+output P: list[..3] of A | B | "C d" = [B, A, B] "p"
+action Go "g"
+stage s { -> do Go { P = [A, B when X and Y > 2, "C d" when not X] } }
+'''
+
+
+def test_list_outputs_hold_list_literals_with_conditions_and_spans() -> None:
+    assert _errors(LIST_OUTPUT) == []
+    s = load_source(None, text=LIST_OUTPUT, name="q.sop").scenario
+    assert s is not None
+    out = s.outputs["P"]
+    assert isinstance(out.type, ir.ListType) and out.type.item.values == ["A", "B", "C d"]
+    assert isinstance(out.default, ir.ListLit) and out.default.value == ["A", "B"]  # the enum's order, once each
+    value = s.stages["s"].branches[0].target.outputs[0].value
+    assert isinstance(value, ir.ListLit) and [i.value for i in value.items] == ["A", "B", "C d"]
+    assert isinstance(value.conds[0], ir.Lit) and value.conds[0].value is True
+    assert ir.show(value.conds[1]) == "X and Y > 2"
+    assert (value.span.line, value.span.col, value.span.end_col) == (5, 26, 67)
+    assert ir.show(value) == '[A, B when X and Y > 2, "C d" when not X]'
+    diag, _ = syntax_error('output P: list of A | B "p"\naction Go "g"\nstage s { -> do Go { P = [when X] } }\n')
+    assert diag.code == "E001"  # an item is a value first
+
+
+@pytest.mark.parametrize(("text", "code", "fragment"), [
+    (LIST_OUTPUT.replace("do Go { P = [A,", "do Go { P = [Z,"), "E204", "`Z` is not a value of output `P`"),
+    (LIST_OUTPUT.replace("do Go { P = [A,", "do Go { P = A, Q = [A,"), "E107", "Q"),
+    (LIST_OUTPUT.replace("[B, A, B]", "[A, B, \"C d\", A]").replace("list[..3]", "list[..2]"), "E204",
+     "holds 3 values but output `P` holds at most 2"),
+    (LIST_OUTPUT + "stage t { when [A] -> do Go otherwise -> do Go }\n", "E201", "only a list output takes"),
+    (LIST_OUTPUT + 'let L = [A]\n', "E201", "only a list output takes"),
+    (LIST_OUTPUT.replace("when not X", "when Y"), "E201", "not a condition"),
+    (LIST_OUTPUT.replace("list[..3] of A | B | \"C d\" = [B, A, B]", "list of int").replace(
+        "[A, B when X and Y > 2, \"C d\" when not X]", "[1]"), "E201", "a list output holds enum values"),
+])
+def test_list_output_mistakes_are_located_errors(text: str, code: str, fragment: str) -> None:
+    errors = _errors(text)
+    assert any(d.code == code and (fragment in d.message or fragment in (d.hint or "")) for d in errors), [
+        (d.code, d.message, d.hint) for d in errors]

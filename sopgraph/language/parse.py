@@ -208,11 +208,19 @@ class _BadToken(Exception):
 class _BadLiteral(Exception):
     """A literal the grammar reads but whose text is not a value: `date("2026-13-45")` (E210)."""
 
-    def __init__(self, span: ir.Span, message: str, hint: str):
+    def __init__(self, span: ir.Span, message: str, hint: str, code: str = "E210"):
         super().__init__(message)
         self.span = span
         self.message = message
         self.hint = hint
+        self.code = code  # E001: a list written where a set is meant (`X in [A, B]`)
+
+
+def _no_list_literal(source: Any) -> None:
+    """`X in [A, B]`: a list (a list output's value) where a set of values is meant."""
+    if isinstance(source, ir.ListLit):
+        at = source.span.replace(end_line=source.span.line, end_col=source.span.col + 1)
+        raise _BadLiteral(at, "a set of values is written in braces", "write `X in {A, B}`", code="E001")
 
 
 def _check_token(child: Token) -> None:
@@ -309,7 +317,7 @@ class ToIR(Transformer):
 
     def output_decl(self, meta, children):
         name_tok, vtype, *rest = children
-        default = next((c for c in rest if isinstance(c, (ir.Lit, ir.TimeLit))), None)
+        default = next((c for c in rest if isinstance(c, (ir.Lit, ir.TimeLit, ir.ListLit))), None)
         if isinstance(default, ir.TimeLit):  # `= 2 days`: finals report durations as text
             default = ir.Lit(value=scalars.format_temporal(default.unit, default.value), span=default.span)
         desc = next((c for c in rest if isinstance(c, str)), "")
@@ -347,10 +355,16 @@ class ToIR(Transformer):
         return ir.ListType(item=children[-1], span=self._sp(meta), **kw)
 
     def record_type(self, meta, children):
-        return ir.RecordType(fields=[c for c in children if c is not None], span=self._sp(meta))
+        fields = [c for c in children if isinstance(c, ir.RecordField)]
+        return ir.RecordType(fields=fields, open=len(fields) < len(children), span=self._sp(meta))
+
+    def record_open(self, meta, children):
+        return "open"
 
     def record_field(self, meta, children):
-        return ir.RecordField(name=str(children[0]), type=children[1], span=_tok_span(self.file, children[0]))
+        optional = len(children) > 2  # `note: string?`
+        return ir.RecordField(name=str(children[0]), type=children[1], optional=optional,
+                              span=_tok_span(self.file, children[0]))
 
     def alias_type(self, meta, children):
         return ir.EnumType(values=[], alias=str(children[0]), span=_tok_span(self.file, children[0]))
@@ -360,7 +374,8 @@ class ToIR(Transformer):
 
     # -- types
     def enum_type(self, meta, children):
-        return ir.EnumType(values=[str(c) for c in children], span=self._sp(meta))
+        values = [_unquote(str(c)) if c.type == "STRING" else str(c) for c in children]
+        return ir.EnumType(values=values, span=self._sp(meta))
 
     def bool_type(self, meta, children):
         return ir.BoolType(span=self._sp(meta))
@@ -688,9 +703,11 @@ class ToIR(Transformer):
         return ir.Length(operand=children[0], span=self._sp(meta))
 
     def in_list(self, meta, children):
+        _no_list_literal(children[1])
         return ir.Member(operand=children[0], source=children[1], span=self._sp(meta))
 
     def not_in_list(self, meta, children):
+        _no_list_literal(children[1])
         return ir.Member(operand=children[0], source=children[1], negated=True, span=self._sp(meta))
 
     def case_expr(self, meta, children):
@@ -705,6 +722,20 @@ class ToIR(Transformer):
 
     def number(self, meta, children):
         return ir.Lit(value=_number(str(children[0])), span=self._sp(meta))
+
+    def list_lit(self, meta, children):
+        items = [c for c in children if isinstance(c, tuple)]
+        span = ir.Span(self.file, children[0].line, children[0].column, children[-1].end_line,
+                       children[-1].end_column)  # from `[` to `]`
+        return ir.ListLit(items=[i for i, _ in items], conds=[c for _, c in items], span=span)
+
+    def list_value(self, meta, children):
+        return self.list_lit(meta, [c if not isinstance(c, ir.Node) else (c, ir.Lit(value=True)) for c in children
+                                    if c is not None])
+
+    def list_item(self, meta, children):
+        cond = children[1] if len(children) > 1 else ir.Lit(value=True)  # `A`: kept always
+        return (children[0], cond)
 
     def number_value(self, meta, children):
         return ir.Lit(value=_number(str(children[-1])), span=self._sp(meta))
@@ -850,7 +881,7 @@ def parse_error(exc: Exception, text: str, file: str) -> SopError:
     elif isinstance(exc, _BadExpr):
         found = error("E001", exc.message, exc.span, exc.hint)
     elif isinstance(exc, _BadLiteral):
-        found = error("E210", exc.message, exc.span, exc.hint)
+        found = error(exc.code, exc.message, exc.span, exc.hint)
     elif isinstance(exc, RecursionError):
         found = error("E006", "the program nests too deeply to parse", ir.Span(file=file),
                       "split deeply nested expressions")
@@ -1137,6 +1168,25 @@ def _resolve_aliases(aliases: dict[str, TypeDecl], variables: dict[str, ir.Varia
         resolved = _resolve_type(decl.type, aliases, diags, [])
         if resolved is not decl.type:  # most types resolve to themselves (`_fix_field`'s reason)
             decl.type = resolved
+    for output in outputs.values():
+        _canonical_list_default(output)
+
+
+def _canonical_list_default(output: ir.Output) -> None:
+    """A list output's default in the order the engine reports lists, the enum's, each value once (`= [B, A, B]`
+    is `[A, B]`), so every reader of `default.value` sees the engine's value."""
+    vtype, default = output.type, output.default
+    if not (isinstance(default, ir.ListLit) and isinstance(vtype, ir.ListType) and isinstance(vtype.item, ir.EnumType)):
+        return
+    order = vtype.item.values
+    lits = [i for i in default.items if isinstance(i, ir.Lit) and isinstance(i.value, str) and i.value in order]
+    if len(lits) != len(default.items):
+        return  # a value not of the enum: the checker reports it
+    keep: dict[str, ir.Lit] = {}
+    for lit in sorted(lits, key=lambda i: order.index(str(i.value))):
+        keep.setdefault(str(lit.value), lit)
+    default.items = list(keep.values())
+    default.conds = [ir.Lit(value=True) for _ in keep]
 
 
 def _resolve_type(vtype: Any, aliases: dict[str, TypeDecl], diags: list[Diagnostic], chain: list[str]) -> Any:
@@ -1424,6 +1474,9 @@ def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
             expr.otherwise = fix(expr.otherwise, scope)
         elif isinstance(expr, (ir.Get, ir.Quant, ir.Length, ir.Member, ir.Weighted)):
             _fix_data(expr, scope, fix)
+        elif isinstance(expr, ir.ListLit):  # `[Billing, Network when NoSignal]`
+            expr.items = [fix(i, scope) for i in expr.items]
+            expr.conds = [fix(c, scope) for c in expr.conds]
         return expr
 
     return fix
