@@ -57,6 +57,7 @@ from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
 from sopgraph.logic.checker import load
 from sopgraph.records import Case, Dialogue
+from sopgraph.simulation import distributed
 from sopgraph.simulation.agents import TOOLS_PREFIX, AgentError, ToolAgent, agent_kind
 from sopgraph.simulation.dialogue import (
     DialogueSetup,
@@ -306,6 +307,12 @@ class _Progress:
         if force or (now - self._last_line >= self.PLAIN_EVERY and self._printed != (self.done, tokens)):
             self._line(now)
 
+    def relabel(self, label: str) -> None:
+        """Change the label (e.g. to show per-node throughput)."""
+        self.label = label
+        if self._bar is not None:
+            self._bar.update(self._task, description=label)
+
     def _line(self, now: float) -> None:
         self._last_line, self._printed = now, (self.done, self.tokens)
         elapsed = int(now - self._started)
@@ -357,6 +364,7 @@ async def run(
     gateway_options: Mapping[str, Any] | None = None,
     workers: int = 1,
     preflight: bool = True,
+    ray: str | None = None,
 ) -> RunSummary:
     """Run (or resume) an evaluation into `out_dir` and return its summary.
 
@@ -367,13 +375,22 @@ async def run(
     module docstring); it cannot be combined with a `gateway` instance. `preflight` makes one call per
     distinct non-built-in model before anything is created (see `gateway.preflight`): a missing key,
     an unknown provider or an unreachable server is a `RunError` at once, and a server that rejects
-    `json_schema` structured output is switched to `json_object` (noted in the run)."""
+    `json_schema` structured output is switched to `json_object` (noted in the run). `ray`: run the
+    dialogues on Ray (`local` starts an instance on this machine, with `workers` CPUs if > 1; else the
+    address of a cluster to join; see `_execute_ray`)."""
     started = time.perf_counter()
     progress_mode(progress)  # a bad value is refused before anything starts
     if workers < 1:
         raise RunError("workers must be >= 1")
     if workers > 1 and gateway is not None:
         raise RunError("a gateway instance cannot be shared with worker processes; pass gateway_options")
+    if ray is not None and gateway is not None:
+        raise RunError("a gateway instance cannot be shared with Ray tasks; pass gateway_options")
+    if ray is not None:
+        try:
+            distributed.load_ray()  # not installed: said in one line, before anything is created
+        except distributed.DistributedError as exc:
+            raise RunError(str(exc)) from None
     out_dir = Path(out_dir)
     warnings: list[str] = []
     notes: list[str]
@@ -467,7 +484,8 @@ async def run(
     try:
         return await _execute(store, scenario, roles, spec, max_turns=max_turns, concurrency=concurrency,
                               progress=progress, gateway=gateway, gateway_options=gateway_options,
-                              started=started, warnings=warnings, selfpref=selfpref, workers=workers)
+                              started=started, warnings=warnings, selfpref=selfpref, workers=workers,
+                              ray=ray)
     finally:
         store.close()
 
@@ -773,13 +791,17 @@ class GroupCommit(_BatchedWrites):
 
 async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
                    concurrency: int, progress: ProgressMode, gateway: Any, gateway_options: Mapping[str, Any],
-                   started: float, warnings: list[str], selfpref: list[str], workers: int = 1) -> RunSummary:
+                   started: float, warnings: list[str], selfpref: list[str], workers: int = 1,
+                   ray: str | None = None) -> RunSummary:
     all_dialogues = store.dialogues()
     todo = [d for d in all_dialogues if d.status != "done"]
     skipped = len(all_dialogues) - len(todo)
     cases = {c.id: c for c in store.cases()}
-    workers = min(workers, concurrency, len(todo))
-    if workers > 1:
+    if ray is not None:
+        await _execute_ray(store, scenario, cases, roles, spec, todo, max_turns=max_turns, concurrency=concurrency,
+                           progress=progress, gateway_options=gateway_options, address=ray,
+                           num_cpus=workers if workers > 1 else None)
+    elif (workers := min(workers, concurrency, len(todo))) > 1:
         await _execute_sharded(store, scenario, cases, roles, spec, todo, max_turns=max_turns,
                                concurrency=concurrency, workers=workers, progress=progress,
                                gateway_options=gateway_options)
@@ -1084,6 +1106,94 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
             reader.close()
     if errors:
         raise RunError("; ".join(errors) + " (the run is resumable: sop run --resume RUN_DIR)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray (see `distributed.py`: the driver keeps the store, tasks run batches of dialogues)
+
+
+class _ListSink(_BatchedWrites):
+    """A Ray task's store stand-in: the writes, in the order they were made, returned with the batch
+    (the same `(write name, args)` pairs `_PipeSink` sends)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = self._writes
+
+    def _add(self, name: str, *args: Any) -> None:
+        self._writes.append((name, args))
+
+
+def _ray_batch(job: Mapping[str, Any], payload: tuple[dict[str, Case], list[Dialogue]]) -> dict[str, Any]:
+    """A Ray task's body: run a batch of dialogues with a gateway of its own (`job["concurrency"]`
+    calls in flight), the same dialogue code worker processes use; the store writes in order."""
+    return asyncio.run(in_own_loop(_ray_batch_run(job, *payload)))
+
+
+async def _ray_batch_run(job: Mapping[str, Any], cases: dict[str, Case], todo: list[Dialogue]) -> dict[str, Any]:
+    gateway = _make_gateway(job["concurrency"], job["gateway_options"])
+    scenario = ir.Scenario.model_validate(job["scenario"])
+    runner = _Dialogues(scenario, cases, job["roles"], job["spec"], job["max_turns"], gateway)
+    sink = _ListSink()
+    try:
+        await runner.run_all(todo, sink, job["concurrency"])
+    finally:
+        await gateway.aclose()
+    stats = gateway.stats
+    return {"writes": sink.writes, "tokens": stats.prompt_tokens + stats.completion_tokens, "cost": stats.cost,
+            "notes": list(getattr(gateway, "notes", []))}
+
+
+RAY_BATCH = (8, 32)
+"""Dialogues per Ray task: 2 × concurrency, within these bounds (big enough to keep a task's
+concurrency cap busy, small enough that a lost node costs little rework)."""
+
+
+async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
+                       spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
+                       progress: ProgressMode, gateway_options: Mapping[str, Any], address: str,
+                       num_cpus: int | None) -> None:
+    """Run `todo` on Ray: batches go out to tasks (each with `concurrency` model calls in flight), two
+    per cluster CPU at most; each finished batch's writes are committed here, in their order, as it
+    arrives. A batch lost with a node is rerun by Ray and committed once, when it returns."""
+    try:
+        with distributed.connect(address, num_cpus) as ray:
+            size = max(RAY_BATCH[0], min(RAY_BATCH[1], 2 * concurrency))
+            job = {"scenario": scenario.model_dump(mode="json"), "roles": roles, "spec": spec,
+                   "max_turns": max_turns, "concurrency": concurrency, "gateway_options": dict(gateway_options)}
+            batches = (((distributed.subset(cases, (d.case_id for d in chunk)), chunk), len(chunk))
+                       for chunk in distributed.batched(todo, size))
+            sink = GroupCommit(store)
+            label = f"dialogues (ray, {distributed.cluster_cpus(ray)} CPUs)"
+            bar = _Progress(len(todo), progress_mode(progress), label)
+            rates = distributed.NodeRates()
+            tokens, cost, notes = 0, 0.0, []
+
+            def apply(result: distributed.BatchResult) -> None:
+                nonlocal tokens, cost
+                value = result.value
+                tokens, cost = tokens + value["tokens"], cost + value["cost"]
+                notes.extend(n for n in value["notes"] if n not in notes)
+                rates.add(result.node_id, result.size)
+                bar.relabel(f"{label} {rates.text()}")
+                for write, args in value["writes"]:
+                    if write not in _WRITES:
+                        raise RunError(f"a Ray task sent an unknown write {write!r}")
+                    getattr(sink, write)(*args)
+                    if write in ("finish_dialogue", "fail_dialogue"):
+                        bar.advance_totals(tokens, cost, failed=write == "fail_dialogue")
+
+            try:
+                await distributed.run_batches(ray, _ray_batch, job, batches, apply,
+                                              in_flight=2 * distributed.cluster_cpus(ray))
+            finally:
+                sink.flush()
+                bar.close()
+    except distributed.DistributedError as exc:
+        raise RunError(f"{exc} (the run is resumable: sop run --resume RUN_DIR)") from None
+    known = store.meta().get("notes") or []
+    if [n for n in notes if n not in known]:
+        store.set_meta("notes", [*known, *(n for n in notes if n not in known)])
 
 
 # ---------------------------------------------------------------------------------------------
