@@ -1,0 +1,199 @@
+"""`sop run --ray`: the same stored answers as a local run, on a real 2-node cluster shape, and a node
+lost mid-run costs nothing (0 lost, 0 duplicated).
+
+The cluster (`ray.cluster_utils.Cluster`: a head and one worker node, 1 CPU and an 80 MB object store
+each, no dashboard, everything on 127.0.0.1) is started once for the module (~15-25 s on two cores)
+and always shut down by the fixture's finalizer. The runs join it by address, as `--ray HOST:PORT`
+joins a real cluster. The node-loss test removes the worker node, so it runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fakeserver import Behavior, FakeServer
+from helpers import done_dialogues
+
+from sopgraph.cli import main
+from sopgraph.logic.checker import load
+from sopgraph.logic.engine import decide
+from sopgraph.records import Case, Persona
+from sopgraph.simulation.runner import run_sync
+from sopgraph.simulation.store import RunStore
+
+TOY = (Path(__file__).parent / "data" / "toy_refunds.sop").read_text()
+KEY_ENV = "SOPTEST_RAY_FAKE_KEY"
+NO_RAY = "Ray is not installed (pip install 'sopgraph[ray]'): the cluster tests need it"
+
+
+@pytest.fixture(scope="module")
+def toy_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sop") / "toy.sop"
+    path.write_text(TOY, encoding="utf-8")
+    return path
+
+
+def toy_cases(n: int) -> list[Case]:
+    sc = load(text=TOY)
+    out = []
+    for k in range(n):
+        truth = {"Want": "Money", "Angry": k % 3 == 0, "Items": k % 11}
+        system = {"Paid": k % 2 == 0}
+        d = decide(sc, {**truth, **system})
+        out.append(Case(sop_hash=sc.source_hash, id=f"k{k:03d}", scenario="toy", path_id="p",
+                        intent="refund", intent_description=f"case-{k} I want my money back.",
+                        persona=Persona(name="p"), truth=truth, system=system, expected_path=d.path,
+                        expected_finals=d.finals, user_facts=system, seed=k))
+    return out
+
+
+def write_cases(path: Path, cases: list[Case]) -> Path:
+    path.write_text("".join(c.model_dump_json() + "\n" for c in cases), encoding="utf-8")
+    return path
+
+
+def snapshot(run_dir: Path) -> dict:
+    """Everything stored that must not depend on where a dialogue ran (latencies excluded)."""
+    with RunStore.open(run_dir) as s:
+        return {
+            "cases": [c.model_dump() for c in s.cases()],
+            "dialogues": [d.model_dump() for d in s.dialogues()],
+            "turns": [t.model_dump(exclude={"latency_s"}) for t in s.turns()],
+            "judgments": [j.model_dump() for j in s.judgments()],
+            "consensus": [c.model_dump() for c in s.consensus()],
+            "usage": sorted(tuple(r) for r in s.conn.execute(
+                "SELECT dialogue_id, turn_index, role, model, prompt_tokens, completion_tokens, calls FROM usage"
+                " WHERE discarded = 0")),
+        }
+
+
+def score_json(run_dir: Path) -> dict:
+    res = CliRunner().invoke(main, ["score", str(run_dir), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    out.pop("run", None)  # the run directory's name
+    return out
+
+
+def test_without_ray_the_option_says_how_to_install_it_in_one_line(tmp_path, toy_file, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    cases = write_cases(tmp_path / "cases.jsonl", toy_cases(2))
+    res = CliRunner().invoke(main, ["run", str(toy_file), "--cases", str(cases), "--model", "agent=baseline/oracle",
+                                    "-o", str(tmp_path / "run"), "--ray", "-q"])
+    assert res.exit_code == 1, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "pip install 'sopgraph[ray]'" in lines[0], res.output
+    assert not (tmp_path / "run").exists()  # refused before anything was created
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 2-node Ray cluster on 127.0.0.1; yields (cluster, worker node)."""
+    ray = pytest.importorskip("ray", reason=NO_RAY)
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    # Ray resolves a 127.0.0.1 bootstrap address to the machine's "reachable" IP unless clusters are
+    # marked single-host: then the driver joins the GCS on 127.0.0.1, where the nodes listen.
+    saved_env = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", KEY_ENV)}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ[KEY_ENV] = "sk-test-ray"  # inherited by the nodes' workers (the fake server's key)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    node_args = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
+    c = None
+    try:
+        c = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
+        worker = c.add_node(**node_args)
+        c.wait_for_nodes()
+        yield c, worker
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if c is not None:
+            c.shutdown()  # kills every process the cluster started, also after a failed test
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.timeout(240)
+def test_a_ray_run_on_two_nodes_stores_the_same_dialogues_and_scores_as_a_local_run(tmp_path, toy_file, cluster):
+    c, _worker = cluster
+    cases = write_cases(tmp_path / "cases.jsonl", toy_cases(24))
+    common = ["run", str(toy_file), "--cases", str(cases), "--model", "agent=baseline/random-path",
+              "--model", "judge=scripted/truth", "--trials", "2", "--concurrency", "2", "--max-turns", "4",
+              "--judge-turns", "all", "--format", "json"]
+    runner = CliRunner()
+    local = runner.invoke(main, [*common, "-q", "-o", str(tmp_path / "local")])
+    assert local.exit_code == 0, local.output
+    started = time.monotonic()
+    on_ray = runner.invoke(main, [*common, "--progress", "always", "-o", str(tmp_path / "ray"),
+                                  "--ray", c.address])
+    assert on_ray.exit_code == 0, on_ray.output
+    summary = json.loads(on_ray.stdout)
+    assert summary["by_status"] == {"done": 48} and summary["ran"] == 48
+    assert "node" in on_ray.stderr and "/s)" in on_ray.stderr  # per-node throughput in the progress lines
+    a, b = snapshot(tmp_path / "local"), snapshot(tmp_path / "ray")
+    assert a["turns"] and a["judgments"] and a["usage"]
+    assert a == b
+    assert score_json(tmp_path / "local") == score_json(tmp_path / "ray")
+    print(f"ray run of 48 dialogues on 2 nodes: {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.timeout(300)
+def test_a_node_removed_mid_run_loses_and_duplicates_no_dialogue(tmp_path, toy_file, cluster):
+    """The worker node is removed while batches run on it: Ray reruns them elsewhere, and the driver
+    applies each batch's writes once, when it returns. More agent requests than dialogues proves that
+    work in flight on the lost node was redone."""
+    c, worker = cluster
+    n = 48
+    reply = json.dumps({"classification_output": {"Want": "Money", "Angry": False, "Items": 2}, "cot": "c",
+                        "now_path": ["s1", "s2", "s3"], "finals": {"Action": "Refund"}, "chat": "ok"})
+    with FakeServer(lifetime=240) as server:
+        server.set_default(Behavior.ok(reply, latency=0.4))
+        agent = f"agent=openai/fake-agent,api_base={server.base_url},api_key_env={KEY_ENV},timeout=20"
+        out = tmp_path / "run"
+        result: dict = {}
+
+        def go() -> None:
+            try:
+                result["summary"] = run_sync(toy_file, toy_cases(n), [agent], out, concurrency=2, max_turns=1,
+                                             progress=False, preflight=False, ray=c.address)
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+                result["error"] = exc
+
+        thread = threading.Thread(target=go, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 200
+        while done_dialogues(out) < 8 and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done_at_removal = done_dialogues(out)
+        c.remove_node(worker)
+        thread.join(240)
+        assert not thread.is_alive(), "the run did not finish after the node was removed"
+        assert "error" not in result, result.get("error")
+        requests = len(server.requests)
+    assert 8 <= done_at_removal < n, done_at_removal  # removed mid-run
+    summary = result["summary"]
+    assert summary.by_status == {"done": n} and summary.ran == n
+    with RunStore.open(out) as s:
+        dialogues = s.dialogues()
+        turns = s.turns()
+    assert sorted(d.id for d in dialogues) == sorted(f"k{k:03d}#0" for k in range(n))  # none lost, none twice
+    assert all(d.status == "done" for d in dialogues)
+    per_dialogue = Counter(t.dialogue_id for t in turns)
+    assert all(per_dialogue[d.id] == d.turns == 1 for d in dialogues), per_dialogue  # no turn stored twice
+    assert requests > n, requests  # the lost node's batch was run again
+    print(f"removed the worker node after {done_at_removal}/{n} done; {requests} agent requests for {n} dialogues")
