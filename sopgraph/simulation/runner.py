@@ -1167,7 +1167,8 @@ async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[st
             label = f"dialogues (ray, {distributed.cluster_cpus(ray)} CPUs)"
             bar = _Progress(len(todo), progress_mode(progress), label)
             rates = distributed.NodeRates()
-            tokens, cost, notes = 0, 0.0, []
+            tokens, cost = 0, 0.0
+            notes: list[str] = []
 
             def apply(result: distributed.BatchResult) -> None:
                 nonlocal tokens, cost
