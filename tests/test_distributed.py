@@ -150,6 +150,16 @@ def test_a_ray_run_on_two_nodes_stores_the_same_dialogues_and_scores_as_a_local_
     assert a == b
     assert score_json(tmp_path / "local") == score_json(tmp_path / "ray")
     print(f"ray run of 48 dialogues on 2 nodes: {time.monotonic() - started:.1f} s")
+    # `sop judge --ray` writes the same new judgment set as a local re-judge
+    again = ["--model", "judge=scripted/truth", "--set", "again", "--judge-turns", "final", "-q", "--format", "json"]
+    res = runner.invoke(main, ["judge", str(tmp_path / "local"), *again])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["judge", str(tmp_path / "ray"), *again, "--ray", c.address])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["ran"] == 48
+    a, b = snapshot(tmp_path / "local"), snapshot(tmp_path / "ray")
+    assert {j["judgment_set"] for j in b["judgments"]} == {"default", "again"}
+    assert a == b
 
 
 @pytest.mark.timeout(300)

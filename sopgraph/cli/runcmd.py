@@ -143,11 +143,13 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
 @click.option("--judge-turns", default=None, help="Turns to judge (default: the run's setting).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--replace", is_flag=True, help="Start the judgment set over if it exists.")
+@click.option("--ray", "ray", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Judge on Ray: alone, a local Ray instance; with ADDRESS, that cluster (see sop run --ray).")
 @_quiet
 @_progress
 @_format
 def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judge_turns: str | None,
-              concurrency: int, replace: bool, quiet: bool, progress: str, fmt: str) -> None:
+              concurrency: int, replace: bool, ray: str | None, quiet: bool, progress: str, fmt: str) -> None:
     """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls)."""
     specs = _model_options(models)
     bad = [s.role for s in specs if not s.role.startswith("judge")]
@@ -155,7 +157,7 @@ def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judg
         fail(f"sop judge takes judge models only (got {', '.join(bad)})")
     try:
         summary = asyncio.run(in_own_loop(rejudge(run_dir, specs, judgment_set=set_name, judge_turns=judge_turns,
-                                                  concurrency=concurrency, replace=replace,
+                                                  concurrency=concurrency, replace=replace, ray=ray,
                                                   progress="never" if quiet else progress)))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))

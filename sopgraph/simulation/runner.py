@@ -1197,6 +1197,66 @@ async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[st
         store.set_meta("notes", [*known, *(n for n in notes if n not in known)])
 
 
+def _ray_judge_batch(job: Mapping[str, Any],
+                     payload: tuple[dict[str, Case], list[tuple[str, str, list[Any]]]]) -> dict[str, Any]:
+    """A Ray task's body for `rejudge`: judge a batch of stored transcripts with a gateway of its own."""
+    return asyncio.run(in_own_loop(_ray_judge_run(job, *payload)))
+
+
+async def _ray_judge_run(job: Mapping[str, Any], cases: dict[str, Case],
+                         items: list[tuple[str, str, list[Any]]]) -> dict[str, Any]:
+    gateway = _make_gateway(job["concurrency"], job["gateway_options"])
+    scenario = ir.Scenario.model_validate(job["scenario"])
+    info = without_paths(scenario_context(scenario, max_paths=0))
+    ensemble = Ensemble([LLMJudge(j, gateway) for j in job["judges"]])
+    limit = asyncio.Semaphore(max(2 * job["concurrency"], 4))
+
+    async def one(dialogue_id: str, case_id: str, turns: list[Any]) -> tuple[Any, ...]:
+        async with limit:
+            judgments, cons = await ensemble.judge_dialogue(scenario, cases[case_id], dialogue_id, turns, job["spec"],
+                                                            judgment_set=job["set"], scenario_info=info)
+        return judgments, cons, judgment_usage_rows(judgments)
+
+    try:
+        results = await asyncio.gather(*(one(*item) for item in items))
+    finally:
+        await gateway.aclose()
+    stats = gateway.stats
+    return {"results": results, "tokens": stats.prompt_tokens + stats.completion_tokens, "cost": stats.cost}
+
+
+async def _rejudge_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
+                       spec: JudgeTurns, name: str, todo: Sequence[Dialogue], *, concurrency: int,
+                       progress: ProgressMode, address: str, gateway_options: Mapping[str, Any]) -> None:
+    """`rejudge` on Ray: stored transcripts go out in batches (read from the store as batches are sent),
+    judgments come back and are stored here, each dialogue's set in one transaction."""
+    try:
+        with distributed.connect(address) as ray:
+            size = max(RAY_BATCH[0], min(RAY_BATCH[1], 2 * concurrency))
+            job = {"scenario": scenario.model_dump(mode="json"), "judges": list(roles.judges), "spec": spec,
+                   "set": name, "concurrency": concurrency, "gateway_options": dict(gateway_options)}
+            batches = (((distributed.subset(cases, (d.case_id for d in chunk)),
+                         [(d.id, d.case_id, store.turns(dialogue_id=d.id)) for d in chunk]), len(chunk))
+                       for chunk in distributed.batched(todo, size))
+            bar = _Progress(len(todo), progress_mode(progress), f"judging ({name}, ray)")
+            tokens, cost = 0, 0.0
+
+            def apply(result: distributed.BatchResult) -> None:
+                nonlocal tokens, cost
+                tokens, cost = tokens + result.value["tokens"], cost + result.value["cost"]
+                for judgments, cons, usage in result.value["results"]:
+                    store.add_judgments(judgments, cons, usage)
+                    bar.advance_totals(tokens, cost)
+
+            try:
+                await distributed.run_batches(ray, _ray_judge_batch, job, batches, apply,
+                                              in_flight=2 * distributed.cluster_cpus(ray))
+            finally:
+                bar.close()
+    except distributed.DistributedError as exc:
+        raise RunError(f"{exc} (judge again to finish: judged dialogues are kept)") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # Re-judging
 
@@ -1219,13 +1279,19 @@ async def rejudge(
     progress: ProgressMode = None,
     gateway: Any = None,
     gateway_options: Mapping[str, Any] | None = None,
+    ray: str | None = None,
 ) -> RunSummary:
     """Judge the stored transcripts of finished dialogues again, into a new judgment set.
 
     `judge_specs`: `--model judge=...` strings or ModelSpecs (one is used three times). Dialogues
     already judged in the set are skipped (an interrupted re-judge resumes); `replace=True` starts the
-    set over. The run's agents and users are never called."""
+    set over. The run's agents and users are never called. `ray`: judge on Ray, as `run` does."""
     started = time.perf_counter()
+    if ray is not None:
+        try:
+            distributed.load_ray()
+        except distributed.DistributedError as exc:
+            raise RunError(str(exc)) from None
     try:
         store = RunStore.open(run_dir)
     except StoreError as exc:
@@ -1253,6 +1319,14 @@ async def rejudge(
         done_ids = store.judged_dialogues(name)
         dialogues = store.dialogues(status="done")
         todo = [d for d in dialogues if d.id not in done_ids]
+        if ray is not None:
+            await _rejudge_ray(store, scenario, cases, roles, spec, name, todo, concurrency=concurrency,
+                               progress=progress, address=ray, gateway_options=gateway_options or
+                               (meta.get("config") or {}).get("gateway") or {})
+            return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo),
+                            elapsed_s=round(time.perf_counter() - started, 3),
+                            self_preference=[j.role for j in roles.judges
+                                             if meta.get("agent_model") and j.model == meta.get("agent_model")])
         gateway = gateway if gateway is not None else _make_gateway(
             concurrency, gateway_options or (meta.get("config") or {}).get("gateway") or {})
         info = without_paths(scenario_context(scenario, max_paths=0))
