@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,22 @@ def load_ray() -> ModuleType:
     except ImportError:
         raise DistributedError(INSTALL_HINT) from None
     return ray
+
+
+def check(address: str | None, timeout: float = 5.0) -> None:
+    """Before a run creates anything: Ray must be installed and a cluster address must accept a TCP
+    connection (`ray.init` on an unreachable address retries for minutes). One-line `DistributedError`."""
+    load_ray()
+    if address in (None, LOCAL, "auto"):
+        return
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise DistributedError(f"--ray takes HOST:PORT (e.g. 10.0.0.5:6379) or auto, not {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise DistributedError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}); "
+                               "is `ray start --head` running there?") from None
 
 
 @contextlib.contextmanager

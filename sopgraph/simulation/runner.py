@@ -388,7 +388,7 @@ async def run(
         raise RunError("a gateway instance cannot be shared with Ray tasks; pass gateway_options")
     if ray is not None:
         try:
-            distributed.load_ray()  # not installed: said in one line, before anything is created
+            distributed.check(ray)  # not installed, or no cluster there: one line, before anything is created
         except distributed.DistributedError as exc:
             raise RunError(str(exc)) from None
     out_dir = Path(out_dir)
@@ -1289,7 +1289,7 @@ async def rejudge(
     started = time.perf_counter()
     if ray is not None:
         try:
-            distributed.load_ray()
+            distributed.check(ray)
         except distributed.DistributedError as exc:
             raise RunError(str(exc)) from None
     try:
