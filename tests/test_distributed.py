@@ -22,11 +22,14 @@ import pytest
 from click.testing import CliRunner
 from fakeserver import Behavior, FakeServer
 from helpers import done_dialogues
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sopgraph.cli import main
 from sopgraph.logic.checker import load
 from sopgraph.logic.engine import decide
 from sopgraph.records import Case, Persona
+from sopgraph.simulation.distributed import NodeRates, batched
 from sopgraph.simulation.runner import run_sync
 from sopgraph.simulation.store import RunStore
 
@@ -82,6 +85,22 @@ def score_json(run_dir: Path) -> dict:
     out = json.loads(res.output)
     out.pop("run", None)  # the run directory's name
     return out
+
+
+@given(st.lists(st.integers(), max_size=40), st.integers(min_value=1, max_value=12))
+def test_batches_keep_every_item_once_in_order_and_only_the_last_is_short(items, size):
+    chunks = list(batched(iter(items), size))  # lazily from an iterator: the driver never lists the run
+    assert [x for chunk in chunks for x in chunk] == items
+    assert all(len(c) == size for c in chunks[:-1]) and all(1 <= len(c) <= size for c in chunks)
+
+
+def test_node_rates_name_each_node_with_its_count():
+    rates = NodeRates(started=time.monotonic() - 2.0)
+    rates.add("3f9a1c" + "0" * 50, 8)
+    rates.add("77b0de" + "1" * 50, 4)
+    rates.add("3f9a1c" + "0" * 50, 8)
+    text = rates.text()
+    assert text.startswith("2 nodes: 3f9a1c 16 (") and ", 77b0de 4 (" in text and text.endswith("/s)")
 
 
 def test_without_ray_the_option_says_how_to_install_it_in_one_line(tmp_path, toy_file, monkeypatch):

@@ -797,7 +797,7 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
     todo = [d for d in all_dialogues if d.status != "done"]
     skipped = len(all_dialogues) - len(todo)
     cases = {c.id: c for c in store.cases()}
-    if ray is not None:
+    if ray is not None and todo:  # (nothing left to run: no Ray instance started for nothing)
         await _execute_ray(store, scenario, cases, roles, spec, todo, max_turns=max_turns, concurrency=concurrency,
                            progress=progress, gateway_options=gateway_options, address=ray,
                            num_cpus=workers if workers > 1 else None)
@@ -1319,7 +1319,7 @@ async def rejudge(
         done_ids = store.judged_dialogues(name)
         dialogues = store.dialogues(status="done")
         todo = [d for d in dialogues if d.id not in done_ids]
-        if ray is not None:
+        if ray is not None and todo:
             await _rejudge_ray(store, scenario, cases, roles, spec, name, todo, concurrency=concurrency,
                                progress=progress, address=ray, gateway_options=gateway_options or
                                (meta.get("config") or {}).get("gateway") or {})
