@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint bench mutate clean
+.PHONY: setup demo test test-fast lint bench mutate clean
 
 $(BIN)/sop: pyproject.toml
 	bash .ci/system-deps graphviz fonts-liberation fonts-wqy-microhei
@@ -24,6 +24,9 @@ test: setup
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check sopgraph tests benchmarks

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -9,7 +12,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,3 +254,211 @@ def test_an_action_reached_from_several_stages_reads_as_the_case_path(tmp_path) 
             out = last[d.id].output
             assert out is not None and out.finals["Action"] == "TransHuman"
             assert out.now_path == by_case[d.case_id].expected_path, d.id
+
+
+# ----------------------------------------------------------------------------- hostile agents (issue 29)
+
+_RELEASE = threading.Event()  # set at the end of a test: lets a stuck agent's thread end
+_SEEN: set[str] = set()
+_SEEN_LOCK = threading.Lock()
+_BARRIER = threading.Barrier(2, timeout=15)
+
+
+def stuck_agent(request: dict) -> dict:
+    _RELEASE.wait(20)  # old code: held the event loop this long, then answered
+    return rule_agent.respond(request)
+
+
+async def stuck_async_agent(request: dict) -> dict:
+    await asyncio.sleep(20)
+    return rule_agent.respond(request)
+
+
+def meeting_agent(request: dict) -> dict:
+    """Answers a dialogue's first request only once another dialogue's first request is in as well: two
+    synchronous calls must be in flight at the same time (before, the first held the event loop)."""
+    with _SEEN_LOCK:
+        first = request["dialogue_id"] not in _SEEN
+        _SEEN.add(request["dialogue_id"])
+    if first:
+        _BARRIER.wait()
+    return rule_agent.respond(request)
+
+
+def exiting_agent(request: dict) -> dict:
+    raise SystemExit(3)
+
+
+def interrupting_agent(request: dict) -> dict:
+    raise KeyboardInterrupt
+
+
+async def interrupting_async_agent(request: dict) -> dict:
+    raise KeyboardInterrupt
+
+
+def huge_agent(request: dict) -> dict:
+    return {"reply": "x" * (2 << 20), "tool_calls": []}
+
+
+@pytest.mark.parametrize("agent", ["stuck_agent", "stuck_async_agent"])
+def test_a_python_agent_that_never_answers_times_out(tmp_path, bike, cases, agent) -> None:
+    """Before, a synchronous agent that never returned held the event loop (every dialogue stopped), and
+    an async one left its dialogue running forever: now both are an agent error after the timeout."""
+    try:
+        summary = run_sync(bike, cases[:2], [f"agent=python:{__name__}:{agent},timeout=0.5"], str(tmp_path / "r"),
+                           progress=False, concurrency=2)
+    finally:
+        _RELEASE.set()
+    assert summary.by_status == {"infra_failure": 2}
+    assert all("did not answer within 0.5 s" in e["error"] for e in summary.infra_errors), summary.infra_errors
+
+
+def test_a_synchronous_python_agent_does_not_hold_the_event_loop(tmp_path, bike, cases) -> None:
+    _SEEN.clear()
+    _BARRIER.reset()
+    summary = run_sync(bike, cases[:1], [f"agent=python:{__name__}:meeting_agent"], str(tmp_path / "r"),
+                       progress=False, concurrency=2, trials=2)
+    assert summary.by_status == {"done": 2}, summary.infra_errors
+
+
+@pytest.mark.parametrize(("agent", "raised"), [("exiting_agent", "SystemExit: 3"),
+                                               ("interrupting_agent", "KeyboardInterrupt"),
+                                               ("interrupting_async_agent", "KeyboardInterrupt")])
+def test_an_agent_raising_systemexit_or_keyboardinterrupt_fails_only_its_dialogue(tmp_path, bike, cases, agent,
+                                                                                  raised) -> None:
+    """Before, `sop run` died with a traceback and no summary."""
+    summary = run_sync(bike, cases[:2], [f"agent=python:{__name__}:{agent}"], str(tmp_path / "r"), progress=False)
+    assert summary.by_status == {"infra_failure": 2}
+    assert all(f"raised {raised}" in e["error"] and f"in {agent})" in e["error"] for e in summary.infra_errors)
+
+
+def test_a_real_ctrl_c_still_stops_a_run_whose_agent_is_stuck(tmp_path, bike, cases) -> None:
+    import json
+
+    cases_file = tmp_path / "cases.jsonl"
+    cases_file.write_text("".join(json.dumps(c.model_dump(mode="json")) + "\n" for c in cases))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = "import sys; from sopgraph.cli import main; sys.exit(main())"
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", str(BIKE), "--cases", str(cases_file),
+                             "--model", "agent=python:tests.test_agents:stuck_agent", "-q", "-o", str(out)],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _running_count(out):
+            time.sleep(0.05)
+        time.sleep(0.3)  # the agent's calls are under way
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"interrupted; resume with: sop run --resume" in err and b"Traceback" not in err
+
+
+def _running_count(run_dir: Path) -> int:
+    import sqlite3
+
+    db = run_dir / "run.sqlite"
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status='running'").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+class _Hostile(BaseHTTPRequestHandler):
+    """An agent server that redirects (`/redirect?to=URL`), or answers 2 MiB with or without a length."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.startswith("/redirect"):
+            self.send_response(307)
+            self.send_header("Location", self.path.split("to=", 1)[1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = json.dumps({"reply": "x" * (2 << 20), "tool_calls": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if self.path == "/sized":
+            self.send_header("Content-Length", str(len(body)))
+        else:
+            self.send_header("Connection", "close")  # the body ends when the connection does
+            self.close_connection = True
+        self.end_headers()
+        with contextlib.suppress(ConnectionError):  # the client stops reading past its limit
+            self.wfile.write(body)
+
+
+@pytest.fixture
+def hostile() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    server.protocol_version = "HTTP/1.1"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_agent_redirect_is_not_followed(tmp_path, bike, cases, hostile) -> None:
+    """Before, a 307 re-sent the whole request (the conversation and the case's values) to the Location
+    host, and its answer was taken as the agent's."""
+    target = rule_agent.serve(0)
+    threading.Thread(target=target.serve_forever, daemon=True).start()
+    hits: list[str] = []
+    handle = target.RequestHandlerClass.do_POST
+
+    def counting(self: Any) -> None:
+        hits.append(self.path)
+        handle(self)
+
+    try:
+        elsewhere = f"http://127.0.0.1:{target.server_address[1]}/agent"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(target.RequestHandlerClass, "do_POST", counting)
+            summary = run_sync(bike, cases[:1], [f"agent={hostile}/redirect?to={elsewhere}"], str(tmp_path / "r"),
+                               progress=False)
+    finally:
+        target.shutdown()
+        target.server_close()
+    assert hits == []
+    assert summary.by_status == {"infra_failure": 1}
+    (error,) = [e["error"] for e in summary.infra_errors]
+    assert f"answered HTTP 307, a redirect to {elsewhere}; redirects are not followed" in error
+
+
+@pytest.mark.parametrize("path", ["sized", "unsized"])
+def test_an_http_agent_answer_over_the_limit_is_an_agent_error(tmp_path, bike, cases, hostile, path) -> None:
+    """Before, a 100 MB answer was read whole and stored twice; now reading stops past the limit."""
+    summary = run_sync(bike, cases[:1], [f"agent={hostile}/{path}"], str(tmp_path / "r"), progress=False)
+    assert summary.by_status == {"infra_failure": 1}
+    (error,) = [e["error"] for e in summary.infra_errors]
+    assert "over the limit of 1,048,576 (max_answer_bytes=)" in error
+    if path == "sized":
+        assert "the answer is 2,097,183 bytes" in error
+    # the limit is the agent's option: raised, the same answer is taken
+    summary = run_sync(bike, cases[:1], [f"agent={hostile}/{path},max_answer_bytes=4000000"], str(tmp_path / "big"),
+                       progress=False, max_turns=1)
+    assert summary.by_status == {"done": 1}, summary.infra_errors
+
+
+def test_a_python_agent_answer_over_the_limit_is_an_agent_error(tmp_path, bike, cases) -> None:
+    summary = run_sync(bike, cases[:1], [f"agent=python:{__name__}:huge_agent"], str(tmp_path / "r"), progress=False)
+    assert summary.by_status == {"infra_failure": 1}
+    (error,) = [e["error"] for e in summary.infra_errors]
+    assert "the answer is 2,097,183 bytes serialized, over the limit of 1,048,576" in error
+    with RunStore.open(tmp_path / "r") as store:
+        assert store.conn.execute("SELECT MAX(LENGTH(data)) FROM turns").fetchone()[0] is None

@@ -112,3 +112,84 @@ def test_decide_warns_about_undeclared_keys_without_failing():
     ]
     single = run("decide", TELECOM, "--values", '{"ConsumptionType": "Cancel", "Penalty": 0, "Reqest": 1}')
     assert single.exit_code == 0 and "`Reqest` is not a field" in single.stderr
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def _no_traceback(*args: str) -> str:
+    res = run(*args)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert "Traceback" not in res.output, res.output
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_quoted_enum_values_through_check_paths_synth_prompt_schema_render(tmp_path):
+    sop = str(DATA / "lang_quoted_values.sop")
+    assert "0 errors" in _no_traceback("check", sop)
+    paths = json.loads(_no_traceback("paths", sop, "--format", "json"))
+    assert any(p["constraints"].get("Reports") == '"5+ times"' for p in paths)
+    _no_traceback("synth", sop, "-n", "4", "-o", str(tmp_path / "c.jsonl"), "-q")
+    cases = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert {c["truth"]["Reports"] for c in cases} >= {"5+ times"}
+    assert 'one of: Never, "1-2 times", "5+ times"' in _no_traceback("prompt", sop)
+    assert '"5+ times"' in _no_traceback("schema", "agent-output", sop)
+    _no_traceback("render", sop, "-o", str(tmp_path / "g.mmd"))
+    assert "#quot;5+ times#quot;" in (tmp_path / "g.mmd").read_text()  # the label escapes the quotes
+    _no_traceback("render", sop, "-o", str(tmp_path / "g.dot"))
+    assert '\\"Traffic/URL' in (tmp_path / "g.dot").read_text()
+    out = _no_traceback("decide", sop, "--values", '{"Reports": "5+ times"}')
+    assert json.loads(out)["finals"] == {"Action": "Remove", "Severity": "Very high"}
+
+
+def test_optional_record_fields_through_check_paths_synth_prompt(tmp_path):
+    sop = str(DATA / "lang_optional_fields.sop")
+    assert "0 errors, 0 warnings" in _no_traceback("check", sop)
+    paths = json.loads(_no_traceback("paths", sop, "--format", "json"))
+    assert any(p["witness"]["Contact"]["email"] is None for p in paths)
+    _no_traceback("synth", sop, "-n", "7", "-o", str(tmp_path / "c.jsonl"), "-q")
+    cases = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert any(c["system"]["Contact"].get("email") is None for c in cases)
+    assert "email (text, may be absent)" in _no_traceback("prompt", sop)
+    out = _no_traceback("decide", sop, "--values", '{"Contact": {"phone": "1"}, "Bills": [{"amount": 5, "note": "urgent"}]}')
+    assert json.loads(out)["finals"] == {"Action": "Call"}
+
+
+def test_open_records_through_check_paths_synth_prompt(tmp_path):
+    sop = str(DATA / "lang_open_records.sop")
+    assert "0 errors, 0 warnings" in _no_traceback("check", sop)
+    assert len(json.loads(_no_traceback("paths", sop, "--format", "json"))) >= 3
+    _no_traceback("synth", sop, "-n", "3", "-o", str(tmp_path / "c.jsonl"), "-q")
+    assert "other fields may appear too" in _no_traceback("prompt", sop)
+    seg = {"flown": False, "fare": 5, "cabin": "Economy", "price": 99, "carrier": "LH"}
+    out = _no_traceback("decide", sop, "--values", json.dumps({"Segments": [seg], "Account": {"vip": False}}))
+    assert json.loads(out)["finals"] == {"Action": "Refund"}
+
+
+def test_list_outputs_through_check_paths_synth_prompt_schema(tmp_path):
+    sop = str(DATA / "lang_list_outputs.sop")
+    assert "0 errors, 0 warnings" in _no_traceback("check", sop)
+    paths = json.loads(_no_traceback("paths", sop, "--format", "json"))
+    assert {tuple(p["witness_finals"]["ProblemTypes"]) for p in paths} >= {()}
+    assert any("Network when NoSignal" in (p.get("finals_varying") or {}).get("ProblemTypes", "") for p in paths)
+    _no_traceback("synth", sop, "-n", "6", "-o", str(tmp_path / "c.jsonl"), "-q")
+    cases = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert all(isinstance(c["expected_finals"]["ProblemTypes"], list) for c in cases)
+    prompt = _no_traceback("prompt", sop)
+    assert "ProblemTypes — a list of at most 3 items, each one of: Billing, Network, Device" in prompt
+    assert "in any order (compared as a set)" in prompt and "[] when the final action does not set it" in prompt
+    assert '"type":"array"' in _no_traceback("schema", "agent-output", sop).replace(" ", "").replace("\n", "")
+    _no_traceback("render", sop, "-o", str(tmp_path / "g.svg"))
+    out = _no_traceback("decide", sop, "--values", '{"DeviceBroken": true, "NoSignal": true, "BillingIssue": false}')
+    assert json.loads(out)["finals"] == {"Action": "Repair", "ProblemTypes": ["Network", "Device"]}
+
+
+def test_validate_compares_a_list_output_as_a_set(tmp_path):
+    data = tmp_path / "log.csv"
+    data.write_text('DeviceBroken,NoSignal,BillingIssue,Action,ProblemTypes\n'
+                    'true,true,false,Repair,"[""Device"",""Network"",""Device""]"\n'
+                    'false,true,true,Resolve,"[""Network""]"\n', encoding="utf-8")
+    res = run("validate", str(DATA / "lang_list_outputs.sop"), "--data", str(data))
+    assert "Traceback" not in res.output
+    assert "1/2 rows agree" in res.output, res.output

@@ -4,6 +4,7 @@ the analyses (paths, witnesses, synthesis), JSON Schemas, prompt text and `sop f
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from sopgraph.logic.engine import DecideError, Engine, interpret
 from sopgraph.logic.lower import analysis_form
 from sopgraph.logic.paths import count_paths, iter_paths
 from sopgraph.simulation.prompts import agent_system_prompt, describe_domain
+
+ROOT_DATA = Path(__file__).resolve().parent / "data"
 
 PROGRAM = """\
 type Cabin = Economy | Business
@@ -367,3 +370,129 @@ def test_sum_mistakes_are_located_errors(expr: str, fragment: str) -> None:
     text = SUM_PROGRAM.replace("sum(i.amount for i in Invoices)", expr)
     errors = [d for d in check_file("t.sop", text=text).diagnostics if d.is_error]
     assert errors and any(fragment in d.message for d in errors), [d.message for d in errors]
+
+
+# ---- optional record fields (`note: string?`) ---------------------------------------------------
+
+OPTIONAL_FIELDS = ROOT_DATA / "lang_optional_fields.sop"
+
+
+def test_an_optional_record_field_may_be_absent_or_null_and_missing_tests_it() -> None:
+    sc = sopgraph.load(OPTIONAL_FIELDS)
+    contact = {"phone": "1"}
+    bills = [{"amount": 5.0}, {"amount": 5.0, "note": None, "due": None}, {"amount": 5.0, "note": "urgent"}]
+    assert _both(sc, {"Contact": contact, "Bills": bills}).finals == {"Action": "Call"}
+    assert _both(sc, {"Contact": {**contact, "email": "a@example.com"}, "Bills": []}).finals == {"Action": "Mail"}
+    assert _both(sc, {"Contact": {**contact, "email": None}, "Bills": bills[:2]}).finals == {"Action": "Mail"}
+    # a declared field that is not optional is still required, and the optional one still typed
+    assert "missing value for `Contact.phone`" in _both(sc, {"Contact": {"email": "a@example.com"}})
+    assert "Bills[0].note" in _both(sc, {"Contact": contact, "Bills": [{"amount": 5.0, "note": 3}]})
+
+
+def test_reading_an_absent_optional_field_is_refused_in_both_engine_forms() -> None:
+    sc = sopgraph.load(text=str(OPTIONAL_FIELDS.read_text()).replace("not missing(b.note) and ", ""), check=False)
+    got = _both(sc, {"Contact": {"phone": "1"}, "Bills": [{"amount": 5.0}]})
+    assert got == ("`b.note` (`Bills[0].note`) is missing: it is optional, so test `missing(b.note)` before reading "
+                   "it (needed at bills)")
+
+
+def test_optional_fields_are_checked_analysed_and_described() -> None:
+    text = OPTIONAL_FIELDS.read_text()
+    unguarded = text.replace("not missing(b.note) and ", "")
+    warned = [d for d in check_file("t.sop", text=unguarded).diagnostics if d.code == "W306"]
+    assert len(warned) == 1  # an unguarded read of an optional field, reported once for all the items
+    assert warned[0].message.startswith("`b.note` (`Bills[0].note`) is optional and may be read while it is missing")
+    assert "`not missing(b.note) and …`" in (warned[0].hint or "") and warned[0].witness is not None
+    not_optional = text.replace("when missing(Contact.email)", "when missing(Contact.phone)")
+    errors = [d for d in check_file("t.sop", text=not_optional).diagnostics if d.is_error]
+    assert [d.code for d in errors] == ["E212"] and "`phone` is not optional" in errors[0].message
+    sc = sopgraph.load(OPTIONAL_FIELDS)
+    paths = list(iter_paths(sc))
+    assert [p.action for p in paths] == ["Call", "Ask", "Mail", "Mail", "Call", "Ask", "Mail"]
+    for p in paths:  # every witness, optional fields left out (null) included, decides down its own path
+        assert p.witness is not None and sopgraph.decide(sc, p.witness).path == p.stages
+    assert any(w["Contact"]["email"] is None for w in (p.witness for p in paths) if w)
+    assert "email (text, may be absent)" in describe_domain(sc.variables["Contact"].type)
+    rec = type_schema(sc.variables["Contact"].type)
+    assert rec["required"] == ["phone"] and rec["properties"]["email"]["type"] == ["string", "null"]
+    assert validate(rec, {"phone": "1"}) == [] and validate(rec, {"phone": "1", "email": None}) == []
+    assert validate(rec, {"email": "x"}) != []
+    assert "note: string?" in format_text(text)
+
+
+# ---- open records (`record open { … }`) ---------------------------------------------------------
+
+OPEN_RECORDS = ROOT_DATA / "lang_open_records.sop"
+DB_SEGMENT = {"flown": False, "fare": 120.0, "cabin": "Economy", "price": 99, "carrier": "LH", "seat": None}
+
+
+def test_an_open_record_ignores_undeclared_fields_and_keeps_declared_ones_strict() -> None:
+    sc = sopgraph.load(OPEN_RECORDS)
+    account = {"vip": False}
+    assert _both(sc, {"Segments": [DB_SEGMENT], "Account": account}).finals == {"Action": "Refund"}
+    assert _both(sc, {"Segments": [{**DB_SEGMENT, "flown": True}], "Account": account}).finals == {"Action": "Decline"}
+    # declared fields: still required and typed
+    assert "missing value for `Segments[0].fare`" in _both(
+        sc, {"Segments": [{k: v for k, v in DB_SEGMENT.items() if k != "fare"}], "Account": account})
+    assert "`Segments[0].cabin`" in _both(sc, {"Segments": [{**DB_SEGMENT, "cabin": "First"}], "Account": account})
+    # a record not declared open stays closed, and says how to open it
+    got = _both(sc, {"Segments": [DB_SEGMENT], "Account": {"vip": False, "tier": "gold"}})
+    assert got == ("`Account` has no field `tier` (write `record open { … }` to ignore fields the record does not "
+                   "declare) (needed at check)")
+
+
+def test_open_records_are_described_formatted_and_in_the_schema() -> None:
+    sc = sopgraph.load(OPEN_RECORDS)
+    seg = sc.variables["Segments"].type.item
+    assert seg.open and not sc.variables["Account"].type.open
+    assert type_schema(seg)["additionalProperties"] is True
+    assert type_schema(sc.variables["Account"].type)["additionalProperties"] is False
+    assert validate(type_schema(sc.variables["Segments"].type), [DB_SEGMENT]) == []
+    assert "other fields may appear too" in describe_domain(sc.variables["Segments"].type)
+    text = OPEN_RECORDS.read_text()
+    assert "record open { flown: bool" in format_text(text)
+    assert ir.describe_type(seg.model_copy(update={"alias": None})).startswith("record open { flown: bool")
+    for p in iter_paths(sc):  # witnesses hold the declared fields and decide down their own path
+        assert p.witness is not None and set(p.witness["Segments"][0]) == {"flown", "fare", "cabin"}
+        assert sopgraph.decide(sc, p.witness).path == p.stages
+
+
+def test_open_is_a_keyword_only_after_record() -> None:
+    sc = sopgraph.load(text='field open: bool "o"\ntype R = record open { open: bool }\nsystem X: R "x"\n'
+                            'action Go "g"\nstage s { when open and X.open -> do Go otherwise -> do Go }\n')
+    assert sc.variables["X"].type.open and sc.variables["X"].type.fields[0].name == "open"
+
+
+# ---- list outputs over lists and records ------------------------------------------------------------
+
+FLAGS = """\
+type Seg = record { flown: bool, cabin: Eco | Biz }
+system Segs: list[1..3] of Seg "The segments."
+field Angry: bool "The caller is angry."
+output Flags: list[..2] of Flown | Business | Upset "What the case involves."
+action Log "Log the case."
+stage s1 {
+    when Angry -> do Log { Flags = [Upset, Flown when any(s in Segs where s.flown), Business when any(s in Segs where s.cabin == Biz)] }
+    otherwise -> do Log { Flags = case { when all(s in Segs where s.flown) -> [Flown] otherwise -> [] } }
+}
+"""
+
+
+def test_a_list_output_built_from_conditions_over_lists_is_checked_and_analysed() -> None:
+    diags = check_file("t.sop", text=FLAGS).diagnostics
+    errors = [d for d in diags if d.is_error]
+    assert [d.code for d in errors] == ["E204"] and "can hold 3 values, outside the 0 to 2" in errors[0].message
+    witness = errors[0].witness
+    assert witness is not None  # verified by the engine: three flags for a list of at most two
+    sc = sopgraph.load(text=FLAGS, check=False)
+    with pytest.raises(DecideError, match="has 3 values; it holds at most 2"):
+        interpret(sc, witness)
+    fixed = FLAGS.replace("list[..2] of", "list[..3] of")
+    assert [d for d in check_file("t.sop", text=fixed).diagnostics if d.is_error] == []
+    sc = sopgraph.load(text=fixed)
+    seg = {"flown": True, "cabin": "Biz"}
+    assert _both(sc, {"Angry": True, "Segs": [seg]}).finals == {"Action": "Log", "Flags": ["Flown", "Business", "Upset"]}
+    assert _both(sc, {"Angry": False, "Segs": [seg]}).finals == {"Action": "Log", "Flags": ["Flown"]}
+    assert _both(sc, {"Angry": False, "Segs": [seg, {**seg, "flown": False}]}).finals == {"Action": "Log", "Flags": []}
+    for p in iter_paths(sc):
+        assert p.witness is not None and sopgraph.decide(sc, p.witness).finals == p.witness_finals

@@ -277,6 +277,10 @@ def _guard(draw, depth: int = 0) -> str:
         st.sampled_from(["Met.ok", "not Met.ok", "X in Tags", "Y not in Tags", "E2 in Tags",
                          "any(t in Tags where t == Y and any(s in Segs where s.cabin == C))"]),
         st.builds(lambda c: f"Heavy >= {c}", st.sampled_from([0, 1, 1.5, 2, 3.5, 5, 6.5])),
+        # optional record fields, quoted enum values (docs/language.md §4)
+        st.sampled_from(['any(s in Segs where not missing(s.note) and s.note == "x")',
+                         'any(s in Segs where s.note == "x")', "all(s in Segs where missing(s.note))",
+                         'E3 == "5+ times"', 'E3 in {Low, "5+ times"}']),
     ]
     atoms = [st.one_of(atoms), st.one_of(data)]
     if depth < 2:
@@ -294,8 +298,9 @@ def _program(draw) -> str:
         "let Fee = N * 2 + 1", "let Ratio = F / D", "let Big = N > 50",
         "let Score = count(B1, B2, E1 == A)",
         "let Tier = case { when Big -> Gold when B1 -> Silver otherwise -> Bronze }",
-        "type Seg = record { flown: bool, cabin: A | B | C, price: int[0..100] }",
-        "system Segs: list[..3] of Seg", "system Met: record { lat: int[0..1000], ok: bool }",
+        "type Seg = record { flown: bool, cabin: A | B | C, price: int[0..100], note: string? }",
+        "system Segs: list[..3] of Seg", "system Met: record open { lat: int[0..1000], ok: bool }",
+        'field E3: Low | "5+ times"', "output Kinds: list[..2] of A | B | C = []",
         "system Tags: list[1..3] of X | Y",
         "let Flown = count(s in Segs where s.flown)", "let Heavy = count(2: B1, 1.5: Met.ok, 3: N > 50)",
         "system Day: date", "system At: datetime", "system Wait: duration", "field Code: string",
@@ -311,7 +316,9 @@ def _program(draw) -> str:
         leaf = draw(st.sampled_from(["do Go", "do Stop", "do Ask", "do Go { Plan = Tier }",
                                      "do Stop { Amount = Fee, Plan = Silver }", "do Ask { Amount = F * 2 }",
                                      "do Go { Charge = Fee - 50 }", "do Stop { Amount = Heavy + len(Segs) }",
-                                     "do Ask { When = Day + 1 days }"]))
+                                     "do Ask { When = Day + 1 days }",
+                                     "do Ask { Kinds = [A, B when B1, C when Met.ok] }",
+                                     "do Go { Kinds = case { when Big -> [C] otherwise -> [B, B when B2] } }"]))
         return draw(st.sampled_from(choices + [leaf, leaf])) if choices else leaf
 
     for i in range(n):
@@ -351,13 +358,16 @@ VALUES = st.fixed_dictionaries({}, optional={
     "Other": st.sampled_from(["AB1", "ZZ"]),
     "Opt": st.one_of(st.none(), st.floats(0, 5), st.just("x")),
     "Dflt": st.one_of(st.none(), st.integers(0, 10), st.just(11)),
+    "E3": st.sampled_from(["Low", "5+ times", "5 times"]),
 })
 DATA_VALUES = st.fixed_dictionaries({
     "Segs": st.one_of(
         st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(ENUMS["E1"]),
                                         "price": st.integers(0, 100)}), min_size=2, max_size=3),
         st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(ENUMS["E1"]),
-                                        "price": st.integers(0, 100)}), max_size=3),
+                                        "price": st.integers(0, 100)},
+                                       optional={"note": st.one_of(st.none(), st.sampled_from(["x", "y"]))}),
+                 max_size=3),
         st.lists(st.fixed_dictionaries({"flown": st.booleans(), "cabin": st.sampled_from(["A", "Z"])},
                                        optional={"price": st.one_of(st.integers(-1, 101), st.just(5.0)),
                                                  "prise": st.just(1)}), max_size=4),
@@ -576,3 +586,71 @@ def test_an_output_outside_its_declared_range_is_a_decide_error(values: dict[str
     ok = {"Reason": "Other", "NightlyRate": 620}
     assert [e.decide(ok).finals for e in _engines(scenario)] == [{"Action": "PartialRefund", "Fee": 120,
                                                                   "Nights": 1}] * 2
+
+
+QUOTED_VALUES = ROOT / "tests" / "data" / "lang_quoted_values.sop"
+
+
+def test_quoted_enum_values_decide_alike_in_every_engine_form() -> None:
+    """`"5+ times"`, `"Traffic/URL Cloaking"`: values that are not names are values like any other; a value
+    off the domain is refused with the domain shown as written."""
+    scenario = sopgraph.load(QUOTED_VALUES)
+    engines = _engines(scenario)
+    cases = [({"Reports": "5+ times"}, {"Action": "Remove", "Severity": "Very high"}),
+             ({"Reports": "1-2 times", "Kind": "Traffic/URL Cloaking"}, {"Action": "Remove", "Severity": "Very high"}),
+             ({"Reports": "1-2 times", "Kind": "count"}, {"Action": "Review", "Severity": "Low"}),
+             ({"Reports": "Never"}, {"Action": "Keep", "Severity": "Low"})]
+    for values, finals in cases:
+        assert interpret(scenario, values).finals == finals
+        _same(scenario, engines, values)
+    with pytest.raises(DecideError, match=re.escape('value "5 times" is not in the domain of `Reports` '
+                                                    '(Never | "1-2 times" | "5+ times")')):
+        interpret(scenario, {"Reports": "5 times"})
+    _same(scenario, engines, {"Reports": "5 times"})
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_assignments(scenario))
+    def run(values: dict[str, Any]) -> None:
+        _same(scenario, engines, values)
+
+    run()
+
+
+LIST_OUTPUTS = ROOT / "tests" / "data" / "lang_list_outputs.sop"
+
+
+def test_a_list_output_is_a_set_in_the_enums_order_in_every_engine_form() -> None:
+    """`ProblemTypes = [Device, Network when NoSignal, Billing when BillingIssue]`: the items whose condition
+    holds, each once, reported in the enum's declaration order; unset, the default `[]`."""
+    scenario = sopgraph.load(LIST_OUTPUTS)
+    engines = _engines(scenario)
+    cases = [({"DeviceBroken": True, "NoSignal": True, "BillingIssue": True}, ["Billing", "Network", "Device"]),
+             ({"DeviceBroken": True, "NoSignal": False, "BillingIssue": False}, ["Device"]),
+             ({"DeviceBroken": False, "NoSignal": True, "BillingIssue": False}, ["Network"]),
+             ({"DeviceBroken": False, "NoSignal": False, "BillingIssue": False}, [])]
+    for values, problems in cases:
+        assert interpret(scenario, values).finals["ProblemTypes"] == problems
+        _same(scenario, engines, values)
+    assert "[*((" in engines[0].source  # the generated form builds the list itself
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_assignments(scenario))
+    def run(values: dict[str, Any]) -> None:
+        _same(scenario, engines, values)
+
+    run()
+
+
+def test_a_list_output_outside_its_length_is_refused_in_every_engine_form() -> None:
+    text = LIST_OUTPUTS.read_text().replace("list[..3] of", "list[1..2] of")
+    scenario = sopgraph.load(text=text, check=False)
+    values = {"DeviceBroken": True, "NoSignal": True, "BillingIssue": True}
+    with pytest.raises(DecideError, match=re.escape(
+            'output `ProblemTypes` = ["Device", "Network", "Billing"] has 3 values; it holds at most 2')):
+        interpret(scenario, values)
+    for row in (values, {"DeviceBroken": False, "NoSignal": True, "BillingIssue": False}):
+        _same(scenario, _engines(scenario), row)
+    at_least = sopgraph.load(text=text.replace("list[1..2] of", "list[2..3] of"), check=False)
+    with pytest.raises(DecideError, match="has 1 value; it holds at least 2"):
+        interpret(at_least, {"DeviceBroken": False, "NoSignal": True, "BillingIssue": False})
+    _same(at_least, _engines(at_least), {"DeviceBroken": False, "NoSignal": True, "BillingIssue": False})

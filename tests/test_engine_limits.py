@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from sopgraph.language.parse import MAX_DERIVED_CHAIN
 from sopgraph.logic import domain
 from sopgraph.logic.checker import load
 from sopgraph.logic.engine import engine_for, interpret
@@ -44,8 +45,8 @@ def _lets(n: int) -> str:
     (_count(3000), [{f"F{i}": i < 2 for i in range(3000)}, {f"F{i}": False for i in range(3000)}]),
     (_match(3000), [{"N": 2999}, {"N": 2998}, {"N": 9999}]),
     (_when(3000), [{"N": 1}, {"N": 2}, {"N": 4000}]),
-    (_lets(1000), [{"N": 3}, {"N": 10}]),
-], ids=["case-250", "count-3000", "match-3000", "when-3000", "let-chain-1000"])
+    (_lets(MAX_DERIVED_CHAIN), [{"N": 3}, {"N": 10}]),  # the longest chain that loads (docs/language.md, Limits)
+], ids=["case-250", "count-3000", "match-3000", "when-3000", "let-chain-longest"])
 def test_checked_programs_run(text, rows):
     scenario = load(text=text, flow=False)
     engine = engine_for(scenario)
@@ -55,8 +56,8 @@ def test_checked_programs_run(text, rows):
 
 
 def test_let_chain_values_are_exact():
-    scenario = load(text=_lets(1000), flow=False)
-    assert engine_for(scenario).decide({"N": 10}).finals["Action"] == "A"  # L999 = 10 + 1000 > 1005
+    scenario = load(text=_lets(MAX_DERIVED_CHAIN), flow=False)
+    assert engine_for(scenario).decide({"N": 10}).finals["Action"] == "A"  # L299 = 10 + 300 > 305
     assert engine_for(scenario).decide({"N": 3}).finals["Action"] == "B"
 
 

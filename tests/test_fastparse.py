@@ -8,19 +8,21 @@ the grammar and on the random well-typed programs of tests/test_engine.py.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import gen_sop, scoring_sop
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 from test_engine import _program
 from test_fuzz import GRAMMAR_PROGRAMS
 
 from sopgraph.language import fastparse
 from sopgraph.language.diagnostics import SopError
-from sopgraph.language.parse import _lark_program, parse_text
+from sopgraph.language.parse import KEYWORDS, _lark_program, parse_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted([*ROOT.glob("scenarios/*.sop"), *ROOT.glob("examples/**/*.sop"), *ROOT.glob("tests/golden/*.sop"),
@@ -387,3 +389,127 @@ def test_names_in_any_script_parse_the_same() -> None:
     program, fragments = fast_items(UNICODE_NAMES)
     assert program is not None and fragments == []
     assert_same(UNICODE_NAMES.replace("第二步 {", "2步 {"))  # a syntax error on both paths, alike
+
+
+# ---------------------------------------------------------------------------------------------
+# Differential fuzz over mutated text: the fast path never accepts what Lark rejects, and when both
+# accept they build the same program (assert_same also compares the diagnostics of a rejection).
+
+_WORD_TOKEN = re.compile(r'"""[\s\S]*?"""|"(?:[^"\\\n]|\\.)*"|[^\W\d]\w*(?:\.[^\W\d]\w*)*|\d+(?:\.\d+)?|->|==|!=|<=|>='
+                         r"|\.\.|\S")
+_STRAY = ["?", "|", ":", "=", ",", "->", "{", "}", "(", ")", "[", "]", "..", "-", "#", '"', "x", "1", "do", "when",
+          "otherwise", "up to 2 times", "not", "in", "\n", " "]
+
+
+def _seed_texts() -> list[str]:
+    paths = sorted([*ROOT.glob("scenarios/*.sop"), *ROOT.glob("examples/**/*.sop")])
+    texts = [p.read_text(encoding="utf-8").replace("\r\n", "\n") for p in paths]
+    texts += [gen_sop().generate(6, kind=kind, seed=1) for kind in ("diamond", "chain", "mixed", "realistic")]
+    return texts
+
+
+MUTATION_SEEDS = _seed_texts()
+
+
+def mutate_text(text: str, op: str, a: int, b: int) -> str:
+    """One edit of `text` at token positions picked by `a` and `b` (modulo what exists)."""
+    toks = [(m.start(), m.end()) for m in _WORD_TOKEN.finditer(text)] or [(0, 0)]
+    s, e = toks[a % len(toks)]
+    s2, e2 = toks[b % len(toks)]
+    if op == "delete":
+        return text[:s] + text[e:]
+    if op == "duplicate":
+        return text[:e] + " " + text[s:e] + text[e:]
+    if op == "swap":
+        (s, e), (s2, e2) = sorted(((s, e), (s2, e2)))
+        return text if s == s2 or e > s2 else text[:s] + text[s2:e2] + text[e:s2] + text[s:e] + text[e2:]
+    if op == "glue_keyword":  # a keyword runs into the next word
+        keywords = [t for t in toks if text[t[0]:t[1]] in KEYWORDS] or toks
+        s, e = keywords[a % len(keywords)]
+        op = "glue"
+    if op == "glue":  # the token runs into the next one: the whitespace after it goes
+        gap = re.match(r"[ \t\n]+", text[e:])
+        return text if gap is None else text[:e] + text[e + gap.end():]
+    if op == "drop_newline":
+        nl = text.find("\n", s)
+        return text if nl < 0 else text[:nl] + text[nl + 1:]
+    if op == "stray":
+        return text[:s] + _STRAY[b % len(_STRAY)] + text[s:]
+    if op == "truncate":
+        return text[:s]
+    raise AssertionError(op)
+
+
+MUTATIONS = ["delete", "duplicate", "swap", "glue", "glue_keyword", "drop_newline", "stray", "truncate"]
+MUTATION = st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 10**6), st.integers(0, 10**6))
+
+
+@settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), max_examples=150)
+@given(st.sampled_from(range(len(MUTATION_SEEDS))), st.lists(MUTATION, min_size=1, max_size=3))
+def test_mutated_text_parses_the_same(seed: int, edits: list[tuple[str, int, int]]) -> None:
+    text = MUTATION_SEEDS[seed]
+    for op, a, b in edits:
+        text = mutate_text(text, op, a, b)
+    assert_same(text)
+
+
+@pytest.mark.parametrize("text", [
+    'fieldA: bool\n', 'field A: bool\nsystemB: int\n', 'actionGo "go"\n', 'field A: bool\nstages { -> t }\n',
+    'field A: bool\nletY = A\n', 'field A: bool\nstage s { whenA -> t otherwise -> t }\n',
+    'stage s { -> t up to2 times otherwise -> u }\n', 'stage s { match A { B -> t otherwise-> u } }\n',
+])
+def test_keywords_glued_to_names_parse_the_same(text: str) -> None:
+    """A keyword run into the next word (`systemB:`) is one name to the fast path's reader; Lark's
+    contextual lexer would split it where no name can stand. Both reject it, with the same diagnostic."""
+    assert_same(text)
+    assert isinstance(outcome(text, "t.sop", fast=True), list) == ("otherwise->" not in text), text
+
+
+QUOTED_ENUMS = '''field Visits: Never | "1-2 times" | "5+ times" "v"
+system Kind: "Traffic/URL Cloaking" | Phishing
+action Go(level: Low | "Very high") "g"
+output Level: Low | "Very high" = Low
+stage s1 {
+    match Visits { "5+ times" -> do Go(level = "Very high") Never, "1-2 times" -> s2 }
+}
+stage s2 { when Kind == "Traffic/URL Cloaking" -> do Go(level = Low) otherwise -> do Go(level = "Very high") }
+'''
+
+
+def test_quoted_enum_values_parse_the_same_without_lark() -> None:
+    """Enum values written in quotes (`"5+ times"`) are read by the fast path itself, into Lark's nodes;
+    one quoted string alone is no type on either path."""
+    assert_same(QUOTED_ENUMS)
+    program, fragments = fast_items(QUOTED_ENUMS)
+    assert program is not None and fragments == []
+    assert_same('field V: "5+ times" "v"\n')
+    assert_same('field V: A | "x" | \n')
+    assert_same('type T = "a b" | C\nsystem S: T\n')
+    two_first = 'field V: A | B | "c d" "v"\nfield W: A | B\n    | "c"\n'  # the one-line head regex gives way
+    assert_same(two_first)
+    assert fast_items(two_first)[1] == []
+
+
+def test_optional_record_fields_parse_the_same() -> None:
+    text = ('type Bill = record { amount: float, note: string?, due: date? }\nsystem B: Bill "b"\n'
+            'system C: record { a: bool?, b: list of X | Y? } "c"\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)  # a program, not diagnostics
+    assert_same(text)
+    assert_same('system C: record { a: bool?? } "c"\n')  # a syntax error on both paths, alike
+
+
+def test_open_records_parse_the_same() -> None:
+    text = ('type Seg = record open { flown: bool, inner: record { x: int } }\nsystem S: list of Seg "s"\n'
+            'system M: record open { ok: bool? } "m"\nfield open: bool "o"\nlet X = open\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)
+    assert_same(text)
+    assert_same('system M: record open open { ok: bool } "m"\n')
+
+
+def test_list_outputs_parse_the_same() -> None:
+    text = ('field X: bool "x"\noutput P: list[..3] of A | B | "C d" = [B, A] "p"\naction Go "g"\n'
+            'stage s { when X -> do Go { P = [A, B when X and not X, "C d" when X] } otherwise -> do Go { P = [] } }\n')
+    assert not isinstance(outcome(text, "t.sop", fast=True), list)
+    assert_same(text)
+    assert_same(text.replace("[B, A]", "[B, A when X]"))  # a default is a list of values: no conditions
+    assert_same(text.replace("P = []", "P = [,]"))

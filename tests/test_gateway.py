@@ -1017,3 +1017,17 @@ def test_a_warmed_up_process_forks_children_whose_first_call_imports_nothing(war
     assert report["threads"] == 1 and report["pending_logs"] == 0
     imported = [m for m in report["imported_by_child"] if m.startswith(("litellm", "tiktoken"))]
     assert (imported == []) if warm else (len(imported) > 10)
+
+
+@pytest.mark.parametrize("model", ROUTES)
+def test_an_answer_over_the_size_limit_is_refused_not_retried(model: str, server: FakeServer, gateway: Gateway) -> None:
+    """Issue 29: nothing bounded a model's answer; one over `max_answer_bytes` (default 1 MiB) is an
+    infrastructure failure naming its size, not retried (the model would say the same) and never returned."""
+    server.set_default(Behavior.ok("é" * 600_000))  # 600,000 characters, 1,200,000 bytes
+    with pytest.raises(InfraFailure) as info:
+        run(gateway.complete(spec_for(server, model), MESSAGES))
+    assert info.value.kind == "too_large" and not info.value.retryable and len(server.requests) == 1
+    assert "the answer is 1,200,000 bytes, over the limit of 1,048,576 (max_answer_bytes=)" in str(info.value)
+    answer = run(gateway.complete(spec_for(server, model, max_answer_bytes=2_000_000), MESSAGES))
+    assert len(answer.text) == 600_000
+    assert spec_for(server, model, max_answer_bytes=5).params.max_answer_bytes == 5

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeServer
+from test_gateway import _logged_calls
 
 from sopgraph.simulation import gateway as gw
 from sopgraph.simulation.gateway import Gateway, ModelSpec
@@ -24,20 +25,6 @@ MESSAGES = [{"role": "user", "content": "My phone shows no service."}]
 def server() -> Iterator[FakeServer]:
     with FakeServer() as srv:
         yield srv
-
-
-def _logged_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    from litellm.litellm_core_utils.litellm_logging import Logging
-
-    seen: list[str] = []
-    real = Logging.async_success_handler
-
-    async def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(str(self.model))
-        return await real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Logging, "async_success_handler", spy)
-    return seen
 
 
 def _calls(server: FakeServer, cache_dir: Path) -> list[str]:

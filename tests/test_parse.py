@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from sopgraph.language import ir
+from sopgraph.cli import main
+from sopgraph.language import ir, syntax_errors
 from sopgraph.language.diagnostics import SopError
-from sopgraph.language.parse import CONTEXT_KEYWORDS, KEYWORDS, load_source, parse_text
+from sopgraph.language.parse import (
+    CONTEXT_KEYWORDS,
+    KEYWORDS,
+    MAX_DEPTH,
+    MAX_DERIVED_CHAIN,
+    load_source,
+    parse_text,
+)
+from sopgraph.language.syntax_errors import CATALOGUE
 
 HEAD = 'field Mood: Calm | Angry\nfield Vip: bool\nsystem Fee: int[0..100]\naction Help "h"\naction Wait "w"\n'
 RAW_TOKEN_NAMES = ("__ANON", "RBRACE", "LBRACE", "RPAR", "LPAR", "$END", "COMP_OP", "NAME", "STRING",
@@ -248,3 +260,234 @@ def test_a_program_written_with_chinese_names_checks_and_decides() -> None:
     decided = CliRunner().invoke(main, ["decide", str(path)],
                                  input=json.dumps({"意图": "退款", "订单状态": "未发货", "金额": 100}, ensure_ascii=False))
     assert json.loads(decided.output) == {"path": ["第一步", "第二步"], "finals": {"Action": "办理退款"}}
+
+
+@pytest.mark.parametrize("body", ['observe Vip "Look again." -> do Help', 'classify Mood\n "Ask." -> do Help',
+                                  'when Vip -> do Help\n "Then wait." otherwise -> do Wait'])
+def test_stage_text_after_a_statement_says_texts_come_first(body: str) -> None:
+    diag, _ = syntax_error(HEAD + f'stage s "S" {{\n {body}\n}}\n')
+    assert diag.message.startswith("a stage's description text comes first"), diag.message
+    assert diag.hint == "move the text up, right after `stage s ... {`"
+
+
+@pytest.mark.parametrize(("text", "keyword", "glued"), [
+    ("systemB: int\n", "system", "systemB"), ('actionGo "go"\n', "action", "actionGo"),
+    ("stages { -> t }\n", "stage", "stages"), ("letY = 1\n", "let", "letY"),
+    ("stage s { whenVip -> do Help otherwise -> do Help }\n", "when", "whenVip"),
+    ("stage s { -> do Help up to2 times otherwise -> do Wait }\n", "to", "to2"),
+])
+def test_a_keyword_run_into_a_name_is_refused(text: str, keyword: str, glued: str) -> None:
+    """Lark's contextual lexer split `systemB` where no name can stand; a keyword is a word of its own."""
+    diag, _ = syntax_error(HEAD + text)
+    assert diag.message == f"missing space after `{keyword}` in `{glued}`", diag.message
+    assert diag.span.line == 6 and diag.span.end_col - diag.span.col == len(glued)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds on nesting (docs/language.md, "Limits"): located E006 diagnostics, never a RecursionError
+
+
+def let_chain(n: int) -> str:
+    lets = "".join(f"let X{i} = X{i - 1} * 2 - 1\n" for i in range(1, n + 1))
+    return (f'scenario chain "c"\nsystem X0: float[0..10]\n{lets}action Go "g"\naction No "n"\n'
+            f"stage s {{ when X{n} > 5 -> do Go otherwise -> do No }}\n")
+
+
+def test_a_derived_chain_is_bounded_with_a_located_diagnostic() -> None:
+    assert load_source(None, text=let_chain(MAX_DERIVED_CHAIN), name="c.sop").scenario is not None
+    loaded = load_source(None, text=let_chain(1000), name="c.sop")
+    assert loaded.scenario is None and len(loaded.diagnostics) == 1
+    diag = loaded.diagnostics[0]
+    assert diag.code == "E006" and diag.message.startswith(f"derived chain too long: `X{MAX_DERIVED_CHAIN + 1}` reads")
+    assert diag.span.line == MAX_DERIVED_CHAIN + 3 and diag.span.col == 5
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 1, MAX_DEPTH, 5000])
+def test_expression_nesting_is_bounded_at_parse_time(depth: int) -> None:
+    text = HEAD + f"stage s {{ when {'not ' * depth}Vip -> do Help otherwise -> do Wait }}\n"
+    if depth < MAX_DEPTH:  # `not` x (depth) over a name: depth + 1 levels
+        assert parse_text(text, "t.sop") is not None
+        return
+    with pytest.raises(SopError) as exc:
+        parse_text(text, "t.sop")
+    diag = exc.value.diagnostics[0]
+    assert diag.code == "E006" and diag.message == f"expression nested too deeply ({depth + 1} levels; at most {MAX_DEPTH})"
+    assert diag.span.line == 6
+
+
+PROFILE_FOR_DEEP = """scenario: p
+intents:
+  deep:
+    description: deep
+    intensity: zero
+    when: "{when}"
+"""
+
+
+@pytest.mark.parametrize("command", [["check"], ["paths"], ["decide", "--values", '{"X0": 3}'], ["synth"], ["prompt"],
+                                     ["fmt", "--check"]])
+def test_deep_inputs_never_traceback_in_any_command(tmp_path: Path, command: list[str]) -> None:
+    """A 1,000-`let` chain and a profile `when` of 5,000 nested `not`: diagnostics, no RecursionError."""
+    chain = tmp_path / "chain.sop"
+    chain.write_text(let_chain(1000), encoding="utf-8")
+    deep = tmp_path / "deep.sop"
+    deep.write_text('scenario p "p"\nfield Calm: bool\naction Go "g"\naction No "n"\n'
+                    "stage s { when Calm -> do Go otherwise -> do No }\n", encoding="utf-8")
+    (tmp_path / "deep.profile.yaml").write_text(PROFILE_FOR_DEEP.format(when="not " * 5000 + "Calm"), encoding="utf-8")
+    for path in (chain, deep):
+        result = CliRunner().invoke(main, [*command, str(path)])
+        assert result.exception is None or isinstance(result.exception, SystemExit), (command, path, result.output)
+        assert "Traceback" not in result.output
+        if command[0] in ("check", "paths", "synth", "decide", "prompt") and path is chain:
+            assert f"chain.sop:{MAX_DERIVED_CHAIN + 3}:5: error[E006]: derived chain too long" in result.output
+        if command[0] in ("check", "synth") and path is deep:
+            assert "deep.profile.yaml:6:" in result.output and "nested too deeply (5001 levels; at most 100)" \
+                in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# The syntax-error catalogue (sopgraph/language/syntax_errors.py), matched by example
+
+
+@pytest.mark.parametrize(("label", "example"), [(e.label, x) for e in CATALOGUE for x in e.examples])
+def test_every_catalogue_example_gets_its_message(label: str, example: str) -> None:
+    entry = next(e for e in CATALOGUE if e.label == label)
+    with pytest.raises(SopError) as exc:
+        parse_text(example, "t.sop", fast=False)
+    diag = exc.value.diagnostics[0]
+    head = entry.message.split("{")[0].replace("}}", "}")
+    assert diag.message.startswith(head), (example, diag.message)
+
+
+def test_the_catalogue_is_matched_by_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the entries' `expects` gone, their examples alone still name the errors they stand for."""
+    bare = tuple(dataclasses.replace(e, expects=frozenset()) if e.examples else e for e in CATALOGUE)
+    monkeypatch.setattr(syntax_errors, "CATALOGUE", bare)
+    monkeypatch.setattr(syntax_errors, "_MATCHED", {})
+    for text, message in (("stage s { match A { B do X } }", "missing `->` before `do`"),
+                          ("stage s { }", "stage has no decision"),
+                          ("stage s { when A = B -> t }", "`=` is not a comparison"),
+                          ("feild A: bool", "unexpected `feild` at top level")):
+        with pytest.raises(SopError) as exc:
+            parse_text(text, "t.sop", fast=False)
+        assert exc.value.diagnostics[0].message == message
+
+
+# ---------------------------------------------------------------------------------------------
+# Quoted enum values (values that are not names: `"5+ times"`, `"Traffic/URL Cloaking"`)
+
+QUOTED = '''field Visits: Never | "1-2 times" | "5+ times" "v"
+type Abuse = "Traffic/URL Cloaking" | Phishing | "count"
+system Kind: Abuse "k"
+output Level: Low | "Very high" = Low "l"
+action Go "g"
+action Stop "s"
+stage s1 {
+    match Visits {
+        "5+ times" -> do Stop { Level = "Very high" }
+        Never, "1-2 times" -> s2
+    }
+}
+stage s2 {
+    when Kind == "Traffic/URL Cloaking" or Kind == "count" -> do Stop
+    otherwise -> do Go
+}
+'''
+
+
+def _errors(text: str) -> list[Any]:
+    from sopgraph.logic.checker import check_file
+
+    return [d for d in check_file("q.sop", text=text).diagnostics if d.is_error]
+
+
+def test_quoted_enum_values_are_values_of_fields_aliases_and_outputs() -> None:
+    assert _errors(QUOTED) == []
+    loaded = load_source(None, text=QUOTED, name="q.sop")
+    s = loaded.scenario
+    assert s is not None
+    assert s.variables["Visits"].type.values == ["Never", "1-2 times", "5+ times"]
+    assert s.variables["Kind"].type.values == ["Traffic/URL Cloaking", "Phishing", "count"]
+    assert s.outputs["Level"].type.values == ["Low", "Very high"]
+    assert ir.describe_type(s.variables["Visits"].type) == 'Never | "1-2 times" | "5+ times"'
+    diag, _ = syntax_error('field V: "5+ times" "v"\n')  # one quoted string is no type
+    assert diag.code == "E001"
+
+
+def test_a_quoted_value_not_in_the_enum_is_e202_and_a_bad_one_e005() -> None:
+    assert [d.code for d in _errors(QUOTED.replace('"5+ times" ->', '"5 times" ->'))] == ["E202"]
+    for bad, what in (('""', "is empty"), ('" A"', "starts or ends with a space"), ('"a\\nb"', "control character")):
+        errors = _errors(f'field V: A | {bad} "v"\naction Go "g"\nstage s {{ match V {{ A -> do Go otherwise -> do Go }} }}\n')
+        assert [d.code for d in errors] == ["E005"] and what in errors[0].message, errors
+
+
+def test_a_record_field_may_be_optional() -> None:
+    text = ('type Bill = record { amount: float, note: string?, due: date? }\nsystem B: Bill "b"\n'
+            'system C: record { a: bool, tags: list of X | Y? } "c"\naction Go "g"\n'
+            'stage s { when missing(B.note) or missing(C.tags) -> do Go otherwise -> do Go }\n')
+    assert _errors(text) == []
+    s = load_source(None, text=text, name="q.sop").scenario
+    assert s is not None
+    assert [(f.name, f.optional) for f in s.variables["B"].type.fields] == [
+        ("amount", False), ("note", True), ("due", True)]
+    assert [f.optional for f in s.variables["C"].type.fields] == [False, True]
+    assert ir.describe_type(s.variables["B"].type) == "Bill"
+    assert "note: string?" in ir.describe_type(s.variables["B"].type.model_copy(update={"alias": None}))
+
+
+def test_a_record_may_be_open() -> None:
+    text = ('type Seg = record open { flown: bool, inner: record { x: int } }\nsystem S: list of Seg "s"\n'
+            'system M: record open { ok: bool? } "m"\nfield open: bool "o"\naction Go "g"\n'
+            'stage s { when open and any(x in S where x.flown) and M.ok -> do Go otherwise -> do Go }\n')
+    s = load_source(None, text=text, name="q.sop").scenario
+    assert s is not None
+    seg = s.variables["S"].type.item
+    assert seg.open and not seg.fields[1].type.open
+    assert s.variables["M"].type.open and s.variables["M"].type.fields[0].optional
+    diag, _ = syntax_error('system M: record opened { ok: bool } "m"\n')
+    assert diag.code == "E001"
+
+
+# ---------------------------------------------------------------------------------------------
+# List outputs (`output P: list of A | B = []`, `P = [A, B when C]`)
+
+LIST_OUTPUT = '''field X: bool "x"
+field Y: int[0..9] "y"
+output P: list[..3] of A | B | "C d" = [B, A, B] "p"
+action Go "g"
+stage s { -> do Go { P = [A, B when X and Y > 2, "C d" when not X] } }
+'''
+
+
+def test_list_outputs_hold_list_literals_with_conditions_and_spans() -> None:
+    assert _errors(LIST_OUTPUT) == []
+    s = load_source(None, text=LIST_OUTPUT, name="q.sop").scenario
+    assert s is not None
+    out = s.outputs["P"]
+    assert isinstance(out.type, ir.ListType) and out.type.item.values == ["A", "B", "C d"]
+    assert isinstance(out.default, ir.ListLit) and out.default.value == ["A", "B"]  # the enum's order, once each
+    value = s.stages["s"].branches[0].target.outputs[0].value
+    assert isinstance(value, ir.ListLit) and [i.value for i in value.items] == ["A", "B", "C d"]
+    assert isinstance(value.conds[0], ir.Lit) and value.conds[0].value is True
+    assert ir.show(value.conds[1]) == "X and Y > 2"
+    assert (value.span.line, value.span.col, value.span.end_col) == (5, 26, 67)
+    assert ir.show(value) == '[A, B when X and Y > 2, "C d" when not X]'
+    diag, _ = syntax_error('output P: list of A | B "p"\naction Go "g"\nstage s { -> do Go { P = [when X] } }\n')
+    assert diag.code == "E001"  # an item is a value first
+
+
+@pytest.mark.parametrize(("text", "code", "fragment"), [
+    (LIST_OUTPUT.replace("do Go { P = [A,", "do Go { P = [Z,"), "E204", "`Z` is not a value of output `P`"),
+    (LIST_OUTPUT.replace("do Go { P = [A,", "do Go { P = A, Q = [A,"), "E107", "Q"),
+    (LIST_OUTPUT.replace("[B, A, B]", "[A, B, \"C d\", A]").replace("list[..3]", "list[..2]"), "E204",
+     "holds 3 values but output `P` holds at most 2"),
+    (LIST_OUTPUT + "stage t { when [A] -> do Go otherwise -> do Go }\n", "E201", "only a list output takes"),
+    (LIST_OUTPUT + 'let L = [A]\n', "E201", "only a list output takes"),
+    (LIST_OUTPUT.replace("when not X", "when Y"), "E201", "not a condition"),
+    (LIST_OUTPUT.replace("list[..3] of A | B | \"C d\" = [B, A, B]", "list of int").replace(
+        "[A, B when X and Y > 2, \"C d\" when not X]", "[1]"), "E201", "a list output holds enum values"),
+])
+def test_list_output_mistakes_are_located_errors(text: str, code: str, fragment: str) -> None:
+    errors = _errors(text)
+    assert any(d.code == code and (fragment in d.message or fragment in (d.hint or "")) for d in errors), [
+        (d.code, d.message, d.hint) for d in errors]

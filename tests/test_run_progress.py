@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,3 +184,74 @@ def test_score_summary_prints_headline_not_repr(tmp_path: Path) -> None:
     assert max(len(line) for line in text.splitlines()) <= 120
     assert "GroupScore(" not in text and "Metric(" not in repr(summary)
     assert summary.model_dump()["groups"]  # the full record is still there
+
+
+# ----------------------------------------------------------------------------- issue 32 item 11
+@pytest.mark.parametrize("workers", [1, 2])
+def test_calls_being_retried_are_reported_as_they_happen(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         workers: int) -> None:
+    """A 60 s outage left the progress line at "0/4 done" until the run ended: each retry now says so
+    (from worker processes too)."""
+    quick = {"max_retries": 3, "base_delay": 0.01, "max_delay": 0.02, "cache": False}
+    with FakeServer() as server:
+        server.script([Behavior.server_error(503), Behavior.server_error(503)])
+        server.set_default(Behavior.ok(AGENT_REPLY))
+        summary = run_sync(TOY, toy_cases(workers), [f"agent=openai/fake,api_base={server.base_url}"],
+                           tmp_path / "r", max_turns=2, progress="always", gateway_options=quick, workers=workers,
+                           concurrency=2)
+    assert summary.by_status == {"done": workers}
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "retrying" in ln]
+    assert len(lines) == 2 or (workers == 2 and lines), err  # two workers' "attempt 2" lines are one
+    assert re.fullmatch(rf"\[sop\] retrying agent at {re.escape(server.base_url)} \(attempt 2/4, next in "
+                        r"0\.0 s\): server_error", lines[0]), lines
+    assert workers == 2 or "(attempt 3/4," in lines[1]
+    assert err.index(lines[0]) < err.index(f"{workers}/{workers} (100%) done")  # while the dialogues were open
+
+
+def test_the_bar_shows_a_retry_until_a_call_answers() -> None:
+    from sopgraph.simulation.runner import _Progress
+
+    bar = _Progress(2, "bar", "dialogues")
+    try:
+        bar.retrying("retrying agent at http://127.0.0.1:8080/v1 (attempt 2/7, next in 1.0 s): connection")
+        assert bar._bar.tasks[0].fields["note"].startswith("retrying agent at http://127.0.0.1:8080/v1")
+        bar.tick_totals(5, 0.0)
+        assert bar._bar.tasks[0].fields["note"] == ""
+    finally:
+        bar.close()
+
+
+def test_the_model_check_reports_its_retries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The model check against a dead port was silent for its whole retry window (64 s)."""
+    quick = {"max_retries": 2, "base_delay": 0.01, "max_delay": 0.02}
+    with pytest.raises(RunError, match="model check failed"):
+        run_sync(TOY, toy_cases(1), ["agent=openai/fake,api_base=http://127.0.0.1:9/v1"], tmp_path / "r",
+                 progress="always", gateway_options=quick)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "retrying" in ln]
+    assert [ln.split(", next in")[0] for ln in lines] == [
+        "[sop] model check: retrying agent at http://127.0.0.1:9/v1 (attempt 2/3",
+        "[sop] model check: retrying agent at http://127.0.0.1:9/v1 (attempt 3/3"]
+    with pytest.raises(RunError, match="model check failed"):
+        run_sync(TOY, toy_cases(1), ["agent=openai/fake,api_base=http://127.0.0.1:9/v1"], tmp_path / "r",
+                 progress="never", gateway_options=quick)
+    assert "retrying" not in capsys.readouterr().err  # silent when asked to be
+
+
+# ----------------------------------------------------------------------------- issue 32 item 12 (run side)
+def test_run_and_runs_show_say_which_token_total_they_print(tmp_path: Path) -> None:
+    """`sop run`/`runs show` print every role's tokens, discarded attempts included, and `sop score` the
+    agent's only: the two totals were unlabelled. The run side says what it counts."""
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    cases = write_cases(tmp_path / "cases.jsonl", toy_cases(2))
+    runner = CliRunner()
+    env = {"COLUMNS": "200"}
+    res = runner.invoke(main, ["run", str(TOY), "--cases", str(cases), "--model", "agent=baseline/oracle", "-q",
+                               "-o", str(tmp_path / "r")], env=env)
+    assert res.exit_code == 0, res.output
+    shown = runner.invoke(main, ["runs", "show", str(tmp_path / "r")], env=env)
+    for out in (res.output, shown.output):
+        assert "tokens / cost (all roles, incl. discarded attempts)" in out, out

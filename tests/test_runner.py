@@ -485,3 +485,169 @@ def test_in_own_loop_sets_up_the_loop_as_sops_own_processes_do() -> None:
     assert asyncio.run(in_own_loop(probe())) == (True, False)
     assert asyncio.run(probe()) == (False, False)  # a loop nobody set up: litellm's threads as usual
     assert issubclass(InlinePreparationExecutor, concurrent.futures.ThreadPoolExecutor)
+
+
+# ----------------------------------------------------------------------------- judges lost to infrastructure
+
+JUDGE_REPLY = {"labels": {"Want": "Money", "Angry": False, "Items": 2},
+               "scores": {"linguistic": 6, "anthropomorphism": 6, "content_utility": 6, "satisfaction": 6,
+                          "instruction": 6}}
+
+
+def test_a_judge_outage_is_an_infra_failure_and_resume_judges_again(tmp_path, toy_file, monkeypatch):
+    """Issue 29: with the judges' server down past the retries, every judgment was unscored, yet the run said
+    "4/4 done, 0 failed", "infra failures 0", exit 0, and `--resume` ran nothing. Now the dialogues are
+    infrastructure failures that keep their transcript, and `--resume` judges them without running them."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    judges_up = threading.Event()
+    agent_calls: Counter = Counter()
+
+    def responder(req):
+        if "judge" in req.body["model"]:
+            return Behavior.json_reply(JUDGE_REPLY) if judges_up.is_set() else Behavior.server_error(503)
+        k, turn = who(req)
+        agent_calls[k] += 1
+        return Behavior.ok(planned_reply(k, turn))
+
+    with FakeServer(lifetime=120) as server:
+        server.responder(responder)
+        judge = f"judge=openai/fake-judge,api_base={server.base_url},api_key_env={KEY_ENV}"
+        out = tmp_path / "run"
+        cases = write_cases(tmp_path / "cases.jsonl", toy_cases(4))
+        runner = CliRunner()
+        res = runner.invoke(main, ["run", str(toy_file), "--cases", str(cases), "--model", agent_spec(server),
+                                   "--model", judge, "--retries", "1", "--retry-delay", "0.01", "--no-cache",
+                                   "--progress", "always", "-o", str(out)])
+        assert res.exit_code == 3, res.output
+        assert "4/4 (100%) done, 4 failed" in res.stderr
+        info = json.loads(runner.invoke(main, ["runs", "show", str(out), "--format", "json"]).output)
+        assert info["by_status"] == {"infra_failure": 4} and len(info["infra_failures"]) == 4
+        assert all(e["error"].startswith("judging: ") and "server_error after 2 attempts" in e["error"]
+                   and "the transcript is kept" in e["error"] for e in info["infra_failures"])
+        with RunStore.open(out) as store:
+            turns = store.turns()
+            assert turns and {t.dialogue_id for t in turns} == {f"k{k:03d}#0" for k in range(4)}
+        calls = dict(agent_calls)
+        # still down: resume judges again, fails again, says so
+        res = runner.invoke(main, ["run", "--resume", str(out), "-q", "--format", "json"])
+        assert res.exit_code == 3 and json.loads(res.output)["infra_failures"] == 4
+        judges_up.set()
+        res = runner.invoke(main, ["run", "--resume", str(out), "-q", "--format", "json"])
+        assert res.exit_code == 0, res.output
+        summary = json.loads(res.output)
+        assert summary["ran"] == 4 and summary["by_status"] == {"done": 4} and summary["infra_failures"] == 0
+        assert dict(agent_calls) == calls  # the dialogues were not run again
+    with RunStore.open(out) as store:
+        assert store.turns() == turns
+        assert all(c.labels == JUDGE_REPLY["labels"] for c in store.consensus("default"))
+        assert store.judging_counts("default")["unscored_judgments"] == 0
+        judge_rows = store.conn.execute("SELECT discarded, COUNT(*) FROM usage WHERE role LIKE 'judge%'"
+                                        " GROUP BY discarded").fetchall()
+        assert dict(judge_rows)[0] == 3 * len(store.consensus("default"))  # one row per call that answered
+
+
+def _stored_tokens(run_dir: Path) -> int:
+    """Every token of the usage table, discarded attempts included (read without opening the store)."""
+    import sqlite3
+
+    db = run_dir / "run.sqlite"
+    if not db.exists():
+        return -1
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM usage").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return -1
+
+
+def test_calls_of_dialogues_open_at_sigkill_are_recorded(tmp_path, toy_file, monkeypatch):
+    """Issue 29: after a kill -9 and a resume, the stored token total undercounted the server's by exactly
+    the calls (mostly judge calls) of the dialogues that were not finished: their usage was written only
+    with the turn or the dialogue's end. Here the server stops answering once some judge calls are served
+    (the rest hang), the run is killed once nothing is moving, resumed, and the stored total (discarded
+    attempts included) must equal the tokens the server served."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    cases_file = write_cases(tmp_path / "cases.jsonl", toy_cases(12))
+    env = {**os.environ, KEY_ENV: KEY, "PYTHONPATH": str(ROOT)}
+    lock = threading.Lock()
+    served = Counter()
+    gate_open = threading.Event()
+    gate_open.set()
+
+    def responder(req):
+        judge = "judge" in req.body["model"]
+        with lock:
+            if not gate_open.is_set():
+                return Behavior.timeout(600)  # never answered before the kill
+            if judge:
+                served["judge_calls"] += 1
+                if served["judge_calls"] == 10:
+                    gate_open.clear()  # the 10th judge call is the last one answered before the kill
+            served["tokens"] += 13 + 5 if judge else 11 + 7
+        if judge:
+            return Behavior.json_reply(JUDGE_REPLY, prompt_tokens=13, completion_tokens=5)
+        k, turn = who(req)
+        return Behavior.ok(planned_reply(k, turn), prompt_tokens=11, completion_tokens=7)
+
+    with FakeServer(lifetime=120) as server:
+        server.responder(responder)
+        judge = f"judge=openai/fake-judge,api_base={server.base_url},api_key_env={KEY_ENV}"
+        out = tmp_path / "killed"
+        proc = _cli(["run", str(toy_file), "--cases", str(cases_file), "--model", agent_spec(server), "--model", judge,
+                     "--concurrency", "4", "--judge-turns", "all", "--no-cache", "-q", "-o", str(out)], env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            with lock:
+                stalled, total = not gate_open.is_set(), served["tokens"]
+            if stalled and _stored_tokens(out) == total:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        with RunStore.open(out) as s:
+            statuses = Counter(d.status for d in s.dialogues())
+        assert statuses["running"] > 0, statuses  # killed with dialogues open
+        with lock:
+            at_kill = served["tokens"]
+        assert _stored_tokens(out) == at_kill  # nothing served is missing from the store
+        gate_open.set()
+        summary = asyncio.run(run(None, None, None, out, resume=True, progress=False))
+        assert summary.by_status == {"done": 12}, summary.infra_errors[:2]
+        with lock:
+            total = served["tokens"]
+    with RunStore.open(out) as s:
+        stored = _stored_tokens(out)
+        discarded = s.summary()["discarded_tokens"]
+    assert stored == total and discarded > 0, (stored, total, discarded)
+
+
+def test_sop_judge_leaves_dialogues_whose_judges_were_unreachable_for_the_next_call(tmp_path, toy_file, monkeypatch):
+    """`sop judge` stored the unscored judgments of an outage as the set's verdict, and a second `sop judge`
+    skipped those dialogues. Now they are left out of the set (exit 3) and the next call judges them."""
+    from sopgraph.simulation import runner as runner_mod
+
+    out = tmp_path / "run"
+    asyncio.run(run(toy_file, toy_cases(3), ["agent=baseline/oracle"], out, progress=False))
+    up = threading.Event()
+    monkeypatch.setattr(runner_mod, "_make_gateway", lambda concurrency, options: Gateway(
+        concurrency=concurrency, max_retries=0, cache=False))
+    with FakeServer(lifetime=60) as server:
+        server.responder(lambda req: Behavior.json_reply(JUDGE_REPLY) if up.is_set() else Behavior.server_error(503))
+        args = ["judge", str(out), "--model", f"judge=openai/judge-x,api_base={server.base_url}", "--set", "second",
+                "-q", "--format", "json"]
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 3, res.output
+        assert "3 dialogue(s) could not be judged (judges unreachable)" in res.stderr
+        assert len(json.loads(res.stdout)["unjudged"]) == 3
+        with RunStore.open(out) as store:
+            assert store.consensus("second") == [] and store.judgments("second") == []
+        up.set()
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["ran"] == 3
+    with RunStore.open(out) as store:
+        assert len(store.consensus("second")) == len(store.consensus("default"))
+        assert store.judging_counts("second")["unscored_judgments"] == 0

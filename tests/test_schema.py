@@ -221,3 +221,49 @@ def test_cli_schema(tmp_path, telecom):
     assert res.exit_code == 1 and "give a .sop FILE" in res.output
     res = runner.invoke(main, ["schema", "bogus"])
     assert res.exit_code == 1 and "unknown schema" in res.output
+
+
+def test_quoted_enum_values_are_the_schema_enums_as_written():
+    scenario = sopgraph.load(ROOT / "tests" / "data" / "lang_quoted_values.sop")
+    schema = S.agent_output_schema(scenario)
+    assert schema["properties"]["classification_output"]["properties"]["Reports"]["enum"] == [
+        "Never", "1-2 times", "5+ times"]
+    finals = schema["properties"]["finals"]["properties"]
+    assert finals["Severity"]["enum"] == ["Low", "Very high"]
+    reply = {"classification_output": {"Reports": "5+ times"}, "cot": "c", "now_path": ["reports"],
+             "finals": {"Action": "Remove", "Severity": "Very high"}, "chat": "done"}
+    assert S.validate_agent_output(scenario, reply) == []
+    assert S.validate_agent_output(scenario, {**reply, "finals": {"Action": "Remove", "Severity": "very high"}})
+
+
+def test_optional_record_fields_are_nullable_and_not_required_in_the_decide_input():
+    scenario = sopgraph.load(ROOT / "tests" / "data" / "lang_optional_fields.sop")
+    props = S.decide_input_schema(scenario)["properties"]
+    assert props["Contact"]["required"] == ["phone"]
+    assert props["Contact"]["properties"]["email"]["type"] == ["string", "null"]
+    bill = props["Bills"]["items"]
+    assert bill["required"] == ["amount"] and bill["properties"]["due"]["type"] == ["string", "null"]
+
+
+def test_open_records_allow_other_properties_in_the_decide_input():
+    scenario = sopgraph.load(ROOT / "tests" / "data" / "lang_open_records.sop")
+    props = S.decide_input_schema(scenario)["properties"]
+    assert props["Segments"]["items"]["additionalProperties"] is True
+    assert props["Account"]["additionalProperties"] is False
+    seg = {"flown": True, "fare": 3, "cabin": "Economy", "carrier": "LH"}
+    assert S.validate(props["Segments"], [seg]) == []
+    assert S.validate(props["Account"], {"vip": True, "tier": 1}) != []
+
+
+def test_a_list_output_is_an_array_of_its_values_in_the_agent_reply():
+    scenario = sopgraph.load(ROOT / "tests" / "data" / "lang_list_outputs.sop")
+    finals = S.agent_output_schema(scenario)["properties"]["finals"]["properties"]
+    assert finals["ProblemTypes"]["type"] == "array"
+    assert finals["ProblemTypes"]["items"]["enum"] == ["Billing", "Network", "Device"]
+    assert finals["ProblemTypes"]["maxItems"] == 3
+    reply = {"classification_output": {"BillingIssue": True, "NoSignal": True, "DeviceBroken": False}, "cot": "c",
+             "now_path": ["triage"], "finals": {"Action": "Resolve", "ProblemTypes": ["Network", "Billing"]},
+             "chat": "done"}
+    assert S.validate_agent_output(scenario, reply) == []
+    assert S.validate_agent_output(scenario, {**reply, "finals": {"Action": "Resolve", "ProblemTypes": "Billing"}})
+    assert S.validate_agent_output(scenario, {**reply, "finals": {"Action": "Resolve", "ProblemTypes": ["Bill"]}})

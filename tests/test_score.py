@@ -1080,3 +1080,14 @@ def test_token_totals_say_they_are_the_agents(floor_runs) -> None:
     row = json.loads(r.invoke(main, ["score", oracle, "--format", "json", "--level", "dialogue", "--bootstrap", "0"]
                               ).stdout.splitlines()[0])
     assert "agent_tokens" in row and "tokens" not in row
+
+
+def test_a_list_output_is_compared_as_a_set() -> None:
+    """`list of A | B` outputs are sets (docs/language.md §5.4): order and repeats do not count, values do."""
+    from sopgraph.evaluation.score import same_value
+
+    assert same_value(["Network", "Billing"], ["Billing", "Network"])
+    assert same_value(["Billing", "Billing"], ["Billing"])
+    assert same_value([], [])
+    assert not same_value(["Billing"], ["Billing", "Network"])
+    assert not same_value(["Billing"], "Billing") and not same_value([1, 2], [2, 1])  # numbers keep list equality

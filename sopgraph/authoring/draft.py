@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError, render_all
 from sopgraph.language.fmt import format_text
@@ -39,7 +40,7 @@ MAX_FEEDBACK_ITEMS = 40  # diagnostics sent back per repair round (the rest are 
 _FENCE = re.compile(r"```(?:sop)?[ \t]*\n(?P<body>.*?)```", re.DOTALL)
 
 
-class DraftError(Exception):
+class DraftError(Error):
     """No usable answer: every reply of the model was over the answer cap."""
 
 

@@ -150,7 +150,10 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
 @_format
 def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judge_turns: str | None,
               concurrency: int, replace: bool, ray: str | None, quiet: bool, progress: str, fmt: str) -> None:
-    """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls)."""
+    """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls).
+
+    Exit status: 0 every dialogue judged, 1 usage error, 3 some judgments were lost to infrastructure (the
+    judges could not be reached; run the same command again to judge those dialogues)."""
     specs = _model_options(models)
     bad = [s.role for s in specs if not s.role.startswith("judge")]
     if bad:
@@ -162,6 +165,10 @@ def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judg
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     _render_summary(summary.model_dump(), fmt)
+    if summary.unjudged:
+        click.echo(f"error: {len(summary.unjudged)} dialogue(s) could not be judged (judges unreachable), e.g. "
+                   f"{summary.unjudged[0]['dialogue']}: {summary.unjudged[0]['error']}", err=True)
+        sys.exit(EXIT_INFRA)
 
 
 @click.group("runs")
@@ -236,9 +243,12 @@ def _render_summary(info: dict[str, Any], fmt: str) -> None:
         table.add_row("this call", f"ran {info['ran']}, skipped {info['skipped']} already done, "
                                    f"{info.get('elapsed_s', 0):.1f} s")
     cost = f"${info.get('cost', 0):.4f}" + ("" if info.get("cost_known", True) else " (some models unpriced)")
-    table.add_row("tokens / cost", f"{info.get('tokens', 0)} / {cost}")
+    # Every role's calls, abandoned attempts included: what was spent. `sop score`'s Tok/1k counts the agent's
+    # calls of finished dialogues only; the label says which total this is.
+    table.add_row("tokens / cost (all roles, incl. discarded attempts)", f"{info.get('tokens', 0):,} / {cost}")
     if info.get("discarded_tokens"):
-        table.add_row("discarded attempts", f"{info['discarded_tokens']} tok / ${info['discarded_cost']:.4f}")
+        table.add_row("of which discarded attempts",
+                      f"{info['discarded_tokens']:,} tok / ${info['discarded_cost']:.4f}")
     for name, s in (info.get("judgment_sets") or {}).items():
         models = s.get("models") or {}
         text = (f"{s.get('judged_turns', 0)} turns judged, {s.get('unscored_judgments', 0)} unscored judgments, "

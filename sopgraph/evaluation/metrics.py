@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from sopgraph.errors import ArgumentError
 from sopgraph.evaluation import stats
 
 BUCKETS = ("resolvable", "must-escalate", "adversarial")  # a case's bucket (records.Case.bucket)
@@ -68,7 +69,7 @@ def overall_formula(cfg: Any, logic: Any, chat: Any) -> Any:
 Derive = Callable[[Any, Callable[[str], np.ndarray]], np.ndarray]
 
 
-class MetricError(ValueError):
+class MetricError(ArgumentError):
     """A metric that cannot be registered (bad name, clash with a built-in, inconsistent definition)."""
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from sopgraph._version import __version__
+from sopgraph.errors import ArgumentError
 from sopgraph.evaluation.coverage import CoverageSide, render_coverage, run_coverage
 from sopgraph.evaluation.score import (
     BUCKETS,
@@ -451,7 +452,7 @@ def build_report(inputs: Sequence[ReportInput], *, title: str | None = None, exa
                  max_transcripts: int = 150) -> str:
     """The HTML text of the report (see the module docstring)."""
     if not inputs:
-        raise ValueError("no runs to report")
+        raise ArgumentError("no runs to report")
     for inp in inputs:
         if inp.chat_measured is None:
             inp.chat_measured = judges_measure_chat(inp)

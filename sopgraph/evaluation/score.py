@@ -206,6 +206,8 @@ def same_value(a: Any, b: Any, tol: float = 1e-6) -> bool:
         return False
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+    if isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in [*a, *b]):
+        return set(a) == set(b)  # a list output (`list of A | B`) is a set: order and repeats do not count
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - exotic values from a model are simply unequal

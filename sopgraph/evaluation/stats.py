@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from sopgraph.errors import ArgumentError
+
 CHUNK = 128  # bootstrap replicates drawn at a time (bounds memory: CHUNK × clusters counts)
 
 
@@ -154,7 +156,7 @@ def pass_hat_k(n: Any, c: Any, k: int) -> Any:
         return np.array([pass_hat_k(int(a), int(b), k) for a, b in zip(ns.ravel(), cs.ravel(), strict=True)],
                         dtype=np.float64).reshape(ns.shape)
     if k < 1 or n < 0 or c < 0 or c > n:
-        raise ValueError(f"invalid pass^k arguments n={n} c={c} k={k}")
+        raise ArgumentError(f"invalid pass^k arguments n={n} c={c} k={k}")
     if k > n:
         return math.nan
     return math.comb(c, k) / math.comb(n, k)

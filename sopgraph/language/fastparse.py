@@ -613,6 +613,11 @@ class _Items(_Exprs):
         return entries
 
     def vtype(self) -> Any:
+        if self.k == "s":  # an enum whose first value is quoted (`"5+ times" | Never`)
+            first, span = self.enum_value()
+            if not self.at("|"):
+                raise _Bail  # one quoted string is no type: Lark says so
+            return self.enum_rest(first, span)
         if self.k != "n":
             raise _Bail
         word = self.v
@@ -634,12 +639,22 @@ class _Items(_Exprs):
         name, span = self.name()
         if not self.at("|"):
             return mk(ir.EnumType, values=[], alias=name, span=span)
-        values, last = [name], span
+        return self.enum_rest(name, span)
+
+    def enum_rest(self, first: str, span: ir.Span) -> Any:
+        """The values of an enum after its first: names or quoted strings."""
+        values, last = [first], span
         while self.at("|"):
             self.advance()
-            value, last = self.name()
+            value, last = self.enum_value()
             values.append(value)
         return mk(ir.EnumType, values=values, span=self.cover(span, last))
+
+    def enum_value(self) -> tuple[str, ir.Span]:
+        if self.k == "s":
+            tok, span = self.string()
+            return unquote(tok), span
+        return self.name()
 
     def range(self) -> dict[str, Any]:
         left = self.v

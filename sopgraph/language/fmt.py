@@ -22,8 +22,10 @@ from lark import Lark, Token, Tree
 
 from sopgraph.language import ir
 from sopgraph.language.parse import (
+    PARSE_FAILURES,
     RESERVED,
     Include,
+    KeywordGlue,
     Program,
     ScenarioHeader,
     StartDecl,
@@ -32,6 +34,7 @@ from sopgraph.language.parse import (
     TypeDecl,
     Use,
     grammar_path,
+    parse_error,
     parse_text,
 )
 
@@ -179,6 +182,10 @@ def _member(e: ir.Member) -> tuple[str, int]:
 def _weighted(e: ir.Weighted) -> tuple[str, int]:
     args = ", ".join(f"{fmt_number(w)}: {show_expr(a)}" for w, a in zip(e.weights, e.args, strict=True))
     return f"count({args})", 9
+def _list_lit(e: ir.ListLit) -> tuple[str, int]:
+    return "[" + ", ".join(ir.show_list_item(i, c, show_expr) for i, c in zip(e.items, e.conds, strict=True)) + "]", 9
+
+
 def _time_lit(e: ir.TimeLit) -> tuple[str, int]:
     return ir.show_time(e), 9
 
@@ -195,7 +202,7 @@ EXPR_PRINTERS: dict[type, ExprPrinter] = {
     ir.Lit: _lit, ir.Var: _var, ir.Unary: _unary, ir.Binary: _binary, ir.Compare: _compare,
     ir.InSet: _in_set, ir.BoolOp: _bool_op, ir.Call: _call, ir.CaseArm: _case_arm, ir.CaseExpr: _case,
     ir.Get: _get, ir.Item: _item, ir.Quant: _quant, ir.Length: _length, ir.Member: _member,
-    ir.Weighted: _weighted,
+    ir.Weighted: _weighted, ir.ListLit: _list_lit,
     ir.TimeLit: _time_lit, ir.Func: _func, ir.Matches: _matches,
 }
 
@@ -242,14 +249,15 @@ def _text_lines(value: str, depth: int) -> list[Line]:
 def _enum_type(node: ir.EnumType, depth: int) -> list[Line]:
     if node.alias is not None:
         return [Line(node.alias)]  # written as the name of a `type` declaration
-    return [Line(" | ".join(node.values))]
+    return [Line(" | ".join(fmt_name(v) for v in node.values))]  # quoted when not a name: `"5+ times"`
 
 
 def _type_decl(node: TypeDecl, depth: int) -> list[Line]:
     if isinstance(node.type, ir.RecordType):
         body = _inline(node.type.model_copy(update={"alias": None}))
         return _described(f"type {node.name} = {body}", node.description, node, depth)
-    return _described(f"type {node.name} = {' | '.join(node.type.values)}", node.description, node, depth)
+    values = " | ".join(fmt_name(v) for v in node.type.values)
+    return _described(f"type {node.name} = {values}", node.description, node, depth)
 
 
 def _list_type(node: ir.ListType, depth: int) -> list[Line]:
@@ -261,11 +269,12 @@ def _list_type(node: ir.ListType, depth: int) -> list[Line]:
 def _record_type(node: ir.RecordType, depth: int) -> list[Line]:
     if node.alias is not None:
         return [Line(node.alias)]
-    return [Line("record { " + ", ".join(_inline(f) for f in node.fields) + " }")]
+    head = "record open { " if node.open else "record { "
+    return [Line(head + ", ".join(_inline(f) for f in node.fields) + " }")]
 
 
 def _record_field(node: ir.RecordField, depth: int) -> list[Line]:
-    return [Line(f"{node.name}: {_inline(node.type)}")]
+    return [Line(f"{node.name}: {_inline(node.type)}{'?' if node.optional else ''}")]
 
 
 def _bool_type(node: ir.BoolType, depth: int) -> list[Line]:
@@ -568,18 +577,24 @@ _COLLECTED: list[Token] = []
 @lru_cache(maxsize=1)
 def _comment_parser() -> Lark:
     return Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr", propagate_positions=True,
-                maybe_placeholders=False, lexer_callbacks={"COMMENT": _COLLECTED.append})
+                maybe_placeholders=False, lexer_callbacks={"COMMENT": _COLLECTED.append},
+                postlex=KeywordGlue())
 
 
 def _parse_with_comments(text: str, file: str) -> tuple[Program, list[Comment], list[tuple[int, int]]]:
     """The program, its comments, and (first, last) source lines of each top-level item."""
     parse_text(text, file)  # syntax errors surface here, as diagnostics
-    with _LOCK:
-        _COLLECTED.clear()
-        tree = _comment_parser().parse(text)
-        tokens = list(_COLLECTED)
-        _COLLECTED.clear()
-    program = ToIR(file).transform(tree)
+    try:
+        with _LOCK:
+            _COLLECTED.clear()
+            try:
+                tree = _comment_parser().parse(text)
+                tokens = list(_COLLECTED)
+            finally:
+                _COLLECTED.clear()
+        program = ToIR(file).transform(tree)
+    except PARSE_FAILURES as exc:  # the same diagnostics as `sop check`
+        raise parse_error(exc, text, file) from None
     lines = text.split("\n")
     comments = []
     for tok in tokens:

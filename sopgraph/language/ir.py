@@ -8,6 +8,8 @@ output schema and path list are all derived from it.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar, cast
 
@@ -260,6 +262,7 @@ class ListType(Node):
 class RecordField(Node):
     name: str
     type: VarType
+    optional: bool = False  # `note: string?`: the field may be absent or null; test it with `missing(R.note)`
 
 
 class RecordType(Node):
@@ -268,6 +271,7 @@ class RecordType(Node):
     kind: Literal["record"] = "record"
     fields: list[RecordField]
     alias: str | None = None  # written as the name of a `type NAME = record {…}` declaration
+    open: bool = False  # `record open {…}`: undeclared fields of the data are ignored (declared ones stay strict)
 
     def field(self, name: str) -> RecordField | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -291,6 +295,15 @@ def _fmt_num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
+_VALUE_WORD = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")  # an enum value that reads as a name
+
+
+def show_enum_value(value: str) -> str:
+    """An enum value as text: bare when it reads as a name (`Calm`), else JSON-quoted (`"5+ times"`),
+    so a value with spaces, `|` or `,` cannot be mistaken for several."""
+    return value if _VALUE_WORD.match(value) else json.dumps(value, ensure_ascii=False)
+
+
 def describe_type(vtype: AnyType | None) -> str:
     """Human text for a type, as used in diagnostics and prompts."""
     if vtype is None:
@@ -301,9 +314,10 @@ def describe_type(vtype: AnyType | None) -> str:
     if isinstance(vtype, RecordType):
         if vtype.alias:
             return vtype.alias
-        return "record { " + ", ".join(f"{f.name}: {describe_type(f.type)}" for f in vtype.fields) + " }"
+        return ("record open { " if vtype.open else "record { ") + ", ".join(f"{f.name}: {describe_type(f.type)}{'?' if f.optional else ''}"
+                                       for f in vtype.fields) + " }"
     if isinstance(vtype, EnumType):
-        return " | ".join(vtype.values)
+        return " | ".join(show_enum_value(v) for v in vtype.values)
     if isinstance(vtype, BoolType):
         return "bool"
     if isinstance(vtype, (TimeType, StringType)):
@@ -473,17 +487,35 @@ class Matches(Node):
     pattern_span: Span = NO_SPAN
 
 
+class ListLit(Node):
+    """`[Billing, Network when NoSignal]`: the value of a list output (docs/language.md §5.4). Each item is
+    kept when its condition holds (`conds[i]`; `true` for an item written without `when`)."""
+
+    kind: Literal["listlit"] = "listlit"
+    items: list[Expr]
+    conds: list[Expr]
+
+    @property
+    def value(self) -> list[Scalar]:
+        """The items of a constant list (an output default), each once, in written order."""
+        out: list[Scalar] = []
+        for item in self.items:
+            if isinstance(item, Lit) and item.value not in out:
+                out.append(item.value)
+        return out
+
+
 FUNCTIONS = ("abs", "days_between", "missing")  # names a `Func` may call (dates are literals)
 
 
 Expr = Annotated[
     Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | TimeLit | Func | Matches | Get | Item
-    | Quant | Length | Member | Weighted,
+    | Quant | Length | Member | Weighted | ListLit,
     Field(discriminator="kind"),
 ]
 
 for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Func, Matches, Get, Quant, Length,
-               Member, Weighted):
+               Member, Weighted, ListLit):
     _model.model_rebuild()
 
 
@@ -538,7 +570,7 @@ class Output(Node):
 
     name: str
     type: VarType
-    default: Lit | None = None
+    default: Lit | ListLit | None = None  # a list output's default is a list of values (`= []`)
     description: str = ""
 
 
@@ -728,7 +760,7 @@ def show(expr: object, parent: int = 0) -> str:
 
 def _show(e: object) -> tuple[str, int]:
     if isinstance(e, Lit):
-        if isinstance(e.value, str) and not e.bare:
+        if isinstance(e.value, str) and (not e.bare or not _VALUE_WORD.match(e.value)):
             return '"' + e.value.replace('"', '\\"') + '"', 9
         return show_value(e.value), 9
     if isinstance(e, Var):
@@ -782,7 +814,16 @@ def _show_data(e: object) -> tuple[str, int]:
     if isinstance(e, Weighted):
         args = ", ".join(f"{_fmt_num(w)}: {show(a)}" for w, a in zip(e.weights, e.args, strict=True))
         return f"count({args})", 9
+    if isinstance(e, ListLit):
+        return "[" + ", ".join(show_list_item(i, c, show) for i, c in zip(e.items, e.conds, strict=True)) + "]", 9
     return str(e), 9
+
+
+def show_list_item(item: Any, cond: Any, shown: Callable[[Any], str]) -> str:
+    """One item of a list literal: `A`, or `A when C` (an item kept only when `C` holds)."""
+    if isinstance(cond, Lit) and cond.value is True:
+        return shown(item)
+    return f"{shown(item)} when {shown(cond)}"
 
 
 def quote(text: str) -> str:
@@ -835,6 +876,7 @@ _CHILDREN: dict[type, Callable[[Any], list[Any]]] = {
     Length: lambda e: [e.operand],
     Member: lambda e: [e.operand, e.source],
     Weighted: lambda e: list(e.args),
+    ListLit: lambda e: [*e.items, *e.conds],
 }
 _LEAVES = frozenset((Lit, Var, Item, TimeLit))
 
@@ -864,7 +906,7 @@ def map_children(expr: Any, fn: Callable[[Any], Any]) -> Any:
         sub = getattr(expr, key, None)
         if isinstance(sub, Node):
             update[key] = fn(sub)
-    for key in ("operands", "args"):
+    for key in ("operands", "args", "items", "conds"):
         subs = getattr(expr, key, None)
         if isinstance(subs, list):
             update[key] = [fn(s) for s in subs]
@@ -903,4 +945,6 @@ def _children_of_subclass(expr: Any) -> list[Any]:
         return [expr.operand, expr.source]
     if isinstance(expr, Weighted):
         return list(expr.args)
+    if isinstance(expr, ListLit):
+        return [*expr.items, *expr.conds]
     return []

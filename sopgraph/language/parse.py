@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -21,11 +21,10 @@ from typing import Any, Literal
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import (
     LarkError,
-    UnexpectedCharacters,
-    UnexpectedEOF,
     UnexpectedInput,
     VisitError,
 )
+from lark.lark import PostLex
 
 from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
@@ -45,11 +44,11 @@ from sopgraph.language.program import (  # noqa: F401 - re-exported: parse.Progr
     number,
     unquote,
 )
+from sopgraph.language.syntax_errors import DECL_KEYWORDS, GLUE_HINT, syntax_diagnostic  # noqa: F401
 
 _number, _unquote = number, unquote  # the builder's short names
-MAX_DEPTH = 100  # expression nesting the checker accepts (the engine compiles expressions to Python)
-DECL_KEYWORDS = ("scenario", "include", "start", "field", "system", "let", "action", "output",
-                 "stage", "subflow", "use")
+MAX_DEPTH = 100  # expression nesting the parser accepts (the engine compiles expressions to Python)
+MAX_DERIVED_CHAIN = 300  # derived variables defined one through the next (walks follow them recursively)
 
 
 def grammar_path() -> Path:
@@ -68,7 +67,35 @@ def parser() -> Lark:
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=False,
+        postlex=KeywordGlue(),
     )
+
+
+_WORD_EDGE = re.compile(r"\w")
+_WORDS_OF_THEIR_OWN = frozenset({"NAME", "NUMBER", "TIME_UNIT", "STRING", "LONG_STRING"})
+
+
+class KeywordGlue(PostLex):
+    """Refuses a keyword run into the next word (`systemB: int`, `whenA -> t`, `up to2 times`).
+
+    Why: Lark's contextual lexer only tries the terminals the parser can take next, so where no name
+    can stand it reads `systemB` as the keyword `system` and the name `B`, yet where a name can stand
+    the same text is the one name `systemB`. The fast path's reader (and a person) read one word, so
+    the language is: a keyword is a word of its own. A number may still run into a unit (`2days`)."""
+
+    always_accept: tuple[str, ...] = ()
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        prev: Token | None = None
+        for tok in stream:
+            if (prev is not None and prev.type not in _WORDS_OF_THEIR_OWN and prev.end_pos == tok.start_pos
+                    and _WORD_EDGE.match(prev.value[-1:]) and _WORD_EDGE.match(tok.value[:1])):
+                glued = Token(prev.type, prev.value + tok.value, prev.start_pos, prev.line, prev.column,
+                              tok.end_line, tok.end_column, tok.end_pos)
+                raise _BadToken(glued, f"missing space after `{prev}` in `{glued}`",
+                                f"write `{prev} {tok}`: {GLUE_HINT}")
+            yield tok
+            prev = tok
 
 
 def _span(file: str, meta: Any) -> ir.Span:
@@ -181,11 +208,19 @@ class _BadToken(Exception):
 class _BadLiteral(Exception):
     """A literal the grammar reads but whose text is not a value: `date("2026-13-45")` (E210)."""
 
-    def __init__(self, span: ir.Span, message: str, hint: str):
+    def __init__(self, span: ir.Span, message: str, hint: str, code: str = "E210"):
         super().__init__(message)
         self.span = span
         self.message = message
         self.hint = hint
+        self.code = code  # E001: a list written where a set is meant (`X in [A, B]`)
+
+
+def _no_list_literal(source: Any) -> None:
+    """`X in [A, B]`: a list (a list output's value) where a set of values is meant."""
+    if isinstance(source, ir.ListLit):
+        at = source.span.replace(end_line=source.span.line, end_col=source.span.col + 1)
+        raise _BadLiteral(at, "a set of values is written in braces", "write `X in {A, B}`", code="E001")
 
 
 def _check_token(child: Token) -> None:
@@ -282,7 +317,7 @@ class ToIR(Transformer):
 
     def output_decl(self, meta, children):
         name_tok, vtype, *rest = children
-        default = next((c for c in rest if isinstance(c, (ir.Lit, ir.TimeLit))), None)
+        default = next((c for c in rest if isinstance(c, (ir.Lit, ir.TimeLit, ir.ListLit))), None)
         if isinstance(default, ir.TimeLit):  # `= 2 days`: finals report durations as text
             default = ir.Lit(value=scalars.format_temporal(default.unit, default.value), span=default.span)
         desc = next((c for c in rest if isinstance(c, str)), "")
@@ -320,10 +355,16 @@ class ToIR(Transformer):
         return ir.ListType(item=children[-1], span=self._sp(meta), **kw)
 
     def record_type(self, meta, children):
-        return ir.RecordType(fields=[c for c in children if c is not None], span=self._sp(meta))
+        fields = [c for c in children if isinstance(c, ir.RecordField)]
+        return ir.RecordType(fields=fields, open=len(fields) < len(children), span=self._sp(meta))
+
+    def record_open(self, meta, children):
+        return "open"
 
     def record_field(self, meta, children):
-        return ir.RecordField(name=str(children[0]), type=children[1], span=_tok_span(self.file, children[0]))
+        optional = len(children) > 2  # `note: string?`
+        return ir.RecordField(name=str(children[0]), type=children[1], optional=optional,
+                              span=_tok_span(self.file, children[0]))
 
     def alias_type(self, meta, children):
         return ir.EnumType(values=[], alias=str(children[0]), span=_tok_span(self.file, children[0]))
@@ -333,7 +374,8 @@ class ToIR(Transformer):
 
     # -- types
     def enum_type(self, meta, children):
-        return ir.EnumType(values=[str(c) for c in children], span=self._sp(meta))
+        values = [_unquote(str(c)) if c.type == "STRING" else str(c) for c in children]
+        return ir.EnumType(values=values, span=self._sp(meta))
 
     def bool_type(self, meta, children):
         return ir.BoolType(span=self._sp(meta))
@@ -661,9 +703,11 @@ class ToIR(Transformer):
         return ir.Length(operand=children[0], span=self._sp(meta))
 
     def in_list(self, meta, children):
+        _no_list_literal(children[1])
         return ir.Member(operand=children[0], source=children[1], span=self._sp(meta))
 
     def not_in_list(self, meta, children):
+        _no_list_literal(children[1])
         return ir.Member(operand=children[0], source=children[1], negated=True, span=self._sp(meta))
 
     def case_expr(self, meta, children):
@@ -678,6 +722,20 @@ class ToIR(Transformer):
 
     def number(self, meta, children):
         return ir.Lit(value=_number(str(children[0])), span=self._sp(meta))
+
+    def list_lit(self, meta, children):
+        items = [c for c in children if isinstance(c, tuple)]
+        span = ir.Span(self.file, children[0].line, children[0].column, children[-1].end_line,
+                       children[-1].end_column)  # from `[` to `]`
+        return ir.ListLit(items=[i for i, _ in items], conds=[c for _, c in items], span=span)
+
+    def list_value(self, meta, children):
+        return self.list_lit(meta, [c if not isinstance(c, ir.Node) else (c, ir.Lit(value=True)) for c in children
+                                    if c is not None])
+
+    def list_item(self, meta, children):
+        cond = children[1] if len(children) > 1 else ir.Lit(value=True)  # `A`: kept always
+        return (children[0], cond)
 
     def number_value(self, meta, children):
         return ir.Lit(value=_number(str(children[-1])), span=self._sp(meta))
@@ -698,314 +756,23 @@ class ToIR(Transformer):
         return ir.Lit(value=str(children[0]), bare=True, span=_tok_span(self.file, children[0]))
 
 
+
 # ---------------------------------------------------------------------------------------------
-# Syntax errors, named by what the user was writing
-
-_TOKEN_WORDS = {
-    "NAME": "a name", "STRING": "a quoted string", "LONG_STRING": "a quoted string",
-    "NUMBER": "a number", "COMP_OP": "a comparison (==, <, ...)", "$END": "end of file",
-}
-
-
-def _describe_terminal(name: str) -> str:
-    if name in _TOKEN_WORDS:
-        return _TOKEN_WORDS[name]
-    for term in parser().terminals:
-        if term.name == name:
-            pattern = term.pattern
-            if pattern.type == "str":
-                return f"`{pattern.value}`"
-    return "end of file" if name.startswith("$") else "a token" if name.startswith("__") else name.lower()
-
-
-def _expected_words(expected: set[str]) -> list[str]:
-    words = sorted({_describe_terminal(e) for e in expected})
-    return words
-
-
-def _unclosed_brace(text: str) -> tuple[int, int] | None:
-    """Position (line, col) of the last `{` never closed, skipping strings and comments."""
-    stack: list[tuple[int, int]] = []
-    line, col, i, n = 1, 1, 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "#" or text.startswith("//", i):
-            while i < n and text[i] != "\n":
-                i += 1
-            continue
-        if text.startswith('"""', i):
-            end = text.find('"""', i + 3)
-            end = n if end < 0 else end + 3
-            chunk = text[i:end]
-            line += chunk.count("\n")
-            col = (len(chunk) - chunk.rfind("\n")) if "\n" in chunk else col + len(chunk)
-            i = end
-            continue
-        if ch == '"':
-            j = i + 1
-            while j < n and text[j] not in '"\n':
-                j += 2 if text[j] == "\\" else 1
-            col += j + 1 - i
-            i = j + 1
-            continue
-        if ch == "{":
-            stack.append((line, col))
-        elif ch == "}" and stack:
-            stack.pop()
-        if ch == "\n":
-            line, col = line + 1, 1
-        else:
-            col += 1
-        i += 1
-    return stack[-1] if stack else None
-
-
-def _char_name(ch: str) -> str:
-    """A character as a user can identify it (control and invisible characters by code point)."""
-    if ch.isprintable() and not ch.isspace():
-        return f"`{ch}`"
-    return f"U+{ord(ch):04X}"
-
-
-def _shown(found: str) -> str:
-    first = found.splitlines()[0] if found.strip() else found
-    return first if len(first) <= 40 else first[:37] + "..."
-
-
-# Words from other languages that people write for branches: what the language wants instead.
-FOREIGN_BRANCH_WORDS: dict[str, tuple[str, str]] = {
-    "else": ("`else` is not part of the language: the last branch is `otherwise -> target`",
-             "write `otherwise -> ...` for the values no earlier branch takes"),
-    "default": ("`default` is not part of the language: the last branch is `otherwise -> target`",
-                "write `otherwise -> ...` for the values no earlier branch takes"),
-    "if": ("conditions are written with `when`, not `if`",
-           "write `when CONDITION -> target`, e.g. `when N > 0 -> do Go`"),
-    "elif": ("conditions are written with `when`, not `elif`",
-             "write one `when CONDITION -> target` per branch; the first true one fires"),
-}
-_ACTION_ATTRS_BEFORE = re.compile(r'\baction\s+([^\W\d][\w.]*|"[^"\n]*")\s*\[([^\]\n]*)\]\s*$')
-
-
-_ENUM_DECL = re.compile(r"^\s*(?:field|system|output|type)\b[^\n\"]*?(\w+)$")
-_MATCH_OPEN = re.compile(r"\bmatch\b[^{}]*\{[^{}]*\Z")
-_DANGLING = re.compile(r"(\w[\w.]*)\s*(?:==|!=|<=|>=|<|>)\s*\S+\s+(?:and|or)\s*\Z")
-
-
-_VARIABLE_ATTRS = frozenset({"unit", "money", "hidden"})  # attributes outputs do not take
-_MEMBERSHIP_WORDS = frozenset({"contains", "includes", "has"})  # `Flags contains Vip` from other languages
-_TYPE_WORDS = frozenset({"int", "float", "list", "string", "bool", "date", "datetime", "duration", "record"})
-_INDEXED = re.compile(r"([^\W\d]\w*)\s*\Z")  # `Name[` where a list would be indexed
-_AGGREGATE = re.compile(r"\b(sum|avg|average|mean|total)\s*\((?![^()]*\)\s*$)")
-
-
-_NUMBER_BEFORE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s+\Z")  # a number, then a space, just before the error
-_TIME_ABBREVIATIONS = {"h": "hours", "hr": "hours", "hrs": "hours", "min": "minutes", "mins": "minutes",
-                       "sec": "seconds", "secs": "seconds", "s": "seconds", "d": "days", "wk": "weeks",
-                       "wks": "weeks", "w": "weeks"}
-_CALENDAR_UNITS = {"month": 30, "months": 30, "year": 365, "years": 365}  # days, roughly: no fixed length
-_AMOUNT_WORDS = frozenset({"percent", "pct", "km", "kg", "miles", "mi"})
-
-
-def _unit_slip(found: str, number: str, head: str) -> tuple[str, str] | None:
-    """`14 hrs`, `2 months`, `3000 EUR`: a unit the language does not take after a number (`head`:
-    the line up to the error, for the name the number is compared with)."""
-    if found in _TIME_ABBREVIATIONS:
-        unit = _TIME_ABBREVIATIONS[found]
-        return (f"`{found}` is not a duration unit: units are written in full",
-                f"write `{number} {unit}` (units: seconds, minutes, hours, days, weeks)")
-    if found.lower() in _CALENDAR_UNITS:
-        days = float(number) * _CALENDAR_UNITS[found.lower()]
-        return (f"`{found}` is not a duration unit: months and years have no fixed length",
-                f"write the policy's number of days or weeks, e.g. `{days:g} days`")
-    if found.lower() in _AMOUNT_WORDS or re.fullmatch(r"[A-Z]{3}", found):
-        compared = re.search(r"([^\W\d]\w*)\s*(?:[<>]=?|[=!]=)\s*\d+(?:\.\d+)?\s+\Z", head)
-        name = compared.group(1) if compared else "Amount"
-        return (f"a number is written without a unit: `{number} {found}`",
-                f"write `{number}`; a variable's unit is part of its declaration "
-                f"(`system {name}: float unit \"{found}\" …`)")
-    return None
-
-
-def _common_slip(found: str, before: str, after: str) -> tuple[str, str] | None:
-    """Message and hint for slips people make while writing an SOP by hand (a hyphen in an enum
-    value, `A: target` in a match, `N > 5 and < 8`, `K in [A, B]`), or None."""
-    head = before.rpartition("\n")[2]  # the error's line, up to the error
-    if agg := _AGGREGATE.search(head):
-        if agg.group(1) == "sum":
-            return ("`sum` adds up a value over a list's items, written with `for`",
-                    "write `sum(i.amount for i in Items)`, or `sum(i.amount for i in Items where not i.paid)`")
-        return (f"`{agg.group(1)}(…)` is not part of the language: a list's items are added up with `sum`, "
-                "counted and tested",
-                "write `sum(i.amount for i in Items)` (divide by `len(Items)` for a mean), `count(i in Items where "
-                "…)`, `any(…)`, `all(…)`")
-    if (number := _NUMBER_BEFORE.search(head)) and (unit := _unit_slip(found, number.group(1), head)) is not None:
-        return unit
-    if found in _VARIABLE_ATTRS and (output := re.match(r"\s*output\s+(\w+)", head)):
-        return (f"`{found}` is an attribute of fields and system variables, not of outputs",
-                f"say it in the output's description, e.g. `output {output.group(1)}: … \"… (in EUR)\"`")
-    if found == "-" and (enum := _ENUM_DECL.search(head)):
-        rest = re.match(r"\w+", after[1:])
-        joined = f"{enum.group(1)}_{rest.group(0)}" if rest else f"{enum.group(1)}_…"
-        return ("`-` cannot be part of a name: enum values are names (letters, digits and `_`)",
-                f"write `{joined}`")
-    if found == ":" and _MATCH_OPEN.search(before):
-        return "a match arm is written `VALUE -> target`, not `VALUE: target`", "replace `:` with `->`"
-    if found in ("==", "!=", "<", "<=", ">", ">=") and (prev := _DANGLING.search(before)):
-        return (f"`{found}` has nothing on its left: each comparison names its value",
-                f"write `{prev.group(1)} {found} ...` (e.g. `N > 5 and N < 8`)")
-    if found == "[" and re.search(r"\bin\s*\Z", before):
-        return "a set of values is written in braces", "write `X in {A, B}`"
-    if found == "," and (group := re.search(r"(\w+)\s+(not\s+)?in\s*\(([^()]*)\Z", head)):
-        rest = re.match(r"([^()\n]*)\)", after[1:])
-        values = group.group(3).strip() + (", " + rest.group(1).strip() if rest else ", …")
-        return ("a set of values is written in braces, not parentheses",
-                f"write `{group.group(1)} {group.group(2) or ''}in {{{values}}}`")
-    if found == "is" and (subject := re.search(r"(\w+)\s*\Z", head)):
-        value = re.match(r"\s*(not\s+)?(\w+)", after[2:])
-        op, shown = ("!=" if value and value.group(1) else "=="), (value.group(2) if value else "VALUE")
-        return ("`is` is not an operator: compare with `==`", f"write `{subject.group(1)} {op} {shown}`")
-    if found == "," and (num := re.search(r"(\d{1,3})\s*\Z", head)) and (more := re.match(r",(\d{3}(?:,\d{3})*)\b", after)):
-        whole = num.group(1) + more.group(1).replace(",", "")
-        return ("a number has no thousands separator", f"write `{whole}`")
-    if found == "between" and (subject := re.search(r"([\w.]+)\s*\Z", head)):
-        bounds = re.match(r"between\s+([\w.]+)\s+and\s+([\w.]+)", after)
-        lo, hi = (bounds.group(1), bounds.group(2)) if bounds else ("LOW", "HIGH")
-        return ("`between` is not an operator: write both comparisons",
-                f"write `{subject.group(1)} >= {lo} and {subject.group(1)} <= {hi}`")
-    if found in _MEMBERSHIP_WORDS and (container := re.search(r"([^\W\d][\w.]*)\s*\Z", head)):
-        named = re.match(rf"{found}\s+(\w+)", after)
-        return (f"`{found}` is not an operator: a list's membership is written `VALUE in LIST`",
-                f"write `{named.group(1) if named else 'VALUE'} in {container.group(1)}`")
-    if re.fullmatch(r"\d\w*", found) and re.search(r"\bstage\s*\Z", head):
-        return ("a stage id is a name: it cannot start with a digit",
-                f"write `stage step{found} ...` (ids like `step1`, `s1`, `intake` appear verbatim in paths)")
-    if found == "[" and (listed := _INDEXED.search(head)) and listed.group(1) not in _TYPE_WORDS \
-            and re.search(r"\bwhen\b|\blet\b|\bmatch\b|=|\(", head):
-        name = listed.group(1)
-        item = name[:1].lower()
-        return (f"`{name}[…]`: list items are not read by position",
-                f"test the items (`any({item} in {name} where {item}.…)`, `all(…)`, `count(…)`, `len({name})`), "
-                f"or give the one item the rule needs as a system variable of its own "
-                f"(`system Latest{name.rstrip('s')}: …`)")
-    return None
-
-
-# the last `otherwise -> …` arm before an error (group 1: it is bounded), on the error's own stage
-_OTHERWISE_ARM = re.compile(r"\botherwise\s*->[^{}]*?(\bup\s+to\s+\d+\s+times)?\s*$")
+# Syntax errors, named by what the user was writing (the catalogue: `syntax_errors`)
 
 
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
-    line = getattr(exc, "line", 0) or 0
-    col = getattr(exc, "column", 0) or 0
-    if isinstance(exc, UnexpectedCharacters):
-        pos = exc.pos_in_stream
-        ch = text[pos] if pos is not None and 0 <= pos < len(text) else "?"
-        span = ir.Span(file=file, line=line, col=col, end_line=line, end_col=col + 1)
-        if ch == '"':
-            return error("E005", "unterminated string: this `\"` is never closed", span,
-                         'close it on the same line; use """...""" for text over several lines')
-        hint = "names use letters, digits and `_`; text goes in double quotes"
-        if ch == "%" and pos is not None and re.search(r"\d\s*\Z", text[:pos]):
-            number = re.search(r"(\d+(?:\.\d+)?)\s*\Z", text[:pos])
-            shown = number.group(1) if number else "5"
-            hint = f"write a percentage as a plain number (`{shown}` on a 0–100 scale, or `{float(shown) / 100:g}`)"
-        elif ch == "'":
-            hint = 'strings use double quotes: "like this"'
-        elif ch in "=!<>":
-            hint = "comparisons are ==, !=, <, <=, >, >=; branches use ->"
-        elif ch == "&" or ch == "|":
-            hint = "write `and` / `or` in conditions; `|` separates enum values in a declaration"
-        elif ch == ";":
-            hint = "remove it: declarations need no separator"
-        elif "\uff01" <= ch <= "\uff5e":  # full-width forms of ASCII punctuation (a CJK input method)
-            hint = f"`{ch}` is a full-width character: write the ASCII `{chr(ord(ch) - 0xFEE0)}`"
-        elif ch in "\u201c\u201d\u2018\u2019":
-            hint = 'text goes in straight double quotes: "like this"'
-        elif ch in "\u3001\u3002":
-            hint = "write `,` between items; a sentence belongs inside a quoted text"
-        return error("E005", f"invalid character {_char_name(ch)}", span, hint)
-    token = getattr(exc, "token", None)
-    # `accepts` is what the parser could really take here; `expected` also lists tokens that are
-    # only possible after default reductions, which makes hints noisy.
-    expected = set(getattr(exc, "accepts", None) or getattr(exc, "expected", None) or [])
-    at_end = isinstance(exc, UnexpectedEOF) or (token is not None and token.type == "$END")
-    if at_end:
-        brace = _unclosed_brace(text)
-        lines = text.splitlines() or [""]
-        if brace is not None:
-            b_line, b_col = brace
-            return error("E002", "unclosed block: this `{` is never closed",
-                         ir.Span(file=file, line=b_line, col=b_col, end_line=b_line, end_col=b_col + 1),
-                         "add the matching `}` at the end of the block")
-        end_line = len(lines)
-        end_col = len(lines[-1]) + 1
-        return error("E001", "unexpected end of file: the last declaration is incomplete",
-                     ir.Span(file=file, line=end_line, col=end_col, end_line=end_line, end_col=end_col),
-                     "expected " + ", ".join(_expected_words(expected)) if expected else None)
-    found = _shown(str(token)) if token is not None else "?"
-    span = ir.Span(file=file, line=line, col=col, end_line=line, end_col=col + max(1, len(found)))
-    words = _expected_words(expected)
-    arrow = "`->`" in words
-    ttype = token.type if token is not None else ""
-    if ttype.lower() in DECL_KEYWORDS and "`}`" in words:
-        pos = getattr(token, "start_pos", None)
-        brace = _unclosed_brace(text[:pos]) if isinstance(pos, int) else None
-        if brace is not None:
-            b_line, b_col = brace
-            return error("E002", f"unclosed block: this `{{` is never closed before `{found}` at line {line}",
-                         ir.Span(file=file, line=b_line, col=b_col, end_line=b_line, end_col=b_col + 1),
-                         "add the matching `}` before the next declaration")
-    pos = getattr(token, "start_pos", None)
-    before = text[:pos] if isinstance(pos, int) else ""
-    if ttype == "NAME" and found in FOREIGN_BRANCH_WORDS:
-        message, hint = FOREIGN_BRANCH_WORDS[found]
-    elif ttype == "STRING" and (attrs_first := _ACTION_ATTRS_BEFORE.search(before)):
-        message = "an action's description comes before its attributes"
-        hint = f'write `action {attrs_first.group(1)} {found} [{attrs_first.group(2)}]`'
-    elif (special := _common_slip(found, before, text[pos:] if isinstance(pos, int) else "")) is not None:
-        message, hint = special
-    elif found == "otherwise" and (prior := _OTHERWISE_ARM.search(before)) and "{" not in before[prior.end():]:
-        message = "a second `otherwise`: only the last branch of a stage can be `otherwise`"
-        hint = ("to say what to do once the bounded branch is spent, write it as a `when` arm "
-                "(`when CONDITION -> ... up to N times`) and keep `otherwise -> ...` last"
-                if prior.group(1) else "remove one, or make the first a `when CONDITION -> ...` arm")
-    elif arrow and ttype in ("NAME", "STRING", "NUMBER", "DO"):
-        message = f"missing `->` before `{found}`"
-        hint = "branches are written `value -> target` or `when condition -> target`"
-    elif ttype == "NAME" and "`stage`" in words:
-        message = f"unexpected `{found}` at top level"
-        hint = did_you_mean(found, DECL_KEYWORDS) or (
-            "top-level items start with " + ", ".join(f"`{k}`" for k in DECL_KEYWORDS))
-    elif found == "}" and "`stage`" in words:
-        message = "unmatched `}`: no block is open here"
-        hint = "remove it, or check the `{` of the block above"
-    elif found == "}" and ({"`->`", "`match`", "`when`"} & set(words)) and "a name" not in words:
-        message = "stage has no decision"
-        hint = "end the stage with `-> next`, a `match X { ... }` block, or `when ... -> ...` guards"
-    elif found == "{" and "`|`" in words:
-        message = "an enum type needs at least two values"
-        hint = "write `field X: A | B`, or use `bool`"
-    elif found in ("}", ")", "]") and before.rstrip().endswith(","):
-        message = f"unexpected `{found}` after a comma"
-        hint = f"remove the trailing comma before `{found}`"
-    elif found == "=" and "a comparison (==, <, ...)" in words:
-        message = "`=` is not a comparison"
-        hint = "write `==` to compare; `=` only assigns outputs and derived variables"
-    elif ttype == "NAME" and found in KEYWORDS:
-        message = f"`{found}` is a reserved word and cannot be used here"
-        hint = "rename it; reserved words: " + ", ".join(KEYWORDS)
-    elif ttype.lower() in KEYWORDS and "a name" in words:
-        message = f"`{found}` is a reserved word and cannot be used as a name"
-        hint = f"rename it, e.g. `{found}_` or `{found.capitalize()}`"
-    else:
-        message = f"unexpected `{found}`"
-        hint = "expected " + ", ".join(words[:8]) + (" ..." if len(words) > 8 else "")
-        if ttype == "NAME":
-            close = did_you_mean(found, KEYWORDS)
-            if close:
-                hint = close
-    return error("E001", message, span, hint)
-
+    """The diagnostic for a syntax error in `text`. The catalogue is matched by parser state, and
+    state numbers belong to one Lark instance: the error is found again with `parser()`, whose states
+    the examples are parsed with (one more parse, of text that failed)."""
+    lark = parser()
+    try:
+        lark.parse(text)
+    except UnexpectedInput as again:
+        exc = again
+    except Exception:  # noqa: BLE001, S110 - refused another way: keep the builder's error
+        pass
+    return syntax_diagnostic(exc, text, file, lark)
 
 _BUILDER_LOCK = threading.Lock()
 
@@ -1015,7 +782,7 @@ def _building_parser() -> tuple[Lark, ToIR]:
     """A parser that builds the IR while parsing (no intermediate tree): about as fast as Lark alone."""
     builder = ToIR("<string>")
     return Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr", transformer=builder,
-                maybe_placeholders=False), builder
+                maybe_placeholders=False, postlex=KeywordGlue()), builder
 
 
 def _lark_program(text: str, file: str) -> Program:
@@ -1032,26 +799,95 @@ def parse_text(text: str, file: str = "<string>", *, fast: bool = True) -> Progr
     """Parse one file's text into a `Program`; syntax errors raise `SopError`. The fast path
     (`fastparse`) reads the regular forms and hands the rest to Lark, building the same program;
     `fast=False` is Lark alone (benchmarks and the equivalence tests compare the two)."""
-    if fast:
-        program = parse_fast(text, file, lambda fragment: _lark_program(fragment, file).items)
-        if program is not None:
-            return program
-    try:
-        return _lark_program(text, file)
-    except UnexpectedInput as exc:
-        raise SopError([_syntax_diagnostic(exc, text, file)], {file: text}) from None
-    except _BadToken as exc:
-        raise SopError([error("E001", exc.message, _tok_span(file, exc.token), exc.hint)], {file: text}) from None
-    except _BadExpr as exc:
-        raise SopError([error("E001", exc.message, exc.span, exc.hint)], {file: text}) from None
-    except _BadLiteral as exc:
-        raise SopError([error("E210", exc.message, exc.span, exc.hint)], {file: text}) from None
-    except RecursionError:
-        raise SopError([error("E006", "the program nests too deeply to parse", ir.Span(file=file),
-                              "split deeply nested expressions")], {file: text}) from None
-    except (LarkError, VisitError, ValueError, TypeError) as exc:
-        raise SopError([error("E001", f"cannot build the program: {exc}", ir.Span(file=file))],
-                       {file: text}) from None
+    program = parse_fast(text, file, lambda fragment: _lark_program(fragment, file).items) if fast else None
+    if program is None:
+        try:
+            program = _lark_program(text, file)
+        except PARSE_FAILURES as exc:
+            raise parse_error(exc, text, file) from None
+    too_deep = [d for e in _program_expressions(program.items) if (d := _too_deep(e)) is not None]
+    if too_deep:
+        raise SopError(too_deep, {file: text})
+    return program
+
+
+def _target_expressions(target: ir.Target) -> Iterator[Any]:
+    for assign in target.outputs:
+        yield assign.value
+    for assign in target.args:
+        yield assign.value
+    for step in target.steps:
+        for assign in step.args:
+            yield assign.value
+
+
+def _program_expressions(items: Iterable[Any]) -> Iterator[Any]:
+    """Every expression written in a file's items (subflows included), before names are resolved."""
+    for item in items:
+        if type(item) is ir.Stage:
+            if item.subject is not None:
+                yield item.subject
+            for branch in item.branches:
+                if branch.guard is not None:
+                    yield branch.guard
+                target = branch.target
+                if target.outputs or target.args or target.steps:
+                    yield from _target_expressions(target)
+        elif isinstance(item, ir.Variable):
+            yield from (e for e in (item.expr, item.default) if e is not None)
+        elif isinstance(item, ir.Output) and item.default is not None:
+            yield item.default
+        elif isinstance(item, Subflow):
+            yield from _program_expressions([*item.stages, *item.uses])
+        elif isinstance(item, Use):
+            for target in item.bindings.values():
+                yield from _target_expressions(target)
+
+
+_SHALLOW = frozenset((ir.Var, ir.Lit))
+
+
+def _too_deep(expr: Any) -> Diagnostic | None:
+    """E006 for an expression nested deeper than `MAX_DEPTH`, measured without recursion, at parse time:
+    name resolution, type inference, path listing and the engine's code generation all recurse over
+    expressions, so nothing after the parser may see one (a profile's `when` is parsed here too)."""
+    kind = type(expr)
+    if kind in _SHALLOW or (kind is ir.InSet and type(expr.operand) in _SHALLOW) or (
+            kind is ir.Compare and type(expr.left) in _SHALLOW and type(expr.right) in _SHALLOW):
+        return None  # most guards: measured by their shape
+    depth, level = 0, [expr]
+    while level:
+        depth += 1
+        level = [child for node in level for child in ir.children(node)]
+    if depth <= MAX_DEPTH:
+        return None
+    return error("E006", f"expression nested too deeply ({depth} levels; at most {MAX_DEPTH})", expr.span,
+                 "split it into derived variables (`let`)")
+
+
+# what a Lark parse of malformed text can raise (`parse_error` names each one for the user)
+PARSE_FAILURES = (LarkError, _BadToken, _BadExpr, _BadLiteral, RecursionError, ValueError, TypeError)
+
+
+def parse_error(exc: Exception, text: str, file: str) -> SopError:
+    """The `SopError` for an exception out of a Lark parse of `text` (with or without the IR builder):
+    one place, so `sop check` and `sop fmt` say the same about the same text."""
+    if isinstance(exc, VisitError) and isinstance(exc.orig_exc, (_BadToken, _BadExpr, _BadLiteral, RecursionError)):
+        exc = exc.orig_exc
+    if isinstance(exc, UnexpectedInput):
+        found = _syntax_diagnostic(exc, text, file)
+    elif isinstance(exc, _BadToken):
+        found = error("E001", exc.message, _tok_span(file, exc.token), exc.hint)
+    elif isinstance(exc, _BadExpr):
+        found = error("E001", exc.message, exc.span, exc.hint)
+    elif isinstance(exc, _BadLiteral):
+        found = error(exc.code, exc.message, exc.span, exc.hint)
+    elif isinstance(exc, RecursionError):
+        found = error("E006", "the program nests too deeply to parse", ir.Span(file=file),
+                      "split deeply nested expressions")
+    else:
+        found = error("E001", f"cannot build the program: {exc}", ir.Span(file=file))
+    return SopError([found], {file: text})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1155,6 +991,8 @@ def _load_source(path: str | Path | None, *, text: str | None, name: str | None,
         return Loaded(diagnostics=diags, sources=sources)
     try:
         scenario = _merge(programs, diags, sources.values())
+        if (chain := _long_derived_chain(scenario)) is not None:
+            return Loaded(diagnostics=[chain], sources=sources)
     except RecursionError:
         return Loaded(diagnostics=[error("E006", "an expression is nested too deeply",
                                          ir.Span(file=file), f"keep expressions under {MAX_DEPTH} levels; "
@@ -1330,6 +1168,25 @@ def _resolve_aliases(aliases: dict[str, TypeDecl], variables: dict[str, ir.Varia
         resolved = _resolve_type(decl.type, aliases, diags, [])
         if resolved is not decl.type:  # most types resolve to themselves (`_fix_field`'s reason)
             decl.type = resolved
+    for output in outputs.values():
+        _canonical_list_default(output)
+
+
+def _canonical_list_default(output: ir.Output) -> None:
+    """A list output's default in the order the engine reports lists, the enum's, each value once (`= [B, A, B]`
+    is `[A, B]`), so every reader of `default.value` sees the engine's value."""
+    vtype, default = output.type, output.default
+    if not (isinstance(default, ir.ListLit) and isinstance(vtype, ir.ListType) and isinstance(vtype.item, ir.EnumType)):
+        return
+    order = vtype.item.values
+    lits = [i for i in default.items if isinstance(i, ir.Lit) and isinstance(i.value, str) and i.value in order]
+    if len(lits) != len(default.items):
+        return  # a value not of the enum: the checker reports it
+    keep: dict[str, ir.Lit] = {}
+    for lit in sorted(lits, key=lambda i: order.index(str(i.value))):
+        keep.setdefault(str(lit.value), lit)
+    default.items = list(keep.values())
+    default.conds = [ir.Lit(value=True) for _ in keep]
 
 
 def _resolve_type(vtype: Any, aliases: dict[str, TypeDecl], diags: list[Diagnostic], chain: list[str]) -> Any:
@@ -1528,6 +1385,54 @@ def _declare_now(scenario: ir.Scenario, texts: Iterable[str] | None = None) -> N
             stack.extend(kids)
 
 
+def _derived_reads(scenario: ir.Scenario) -> dict[str, list[str]]:
+    """The derived variables each derived variable's definition reads (walked without recursion)."""
+    derived = {v.name for v in scenario.derived}
+    reads: dict[str, list[str]] = {}
+    for var in scenario.derived:
+        found: dict[str, None] = {}
+        stack = [var.expr] if var.expr is not None else []
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ir.Var) and node.name in derived:
+                found[node.name] = None
+            stack.extend(ir.children(node))
+        reads[var.name] = list(found)
+    return reads
+
+
+def _long_derived_chain(scenario: ir.Scenario) -> Diagnostic | None:
+    """E006 for a derived variable defined through more than `MAX_DERIVED_CHAIN` derived variables, one
+    reading the next (`let X2 = X1 + 1`, `let X3 = X2 + 1`, …): path listing, the solver and the checker
+    follow a definition into the ones it reads recursively. A cycle (E205, the checker's) counts once."""
+    reads = _derived_reads(scenario)
+    length: dict[str, int] = {}  # longest chain from a variable down (itself counted)
+    for root in reads:
+        stack: list[tuple[str, int]] = [(root, 0)]
+        on_stack = {root}
+        while stack:
+            name, i = stack[-1]
+            below = reads.get(name, [])
+            if i < len(below):
+                stack[-1] = (name, i + 1)
+                nxt = below[i]
+                if nxt not in length and nxt not in on_stack:
+                    stack.append((nxt, 0))
+                    on_stack.add(nxt)
+                continue
+            stack.pop()
+            on_stack.discard(name)
+            length[name] = 1 + max((length.get(n, 0) for n in below), default=0)
+            if length[name] > MAX_DERIVED_CHAIN:
+                var = scenario.variables[name]
+                first = next(n for n in below if length.get(n, 0) == length[name] - 1)
+                return error("E006", f"derived chain too long: `{name}` reads `{first}`, which reads another "
+                             f"derived variable, and so on, {length[name]} deep (at most {MAX_DERIVED_CHAIN})",
+                             var.span, "define it from fewer intermediate `let`s (or give the value as a system "
+                             "variable)")
+    return None
+
+
 def resolve_expression(expr: Any, variables: dict[str, ir.Variable]) -> Any:
     """One parsed expression's names resolved as the loader resolves a program's (enum values, dotted
     field accesses, item variables); used for conditions written outside a `.sop` (profile intents).
@@ -1569,6 +1474,9 @@ def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
             expr.otherwise = fix(expr.otherwise, scope)
         elif isinstance(expr, (ir.Get, ir.Quant, ir.Length, ir.Member, ir.Weighted)):
             _fix_data(expr, scope, fix)
+        elif isinstance(expr, ir.ListLit):  # `[Billing, Network when NoSignal]`
+            expr.items = [fix(i, scope) for i in expr.items]
+            expr.conds = [fix(c, scope) for c in expr.conds]
         return expr
 
     return fix

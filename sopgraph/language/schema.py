@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import sopgraph.records as records
-from sopgraph.errors import Error
+from sopgraph.errors import ArgumentError, Error
 from sopgraph.language import ir, scalars
 from sopgraph.records import CHAT_DIMENSIONS
 
@@ -56,14 +56,16 @@ def type_schema(vtype: Any, *, nullable: bool = False) -> dict[str, Any]:
 
 def data_schema(vtype: ir.ListType | ir.RecordType) -> dict[str, Any]:
     """A list as a JSON array (its length bounds, each item's schema); a record as a JSON object
-    with exactly its fields, all required."""
+    with exactly its fields, all required but the optional ones (`note: string?`: absent or null)."""
     if isinstance(vtype, ir.ListType):
         out: dict[str, Any] = {"type": "array", "items": type_schema(vtype.item), "maxItems": vtype.max_len}
         if vtype.min_len:
             out["minItems"] = vtype.min_len
         return out
-    return {"type": "object", "properties": {f.name: type_schema(f.type) for f in vtype.fields},
-            "required": [f.name for f in vtype.fields], "additionalProperties": False}
+    return {"type": "object",
+            "properties": {f.name: type_schema(f.type, nullable=f.optional) for f in vtype.fields},
+            "required": [f.name for f in vtype.fields if not f.optional],
+            "additionalProperties": vtype.open}  # `record open`: other fields allowed (and ignored)
 def _scalar_schema(vtype: Any) -> dict[str, Any]:
     """Dates and datetimes as ISO strings (`format`), durations by `pattern`, strings bounded."""
     if isinstance(vtype, ir.TimeType):
@@ -391,7 +393,7 @@ class SchemaCatalog:
     def with_entries(self, *entries: SchemaEntry) -> SchemaCatalog:
         clash = [e.name for e in entries if e.name in self.entries]
         if clash:
-            raise ValueError(f"schema `{clash[0]}` is already in the catalogue")
+            raise ArgumentError(f"schema `{clash[0]}` is already in the catalogue")
         return SchemaCatalog({**self.entries, **{e.name: e for e in entries}})
 
 

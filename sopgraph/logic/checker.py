@@ -134,11 +134,20 @@ def _check_data_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
 
 
 def _scalar_only(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
-    """Outputs and action parameters carry one value: no lists or records (E201)."""
+    """Outputs and action parameters carry one value: no lists or records (E201); an output may be a list
+    of enum values."""
     if not ir.is_structured(vtype):
         return []
+    hint = "use an enum, bool, int or float"
+    if owner.startswith("output "):
+        hint += "; a list output holds enum values: `list of A | B | C`"
     return [error("E201", f"`{owner}` is {_kind(vtype)}; outputs and action parameters hold one value",
-                  _span_or(vtype.span, span), "use an enum, bool, int or float")]
+                  _span_or(vtype.span, span), hint)]
+
+
+def _enum_list(vtype: Any) -> bool:
+    """`list of A | B`: the type of a list output (a set of enum values, docs/language.md §5.4)."""
+    return isinstance(vtype, ir.ListType) and isinstance(vtype.item, ir.EnumType)
 
 
 def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
@@ -157,7 +166,28 @@ def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
                 out.append(error("E102", f"enum value `{value}` of `{owner}` is listed twice",
                                  _span_or(vtype.span, span), "remove the repeated value"))
             seen.add(value)
+            out += _quoted_value_problems(owner, value, _span_or(vtype.span, span))
     return out
+
+
+ENUM_VALUE_MAX = 200  # characters of a quoted enum value (prompts and schemas list every value)
+
+
+def _quoted_value_problems(owner: str, value: str, span: ir.Span) -> list[Diagnostic]:
+    """A quoted enum value (`"5+ times"`) is compared exactly: no empty, padded, multi-line or huge one (E005)."""
+    shown = ir.show_enum_value(value)
+    if not value.strip():
+        problem = "is empty"
+    elif value != value.strip():
+        problem = "starts or ends with a space"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+        problem = "contains a control character (a line break or tab)"
+    elif len(value) > ENUM_VALUE_MAX:
+        problem = f"is longer than {ENUM_VALUE_MAX} characters"
+    else:
+        return []
+    return [error("E005", f"enum value {shown[:80]} of `{owner}` {problem}", span,
+                  "an enum value is compared exactly: write it on one line, without spaces at its ends")]
 
 
 def check_declarations(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
@@ -169,7 +199,8 @@ def check_declarations(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnos
             out += _check_type_decl(declared.name, declared.type, declared.span)
     for output in scenario.outputs.values():
         out += _check_type_decl(output.name, output.type, output.span)
-        out += _scalar_only(f"output {output.name}", output.type, output.span)
+        if not _enum_list(output.type):  # a list of enum values is an output's one structured type
+            out += _scalar_only(f"output {output.name}", output.type, output.span)
     for action in scenario.actions.values():
         for param in action.params:
             out += _scalar_only(f"parameter {param.name} of {action.name}", param.type, param.span)
@@ -553,6 +584,10 @@ class _Typer(ScalarTyping):
     def infer_data(self, e: Any) -> _Ty:
         if isinstance(e, ir.Get):
             return self.get(e)
+        if isinstance(e, ir.ListLit):  # only a list output's value (`output_value`) may be a list
+            self.mismatch(f"`{ir.show(e)}` is a list, which only a list output takes as its value", e.span,
+                          "declare `output NAME: list of A | B` and set it in a leaf: `do Go { NAME = [A, B] }`")
+            return None
         if isinstance(e, ir.Item):
             return self.items.get(e.name)
         if isinstance(e, ir.Quant):
@@ -831,8 +866,48 @@ class _Typer(ScalarTyping):
                     self.mismatch(f"{what} value `{ir.show(lit)}` is not an integer, but "
                                   f"`{ir.show(subject)}` is", lit.span, "this arm can never match; use whole numbers")
 
+    def list_output_value(self, output: ir.Output, item_type: ir.EnumType, e: Any, span: ir.Span) -> None:
+        """A list output's value: a list `[A, B when C]` of values of its enum, or a `case` choosing such lists
+        (E204); the conditions are conditions (E201)."""
+        if isinstance(e, ir.CaseExpr):
+            for arm in e.arms:
+                self.expect_bool(arm.when, "the condition")
+                self.list_output_value(output, item_type, arm.then, _span_or(arm.then.span, span))
+            self.list_output_value(output, item_type, e.otherwise, _span_or(e.otherwise.span, span))
+            return
+        if not isinstance(e, ir.ListLit):
+            self.infer(e)
+            self.mismatch(f"output `{output.name}` is a list but `{ir.show(e)}` is not", span,
+                          f"give it a list of its values: `[{item_type.values[0]}, ...]`, an item kept only when a "
+                          "condition holds written `A when C`", code="E204")
+            return
+        each = output.model_copy(update={"type": item_type})
+        for item, cond in zip(e.items, e.conds, strict=True):
+            self.output_value(each, item, _span_or(item.span, span))
+            if not (isinstance(cond, ir.Lit) and cond.value is True):
+                self.expect_bool(cond, "the condition of a list item")
+        lt = output.type
+        always = {i.value for i, c in zip(e.items, e.conds, strict=True)
+                  if isinstance(i, ir.Lit) and isinstance(c, ir.Lit) and c.value is True}
+        if isinstance(lt, ir.ListType) and len(always) > lt.max_len:
+            self.mismatch(f"`{ir.show(e)}` holds {len(always)} values but output `{output.name}` holds at most "
+                          f"{lt.max_len}", span, "widen the bound (`list[..N] of ...`) or give fewer values",
+                          code="E204")
+        fixed = all(isinstance(c, ir.Lit) and c.value is True for c in e.conds)
+        if isinstance(lt, ir.ListType) and fixed and len(always) < lt.min_len:
+            self.mismatch(f"`{ir.show(e)}` holds {len(always)} value{'' if len(always) == 1 else 's'} but output "
+                          f"`{output.name}` holds at least {lt.min_len}", span,
+                          "give more values, or lower the bound (`list[..N] of ...`)", code="E204")
+
     def output_value(self, output: ir.Output, e: Any, span: ir.Span) -> None:
         """An assigned or default value against the output's declared type (E204)."""
+        if isinstance(output.type, ir.ListType):
+            if isinstance(output.type.item, ir.EnumType):
+                self.list_output_value(output, output.type.item, e, span)
+            return  # any other list output is E201 (`_scalar_only`)
+        if isinstance(e, ir.ListLit):
+            self.infer(e)  # a list for an output of one value: says so
+            return
         t = self.infer(e)
         ot = output.type
         if t is None:

@@ -1154,7 +1154,7 @@ class Space:
             return describe_time(self.time_kinds[i], d)
         k = self.kinds[i]
         if k == "enum":
-            return " | ".join(self.dom_values(i, d))
+            return " | ".join(ir.show_enum_value(v) for v in self.dom_values(i, d))
         if k == "bool":
             return " | ".join("true" if v else "false" for v in self.dom_values(i, d))
         if k == "none":

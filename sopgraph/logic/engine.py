@@ -41,12 +41,14 @@ class DecideError(Error):
     not fit its declared type (`output` names it), or the SOP is not exhaustive."""
 
     def __init__(self, message: str, variable: str | None = None, stage: str | None = None,
-                 output: str | None = None):
+                 output: str | None = None, part: str | None = None, read: str | None = None):
         super().__init__(message)
         self.message = message
         self.variable = variable
         self.stage = stage
         self.output = output
+        self.part = part  # the missing optional record field read, as a path (`Bills[1].note`)
+        self.read = read  # ... and as the program reads it (`b.note`)
 
 
 class Decision(BaseModel):
@@ -86,7 +88,7 @@ def validate_value(var: ir.Variable, value: Any) -> Any:
     if isinstance(vtype, ir.EnumType):
         if not isinstance(value, str) or value not in vtype.values:
             raise DecideError(f"value {_fmt(value)} is not in the domain of `{var.name}` "
-                              f"({' | '.join(vtype.values)})", var.name)
+                              f"({ir.describe_type(vtype)})", var.name)
         return value
     if isinstance(vtype, ir.BoolType):
         if value is not True and value is not False:
@@ -137,9 +139,14 @@ def input_value(var: ir.Variable, value: Any) -> Any:
 
 
 def export_value(vtype: Any, value: Any) -> Any:
-    """An output or argument value as reported: dates and durations as text (`2026-11-23`)."""
+    """An output or argument value as reported: dates and durations as text (`2026-11-23`); a list of enum
+    values once each, in the enum's order (a list output is a set: `[Network, Billing, Network]` is
+    `["Billing", "Network"]` for `list of Billing | Network`)."""
     if isinstance(vtype, ir.TimeType) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return scalars.format_temporal(vtype.kind, value)
+    if isinstance(vtype, ir.ListType) and isinstance(vtype.item, ir.EnumType) and isinstance(value, list):
+        present = set(value)
+        return [v for v in vtype.item.values if v in present]
     return value
 
 
@@ -164,11 +171,12 @@ def validate_data(label: str, owner: str, vtype: Any, value: Any) -> Any:
             raise DecideError(f"value {_fmt(value)} of `{label}` is not a record (an object with {names})", owner)
         names_list = [f.name for f in vtype.fields]
         for key in value:
-            if key not in names_list:
+            if key not in names_list and not vtype.open:  # `record open`: undeclared fields are ignored
                 hint = did_you_mean(str(key), names_list)
-                raise DecideError(f"`{label}` has no field `{key}`" + (f" ({hint})" if hint else ""), owner)
-        return {f.name: validate_data(f"{label}.{f.name}", owner, f.type, value.get(f.name))
-                for f in vtype.fields}
+                hint = hint or "write `record open { … }` to ignore fields the record does not declare"
+                raise DecideError(f"`{label}` has no field `{key}` ({hint})", owner)
+        return {f.name: None if f.optional and value.get(f.name) is None  # `note: string?` left out
+                else validate_data(f"{label}.{f.name}", owner, f.type, value.get(f.name)) for f in vtype.fields}
     leaf = ir.Variable.model_construct(name=label, role="system", type=vtype)
     try:
         return validate_value(leaf, value)
@@ -180,6 +188,8 @@ def output_problem(output: ir.Output, value: Any) -> str | None:
     """Why `value` cannot be the final value of `output` (None when it fits). Both engine forms
     use this one test, so an assignment that leaves its declared range fails the same way in both."""
     otype = output.type
+    if isinstance(otype, ir.ListType):
+        return _list_output_problem(otype, value)
     if isinstance(otype, ir.NumType):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return "is not a number"
@@ -192,7 +202,7 @@ def output_problem(output: ir.Output, value: Any) -> str | None:
         return None
     if isinstance(otype, ir.EnumType):
         if not isinstance(value, str) or value not in otype.values:
-            return f"is not one of {' | '.join(otype.values)}"
+            return f"is not one of {ir.describe_type(otype)}"
         return None
     if isinstance(otype, ir.StringType):
         return None if isinstance(value, str) else "is not a string"
@@ -204,6 +214,20 @@ def output_problem(output: ir.Output, value: Any) -> str | None:
         return None
     if value is not True and value is not False:
         return "is not a bool"
+    return None
+
+
+def _list_output_problem(otype: ir.ListType, value: Any) -> str | None:
+    """A list output holds values of its enum, each counted once, within its length bounds."""
+    if not isinstance(value, list) or not isinstance(otype.item, ir.EnumType):
+        return "is not a list"
+    bad = [v for v in value if not isinstance(v, str) or v not in otype.item.values]
+    if bad:
+        return f"holds {_fmt(bad[0])}, which is not one of {ir.describe_type(otype.item)}"
+    n = len(set(value))
+    if not otype.min_len <= n <= otype.max_len:
+        bound = f"at most {otype.max_len}" if n > otype.max_len else f"at least {otype.min_len}"
+        return f"has {n} value{'' if n == 1 else 's'}; it holds {bound}"
     return None
 
 
@@ -308,6 +332,7 @@ class Interpreter:
         self.depth = 0  # nesting of derived-variable evaluations
         self.looks: dict[str, int] = {}  # observed variable -> looks taken so far
         self.items: dict[str, Any] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
+        self.item_paths: dict[str, str] = {}  # item variable -> the item it is (`Bills[1]`), for messages
 
     def _warm(self, name: str) -> None:
         """Before a derived variable with a deep chain of derived dependencies (a 1,000-long `let`
@@ -371,7 +396,10 @@ class Interpreter:
         return value
 
     def missing(self, e: Any) -> bool:
-        """`missing(X)`: the input leaves `X` out (or gives null)."""
+        """`missing(X)`: the input leaves `X` out (or gives null); `missing(R.note)`: the record's optional
+        field is absent or null (the record itself is read, and must be there)."""
+        if isinstance(e, ir.Get):
+            return self.eval(e.base).get(e.field) is None
         return isinstance(e, ir.Var) and self.values.get(e.name) is None
 
     def func(self, e: ir.Func) -> Any:
@@ -424,13 +452,17 @@ class Interpreter:
     def eval_data(self, e: Any) -> Any:
         """Lists, records and weighted counts (the generated engine emits the same operations)."""
         if isinstance(e, ir.Get):
-            return self.eval(e.base)[e.field]
+            value = self.eval(e.base)[e.field]
+            if value is None:  # only an optional field is None once validated
+                raise missing_field(e, self.part_label(e))
+            return value
         if isinstance(e, ir.Item):
             return self.items[e.name]
         if isinstance(e, ir.Quant):
+            items = list(enumerate(self.eval(e.source)))
             if e.func == "sum":  # the same order and operations as the generated `sum(V for x in L if C)`
-                return sum(self._with_item(e, x, e.value) for x in self.eval(e.source) if self._with_item(e, x))
-            return _quantify(e.func, self.eval(e.source), lambda x: self._with_item(e, x))
+                return sum(self._with_item(e, x, e.value, i) for i, x in items if self._with_item(e, x, None, i))
+            return _quantify(e.func, items, lambda ix: self._with_item(e, ix[1], None, ix[0]))
         if isinstance(e, ir.Length):
             return len(self.eval(e.operand))
         if isinstance(e, ir.Member):
@@ -438,12 +470,18 @@ class Interpreter:
             return not hit if e.negated else hit
         if isinstance(e, ir.Weighted):
             return _wcount(tuple(self.eval(a) for a in e.args), tuple(e.weights))
+        if isinstance(e, ir.ListLit):  # the items whose condition holds, in written order
+            return [self.eval(i) for i, c in zip(e.items, e.conds, strict=True) if self.eval(c)]
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
-    def _with_item(self, e: ir.Quant, item: Any, expr: Any = None) -> Any:
-        """`expr` (default: the condition) evaluated with the item variable bound to `item`."""
+    def _with_item(self, e: ir.Quant, item: Any, expr: Any = None, index: int = 0) -> Any:
+        """`expr` (default: the condition) evaluated with the item variable bound to `item` (item `index`)."""
         saved = self.items.get(e.var, _UNSET)
+        saved_path = self.item_paths.get(e.var)
         self.items[e.var] = item
+        source = self.part_label(e.source)
+        if source is not None:
+            self.item_paths[e.var] = f"{source}[{index}]"
         try:
             return self.eval(e.cond if expr is None else expr)
         finally:
@@ -451,9 +489,58 @@ class Interpreter:
                 del self.items[e.var]
             else:
                 self.items[e.var] = saved
+            if saved_path is None:
+                self.item_paths.pop(e.var, None)
+            else:
+                self.item_paths[e.var] = saved_path
+
+    def part_label(self, e: Any) -> str | None:
+        """The input part an expression reads, as a path (`Contact.email`, `Bills[1].note`); None if it is
+        not one."""
+        if isinstance(e, ir.Var):
+            return e.name
+        if isinstance(e, ir.Item):
+            return self.item_paths.get(e.name)
+        if isinstance(e, ir.Get):
+            base = self.part_label(e.base)
+            return None if base is None else f"{base}.{e.field}"
+        return None
 
 
 _UNSET = object()
+
+
+def missing_field(e: ir.Get, part: str | None) -> DecideError:
+    """Reading an optional record field that is absent: refused like a missing optional variable. `part`
+    is the field's path in the input (`Bills[1].note` for `b.note`); the error's variable is the input."""
+    shown = ir.show(e)
+    where = f" (`{part}`)" if part and part != shown else ""
+    root = part.split(".")[0].split("[")[0] if part else None
+    return DecideError(f"`{shown}`{where} is missing: it is optional, so test `missing({shown})` before reading it",
+                       root, part=part, read=shown)
+
+
+def optional_field_names(scenario: ir.Scenario) -> set[str]:
+    """The names of the optional record fields anywhere in the inputs' types (the generated engine checks
+    reads of these for null)."""
+    out: set[str] = set()
+    stack = [v.type for v in scenario.variables.values() if v.role != "derived" and v.type is not None]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, ir.ListType):
+            stack.append(t.item)
+        elif isinstance(t, ir.RecordType):
+            out.update(f.name for f in t.fields if f.optional)
+            stack.extend(f.type for f in t.fields)
+    return out
+
+
+def _field(record: Mapping[str, Any], name: str) -> Any:
+    """An optional field's value in generated code: null is refused (the interpreter then says which)."""
+    value = record[name]
+    if value is None:
+        raise DecideError(f"optional field `{name}` is missing")
+    return value
 
 
 def _quantify(func: str, items: list, cond: Any) -> Any:
@@ -527,6 +614,7 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate,
     return finals
 
 
+
 def _call(it: Interpreter, name: str, args: list[ir.OutputAssign]) -> dict[str, Any]:
     action = it.s.actions.get(name)
     types = {p.name: p.type for p in action.params} if action is not None else {}
@@ -574,7 +662,7 @@ def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, lis
                 actions += [_call(it, c.action, c.args) for c in chosen.target.steps]
         except DecideError as exc:
             where = f" (needed at {stage_id})" if exc.variable else f" (at {stage_id})"
-            raise DecideError(exc.message + where, exc.variable, stage_id) from None
+            raise DecideError(exc.message + where, exc.variable, stage_id, part=exc.part, read=exc.read) from None
         if chosen is None:
             raise DecideError(f"no branch of `{stage_id}` applies to these values", stage=stage_id)
         target = chosen.target
@@ -586,7 +674,7 @@ def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, lis
                 if exc.output is not None:
                     raise
                 raise DecideError(exc.message + f" (needed for the outputs of {stage_id})",
-                                  exc.variable, stage_id) from None
+                                  exc.variable, stage_id, part=exc.part, read=exc.read) from None
             return Decision(path=path, finals=finals, actions=actions), taken
         stage_id = target.stage
     raise DecideError("the SOP has no entry stage")
@@ -631,6 +719,8 @@ class _Gen:
         self.ns["_count"] = _count
         self.ns["_wcount"] = _wcount
         self.ns["_data"] = validate_data
+        self.ns["_field"] = _field
+        self.optional_fields = optional_field_names(scenario)
 
     # -- helpers
     def const(self, value: Any) -> str:
@@ -728,6 +818,8 @@ class _Gen:
             return repr(e.value)
         if isinstance(e, ir.Func):
             if e.name == "missing":
+                if isinstance(e.args[0], ir.Get):  # an optional record field
+                    return f"({self.expr(e.args[0].base)}.get({e.args[0].field!r}) is None)"
                 name = e.args[0].name if isinstance(e.args[0], ir.Var) else ""
                 return f"(v.get({name!r}) is None)"
             code = ", ".join(self.expr(a) for a in e.args)
@@ -746,6 +838,8 @@ class _Gen:
     def data_expr(self, e: Any) -> str:
         """Lists, records and weighted counts as Python (item variables become generator locals)."""
         if isinstance(e, ir.Get):
+            if e.field in self.optional_fields:
+                return f"_field({self.expr(e.base)}, {e.field!r})"
             return f"{self.expr(e.base)}[{e.field!r}]"
         if isinstance(e, ir.Item):
             return f"I_{e.name}"
@@ -764,6 +858,10 @@ class _Gen:
         if isinstance(e, ir.Weighted):
             conds = ", ".join(self.expr(a) for a in e.args)
             return f"_wcount(({conds},), {self.const(tuple(e.weights))})"
+        if isinstance(e, ir.ListLit):  # `[*([A] if C else ()), B]`: the same items, order and evaluation order
+            parts = [self.expr(i) if isinstance(c, ir.Lit) and c.value is True
+                     else f"*(({self.expr(i)},) if {self.expr(c)} else ())" for i, c in zip(e.items, e.conds, strict=True)]
+            return "[" + ", ".join(parts) + "]"
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
     def case_function(self, e: ir.CaseExpr) -> str:

@@ -61,11 +61,15 @@ class _Lowering:
             else:
                 self.variables[name] = var
 
-    def _expand(self, var: ir.Variable, path: str, vtype: Any) -> None:
+    def _expand(self, var: ir.Variable, path: str, vtype: Any, optional: bool = False) -> None:
+        """`optional`: an optional record field (`note: string?`), a plain optional of its own (a list or
+        record field is missing when its presence key is, as for an optional root)."""
         self.types[path] = vtype
         if isinstance(vtype, ir.RecordType):
             for field in vtype.fields:
-                self._expand(var, f"{path}.{field.name}", field.type)
+                self._expand(var, f"{path}.{field.name}", field.type, field.optional)
+            if optional:
+                self._optional_part(path, vtype)
         elif isinstance(vtype, ir.ListType):
             n = len_name(path)
             self.variables[n] = var.model_copy(update={
@@ -73,9 +77,15 @@ class _Lowering:
                 "money": False, "optional": False})
             for i in range(vtype.max_len):
                 self._expand(var, f"{path}[{i}]", vtype.item)
+            if optional:
+                self._optional_part(path, vtype)
         else:
             self.variables[path] = var.model_copy(update={"name": path, "type": vtype, "observed": False,
-                                                          "money": False, "optional": False})
+                                                          "money": False, "optional": optional})
+
+    def _optional_part(self, path: str, vtype: Any) -> None:
+        key = self.presence[path] = presence_key(path, vtype)
+        self.variables[key] = self.variables[key].model_copy(update={"optional": True})
 
     # -- expressions
     def path(self, e: Any, env: Mapping[str, str]) -> str:
@@ -121,6 +131,12 @@ class _Lowering:
             out = e.model_copy(update={"args": [ir.Var(name=self.presence[e.args[0].name], span=e.args[0].span)]})
             self.texts.setdefault(ir.show(out), ir.show(e))
             return out
+        if isinstance(e, ir.Func) and e.name == "missing" and len(e.args) == 1 and isinstance(e.args[0], ir.Get):
+            name = self.path(e.args[0], env)  # an optional record field: its plain variable or presence key
+            out = e.model_copy(update={"args": [ir.Var(name=self.presence.get(name, name), span=e.args[0].span)]})
+            if not env:
+                self.texts.setdefault(ir.show(out), ir.show(e))
+            return out
         if isinstance(e, ir.Weighted):
             terms = [ir.CaseExpr(arms=[ir.CaseArm(when=self.expr(a, env), then=ir.Lit(value=w))],
                                  otherwise=ir.Lit(value=0), span=e.span) for w, a in zip(e.weights, e.args, strict=True)]
@@ -142,6 +158,9 @@ class _Lowering:
             update["operands"] = [self.expr(o, env) for o in e.operands]
         elif isinstance(e, ir.Call):
             update["args"] = [self.expr(a, env) for a in e.args]
+        elif isinstance(e, ir.ListLit):  # a list output's value: its items and their conditions
+            update["items"] = [self.expr(i, env) for i in e.items]
+            update["conds"] = [self.expr(c, env) for c in e.conds]
         elif isinstance(e, ir.CaseExpr):
             update["arms"] = [ir.CaseArm(when=self.expr(a.when, env), then=self.expr(a.then, env), span=a.span)
                               for a in e.arms]
@@ -262,6 +281,9 @@ def lift_value(path: str, vtype: Any, values: Mapping[str, Any]) -> Any:
         return _MISSING if any(x is _MISSING for x in items) else items
     if isinstance(vtype, ir.RecordType):
         rec = {f.name: lift_value(f"{path}.{f.name}", f.type, values) for f in vtype.fields}
+        for f in vtype.fields:
+            if f.optional and rec[f.name] is _MISSING:
+                rec[f.name] = None  # an optional field left out
         return _MISSING if any(x is _MISSING for x in rec.values()) else rec
     value = values.get(path, _MISSING)
     return _MISSING if value is None else value  # a missing optional list or record's presence key
@@ -270,6 +292,24 @@ def lift_value(path: str, vtype: Any, values: Mapping[str, Any]) -> Any:
 def presence_key(path: str, vtype: Any) -> str:
     """The plain variable that is missing exactly when an optional list or record `path` is."""
     return _plain_keys(path, vtype)[0]
+
+
+def optional_field_keys(roots: Mapping[str, Any]) -> list[tuple[str, str, frozenset[str]]]:
+    """Each optional record field (`note: string?`) in the plain form, one per list item it can be in:
+    its path (`Bills[0].note`), the plain variable missing exactly when it is, and all its plain variables."""
+    out: list[tuple[str, str, frozenset[str]]] = []
+    stack = list(roots.items())
+    while stack:
+        path, vtype = stack.pop()
+        if isinstance(vtype, ir.ListType):
+            stack += [(f"{path}[{i}]", vtype.item) for i in range(vtype.max_len)]
+        elif isinstance(vtype, ir.RecordType):
+            for f in vtype.fields:
+                sub = f"{path}.{f.name}"
+                if f.optional:
+                    out.append((sub, presence_key(sub, f.type), frozenset(_plain_keys(sub, f.type))))
+                stack.append((sub, f.type))
+    return sorted(out)
 
 
 def _plain_keys(path: str, vtype: Any) -> list[str]:

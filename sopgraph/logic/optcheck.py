@@ -24,8 +24,14 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, warning
 from sopgraph.logic.domain import Box
-from sopgraph.logic.engine import DecideError, run
-from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form, presence_key
+from sopgraph.logic.engine import DecideError, optional_field_names, run
+from sopgraph.logic.lower import (
+    Lowered,
+    analysis_form,
+    needs_analysis_form,
+    optional_field_keys,
+    presence_key,
+)
 from sopgraph.logic.paths import Explorer
 from sopgraph.logic.unroll import Unrolled, UnrollError
 
@@ -380,8 +386,9 @@ class _Pass:
         except DecideError as exc:
             if "is missing: it is optional" not in exc.message:
                 return "no"
-            if exc.variable != c.name or exc.stage != sid:
+            if (exc.part or exc.variable) != c.name or exc.stage != sid:  # `part`: an optional record field
                 return "earlier"
+            shown = exc.read or c.name  # an optional record field: as the program reads it (`b.note`)
         except Exception:  # noqa: BLE001 - an example the engine cannot run proves nothing
             return "no"
         else:
@@ -391,11 +398,14 @@ class _Pass:
         if len(via) > 8:
             via = via[:3] + ["..."] + via[-4:]
         src = self.source_id(sid)
+        named = f"`{shown}`" if shown == c.name else f"`{shown}` (`{c.name}`)"
+        message = f"{named} is optional and may be read while it is missing, at "
+        if any(d.span == c.span and d.message.startswith(f"`{shown}` ") for d in self.out):
+            return "yes"  # the same read of another item of the list: reported once
         self.out.append(warning(
-            "W306", f"`{c.name}` is optional and may be read while it is missing, at "
-                    f"{c.where.replace(f'`{sid}`', f'`{src}`')}",
+            "W306", message + f"{c.where.replace(f'`{sid}`', f'`{src}`')}",
             c.span,
-            f"test it first: `when missing({c.name}) -> …` before this branch, or `not missing({c.name}) and …` "
+            f"test it first: `when missing({shown}) -> …` before this branch, or `not missing({shown}) and …` "
             f"in the condition; or give it an input default (`= value`) instead of `?`",
             witness=self.lift(values), notes=["reached via " + " -> ".join(via)]))
         return "yes"
@@ -456,6 +466,8 @@ def _optionals(scenario: ir.Scenario, names: list[str], unrolled: Unrolled | Non
                 out.append(_Optional(n, presence_key(n, vtype), frozenset(unrolled.plain_keys[n])))
         elif n in form.variables:
             out.append(_Optional(n, n, frozenset((n,))))
+    if isinstance(unrolled, Lowered):  # optional record fields (`note: string?`), item by item
+        out += [_Optional(path, key, keys) for path, key, keys in optional_field_keys(unrolled.roots)]
     return out
 
 
@@ -479,7 +491,7 @@ def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
     """W306 for each read of an optional value that some feasible path reaches with the value missing
     (a verified example in `witness`); I303 when the bounded analysis could not settle every read."""
     names = [n for n, v in scenario.variables.items() if v.optional and v.role != "derived"]
-    if not names or not scenario.stages:
+    if (not names and not optional_field_names(scenario)) or not scenario.stages:
         return []
     unrolled: Unrolled | None = None
     form = scenario

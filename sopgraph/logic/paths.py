@@ -580,7 +580,8 @@ class Explorer:
             else:
                 finals[name] = None
                 if not opaque and values:
-                    varying[name] = " | ".join(ir.show_value(v) for v in values)
+                    varying[name] = " | ".join(ir.show_enum_value(v) if isinstance(v, str) else ir.show_value(v)
+                                               for v in values)
                 else:
                     varying[name] = ir.show(expr)
         return finals, varying

@@ -12,6 +12,7 @@ says nothing more, and the decide-time check still holds.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sopgraph.language import ir
@@ -24,8 +25,10 @@ MAX_PATHS = 5_000  # feasible paths enumerated looking for leaves that set bound
 MAX_CHECKS = 200  # engine runs to verify witnesses
 
 
-def _outside(value: Any, otype: ir.NumType) -> ir.Expr | None:
+def _outside(value: Any, otype: ir.NumType | ir.ListType) -> ir.Expr | None:
     """The condition "value is outside otype's interval", or None if the interval is unbounded."""
+    if isinstance(otype, ir.ListType):
+        return _outside_length(value, otype)
     parts: list[ir.Expr] = []
     if otype.lo is not None:
         parts.append(ir.Compare(op="<=" if otype.lo_open else "<", left=value, right=ir.Lit(value=otype.lo)))
@@ -36,12 +39,40 @@ def _outside(value: Any, otype: ir.NumType) -> ir.Expr | None:
     return parts[0] if len(parts) == 1 else ir.BoolOp(op="or", operands=parts)
 
 
+def _outside_length(value: Any, otype: ir.ListType) -> ir.Expr | None:
+    """For a list output set to `[A, B when C, …]` (values, each kept when its condition holds): "the number of
+    distinct values kept is outside the declared length", or None when no choice of conditions can be."""
+    if not isinstance(value, ir.ListLit):
+        return None
+    kept: dict[Any, list[Any]] = {}  # each distinct value -> the conditions that keep it
+    for item, cond in zip(value.items, value.conds, strict=True):
+        if not isinstance(item, ir.Lit):
+            return None
+        kept.setdefault(item.value, []).append(cond)
+    held = [conds[0] if len(conds) == 1 else ir.BoolOp(op="or", operands=conds) for conds in kept.values()]
+    count = ir.Call(func="count", args=held) if held else ir.Lit(value=0)
+    parts: list[ir.Expr] = []
+    if len(held) > otype.max_len:
+        parts.append(ir.Compare(op=">", left=count, right=ir.Lit(value=otype.max_len)))
+    if otype.min_len > 0:
+        parts.append(ir.Compare(op="<", left=count, right=ir.Lit(value=otype.min_len)))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else ir.BoolOp(op="or", operands=parts)
+
+
+def _checked(otype: Any) -> bool:
+    """A bounded numeric output, or a list output (its length is bounded)."""
+    if isinstance(otype, ir.ListType):
+        return isinstance(otype.item, ir.EnumType)
+    return isinstance(otype, ir.NumType) and (otype.lo is not None or otype.hi is not None)
+
+
 def _checked_leaves(scenario: ir.Scenario) -> dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]]:
-    """(stage id, branch index) -> the assignments of bounded numeric outputs that are not literals
-    (literals are checked by the type pass)."""
+    """(stage id, branch index) -> the assignments of bounded numeric outputs (and list outputs) that are not
+    literals (literals are checked by the type pass)."""
     out: dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]] = {}
-    if not any(isinstance(o.type, ir.NumType) and (o.type.lo is not None or o.type.hi is not None)
-               for o in scenario.outputs.values()):
+    if not any(_checked(o.type) for o in scenario.outputs.values()):
         return out  # no bounded numeric output: no assignment to check, no walk over every branch
     for sid, stage in scenario.stages.items():
         for bi, branch in enumerate(stage.branches):
@@ -49,8 +80,7 @@ def _checked_leaves(scenario: ir.Scenario) -> dict[tuple[str, int], list[tuple[i
                 output = scenario.outputs.get(assign.name)
                 if output is None or isinstance(assign.value, ir.Lit):
                     continue
-                otype = output.type
-                if isinstance(otype, ir.NumType) and (otype.lo is not None or otype.hi is not None):
+                if _checked(output.type):
                     out.setdefault((sid, bi), []).append((assign, output))
     return out
 
@@ -135,9 +165,17 @@ def _value_of(scenario: ir.Scenario, values: dict[str, Any], stages: list[str], 
 def _diagnostic(assign: ir.OutputAssign, output: ir.Output, witness: dict[str, Any], value: Any,
                 stages: list[str]) -> Diagnostic:
     otype = output.type
+    via = " -> ".join(stages if len(stages) <= 8 else [*stages[:3], "...", *stages[-4:]])
+    if isinstance(otype, ir.ListType):
+        n = len(set(value)) if isinstance(value, list) else 0
+        return error(
+            "E204", f"`{assign.name} = {ir.show(assign.value)}` can hold {n} values, outside the {otype.min_len} to "
+            f"{otype.max_len} of output `{output.name}`", assign.value.span if assign.value.span.line else assign.span,
+            "make the conditions exclusive, or widen the declaration (`list[..N] of ...`)", witness=witness,
+            notes=[f"with these values the engine computes {output.name} = {json.dumps(value)} and refuses it "
+                   f"(via {via})"])
     assert isinstance(otype, ir.NumType)
     shown = ir.show_value(value) if isinstance(value, (int, float)) else repr(value)
-    via = " -> ".join(stages if len(stages) <= 8 else [*stages[:3], "...", *stages[-4:]])
     return error(
         "E204",
         f"`{assign.name} = {ir.show(assign.value)}` can be outside the range {otype.describe()} "

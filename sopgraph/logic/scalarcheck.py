@@ -169,6 +169,9 @@ class ScalarTyping:
 
     def _missing(self, e: ir.Func) -> Any:
         arg = e.args[0]
+        if isinstance(arg, ir.Get):
+            self._missing_field(arg)
+            return ir.BoolType(span=e.span)
         var = self.s.variables.get(arg.name) if isinstance(arg, ir.Var) else None
         if var is None:
             self.infer(arg)
@@ -180,6 +183,20 @@ class ScalarTyping:
                           f"declare it optional: `{var.role} {var.name}: {ir.describe_type(var.type)}?`",
                           code="E212")
         return ir.BoolType(span=e.span)
+
+    def _missing_field(self, arg: ir.Get) -> None:
+        """`missing(R.note)`: the field must be declared optional (`note: string?`)."""
+        record = self.infer(arg.base)
+        if not isinstance(record, ir.RecordType):
+            self.infer(arg)  # says what is wrong with the base
+            return
+        field = record.field(arg.field)
+        if field is None:
+            self.infer(arg)  # E101 with the field names
+        elif not field.optional:
+            self.mismatch(f"field `{arg.field}` is not optional, so `missing({ir.show(arg)})` is always false",
+                          arg.span, f"declare it optional in the record: `{arg.field}: "
+                          f"{ir.describe_type(field.type)}?`", code="E212")
 
     def matches_type(self, e: ir.Matches) -> Any:
         t = self.infer(e.operand)

@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import threading
 import time
 import traceback
 import urllib.request
@@ -44,12 +45,13 @@ from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput
 from sopgraph.simulation import providers
 from sopgraph.simulation.backend import Backend, BackendSpec, visible_system, with_assigned_outputs
-from sopgraph.simulation.gateway import InfraFailure, ModelSpec
+from sopgraph.simulation.gateway import DEFAULT_MAX_ANSWER_BYTES, InfraFailure, ModelSpec, answer_size
 
 PROTOCOL = "sopgraph.agent/1"
 AGENT_KINDS = ("sage", "tools", "http", "python", "guided")
 TOOLS_PREFIX = "tools:"
 MAX_TOOL_ROUNDS = 8  # agent answers within one turn (tool calls, results, ask again)
+DEFAULT_TIMEOUT = 60.0  # seconds an HTTP or Python agent has for one answer (per model: timeout=)
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -250,13 +252,17 @@ class ToolAgent:
     dialogue of the run, so the tools, the backend specification and the HTTP connection pool are
     built once, not per turn."""
 
-    def __init__(self, model: str, scenario: ir.Scenario, *, timeout: float = 60.0,
+    def __init__(self, model: str, scenario: ir.Scenario, *, timeout: float = DEFAULT_TIMEOUT,
                  model_spec: ModelSpec | None = None, paths: Sequence[Mapping[str, Any]] = ()):
         self.model, self.kind, self.scenario = model, agent_kind(model), scenario
         self.backend = BackendSpec.of(scenario)
         self.tools = self.backend.tools
         self.paths = paths or path_table(scenario)
-        self.timeout = timeout
+        params = model_spec.params if model_spec is not None else None
+        self.timeout = float(params.timeout) if params is not None and params.timeout else timeout
+        self.max_answer_bytes = (params.max_answer_bytes if params is not None and params.max_answer_bytes
+                                 else DEFAULT_MAX_ANSWER_BYTES)
+        self._threads = _AgentThreads(8)
         self._fn = load_callable(model) if self.kind == "python" else None
         self.model_spec: ModelSpec | None = None
         if self.kind == "tools":
@@ -271,8 +277,10 @@ class ToolAgent:
         self._slots: asyncio.Semaphore | None = None
 
     def limit(self, concurrency: int) -> None:
-        """At most `concurrency` requests in flight (the run's `--concurrency`, as for models)."""
+        """At most `concurrency` requests in flight (the run's `--concurrency`, as for models), and as many
+        threads for a synchronous Python agent."""
         self._slots = asyncio.Semaphore(max(1, concurrency))
+        self._threads = _AgentThreads(max(1, concurrency))
 
     async def ask(self, gateway: Any, messages: Sequence[Mapping[str, Any]], *, dialogue_id: str, turn: int,
                   system: Mapping[str, Any], context: Mapping[str, Any] | None = None
@@ -292,28 +300,42 @@ class ToolAgent:
     async def respond(self, request: dict[str, Any]) -> tuple[Any, float]:
         """(the decoded response, seconds taken); AgentError if the agent cannot be had.
         A slot of the cap (`limit`) is held while the agent has the request: for an HTTP agent, from
-        sending it to reading the answer (encoding and decoding JSON are not the agent's time)."""
+        sending it to reading the answer (encoding and decoding JSON are not the agent's time).
+        Redirects are not followed (a 3xx is an error naming the Location: following one re-sent the
+        case's values to another host), and an answer over `max_answer_bytes` is not read further."""
         if self._fn is not None:
             async with self._slot():
                 started = time.perf_counter()
-                try:
-                    result = self._fn(request)
-                    if inspect.isawaitable(result):
-                        result = await result
-                except Exception as exc:  # noqa: BLE001 - the user's agent failing is an infra failure
-                    raise AgentError(f"{self.model} raised {type(exc).__name__}: {exc}{_where(exc)}") from None
-                return result, time.perf_counter() - started
+                result = await self._call_python(self._fn, request)
+                latency = time.perf_counter() - started
+            size = _serialized_size(result, self.max_answer_bytes)
+            if size > self.max_answer_bytes:
+                raise AgentError(f"{self.model}: the answer is {size:,} bytes serialized, over the limit of "
+                                 f"{self.max_answer_bytes:,} (max_answer_bytes=)")
+            return result, latency
         session = self._http()
         data = json.dumps(request, ensure_ascii=False).encode()
+        location: str | None = None
+        body: bytes | None
         try:
             async with self._slot():
                 started = time.perf_counter()
-                async with session.post(self.model, data=data, headers=_JSON_HEADERS) as r:
-                    body = await r.read()
+                async with session.post(self.model, data=data, headers=_JSON_HEADERS, allow_redirects=False) as r:
                     status = r.status
+                    if 300 <= status < 400:
+                        body, size = b"", 0
+                        location = r.headers.get("Location", "")
+                    else:
+                        body, size = await _read_capped(r, self.max_answer_bytes)
                 latency = time.perf_counter() - started
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise AgentError(f"{self.model}: {type(exc).__name__}: {exc}") from None
+        if location is not None:
+            raise AgentError(f"{self.model} answered HTTP {status}, a redirect to {location[:200] or '(no Location)'}; "
+                             "redirects are not followed (give the agent's final URL)")
+        if body is None:
+            raise AgentError(f"{self.model}: the answer is {size:,} bytes, over the limit of "
+                             f"{self.max_answer_bytes:,} (max_answer_bytes=); not read further")
         text = body.decode("utf-8", "replace")
         if status != 200:
             raise AgentError(f"{self.model} answered HTTP {status}: {text[:200]}")
@@ -321,6 +343,41 @@ class ToolAgent:
             return json.loads(text), latency
         except ValueError:
             return text, latency
+
+    async def _call_python(self, fn: Callable[[dict[str, Any]], Any], request: dict[str, Any]) -> Any:
+        """The Python agent's answer within `timeout` seconds: an `async` function on the loop, any other
+        in a thread of `_AgentThreads` (a synchronous agent would otherwise hold the loop, and with it
+        every other dialogue). Whatever it raises — `SystemExit` and `KeyboardInterrupt` included — is an
+        AgentError for this dialogue; a real Ctrl-C (see `_real_interrupt`) still stops the run."""
+        deadline = asyncio.timeout(self.timeout)
+        try:
+            async with deadline:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(request)
+                else:
+                    ok, result = await self._threads.run(fn, request)
+                    if not ok:
+                        raise self._raised(result)
+                if inspect.isawaitable(result):
+                    result = await result
+        except AgentError:
+            raise
+        except TimeoutError as exc:
+            if deadline.expired():
+                raise AgentError(f"{self.model} did not answer within {self.timeout:g} s (timeout=); "
+                                 "a synchronous agent's thread is left to finish on its own") from None
+            raise self._raised(exc) from None
+        except (KeyboardInterrupt, SystemExit) as exc:
+            if _real_interrupt(exc):
+                raise
+            raise self._raised(exc) from None
+        except Exception as exc:  # noqa: BLE001 - the user's agent failing is an infra failure
+            raise self._raised(exc) from None
+        return result
+
+    def _raised(self, exc: BaseException) -> AgentError:
+        text = str(exc)
+        return AgentError(f"{self.model} raised {type(exc).__name__}{': ' + text if text else ''}{_where(exc)}")
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._slots if self._slots is not None else contextlib.nullcontext()
@@ -342,6 +399,89 @@ class ToolAgent:
         session, self._session, self._session_loop = self._session, None, None
         if session is not None and not session.closed:
             await session.close()
+
+
+class _AgentThreads:
+    """Daemon threads for a synchronous Python agent, at most `size` alive at once (per event loop).
+
+    Why daemon threads and not a ThreadPoolExecutor: a thread cannot be killed, so an agent that never
+    returns keeps its thread; the executor's threads are joined at interpreter exit, which would hang
+    `sop run` after its summary. A thread abandoned by a timeout still counts against `size` until it
+    ends, so a stuck agent cannot make the run start threads without bound (later calls wait for a
+    free thread, within their own timeout)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._free: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(self, fn: Callable[[dict[str, Any]], Any], arg: dict[str, Any]) -> tuple[bool, Any]:
+        """(True, the result) or (False, the exception `fn` raised, BaseExceptions included)."""
+        loop = asyncio.get_running_loop()
+        if self._free is None or self._loop is not loop:
+            self._free, self._loop = asyncio.Semaphore(self.size), loop
+        free = self._free
+        await free.acquire()
+        answer: asyncio.Future[tuple[bool, Any]] = loop.create_future()
+
+        def deliver(outcome: tuple[bool, Any]) -> None:
+            free.release()
+            if not answer.done():
+                answer.set_result(outcome)
+
+        def work() -> None:
+            try:
+                outcome: tuple[bool, Any] = (True, fn(arg))
+            except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the agent's too
+                outcome = (False, exc)
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                loop.call_soon_threadsafe(deliver, outcome)
+
+        try:
+            threading.Thread(target=work, name="sop-python-agent", daemon=True).start()
+        except BaseException:
+            free.release()
+            raise
+        return await answer
+
+
+def _real_interrupt(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt met while awaiting an `async` agent is the user's Ctrl-C rather than
+    the agent's own: asyncio's SIGINT handler raised it (its frame is innermost), or a first Ctrl-C is
+    already cancelling the run. Agents in threads never see the user's Ctrl-C (signals go to the main thread)."""
+    if not isinstance(exc, KeyboardInterrupt):
+        return False
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and frames[-1].name == "_on_sigint"
+
+
+def _serialized_size(result: Any, cap: int) -> int:
+    """UTF-8 bytes of a Python agent's answer as JSON (0 when it is not JSON: the protocol check says why)."""
+    try:
+        text = json.dumps(result, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return 0
+    return answer_size(text, cap)
+
+
+async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes | None, int]:
+    """(the body, its size), or (None, the size known so far) when it is over `cap` bytes: a declared
+    Content-Length over it is not read at all, a body without one is read in pieces up to just past it."""
+    declared = response.content_length
+    if declared is not None:
+        if declared > cap:
+            return None, declared
+        body = await response.read()
+        return body, len(body)
+    parts = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 16):
+        parts += chunk
+        if len(parts) > cap:
+            return None, len(parts)
+    return bytes(parts), len(parts)
 
 
 @dataclass

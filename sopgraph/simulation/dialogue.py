@@ -298,9 +298,21 @@ class SimResult:
 
 @dataclass
 class SimState:
-    """Mutable progress, readable by the caller after a failure (usage already spent)."""
+    """Mutable progress, readable by the caller after a failure (usage already spent).
+
+    `on_usage`: called with each model call's usage row as soon as the call returns (the runner writes it
+    to the store at once, so that a crash loses no spent tokens); without it, rows wait in `pending_usage`
+    and go with the turn (`on_turn`)."""
     turns: list[Turn] = field(default_factory=list)
     pending_usage: list[dict[str, Any]] = field(default_factory=list)
+    on_usage: Callable[[dict[str, Any]], None] | None = None
+
+    def spend(self, row: dict[str, Any]) -> None:
+        """One model call's usage row: recorded now (`on_usage`) or kept for the turn."""
+        if self.on_usage is not None:
+            self.on_usage(row)
+        else:
+            self.pending_usage.append(row)
 
 
 def usage_row(dialogue_id: str, turn_index: int, role: str, completion: Any,
@@ -356,7 +368,7 @@ async def simulate_dialogue(
     backend: Backend | None = None  # the simulated backend of a tool-acting agent (state per dialogue)
     while True:
         reply = await gateway.complete(user_spec, user_msgs, context={**base_ctx, "scenario": user_info, "role": "user", "turn": index})
-        state.pending_usage.append(usage_row(setup.dialogue_id, index, "user", reply))
+        state.spend(usage_row(setup.dialogue_id, index, "user", reply))
         user_text, stop = split_stop(reply.text)
         if stop:
             return SimResult(state.turns, "user_stop", user_text)
@@ -379,7 +391,7 @@ async def simulate_dialogue(
             started = time.perf_counter()
             answer = await gateway.complete(agent_spec, agent_msgs, context=agent_ctx)
             latency = answer.latency or (time.perf_counter() - started)
-            state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+            state.spend(usage_row(setup.dialogue_id, index, "agent", answer))
             output, format_error, note = parse_agent_reply(setup.scenario, answer.text)
             turn = Turn(
                 sop_hash=setup.sop_hash, dialogue_id=setup.dialogue_id, index=index, user_text=user_text,
@@ -417,7 +429,7 @@ async def _tool_agent_turn(gateway: Any, setup: DialogueSetup, backend: Backend,
                                  "scenario": without_paths(setup.scenario_info)})
     usage = Usage()
     for completion in result.completions:
-        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", completion))
+        state.spend(usage_row(setup.dialogue_id, index, "agent", completion))
         u = record_usage(completion)
         usage = Usage(prompt_tokens=usage.prompt_tokens + u.prompt_tokens,
                       completion_tokens=usage.completion_tokens + u.completion_tokens,
@@ -458,7 +470,7 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
         answer = await gateway.complete(spec, [{"role": "system", "content": prompt}, *history], context={
             **ctx, "guided": {"stage": at, "needs": wanted, "missing": w.missing}})
         calls.append(answer)
-        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+        state.spend(usage_row(setup.dialogue_id, index, "agent", answer))
         values, chat = _read_guided(answer.text)
         if values is None:
             raw_error = answer.text
@@ -477,7 +489,7 @@ async def _guided_turn(gateway: Any, spec: Any, setup: DialogueSetup, convo: lis
         answer = await gateway.complete(spec, [{"role": "system", "content": final_prompt(scenario, w.finals)},
                                                *history], context={**ctx, "guided": {"final": w.finals}})
         calls.append(answer)
-        state.pending_usage.append(usage_row(setup.dialogue_id, index, "agent", answer))
+        state.spend(usage_row(setup.dialogue_id, index, "agent", answer))
         _values, chat = _read_guided(answer.text)
     fields = {v.name: known.known[v.name] for v in scenario.fields if v.name in known.known}
     cot = f"guided: {' -> '.join(w.path)}" + (f" (waiting for {w.missing})" if w.missing else "") + (

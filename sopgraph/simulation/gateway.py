@@ -69,6 +69,9 @@ ROLE_NAMES: Final = ("agent", "user", "judge", *JUDGE_ROLES, "author")  # author
 DEFAULT_RETRIES: Final = 6
 DEFAULT_BASE_DELAY: Final = 1.0
 DEFAULT_MAX_DELAY: Final = 20.0
+DEFAULT_MAX_ANSWER_BYTES: Final = 1 << 20
+"""The largest answer a model or an agent may give (UTF-8 bytes; per model: ``max_answer_bytes=``). Why: a
+100 MB answer was read, kept and stored twice (a 420 MB run store, 1.5 GB of memory, a run that never ended)."""
 """Retry policy: waits of 0.5-1, 1-2, 2-4, 4-8, 8-16 and 10-20 s, i.e. 25-51 s in all, so a call
 rides out a local server restarting (tens of seconds). ``Gateway.retry_window()`` computes it."""
 
@@ -284,6 +287,8 @@ class ModelParams(BaseModel):
     max_tokens: int | None = None
     api_base: str | None = None
     timeout: float | None = Field(default=None, gt=0)
+    max_answer_bytes: int | None = Field(default=None, gt=0)
+    """The largest answer taken from this model or agent (default ``DEFAULT_MAX_ANSWER_BYTES``)."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Passed through to ``litellm.acompletion`` (e.g. ``top_p``, ``seed``, ``drop_params``)."""
 
@@ -429,7 +434,7 @@ class ModelOptionError(Error, ValueError):
 
 # =========================================================================== --model parsing
 _FLOAT_KEYS: Final = frozenset({"temperature", "timeout"})
-_INT_KEYS: Final = frozenset({"max_tokens"})
+_INT_KEYS: Final = frozenset({"max_tokens", "max_answer_bytes"})
 _BOOL_KEYS: Final = frozenset({"structured", "cache"})
 _FORBIDDEN_KEYS: Final = frozenset({"api_key", "key", "token", "secret", "authorization"})
 
@@ -618,7 +623,7 @@ def roles_from_options(options: Iterable[str | ModelSpec], *, require_agent: boo
 SAFE_PARAMS: Final = frozenset(
     {
         # ModelParams fields (api_base is stored without userinfo, query or fragment)
-        "temperature", "max_tokens", "api_base", "timeout",
+        "temperature", "max_tokens", "api_base", "timeout", "max_answer_bytes",
         # sampling and decoding (OpenAI and the usual OpenAI-compatible servers)
         "top_p", "top_k", "min_p", "seed", "n", "stop", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "repeat_penalty", "logit_bias", "logprobs", "top_logprobs",
@@ -986,6 +991,17 @@ class _MalformedResponse(Exception):
     """The provider answered 200 but without a usable message."""
 
 
+class _TooLarge(Exception):
+    """The answer is over the model's ``max_answer_bytes``: refused (not retried), never stored."""
+
+
+def answer_size(text: str, cap: int) -> int:
+    """UTF-8 bytes of ``text``, exactly when it could matter for ``cap`` (encoding is skipped when even
+    four bytes a character stay within it, and a text over ``cap`` characters is over it anyway)."""
+    n = len(text)
+    return n if n > cap or 4 * n <= cap else len(text.encode("utf-8", "replace"))
+
+
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
 _MISSING_KEY: Final = re.compile(
     r"(?i)missing credentials|api_key client option must be set|missing \w+ api key|no api key"
@@ -1050,6 +1066,8 @@ def _classify(exc: BaseException) -> tuple[str, bool, int | None]:
     """(kind, retryable, status) for an exception raised while calling a provider."""
     if isinstance(exc, _MalformedResponse):
         return "malformed", True, None
+    if isinstance(exc, _TooLarge):
+        return "too_large", False, None
     if _MISSING_KEY.search(str(exc)):
         # The SDK refused before any request (litellm reports it as a 500): retrying cannot help.
         return "auth", False, 401
@@ -1195,6 +1213,7 @@ class Gateway:
         self.notes: list[str] = []
         self._listeners: list[Callable[[Gateway], None]] = []
         """Things a run should record, e.g. a structured-output fallback (one line each)."""
+        self._retry_listeners: list[Callable[[str], None]] = []
 
     # ------------------------------------------------------------------ public
     def add_listener(self, fn: Callable[[Gateway], None]) -> None:
@@ -1204,6 +1223,15 @@ class Gateway:
     def remove_listener(self, fn: Callable[[Gateway], None]) -> None:
         with contextlib.suppress(ValueError):
             self._listeners.remove(fn)
+
+    def add_retry_listener(self, fn: Callable[[str], None]) -> None:
+        """Call ``fn(line)`` before each retry's wait: ``retrying ROLE at API_BASE (attempt k/n, next in s): KIND``.
+        Why: a run (or its model check) waiting out an outage said nothing for minutes."""
+        self._retry_listeners.append(fn)
+
+    def remove_retry_listener(self, fn: Callable[[str], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._retry_listeners.remove(fn)
 
     def _notify(self) -> None:
         for fn in list(self._listeners):
@@ -1565,7 +1593,13 @@ class Gateway:
                         retryable=retryable,
                     ) from None
                 self._stats.retries += 1
-                await asyncio.sleep(self._backoff(attempts, _retry_after(exc)))
+                delay = self._backoff(attempts, _retry_after(exc))
+                if self._retry_listeners:
+                    line = (f"retrying {spec.role or 'model'} at {_sanitize_url(spec.params.api_base) or spec.model} "
+                            f"(attempt {attempts + 1}/{self.max_retries + 1}, next in {delay:.1f} s): {kind}")
+                    for fn in list(self._retry_listeners):
+                        fn(line)
+                await asyncio.sleep(delay)
 
     def _learn_no_json_schema(self, spec: ModelSpec) -> None:
         key = _schema_key(spec)
@@ -1592,6 +1626,10 @@ class Gateway:
             text = ""  # a function-calling answer may carry no text
         if not isinstance(text, str):
             raise _MalformedResponse("response message has no text content")
+        cap = spec.params.max_answer_bytes or DEFAULT_MAX_ANSWER_BYTES
+        size = answer_size(text, cap) + sum(answer_size(str(c.get("arguments") or ""), cap) for c in calls)
+        if size > cap:
+            raise _TooLarge(f"the answer is {size:,} bytes, over the limit of {cap:,} (max_answer_bytes=)")
         usage = _usage(getattr(response, "usage", None))
         cost, known = (0.0, False) if unpriced else self._cost(spec, response)
         if not known:

@@ -32,7 +32,7 @@ import asyncio
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -40,11 +40,13 @@ from pydantic import BaseModel, PrivateAttr
 
 from sopgraph.language import ir, scalars
 from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Judgment, Turn, Usage
-from sopgraph.simulation.dialogue import extract_json_object, record_usage
+from sopgraph.simulation.dialogue import extract_json_object, record_usage, usage_row
 from sopgraph.simulation.gateway import InfraFailure
 from sopgraph.simulation.prompts import judge_prompt
 
 DEFAULT_JUDGE_TURNS: tuple[int | str, ...] = (1, 5, 10, 15, "final")
+INFRA_FAILURE = "infra failure: "
+"""How the unscored reason of a judgment lost to infrastructure starts (the judge's model could not be had)."""
 SCORE_VALUES = (3, 6, 9)
 
 # Accepted spellings of the five chat dimensions (ours, SAGE's judge template, loose variants).
@@ -290,12 +292,16 @@ def unscored(request: JudgeRequest, role: str, model: str, reason: str, raw: str
 
 class LLMJudge:
     """A judge backed by a model through the gateway (prompt from `prompts.judge_prompt`)."""
-    def __init__(self, spec: Any, gateway: Any, *, max_attempts: int = 3):
+    def __init__(self, spec: Any, gateway: Any, *, max_attempts: int = 3,
+                 on_usage: Callable[[dict[str, Any]], None] | None = None):
         self.spec = spec
         self.gateway = gateway
         self.role = spec.role
         self.model = spec.model
         self.max_attempts = max(1, max_attempts)
+        self.on_usage = on_usage
+        """Called with each answered call's usage row as it returns (the runner writes it to the store at
+        once: a crash loses none); the Judgment's `usage` still sums them."""
 
     async def judge(self, request: JudgeRequest) -> Judgment:
 
@@ -310,7 +316,10 @@ class LLMJudge:
             try:
                 answer = await self.gateway.complete(self.spec, messages, context=context)
             except InfraFailure as exc:
-                return unscored(request, self.role, self.model, f"infra failure: {exc.message}", raw, usage)
+                return unscored(request, self.role, self.model, f"{INFRA_FAILURE}{exc.message}", raw, usage)
+            if self.on_usage is not None:
+                self.on_usage(usage_row(request.dialogue_id, request.turn_index, self.role, answer,
+                                        request.judgment_set))
             got = record_usage(answer)
             usage = Usage(prompt_tokens=usage.prompt_tokens + got.prompt_tokens,
                           completion_tokens=usage.completion_tokens + got.completion_tokens,
@@ -428,6 +437,12 @@ class Ensemble:
         judgments = [j for js, _ in results for j in js]
         return judgments, [c for _, c in results]
 
+
+
+def lost_to_infra(judgments: Iterable[Judgment]) -> list[Judgment]:
+    """The judgments whose judge's model could not be had (retries exhausted, unreachable): not a verdict
+    on the turn, so a run must not count the dialogue as judged (it re-judges it on `--resume`)."""
+    return [j for j in judgments if j.labels is None and (j.unscored_reason or "").startswith(INFRA_FAILURE)]
 
 
 def judgment_usage_rows(judgments: Iterable[Judgment]) -> list[dict[str, Any]]:

@@ -111,7 +111,7 @@ _SCALAR_EXAMPLES = {"date": "2026-01-01", "datetime": "2026-01-01T00:00:00Z", "d
 def describe_domain(vtype: Any, unit: str | None = None) -> str:
     """A type in words: `one of: A, B`, `true or false`, `an integer, at least 0 (CNY)`."""
     if isinstance(vtype, ir.EnumType):
-        text = "one of: " + ", ".join(vtype.values)
+        text = "one of: " + ", ".join(ir.show_enum_value(v) for v in vtype.values)
     elif isinstance(vtype, ir.BoolType):
         text = "true or false"
     elif isinstance(vtype, ir.NumType):
@@ -145,7 +145,9 @@ def describe_data(vtype: ir.ListType | ir.RecordType) -> str:
         size = f"at most {vtype.max_len}" if vtype.min_len == 0 else f"{vtype.min_len} to {vtype.max_len}"
         return f"a list of {size} items, each {describe_domain(vtype.item)}"
     name = f" {vtype.alias}" if vtype.alias else ""
-    return f"a record{name} with: " + "; ".join(f"{f.name} ({describe_domain(f.type)})" for f in vtype.fields)
+    name += " (other fields may appear too; only these matter)" if vtype.open else ""
+    return f"a record{name} with: " + "; ".join(
+        f"{f.name} ({describe_domain(f.type)}{', may be absent' if f.optional else ''})" for f in vtype.fields)
 
 
 def format_value(value: Any, var: ir.Variable | None = None) -> str:
@@ -404,7 +406,11 @@ def _output_lines(scenario: ir.Scenario) -> str:
     lines = [f"- Action — one of: {', '.join(scenario.final_actions)}. The action the procedure leads to."]
     for out in scenario.outputs.values():
         line = f"- {out.name} — {describe_domain(out.type)}"
-        if out.default is not None:
+        if isinstance(out.type, ir.ListType):
+            line += "; each value at most once, in any order (compared as a set)"
+        if isinstance(out.default, ir.ListLit):
+            line += f"; {ir.show(out.default)} when the final action does not set it"
+        elif out.default is not None:
             line += f"; {_lit(out.default)} when the final action does not set it"
         line += "."
         if out.description:
@@ -786,7 +792,7 @@ def _judge_format(scenario: ir.Scenario) -> str:
     labels = {}
     for var in scenario.fields:
         if isinstance(var.type, ir.EnumType):
-            labels[var.name] = "<one of: " + ", ".join(var.type.values) + ">"
+            labels[var.name] = "<one of: " + ", ".join(ir.show_enum_value(v) for v in var.type.values) + ">"
         else:
             labels[var.name] = f"<{describe_domain(var.type, var.unit)}>"
     scores = {d: "<3, 6 or 9>" for d in CHAT_DIMENSIONS}

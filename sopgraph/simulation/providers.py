@@ -29,6 +29,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from sopgraph.errors import ArgumentError
+
 __all__ = [
     "BUILTIN_MODELS",
     "BUILTIN_PROVIDERS",
@@ -1135,5 +1137,5 @@ def respond(model: str, messages: Messages, context: Context | None) -> str:
         fn = BUILTIN_MODELS[model]
     except KeyError:
         known = ", ".join(sorted(BUILTIN_MODELS))
-        raise ValueError(f"unknown built-in model {model!r}; known: {known}") from None
+        raise ArgumentError(f"unknown built-in model {model!r}; known: {known}") from None
     return fn(messages, context or {})

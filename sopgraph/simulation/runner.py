@@ -11,11 +11,15 @@ so that a killed run can be resumed from the store alone and a shard of cases co
   set complete".
 - An `InfraFailure` (the gateway gave up on the agent or the user simulator) marks the dialogue
   `infra_failure`: its partial turns are dropped, the error is kept, it is excluded from scores and
-  re-tried on resume. It is never counted as a model failure. Judges failing is not an infra
-  failure of the dialogue: such judgments are unscored (see `judge.py`).
+  re-tried on resume. It is never counted as a model failure. A judge whose model cannot be had
+  (`judge.lost_to_infra`) makes the dialogue an infra failure that keeps its transcript
+  (`judging_failed`): a resume judges it again without running it. A judge's malformed answers are
+  a verdict, not an outage: that judgment is unscored (see `judge.py`).
 - Resume (`resume=True`): the stored config, scenario, cases and models are used; `done` dialogues
-  are skipped; every other dialogue (pending, running — e.g. after SIGKILL — or infra_failure) is
-  restarted from scratch, its partial rows deleted in one transaction first. So after any crash and
+  are skipped; those whose judging alone failed are judged again; every other dialogue (pending,
+  running — e.g. after SIGKILL — or infra_failure) is restarted from scratch, its partial rows deleted
+  in one transaction first (the usage of its earlier attempt, written call by call, is kept and marked
+  discarded). So after any crash and
   resume, every dialogue is present exactly once.
 - Re-judging (`rejudge`) reads stored transcripts and writes a new judgment set beside the others;
   agents and users are never called.
@@ -56,7 +60,7 @@ from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
 from sopgraph.logic.checker import load
-from sopgraph.records import Case, Dialogue
+from sopgraph.records import Case, Dialogue, Turn
 from sopgraph.simulation import distributed
 from sopgraph.simulation.agents import TOOLS_PREFIX, AgentError, ToolAgent, agent_kind
 from sopgraph.simulation.dialogue import (
@@ -83,11 +87,13 @@ from sopgraph.simulation.gateway import (
 from sopgraph.simulation.gateway import preflight as check_models
 from sopgraph.simulation.judge import (
     DEFAULT_JUDGE_TURNS,
+    INFRA_FAILURE,
     Ensemble,
     JudgeTurns,
     LLMJudge,
     judge_turns_text,
     judgment_usage_rows,
+    lost_to_infra,
     parse_judge_turns,
 )
 from sopgraph.simulation.prompts import (
@@ -125,6 +131,9 @@ class RunSummary(BaseModel):
     skipped: int = 0  # dialogues already finished before this call
     elapsed_s: float = 0.0
     self_preference: list[str] = Field(default_factory=list)  # judge roles using the agent's model
+    unjudged: list[dict[str, Any]] = Field(default_factory=list)
+    """`sop judge`: dialogues whose judging was lost to infrastructure (judges unreachable) in this call;
+    they are not in the set, and running the same `sop judge` again judges them."""
     warnings: list[str] = Field(default_factory=list)
 
 
@@ -249,8 +258,11 @@ class _Progress:
 
     A rich bar on a terminal; for logs, plain lines (one per finished dialogue, and one at most every
     `PLAIN_EVERY` seconds while tokens move). Tokens and cost update after every model call (`tick`),
-    not only when a dialogue finishes."""
+    not only when a dialogue finishes. A call being retried says so (`retrying`): on the bar until a call
+    answers, in logs as a line (at most one per `RETRY_EVERY` seconds for the same model, server and attempt: 64 calls
+    waiting out one outage say it once per round)."""
     PLAIN_EVERY = 5.0
+    RETRY_EVERY = 1.0
 
     def __init__(self, total: int, mode: str, label: str):
         self.mode, self.total, self.label = mode, total, label
@@ -260,6 +272,7 @@ class _Progress:
         self._started = self._last_line = time.monotonic()
         self._printed: tuple[int, int] | None = None
         self._bar: Any = None
+        self._retry_key, self._retry_at, self._noted = "", 0.0, False
         if mode != "bar":
             return
         from rich.console import Console  # heavy import, only for a terminal bar
@@ -268,10 +281,10 @@ class _Progress:
         self._bar = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("fail {task.fields[failures]}"), TextColumn("{task.fields[tokens]} tok"),
-            TextColumn("${task.fields[cost]}"), TimeElapsedColumn(),
+            TextColumn("${task.fields[cost]}"), TimeElapsedColumn(), TextColumn("{task.fields[note]}", markup=False),
             console=Console(stderr=True), transient=False,
         )
-        self._task = self._bar.add_task(label, total=total, failures=0, tokens=0, cost="0.00")
+        self._task = self._bar.add_task(label, total=total, failures=0, tokens=0, cost="0.00", note="")
         self._bar.start()
 
     def advance(self, gateway: Any, failed: bool = False) -> None:
@@ -295,13 +308,29 @@ class _Progress:
             stats = gateway.stats
             self.tick_totals(stats.prompt_tokens + stats.completion_tokens, stats.cost)
 
+    def retrying(self, line: str) -> None:
+        """A call is being retried (a gateway retry listener): `retrying ROLE at API_BASE (attempt k/n, …)`."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._noted = True
+            self._bar.update(self._task, note=line)
+            return
+        now, key = time.monotonic(), line.split(", next in", 1)[0]  # the model, the server and the attempt
+        if key != self._retry_key or now - self._retry_at >= self.RETRY_EVERY:
+            self._retry_key, self._retry_at = key, now
+            sys.stderr.write(f"[sop] {line}\n")
+            sys.stderr.flush()
+
     def tick_totals(self, tokens: int, cost: float, force: bool = False) -> None:
         if not self.enabled:
             return
         self.tokens, self.cost = tokens, cost
         if self._bar is not None:
+            note: dict[str, str] = {"note": ""} if self._noted else {}  # a call answered: the retry note is over
+            self._noted = False
             self._bar.update(self._task, completed=self.done, failures=self.failures, tokens=tokens,
-                             cost=f"{cost:.4f}")
+                             cost=f"{cost:.4f}", **note)
             return
         now = time.monotonic()
         if force or (now - self._last_line >= self.PLAIN_EVERY and self._printed != (self.done, tokens)):
@@ -318,7 +347,8 @@ class _Progress:
         elapsed = int(now - self._started)
         pct = f" ({100 * self.done // self.total}%)" if self.total else ""
         sys.stderr.write(f"[sop] {self.label}: {self.done}/{self.total}{pct} done, {self.failures} failed, "
-                         f"{self.tokens:,} tokens, ${self.cost:.4f}, {elapsed // 60}:{elapsed % 60:02d} elapsed\n")
+                         f"{self.tokens:,} tokens (all roles), ${self.cost:.4f}, "
+                         f"{elapsed // 60}:{elapsed % 60:02d} elapsed\n")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -413,7 +443,8 @@ async def run(
             raise
         if preflight:
             try:
-                roles, notes = await _preflight(roles, gateway, config.get("gateway") or {}, workers)
+                roles, notes = await _preflight(roles, gateway, config.get("gateway") or {}, workers,
+                                                progress_mode(progress))
             except RunError:
                 store.close()
                 raise
@@ -445,7 +476,7 @@ async def run(
             roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
         notes = []
         if preflight:
-            roles, notes = await _preflight(roles, gateway, gateway_options, workers)
+            roles, notes = await _preflight(roles, gateway, gateway_options, workers, progress_mode(progress))
         warnings += notes
         config = {
             "scenario_path": None if isinstance(scenario_path, ir.Scenario) else str(scenario_path),
@@ -540,8 +571,20 @@ def _litellm_specs(roles: RoleSet) -> list[ModelSpec]:
     return out
 
 
+def _retry_printer(mode: str) -> Callable[[str], None] | None:
+    """For the model check (before any progress display): each retry as a line on stderr, unless silent."""
+    if mode == "off":
+        return None
+
+    def say(line: str) -> None:
+        sys.stderr.write(f"[sop] model check: {line}\n")
+        sys.stderr.flush()
+
+    return say
+
+
 async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
-                     workers: int = 1) -> tuple[RoleSet, list[str]]:
+                     workers: int = 1, mode: str = "off") -> tuple[RoleSet, list[str]]:
     """Check every distinct non-built-in model with one call; (roles, notes) or `RunError` (one line).
 
     With worker processes to fork, the check runs in a forked child of its own: this process then
@@ -554,15 +597,15 @@ async def _preflight(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
         return roles, []
     if workers > 1 and gateway is None and _mp_context().get_start_method() == "fork":
         warm_up_litellm()  # litellm's first-call work, once, inherited by the checking child and the workers
-        return await _preflight_in_child(roles, options)
-    return await _preflight_here(roles, gateway, options)
+        return await _preflight_in_child(roles, options, mode)
+    return await _preflight_here(roles, gateway, options, mode)
 
 
-async def _preflight_in_child(roles: RoleSet, options: Mapping[str, Any]) -> tuple[RoleSet, list[str]]:
+async def _preflight_in_child(roles: RoleSet, options: Mapping[str, Any], mode: str) -> tuple[RoleSet, list[str]]:
     ctx = _mp_context()
     load_litellm()  # imported once here, inherited by the checking child and later by the workers
     reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_preflight_child_main, args=(writer, roles, dict(options)),
+    proc = ctx.Process(target=_preflight_child_main, args=(writer, roles, dict(options), mode),
                        name="sop-run-preflight", daemon=True)
     proc.start()
     writer.close()
@@ -582,11 +625,11 @@ async def _preflight_in_child(roles: RoleSet, options: Mapping[str, Any]) -> tup
     return payload
 
 
-def _preflight_child_main(conn: Connection, roles: RoleSet, options: dict[str, Any]) -> None:
+def _preflight_child_main(conn: Connection, roles: RoleSet, options: dict[str, Any], mode: str = "off") -> None:
     """Entry point of the forked model-check process: `("ok", (roles, notes))` or `("error", line)`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        conn.send(("ok", asyncio.run(_preflight_here(roles, None, options))))
+        conn.send(("ok", asyncio.run(_preflight_here(roles, None, options, mode))))
     except RunError as exc:
         conn.send(("error", str(exc)))
     except BaseException:  # noqa: BLE001 - reported to the parent as a RunError
@@ -595,12 +638,18 @@ def _preflight_child_main(conn: Connection, roles: RoleSet, options: dict[str, A
         conn.close()
 
 
-async def _preflight_here(roles: RoleSet, gateway: Any, options: Mapping[str, Any]) -> tuple[RoleSet, list[str]]:
+async def _preflight_here(roles: RoleSet, gateway: Any, options: Mapping[str, Any],
+                          mode: str = "off") -> tuple[RoleSet, list[str]]:
     own = gateway is None
     gw = _make_gateway(8, {**options, "cache": False}) if own else gateway
+    say = _retry_printer(mode)
+    if say is not None and hasattr(gw, "add_retry_listener"):
+        gw.add_retry_listener(say)
     try:
         failures = await check_models(gw, _litellm_specs(roles))
     finally:
+        if say is not None and hasattr(gw, "remove_retry_listener"):
+            gw.remove_retry_listener(say)
         if own:
             await gw.aclose()
     if failures:
@@ -628,15 +677,17 @@ def _load(path: str | Path | None) -> ir.Scenario:
 class _Dialogues:
     """Runs single dialogues (simulate, then judge) and reports every write to a sink.
 
-    The sink has the `RunStore` write methods (`start_dialogue`, `add_turn`, `finish_dialogue`,
-    `fail_dialogue`): the store itself in one process, a pipe to the parent in a worker."""
+    The sink has the `RunStore` write methods (`start_dialogue`, `add_turn`, `add_usage`, `finish_dialogue`,
+    `fail_dialogue`, `restart_judging`) and `add_call` (one call's usage row): batched into the store in one
+    process (`GroupCommit`), into a pipe to the parent in a worker (`_PipeSink`)."""
     def __init__(self, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any, spec: JudgeTurns,
-                 max_turns: int, gateway: Any):
+                 max_turns: int, gateway: Any, kept: Mapping[str, list[Turn]] | None = None):
 
         self._agent_prompt: Callable[[ir.Scenario, Mapping[str, Any]], str] = agent_system_prompt
         self._user_prompt = user_system_prompt
         self.scenario, self.cases, self.roles, self.spec = scenario, cases, roles, spec
         self.max_turns, self.gateway = max_turns, gateway
+        self.kept = dict(kept or {})  # dialogue id → its stored transcript, to be judged again (`_judge_again`)
         self.info = scenario_context(scenario)
         self.judge_info = without_paths(self.info)
         self.schema = agent_output_schema(scenario) if roles.agent.structured else None
@@ -664,13 +715,18 @@ class _Dialogues:
                              guided_prompts=(guided_stage_prompt, guided_final_prompt))
 
     async def one(self, d: Dialogue, sink: Any) -> bool:
-        """Run dialogue `d` from scratch; True if it ended as an infrastructure failure."""
+        """Run dialogue `d` from scratch (or, when its transcript was kept, judge it again); True if it
+        ended as an infrastructure failure."""
+        kept = self.kept.get(d.id)
+        if kept is not None:
+            return await self._judge_again(d, kept, sink)
         setup = self.setup_for(d)
         d = d.model_copy(update={"status": "running", "end_reason": None, "turns": 0, "error": None,
                                  "closing_user_text": None, "sop_hash": self.scenario.source_hash,
                                  "tool_version": TOOL_VERSION})
         sink.start_dialogue(d)
-        state = SimState()
+        self._record_calls_in(sink)
+        state = SimState(on_usage=sink.add_call)
         try:
             result = await simulate_dialogue(self.gateway, self.roles.agent, self.roles.user, setup,
                                              max_turns=self.max_turns, on_turn=sink.add_turn, state=state)
@@ -680,12 +736,43 @@ class _Dialogues:
         except InfraFailure as exc:
             failed = d.model_copy(update={"status": "infra_failure", "end_reason": "infra_failure",
                                           "turns": 0, "error": exc.message})
-            sink.fail_dialogue(failed, state.pending_usage)
+            sink.fail_dialogue(failed)
             return True
         done = d.model_copy(update={"status": "done", "end_reason": result.end_reason,
                                     "turns": len(result.turns), "closing_user_text": result.closing_user_text})
-        sink.finish_dialogue(done, judgments, cons, [*state.pending_usage, *judgment_usage_rows(judgments)])
-        return False
+        return self._finish(done, judgments, cons, sink)
+
+    async def _judge_again(self, d: Dialogue, turns: Sequence[Turn], sink: Any) -> bool:
+        """Judge a dialogue whose judging was lost to infrastructure from its stored transcript (the agent
+        and the user are not called again)."""
+        sink.restart_judging(d.id, DEFAULT_SET)
+        self._record_calls_in(sink)
+        judgments, cons = await self.ensemble.judge_dialogue(
+            self.scenario, self.cases[d.case_id], d.id, turns, self.spec, judgment_set=DEFAULT_SET,
+            scenario_info=self.judge_info)
+        done = d.model_copy(update={"status": "done", "error": None})
+        return self._finish(done, judgments, cons, sink)
+
+    def _record_calls_in(self, sink: Any) -> None:
+        """Each judge call's usage goes to `sink` as it returns, like the agent's and the user's (so the
+        usage of a dialogue still open at a crash is in the store, marked discarded once it is redone)."""
+        for judge in self.ensemble.judges:
+            if isinstance(judge, LLMJudge):
+                judge.on_usage = sink.add_call
+
+    @staticmethod
+    def _finish(done: Dialogue, judgments: list[Any], cons: list[Any], sink: Any) -> bool:
+        """Store a finished dialogue: `done`, or — when judgments were lost to infrastructure (the judges'
+        server down past the retries) — an infrastructure failure that keeps its transcript, so that
+        `--resume` judges it again without running it again. True if it failed."""
+        lost = lost_to_infra(judgments)
+        if lost:
+            why = (lost[0].unscored_reason or "").removeprefix(INFRA_FAILURE)
+            done = done.model_copy(update={"status": "infra_failure", "error": (
+                f"judging: {len(lost)} of {len(judgments)} judgments lost ({why}); the transcript is kept and "
+                "`sop run --resume` judges it again")})
+        sink.finish_dialogue(done, judgments, cons)
+        return bool(lost)
 
     async def run_all(self, todo: Sequence[Dialogue], sink: Any, concurrency: int,
                       on_done: Any = None) -> None:
@@ -763,6 +850,16 @@ class _BatchedWrites:
     def fail_dialogue(self, dialogue: Dialogue, usage: Iterable[Mapping[str, Any]] = ()) -> None:
         self._add("fail_dialogue", dialogue, list(usage))
 
+    def restart_judging(self, dialogue_id: str, judgment_set: str) -> None:
+        self._add("restart_judging", dialogue_id, judgment_set)
+
+    def add_usage(self, usage: Iterable[Mapping[str, Any]]) -> None:
+        self._add("add_usage", list(usage))
+
+    def add_call(self, row: Mapping[str, Any]) -> None:
+        """One model call's usage row, as the call returns (see `SimState.on_usage`)."""
+        self._add("add_usage", [row])
+
 
 class GroupCommit(_BatchedWrites):
     """The store's dialogue writes, applied in the order they are made but committed in groups: one
@@ -789,6 +886,12 @@ class GroupCommit(_BatchedWrites):
                 getattr(self.store, name)(*args)
 
 
+def judging_failed(d: Dialogue) -> bool:
+    """Whether `d` is an infrastructure failure of its judging only: its transcript was kept (it ended for a
+    reason of its own, with turns), and a resume judges it again instead of running it again."""
+    return d.status == "infra_failure" and d.end_reason not in (None, "infra_failure") and d.turns > 0
+
+
 async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
                    concurrency: int, progress: ProgressMode, gateway: Any, gateway_options: Mapping[str, Any],
                    started: float, warnings: list[str], selfpref: list[str], workers: int = 1,
@@ -797,22 +900,26 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
     todo = [d for d in all_dialogues if d.status != "done"]
     skipped = len(all_dialogues) - len(todo)
     cases = {c.id: c for c in store.cases()}
+    kept = {d.id: store.turns(dialogue_id=d.id) for d in todo if judging_failed(d)}
     if ray is not None and todo:  # (nothing left to run: no Ray instance started for nothing)
         await _execute_ray(store, scenario, cases, roles, spec, todo, max_turns=max_turns, concurrency=concurrency,
                            progress=progress, gateway_options=gateway_options, address=ray,
-                           num_cpus=workers if workers > 1 else None)
+                           num_cpus=workers if workers > 1 else None, kept=kept)
     elif (workers := min(workers, concurrency, len(todo))) > 1:
         await _execute_sharded(store, scenario, cases, roles, spec, todo, max_turns=max_turns,
                                concurrency=concurrency, workers=workers, progress=progress,
-                               gateway_options=gateway_options)
+                               gateway_options=gateway_options, kept=kept)
     else:
         own = gateway is None
         gateway = _make_gateway(concurrency, gateway_options) if own else gateway
-        runner = _Dialogues(scenario, cases, roles, spec, max_turns, gateway)
+        runner = _Dialogues(scenario, cases, roles, spec, max_turns, gateway, kept)
         bar = _Progress(len(todo), progress_mode(progress), "dialogues")
         listen = getattr(gateway, "add_listener", None)
         if listen is not None:
             listen(bar.tick)
+        retries = getattr(gateway, "add_retry_listener", None)
+        if retries is not None:
+            retries(bar.retrying)
         sink = GroupCommit(store)
         try:
             await runner.run_all(todo, sink, concurrency, lambda failed: bar.advance(gateway, failed))
@@ -821,6 +928,8 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
             bar.close()
             if listen is not None:
                 gateway.remove_listener(bar.tick)
+            if retries is not None:
+                gateway.remove_retry_listener(bar.retrying)
             if own:
                 await gateway.aclose()
         learnt = [n for n in getattr(gateway, "notes", []) if n not in warnings]
@@ -852,8 +961,10 @@ def _mp_context() -> Any:
     return multiprocessing.get_context(method)
 
 
-_WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue"})
+_WRITES = frozenset({"start_dialogue", "add_turn", "finish_dialogue", "fail_dialogue", "restart_judging",
+                     "add_usage"})
 _TICK = "tick"
+_RETRY = "retry"
 _BATCH = "writes"  # a worker's message carrying several writes, in order: [(name, args), ...]
 
 
@@ -884,6 +995,10 @@ class _PipeSink(_BatchedWrites):
         if now - self._last_tick >= self.TICK_EVERY:
             self._last_tick = now
             self._send("tick")
+
+    def retrying(self, line: str) -> None:
+        """A call is being retried: tell the parent's progress display at once."""
+        self._send(_RETRY, line)
 
     def _send(self, name: str, *args: Any) -> None:
         stats = self.gateway.stats
@@ -963,9 +1078,11 @@ async def in_own_loop(work: Awaitable[_T]) -> _T:
 async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
     gateway = _make_gateway(job["concurrency"], job["gateway_options"])
     scenario = ir.Scenario.model_validate(job["scenario"])
-    runner = _Dialogues(scenario, job["cases"], job["roles"], job["spec"], job["max_turns"], gateway)
+    runner = _Dialogues(scenario, job["cases"], job["roles"], job["spec"], job["max_turns"], gateway,
+                        job.get("kept"))
     sink = _PipeSink(conn, gateway)
     gateway.add_listener(sink.tick)
+    gateway.add_retry_listener(sink.retrying)
     try:
         await runner.run_all(job["todo"], sink, job["concurrency"])
     finally:
@@ -1022,7 +1139,8 @@ class _Readable:
 
 async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
                            spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
-                           workers: int, progress: ProgressMode, gateway_options: Mapping[str, Any]) -> None:
+                           workers: int, progress: ProgressMode, gateway_options: Mapping[str, Any],
+                           kept: Mapping[str, list[Turn]] | None = None) -> None:
     """Run `todo` in `workers` processes; this process applies their writes to the store, in order."""
     ctx = _mp_context()
     if ctx.get_start_method() == "fork":
@@ -1043,7 +1161,8 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
             needed = {d.case_id for d in shard}
             job = {"scenario": scenario_dump, "cases": {k: v for k, v in cases.items() if k in needed},
                    "roles": roles, "spec": spec, "max_turns": max_turns, "concurrency": max(1, share[i]),
-                   "todo": shard, "gateway_options": dict(gateway_options)}
+                   "todo": shard, "gateway_options": dict(gateway_options),
+                   "kept": {d.id: (kept or {})[d.id] for d in shard if d.id in (kept or {})}}
             # A forked child inherits every read end this process holds (its own and earlier workers'):
             # it closes them at once. A spawned child inherits only what it is given.
             inherited = [*conns, reader] if ctx.get_start_method() == "fork" else []
@@ -1073,6 +1192,9 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                         if name == _TICK:
                             bar.tick_totals(sum(t[0] for t in totals), sum(t[1] for t in totals))
                             continue
+                        if name == _RETRY:
+                            bar.retrying(args[0])
+                            continue
                         if name == "exit":
                             exited.add(i)
                             if args[0]:
@@ -1092,7 +1214,7 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
                             getattr(sink, write)(*write_args)
                             if write in ("finish_dialogue", "fail_dialogue"):
                                 bar.advance_totals(sum(t[0] for t in totals), sum(t[1] for t in totals),
-                                                   failed=write == "fail_dialogue")
+                                                   failed=write_args[0].status == "infra_failure")
         finally:
             pipes.close()
             sink.flush()
@@ -1124,16 +1246,18 @@ class _ListSink(_BatchedWrites):
         self._writes.append((name, args))
 
 
-def _ray_batch(job: Mapping[str, Any], payload: tuple[dict[str, Case], list[Dialogue]]) -> dict[str, Any]:
+def _ray_batch(job: Mapping[str, Any],
+               payload: tuple[dict[str, Case], list[Dialogue], dict[str, list[Turn]]]) -> dict[str, Any]:
     """A Ray task's body: run a batch of dialogues with a gateway of its own (`job["concurrency"]`
     calls in flight), the same dialogue code worker processes use; the store writes in order."""
     return asyncio.run(in_own_loop(_ray_batch_run(job, *payload)))
 
 
-async def _ray_batch_run(job: Mapping[str, Any], cases: dict[str, Case], todo: list[Dialogue]) -> dict[str, Any]:
+async def _ray_batch_run(job: Mapping[str, Any], cases: dict[str, Case], todo: list[Dialogue],
+                         kept: dict[str, list[Turn]]) -> dict[str, Any]:
     gateway = _make_gateway(job["concurrency"], job["gateway_options"])
     scenario = ir.Scenario.model_validate(job["scenario"])
-    runner = _Dialogues(scenario, cases, job["roles"], job["spec"], job["max_turns"], gateway)
+    runner = _Dialogues(scenario, cases, job["roles"], job["spec"], job["max_turns"], gateway, kept)
     sink = _ListSink()
     try:
         await runner.run_all(todo, sink, job["concurrency"])
@@ -1152,7 +1276,7 @@ concurrency cap busy, small enough that a lost node costs little rework)."""
 async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
                        spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
                        progress: ProgressMode, gateway_options: Mapping[str, Any], address: str,
-                       num_cpus: int | None) -> None:
+                       num_cpus: int | None, kept: Mapping[str, list[Turn]]) -> None:
     """Run `todo` on Ray: batches go out to tasks (each with `concurrency` model calls in flight), two
     per cluster CPU at most; each finished batch's writes are committed here, in their order, as it
     arrives. A batch lost with a node is rerun by Ray and committed once, when it returns."""
@@ -1161,7 +1285,9 @@ async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[st
             size = max(RAY_BATCH[0], min(RAY_BATCH[1], 2 * concurrency))
             job = {"scenario": scenario.model_dump(mode="json"), "roles": roles, "spec": spec,
                    "max_turns": max_turns, "concurrency": concurrency, "gateway_options": dict(gateway_options)}
-            batches = (((distributed.subset(cases, (d.case_id for d in chunk)), chunk), len(chunk))
+            # a dialogue whose judging was lost to infrastructure travels with its kept transcript
+            batches = (((distributed.subset(cases, (d.case_id for d in chunk)), chunk,
+                         {d.id: kept[d.id] for d in chunk if d.id in kept}), len(chunk))
                        for chunk in distributed.batched(todo, size))
             sink = GroupCommit(store)
             label = f"dialogues (ray, {distributed.cluster_cpus(ray)} CPUs)"
@@ -1182,7 +1308,7 @@ async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[st
                         raise RunError(f"a Ray task sent an unknown write {write!r}")
                     getattr(sink, write)(*args)
                     if write in ("finish_dialogue", "fail_dialogue"):
-                        bar.advance_totals(tokens, cost, failed=write == "fail_dialogue")
+                        bar.advance_totals(tokens, cost, failed=args[0].status == "infra_failure")
 
             try:
                 await distributed.run_batches(ray, _ray_batch, job, batches, apply,
@@ -1215,7 +1341,7 @@ async def _ray_judge_run(job: Mapping[str, Any], cases: dict[str, Case],
         async with limit:
             judgments, cons = await ensemble.judge_dialogue(scenario, cases[case_id], dialogue_id, turns, job["spec"],
                                                             judgment_set=job["set"], scenario_info=info)
-        return judgments, cons, judgment_usage_rows(judgments)
+        return dialogue_id, judgments, cons, judgment_usage_rows(judgments)
 
     try:
         results = await asyncio.gather(*(one(*item) for item in items))
@@ -1227,9 +1353,12 @@ async def _ray_judge_run(job: Mapping[str, Any], cases: dict[str, Case],
 
 async def _rejudge_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
                        spec: JudgeTurns, name: str, todo: Sequence[Dialogue], *, concurrency: int,
-                       progress: ProgressMode, address: str, gateway_options: Mapping[str, Any]) -> None:
+                       progress: ProgressMode, address: str,
+                       gateway_options: Mapping[str, Any]) -> list[dict[str, Any]]:
     """`rejudge` on Ray: stored transcripts go out in batches (read from the store as batches are sent),
-    judgments come back and are stored here, each dialogue's set in one transaction."""
+    judgments come back and are stored here, each dialogue's set in one transaction. Returns the
+    dialogues whose judging was lost to infrastructure (`RunSummary.unjudged`)."""
+    unjudged: list[dict[str, Any]] = []
     try:
         with distributed.connect(address) as ray:
             size = max(RAY_BATCH[0], min(RAY_BATCH[1], 2 * concurrency))
@@ -1244,9 +1373,9 @@ async def _rejudge_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[st
             def apply(result: distributed.BatchResult) -> None:
                 nonlocal tokens, cost
                 tokens, cost = tokens + result.value["tokens"], cost + result.value["cost"]
-                for judgments, cons, usage in result.value["results"]:
-                    store.add_judgments(judgments, cons, usage)
-                    bar.advance_totals(tokens, cost)
+                for dialogue_id, judgments, cons, usage in result.value["results"]:
+                    lost = _store_rejudged(store, dialogue_id, judgments, cons, usage, unjudged)
+                    bar.advance_totals(tokens, cost, failed=lost)
 
             try:
                 await distributed.run_batches(ray, _ray_judge_batch, job, batches, apply,
@@ -1255,10 +1384,26 @@ async def _rejudge_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[st
                 bar.close()
     except distributed.DistributedError as exc:
         raise RunError(f"{exc} (judge again to finish: judged dialogues are kept)") from None
+    return unjudged
 
 
 # ---------------------------------------------------------------------------------------------
 # Re-judging
+
+
+def _store_rejudged(store: RunStore, dialogue_id: str, judgments: list[Any], cons: list[Any],
+                    usage: list[Any], unjudged: list[dict[str, Any]]) -> bool:
+    """Store a re-judged dialogue's judgments; True (and noted in `unjudged`) when some were lost to
+    infrastructure: then nothing is stored but the usage, and the next `sop judge` judges it."""
+    lost = lost_to_infra(judgments)
+    if lost:  # not stored: the set stays open for this dialogue, the next `sop judge` judges it
+        why = (lost[0].unscored_reason or "").removeprefix(INFRA_FAILURE)
+        unjudged.append({"dialogue": dialogue_id, "error": f"judging: {len(lost)} of {len(judgments)} "
+                         f"judgments lost ({why}); run the same sop judge again to judge it"})
+        store.add_usage([{**row, "discarded": True} for row in usage])
+        return True
+    store.add_judgments(judgments, cons, usage)
+    return False
 
 
 def default_set_name(judge_models: Iterable[str]) -> str:
@@ -1320,10 +1465,10 @@ async def rejudge(
         dialogues = store.dialogues(status="done")
         todo = [d for d in dialogues if d.id not in done_ids]
         if ray is not None and todo:
-            await _rejudge_ray(store, scenario, cases, roles, spec, name, todo, concurrency=concurrency,
-                               progress=progress, address=ray, gateway_options=gateway_options or
-                               (meta.get("config") or {}).get("gateway") or {})
-            return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo),
+            on_ray = await _rejudge_ray(store, scenario, cases, roles, spec, name, todo, concurrency=concurrency,
+                                        progress=progress, address=ray, gateway_options=gateway_options or
+                                        (meta.get("config") or {}).get("gateway") or {})
+            return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo), unjudged=on_ray,
                             elapsed_s=round(time.perf_counter() - started, 3),
                             self_preference=[j.role for j in roles.judges
                                              if meta.get("agent_model") and j.model == meta.get("agent_model")])
@@ -1334,7 +1479,10 @@ async def rejudge(
         bar = _Progress(len(todo), progress_mode(progress), f"judging ({name})")
         if hasattr(gateway, "add_listener"):
             gateway.add_listener(bar.tick)
+        if hasattr(gateway, "add_retry_listener"):
+            gateway.add_retry_listener(bar.retrying)
         queue = list(reversed(todo))
+        unjudged: list[dict[str, Any]] = []
 
         async def worker() -> None:
             while queue:
@@ -1342,8 +1490,8 @@ async def rejudge(
                 turns = store.turns(dialogue_id=d.id)
                 judgments, cons = await ensemble.judge_dialogue(
                     scenario, cases[d.case_id], d.id, turns, spec, judgment_set=name, scenario_info=info)
-                store.add_judgments(judgments, cons, judgment_usage_rows(judgments))
-                bar.advance(gateway)
+                lost = _store_rejudged(store, d.id, judgments, cons, judgment_usage_rows(judgments), unjudged)
+                bar.advance(gateway, failed=lost)
 
         try:
             await asyncio.gather(*(worker() for _ in range(min(len(todo), max(2 * concurrency, 4)))))
@@ -1351,7 +1499,7 @@ async def rejudge(
             bar.close()
         agent_model = meta.get("agent_model")
         selfpref = [j.role for j in roles.judges if agent_model and j.model == agent_model]
-        return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo),
+        return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo), unjudged=unjudged,
                         elapsed_s=round(time.perf_counter() - started, 3), self_preference=selfpref)
     finally:
         store.close()

@@ -16,8 +16,8 @@ holds the full pydantic record as JSON, the other columns are for indexing and q
     judgments   judgment_set, dialogue_id, turn_index, judge, model, data         -- records.Judgment
     consensus   judgment_set, dialogue_id, turn_index, data                       -- records.Consensus
     usage       dialogue_id, turn_index, role, model, judgment_set, tokens, cost, calls, discarded
-                -- one row per finished model call group; rows of a restarted attempt are kept
-                   (money was spent) but marked `discarded`
+                -- one row per answered model call, written as it returns; rows of a restarted
+                   attempt (or of a crashed one) are kept (money was spent) but marked `discarded`
 
 Reading API (for scoring and reports; all results are in a deterministic order)::
 
@@ -428,6 +428,20 @@ class RunStore:
             self._clear_dialogue(c, dialogue.id)
             self._write_dialogue(c, dialogue)
 
+    def add_usage(self, usage: Iterable[Mapping[str, Any]]) -> None:
+        """Usage rows of model calls, written as the calls return (one transaction): a dialogue restarted
+        later marks them discarded, so a crash loses no spent tokens and counts none as a result's."""
+        with self.transaction() as c:
+            self._add_usage(c, usage)
+
+    def restart_judging(self, dialogue_id: str, judgment_set: str) -> None:
+        """Judge a dialogue again from its kept transcript (one transaction): drop its judgments and consensus
+        in `judgment_set` and mark the usage of the earlier judging discarded; its turns stay."""
+        with self.transaction() as c:
+            c.execute("DELETE FROM judgments WHERE dialogue_id=? AND judgment_set=?", (dialogue_id, judgment_set))
+            c.execute("DELETE FROM consensus WHERE dialogue_id=? AND judgment_set=?", (dialogue_id, judgment_set))
+            c.execute("UPDATE usage SET discarded=1 WHERE dialogue_id=? AND judgment_set=?", (dialogue_id, judgment_set))
+
     def add_judgments(
         self,
         judgments: Iterable[Judgment],
@@ -465,14 +479,15 @@ class RunStore:
         rows = [
             (u["dialogue_id"], u.get("turn_index", 0), u["role"], u.get("model", ""), u.get("judgment_set"),
              u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("reasoning_tokens", 0),
-             float(u.get("cost", 0.0)), int(u.get("cost_known", True)), u.get("calls", 1), *stamp)
+             float(u.get("cost", 0.0)), int(u.get("cost_known", True)), u.get("calls", 1),
+             int(u.get("discarded", False)), *stamp)
             for u in usage
         ]
         if rows:
             c.executemany(
                 "INSERT INTO usage(dialogue_id, turn_index, role, model, judgment_set, prompt_tokens,"
-                " completion_tokens, reasoning_tokens, cost, cost_known, calls, schema_version, sop_hash,"
-                " tool_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " completion_tokens, reasoning_tokens, cost, cost_known, calls, discarded, schema_version, sop_hash,"
+                " tool_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 rows,
             )
 
