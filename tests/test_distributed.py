@@ -35,6 +35,7 @@ from sopgraph.simulation.store import RunStore
 
 TOY = (Path(__file__).parent / "data" / "toy_refunds.sop").read_text()
 KEY_ENV = "SOPTEST_RAY_FAKE_KEY"
+WORKER_KEY = "sk-test-ray-worker-node"  # the worker node's key: the fake server tells its requests apart
 NO_RAY = "Ray is not installed (pip install 'sopgraph[ray]'): the cluster tests need it"
 
 
@@ -139,13 +140,13 @@ def cluster():
     saved_env = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", KEY_ENV)}
     saved_flag = ray_constants.ENABLE_RAY_CLUSTER
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ[KEY_ENV] = "sk-test-ray"  # inherited by the nodes' workers (the fake server's key)
+    os.environ[KEY_ENV] = "sk-test-ray-head"  # inherited by the head node's workers
     ray_constants.ENABLE_RAY_CLUSTER = False
     node_args = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
     c = None
     try:
         c = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
-        worker = c.add_node(**node_args)
+        worker = c.add_node(**node_args, env_vars={KEY_ENV: WORKER_KEY})
         c.wait_for_nodes()
         yield c, worker
     finally:
@@ -221,16 +222,24 @@ def test_a_node_removed_mid_run_loses_and_duplicates_no_dialogue(tmp_path, toy_f
 
         thread = threading.Thread(target=go, daemon=True)
         thread.start()
+        def on_worker_node() -> int:
+            return sum(1 for r in list(server.requests) if r.headers.get("authorization") == f"Bearer {WORKER_KEY}")
+
+        # Remove the worker node while it is half-way through a batch (8 dialogues, 1 request each, 2 at
+        # a time): some of the batch's requests made, its results not yet returned.
         deadline = time.monotonic() + 200
-        while done_dialogues(out) < 16 and thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        done_at_removal = done_dialogues(out)
+        while thread.is_alive() and time.monotonic() < deadline:
+            mid_batch = on_worker_node()
+            if mid_batch % 8:
+                break
+            time.sleep(0.02)
         c.remove_node(worker)
+        done_at_removal = done_dialogues(out)
         thread.join(240)
         assert not thread.is_alive(), "the run did not finish after the node was removed"
         assert "error" not in result, result.get("error")
         requests = len(server.requests)
-    assert 16 <= done_at_removal < n, done_at_removal  # removed mid-run
+    assert mid_batch % 8 and done_at_removal < n, (mid_batch, done_at_removal)  # removed mid-batch, mid-run
     summary = result["summary"]
     assert summary.by_status == {"done": n} and summary.ran == n
     with RunStore.open(out) as s:
@@ -241,4 +250,4 @@ def test_a_node_removed_mid_run_loses_and_duplicates_no_dialogue(tmp_path, toy_f
     per_dialogue = Counter(t.dialogue_id for t in turns)
     assert all(per_dialogue[d.id] == d.turns == 1 for d in dialogues), per_dialogue  # no turn stored twice
     assert requests > n, requests  # the lost node's batch was run again
-    print(f"removed the worker node after {done_at_removal}/{n} done; {requests} agent requests for {n} dialogues")
+    print(f"removed the worker node after {mid_batch} of its requests, {done_at_removal}/{n} done; {requests} agent requests for {n} dialogues")
