@@ -128,6 +128,24 @@ def test_an_unreachable_cluster_address_is_one_line_and_creates_nothing(tmp_path
         assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # starts a Ray instance (~10-20 s on two cores)
+@pytest.mark.timeout(300)
+def test_ray_without_an_address_runs_on_a_local_instance_and_stops_it(tmp_path, toy_file):
+    ray = pytest.importorskip("ray", reason=NO_RAY)
+    assert not ray.is_initialized()
+    cases = write_cases(tmp_path / "cases.jsonl", toy_cases(6))
+    common = ["run", str(toy_file), "--cases", str(cases), "--model", "agent=baseline/oracle", "--max-turns", "4",
+              "-q", "--format", "json"]
+    runner = CliRunner()
+    res = runner.invoke(main, [*common, "-o", str(tmp_path / "local")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, [*common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["by_status"] == {"done": 6}
+    assert not ray.is_initialized()  # the instance it started is stopped with the run
+    assert snapshot(tmp_path / "local") == snapshot(tmp_path / "ray")
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """A 2-node Ray cluster on 127.0.0.1; yields (cluster, worker node)."""
