@@ -60,6 +60,10 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
               help="Processes sharing the dialogues and --concurrency (litellm costs CPU per call).")
 @click.option("--judge-turns", default="1,5,10,15,final", show_default=True,
               help="Turns the judges read: a list of numbers and `final`, or `all`.")
+@click.option("--ray", "ray", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run the dialogues on Ray: alone, a local Ray instance (--workers CPUs if > 1); with "
+                   "ADDRESS (HOST:PORT or auto), that cluster. --concurrency is then per Ray task. "
+                   "Needs pip install 'sopgraph[ray]'.")
 @click.option("--structured", is_flag=True, help="Pass the output JSON schema to the agent's provider.")
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory to create (e.g. runs/NAME).")
@@ -80,7 +84,7 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
 @_progress
 @_format
 def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], trials: int, concurrency: int,
-            max_turns: int, workers: int, judge_turns: str, structured: bool, out: Path | None, resume_dir: Path | None,
+            max_turns: int, workers: int, judge_turns: str, ray: str | None, structured: bool, out: Path | None, resume_dir: Path | None,
             retries: int, retry_delay: float, retry_max_delay: float, no_preflight: bool, no_cache: bool,
             quiet: bool, progress: str, fmt: str) -> None:
     """Simulate dialogues of FILE's cases with the agent under test, judge them, store the run.
@@ -120,7 +124,7 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
     try:
         summary = asyncio.run(in_own_loop(run(scenario, cases, specs, target, concurrency=concurrency,
                                               workers=workers, progress="never" if quiet else progress,
-                                              preflight=not no_preflight, **kwargs)))
+                                              preflight=not no_preflight, ray=ray, **kwargs)))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -139,11 +143,13 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
 @click.option("--judge-turns", default=None, help="Turns to judge (default: the run's setting).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--replace", is_flag=True, help="Start the judgment set over if it exists.")
+@click.option("--ray", "ray", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Judge on Ray: alone, a local Ray instance; with ADDRESS, that cluster (see sop run --ray).")
 @_quiet
 @_progress
 @_format
 def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judge_turns: str | None,
-              concurrency: int, replace: bool, quiet: bool, progress: str, fmt: str) -> None:
+              concurrency: int, replace: bool, ray: str | None, quiet: bool, progress: str, fmt: str) -> None:
     """Re-judge the stored transcripts of RUN_DIR into a new judgment set (no agent calls).
 
     Exit status: 0 every dialogue judged, 1 usage error, 3 some judgments were lost to infrastructure (the
@@ -154,7 +160,7 @@ def judge_cmd(run_dir: Path, models: tuple[str, ...], set_name: str | None, judg
         fail(f"sop judge takes judge models only (got {', '.join(bad)})")
     try:
         summary = asyncio.run(in_own_loop(rejudge(run_dir, specs, judgment_set=set_name, judge_turns=judge_turns,
-                                                  concurrency=concurrency, replace=replace,
+                                                  concurrency=concurrency, replace=replace, ray=ray,
                                                   progress="never" if quiet else progress)))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))

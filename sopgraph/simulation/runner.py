@@ -61,6 +61,7 @@ from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
 from sopgraph.logic.checker import load
 from sopgraph.records import Case, Dialogue, Turn
+from sopgraph.simulation import distributed
 from sopgraph.simulation.agents import TOOLS_PREFIX, AgentError, ToolAgent, agent_kind
 from sopgraph.simulation.dialogue import (
     DialogueSetup,
@@ -335,6 +336,12 @@ class _Progress:
         if force or (now - self._last_line >= self.PLAIN_EVERY and self._printed != (self.done, tokens)):
             self._line(now)
 
+    def relabel(self, label: str) -> None:
+        """Change the label (e.g. to show per-node throughput)."""
+        self.label = label
+        if self._bar is not None:
+            self._bar.update(self._task, description=label)
+
     def _line(self, now: float) -> None:
         self._last_line, self._printed = now, (self.done, self.tokens)
         elapsed = int(now - self._started)
@@ -387,6 +394,7 @@ async def run(
     gateway_options: Mapping[str, Any] | None = None,
     workers: int = 1,
     preflight: bool = True,
+    ray: str | None = None,
 ) -> RunSummary:
     """Run (or resume) an evaluation into `out_dir` and return its summary.
 
@@ -397,13 +405,22 @@ async def run(
     module docstring); it cannot be combined with a `gateway` instance. `preflight` makes one call per
     distinct non-built-in model before anything is created (see `gateway.preflight`): a missing key,
     an unknown provider or an unreachable server is a `RunError` at once, and a server that rejects
-    `json_schema` structured output is switched to `json_object` (noted in the run)."""
+    `json_schema` structured output is switched to `json_object` (noted in the run). `ray`: run the
+    dialogues on Ray (`local` starts an instance on this machine, with `workers` CPUs if > 1; else the
+    address of a cluster to join; see `_execute_ray`)."""
     started = time.perf_counter()
     progress_mode(progress)  # a bad value is refused before anything starts
     if workers < 1:
         raise RunError("workers must be >= 1")
     if workers > 1 and gateway is not None:
         raise RunError("a gateway instance cannot be shared with worker processes; pass gateway_options")
+    if ray is not None and gateway is not None:
+        raise RunError("a gateway instance cannot be shared with Ray tasks; pass gateway_options")
+    if ray is not None:
+        try:
+            distributed.check(ray)  # not installed, or no cluster there: one line, before anything is created
+        except distributed.DistributedError as exc:
+            raise RunError(str(exc)) from None
     out_dir = Path(out_dir)
     warnings: list[str] = []
     notes: list[str]
@@ -498,7 +515,8 @@ async def run(
     try:
         return await _execute(store, scenario, roles, spec, max_turns=max_turns, concurrency=concurrency,
                               progress=progress, gateway=gateway, gateway_options=gateway_options,
-                              started=started, warnings=warnings, selfpref=selfpref, workers=workers)
+                              started=started, warnings=warnings, selfpref=selfpref, workers=workers,
+                              ray=ray)
     finally:
         store.close()
 
@@ -876,14 +894,18 @@ def judging_failed(d: Dialogue) -> bool:
 
 async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
                    concurrency: int, progress: ProgressMode, gateway: Any, gateway_options: Mapping[str, Any],
-                   started: float, warnings: list[str], selfpref: list[str], workers: int = 1) -> RunSummary:
+                   started: float, warnings: list[str], selfpref: list[str], workers: int = 1,
+                   ray: str | None = None) -> RunSummary:
     all_dialogues = store.dialogues()
     todo = [d for d in all_dialogues if d.status != "done"]
     skipped = len(all_dialogues) - len(todo)
     cases = {c.id: c for c in store.cases()}
     kept = {d.id: store.turns(dialogue_id=d.id) for d in todo if judging_failed(d)}
-    workers = min(workers, concurrency, len(todo))
-    if workers > 1:
+    if ray is not None and todo:  # (nothing left to run: no Ray instance started for nothing)
+        await _execute_ray(store, scenario, cases, roles, spec, todo, max_turns=max_turns, concurrency=concurrency,
+                           progress=progress, gateway_options=gateway_options, address=ray,
+                           num_cpus=workers if workers > 1 else None, kept=kept)
+    elif (workers := min(workers, concurrency, len(todo))) > 1:
         await _execute_sharded(store, scenario, cases, roles, spec, todo, max_turns=max_turns,
                                concurrency=concurrency, workers=workers, progress=progress,
                                gateway_options=gateway_options, kept=kept)
@@ -1209,7 +1231,179 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
 
 
 # ---------------------------------------------------------------------------------------------
+# Ray (see `distributed.py`: the driver keeps the store, tasks run batches of dialogues)
+
+
+class _ListSink(_BatchedWrites):
+    """A Ray task's store stand-in: the writes, in the order they were made, returned with the batch
+    (the same `(write name, args)` pairs `_PipeSink` sends)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = self._writes
+
+    def _add(self, name: str, *args: Any) -> None:
+        self._writes.append((name, args))
+
+
+def _ray_batch(job: Mapping[str, Any],
+               payload: tuple[dict[str, Case], list[Dialogue], dict[str, list[Turn]]]) -> dict[str, Any]:
+    """A Ray task's body: run a batch of dialogues with a gateway of its own (`job["concurrency"]`
+    calls in flight), the same dialogue code worker processes use; the store writes in order."""
+    return asyncio.run(in_own_loop(_ray_batch_run(job, *payload)))
+
+
+async def _ray_batch_run(job: Mapping[str, Any], cases: dict[str, Case], todo: list[Dialogue],
+                         kept: dict[str, list[Turn]]) -> dict[str, Any]:
+    gateway = _make_gateway(job["concurrency"], job["gateway_options"])
+    scenario = ir.Scenario.model_validate(job["scenario"])
+    runner = _Dialogues(scenario, cases, job["roles"], job["spec"], job["max_turns"], gateway, kept)
+    sink = _ListSink()
+    try:
+        await runner.run_all(todo, sink, job["concurrency"])
+    finally:
+        await gateway.aclose()
+    stats = gateway.stats
+    return {"writes": sink.writes, "tokens": stats.prompt_tokens + stats.completion_tokens, "cost": stats.cost,
+            "notes": list(getattr(gateway, "notes", []))}
+
+
+RAY_BATCH = (8, 32)
+"""Dialogues per Ray task: 2 × concurrency, within these bounds (big enough to keep a task's
+concurrency cap busy, small enough that a lost node costs little rework)."""
+
+
+async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
+                       spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
+                       progress: ProgressMode, gateway_options: Mapping[str, Any], address: str,
+                       num_cpus: int | None, kept: Mapping[str, list[Turn]]) -> None:
+    """Run `todo` on Ray: batches go out to tasks (each with `concurrency` model calls in flight), two
+    per cluster CPU at most; each finished batch's writes are committed here, in their order, as it
+    arrives. A batch lost with a node is rerun by Ray and committed once, when it returns."""
+    try:
+        with distributed.connect(address, num_cpus) as ray:
+            size = max(RAY_BATCH[0], min(RAY_BATCH[1], 2 * concurrency))
+            job = {"scenario": scenario.model_dump(mode="json"), "roles": roles, "spec": spec,
+                   "max_turns": max_turns, "concurrency": concurrency, "gateway_options": dict(gateway_options)}
+            # a dialogue whose judging was lost to infrastructure travels with its kept transcript
+            batches = (((distributed.subset(cases, (d.case_id for d in chunk)), chunk,
+                         {d.id: kept[d.id] for d in chunk if d.id in kept}), len(chunk))
+                       for chunk in distributed.batched(todo, size))
+            sink = GroupCommit(store)
+            label = f"dialogues (ray, {distributed.cluster_cpus(ray)} CPUs)"
+            bar = _Progress(len(todo), progress_mode(progress), label)
+            rates = distributed.NodeRates()
+            tokens, cost = 0, 0.0
+            notes: list[str] = []
+
+            def apply(result: distributed.BatchResult) -> None:
+                nonlocal tokens, cost
+                value = result.value
+                tokens, cost = tokens + value["tokens"], cost + value["cost"]
+                notes.extend(n for n in value["notes"] if n not in notes)
+                rates.add(result.node_id, result.size)
+                bar.relabel(f"{label} {rates.text()}")
+                for write, args in value["writes"]:
+                    if write not in _WRITES:
+                        raise RunError(f"a Ray task sent an unknown write {write!r}")
+                    getattr(sink, write)(*args)
+                    if write in ("finish_dialogue", "fail_dialogue"):
+                        bar.advance_totals(tokens, cost, failed=args[0].status == "infra_failure")
+
+            try:
+                await distributed.run_batches(ray, _ray_batch, job, batches, apply,
+                                              in_flight=2 * distributed.cluster_cpus(ray))
+            finally:
+                sink.flush()
+                bar.close()
+    except distributed.DistributedError as exc:
+        raise RunError(f"{exc} (the run is resumable: sop run --resume RUN_DIR)") from None
+    known = store.meta().get("notes") or []
+    if [n for n in notes if n not in known]:
+        store.set_meta("notes", [*known, *(n for n in notes if n not in known)])
+
+
+def _ray_judge_batch(job: Mapping[str, Any],
+                     payload: tuple[dict[str, Case], list[tuple[str, str, list[Any]]]]) -> dict[str, Any]:
+    """A Ray task's body for `rejudge`: judge a batch of stored transcripts with a gateway of its own."""
+    return asyncio.run(in_own_loop(_ray_judge_run(job, *payload)))
+
+
+async def _ray_judge_run(job: Mapping[str, Any], cases: dict[str, Case],
+                         items: list[tuple[str, str, list[Any]]]) -> dict[str, Any]:
+    gateway = _make_gateway(job["concurrency"], job["gateway_options"])
+    scenario = ir.Scenario.model_validate(job["scenario"])
+    info = without_paths(scenario_context(scenario, max_paths=0))
+    ensemble = Ensemble([LLMJudge(j, gateway) for j in job["judges"]])
+    limit = asyncio.Semaphore(max(2 * job["concurrency"], 4))
+
+    async def one(dialogue_id: str, case_id: str, turns: list[Any]) -> tuple[Any, ...]:
+        async with limit:
+            judgments, cons = await ensemble.judge_dialogue(scenario, cases[case_id], dialogue_id, turns, job["spec"],
+                                                            judgment_set=job["set"], scenario_info=info)
+        return dialogue_id, judgments, cons, judgment_usage_rows(judgments)
+
+    try:
+        results = await asyncio.gather(*(one(*item) for item in items))
+    finally:
+        await gateway.aclose()
+    stats = gateway.stats
+    return {"results": results, "tokens": stats.prompt_tokens + stats.completion_tokens, "cost": stats.cost}
+
+
+async def _rejudge_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
+                       spec: JudgeTurns, name: str, todo: Sequence[Dialogue], *, concurrency: int,
+                       progress: ProgressMode, address: str,
+                       gateway_options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`rejudge` on Ray: stored transcripts go out in batches (read from the store as batches are sent),
+    judgments come back and are stored here, each dialogue's set in one transaction. Returns the
+    dialogues whose judging was lost to infrastructure (`RunSummary.unjudged`)."""
+    unjudged: list[dict[str, Any]] = []
+    try:
+        with distributed.connect(address) as ray:
+            size = max(RAY_BATCH[0], min(RAY_BATCH[1], 2 * concurrency))
+            job = {"scenario": scenario.model_dump(mode="json"), "judges": list(roles.judges), "spec": spec,
+                   "set": name, "concurrency": concurrency, "gateway_options": dict(gateway_options)}
+            batches = (((distributed.subset(cases, (d.case_id for d in chunk)),
+                         [(d.id, d.case_id, store.turns(dialogue_id=d.id)) for d in chunk]), len(chunk))
+                       for chunk in distributed.batched(todo, size))
+            bar = _Progress(len(todo), progress_mode(progress), f"judging ({name}, ray)")
+            tokens, cost = 0, 0.0
+
+            def apply(result: distributed.BatchResult) -> None:
+                nonlocal tokens, cost
+                tokens, cost = tokens + result.value["tokens"], cost + result.value["cost"]
+                for dialogue_id, judgments, cons, usage in result.value["results"]:
+                    lost = _store_rejudged(store, dialogue_id, judgments, cons, usage, unjudged)
+                    bar.advance_totals(tokens, cost, failed=lost)
+
+            try:
+                await distributed.run_batches(ray, _ray_judge_batch, job, batches, apply,
+                                              in_flight=2 * distributed.cluster_cpus(ray))
+            finally:
+                bar.close()
+    except distributed.DistributedError as exc:
+        raise RunError(f"{exc} (judge again to finish: judged dialogues are kept)") from None
+    return unjudged
+
+
+# ---------------------------------------------------------------------------------------------
 # Re-judging
+
+
+def _store_rejudged(store: RunStore, dialogue_id: str, judgments: list[Any], cons: list[Any],
+                    usage: list[Any], unjudged: list[dict[str, Any]]) -> bool:
+    """Store a re-judged dialogue's judgments; True (and noted in `unjudged`) when some were lost to
+    infrastructure: then nothing is stored but the usage, and the next `sop judge` judges it."""
+    lost = lost_to_infra(judgments)
+    if lost:  # not stored: the set stays open for this dialogue, the next `sop judge` judges it
+        why = (lost[0].unscored_reason or "").removeprefix(INFRA_FAILURE)
+        unjudged.append({"dialogue": dialogue_id, "error": f"judging: {len(lost)} of {len(judgments)} "
+                         f"judgments lost ({why}); run the same sop judge again to judge it"})
+        store.add_usage([{**row, "discarded": True} for row in usage])
+        return True
+    store.add_judgments(judgments, cons, usage)
+    return False
 
 
 def default_set_name(judge_models: Iterable[str]) -> str:
@@ -1230,13 +1424,19 @@ async def rejudge(
     progress: ProgressMode = None,
     gateway: Any = None,
     gateway_options: Mapping[str, Any] | None = None,
+    ray: str | None = None,
 ) -> RunSummary:
     """Judge the stored transcripts of finished dialogues again, into a new judgment set.
 
     `judge_specs`: `--model judge=...` strings or ModelSpecs (one is used three times). Dialogues
     already judged in the set are skipped (an interrupted re-judge resumes); `replace=True` starts the
-    set over. The run's agents and users are never called."""
+    set over. The run's agents and users are never called. `ray`: judge on Ray, as `run` does."""
     started = time.perf_counter()
+    if ray is not None:
+        try:
+            distributed.check(ray)
+        except distributed.DistributedError as exc:
+            raise RunError(str(exc)) from None
     try:
         store = RunStore.open(run_dir)
     except StoreError as exc:
@@ -1264,6 +1464,14 @@ async def rejudge(
         done_ids = store.judged_dialogues(name)
         dialogues = store.dialogues(status="done")
         todo = [d for d in dialogues if d.id not in done_ids]
+        if ray is not None and todo:
+            on_ray = await _rejudge_ray(store, scenario, cases, roles, spec, name, todo, concurrency=concurrency,
+                                        progress=progress, address=ray, gateway_options=gateway_options or
+                                        (meta.get("config") or {}).get("gateway") or {})
+            return _summary(store, ran=len(todo), skipped=len(dialogues) - len(todo), unjudged=on_ray,
+                            elapsed_s=round(time.perf_counter() - started, 3),
+                            self_preference=[j.role for j in roles.judges
+                                             if meta.get("agent_model") and j.model == meta.get("agent_model")])
         gateway = gateway if gateway is not None else _make_gateway(
             concurrency, gateway_options or (meta.get("config") or {}).get("gateway") or {})
         info = without_paths(scenario_context(scenario, max_paths=0))
@@ -1282,15 +1490,8 @@ async def rejudge(
                 turns = store.turns(dialogue_id=d.id)
                 judgments, cons = await ensemble.judge_dialogue(
                     scenario, cases[d.case_id], d.id, turns, spec, judgment_set=name, scenario_info=info)
-                lost = lost_to_infra(judgments)
-                if lost:  # not stored: the set stays open for this dialogue, the next `sop judge` judges it
-                    why = (lost[0].unscored_reason or "").removeprefix(INFRA_FAILURE)
-                    unjudged.append({"dialogue": d.id, "error": f"judging: {len(lost)} of {len(judgments)} "
-                                     f"judgments lost ({why}); run the same sop judge again to judge it"})
-                    store.add_usage([{**row, "discarded": True} for row in judgment_usage_rows(judgments)])
-                else:
-                    store.add_judgments(judgments, cons, judgment_usage_rows(judgments))
-                bar.advance(gateway, failed=bool(lost))
+                lost = _store_rejudged(store, d.id, judgments, cons, judgment_usage_rows(judgments), unjudged)
+                bar.advance(gateway, failed=lost)
 
         try:
             await asyncio.gather(*(worker() for _ in range(min(len(todo), max(2 * concurrency, 4)))))
