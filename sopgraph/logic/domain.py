@@ -63,6 +63,7 @@ from sopgraph.logic.scalardom import (
     DAY,
     InternalValues,
     describe_time,
+    finite_strings,
     pick_time,
     string_candidates,
     string_samples,
@@ -141,6 +142,10 @@ class Space:
         # lists and records (analysed lowered, `logic.lower`; here only sample values for the witness
         # search of analyses on the source form, e.g. `sop diff`)
         self.structured: dict[int, list[Any]] = {}
+        # string variables read only against literals: an enum of those literals and one other text
+        # (`scalardom.finite_strings`), decided exactly like enums
+        self.text_enums: set[int] = set()
+        texts = finite_strings(scenario)
         self.optional = {i for i, n in enumerate(self.names) if scenario.variables[n].optional}
         for n in self.names:
             t = scenario.variables[n].type
@@ -149,6 +154,11 @@ class Space:
                 self.kinds.append("int")
                 self.values.append(())  # a duration input is never negative ("-5 hours" does not parse)
                 full.append(NumDom(0 if t.kind == "duration" else -INF, INF, False, False, NO_POINTS))
+            elif isinstance(t, ir.StringType) and n in texts:  # compared with literals only: finite
+                self.text_enums.add(len(self.kinds))
+                self.kinds.append("enum")
+                self.values.append(texts[n])
+                full.append((1 << len(texts[n])) - 1)
             elif isinstance(t, ir.StringType):
                 self.string_samples[len(self.kinds)] = string_samples(n, scenario.variables[n].description)
                 self.strings.add(len(self.kinds))
@@ -655,7 +665,7 @@ class Space:
                     seen.add(e.name)
                     stack.append(v.expr)
                 continue
-            if isinstance(e, (ir.Call, ir.CaseExpr)):
+            if isinstance(e, (ir.Call, ir.CaseExpr, ir.Weighted)):
                 aggregate = True
             if isinstance(e, ir.Binary) and e.op == "/":
                 return False  # the solver does not model division: keep the exact expansion
@@ -1153,6 +1163,12 @@ class Space:
         if i in self.time_kinds:
             return describe_time(self.time_kinds[i], d)
         k = self.kinds[i]
+        if k == "enum" and i in self.text_enums:
+            other, *lits = self.values[i]
+            vals = self.dom_values(i, d)
+            if other in vals and len(vals) > 1:
+                return "any text but " + ", ".join(ir.quote(x) for x in lits if x not in vals)
+            return " | ".join("any other text" if x == other else ir.quote(x) for x in vals)
         if k == "enum":
             return " | ".join(self.dom_values(i, d))
         if k == "bool":

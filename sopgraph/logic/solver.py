@@ -29,6 +29,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from sopgraph.language import ir, scalars
+from sopgraph.logic.guards import weighted_as_counts
 
 if TYPE_CHECKING:  # pragma: no cover
     from sopgraph.logic.domain import Box, Space
@@ -347,6 +348,8 @@ class _Translator:
         if isinstance(e, ir.BoolOp):
             parts = [self.truthy(*self.expr(o)) for o in e.operands]
             return "bool", (z3.And(parts) if e.op == "and" else z3.Or(parts))
+        if isinstance(e, ir.Weighted):  # as the sum of counts it equals (`guards.weighted_as_counts`)
+            return self.expr(weighted_as_counts(e))
         if isinstance(e, ir.Call):
             if e.func == "count":
                 return "num", z3.Sum([z3.If(self.truthy(*self.expr(a)), 1, 0) for a in e.args])
