@@ -6,8 +6,9 @@ process, `os.wait4`), its exit code and, for synthesis, the paths covered out of
 - (a) weighted counts: the same K scores written `count(2: A, 1: B, 3: C)` and `count(B) + 2 * count(A) +
   3 * count(C)`: `sop check` of both (target: within 1.5x of each other, each < 5 s), `sop synth -n 50`
   coverage of both (target: equal, all feasible paths), `sop diff` between them (target: "equivalent", < 5 s);
-- (b) the scoring family (`tests/helpers.scoring_sop`) K=3..10 scores over N inputs: `sop check`,
-  `sop paths --count`, `sop synth -n 50` (target: each < 5 s, growth at most linear in K: the curve is printed);
+- (b) the scoring family (`tests/helpers.scoring_sop`) K=3..10 scores over N inputs, and the same family with
+  weighted scores (shape (a) at each K): `sop check`, `sop paths --count`, `sop synth -n 50` (target: each
+  < 5 s, growth at most linear in K: the curve is printed);
 - (c) string membership `X in {"a", ...}` over 10-50 literals, also inside `any(s in L where s.kind in {...})`:
   `sop check` (target: no I302/I303, < 2 s);
 - (d) a ~20-decision troubleshooting procedure with nested re-checks (`observe`, `up to N times`) and a
@@ -306,6 +307,14 @@ def shape_b(d: Path, cap: float, quick: bool) -> None:
             p = d / f"scoring_{k}_{n}.sop"
             p.write_text(helpers.scoring_sop(k, n))
             curve.append((k, three(f"K={k} N={n}", p, d, cap)))
+        print(f"  curve N={n}: " + "  ".join(f"K={k}: {c[0]:.1f}/{c[1]:.1f}" for k, c in curve))
+    print("(b') the same family with weighted scores (`count(2: A, 1: B, ...)`, the fraud/risk shape)")
+    for n in ns:
+        curve = []
+        for k in ks:
+            p = d / f"wscoring_{k}_{n}.sop"
+            p.write_text(weighted_sop(k, n, weighted=True, seed=k))
+            curve.append((k, three(f"weighted K={k} N={n}", p, d, cap)))
         print(f"  curve N={n}: " + "  ".join(f"K={k}: {c[0]:.1f}/{c[1]:.1f}" for k, c in curve))
 
 
