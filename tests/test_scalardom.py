@@ -225,3 +225,22 @@ def test_only_strings_read_against_literals_become_finite_domains() -> None:
     assert set(found) == {"Email"}
     other, *lits = found["Email"]
     assert lits == ["a@b.c", "x"] and other not in lits and "@" in other
+
+
+def test_a_literal_outside_a_finite_string_domain_is_still_decided() -> None:
+    """The first value of a finite string domain stands for every other text: a condition from outside
+    the program (a profile's `requires: {Code: "zzz"}`) that compares it with a literal the program never
+    mentions is feasible, with that literal as its witness, and its negation keeps the program's literals."""
+    from sopgraph.logic import domain
+    scenario = sopgraph.load(text='scenario s "s"\nfield Code: string "c"\naction A "a"\naction B "b"\n'
+                                  'stage s { when Code == "a" -> do A\n otherwise -> do B }\n', check=False)
+    zzz = ir.Compare(op="==", left=ir.Var(name="Code"), right=ir.Lit(value="zzz"))
+    full = domain.full_box(scenario)
+    boxes = domain.constrain(scenario, full, zzz, True)
+    assert boxes and domain.witness(scenario, boxes[0]) == {"Code": "zzz"}
+    both = domain.constrain(scenario, boxes[0], ir.Compare(op="==", left=ir.Var(name="Code"),
+                                                           right=ir.Lit(value="a")), True)
+    assert not any(domain.is_feasible(scenario, b) for b in both)
+    rest = domain.constrain(scenario, full, zzz, False)
+    values = {domain.witness(scenario, b)["Code"] for b in rest}
+    assert values and "zzz" not in values

@@ -269,6 +269,8 @@ class Space:
             for j, v in enumerate(vals):
                 if v == value and type(v) is type(value):
                     return bool(d >> j & 1)
+            if i in self.text_enums and isinstance(value, str):  # any other text: the first value's bit
+                return bool(d & 1)
             return False
         if k == "none":
             return True
@@ -789,7 +791,8 @@ class Space:
         total = 1
         for i in vs:
             # a missing optional value has no point domain: `missing(X)` stays a literal for the search
-            vals = None if i in self.optional and box.doms[i] == self.full_doms[i] else (
+            vals = None if (i in self.optional and box.doms[i] == self.full_doms[i]) or (
+                i in self.text_enums and box.doms[i] & 1 and self._foreign_text(rid, i)) else (
                 self._finite_values(i, box.doms[i], 32))
             if vals is None:
                 total = -1
@@ -815,6 +818,19 @@ class Space:
                     out.append(self.box(tuple(doms), box.resid))
             return self.normalize(out)
         return (self.box(box.doms, box.resid | {(rid, truth)}),)
+
+    def _foreign_text(self, rid: int, i: int) -> bool:
+        """Whether residual `rid` compares text with a literal outside string variable `i`'s finite domain
+        (whose first value stands for every other text): its points do not decide it then."""
+        known = set(self.values[i])
+        stack = [self.res_exprs[rid]]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ir.Lit) and isinstance(e.value, str) and e.value not in known:
+                return True
+            if not isinstance(e, Formula):
+                stack.extend(ir.children(e))
+        return False
 
     def _finite_values(self, i: int, d: Any, limit: int) -> list | None:
         k = self.kinds[i]
@@ -1073,6 +1089,11 @@ class Space:
         if i in self.structured:
             return copy.deepcopy(self.structured[i]), False
         k = self.kinds[i]
+        if i in self.text_enums and d & 1:  # other texts: also those a residual compares it with
+            vals = self.dom_values(i, d)
+            known = set(self.values[i])
+            vals += [x for x in string_candidates(self.names[i], self.res_exprs, vals[0]) if x not in known]
+            return vals, False
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
             if rng is not None:

@@ -178,7 +178,7 @@ class GuardCompiler:
             except TypeError:
                 return FALSE
             return TRUE if hit == want else FALSE
-        if tag == "v":
+        if tag == "v" and not _foreign(sp, v[1], values):
             i = v[1]
             k = sp.kinds[i]
             if k in ("enum", "bool"):
@@ -261,7 +261,7 @@ class GuardCompiler:
     def var_const(self, i: int, op: str, c: Any, truth: bool, v: Val) -> Formula:
         sp = self.sp
         k = sp.kinds[i]
-        if k in ("enum", "bool"):
+        if k in ("enum", "bool") and not _foreign(sp, i, [c]):
             m = 0
             for j, x in enumerate(sp.values[i]):
                 try:
@@ -609,6 +609,13 @@ def _lit(x: Any, quoted: bool = False) -> ir.Lit:
     """A constant of a residual; text is shown quoted when it is compared with a string variable
     (`Channel == "web"`), bare when it is an enum value."""
     return ir.Lit.model_construct(value=x, bare=isinstance(x, str) and not quoted, kind="lit", span=ir.NO_SPAN)
+
+
+def _foreign(space: CompileSpace, i: int, constants: list) -> bool:
+    """A string analysed as a finite domain compared with a literal outside it (a profile's `requires`, a
+    condition of another program): its first value stands for every other text, so such a test is not
+    an atom of the domain; it stays a residual, decided exactly by the engine on candidate values."""
+    return i in space.text_enums and any(c not in space.values[i][1:] for c in constants)
 
 
 def _is_text(space: CompileSpace, v: Val) -> bool:

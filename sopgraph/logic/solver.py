@@ -242,6 +242,9 @@ class _Translator:
                 if len(vals) == 2:
                     return z3.BoolVal(True)
                 return z3.BoolVal(False) if not vals else (x if vals[0] else z3.Not(x))
+            if i in self.sp.text_enums and d & 1:  # the first value stands for every other text
+                others = z3.And([x != self.enum_id(v) for v in self.sp.values[i][1:]])
+                return z3.Or([x == self.enum_id(v) for v in vals[1:]] + [others])
             return z3.Or([x == self.enum_id(v) for v in vals]) if vals else z3.BoolVal(False)
         parts = []
         if d.lo != -math.inf:
@@ -455,6 +458,8 @@ class _Translator:
                 out[n] = self.z3.is_true(val)
             elif kind == "enum":
                 out[n] = names.get(val.as_long())
+                if i in sp.text_enums and not isinstance(out[n], str):  # some other text: its sample
+                    out[n] = sp.values[i][0]
             elif kind == "int":
                 out[n] = val.as_long()
             else:
