@@ -320,3 +320,22 @@ def test_cases_whose_action_trace_changes_are_listed(tmp_path: Path) -> None:
                for c in changed)
     text = runner.invoke(main, ["diff", str(old_file), str(new_file), "--cases", str(cases_path)]).output
     assert f"{refunds[0]}: actions Refund(amount=" in text
+
+
+def test_a_weighted_count_and_the_sum_of_counts_it_equals_are_proven_equivalent() -> None:
+    """Issue 31: `sop diff` between a score written `count(2: A, …)` and the same score written as a sum
+    of counts ran past its budget without an answer; both forms are now read alike and proven equal."""
+    from tests.test_domain import _referral
+    report = diff(_load(_referral(True)), _load(_referral(False)))
+    assert report.equivalent and report.proven, render_text(report)
+
+
+def test_diff_answers_within_its_cpu_budget_and_says_where_it_stopped() -> None:
+    """Issue 31: every loop of the comparison asks a CPU clock, so `sop diff` answers "not proven" (exit 3)
+    with the reason instead of running on; with no time at all nothing is claimed proven."""
+    report = diff(_file(TELECOM), _file(TELECOM_V2), cpu_budget=0.0)
+    assert not report.proven and not report.witnesses
+    assert any("CPU budget of 0 s" in u for u in report.unproven), report.unproven
+    result = CliRunner().invoke(main, ["diff", str(TELECOM), str(TELECOM), "--cpu-budget", "0"])
+    assert result.exit_code == 3, result.output
+    assert "CPU budget" in result.output and "raise --cpu-budget" in result.output

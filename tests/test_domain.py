@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from sopgraph.language import ir
 from sopgraph.language.parse import load_source
+from sopgraph.logic.checker import check
 from sopgraph.logic.domain import (
     INF,
     NumDom,
@@ -356,3 +357,87 @@ def test_an_ordering_and_its_negation_or_mirror_are_one_literal() -> None:
     assert constrain(scenario, other, gt, True) == []
     w = witness(scenario, other)
     assert w is not None and w["Limit"] >= w["Claimed"]
+
+
+_SCORES = [  # (weight, indicator) of two scores over nine shared inputs (the fraud-referral shape)
+    [(2, "F4 == High4"), (1, "F7 == High7"), (1, "F3"), (3, "F2 > 700"), (2, "F6"), (3, "F5 > 750"), (3, "F8 > 150"),
+     (3, "F0"), (1, "F1 == High1")],
+    [(2, "F4 == High4"), (2, "F1 == High1"), (3, "F5 > 750"), (3, "F0"), (1, "F2 > 700"), (3, "F3"), (2, "F8 > 150"),
+     (2, "F6"), (3, "F7 == High7")],
+]
+
+
+def _referral(weighted: bool) -> str:
+    """Two scores over shared indicators, written as weighted counts or as the equal sums of counts."""
+    lets = []
+    for j, score in enumerate(_SCORES):
+        if weighted:
+            body = "count(" + ", ".join(f"{w}: {c}" for w, c in score) + ")"
+        else:
+            body = " + ".join(f"{w} * count({', '.join(c for v, c in score if v == w)})" for w in (1, 2, 3))
+        lets.append(f"let S{j} = {body}")
+    decls = "".join(f"field F{i}: bool\n" if i % 3 == 0 else f"field F{i}: Low{i} | Mid{i} | High{i}\n" if i % 3 == 1
+                    else f"system F{i}: int[0..1000]\n" for i in range(9))
+    return f"""scenario referral "Referral"
+{decls}{chr(10).join(lets)}
+let Top = max(S0, S1)
+action Clear "clear" [ends_dialogue]
+action Review "review"
+action Refer "refer" [escalation]
+action Hold "hold"
+stage triage "Triage" {{
+    when Top >= 14 -> refer
+    when Top >= 7 -> review
+    otherwise -> do Clear
+}}
+stage refer "Refer" {{
+    when S0 >= 14 and F0 -> do Hold
+    otherwise -> do Refer
+}}
+stage review "Review" {{
+    when S0 >= 7 -> do Review
+    when F1 == High1 -> do Hold
+    otherwise -> do Clear
+}}
+"""
+
+
+def test_a_weighted_count_is_analysed_like_the_sum_of_counts_it_equals() -> None:
+    """Issue 31: `count(2: A, …)` was opaque to the analyses, so every threshold on it stayed undecided
+    (I302) and synthesis missed paths, while the same score written as a sum of counts was decided."""
+    found = {}
+    for weighted in (True, False):
+        loaded = load_source(None, text=_referral(weighted))
+        assert loaded.scenario is not None
+        diags = check(loaded.scenario)
+        codes = sorted(d.code for d in diags)
+        assert "I302" not in codes and "I303" not in codes, [d.message for d in diags]
+        found[weighted] = codes
+    assert found[True] == found[False]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from([0, 1, 2, 3, 7, 2.5, 0.1]), min_size=1, max_size=6),
+       st.lists(st.booleans(), min_size=6, max_size=6))
+def test_weighted_as_counts_has_the_engines_value(weights: list, truths: list[bool]) -> None:
+    """The sum-of-counts form (grouped for whole weights, in argument order for fractional ones) has
+    exactly the value the engine gives the weighted count, floats included."""
+    from sopgraph.logic.guards import weighted_as_counts
+    names = [f"B{i}" for i in range(len(weights))]
+    decls = "".join(f"field {n}: bool\n" for n in names)
+    body = ", ".join(f"{w}: {n}" for w, n in zip(weights, names, strict=True))
+    scenario, _ = guard_of_text(decls, f"count({body}) >= 0")
+    weighted = scenario.variables["W"].expr
+    assert isinstance(weighted, ir.Weighted)
+    values = dict(zip(names, truths, strict=False))
+    want = Interpreter(scenario, values).eval(weighted)
+    got = Interpreter(scenario, values).eval(weighted_as_counts(weighted))
+    assert got == want and type(got) is type(want)
+
+
+def guard_of_text(decls: str, score: str) -> tuple[ir.Scenario, Any]:
+    src = (f'scenario w "w"\n{decls}let W = {score.split(" >= ")[0]}\naction Ok "ok"\n'
+           'stage s "s" {\n    when W >= 0 -> do Ok\n    otherwise -> do Ok\n}\n')
+    loaded = load_source(None, text=src)
+    assert loaded.scenario is not None, [d.message for d in loaded.diagnostics]
+    return loaded.scenario, loaded.scenario.stages["s"].branches[0].guard

@@ -432,15 +432,18 @@ stage s1 "s1" {
 
 
 def test_constraints_on_strings_quote_their_constants() -> None:
-    """`Channel in {"web", "app"}` as written (a bare `web` would read as an enum value or a variable)."""
+    """`Channel in {"web", "app"}` as written (a bare `web` would read as an enum value or a variable).
+    A string compared only with literals is a finite domain (issue 31): its constraint is a domain, not a
+    residual `where`, and what is left is "any other text"."""
     loaded = load_source(None, text='field Channel: string "c"\nfield Kind: Web | Shop "k"\naction A "a"\n'
                                     'action B "b"\nstage s { match Channel { "web", "app" -> t\n otherwise -> do B } }\n'
                                     'stage t { when Kind == Web -> do A\n otherwise -> do B }\n')
     sc = loaded.scenario
     assert sc is not None
-    wheres = [p.constraints.get("where", "") for p in iter_paths(sc)]
-    assert 'Channel in {"web", "app"}' in wheres[0] and "Web" not in wheres[0]
-    assert any('Channel not in {"web", "app"}' in w for w in wheres)
+    paths = list(iter_paths(sc))
+    assert [p.constraints.get("Channel") for p in paths] == ['"web" | "app"', '"web" | "app"', "any other text"]
+    assert [p.constraints.get("Kind") for p in paths] == ["Web", "Shop", None]
+    assert not any("where" in p.constraints for p in paths)
 
 
 def test_constraints_keep_how_variables_combine() -> None:

@@ -164,3 +164,83 @@ def test_a_case_s_strings_read_like_their_variables() -> None:
     values = {c.truth["Given"] for c in cases} | {c.system["OnFile"] for c in cases}
     assert values and all("@example." in v for v in values)
     assert any(c.truth["Given"] != c.system["OnFile"] for c in cases)
+
+
+def _strings_sop(n: int) -> str:
+    """A string compared with `n` literals, and a list of records whose string field is tested inside
+    `any(…)` (the shape that left hundreds of feasibility questions open, issue 31)."""
+    words = [f"c{i:03d}" for i in range(n)]
+    known = ", ".join(f'"{w}"' for w in words[::2])
+    special = ", ".join(f'"{w}"' for w in words[1::3])
+    return f"""scenario strings "Strings"
+type Seg = record {{ kind: string, flown: bool }}
+field Code: string "the reason code"
+field Region: string "the region"
+field Segments: list[0..4] of Seg "the segments"
+let Known = Code in {{{known}}}
+let Special = any(s in Segments where s.kind in {{{special}}} and not s.flown)
+action Accept "accept" [ends_dialogue]
+action Reject "reject"
+action Ask "ask again"
+stage s1 "Classify" {{
+    when Known and Special -> do Accept
+    when Code == "{words[0]}" or Region in {{"north", "south"}} -> s2
+    when Known -> do Ask
+    otherwise -> do Reject
+}}
+stage s2 "Region" {{
+    when any(s in Segments where s.kind == "{words[1]}") -> do Accept
+    when Region == "north" -> do Ask
+    otherwise -> do Reject
+}}
+"""
+
+
+@pytest.mark.parametrize("n", [10, 30])
+def test_strings_compared_with_literals_are_decided_exactly(n: int) -> None:
+    """Membership in literal lists, also inside `any(…)`: no question left open (I302/I303), every path
+    has a witness the engine takes, and the constraint listing names the literals."""
+    checked = check_file("strings.sop", text=_strings_sop(n))
+    codes = [d.code for d in checked.diagnostics]
+    assert "I302" not in codes and "I303" not in codes, [d.message for d in checked.diagnostics]
+    scenario = sopgraph.load(text=_strings_sop(n), check=False)
+    infos = list(iter_paths(scenario))
+    assert len(infos) == 6
+    for info in infos:
+        _verified(scenario, info)
+    texts = " ".join(f"{k} {v}" for info in infos for k, v in info.constraints.items())
+    assert '"c000"' in texts and "any other text" in texts
+
+
+def test_only_strings_read_against_literals_become_finite_domains() -> None:
+    """`==`/`in` against quoted literals: the literals plus one other text (listed first: the plausible
+    sample); `matches`, a comparison with another string or a copy keep the witness search."""
+    from sopgraph.logic.scalardom import finite_strings
+    text = HEAD + ('field Email: string "the customer\'s e-mail"\nfield Copy: string "c"\nlet C2 = Copy\n'
+                   'stage s1 "x" {\n    when Email in {"a@b.c", "x"} and Code == "K" -> do A\n'
+                   '    when Code matches "[0-9]+" -> do B\n    when Other == Code -> do A\n'
+                   '    when C2 == "z" -> do A\n    otherwise -> do B\n}\n')
+    scenario = sopgraph.load(text=text, check=False)
+    found = finite_strings(scenario)
+    assert set(found) == {"Email"}
+    other, *lits = found["Email"]
+    assert lits == ["a@b.c", "x"] and other not in lits and "@" in other
+
+
+def test_a_literal_outside_a_finite_string_domain_is_still_decided() -> None:
+    """The first value of a finite string domain stands for every other text: a condition from outside
+    the program (a profile's `requires: {Code: "zzz"}`) that compares it with a literal the program never
+    mentions is feasible, with that literal as its witness, and its negation keeps the program's literals."""
+    from sopgraph.logic import domain
+    scenario = sopgraph.load(text='scenario s "s"\nfield Code: string "c"\naction A "a"\naction B "b"\n'
+                                  'stage s { when Code == "a" -> do A\n otherwise -> do B }\n', check=False)
+    zzz = ir.Compare(op="==", left=ir.Var(name="Code"), right=ir.Lit(value="zzz"))
+    full = domain.full_box(scenario)
+    boxes = domain.constrain(scenario, full, zzz, True)
+    assert boxes and domain.witness(scenario, boxes[0]) == {"Code": "zzz"}
+    both = domain.constrain(scenario, boxes[0], ir.Compare(op="==", left=ir.Var(name="Code"),
+                                                           right=ir.Lit(value="a")), True)
+    assert not any(domain.is_feasible(scenario, b) for b in both)
+    rest = domain.constrain(scenario, full, zzz, False)
+    values = {domain.witness(scenario, b)["Code"] for b in rest}
+    assert values and "zzz" not in values

@@ -14,6 +14,7 @@ from sopgraph.language.diagnostics import SopError
 from sopgraph.language.fmt import format_text
 from sopgraph.language.ir import Scenario
 from sopgraph.logic.checker import load
+from sopgraph.logic.diff import CPU_BUDGET as DIFF_CPU_BUDGET
 from sopgraph.logic.diff import DEFAULT_BUDGET as DIFF_BUDGET
 from sopgraph.logic.diff import diff as semantic_diff
 from sopgraph.logic.diff import render_text as render_diff
@@ -120,8 +121,10 @@ def validate_cmd(file: Path, data: Path, expects: tuple[str, ...], maps: tuple[s
               help="Test cases (JSON Lines): report those whose reference path or finals change.")
 @click.option("--budget", default=DIFF_BUDGET, show_default=True, type=click.IntRange(1),
               help="Regions the equivalence check may explore.")
+@click.option("--cpu-budget", default=DIFF_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
+              help="CPU seconds the comparison may take before it answers (exit 3 says where it stopped).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: str) -> None:
+def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, cpu_budget: float, fmt: str) -> None:
     """Semantic diff of two versions of an SOP: paths added, removed and changed; inputs on which
     they decide differently (verified by the engine); cases whose expectations change.
 
@@ -137,7 +140,8 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: st
             cases = read_cases(cases_path, a)  # the cases were made for OLD
         except RunError as exc:
             fail(str(exc), 2)
-    report = semantic_diff(a, b, cases=cases, budget=budget, old_name=str(old), new_name=str(new))
+    report = semantic_diff(a, b, cases=cases, budget=budget, old_name=str(old), new_name=str(new),
+                           cpu_budget=cpu_budget)
     if fmt == "json":
         data = report.model_dump()
         data.update(equivalent=report.equivalent, proven=report.proven)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,25 @@ DEFAULT_BUDGET = 20_000  # regions explored by the product walk
 PATH_LIMIT = 5_000  # paths listed per version
 RETRY_BUDGET = 2_000  # regions of the second, lowered comparison (lists and records)
 MAX_WITNESSES = 20
+CPU_BUDGET = 20.0  # CPU seconds of the whole comparison (paths, product walk, witnesses) before it answers
+
+
+class _Clock:
+    """The comparison's CPU deadline (`time.process_time`): every loop of `sop diff` asks it, so the command
+    answers (exit 3 with the reason) within its budget instead of running on (issue 31)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.deadline = time.process_time() + seconds
+
+    def out(self) -> bool:
+        return time.process_time() > self.deadline
+
+    def share(self, fraction: float) -> _Clock:
+        """A clock for one part of the work: `fraction` of the whole budget, never past its deadline."""
+        part = _Clock(self.seconds * fraction)
+        part.deadline = min(part.deadline, self.deadline)
+        return part
 
 
 class DiffError(Error):
@@ -106,11 +126,11 @@ class DiffReport(BaseModel):
 # Paths added, removed, changed
 
 
-def _path_table(scenario: ir.Scenario) -> tuple[dict[str, str], bool]:
+def _path_table(scenario: ir.Scenario, clock: _Clock) -> tuple[dict[str, str], bool]:
     table: dict[str, str] = {}
     truncated = False
     for i, info in enumerate(iter_paths(scenario, witnesses=False)):
-        if i >= PATH_LIMIT:
+        if i >= PATH_LIMIT or clock.out():
             truncated = True
             break
         parts = [f"{s} [{label}]" if label else s for s, label in zip(info.stages, info.labels, strict=False)]
@@ -135,9 +155,12 @@ def _show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def path_changes(old: ir.Scenario, new: ir.Scenario, report: DiffReport) -> None:
-    a, ta = _path_table(old)
-    b, tb = _path_table(new)
+def path_changes(old: ir.Scenario, new: ir.Scenario, report: DiffReport, clock: _Clock | None = None) -> None:
+    """Paths added, removed and changed; the listings stop at `PATH_LIMIT` paths or a quarter of the CPU
+    budget each (`[listing truncated]`), which leaves the comparison of decisions its time."""
+    clock = clock or _Clock(CPU_BUDGET)
+    a, ta = _path_table(old, clock.share(0.25))
+    b, tb = _path_table(new, clock.share(0.25))
     report.paths_old, report.paths_new, report.paths_truncated = len(a), len(b), ta or tb
     added = [k for k in b if k not in a]
     removed = [k for k in a if k not in b]
@@ -232,6 +255,7 @@ class _Side:
 
     def __init__(self, scenario: ir.Scenario, prefix: str, shared: frozenset[str] = frozenset()):
         self.scenario = scenario
+        self.label = "OLD" if prefix == "__old__" else "NEW"
         derived = {v.name for v in scenario.variables.values() if v.role == "derived"} - shared
         self.rename = _renamer(prefix, derived)
         self.derived = {prefix + v.name: v.model_copy(update={"name": prefix + v.name,
@@ -283,13 +307,16 @@ def joint_scenario(old: ir.Scenario, new: ir.Scenario) -> tuple[ir.Scenario, _Si
 
 
 class _Walk:
-    def __init__(self, joint: ir.Scenario, old: _Side, new: _Side, budget: int):
+    def __init__(self, joint: ir.Scenario, old: _Side, new: _Side, budget: int, clock: _Clock):
         self.joint = joint
         self.old = old
         self.new = new
         self.budget = budget
+        self.clock = clock
         self.steps = 0
         self.exhausted = False
+        self.out_of_time = False
+        self.where = ""  # the stage the walk was at when a budget stopped it
 
     def leaves(self, side: _Side, boxes: list[domain.Box]) -> Iterator[_Leaf]:
         """(leaf target, the actions carried out on the way, region) for every route of one version
@@ -307,7 +334,9 @@ class _Walk:
         seen = seen | {stage_id}
         rest = boxes
         for branch in stage.branches:
-            if not rest:
+            if not rest or self.exhausted:
+                if self.exhausted and not self.where:
+                    self.where = f"stage `{stage_id}` of {side.label}"
                 return
             if branch.guard is None:
                 taken, rest = rest, []
@@ -352,8 +381,9 @@ class _Walk:
         out: list[domain.Box] = []
         for box in boxes:
             self.steps += 1
-            if self.steps > self.budget:
+            if self.steps > self.budget or self.clock.out():
                 self.exhausted = True
+                self.out_of_time = self.steps <= self.budget
                 return out
             out += domain.constrain(self.joint, box, expr, truth)
         return out
@@ -416,13 +446,15 @@ def _decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision | None
 
 
 def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport, budget: int,
-                         max_witnesses: int = MAX_WITNESSES) -> None:
+                         max_witnesses: int = MAX_WITNESSES, clock: _Clock | None = None) -> None:
     """Inputs on which OLD and NEW decide differently. A procedure is compared in its unrolled form
     (one variable per look, one stage copy per visit: `unroll`), where every look can take its own
     value. Lists and records are compared as they are written (the witness search tries sample lists);
     when that leaves regions undecided, they are compared again lowered (one variable per item field,
     `lower`: item conditions decided exactly) within `RETRY_BUDGET` regions, and that answer is kept
-    when it is complete. Witnesses are lifted back to the source form and verified there by the engine."""
+    when it is complete. Witnesses are lifted back to the source form and verified there by the engine.
+    Everything runs within `clock` (CPU seconds): past it, the answer says where the walk stopped."""
+    clock = clock or _Clock(CPU_BUDGET)
     for name in sorted(set(old.variables) | set(new.variables)):
         in_old, in_new = name in old.variables, name in new.variables
         if in_old != in_new and (old.variables.get(name) or new.variables[name]).role != "derived":
@@ -430,11 +462,11 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
     report.text_inputs = sorted(text_names(old) | text_names(new))
     try:
         forms = (analysis_form(old), analysis_form(new)) if old.procedural or new.procedural else None
-        first = _compare(old, new, forms, budget, max_witnesses)
+        first = _compare(old, new, forms, budget, max_witnesses, clock)
         if first.undecided and not first.exhausted and (needs_analysis_form(old) or needs_analysis_form(new)):
             lowered = (analysis_form(old), analysis_form(new))
             if lowered != forms:
-                retry = _compare(old, new, lowered, min(budget, RETRY_BUDGET), max_witnesses)
+                retry = _compare(old, new, lowered, min(budget, RETRY_BUDGET), max_witnesses, clock)
                 if not retry.exhausted and retry.undecided < first.undecided:
                     first = retry
     except UnrollError as exc:
@@ -447,9 +479,15 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
         return
     report.witnesses += first.witnesses
     report.differing_regions += first.differing
-    if first.exhausted:
-        report.unproven.append(f"the product walk stopped at its budget of {budget} regions: "
-                               "routes not reached may still differ (raise --budget)")
+    if first.out_of_time:
+        report.unproven.append(f"the comparison stopped at its CPU budget of {clock.seconds:g} s"
+                               + (f", at {first.where}" if first.where else "")
+                               + f" ({first.witness_checks} region(s) checked for a witness): routes not "
+                               "reached may still differ (raise --cpu-budget)")
+    elif first.exhausted:
+        report.unproven.append(f"the product walk stopped at its budget of {budget} regions"
+                               + (f", at {first.where}" if first.where else "")
+                               + ": routes not reached may still differ (raise --budget)")
     if first.undecided:
         report.unproven.append(f"{first.undecided} region(s) where the two versions end differently as written "
                                "(other actions, arguments or outputs as written) but no input was found "
@@ -463,25 +501,33 @@ class _Compared(BaseModel):
     differing: int = 0
     undecided: int = 0
     exhausted: bool = False
+    out_of_time: bool = False
+    where: str = ""
+    witness_checks: int = 0
 
 
 def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled] | None, budget: int,
-             max_witnesses: int) -> _Compared:
+             max_witnesses: int, clock: _Clock) -> _Compared:
     """One product walk of the two versions (in `forms` when given), raising DiffError when no input
     is valid for both."""
     flat_old, flat_new = (forms[0].scenario, forms[1].scenario) if forms else (old, new)
     joint, a, b = joint_scenario(flat_old, flat_new)
-    walk = _Walk(joint, a, b, budget)
+    walk = _Walk(joint, a, b, budget, clock)
     out = _Compared()
     for old_leaf in walk.leaves(a, [domain.full_box(joint)]):
         want = _outcome(a, old_leaf)
         for new_leaf in walk.leaves(b, old_leaf[2]):
             if _outcome(b, new_leaf) == want:
                 continue
+            if clock.out():
+                walk.exhausted = walk.out_of_time = True
+                walk.where = walk.where or f"a leaf `{ir.show_call(*_calls(new_leaf)[-1])}` of NEW"
+                break
             both = new_leaf[2]
             out.differing += 1
+            out.witness_checks += 1
             found = _verified_witness(joint, walk.outputs_differ(old_leaf, new_leaf, both) + both,
-                                      flat_old, flat_new)
+                                      flat_old, flat_new, clock)
             if found is not None and forms is not None:
                 found = _lifted(found, forms, old, new)
             if found is None:
@@ -490,7 +536,7 @@ def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled
                 out.witnesses.append(found)
         if walk.exhausted:
             break
-    out.exhausted = walk.exhausted
+    out.exhausted, out.out_of_time, out.where = walk.exhausted, walk.out_of_time, walk.where
     return out
 
 
@@ -526,8 +572,10 @@ def _differing(values: dict[str, Any], old: ir.Scenario, new: ir.Scenario) -> Wi
 
 
 def _verified_witness(joint: ir.Scenario, boxes: Sequence[domain.Box], old: ir.Scenario,
-                      new: ir.Scenario) -> Witness | None:
+                      new: ir.Scenario, clock: _Clock) -> Witness | None:
     for box in boxes:
+        if clock.out():
+            return None
         for style in ("representative", "boundary"):
             values = domain.witness(joint, box, style=style)
             if values is None:
@@ -563,10 +611,13 @@ def case_changes(new: ir.Scenario, cases: Sequence[Case], report: DiffReport) ->
 
 
 def diff(old: ir.Scenario, new: ir.Scenario, *, cases: Sequence[Case] = (), budget: int = DEFAULT_BUDGET,
-         old_name: str = "OLD", new_name: str = "NEW") -> DiffReport:
+         old_name: str = "OLD", new_name: str = "NEW", cpu_budget: float = CPU_BUDGET) -> DiffReport:
+    """The semantic diff of two versions (`sop diff`), answered within `cpu_budget` CPU seconds (past it,
+    `unproven` says where the comparison stopped) and `budget` regions of the product walk."""
     report = DiffReport(old=old_name, new=new_name, paths_old=0, paths_new=0)
-    path_changes(old, new, report)
-    decision_differences(old, new, report, budget)
+    clock = _Clock(cpu_budget)
+    path_changes(old, new, report, clock)
+    decision_differences(old, new, report, budget, clock=clock)
     if cases:
         case_changes(new, cases, report)
     return report

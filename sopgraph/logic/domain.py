@@ -63,6 +63,7 @@ from sopgraph.logic.scalardom import (
     DAY,
     InternalValues,
     describe_time,
+    finite_strings,
     pick_time,
     string_candidates,
     string_samples,
@@ -141,6 +142,10 @@ class Space:
         # lists and records (analysed lowered, `logic.lower`; here only sample values for the witness
         # search of analyses on the source form, e.g. `sop diff`)
         self.structured: dict[int, list[Any]] = {}
+        # string variables read only against literals: an enum of those literals and one other text
+        # (`scalardom.finite_strings`), decided exactly like enums
+        self.text_enums: set[int] = set()
+        texts = finite_strings(scenario)
         self.optional = {i for i, n in enumerate(self.names) if scenario.variables[n].optional}
         for n in self.names:
             t = scenario.variables[n].type
@@ -149,6 +154,11 @@ class Space:
                 self.kinds.append("int")
                 self.values.append(())  # a duration input is never negative ("-5 hours" does not parse)
                 full.append(NumDom(0 if t.kind == "duration" else -INF, INF, False, False, NO_POINTS))
+            elif isinstance(t, ir.StringType) and n in texts:  # compared with literals only: finite
+                self.text_enums.add(len(self.kinds))
+                self.kinds.append("enum")
+                self.values.append(texts[n])
+                full.append((1 << len(texts[n])) - 1)
             elif isinstance(t, ir.StringType):
                 self.string_samples[len(self.kinds)] = string_samples(n, scenario.variables[n].description)
                 self.strings.add(len(self.kinds))
@@ -259,6 +269,8 @@ class Space:
             for j, v in enumerate(vals):
                 if v == value and type(v) is type(value):
                     return bool(d >> j & 1)
+            if i in self.text_enums and isinstance(value, str):  # any other text: the first value's bit
+                return bool(d & 1)
             return False
         if k == "none":
             return True
@@ -655,7 +667,7 @@ class Space:
                     seen.add(e.name)
                     stack.append(v.expr)
                 continue
-            if isinstance(e, (ir.Call, ir.CaseExpr)):
+            if isinstance(e, (ir.Call, ir.CaseExpr, ir.Weighted)):
                 aggregate = True
             if isinstance(e, ir.Binary) and e.op == "/":
                 return False  # the solver does not model division: keep the exact expansion
@@ -779,7 +791,8 @@ class Space:
         total = 1
         for i in vs:
             # a missing optional value has no point domain: `missing(X)` stays a literal for the search
-            vals = None if i in self.optional and box.doms[i] == self.full_doms[i] else (
+            vals = None if (i in self.optional and box.doms[i] == self.full_doms[i]) or (
+                i in self.text_enums and box.doms[i] & 1 and self._foreign_text(rid, i)) else (
                 self._finite_values(i, box.doms[i], 32))
             if vals is None:
                 total = -1
@@ -805,6 +818,19 @@ class Space:
                     out.append(self.box(tuple(doms), box.resid))
             return self.normalize(out)
         return (self.box(box.doms, box.resid | {(rid, truth)}),)
+
+    def _foreign_text(self, rid: int, i: int) -> bool:
+        """Whether residual `rid` compares text with a literal outside string variable `i`'s finite domain
+        (whose first value stands for every other text): its points do not decide it then."""
+        known = set(self.values[i])
+        stack = [self.res_exprs[rid]]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ir.Lit) and isinstance(e.value, str) and e.value not in known:
+                return True
+            if not isinstance(e, Formula):
+                stack.extend(ir.children(e))
+        return False
 
     def _finite_values(self, i: int, d: Any, limit: int) -> list | None:
         k = self.kinds[i]
@@ -1063,6 +1089,11 @@ class Space:
         if i in self.structured:
             return copy.deepcopy(self.structured[i]), False
         k = self.kinds[i]
+        if i in self.text_enums and d & 1:  # other texts: also those a residual compares it with
+            vals = self.dom_values(i, d)
+            known = set(self.values[i])
+            vals += [x for x in string_candidates(self.names[i], self.res_exprs, vals[0]) if x not in known]
+            return vals, False
         if k == "enum" or k == "bool":
             vals = self.dom_values(i, d)
             if rng is not None:
@@ -1153,6 +1184,12 @@ class Space:
         if i in self.time_kinds:
             return describe_time(self.time_kinds[i], d)
         k = self.kinds[i]
+        if k == "enum" and i in self.text_enums:
+            other, *lits = self.values[i]
+            vals = self.dom_values(i, d)
+            if other in vals and len(vals) > 1:
+                return "any text but " + ", ".join(ir.quote(x) for x in lits if x not in vals)
+            return " | ".join("any other text" if x == other else ir.quote(x) for x in vals)
         if k == "enum":
             return " | ".join(ir.show_enum_value(v) for v in self.dom_values(i, d))
         if k == "bool":

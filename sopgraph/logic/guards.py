@@ -54,6 +54,7 @@ class CompileSpace(DomainOps, Protocol):
     index: dict[str, int]
     values: list[tuple]
     strings: set[int]  # string variables (their constants are shown quoted)
+    text_enums: set[int]  # string variables analysed as a finite domain (likewise quoted)
 
     def residual(self, expr: Any, truth: bool) -> Formula: ...
 
@@ -178,7 +179,7 @@ class GuardCompiler:
             except TypeError:
                 return FALSE
             return TRUE if hit == want else FALSE
-        if tag == "v":
+        if tag == "v" and not _foreign(sp, v[1], values):
             i = v[1]
             k = sp.kinds[i]
             if k in ("enum", "bool"):
@@ -261,7 +262,7 @@ class GuardCompiler:
     def var_const(self, i: int, op: str, c: Any, truth: bool, v: Val) -> Formula:
         sp = self.sp
         k = sp.kinds[i]
-        if k in ("enum", "bool"):
+        if k in ("enum", "bool") and not _foreign(sp, i, [c]):
             m = 0
             for j, x in enumerate(sp.values[i]):
                 try:
@@ -427,6 +428,8 @@ class GuardCompiler:
                         continue
                     out.append((g, self.arith(e.op, vl, vr, e)))
             return out
+        if isinstance(e, ir.Weighted):  # the same form as the sum of counts a user would write
+            return self.term(weighted_as_counts(e), depth + 1)
         if isinstance(e, ir.Call):
             if e.func == "count":
                 if len(e.args) > _MAX_COUNT_ARGS:
@@ -609,8 +612,15 @@ def _lit(x: Any, quoted: bool = False) -> ir.Lit:
     return ir.Lit.model_construct(value=x, bare=isinstance(x, str) and not quoted, kind="lit", span=ir.NO_SPAN)
 
 
+def _foreign(space: CompileSpace, i: int, constants: list) -> bool:
+    """A string analysed as a finite domain compared with a literal outside it (a profile's `requires`, a
+    condition of another program): its first value stands for every other text, so such a test is not
+    an atom of the domain; it stays a residual, decided exactly by the engine on candidate values."""
+    return i in space.text_enums and any(c not in space.values[i][1:] for c in constants)
+
+
 def _is_text(space: CompileSpace, v: Val) -> bool:
-    return v[0] == "v" and v[1] in space.strings
+    return v[0] == "v" and (v[1] in space.strings or v[1] in space.text_enums)
 
 
 def _expr_of(space: CompileSpace, v: Val) -> Any:
@@ -627,3 +637,35 @@ def _expr_of(space: CompileSpace, v: Val) -> Any:
         return v[3]
     # an always-failing expression: 1 / 0
     return ir.Binary.model_construct(kind="binary", op="/", left=_lit(1), right=_lit(0), span=ir.NO_SPAN)
+
+
+def weighted_as_counts(e: ir.Weighted) -> Any:
+    """A weighted count in the form of the equivalent sum of counts, which the analyses decide exactly:
+    `count(2: A, 1: B, 2: C)` is `count(B) + 2 * count(A, C)` (weights grouped, smallest first).
+
+    Why: left whole, a weighted count is opaque to the compiler and the solver, so every threshold on
+    it stays residual (issue 31: 25x slower checks, paths without a witness, `sop diff` running on).
+    With whole weights the grouped form has the engine's value exactly (ints add exactly); with a
+    fractional weight the terms stay in argument order (`case {when A -> 0.5 otherwise -> 0} + …`),
+    which adds the same floats in the same order as the engine."""
+    span = e.span
+    if not e.args:
+        return _lit(0)
+    whole = [w for w in e.weights if isinstance(w, int) and not isinstance(w, bool)]
+    if len(whole) == len(e.weights):
+        groups: dict[int, list[Any]] = {}
+        for w, a in zip(whole, e.args, strict=True):
+            groups.setdefault(w, []).append(a)
+        terms: list[Any] = []
+        for w in sorted(groups):
+            count = ir.Call.model_construct(kind="call", func="count", args=groups[w], span=span)
+            terms.append(count if w == 1 else ir.Binary.model_construct(kind="binary", op="*", left=_lit(w),
+                                                                        right=count, span=span))
+    else:
+        terms = [ir.CaseExpr.model_construct(kind="case", arms=[ir.CaseArm.model_construct(
+            when=a, then=_lit(w), span=span)], otherwise=_lit(0), span=span)
+            for w, a in zip(e.weights, e.args, strict=True)]
+    total = terms[0]
+    for t in terms[1:]:
+        total = ir.Binary.model_construct(kind="binary", op="+", left=total, right=t, span=span)
+    return total

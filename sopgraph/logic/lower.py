@@ -12,7 +12,8 @@ number variables. A program with list or record variables is analysed in an equi
   `missing(L)` reads it;
 - `any(s in L where C)` becomes `len(L) > 0 and C[s := L[0]] or len(L) > 1 and C[s := L[1]] or …`;
   `all` and `count(… where …)` likewise; `len(L)` reads `len(L)`; `X in L` is `any` of the item
-  equalities; a weighted count `count(2: A, 1: B)` becomes `case {when A -> 2 otherwise -> 0} + …`.
+  equalities; a weighted count keeps its form over the lowered conditions (the guard compiler and the
+  solver read `count(2: A, 1: B)` as the sum of counts `count(B) + 2 * count(A)`, `guards.weighted_as_counts`).
 
 Item variables past the length are never read (every item condition is guarded by the length, and
 `and`/`or` stop early as in the engine), so the plain form decides exactly like the source program,
@@ -137,13 +138,8 @@ class _Lowering:
             if not env:
                 self.texts.setdefault(ir.show(out), ir.show(e))
             return out
-        if isinstance(e, ir.Weighted):
-            terms = [ir.CaseExpr(arms=[ir.CaseArm(when=self.expr(a, env), then=ir.Lit(value=w))],
-                                 otherwise=ir.Lit(value=0), span=e.span) for w, a in zip(e.weights, e.args, strict=True)]
-            total: Any = terms[0]
-            for t in terms[1:]:
-                total = ir.Binary(op="+", left=total, right=t, span=e.span)
-            return total
+        if isinstance(e, ir.Weighted):  # stays a weighted count: the analyses read it as its sum of counts
+            return e.model_copy(update={"args": [self.expr(a, env) for a in e.args]})
         return self._copy(e, env)
 
     def _copy(self, e: Any, env: Mapping[str, str]) -> Any:

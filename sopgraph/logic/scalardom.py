@@ -196,3 +196,77 @@ def to_input(kinds: dict[str, str], values: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[name] = scalars.format_temporal(kind, v)
     return out
+
+
+MAX_TEXT_VALUES = 256  # literals of one string variable analysed as a finite domain (beyond: witness search)
+
+
+def finite_strings(scenario: ir.Scenario) -> dict[str, tuple[str, ...]]:
+    """String variables the analyses can treat as a finite domain, with its values: every literal the
+    program compares the variable with, and one value equal to none of them ("any other text").
+
+    Why: a string read only through `==`, `!=` and `in {…}` against quoted literals can only tell
+    those literals and "something else" apart, so a domain of the literals plus one other value
+    decides every such condition exactly (issue 31: left to witness search, a membership over a few
+    dozen literals left hundreds of feasibility questions open). A variable with any other read
+    (`matches`, a comparison with another variable, a derived copy, a `match` subject) keeps the
+    witness search. Passing it as an action argument or output reads its value only, which any member
+    of the domain supplies. The other value is listed first: a witness that does not care about the
+    variable gets the same plausible sample (`string_samples`) as before."""
+    names = {n for n, v in scenario.variables.items()
+             if v.role != "derived" and isinstance(v.type, ir.StringType)}
+    if not names:
+        return {}
+    literals: dict[str, dict[str, None]] = {n: {} for n in names}
+    bad: set[str] = set()
+
+    def lit_text(e: Any) -> str | None:
+        return e.value if isinstance(e, ir.Lit) and isinstance(e.value, str) else None
+
+    def walk(e: Any) -> None:
+        if e is None:
+            return
+        if isinstance(e, ir.Var):
+            if e.name in names:
+                bad.add(e.name)
+            return
+        if isinstance(e, ir.Compare) and e.op in ("==", "!="):
+            for a, b in ((e.left, e.right), (e.right, e.left)):
+                if isinstance(a, ir.Var) and a.name in names and lit_text(b) is not None:
+                    literals[a.name][lit_text(b) or ""] = None
+                    return
+        if isinstance(e, ir.InSet) and isinstance(e.operand, ir.Var) and e.operand.name in names:
+            texts = [lit_text(v) for v in e.values]
+            if all(t is not None for t in texts):
+                literals[e.operand.name].update(dict.fromkeys(t or "" for t in texts))
+                return
+        if isinstance(e, ir.Func) and e.name == "missing":
+            return
+        for c in ir.children(e):
+            walk(c)
+
+    def value(e: Any) -> None:  # an argument or output: a bare string variable only gives its value
+        if not (isinstance(e, ir.Var) and e.name in names):
+            walk(e)
+
+    for v in scenario.variables.values():
+        if v.role == "derived":
+            walk(v.expr)
+    for st in scenario.stages.values():
+        if st.kind != "match":  # a match's arms carry the equivalent membership tests as guards
+            walk(st.subject)
+        for b in st.branches:
+            walk(b.guard)
+            t = b.target
+            for a in [*t.outputs, *t.args, *(x for step in t.steps for x in step.args)]:
+                value(a.value)
+    out: dict[str, tuple[str, ...]] = {}
+    for n in sorted(names - bad):
+        lits = list(literals[n])  # in the order the program first mentions them
+        if not lits or len(lits) > MAX_TEXT_VALUES:
+            continue
+        first, second = string_samples(n, scenario.variables[n].description)
+        other = next(x for x in (first, second, "other text", *(f"other text {i}" for i in range(len(lits) + 1)))
+                     if x not in literals[n])
+        out[n] = (other, *lits)
+    return out

@@ -30,6 +30,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sopgraph.language import ir, scalars
+from sopgraph.logic.guards import weighted_as_counts
 
 if TYPE_CHECKING:  # pragma: no cover
     from sopgraph.logic.formula import Formula
@@ -267,6 +268,9 @@ class _Translator:
                 if len(vals) == 2:
                     return z3.BoolVal(True)
                 return z3.BoolVal(False) if not vals else (x if vals[0] else z3.Not(x))
+            if i in self.sp.text_enums and d & 1:  # the first value stands for every other text
+                others = z3.And([x != self.enum_id(v) for v in self.sp.values[i][1:]])
+                return z3.Or([x == self.enum_id(v) for v in vals[1:]] + [others])
             return z3.Or([x == self.enum_id(v) for v in vals]) if vals else z3.BoolVal(False)
         parts = []
         if d.lo != -math.inf:
@@ -373,6 +377,8 @@ class _Translator:
         if isinstance(e, ir.BoolOp):
             parts = [self.truthy(*self.expr(o)) for o in e.operands]
             return "bool", (z3.And(parts) if e.op == "and" else z3.Or(parts))
+        if isinstance(e, ir.Weighted):  # as the sum of counts it equals (`guards.weighted_as_counts`)
+            return self.expr(weighted_as_counts(e))
         if isinstance(e, ir.Call):
             if e.func == "count":
                 return "num", z3.Sum([z3.If(self.truthy(*self.expr(a)), 1, 0) for a in e.args])
@@ -478,6 +484,8 @@ class _Translator:
                 out[n] = self.z3.is_true(val)
             elif kind == "enum":
                 out[n] = names.get(val.as_long())
+                if i in sp.text_enums and not isinstance(out[n], str):  # some other text: its sample
+                    out[n] = sp.values[i][0]
             elif kind == "int":
                 out[n] = val.as_long()
             else:
