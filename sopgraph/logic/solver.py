@@ -49,6 +49,7 @@ class Space(Protocol):
     full_doms: tuple
     res_exprs: list[Any]
     strings: set[int]
+    text_enums: set[int]
     optional: set[int]
     string_samples: dict[int, tuple[str, str]]
 
