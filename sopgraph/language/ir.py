@@ -852,7 +852,7 @@ def children(expr: Any) -> list[Any]:
     return _children_of_subclass(expr)
 
 
-_NODE_FIELDS = ("operand", "left", "right", "otherwise", "base", "source", "cond")
+_NODE_FIELDS = ("operand", "left", "right", "otherwise", "base", "source", "cond", "value")
 
 
 def map_children(expr: Any, fn: Callable[[Any], Any]) -> Any:

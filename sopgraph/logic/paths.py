@@ -800,7 +800,9 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
         return constraints
     src = u.scenario_source
     relates = _relations_for(src)
-    lists = relates.readers({n for n in u.roots if any(k in item_keys for k in u.plain_keys[n])})
+    # the roots of an observed list are its looks (`Fees#2`); the source's relations know `Fees`
+    lists = relates.readers({n.rpartition(LOOK_SEP)[0] if n.rpartition(LOOK_SEP)[0] in u.inner.looks else n
+                             for n in u.roots if any(k in item_keys for k in u.plain_keys[n])})
     clauses = _decision_clauses(src, relates, stages, branches, constraints, lists)
     if clauses is None:
         return constraints  # not the source's shape: keep the summary

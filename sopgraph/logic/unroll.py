@@ -165,18 +165,9 @@ class _Renamer:
             if depth > 100:
                 raise UnrollError("derived variables nest too deeply")
             return self.rename(var.expr, looks, depth + 1)
-        copy = e.model_copy()
-        for field in ("operand", "left", "right", "otherwise"):
-            if hasattr(copy, field):
-                setattr(copy, field, self.rename(getattr(copy, field), looks, depth))
-        if isinstance(copy, ir.BoolOp):
-            copy.operands = [self.rename(o, looks, depth) for o in copy.operands]
-        elif isinstance(copy, (ir.Call, ir.Func)):
-            copy.args = [self.rename(a, looks, depth) for a in copy.args]
-        elif isinstance(copy, ir.CaseExpr):
-            copy.arms = [ir.CaseArm(when=self.rename(a.when, looks, depth), then=self.rename(a.then, looks, depth),
-                                    span=a.span) for a in copy.arms]
-        return copy
+        # every kind of sub-expression, list and record ones included (`count(f in Fees where …)`
+        # reads the look of `Fees` through `source`; a `sum`'s value through `value`)
+        return ir.map_children(e, lambda sub: self.rename(sub, looks, depth))
 
 
 def _relevance(scenario: ir.Scenario, bounded: list[tuple[str, int]], observed: list[str],
