@@ -21,7 +21,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -57,6 +57,9 @@ class Decision(BaseModel):
     path: list[str]
     finals: dict[str, Any]
     actions: list[dict[str, Any]] = []
+
+
+Trace = tuple[list[str], dict[str, Any], list[dict[str, Any]]]  # (path, finals, actions) of a decision
 
 
 class NeedValue(Exception):  # noqa: N818 - a request, not an error: the stepping engine yields it
@@ -577,7 +580,7 @@ def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, lis
             return stop.value
 
 
-def _asking(evaluate: Any, stage_id: str) -> Iterator[NeedValue]:
+def _asking(evaluate: Any, stage_id: str) -> Generator[NeedValue, None, Any]:
     """Yields a `NeedValue` raised by `evaluate()` (tagged with the stage), evaluates again, and
     returns the value: `x = yield from _asking(lambda: …, stage)`."""
     while True:
@@ -588,7 +591,7 @@ def _asking(evaluate: Any, stage_id: str) -> Iterator[NeedValue]:
             yield need
 
 
-def walk(scenario: ir.Scenario, values: Mapping[str, Any]) -> Iterator[Any]:
+def walk(scenario: ir.Scenario, values: Mapping[str, Any]) -> Generator[Any, None, tuple[Decision, list[int]]]:
     """The reference semantics stepped: yields a `NeedValue` when an evaluation reads a value an
     `OpenValues` mapping does not have yet (and evaluates it again on resumption), and each action
     on the way (`{"name", "args"}`) once it is carried out; returns (Decision, branch indices)."""
@@ -1102,7 +1105,7 @@ class Engine:
 
         self._fn = fn
 
-    def steps(self, values: Mapping[str, Any]) -> Iterator[Any]:
+    def steps(self, values: Mapping[str, Any]) -> Generator[Any, None, Trace]:
         """The stepping form on `values` (an `OpenValues` to be asked for what it lacks): a generator
         yielding `NeedValue` requests and the actions on the way (`{"name", "args"}`), returning
         (path, finals, actions) exactly as `decide_trace_raw` does."""
@@ -1114,7 +1117,7 @@ class Engine:
             self._steps_fn = built[1] if built is not None else self.walk
         return self._steps_fn(values)
 
-    def walk(self, values: Mapping[str, Any]) -> Iterator[Any]:
+    def walk(self, values: Mapping[str, Any]) -> Generator[Any, None, Trace]:
         """The stepping form by the reference interpreter (precise errors; the fallback)."""
         decision, _taken = yield from walk(self.scenario, values)
         return decision.path, decision.finals, decision.actions
