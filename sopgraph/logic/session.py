@@ -20,6 +20,7 @@ the same `DecideError` as `decide`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ from sopgraph.logic.engine import (
 _FAILURES = (DecideError, TypeError, ValueError, OverflowError, AttributeError, RecursionError, ArithmeticError)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Need:
     """The run reads a value it was not given: `variable` (a field or system variable) or, for an
     observed variable, its `look`-th look (1-based; `None` otherwise), first read at `stage`. A look
@@ -59,7 +60,7 @@ class Need:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Act:
     """An action carried out, with its arguments as reported (`final`: the action that ends the run)."""
 
@@ -71,7 +72,7 @@ class Act:
         return {"act": self.action, "args": self.args, "final": self.final}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class End:
     """The run is over: the decision `decide` gives for the values the session was given."""
 
@@ -92,6 +93,7 @@ class Session:
                  complete: bool = False):
         self.scenario = scenario
         self._engine = engine_for(scenario)
+        self._checks = _input_checks(self._engine)
         self._values: Mapping[str, Any]
         if complete:  # nothing will be asked: the values are read as given (no copy), as `decide` reads them
             given: Mapping[str, Any] = values if values is not None else {}
@@ -135,12 +137,12 @@ class Session:
     def next(self) -> Event:
         """Advance to the next event. After `End` it returns `End` again; after a failure it raises
         the same `DecideError` again."""
-        if self._queue:
-            return self._queue.pop(0)
-        if self._end is not None:
-            return self._end
-        if self._error is not None:
-            raise self._error
+        if self._queue or self._end is not None or self._error is not None:
+            if self._queue:
+                return self._queue.pop(0)
+            if self._end is not None:
+                return self._end
+            raise self._error  # type: ignore[misc]
         while True:
             try:
                 item = next(self._steps)
@@ -215,17 +217,18 @@ class Session:
         """Give the value of `name`: a field or system value, or the next look of an observed variable
         (looks are given in order, one per call). `None` means missing. A value outside the variable's
         domain raises DecideError and is not taken (the request stays open)."""
-        var = self.scenario.variables.get(name)
-        if var is None or var.role == "derived":
+        check = self._checks.get(name)
+        if check is None:
+            var = self.scenario.variables.get(name)
             if var is not None:
                 raise DecideError(f"`{name}` is a derived variable: the engine computes it", name)
-            inputs = [v.name for v in self.scenario.variables.values() if v.role != "derived"]
-            hint = did_you_mean(name, inputs)
+            hint = did_you_mean(name, list(self._checks))
             raise DecideError(f"`{name}` is not a field or system variable of `{self.scenario.name}`"
                               + (f" ({hint})" if hint else ""), name)
-        if self.ended or self._values.__class__ is not OpenValues:
+        if self._end is not None or self._error is not None or self._values.__class__ is not OpenValues:
             raise DecideError("the run is over (or closed): it takes no more values", name)
-        if value is not None:
+        var, domain = check
+        if value is not None and not (domain is not None and value.__class__ is str and value in domain):
             validate_value(var, value)
         if var.observed:
             looks = self._values.get(name)
@@ -237,6 +240,22 @@ class Session:
                 raise DecideError(f"`{name}` is already {self._values[name]!r}: a field or system value is "
                                   "given once (only the looks of an observed variable change)", name)
             self._values[name] = value
+
+
+_CHECKS: weakref.WeakKeyDictionary[Any, dict[str, tuple[ir.Variable, frozenset[Any] | None]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _input_checks(engine: Any) -> dict[str, tuple[ir.Variable, frozenset[Any] | None]]:
+    """Per field and system variable of the engine's scenario: the variable and, for an enum, its
+    values (a provided value in it needs no further test); built once per engine."""
+    checks = _CHECKS.get(engine)
+    if checks is None:
+        checks = _CHECKS[engine] = {
+            name: (var, frozenset(var.type.values) if isinstance(var.type, ir.EnumType) else None)
+            for name, var in engine.scenario.variables.items() if var.role != "derived"}
+    return checks
+
 
 def start(scenario: ir.Scenario, values: Mapping[str, Any] | None = None, now: Any = None,
           complete: bool = False) -> Session:
