@@ -618,7 +618,16 @@ def walk(scenario: ir.Scenario, values: Mapping[str, Any]) -> Generator[Any, Non
                 if branch.limit is not None and fired.get((stage_id, bi), 0) >= branch.limit:
                     continue  # spent: `up to N times` already fired N times on this path
                 guard = branch.guard
-                if guard is None or (yield from _asking(lambda g=guard: it.eval(g), stage_id)):
+                if guard is None:
+                    holds = True
+                else:
+                    try:  # the usual case: nothing to ask, no generator
+                        holds = it.eval(guard)
+                    except NeedValue as need:
+                        need.stage = stage_id
+                        yield need
+                        holds = yield from _asking(lambda g=guard: it.eval(g), stage_id)
+                if holds:
                     chosen = branch
                     taken.append(bi)
                     if branch.limit is not None:
