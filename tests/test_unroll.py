@@ -3,8 +3,10 @@ check, decide (both engine forms and the interpreter), paths and synthesis — n
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -162,3 +164,69 @@ def test_no_command_crashes_on_observed_lists_and_records(text: str, rows: list[
     for p in paths:
         if p.witness is not None:
             assert interpret(scenario, p.witness).path == p.stages
+
+
+# ---------------------------------------------------------------------------------------------
+# `affects`: actions change the world, looks see it
+
+NO_SERVICE = (Path(__file__).resolve().parent.parent / "examples" / "no_service.sop").read_text(encoding="utf-8")
+RESTART_AFFECTS = NO_SERVICE.replace(
+    'action AskRestart "Ask the caller to restart the phone and wait until it has started."',
+    'action AskRestart "Ask the caller to restart the phone and wait until it has started." affects ServiceRestored')
+STILL = {"AccountSuspended": False, "AreaOutage": False, "SimDetected": True, "AirplaneMode": True,
+         "Registered": "Home", "Mood": "Calm", "SimAgeYears": 1}
+
+
+def test_a_look_with_nothing_done_since_the_last_sees_the_same_value() -> None:
+    s = sopgraph.load(text=RESTART_AFFECTS)
+    assert s.actions["AskRestart"].affects == ["ServiceRestored"]
+    # switching airplane mode off affects nothing: `recheck` sees the first look again (false), so the
+    # second value of the list is the look after the first restart
+    values = {**STILL, "ServiceRestored": [False, True]}
+    expected = (["account", "status", "recheck", "fix", "retest"], {"Action": "CloseFixed"},
+                [{"name": "AskAirplaneOff", "args": {}}, {"name": "PushSettings", "args": {"profile": "Home"}},
+                 {"name": "AskRestart", "args": {}}, {"name": "CloseFixed", "args": {}}])
+    assert _outcome(lambda v: interpret(s, v), values) == expected
+    for eng in _engines(s):
+        assert _outcome(eng.decide, values) == expected
+    # the session never asks for the look nothing could change
+    session = sopgraph.start(s, STILL)
+    asked = []
+    for event in session:
+        if isinstance(event, sopgraph.Need):
+            asked.append((event.look, event.stage))
+            session.provide(event.variable, event.look == 2)
+    assert asked == [(1, "status"), (2, "retest")]
+    # without `affects` every look is a new value, as before
+    plain = sopgraph.load(text=NO_SERVICE)
+    assert sopgraph.decide(plain, values).path == ["account", "status", "recheck"]
+
+
+def test_only_physically_possible_look_sequences_are_paths() -> None:
+    plain, held = sopgraph.load(text=NO_SERVICE), sopgraph.load(text=RESTART_AFFECTS)
+    assert count_paths(plain).feasible == 14
+    assert count_paths(held).feasible == 13  # `recheck` cannot see service back: nothing was done
+    for p in iter_paths(held):
+        assert p.witness is not None
+        assert interpret(held, p.witness).path == p.stages
+        assert len(p.witness["ServiceRestored"]) <= 1 + p.stages.count("retest")
+    result = sopgraph.synthesize(held, 12, seed=2)
+    for case in result.cases:
+        values = {**case.truth, **case.system}
+        assert sopgraph.decide(held, values).path == case.expected_path
+        assert len(values["ServiceRestored"]) <= 1 + case.expected_path.count("retest")
+
+
+@pytest.mark.parametrize("edit, code", [
+    ("affects ServiceRestored", "affects ServiceRestord"),  # undefined: E101 with a did-you-mean
+    ("affects ServiceRestored", "affects AirplaneMode"),     # never observed: E110
+])
+def test_affects_names_an_observed_variable(edit: str, code: str) -> None:
+    diagnostics = check(sopgraph.load(text=RESTART_AFFECTS.replace(edit, code), check=False))
+    errors = [d for d in diagnostics if d.is_error]
+    assert len(errors) == 1
+    if "Restord" in code:
+        assert errors[0].code == "E101" and "did you mean `ServiceRestored`" in (errors[0].hint or "")
+    else:
+        assert errors[0].code == "E110" and "no stage observes" in errors[0].message
+    assert errors[0].span.line == 58 and errors[0].span.col > 80  # points at the name in `affects`

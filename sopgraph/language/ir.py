@@ -526,6 +526,10 @@ class Action(Node):
     params: list[ActionParam] = Field(default_factory=list)
     attributes: list[str] = Field(default_factory=list)
     attribute_spans: list[Span] = Field(default_factory=list)
+    # `affects X, Y`: the observed variables the action can change; a look at one of them sees a new
+    # value only after such an action (docs/language.md §6.5)
+    affects: list[str] = Field(default_factory=list)
+    affects_spans: list[Span] = Field(default_factory=list)
 
     @property
     def risky(self) -> bool:

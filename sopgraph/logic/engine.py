@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import did_you_mean
 from sopgraph.logic.scalarcheck import default_value
-from sopgraph.logic.unroll import UnrollError, look_name, unrolled_for
+from sopgraph.logic.unroll import UnrollError, affects_of, held_variables, look_name, unrolled_for
 
 NOW = "now"  # the reference time: an implicit system variable (sopgraph.language.parse._declare_now)
 CASE_INLINE = 16  # `case` arms written as one conditional expression; longer ones become helper functions
@@ -328,6 +328,7 @@ class Interpreter:
         self.stage: str | None = None
         self.depth = 0  # nesting of derived-variable evaluations
         self.looks: dict[str, int] = {}  # observed variable -> looks taken so far
+        self.changed: set[str] = set()  # held observed variables an action changed since their last look
         self.items: dict[str, Any] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
 
     def _warm(self, name: str) -> None:
@@ -348,10 +349,20 @@ class Interpreter:
             self.depth -= 1
 
     def observe(self, names: list[str]) -> None:
-        """Take the next look at each variable; values computed from earlier looks are dropped."""
+        """Take the next look at each variable; values computed from earlier looks are dropped. A held
+        variable (one some action `affects`) that no action changed since its last look is that look."""
+        held = held_variables(self.s)
         for name in names:
-            self.looks[name] = self.looks.get(name, 0) + 1
+            k = self.looks.get(name, 0)
+            if k and name in held and name not in self.changed:
+                continue
+            self.looks[name] = k + 1
+            self.changed.discard(name)
         self.cache.clear()
+
+    def acted(self, action: str) -> None:
+        """An action was carried out: the held variables it affects may look different next time."""
+        self.changed |= affects_of(self.s).get(action, frozenset())
 
     def look(self, var: ir.Variable) -> Any:
         name = var.name
@@ -591,11 +602,13 @@ def _asking(evaluate: Any, stage_id: str) -> Generator[NeedValue, None, Any]:
             yield need
 
 
-def walk(scenario: ir.Scenario, values: Mapping[str, Any]) -> Generator[Any, None, tuple[Decision, list[int]]]:
+def walk(scenario: ir.Scenario, values: Mapping[str, Any],
+         it: Interpreter | None = None) -> Generator[Any, None, tuple[Decision, list[int]]]:
     """The reference semantics stepped: yields a `NeedValue` when an evaluation reads a value an
     `OpenValues` mapping does not have yet (and evaluates it again on resumption), and each action
-    on the way (`{"name", "args"}`) once it is carried out; returns (Decision, branch indices)."""
-    it = Interpreter(scenario, values)
+    on the way (`{"name", "args"}`) once it is carried out; returns (Decision, branch indices).
+    `it`: the interpreter to evaluate with (its `looks` then tell the looks the run took)."""
+    it = it if it is not None else Interpreter(scenario, values)
     path: list[str] = []
     taken: list[int] = []
     actions: list[dict[str, Any]] = []
@@ -636,6 +649,7 @@ def walk(scenario: ir.Scenario, values: Mapping[str, Any]) -> Generator[Any, Non
             if chosen is not None:
                 for c in chosen.target.steps:
                     act = yield from _asking(lambda c=c: _call(it, c.action, c.args), stage_id)
+                    it.acted(c.action)
                     actions.append(act)
                     yield act
         except DecideError as exc:
@@ -657,6 +671,16 @@ def walk(scenario: ir.Scenario, values: Mapping[str, Any]) -> Generator[Any, Non
             return Decision(path=path, finals=finals, actions=actions), taken
         stage_id = target.stage
     raise DecideError("the SOP has no entry stage")
+
+
+def looks_taken(scenario: ir.Scenario, values: Mapping[str, Any]) -> dict[str, int]:
+    """The looks a run on `values` takes at each observed variable (as far as it gets, if it fails)."""
+    it = Interpreter(scenario, values)
+    steps = walk(scenario, values, it)
+    with contextlib.suppress(DecideError, StopIteration, ArithmeticError, TypeError, ValueError):
+        while True:
+            next(steps)
+    return dict(it.looks)
 
 
 def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
