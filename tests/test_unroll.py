@@ -3,12 +3,15 @@ check, decide (both engine forms and the interpreter), paths and synthesis — n
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import PROC_VALUES as _PROC_VALUES
+from test_engine import _procedure as _random_procedure
 
 import sopgraph
 from sopgraph.language import ir
@@ -230,3 +233,65 @@ def test_affects_names_an_observed_variable(edit: str, code: str) -> None:
     else:
         assert errors[0].code == "E110" and "no stage observes" in errors[0].message
     assert errors[0].span.line == 58 and errors[0].span.col > 80  # points at the name in `affects`
+
+
+@st.composite
+def _held_procedure(draw: Any) -> str:
+    """test_engine's random procedures with `affects` on some actions (Sig and Lvl held or not)."""
+    text = draw(_random_procedure())
+    for _action, decl in (("Note", 'action Note "note"'),
+                         ("Ping", 'action Ping(k: int[0..1000], tag: A | B | C) "ping"')):
+        names = draw(st.lists(st.sampled_from(["Sig", "Lvl"]), unique=True, max_size=2))
+        if names:
+            text = text.replace(decl, f"{decl} affects {', '.join(names)}")
+    return text
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(_held_procedure(), st.lists(_PROC_VALUES, min_size=1, max_size=6))
+def test_held_looks_mean_the_same_in_every_engine_form_and_in_paths(text: str, rows: list[dict[str, Any]]) -> None:
+    scenario = sopgraph.load(text=text, check=False)
+    engines = _engines(scenario)
+    for values in rows:
+        expected = _outcome(lambda v: interpret(scenario, v), values)
+        for eng in engines:
+            assert _outcome(eng.decide, values) == expected, eng.mode
+        # a session is never asked for looks the run takes but does not read, so when a later look is
+        # missing, its error counts the looks it was given, not the row's
+        assert _unsized(_step_outcome(scenario, values)) == _unsized(expected)
+    if any(d.is_error for d in check(scenario)):
+        return
+    for p in iter_paths(scenario, limit=30):
+        if p.witness is not None:
+            assert interpret(scenario, p.witness).path == p.stages
+
+
+def _step_outcome(scenario: ir.Scenario, values: dict[str, Any]) -> Any:
+    """The session's outcome, each look given when asked (only the looks the run takes are asked)."""
+    start = {k: ([] if isinstance(v, list) else v) if k in ("Sig", "Lvl") else v for k, v in values.items()}
+    session = sopgraph.start(scenario, start)
+    acts: list[dict[str, Any]] = []
+    try:
+        for event in session:
+            if isinstance(event, sopgraph.Need):
+                seq = values.get(event.variable)
+                if event.look is None or not isinstance(seq, list) or len(seq) < event.look:
+                    session.close()  # not given: decide on what is known
+                else:
+                    try:
+                        session.provide(event.variable, seq[event.look - 1])
+                    except DecideError:  # refused as given: the run on the values as they are
+                        return _outcome(lambda v: sopgraph.start(scenario, v).run(), values)
+            elif isinstance(event, sopgraph.Act):
+                acts.append({"name": event.action, "args": event.args})
+            else:
+                d = event.decision
+                assert acts == d.actions
+                return (list(d.path), dict(d.finals), list(d.actions))
+    except DecideError as exc:
+        return exc.message
+    raise AssertionError("no end")  # pragma: no cover
+
+
+def _unsized(outcome: Any) -> Any:
+    return re.sub(r" \(the list has \d+ values?\)", "", outcome) if isinstance(outcome, str) else outcome

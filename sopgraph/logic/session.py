@@ -214,8 +214,8 @@ class Session:
                 return event.decision
 
     def provide(self, name: str, value: Any) -> None:
-        """Give the value of `name`: a field or system value, or the next look of an observed variable
-        (looks are given in order, one per call). `None` means missing. A value outside the variable's
+        """Give the value of `name`: a field or system value, or a look of an observed variable (the
+        look asked for; given before it is asked, the next one). `None` means missing. A value outside the variable's
         domain raises DecideError and is not taken (the request stays open)."""
         check = self._checks.get(name)
         if check is None:
@@ -234,6 +234,11 @@ class Session:
             looks = self._values.get(name)
             if not isinstance(looks, list):
                 looks = self._values[name] = []
+            need = self.need
+            if need is not None and need.variable == name and need.look is not None:
+                # the look asked for: looks the run took but never read were never asked (never read later)
+                looks.extend([None] * (need.look - 1 - len(looks)))
+                del looks[need.look - 1:]
             looks.append(value)
         else:
             if name in self._values and self._values[name] is not None and self._values[name] != value:
