@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from sopgraph.language.diagnostics import Diagnostic, SopError
     from sopgraph.language.ir import Scenario
     from sopgraph.logic.checker import load
-    from sopgraph.logic.engine import DecideError, Decision, decide
+    from sopgraph.logic.engine import DecideError, Decision
     from sopgraph.logic.paths import PathCount, PathInfo
+    from sopgraph.logic.session import Act, End, Need, Session, decide, start
     from sopgraph.simulation.runner import run_sync
 
 
@@ -82,7 +83,12 @@ _LAZY = {"run_sync": "sopgraph.simulation.runner",
          "load": "sopgraph.logic.checker",
          "DecideError": "sopgraph.logic.engine",
          "Decision": "sopgraph.logic.engine",
-         "decide": "sopgraph.logic.engine",
+         "decide": "sopgraph.logic.session",
+         "start": "sopgraph.logic.session",
+         "Session": "sopgraph.logic.session",
+         "Need": "sopgraph.logic.session",
+         "Act": "sopgraph.logic.session",
+         "End": "sopgraph.logic.session",
          "PathCount": "sopgraph.logic.paths",
          "PathInfo": "sopgraph.logic.paths"}
 
@@ -140,17 +146,21 @@ def score_run(run_dir: str | Path, config: Any = None) -> Any:
 
 
 __all__ = [
+    "Act",
     "ArgumentError",
     "Decision",
     "DecideError",
     "Diagnostic",
+    "End",
     "Error",
+    "Need",
     "PathCount",
     "PathInfo",
     "Profile",
     "Scenario",
     "ScoreConfig",
     "ScoredRun",
+    "Session",
     "SopError",
     "SynthResult",
     "__version__",
@@ -165,6 +175,7 @@ __all__ = [
     "run",
     "run_sync",
     "score_run",
+    "start",
     "synthesize",
 ]
 

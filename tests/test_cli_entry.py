@@ -105,7 +105,7 @@ def test_import_and_sop_check_load_only_what_they_use() -> None:
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('networkx', 'yaml', 'asyncio', 'litellm')"
               " or m.startswith(('sopgraph.simulation', 'sopgraph.cases'))))\n"
               "names = {n: getattr(sopgraph, n) for n in sopgraph.__all__}\n"
-              "from sopgraph.logic.engine import decide\n"
+              "from sopgraph.logic.session import decide\n"
               "assert names['decide'] is decide and sopgraph.decide is decide\n"
               "print(sorted(n for n, v in names.items() if v is None))\n")
     proc = subprocess.run([sys.executable, "-c", script, str(ROOT / "scenarios" / "telecom_package.sop")],

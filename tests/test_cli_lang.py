@@ -193,3 +193,117 @@ def test_validate_compares_a_list_output_as_a_set(tmp_path):
     res = run("validate", str(DATA / "lang_list_outputs.sop"), "--data", str(data))
     assert "Traceback" not in res.output
     assert "1/2 rows agree" in res.output, res.output
+
+
+# ---------------------------------------------------------------------------------------------
+# `sop step`: the session over JSON Lines
+
+NO_SERVICE = str(Path(__file__).parent.parent / "examples" / "no_service.sop")
+
+
+def _records(output: str) -> list[dict]:
+    return [json.loads(line) for line in output.splitlines()]
+
+
+def test_step_transcript_asks_acts_and_ends():
+    answers = [{"AccountSuspended": False}, {"AreaOutage": False}, {"ServiceRestored": False},
+               {"SimDetected": True}, {"AirplaneMode": True}, {"ServiceRestored": False},
+               {"Registered": "Home"}, {"ServiceRestored": True}]
+    res = run("step", NO_SERVICE, input="".join(json.dumps(a) + "\n" for a in answers))
+    assert res.exit_code == 0, res.output
+    assert _records(res.output) == [
+        {"need": "AccountSuspended", "stage": "account"}, {"need": "AreaOutage", "stage": "account"},
+        {"need": "ServiceRestored", "look": 1, "stage": "status"}, {"need": "SimDetected", "stage": "status"},
+        {"need": "AirplaneMode", "stage": "status"}, {"act": "AskAirplaneOff", "args": {}, "final": False},
+        {"need": "ServiceRestored", "look": 2, "stage": "recheck"}, {"need": "Registered", "stage": "fix"},
+        {"act": "PushSettings", "args": {"profile": "Home"}, "final": False},
+        {"act": "AskRestart", "args": {}, "final": False},
+        {"need": "ServiceRestored", "look": 3, "stage": "retest"},
+        {"act": "CloseFixed", "args": {}, "final": True},
+        {"end": {"path": ["account", "status", "recheck", "fix", "retest"], "finals": {"Action": "CloseFixed"},
+                 "actions": [{"name": "AskAirplaneOff", "args": {}}, {"name": "PushSettings", "args": {"profile": "Home"}},
+                             {"name": "AskRestart", "args": {}}, {"name": "CloseFixed", "args": {}}]}}]
+    # the same run as `sop decide` on the values it was given
+    decided = run("decide", NO_SERVICE, "--values", json.dumps(
+        {**{k: v for a in answers for k, v in a.items() if k != "ServiceRestored"},
+         "ServiceRestored": [False, False, True]}))
+    assert json.loads(decided.output) == _records(res.output)[-1]["end"]
+
+
+def test_step_bad_lines_get_an_error_and_the_request_again():
+    lines = ["not json", "[1]", "", '{"AccountSuspended": "yes"}', '{"AcountSuspended": true}',
+             '{"Mood": "Calm", "AccountSuspended": true}']
+    res = run("step", NO_SERVICE, input="\n".join(lines) + "\n" + "\xff\n")
+    assert res.exit_code == 0, res.output
+    records = _records(res.output)
+    need = {"need": "AccountSuspended", "stage": "account"}
+    assert records[0] == need
+    errors = [r["error"] for r in records if "error" in r]
+    assert [r for r in records if "error" not in r] == [need] * 6 + [
+        {"act": "ExplainPayment", "args": {}, "final": True},
+        {"end": {"path": ["account"], "finals": {"Action": "ExplainPayment"},
+                 "actions": [{"name": "ExplainPayment", "args": {}}]}}]
+    assert errors[0].startswith("line 1: invalid JSON object")
+    assert errors[1] == "line 2: invalid JSON object: expected a JSON object"
+    assert errors[2] == "line 3: empty line (expected a JSON object of values)"
+    assert errors[3] == 'line 4: value "yes" of `AccountSuspended` is not a bool'
+    assert errors[4] == ("line 5: `AcountSuspended` is not a field or system variable of `no_service` "
+                         "(did you mean `AccountSuspended`?)")
+    assert len(errors) == 5  # the line after the end is never read
+    assert "Traceback" not in res.output
+
+
+def test_step_input_ending_early_and_a_failing_run_end_with_a_message(tmp_path: Path):
+    res = run("step", NO_SERVICE, input='{"AccountSuspended": false}\n')
+    assert res.exit_code == 1
+    assert _records(res.output)[-1] == {
+        "error": "input ended while the run waits for `AreaOutage` at account; nothing was decided"}
+    res = run("step", NO_SERVICE, "--values", '{"AccountSuspended": false, "AreaOutage": false}', input="")
+    assert res.exit_code == 1
+    assert _records(res.output)[-1]["error"].startswith("input ended while the run waits for `ServiceRestored` "
+                                                        "(look 1) at status")
+    res = run("step", str(_division(tmp_path)), input='{"Count": 0}\n')
+    assert res.exit_code == 1
+    assert _records(res.output) == [{"need": "Count", "stage": "s"}, {"error": "division by zero (at s)"}]
+
+
+def _division(tmp_path: Path) -> Path:
+    path = tmp_path / "division.sop"
+    path.write_text('system Count: int[0..9] "c"\nlet Share = 10 / Count\naction A "a"\naction B "b"\n'
+                    'stage s { when Share > 1 -> do A otherwise -> do B }\n', encoding="utf-8")
+    return path
+
+
+def test_step_values_up_front_and_now():
+    res = run("step", NO_SERVICE, "--values", json.dumps({**{"AccountSuspended": False, "AreaOutage": True},
+                                                         "OutageHours": 3}))
+    assert res.exit_code == 0, res.output
+    assert _records(res.output)[0] == {"act": "ReportOutage", "args": {"hours": 3}, "final": True}
+    res = run("step", NO_SERVICE, "--values", "{bad")
+    assert res.exit_code == 2 and "--values" in res.output
+
+
+def test_step_is_interactive_over_pipes():
+    """A caller that writes each answer only after reading the request (a real pipe, no buffering
+    deadlock): the tool flushes every line."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    proc = subprocess.Popen([sys.executable, "-c", "from sopgraph.cli import entry; entry()", "step", NO_SERVICE],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root,
+                            env={"PYTHONPATH": str(root)})
+    assert proc.stdin is not None and proc.stdout is not None
+    answers = {"AccountSuspended": True}
+    seen = []
+    while True:
+        record = json.loads(proc.stdout.readline())
+        seen.append(record)
+        if "need" in record:
+            proc.stdin.write(json.dumps({record["need"]: answers[record["need"]]}) + "\n")
+            proc.stdin.flush()
+        if "end" in record:
+            break
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+    assert seen[-1]["end"]["finals"] == {"Action": "ExplainPayment"}

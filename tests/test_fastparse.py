@@ -513,3 +513,23 @@ def test_list_outputs_parse_the_same() -> None:
     assert_same(text)
     assert_same(text.replace("[B, A]", "[B, A when X]"))  # a default is a list of values: no conditions
     assert_same(text.replace("P = []", "P = [,]"))
+
+
+@pytest.mark.parametrize("decl", [
+    'action Restart "r" affects Up',
+    'action Restart "r" [irreversible] affects Up, Level',
+    'action Restart(mode: Soft | Hard) "r"\n    [irreversible]\n    affects Up,\n      Level',
+    'action Restart affects Up',
+    'action Restart "r" affects',           # no name: both refuse it
+    'action Restart "r" affects Up,',       # a trailing comma: both refuse it
+    'action Restart "r" affects stage',     # a keyword is no name
+])
+def test_affects_parses_the_same(decl: str) -> None:
+    text = ('system Up: bool "u"\nsystem Level: int[0..3] "l"\naction Go "g"\n' + decl + "\n"
+            "stage s { observe Up, Level when Up and Level > 1 -> do Restart -> s up to 2 times otherwise -> do Go }\n")
+    assert_same(text)
+    program, fragments = fast_items(text)
+    if "affects Up" in decl and not decl.endswith(","):
+        assert fragments == []  # read by the fast path itself
+        action = next(i for i in program.items if getattr(i, "name", "") == "Restart")
+        assert action.affects[:1] == ["Up"]

@@ -38,7 +38,7 @@ FMT_CASES = sorted(p.name[: -len(".sop.in")] for p in GOLDEN.glob("fmt_*.sop.in"
 def _strip(obj: Any) -> Any:
     """A model dump without source positions (formatting moves code, never changes it)."""
     if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items() if k not in ("span", "attribute_spans", "pattern_span")}
+        return {k: _strip(v) for k, v in obj.items() if k not in ("span", "attribute_spans", "affects_spans", "pattern_span")}
     if isinstance(obj, list):
         return [_strip(v) for v in obj]
     return obj

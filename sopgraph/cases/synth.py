@@ -58,11 +58,11 @@ from sopgraph.language.parse import scenario_expressions
 from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
-from sopgraph.logic.engine import DecideError, Interpreter, engine_for
+from sopgraph.logic.engine import DecideError, Interpreter, engine_for, looks_taken
 from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form
 from sopgraph.logic.paths import trace, used_looks
 from sopgraph.logic.procheck import source_terms
-from sopgraph.logic.unroll import Unrolled, UnrollError, look_name
+from sopgraph.logic.unroll import Unrolled, UnrollError, held_variables, look_name
 from sopgraph.records import RECORD_VERSION, Case, Intensity
 
 BALANCES = ("intent", "path", "action")
@@ -934,6 +934,7 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
     the_plan = given if given is not None and given.scenario is unrolled.scenario else plan(scenario, profile)
     flat = synthesize_stream(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
     enum_lists = {name: values for name, values in _enum_lists(scenario).items() if name not in unrolled.looks}
+    held = held_variables(scenario)
 
     def lift(line: str) -> str:
         row = json.loads(line)
@@ -944,6 +945,10 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
         for sid in row["expected_path"]:
             for name in scenario.stages[sid].observe:
                 looks[name] = looks.get(name, 0) + 1
+        if held:  # a look at a held variable with nothing done since is the previous one: ask the engine
+            looks.update({name: n for name, n in looks_taken(scenario, {
+                **unrolled.lift(row.get("truth") or {}), **unrolled.lift(row.get("system") or {})}).items()
+                if name in held})
         for key in ("system", "user_facts"):
             values = unrolled.lift(row.get(key) or {})
             for name in unrolled.looks:

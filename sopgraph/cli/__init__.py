@@ -93,7 +93,7 @@ COMMAND_MODULES = ("checkcmd", "lang", "pathscmd", "synthcmd", "runcmd", "scorec
                    "draftcmd", "viewcmd", "evalcmd")
 """The modules of `sopgraph.cli` that define commands (each imported when one of its commands runs)."""
 
-COMMAND_INDEX = {"check": "checkcmd", "compile": "lang", "decide": "lang", "paths": "pathscmd",
+COMMAND_INDEX = {"check": "checkcmd", "compile": "lang", "decide": "lang", "step": "lang", "paths": "pathscmd",
                  "synth": "synthcmd", "init": "synthcmd", "profiles": "synthcmd", "render": "tools",
                  "prompt": "tools", "schema": "tools", "fmt": "authorcmd", "validate": "authorcmd",
                  "diff": "authorcmd", "eval": "evalcmd"}

@@ -1,4 +1,4 @@
-"""Language commands: compile, decide."""
+"""Language commands: compile, decide, step."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 import click
 
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
 from sopgraph.logic.engine import DecideError, engine_for, has_action_trace, undeclared_inputs
+from sopgraph.logic.session import End, Need, Session, start
 
 from .params import load_or_exit, now_option, sop_file, write_output
 
@@ -88,6 +89,94 @@ def decide_cmd(file: Path, values_json: str | None, now: str | None) -> None:
         sys.exit(1)
 
 
+@click.command("step")
+@sop_file
+@click.option("--values", "values_json", default=None, metavar="JSON",
+              help="Values known before the run starts (one JSON object; observed variables: the list of "
+                   "their looks so far). The rest are asked for on stdout.")
+@now_option("if the program reads it and --values does not give it")
+def step_cmd(file: Path, values_json: str | None, now: str | None) -> None:
+    """Run FILE step by step over JSON Lines: a line protocol for programs in any language.
+
+    The tool writes one JSON object per line to stdout (flushed at once) and reads one per line from
+    stdin. It writes {"need": NAME, "look": K, "stage": ID} when the run reads a value it was not given
+    (`look` only for an observed variable: the K-th look), {"act": NAME, "args": {...}, "final": BOOL}
+    when an action is carried out, and {"end": {"path", "finals", "actions"}} when the run is over
+    (exit 0). After a request it reads one line: a JSON object of values, {"NAME": value, ...} (for an
+    observed variable, the value of its next look; null: missing). A bad line gets {"error": ...} and
+    the request again. A run that fails (a value the engine refuses, no branch applies) ends with
+    {"error": ...} and exit 1, and so does input that ends before the run does. See docs/step.md.
+    """
+    scenario = load_or_exit(file)
+    given: dict[str, Any] = {}
+    if values_json is not None:
+        parsed, record = parse_line(values_json, 1)
+        if parsed is None:
+            raise click.BadParameter(record["error"].removeprefix("line 1: "), param_hint="--values")
+        given = parsed
+    unknown = undeclared_inputs(scenario, given)
+    for message in unknown:
+        click.echo(f"warning: {message}", err=True)
+    session = start(scenario, {k: v for k, v in given.items() if k in scenario.variables}, now=now)
+    ok = step_protocol(session, _input_lines(sys.stdin.buffer), sys.stdout)
+    if not ok:
+        sys.exit(1)
+
+
+def step_protocol(session: Session, lines: Iterator[bytes | str], out: TextIO) -> bool:
+    """Drive `session` over the line protocol of `sop step` (events out, values in); True when the
+    run ended, False when it failed or the input ended first. Never raises on bad input."""
+
+    def write(record: dict[str, Any]) -> None:
+        out.write(_json_line(record) + "\n")
+        out.flush()
+
+    lineno = 0
+    while True:
+        try:
+            event = session.next()
+        except DecideError as exc:
+            write({"error": exc.message})
+            return False
+        write(event.record())
+        if event.__class__ is End:
+            return True
+        if event.__class__ is not Need:
+            continue
+        while True:  # read until the request is answered
+            raw = next(lines, None)
+            lineno += 1
+            if raw is None:
+                write({"error": f"input ended while the run waits for {_asked(session.need)}; nothing was decided"})
+                return False
+            problem = _provide_line(session, raw, lineno)
+            if problem is None:
+                break
+            write({"error": problem})
+            write(event.record())
+
+
+def _provide_line(session: Session, raw: bytes | str, lineno: int) -> str | None:
+    """Give the values of one input line to the session; the problem with the line, or None."""
+    values, record = parse_line(raw, lineno)
+    if values is None:
+        return str(record["error"])
+    if not values:
+        return f"line {lineno}: no value given (expected {{\"NAME\": value}})"
+    for name, value in values.items():  # the values before a refused one are taken
+        try:
+            session.provide(name, value)
+        except DecideError as exc:
+            return f"line {lineno}: {exc.message}"
+    return None  # a line answering something else is taken too: the run asks again if it still needs it
+
+
+def _asked(need: Need | None) -> str:
+    if need is None:  # pragma: no cover - the protocol reads only while a request is open
+        return "a value"
+    return f"`{need.variable}`" + (f" (look {need.look})" if need.look else "") + f" at {need.stage}"
+
+
 MAX_LINE_BYTES = 1 << 20  # one decide input line; longer lines are refused, not buffered
 
 
@@ -120,6 +209,10 @@ def _finite_float(text: str) -> float:
     return value
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)  # built once, not per line
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
 def parse_line(raw: bytes | str, lineno: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(values, {}) for a good input line, else (None, {"error": ...}). Never raises: the contract
     is one output line per input line, in order, and the batch goes on."""
@@ -134,10 +227,11 @@ def parse_line(raw: bytes | str, lineno: int) -> tuple[dict[str, Any] | None, di
     if not text.strip():
         return None, {"error": f"line {lineno}: empty line (expected a JSON object of values)"}
     try:
-        values = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        values = _DECODER.decode(text)
         if not isinstance(values, dict):
             raise ValueError("expected a JSON object")
-        _check_strings(values)
+        if isinstance(raw, str) or b"\\u" in raw:  # strict UTF-8 bytes hold no surrogate; only a \u escape can
+            _check_strings(values)
     except RecursionError:
         return None, {"error": f"line {lineno}: invalid JSON object: nested too deeply"}
     except ValueError as exc:
@@ -187,7 +281,7 @@ def _check_strings(values: dict[str, Any]) -> None:
 def _json_line(record: dict[str, Any]) -> str:
     """One JSON line, always valid: no NaN/Infinity, lone surrogates escaped."""
     try:
-        line = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        line = _ENCODER.encode(record)
         line.encode("utf-8")
         return line
     except (ValueError, UnicodeEncodeError):

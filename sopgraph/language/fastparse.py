@@ -758,8 +758,16 @@ class _Items(_Exprs):
                     self.advance()
                     attrs.append(self.name())
             self.expect("]")
+        affects: list[tuple[str, ir.Span]] = []
+        if self.k == "n" and self.v == "affects":  # `affects X, Y` (a word with a meaning here only)
+            self.advance()
+            affects.append(self.name())
+            while self.at(","):
+                self.advance()
+                affects.append(self.name())
         return mk(ir.Action, name=name, description=description, attributes=[a for a, _ in attrs],
-                  attribute_spans=[s for _, s in attrs], params=params, span=span)
+                  attribute_spans=[s for _, s in attrs], params=params, span=span,
+                  affects=[a for a, _ in affects], affects_spans=[s for _, s in affects])
 
     def output(self) -> ir.Output:
         self.advance()

@@ -353,6 +353,12 @@ def _action(node: ir.Action, depth: int) -> list[Line]:
             out.append(Line(INDENT * (depth + 1) + attrs))
         else:
             out[0].text += " " + attrs
+    if node.affects:
+        affects = "affects " + ", ".join(node.affects)
+        if len(out[-1].text) + 1 + len(affects) > MAX_WIDTH:
+            out.append(Line(INDENT * (depth + 1) + affects))
+        else:
+            out[-1].text += " " + affects
     return out
 
 

@@ -558,6 +558,10 @@ class Action(Node):
     params: list[ActionParam] = Field(default_factory=list)
     attributes: list[str] = Field(default_factory=list)
     attribute_spans: list[Span] = Field(default_factory=list)
+    # `affects X, Y`: the observed variables the action can change; a look at one of them sees a new
+    # value only after such an action (docs/language.md §6.5)
+    affects: list[str] = Field(default_factory=list)
+    affects_spans: list[Span] = Field(default_factory=list)
 
     @property
     def risky(self) -> bool:
@@ -894,7 +898,7 @@ def children(expr: Any) -> list[Any]:
     return _children_of_subclass(expr)
 
 
-_NODE_FIELDS = ("operand", "left", "right", "otherwise", "base", "source", "cond")
+_NODE_FIELDS = ("operand", "left", "right", "otherwise", "base", "source", "cond", "value")
 
 
 def map_children(expr: Any, fn: Callable[[Any], Any]) -> Any:

@@ -329,8 +329,10 @@ class ToIR(Transformer):
         desc = next((c for c in rest if isinstance(c, str)), "")
         attrs = next((c for c in rest if isinstance(c, list)), [])
         params = next((c for c in rest if isinstance(c, tuple) and c and c[0] == "params"), ("params", []))
+        affects = next((c for c in rest if isinstance(c, tuple) and c and c[0] == "affects"), ("affects", []))
         return ir.Action(name=name, description=desc, attributes=[a for a, _ in attrs],
-                         attribute_spans=[s for _, s in attrs], params=params[1], span=span)
+                         attribute_spans=[s for _, s in attrs], params=params[1], span=span,
+                         affects=[a for a, _ in affects[1]], affects_spans=[s for _, s in affects[1]])
 
     def action_params(self, meta, children):
         return ("params", [c for c in children if c is not None])
@@ -368,6 +370,9 @@ class ToIR(Transformer):
 
     def alias_type(self, meta, children):
         return ir.EnumType(values=[], alias=str(children[0]), span=_tok_span(self.file, children[0]))
+
+    def affects(self, meta, children):
+        return ("affects", [(str(c), _tok_span(self.file, c)) for c in children if c is not None])
 
     def attr_list(self, meta, children):
         return [(str(c), _tok_span(self.file, c)) for c in children if c is not None]

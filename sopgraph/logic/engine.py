@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,7 +30,7 @@ from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.language.diagnostics import did_you_mean
 from sopgraph.logic.scalarcheck import default_value
-from sopgraph.logic.unroll import UnrollError, look_name, unrolled_for
+from sopgraph.logic.unroll import UnrollError, affects_of, held_variables, look_name, unrolled_for
 
 NOW = "now"  # the reference time: an implicit system variable (sopgraph.language.parse._declare_now)
 CASE_INLINE = 16  # `case` arms written as one conditional expression; longer ones become helper functions
@@ -59,6 +60,27 @@ class Decision(BaseModel):
     path: list[str]
     finals: dict[str, Any]
     actions: list[dict[str, Any]] = []
+
+
+Trace = tuple[list[str], dict[str, Any], list[dict[str, Any]]]  # (path, finals, actions) of a decision
+
+
+class NeedValue(Exception):  # noqa: N818 - a request, not an error: the stepping engine yields it
+    """Raised inside an evaluation that reads a value a session has not been given yet (the `look`-th
+    look, 1-based, of an observed variable; 0 for a field or system value). The stepping engine
+    catches it where it evaluates (a guard, an action's arguments, a leaf), yields it to the session
+    and evaluates that again once the value is known: evaluations are pure, so nothing is repeated."""
+
+    def __init__(self, variable: str, look: int = 0):
+        super().__init__(variable)
+        self.variable = variable
+        self.look = look
+        self.stage: str | None = None
+
+
+class OpenValues(dict):
+    """The values a session knows so far: a key that is absent is *not known yet* (the engine asks
+    for it), where in a plain mapping an absent key is *missing* (the default, or an error)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,6 +353,7 @@ class Interpreter:
         self.stage: str | None = None
         self.depth = 0  # nesting of derived-variable evaluations
         self.looks: dict[str, int] = {}  # observed variable -> looks taken so far
+        self.changed: set[str] = set()  # held observed variables an action changed since their last look
         self.items: dict[str, Any] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
         self.item_paths: dict[str, str] = {}  # item variable -> the item it is (`Bills[1]`), for messages
 
@@ -352,10 +375,20 @@ class Interpreter:
             self.depth -= 1
 
     def observe(self, names: list[str]) -> None:
-        """Take the next look at each variable; values computed from earlier looks are dropped."""
+        """Take the next look at each variable; values computed from earlier looks are dropped. A held
+        variable (one some action `affects`) that no action changed since its last look is that look."""
+        held = held_variables(self.s)
         for name in names:
-            self.looks[name] = self.looks.get(name, 0) + 1
+            k = self.looks.get(name, 0)
+            if k and name in held and name not in self.changed:
+                continue
+            self.looks[name] = k + 1
+            self.changed.discard(name)
         self.cache.clear()
+
+    def acted(self, action: str) -> None:
+        """An action was carried out: the held variables it affects may look different next time."""
+        self.changed |= affects_of(self.s).get(action, frozenset())
 
     def look(self, var: ir.Variable) -> Any:
         name = var.name
@@ -363,6 +396,8 @@ class Interpreter:
         if k == 0:
             raise DecideError(f"`{name}` is read before it is observed", name)
         seq = self.values.get(name)
+        if self.values.__class__ is OpenValues and (seq is None or isinstance(seq, list) and k > len(seq)):
+            raise NeedValue(name, k)
         if seq is None:
             raise DecideError(f"missing value for `{name}`", name)
         if not isinstance(seq, (list, tuple)):
@@ -391,7 +426,10 @@ class Interpreter:
             finally:
                 self.depth -= 1
         else:
-            value = input_value(var, self.values.get(name))
+            raw = self.values.get(name)
+            if raw is None and self.values.__class__ is OpenValues and name not in self.values:
+                raise NeedValue(name)
+            value = input_value(var, raw)
         self.cache[name] = value
         return value
 
@@ -400,7 +438,11 @@ class Interpreter:
         field is absent or null (the record itself is read, and must be there)."""
         if isinstance(e, ir.Get):
             return self.eval(e.base).get(e.field) is None
-        return isinstance(e, ir.Var) and self.values.get(e.name) is None
+        if not isinstance(e, ir.Var) or self.values.get(e.name) is not None:
+            return False
+        if self.values.__class__ is OpenValues and e.name not in self.values:
+            raise NeedValue(e.name)
+        return True
 
     def func(self, e: ir.Func) -> Any:
         if e.name == "missing":
@@ -629,8 +671,33 @@ def max_steps(scenario: ir.Scenario) -> int:
 
 def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, list[int]]:
     """Reference semantics (slow, precise errors): the decision and the branch index taken at each
-    stage of its path."""
-    it = Interpreter(scenario, values)
+    stage of its path. `walk` run to its end: with a plain mapping it never asks for a value."""
+    steps = walk(scenario, values)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _asking(evaluate: Any, stage_id: str) -> Generator[NeedValue, None, Any]:
+    """Yields a `NeedValue` raised by `evaluate()` (tagged with the stage), evaluates again, and
+    returns the value: `x = yield from _asking(lambda: …, stage)`."""
+    while True:
+        try:
+            return evaluate()
+        except NeedValue as need:
+            need.stage = stage_id
+            yield need
+
+
+def walk(scenario: ir.Scenario, values: Mapping[str, Any],
+         it: Interpreter | None = None) -> Generator[Any, None, tuple[Decision, list[int]]]:
+    """The reference semantics stepped: yields a `NeedValue` when an evaluation reads a value an
+    `OpenValues` mapping does not have yet (and evaluates it again on resumption), and each action
+    on the way (`{"name", "args"}`) once it is carried out; returns (Decision, branch indices).
+    `it`: the interpreter to evaluate with (its `looks` then tell the looks the run took)."""
+    it = it if it is not None else Interpreter(scenario, values)
     path: list[str] = []
     taken: list[int] = []
     actions: list[dict[str, Any]] = []
@@ -652,14 +719,28 @@ def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, lis
             for bi, branch in enumerate(stage.branches):
                 if branch.limit is not None and fired.get((stage_id, bi), 0) >= branch.limit:
                     continue  # spent: `up to N times` already fired N times on this path
-                if branch.guard is None or it.eval(branch.guard):
+                guard = branch.guard
+                if guard is None:
+                    holds = True
+                else:
+                    try:  # the usual case: nothing to ask, no generator
+                        holds = it.eval(guard)
+                    except NeedValue as need:
+                        need.stage = stage_id
+                        yield need
+                        holds = yield from _asking(lambda g=guard: it.eval(g), stage_id)
+                if holds:
                     chosen = branch
                     taken.append(bi)
                     if branch.limit is not None:
                         fired[(stage_id, bi)] = fired.get((stage_id, bi), 0) + 1
                     break
             if chosen is not None:
-                actions += [_call(it, c.action, c.args) for c in chosen.target.steps]
+                for c in chosen.target.steps:
+                    act = yield from _asking(lambda c=c: _call(it, c.action, c.args), stage_id)
+                    it.acted(c.action)
+                    actions.append(act)
+                    yield act
         except DecideError as exc:
             where = f" (needed at {stage_id})" if exc.variable else f" (at {stage_id})"
             raise DecideError(exc.message + where, exc.variable, stage_id, part=exc.part, read=exc.read) from None
@@ -668,8 +749,9 @@ def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, lis
         target = chosen.target
         if target.kind == "action":
             try:
-                finals = leaf_finals(scenario, target, it.eval, stage_id)
-                actions.append(_call(it, target.action or "", target.args))
+                finals, last = yield from _asking(lambda t=target, sid=stage_id: (
+                    leaf_finals(scenario, t, it.eval, sid), _call(it, t.action or "", t.args)), stage_id)
+                actions.append(last)
             except DecideError as exc:
                 if exc.output is not None:
                     raise
@@ -678,6 +760,16 @@ def run(scenario: ir.Scenario, values: Mapping[str, Any]) -> tuple[Decision, lis
             return Decision(path=path, finals=finals, actions=actions), taken
         stage_id = target.stage
     raise DecideError("the SOP has no entry stage")
+
+
+def looks_taken(scenario: ir.Scenario, values: Mapping[str, Any]) -> dict[str, int]:
+    """The looks a run on `values` takes at each observed variable (as far as it gets, if it fails)."""
+    it = Interpreter(scenario, values)
+    steps = walk(scenario, values, it)
+    with contextlib.suppress(DecideError, StopIteration, ArithmeticError, TypeError, ValueError):
+        while True:
+            next(steps)
+    return dict(it.looks)
 
 
 def interpret(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision:
@@ -705,9 +797,15 @@ def reference_trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> list[di
 class _Gen:
     """Emits Python source for one scenario."""
 
-    def __init__(self, scenario: ir.Scenario, looks: Mapping[str, tuple[str, int]] | None = None):
+    def __init__(self, scenario: ir.Scenario, looks: Mapping[str, tuple[str, int]] | None = None,
+                 stepping: bool = False):
         self.s = scenario
         self.looks = looks or {}  # unrolled look variable -> (observed variable, 1-based look)
+        # the stepping form: a generator that asks for values an `OpenValues` mapping lacks (the
+        # reads raise NeedValue; guards, arguments and leaves catch it, yield it, and evaluate again)
+        # and yields each action on the way; the same code as the plain form otherwise
+        self.stepping = stepping
+        self.stage = ""  # the display id of the stage being emitted (a request names it)
         self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError,
                                    "_INF": math.inf, "_out": self._out, "_exp": export_value,
                                    "_days_between": scalars.days_between, "_time": scalars.parse_temporal}
@@ -721,6 +819,9 @@ class _Gen:
         self.ns["_data"] = validate_data
         self.ns["_field"] = _field
         self.optional_fields = optional_field_names(scenario)
+        self.ns["_Need"] = NeedValue
+        self.ns["_Open"] = OpenValues
+        self.ns["_absent"] = _absent
 
     # -- helpers
     def const(self, value: Any) -> str:
@@ -751,17 +852,45 @@ class _Gen:
                 base, k = self.looks[name]
                 out.append(f"    s = v.get({base!r})")
                 out.append(f"    x = s[{k - 1}] if s.__class__ is list and len(s) >= {k} else None")
-                out += [f"    {line}" for line in self.check_lines(var, "x")]
-                out.append("    return x")
+                if self.stepping:
+                    out.append(f"    if x is None and v.__class__ is _Open and (s.__class__ is not list or "
+                               f"len(s) < {k}): raise _Need({base!r}, {k})")
+                if ir.is_structured(var.type):  # a look at a list or record: checked whole, like an input
+                    out.append(f"    return _data({base!r}, {base!r}, {self.const(var.type)}, x)")
+                else:
+                    out += [f"    {line}" for line in self.check_lines(var, "x")]
+                    out.append("    return x")
             elif ir.is_structured(var.type):  # checked whole (items, fields) by the interpreter's test
-                out.append(f"    return _data({name!r}, {name!r}, {self.const(var.type)}, v.get({name!r}))")
+                out.append(f"    x = v.get({name!r})")
+                out += self.ask_lines(name)
+                out.append(f"    return _data({name!r}, {name!r}, {self.const(var.type)}, x)")
             else:
                 out.append(f"    x = v.get({name!r})")
+                out += self.ask_lines(name)
                 if var.default is not None:
                     out.append(f"    if x is None: return {self.const(default_value(var))}")
                 out += [f"    {line}" for line in self.check_lines(var, "x")]
                 out.append("    return x")
             self.lines += out
+
+    def ask_lines(self, name: str) -> list[str]:
+        """In the stepping form, a read of a value the session does not know yet asks for it."""
+        if not self.stepping:
+            return []
+        return [f"    if x is None and v.__class__ is _Open and {name!r} not in v: raise _Need({name!r})"]
+
+    def retry(self, indent: str, target: str, code: str) -> list[str]:
+        """`target = code`; in the stepping form, a read of an unknown value yields the request
+        (naming the stage) and evaluates `code` again once it is answered."""
+        if not self.stepping:
+            return [f"{indent}{target} = {code}"]
+        return [f"{indent}while 1:",
+                f"{indent}    try:",
+                f"{indent}        {target} = {code}",
+                f"{indent}        break",
+                f"{indent}    except _Need as n:",
+                f"{indent}        n.stage = {self.stage!r}",
+                f"{indent}        yield n"]
 
     def check_lines(self, var: ir.Variable, x: str) -> list[str]:
         vtype = var.type
@@ -821,6 +950,8 @@ class _Gen:
                 if isinstance(e.args[0], ir.Get):  # an optional record field
                     return f"({self.expr(e.args[0].base)}.get({e.args[0].field!r}) is None)"
                 name = e.args[0].name if isinstance(e.args[0], ir.Var) else ""
+                if self.stepping:
+                    return f"(v.get({name!r}) is None and _absent(v, {name!r}))"
                 return f"(v.get({name!r}) is None)"
             code = ", ".join(self.expr(a) for a in e.args)
             return f"abs({code})" if e.name == "abs" else f"_days_between({code})"
@@ -903,6 +1034,29 @@ class _Gen:
             out.append((target.action or "", [(a.name, a.value) for a in target.args]))
         return out
 
+    def action_code(self, call: tuple[str, list[tuple[str, Any]]]) -> str:
+        """Code of one action carried out, `{"name", "args"}` (a constant when its arguments are)."""
+        n, args = call
+        if all(isinstance(e, ir.Lit) for _, e in args):
+            return self.const({"name": n, "args": {p: e.value for p, e in args}})
+        body = ", ".join(f"{p!r}: {self.arg_code(n, p, e)}" for p, e in args)
+        return f"{{'name': {n!r}, 'args': {{{body}}}}}"
+
+    def step_lines(self, target: ir.Target, indent: str) -> list[str]:
+        """In the stepping form, each action on the way of `target` yielded as it is carried out."""
+        out: list[str] = []
+        if self.stepping:
+            for call in self.calls(target)[:len(target.steps)]:
+                out += self.retry(indent, "a", self.action_code(call))
+                out.append(f"{indent}yield a")
+        return out
+
+    def leaf_return(self, indent: str, code: str) -> list[str]:
+        """`return code` (a leaf's results); in the stepping form, with its reads asked for first."""
+        if not self.stepping or _CONSTANTS.fullmatch(code):
+            return [f"{indent}return {code}"]
+        return [*self.retry(indent, "r", f"({code})"), f"{indent}return r"]
+
     def actions_code(self, calls: list[tuple[str, list[tuple[str, Any]]]]) -> str:
         """Code building the action list: a constant when every argument is a literal."""
         if all(isinstance(e, ir.Lit) for _, args in calls for _, e in args):
@@ -930,14 +1084,17 @@ class _Gen:
         subject = stage.subject
         fast_enum = (
             stage.kind == "match" and isinstance(subject, ir.Var)
-            and self.s.variables[subject.name].role != "derived"
+            and self.s.variables[subject.name].role != "derived" and subject.name not in self.looks
             and isinstance(self.s.variables[subject.name].type, (ir.EnumType, ir.BoolType))
         )
         if fast_enum and isinstance(subject, ir.Var):  # the isinstance narrows `subject` for mypy
             var = self.s.variables[subject.name]
             x = f"x{self.tmp}"
             self.tmp += 1
-            out.append(f"{indent}{x} = v.get({var.name!r})")
+            if self.stepping:  # the reader asks for an unknown value (and checks it)
+                out += self.retry(indent, x, f"R{self.var_index[var.name]}(v)")
+            else:
+                out.append(f"{indent}{x} = v.get({var.name!r})")
             otherwise = None
             for branch in stage.branches:
                 if not branch.values:
@@ -965,11 +1122,25 @@ class _Gen:
                 out += emit_target(branch.target, indent)
                 closed = True
                 break
-            out.append(f"{indent}if {self.expr(branch.guard)}:")
+            if self.stepping:
+                out += self.retry(indent, "c", self.expr(branch.guard))
+                out.append(f"{indent}if c:")
+            else:
+                out.append(f"{indent}if {self.expr(branch.guard)}:")
             out += emit_target(branch.target, indent + "    ")
         if not closed:
             out.append(f"{indent}raise DecideError('no branch')")
         return out
+
+
+_CONSTANTS = re.compile(r"K\d+(, K\d+)*")  # generated code made of constants only (reads nothing)
+
+
+def _absent(values: Mapping[str, Any], name: str) -> bool:
+    """`missing(X)` in the stepping form once `X` reads as null: asks for it if not known yet."""
+    if values.__class__ is OpenValues and name not in values:
+        raise NeedValue(name)
+    return True
 
 
 def _has_items(e: Any) -> bool:
@@ -1014,11 +1185,15 @@ def _expanded_size(scenario: ir.Scenario) -> int | None:
 
 
 class Engine:
-    """A compiled decision function for one scenario."""
+    """A compiled decision function for one scenario, and its stepping form (`steps`, built on
+    first use): the same generated code as a generator that asks for unknown values and yields
+    each action on the way, which a `sopgraph.logic.session.Session` drives."""
 
     def __init__(self, scenario: ir.Scenario):
         self.scenario = scenario
         self._flatten: Any = None  # reserved: values are read in their source form (looks from the lists)
+        self._steps_fn: Any = None
+        self._plan: tuple[ir.Scenario, dict[str, str] | None, dict[str, tuple[str, int]]] | None = None
         plan, display, looks = scenario, None, {}
         if scenario.procedural:
             try:
@@ -1030,22 +1205,27 @@ class Engine:
                 return
             plan, display = unrolled.scenario, unrolled.origin
             looks = {look_name(name, k): (name, k) for name, n in unrolled.looks.items() for k in range(1, n + 1)}
-        gen = _Gen(plan, looks)
+        self.mode = "tree" if _expanded_size(plan) is not None else "loop"
+        built = self._generate(_Gen(plan, looks), plan, display)
+        if built is None:
+            self._build_interpreted()
+            return
+        self.source, self._fn = built
+        self._plan = (plan, display, looks)
+
+    def _generate(self, gen: _Gen, plan: ir.Scenario, display: dict[str, str] | None) -> tuple[str, Any] | None:
+        """(source, function) of one form, or None when Python cannot compile it as written."""
         gen.readers()
-        size = _expanded_size(plan)
-        self.mode = "tree" if size is not None else "loop"
         if self.mode == "tree":
             self._build_tree(gen, plan, display)
         else:
             self._build_loop(gen, plan, display)
-        self.source = "\n".join(gen.helpers + gen.lines) + "\n"
+        source = "\n".join(gen.helpers + gen.lines) + "\n"
         try:
-            exec(compile(self.source, f"<sop engine {scenario.name}>", "exec"), gen.ns)  # noqa: S102
+            exec(compile(source, f"<sop engine {self.scenario.name}>", "exec"), gen.ns)  # noqa: S102
         except (SyntaxError, RecursionError, MemoryError, ValueError, OverflowError):
-            # Any program that checks runs: past what Python can compile as written, interpret it.
-            self._build_interpreted()
-            return
-        self._fn = gen.ns["decide"]
+            return None  # any program that checks runs: past what Python can compile, interpret it
+        return source, gen.ns["steps" if gen.stepping else "decide"]
 
     def _build_interpreted(self) -> None:
         self.mode = "interpret"
@@ -1057,22 +1237,45 @@ class Engine:
 
         self._fn = fn
 
+    def steps(self, values: Mapping[str, Any]) -> Generator[Any, None, Trace]:
+        """The stepping form on `values` (an `OpenValues` to be asked for what it lacks): a generator
+        yielding `NeedValue` requests and the actions on the way (`{"name", "args"}`), returning
+        (path, finals, actions) exactly as `decide_trace_raw` does."""
+        if self._steps_fn is None:
+            built = None
+            if self._plan is not None:
+                plan, display, looks = self._plan
+                built = self._generate(_Gen(plan, looks, stepping=True), plan, display)
+            self._steps_fn = built[1] if built is not None else self.walk
+        return self._steps_fn(values)
+
+    def walk(self, values: Mapping[str, Any]) -> Generator[Any, None, Trace]:
+        """The stepping form by the reference interpreter (precise errors; the fallback)."""
+        decision, _taken = yield from walk(self.scenario, values)
+        return decision.path, decision.finals, decision.actions
+
     @staticmethod
     def _build_tree(gen: _Gen, plan: ir.Scenario, display: dict[str, str] | None) -> None:
         def emit_stage(stage_id: str, prefix: tuple[str, ...], calls: tuple, indent: str) -> list[str]:
             stage = plan.stages[stage_id]
-            path = prefix + ((display or {}).get(stage_id, stage_id),)
+            shown = (display or {}).get(stage_id, stage_id)
+            path = prefix + (shown,)
 
             def emit_target(target: ir.Target, ind: str) -> list[str]:
+                gen.stage = shown
                 done = calls + tuple(gen.calls(target))
+                out = gen.step_lines(target, ind)
                 if target.kind == "action":
-                    return [f"{ind}return {gen.const(list(path))}, {gen.leaf(target)}, "
-                            f"{gen.actions_code(list(done))}"]
-                return emit_stage(target.stage or "", path, done, ind)
+                    return out + gen.leaf_return(ind, f"{gen.const(list(path))}, {gen.leaf(target)}, "
+                                                      f"{gen.actions_code(list(done))}")
+                out += emit_stage(target.stage or "", path, done, ind)
+                gen.stage = shown
+                return out
 
+            gen.stage = shown
             return gen.branch_code(stage, emit_target, indent)
 
-        gen.lines.append("def decide(v):")
+        gen.lines.append("def steps(v):" if gen.stepping else "def decide(v):")
         gen.lines += emit_stage(plan.start or "", (), (), "    ")
 
     @staticmethod
@@ -1082,28 +1285,32 @@ class Engine:
 
             def emit_target(target: ir.Target, ind: str) -> list[str]:
                 calls = gen.calls(target)
+                out = gen.step_lines(target, ind)
                 if target.kind == "action":
-                    return [f"{ind}return {gen.leaf(target)}, {gen.actions_code(calls)}"]
+                    return out + gen.leaf_return(ind, f"{gen.leaf(target)}, {gen.actions_code(calls)}")
                 nxt = index.get(target.stage or "", -1)
                 if calls:
-                    return [f"{ind}return {nxt}, {gen.actions_code(calls)}"]
-                return [f"{ind}return {nxt}"]
+                    return out + [f"{ind}return {nxt}, {gen.actions_code(calls)}"]
+                return out + [f"{ind}return {nxt}"]
 
+            gen.stage = (display or {}).get(sid, sid)
             gen.lines.append(f"def S{index[sid]}(v):")
+            if gen.stepping:
+                gen.lines.append("    if 0: yield  # a generator even where nothing is asked or done")
             gen.lines += gen.branch_code(stage, emit_target, "    ")
         gen.ns["IDS"] = [(display or {}).get(sid, sid) for sid in plan.stages]
         gen.lines.append("FUNCS = [" + ", ".join(f"S{i}" for i in range(len(index))) + "]")
         start = index.get(plan.start or "", -1)
         limit = len(index) + 1
         gen.lines += [
-            "def decide(v):",
+            "def steps(v):" if gen.stepping else "def decide(v):",
             "    p = []",
             "    a = []",
             f"    s = {start}",
             f"    for _ in range({limit}):",
             "        if s < 0: raise DecideError('undefined stage')",
             "        p.append(IDS[s])",
-            "        r = FUNCS[s](v)",
+            "        r = yield from FUNCS[s](v)" if gen.stepping else "        r = FUNCS[s](v)",
             "        if r.__class__ is int:",
             "            s = r",
             "            continue",

@@ -59,11 +59,11 @@ from pydantic import BaseModel, Field
 from sopgraph.language import ir
 from sopgraph.language.compile import reads as compile_reads
 from sopgraph.logic.domain import Box, Space, space_for, variables_signature
-from sopgraph.logic.engine import DecideError, Interpreter, interpret, run
+from sopgraph.logic.engine import DecideError, Interpreter, interpret, looks_taken, run
 from sopgraph.logic.formula import Formula
 from sopgraph.logic.guards import NEGATED_OP
 from sopgraph.logic.lower import Lowered, analysis_form, needs_analysis_form
-from sopgraph.logic.unroll import LOOK_SEP, Unrolled
+from sopgraph.logic.unroll import LOOK_SEP, Unrolled, held_variables, path_looks
 
 Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS
@@ -660,6 +660,9 @@ def used_looks(scenario: ir.Scenario, values: Mapping[str, Any], stages: Sequenc
         stage = scenario.stages.get(sid)
         for name in stage.observe if stage is not None else ():
             looks[name] = looks.get(name, 0) + 1
+    held = held_variables(scenario)
+    if held:  # a look at a held variable with nothing done since is the previous one: ask the engine
+        looks.update({name: n for name, n in looks_taken(scenario, values).items() if name in held})
     out: dict[str, Any] = {}
     for name, value in values.items():
         if name in observed and isinstance(value, list):
@@ -727,10 +730,9 @@ def lift_path(info: PathInfo, u: Unrolled) -> PathInfo:
     """A path of the unrolled form in the source's terms: stage ids, observed values as lists."""
     stages = [u.origin.get(s, s) for s in info.stages]
     update: dict[str, Any] = {"stages": stages}
-    looks: dict[str, int] = {}
-    for sid in stages:  # the path's own looks: later entries of the lists are never read
-        for name in u.scenario_source.stages[sid].observe:
-            looks[name] = looks.get(name, 0) + 1
+    # the path's own looks (a held variable looked at again with nothing done is the same look):
+    # later entries of the lists are never read
+    looks = path_looks(u.scenario_source, stages, list(info.branches))
     for key in ("witness", "boundary_witness"):
         w = getattr(info, key)
         if w is not None:
@@ -801,7 +803,9 @@ def _source_constraints(u: Lowered, constraints: dict[str, str], stages: Sequenc
         return constraints
     src = u.scenario_source
     relates = _relations_for(src)
-    lists = relates.readers({n for n in u.roots if any(k in item_keys for k in u.plain_keys[n])})
+    # the roots of an observed list are its looks (`Fees#2`); the source's relations know `Fees`
+    lists = relates.readers({n.rpartition(LOOK_SEP)[0] if n.rpartition(LOOK_SEP)[0] in u.inner.looks else n
+                             for n in u.roots if any(k in item_keys for k in u.plain_keys[n])})
     clauses = _decision_clauses(src, relates, stages, branches, constraints, lists)
     if clauses is None:
         return constraints  # not the source's shape: keep the summary

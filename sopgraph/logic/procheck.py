@@ -74,8 +74,9 @@ def check_calls(scenario: ir.Scenario, value_check: ValueCheck) -> list[Diagnost
 
 
 def check_observations(scenario: ir.Scenario) -> list[Diagnostic]:
-    """`observe` of undeclared or non-system variables (E101/E110); zero bounds (E112)."""
-    out: list[Diagnostic] = []
+    """`observe` of undeclared or non-system variables (E101/E110); zero bounds (E112); `affects`
+    naming a variable no stage observes (E101/E110)."""
+    out: list[Diagnostic] = check_affects(scenario)
     for stage in scenario.stages.values():
         for name in stage.observe:
             var = scenario.variables.get(name)
@@ -91,6 +92,23 @@ def check_observations(scenario: ir.Scenario) -> list[Diagnostic]:
             if branch.limit is not None and branch.limit < 1:
                 out.append(error("E112", f"`up to {branch.limit} times` never fires", branch.span,
                                  "write a bound of at least 1, or remove the branch"))
+    return out
+
+
+def check_affects(scenario: ir.Scenario) -> list[Diagnostic]:
+    """`action A "…" affects X`: X must be a system variable that some stage observes."""
+    out: list[Diagnostic] = []
+    observed = set(scenario.observed)
+    for action in scenario.actions.values():
+        for name, span in zip(action.affects, action.affects_spans, strict=False):
+            var = scenario.variables.get(name)
+            if var is None:
+                out.append(error("E101", f"undefined variable `{name}` in `affects` of action `{action.name}`",
+                                 span, did_you_mean(name, sorted(observed)) or "name an observed system variable"))
+            elif name not in observed:
+                out.append(error("E110", f"action `{action.name}` affects `{name}`, which no stage observes",
+                                 span, f"an action changes what the next look sees: add `observe {name}` to the "
+                                 "stage that checks it again, or remove it from `affects`"))
     return out
 
 

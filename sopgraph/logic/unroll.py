@@ -76,6 +76,48 @@ class Unrolled:
         return out
 
 
+def affects_of(scenario: ir.Scenario) -> dict[str, frozenset[str]]:
+    """Per action, the observed variables it can change (`action A "…" affects X, Y`). An observed
+    variable some action affects is *held*: a look at it sees a new value only if such an action was
+    carried out since the previous look (otherwise the same value again); one no action affects
+    changes on its own, every look a new value."""
+    signature = tuple((id(a), tuple(a.affects)) for a in scenario.actions.values()) + (tuple(scenario.observed),)
+    return scenario.cached_analysis("affects", signature, lambda: _affects(scenario))
+
+
+def _affects(scenario: ir.Scenario) -> dict[str, frozenset[str]]:
+    observed = set(scenario.observed)
+    return {a.name: frozenset(n for n in a.affects if n in observed) for a in scenario.actions.values()
+            if any(n in observed for n in a.affects)}
+
+
+def held_variables(scenario: ir.Scenario) -> frozenset[str]:
+    """The observed variables some action affects (see `affects_of`)."""
+    return frozenset().union(*affects_of(scenario).values())
+
+
+def path_looks(scenario: ir.Scenario, stages: list[str], branches: list[int]) -> dict[str, int]:
+    """The looks a path of the source program takes at each observed variable (a look at a held
+    variable with no affecting action since the previous one is that same look)."""
+    affects = affects_of(scenario)
+    held = held_variables(scenario)
+    looks: dict[str, int] = {}
+    changed: set[str] = set()
+    for sid, bi in zip(stages, branches, strict=False):
+        stage = scenario.stages.get(sid)
+        if stage is None:
+            break
+        for name in stage.observe:
+            if looks.get(name, 0) and name in held and name not in changed:
+                continue
+            looks[name] = looks.get(name, 0) + 1
+            changed.discard(name)
+        if 0 <= bi < len(stage.branches):
+            for call in stage.branches[bi].target.steps:
+                changed |= affects.get(call.action, frozenset())
+    return looks
+
+
 def look_name(name: str, k: int) -> str:
     """The variable standing for the k-th look (1-based) at an observed variable."""
     return f"{name}{LOOK_SEP}{k}"
@@ -166,18 +208,9 @@ class _Renamer:
             if depth > 100:
                 raise UnrollError("derived variables nest too deeply")
             return self.rename(var.expr, looks, depth + 1)
-        copy = e.model_copy()
-        for field in ("operand", "left", "right", "otherwise"):
-            if hasattr(copy, field):
-                setattr(copy, field, self.rename(getattr(copy, field), looks, depth))
-        if isinstance(copy, ir.BoolOp):
-            copy.operands = [self.rename(o, looks, depth) for o in copy.operands]
-        elif isinstance(copy, (ir.Call, ir.Func)):
-            copy.args = [self.rename(a, looks, depth) for a in copy.args]
-        elif isinstance(copy, ir.CaseExpr):
-            copy.arms = [ir.CaseArm(when=self.rename(a.when, looks, depth), then=self.rename(a.then, looks, depth),
-                                    span=a.span) for a in copy.arms]
-        return copy
+        # every kind of sub-expression, list and record ones included (`count(f in Fees where …)`
+        # reads the look of `Fees` through `source`; a `sum`'s value through `value`)
+        return ir.map_children(e, lambda sub: self.rename(sub, looks, depth))
 
 
 def _relevance(scenario: ir.Scenario, bounded: list[tuple[str, int]], observed: list[str],
@@ -242,14 +275,17 @@ def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
     max_looks = dict.fromkeys(observed, 0)
 
     keep_count, keep_look = _relevance(scenario, bounded, observed, rn)
+    affects = affects_of(scenario)
+    held = held_variables(scenario)
 
     def copy_id(key: tuple) -> str:
         # counters of loops that cannot fire again, and looks at values never read or observed again,
         # do not change what happens next: dropping them keeps the unrolled form small
-        sid, counts, seen = key
+        sid, counts, seen, changed = key
         kc, kl = keep_count[sid], keep_look[sid]
         key = (sid, tuple(c if k else 0 for c, k in zip(counts, kc, strict=True)),
-               tuple(n if k else 0 for n, k in zip(seen, kl, strict=True)))
+               tuple(n if k else 0 for n, k in zip(seen, kl, strict=True)),
+               tuple(d if k else 0 for d, k in zip(changed, kl, strict=True)))
         if key not in ids:
             sid = key[0]
             n = copies_of.get(sid, 0) + 1
@@ -266,16 +302,21 @@ def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
         return Unrolled(scenario, {sid: sid for sid in scenario.stages}, {})
     work: list[tuple] = []
     premature: list[tuple[str, str]] = []
-    copy_id((scenario.start, (0,) * len(bounded), (0,) * len(observed)))
+    copy_id((scenario.start, (0,) * len(bounded), (0,) * len(observed), (0,) * len(observed)))
     while work:
         key = work.pop()
-        sid, counts, seen = key
+        sid, counts, seen, changed = key
         st = scenario.stages[sid]
         looks_t = list(seen)
+        changed_t = list(changed)  # held variables an action changed since their last look
         for name in st.observe:
             if name in opos:
-                looks_t[opos[name]] += 1
-                max_looks[name] = max(max_looks[name], looks_t[opos[name]])
+                i = opos[name]
+                if name in held and looks_t[i] and not changed_t[i]:
+                    continue  # nothing changed it: this look sees the previous look's value
+                looks_t[i] += 1
+                changed_t[i] = 0
+                max_looks[name] = max(max_looks[name], looks_t[i])
         looks = {name: looks_t[i] for name, i in opos.items()}
         branches: list[ir.Branch] = []
         spent_any = False
@@ -298,7 +339,11 @@ def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
                     kind="action", action=SPENT, span=t.span)))
                 continue
             if t.kind == "stage" and t.stage in scenario.stages:
-                nxt = copy_id((t.stage, new_counts, tuple(looks_t)))
+                after = list(changed_t)
+                for call in t.steps:
+                    for name in affects.get(call.action, ()):
+                        after[opos[name]] = 1
+                nxt = copy_id((t.stage, new_counts, tuple(looks_t), tuple(after)))
             elif t.kind == "stage":
                 nxt = t.stage
             branches.append(ir.Branch(guard=guard, values=list(b.values), span=b.span, ordered=b.ordered,
