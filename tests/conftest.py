@@ -16,7 +16,7 @@ tune_gc_for_cli()
 SLOW_LIST = "slow_tests.txt"
 """Tests that take the longest (each several seconds or more on two cores: runs in subprocesses, kills and
 resumes, fuzzing, huge programs), one node id per line, measured with `pytest --durations`. They carry the
-`slow` mark: `make test` (and CI) runs everything, `make test-fast` leaves them out."""
+`slow` mark: `make test` leaves them out, `make test-slow` runs them, CI runs both."""
 
 
 def pytest_configure(config):  # type: ignore[no-untyped-def]

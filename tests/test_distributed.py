@@ -180,7 +180,7 @@ def cluster():
                 os.environ[k] = v
 
 
-@pytest.mark.slow  # a cluster: ~10 s to start, then runs on it (make test-fast leaves it out)
+@pytest.mark.slow  # a cluster: ~10 s to start, then runs on it (make test leaves it out; make test-slow and CI run it)
 @pytest.mark.timeout(480)
 def test_a_ray_run_on_two_nodes_stores_the_same_dialogues_and_scores_as_a_local_run(tmp_path, toy_file, cluster):
     c, _worker = cluster
@@ -215,7 +215,7 @@ def test_a_ray_run_on_two_nodes_stores_the_same_dialogues_and_scores_as_a_local_
     assert a == b
 
 
-@pytest.mark.slow  # a cluster: ~10 s to start, then runs on it (make test-fast leaves it out)
+@pytest.mark.slow  # a cluster: ~10 s to start, then runs on it (make test leaves it out; make test-slow and CI run it)
 @pytest.mark.timeout(420)
 def test_a_node_removed_mid_run_loses_and_duplicates_no_dialogue(tmp_path, toy_file, cluster):
     """The worker node is removed while batches run on it: Ray reruns them elsewhere, and the driver
