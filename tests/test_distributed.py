@@ -24,11 +24,9 @@ from fakeserver import Behavior, FakeServer
 from helpers import done_dialogues
 from hypothesis import given
 from hypothesis import strategies as st
+from test_runner import toy_cases, write_cases
 
 from sopgraph.cli import main
-from sopgraph.logic.checker import load
-from sopgraph.logic.engine import decide
-from sopgraph.records import Case, Persona
 from sopgraph.simulation.distributed import NodeRates, batched
 from sopgraph.simulation.runner import run_sync
 from sopgraph.simulation.store import RunStore
@@ -43,25 +41,6 @@ NO_RAY = "Ray is not installed (pip install 'sopgraph[ray]'): the cluster tests 
 def toy_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("sop") / "toy.sop"
     path.write_text(TOY, encoding="utf-8")
-    return path
-
-
-def toy_cases(n: int) -> list[Case]:
-    sc = load(text=TOY)
-    out = []
-    for k in range(n):
-        truth = {"Want": "Money", "Angry": k % 3 == 0, "Items": k % 11}
-        system = {"Paid": k % 2 == 0}
-        d = decide(sc, {**truth, **system})
-        out.append(Case(sop_hash=sc.source_hash, id=f"k{k:03d}", scenario="toy", path_id="p",
-                        intent="refund", intent_description=f"case-{k} I want my money back.",
-                        persona=Persona(name="p"), truth=truth, system=system, expected_path=d.path,
-                        expected_finals=d.finals, user_facts=system, seed=k))
-    return out
-
-
-def write_cases(path: Path, cases: list[Case]) -> Path:
-    path.write_text("".join(c.model_dump_json() + "\n" for c in cases), encoding="utf-8")
     return path
 
 
