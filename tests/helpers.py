@@ -92,8 +92,21 @@ def scoring_sop(k: int, n: int, *, seed: int = 0) -> str:
 def done_dialogues(run_dir: Path) -> int:
     """Done dialogues of a run, read without opening the store (a killed or running writer may still be
     creating it), for the kill -9 + resume tests."""
+    return dialogues_with_status(run_dir, "done")
+
+
+def dialogues_with_status(run_dir: Path, status: str) -> int:
+    """Dialogues of a run in `status`, read from the store's file read-only (0 while it does not exist)."""
     db = run_dir / "run.sqlite"
     if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status=?", (status,)).fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
         return 0
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)

@@ -359,19 +359,10 @@ def test_a_real_ctrl_c_still_stops_a_run_whose_agent_is_stuck(tmp_path, bike, ca
 
 
 def _running_count(run_dir: Path) -> int:
-    import sqlite3
+    # imported here: the agent subprocess imports this module where the test helpers are not importable
+    from helpers import dialogues_with_status
 
-    db = run_dir / "run.sqlite"
-    if not db.exists():
-        return 0
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            return conn.execute("SELECT COUNT(*) FROM dialogues WHERE status='running'").fetchone()[0]
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0
+    return dialogues_with_status(run_dir, "running")
 
 
 class _Hostile(BaseHTTPRequestHandler):
