@@ -24,6 +24,7 @@ from fakeserver import Behavior, FakeServer
 from helpers import done_dialogues
 from hypothesis import given
 from hypothesis import strategies as st
+from test_runner import _snapshot as snapshot
 from test_runner import toy_cases, write_cases
 
 from sopgraph.cli import main
@@ -42,21 +43,6 @@ def toy_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("sop") / "toy.sop"
     path.write_text(TOY, encoding="utf-8")
     return path
-
-
-def snapshot(run_dir: Path) -> dict:
-    """Everything stored that must not depend on where a dialogue ran (latencies excluded)."""
-    with RunStore.open(run_dir) as s:
-        return {
-            "cases": [c.model_dump() for c in s.cases()],
-            "dialogues": [d.model_dump() for d in s.dialogues()],
-            "turns": [t.model_dump(exclude={"latency_s"}) for t in s.turns()],
-            "judgments": [j.model_dump() for j in s.judgments()],
-            "consensus": [c.model_dump() for c in s.consensus()],
-            "usage": sorted(tuple(r) for r in s.conn.execute(
-                "SELECT dialogue_id, turn_index, role, model, prompt_tokens, completion_tokens, calls FROM usage"
-                " WHERE discarded = 0")),
-        }
 
 
 def score_json(run_dir: Path) -> dict:
