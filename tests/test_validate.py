@@ -15,11 +15,6 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sopgraph.cli import main
-from sopgraph.language import ir
-from sopgraph.language.fmt import show_expr
-from sopgraph.language.parse import load_source
-from sopgraph.logic.engine import interpret
 from sopgraph.authoring.validate import (
     ValidateError,
     _lookup,
@@ -29,6 +24,11 @@ from sopgraph.authoring.validate import (
     render_text,
     validate,
 )
+from sopgraph.cli import main
+from sopgraph.language import ir
+from sopgraph.language.fmt import show_expr
+from sopgraph.language.parse import load_source
+from sopgraph.logic.engine import interpret
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples" / "authoring"

@@ -10,10 +10,6 @@ from pathlib import Path
 
 import click
 
-from sopgraph.language.diagnostics import SopError
-from sopgraph.language.fmt import format_text
-from sopgraph.language.ir import Scenario
-from sopgraph.logic.checker import load
 from sopgraph.authoring.diff import CPU_BUDGET as DIFF_CPU_BUDGET
 from sopgraph.authoring.diff import DEFAULT_BUDGET as DIFF_BUDGET
 from sopgraph.authoring.diff import diff as semantic_diff
@@ -26,6 +22,10 @@ from sopgraph.authoring.validate import (
     render_text,
     validate,
 )
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.fmt import format_text
+from sopgraph.language.ir import Scenario
+from sopgraph.logic.checker import load
 from sopgraph.simulation.runner import RunError, read_cases
 
 from .params import fail, load_or_exit, now_option, sop_file
