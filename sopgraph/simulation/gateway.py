@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sopgraph.errors import Error
+from sopgraph.errors import ArgumentError, Error
 from sopgraph.simulation import providers
 
 __all__ = [
