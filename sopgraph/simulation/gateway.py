@@ -1381,9 +1381,9 @@ class Gateway:
         builtins_via_litellm: bool = True,
     ) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
+            raise ArgumentError("concurrency must be >= 1")
         if max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
+            raise ArgumentError("max_retries must be >= 0")
         self.concurrency = concurrency
         self.max_retries = max_retries
         self.base_delay = base_delay
