@@ -106,3 +106,78 @@ def test_oracles_score_100_on_every_metric(procedure: tuple[object, list[Case]],
     for name in ("classification", "action", "finals", "trace_recall", "tau2_pass")[0 if sage else 1:]:
         assert overall.metrics[name].n > 0, name
     assert not off, f"{agent} is not a ceiling: {off}"
+
+
+SECURITY = """\
+scenario account_unlock "Account unlock"
+    "An agent unlocks a caller's account once the caller has answered the security question; two wrong answers lock it."
+{
+    domain "banking"
+    language "en"
+}
+
+field Request: Unlock | Other
+    "What the caller wants. Unlock = get back into a locked account; Other = anything else."
+
+system AnswerCorrect: bool
+    "True when the caller's answer to the security question is right. Looked up after each question."
+
+action AskSecurityQuestion "Ask the caller the security question."
+action UnlockAccount "Unlock the account." [ends_dialogue]
+action LockAccount "Lock the account for 24 hours after two wrong answers." [ends_dialogue]
+action Explain "Explain what the agent can help with." [ends_dialogue]
+
+stage intake "Intake" {
+    classify Request
+    when Request == Unlock -> do AskSecurityQuestion -> verify
+    otherwise -> do Explain
+}
+
+stage verify "Check the answer" {
+    observe AnswerCorrect
+    when AnswerCorrect -> do UnlockAccount
+    otherwise -> again
+}
+
+stage again "Ask once more" {
+    -> do AskSecurityQuestion -> verify up to 1 times
+    otherwise -> do LockAccount
+}
+"""
+"""The issue's shape: a security question asked as a step, its answer looked at after each asking, two
+wrong answers lock the account (the oracle used to report the ending action without asking)."""
+
+
+def test_the_tool_oracle_asks_the_question_and_reads_each_answer_before_it_acts(tmp_path: Path) -> None:
+    import json
+
+    from sopgraph.cases.profiles import default_profile
+    from sopgraph.simulation.store import RunStore
+
+    path = tmp_path / "account_unlock.sop"
+    path.write_text(SECURITY, encoding="utf-8")
+    scenario = sopgraph.load(path)
+    cases = list(synthesize(scenario, default_profile(scenario), 4, seed=1, min_per_path=1).cases)
+    locked = [c for c in cases if c.expected_finals.get("Action") == "LockAccount"]
+    assert locked and [a["name"] for a in locked[0].expected_actions or []] == [
+        "AskSecurityQuestion", "AskSecurityQuestion", "LockAccount"]
+    for agent in ORACLES:
+        out = tmp_path / agent.replace("/", "-")
+        run_sync(scenario, cases, [f"agent={agent}"], str(out), trials=1, progress=False)
+        run = score_run(out, ScoreConfig(bootstrap=0))
+        overall = next(g for g in run.aggregate(["model"]))
+        final = next(g for g in run.aggregate(["depth"]) if g.key["depth"] == "final")
+        off = [why for m in registered() if m.better != "neither" and m.name not in CHAT_JUDGED
+               for why in [_off_ceiling(m, final if agent == "baseline/oracle" and m.name in SAGE_FINAL_TURN
+                                        else overall)] if why is not None]
+        assert not off, (agent, off)
+    with RunStore.open(tmp_path / "baseline-oracle-tools") as store:
+        turns = [t for t in store.turns() if t.dialogue_id == f"{locked[0].id}#0"]
+    rounds = [r for t in turns for r in json.loads(t.agent_raw)]
+    acted = [[c["name"] for c in r["tool_calls"]] for r in rounds if r["tool_calls"]]
+    # each question is its own answer: the next step waits for the look its result reports
+    assert [names for names in acted if "lookup" not in names] == [
+        ["AskSecurityQuestion"], ["AskSecurityQuestion"], ["LockAccount"]]
+    reported = [r["results"][0].get("observed") for r in rounds if r["tool_calls"]
+                and r["tool_calls"][0]["name"] == "AskSecurityQuestion"]
+    assert reported == [{"AnswerCorrect": False}, {"AnswerCorrect": False}]
