@@ -26,10 +26,15 @@ import hashlib
 import json
 import random
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sopgraph.errors import ArgumentError
+
+if TYPE_CHECKING:
+    from sopgraph.language import ir
+    from sopgraph.logic.engine import Decision
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -484,11 +489,12 @@ SOP_CONTEXT_KEY: Final = "sop"
 """Context key of the scenario IR as JSON (`Scenario.model_dump_json()`): a string, so the gateway passes it
 on without copying it, and the oracle loads it once per process (`_sop`)."""
 
-_SOPS: dict[str, Any] = {}  # IR JSON → loaded scenario: a cache of the few scenarios a process runs
+_SOPS: dict[str, ir.Scenario] = {}  # IR JSON → loaded scenario: a cache of the few scenarios a process runs
 _SOPS_KEPT: Final = 8
+_SOPS_LOCK = threading.Lock()
 
 
-def _sop(context: Context) -> Any:
+def _sop(context: Context) -> ir.Scenario | None:
     """The scenario of `context["sop"]` (None when the context has none or it is not a scenario)."""
     text = context.get(SOP_CONTEXT_KEY)
     if not isinstance(text, str):
@@ -501,13 +507,14 @@ def _sop(context: Context) -> Any:
             scenario = Scenario.model_validate_json(text)
         except ValueError:
             return None
-        while len(_SOPS) >= _SOPS_KEPT:
-            _SOPS.pop(next(iter(_SOPS)))
-        _SOPS[text] = scenario
+        with _SOPS_LOCK:
+            while len(_SOPS) >= _SOPS_KEPT:
+                _SOPS.pop(next(iter(_SOPS)))
+            _SOPS[text] = scenario
     return scenario
 
 
-def _askable(sop: Any) -> set[str]:
+def _askable(sop: ir.Scenario) -> set[str]:
     """The values only the customer can tell: the fields and the hidden system values."""
     return {v.name for v in sop.fields} | {v.name for v in sop.system_vars if v.hidden}
 
@@ -516,7 +523,7 @@ def _named(messages: Messages, name: str) -> bool:
     return any(_names(t, name) for t in _texts(messages, "user"))
 
 
-def _truth_decision(sop: Any, case: Mapping[str, Any]) -> Any:
+def _truth_decision(sop: ir.Scenario, case: Mapping[str, Any]) -> Decision | None:
     """The decision on everything the oracle knows (truth and system state), None when it does not decide."""
     from sopgraph.logic.engine import DecideError
     from sopgraph.logic.session import decide
@@ -527,7 +534,7 @@ def _truth_decision(sop: Any, case: Mapping[str, Any]) -> Any:
         return None
 
 
-def _path_so_far(sop: Any, path: Sequence[str], stage: str | None, action: Any) -> list[str]:
+def _path_so_far(sop: ir.Scenario, path: Sequence[str], stage: str | None, action: Any) -> list[str]:
     """The stages of `path` up to `stage` (its first visit), without the trailing ones that have a branch
     doing `action`: a SAGE reply whose path reaches its Action has carried it out (`dialogue.acts`)."""
     upto = list(path[:path.index(stage) + 1]) if stage in path else []
@@ -537,7 +544,7 @@ def _path_so_far(sop: Any, path: Sequence[str], stage: str | None, action: Any) 
     return upto
 
 
-def _oracle_steps(messages: Messages, context: Context, sop: Any) -> str | None:
+def _oracle_steps(messages: Messages, context: Context, sop: ir.Scenario) -> str | None:
     """The SAGE oracle's reply by the engine session: the case's system state (visible values are in the
     agent's prompt; the SAGE protocol has no lookup channel, so the looks at observed values are the case's),
     each customer value once the customer has named it (or once asked ASK_LIMIT times: it knows the truth).
@@ -582,7 +589,7 @@ def _oracle_steps(messages: Messages, context: Context, sop: Any) -> str | None:
                         decision.actions if traced else None)
 
 
-def _oracle_asking(messages: Messages, context: Context, sop: Any, name: str, stage: str | None, asked: int,
+def _oracle_asking(messages: Messages, context: Context, sop: ir.Scenario, name: str, stage: str | None, asked: int,
                    done: list[dict[str, Any]] | None) -> str:
     """The reply asking for `name`: the path so far (up to the stage that reads it), the actions carried
     out so far, and the finals of the run on the truth (its tentative decision, scored at this turn)."""
@@ -722,7 +729,7 @@ class _World:
         self.changed.discard(var)
 
 
-def _oracle_tool_steps(messages: Messages, context: Context, sop: Any) -> str | None:
+def _oracle_tool_steps(messages: Messages, context: Context, sop: ir.Scenario) -> str | None:
     """The tool oracle's next reply, by the engine session replayed on what the conversation holds: the
     customer's values once named (or asked ASK_LIMIT times: it knows the truth), the values its lookups
     and action results reported. Actions already called are passed over; the first one not called yet is
