@@ -102,6 +102,10 @@ def test_oracles_score_100_on_every_metric(procedure: tuple[object, list[Case]],
         why = _off_ceiling(metric, final if sage and metric.name in SAGE_FINAL_TURN else overall)
         if why is not None:
             off.append(why)
+    trials = {"pass^k": overall.pass_k, "tau2 pass^k": overall.tau2_pass_k,
+              "pass majority": [overall.pass_majority], "tau2 pass majority": [overall.tau2_pass_majority]}
+    off += [f"{name} = {m.value}" for name, ms in trials.items() for m in ms if m is not None and m.value != 1.0]
+    assert overall.pass_k and overall.tau2_pass_k
     # these always apply (a tool agent reports no labels: its classification is the judges' alone, n/a)
     for name in ("classification", "action", "finals", "trace_recall", "tau2_pass")[0 if sage else 1:]:
         assert overall.metrics[name].n > 0, name
