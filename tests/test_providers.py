@@ -395,3 +395,72 @@ def test_scripted_user_speaks_in_the_first_person() -> None:
         assert first_person(desc) == want
     said = user_turns(make_ctx(role="user", intent_description="A Gold member cancels a stay."))
     assert "I'm a Gold member and I cancel a stay." in said[0] and "A Gold member" not in said[0]
+
+
+# --------------------------------------------------------------------------- the oracles step the session
+def _no_service_case(system: dict[str, Any], mood: str = "Calm") -> Any:
+    """A `no_service` case with its decision recorded (what synthesis stores)."""
+    import sopgraph
+    from sopgraph.records import Case, Persona
+
+    scenario = sopgraph.load(Path(__file__).resolve().parent.parent / "examples" / "no_service.sop")
+    truth = {"Mood": mood}
+    d = sopgraph.decide(scenario, {**truth, **system})
+    return scenario, Case(id="ns-1", scenario=scenario.name, path_id="P", intent="i", persona=Persona(name="p"),
+                          truth=truth, system=system, expected_path=d.path, expected_finals=d.finals,
+                          expected_actions=d.actions, sop_hash=scenario.source_hash)
+
+
+NO_SERVICE = {"AccountSuspended": False, "AreaOutage": False, "OutageHours": 0, "AirplaneMode": True,
+              "SimDetected": True, "SimAgeYears": 5, "Registered": "Roaming", "ServiceRestored": [False] * 4}
+
+
+def test_oracle_tools_follows_the_world_it_acts_on_not_the_recorded_trace() -> None:
+    """The case says nothing helps (the reference trace: airplane mode, two fixes, a new SIM); the world the
+    oracle acts on has service back after airplane mode is off. It looks values up, reads the look its
+    action's result reports, and closes: its calls are the session's on the world, not the case's trace."""
+    from sopgraph.logic.session import decide
+    from sopgraph.simulation.agents import ToolAgent, tool_turn
+    from sopgraph.simulation.backend import Backend
+
+    scenario, case = _no_service_case(NO_SERVICE)
+    world = {**NO_SERVICE, "ServiceRestored": [False, True]}
+    assert [a["name"] for a in case.expected_actions or []] == [
+        "AskAirplaneOff", "PushSettings", "AskRestart", "PushSettings", "AskRestart", "ReplaceSim"]
+    agent = ToolAgent("baseline/oracle-tools", scenario,
+                      model_spec=ModelSpec(role="agent", model="baseline/oracle-tools"))
+    backend = Backend.for_case(agent.backend, case.model_copy(update={"system": world}))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": ""},
+                                      {"role": "user", "content": "My phone has no service. My mood is Calm."}]
+    context = {"case": case.model_dump(mode="json"), "sop": scenario.model_dump_json()}
+    result = asyncio.run(tool_turn(agent, Gateway(), backend, messages, dialogue_id="d", turn=1, system=world,
+                                   context=context))
+    assert result.output is not None and result.problem is None
+    assert result.output.tool_calls == decide(scenario, {**world, "Mood": "Calm"}).actions == [
+        {"name": "AskAirplaneOff", "args": {}}, {"name": "CloseFixed", "args": {}}]
+    looked = [json.loads(c["function"]["arguments"])["name"] for m in messages if m["role"] == "assistant"
+              for c in m.get("tool_calls") or [] if c["function"]["name"] == "lookup"]
+    assert "ServiceRestored" in looked and "AccountSuspended" in looked  # through the lookup tool
+    assert looked.count("ServiceRestored") == 1  # the second look came with AskAirplaneOff's result
+
+
+def test_oracle_asks_for_what_the_session_reads_and_reports_the_steps_so_far() -> None:
+    """SAGE mode: the mood is read only at the SIM stage, after the fixes; the oracle carries the fixes out,
+    reports them and the path so far (short of the stage that acts) while it asks; once the customer has
+    said it, it reports the session's path, finals and whole trace."""
+    scenario, case = _no_service_case({**NO_SERVICE, "AirplaneMode": False}, mood="Upset")
+    ctx = {"role": "agent", "turn": 1, "case": case.model_dump(mode="json"),
+           "scenario": {"fields": {"Mood": ["Calm", "Upset"]}, "traced": True},
+           "sop": scenario.model_dump_json()}
+    first = [{"role": "user", "content": "Hi, my phone shows no service."}]
+    asking = json.loads(providers.respond("baseline/oracle", first, ctx))
+    steps = case.expected_actions[:-1]
+    assert [a["name"] for a in steps] == ["PushSettings", "AskRestart", "PushSettings", "AskRestart"]
+    assert asking["actions"] == steps and "mood" in asking["chat"]
+    assert asking["now_path"] == case.expected_path[:-1]  # up to the last fix: `sim` would hand over
+    assert asking["finals"] == case.expected_finals == {"Action": "TransHuman"}
+    then = [*first, {"role": "assistant", "content": json.dumps(asking)},
+            {"role": "user", "content": "My mood is Upset, this is taking forever."}]
+    final = json.loads(providers.respond("baseline/oracle", then, {**ctx, "turn": 2}))
+    assert (final["now_path"], final["finals"], final["actions"]) == (
+        case.expected_path, case.expected_finals, case.expected_actions)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakeserver import Behavior, FakeServer, RecordedRequest
@@ -264,3 +265,35 @@ def test_sigkill_then_resume_is_exactly_once_for_tool_calling(tmp_path, bike_cas
         mine = [t for t in turns if t.dialogue_id == d.id]
         assert [t.index for t in mine] == list(range(1, d.turns + 1))
         assert [c["name"] for t in mine for c in t.output.tool_calls] == ["TransHuman"]
+
+
+def test_the_calls_of_one_answer_are_all_carried_out_even_after_an_ending_action(noservice, noservice_cases
+                                                                                 ) -> None:
+    """A procedure may hand over right after a step that ends the dialogue (`do IssueCredit -> do
+    Supervisor`): the calls of one answer go together, and the dialogue ends after them (the call after
+    the ending one was refused, so no agent could follow such a procedure)."""
+    from sopgraph.simulation.agents import Exchange, _run_calls
+    from sopgraph.simulation.backend import Backend, BackendSpec
+
+    backend = Backend.for_case(BackendSpec.of(noservice), noservice_cases[0])
+    calls = [{"name": "ReplaceSim", "arguments": '{"fee": 10}'}, {"name": "TransHuman", "arguments": "{}"}]
+    exchange = Exchange("", calls, True, 0.0)
+    messages: list[dict[str, Any]] = []
+    trace: list[dict[str, Any]] = []
+    ended, problem = _run_calls(None, backend, exchange, messages, trace, [], "c")  # type: ignore[arg-type]
+    assert ended and problem is None
+    assert [t["name"] for t in trace] == backend.actions == ["ReplaceSim", "TransHuman"]
+    assert all("error" not in json.loads(m["content"]) for m in messages if m["role"] == "tool")
+
+
+def test_a_turn_of_steps_only_answers_nothing(noservice) -> None:
+    """A tool turn's answer is its last call of an action the procedure can end on: `PushSettings` and
+    `AskRestart` are steps, so a turn of those alone is pending (it scored as a wrong final Action)."""
+    from sopgraph.simulation.agents import final_actions, output_for
+
+    steps = [{"name": "PushSettings", "args": {"profile": "Home"}}, {"name": "AskRestart", "args": {}}]
+    ends = final_actions(noservice)
+    assert "AskRestart" not in ends and "CloseFixed" in ends
+    assert output_for([], "", steps, finals_of=ends).finals == {}
+    assert output_for([], "", [*steps, {"name": "CloseFixed", "args": {}}], finals_of=ends).finals == {
+        "Action": "CloseFixed"}

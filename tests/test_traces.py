@@ -185,6 +185,23 @@ def test_a_tool_agents_turns_before_it_acts_are_pending(telecom) -> None:
         assert math.isnan(run.t_path[rows[0]]) and math.isnan(run.t_logic[rows[0]])
 
 
+def test_a_tool_agents_final_turn_is_the_last_that_answered(telecom) -> None:
+    """A tool agent that called its final action and then only talked (the action did not end the dialogue,
+    the customer went on): its answer is that call, not the closing chat after it (which scored 0 as a
+    final turn with no action: a ceiling failed every such dialogue)."""
+    truth = {"ConsumptionType": "Cancel", "ApplicationTendency": "Agree", "ConsumptionProfile": "Data",
+             "EmotionTag": "Calm"}
+    case = make_case(telecom, truth, {"PackageStatus": "Contracted", "Penalty": 0})
+    turns = [tool_turn("acts-then-talks", 1, [{"name": "ChangeOrder", "args": {}}]),
+             tool_turn("acts-then-talks", 2, []), tool_turn("acts-then-talks", 3, [])]
+    dls = [Dialogue(id="acts-then-talks", case_id=case.id, models={"agent": "m"}, status="done")]
+    run = score_records(telecom, [case], dls, turns, [cons(t.dialogue_id, t.index, truth) for t in turns])
+    assert run.t_final.tolist() == [True, False, False] and run.counts["pending_turns"] == 2
+    assert run.d_pass.tolist() == [True] and run.d_final_right.tolist() == [True]
+    g = run.summary().groups[0]
+    assert g.metrics["action"].value == 1.0 and g.metrics["action"].n == 1
+
+
 def test_the_oracle_reports_the_procedures_actions_end_to_end(noservice, tmp_path: Path) -> None:
     """Through the runner: the oracle's replies on a procedure report the case's trace (a ceiling: every
     trace score 1); always-escalate, which skips the fixes, loses recall on the cases that need them."""
@@ -227,11 +244,13 @@ def test_a_built_in_agent_acts_through_tool_calls_offline(noservice, telecom, tm
             turns = store.turns()
         by_case = {c.id: c for c in cases}
         acted = [t for t in turns if t.output is not None and t.output.tool_calls]
-        assert {t.dialogue_id for t in acted} == {f"{c.id}#0" for c in cases}  # every dialogue acted once
-        for t in acted:  # the calls are the case's reference trace, in order
-            case = by_case[t.dialogue_id.split("#")[0]]
-            assert [c["name"] for c in t.output.tool_calls] == [a["name"] for a in case.expected_actions or []]
+        assert {t.dialogue_id for t in acted} == {f"{c.id}#0" for c in cases}  # every dialogue acted
+        called: dict[str, list[str]] = {}
+        for t in sorted(acted, key=lambda t: (t.dialogue_id, t.index)):
+            called.setdefault(t.dialogue_id, []).extend(c["name"] for c in t.output.tool_calls)
             assert t.output.source == "tools" and not t.format_error
+        for did, names in called.items():  # the calls are the case's reference trace, in order
+            assert names == [a["name"] for a in by_case[did.split("#")[0]].expected_actions or []], did
         assert max(t.index for t in turns) >= 2  # it asked first
         group = score_run(out).summary().groups[0]
         assert {k: group.metrics[k].value for k in ("trace_recall", "trace_order", "tau2_pass", "pass_rate")} == {

@@ -1163,6 +1163,11 @@ def _turn_columns(read: _ReadTurns, ev: _TurnEvaluator, frame: _DialogueFrame, c
     final_index = np.zeros(D, np.int64)
     if T:
         np.maximum.at(final_index, a_dlg, a_index)
+        # a tool agent answers by its calls: its final turn is the last that called its answer (a closing
+        # chat after an action that does not end the dialogue answers nothing new), else its last turn
+        answered = np.full(D, -1, np.int64)
+        np.maximum.at(answered, a_dlg[~tc["pending"]], a_index[~tc["pending"]])
+        final_index = np.where(answered >= 0, answered, final_index)
     tc["final"] = a_index == final_index[a_dlg] if T else np.zeros(0, bool)
     # a tool agent's turns before its final action decide nothing yet: not scored on path, action, finals
     # and logic (a SAGE reply states its tentative decision on every turn and is scored on it); its final

@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -167,12 +167,21 @@ def to_output(scenario: ir.Scenario, paths: Sequence[Mapping[str, Any]], reply: 
     return output_for(paths, exchange.text, trace), None
 
 
+def final_actions(scenario: ir.Scenario) -> frozenset[str]:
+    """The actions the procedure can end on (some branch's final `do X`); the others are only steps."""
+    return frozenset(b.target.action for s in scenario.stages.values() for b in s.branches
+                     if b.target.kind == "action" and b.target.action is not None)
+
+
 def output_for(paths: Sequence[Mapping[str, Any]], text: str, trace: list[dict[str, Any]],
-               so_far: Sequence[str] | None = None, preferred: Sequence[str] | None = None) -> AgentOutput:
-    """The turn's AgentOutput: finals from the last action called, the path inferred from it and from
-    the dialogue's action trace so far (`so_far`, this turn's actions included; `preferred`: the case's
-    reference path, see `infer_path`)."""
-    finals = {"Action": trace[-1]["name"], **trace[-1]["args"]} if trace else {}
+               so_far: Sequence[str] | None = None, preferred: Sequence[str] | None = None,
+               finals_of: Collection[str] | None = None) -> AgentOutput:
+    """The turn's AgentOutput: finals from the last action called that the procedure can end on
+    (`finals_of`; every action when not given: a step such as `AskRestart` is not an answer, so a turn of
+    steps only decides nothing yet), the path inferred from it and from the dialogue's action trace so
+    far (`so_far`, this turn's actions included; `preferred`: the case's reference path, see `infer_path`)."""
+    answer = next((c for c in reversed(trace) if finals_of is None or c["name"] in finals_of), None)
+    finals = {"Action": answer["name"], **answer["args"]} if answer is not None else {}
     now_path = infer_path(paths, finals.get("Action"), so_far, preferred)
     return AgentOutput(classification_output={}, cot="", now_path=now_path,
                        finals=finals, chat=text, source="tools", tool_calls=trace)
@@ -258,6 +267,7 @@ class ToolAgent:
         self.backend = BackendSpec.of(scenario)
         self.tools = self.backend.tools
         self.paths = paths or path_table(scenario)
+        self.final_actions = final_actions(scenario)
         params = model_spec.params if model_spec is not None else None
         self.timeout = float(params.timeout) if params is not None and params.timeout else timeout
         self.max_answer_bytes = (params.max_answer_bytes if params is not None and params.max_answer_bytes
@@ -527,7 +537,7 @@ async def tool_turn(agent: ToolAgent, gateway: Any, backend: Backend, messages: 
             break
     raw = json.dumps(rounds, ensure_ascii=False, sort_keys=True, default=str)
     output = None if problem is not None else output_for(agent.paths, "\n\n".join(texts), trace, backend.actions,
-                                                         backend.expected_path)
+                                                         backend.expected_path, agent.final_actions)
     return TurnResult(output, problem, raw, latency, completions)
 
 
@@ -535,7 +545,9 @@ def _run_calls(agent: ToolAgent, backend: Backend, exchange: Exchange, messages:
                trace: list[dict[str, Any]], rounds: list[dict[str, Any]], id_prefix: str) -> tuple[bool, str | None]:
     """Append the agent's answer and the backend's results to `messages`: (an ending action was
     carried out, the first malformed call's problem). Every call gets a result message (an error
-    for malformed ones) so the conversation stays well-formed for the next request."""
+    for malformed ones) so the conversation stays well-formed for the next request. The calls of one
+    answer are carried out together, those after an ending action too (a procedure may hand over right
+    after a step that ends the dialogue: `do IssueCredit -> do Supervisor`); the dialogue ends after them."""
     spec = backend.spec
     shown: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -547,14 +559,14 @@ def _run_calls(agent: ToolAgent, backend: Backend, exchange: Exchange, messages:
         call_id = str(call.get("id") or f"{id_prefix}_{i}") if isinstance(call, Mapping) else f"{id_prefix}_{i}"
         shown.append({"id": call_id, "type": "function", "function": {
             "name": name, "arguments": raw_args if isinstance(raw_args, str) else json.dumps(args or {})}})
-        if bad is not None or problem is not None or ended:
+        if bad is not None or problem is not None:
             problem = problem or bad
             result: dict[str, Any] = {"error": bad or "not carried out"}
         else:
             result = backend.call(name, args)
             if name != spec.lookup:
                 trace.append({"name": name, "args": dict(args)})
-                ended = name in spec.enders
+                ended = ended or name in spec.enders
         results.append({"role": "tool", "tool_call_id": call_id, "name": name,
                         "content": json.dumps(result, ensure_ascii=False, sort_keys=True)})
     msg: dict[str, Any] = {"role": "assistant", "content": exchange.text}

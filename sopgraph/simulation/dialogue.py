@@ -425,7 +425,7 @@ async def _tool_agent_turn(gateway: Any, setup: DialogueSetup, backend: Backend,
     assert agent is not None
     result = await tool_turn(agent, gateway, backend, agent_msgs, dialogue_id=setup.dialogue_id, turn=index,
                              system=setup.case.system, context={  # for a built-in tool-calling model only
-                                 "case": setup.case_dump, "role": "agent", "turn": index,
+                                 **setup.agent_context, "case": setup.case_dump, "role": "agent", "turn": index,
                                  "scenario": without_paths(setup.scenario_info)})
     usage = Usage()
     for completion in result.completions:

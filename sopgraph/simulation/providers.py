@@ -26,10 +26,15 @@ import hashlib
 import json
 import random
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sopgraph.errors import ArgumentError
+
+if TYPE_CHECKING:
+    from sopgraph.language import ir
+    from sopgraph.logic.engine import Decision
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -37,6 +42,8 @@ __all__ = [
     "CHAT_DIMENSIONS",
     "DEFAULT_ESCALATION_ACTION",
     "GUIDED_PREFIX",
+    "ORACLE_MODELS",
+    "SOP_CONTEXT_KEY",
     "SCRIPTED_CHAT_SCORE",
     "STOP_TOKEN",
     "TOOL_MODELS",
@@ -440,13 +447,22 @@ def random_path(messages: Messages, context: Context) -> str:
 
 
 def oracle(messages: Messages, context: Context) -> str:
-    """Reference baseline: answers with the case truth (a ceiling for the scorers), after asking for what
-    the reference path's decisions need; with `gold` in the context (gold-corpus synthesis, where every
-    turn must be the reference answer) it answers at once."""
+    """Reference baseline: the procedure run on the case truth (a ceiling for the scorers). Given the SOP
+    (`context["sop"]`, which the runner hands the ORACLE_MODELS), it steps the engine session
+    (`_oracle_steps`): it asks the customer for each value the run needs and the customer has not named,
+    reports the actions carried out so far, and at the end the session's path, finals and actions. Without
+    the SOP it answers with the case's recorded decision after asking for what the reference path's
+    decisions need. With `gold` in the context (gold-corpus synthesis, where every turn must be the
+    reference answer) it answers at once."""
     case = _case(context)
     if context.get("guided"):
         truth = _as_dict(case.get("truth"))
         return _guided_reply(messages, context, "oracle", lambda name, allowed: truth.get(name))
+    sop = None if context.get("gold") else _sop(context)
+    if sop is not None:
+        stepped = _oracle_steps(messages, context, sop)
+        if stepped is not None:
+            return stepped
     finals = dict(_as_dict(case.get("expected_finals")))
     asking = None if context.get("gold") else _ask_first(
         messages, context, _as_list(case.get("expected_path")), _as_dict(case.get("truth")), finals)
@@ -463,6 +479,132 @@ def oracle(messages: Messages, context: Context) -> str:
         _CHAT[lang]["oracle"].format(action=finals.get("Action", "")),
         actions if isinstance(actions, list) else None,
     )
+
+
+# --------------------------------------------------------------------------- oracles stepping the session
+ORACLE_MODELS: Final = frozenset({"baseline/oracle", "baseline/oracle-tools"})
+"""Built-ins that step the SOP's engine session: the runner hands them the scenario (`context["sop"]`)."""
+
+SOP_CONTEXT_KEY: Final = "sop"
+"""Context key of the scenario IR as JSON (`Scenario.model_dump_json()`): a string, so the gateway passes it
+on without copying it, and the oracle loads it once per process (`_sop`)."""
+
+_SOPS: dict[str, ir.Scenario] = {}  # IR JSON → loaded scenario: a cache of the few scenarios a process runs
+_SOPS_KEPT: Final = 8
+_SOPS_LOCK = threading.Lock()
+
+
+def _sop(context: Context) -> ir.Scenario | None:
+    """The scenario of `context["sop"]` (None when the context has none or it is not a scenario)."""
+    text = context.get(SOP_CONTEXT_KEY)
+    if not isinstance(text, str):
+        return None
+    scenario = _SOPS.get(text)
+    if scenario is None:
+        from sopgraph.language.ir import Scenario
+
+        try:
+            scenario = Scenario.model_validate_json(text)
+        except ValueError:
+            return None
+        with _SOPS_LOCK:
+            while len(_SOPS) >= _SOPS_KEPT:
+                _SOPS.pop(next(iter(_SOPS)))
+            _SOPS[text] = scenario
+    return scenario
+
+
+def _askable(sop: ir.Scenario) -> set[str]:
+    """The values only the customer can tell: the fields and the hidden system values."""
+    return {v.name for v in sop.fields} | {v.name for v in sop.system_vars if v.hidden}
+
+
+def _named(messages: Messages, name: str) -> bool:
+    return any(_names(t, name) for t in _texts(messages, "user"))
+
+
+def _truth_decision(sop: ir.Scenario, case: Mapping[str, Any]) -> Decision | None:
+    """The decision on everything the oracle knows (truth and system state), None when it does not decide."""
+    from sopgraph.logic.engine import DecideError
+    from sopgraph.logic.session import decide
+
+    try:
+        return decide(sop, {**_as_dict(case.get("system")), **_as_dict(case.get("truth"))})
+    except DecideError:
+        return None
+
+
+def _path_so_far(sop: ir.Scenario, path: Sequence[str], stage: str | None, action: Any) -> list[str]:
+    """The stages of `path` up to `stage` (its first visit), without the trailing ones that have a branch
+    doing `action`: a SAGE reply whose path reaches its Action has carried it out (`dialogue.acts`)."""
+    upto = list(path[:path.index(stage) + 1]) if stage in path else []
+    while upto and any(b.target.kind == "action" and b.target.action == action
+                       for b in sop.stages[upto[-1]].branches):
+        upto.pop()
+    return upto
+
+
+def _oracle_steps(messages: Messages, context: Context, sop: ir.Scenario) -> str | None:
+    """The SAGE oracle's reply by the engine session: the case's system state (visible values are in the
+    agent's prompt; the SAGE protocol has no lookup channel, so the looks at observed values are the case's),
+    each customer value once the customer has named it (or once asked ASK_LIMIT times: it knows the truth).
+    The first value the run needs that the customer has not named is asked for: the reply reports the path
+    so far, the actions carried out so far and the finals it is heading for. None when the session fails
+    (a case the SOP no longer decides): the caller answers from the case's record."""
+    from sopgraph.logic.engine import DecideError
+    from sopgraph.logic.session import Act, End, start
+
+    case = _case(context)
+    truth, system = _as_dict(case.get("truth")), _as_dict(case.get("system"))
+    askable = _askable(sop)
+    own = _texts(messages, "assistant")
+    session = start(sop, {k: v for k, v in system.items() if k not in askable})
+    done: list[dict[str, Any]] = []
+    traced = bool(sop.traced)
+    try:
+        while True:
+            event = session.next()
+            if isinstance(event, Act):
+                if not event.final:
+                    done.append({"name": event.action, "args": event.args})
+                continue
+            if isinstance(event, End):
+                decision = event.decision
+                break
+            name = event.variable
+            asked = sum(_ask_marker(name) in t for t in own)
+            if name not in askable:
+                session.close()  # a value no channel gives: missing, as `decide` takes it
+            elif _named(messages, name) or asked >= ASK_LIMIT:
+                session.provide(name, truth.get(name, system.get(name)))
+            else:
+                return _oracle_asking(messages, context, sop, name, event.stage, asked,
+                                      done if traced else None)
+    except DecideError:
+        return None
+    lang = _language(case)
+    return _agent_reply(dict(truth),
+                        "Baseline oracle: stepped the procedure on the case truth.", decision.path,
+                        decision.finals, _CHAT[lang]["oracle"].format(action=decision.finals.get("Action", "")),
+                        decision.actions if traced else None)
+
+
+def _oracle_asking(messages: Messages, context: Context, sop: ir.Scenario, name: str, stage: str | None, asked: int,
+                   done: list[dict[str, Any]] | None) -> str:
+    """The reply asking for `name`: the path so far (up to the stage that reads it), the actions carried
+    out so far, and the finals of the run on the truth (its tentative decision, scored at this turn)."""
+    case = _case(context)
+    lang = _language(case)
+    decision = _truth_decision(sop, case)
+    path = decision.path if decision is not None else _as_list(case.get("expected_path"))
+    finals = dict(decision.finals) if decision is not None else dict(_as_dict(case.get("expected_finals")))
+    shown = [_render_value(v, lang) for v in _fields(context).get(name) or []]
+    choices = f" ({' / '.join(shown)})" if shown else ""
+    truth = _as_dict(case.get("truth"))
+    return _agent_reply(dict(truth),
+                        f"{_ask_marker(name)} The procedure needs it at {stage}.",
+                        _path_so_far(sop, path, stage, finals.get("Action")), finals,
+                        _ASK[lang][min(asked, 1)].format(label=_label(name), choices=choices), done)
 
 
 # --------------------------------------------------------------------------- acting through tool calls
@@ -492,12 +634,20 @@ def _tool_pending(messages: Messages, context: Context) -> tuple[str, int] | Non
 
 
 def oracle_tools(messages: Messages, context: Context) -> str:
-    """Reference baseline acting through tool calls (`agent=baseline/oracle-tools`, docs/agents.md): it asks
-    for what the reference path's decisions need, then calls the case's reference trace — every action
-    with its arguments, the final one with the outputs its branch assigns — and, once the backend has
-    answered, closes. Why: a ceiling for the trace scores and the offline demo of mode b (tool calling),
-    through the same litellm built-in path as every model. Its reply is `{"content", "tool_calls"}`
+    """Reference baseline acting through tool calls (`agent=baseline/oracle-tools`, docs/agents.md). Given
+    the SOP (`context["sop"]`) it steps the engine session against the backend it acts on
+    (`_oracle_tool_steps`): it asks the customer for what the run needs, looks system values up, carries
+    out each action as a call with the session's arguments (the final one with the outputs its branch
+    assigns) and reads the looks its results report, so it follows the world rather than a precomputed
+    trace. Without the SOP it asks for what the reference path's decisions need and calls the case's
+    reference trace at once. Why: a ceiling for the trace scores and the offline demo of mode b (tool
+    calling), through the same built-in path as every model. Its reply is `{"content", "tool_calls"}`
     (`split_tool_reply`), which the gateway turns into an OpenAI-style function-calling message."""
+    sop = _sop(context)
+    if sop is not None:
+        stepped = _oracle_tool_steps(messages, context, sop)
+        if stepped is not None:
+            return stepped
     case = _case(context)
     lang = _language(case)
     finals = _as_dict(case.get("expected_finals"))
@@ -510,10 +660,7 @@ def oracle_tools(messages: Messages, context: Context) -> str:
     pending = _tool_pending(messages, context)
     if pending is not None:
         name, asked = pending
-        shown = [_render_value(v, lang) for v in _fields(context).get(name) or []]
-        choices = f" ({' / '.join(shown)})" if shown else ""
-        return _dumps({"content": _ASK[lang][min(asked, 1)].format(label=_label(name), choices=choices),
-                       "tool_calls": []})
+        return _dumps({"content": _ask_text(context, name, asked), "tool_calls": []})
     trace = [_as_dict(a) for a in _as_list(case.get("expected_actions"))] or [{"name": action, "args": {}}]
     calls = []
     for k, step in enumerate(trace):
@@ -523,6 +670,150 @@ def oracle_tools(messages: Messages, context: Context) -> str:
             args.update({n: v for n, v in finals.items() if n in params and n not in args and v is not None})
         calls.append({"name": str(step.get("name")), "arguments": _dumps(args)})
     return _dumps({"content": closing, "tool_calls": calls})
+
+
+def _ask_text(context: Context, name: str, asked: int) -> str:
+    lang = _language(_case(context))
+    shown = [_render_value(v, lang) for v in _fields(context).get(name) or []]
+    choices = f" ({' / '.join(shown)})" if shown else ""
+    return _ASK[lang][min(asked, 1)].format(label=_label(name), choices=choices)
+
+
+def _json_object(text: Any) -> dict[str, Any]:
+    try:
+        obj = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return {}
+    return dict(obj) if isinstance(obj, Mapping) else {}
+
+
+class _World:
+    """What the agent's own tool calls told it, replayed from the conversation: the system values it
+    looked up, each observed variable's looks (a lookup after an action, or an action's `observed` report,
+    is a new look; a lookup with nothing done since repeats the last one), and the actions carried out."""
+
+    def __init__(self, messages: Messages, lookup: str, observed: set[str]):
+        self.static: dict[str, Any] = {}
+        self.looks: dict[str, list[Any]] = {}
+        self.changed: set[str] = set()  # observed variables with an action since their last look
+        self.done: list[str] = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or m.get("role") != "assistant" or not m.get("tool_calls"):
+                continue
+            results: dict[str, dict[str, Any]] = {}  # the results right after the calls (ids repeat across answers)
+            for r in messages[i + 1:]:
+                if not isinstance(r, Mapping) or r.get("role") != "tool":
+                    break
+                results.setdefault(str(r.get("tool_call_id")), _json_object(r.get("content")))
+            for call in _as_list(m.get("tool_calls")):
+                fn = _as_dict(_as_dict(call).get("function"))
+                result = results.get(str(_as_dict(call).get("id")), {})
+                if "error" in result or not result:
+                    continue  # not carried out
+                if fn.get("name") == lookup:
+                    self._looked(str(result.get("name")), result.get("value"), observed)
+                    continue
+                self.done.append(str(fn.get("name")))
+                self.changed |= observed
+                for var, value in _as_dict(result.get("observed")).items():
+                    self._new_look(var, value)
+
+    def _looked(self, var: str, value: Any, observed: set[str]) -> None:
+        if var not in observed:
+            self.static[var] = value
+        elif var not in self.looks or var in self.changed:
+            self._new_look(var, value)
+
+    def _new_look(self, var: str, value: Any) -> None:
+        self.looks.setdefault(var, []).append(value)
+        self.changed.discard(var)
+
+
+def _oracle_tool_steps(messages: Messages, context: Context, sop: ir.Scenario) -> str | None:
+    """The tool oracle's next reply, by the engine session replayed on what the conversation holds: the
+    customer's values once named (or asked ASK_LIMIT times: it knows the truth), the values its lookups
+    and action results reported. Actions already called are passed over; the first one not called yet is
+    called, with the ones that follow up to the next value the world must give (a lookup or an action's
+    `observed` report). A value it has not got is looked up (the system values all at once, each observed
+    value when the procedure looks again) or asked for. None when the session fails."""
+    from sopgraph.logic.engine import DecideError
+    from sopgraph.logic.session import Act, End, start
+
+    case = _case(context)
+    truth, system = _as_dict(case.get("truth")), _as_dict(case.get("system"))
+    offered = [str(_as_dict(_as_dict(t).get("function")).get("name")) for t in _as_list(context.get("tools"))]
+    lookup = next((n for n in offered if n not in sop.actions), None)
+    observed = set(sop.observed)
+    visible = [v.name for v in sop.system_vars if not v.hidden] if lookup is not None else []
+    askable = _askable(sop)
+    world = _World(messages, lookup or "", observed)
+    own = _texts(messages, "assistant")
+    session = start(sop)
+    calls: list[dict[str, Any]] = []
+    passed = 0  # actions of the run already carried out (in the conversation)
+    ended: End | None = None
+    try:
+        while True:
+            event = session.next()
+            if isinstance(event, End):
+                ended = event
+                break
+            if isinstance(event, Act):
+                if passed < len(world.done):
+                    passed += 1
+                    continue
+                act = event
+                args = dict(act.args)
+                if act.final:  # the final action also carries the outputs its branch assigns
+                    end = session.next()
+                    finals = end.decision.finals if isinstance(end, End) else {}
+                    params = _tool_params(context, act.action) or set()
+                    args.update({n: v for n, v in finals.items() if n in params and n not in args and v is not None})
+                calls.append({"name": act.action, "arguments": _dumps(args)})
+                if act.final:  # its closing line goes with an action that ends the dialogue, else after it
+                    ends = {"ends_dialogue", "escalation"} & set(sop.actions[act.action].attributes)
+                    return _dumps({"content": _CHAT[_language(case)]["oracle"].format(action=act.action)
+                                   if ends else "", "tool_calls": calls})
+                continue
+            need = event
+            name = need.variable
+            if name in askable:
+                asked = sum(_asks_for(t, name) for t in own)
+                if _named(messages, name) or asked >= ASK_LIMIT:
+                    session.provide(name, truth.get(name, system.get(name)))
+                elif calls:
+                    break
+                else:
+                    return _dumps({"content": _ask_text(context, name, asked), "tool_calls": []})
+            elif name in observed and name in visible:
+                seen = world.looks.get(name, [])
+                if need.look is not None and need.look <= len(seen):
+                    session.provide(name, seen[need.look - 1])
+                elif seen and name not in world.changed and not calls:
+                    session.provide(name, seen[-1])  # nothing done since the last look: the world is as it was
+                else:
+                    if not calls:
+                        calls.append(_lookup_call(lookup, name))
+                    break
+            elif name in visible:
+                if name in world.static:
+                    session.provide(name, world.static[name])
+                else:
+                    if not calls:  # the system values at once: they do not change during the dialogue
+                        calls += [_lookup_call(lookup, n) for n in visible if n not in observed and n not in world.static]
+                    break
+            else:
+                session.provide(name, system.get(name))  # no channel gives it (e.g. the reference time)
+    except DecideError:
+        return None
+    if calls:
+        return _dumps({"content": "", "tool_calls": calls})
+    action = ended.decision.finals.get("Action", "") if ended is not None else ""
+    return _dumps({"content": _CHAT[_language(case)]["oracle"].format(action=action), "tool_calls": []})
+
+
+def _lookup_call(lookup: str | None, name: str) -> dict[str, Any]:
+    return {"name": lookup or "lookup", "arguments": _dumps({"name": name})}
 
 
 def split_tool_reply(model: str, text: str) -> tuple[str, list[dict[str, str]] | None]:

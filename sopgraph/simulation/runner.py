@@ -103,7 +103,7 @@ from sopgraph.simulation.prompts import (
     guided_stage_prompt,
     user_system_prompt,
 )
-from sopgraph.simulation.providers import guided_inner
+from sopgraph.simulation.providers import ORACLE_MODELS, SOP_CONTEXT_KEY, guided_inner
 from sopgraph.simulation.store import REDACTED, TOOL_VERSION, RunStore, StoreError, redact_params
 
 DEFAULT_SET = "default"
@@ -694,6 +694,9 @@ class _Dialogues:
         self.ensemble = Ensemble([LLMJudge(j, gateway) for j in roles.judges])
         self.prompts: dict[str, tuple[str, str]] = {}
         kind = agent_kind(roles.agent.model)
+        # the oracles step the SOP's engine session: they are handed the scenario (SOP_CONTEXT_KEY)
+        self.agent_context = ({SOP_CONTEXT_KEY: scenario.model_dump_json()}
+                              if roles.agent.model.removeprefix(TOOLS_PREFIX) in ORACLE_MODELS else {})
         self.tool_agent = (ToolAgent(roles.agent.model, scenario, model_spec=roles.agent)
                            if kind not in ("sage", "guided") else None)
         if kind == "tools":  # one prompt for every case: the values come from the backend's lookup tool
@@ -712,7 +715,7 @@ class _Dialogues:
                              agent_system=agent_sys, user_system=user_sys, scenario_info=self.info,
                              response_schema=self.schema, sop_hash=self.scenario.source_hash,
                              tool_version=TOOL_VERSION, tool_agent=self.tool_agent,
-                             guided_prompts=(guided_stage_prompt, guided_final_prompt))
+                             agent_context=self.agent_context, guided_prompts=(guided_stage_prompt, guided_final_prompt))
 
     async def one(self, d: Dialogue, sink: Any) -> bool:
         """Run dialogue `d` from scratch (or, when its transcript was kept, judge it again); True if it
