@@ -359,6 +359,8 @@ def _start(out_dir: Path, request: CorpusRequest, resume: bool) -> dict[int, Sha
             raise CorpusError(f"{out_dir} was started with other settings ({shown}); resume it with the same "
                               "command, or write a new corpus elsewhere")
         done = finished_shards(out_dir)
+        # only the verified lines stay: a torn last line would swallow the next shard's line
+        _write_atomic(out_dir / PROGRESS, "".join(e.model_dump_json() + "\n" for e in done.values()).encode("utf-8"))
     else:
         if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
             raise CorpusError(f"{out_dir} exists and is not empty: pass --resume to continue the corpus in it, "
@@ -460,7 +462,7 @@ def _ray_shards(job: ShardJob, todo: Sequence[ShardSpec], record: Callable[[Shar
                 # errors, without limit), never one whose function raised (it would fail again)
                 ds = rd.from_items([s.model_dump() for s in todo], override_num_blocks=len(todo))
                 ds = ds.map(_shard_row, fn_kwargs={"job": job}, num_cpus=1,
-                            compute=rd.TaskPoolStrategy(size=distributed.cluster_cpus(ray)))
+                            compute=rd.TaskPoolStrategy(size=min(len(todo), distributed.cluster_cpus(ray))))
                 for row in ds.iter_rows():
                     record(ShardEntry.model_validate_json(row["entry"]))
             finally:
