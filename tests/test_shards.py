@@ -11,13 +11,21 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import floor_run
 from test_distributed import NO_RAY, cluster  # noqa: F401 - the 2-node cluster fixture
 from test_runner import TOY, toy_cases, write_cases
 
 from sopgraph.cli import main
 from sopgraph.evaluation import corpus, shards
-from sopgraph.evaluation.corpus import synthesize_dialogues_sync
-from sopgraph.evaluation.shards import MANIFEST, PROGRESS, CorpusError, finished_shards, write_corpus
+from sopgraph.evaluation.corpus import export_run, synthesize_dialogues_sync
+from sopgraph.evaluation.shards import (
+    MANIFEST,
+    PROGRESS,
+    CorpusError,
+    export_corpus,
+    finished_shards,
+    write_corpus,
+)
 from sopgraph.logic.checker import load
 
 MODELS = ["agent=baseline/oracle"]
@@ -58,17 +66,17 @@ def test_manifest_counts_hashes_and_the_records_of_one_unsharded_synthesis(toy, 
     m = make(toy, cases_file, tmp_path / "c", seed=7)
     out = tmp_path / "c"
     # 11 cases x 2 trials, 6 dialogues (3 cases) per shard: 4 shards of 3, 3, 3 and 2 cases
-    assert [s.cases for s in m.shards] == [3, 3, 3, 2] and [s.first_line for s in m.shards] == [1, 4, 7, 10]
+    assert [s.inputs for s in m.shards] == [3, 3, 3, 2] and [s.first_line for s in m.shards] == [1, 4, 7, 10]
     assert [s.file for s in m.shards] == [f"shard-{i:05d}.jsonl" for i in range(4)]
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, PROGRESS] + [s.file for s in m.shards]
     stored = json.loads((out / MANIFEST).read_text())
     assert stored["complete"] is True and stored["request"]["seed"] == 7
-    assert stored["request"]["sop_hash"] == toy.source_hash and stored["request"]["source_cases"] == 11
+    assert stored["request"]["sop_hash"] == toy.source_hash and stored["request"]["source_items"] == 11
     assert stored["request"]["source_sha256"] == hashlib.sha256(cases_file.read_bytes()).hexdigest()
     for s in stored["shards"]:
         data = (out / s["file"]).read_bytes()
         assert s["bytes"] == len(data) and s["sha256"] == hashlib.sha256(data).hexdigest()
-        assert s["counts"]["written"] == len(data.splitlines()) == 2 * s["cases"]
+        assert s["counts"]["written"] == len(data.splitlines()) == 2 * s["inputs"]
     assert stored["totals"]["written"] == 22 and stored["totals"]["dialogues_seen"] == 22
     assert stored["bytes"] == sum(s["bytes"] for s in stored["shards"])
     # the shards, in order, hold exactly what one synthesis of every case writes (same seed)
@@ -187,7 +195,21 @@ def test_parquet_shards_hold_the_jsonl_records(toy, cases_file, tmp_path):
             assert got == want
 
 
-def test_sharded_cli_prints_one_line_per_shard_and_the_totals(toy_file, cases_file, tmp_path):
+@pytest.mark.parametrize("reference", [False, True])
+def test_sharded_export_holds_what_one_export_of_the_run_writes(tmp_path_factory, tmp_path, reference):
+    run = floor_run(tmp_path_factory, "baseline/always-comply")
+    whole, stats = export_run(run, fmt="sharegpt", min_overall=0.5, reference=reference)
+    m = export_corpus(run, tmp_path / "c", fmt="sharegpt", min_overall=0.5, reference=reference, shard_size=5)
+    assert [s.inputs for s in m.shards] == [5, 5, 5, 5, 4]  # 12 cases x 2 trials, 5 stored dialogues a shard
+    assert [r for s in m.shards for r in lines(tmp_path / "c" / s.file)] == whole
+    assert m.totals["written"] == stats.written and m.totals["skipped_below_bar"] == stats.skipped_below_bar
+    assert m.request.kind == "export" and m.request.judgment_set == "default" and m.request.seed is None
+    again = export_corpus(run, tmp_path / "c", fmt="sharegpt", min_overall=0.5, reference=reference, shard_size=5,
+                          resume=True)
+    assert again == m
+
+
+def test_sharded_cli_prints_one_line_per_shard_and_the_totals(toy_file, cases_file, tmp_path, tmp_path_factory):
     res = CliRunner().invoke(main, ["synth-dialogues", str(toy_file), "--cases", str(cases_file), "--model",
                                     "agent=baseline/oracle", "--max-turns", "3", "--shard-size", "5",
                                     "-o", str(tmp_path / "c")])
@@ -200,6 +222,10 @@ def test_sharded_cli_prints_one_line_per_shard_and_the_totals(toy_file, cases_fi
     res = CliRunner().invoke(main, ["synth-dialogues", str(toy_file), "--cases", str(cases_file), "--model",
                                     "agent=baseline/oracle", "--shard-size", "5", "-o", str(tmp_path / "c")])
     assert res.exit_code == 1 and "--resume" in res.output and "Traceback" not in res.output
+    run = floor_run(tmp_path_factory, "baseline/always-comply")
+    res = CliRunner().invoke(main, ["export", str(run), "--shard-size", "10", "-o", str(tmp_path / "e")])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("shard 0000") == 3 and "24 seen" in res.stderr
 
 
 def test_without_ray_the_option_says_how_to_install_it_and_creates_nothing(toy_file, cases_file, tmp_path,

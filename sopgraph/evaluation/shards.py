@@ -27,14 +27,15 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
 from sopgraph.cases.validate import MAX_CASE_LINE, complete_case
-from sopgraph.evaluation.corpus import FORMATS, CorpusStats, Format, synthesize_dialogues
-from sopgraph.evaluation.score import ScoreConfig, ScoreError
+from sopgraph.evaluation.corpus import FORMATS, CorpusStats, Format, dialogue_records, synthesize_dialogues
+from sopgraph.evaluation.score import ScoreConfig, ScoreError, open_run, pick_judgment_set, score_records
 from sopgraph.language import ir
 from sopgraph.records import Case
 from sopgraph.simulation import distributed
@@ -58,11 +59,13 @@ class CorpusError(ScoreError):
 
 
 class ShardEntry(BaseModel):
-    """One finished shard: where its cases came from, what it holds, and its file's size and hash."""
+    """One finished shard: what it was made from (`inputs`: cases from `first_line` of the cases file, or
+    stored dialogues from `first_id` of the run), what it holds, and its file's size and hash."""
     index: int
     file: str
-    cases: int
-    first_line: int
+    inputs: int
+    first_line: int | None = None
+    first_id: str | None = None
     bytes: int
     sha256: str
     counts: dict[str, int] = Field(default_factory=dict)
@@ -71,21 +74,25 @@ class ShardEntry(BaseModel):
 
 class CorpusRequest(BaseModel):
     """What a corpus is made of; `--resume` continues only a corpus with the same request."""
-    kind: Literal["synth-dialogues"] = "synth-dialogues"
+    kind: Literal["synth-dialogues", "export"] = "synth-dialogues"
     scenario: str
     sop_hash: str
     source: str
     source_sha256: str
-    source_cases: int
-    seed: int
-    models: list[str]
-    trials: int
-    max_turns: int
-    min_logic: float | None
+    """The cases file's SHA-256, or (export) one over the run's dialogue ids, statuses and turn counts."""
+    source_items: int
+    seed: int | None = None
+    models: list[str] = Field(default_factory=list)
+    trials: int | None = None
+    max_turns: int | None = None
+    min_logic: float | None = None
+    min_overall: float | None = None
+    reference: bool = False
+    judgment_set: str | None = None
     format: str
     file_format: str
     shard_size: int
-    cases_per_shard: int
+    inputs_per_shard: int
     shards: int
 
 
@@ -100,29 +107,35 @@ class CorpusManifest(BaseModel):
 
 
 class ShardSpec(BaseModel):
-    """Where a shard's cases are: a byte offset into the cases file, a count and the first line number."""
+    """Where a shard's inputs are: a byte offset into the cases file and the first line number, or the
+    first dialogue id of the run (export); and how many."""
     index: int
-    offset: int
-    cases: int
-    first_line: int
+    inputs: int = 0
+    offset: int = 0
+    first_line: int | None = None
+    first_id: str | None = None
 
 
 class ShardJob(BaseModel):
     """Everything a shard maker needs (shipped once to Ray workers)."""
     model_config = {"arbitrary_types_allowed": True}
+    kind: str = "synth-dialogues"
     scenario: Any  # ir.Scenario (a pydantic model; kept as is so that workers skip re-validation)
-    cases_path: str
+    cases_path: str  # the cases file, or (export) the run directory
     out_dir: str
-    models: list[str]
-    trials: int
-    max_turns: int
-    concurrency: int
     fmt: str
     file_format: str
-    min_logic: float | None
-    seed: int
     source: str
+    models: list[str] = Field(default_factory=list)
+    trials: int = 1
+    max_turns: int = 15
+    concurrency: int = 8
+    min_logic: float | None = None
+    seed: int = 0
     gateway_options: dict[str, Any] = Field(default_factory=dict)
+    config: Any = None  # export: the ScoreConfig, its judgment set picked
+    min_overall: float | None = None
+    reference: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,8 +194,8 @@ def plan_shards(scenario: ir.Scenario, cases_path: str | Path, cases_per_shard: 
             continue
         _parse_case(scenario, raw, f"{path}:{lineno}")
         if count % cases_per_shard == 0:
-            specs.append(ShardSpec(index=len(specs), offset=pos, cases=0, first_line=lineno))
-        specs[-1].cases += 1
+            specs.append(ShardSpec(index=len(specs), offset=pos, first_line=lineno))
+        specs[-1].inputs += 1
         count += 1
     if not count:
         raise CorpusError(f"{path}: no cases")
@@ -194,13 +207,13 @@ def read_shard_cases(scenario: ir.Scenario, cases_path: str | Path, spec: ShardS
     path = Path(cases_path)
     out: list[Case] = []
     for _pos, rel, raw in _case_lines(path, spec.offset):
-        if len(out) >= spec.cases:
+        if len(out) >= spec.inputs:
             break
         if raw.strip():
-            out.append(_parse_case(scenario, raw, f"{path}:{spec.first_line + rel - 1}"))
-    if len(out) != spec.cases:
+            out.append(_parse_case(scenario, raw, f"{path}:{(spec.first_line or 1) + rel - 1}"))
+    if len(out) != spec.inputs:
         raise CorpusError(f"{path} changed while the corpus was written (shard {spec.index} has "
-                          f"{len(out)} of its {spec.cases} cases)")
+                          f"{len(out)} of its {spec.inputs} cases)")
     return out
 
 
@@ -265,32 +278,55 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-async def make_shard_async(job: ShardJob, spec: ShardSpec, gateway: Any = None) -> ShardEntry:
-    """Simulate, score and write one shard; its records are only ever in memory one shard at a time."""
+async def _synth_records(job: ShardJob, spec: ShardSpec) -> tuple[list[dict], CorpusStats]:
+    """Gold-path synthesis of one shard's cases (a gateway of its own, closed after)."""
     scenario: ir.Scenario = job.scenario
     cases = [seeded(c, job.seed) for c in read_shard_cases(scenario, job.cases_path, spec)]
-    own = gateway is None
-    gw = Gateway(concurrency=job.concurrency, **job.gateway_options) if own else gateway
+    gw = Gateway(concurrency=job.concurrency, **job.gateway_options)
     try:
-        records, stats = await synthesize_dialogues(
+        return await synthesize_dialogues(
             scenario, cases, job.models, trials=job.trials, max_turns=job.max_turns, concurrency=job.concurrency,
-            gateway=gw, fmt=cast(Format, job.fmt), min_logic=job.min_logic,
-            config=ScoreConfig(), source=job.source)
+            gateway=gw, fmt=cast(Format, job.fmt), min_logic=job.min_logic, config=ScoreConfig(), source=job.source)
     finally:
-        if own:
-            await gw.aclose()
+        await gw.aclose()
+
+
+def _export_records(job: ShardJob, spec: ShardSpec) -> tuple[list[dict], CorpusStats]:
+    """Export of one shard's stored dialogues (`spec.inputs` from `spec.first_id`, in id order): scored
+    on their own (a dialogue's scores depend only on its turns, case and consensus), so that the
+    shards hold what `corpus.export_run` writes for the whole run, and nothing else is read."""
+    store = open_run(job.cases_path, read_only=True)
+    try:
+        scenario = store.scenario()
+        dialogues = list(islice(store.iter_dialogues_by_id(from_id=spec.first_id), spec.inputs))
+        cases = [c for c in (store.case(cid) for cid in dict.fromkeys(d.case_id for d in dialogues)) if c]
+        turns = [t for d in dialogues if d.status == "done" for t in store.iter_turn_dicts(dialogue_id=d.id)]
+        cfg: ScoreConfig = job.config or ScoreConfig()
+        consensus = ([c for d in dialogues for c in store.consensus(cfg.judgment_set, d.id)]
+                     if cfg.judgment_set else [])
+        run = score_records(scenario, cases, dialogues, turns, consensus, cfg, run=Path(job.cases_path).name,
+                            keep_labels=job.reference)
+        return dialogue_records(run, lambda did: store.turns(dialogue_id=did), fmt=cast(Format, job.fmt),
+                                min_overall=job.min_overall, reference=job.reference, source=f"run:{run.run}")
+    finally:
+        store.close()
+
+
+def make_shard(job: ShardJob, spec: ShardSpec) -> ShardEntry:
+    """Make one shard (its records are in memory only while it is made) and write it whole."""
+    if job.kind == "export":
+        records, stats = _export_records(job, spec)
+    else:
+        records, stats = asyncio.run(_synth_records(job, spec))
     if job.file_format == "parquet":
         data = parquet_bytes(records, job.fmt)
     else:
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
     name = shard_name(spec.index, job.file_format)
     _write_atomic(Path(job.out_dir) / name, data)
-    return ShardEntry(index=spec.index, file=name, cases=spec.cases, first_line=spec.first_line, bytes=len(data),
-                      sha256=hashlib.sha256(data).hexdigest(), counts=_counts(stats), warnings=stats.warnings)
-
-
-def make_shard(job: ShardJob, spec: ShardSpec) -> ShardEntry:
-    return asyncio.run(make_shard_async(job, spec))
+    return ShardEntry(index=spec.index, file=name, inputs=spec.inputs, first_line=spec.first_line,
+                      first_id=spec.first_id, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                      counts=_counts(stats), warnings=stats.warnings)
 
 
 def _counts(stats: CorpusStats) -> dict[str, int]:
@@ -383,17 +419,7 @@ def _record(out_dir: Path, entry: ShardEntry) -> None:
         os.fsync(fh.fileno())
 
 
-def write_corpus(scenario: ir.Scenario, cases_path: str | Path, models: Sequence[str], out_dir: str | Path, *,
-                 trials: int = 1, max_turns: int = 15, concurrency: int = 8, fmt: Format = "openai",
-                 file_format: FileFormat = "jsonl", min_logic: float | None = None, seed: int = 0,
-                 shard_size: int = DEFAULT_SHARD_SIZE, resume: bool = False, ray: str | None = None,
-                 num_cpus: int | None = None, gateway_options: Mapping[str, Any] | None = None,
-                 on_shard: Callable[[ShardEntry, int, int], None] | None = None) -> CorpusManifest:
-    """Gold-path synthesis (`corpus.synthesize_dialogues`) of every case of `cases_path` as a sharded
-    corpus in `out_dir` (see the module docstring); `ray`: make the shards with Ray Data on a local
-    instance (`local`) or the cluster at that address. `gateway_options`: keyword arguments of each
-    shard's `Gateway` (retries, cache, ...). `on_shard(entry, finished, total)` is called as
-    each shard is recorded. The shards are the same bytes with or without Ray."""
+def _check_formats(fmt: str, file_format: str, shard_size: int, ray: str | None) -> None:
     if fmt not in FORMATS:
         raise CorpusError(f"unknown corpus format {fmt!r}; use {' or '.join(FORMATS)}")
     if file_format not in FILE_FORMATS:
@@ -410,19 +436,82 @@ def write_corpus(scenario: ir.Scenario, cases_path: str | Path, models: Sequence
             distributed.check(ray)
         except distributed.DistributedError as exc:
             raise CorpusError(str(exc)) from None
-    out = Path(out_dir)
+
+
+def write_corpus(scenario: ir.Scenario, cases_path: str | Path, models: Sequence[str], out_dir: str | Path, *,
+                 trials: int = 1, max_turns: int = 15, concurrency: int = 8, fmt: Format = "openai",
+                 file_format: FileFormat = "jsonl", min_logic: float | None = None, seed: int = 0,
+                 shard_size: int = DEFAULT_SHARD_SIZE, resume: bool = False, ray: str | None = None,
+                 num_cpus: int | None = None, gateway_options: Mapping[str, Any] | None = None,
+                 on_shard: Callable[[ShardEntry, int, int], None] | None = None) -> CorpusManifest:
+    """Gold-path synthesis (`corpus.synthesize_dialogues`) of every case of `cases_path` as a sharded
+    corpus in `out_dir` (see the module docstring); `ray`: make the shards with Ray Data on a local
+    instance (`local`) or the cluster at that address. `gateway_options`: keyword arguments of each
+    shard's `Gateway` (retries, cache, ...). `on_shard(entry, finished, total)` is called as each shard
+    is recorded. The shards are the same bytes with or without Ray."""
+    _check_formats(fmt, file_format, shard_size, ray)
     per_shard = max(1, shard_size // max(1, trials))
     specs, sha, total_cases = plan_shards(scenario, cases_path, per_shard)
     request = CorpusRequest(scenario=scenario.name, sop_hash=scenario.source_hash, source=str(cases_path),
-                            source_sha256=sha, source_cases=total_cases, seed=seed, models=list(models),
+                            source_sha256=sha, source_items=total_cases, seed=seed, models=list(models),
                             trials=trials, max_turns=max_turns, min_logic=min_logic, format=fmt,
-                            file_format=file_format, shard_size=shard_size, cases_per_shard=per_shard,
+                            file_format=file_format, shard_size=shard_size, inputs_per_shard=per_shard,
                             shards=len(specs))
-    done = _start(out, request, resume)
-    job = ShardJob(scenario=scenario, cases_path=str(Path(cases_path).resolve()), out_dir=str(out.resolve()),
+    job = ShardJob(scenario=scenario, cases_path=str(Path(cases_path).resolve()), out_dir=str(Path(out_dir).resolve()),
                    models=list(models), trials=trials, max_turns=max_turns, concurrency=concurrency, fmt=fmt,
                    file_format=file_format, min_logic=min_logic, seed=seed, source=str(cases_path),
                    gateway_options=dict(gateway_options or {}))
+    return _make_corpus(Path(out_dir), request, job, specs, resume=resume, ray=ray, num_cpus=num_cpus,
+                        on_shard=on_shard)
+
+
+def export_corpus(run_dir: str | Path, out_dir: str | Path, *, fmt: Format = "openai",
+                  file_format: FileFormat = "jsonl", min_overall: float | None = None, reference: bool = False,
+                  config: ScoreConfig | None = None, shard_size: int = DEFAULT_SHARD_SIZE, resume: bool = False,
+                  ray: str | None = None, num_cpus: int | None = None,
+                  on_shard: Callable[[ShardEntry, int, int], None] | None = None) -> CorpusManifest:
+    """`corpus.export_run` as a sharded corpus: the run's dialogues in id order, `shard_size` to a shard,
+    each shard scored and written on its own (locally, or by Ray Data workers that read the run store:
+    it must be on storage they see). The driver streams the dialogue ids once to plan the shards."""
+    _check_formats(fmt, file_format, shard_size, ray)
+    cfg = config or ScoreConfig()
+    store = open_run(run_dir, read_only=True)
+    try:
+        scenario = store.scenario()
+        jset = pick_judgment_set(store.judgment_sets(), cfg.judgment_set)
+        if jset is not None and cfg.judgment_set != jset:
+            cfg = cfg.model_copy(update={"judgment_set": jset})
+        digest = hashlib.sha256()
+        specs: list[ShardSpec] = []
+        total = 0
+        for d in store.iter_dialogues_by_id():
+            digest.update(f"{d.id}\x00{d.status}\x00{d.turns}\n".encode())
+            if total % shard_size == 0:
+                specs.append(ShardSpec(index=len(specs), first_id=d.id))
+            specs[-1].inputs += 1
+            total += 1
+    finally:
+        store.close()
+    if not total:
+        raise CorpusError(f"{run_dir}: the run has no dialogues")
+    request = CorpusRequest(kind="export", scenario=scenario.name, sop_hash=scenario.source_hash,
+                            source=str(run_dir), source_sha256=digest.hexdigest(), source_items=total,
+                            min_overall=min_overall, reference=reference, judgment_set=jset, format=fmt,
+                            file_format=file_format, shard_size=shard_size, inputs_per_shard=shard_size,
+                            shards=len(specs))
+    job = ShardJob(kind="export", scenario=scenario, cases_path=str(Path(run_dir).resolve()),
+                   out_dir=str(Path(out_dir).resolve()), fmt=fmt, file_format=file_format, source=str(run_dir),
+                   config=cfg, min_overall=min_overall, reference=reference)
+    return _make_corpus(Path(out_dir), request, job, specs, resume=resume, ray=ray, num_cpus=num_cpus,
+                        on_shard=on_shard)
+
+
+def _make_corpus(out: Path, request: CorpusRequest, job: ShardJob, specs: Sequence[ShardSpec], *, resume: bool,
+                 ray: str | None, num_cpus: int | None,
+                 on_shard: Callable[[ShardEntry, int, int], None] | None) -> CorpusManifest:
+    """Make the shards not yet finished (here one at a time, or on Ray), record each as it arrives,
+    then write the complete manifest."""
+    done = _start(out, request, resume)
     todo = [s for s in specs if s.index not in done]
     finished = len(done)
 
