@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +31,7 @@ from sopgraph.evaluation.shards import (
     write_corpus,
 )
 from sopgraph.logic.checker import load
+from sopgraph.simulation.gateway import Gateway
 
 MODELS = ["agent=baseline/oracle"]
 DIRECT = {"builtins_via_litellm": False, "cache": False}  # same answers, without litellm's per-call CPU
@@ -82,7 +87,7 @@ def test_manifest_counts_hashes_and_the_records_of_one_unsharded_synthesis(toy, 
     # the shards, in order, hold exactly what one synthesis of every case writes (same seed)
     records = [r for s in m.shards for r in lines(out / s.file)]
     whole, _ = synthesize_dialogues_sync(toy, [shards.seeded(c, 7) for c in toy_cases(11)], MODELS, trials=2,
-                                         max_turns=3)
+                                         max_turns=3, gateway=Gateway(concurrency=8, **DIRECT))
     assert records == whole
     assert [r["metadata"]["dialogue_id"] for r in records] == [f"k{k:03d}#{t}" for k in range(11) for t in (0, 1)]
 
@@ -255,3 +260,32 @@ def test_ray_data_on_two_nodes_writes_the_same_bytes_and_resumes(toy, cases_file
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "ray").glob("shard-*") if p.name in kept} == kept
     rows = (tmp_path / "ray" / PROGRESS).read_text().splitlines()
     assert sorted(json.loads(r)["index"] for r in rows) == [0, 1, 2, 3]  # each shard recorded once
+
+
+@pytest.mark.slow  # two `sop` processes (litellm's import each)
+@pytest.mark.timeout(600)
+def test_sigkill_mid_corpus_then_resume_gives_the_uninterrupted_corpus(toy_file, tmp_path):
+    cases = write_cases(tmp_path / "cases.jsonl", toy_cases(400))
+    cmd = [sys.executable, "-c", "from sopgraph.cli import entry; entry()", "synth-dialogues", str(toy_file),
+           "--cases", str(cases), "--model", "agent=baseline/oracle", "--max-turns", "3", "--shard-size", "10"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "-o", str(out)], env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        progress = out / PROGRESS
+        if progress.is_file() and len(progress.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    recorded = len(finished_shards(out))
+    assert 3 <= recorded < 40 and not json.loads((out / MANIFEST).read_text())["complete"], recorded
+    res = subprocess.run([*cmd, "-o", str(out), "--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("shard 000") == 40 - recorded  # only the shards not finished were made
+    whole = subprocess.run([*cmd, "-o", str(tmp_path / "whole")], env=env, capture_output=True, timeout=300)
+    assert whole.returncode == 0
+    assert shard_bytes(out) == shard_bytes(tmp_path / "whole")
+    assert (out / MANIFEST).read_bytes() == (tmp_path / "whole" / MANIFEST).read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())

@@ -727,7 +727,7 @@ def _shard_progress(entry: ShardEntry, finished: int, total: int) -> None:
 
 
 def _print_manifest(manifest: CorpusManifest, out: Path, fmt: str) -> None:
-    stats = CorpusStats(source=manifest.request.source, format=fmt, **manifest.totals)
+    stats = CorpusStats.model_validate({"source": manifest.request.source, "format": fmt, **manifest.totals})
     stats.warnings = list(dict.fromkeys(w for s in manifest.shards for w in s.warnings))
     _print_corpus_stats(stats, out)
     click.echo(f"{len(manifest.shards)} shards, {manifest.bytes / 2**20:.1f} MiB, manifest {out / MANIFEST}",

@@ -436,6 +436,11 @@ def _check_formats(fmt: str, file_format: str, shard_size: int, ray: str | None)
             distributed.check(ray)
         except distributed.DistributedError as exc:
             raise CorpusError(str(exc)) from None
+        try:
+            import ray.data  # noqa: F401 - Ray without its Data extra (pandas, pyarrow) cannot shard
+        except ImportError as exc:
+            raise CorpusError(f"--ray needs Ray Data, which is not installed ({exc}): "
+                              "pip install 'sopgraph[ray]'") from None
 
 
 def write_corpus(scenario: ir.Scenario, cases_path: str | Path, models: Sequence[str], out_dir: str | Path, *,
@@ -549,7 +554,7 @@ def _ray_shards(job: ShardJob, todo: Sequence[ShardSpec], record: Callable[[Shar
             try:
                 # one block per shard; Ray Data retries a task lost with its worker or node (system
                 # errors, without limit), never one whose function raised (it would fail again)
-                ds = rd.from_items([s.model_dump() for s in todo], override_num_blocks=len(todo))
+                ds: Any = rd.from_items([s.model_dump() for s in todo], override_num_blocks=len(todo))
                 ds = ds.map(_shard_row, fn_kwargs={"job": job}, num_cpus=1,
                             compute=rd.TaskPoolStrategy(size=min(len(todo), distributed.cluster_cpus(ray))))
                 for row in ds.iter_rows():
