@@ -246,8 +246,14 @@ def test_without_ray_the_option_says_how_to_install_it_and_creates_nothing(toy_f
 
 @pytest.mark.slow  # a 2-node Ray cluster (~10-25 s to start on two cores)
 @pytest.mark.timeout(480)
-def test_ray_data_on_two_nodes_writes_the_same_bytes_and_resumes(toy, cases_file, tmp_path, cluster):  # noqa: F811
+def test_ray_data_on_two_nodes_writes_the_same_bytes_and_resumes(toy, cases_file, tmp_path, tmp_path_factory,
+                                                                 cluster):  # noqa: F811
     c, _worker = cluster
+    run = floor_run(tmp_path_factory, "baseline/always-comply")  # export: the tasks read the run store
+    local = export_corpus(run, tmp_path / "export-local", reference=True, shard_size=7, file_format="parquet")
+    on_ray = export_corpus(run, tmp_path / "export-ray", reference=True, shard_size=7, file_format="parquet",
+                           ray=c.address)
+    assert on_ray == local and shard_bytes(tmp_path / "export-ray") == shard_bytes(tmp_path / "export-local")
     make(toy, cases_file, tmp_path / "local", file_format="jsonl")
     m = make(toy, cases_file, tmp_path / "ray", ray=c.address)
     assert m.complete and shard_bytes(tmp_path / "ray") == shard_bytes(tmp_path / "local")
