@@ -2,10 +2,16 @@
 bytes whether the shards are made here or on Ray (Ray Data).
 
 Why: a corpus of 1e5-1e7 dialogues does not fit in one list, one file or one uninterrupted run. The
-corpus is cut into shards of consecutive cases; a shard's content depends only on its cases and the
-settings (built-in models are deterministic), so it can be made anywhere, in any order, any number of
-times, and comes out byte-identical. The driver never holds more than the shard descriptors (an offset
-into the cases file and a count each) and one line of bookkeeping per finished shard.
+corpus is cut into shards of consecutive inputs (cases of a cases file for gold-path synthesis, stored
+dialogues in id order for an export); a shard's content depends only on its inputs and the settings
+(built-in models are deterministic), so it can be made anywhere, in any order, any number of times, and
+comes out byte-identical. The driver never holds more than the shard descriptors (an offset into the
+cases file or a first dialogue id, and a count) and one line of bookkeeping per finished shard.
+
+With Ray (`--ray`), the shards to make are a Ray Data dataset mapped by tasks that make and write their
+shard and return its entry; the driver records entries as they stream back. Ray Data's file writers are
+not used: their file names and block boundaries are not stable across reruns, which resume and
+byte-identity need.
 
 A corpus directory holds:
 
@@ -49,7 +55,7 @@ MANIFEST_VERSION = 1
 DEFAULT_SHARD_SIZE = 1000
 """Dialogues per shard: one shard's records are what a worker (or the local writer) holds at once."""
 _DATA_LOG = logging.getLogger("ray.data")
-PARQUET_HINT = "--format parquet needs pyarrow, which is not installed: pip install 'sopgraph[ray]' (or pyarrow)"
+PARQUET_HINT = "--file-format parquet needs pyarrow, which is not installed: pip install 'sopgraph[ray]' (or pyarrow)"
 _COUNTS = ("dialogues_seen", "written", "turns_written", "skipped_format_error", "skipped_below_bar",
            "skipped_unscored", "skipped_not_done", "reference_fallback_turns", "infra_failures")
 
@@ -353,9 +359,10 @@ def _file_sha256(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def finished_shards(out_dir: Path) -> dict[int, ShardEntry]:
+def finished_shards(out_dir: Path, *, check_hash: bool = True) -> dict[int, ShardEntry]:
     """The shards `progress.jsonl` lists whose file is still there with that size and hash (a torn last
-    line, a missing or changed file: that shard is made again)."""
+    line, a missing or changed file: that shard is made again). `check_hash=False` checks the sizes only
+    (the end of a job, whose shards were hashed as they were written)."""
     done: dict[int, ShardEntry] = {}
     try:
         lines = (out_dir / PROGRESS).read_text(encoding="utf-8").splitlines()
@@ -367,7 +374,8 @@ def finished_shards(out_dir: Path) -> dict[int, ShardEntry]:
         except ValueError:
             continue
         path = out_dir / entry.file
-        if path.is_file() and path.stat().st_size == entry.bytes and _file_sha256(path) == entry.sha256:
+        if path.is_file() and path.stat().st_size == entry.bytes and (
+                not check_hash or _file_sha256(path) == entry.sha256):
             done[entry.index] = entry
     return done
 
@@ -578,7 +586,7 @@ def _first_lines(exc: BaseException, lines: int = 12) -> str:
 
 def _finish(out: Path, request: CorpusRequest) -> CorpusManifest:
     """The complete manifest, from the recorded shards (verified), in shard order."""
-    done = finished_shards(out)
+    done = finished_shards(out, check_hash=False)
     missing = [i for i in range(request.shards) if i not in done]
     if missing:
         raise CorpusError(f"shards {missing[:5]} of {out} were not written (run the same command with --resume)")
