@@ -45,6 +45,7 @@ manifest = write_corpus(scenario, cases, ["agent=baseline/oracle"], out, max_tur
                         gateway_options={"builtins_via_litellm": direct == "0", "cache": False})
 print(json.dumps({"seconds": time.perf_counter() - started, "written": manifest.totals["written"],
                   "shards": len(manifest.shards), "bytes": manifest.bytes,
+                  "sha256": [s.sha256 for s in manifest.shards],
                   "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
 
@@ -103,6 +104,11 @@ def main() -> int:
     print(f"{'mode':6} {'dialogues':>10} {'seconds':>9} {'dialogues/s':>12} {'driver peak RSS MiB':>20}")
     for mode, n, r in rows:
         print(f"{mode:6} {n:>10,} {r['seconds']:>9.1f} {n / r['seconds']:>12.1f} {r['peak_rss_kib'] / 1024:>20.1f}")
+    for n in args.sizes:  # the shards are the same bytes locally and on Ray
+        hashes = {m: r["sha256"] for m, k, r in rows if k == n}
+        assert len({tuple(h) for h in hashes.values()}) == 1, f"{n}: local and --ray shards differ"
+        if len(hashes) > 1:
+            print(f"{n:,} dialogues: the {' and '.join(hashes)} shards are the same bytes (SHA-256)")
     for mode in args.modes:
         mine = {n: r for m, n, r in rows if m == mode}
         lo, hi = min(mine), max(mine)
