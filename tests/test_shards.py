@@ -244,6 +244,14 @@ def test_without_ray_the_option_says_how_to_install_it_and_creates_nothing(toy_f
     assert not (tmp_path / "c").exists()
 
 
+def test_ray_without_ray_data_says_how_to_install_it(toy, cases_file, tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason=NO_RAY)
+    monkeypatch.setitem(sys.modules, "ray.data", None)  # Ray installed without its Data extra
+    with pytest.raises(CorpusError, match=r"--ray needs Ray Data.*pip install 'sopgraph\[ray\]'"):
+        make(toy, cases_file, tmp_path / "c", ray="local")
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.slow  # a 2-node Ray cluster (~10-25 s to start on two cores)
 @pytest.mark.timeout(480)
 def test_ray_data_on_two_nodes_writes_the_same_bytes_and_resumes(toy, cases_file, tmp_path, tmp_path_factory,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -445,7 +446,7 @@ def _check_formats(fmt: str, file_format: str, shard_size: int, ray: str | None)
         except distributed.DistributedError as exc:
             raise CorpusError(str(exc)) from None
         try:
-            import ray.data  # noqa: F401 - Ray without its Data extra (pandas, pyarrow) cannot shard
+            importlib.import_module("ray.data")  # Ray without its Data extra (pandas, pyarrow) cannot shard
         except ImportError as exc:
             raise CorpusError(f"--ray needs Ray Data, which is not installed ({exc}): "
                               "pip install 'sopgraph[ray]'") from None
