@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import click
 from click.testing import CliRunner
 
 import sopgraph
@@ -27,6 +28,18 @@ def test_readme_command_table_lists_every_command() -> None:
     table = [line for line in readme.splitlines() if line.startswith("| `sop ")]
     listed = {name for line in table for name in re.findall(r"`sop ([a-z][a-z-]*)", line)}
     assert set(main.commands) <= listed, sorted(set(main.commands) - listed)
+
+
+def test_readme_command_table_says_which_commands_run_on_ray() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = [line for line in readme.splitlines() if line.startswith("| `sop ")]
+    ctx = click.Context(main)
+    commands = {name: main.get_command(ctx, name) for name in main.list_commands(ctx)}
+    on_ray = sorted(name for name, cmd in commands.items() if cmd and any(p.name == "ray" for p in cmd.params))
+    assert {"run", "judge", "synth-dialogues", "export"} <= set(on_ray), on_ray
+    for name in on_ray:
+        rows = [line for line in table if re.search(rf"`sop {name}\b(?!-)", line)]
+        assert any("--ray" in row for row in rows), (name, rows)
 
 
 def test_dir_of_the_package_is_its_public_api() -> None:

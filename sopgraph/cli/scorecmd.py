@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from sopgraph.evaluation.corpus import Format, export_run, synthesize_dialogues_sync, write_jsonl
+from sopgraph.evaluation.corpus import CorpusStats, Format, export_run, synthesize_dialogues_sync, write_jsonl
 from sopgraph.evaluation.coverage import coverage_report, render_coverage
 from sopgraph.evaluation.metrics import BUILTIN_METRICS, REDUCERS, MetricError, registered
 from sopgraph.evaluation.report import report_for_runs
@@ -31,6 +31,16 @@ from sopgraph.evaluation.score import (
     open_run,
     parse_threshold,
     score_run,
+)
+from sopgraph.evaluation.shards import (
+    DEFAULT_SHARD_SIZE,
+    FILE_FORMATS,
+    MANIFEST,
+    CorpusManifest,
+    ShardEntry,
+    export_corpus,
+    seeded,
+    write_corpus,
 )
 from sopgraph.language.render import RenderError
 from sopgraph.simulation.runner import RunError, read_cases
@@ -680,6 +690,50 @@ def _print_corpus_stats(stats: Any, out: Path | None) -> None:
     click.echo(" · ".join(parts), err=True)
 
 
+def _shard_options(fn: Callable) -> Callable:
+    """The sharded-corpus options shared by `sop export` and `sop synth-dialogues`."""
+    for option in reversed([
+        click.option("--shard-size", type=click.IntRange(min=1), default=None, metavar="N",
+                     help=f"Write a sharded corpus into the directory -o: N dialogues per shard (default "
+                          f"{DEFAULT_SHARD_SIZE} when --ray, --resume or --file-format parquet asks for shards), "
+                          "a manifest, flat memory whatever the size (docs/scale.md)."),
+        click.option("--file-format", type=click.Choice(list(FILE_FORMATS)), default="jsonl", show_default=True,
+                     help="Shard files: JSON Lines, or Parquet (needs pyarrow)."),
+        click.option("--resume", is_flag=True,
+                     help="Continue the sharded corpus in -o: finished shards are kept, the rest made again."),
+        click.option("--ray", "ray", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+                     help="Make the shards with Ray Data: alone, a local Ray instance; with ADDRESS (HOST:PORT "
+                          "or auto), that cluster (inputs and -o on storage every node sees). Same bytes as "
+                          "without. Needs pip install 'sopgraph[ray]'."),
+        click.option("--workers", type=click.IntRange(min=1), default=None,
+                     help="CPUs of the local Ray instance a bare --ray starts (default: all)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _sharded(out: Path | None, shard_size: int | None, file_format: str, resume: bool, ray: str | None) -> bool:
+    """Whether the options ask for a sharded corpus (which needs -o DIR)."""
+    if shard_size is None and ray is None and not resume and file_format == "jsonl":
+        return False
+    if out is None:
+        fail("a sharded corpus needs -o DIR (the corpus directory)")
+    return True
+
+
+def _shard_progress(entry: ShardEntry, finished: int, total: int) -> None:
+    click.echo(f"shard {entry.index:05d} ({finished}/{total}): {entry.counts.get('written', 0)} dialogues, "
+               f"{entry.bytes / 1024:.0f} KiB", err=True)
+
+
+def _print_manifest(manifest: CorpusManifest, out: Path, fmt: str) -> None:
+    stats = CorpusStats.model_validate({"source": manifest.request.source, "format": fmt, **manifest.totals})
+    stats.warnings = list(dict.fromkeys(w for s in manifest.shards for w in s.warnings))
+    _print_corpus_stats(stats, out)
+    click.echo(f"{len(manifest.shards)} shards, {manifest.bytes / 2**20:.1f} MiB, manifest {out / MANIFEST}",
+               err=True)
+
+
 @click.command("export")
 @_run_dir
 @click.option("--format", "fmt", type=click.Choice(["openai", "sharegpt"]), default="openai", show_default=True)
@@ -687,19 +741,29 @@ def _print_corpus_stats(stats: Any, out: Path | None) -> None:
               help="Keep dialogues whose every scored turn has overall ≥ X (0–100, as printed by `sop score`).")
 @click.option("--reference", is_flag=True,
               help="Replace each turn's classification, path and finals by the reference (consensus + engine).")
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="JSON Lines file (default: stdout).")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="JSON Lines file (default: stdout); the corpus directory when sharded.")
+@_shard_options
 @_score_options
 def export_cmd(run_dir: Path, fmt: Format, min_overall: float | None, reference: bool, out: Path | None,
+               shard_size: int | None, file_format: str, resume: bool, ray: str | None, workers: int | None,
                **opts: Any) -> None:
     """Export a run's dialogues as a training corpus (OpenAI messages or ShareGPT), each line with its
-    case id, SOP hash and scores."""
+    case id, SOP hash and scores (one JSON Lines file, or a sharded corpus directory with a manifest)."""
     if min_overall is not None and 0 < min_overall <= 1:
         click.echo(f"warning: --min-overall is on the 0–100 scale of `sop score`; {min_overall:g} keeps almost "
                    f"everything (did you mean {min_overall * 100:g}?)", err=True)
     cfg = guard(lambda: _config(**opts))
-    records, stats = guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg,
-                                               min_overall=None if min_overall is None else min_overall / 100))
+    bar = None if min_overall is None else min_overall / 100
+    if _sharded(out, shard_size, file_format, resume, ray):
+        assert out is not None
+        manifest = guard(lambda: export_corpus(
+            run_dir, out, fmt=fmt, file_format=file_format,  # type: ignore[arg-type]
+            min_overall=bar, reference=reference, config=cfg, shard_size=shard_size or DEFAULT_SHARD_SIZE,
+            resume=resume, ray=ray, num_cpus=workers, on_shard=_shard_progress))
+        _print_manifest(manifest, out, fmt)
+        return
+    records, stats = guard(lambda: export_run(run_dir, fmt=fmt, reference=reference, config=cfg, min_overall=bar))
     text = write_jsonl(records, None)
     write_output(text, out) if out is not None else click.echo(text, nl=False)
     _print_corpus_stats(stats, out)
@@ -714,18 +778,36 @@ def export_cmd(run_dir: Path, fmt: Format, min_overall: float | None, reference:
 @click.option("--format", "fmt", type=click.Choice(["openai", "sharegpt"]), default="openai", show_default=True)
 @click.option("--trials", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--max-turns", type=click.IntRange(min=1), default=15, show_default=True)
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Model calls in flight at once (per Ray task with --ray).")
 @click.option("--min-logic", type=click.FloatRange(0, 100), default=None, metavar="X",
               help="Keep dialogues whose every turn has logic ≥ X (0–100) against the gold path.")
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="JSON Lines file (default: stdout).")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="JSON Lines file (default: stdout); the corpus directory when sharded.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Mixed into every case's seed (what the simulated customers hold back); 0 keeps the cases' "
+                   "own. Recorded in the manifest.")
+@_shard_options
 def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], fmt: str, trials: int,
-                        max_turns: int, concurrency: int, min_logic: float | None, out: Path | None) -> None:
+                        max_turns: int, concurrency: int, min_logic: float | None, out: Path | None,
+                        shard_size: int | None, file_format: str, seed: int, resume: bool, ray: str | None,
+                        workers: int | None) -> None:
     """Gold-path synthesis: the agent model is given each case's reference classification, path and
-    finals and only writes the conversation; the dialogues are written as a training corpus."""
+    finals and only writes the conversation; the dialogues are written as a training corpus (one JSON
+    Lines file, or a sharded corpus directory with a manifest)."""
     scenario = load_or_exit(file)
+    if _sharded(out, shard_size, file_format, resume, ray):
+        assert out is not None
+        manifest = guard(lambda: write_corpus(
+            scenario, cases_path, list(models), out, trials=trials, max_turns=max_turns, concurrency=concurrency,
+            fmt=fmt, file_format=file_format,  # type: ignore[arg-type]
+            min_logic=None if min_logic is None else min_logic / 100, seed=seed,
+            shard_size=shard_size or DEFAULT_SHARD_SIZE, resume=resume, ray=ray, num_cpus=workers,
+            on_shard=_shard_progress))
+        _print_manifest(manifest, out, fmt)
+        return
     try:
-        cases = read_cases(cases_path, scenario)
+        cases = [seeded(c, seed) for c in read_cases(cases_path, scenario)]
     except RunError as exc:
         fail(str(exc))
     records, stats = guard(lambda: synthesize_dialogues_sync(

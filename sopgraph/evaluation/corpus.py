@@ -414,9 +414,9 @@ async def synthesize_dialogues(scenario: ir.Scenario, cases: Sequence[Case], mod
     await asyncio.gather(*(one(c, t) for c in cases for t in range(trials)))
     dialogues.sort(key=lambda d: d.id)
     turns.sort(key=lambda t: (t.dialogue_id, t.index))
+    truth = {c.id: c.truth for c in cases}  # by id: a shard of thousands of cases is not scanned per turn
     gold = [Consensus(judgment_set="gold", dialogue_id=t.dialogue_id, turn_index=t.index,
-                      labels=dict(next(c for c in cases if c.id == t.dialogue_id.rsplit("#", 1)[0]).truth),
-                      judges_scored=0) for t in turns]
+                      labels=dict(truth[t.dialogue_id.rsplit("#", 1)[0]]), judges_scored=0) for t in turns]
     run = score_records(scenario, list(cases), dialogues, turns, gold, cfg, run="gold-synthesis")
     by_dialogue: dict[str, list[Turn]] = {}
     for t in turns:

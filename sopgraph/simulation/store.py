@@ -523,6 +523,17 @@ class RunStore:
         row = self.conn.execute("SELECT data FROM dialogues WHERE id=?", (dialogue_id,)).fetchone()
         return _decode(Dialogue, row[0], self.path, "dialogues") if row else None
 
+    def iter_dialogues_by_id(self, *, from_id: str | None = None, batch: int = 2000) -> Iterator[Dialogue]:
+        """Dialogues in id order from `from_id` (inclusive), streamed with constant memory (sharded export)."""
+        sql, args = (("SELECT data FROM dialogues WHERE id >= ? ORDER BY id", [from_id]) if from_id is not None
+                     else ("SELECT data FROM dialogues ORDER BY id", []))
+        for data in self._iter_data(sql, args, batch=batch):
+            yield _decode(Dialogue, data, self.path, "dialogues")
+
+    def case(self, case_id: str) -> Case | None:
+        row = self.conn.execute("SELECT data FROM cases WHERE id=?", (case_id,)).fetchone()
+        return _decode(Case, row[0], self.path, "cases") if row else None
+
     def _turn_query(self, dialogue_id: str | None, status: str | Iterable[str] | None) -> tuple[str, list]:
         if dialogue_id is not None:
             return "SELECT data FROM turns WHERE dialogue_id=? ORDER BY idx", [dialogue_id]
