@@ -1,0 +1,309 @@
+"""Environments (`--env python:MODULE:FACTORY`, simulation/environment.py): the shipped no-service phone,
+tool agents acting on it, the online procedure-step scores and the end-state check, and bad environments."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sopgraph
+from sopgraph.evaluation.score import ScoreConfig, ScoreError, dialogue_metric_values, score_run
+from sopgraph.evaluation.traces import ProcedureScorer, step_session
+from sopgraph.logic.session import Act, End, Need
+from sopgraph.records import Case
+from sopgraph.simulation.backend import Backend, BackendSpec
+from sopgraph.simulation.environment import MAX_ANSWER_BYTES, EnvBackend, EnvError, EnvSpec
+from sopgraph.simulation.gateway import InfraFailure
+from sopgraph.simulation.runner import RunError, run_sync
+from sopgraph.simulation.store import RunStore
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_SERVICE = ROOT / "examples" / "no_service.sop"
+ENV = "python:examples.no_service_env:make"
+sys.path.insert(0, str(ROOT))  # the example environment is imported as a module (examples/)
+
+CASES: dict[str, Case] = {}  # case id → case, for the test agents below (they know the customer's facts)
+
+
+@pytest.fixture(scope="module")
+def scenario() -> sopgraph.Scenario:
+    return sopgraph.load(NO_SERVICE)
+
+
+@pytest.fixture(scope="module")
+def cases(scenario) -> list[Case]:
+    from sopgraph.cases.profiles import profile_for
+    from sopgraph.cases.synth import plan, synthesize
+
+    profile = profile_for(NO_SERVICE, scenario)
+    every_path = len(plan(scenario, profile).paths)
+    found = list(synthesize(scenario, profile, every_path, seed=3, min_per_path=1).cases)
+    CASES.update({c.id: c for c in found})
+    return found
+
+
+# -- a Python agent that follows the procedure with the engine session (optionally skipping a step) ---------
+
+def _history(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], Any]]:
+    """The agent's earlier calls with their results, in order."""
+    results = {m["tool_call_id"]: json.loads(m["content"]) for m in messages if m["role"] == "tool"}
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"] or "{}"), results.get(c["id"]))
+            for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+
+
+def _follow(request: dict[str, Any], skip: str | None = None, pause: bool = False) -> dict[str, Any]:
+    """Replay the session over the calls made so far, then make the next ones: a lookup per value the
+    session needs (asked again within the turn), each action it takes; `skip`: never take that action;
+    `pause`: end the first turn after the first step (the customer is asked to wait)."""
+    case = CASES[request["dialogue_id"].split("#")[0]]
+    sc = sopgraph.load(NO_SERVICE)
+    fields = {v.name for v in sc.fields}
+    session = sopgraph.start(sc, {k: v for k, v in case.truth.items() if k in fields})
+    history, known = _history(request["messages"]), request["context"]["system"]
+    done, calls = 0, []
+    while True:
+        event = session.next()
+        if isinstance(event, Need):
+            if event.variable in known and event.look is None:
+                session.provide(event.variable, known[event.variable])
+            elif done < len(history):
+                session.provide(event.variable, history[done][2]["value"])
+                done += 1
+            else:
+                return {"reply": "", "tool_calls": [*calls, {"name": "lookup", "arguments": {"name": event.variable}}],
+                        "continue": True}
+        elif isinstance(event, Act):
+            if event.action == skip:
+                continue
+            if done < len(history):
+                done += 1
+                continue
+            calls.append({"name": event.action, "arguments": event.args})
+            if event.final:
+                return {"reply": "That is done.", "tool_calls": calls}
+            if pause and all(name == "lookup" for name, _, _ in history):
+                return {"reply": "One moment, please.", "tool_calls": calls}
+        else:
+            assert isinstance(event, End)
+            return {"reply": "That is done.", "tool_calls": calls}
+
+
+def follower(request: dict[str, Any]) -> dict[str, Any]:
+    return _follow(request, pause=True)
+
+
+def skips_restart(request: dict[str, Any]) -> dict[str, Any]:
+    return _follow(request, skip="AskRestart")
+
+
+def _run(scenario, cases, agent: str, out: Path, env: str | None = ENV) -> Any:
+    summary = run_sync(scenario, cases, [f"agent={agent}"], str(out), progress=False, env=env)
+    assert summary.infra_failures == 0
+    return score_run(out, ScoreConfig(bootstrap=0))
+
+
+def _metrics(run) -> dict[str, Any]:
+    group = next(g for g in run.summary().groups if g.by == ["model", "scenario"])
+    return {k: (m.value, m.n) for k, m in group.metrics.items() if m is not None}
+
+
+ALL_100 = ("path", "action", "finals", "pass_rate", "trace_precision", "trace_recall", "trace_order",
+           "journey_coverage", "tau2_pass", "step_recall", "step_precision", "step_order", "steps_followed",
+           "end_state")
+
+
+def test_oracle_tools_against_the_environment_scores_100_with_end_state_match(scenario, cases, tmp_path) -> None:
+    run = _run(scenario, cases, "baseline/oracle-tools", tmp_path / "oracle")
+    m = _metrics(run)
+    D = len(cases)
+    for name in ALL_100:
+        assert m[name] == (1.0, m[name][1]) and m[name][1] > 0, name
+    assert m["end_state"][1] == D and m["step_recall"][1] == D  # defined on every dialogue
+    assert m["first_divergence"][1] == 0 and all(d is None for d in run.d_divergence)
+    assert RunStore.open(tmp_path / "oracle", read_only=True).meta()["config"]["env"] == ENV
+
+
+def test_a_procedure_follower_is_not_scored_on_its_steps_as_answers(scenario, cases, tmp_path) -> None:
+    """The follower stops its first turn after the first step: that turn is pending (not a wrong answer)."""
+    run = _run(scenario, cases, f"python:{__name__}:follower", tmp_path / "follow")
+    m = _metrics(run)
+    for name in ALL_100:
+        assert m[name][0] == 1.0, name
+    assert run.counts["pending_turns"] > 0
+
+
+def test_an_agent_that_skips_a_step_is_caught_exactly_on_the_cases_that_need_it(scenario, cases, tmp_path) -> None:
+    run = _run(scenario, cases, f"python:{__name__}:skips_restart", tmp_path / "skip")
+    values = dialogue_metric_values(run)
+    scorer = ProcedureScorer(scenario, EnvSpec.load(ENV, scenario), lambda a, b: a == b)
+    needing = caught = 0
+    for d, dialogue in enumerate(run.dialogues):
+        ref = scorer.reference(CASES[dialogue.case_id])
+        names = [c["name"] for c in ref]
+        divergence = run.d_divergence[d]
+        if "AskRestart" in names:
+            needing += 1
+            step = names.index("AskRestart") + 1
+            assert divergence is not None and divergence["step"] == step, dialogue.id
+            assert divergence["expected"] == {"name": "AskRestart", "args": {}}
+            assert divergence["done"] is None or divergence["done"]["name"] != "AskRestart"
+            assert values["steps_followed"][d] == 0 and values["first_divergence"][d] == step
+            assert values["step_recall"][d] < 1 and values["end_state"][d] == 0
+            caught += 1
+        else:
+            assert divergence is None, dialogue.id
+            for name in ("step_recall", "step_precision", "step_order", "steps_followed", "end_state", "tau2_pass"):
+                assert values[name][d] == 1.0, (dialogue.id, name)
+    assert 0 < needing == caught < len(run.dialogues)
+
+
+def test_without_env_the_run_config_is_as_before_and_skips_are_caught_on_the_scripted_backend(
+        scenario, cases, tmp_path) -> None:
+    run = _run(scenario, cases, f"python:{__name__}:skips_restart", tmp_path / "scripted", env=None)
+    assert "env" not in RunStore.open(tmp_path / "scripted", read_only=True).meta()["config"]
+    values = dialogue_metric_values(run)
+    for d, dialogue in enumerate(run.dialogues):
+        needs = any(a["name"] == "AskRestart" for a in CASES[dialogue.case_id].expected_actions or ())
+        assert (run.d_divergence[d] is not None) == needs, dialogue.id
+        assert values["end_state"][d] != values["end_state"][d]  # NaN: no environment, no end state
+
+
+class _Recorded:
+    """A backend that logs every call and its result (what an agent would be told)."""
+
+    def __init__(self, backend: Backend):
+        self.backend, self.spec, self.log = backend, backend.spec, []
+
+    def call(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        result = self.backend.call(name, args)
+        self.log.append((name, args, result))
+        return result
+
+
+def test_env_backend_answers_like_the_scripted_backend_along_the_procedure(scenario, cases) -> None:
+    """An agent following the procedure cannot tell the phone from the case's script: the session stepped
+    against either is told the same values and takes the case's steps."""
+    spec, env = BackendSpec.of(scenario), EnvSpec.load(ENV, scenario)
+    for case in cases:
+        scripted = _Recorded(Backend.for_case(spec, case))
+        world = _Recorded(EnvBackend.with_env(spec, case, env.for_case(case)))
+        a, _ = step_session(scenario, case.truth, scripted, None, lambda x, y: x == y)
+        b, _ = step_session(scenario, case.truth, world, None, lambda x, y: x == y)
+        assert a == b == case.expected_actions and scripted.log == world.log, case.id
+
+
+# -- bad environments ---------------------------------------------------------------------------------------
+
+class _Phone:
+    def __init__(self, answer: Any = True, fail: str | None = None):
+        self.answer, self.fail = answer, fail
+
+    def observe(self, name: str) -> Any:
+        if self.fail == "observe":
+            raise KeyError(name)
+        return self.answer if name == "ServiceRestored" else {"Registered": "Home", "OutageHours": 0,
+                                                               "SimAgeYears": 1}.get(name, False)
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def __getattr__(self, action: str) -> Any:
+        if action.startswith("__") or action in ("answer", "fail"):
+            raise AttributeError(action)
+        if self.fail == "act":
+            return lambda **_: 1 / 0
+        return lambda **_: None
+
+
+class _NoActions:
+    def observe(self, name: str) -> Any:
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+
+def no_actions(system: dict[str, Any], seed: int) -> _NoActions:
+    return _NoActions()
+
+
+def raising_factory(system: dict[str, Any], seed: int) -> Any:
+    raise ValueError("no phone today")
+
+
+def off_domain(system: dict[str, Any], seed: int) -> _Phone:
+    return _Phone(answer="maybe")
+
+
+def huge_answer(system: dict[str, Any], seed: int) -> _Phone:
+    return _Phone(answer="x" * (MAX_ANSWER_BYTES + 1))
+
+
+def raising_action(system: dict[str, Any], seed: int) -> _Phone:
+    return _Phone(fail="act")
+
+
+def test_an_environment_that_does_not_load_or_lacks_a_method_is_refused_before_the_run(
+        scenario, cases, tmp_path) -> None:
+    for env, said in (("python:no_such_module_env_x:make", "cannot load no_such_module_env_x:make"),
+                      ("examples.no_service_env:make", "expected python:MODULE:FACTORY"),
+                      (f"python:{__name__}:no_actions", "_NoActions has no method ExplainPayment"),
+                      (f"python:{__name__}:raising_factory", "raised ValueError: no phone today (at test_environment.py")):
+        with pytest.raises(RunError, match=None) as info:
+            run_sync(scenario, cases[:1], ["agent=baseline/oracle-tools"], str(tmp_path / "bad"), progress=False,
+                     env=env)
+        assert said in str(info.value)
+        assert not (tmp_path / "bad").exists()
+    with pytest.raises(RunError, match="does not act through tools"):
+        run_sync(scenario, cases[:1], ["agent=baseline/oracle"], str(tmp_path / "sage"), progress=False, env=ENV)
+
+
+def test_an_environment_that_fails_or_answers_badly_is_an_infrastructure_failure(scenario, cases) -> None:
+    spec = BackendSpec.of(scenario)
+    case = cases[0]
+    for factory, said in (("off_domain", "answered outside the domain"), ("huge_answer", "over the 65536 allowed"),
+                          ("raising_action", "ExplainPayment() raised ZeroDivisionError")):
+        env = EnvSpec.load(f"python:{__name__}:{factory}", scenario)
+        world = EnvBackend.with_env(spec, case, env.for_case(case))
+        with pytest.raises(InfraFailure) as info:
+            world.call("lookup", {"name": "ServiceRestored"})
+            world.call("ExplainPayment", {})
+        assert said in info.value.message and info.value.kind == "environment"
+    env = EnvSpec.load(f"python:{__name__}:raising_action", scenario)
+    with pytest.raises(EnvError, match="raised ZeroDivisionError"):
+        ProcedureScorer(scenario, env, lambda a, b: a == b).reference(
+            next(c for c in cases if c.expected_actions and c.expected_actions[0]["name"] == "ExplainPayment"))
+
+
+def test_a_dialogue_on_a_failing_environment_is_an_infra_failure_and_scoring_says_why(
+        scenario, cases, tmp_path) -> None:
+    summary = run_sync(scenario, cases[:2], ["agent=baseline/oracle-tools"], str(tmp_path / "r"), progress=False,
+                       env=f"python:{__name__}:raising_action")
+    assert summary.infra_failures == 2
+    dialogues = RunStore.open(tmp_path / "r", read_only=True).dialogues()
+    assert all("raised ZeroDivisionError" in (d.error or "") for d in dialogues)
+    store = RunStore.open(tmp_path / "r")
+    store.set_meta("config", {**store.meta()["config"], "env": "python:no_such_module_env_x:make"})
+    store.close()
+    with pytest.raises(ScoreError, match="the run's environment does not load"):
+        score_run(tmp_path / "r")
+
+
+def test_cli_run_with_a_bad_env_prints_one_line_and_no_traceback(cases, tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    cases_file = tmp_path / "cases.jsonl"
+    cases_file.write_text(cases[0].model_dump_json() + "\n")
+    res = CliRunner().invoke(main, ["run", str(NO_SERVICE), "--cases", str(cases_file), "--model",
+                                    "agent=baseline/oracle-tools", "--env", "python:no_such_module_env_x:make",
+                                    "-o", str(tmp_path / "r")])
+    assert res.exit_code == 1, res.output
+    assert "cannot load no_such_module_env_x:make" in res.output and res.exception is None or isinstance(
+        res.exception, SystemExit)
+    assert not (tmp_path / "r").exists()
