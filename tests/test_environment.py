@@ -101,9 +101,16 @@ def skips_restart(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(scenario, cases, agent: str, out: Path, env: str | None = ENV) -> Any:
-    summary = run_sync(scenario, cases, [f"agent={agent}"], str(out), progress=False, env=env)
-    assert summary.infra_failures == 0
+    if not out.exists():
+        summary = run_sync(scenario, cases, [f"agent={agent}"], str(out), progress=False, env=env)
+        assert summary.infra_failures == 0
     return score_run(out, ScoreConfig(bootstrap=0))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Where the module's runs against the phone are kept (each made once: `oracle`, `skip`)."""
+    return tmp_path_factory.mktemp("env-runs")
 
 
 def _metrics(run) -> dict[str, Any]:
@@ -116,15 +123,15 @@ ALL_100 = ("path", "action", "finals", "pass_rate", "trace_precision", "trace_re
            "end_state")
 
 
-def test_oracle_tools_against_the_environment_scores_100_with_end_state_match(scenario, cases, tmp_path) -> None:
-    run = _run(scenario, cases, "baseline/oracle-tools", tmp_path / "oracle")
+def test_oracle_tools_against_the_environment_scores_100_with_end_state_match(scenario, cases, runs) -> None:
+    run = _run(scenario, cases, "baseline/oracle-tools", runs / "oracle")
     m = _metrics(run)
     D = len(cases)
     for name in ALL_100:
         assert m[name] == (1.0, m[name][1]) and m[name][1] > 0, name
     assert m["end_state"][1] == D and m["step_recall"][1] == D  # defined on every dialogue
     assert m["first_divergence"][1] == 0 and all(d is None for d in run.d_divergence)
-    assert RunStore.open(tmp_path / "oracle", read_only=True).meta()["config"]["env"] == ENV
+    assert RunStore.open(runs / "oracle", read_only=True).meta()["config"]["env"] == ENV
 
 
 def test_a_procedure_follower_is_not_scored_on_its_steps_as_answers(scenario, cases, tmp_path) -> None:
@@ -136,8 +143,8 @@ def test_a_procedure_follower_is_not_scored_on_its_steps_as_answers(scenario, ca
     assert run.counts["pending_turns"] > 0
 
 
-def test_an_agent_that_skips_a_step_is_caught_exactly_on_the_cases_that_need_it(scenario, cases, tmp_path) -> None:
-    run = _run(scenario, cases, f"python:{__name__}:skips_restart", tmp_path / "skip")
+def test_an_agent_that_skips_a_step_is_caught_exactly_on_the_cases_that_need_it(scenario, cases, runs) -> None:
+    run = _run(scenario, cases, f"python:{__name__}:skips_restart", runs / "skip")
     values = dialogue_metric_values(run)
     scorer = ProcedureScorer(scenario, EnvSpec.load(ENV, scenario), lambda a, b: a == b)
     needing = caught = 0
@@ -194,6 +201,59 @@ def test_env_backend_answers_like_the_scripted_backend_along_the_procedure(scena
         a, _ = step_session(scenario, case.truth, scripted, None, lambda x, y: x == y)
         b, _ = step_session(scenario, case.truth, world, None, lambda x, y: x == y)
         assert a == b == case.expected_actions and scripted.log == world.log, case.id
+
+
+def test_score_compare_report_and_view_show_the_procedure_steps(scenario, cases, runs) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+    from sopgraph.evaluation.view import serve
+
+    oracle = _run(scenario, cases, "baseline/oracle-tools", runs / "oracle")
+    skip = _run(scenario, cases, f"python:{__name__}:skips_restart", runs / "skip")
+    left = {skip.dialogues[d].id: skip.divergence_text(d) for d in range(len(skip.dialogues))
+            if skip.d_divergence[d] is not None}
+    assert left and all(text and text.startswith("step ") and "expected AskRestart()" in text for text in left.values())
+    cli = CliRunner()
+    res = cli.invoke(main, ["score", str(runs / "skip")])
+    assert res.exit_code == 0 and "procedure steps against the online reference" in res.output
+    res = cli.invoke(main, ["score", str(runs / "skip"), "--format", "json"])
+    group = next(g for g in json.loads(res.output)["groups"] if g["by"] == ["model", "scenario"])
+    assert group["metrics"]["steps_followed"]["value"] == pytest.approx(1 - len(left) / len(cases))
+    for level in ("dialogue", "turn"):
+        res = cli.invoke(main, ["score", str(runs / "skip"), "--level", level, "--format", "json"])
+        rows = [json.loads(line) for line in res.output.splitlines()]
+        shown = {r["dialogue_id"]: r["divergence"] for r in rows if r.get("divergence")}
+        assert shown == left, level
+    res = cli.invoke(main, ["score", str(runs / "skip"), "--level", "case", "--format", "csv"])
+    assert res.exit_code == 0 and "steps_followed" in res.output.splitlines()[0]
+    res = cli.invoke(main, ["compare", str(runs / "oracle"), str(runs / "skip"), "--format", "json"])
+    result = json.loads(res.output)
+    assert {f["case_id"] + "#0" for f in result["steps_flipped"]} == set(left)
+    assert all(f["a_followed"] and f["b_divergence"] == left[f["case_id"] + "#0"] for f in result["steps_flipped"])
+    assert result["metrics"]["end_state"]["a"] == 1.0 > result["metrics"]["end_state"]["b"]
+    res = cli.invoke(main, ["compare", str(runs / "oracle"), str(runs / "skip")])
+    assert "procedure steps flipped" in res.output
+    res = cli.invoke(main, ["report", str(runs / "oracle"), str(runs / "skip"), "-o", str(runs / "report.html")])
+    html = (runs / "report.html").read_text()
+    assert res.exit_code == 0 and '<section id="steps">' in html and "1st divergence (step)" in html
+    assert oracle.d_divergence == [None] * len(cases)
+    srv = serve([runs]).start()
+    try:
+        import urllib.request
+        from urllib.parse import quote
+
+        def get(path: str) -> Any:
+            with urllib.request.urlopen(srv.url.rstrip("/") + path, timeout=60) as r:
+                return json.loads(r.read())
+
+        page = get("/api/runs/skip/dialogues?failure=left_procedure&limit=100")
+        assert {r["id"] for r in page["rows"]} == set(left)
+        one = next(iter(left))
+        assert get(f"/api/runs/skip/dialogues/{quote(one, safe='')}")["divergence"] == left[one]
+        assert get("/api/runs/oracle/dialogues?failure=left_procedure")["matched"] == 0
+    finally:
+        srv.close()
 
 
 # -- bad environments ---------------------------------------------------------------------------------------

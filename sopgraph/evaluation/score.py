@@ -47,6 +47,7 @@ from sopgraph.evaluation.metrics import (
 )
 from sopgraph.evaluation.traces import (
     STEP_KEYS,
+    Divergence,
     ProcedureScorer,
     case_reference_trace,
     final_actions,
@@ -511,7 +512,14 @@ class ScoredRun:
             "chat_length": _num(self.t_chat_len[row]),
             **self._turn_metric_values(row),
             **self._final_turn_dialogue_values(row, d),
+            **({"divergence": self.divergence_text(d)} if self.t_final[row] and self.divergence_text(d) else {}),
         }
+
+    def divergence_text(self, d: int) -> str | None:
+        """Where dialogue `d`'s tool agent first left the procedure (`step 2: expected AskRestart(), done
+        PushSettings(profile='Home')`), None when it did not or was not scored on steps."""
+        record = self.d_divergence[d] if d < len(self.d_divergence) else None
+        return None if record is None else Divergence(**record).describe()
 
     def _turn_metric_values(self, row: int) -> dict[str, float | None]:
         """Every other registered turn metric's value on one turn (the registry's own, and yours); the
@@ -575,6 +583,7 @@ class ScoredRun:
             "agent_cost": float(self.d_cost[d]),
             **({name: _num(v[d]) for name, v in dialogue_metric_values(self).items()}
                if self.d_status[d] == 0 else {}),
+            **({"divergence": self.divergence_text(d)} if self.divergence_text(d) else {}),
         }
 
     def case_records(self) -> list[dict[str, Any]]:
@@ -1940,6 +1949,18 @@ class Flip(BaseModel):
     expected_action: str | None
 
 
+class StepFlip(BaseModel):
+    """A paired dialogue whose agent followed the procedure's steps in one run and not in the other."""
+    case_id: str
+    trial: int
+    model_a: str
+    model_b: str
+    a_followed: bool
+    b_followed: bool
+    a_divergence: str | None
+    b_divergence: str | None
+
+
 class Comparison(BaseModel):
     schema_version: int = SCORE_VERSION
     a: str
@@ -1956,6 +1977,7 @@ class Comparison(BaseModel):
     metrics: dict[str, PairedDiff]
     flipped: list[Flip]
     tau2_flipped: list[Flip] = Field(default_factory=list)  # dialogues whose tau2 trace pass differs
+    steps_flipped: list[StepFlip] = Field(default_factory=list)  # dialogues whose steps_followed differs
     warnings: list[str] = Field(default_factory=list)
 
 
@@ -2066,7 +2088,26 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
     return Comparison(a=run_a.run, b=run_b.run, config_text=cfg.describe(), pairs=len(common), both_pass=both,
                       a_only=a_only, b_only=b_only, neither=neither, mcnemar_p=round(stats.mcnemar_exact(a_only, b_only), 12),
                       unpaired_a=len(ka) - len(common), unpaired_b=len(kb) - len(common), metrics=metrics,
-                      flipped=flips, tau2_flipped=tau2_flips, warnings=warnings)
+                      flipped=flips, tau2_flipped=tau2_flips, steps_flipped=_step_flips(run_a, run_b, ka, kb, common),
+                      warnings=warnings)
+
+
+def _step_flips(run_a: ScoredRun, run_b: ScoredRun, ka: dict[tuple, int], kb: dict[tuple, int],
+                common: list[tuple]) -> list[StepFlip]:
+    """The paired dialogues whose agent kept to the procedure's steps in one run only (regressions
+    first), with where each left it."""
+    out = []
+    fa, fb = run_a.d_trace["steps_followed"], run_b.d_trace["steps_followed"]
+    for key in common:
+        da, db = ka[key], kb[key]
+        x, y = float(fa[da]), float(fb[db])
+        if x != x or y != y or bool(x) == bool(y):
+            continue
+        out.append(StepFlip(case_id=key[0], trial=key[1], model_a=run_a.model_of(da), model_b=run_b.model_of(db),
+                            a_followed=bool(x), b_followed=bool(y), a_divergence=run_a.divergence_text(da),
+                            b_divergence=run_b.divergence_text(db)))
+    out.sort(key=lambda f: (f.a_followed is False, f.case_id, f.trial))
+    return out
 
 
 def _flips(run_a: ScoredRun, run_b: ScoredRun, ka: dict[tuple, int], kb: dict[tuple, int], common: list[tuple],
