@@ -367,3 +367,26 @@ def test_cli_run_with_a_bad_env_prints_one_line_and_no_traceback(cases, tmp_path
     assert "cannot load no_such_module_env_x:make" in res.output and res.exception is None or isinstance(
         res.exception, SystemExit)
     assert not (tmp_path / "r").exists()
+
+
+def test_the_phone_of_the_tutorial_reacts_to_what_is_done() -> None:
+    """docs/tutorial-environment.md, step 1: a restart without fresh settings for the phone's network
+    changes nothing; fresh settings, then a restart, clear the stale fault."""
+    from examples.no_service_env import make
+
+    phone = make({"AirplaneMode": True, "SimDetected": True, "Registered": "Home",
+                  "ServiceRestored": [False, False, True]}, 0)
+    seen = [phone.observe("ServiceRestored")]
+    phone.AskAirplaneOff()
+    seen.append(phone.observe("ServiceRestored"))
+    phone.AskRestart()
+    seen.append(phone.observe("ServiceRestored"))
+    phone.PushSettings(profile="Roaming")
+    phone.AskRestart()
+    seen.append(phone.observe("ServiceRestored"))
+    phone.PushSettings(profile="Home")
+    phone.AskRestart()
+    seen.append(phone.observe("ServiceRestored"))
+    assert seen == [False, False, False, False, True]
+    assert phone.state()["done"] == ["airplane off", "restart", "settings Roaming", "restart", "settings Home",
+                                     "restart"]
