@@ -3,8 +3,10 @@ tool agents acting on it, the online procedure-step scores and the end-state che
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +305,19 @@ def huge_answer(system: dict[str, Any], seed: int) -> _Phone:
     return _Phone(answer="x" * (MAX_ANSWER_BYTES + 1))
 
 
+_STUCK = threading.Event()
+
+
+class _Stuck(_Phone):
+    def observe(self, name: str) -> Any:
+        _STUCK.wait()  # until the test lets it go: a call that does not return
+        return False
+
+
+def stuck(system: dict[str, Any], seed: int) -> _Phone:
+    return _Stuck()
+
+
 def raising_action(system: dict[str, Any], seed: int) -> _Phone:
     return _Phone(fail="act")
 
@@ -333,6 +348,13 @@ def test_an_environment_that_fails_or_answers_badly_is_an_infrastructure_failure
             world.call("lookup", {"name": "ServiceRestored"})
             world.call("ExplainPayment", {})
         assert said in info.value.message and info.value.kind == "environment"
+    env = dataclasses.replace(EnvSpec.load(f"python:{__name__}:stuck", scenario), timeout=0.05)
+    world = EnvBackend.with_env(spec, case, env.for_case(case))
+    try:
+        with pytest.raises(InfraFailure, match=r"observe\('ServiceRestored'\) did not return within 0.05 s"):
+            world.call("lookup", {"name": "ServiceRestored"})
+    finally:
+        _STUCK.set()
     env = EnvSpec.load(f"python:{__name__}:raising_action", scenario)
     with pytest.raises(EnvError, match="raised ZeroDivisionError"):
         ProcedureScorer(scenario, env, lambda a, b: a == b).reference(
@@ -390,3 +412,18 @@ def test_the_phone_of_the_tutorial_reacts_to_what_is_done() -> None:
     assert seen == [False, False, False, False, True]
     assert phone.state()["done"] == ["airplane off", "restart", "settings Roaming", "restart", "settings Home",
                                      "restart"]
+
+
+def test_sop_eval_takes_an_environment_and_gates_on_the_step_scores(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    args = ["eval", str(NO_SERVICE), "--model", "agent=baseline/oracle-tools", "-n", "4", "--seed", "2",
+            "-o", str(tmp_path / "e"), "-q", "--env", ENV]
+    res = CliRunner().invoke(main, [*args, "--fail-under", "steps_followed=100", "--fail-under", "end_state=100"])
+    assert res.exit_code == 0, res.output
+    assert "gate: 2/2 checks passed" in res.stderr
+    assert json.loads((tmp_path / "e" / "eval.json").read_text())["env"] == ENV
+    other = CliRunner().invoke(main, [*args[:-1], "python:examples.no_service_env:other"])
+    assert other.exit_code != 0 and "env" in other.output + other.stderr

@@ -428,6 +428,7 @@ class ScoredRun:
     consensus_labels: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     # per dialogue: where a tool agent first left the procedure (`traces.Divergence.record()`), else None
     d_divergence: list[dict[str, Any] | None] = field(default_factory=list)
+    env: EnvSpec | None = None  # the run's environment (docs/environments.md), if it had one
     metrics: tuple[MetricDef, ...] = field(default_factory=registered)  # the registry when the run was scored
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
@@ -1275,7 +1276,8 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
         t_catastrophic=tc["cat"], t_cls=tc["cls"], t_path=tc["path"], t_act=tc["act"], t_finals=tc["fin"],
         t_logic=tc["logic"], t_chat=tc["chat"], t_overall=tc["overall"], t_self=tc["self"],
         t_chat_len=tc["clen"], t_outcome=tc["outcome"], outcome_paths=tc["outcome_paths"],
-        counts=counts, consensus_labels=consensus_labels, d_divergence=divergence, _dialogue_index=frame.dlg_index,
+        counts=counts, consensus_labels=consensus_labels, d_divergence=divergence, env=env,
+        _dialogue_index=frame.dlg_index,
     )
 
 

@@ -43,9 +43,11 @@ import numpy as np
 
 from sopgraph.errors import Error
 from sopgraph.evaluation.score import ScoreConfig, ScoredRun, ScoreError, score_run
-from sopgraph.evaluation.traces import case_reference_trace, sage_trace
+from sopgraph.evaluation.traces import ProcedureScorer, case_reference_trace, sage_trace
+from sopgraph.logic.engine import DecideError
 from sopgraph.records import INTENSITIES, Case, Dialogue
 from sopgraph.simulation.agents import action_outputs
+from sopgraph.simulation.environment import EnvError, EnvSpec
 from sopgraph.simulation.store import STORE_FILE, RunStore, StoreError
 
 MAX_RUNS = 500  # directories holding more runs than this are cut (said in the run list)
@@ -428,6 +430,20 @@ def agent_trace(outputs: Sequence[Mapping[str, Any] | None], params: Mapping[str
     return sage_trace(outputs[-1] if outputs else None, params)
 
 
+def _reference_trace(scenario: Any, case: Case | None, params: dict[str, list[str]], env: EnvSpec | None
+                     ) -> list[dict[str, Any]]:
+    """The case's reference trace: against the run's environment when it has one (as scored), else the
+    case's own."""
+    if case is None:
+        return []
+    if env is not None:
+        try:
+            return ProcedureScorer(scenario, env, lambda a, b: a == b).reference(case)
+        except (DecideError, EnvError):
+            pass
+    return case_reference_trace(scenario, case, params)
+
+
 def _transcript(store: RunStore, dlg: Dialogue, case: Case | None, run: ScoredRun | None,
                 row: dict[str, Any] | None) -> dict[str, Any]:
     """Everything the transcript pane shows: the stored records, per-turn scores and both traces."""
@@ -446,7 +462,7 @@ def _transcript(store: RunStore, dlg: Dialogue, case: Case | None, run: ScoredRu
     try:
         scenario = store.scenario()
         params = action_outputs(scenario)
-        ref_trace = case_reference_trace(scenario, case, params) if case else []
+        ref_trace = _reference_trace(scenario, case, params, run.env if run is not None else None)
     except StoreError:
         params, ref_trace = {}, []
     outputs = [t.output.model_dump(mode="json") if t.output else None for t in turns]

@@ -18,12 +18,14 @@ The protocol (`--env python:MODULE:FACTORY`):
 - `state()` returns a JSON-able snapshot of everything the actions can change (compared at the end).
 
 Every answer is checked (JSON-able, at most `MAX_ANSWER_BYTES`, inside the variable's domain); a
-method that is missing, raises or answers badly is an `EnvError` naming the call and where it raised.
+method that is missing, raises, answers badly or takes more than `CALL_TIMEOUT` seconds is an
+`EnvError` naming the call and where it raised.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +40,7 @@ from sopgraph.simulation.gateway import InfraFailure
 
 PREFIX = "python:"
 MAX_ANSWER_BYTES = 65536  # an observed value or a state snapshot larger than this is an error, not a memory hog
+CALL_TIMEOUT = 10.0  # seconds one call of the environment may take before it is an error (nothing hangs)
 _PROTOCOL = ("observe", "state")
 
 
@@ -63,6 +66,7 @@ class EnvSpec:
     spec: str
     factory: Callable[..., Any]
     scenario: ir.Scenario
+    timeout: float = CALL_TIMEOUT
 
     @classmethod
     def load(cls, spec: str, scenario: ir.Scenario) -> EnvSpec:
@@ -78,16 +82,36 @@ class EnvSpec:
     def make(self, system: Mapping[str, Any], seed: int = 0) -> Environment:
         """A fresh environment for one case's system values (deep-copied: the env may change them)."""
         name = self.spec.removeprefix(PREFIX)
-        try:
-            obj = self.factory(json.loads(json.dumps(dict(system), default=str)), seed)
-        except Exception as exc:  # noqa: BLE001 - the user's code: any failure is reported, never a traceback
-            raise EnvError(f"{name} raised {type(exc).__name__}: {exc}{_where(exc)}") from None
+        copy = json.loads(json.dumps(dict(system), default=str))
+        obj = _bounded_call("environment ", f"{name}(system, seed)", lambda: self.factory(copy, seed), self.timeout)
         env = Environment(obj, self)
         env.check()
         return env
 
     def for_case(self, case: Case) -> Environment:
         return self.make(case.system, case.seed)
+
+
+def _bounded_call(what: str, call: str, fn: Callable[[], Any], timeout: float) -> Any:
+    """`fn()` in a thread of its own, at most `timeout` seconds: an exception or a call that does not
+    return in time is an EnvError naming the call (and where it raised), never a traceback or a hang."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - the user's code: any failure is reported
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="sopgraph-env", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise EnvError(f"{what}{call} did not return within {timeout:g} s")
+    if "error" in box:
+        exc = box["error"]
+        raise EnvError(f"{what}{call} raised {type(exc).__name__}: {exc}{_where(exc)}")
+    return box.get("value")
 
 
 @dataclass
@@ -112,10 +136,7 @@ class Environment:
 
     def _run(self, call: str, fn: Callable[[], Any]) -> Any:
         self.calls += 1
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - the user's code: any failure is reported, never a traceback
-            raise EnvError(self._what(f"{call} raised {type(exc).__name__}: {exc}{_where(exc)}")) from None
+        return _bounded_call(self._what(""), call, fn, self.spec.timeout)
 
     def observe(self, name: str) -> Any:
         """The current value of a system or observed variable, checked against its declared domain."""
