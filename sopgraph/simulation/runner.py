@@ -489,9 +489,8 @@ async def run(
             "cases_path": str(cases_path) if isinstance(cases_path, str | Path) else None,
             "trials": trials, "concurrency": concurrency, "max_turns": max_turns,
             "judge_turns": judge_turns_text(spec), "structured": structured, "gateway": gateway_options,
+            **({"env": env} if env is not None else {}),  # (absent otherwise: stored as before)
         }
-        if env is not None:  # (absent otherwise: a run without an environment is stored as before)
-            config["env"] = env
         models_meta = _models_meta(roles)
         meta = {
             "config": config, "models": models_meta, "sop_hash": scenario.source_hash,
