@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import sopgraph
 from sopgraph.cases.validate import case_problems
@@ -311,3 +313,40 @@ def test_a_tool_agents_steps_on_the_way_are_not_its_answer(noservice) -> None:
     assert math.isnan(run.t_act[0]) and run.t_act[1] == 1.0
     assert run.d_trace["steps_followed"][0] == 1.0 and run.d_trace["step_recall"][0] == 1.0
     assert math.isnan(run.d_trace["end_state"][0])  # no environment: no end state
+
+
+_CALLS = [{"name": "AskAirplaneOff", "args": {}}, {"name": "PushSettings", "args": {"profile": "Home"}},
+          {"name": "PushSettings", "args": {"profile": "Roaming"}}, {"name": "AskRestart", "args": {}},
+          {"name": "ReplaceSim", "args": {"fee": 0}}, {"name": "ReplaceSim", "args": {"fee": 10}},
+          {"name": "TransHuman", "args": {}}, {"name": "CloseFixed", "args": {}}]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.integers(0, len(_CALLS) - 1), max_size=9),
+       looks=st.lists(st.booleans(), min_size=5, max_size=5), airplane=st.booleans())
+def test_any_call_sequence_gets_bounded_step_scores_and_diverges_iff_it_left_the_steps(
+        noservice, picks, looks, airplane) -> None:
+    """Whatever an agent calls (none, too few, too many, wrong arguments), on the scripted backend and on
+    the phone: the scores stay in [0, 1], the divergence is the first position where call and step differ,
+    and there is none exactly when the calls are the steps."""
+    from sopgraph.evaluation.traces import fits, step_scores, step_session
+    from sopgraph.simulation.backend import Backend, BackendSpec
+    from sopgraph.simulation.environment import EnvBackend, EnvSpec
+
+    case = make_case(noservice, TRUTH, {**SYSTEM, "AirplaneMode": airplane, "ServiceRestored": looks})
+    spec = BackendSpec.of(noservice)
+    env = EnvSpec.load("python:examples.no_service_env:make", noservice)
+    agent = [_CALLS[i] for i in picks]
+    for world in (Backend.for_case(spec, case), EnvBackend.with_env(spec, case, env.for_case(case))):
+        steps, div = step_session(noservice, TRUTH, world, agent, _same)
+        s = step_scores(agent, steps, div, _same)
+        assert steps and 0 <= s.recall <= 1 and 0 <= s.order <= s.recall + 1e-9
+        assert not agent or 0 <= s.precision <= 1
+        first = next((k for k in range(max(len(agent), len(steps)))
+                      if k >= len(agent) or k >= len(steps) or not fits(agent[k], steps[k], _same)), None)
+        if first is None:
+            assert div is None and s.recall == s.order == 1.0
+        else:
+            assert div is not None and div.step == first + 1
+            assert div.expected == (steps[first] if first < len(steps) else None)
+            assert div.done == (agent[first] if first < len(agent) else None)
