@@ -313,6 +313,7 @@ class ProcedureScorer:
         self.spec = BackendSpec.of(scenario)
         self.params = action_outputs(scenario)
         self._refs: dict[str, list[dict[str, Any]]] = {}
+        self._ref_states: dict[str, str] = {}  # case id → end state after its reference trace (replayed once)
 
     def _world(self, case: Case) -> Backend:
         try:
@@ -339,8 +340,9 @@ class ProcedureScorer:
             steps, divergence = step_session(self.scenario, case.truth, self._world(case), agent, self.same,
                                              self.params)
             if self.env is not None:
-                ref = self.reference(case)
-                out["end_state"] = float(replay_state(self.env, case, agent) == replay_state(self.env, case, ref))
+                if case.id not in self._ref_states:
+                    self._ref_states[case.id] = replay_state(self.env, case, self.reference(case))
+                out["end_state"] = float(replay_state(self.env, case, agent) == self._ref_states[case.id])
         except DecideError:
             return out, None
         except InfraFailure as exc:
