@@ -427,3 +427,15 @@ def test_sop_eval_takes_an_environment_and_gates_on_the_step_scores(tmp_path) ->
     assert json.loads((tmp_path / "e" / "eval.json").read_text())["env"] == ENV
     other = CliRunner().invoke(main, [*args[:-1], "python:examples.no_service_env:other"])
     assert other.exit_code != 0 and "env" in other.output + other.stderr
+
+
+def test_worker_processes_act_on_the_environment_too(scenario, cases, tmp_path) -> None:
+    """`--workers 2`: the environment travels to the worker processes by name (its module is imported there)."""
+    good = run_sync(scenario, cases[:4], ["agent=baseline/oracle-tools"], str(tmp_path / "good"), progress=False,
+                    env=ENV, workers=2, concurrency=2)
+    assert good.infra_failures == 0
+    scored = score_run(tmp_path / "good", ScoreConfig(bootstrap=0))
+    assert list(scored.d_trace["end_state"]) == [1.0] * 4
+    bad = run_sync(scenario, cases[:4], ["agent=baseline/oracle-tools"], str(tmp_path / "bad"), progress=False,
+                   env=f"python:{__name__}:raising_action", workers=2, concurrency=2)
+    assert bad.infra_failures == 4
