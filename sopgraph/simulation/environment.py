@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sopgraph.errors import Error
@@ -120,22 +120,24 @@ class Environment:
 
     obj: Any
     spec: EnvSpec
-    calls: int = field(default=0)
 
     def _what(self, call: str) -> str:
         return f"environment {self.spec.spec.removeprefix(PREFIX)}: {call}"
 
     def check(self) -> None:
         """EnvError naming what the object lacks: `observe`, `state`, a method per SOP action."""
-        missing = [n for n in (*_PROTOCOL, *self.spec.scenario.actions)
-                   if not callable(getattr(self.obj, n, None))]
+        try:
+            missing = [n for n in (*_PROTOCOL, *self.spec.scenario.actions)
+                       if not callable(getattr(self.obj, n, None))]
+        except Exception as exc:  # noqa: BLE001 - a __getattr__ or property of the user's class that raises
+            raise EnvError(self._what(f"looking up its methods raised {type(exc).__name__}: {exc}{_where(exc)}")
+                           ) from None
         if missing:
             raise EnvError(self._what(f"{type(self.obj).__name__} has no method " + ", ".join(missing)
                                       + " (an environment needs observe(name), state() and one method per "
                                       "action of the SOP)"))
 
     def _run(self, call: str, fn: Callable[[], Any]) -> Any:
-        self.calls += 1
         return _bounded_call(self._what(""), call, fn, self.spec.timeout)
 
     def observe(self, name: str) -> Any:
@@ -152,8 +154,8 @@ class Environment:
 
     def act(self, action: str, args: Mapping[str, Any]) -> None:
         """Carry out one action (its method with the arguments as keywords)."""
-        shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
-        method = getattr(self.obj, action, None)
+        shown = ", ".join(f"{k}={v!r}" for k, v in args.items())[:200]
+        method = getattr(self.obj, action, None)  # (there: `check` looked it up when the environment was made)
         if not callable(method):
             raise EnvError(self._what(f"no method {action} for the action {action}"))
         self._run(f"{action}({shown})", lambda: method(**dict(args)))
