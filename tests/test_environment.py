@@ -239,6 +239,7 @@ def test_score_compare_report_and_view_show_the_procedure_steps(scenario, cases,
     res = cli.invoke(main, ["report", str(runs / "oracle"), str(runs / "skip"), "-o", str(runs / "report.html")])
     html = (runs / "report.html").read_text()
     assert res.exit_code == 0 and '<section id="steps">' in html and "1st divergence (step)" in html
+    assert "left the procedure at step " in html  # on the dialogue pages of the examples that left it
     assert oracle.d_divergence == [None] * len(cases)
     srv = serve([runs]).start()
     try:
