@@ -34,7 +34,7 @@ from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, validate_value
 from sopgraph.records import Case
-from sopgraph.simulation.agents import AgentError, _where, load_callable
+from sopgraph.simulation.agents import AgentError, load_callable, where_raised
 from sopgraph.simulation.backend import Backend, BackendSpec
 from sopgraph.simulation.gateway import InfraFailure
 
@@ -110,7 +110,7 @@ def _bounded_call(what: str, call: str, fn: Callable[[], Any], timeout: float) -
         raise EnvError(f"{what}{call} did not return within {timeout:g} s")
     if "error" in box:
         exc = box["error"]
-        raise EnvError(f"{what}{call} raised {type(exc).__name__}: {exc}{_where(exc)}")
+        raise EnvError(f"{what}{call} raised {type(exc).__name__}: {exc}{where_raised(exc)}")
     return box.get("value")
 
 
@@ -130,7 +130,7 @@ class Environment:
             missing = [n for n in (*_PROTOCOL, *self.spec.scenario.actions)
                        if not callable(getattr(self.obj, n, None))]
         except Exception as exc:  # noqa: BLE001 - a __getattr__ or property of the user's class that raises
-            raise EnvError(self._what(f"looking up its methods raised {type(exc).__name__}: {exc}{_where(exc)}")
+            raise EnvError(self._what(f"looking up its methods raised {type(exc).__name__}: {exc}{where_raised(exc)}")
                            ) from None
         if missing:
             raise EnvError(self._what(f"{type(self.obj).__name__} has no method " + ", ".join(missing)
