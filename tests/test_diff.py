@@ -8,10 +8,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from sopgraph.authoring.diff import diff, render_text
 from sopgraph.cli import main
 from sopgraph.language import ir
 from sopgraph.language.parse import load_source
-from sopgraph.logic.diff import diff, render_text
 from sopgraph.logic.engine import interpret
 from sopgraph.simulation.runner import read_cases
 

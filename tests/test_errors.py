@@ -3,6 +3,9 @@ CLI turns an uncaught one into one line, not a traceback (issue 34)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -45,3 +48,75 @@ def test_the_cli_maps_an_uncaught_sopgraph_error_to_one_line() -> None:
     assert result.stderr.strip() == "error: the thing is wrong"
     assert "Traceback" not in result.output
     assert isinstance(boom, click.Command)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD = ('scenario pricing "Pricing"\nfield Tier: Basic | Gold "the tier"\naction Ok "ok"\naction Refer "refer"\n'
+       'stage s "s" {\n    when Tier == Gold -> do Refer\n    otherwise -> do Ok\n}\n')
+NEW = OLD.replace('field Tier: Basic | Gold "the tier"', 'field Tier: int[0..5] "the tier"').replace(
+    "Tier == Gold", "Tier > 2")
+
+
+def _entry_points(tmp: Path) -> dict[str, Callable[[], object]]:
+    """Each public entry point of a stage, given input of the right type that it cannot use."""
+    from sopgraph.authoring import diff, validate
+    from sopgraph.cases.profiles import load_profile
+    from sopgraph.evaluation.score import score_run
+    from sopgraph.simulation.gateway import Gateway, parse_model_option
+    from sopgraph.simulation.judge import parse_judge_turns
+    from sopgraph.simulation.runner import read_cases
+    from sopgraph.simulation.store import RunStore
+
+    scenario = sopgraph.load(ROOT / "scenarios" / "telecom_package.sop")
+    (tmp / "bad.profile.yaml").write_text("intents: 3\n", encoding="utf-8")
+    (tmp / "garbage").mkdir()
+    (tmp / "garbage" / "run.sqlite").write_bytes(b"not a database at all")
+    RunStore.create(tmp / "run", {}).close()
+    read_only = RunStore.open(tmp / "run", read_only=True)
+    failed = sopgraph.start(scenario, {"ConsumptionType": 3})
+    rows = [{"Action": "Recommend", "ConsumptionType": "Bogus"}]
+    return {
+        "load: no such file": lambda: sopgraph.load(tmp / "missing.sop"),
+        "decide: a value off its domain": lambda: sopgraph.decide(scenario, {"ConsumptionType": "Bogus"}),
+        "session: a variable the program lacks": lambda: sopgraph.start(scenario).provide("Nope", 1),
+        "session: a value off its domain": lambda: sopgraph.start(scenario).provide("ConsumptionType", "Bogus"),
+        "session: a run that failed, asked again": lambda: [failed.run() for _ in range(2)],
+        "synthesize: a negative count": lambda: sopgraph.synthesize(scenario, -1),
+        "validate: no such data file": lambda: validate.read_rows(tmp / "missing.csv"),
+        "validate: an expected column not in the data": lambda: validate.validate(
+            scenario, rows, expect={"Action": "Outcome"}),
+        "validate: a reference time that is no date": lambda: validate.validate(
+            scenario, rows, expect={"Action": "Action"}, now="yesterday"),
+        "diff: two versions no input is valid for": lambda: diff.joint_scenario(sopgraph.load(text=OLD),
+                                                                                sopgraph.load(text=NEW)),
+        "profiles: a profile of the wrong shape": lambda: load_profile(tmp / "bad.profile.yaml", scenario),
+        "run store: not a run directory": lambda: RunStore.open(tmp / "missing"),
+        "run store: a file that is no store": lambda: RunStore.open(tmp / "garbage"),
+        "run store: a directory that holds a run": lambda: RunStore.create(tmp / "run", {}),
+        "run store: a write to a read-only store": lambda: read_only.set_meta("k", 1),
+        "run store: a run without its program": lambda: read_only.scenario(),
+        "score: not a run directory": lambda: score_run(tmp / "missing"),
+        "run: no such cases file": lambda: read_cases(tmp / "missing.jsonl"),
+        "models: an option without a model": lambda: parse_model_option("agent="),
+        "gateway: a concurrency below one": lambda: Gateway(concurrency=0, cache=False),
+        "judge turns: not a turn": lambda: parse_judge_turns("first,abc"),
+    }
+
+
+def test_every_public_entry_point_reports_bad_input_as_a_sopgraph_error(tmp_path: Path) -> None:
+    """The session (which `sop step` drives; its line protocol answers bad lines in tests/test_cli_lang.py),
+    validate, diff, profiles, the run store, scoring, runs, model options and the gateway: what a user gets
+    wrong is a `sopgraph.Error`, never a bare ValueError. (A wrong *type* of argument stays the caller's
+    TypeError/AttributeError; a pydantic record built with bad fields raises pydantic's ValidationError.)"""
+    escaped = {}
+    for name, call in _entry_points(tmp_path).items():
+        try:
+            call()
+        except sopgraph.Error:
+            continue
+        except Exception as exc:  # noqa: BLE001 - what escapes is the finding
+            escaped[name] = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+        else:
+            escaped[name] = "no error"
+    assert escaped == {}
+

@@ -75,13 +75,32 @@ def test_eval_gate_failure_and_usage_errors(oracle_eval, tmp_path) -> None:
     assert res.exit_code == 1 and "did not start" in res.output
 
 
-def test_user_docs_carry_no_commit_hashes_and_link_the_performance_history() -> None:
-    """Performance diaries with revisions live in docs/performance.md; user docs say how to use (issue 34)."""
+def _commit_hashes(text: str) -> list[str]:
+    """Words that read as an abbreviated or full git commit id: 7–40 lowercase hex digits with at least one
+    digit and one letter, standing alone. Not a colour (`#a1b2c3d4`), not a piece of a UUID or of a longer
+    digest (a sha256 is 64 digits), not a number in exponent notation (`1e10000`)."""
     import re
 
-    pattern = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+    text = re.sub(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b", " ", text)
+    pattern = re.compile(r"(?<![#\w-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+    return [word for word in pattern.findall(text) if not re.fullmatch(r"[0-9]+e[0-9]+", word)]
+
+
+def test_commit_hash_detector_finds_revisions_and_nothing_else() -> None:
+    assert _commit_hashes("main at 654f1d5, the merge c2401d3; full id 6d68b84f9318b8033eac7bd161b6cf5dcd3be64f.") == [
+        "654f1d5", "c2401d3", "6d68b84f9318b8033eac7bd161b6cf5dcd3be64f"]
+    assert _commit_hashes("`compare_revisions.py db2b5a9 --head f80cacb` (db2b5a9)") == ["db2b5a9", "f80cacb", "db2b5a9"]
+    not_hashes = ("colour #a1b2c3d4, digest " + "ab12" * 16 + ", id 123e4567-e89b-12d3-a456-426614174000, "
+                  "1e10000, 4000000, 3602879701896397, deadbeef, abc123 (six), x1234567abc, ABCDEF1234")
+    assert _commit_hashes(not_hashes) == []
+
+
+def test_user_docs_carry_no_commit_hashes_and_link_the_performance_history() -> None:
+    """User docs say how to use; even the performance history names revisions by date, not by commit id,
+    which means nothing outside one clone's history (issue 34)."""
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    found = {p.name: pattern.findall(p.read_text(encoding="utf-8")) for p in docs if p.name != "performance.md"}
+    assert any(p.name == "performance.md" for p in docs)
+    found = {p.name: _commit_hashes(p.read_text(encoding="utf-8")) for p in docs}
     assert not {k: v for k, v in found.items() if v}
     assert "performance.md" in (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
     assert "performance.md" in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")

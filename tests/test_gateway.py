@@ -791,7 +791,7 @@ def test_aiohttp_session_is_per_loop_and_closed_with_it(
     async def twice() -> None:
         for _ in range(2):
             await gateway.complete(spec, MESSAGES)
-            sessions.append(gateway._session)
+            sessions.append(gateway.wire.session)
 
     run(twice())
     assert sessions[0] is sessions[1] and sessions[0].closed  # reused in the loop, closed at its end
@@ -801,7 +801,7 @@ def test_aiohttp_session_is_per_loop_and_closed_with_it(
     async def explicit() -> bool:
         async with Gateway(cache_dir=cache_dir, cache=False) as g:
             await g.complete(spec, MESSAGES)
-            session = g._session
+            session = g.wire.session
         return session.closed
 
     assert run(explicit())

@@ -15,12 +15,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sopgraph.cli import main
-from sopgraph.language import ir
-from sopgraph.language.fmt import show_expr
-from sopgraph.language.parse import load_source
-from sopgraph.logic.engine import interpret
-from sopgraph.logic.validate import (
+from sopgraph.authoring.validate import (
     ValidateError,
     _lookup,
     convert,
@@ -29,6 +24,11 @@ from sopgraph.logic.validate import (
     render_text,
     validate,
 )
+from sopgraph.cli import main
+from sopgraph.language import ir
+from sopgraph.language.fmt import show_expr
+from sopgraph.language.parse import load_source
+from sopgraph.logic.engine import interpret
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples" / "authoring"
@@ -283,7 +283,7 @@ def test_nested_columns_not_applicable_cells_and_stage_paths(tmp_path: Path) -> 
     assert "missing value for `Vip`" in report.errors[0]["error"]
     assert (report.paths_compared, report.paths_agree) == (3, 2)
     assert report.path_mismatches == [{"line": 2, "expected": ["s1", "done"], "decided": ["s1"]}]
-    from sopgraph.logic.validate import render_text
+    from sopgraph.authoring.validate import render_text
     text = render_text(report)
     assert "expected finals read from `out.action` (Action)" in text
     assert "line 2: expected s1 → done, decided s1 (`done` not a stage)" in text
@@ -365,7 +365,7 @@ def test_data_that_is_not_a_regular_file_is_refused_in_one_line(tmp_path: Path) 
 
 
 def test_a_data_file_over_the_size_bound_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sopgraph.logic import validate as module
+    from sopgraph.authoring import validate as module
 
     data = tmp_path / "d.csv"
     data.write_text("N,want\n" + "1,A\n" * 100, encoding="utf-8")
@@ -641,7 +641,7 @@ def test_a_missing_input_is_unknown_where_every_value_of_it_decides_alike() -> N
 def test_the_action_column_is_found_by_its_words() -> None:
     """The card dispute log has `Outcome` and `Transaction date`: "transaction" contains "action", so no
     one column was named like the action and `--expect` was required."""
-    from sopgraph.logic.validate import _action_like
+    from sopgraph.authoring.validate import _action_like
 
     columns = ["Case ref", "Transaction date", "Outcome", "Credited"]
     assert _action_like(columns, set()) == "Outcome"

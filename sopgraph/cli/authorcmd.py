@@ -10,15 +10,11 @@ from pathlib import Path
 
 import click
 
-from sopgraph.language.diagnostics import SopError
-from sopgraph.language.fmt import format_text
-from sopgraph.language.ir import Scenario
-from sopgraph.logic.checker import load
-from sopgraph.logic.diff import CPU_BUDGET as DIFF_CPU_BUDGET
-from sopgraph.logic.diff import DEFAULT_BUDGET as DIFF_BUDGET
-from sopgraph.logic.diff import diff as semantic_diff
-from sopgraph.logic.diff import render_text as render_diff
-from sopgraph.logic.validate import (
+from sopgraph.authoring.diff import CPU_BUDGET as DIFF_CPU_BUDGET
+from sopgraph.authoring.diff import DEFAULT_BUDGET as DIFF_BUDGET
+from sopgraph.authoring.diff import diff as semantic_diff
+from sopgraph.authoring.diff import render_text as render_diff
+from sopgraph.authoring.validate import (
     DEFAULT_BUDGET,
     ValidateError,
     parse_pairs,
@@ -26,6 +22,10 @@ from sopgraph.logic.validate import (
     render_text,
     validate,
 )
+from sopgraph.language.diagnostics import SopError
+from sopgraph.language.fmt import format_text
+from sopgraph.language.ir import Scenario
+from sopgraph.logic.checker import load
 from sopgraph.simulation.runner import RunError, read_cases
 
 from .params import fail, load_or_exit, now_option, sop_file

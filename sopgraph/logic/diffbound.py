@@ -2,7 +2,7 @@
 
 Guards that compare two dates (`BookedAt > now - 24 hours`, `Departure < BookingDate + 2 days`), two
 durations or two int variables (`Used > Allowance + 5`) compile to literals "x_p - x_q <= k" (see
-`guards.GuardCompiler.difference`). A conjunction of such literals plus per-variable intervals is a
+`atoms.AtomCompiler.difference`). A conjunction of such literals plus per-variable intervals is a
 difference-bound system: it is feasible iff its constraint graph has no negative cycle, and a closed
 system (Floyd–Warshall) can be solved one variable at a time without backtracking. That makes feasibility
 exact and witnesses immediate, where a witness search would guess among candidate dates.

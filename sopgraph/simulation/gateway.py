@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sopgraph.errors import Error
+from sopgraph.errors import ArgumentError, Error
 from sopgraph.simulation import providers
 
 __all__ = [
@@ -1153,14 +1153,207 @@ def _is_secret_key(name: str) -> bool:
     return low.endswith(("_key", "_token", "_secret", "_password"))
 
 
+class _Wire:
+    """The way to the providers, per event loop: the concurrency cap (an ``asyncio.Semaphore`` over all
+    provider calls of all roles) and, for aiohttp routes, this gateway's keep-alive session, whose hooks hold
+    a slot of the cap only while a request is at the provider (``_WireSlot``).
+
+    Why apart from ``Gateway``: it knows nothing of retries, caching or accounting, and what it holds is
+    bound to one event loop (recreated when the loop changes, e.g. across tests)."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self._sem: asyncio.Semaphore | None = None
+        self._sem_loop: asyncio.AbstractEventLoop | None = None
+        self.slots_on_wire = True  # aiohttp routes hold a slot only on the wire (``_WireSlot``)
+        self.session: Any = None  # aiohttp.ClientSession of ``_session_loop`` (aiohttp_openai/)
+        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._session_keeper: AsyncIterator[None] | None = None
+
+    async def send(self, litellm: Any, kwargs: dict[str, Any], guard: float) -> Any:
+        """One request to a real model within ``guard`` seconds: on this wire's session a slot is held only
+        while the request is at the provider, otherwise around the whole call (after waiting for it:
+        waiting for a slot is not the call)."""
+        if self.slots_on_wire and kwargs.get("client") is not None and kwargs["client"] is self.session:
+            return await self._on_the_wire(litellm, kwargs, guard)
+        async with self.semaphore(), asyncio.timeout(guard):
+            return await litellm.acompletion(**kwargs)
+
+    async def aiohttp_session(self) -> Any:
+        """This loop's aiohttp session for ``aiohttp_openai/`` (litellm's own is bound to the first loop).
+
+        One keep-alive pool per gateway and loop; no connection limit (the semaphore is the cap).
+        It is closed by ``aclose`` (the gateway's) or, at the latest, when ``asyncio.run`` shuts the loop down:
+        a suspended async generator holds it, and asyncio finalizes those at shutdown.
+        """
+        loop = asyncio.get_running_loop()
+        if self.session is not None and self._session_loop is loop and not self.session.closed:
+            return self.session
+        import urllib.request
+
+        import aiohttp
+
+        litellm = load_litellm()
+        # Like litellm's own session, honour HTTP(S)_PROXY; but with no proxy configured, skip
+        # aiohttp's per-request environment and ~/.netrc lookups (two thread hops, ~0.3 ms a call).
+        trust_env = bool(urllib.request.getproxies()) and not getattr(litellm, "disable_aiohttp_trust_env", False)
+        tracing = aiohttp.TraceConfig()
+        tracing.on_request_start.append(_take_wire_slot)
+        tracing.on_request_end.append(_give_back_wire_slot)
+        tracing.on_request_exception.append(_give_back_wire_slot)
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=trust_env,
+                                        response_class=_usage_keeping_response(), trace_configs=[tracing])
+        keeper = _close_at_loop_end(session)
+        await keeper.__anext__()
+        self.session, self._session_loop, self._session_keeper = session, loop, keeper
+        return session
+
+    def semaphore(self) -> asyncio.Semaphore:
+        """The concurrency cap of the running loop (recreated if the loop changed, e.g. across tests)."""
+        loop = asyncio.get_running_loop()
+        if self._sem is None or self._sem_loop is not loop:
+            self._sem = asyncio.Semaphore(self.concurrency)
+            self._sem_loop = loop
+        return self._sem
+
+    async def _on_the_wire(self, litellm: Any, kwargs: dict[str, Any], guard: float) -> Any:
+        """``litellm.acompletion`` over this gateway's aiohttp session, holding a slot of the cap only while
+        the request is at the provider (``_WireSlot``). Should a litellm version not send the request through
+        the session it was given (the slot never taken), later calls hold the slot around the whole call."""
+        async with asyncio.timeout(guard) as deadline:
+            slot = _WireSlot(self.semaphore(), deadline, guard)
+            token = _WIRE_SLOT.set(slot)
+            try:
+                response = await litellm.acompletion(**kwargs)
+            finally:
+                _WIRE_SLOT.reset(token)
+                slot.give_back()
+        if not slot.used:  # answered, yet never on this session's wire
+            self.slots_on_wire = False
+            _log.warning("litellm did not send the request through the gateway's aiohttp session: "
+                         "the concurrency cap now holds each call's slot around the whole call")
+        return response
+
+    async def aclose(self) -> None:
+        session, self.session, self._session_loop = self.session, None, None
+        keeper, self._session_keeper = self._session_keeper, None
+        if session is not None and not session.closed:
+            await session.close()
+        if keeper is not None:
+            with contextlib.suppress(Exception):
+                await keeper.aclose()  # type: ignore[attr-defined]
+
+
+class _ServedModels:
+    """What the gateway learns about a model as served (its name and where, ``_schema_key``) from its answers:
+    that it rejects ``json_schema`` structured output (asked ``json_object`` from then on, and noted for the
+    run), and that litellm cannot price it (later calls go with a zero per-call price, see
+    ``_unpriced_call_options``)."""
+
+    def __init__(self) -> None:
+        self._no_json_schema: set[tuple[str, str]] = set()
+        self._unpriced: set[tuple[str, str]] = set()
+        self.notes: list[str] = []
+
+    def uses_json_object(self, spec: ModelSpec) -> bool:
+        if spec.structured_mode == "json_object":
+            return True
+        return spec.structured_mode == "auto" and _schema_key(spec) in self._no_json_schema
+
+    def is_unpriced(self, spec: ModelSpec) -> bool:
+        return _schema_key(spec) in self._unpriced
+
+    def learn_unpriced(self, spec: ModelSpec) -> None:
+        self._unpriced.add(_schema_key(spec))
+
+    def learn_no_json_schema(self, spec: ModelSpec) -> None:
+        key = _schema_key(spec)
+        if key in self._no_json_schema:
+            return
+        self._no_json_schema.add(key)
+        where = f" at {key[1]}" if key[1] else ""
+        self.notes.append(
+            f"structured output: {spec.model}{where} rejected response_format json_schema but accepts "
+            "json_object; its calls use json_object from now on (set structured=json_object to skip the check)"
+        )
+
+
+def _call_options(spec: ModelSpec, messages: list[dict[str, Any]], context: Mapping[str, Any] | None, *,
+                  timeout: float, logged: bool, json_object: bool) -> dict[str, Any]:
+    """litellm's options for one call of ``spec``'s model (no I/O): our timeout and no retries of the SDK's
+    (we count attempts and classify failures), the key, the built-in's context, the structured output."""
+    p = spec.params
+    extra = dict(p.extra)
+    kwargs: dict[str, Any] = {
+        "model": spec.model,
+        "messages": messages,
+        "timeout": p.timeout or timeout,
+        "max_retries": 0,  # ours, not the SDK's: we count attempts and classify failures
+        "num_retries": 0,
+    }
+    if not logged:
+        kwargs["no-log"] = True  # per call: litellm's callbacks (if the process has any) skip it
+    if p.temperature is not None:
+        kwargs["temperature"] = p.temperature
+    if p.max_tokens is not None:
+        kwargs["max_tokens"] = p.max_tokens
+    if p.api_base:
+        kwargs["api_base"] = p.api_base
+    key_env = extra.pop("api_key_env", None)
+    if key_env:
+        value = os.environ.get(str(key_env))
+        if value:
+            kwargs["api_key"] = value
+    elif (
+        p.api_base
+        and (spec.provider == "openai" or spec.provider in AIOHTTP_PROVIDERS)
+        and not os.environ.get("OPENAI_API_KEY")
+    ):
+        # Local OpenAI-compatible servers (llama.cpp, vLLM) need no key, but the SDK insists on one.
+        kwargs["api_key"] = "no-key-required"
+    if spec.is_builtin:
+        kwargs["custom_llm_provider"] = spec.provider
+        if logged:
+            kwargs.update(_BUILTIN_CALL_OPTIONS)
+    kwargs.update(extra)
+    if spec.is_builtin:
+        kwargs["metadata"] = {CONTEXT_METADATA_KEY: _plain(context or {})}
+    elif spec.structured:
+        schema = (context or {}).get("response_schema")
+        if isinstance(schema, Mapping) and not json_object:
+            name = str((context or {}).get("response_schema_name") or "response")
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": name, "schema": dict(schema)},
+            }
+        else:
+            kwargs["response_format"] = {"type": "json_object"}
+    return kwargs
+
+
+def _cache_key(spec: ModelSpec, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> str:
+    """Key over model, messages and sampling params; never keys, headers or credentials."""
+    params = {
+        k: v
+        for k, v in kwargs.items()
+        if k not in ("model", "messages", "api_key", "timeout", "max_retries", "num_retries", "metadata")
+        and not _is_secret_key(k)
+    }
+    if "api_base" in params:
+        params["api_base"] = _sanitize_url(params["api_base"])
+    return ResponseCache.key(
+        {"v": _CACHE_VERSION, "model": spec.model, "messages": messages, "params": params}
+    )
+
+
 # =========================================================================== gateway
 class Gateway:
     """Async model gateway shared by every role of a run.
 
     One instance per run: it owns the concurrency cap (an ``asyncio.Semaphore``
     over all provider calls of all roles; on its aiohttp session, held only while a request is at
-    the provider: ``_WireSlot``), the retry policy, the response cache
-    and the running totals.  Built-in providers bypass the cap and the cache
+    the provider: ``_WireSlot``; both in ``wire``), the retry policy, the response cache, what it
+    learns about served models (``served``) and the running totals.  Built-in providers bypass the cap and the cache
     (they are local, free and deterministic), but not litellm: every model call, built-in
     or real, goes through ``litellm.acompletion``, so offline runs exercise the same code
     path real models take. ``builtins_via_litellm=False`` calls the function litellm's
@@ -1188,9 +1381,9 @@ class Gateway:
         builtins_via_litellm: bool = True,
     ) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
+            raise ArgumentError("concurrency must be >= 1")
         if max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
+            raise ArgumentError("max_retries must be >= 0")
         self.concurrency = concurrency
         self.max_retries = max_retries
         self.base_delay = base_delay
@@ -1202,17 +1395,11 @@ class Gateway:
         self.cache = ResponseCache(cache_dir if cache_dir is not None else default_cache_dir())
         self._rng = random.Random(seed)
         self._stats = GatewayStats()
-        self._sem: asyncio.Semaphore | None = None
-        self._sem_loop: asyncio.AbstractEventLoop | None = None
-        self._wire_slots = True  # aiohttp routes hold a slot only on the wire (``_WireSlot``)
-        self._session: Any = None  # aiohttp.ClientSession of ``_session_loop`` (aiohttp_openai/)
-        self._session_loop: asyncio.AbstractEventLoop | None = None
-        self._session_keeper: AsyncIterator[None] | None = None
-        self._no_json_schema: set[tuple[str, str]] = set()
-        self._unpriced: set[tuple[str, str]] = set()  # models litellm could not price (learned per call)
-        self.notes: list[str] = []
-        self._listeners: list[Callable[[Gateway], None]] = []
+        self.wire = _Wire(concurrency)
+        self.served = _ServedModels()
+        self.notes = self.served.notes
         """Things a run should record, e.g. a structured-output fallback (one line each)."""
+        self._listeners: list[Callable[[Gateway], None]] = []
         self._retry_listeners: list[Callable[[str], None]] = []
 
     # ------------------------------------------------------------------ public
@@ -1268,7 +1455,7 @@ class Gateway:
             # (which needs the `mcp` package); these are plain function tools.
             kwargs["_skip_mcp_handler"] = True
             kwargs.pop("response_format", None)  # the answer is function calls or text, not a JSON reply
-        key = self._cache_key(spec, msgs, kwargs) if self._use_cache(spec) else None
+        key = _cache_key(spec, msgs, kwargs) if self._use_cache(spec) else None
         if key is not None:
             hit = self.cache.get(key)
             if hit is not None:
@@ -1316,13 +1503,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         """Close the HTTP session this gateway opened for aiohttp routes (also done when the loop ends)."""
-        session, self._session, self._session_loop = self._session, None, None
-        keeper, self._session_keeper = self._session_keeper, None
-        if session is not None and not session.closed:
-            await session.close()
-        if keeper is not None:
-            with contextlib.suppress(Exception):
-                await keeper.aclose()  # type: ignore[attr-defined]
+        await self.wire.aclose()
 
     async def __aenter__(self) -> Gateway:
         return self
@@ -1331,61 +1512,6 @@ class Gateway:
         await self.aclose()
 
     # ------------------------------------------------------------------ internals
-    async def _aiohttp_session(self) -> Any:
-        """This loop's aiohttp session for ``aiohttp_openai/`` (litellm's own is bound to the first loop).
-
-        One keep-alive pool per gateway and loop; no connection limit (the semaphore is the cap).
-        It is closed by ``aclose`` or, at the latest, when ``asyncio.run`` shuts the loop down:
-        a suspended async generator holds it, and asyncio finalizes those at shutdown.
-        """
-        loop = asyncio.get_running_loop()
-        if self._session is not None and self._session_loop is loop and not self._session.closed:
-            return self._session
-        import urllib.request
-
-        import aiohttp
-
-        litellm = load_litellm()
-        # Like litellm's own session, honour HTTP(S)_PROXY; but with no proxy configured, skip
-        # aiohttp's per-request environment and ~/.netrc lookups (two thread hops, ~0.3 ms a call).
-        trust_env = bool(urllib.request.getproxies()) and not getattr(litellm, "disable_aiohttp_trust_env", False)
-        tracing = aiohttp.TraceConfig()
-        tracing.on_request_start.append(_take_wire_slot)
-        tracing.on_request_end.append(_give_back_wire_slot)
-        tracing.on_request_exception.append(_give_back_wire_slot)
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=trust_env,
-                                        response_class=_usage_keeping_response(), trace_configs=[tracing])
-        keeper = _close_at_loop_end(session)
-        await keeper.__anext__()
-        self._session, self._session_loop, self._session_keeper = session, loop, keeper
-        return session
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        """The concurrency cap of the running loop (recreated if the loop changed, e.g. across tests)."""
-        loop = asyncio.get_running_loop()
-        if self._sem is None or self._sem_loop is not loop:
-            self._sem = asyncio.Semaphore(self.concurrency)
-            self._sem_loop = loop
-        return self._sem
-
-    async def _on_the_wire(self, litellm: Any, kwargs: dict[str, Any], guard: float) -> Any:
-        """``litellm.acompletion`` over this gateway's aiohttp session, holding a slot of the cap only while
-        the request is at the provider (``_WireSlot``). Should a litellm version not send the request through
-        the session it was given (the slot never taken), later calls hold the slot around the whole call."""
-        async with asyncio.timeout(guard) as deadline:
-            slot = _WireSlot(self._semaphore(), deadline, guard)
-            token = _WIRE_SLOT.set(slot)
-            try:
-                response = await litellm.acompletion(**kwargs)
-            finally:
-                _WIRE_SLOT.reset(token)
-                slot.give_back()
-        if not slot.used:  # answered, yet never on this session's wire
-            self._wire_slots = False
-            _log.warning("litellm did not send the request through the gateway's aiohttp session: "
-                         "the concurrency cap now holds each call's slot around the whole call")
-        return response
-
     def _use_cache(self, spec: ModelSpec) -> bool:
         if not self.cache_enabled or spec.is_builtin:
             return False
@@ -1400,75 +1526,13 @@ class Gateway:
 
     def uses_json_object(self, spec: ModelSpec) -> bool:
         """Whether ``spec``'s structured output must be asked as ``json_object`` (set, or learnt)."""
-        if spec.structured_mode == "json_object":
-            return True
-        return spec.structured_mode == "auto" and _schema_key(spec) in self._no_json_schema
+        return self.served.uses_json_object(spec)
 
     def _call_kwargs(
         self, spec: ModelSpec, messages: list[dict[str, Any]], context: Mapping[str, Any] | None
     ) -> dict[str, Any]:
-        p = spec.params
-        extra = dict(p.extra)
-        kwargs: dict[str, Any] = {
-            "model": spec.model,
-            "messages": messages,
-            "timeout": p.timeout or self.default_timeout,
-            "max_retries": 0,  # ours, not the SDK's: we count attempts and classify failures
-            "num_retries": 0,
-        }
-        if not self.litellm_logging:
-            kwargs["no-log"] = True  # per call: litellm's callbacks (if the process has any) skip it
-        if p.temperature is not None:
-            kwargs["temperature"] = p.temperature
-        if p.max_tokens is not None:
-            kwargs["max_tokens"] = p.max_tokens
-        if p.api_base:
-            kwargs["api_base"] = p.api_base
-        key_env = extra.pop("api_key_env", None)
-        if key_env:
-            value = os.environ.get(str(key_env))
-            if value:
-                kwargs["api_key"] = value
-        elif (
-            p.api_base
-            and (spec.provider == "openai" or spec.provider in AIOHTTP_PROVIDERS)
-            and not os.environ.get("OPENAI_API_KEY")
-        ):
-            # Local OpenAI-compatible servers (llama.cpp, vLLM) need no key, but the SDK insists on one.
-            kwargs["api_key"] = "no-key-required"
-        if spec.is_builtin:
-            kwargs["custom_llm_provider"] = spec.provider
-            if self.litellm_logging:
-                kwargs.update(_BUILTIN_CALL_OPTIONS)
-        kwargs.update(extra)
-        if spec.is_builtin:
-            kwargs["metadata"] = {CONTEXT_METADATA_KEY: _plain(context or {})}
-        elif spec.structured:
-            schema = (context or {}).get("response_schema")
-            if isinstance(schema, Mapping) and not self.uses_json_object(spec):
-                name = str((context or {}).get("response_schema_name") or "response")
-                kwargs["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {"name": name, "schema": dict(schema)},
-                }
-            else:
-                kwargs["response_format"] = {"type": "json_object"}
-        return kwargs
-
-    @staticmethod
-    def _cache_key(spec: ModelSpec, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> str:
-        """Key over model, messages and sampling params; never keys, headers or credentials."""
-        params = {
-            k: v
-            for k, v in kwargs.items()
-            if k not in ("model", "messages", "api_key", "timeout", "max_retries", "num_retries", "metadata")
-            and not _is_secret_key(k)
-        }
-        if "api_base" in params:
-            params["api_base"] = _sanitize_url(params["api_base"])
-        return ResponseCache.key(
-            {"v": _CACHE_VERSION, "model": spec.model, "messages": messages, "params": params}
-        )
+        return _call_options(spec, messages, context, timeout=self.default_timeout, logged=self.litellm_logging,
+                             json_object=self.uses_json_object(spec))
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Exponential backoff with equal jitter, at least ``Retry-After`` (both capped by ``max_delay``).
@@ -1520,12 +1584,12 @@ class Gateway:
         # aiohttp route does not apply ``timeout`` itself, so there the guard is the timeout.
         guard = timeout * 1.5 + 5.0
         if spec.provider in AIOHTTP_PROVIDERS and "client" not in kwargs:
-            kwargs = {**kwargs, "client": await self._aiohttp_session()}
+            kwargs = {**kwargs, "client": await self.wire.aiohttp_session()}
             guard = timeout
         # A model litellm could not price stays unpriced (its cost map is never written to): later calls
         # carry a zero per-call price, which spares litellm searching its whole cost map for the model on
         # every call, and are recorded as of unknown cost all the same. Not when the user priced it.
-        unpriced = (not spec.is_builtin and _schema_key(spec) in self._unpriced
+        unpriced = (not spec.is_builtin and self.served.is_unpriced(spec)
                     and not any(k in kwargs for k in _BUILTIN_CALL_OPTIONS))
         if unpriced:
             kwargs = {**kwargs, **_unpriced_call_options(spec.model, kwargs)}
@@ -1558,17 +1622,13 @@ class Gateway:
                     raw_usage: dict[str, Any] = {}
                     kept = _RAW_USAGE.set(raw_usage)
                     try:
-                        if self._wire_slots and kwargs.get("client") is not None and kwargs["client"] is self._session:
-                            response = await self._on_the_wire(litellm, kwargs, guard)
-                        else:
-                            async with self._semaphore(), asyncio.timeout(guard):  # waiting for a slot is not the call
-                                response = await litellm.acompletion(**kwargs)
+                        response = await self.wire.send(litellm, kwargs, guard)
                     finally:
                         _RAW_USAGE.reset(kept)
                     _restore_usage(spec, response, raw_usage, priced=not unpriced)
                 completion = self._to_completion(spec, response, attempts, started, secrets, unpriced)
                 if fallback_tried and _format_type(kwargs) == "json_object":
-                    self._learn_no_json_schema(spec)
+                    self.served.learn_no_json_schema(spec)
                 return completion
             except Exception as exc:  # noqa: BLE001 - every provider failure is classified below
                 kind, retryable, status = _classify(exc)
@@ -1601,17 +1661,6 @@ class Gateway:
                         fn(line)
                 await asyncio.sleep(delay)
 
-    def _learn_no_json_schema(self, spec: ModelSpec) -> None:
-        key = _schema_key(spec)
-        if key in self._no_json_schema:
-            return
-        self._no_json_schema.add(key)
-        where = f" at {key[1]}" if key[1] else ""
-        self.notes.append(
-            f"structured output: {spec.model}{where} rejected response_format json_schema but accepts "
-            "json_object; its calls use json_object from now on (set structured=json_object to skip the check)"
-        )
-
     def _to_completion(
         self, spec: ModelSpec, response: Any, attempts: int, started: float, secrets: list[str],
         unpriced: bool = False,
@@ -1633,7 +1682,7 @@ class Gateway:
         usage = _usage(getattr(response, "usage", None))
         cost, known = (0.0, False) if unpriced else self._cost(spec, response)
         if not known:
-            self._unpriced.add(_schema_key(spec))
+            self.served.learn_unpriced(spec)
         self._stats.prompt_tokens += usage.prompt_tokens
         self._stats.completion_tokens += usage.completion_tokens
         self._stats.reasoning_tokens += usage.reasoning_tokens

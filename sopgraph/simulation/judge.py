@@ -38,6 +38,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, PrivateAttr
 
+from sopgraph.errors import ArgumentError
 from sopgraph.language import ir, scalars
 from sopgraph.records import CHAT_DIMENSIONS, Case, Consensus, Judgment, Turn, Usage
 from sopgraph.simulation.dialogue import extract_json_object, record_usage, usage_row
@@ -69,7 +70,7 @@ JudgeTurns = Literal["all"] | tuple[int | str, ...]
 
 
 def parse_judge_turns(text: str | Sequence[int | str] | None) -> JudgeTurns:
-    """`"1,5,10,15,final"` / `"all"` / a list → a normalized spec (raises ValueError)."""
+    """`"1,5,10,15,final"` / `"all"` / a list → a normalized spec (raises ArgumentError, a ValueError)."""
     if text is None:
         return DEFAULT_JUDGE_TURNS
     if isinstance(text, str):
@@ -86,13 +87,13 @@ def parse_judge_turns(text: str | Sequence[int | str] | None) -> JudgeTurns:
             try:
                 value = int(item)
             except (TypeError, ValueError):
-                raise ValueError(f"judge turn {item!r} is not a positive integer, 'final' or 'all'") from None
+                raise ArgumentError(f"judge turn {item!r} is not a positive integer, 'final' or 'all'") from None
             if value < 1:
-                raise ValueError(f"judge turn {value} must be >= 1")
+                raise ArgumentError(f"judge turn {value} must be >= 1")
         if value not in out:
             out.append(value)
     if not out:
-        raise ValueError("no judge turns given")
+        raise ArgumentError("no judge turns given")
     ints = sorted(v for v in out if isinstance(v, int))
     return (*ints, "final") if "final" in out else tuple(ints)
 

@@ -182,6 +182,62 @@ def _runs_within(directory: Path) -> str:
             " (`sop leaderboard` and `sop view` take several)")
 
 
+def _read_only_uri(path: Path) -> str:
+    """A read-only SQLite URI. While a writer has the run open (its `-wal` file exists) the reader
+    shares the WAL and sees new turns; otherwise the file is opened `immutable`, so that not even
+    the `-wal`/`-shm` side files are created in the run directory."""
+    wal = path.with_name(path.name + "-wal")
+    uri = path.resolve().as_uri() + "?mode=ro"
+    return uri if wal.exists() else uri + "&immutable=1"
+
+
+def _connect_read_only(path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection:
+    return sqlite3.connect(_read_only_uri(path), uri=True, isolation_level=None, timeout=30.0,
+                           check_same_thread=check_same_thread)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    conn.execute("PRAGMA cache_size=-32000")
+    return conn
+
+
+def _connect_checked(path: Path, *, read_only: bool) -> sqlite3.Connection:
+    """A connection to `path` once it has shown itself a run store this version reads: an SQLite file
+    (checked before connecting: sqlite would turn a 0-byte file into a database) with a `meta` table,
+    intact (`quick_check`), of a store version no newer than ours. Anything else is a StoreError
+    saying what to do, never sqlite's traceback."""
+    _check_header(path)
+    conn = None
+    try:
+        conn = _connect_read_only(path, check_same_thread=False) if read_only else _connect(path)
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        conn.execute("SELECT 1 FROM meta LIMIT 1")
+        check = conn.execute("PRAGMA quick_check(1)").fetchone()
+        row = conn.execute("SELECT value FROM meta WHERE key='store_version'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        if conn is not None:
+            conn.close()
+        raise StoreError(f"{path} is not a readable sopgraph run store ({exc}); {_HINT}") from None
+    if check is None or check[0] != "ok":
+        conn.close()
+        detail = " ".join(str(check[0]).split()) if check else "integrity check failed"
+        raise StoreError(f"{path} is corrupted ({detail}); {_HINT}")
+    try:
+        meta_version = int(json.loads(row[0])) if row else version
+    except (ValueError, TypeError):
+        conn.close()
+        raise StoreError(f"{path}: meta `store_version` is not a number; {_HINT}") from None
+    if max(version, meta_version) > STORE_VERSION:
+        conn.close()
+        raise StoreError(f"{path} was written by a newer sopgraph (store version "
+                         f"{max(version, meta_version)}; this one reads {STORE_VERSION}); upgrade sopgraph")
+    return conn
+
+
 class RunStore:
     """One run directory's SQLite store (see the module docstring for the layout and API)."""
     def __init__(self, run_dir: Path, conn: sqlite3.Connection, *, secrets: Iterable[str] = (),
@@ -195,29 +251,6 @@ class RunStore:
         self._in_transaction = False
 
     # ------------------------------------------------------------------ opening
-    @staticmethod
-    def _read_only_uri(path: Path) -> str:
-        """A read-only SQLite URI. While a writer has the run open (its `-wal` file exists) the reader
-        shares the WAL and sees new turns; otherwise the file is opened `immutable`, so that not even
-        the `-wal`/`-shm` side files are created in the run directory."""
-        wal = path.with_name(path.name + "-wal")
-        uri = path.resolve().as_uri() + "?mode=ro"
-        return uri if wal.exists() else uri + "&immutable=1"
-
-    @classmethod
-    def _connect_read_only(cls, path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection:
-        return sqlite3.connect(cls._read_only_uri(path), uri=True, isolation_level=None, timeout=30.0,
-                               check_same_thread=check_same_thread)
-
-    @staticmethod
-    def _connect(path: Path) -> sqlite3.Connection:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=OFF")
-        conn.execute("PRAGMA cache_size=-32000")
-        return conn
-
     @classmethod
     def create(cls, run_dir: str | Path, meta: Mapping[str, Any], *, secrets: Iterable[str] = ()) -> RunStore:
         """A new store in `run_dir` (created if needed); refuses a directory that already holds a run."""
@@ -226,7 +259,7 @@ class RunStore:
         if path.exists():
             raise StoreError(f"{run_dir} already holds a run; resume it with --resume or choose another -o")
         run_dir.mkdir(parents=True, exist_ok=True)
-        conn = cls._connect(path)
+        conn = _connect(path)
         conn.executescript(_SCHEMA)
         conn.execute(f"PRAGMA user_version={STORE_VERSION}")
         store = cls(run_dir, conn, secrets=secrets)
@@ -251,32 +284,7 @@ class RunStore:
         path = run_dir / STORE_FILE
         if not path.is_file():
             raise StoreError(f"{run_dir} is not a run directory (no {STORE_FILE}){_runs_within(run_dir)}")
-        _check_header(path)  # before connecting: sqlite would turn a 0-byte file into a database
-        conn = None
-        try:
-            conn = cls._connect_read_only(path, check_same_thread=False) if read_only else cls._connect(path)
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            conn.execute("SELECT 1 FROM meta LIMIT 1")
-            check = conn.execute("PRAGMA quick_check(1)").fetchone()
-            row = conn.execute("SELECT value FROM meta WHERE key='store_version'").fetchone()
-        except sqlite3.DatabaseError as exc:
-            if conn is not None:
-                conn.close()
-            raise StoreError(f"{path} is not a readable sopgraph run store ({exc}); {_HINT}") from None
-        if check is None or check[0] != "ok":
-            conn.close()
-            detail = " ".join(str(check[0]).split()) if check else "integrity check failed"
-            raise StoreError(f"{path} is corrupted ({detail}); {_HINT}")
-        try:
-            meta_version = int(json.loads(row[0])) if row else version
-        except (ValueError, TypeError):
-            conn.close()
-            raise StoreError(f"{path}: meta `store_version` is not a number; {_HINT}") from None
-        if max(version, meta_version) > STORE_VERSION:
-            conn.close()
-            raise StoreError(f"{path} was written by a newer sopgraph (store version "
-                             f"{max(version, meta_version)}; this one reads {STORE_VERSION}); upgrade sopgraph")
-        return cls(run_dir, conn, secrets=secrets, read_only=read_only)
+        return cls(run_dir, _connect_checked(path, read_only=read_only), secrets=secrets, read_only=read_only)
 
     def close(self) -> None:
         """Close the connection (checkpointing the WAL, unless opened read-only)."""
@@ -556,7 +564,7 @@ class RunStore:
 
     def _iter_data(self, sql: str, args: list, *, batch: int) -> Iterator[str]:
         # A separate connection, so that a long read never interleaves with the writer's cursor.
-        conn = self._connect_read_only(self.path) if self.read_only else sqlite3.connect(self.path, timeout=30.0)
+        conn = _connect_read_only(self.path) if self.read_only else sqlite3.connect(self.path, timeout=30.0)
         try:
             cur = conn.execute(sql, args)
             while True:
@@ -625,55 +633,62 @@ class RunStore:
         return {"judged_turns": judged or 0, "unscored_judgments": unscored or 0, "no_consensus_fields": no_cons}
 
     def summary(self) -> dict[str, Any]:
-        """Counts for a status report (`sop runs show`)."""
-        c = self.conn
-        by_status = dict(c.execute("SELECT status, COUNT(*) FROM dialogues GROUP BY status ORDER BY status"))
-        end_reasons = dict(
-            c.execute(
-                "SELECT end_reason, COUNT(*) FROM dialogues WHERE status='done' GROUP BY end_reason"
-                " ORDER BY end_reason"
-            )
+        """Counts for a status report (`sop runs show`; see `run_summary`)."""
+        return run_summary(self)
+
+
+def run_summary(store: RunStore) -> dict[str, Any]:
+    """A run's counts for a status report (`sop runs show`, `RunStore.summary`): dialogues by status and end
+    reason, turns and format errors of done dialogues, infrastructure failures, each judgment set's judging
+    counts, usage per role and in all, and what restarted attempts spent (discarded)."""
+    c = store.conn
+    by_status = dict(c.execute("SELECT status, COUNT(*) FROM dialogues GROUP BY status ORDER BY status"))
+    end_reasons = dict(
+        c.execute(
+            "SELECT end_reason, COUNT(*) FROM dialogues WHERE status='done' GROUP BY end_reason"
+            " ORDER BY end_reason"
         )
-        turns, format_errors = c.execute(
-            "SELECT COUNT(*), COALESCE(SUM(t.format_error), 0) FROM turns t JOIN dialogues d"
-            " ON d.id = t.dialogue_id WHERE d.status='done'"
-        ).fetchone()
-        errors = [
-            {"dialogue": r[0], "error": r[1]}
-            for r in c.execute("SELECT id, error FROM dialogues WHERE status='infra_failure' ORDER BY ord")
-        ]
-        sets = {}
-        for name in self.judgment_sets():
-            sets[name] = {**self.judging_counts(name), **((self.meta_value("judgment_sets") or {}).get(name) or {})}
-        usage = self.usage_totals()
-        total = Usage()
-        for u in usage.values():
-            total.prompt_tokens += u.prompt_tokens
-            total.completion_tokens += u.completion_tokens
-            total.reasoning_tokens += u.reasoning_tokens
-            total.cost += u.cost
-            total.calls += u.calls
-            total.cost_known = total.cost_known and u.cost_known
-        discarded = c.execute(
-            "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0), COALESCE(SUM(cost), 0) FROM usage"
-            " WHERE discarded=1"
-        ).fetchone()
-        return {
-            "run_dir": str(self.run_dir),
-            "dialogues": sum(by_status.values()),
-            "by_status": by_status,
-            "end_reasons": end_reasons,
-            "turns": turns,
-            "format_errors": format_errors,
-            "infra_failures": errors,
-            "judgment_sets": sets,
-            "usage": {role: u.model_dump() for role, u in usage.items()},
-            "tokens": total.prompt_tokens + total.completion_tokens,
-            "cost": round(total.cost, 6),
-            "cost_known": total.cost_known,
-            "discarded_tokens": discarded[0],
-            "discarded_cost": round(discarded[1], 6),
-        }
+    )
+    turns, format_errors = c.execute(
+        "SELECT COUNT(*), COALESCE(SUM(t.format_error), 0) FROM turns t JOIN dialogues d"
+        " ON d.id = t.dialogue_id WHERE d.status='done'"
+    ).fetchone()
+    errors = [
+        {"dialogue": r[0], "error": r[1]}
+        for r in c.execute("SELECT id, error FROM dialogues WHERE status='infra_failure' ORDER BY ord")
+    ]
+    sets = {}
+    for name in store.judgment_sets():
+        sets[name] = {**store.judging_counts(name), **((store.meta_value("judgment_sets") or {}).get(name) or {})}
+    usage = store.usage_totals()
+    total = Usage()
+    for u in usage.values():
+        total.prompt_tokens += u.prompt_tokens
+        total.completion_tokens += u.completion_tokens
+        total.reasoning_tokens += u.reasoning_tokens
+        total.cost += u.cost
+        total.calls += u.calls
+        total.cost_known = total.cost_known and u.cost_known
+    discarded = c.execute(
+        "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0), COALESCE(SUM(cost), 0) FROM usage"
+        " WHERE discarded=1"
+    ).fetchone()
+    return {
+        "run_dir": str(store.run_dir),
+        "dialogues": sum(by_status.values()),
+        "by_status": by_status,
+        "end_reasons": end_reasons,
+        "turns": turns,
+        "format_errors": format_errors,
+        "infra_failures": errors,
+        "judgment_sets": sets,
+        "usage": {role: u.model_dump() for role, u in usage.items()},
+        "tokens": total.prompt_tokens + total.completion_tokens,
+        "cost": round(total.cost, 6),
+        "cost_known": total.cost_known,
+        "discarded_tokens": discarded[0],
+        "discarded_cost": round(discarded[1], 6),
+    }
 
 
 def _status_filter(prefix: str, status: str | Iterable[str] | None) -> tuple[str, list]:
