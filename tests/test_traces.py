@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import sopgraph
 from sopgraph.cases.validate import case_problems
@@ -264,3 +266,106 @@ def test_a_risky_step_of_the_reference_is_never_prohibited() -> None:
     same = lambda a, b: a == b  # noqa: E731
     assert trace_scores(ref, ref, frozenset({"BlockCard", "Dispute"}), same)[3] is True
     assert trace_scores([*ref, {"name": "Dispute", "args": {}}], ref, frozenset({"BlockCard", "Dispute"}), same)[3] is False
+
+
+# -- procedures stepped against the world the agent's calls changed (online reference) ------------------------
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b
+
+
+def test_the_online_reference_follows_what_the_agents_calls_did_to_the_world(noservice) -> None:
+    """Airplane mode was all that blocked service: the case's trace is AskAirplaneOff, CloseFixed. An agent
+    that pushes settings first leaves airplane mode on, so the phone (the shipped environment) still has no
+    service at the re-check, and the procedure's next steps are the fix cycle — not the precomputed trace."""
+    from sopgraph.evaluation.traces import Divergence, step_session
+    from sopgraph.simulation.backend import BackendSpec
+    from sopgraph.simulation.environment import EnvBackend, EnvSpec
+
+    system = {**SYSTEM, "Registered": "Home", "ServiceRestored": [False, True]}
+    case = make_case(noservice, TRUTH, system)
+    assert [a["name"] for a in case.expected_actions or ()] == ["AskAirplaneOff", "CloseFixed"]
+    env = EnvSpec.load("python:examples.no_service_env:make", noservice)
+    world = EnvBackend.with_env(BackendSpec.of(noservice), case, env.for_case(case))
+    agent = [{"name": "PushSettings", "args": {"profile": "Home"}}, {"name": "PushSettings", "args": {"profile": "Home"}}]
+    steps, divergence = step_session(noservice, TRUTH, world, agent, _same)
+    assert steps == [{"name": "AskAirplaneOff", "args": {}}, {"name": "PushSettings", "args": {"profile": "Home"}},
+                     {"name": "AskRestart", "args": {}}, {"name": "PushSettings", "args": {"profile": "Home"}},
+                     {"name": "AskRestart", "args": {}}, {"name": "ReplaceSim", "args": {"fee": 0}}]
+    assert divergence == Divergence(1, {"name": "AskAirplaneOff", "args": {}}, agent[0])
+    assert divergence.describe() == "step 1: expected AskAirplaneOff(), done PushSettings(profile='Home')"
+
+
+def test_first_divergence_names_the_step_the_expected_call_and_what_was_done(noservice) -> None:
+    from sopgraph.evaluation.traces import Divergence, step_scores, step_session
+    from sopgraph.simulation.backend import Backend, BackendSpec
+
+    case = make_case(noservice, TRUTH, SYSTEM)
+    spec = BackendSpec.of(noservice)
+
+    def run(agent: list[dict[str, Any]]) -> tuple[list, Divergence | None]:
+        return step_session(noservice, TRUTH, Backend.for_case(spec, case), agent, _same)
+
+    assert run(FULL) == (FULL, None)
+    wrong_arg = [FULL[0], {"name": "PushSettings", "args": {"profile": "Home"}}, *FULL[2:]]
+    assert run(wrong_arg)[1] == Divergence(2, FULL[1], wrong_arg[1])
+    stops = FULL[:3]
+    assert run(stops)[1] == Divergence(4, FULL[3], None)
+    extra = [*FULL, {"name": "TransHuman", "args": {}}]
+    steps, div = run(extra)
+    assert steps == FULL and div == Divergence(7, None, extra[6])
+    s = step_scores(wrong_arg, FULL, run(wrong_arg)[1], _same)
+    assert (s.recall, s.precision, s.order) == (5 / 6, 5 / 6, 5 / 6)
+    skipped = [FULL[0], *FULL[2:]]  # PushSettings skipped: every later step lands one position early
+    s = step_scores(skipped, run(skipped)[0], run(skipped)[1], _same)
+    assert run(skipped)[1] == Divergence(2, FULL[1], FULL[2]) and s.precision == 1.0 and s.recall < 1.0
+
+
+def test_a_tool_agents_steps_on_the_way_are_not_its_answer(noservice) -> None:
+    """A turn whose calls are only steps (AskAirplaneOff, PushSettings, AskRestart) is pending, not a wrong
+    Action; the turn that calls an action the procedure can end in is scored on it."""
+    case = make_case(noservice, TRUTH, SYSTEM)
+    turns = [tool_turn("a", 1, FULL[:3]), tool_turn("a", 2, FULL[3:])]
+    run = score_records(noservice, [case], [Dialogue(id="a", case_id=case.id, models={"agent": "a"}, status="done")],
+                        turns, [cons("a", t.index, TRUTH) for t in turns])
+    assert run.counts["pending_turns"] == 1
+    assert math.isnan(run.t_act[0]) and run.t_act[1] == 1.0
+    assert run.d_trace["steps_followed"][0] == 1.0 and run.d_trace["step_recall"][0] == 1.0
+    assert math.isnan(run.d_trace["end_state"][0])  # no environment: no end state
+
+
+_CALLS = [{"name": "AskAirplaneOff", "args": {}}, {"name": "PushSettings", "args": {"profile": "Home"}},
+          {"name": "PushSettings", "args": {"profile": "Roaming"}}, {"name": "AskRestart", "args": {}},
+          {"name": "ReplaceSim", "args": {"fee": 0}}, {"name": "ReplaceSim", "args": {"fee": 10}},
+          {"name": "TransHuman", "args": {}}, {"name": "CloseFixed", "args": {}}]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.integers(0, len(_CALLS) - 1), max_size=9),
+       looks=st.lists(st.booleans(), min_size=5, max_size=5), airplane=st.booleans())
+def test_any_call_sequence_gets_bounded_step_scores_and_diverges_iff_it_left_the_steps(
+        noservice, picks, looks, airplane) -> None:
+    """Whatever an agent calls (none, too few, too many, wrong arguments), on the scripted backend and on
+    the phone: the scores stay in [0, 1], the divergence is the first position where call and step differ,
+    and there is none exactly when the calls are the steps."""
+    from sopgraph.evaluation.traces import fits, step_scores, step_session
+    from sopgraph.simulation.backend import Backend, BackendSpec
+    from sopgraph.simulation.environment import EnvBackend, EnvSpec
+
+    case = make_case(noservice, TRUTH, {**SYSTEM, "AirplaneMode": airplane, "ServiceRestored": looks})
+    spec = BackendSpec.of(noservice)
+    env = EnvSpec.load("python:examples.no_service_env:make", noservice)
+    agent = [_CALLS[i] for i in picks]
+    for world in (Backend.for_case(spec, case), EnvBackend.with_env(spec, case, env.for_case(case))):
+        steps, div = step_session(noservice, TRUTH, world, agent, _same)
+        s = step_scores(agent, steps, div, _same)
+        assert steps and 0 <= s.recall <= 1 and 0 <= s.order <= s.recall + 1e-9
+        assert not agent or 0 <= s.precision <= 1
+        first = next((k for k in range(max(len(agent), len(steps)))
+                      if k >= len(agent) or k >= len(steps) or not fits(agent[k], steps[k], _same)), None)
+        if first is None:
+            assert div is None and s.recall == s.order == 1.0
+        else:
+            assert div is not None and div.step == first + 1
+            assert div.expected == (steps[first] if first < len(steps) else None)
+            assert div.done == (agent[first] if first < len(agent) else None)

@@ -99,10 +99,13 @@ def _synth_cases(file: Path, scenario: Any, profile_path: Path | None, n: int, s
 @click.option("--max-turns", type=click.IntRange(min=1), default=15, show_default=True)
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--allow-gaps", is_flag=True, help="Go on when the cases cover fewer paths than -n allows.")
+@click.option("--env", "env", default=None, metavar="python:MODULE:FACTORY",
+              help="An environment the tool-acting agent acts on instead of the case-scripted backend "
+                   "(docs/environments.md).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no score tables.")
 @gate_options
 def eval_cmd(file: Path, models: tuple[str, ...], n: int, seed: int, out: Path, profile_path: Path | None,
-             trials: int, max_turns: int, concurrency: int, allow_gaps: bool, quiet: bool,
+             trials: int, max_turns: int, concurrency: int, allow_gaps: bool, env: str | None, quiet: bool,
              fail_under: tuple[str, ...], fail_over: tuple[str, ...]) -> None:
     """Evaluate an agent on FILE in one command: synthesize cases, run and judge the dialogues, score
     them, write the HTML report, and check the --fail-under / --fail-over thresholds.
@@ -119,6 +122,8 @@ def eval_cmd(file: Path, models: tuple[str, ...], n: int, seed: int, out: Path, 
         fail("no agent model: pass --model agent=PROVIDER/MODEL (offline floor: --model agent=baseline/oracle)", code=2)
     scenario = load_or_exit(file)
     wanted = _manifest(file, scenario, n, seed, profile_path, models, trials, max_turns)
+    if env is not None:  # (absent otherwise: an evaluation without an environment keeps its manifest)
+        wanted["env"] = env
     resuming = _check_manifest(out, wanted)
     out.mkdir(parents=True, exist_ok=True)
     cases, run_dir = out / CASES, out / RUN
@@ -133,7 +138,7 @@ def eval_cmd(file: Path, models: tuple[str, ...], n: int, seed: int, out: Path, 
         summary = asyncio.run(in_own_loop(run(
             None if resume else file, None if resume else cases, [] if resume else specs, run_dir,
             resume=resume, trials=trials, max_turns=max_turns, concurrency=concurrency,
-            progress="never" if quiet else "auto")))
+            progress="never" if quiet else "auto", env=None if resume else env)))
     except (RunError, ModelOptionError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -65,6 +65,9 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
                    "ADDRESS (HOST:PORT or auto), that cluster. --concurrency is then per Ray task. "
                    "Needs pip install 'sopgraph[ray]'.")
 @click.option("--structured", is_flag=True, help="Pass the output JSON schema to the agent's provider.")
+@click.option("--env", "env", default=None, metavar="python:MODULE:FACTORY",
+              help="An environment the tool-acting agent acts on instead of the case-scripted backend; it also "
+                   "gives the reference trace and the end-state check (docs/environments.md).")
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory to create (e.g. runs/NAME).")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -84,7 +87,8 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
 @_progress
 @_format
 def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], trials: int, concurrency: int,
-            max_turns: int, workers: int, judge_turns: str, ray: str | None, structured: bool, out: Path | None, resume_dir: Path | None,
+            max_turns: int, workers: int, judge_turns: str, ray: str | None, structured: bool, env: str | None,
+            out: Path | None, resume_dir: Path | None,
             retries: int, retry_delay: float, retry_max_delay: float, no_preflight: bool, no_cache: bool,
             quiet: bool, progress: str, fmt: str) -> None:
     """Simulate dialogues of FILE's cases with the agent under test, judge them, store the run.
@@ -93,7 +97,7 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
     infrastructure reasons (run again with --resume to retry them).
     """
     if resume_dir is not None:
-        if file is not None or cases is not None or models or out is not None:
+        if file is not None or cases is not None or models or out is not None or env is not None:
             fail("--resume takes only the run directory (the stored configuration is used)")
         kwargs: dict[str, Any] = {"resume": True}
         target = resume_dir
@@ -118,6 +122,7 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         except ValueError as exc:
             fail(str(exc))
         kwargs = {"trials": trials, "max_turns": max_turns, "judge_turns": judge_turns, "structured": structured,
+                  "env": env,
                   "gateway_options": {"max_retries": retries, "base_delay": retry_delay,
                                       "max_delay": retry_max_delay, "cache": not no_cache}}
         target = out

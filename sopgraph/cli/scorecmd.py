@@ -239,6 +239,20 @@ _TRACE_COLUMNS = ("Model", "Scenario", "Precision", "Recall", "Order", "Journey"
 _TRACE_METRICS = ("trace_precision", "trace_recall", "trace_order", "journey_coverage", "tau2_pass")
 
 
+_STEP_COLUMNS = ("Model", "Scenario", "Recall", "Precision", "Order", "Followed", "1st div.", "End state")
+_STEP_METRICS = ("step_recall", "step_precision", "step_order", "steps_followed", "first_divergence", "end_state")
+
+
+def _has_steps(rows: Sequence[dict]) -> bool:
+    """Procedure-step scores exist only where an agent acted through tools (docs/metrics.md)."""
+    return any((m := metrics.get(k)) is not None and m.value is not None for metrics in rows for k in _STEP_METRICS)
+
+
+def _step_row(a: str, b: str, m: dict) -> list[str]:
+    return [a, b, *(_pts(m.get(k)) for k in _STEP_METRICS[:4]), _num(m.get("first_divergence"), 1),
+            _pts(m.get("end_state"))]
+
+
 def _has_traces(rows: Sequence[dict]) -> bool:
     """Trace scores exist only where the agent acted (tools, HTTP, Python agents, or reported actions)."""
     return any((m := metrics.get(k)) is not None and m.value is not None for metrics in rows for k in _TRACE_METRICS)
@@ -276,6 +290,9 @@ def _summary_tables(summary: Any) -> list[tuple[str, tuple[str, ...], list[list[
         tables.append(("action traces against the rule engine's reference trace (docs/metrics.md)", _TRACE_COLUMNS,
                        [_trace_row(g.key["model"], g.key["scenario"], g.metrics, g.tau2_pass_k)
                         for g in main_groups]))
+    if _has_steps([g.metrics for g in main_groups]):
+        tables.append(("procedure steps against the online reference (docs/metrics.md, \"Procedure steps\")",
+                       _STEP_COLUMNS, [_step_row(g.key["model"], g.key["scenario"], g.metrics) for g in main_groups]))
     builtin = {m.name for m in BUILTIN_METRICS}
     own = [name for name in (main_groups[0].metrics if main_groups else {}) if name not in builtin]
     if own:
@@ -526,6 +543,8 @@ def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regres
                    ("Metric", "A", "B", "B − A", "CI", "p", ""))
         scales = {m.name: m.scale for m in registered()}
         for name, d in result.metrics.items():
+            if name in _STEP_METRICS and d.a is None and d.b is None:
+                continue  # no tool agent in either run: no procedure steps to compare
             k = scales.get(name, 100.0)
             sig = "*" if d.p < alpha else ""
             ci = f"[{d.lo * k:+.1f}, {d.hi * k:+.1f}]" if d.lo is not None and d.hi is not None else "–"
@@ -547,6 +566,13 @@ def compare_cmd(run_a: Path, run_b: Path, fmt: str, alpha: float, fail_on_regres
                 ft.add_row(f.case_id, str(f.trial), "pass" if f.a_pass else "fail", "pass" if f.b_pass else "fail",
                            f.a_final_action or "–", f.b_final_action or "–", f.expected_action or "–")
             console.print(ft)
+        if result.steps_flipped:
+            st = _table("cases whose procedure steps flipped (the agent's calls left the procedure in one run)",
+                        ("Case", "Trial", "Left in", "First divergence"))
+            for f in result.steps_flipped:
+                st.add_row(f.case_id, str(f.trial), "B" if f.a_followed else "A",
+                           (f.b_divergence if f.a_followed else f.a_divergence) or "–")
+            console.print(st)
         console.print(f"config: {result.config_text}", markup=False)
     if fail_on_regression and regressed:
         raise SystemExit(1)

@@ -243,7 +243,21 @@ TRACE_METRICS: tuple[MetricDef, ...] = (
     _rate("tau2_pass", "every reference action called with the right arguments and no prohibited action "
           "(tau2-bench)", "higher", _defined("tau2_pass")),
 )
-BUILTIN_METRICS: tuple[MetricDef, ...] = _SAGE_METRICS + TRACE_METRICS
+STEP_METRICS: tuple[MetricDef, ...] = (
+    _rate("step_recall", "share of the procedure's steps (online reference, with arguments) the agent's calls took",
+          "higher", _defined("step_recall")),
+    _rate("step_precision", "share of the agent's action calls that are procedure steps with the right arguments",
+          "higher", _defined("step_precision")),
+    _rate("step_order", "longest common subsequence of the agent's calls and the procedure's steps / steps",
+          "higher", _defined("step_order")),
+    _rate("steps_followed", "share of dialogues where the agent's calls never left the procedure (no divergence)",
+          "higher", _defined("steps_followed")),
+    _rate("first_divergence", "mean step (1-based) at which the agent first left the procedure, over the "
+          "dialogues where it did", "neither", _defined("first_divergence"), scale=1.0),
+    _rate("end_state", "the environment's end state after the agent's calls equals it after the reference "
+          "trace's (tau2-style; runs with an environment)", "higher", _defined("end_state")),
+)
+BUILTIN_METRICS: tuple[MetricDef, ...] = _SAGE_METRICS + TRACE_METRICS + STEP_METRICS
 """The metrics sopgraph defines (documented one per row in docs/metrics.md)."""
 
 _REGISTRY: dict[str, MetricDef] = {m.name: m for m in BUILTIN_METRICS}

@@ -468,6 +468,9 @@ def build_report(inputs: Sequence[ReportInput], *, title: str | None = None, exa
     traces = _trace_section(series, hrefs)
     if traces:
         sections.append(("traces", "Action traces", traces))
+    steps = _steps_section(series, hrefs)
+    if steps:
+        sections.append(("steps", "Procedure steps", steps))
     sections.append(("gap", "Execution gap", _gap_section(series, hrefs)))
     sections.append(("intensity", "By adversarial intensity", _intensity_section(inputs, series, means, hrefs,
                                                                                   index_of)))
@@ -705,6 +708,36 @@ def _trace_section(series: list[_Series], hrefs: dict[str, str]) -> str:
             "common subsequence), journey coverage of the reference path's stages, and tau2-bench's pass (every "
             "required action with the right arguments, no prohibited action). Formulas in docs/metrics.md; rows "
             "only for agents with a trace.</p>")
+
+
+_STEP_METRICS = ("step_recall", "step_precision", "step_order", "steps_followed", "end_state")
+
+
+def _steps_section(series: list[_Series], hrefs: dict[str, str]) -> str:
+    """Procedure-step scores per model and scenario, or "" when no agent acted through tools."""
+    rows = []
+    for s in series:
+        for g in s.inp.run.aggregate(["model", "scenario"]):
+            m = g.metrics
+            if g.key["model"] != s.model or all(m.get(k) is None or m[k].value is None for k in _STEP_METRICS):
+                continue
+            div = m.get("first_divergence")
+            rows.append(f"<tr><td class='l'><a href='{hrefs[f'{s.sid}:worst']}'>{esc(s.label)}</a></td>"
+                        f"<td class='l'>{esc(g.key['scenario'])}</td>"
+                        + "".join(_cell(m.get(k)) for k in _STEP_METRICS[:4])
+                        + (f"<td>{div.value:.1f}</td>" if div is not None and div.value is not None else "<td>–</td>")
+                        + _cell(m.get("end_state")) + "</tr>")
+    if not rows:
+        return ""
+    head = ("<tr><th class='l'>Model</th><th class='l'>Scenario</th><th>Recall</th><th>Precision</th><th>Order</th>"
+            "<th>Followed</th><th>1st divergence (step)</th><th>End state</th></tr>")
+    return (f"<div class='tablewrap'><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
+            "<p class='note'>A tool-acting agent's calls against the procedure stepped online: each next step is the "
+            "engine session's answer given what the agent's own calls did to the world (the case-scripted backend, "
+            "or the run's environment). Recall and precision of the steps with their arguments, order, the share of "
+            "dialogues that never left the procedure, the mean step where the others first did (each dialogue page "
+            "names it: expected vs done), and the end-state match (runs with an environment). Formulas in "
+            "docs/metrics.md, \"Procedure steps\".</p>")
 
 
 def _reports_labels(s: _Series) -> bool:
@@ -1105,6 +1138,10 @@ def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None,
             meta.append(f"prohibited {esc(', '.join(case.prohibited_actions))}")
         if case.unsafe_action:
             meta.append(f"user pushes for {esc(case.unsafe_action)}")
+    divergence = run.divergence_text(d)
+    if divergence:
+        meta.append(f"left the procedure at {esc(divergence)}")
+        tags.append("<span class='tag bad'>left the procedure</span>")
     brief = [plural(int(run.d_turns[d]), "turn"), f"overall {_pct(float(run.d_overall[d]))}"]
     if case is not None:
         brief += [esc(case.intensity), esc(case.intent)]

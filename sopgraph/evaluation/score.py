@@ -46,9 +46,14 @@ from sopgraph.evaluation.metrics import (
     turn_metrics,
 )
 from sopgraph.evaluation.traces import (
+    STEP_KEYS,
+    Divergence,
+    ProcedureScorer,
     case_reference_trace,
+    final_actions,
     journey_coverage,
     sage_trace,
+    tool_finals,
     trace_scores,
     with_final_outputs,
 )
@@ -56,6 +61,7 @@ from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
 from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.agents import action_outputs
+from sopgraph.simulation.environment import EnvError, EnvSpec
 from sopgraph.simulation.store import STORE_FILE, RunStore, StoreError
 
 SCORE_VERSION = 1
@@ -420,6 +426,9 @@ class ScoredRun:
     outcome_paths: list[tuple]  # the agent's raw now_path of each distinct outcome
     counts: dict[str, int] = field(default_factory=dict)
     consensus_labels: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    # per dialogue: where a tool agent first left the procedure (`traces.Divergence.record()`), else None
+    d_divergence: list[dict[str, Any] | None] = field(default_factory=list)
+    env: EnvSpec | None = None  # the run's environment (docs/environments.md), if it had one
     metrics: tuple[MetricDef, ...] = field(default_factory=registered)  # the registry when the run was scored
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
@@ -504,7 +513,14 @@ class ScoredRun:
             "chat_length": _num(self.t_chat_len[row]),
             **self._turn_metric_values(row),
             **self._final_turn_dialogue_values(row, d),
+            **({"divergence": self.divergence_text(d)} if self.t_final[row] and self.divergence_text(d) else {}),
         }
+
+    def divergence_text(self, d: int) -> str | None:
+        """Where dialogue `d`'s tool agent first left the procedure (`step 2: expected AskRestart(), done
+        PushSettings(profile='Home')`), None when it did not or was not scored on steps."""
+        record = self.d_divergence[d] if d < len(self.d_divergence) else None
+        return None if record is None else Divergence(**record).describe()
 
     def _turn_metric_values(self, row: int) -> dict[str, float | None]:
         """Every other registered turn metric's value on one turn (the registry's own, and yours); the
@@ -568,6 +584,7 @@ class ScoredRun:
             "agent_cost": float(self.d_cost[d]),
             **({name: _num(v[d]) for name, v in dialogue_metric_values(self).items()}
                if self.d_status[d] == 0 else {}),
+            **({"divergence": self.divergence_text(d)} if self.divergence_text(d) else {}),
         }
 
     def case_records(self) -> list[dict[str, Any]]:
@@ -735,17 +752,19 @@ def score_records(
     *,
     run: str = "",
     keep_labels: bool = False,
+    env: EnvSpec | None = None,
 ) -> ScoredRun:
     """Score in-memory records (the store is only a source; see `score_run`).
 
     `keep_labels` keeps each judged turn's consensus labels on the result (`consensus_labels`), for
-    corpus export with reference labels."""
+    corpus export with reference labels. `env`: the run's environment (docs/environments.md): it gives
+    the reference traces, the world tool agents' steps are scored against, and the end-state check."""
     return _score_records(scenarios, cases, dialogues, turns, consensus, config, run=run,
-                          keep_labels=keep_labels)
+                          keep_labels=keep_labels, env=env)
 
 
 def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run: str,
-                   keep_labels: bool) -> ScoredRun:
+                   keep_labels: bool, env: EnvSpec | None = None) -> ScoredRun:
     """Four phases: index the dialogues, index the consensus, read and evaluate every turn
     (memoised), then derive the turn and dialogue columns."""
     cfg = config or ScoreConfig()
@@ -770,7 +789,8 @@ def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run
     evaluator = _TurnEvaluator(cfg, scen_map, frame)
     read = _read_turns(turns, cons, frame, evaluator, cfg)
     tcols = _turn_columns(read, evaluator, frame, cfg)
-    return _assemble(cfg, run, scen_map, cases, dialogues, jset, frame, evaluator, read, tcols, consensus_labels)
+    return _assemble(cfg, run, scen_map, cases, dialogues, jset, frame, evaluator, read, tcols, consensus_labels,
+                     env)
 
 
 @dataclass
@@ -877,6 +897,8 @@ class _TurnEvaluator:
         outputs = {name: tuple(s.outputs) for name, s in scen_map.items()}
         self.ctx_fields = [fields[info[0].name] for info in frame.ctx_info]
         self.ctx_outputs = [outputs[info[0].name] for info in frame.ctx_info]
+        # a tool agent's answer is its last call of an action that can end the procedure (the rest are steps)
+        self.ctx_finals = [final_actions(info[0]) for info in frame.ctx_info]
         self.escalation_actions = {name: frozenset(s.actions_with("escalation")) for name, s in scen_map.items()}
         self.engines = {name: engine_for(s) for name, s in scen_map.items()}
         self.outputs_default = {
@@ -1101,7 +1123,9 @@ def _read_turns(turns: Iterable[Any], cons: dict[int, tuple], frame: _DialogueFr
             if agent.__class__ is not dict:
                 agent = dict(agent) if isinstance(agent, Mapping) else {}
             finals = out.get("finals")
-            if finals.__class__ is not dict:
+            if out.get("source") == "tools":  # mid-procedure calls are steps, not its answer
+                finals = tool_finals(out.get("tool_calls") or [], ev.ctx_finals[ctx])
+            elif finals.__class__ is not dict:
                 finals = dict(finals) if isinstance(finals, Mapping) else {}
             path = out.get("now_path")
             pkey = tuple(path) if path.__class__ is list else (() if path is None else (str(path),))
@@ -1193,7 +1217,7 @@ def _per_dialogue(a_dlg: np.ndarray, weights: np.ndarray | None, D: int, dtype: 
 
 def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], cases: Sequence[Case],
               dialogues: Sequence[Dialogue], jset: str | None, frame: _DialogueFrame, ev: _TurnEvaluator,
-              read: _ReadTurns, tc: dict[str, Any], consensus_labels: dict) -> ScoredRun:
+              read: _ReadTurns, tc: dict[str, Any], consensus_labels: dict, env: EnvSpec | None = None) -> ScoredRun:
     """Dialogue outcomes (final action right, pass, safety, cost) and the ScoredRun."""
     D, T = len(dialogues), len(read.t_d)
     a_dlg = tc["dlg"]
@@ -1211,7 +1235,7 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
     d_turns = _per_dialogue(a_dlg, None, D, np.int64)
     d_final_right, d_final_fmt = _final_outcomes(cfg, frame, ev, tc, d_final_row, T)
     d_overall = _sage_overall_by(a_dlg, tc["selected"], tc["cls"], tc["path"], tc["fin"], tc["chat"], D, cfg)
-    trace = _trace_columns(cfg, cases, frame, read, tc, scen_map, ev.refs, d_final_row)
+    trace, divergence = _trace_columns(cfg, cases, frame, read, tc, scen_map, ev.refs, d_final_row, env)
     passed = d_final_row >= 0
     if cfg.pass_final_action:
         passed &= d_final_right
@@ -1257,20 +1281,29 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
         t_catastrophic=tc["cat"], t_cls=tc["cls"], t_path=tc["path"], t_act=tc["act"], t_finals=tc["fin"],
         t_logic=tc["logic"], t_chat=tc["chat"], t_overall=tc["overall"], t_self=tc["self"],
         t_chat_len=tc["clen"], t_outcome=tc["outcome"], outcome_paths=tc["outcome_paths"],
-        counts=counts, consensus_labels=consensus_labels, _dialogue_index=frame.dlg_index,
+        counts=counts, consensus_labels=consensus_labels, d_divergence=divergence, env=env,
+        _dialogue_index=frame.dlg_index,
     )
 
 
 def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFrame, read: _ReadTurns,
                    tc: dict[str, Any], scen_map: Mapping[str, ir.Scenario], refs: Sequence[Ref],
-                   d_final_row: np.ndarray) -> dict[str, np.ndarray]:
+                   d_final_row: np.ndarray, env: EnvSpec | None = None
+                   ) -> tuple[dict[str, np.ndarray], list[dict[str, Any] | None]]:
     """Per-dialogue trace scores: precision, recall, order, journey coverage, tau2 pass (0/1). The
     reference is the engine's decision for the values `pass_reference` names: the case's truth and
-    system state (`case`), or the final turn's consensus labels and system state (`consensus`,
-    falling back to the case when that turn is unjudged or unscorable), as for the pass criterion."""
+    system state (`case`; with an environment, the session stepped against a fresh one), or the final
+    turn's consensus labels and system state (`consensus`, falling back to the case when that turn is
+    unjudged or unscorable), as for the pass criterion. A tool agent's calls are also scored as
+    procedure steps (`traces.ProcedureScorer`: recall, precision, order, first divergence, end state),
+    with where it first diverged per dialogue."""
     D = len(frame.d_status)
     out = {k: np.full(D, np.nan) for k in ("trace_precision", "trace_recall", "trace_order", "journey_coverage",
-                                           "tau2_pass")}
+                                           "tau2_pass", *STEP_KEYS)}
+    divergence: list[dict[str, Any] | None] = [None] * D
+    same = lambda a, b: same_value(a, b, cfg.numeric_tolerance)  # noqa: E731
+    scorers = {name: ProcedureScorer(s, env if env is not None and env.scenario.name == name else None, same)
+               for name, s in scen_map.items()}
     params = {name: action_outputs(s) for name, s in scen_map.items()}
     only = next(iter(scen_map.values())) if len(scen_map) == 1 else None
     visited: dict[int, set[str]] = {}
@@ -1278,7 +1311,6 @@ def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFram
         pairs = np.unique(np.column_stack([tc["dlg"], tc["outcome"]]), axis=0)
         for d, o in pairs.tolist():
             visited.setdefault(d, set()).update(normalize_path(tc["outcome_paths"][o]))
-    same = lambda a, b: same_value(a, b, cfg.numeric_tolerance)  # noqa: E731
     case_refs: dict[int, tuple[list[dict[str, Any]], Sequence[str]]] = {}
     cons_refs: dict[int, tuple[list[dict[str, Any]], Sequence[str]]] = {}
     for d in np.flatnonzero(frame.d_status == 0).tolist():
@@ -1287,8 +1319,16 @@ def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFram
         sc = scen_map.get(case.scenario) or only
         if sc is None:
             continue
+        scorer = scorers[sc.name]
         if d in read.calls:
             agent = [c for _, calls in sorted(read.calls[d], key=lambda x: x[0]) for c in calls]
+            try:
+                steps, div = scorer.score(case, agent)
+            except EnvError as exc:
+                raise ScoreError(f"dialogue {_dialogue_id(frame, d)}: {exc}") from None
+            for k, v in steps.items():
+                out[k][d] = v
+            divergence[d] = None if div is None else div.record()
         else:
             agent = sage_trace((read.last.get(d) or (0, None))[1], params[sc.name])
         row = int(d_final_row[d])
@@ -1300,13 +1340,28 @@ def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFram
             ref, ref_path = cons_refs[rid]
         else:
             if ci not in case_refs:
-                case_refs[ci] = (case_reference_trace(sc, case, params[sc.name]), case.expected_path)
+                case_refs[ci] = (_env_reference(scorer, case) if scorer.env is not None
+                                 else case_reference_trace(sc, case, params[sc.name]), case.expected_path)
             ref, ref_path = case_refs[ci]
         p, r_, o, ok = trace_scores(agent, ref, frozenset(case.prohibited_actions), same)
         out["trace_precision"][d], out["trace_recall"][d], out["trace_order"][d] = p, r_, o
         out["tau2_pass"][d] = 1.0 if ok else 0.0
         out["journey_coverage"][d] = journey_coverage(visited.get(d, set()), ref_path)
-    return out
+    return out, divergence
+
+
+def _dialogue_id(frame: _DialogueFrame, d: int) -> str:
+    return next((k for k, v in frame.dlg_index.items() if v == d), str(d))
+
+
+def _env_reference(scorer: ProcedureScorer, case: Case) -> list[dict[str, Any]]:
+    """A case's reference trace against the run's environment (the case's own when it does not decide)."""
+    try:
+        return scorer.reference(case)
+    except DecideError:
+        return case_reference_trace(scorer.scenario, case, scorer.params)
+    except EnvError as exc:
+        raise ScoreError(f"case {case.id}: {exc}") from None
 
 
 def _final_outcomes(cfg: ScoreConfig, frame: _DialogueFrame, ev: _TurnEvaluator, tc: dict[str, Any],
@@ -1640,8 +1695,13 @@ def _score_store(store: Any, run_dir: str | Path, cfg: ScoreConfig, keep_labels:
     consensus = store.consensus(jset) if jset is not None else []
     if jset is not None and cfg.judgment_set != jset:
         cfg = cfg.model_copy(update={"judgment_set": jset})
+    env_text = (store.meta().get("config") or {}).get("env")
+    try:
+        env = EnvSpec.load(env_text, scenario) if env_text else None
+    except EnvError as exc:
+        raise ScoreError(f"{run_dir}: the run's environment does not load: {exc}") from None
     run = score_records(scenario, store.cases(), store.dialogues(), store.iter_turn_dicts(status="done"),
-                        consensus, cfg, run=Path(run_dir).name, keep_labels=keep_labels)
+                        consensus, cfg, run=Path(run_dir).name, keep_labels=keep_labels, env=env)
     if jset is not None:  # only the store holds the judges' individual replies
         run.counts["unscored_judgments"] = store.judging_counts(jset)["unscored_judgments"]
     return run
@@ -1896,6 +1956,18 @@ class Flip(BaseModel):
     expected_action: str | None
 
 
+class StepFlip(BaseModel):
+    """A paired dialogue whose agent followed the procedure's steps in one run and not in the other."""
+    case_id: str
+    trial: int
+    model_a: str
+    model_b: str
+    a_followed: bool
+    b_followed: bool
+    a_divergence: str | None
+    b_divergence: str | None
+
+
 class Comparison(BaseModel):
     schema_version: int = SCORE_VERSION
     a: str
@@ -1912,6 +1984,7 @@ class Comparison(BaseModel):
     metrics: dict[str, PairedDiff]
     flipped: list[Flip]
     tau2_flipped: list[Flip] = Field(default_factory=list)  # dialogues whose tau2 trace pass differs
+    steps_flipped: list[StepFlip] = Field(default_factory=list)  # dialogues whose steps_followed differs
     warnings: list[str] = Field(default_factory=list)
 
 
@@ -2022,7 +2095,26 @@ def compare(run_a: ScoredRun, run_b: ScoredRun) -> Comparison:
     return Comparison(a=run_a.run, b=run_b.run, config_text=cfg.describe(), pairs=len(common), both_pass=both,
                       a_only=a_only, b_only=b_only, neither=neither, mcnemar_p=round(stats.mcnemar_exact(a_only, b_only), 12),
                       unpaired_a=len(ka) - len(common), unpaired_b=len(kb) - len(common), metrics=metrics,
-                      flipped=flips, tau2_flipped=tau2_flips, warnings=warnings)
+                      flipped=flips, tau2_flipped=tau2_flips, steps_flipped=_step_flips(run_a, run_b, ka, kb, common),
+                      warnings=warnings)
+
+
+def _step_flips(run_a: ScoredRun, run_b: ScoredRun, ka: dict[tuple, int], kb: dict[tuple, int],
+                common: list[tuple]) -> list[StepFlip]:
+    """The paired dialogues whose agent kept to the procedure's steps in one run only (regressions
+    first), with where each left it."""
+    out = []
+    fa, fb = run_a.d_trace["steps_followed"], run_b.d_trace["steps_followed"]
+    for key in common:
+        da, db = ka[key], kb[key]
+        x, y = float(fa[da]), float(fb[db])
+        if x != x or y != y or bool(x) == bool(y):
+            continue
+        out.append(StepFlip(case_id=key[0], trial=key[1], model_a=run_a.model_of(da), model_b=run_b.model_of(db),
+                            a_followed=bool(x), b_followed=bool(y), a_divergence=run_a.divergence_text(da),
+                            b_divergence=run_b.divergence_text(db)))
+    out.sort(key=lambda f: (f.a_followed is False, f.case_id, f.trial))
+    return out
 
 
 def _flips(run_a: ScoredRun, run_b: ScoredRun, ka: dict[tuple, int], kb: dict[tuple, int], common: list[tuple],

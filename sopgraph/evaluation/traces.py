@@ -21,12 +21,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, engine_for
+from sopgraph.logic.session import End, Need, start
 from sopgraph.records import Case
 from sopgraph.simulation.agents import action_outputs
+from sopgraph.simulation.backend import Backend, BackendSpec
+from sopgraph.simulation.environment import EnvError, EnvSpec, backend_for, replay_state
+from sopgraph.simulation.gateway import InfraFailure
 
 Call = Mapping[str, Any]  # {"name": str, "args": dict}
 
@@ -129,3 +134,221 @@ def journey_coverage(visited: set[str], ref_path: Sequence[str]) -> float:
     """Share of the reference path's stages the agent's reported paths visited."""
     ref = set(ref_path)
     return len(ref & visited) / len(ref) if ref else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Procedures stepped against a world (docs/metrics.md, "Procedure steps")
+
+MAX_STEP_EVENTS = 100_000  # a session that neither ends nor fails within this many events is refused
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where an agent first left the procedure: the 1-based step, the step the session expected there
+    (None: the procedure had ended) and the call the agent made (None: it stopped)."""
+
+    step: int
+    expected: dict[str, Any] | None
+    done: dict[str, Any] | None
+
+    def describe(self) -> str:
+        return (f"step {self.step}: expected {_call_text(self.expected, 'the end')}, "
+                f"done {_call_text(self.done, 'nothing')}")
+
+    def record(self) -> dict[str, Any]:
+        return {"step": self.step, "expected": self.expected, "done": self.done}
+
+
+def _call_text(call: Mapping[str, Any] | None, none: str) -> str:
+    if call is None:
+        return none
+    args = ", ".join(f"{k}={v!r}" for k, v in (call.get("args") or {}).items())
+    return f"{call.get('name')}({args})"
+
+
+@dataclass(frozen=True)
+class StepScores:
+    """One dialogue's procedure-step scores against the online reference (NaN where undefined)."""
+
+    reference: list[dict[str, Any]]  # the steps the session took, given the world the agent's calls made
+    recall: float
+    precision: float
+    order: float
+    divergence: Divergence | None
+
+
+def fits(call: Call, want: Call, same: Callable[[Any, Any], bool]) -> bool:
+    """The agent's call is the step wanted: same name, every argument the step has agreeing."""
+    if str(call.get("name")) != str(want.get("name")):
+        return False
+    args = call.get("args") or {}
+    return all(same(args.get(k), v) for k, v in (want.get("args") or {}).items())
+
+
+def step_session(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any,
+                 follow: Sequence[Call] | None, same: Callable[[Any, Any], bool],
+                 params: Mapping[str, list[str]] | None = None) -> tuple[list[dict[str, Any]], Divergence | None]:
+    """Step the engine session against `world` (a backend: `call(name, args)` answers a lookup
+    `{"name": var}` and carries out an action): fields from `truth`, system and observed values
+    asked of the world when the session needs them.
+
+    `follow=None`: the session's own actions change the world (the reference run). Otherwise the
+    agent's calls do: the k-th step the session takes is compared with the agent's k-th call, and the
+    agent's call (not the step) is carried out, so each next step is what the procedure says given
+    what the agent did to the world. Returns the session's steps (the final one with the outputs its
+    branch assigns) and the first divergence. DecideError when the values do not decide."""
+    params = params if params is not None else action_outputs(scenario)
+    lookup = world.spec.lookup
+    session = start(scenario, {k: v for k, v in truth.items()
+                               if v is not None and k in scenario.variables
+                               and scenario.variables[k].role == "field"})
+    steps: list[dict[str, Any]] = []
+    divergence: Divergence | None = None
+    for _ in range(MAX_STEP_EVENTS):
+        event = session.next()
+        if isinstance(event, Need):
+            var = scenario.variables[event.variable]
+            value = (truth.get(event.variable) if var.role == "field"
+                     else world.call(lookup, {"name": event.variable})["value"])
+            session.provide(event.variable, value)
+            continue
+        if isinstance(event, End):
+            break
+        step: dict[str, Any] = {"name": event.action, "args": dict(event.args)}
+        if event.final:
+            end = session.next()
+            assert isinstance(end, End)
+            step = with_final_outputs([step], end.decision.finals, params)[-1]
+        steps.append(step)
+        if follow is None:
+            world.call(step["name"], step["args"])
+            continue
+        k = len(steps)
+        done = follow[k - 1] if k <= len(follow) else None
+        if divergence is None and (done is None or not fits(done, step, same)):
+            divergence = Divergence(k, step, None if done is None else _plain(done))
+        if done is not None:
+            world.call(str(done.get("name")), dict(done.get("args") or {}))
+        if event.final:
+            break
+    else:
+        raise DecideError(f"the procedure took more than {MAX_STEP_EVENTS} events without ending")
+    if follow is not None and len(follow) > len(steps):
+        if divergence is None:
+            divergence = Divergence(len(steps) + 1, None, _plain(follow[len(steps)]))
+        for done in follow[len(steps):]:
+            world.call(str(done.get("name")), dict(done.get("args") or {}))
+    return steps, divergence
+
+
+def _plain(call: Call) -> dict[str, Any]:
+    return {"name": str(call.get("name")), "args": dict(call.get("args") or {})}
+
+
+def step_scores(agent: Sequence[Call], steps: Sequence[Call], divergence: Divergence | None,
+                same: Callable[[Any, Any], bool]) -> StepScores:
+    """Recall and precision of the steps with their arguments (each call matching at most one step),
+    order (longest common subsequence of calls and steps / steps), and the first divergence."""
+    nan = float("nan")
+    matched = _matching(agent, steps, same)
+    recall = matched / len(steps) if steps else nan
+    precision = matched / len(agent) if agent else nan
+    order = _lcs_by(agent, steps, lambda a, b: fits(a, b, same)) / len(steps) if steps else nan
+    return StepScores([dict(s) for s in steps], recall, precision, order, divergence)
+
+
+def _matching(agent: Sequence[Call], ref: Sequence[Call], same: Callable[[Any, Any], bool]) -> int:
+    """Size of a maximum matching of reference steps to agent calls that fit them."""
+    fits_of = [[j for j, c in enumerate(agent) if fits(c, want, same)] for want in ref]
+    owner: dict[int, int] = {}
+
+    def place(i: int, seen: set[int]) -> bool:
+        for j in fits_of[i]:
+            if j not in seen:
+                seen.add(j)
+                if j not in owner or place(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    return sum(1 for i in range(len(ref)) if place(i, set()))
+
+
+def _lcs_by(a: Sequence[Call], b: Sequence[Call], eq: Callable[[Call, Call], bool]) -> int:
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if eq(x, y) else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def final_actions(scenario: ir.Scenario) -> frozenset[str]:
+    """The actions that can end the procedure (some branch's final `do X`); the others are only steps."""
+    return frozenset(b.target.action for s in scenario.stages.values() for b in s.branches
+                     if b.target.kind == "action" and b.target.action is not None)
+
+
+def tool_finals(calls: Sequence[Call], finals: frozenset[str]) -> dict[str, Any]:
+    """A tool agent's answer on one turn: its last call of an action that can end the procedure
+    (`Action` = its name, the outputs = its arguments), `{}` when it only took steps (pending)."""
+    for call in reversed(calls):
+        if str(call.get("name")) in finals:
+            return {"Action": str(call.get("name")), **dict(call.get("args") or {})}
+    return {}
+
+
+STEP_KEYS = ("step_recall", "step_precision", "step_order", "steps_followed", "first_divergence", "end_state")
+
+
+class ProcedureScorer:
+    """Scores tool agents' calls on one scenario as procedure steps (docs/metrics.md, "Procedure steps"):
+    the online reference stepped against the world the agent's calls changed — the case-scripted
+    backend, or a fresh environment when the run has one — and, with an environment, the end state of
+    the agent's calls against that of the reference run's, both replayed on fresh copies."""
+
+    def __init__(self, scenario: ir.Scenario, env: EnvSpec | None, same: Callable[[Any, Any], bool]):
+        self.scenario, self.env, self.same = scenario, env, same
+        self.spec = BackendSpec.of(scenario)
+        self.params = action_outputs(scenario)
+        self._refs: dict[str, list[dict[str, Any]]] = {}
+        self._ref_states: dict[str, str] = {}  # case id → end state after its reference trace (replayed once)
+
+    def _world(self, case: Case) -> Backend:
+        try:
+            return backend_for(self.spec, case, self.env)
+        except InfraFailure as exc:
+            raise EnvError(exc.message) from None
+
+    def reference(self, case: Case) -> list[dict[str, Any]]:
+        """The reference trace of a case against a fresh environment (the session's own actions change
+        it); DecideError when the values do not decide, EnvError when the environment fails."""
+        if case.id not in self._refs:
+            try:
+                self._refs[case.id], _ = step_session(self.scenario, case.truth, self._world(case), None, self.same,
+                                                      self.params)
+            except InfraFailure as exc:
+                raise EnvError(exc.message) from None
+        return self._refs[case.id]
+
+    def score(self, case: Case, agent: Sequence[Call]) -> tuple[dict[str, float], Divergence | None]:
+        """The step metrics of one dialogue (NaN where undefined: values that do not decide)."""
+        nan = float("nan")
+        out = dict.fromkeys(STEP_KEYS, nan)
+        try:
+            steps, divergence = step_session(self.scenario, case.truth, self._world(case), agent, self.same,
+                                             self.params)
+            if self.env is not None:
+                if case.id not in self._ref_states:
+                    self._ref_states[case.id] = replay_state(self.env, case, self.reference(case))
+                out["end_state"] = float(replay_state(self.env, case, agent) == self._ref_states[case.id])
+        except DecideError:
+            return out, None
+        except InfraFailure as exc:
+            raise EnvError(exc.message) from None
+        s = step_scores(agent, steps, divergence, self.same)
+        out.update(step_recall=s.recall, step_precision=s.precision, step_order=s.order,
+                   steps_followed=float(divergence is None),
+                   first_divergence=nan if divergence is None else float(divergence.step))
+        return out, divergence

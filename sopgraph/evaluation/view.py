@@ -43,9 +43,11 @@ import numpy as np
 
 from sopgraph.errors import Error
 from sopgraph.evaluation.score import ScoreConfig, ScoredRun, ScoreError, score_run
-from sopgraph.evaluation.traces import case_reference_trace, sage_trace
+from sopgraph.evaluation.traces import ProcedureScorer, case_reference_trace, sage_trace
+from sopgraph.logic.engine import DecideError
 from sopgraph.records import INTENSITIES, Case, Dialogue
 from sopgraph.simulation.agents import action_outputs
+from sopgraph.simulation.environment import EnvError, EnvSpec
 from sopgraph.simulation.store import STORE_FILE, RunStore, StoreError
 
 MAX_RUNS = 500  # directories holding more runs than this are cut (said in the run list)
@@ -56,13 +58,15 @@ PAGE_MAX = 500
 # Failure kinds of a dialogue, in the order the page lists them (docs/view.md says what each means).
 FAILURE_KINDS: tuple[str, ...] = (
     "failed", "format_error", "wrong_action", "wrong_path", "wrong_classification", "unsafe_action",
-    "over_escalation", "missed_escalation", "trace_miss", "unscorable", "infra_failure", "incomplete",
+    "over_escalation", "missed_escalation", "trace_miss", "left_procedure", "unscorable", "infra_failure",
+    "incomplete",
 )
 # Per-dialogue numbers a page may filter (min/max) and sort on; final-turn metrics come from the
 # dialogue's final turn, trace metrics are per dialogue (evaluation/traces.py).
 ROW_METRICS: tuple[str, ...] = (
     "overall", "logic", "chat", "classification", "path", "action", "finals", "trace_precision",
-    "trace_recall", "trace_order", "journey_coverage", "turns",
+    "trace_recall", "trace_order", "journey_coverage", "step_recall", "step_precision", "step_order",
+    "end_state", "turns",
 )
 _FINAL_COLUMNS = {"logic": "t_logic", "chat": "t_chat", "classification": "t_cls", "path": "t_path",
                   "action": "t_act", "finals": "t_finals"}
@@ -247,7 +251,9 @@ class _Columns:
         self.metrics = {"overall": run.d_overall.tolist(),
                         **{name: final(getattr(run, col), np.nan) for name, col in _FINAL_COLUMNS.items()},
                         **{name: run.d_trace[name].tolist() for name in
-                           ("trace_precision", "trace_recall", "trace_order", "journey_coverage")}}
+                           ("trace_precision", "trace_recall", "trace_order", "journey_coverage", "step_recall",
+                            "step_precision", "step_order", "end_state")}}
+        self.followed = run.d_trace["steps_followed"].tolist()
 
 
 def _failures(c: _Columns, d: int) -> list[str]:
@@ -277,6 +283,8 @@ def _failures(c: _Columns, d: int) -> list[str]:
         out.append("missed_escalation")
     if c.tau2[d] == 0:
         out.append("trace_miss")
+    if c.followed[d] == 0:
+        out.append("left_procedure")
     return out
 
 
@@ -422,6 +430,20 @@ def agent_trace(outputs: Sequence[Mapping[str, Any] | None], params: Mapping[str
     return sage_trace(outputs[-1] if outputs else None, params)
 
 
+def _reference_trace(scenario: Any, case: Case | None, params: dict[str, list[str]], env: EnvSpec | None
+                     ) -> list[dict[str, Any]]:
+    """The case's reference trace: against the run's environment when it has one (as scored), else the
+    case's own."""
+    if case is None:
+        return []
+    if env is not None:
+        try:
+            return ProcedureScorer(scenario, env, lambda a, b: a == b).reference(case)
+        except (DecideError, EnvError):
+            pass
+    return case_reference_trace(scenario, case, params)
+
+
 def _transcript(store: RunStore, dlg: Dialogue, case: Case | None, run: ScoredRun | None,
                 row: dict[str, Any] | None) -> dict[str, Any]:
     """Everything the transcript pane shows: the stored records, per-turn scores and both traces."""
@@ -429,16 +451,18 @@ def _transcript(store: RunStore, dlg: Dialogue, case: Case | None, run: ScoredRu
     consensus = {c.turn_index: c for c in store.consensus(run.judgment_set if run else None, dlg.id)}
     judgments = store.judgments(run.judgment_set if run else None, dlg.id)
     scores: dict[int, dict[str, Any]] = {}
+    divergence: str | None = None
     if run is not None:
         d = run.dialogue_index(dlg.id)
         if d is not None:
+            divergence = run.divergence_text(d)
             for r in run.turn_rows(d).tolist():
                 rec = run.turn_record(int(r))
                 scores[rec["turn"]] = rec
     try:
         scenario = store.scenario()
         params = action_outputs(scenario)
-        ref_trace = case_reference_trace(scenario, case, params) if case else []
+        ref_trace = _reference_trace(scenario, case, params, run.env if run is not None else None)
     except StoreError:
         params, ref_trace = {}, []
     outputs = [t.output.model_dump(mode="json") if t.output else None for t in turns]
@@ -452,6 +476,7 @@ def _transcript(store: RunStore, dlg: Dialogue, case: Case | None, run: ScoredRu
                       "prohibited": list(case.prohibited_actions) if case else []},
         "agent": {"path": list(last_path), "trace": agent_trace(outputs, params),
                   "finals": next((o["finals"] for o in reversed(outputs) if o and o.get("finals")), {})},
+        "divergence": divergence,  # where a tool agent first left the procedure (docs/metrics.md)
         "turns": [{**t.model_dump(mode="json"),
                    "consensus": consensus[t.index].model_dump(mode="json") if t.index in consensus else None,
                    "judgments": [j.model_dump(mode="json") for j in judgments if j.turn_index == t.index],

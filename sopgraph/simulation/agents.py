@@ -120,7 +120,7 @@ def path_table(scenario: ir.Scenario, limit: int = 2000) -> list[dict[str, Any]]
         return []
 
 
-def _where(exc: BaseException) -> str:
+def where_raised(exc: BaseException) -> str:
     """` (at FILE:LINE in FUNCTION)`: the innermost frame of the traceback, so that a Python agent's
     failure, stored as one line in the run, says where it happened."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -387,7 +387,7 @@ class ToolAgent:
 
     def _raised(self, exc: BaseException) -> AgentError:
         text = str(exc)
-        return AgentError(f"{self.model} raised {type(exc).__name__}{': ' + text if text else ''}{_where(exc)}")
+        return AgentError(f"{self.model} raised {type(exc).__name__}{': ' + text if text else ''}{where_raised(exc)}")
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._slots if self._slots is not None else contextlib.nullcontext()

@@ -43,6 +43,7 @@ from sopgraph.logic.paths import iter_paths
 from sopgraph.records import AgentOutput, Case, EndReason, Turn, Usage
 from sopgraph.simulation.agents import ToolAgent, tool_turn
 from sopgraph.simulation.backend import Backend
+from sopgraph.simulation.environment import EnvSpec, backend_for
 from sopgraph.simulation.guided import GuidedState, Walk, accept_values, open_classified, output_json, walk
 from sopgraph.simulation.providers import guided_inner, names_value
 
@@ -283,6 +284,7 @@ class DialogueSetup:
     # the guided baseline's prompt builders (prompts.guided_stage_prompt, prompts.guided_final_prompt),
     # handed in by the runner: this module does not import the prompts module (layers, pyproject.toml)
     guided_prompts: tuple[Callable[..., str], Callable[..., str]] | None = None
+    env: EnvSpec | None = None  # the environment a tool-acting agent acts on (`--env`), else the case-scripted backend
 
     def __post_init__(self) -> None:
         if not self.case_dump:
@@ -381,7 +383,7 @@ async def simulate_dialogue(
             agent_ctx["response_schema_name"] = "agent_output"
         if setup.tool_agent is not None:
             if backend is None:
-                backend = Backend.for_case(setup.tool_agent.backend, setup.case)
+                backend = backend_for(setup.tool_agent.backend, setup.case, setup.env)
             turn = await _tool_agent_turn(gateway, setup, backend, agent_msgs, index, user_text, state)
         elif guided is not None:
             agent_ctx.pop("response_schema", None)

@@ -70,6 +70,7 @@ from sopgraph.simulation.dialogue import (
     simulate_dialogue,
     without_paths,
 )
+from sopgraph.simulation.environment import EnvError, EnvSpec
 from sopgraph.simulation.gateway import (
     Gateway,
     InfraFailure,
@@ -395,6 +396,7 @@ async def run(
     workers: int = 1,
     preflight: bool = True,
     ray: str | None = None,
+    env: str | None = None,
 ) -> RunSummary:
     """Run (or resume) an evaluation into `out_dir` and return its summary.
 
@@ -407,7 +409,8 @@ async def run(
     an unknown provider or an unreachable server is a `RunError` at once, and a server that rejects
     `json_schema` structured output is switched to `json_object` (noted in the run). `ray`: run the
     dialogues on Ray (`local` starts an instance on this machine, with `workers` CPUs if > 1; else the
-    address of a cluster to join; see `_execute_ray`)."""
+    address of a cluster to join; see `_execute_ray`). `env`: `python:MODULE:FACTORY`, the environment a
+    tool-acting agent acts on instead of the case-scripted backend (docs/environments.md; kept for resume)."""
     started = time.perf_counter()
     progress_mode(progress)  # a bad value is refused before anything starts
     if workers < 1:
@@ -436,8 +439,10 @@ async def run(
         except StoreError as exc:
             raise RunError(str(exc)) from None
         roles = _roles_from_meta(meta.get("models") or {})
+        env = config.get("env")
         try:
             _check_agent(roles, scenario)
+            _check_env(env, roles, scenario, store.cases()[:1])
         except RunError:
             store.close()
             raise
@@ -472,6 +477,7 @@ async def run(
             raise RunError(str(exc)) from None
         gateway_options = dict(gateway_options or {})
         _check_agent(roles, scenario)  # a python: agent that does not load: refused before anything is created
+        _check_env(env, roles, scenario, cases[:1])  # nor does an environment that does not load or lacks a method
         if structured and roles.agent is not None and not roles.agent.structured:
             roles = roles.model_copy(update={"agent": roles.agent.model_copy(update={"structured": True})})
         notes = []
@@ -483,6 +489,7 @@ async def run(
             "cases_path": str(cases_path) if isinstance(cases_path, str | Path) else None,
             "trials": trials, "concurrency": concurrency, "max_turns": max_turns,
             "judge_turns": judge_turns_text(spec), "structured": structured, "gateway": gateway_options,
+            **({"env": env} if env is not None else {}),  # (absent otherwise: stored as before)
         }
         models_meta = _models_meta(roles)
         meta = {
@@ -516,9 +523,26 @@ async def run(
         return await _execute(store, scenario, roles, spec, max_turns=max_turns, concurrency=concurrency,
                               progress=progress, gateway=gateway, gateway_options=gateway_options,
                               started=started, warnings=warnings, selfpref=selfpref, workers=workers,
-                              ray=ray)
+                              ray=ray, env=env)
     finally:
         store.close()
+
+
+def _check_env(env: str | None, roles: RoleSet, scenario: ir.Scenario, sample: Sequence[Case]) -> None:
+    """RunError when `--env` is given for an agent that does not act through tools, or the environment
+    does not load or lacks a method (checked on the first case, before anything is created)."""
+    if env is None:
+        return
+    assert roles.agent is not None
+    if agent_kind(roles.agent.model) in ("sage", "guided"):
+        raise RunError(f"--env: the agent {roles.agent.model} does not act through tools; an environment "
+                       "serves an agent acting through tools (tools:MODEL, http://…, python:…)")
+    try:
+        loaded = EnvSpec.load(env, scenario)
+        for case in sample:
+            loaded.for_case(case)
+    except EnvError as exc:
+        raise RunError(str(exc)) from None
 
 
 def _check_agent(roles: RoleSet, scenario: ir.Scenario) -> None:
@@ -681,7 +705,8 @@ class _Dialogues:
     `fail_dialogue`, `restart_judging`) and `add_call` (one call's usage row): batched into the store in one
     process (`GroupCommit`), into a pipe to the parent in a worker (`_PipeSink`)."""
     def __init__(self, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any, spec: JudgeTurns,
-                 max_turns: int, gateway: Any, kept: Mapping[str, list[Turn]] | None = None):
+                 max_turns: int, gateway: Any, kept: Mapping[str, list[Turn]] | None = None,
+                 env: str | None = None):
 
         self._agent_prompt: Callable[[ir.Scenario, Mapping[str, Any]], str] = agent_system_prompt
         self._user_prompt = user_system_prompt
@@ -697,6 +722,7 @@ class _Dialogues:
         # the oracles step the SOP's engine session: they are handed the scenario (SOP_CONTEXT_KEY)
         self.agent_context = ({SOP_CONTEXT_KEY: scenario.model_dump_json()}
                               if roles.agent.model.removeprefix(TOOLS_PREFIX) in ORACLE_MODELS else {})
+        self.env = EnvSpec.load(env, scenario) if env is not None else None
         self.tool_agent = (ToolAgent(roles.agent.model, scenario, model_spec=roles.agent)
                            if kind not in ("sage", "guided") else None)
         if kind == "tools":  # one prompt for every case: the values come from the backend's lookup tool
@@ -715,7 +741,8 @@ class _Dialogues:
                              agent_system=agent_sys, user_system=user_sys, scenario_info=self.info,
                              response_schema=self.schema, sop_hash=self.scenario.source_hash,
                              tool_version=TOOL_VERSION, tool_agent=self.tool_agent,
-                             agent_context=self.agent_context, guided_prompts=(guided_stage_prompt, guided_final_prompt))
+                             agent_context=self.agent_context,
+                             guided_prompts=(guided_stage_prompt, guided_final_prompt), env=self.env)
 
     async def one(self, d: Dialogue, sink: Any) -> bool:
         """Run dialogue `d` from scratch (or, when its transcript was kept, judge it again); True if it
@@ -898,7 +925,7 @@ def judging_failed(d: Dialogue) -> bool:
 async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: JudgeTurns, *, max_turns: int,
                    concurrency: int, progress: ProgressMode, gateway: Any, gateway_options: Mapping[str, Any],
                    started: float, warnings: list[str], selfpref: list[str], workers: int = 1,
-                   ray: str | None = None) -> RunSummary:
+                   ray: str | None = None, env: str | None = None) -> RunSummary:
     all_dialogues = store.dialogues()
     todo = [d for d in all_dialogues if d.status != "done"]
     skipped = len(all_dialogues) - len(todo)
@@ -907,15 +934,15 @@ async def _execute(store: RunStore, scenario: ir.Scenario, roles: Any, spec: Jud
     if ray is not None and todo:  # (nothing left to run: no Ray instance started for nothing)
         await _execute_ray(store, scenario, cases, roles, spec, todo, max_turns=max_turns, concurrency=concurrency,
                            progress=progress, gateway_options=gateway_options, address=ray,
-                           num_cpus=workers if workers > 1 else None, kept=kept)
+                           num_cpus=workers if workers > 1 else None, kept=kept, env=env)
     elif (workers := min(workers, concurrency, len(todo))) > 1:
         await _execute_sharded(store, scenario, cases, roles, spec, todo, max_turns=max_turns,
                                concurrency=concurrency, workers=workers, progress=progress,
-                               gateway_options=gateway_options, kept=kept)
+                               gateway_options=gateway_options, kept=kept, env=env)
     else:
         own = gateway is None
         gateway = _make_gateway(concurrency, gateway_options) if own else gateway
-        runner = _Dialogues(scenario, cases, roles, spec, max_turns, gateway, kept)
+        runner = _Dialogues(scenario, cases, roles, spec, max_turns, gateway, kept, env=env)
         bar = _Progress(len(todo), progress_mode(progress), "dialogues")
         listen = getattr(gateway, "add_listener", None)
         if listen is not None:
@@ -1082,7 +1109,7 @@ async def _worker_run(conn: Connection, job: dict[str, Any]) -> None:
     gateway = _make_gateway(job["concurrency"], job["gateway_options"])
     scenario = ir.Scenario.model_validate(job["scenario"])
     runner = _Dialogues(scenario, job["cases"], job["roles"], job["spec"], job["max_turns"], gateway,
-                        job.get("kept"))
+                        job.get("kept"), env=job.get("env"))
     sink = _PipeSink(conn, gateway)
     gateway.add_listener(sink.tick)
     gateway.add_retry_listener(sink.retrying)
@@ -1143,7 +1170,7 @@ class _Readable:
 async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
                            spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
                            workers: int, progress: ProgressMode, gateway_options: Mapping[str, Any],
-                           kept: Mapping[str, list[Turn]] | None = None) -> None:
+                           kept: Mapping[str, list[Turn]] | None = None, env: str | None = None) -> None:
     """Run `todo` in `workers` processes; this process applies their writes to the store, in order."""
     ctx = _mp_context()
     if ctx.get_start_method() == "fork":
@@ -1164,7 +1191,7 @@ async def _execute_sharded(store: RunStore, scenario: ir.Scenario, cases: Mappin
             needed = {d.case_id for d in shard}
             job = {"scenario": scenario_dump, "cases": {k: v for k, v in cases.items() if k in needed},
                    "roles": roles, "spec": spec, "max_turns": max_turns, "concurrency": max(1, share[i]),
-                   "todo": shard, "gateway_options": dict(gateway_options),
+                   "todo": shard, "gateway_options": dict(gateway_options), "env": env,
                    "kept": {d.id: (kept or {})[d.id] for d in shard if d.id in (kept or {})}}
             # A forked child inherits every read end this process holds (its own and earlier workers'):
             # it closes them at once. A spawned child inherits only what it is given.
@@ -1260,7 +1287,8 @@ async def _ray_batch_run(job: Mapping[str, Any], cases: dict[str, Case], todo: l
                          kept: dict[str, list[Turn]]) -> dict[str, Any]:
     gateway = _make_gateway(job["concurrency"], job["gateway_options"])
     scenario = ir.Scenario.model_validate(job["scenario"])
-    runner = _Dialogues(scenario, cases, job["roles"], job["spec"], job["max_turns"], gateway, kept)
+    runner = _Dialogues(scenario, cases, job["roles"], job["spec"], job["max_turns"], gateway, kept,
+                        env=job.get("env"))
     sink = _ListSink()
     try:
         await runner.run_all(todo, sink, job["concurrency"])
@@ -1279,7 +1307,7 @@ concurrency cap busy, small enough that a lost node costs little rework)."""
 async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[str, Case], roles: Any,
                        spec: JudgeTurns, todo: Sequence[Dialogue], *, max_turns: int, concurrency: int,
                        progress: ProgressMode, gateway_options: Mapping[str, Any], address: str,
-                       num_cpus: int | None, kept: Mapping[str, list[Turn]]) -> None:
+                       num_cpus: int | None, kept: Mapping[str, list[Turn]], env: str | None = None) -> None:
     """Run `todo` on Ray: batches go out to tasks (each with `concurrency` model calls in flight), two
     per cluster CPU at most; each finished batch's writes are committed here, in their order, as it
     arrives. A batch lost with a node is rerun by Ray and committed once, when it returns."""
@@ -1287,7 +1315,8 @@ async def _execute_ray(store: RunStore, scenario: ir.Scenario, cases: Mapping[st
         with distributed.connect(address, num_cpus) as ray:
             size = max(RAY_BATCH[0], min(RAY_BATCH[1], 2 * concurrency))
             job = {"scenario": scenario.model_dump(mode="json"), "roles": roles, "spec": spec,
-                   "max_turns": max_turns, "concurrency": concurrency, "gateway_options": dict(gateway_options)}
+                   "max_turns": max_turns, "concurrency": concurrency, "gateway_options": dict(gateway_options),
+                   "env": env}
             # a dialogue whose judging was lost to infrastructure travels with its kept transcript
             batches = (((distributed.subset(cases, (d.case_id for d in chunk)), chunk,
                          {d.id: kept[d.id] for d in chunk if d.id in kept}), len(chunk))

@@ -5,7 +5,8 @@
 
 const FILTERS = ["pass", "failure", "intensity", "path_id", "bucket", "metric", "min", "max", "sort", "order", "q"];
 const PERCENT = new Set(["overall", "logic", "chat", "classification", "path", "action", "finals",
-  "trace_precision", "trace_recall", "trace_order", "journey_coverage"]);
+  "trace_precision", "trace_recall", "trace_order", "journey_coverage", "step_recall", "step_precision",
+  "step_order", "end_state"]);
 const state = { runs: [], run: null, summary: null, query: {}, offset: 0, limit: 100, dialogue: null };
 
 function el(tag, attrs, ...children) {
@@ -296,6 +297,7 @@ async function openDialogue(id) {
     d.error ? el("p", { class: "error" }, d.error) : null,
     el("div", { class: "side" }, sidePanel("Reference (SOP)", data.reference, null, ""),
       sidePanel("Agent", data.agent, data.reference, "extra")),
+    data.divergence ? el("p", { class: "error" }, "left the procedure at " + data.divergence) : null,
     c.prohibited_actions && c.prohibited_actions.length
       ? el("p", { class: "note" }, "prohibited actions: " + c.prohibited_actions.join(", ")) : null,
     el("h3", {}, "Transcript"), data.turns.map((t) => turnBlock(t, data.turns.length ? data.turns[data.turns.length - 1].index : 0)),
