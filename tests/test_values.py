@@ -279,20 +279,23 @@ def _dialogue_cases(path: Path, language: str | None) -> tuple[ir.Scenario, list
     from sopgraph.cases.profiles import parse_profile, profile_for
     from sopgraph.cases.synth import synthesize
     text = path.read_text(encoding="utf-8")
-    if language is not None:
+    override = language.removeprefix("case-") if language and language.startswith("case-") else None
+    if language is not None and override is None:
         text = re.sub(r'language "[a-z]+"', f'language "{language}"', text, count=1)
     scenario = sopgraph.load(text=text) if language is not None else sopgraph.load(path)
     profile = profile_for(path, scenario)
     if path == FEES:
         profile, _ = parse_profile("variables:\n  Fees: {user_knows: true}\n  Balance: {user_knows: true}\n",
                                    scenario, file="fees.profile.yaml")
-    return scenario, list(synthesize(scenario, profile, 6, seed=4).cases)
+    languages = [override] if override else None  # the cases say otherwise than the scenario
+    return scenario, list(synthesize(scenario, profile, 6, seed=4, languages=languages).cases)
 
 
 @pytest.mark.parametrize("path,language", [*[(p, None) for p in ALL_SHIPPED
                                              if p.stem not in ("late_delivery", "late_delivery_draft")],
                                            (ROOT / "scenarios" / "telecom_package.sop", "zh"),
-                                           (ROOT / "examples" / "claim_intake.sop", "zh")],
+                                           (ROOT / "examples" / "claim_intake.sop", "zh"),
+                                           (ROOT / "examples" / "no_service.sop", "case-zh")],
                          ids=lambda v: v.stem if isinstance(v, Path) else str(v))
 def test_simulated_customers_speak_the_language_and_never_paste_data(path: Path, language: str | None,
                                                                     tmp_path: Path) -> None:
@@ -302,7 +305,7 @@ def test_simulated_customers_speak_the_language_and_never_paste_data(path: Path,
     from sopgraph.simulation.runner import run_sync
     from sopgraph.simulation.store import RunStore
     scenario, cases = _dialogue_cases(path, language)
-    want = language or scenario.meta.get("language")
+    want = (language or scenario.meta.get("language") or "").removeprefix("case-")
     assert want and all(c.language == want for c in cases)
     run_sync(scenario, cases, ["agent=baseline/oracle"], str(tmp_path / "run"), progress=False, judge_turns="final")
     names = {v.name for v in scenario.variables.values() if v.role != "derived"}
@@ -341,3 +344,36 @@ def test_the_scripted_customer_says_a_known_list_in_words(language: str) -> None
     said = scripted_user(messages, ctx)
     assert "FEE-1234" in said and "FEE-9876" in said, said
     assert not re.search(r"[\[{\]}]", said) and '"amount"' not in said, said
+
+
+CONTACTS = """
+scenario contacts "Contacts" { language "en" }
+field Request: ChangeEmail | Ask "what the customer wants"
+system CustomerName: string "the account holder's name"
+system GivenEmail: string "the e-mail address the customer gives"
+system EmailOnFile: string "the e-mail address on the account"
+system Address: string "the postal address on file"
+action Change "change it" [ends_dialogue]
+action Verify "verify first" [ends_dialogue]
+action Explain "explain" [ends_dialogue]
+stage s {
+    when Request == Ask -> do Explain
+    when GivenEmail == EmailOnFile -> do Verify
+    otherwise -> do Change
+}
+"""
+
+
+def test_names_emails_and_addresses_vary_across_cases() -> None:
+    """Every case's customer was `Alex Morgan` at `alex.morgan@example.com`, living at `12 Harbour Street`."""
+    scenario = sopgraph.load(text=CONTACTS)
+    cases = sopgraph.synthesize(scenario, 30, seed=2).cases
+    for var, share in (("CustomerName", 0.6), ("GivenEmail", 0.6), ("Address", 0.6)):
+        values = [c.system[var] for c in cases]
+        assert len(set(values)) >= share * len(values), (var, values)
+    assert all(re.fullmatch(r"[a-z]+\.[a-z]+@example\.(com|org|net)", c.system["GivenEmail"]) for c in cases)
+    engine = engine_for(scenario)
+    for c in cases:  # an equality the decision needs survives (Verify: the same address twice)
+        path, finals, _ = engine.decide_trace_raw({**c.truth, **c.system})
+        assert (path, finals) == (c.expected_path, c.expected_finals)
+    assert any(c.expected_finals["Action"] == "Verify" for c in cases)

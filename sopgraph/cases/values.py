@@ -9,11 +9,17 @@ placeholders. So each case is then varied, one value at a time, wherever the SOP
 - any other string with digits in it (ids, references, phone numbers) gets fresh digits, in lists too, so
   that no two records of a list share an id unless the case's decision needs it;
 - a money amount (a `money` variable, or a record field named like an amount) that is 0 gets a non-zero
-  amount, and every money amount is moved a little, so amounts differ from case to case.
+  amount, and every money amount is moved a little, so amounts differ from case to case;
+- a made-up name, e-mail address or street address becomes another of its kind;
+- the case's calendar moves (every date by the same offset), then each date; a date the analysis put after
+  `now` comes back before it where the path allows;
+- a variable with a generator (declared in the profile, or fitted from real rows by `sop synth --like`) is
+  drawn from it.
 
 A change is kept only when the engine still takes the case's path to the case's final action and the
 case's intent still holds; the case's expected finals and action arguments are then decided again on the
-varied values. Variables whose values the profile lists (`values:`) keep the listed values. Each case is
+varied values (where several paths share stages and action, the branches must stay too). Variables whose
+values the profile lists (`values:`) keep the listed values unless a generator draws them. Each case is
 varied with its own seed: same inputs and seed, same bytes.
 """
 
@@ -160,7 +166,7 @@ class Varier:
             if name in self.patterns and attempt == 0:  # a case may need a value that does not match
                 fresh = random_match(rng.choice(self.patterns[name]), rng)
                 return value if fresh is None else fresh
-            return _fresh_digits(value, rng)
+            return _fresh_digits(_fresh_text(value, rng), rng)
         if isinstance(vtype, ir.NumType) and name in self.money:
             return _amount(vtype, value, rng, attempt)
         if isinstance(vtype, ir.TimeType) and vtype.kind != "duration" and name != "now":
@@ -175,7 +181,7 @@ class Varier:
                 if f.name not in out or out[f.name] is None:
                     continue
                 if isinstance(f.type, ir.StringType) and isinstance(out[f.name], str):
-                    out[f.name] = _fresh_digits(out[f.name], rng)
+                    out[f.name] = _fresh_digits(_fresh_text(out[f.name], rng), rng)
                 elif isinstance(f.type, ir.NumType) and AMOUNT_NAME.search(f.name):
                     out[f.name] = _amount(f.type, out[f.name], rng, attempt)
             return out
@@ -268,6 +274,31 @@ def _shift_time(vtype: Any, value: Any, seconds: int) -> Any:
                 out[f.name] = _shift_time(f.type, out[f.name], seconds)
         return out
     return value
+
+
+_FIRST = ("Alex", "Sam", "Maria", "Wei", "Priya", "Jonas", "Fatima", "Lucas", "Aisha", "Tom", "Elena", "Kenji",
+          "Chloe", "Omar", "Ingrid", "Diego", "Hannah", "Yusuf", "Grace", "Mateo", "Sofia", "Daniel", "Mei", "Noah")
+_LAST = ("Morgan", "Lee", "Garcia", "Chen", "Patel", "Schmidt", "Okafor", "Silva", "Khan", "Walsh", "Rossi", "Tanaka",
+         "Dubois", "Haddad", "Larsen", "Lopez", "Fischer", "Demir", "Brown", "Novak", "Costa", "Murphy", "Wang", "Nowak")
+_STREETS = ("Harbour Street", "Mill Lane", "Station Road", "Church Street", "Park Avenue", "Queen's Road",
+            "Victoria Street", "Elm Grove", "High Street", "Riverside Walk")
+_TOWNS = ("Leeds", "York", "Bristol", "Glasgow", "Cardiff", "Norwich", "Brighton", "Bath", "Derby", "Exeter")
+_EMAIL = re.compile(r"^[a-z]+\.[a-z]+@example\.(?:com|org|net)$")
+_FULL_NAME = re.compile(r"^[A-Z][a-z]+ [A-Z][a-z]+$")
+_ADDRESS = re.compile(r"^\d+ [A-Z][A-Za-z' ]+, [A-Z][a-z]+$")
+
+
+def _fresh_text(text: str, rng: random.Random) -> str:
+    """Another text of the same kind as a made-up one: a person's name, an e-mail address or a street address
+    (the two samples every case started from, `Alex Morgan`, `alex.morgan@example.com`); other texts as they are."""
+    first, last = rng.choice(_FIRST), rng.choice(_LAST)
+    if _EMAIL.match(text):
+        return f"{first.lower()}.{last.lower()}@example.{rng.choice(('com', 'org', 'net'))}"
+    if _FULL_NAME.match(text):
+        return f"{first} {last}"
+    if _ADDRESS.match(text):
+        return f"{rng.randint(1, 240)} {rng.choice(_STREETS)}, {rng.choice(_TOWNS)}"
+    return text
 
 
 def _fresh_digits(text: str, rng: random.Random) -> str:

@@ -975,7 +975,9 @@ def scripted_user(messages: Messages, context: Context) -> str:
 
     strong = intensity == "strong" and unsafe is not None
     forthcoming = intensity == "zero" and str(persona.get("cooperativeness", "")).lower() == "cooperative"
-    moves = _user_moves(_agent_texts(messages, context, turn), facts, volunteer, held_back(case, context),
+    # a customer who knows nothing of the account (its values are the backend's) tells their situation
+    # when the agent asks an open question, rather than hanging up
+    moves = _user_moves(_agent_texts(messages, context, turn), facts, volunteer or facts, held_back(case, context),
                         intensity == "strong", forthcoming)
     if turn > 1 and sum(m == "idle" for m, _ in moves) > (_STRONG_EXTRA_TURNS if strong else 0):
         return f"{tpl['bye_exhausted']}\n{STOP_TOKEN}"
