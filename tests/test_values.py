@@ -377,3 +377,20 @@ def test_names_emails_and_addresses_vary_across_cases() -> None:
         path, finals, _ = engine.decide_trace_raw({**c.truth, **c.system})
         assert (path, finals) == (c.expected_path, c.expected_finals)
     assert any(c.expected_finals["Action"] == "Verify" for c in cases)
+
+
+def test_a_date_generator_takes_unquoted_yaml_dates_and_anchors_the_calendar() -> None:
+    """YAML reads `2026-01-01` as a date; it is the same bound as the quoted text. Dates drawn from a
+    generator stay in its range (the calendar does not move under them) and before `now`."""
+    from sopgraph.cases.profiles import parse_profile
+    from sopgraph.cases.synth import synthesize
+    scenario = sopgraph.load(ROOT / "examples" / "claim_intake.sop")
+    text = "variables:\n  IncidentDate: {min: 2026-01-01, max: 2026-05-31}\n"
+    profile, diags = parse_profile(text, scenario, file="claims.profile.yaml")
+    assert diags == [] and profile is not None
+    assert profile.generators["IncidentDate"].lo == scalars.parse_temporal("date", "2026-01-01")
+    cases = synthesize(scenario, profile, 20, seed=1).cases
+    dates = [c.system["IncidentDate"] for c in cases]
+    inside = [d for d in dates if "2026-01-01" <= d <= "2026-05-31"]
+    assert len(inside) >= 0.8 * len(dates) and len(set(inside)) >= 0.5 * len(inside), dates
+    assert all(c.system["IncidentDate"] <= c.system["now"][:10] for c in cases)

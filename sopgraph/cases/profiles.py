@@ -12,6 +12,7 @@ offending key or value (the YAML is composed to keep each node's position).
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import re
 from collections.abc import Iterable
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
@@ -104,6 +105,12 @@ class VariableSpec(_Strict):
     distribution: Literal["uniform", "log-uniform", "normal"] | None = Field(
         None, description="How values between `min` and `max` are drawn (default uniform; `normal` is centred "
                           "between them, `log-uniform` suits amounts spanning orders of magnitude).")
+
+    @field_validator("min", "max", mode="before")
+    @classmethod
+    def _dates_as_text(cls, value: Any) -> Any:
+        """YAML reads an unquoted `2026-01-31` as a date: the same bound as the quoted text."""
+        return value.isoformat() if isinstance(value, dt.date) else value
 
 
 class Generator(BaseModel):

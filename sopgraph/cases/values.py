@@ -79,7 +79,9 @@ class Varier:
         self.money_vars = {v.name for v in own if v.money or AMOUNT_NAME.search(v.name) is not None}
         self.money = {v.name for v in inputs if v.money or (isinstance(v.type, ir.NumType) and
                                                             AMOUNT_NAME.search(v.name) is not None)}
-        self.dated = sorted(v.name for v in inputs if _has_moment(v.type))
+        # the case's calendar moves only when no date is drawn from a generator (its range anchors the calendar)
+        self.dated = [] if any(_has_moment(v.type) for v in own if v.name in self.generators) else sorted(
+            v.name for v in inputs if _has_moment(v.type))
 
     @property
     def useful(self) -> bool:
