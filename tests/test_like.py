@@ -176,3 +176,12 @@ def test_cli_like_mistakes_are_one_line_errors(args: list[str], words: str, tmp_
 def test_fit_refuses_no_rows(card: sopgraph.Scenario) -> None:
     with pytest.raises(ValidateError, match="no rows"):
         fit(card, [])
+
+
+def test_datetimes_are_drawn_as_finely_as_the_data_writes_them(card: sopgraph.Scenario) -> None:
+    """`now` read from a column of dates: cases got `2026-03-17T19:01:20Z`; a day column gives whole days."""
+    fitted = fit(card, read_rows(CARD_ROWS), mapping={**MAPS, "now": "Date opened"}, expect={"Action": "Outcome"})
+    assert fitted.generators["now"].step == 86400
+    liked = synthesize(card, with_fit(default_profile(card), fitted), 30, seed=1).cases
+    drawn = [c.system["now"] for c in liked if not c.system["now"].startswith("2026-01-15T12")]
+    assert drawn and all(n.endswith("T00:00:00Z") for n in drawn), drawn

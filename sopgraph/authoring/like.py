@@ -10,7 +10,7 @@ variable gets a `Generator` fitted from its column:
 - texts with digits (ids, references): the shape of the commonest ids as a pattern (`AC-[0-9]{6}`), so
   cases get fresh ids of that form, never the real ones;
 - numbers, money, dates, datetimes and durations: 21 quantiles of the observed values (a draw picks a
-  random point between two neighbours), rounded like the data.
+  random point between two neighbours), rounded like the data (cents or whole units; whole days or minutes).
 
 Synthesis draws from them only where a case's decision leaves room: every draw is decided by the engine
 and kept only when the case keeps its path, final action and intent. Lists, records and observed
@@ -107,7 +107,9 @@ def fit_one(var: ir.Variable, values: Sequence[Any]) -> Generator | None:
                 secs.append(float(scalars.parse_temporal(vtype.kind, v)))
             except (TypeError, ValueError):
                 continue
-        return Generator(quantiles=quantiles(secs)) if secs else None
+        # drawn as finely as the data is written: whole days, else whole minutes
+        step = scalars.DAY if all(x % scalars.DAY == 0 for x in secs) else 60
+        return Generator(quantiles=quantiles(secs), step=step) if secs else None
     if isinstance(vtype, ir.StringType):
         texts = [str(v) for v in values]
         if sum(any(c.isdigit() for c in t) for t in texts) * 2 > len(texts):

@@ -125,6 +125,7 @@ class Generator(BaseModel):
     distribution: Literal["uniform", "log-uniform", "normal"] = "uniform"
     quantiles: list[float] = Field(default_factory=list)  # fitted: values at equal steps of probability
     decimals: int | None = None  # numbers: rounded to this many decimals (None: the type's own rule)
+    step: int | None = None  # dates, datetimes, durations: drawn to a whole number of these seconds (a day, a minute)
     source: str = "profile"
 
 

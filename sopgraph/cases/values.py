@@ -373,10 +373,10 @@ def _draw_once(gen: Generator, vtype: Any, rng: random.Random) -> Any:
             x = rng.uniform(lo, hi)
     else:
         return None
-    return _typed(vtype, x, gen.decimals)
+    return _typed(vtype, x, gen.decimals, gen.step)
 
 
-def _typed(vtype: Any, x: float, decimals: int | None) -> Any:
+def _typed(vtype: Any, x: float, decimals: int | None, step: int | None = None) -> Any:
     """A drawn number as the variable's input: an int, a rounded float inside the range, a date's text."""
     if isinstance(vtype, ir.NumType):
         if vtype.kind == "int":
@@ -389,9 +389,8 @@ def _typed(vtype: Any, x: float, decimals: int | None) -> Any:
             value = type(value)(vtype.hi)
         return value
     if isinstance(vtype, ir.TimeType):
-        seconds = int(x)
-        if vtype.kind == "date":
-            seconds -= seconds % scalars.DAY
+        unit = scalars.DAY if vtype.kind == "date" else max(1, step or 1)
+        seconds = int(x) - int(x) % unit
         return scalars.format_temporal(vtype.kind, seconds)
     return None
 
