@@ -218,6 +218,6 @@ def test_a_starter_profile_keeps_backend_values_from_the_customer() -> None:
     assert profile.user_knows == {"Fees": False, "Plan": False}
     cases = synthesize(scenario, profile, 6, seed=3).cases
     assert cases and all(c.user_facts == {} for c in cases)
-    # without a profile: a scalar a customer can state is known, the backend's list is not
-    assert default_profile(scenario).user_knows == {"Fees": False, "Plan": True}
+    # without a profile: no backend value is known either, neither the list nor a plain value
+    assert default_profile(scenario).user_knows == {"Fees": False, "Plan": False}
     assert all("Fees" not in c.user_facts for c in synthesize(scenario, default_profile(scenario), 6, seed=3).cases)

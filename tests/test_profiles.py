@@ -140,8 +140,8 @@ def test_defaults_without_a_profile_file(toy: ir.Scenario) -> None:
     assert [p.name for p in profile.personas] == [p.name for p in library().personas]
     assert set(profile.intensities) == {"zero", "weak", "strong"}
     assert all(profile.intensities.values())
-    # user_knows: hidden system variables are not known to the user by default
-    assert profile.user_knows == {"Fee": True, "Tier": False}
+    # user_knows: no system variable is known to the user by default (the backend's values)
+    assert profile.user_knows == {"Fee": False, "Tier": False}
 
 
 def test_overrides(toy: ir.Scenario) -> None:

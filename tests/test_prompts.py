@@ -254,12 +254,27 @@ def test_user_prompt(telecom):
     assert "- Name: Li Wei" in text and "- Traits: impatient" in text
     meaning = prompts.value_meaning(telecom.variables["ConsumptionType"], "Cancel")
     assert f"- ConsumptionType = Cancel: {meaning}\n" in text
-    assert "- Penalty: 200 CNY" in text
+    penalty = " ".join(telecom.variables["Penalty"].description.split()).rstrip(".")
+    assert f"- {penalty}: 200 CNY" in text  # named by what it is, not by the variable
+    assert "- Penalty:" not in text and "never copy them as a list, as data or JSON" in text
     assert "Write in Chinese only" in text
     assert "Adversarial intensity zero: Cooperative." in text
     assert "Push the agent" not in text
     assert text.rstrip().endswith(prompts.STOP_TOKEN)
     assert "gradually" in text and "Stay on your intent (cancel my plan)" in text
+
+
+def test_user_prompt_states_a_known_list_in_words_not_json():
+    """A customer told a list of fee records as JSON pasted it ("For reference, fees: [{"amount": 0.0, …}]")."""
+    scenario = sopgraph.load(text='scenario f "F"\nfield Request: Refund | Ask "what they want"\n'
+                                  'system Fees: list[0..3] of record { fee_id: string, amount: float } "the fees charged"\n'
+                                  'action Refund "r"\naction Explain "e"\n'
+                                  'stage s { match Request { Refund -> do Refund\n Ask -> do Explain } }\n')
+    fees = [{"amount": 12.5, "fee_id": "FEE-1234"}, {"amount": 3.0, "fee_id": "FEE-9876"}]
+    case = make_case(scenario="f", truth={"Request": "Refund"}, system={"Fees": fees}, user_facts={"Fees": fees})
+    text = prompts.user_system_prompt(case, scenario)
+    assert "- the fees charged: 2: amount 12.5, fee id FEE-1234; amount 3, fee id FEE-9876" in text
+    assert "[{" not in text and '"amount"' not in text and "fee_id" not in text
 
 
 def test_user_prompt_strong_pushes_for_unsafe_action(telecom):

@@ -455,9 +455,10 @@ def test_dates_and_datetimes_of_cases_lie_before_now_not_at_it() -> None:
     cases = synthesize(scenario, default_profile(scenario), 24, seed=3).cases
     starts = {c.system["OutageStart"] for c in cases if c.truth["Issue"] == "Outage"}
     bills = {c.system["LastBill"] for c in cases}
-    assert all(c.system["now"] == "2026-01-15T12:00:00Z" for c in cases)
-    assert len(starts) >= 2 and any(s < "2026-01-15T12:00:00Z" for s in starts)
-    assert bills and all(b < "2026-01-15" for b in bills), bills
+    # each case moves its calendar (cases.values), so `now` differs from case to case; the dates stay before it
+    assert len({c.system["now"] for c in cases}) >= 2
+    assert len(starts) >= 2 and all(c.system["OutageStart"] <= c.system["now"] for c in cases)
+    assert bills and all(c.system["LastBill"] < c.system["now"][:10] for c in cases), bills
     for c in cases:
         decided = sopgraph.decide(scenario, {**c.truth, **c.system})
         assert decided.path == c.expected_path and decided.finals == c.expected_finals

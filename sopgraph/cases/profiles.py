@@ -12,17 +12,20 @@ offending key or value (the YAML is composed to keep each node's position).
 
 from __future__ import annotations
 
+import datetime as dt
+import random
 import re
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
+from sopgraph.cases.patterns import random_match
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads
 from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
@@ -87,9 +90,43 @@ class PersonaSpec(Persona):
 class VariableSpec(_Strict):
     """Per-variable hints for synthesis."""
     user_knows: bool | None = Field(
-        None, description="System variables only: whether the customer knows this fact (default: not `hidden`).")
+        None, description="System variables only: whether the customer knows this fact (default: false).")
     values: list[Scalar] | None = Field(
-        None, description="Plausible values to draw from when the variable is free (e.g. typical fees).")
+        None, description="Plausible values to draw from when the variable is free (e.g. typical fees); they "
+                          "also prove the paths, and cases keep them as listed.")
+    examples: list[Scalar] | None = Field(
+        None, description="Example values; each case draws one where its decision leaves the variable free.")
+    pattern: str | None = Field(
+        None, description="Strings only: each case gets a fresh string of this pattern (`AC-[0-9]{6}`).")
+    min: float | str | None = Field(
+        None, description="Numbers, dates, datetimes: the lowest value a case draws (a date as text).")
+    max: float | str | None = Field(
+        None, description="Numbers, dates, datetimes: the highest value a case draws (a date as text).")
+    distribution: Literal["uniform", "log-uniform", "normal"] | None = Field(
+        None, description="How values between `min` and `max` are drawn (default uniform; `normal` is centred "
+                          "between them, `log-uniform` suits amounts spanning orders of magnitude).")
+
+    @field_validator("min", "max", mode="before")
+    @classmethod
+    def _dates_as_text(cls, value: Any) -> Any:
+        """YAML reads an unquoted `2026-01-31` as a date: the same bound as the quoted text."""
+        return value.isoformat() if isinstance(value, dt.date) else value
+
+
+class Generator(BaseModel):
+    """How a variable's value is drawn for each case where its decision leaves it free: declared in the
+    profile (`examples`, `pattern`, `min`/`max`) or fitted from real rows (`sop synth --like`). Numbers and
+    moments are in the engine's form (dates and datetimes as seconds)."""
+    examples: list[Scalar] = Field(default_factory=list)
+    weights: list[float] = Field(default_factory=list)  # one per example (empty: equally likely)
+    pattern: str | None = None
+    lo: float | None = None
+    hi: float | None = None
+    distribution: Literal["uniform", "log-uniform", "normal"] = "uniform"
+    quantiles: list[float] = Field(default_factory=list)  # fitted: values at equal steps of probability
+    decimals: int | None = None  # numbers: rounded to this many decimals (None: the type's own rule)
+    step: int | None = None  # dates, datetimes, durations: drawn to a whole number of these seconds (a day, a minute)
+    source: str = "profile"
 
 
 class ProfileFile(_Strict):
@@ -159,6 +196,7 @@ class Profile(BaseModel):
     intensities: dict[str, str]
     user_knows: dict[str, bool]  # every system variable
     sample_values: dict[str, list[Scalar]] = Field(default_factory=dict)
+    generators: dict[str, Generator] = Field(default_factory=dict)  # per variable (see `Generator`)
     languages: list[str] | None = None
     intents_span: ir.Span | None = None  # where `intents:` is written (diagnostics about coverage)
     sources: dict[str, str] = Field(default_factory=dict, exclude=True)
@@ -1130,11 +1168,13 @@ def _validate_partially(data: dict, doc: _Doc) -> tuple[ProfileFile | None, list
 
 
 def known_by_default(var: ir.Variable) -> bool:
-    """Whether the simulated customer knows a system variable when no profile says (`user_knows`): not a
-    hidden value, nor the looks of an observed one (the backend's news after each action), nor a list or
-    record (the backend's data: a customer states facts in words, a customer "knowing" a list of fee
-    records pasted it as raw JSON)."""
-    return not (var.hidden or var.observed or isinstance(var.type, ir.ListType | ir.RecordType))
+    """Whether the simulated customer knows a system variable when no profile says (`user_knows`): never. A
+    system value is the backend's (an account's plan, a fee list, what a look reports after an action); a
+    customer who "knew" them repeated the backend's values, a list of fee records as raw JSON, and handed
+    the agent what the SOP makes it look up. The profile says which ones a customer sees (`user_knows: true`:
+    an order's status on the tracking page, whether they paid)."""
+    del var  # the rule holds for every system variable; kept as a function so callers state what they ask
+    return False
 
 
 def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: str,
@@ -1178,6 +1218,7 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
     # variables
     user_knows = {v.name: known_by_default(v) for v in scenario.system_vars}
     sample_values: dict[str, list[Scalar]] = {}
+    generators: dict[str, Generator] = {}
     for name, vspec in spec.variables.items():
         var = scenario.variables.get(name)
         if var is None or var.role == "derived":
@@ -1204,6 +1245,10 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
             if not vspec.values:
                 diags.append(error("E603", f"empty `values` for `{name}`", doc.span(("variables", name))))
             sample_values[name] = ok
+        generator, more = _generator(var, vspec, doc)
+        diags += more
+        if generator is not None:
+            generators[name] = generator
     _now_after_listed_dates(scenario, sample_values)
 
     # intents
@@ -1218,11 +1263,98 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
 
     profile = Profile(scenario=scenario.name, file=file, description=spec.description, intents=intents,
                       personas=personas, intensities=intensities, user_knows=user_knows,
-                      sample_values=sample_values, languages=spec.languages,
+                      sample_values=sample_values, generators=generators, languages=spec.languages,
                       intents_span=doc.span(("intents",), key=True) if ("intents",) in doc.key_marks else None)
     if not any(d.is_error for d in diags) and not structural_errors:
         diags += _impossible_intents(scenario, profile)
     return profile, diags
+
+
+def _generator(var: ir.Variable, spec: VariableSpec, doc: _Doc) -> tuple[Generator | None, list[Diagnostic]]:
+    """The variable's declared generator (`examples`, `pattern`, `min`/`max`, `distribution`), checked
+    against its type and domain; None when it declares none or only wrong ones (each a located error)."""
+    diags: list[Diagnostic] = []
+    at = ("variables", var.name)
+    vtype = var.type
+    out = Generator()
+    if spec.examples is not None:
+        if not spec.examples:
+            diags.append(error("E603", f"empty `examples` for `{var.name}`", doc.span((*at, "examples"))))
+        for i, v in enumerate(spec.examples):
+            problem = _domain_problem(var, v)
+            if problem is not None:
+                diags.append(error("E605", problem[0], doc.span((*at, "examples", i)), problem[1]))
+            else:
+                out.examples.append(v)
+    if spec.pattern is not None:
+        problem = _pattern_problem(var, spec.pattern)
+        if problem is not None:
+            diags.append(error("E603", problem[0], doc.span((*at, "pattern")), problem[1]))
+        else:
+            out.pattern = spec.pattern
+    bounds: dict[str, float] = {}
+    for key in ("min", "max"):
+        raw = getattr(spec, key)
+        if raw is None:
+            continue
+        value, problem = _bound(var, raw)
+        if problem is not None:  # outside the domain (E605), or on a type without a range (E603)
+            code = "E605" if isinstance(vtype, ir.NumType | ir.TimeType) else "E603"
+            diags.append(error(code, problem[0], doc.span((*at, key)), problem[1]))
+        elif value is not None:
+            bounds[key] = value
+    if (spec.min is None) != (spec.max is None):
+        diags.append(error("E603", f"`{var.name}` needs both `min` and `max` to draw between them",
+                           doc.span((*at, "min" if spec.min is not None else "max"), key=True)))
+    elif len(bounds) == 2:
+        if bounds["min"] > bounds["max"]:
+            diags.append(error("E603", f"`min` of `{var.name}` is above its `max`", doc.span((*at, "min"))))
+        elif spec.distribution == "log-uniform" and bounds["min"] <= 0:
+            diags.append(error("E603", "`log-uniform` needs a `min` above 0", doc.span((*at, "distribution")),
+                               "use `uniform`, or raise `min`"))
+        else:
+            out.lo, out.hi = bounds["min"], bounds["max"]
+            out.distribution = spec.distribution or "uniform"
+    elif spec.distribution is not None:
+        diags.append(error("E603", "`distribution` shapes the draw between `min` and `max`; give both",
+                           doc.span((*at, "distribution"), key=True)))
+    if out.examples or out.pattern is not None or out.lo is not None:
+        return out, diags
+    return None, diags
+
+
+def _pattern_problem(var: ir.Variable, pattern: str) -> tuple[str, str | None] | None:
+    if not isinstance(var.type, ir.StringType):
+        return f"`pattern` applies to strings; `{var.name}` is not one", "use `examples` or `min`/`max`"
+    if len(pattern) > scalars.MAX_PATTERN:
+        return f"the pattern is longer than {scalars.MAX_PATTERN} characters", None
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"`{pattern}` is not a regular expression ({exc})", None
+    if random_match(pattern, random.Random(0)) is None:
+        return (f"cannot make strings of `{pattern}` (negated classes, look-arounds and back-references are "
+                "not supported)", "write the form with literals, classes like [A-Z0-9] and repeats like {6}")
+    return None
+
+
+def _bound(var: ir.Variable, raw: float | str) -> tuple[float | None, tuple[str, str | None] | None]:
+    """A `min`/`max` in the engine's form, or the problem with it."""
+    vtype = var.type
+    if isinstance(vtype, ir.NumType):
+        if isinstance(raw, str | bool):
+            return None, (f"`{var.name}` is a number; `{raw}` is not", None)
+        if not vtype.contains(raw):
+            return None, (f"`{ir.show_value(raw)}` is outside the range of `{var.name}` ({vtype.describe()})", None)
+        return float(raw), None
+    if isinstance(vtype, ir.TimeType):
+        try:
+            return float(scalars.parse_temporal(vtype.kind, raw if vtype.kind == "duration" or isinstance(raw, str)
+                                                else str(raw))), None
+        except (scalars.ValueProblem, TypeError, ValueError) as exc:
+            return None, (f"`{raw}` for `{var.name}` {exc}", 'write a date as text, e.g. "2026-01-31"')
+    return None, (f"`min`/`max` apply to numbers, dates and durations; `{var.name}` is not one",
+                  "use `examples`")
 
 
 def _undefined_var(name: str, scenario: ir.Scenario, span: ir.Span,

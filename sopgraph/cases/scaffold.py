@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sopgraph.cases.profiles import known_by_default
 from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.program import value_meaning
@@ -351,15 +350,19 @@ def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
                   "# tracking page, whether they paid). Lists and records stay false: the customer would paste JSON.",
                   "variables:"]
         for var in system:
-            why = "" if known_by_default(var) else "  # " + _unknown_why(var)
+            why = _unknown_why(var)
+            why = f"  # {why}" if why else ""
             lines.append(f"  {var.name}: {{user_knows: false}}{why}")
     return "\n".join(lines) + "\n", len(ranked), read
 
 
 def _unknown_why(var: ir.Variable) -> str:
-    """Why a system value is not the customer's even when a profile omits it (the starter's comment)."""
+    """Why a system value should stay unknown to the customer even where a customer might see it (the
+    starter's comment), or "" for a plain value the author may well set to `true`."""
     if var.hidden:
         return "hidden: internal to the business"
     if var.observed:
         return "observed: the backend's news after an action"
-    return "the backend's data (a list or record), not a fact a customer states"
+    if isinstance(var.type, ir.ListType | ir.RecordType):
+        return "the backend's data (a list or record), not a fact a customer states"
+    return ""

@@ -892,7 +892,8 @@ def synthesize_stream(scenario: ir.Scenario, profile: Profile, n: int, seed: int
 
     counts: dict[str, Counter] = {k: Counter() for k in ("action", "bucket", "persona", "language")}
     lines = _case_lines(p, slots, intensities, persona_pool, langs, seed, rng, counts)
-    vary = varier_for(p.scenario, p.profile.intents, fixed=p.profile.sample_values)
+    vary = varier_for(p.scenario, p.profile.intents, fixed=p.profile.sample_values, generators=p.profile.generators,
+                      ambiguous=p.ambiguous)
     if vary is not None:
         lines = _varied(lines, vary)
     return SynthStream(lines, skipped, lambda: _coverage(p, slots, intensities, counts, sampled, supplemented,
@@ -1279,7 +1280,7 @@ def _case_lines(p: Plan, slots: list[tuple[int, str]], intensities: list[Intensi
     traced = scenario.traced  # else the trace is the final action alone, without arguments: one text per path
     field_names = [v.name for v in scenario.fields]
     system_names = [v.name for v in scenario.system_vars]
-    known = [name for name in system_names if profile.user_knows.get(name, True)]
+    known = [name for name in system_names if profile.user_knows.get(name, False)]
     enc_truth, enc_system, enc_facts = (_ObjectEncoder(field_names), _ObjectEncoder(system_names),
                                         _ObjectEncoder(known))
     free_choices = {v.name: plausible_values(v, profile, p.patterns) for v in [*scenario.fields, *scenario.system_vars]}

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import click
 
+from sopgraph.authoring.like import fit, with_fit
+from sopgraph.authoring.validate import ValidateError, parse_pairs, read_rows
 from sopgraph.cases.profiles import (
+    Profile,
     default_profile,
     load_profile,
     parse_profile,
@@ -27,11 +30,12 @@ from sopgraph.cases.synth import (
     profile_diagnostics,
     synthesize_stream,
 )
+from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError, render_all
 from sopgraph.perf import batch_gc
 
 from .checkcmd import diagnostic_record
-from .params import fail, load_or_exit, sop_file
+from .params import fail, load_or_exit, now_option, sop_file
 
 
 def load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
@@ -124,12 +128,21 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 @click.option("-q", "--quiet", is_flag=True, help="No summary table.")
 @click.option("--allow-gaps", is_flag=True,
               help=f"Exit 0 even when the cases cover fewer paths than -n allows (default: exit {EXIT_COVERAGE}).")
+@click.option("--like", "like", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="ROWS",
+              help="Real labelled rows (CSV, JSON Lines or a JSON array, as `sop validate --data`): draw each "
+                   "variable's values from their distribution where the decision leaves room.")
+@click.option("--map", "maps", multiple=True, metavar="VAR=COLUMN",
+              help="With --like: the column feeding a variable (default: the column named like it).")
+@click.option("--expect", "expects", multiple=True, metavar="OUTPUT=COLUMN",
+              help="With --like: the column holding the decided action, as for `sop validate` (optional here).")
+@now_option("with --like, the day a date in a numeric column counts to")
 @click.option("--cases", "n_deprecated", type=int, default=None, hidden=True,
               help="Deprecated alias of --count (in `sop run`, --cases names a case file).")
 def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None,
               min_per_path: int | None,
               balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
-              coverage_out: Path | None, quiet: bool, allow_gaps: bool, n_deprecated: int | None) -> None:
+              coverage_out: Path | None, quiet: bool, allow_gaps: bool, like: Path | None, maps: tuple[str, ...],
+              expects: tuple[str, ...], now: str | None, n_deprecated: int | None) -> None:
     """Synthesize test cases for FILE: intent-balanced sampling over feasible paths, then supplementation
     so that every path is covered (SAGE's two-stage scheme). Output: JSON Lines of `Case` records.
 
@@ -139,18 +152,24 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
         click.echo("warning: `sop synth --cases N` is deprecated; use `-n N` or `--count N` "
                    "(`--cases` is the case file of `sop run`)", err=True)
         n = n_deprecated
+    if like is None and (maps or expects or now):
+        fail("--map, --expect and --now describe the rows of --like ROWS; give --like")
     with batch_gc():  # a batch command (see `perf.batch_gc`): the profile and the plan live until exit
         stream = _synth(file, n, seed, out, profile_path, min_per_path, balance, intensity, personas, languages,
-                        coverage_out, quiet)
+                        coverage_out, quiet, (like, maps, expects, now))
     if report_coverage_gaps(stream.coverage, stream.skipped, n, allow_gaps):
         sys.exit(EXIT_COVERAGE)
 
 
 def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None, min_per_path: int | None,
            balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
-           coverage_out: Path | None, quiet: bool) -> SynthStream:
+           coverage_out: Path | None, quiet: bool,
+           like: tuple[Path | None, tuple[str, ...], tuple[str, ...], str | None] = (None, (), (), None)
+           ) -> SynthStream:
     scenario = load_or_exit(file)
     profile = load_profile_or_exit(file, scenario, profile_path)
+    if like[0] is not None:
+        profile = _fitted(scenario, profile, *like, quiet=quiet)
     try:
         mix = parse_mix(intensity)
         the_plan = plan(scenario, profile, sample=n, seed=seed)
@@ -181,6 +200,23 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
             click.echo(text, err=True)
         _print_summary(stream, out)
     return stream
+
+
+def _fitted(scenario: ir.Scenario, profile: Profile, rows: Path | None, maps: tuple[str, ...],
+            expects: tuple[str, ...], now: str | None, *, quiet: bool) -> Profile:
+    """The profile with the value distributions of `--like ROWS` (`authoring.like`)."""
+    assert rows is not None
+    try:
+        fitted = fit(scenario, read_rows(rows), expect=parse_pairs(expects, "--expect"),
+                     mapping=parse_pairs(maps, "--map"), now=now, source=str(rows))
+    except ValidateError as exc:
+        fail(str(exc))
+    if not quiet:
+        used = ", ".join(f"{n} ← {fitted.columns[n]}" for n in sorted(fitted.generators))
+        click.echo(f"--like {rows}: {fitted.rows} rows; values drawn like the data for {used}", err=True)
+        for name, why in sorted(fitted.skipped.items()):
+            click.echo(f"--like: `{name}` not fitted ({why})", err=True)
+    return with_fit(profile, fitted)
 
 
 TABLE_ROWS = 50  # a summary table longer than this shows its first rows, a count of the rest and totals

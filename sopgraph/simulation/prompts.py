@@ -710,7 +710,27 @@ def _situation_lines(case: Case, scenario: ir.Scenario) -> str:
     return "\n".join(lines) if lines else "(nothing specific)"
 
 
+def _spoken(value: Any, var: ir.Variable | None = None) -> str:
+    """A fact as a customer would put it: a list or a record in words (`amount 12.5, waived false; …`),
+    never as JSON with the backend's field names, which the simulated customer would paste verbatim."""
+    if isinstance(value, dict):
+        return ", ".join(f"{_words_of(k)} {_spoken(v)}" for k, v in value.items() if v is not None)
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        items = [_spoken(v) for v in value]
+        return f"{len(items)}: " + "; ".join(items) if len(items) > 1 else items[0]
+    return format_value(value, var)
+
+
+def _words_of(name: str) -> str:
+    """An identifier as words: `PackageStatus` → `package status`, `fee_id` → `fee id`."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", str(name)).replace("_", " ").strip().lower()
+
+
 def _fact_lines(case: Case, scenario: ir.Scenario) -> str:
+    """What the customer knows of their account, each fact named by what it is (its description) rather
+    than its variable's name, and shown in words."""
     if not case.user_facts:
         return "(nothing beyond what you want)"
     lines = []
@@ -718,8 +738,8 @@ def _fact_lines(case: Case, scenario: ir.Scenario) -> str:
     extra = sorted(k for k in case.user_facts if k not in scenario.variables)
     for name in declared + extra:
         var = scenario.variables.get(name)
-        desc = f" ({' '.join(var.description.split())})" if var is not None and var.description else ""
-        lines.append(f"- {name}: {format_value(case.user_facts[name], var)}{desc}")
+        what = " ".join(var.description.split()).rstrip(".") if var is not None and var.description else ""
+        lines.append(f"- {what or _words_of(name)}: {_spoken(case.user_facts[name], var)}")
     return "\n".join(lines)
 
 
