@@ -533,3 +533,20 @@ def test_affects_parses_the_same(decl: str) -> None:
         assert fragments == []  # read by the fast path itself
         action = next(i for i in program.items if getattr(i, "name", "") == "Restart")
         assert action.affects[:1] == ["Up"]
+
+
+@pytest.mark.parametrize("decl", [
+    'system Up: bool volatile "u"',
+    'system Up: bool hidden volatile "u"',
+    'system Up: int[0..3] unit "bars" volatile',
+    'system Up: bool volatile volatile',
+    'system volatile: bool "a name still"',
+])
+def test_volatile_parses_the_same(decl: str) -> None:
+    text = (decl + '\naction Go "g"\naction Fix "f" affects Up\n'
+            "stage s { observe Up when Up -> do Fix -> s up to 2 times otherwise -> do Go }\n")
+    assert_same(text)
+    program, _ = fast_items(text)
+    var = next(i for i in program.items if getattr(i, "role", "") == "system")
+    assert var.volatile == ("bool volatile" in decl or "volatile volatile" in decl or '" volatile' in decl
+                            or "hidden volatile" in decl or '"bars" volatile' in decl)

@@ -233,3 +233,12 @@ def test_enum_values_that_are_not_names_keep_their_quotes() -> None:
     out = format_text(text)
     assert 'type T = "5+ times" | Never | "count" | "a|b"' in out and 'field G: Low | "Very high"' in out
     assert _program(out) == _program(text)
+
+
+def test_volatile_prints_back_and_stays() -> None:
+    text = ('system Up: bool money volatile "u"\naction Go "g"\naction Fix "f" affects Up\n'
+            "stage s { observe Up when Up -> do Fix -> s up to 2 times otherwise -> do Go }\n")
+    once = format_text(text)
+    assert "system Up: bool money volatile" in once
+    assert format_text(once) == once
+    assert parse_text(once).items[0].volatile

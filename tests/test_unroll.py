@@ -297,3 +297,62 @@ def _step_outcome(scenario: ir.Scenario, values: dict[str, Any]) -> Any:
 
 def _unsized(outcome: Any) -> Any:
     return re.sub(r" \(the list has \d+ values?\)", "", outcome) if isinstance(outcome, str) else outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# `volatile`: a variable that changes on its own (every look may differ, whatever the actions)
+
+VOLATILE = RESTART_AFFECTS.replace(
+    'system ServiceRestored: bool\n', 'system ServiceRestored: bool volatile\n')
+QUEUE = """
+scenario q "queue"
+system Busy: bool "The line is busy right now."
+system Sig: bool "The phone has signal."
+action Reset "r" affects Sig
+action Wait "w"
+action Done "d"
+stage a { observe Busy, Sig when Busy -> do Wait -> b otherwise when not Sig -> do Reset -> b otherwise -> do Done }
+stage b { observe Busy, Sig when Busy or not Sig -> do Done otherwise -> do Wait }
+"""
+
+
+def test_a_volatile_variable_sees_a_new_value_at_every_look() -> None:
+    s = sopgraph.load(text=VOLATILE)
+    assert s.variables["ServiceRestored"].volatile
+    values = {**STILL, "ServiceRestored": [False, True]}
+    # nothing was done before `recheck`, yet its look is a new one (the second value)
+    expected = (["account", "status", "recheck"], {"Action": "CloseFixed"}, [
+        {"name": "AskAirplaneOff", "args": {}}, {"name": "CloseFixed", "args": {}}])
+    assert _outcome(lambda v: interpret(s, v), values) == expected
+    for eng in _engines(s):
+        assert _outcome(eng.decide, values) == expected
+    assert count_paths(s).feasible == 14  # every look sequence again, as without `affects`
+    session = sopgraph.start(s, STILL)
+    asked = [e.look for e in session if isinstance(e, sopgraph.Need) and session.provide(e.variable, e.look == 2) is None]
+    assert asked == [1, 2]
+
+
+def test_with_affects_a_variable_nothing_changes_keeps_its_first_look() -> None:
+    s = sopgraph.load(text=QUEUE, check=False)
+    # `Busy` is affected by nothing and not volatile: `b` sees the first look again (W308 says so)
+    values = {"Busy": [True, False], "Sig": [True, True]}
+    assert sopgraph.decide(s, values).finals == {"Action": "Done"}
+    assert unroll(s).looks == {"Busy": 1, "Sig": 2}
+    warn = [d for d in check(s) if d.code == "W308"]
+    assert len(warn) == 1 and "`Busy`" in warn[0].message and warn[0].span.line == 9
+    assert "volatile" in (warn[0].hint or "")
+    busy = sopgraph.load(text=QUEUE.replace('system Busy: bool', 'system Busy: bool volatile'), check=False)
+    assert sopgraph.decide(busy, values).finals == {"Action": "Wait"}
+    assert not [d for d in check(busy) if d.code == "W308"]
+    assert count_paths(busy).feasible > count_paths(s).feasible
+    for p in iter_paths(s):
+        assert p.witness is not None and interpret(s, p.witness).path == p.stages
+        assert len(p.witness["Busy"]) == 1
+
+
+def test_volatile_on_a_variable_no_stage_observes_is_e110() -> None:
+    text = QUEUE.replace('system Busy: bool "The line is busy right now."',
+                         'system Busy: bool "The line is busy right now."\nfield Mood: Calm | Upset volatile "m"')
+    errors = [d for d in check(sopgraph.load(text=text, check=False)) if d.is_error]
+    assert [e.code for e in errors] == ["E110"] and "`Mood` is marked `volatile`" in errors[0].message
+    assert errors[0].span.line == 4

@@ -66,6 +66,7 @@ CODES: dict[str, str] = {
     "W305": "duplicate match value",
     "W306": "optional value read while it may be missing",
     "W307": "a retry that observes nothing: every round takes the same branches",
+    "W308": "a look that nothing can change",
     "I301": "flow analysis skipped (program too large)",
     "I302": "flow analysis incomplete (a work budget ran out or a question stayed undecided)",
     "I303": "optional-value analysis incomplete (a work budget ran out or a read stayed undecided)",

@@ -690,7 +690,7 @@ class _Items(_Exprs):
         if self.at("="):
             self.advance()
             kw["default"] = self.value()
-        while self.k == "n" and self.v in ("unit", "money", "hidden"):
+        while self.k == "n" and self.v in ("unit", "money", "hidden", "volatile"):
             word = self.v
             self.advance()
             kw[word] = unquote(self.string()[0]) if word == "unit" else True

@@ -337,6 +337,8 @@ def _variable(node: ir.Variable, depth: int) -> list[Line]:
             head += " money"
         if node.hidden:
             head += " hidden"
+        if node.volatile:
+            head += " volatile"
     return _described(head, node.description, node, depth)
 
 

@@ -538,6 +538,7 @@ class Variable(Node):
     hidden: bool = False
     expr: Expr | None = None
     observed: bool = False  # some stage observes it: its input is a list, one value per look
+    volatile: bool = False  # `volatile`: changes on its own, every look may differ whatever the actions
     optional: bool = False  # `T?`: may be missing from the input; test it with `missing(X)`
     default: Lit | TimeLit | None = None  # `= value`: used when the input leaves it out
 

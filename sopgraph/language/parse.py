@@ -315,6 +315,9 @@ class ToIR(Transformer):
     def hidden_attr(self, meta, children):
         return ("hidden", True)
 
+    def volatile_attr(self, meta, children):
+        return ("volatile", True)
+
     def output_decl(self, meta, children):
         name_tok, vtype, *rest = children
         default = next((c for c in rest if isinstance(c, (ir.Lit, ir.TimeLit, ir.ListLit))), None)

@@ -1500,6 +1500,8 @@ def check_procedures(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnosti
     found = procheck.check_calls(scenario, typer.output_value) if calls else []
     found += [d.model_copy(update={"message": d.message.replace("output `", "parameter `")})
               for d in typer.out]
+    if any(v.volatile for v in scenario.variables.values()):
+        found += procheck.check_volatile(scenario)
     if _procedural(scenario, graph):
         found += procheck.check_observations(scenario)
         if not any(d.is_error for d in found):

@@ -18,7 +18,15 @@ from sopgraph.language.compile import stage_reads
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error, warning
 from sopgraph.logic.lower import Lowered, analysis_form
 from sopgraph.logic.paths import explorer_for, used_looks
-from sopgraph.logic.unroll import LOOK_SEP, Unrolled, UnrollError, unbounded_cycle, unrolled_for
+from sopgraph.logic.unroll import (
+    LOOK_SEP,
+    Unrolled,
+    UnrollError,
+    affects_of,
+    held_variables,
+    unbounded_cycle,
+    unrolled_for,
+)
 
 # output_value(output, expr, span) of the checker's typer: checks a value against a declared type
 ValueCheck = Callable[[ir.Output, Any, ir.Span], None]
@@ -76,7 +84,7 @@ def check_calls(scenario: ir.Scenario, value_check: ValueCheck) -> list[Diagnost
 def check_observations(scenario: ir.Scenario) -> list[Diagnostic]:
     """`observe` of undeclared or non-system variables (E101/E110); zero bounds (E112); `affects`
     naming a variable no stage observes (E101/E110)."""
-    out: list[Diagnostic] = check_affects(scenario)
+    out: list[Diagnostic] = check_affects(scenario) + check_constant_looks(scenario)
     for stage in scenario.stages.values():
         for name in stage.observe:
             var = scenario.variables.get(name)
@@ -109,6 +117,44 @@ def check_affects(scenario: ir.Scenario) -> list[Diagnostic]:
                 out.append(error("E110", f"action `{action.name}` affects `{name}`, which no stage observes",
                                  span, f"an action changes what the next look sees: add `observe {name}` to the "
                                  "stage that checks it again, or remove it from `affects`"))
+    return out
+
+
+def check_volatile(scenario: ir.Scenario) -> list[Diagnostic]:
+    """`volatile` on a variable no stage observes (E110): only looks can change."""
+    out: list[Diagnostic] = []
+    observed = set(scenario.observed)
+    for var in scenario.variables.values():
+        if var.volatile and var.name not in observed:
+            what = "a field: the agent infers it once" if var.role == "field" else "it is never looked at anew"
+            out.append(error("E110", f"`{var.name}` is marked `volatile` but no stage observes it ({what})",
+                             var.span, f"add `observe {var.name}` to the stages that look at it, or drop `volatile`"))
+    return out
+
+
+def check_constant_looks(scenario: ir.Scenario) -> list[Diagnostic]:
+    """W308: in a procedure that says how its world changes, a variable looked at again that no
+    action affects and that is not `volatile`: every look sees the value of the first."""
+    out: list[Diagnostic] = []
+    held = held_variables(scenario)
+    affected = set().union(*affects_of(scenario).values())
+    sites: dict[str, list[ir.Stage]] = {}
+    for stage in scenario.stages.values():
+        for name in stage.observe:
+            sites.setdefault(name, []).append(stage)
+    succ = {sid: {b.target.stage for b in st.branches if b.target.kind == "stage" and b.target.stage}
+            for sid, st in scenario.stages.items()}
+    for name, stages in sites.items():
+        if name not in held or name in affected:
+            continue
+        again = stages[1] if len(stages) > 1 else next(
+            (st for st in stages if any(st.id in _reach(succ, n) for n in succ.get(st.id, ()))), None)
+        if again is None:
+            continue
+        out.append(warning("W308", f"`{name}` is looked at again at stage `{again.id}`, but no action affects it: "
+                           "every look sees the value of the first", again.span,
+                           f"add `affects {name}` to the actions that change it, or mark it `volatile` "
+                           f"(`system {name}: … volatile`) if it changes on its own"))
     return out
 
 

@@ -77,23 +77,34 @@ class Unrolled:
 
 
 def affects_of(scenario: ir.Scenario) -> dict[str, frozenset[str]]:
-    """Per action, the observed variables it can change (`action A "…" affects X, Y`). An observed
-    variable some action affects is *held*: a look at it sees a new value only if such an action was
-    carried out since the previous look (otherwise the same value again); one no action affects
-    changes on its own, every look a new value."""
-    signature = tuple((id(a), tuple(a.affects)) for a in scenario.actions.values()) + (tuple(scenario.observed),)
-    return scenario.cached_analysis("affects", signature, lambda: _affects(scenario))
-
-
-def _affects(scenario: ir.Scenario) -> dict[str, frozenset[str]]:
-    observed = set(scenario.observed)
-    return {a.name: frozenset(n for n in a.affects if n in observed) for a in scenario.actions.values()
-            if any(n in observed for n in a.affects)}
+    """Per action, the observed variables it can change (`action A "…" affects X, Y`)."""
+    return _world(scenario)[0]
 
 
 def held_variables(scenario: ir.Scenario) -> frozenset[str]:
-    """The observed variables some action affects (see `affects_of`)."""
-    return frozenset().union(*affects_of(scenario).values())
+    """The observed variables a look sees anew only after an action that affects them (otherwise the
+    previous look's value again). A procedure that says how its world changes (some `affects`, or
+    some `volatile` variable) holds every observed variable not marked `volatile`; one that says
+    neither holds none: every look is a new value, as before `affects` existed."""
+    return _world(scenario)[1]
+
+
+def _world(scenario: ir.Scenario) -> tuple[dict[str, frozenset[str]], frozenset[str]]:
+    observed = scenario.observed
+    variables = scenario.variables
+    signature = (tuple((id(a), tuple(a.affects)) for a in scenario.actions.values()) + (tuple(observed),)
+                 + tuple(name in variables and variables[name].volatile for name in observed))
+    return scenario.cached_analysis("affects", signature, lambda: _affects(scenario))
+
+
+def _affects(scenario: ir.Scenario) -> tuple[dict[str, frozenset[str]], frozenset[str]]:
+    observed = scenario.observed
+    seen = set(observed)
+    affects = {a.name: frozenset(n for n in a.affects if n in seen) for a in scenario.actions.values()
+               if any(n in seen for n in a.affects)}
+    volatile = {n for n in observed if n in scenario.variables and scenario.variables[n].volatile}
+    held = frozenset(n for n in observed if n not in volatile) if affects or volatile else frozenset()
+    return affects, held
 
 
 def path_looks(scenario: ir.Scenario, stages: list[str], branches: list[int]) -> dict[str, int]:
