@@ -381,7 +381,10 @@ class _Exprs(_Reader):
             if type(value) is int or type(value) is float:
                 return _lit(value=-value, span=self.cover(inner))
             return mk(ir.Unary, op="neg", operand=inner, span=self.cover(inner))
-        return self.atom()
+        out = self.atom()
+        if self.k == "o" and self.v == "[":
+            raise _Bail  # `Legs[0]`: Lark's
+        return out
 
     def atom(self) -> Any:
         k, v = self.k, self.v
@@ -1059,6 +1062,8 @@ class _Items(_Exprs):
     def target(self) -> Any:
         if self.k == "n" and self.v == "do":
             return self.do_target()
+        if self.k == "n" and self.v == "for":
+            raise _Bail  # `for f in L do A -> t`: Lark's
         name, span = self.name()
         return _target(kind="stage", stage=name, span=span)
 

@@ -459,6 +459,19 @@ class ToIR(Transformer):
             return self._time_literal(name, args, meta)
         return ir.Func(name=name, args=args, span=self._sp(meta))
 
+    def index_expr(self, meta, children):
+        base, _open, number, _close = children
+        if "." in str(number):
+            raise _BadToken(number, f"a list position is a whole number, not `{number}`", "write `L[0]` for the first item")
+        return ir.Index(base=base, index=int(str(number)), span=self._sp(meta))
+
+    def get_expr(self, meta, children):
+        base, name = children
+        out = base
+        for field in str(name).split("."):
+            out = ir.Get(base=out, field=field, span=self._sp(meta))
+        return out
+
     def _time_literal(self, kind: str, args: list[Any], meta: Any) -> ir.TimeLit:
         span = self._sp(meta)
         example = "2026-11-23" if kind == "date" else "2026-11-23T10:00"
@@ -564,6 +577,21 @@ class ToIR(Transformer):
         nxt.steps.insert(0, call)
         nxt.span = self._sp(meta)
         return nxt
+
+    def each_target(self, meta, children):
+        var_tok, source, *rest = children
+        cond = rest.pop(0)[1] if isinstance(rest[0], tuple) and rest[0][0] == "where" else None
+        (name, span), *rest = rest
+        args = next((c[1] for c in rest if isinstance(c, tuple)), [])
+        nxt: ir.Target = rest[-1]
+        call = ir.ActionCall(action=name, args=args, each=str(var_tok), source=source, cond=cond,
+                             span=_tok_span(self.file, var_tok))
+        nxt.steps.insert(0, call)
+        nxt.span = self._sp(meta)
+        return nxt
+
+    def each_where(self, meta, children):
+        return ("where", children[0])
 
     def call_args(self, meta, children):
         return ("args", [c for c in children if c is not None])
@@ -825,8 +853,7 @@ def _target_expressions(target: ir.Target) -> Iterator[Any]:
     for assign in target.args:
         yield assign.value
     for step in target.steps:
-        for assign in step.args:
-            yield assign.value
+        yield from step.exprs()
 
 
 def _program_expressions(items: Iterable[Any]) -> Iterator[Any]:
@@ -1343,6 +1370,8 @@ def _fix_data(expr: Any, scope: frozenset[str], fix: Any) -> None:
         expr.source = fix(expr.source, scope)
     elif isinstance(expr, ir.Weighted):
         expr.args = [fix(a, scope) for a in expr.args]
+    elif isinstance(expr, ir.Index):
+        expr.base = fix(expr.base, scope)
 
 
 NOW = "now"
@@ -1362,7 +1391,7 @@ def scenario_expressions(scenario: ir.Scenario) -> list[Any]:
                 out.append(branch.guard)
             target = branch.target
             if target.outputs or target.args or target.steps:  # most targets have none: no lists built
-                out += [a.value for a in [*target.outputs, *target.args, *(x for c in target.steps for x in c.args)]]
+                out += [a.value for a in [*target.outputs, *target.args]] + [x for c in target.steps for x in c.exprs()]
     return out
 
 
@@ -1480,7 +1509,7 @@ def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
                 arm.when = fix(arm.when, scope)
                 arm.then = fix(arm.then, scope)
             expr.otherwise = fix(expr.otherwise, scope)
-        elif isinstance(expr, (ir.Get, ir.Quant, ir.Length, ir.Member, ir.Weighted)):
+        elif isinstance(expr, (ir.Get, ir.Quant, ir.Length, ir.Member, ir.Weighted, ir.Index)):
             _fix_data(expr, scope, fix)
         elif isinstance(expr, ir.ListLit):  # `[Billing, Network when NoSignal]`
             expr.items = [fix(i, scope) for i in expr.items]
@@ -1538,5 +1567,10 @@ def _resolve_names(scenario: ir.Scenario) -> None:
             for assign in target.args:
                 _fix_field(assign, "value", fix(assign.value))
             for call in target.steps:
+                scope = frozenset() if call.each is None else frozenset((call.each,))
+                if call.source is not None:
+                    _fix_field(call, "source", fix(call.source))
+                if call.cond is not None:
+                    _fix_field(call, "cond", fix(call.cond, scope))
                 for assign in call.args:
-                    _fix_field(assign, "value", fix(assign.value))
+                    _fix_field(assign, "value", fix(assign.value, scope))

@@ -33,14 +33,28 @@ from sopgraph.language.diagnostics import (
     sort_key,
     warning,
 )
-from sopgraph.language.fastparse import mk
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
+from sopgraph.logic.datacheck import (
+    DataTyping,
+    _add,
+    _all_bounded,
+    _as_float,
+    _bool,
+    _kind,
+    _Lazy,
+    _mul_bounds,
+    _num,
+    _quote_list,
+    _Sym,
+    _Ty,
+    length_facts,
+)
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.lower import structured
 from sopgraph.logic.optcheck import optional_read_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
-from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
+from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -77,13 +91,6 @@ class _Suggester:
         self.left -= 1
         pool = [c for c in candidates if abs(len(c) - len(name)) <= max(3, len(name) // 2)]
         return did_you_mean(name, pool)
-
-
-def _quote_list(values: Iterable[str], limit: int = 8) -> str:
-    items = [f"`{v}`" for v in values]
-    if len(items) > limit:
-        return ", ".join(items[:limit]) + f", ... ({len(items)} in all)"
-    return ", ".join(items)
 
 
 def _span_or(span: ir.Span, fallback: ir.Span) -> ir.Span:
@@ -202,8 +209,8 @@ def check_declarations(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnos
         if not _enum_list(output.type):  # a list of enum values is an output's one structured type
             out += _scalar_only(f"output {output.name}", output.type, output.span)
     for action in scenario.actions.values():
-        for param in action.params:
-            out += _scalar_only(f"parameter {param.name} of {action.name}", param.type, param.span)
+        for param in action.params:  # lists and records too (docs/language.md §5.5)
+            out += _check_type_decl(f"parameter {param.name} of {action.name}", param.type, param.span)
         seen: set[str] = set()
         spans = list(action.attribute_spans) + [action.span] * len(action.attributes)
         for attr, span in zip(action.attributes, spans, strict=False):
@@ -300,111 +307,13 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
 # Pass 3: types
 
 
-@dataclass(frozen=True)
-class _Sym:
-    """A bare identifier or quoted string: an enum value if the context has an enum, else a name
-    that is not declared."""
-    value: str
-    bare: bool
-    span: ir.Span
-
-
-_Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.TimeType | ir.StringType | ir.ListType | ir.RecordType | _Sym | None
-
-
-def _kind(t: _Ty) -> str:
-    if isinstance(t, ir.ListType):
-        return "a list"
-    if isinstance(t, ir.RecordType):
-        return f"a record ({t.alias})" if t.alias else "a record"
-    if isinstance(t, _Sym):
-        return f"the value `{t.value}`" if t.bare else f'the string "{t.value}"'
-    if isinstance(t, ir.EnumType):
-        return "an enum (" + ir.describe_type(t) + ")" if len(t.values) <= 6 else "an enum"
-    if isinstance(t, ir.BoolType):
-        return "a bool"
-    if isinstance(t, ir.NumType):
-        return "a number" if t.kind == "float" else "an integer"
-    if isinstance(t, (ir.TimeType, ir.StringType)):
-        return time_kind_text(t)
-    return "unknown"
-
-
-def _all_bounded(bounds: list[float | None], pick: Callable[[list[float]], float]) -> float | None:
-    """`pick` of the bounds when every one is finite; None (unbounded) when any is."""
-    finite = [b for b in bounds if b is not None]
-    return pick(finite) if len(finite) == len(bounds) else None
-
-
-_FLOAT_OR_NONE = (float, type(None))
-
-
-def _num(kind: ir.NumKind, lo: float | None, hi: float | None) -> ir.NumType:
-    """`ir.NumType(...)` of the given bounds; built without validation when they are already floats
-    (or None) and the kind a known one: what validation would give, at a third of the cost (the
-    checker types every literal and comparison of a large file)."""
-    if type(lo) in _FLOAT_OR_NONE and type(hi) in _FLOAT_OR_NONE and (kind == "int" or kind == "float"):
-        return mk(ir.NumType, kind=kind, lo=lo, hi=hi, lo_open=lo is None, hi_open=hi is None)
-    return ir.NumType(kind=kind, lo=lo, hi=hi, lo_open=lo is None, hi_open=hi is None)
-
-
-def _sum_bounds(item: ir.NumType | None, max_len: int | None) -> ir.NumType:
-    """The type of `sum(V for x in L …)`: V's kind, between `max_len` times V's bounds and 0 (any item may be
-    left out)."""
-    if item is None:
-        return _num("float", None, None)
-    lo = None if item.lo is None or max_len is None else min(0.0, item.lo * max_len)
-    hi = None if item.hi is None or max_len is None else max(0.0, item.hi * max_len)
-    return _num(item.kind, lo, hi)
-
-
-def _bool(span: ir.Span) -> ir.BoolType:
-    """`ir.BoolType(span=span)` without validation (a span is always a `Span` here)."""
-    return mk(ir.BoolType, span=span)
-
-
-def _mul_bounds(a: ir.NumType, b: ir.NumType) -> tuple[float | None, float | None]:
-    if None in (a.lo, a.hi, b.lo, b.hi):
-        # Keep the common case exact: a non-negative quantity times a non-negative constant.
-        if (a.lo is not None and a.lo >= 0 and b.lo is not None and b.lo >= 0):
-            hi = None if (a.hi is None or b.hi is None) else a.hi * b.hi
-            return a.lo * b.lo, hi
-        return None, None
-    products = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]  # type: ignore[operator]
-    return min(products), max(products)
-
-
-def _as_float(value: int | float) -> float | None:
-    """A literal as a bound; integers too large for a float are simply unbounded."""
-    try:
-        return float(value)
-    except OverflowError:
-        return None
-
-
-def _add(x: float | None, y: float | None, sign: int = 1) -> float | None:
-    return None if x is None or y is None else x + sign * y
-
-
-class _Lazy:
-    """An expression unparsed only if a message needs it (checks of clean code stay cheap)."""
-    def __init__(self, expr: Any):
-        self.expr = expr
-
-    def __str__(self) -> str:
-        return ir.show(self.expr)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
-
-
 def _cycle_text(cycle: list[str]) -> str:
     if len(cycle) <= 12:
         return " -> ".join(cycle)
     return " -> ".join(cycle[:6]) + " -> ... -> " + " -> ".join(cycle[-4:]) + f" ({len(cycle) - 1} stages)"
 
 
-class _Typer(ScalarTyping):
+class _Typer(ScalarTyping, DataTyping):
     """Infers expression types, reporting each misuse once, and derived variables' types."""
     def __init__(self, scenario: ir.Scenario):
         self.s = scenario
@@ -415,6 +324,7 @@ class _Typer(ScalarTyping):
         self.suggest = _Suggester()
         self.cycles: set[frozenset[str]] = set()
         self.items: dict[str, _Ty] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
+        self.lengths: dict[str, int] = {}  # lists known to hold at least so many items (`len(L) > 0 and …`)
 
     # -- reporting
     def undefined(self, sym: _Sym, context: str, fallback: str | None = None) -> None:
@@ -565,8 +475,11 @@ class _Typer(ScalarTyping):
             self.membership(e.operand, self.infer(e.operand), e.values, "`in` set")
             return _bool(e.span)
         if isinstance(e, ir.BoolOp):
-            for operand in e.operands:
-                self.expect_bool(operand, f"`{e.op}` needs conditions, but")
+            if e.op == "and" and any(isinstance(o, (ir.Compare, ir.Quant)) for o in e.operands[:-1]):
+                self.conjunction(e.operands)
+            else:
+                for operand in e.operands:
+                    self.expect_bool(operand, f"`{e.op}` needs conditions, but")
             return _bool(e.span)
         if isinstance(e, ir.Call):
             return self.call(e)
@@ -575,100 +488,10 @@ class _Typer(ScalarTyping):
         if isinstance(e, ir.TimeLit):
             return ir.TimeType(kind=e.unit, span=e.span)
         if isinstance(e, ir.Func):
-            return self.func(e)
+            return self.position(e) if e.name in ir.POSITIONS else self.func(e)
         if isinstance(e, ir.Matches):
             return self.matches_type(e)
         return self.infer_data(e)
-
-    # -- lists, records, weighted counts
-    def infer_data(self, e: Any) -> _Ty:
-        if isinstance(e, ir.Get):
-            return self.get(e)
-        if isinstance(e, ir.ListLit):  # only a list output's value (`output_value`) may be a list
-            self.mismatch(f"`{ir.show(e)}` is a list, which only a list output takes as its value", e.span,
-                          "declare `output NAME: list of A | B` and set it in a leaf: `do Go { NAME = [A, B] }`")
-            return None
-        if isinstance(e, ir.Item):
-            return self.items.get(e.name)
-        if isinstance(e, ir.Quant):
-            lt = self.list_of(e.source, f"`{e.func}(... where ...)`")
-            saved = self.items.get(e.var)
-            self.items[e.var] = lt.item if lt is not None else None
-            self.expect_bool(e.cond, f"`{e.func}(... where ...)` needs a condition, but")
-            total = None
-            if e.func == "sum" and e.value is not None:
-                total = self.expect_num(e.value, self.infer(e.value), "`sum(...)`")
-            if saved is None:
-                self.items.pop(e.var, None)
-            else:
-                self.items[e.var] = saved
-            if e.func == "count":
-                return _num("int", 0.0, float(lt.max_len) if lt is not None else None)
-            if e.func == "sum":
-                return _sum_bounds(total, lt.max_len if lt is not None else None)
-            return _bool(e.span)
-        if isinstance(e, ir.Length):
-            lt = self.list_of(e.operand, "`len`")
-            return _num("int", float(lt.min_len), float(lt.max_len)) if lt is not None else _num("int", 0.0, None)
-        if isinstance(e, ir.Member):
-            self.member(e)
-            return _bool(e.span)
-        if isinstance(e, ir.Weighted):
-            for arg in e.args:
-                self.expect_bool(arg, "`count` counts conditions, but")
-            kind: ir.NumKind = "int" if all(isinstance(w, int) for w in e.weights) else "float"
-            return _num(kind, 0.0, _as_float(sum(e.weights)))
-        return None
-
-    def get(self, e: ir.Get) -> _Ty:
-        t = self.infer(e.base)
-        if t is None:
-            return None
-        if isinstance(t, _Sym):
-            self.undefined(t, f"before `.{e.field}`")
-            return None
-        if not isinstance(t, ir.RecordType):
-            self.mismatch(f"`{ir.show(e.base)}` is {_kind(t)}, not a record: it has no field `{e.field}`", e.span,
-                          "only records have fields (`type R = record { a: bool }`)")
-            return None
-        field = t.field(e.field)
-        if field is None:
-            names = [f.name for f in t.fields]
-            self.out.append(error("E101", f"`{ir.show(e.base)}` has no field `{e.field}`", e.span,
-                                  self.suggest(e.field, names) or "its fields are " + _quote_list(names)))
-            return None
-        return field.type
-
-    def list_of(self, e: Any, what: str) -> ir.ListType | None:
-        t = self.infer(e)
-        if isinstance(t, ir.ListType):
-            return t
-        if isinstance(t, _Sym):
-            self.undefined(t, f"as the list of {what}")
-        elif t is not None:
-            self.mismatch(f"{what} needs a list, but `{ir.show(e)}` is {_kind(t)}", e.span,
-                          "declare the variable as `list of T`")
-        return None
-
-    def member(self, e: ir.Member) -> None:
-        lt = self.list_of(e.source, "`in`")
-        ot = self.infer(e.operand)
-        if lt is None or ot is None:
-            return
-        item = lt.item
-        shown = _Lazy(e)
-        if ir.is_structured(item):
-            self.mismatch(f"`{shown}`: the items of `{ir.show(e.source)}` are {'records' if isinstance(item, ir.RecordType) else 'lists'}, which `in` "
-                          "cannot compare", e.span, f"test a field: `any(x in {ir.show(e.source)} where x.FIELD == ...)`")
-        elif isinstance(item, ir.EnumType) and isinstance(ot, _Sym):
-            self.enum_value(item, ot, e.source)
-        elif isinstance(ot, _Sym):
-            self.undefined(ot, "before `in`")
-        elif type(ot) is not type(item) or (isinstance(ot, ir.EnumType) and isinstance(item, ir.EnumType)
-                                            and not set(ot.values) & set(item.values)):
-            self.mismatch(f"`{shown}`: `{ir.show(e.operand)}` is {_kind(ot)} but the items of "
-                          f"`{ir.show(e.source)}` are {_kind(item)}", e.span,
-                          "compare values of the same kind")
 
     def binary(self, e: ir.Binary) -> _Ty:
         what = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}[e.op]
@@ -716,11 +539,25 @@ class _Typer(ScalarTyping):
             hi = _all_bounded(his, max)
         return _num(kind, lo, hi)
 
+    def conjunction(self, operands: list[Any]) -> None:
+        """`A and B and …`: each operand typed knowing the ones before it hold (`len(L) > 0 and first(L)…`)."""
+        saved = self.lengths
+        self.lengths = dict(saved)
+        try:
+            for operand in operands:
+                self.expect_bool(operand, "`and` needs conditions, but")
+                for name, n in length_facts(operand).items():
+                    self.lengths[name] = max(self.lengths.get(name, 0), n)
+        finally:
+            self.lengths = saved
+
     def case(self, e: ir.CaseExpr) -> _Ty:
+        types = []
         for arm in e.arms:
             self.expect_bool(arm.when, "`when` needs a condition, but")
-        exprs = [arm.then for arm in e.arms] + [e.otherwise]
-        types = [(x, self.infer(x)) for x in exprs]
+            with self.knowing(arm.when):
+                types.append((arm.then, self.infer(arm.then)))
+        types.append((e.otherwise, self.infer(e.otherwise)))
         known = [(x, t) for x, t in types if t is not None]
         if not known:
             return None
@@ -1497,7 +1334,7 @@ def check_procedures(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnosti
     # bounds, no observation and no loop (as `topology` found them)
     calls = (not isinstance(graph, Topology) or graph.calls
              or any(a.params for a in scenario.actions.values()))
-    found = procheck.check_calls(scenario, typer.output_value) if calls else []
+    found = procheck.check_calls(scenario, typer.arg_value, typer.call_scope) if calls else []
     found += [d.model_copy(update={"message": d.message.replace("output `", "parameter `")})
               for d in typer.out]
     if any(v.volatile for v in scenario.variables.values()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sopgraph.language import ir
@@ -32,52 +33,67 @@ from sopgraph.logic.unroll import (
 ValueCheck = Callable[[ir.Output, Any, ir.Span], None]
 
 
-def _calls(scenario: ir.Scenario) -> list[tuple[ir.Stage, ir.Branch, str, list[ir.OutputAssign], ir.Span]]:
-    """Every action call: (stage, branch, action, arguments, span) for steps and final actions."""
-    out = []
+def _calls(scenario: ir.Scenario) -> list[tuple[ir.Stage, ir.Branch, str, list[ir.OutputAssign], ir.Span,
+                                              ir.ActionCall | None]]:
+    """Every action call: (stage, branch, action, arguments, span, the step or None for a final action)."""
+    out: list[tuple[ir.Stage, ir.Branch, str, list[ir.OutputAssign], ir.Span, ir.ActionCall | None]] = []
     for stage in scenario.stages.values():
         for branch in stage.branches:
             t = branch.target
             for call in t.steps:
-                out.append((stage, branch, call.action, call.args, call.span if call.span.line else t.span))
+                out.append((stage, branch, call.action, call.args, call.span if call.span.line else t.span, call))
             if t.kind == "action" and (t.args or (t.action in scenario.actions
                                                    and scenario.actions[t.action].params)):
-                out.append((stage, branch, t.action or "", t.args, t.span))
+                out.append((stage, branch, t.action or "", t.args, t.span, None))
     return out
 
 
-def check_calls(scenario: ir.Scenario, value_check: ValueCheck) -> list[Diagnostic]:
+def check_calls(scenario: ir.Scenario, value_check: ValueCheck,
+                scope: Callable[[ir.ActionCall | None, ir.Branch], AbstractContextManager[Any]] | None = None,
+                ) -> list[Diagnostic]:
     """Undefined actions in steps (E104); arguments that are unknown, missing, repeated or of the
-    wrong type for the action's parameters (E109)."""
+    wrong type for the action's parameters (E109). `scope(call, branch)`: the context the arguments are
+    typed in (the item variable of a for-each step; what the branch's condition says)."""
     out: list[Diagnostic] = []
-    for stage, branch, name, args, span in _calls(scenario):
-        action = scenario.actions.get(name)
-        if action is None:
-            if any(c.action == name for c in branch.target.steps):
-                out.append(error("E104", f"undefined action `{name}`", span,
-                                 did_you_mean(name, scenario.actions)
-                                 or f'declare it with `action {name} "what it does"`'))
+    for stage, branch, name, args, span, call in _calls(scenario):
+        if scope is not None:
+            with scope(call, branch):
+                out += _check_call(scenario, value_check, stage, branch, name, args, span)
+        else:
+            out += _check_call(scenario, value_check, stage, branch, name, args, span)
+    return out
+
+
+def _check_call(scenario: ir.Scenario, value_check: ValueCheck, stage: ir.Stage, branch: ir.Branch, name: str,
+                args: list[ir.OutputAssign], span: ir.Span) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    action = scenario.actions.get(name)
+    if action is None:
+        if any(c.action == name for c in branch.target.steps):
+            out.append(error("E104", f"undefined action `{name}`", span,
+                             did_you_mean(name, scenario.actions)
+                             or f'declare it with `action {name} "what it does"`'))
+        return out
+    params = {p.name: p for p in action.params}
+    given: set[str] = set()
+    for arg in args:
+        param = params.get(arg.name)
+        if param is None:
+            hint = did_you_mean(arg.name, params) or (
+                f"its parameters are {', '.join(f'`{p}`' for p in params)}" if params
+                else f"`{name}` takes no arguments")
+            out.append(error("E109", f"action `{name}` has no parameter `{arg.name}`", arg.span, hint))
             continue
-        params = {p.name: p for p in action.params}
-        given: set[str] = set()
-        for arg in args:
-            param = params.get(arg.name)
-            if param is None:
-                hint = did_you_mean(arg.name, params) or (
-                    f"its parameters are {', '.join(f'`{p}`' for p in params)}" if params
-                    else f"`{name}` takes no arguments")
-                out.append(error("E109", f"action `{name}` has no parameter `{arg.name}`", arg.span, hint))
-                continue
-            if arg.name in given:
-                out.append(error("E102", f"argument `{arg.name}` is given twice", arg.span, "keep one"))
-            given.add(arg.name)
-            value_check(ir.Output(name=f"{name}.{arg.name}", type=param.type), arg.value,
-                        arg.value.span if arg.value.span.line else arg.span)
-        missing = [p for p in params if p not in given]
-        if missing:
-            out.append(error("E109", f"`do {name}` at stage `{stage.id}` does not give "
-                             f"{', '.join(f'`{m}`' for m in missing)}", span,
-                             f"write `do {name}({', '.join(f'{m} = ...' for m in missing)})`"))
+        if arg.name in given:
+            out.append(error("E102", f"argument `{arg.name}` is given twice", arg.span, "keep one"))
+        given.add(arg.name)
+        value_check(ir.Output(name=f"{name}.{arg.name}", type=param.type), arg.value,
+                    arg.value.span if arg.value.span.line else arg.span)
+    missing = [p for p in params if p not in given]
+    if missing:
+        out.append(error("E109", f"`do {name}` at stage `{stage.id}` does not give "
+                         f"{', '.join(f'`{m}`' for m in missing)}", span,
+                         f"write `do {name}({', '.join(f'{m} = ...' for m in missing)})`"))
     return out
 
 

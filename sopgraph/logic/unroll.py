@@ -236,7 +236,7 @@ def _relevance(scenario: ir.Scenario, bounded: list[tuple[str, int]], observed: 
         exprs = [st.subject, *(b.guard for b in st.branches)]
         for b in st.branches:
             exprs += [a.value for a in [*b.target.outputs, *b.target.args]]
-            exprs += [a.value for c in b.target.steps for a in c.args]
+            exprs += [x for c in b.target.steps for x in c.exprs()]
         for e in exprs:
             names |= rn.observed_reads(e)
         uses[sid] = names
@@ -264,8 +264,8 @@ def _rename_target(t: ir.Target, rn: _Renamer, looks: Mapping[str, int], stage: 
     return ir.Target(
         kind=t.kind, stage=stage, action=t.action, span=t.span,
         outputs=_rename_assigns(t.outputs, rn, looks), args=_rename_assigns(t.args, rn, looks),
-        steps=[ir.ActionCall(action=c.action, args=_rename_assigns(c.args, rn, looks), span=c.span)
-               for c in t.steps])
+        steps=[ir.ActionCall(action=c.action, args=_rename_assigns(c.args, rn, looks), span=c.span, each=c.each,
+                             source=rn.rename(c.source, looks), cond=rn.rename(c.cond, looks)) for c in t.steps])
 
 
 def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:
