@@ -28,6 +28,10 @@ def _quote_list(values: Iterable[str], limit: int = 8) -> str:
 
 
 
+def _span_or(span: ir.Span, fallback: ir.Span) -> ir.Span:
+    return span if span.line else fallback
+
+
 @dataclass(frozen=True)
 class _Sym:
     """A bare identifier or quoted string: an enum value if the context has an enum, else a name
@@ -142,7 +146,8 @@ class DataTyping:
 
     def undefined(self, sym: _Sym, context: str, fallback: str | None = None) -> None: ...
 
-    def enum_value(self, enum: ir.EnumType, sym: _Sym, subject: Any, code: str = "E202") -> bool: ...
+    def enum_value(self, enum: ir.EnumType, sym: _Sym, subject: Any, code: str = "E202") -> bool:
+        raise NotImplementedError  # provided by the host
 
     def expect_bool(self, e: Any, what: str) -> None: ...
 
@@ -310,7 +315,101 @@ class DataTyping:
             else:
                 self.items[call.each] = saved
 
-    def output_value(self, output: ir.Output, e: Any, span: ir.Span) -> None: ...  # provided by the host
+    def scalar_output(self, name: str, ot: Any, t: Any, e: Any, span: ir.Span) -> bool:
+        raise NotImplementedError  # provided by ScalarTyping
+
+    # -- values given to outputs and action parameters
+    def list_output_value(self, output: ir.Output, item_type: ir.EnumType, e: Any, span: ir.Span) -> None:
+        """A list output's value: a list `[A, B when C]` of values of its enum, or a `case` choosing such lists
+        (E204); the conditions are conditions (E201)."""
+        if isinstance(e, ir.CaseExpr):
+            for arm in e.arms:
+                self.expect_bool(arm.when, "the condition")
+                self.list_output_value(output, item_type, arm.then, _span_or(arm.then.span, span))
+            self.list_output_value(output, item_type, e.otherwise, _span_or(e.otherwise.span, span))
+            return
+        if not isinstance(e, ir.ListLit):
+            self.infer(e)
+            self.mismatch(f"output `{output.name}` is a list but `{ir.show(e)}` is not", span,
+                          f"give it a list of its values: `[{item_type.values[0]}, ...]`, an item kept only when a "
+                          "condition holds written `A when C`", code="E204")
+            return
+        each = output.model_copy(update={"type": item_type})
+        for item, cond in zip(e.items, e.conds, strict=True):
+            self.output_value(each, item, _span_or(item.span, span))
+            if not (isinstance(cond, ir.Lit) and cond.value is True):
+                self.expect_bool(cond, "the condition of a list item")
+        lt = output.type
+        always = {i.value for i, c in zip(e.items, e.conds, strict=True)
+                  if isinstance(i, ir.Lit) and isinstance(c, ir.Lit) and c.value is True}
+        if isinstance(lt, ir.ListType) and len(always) > lt.max_len:
+            self.mismatch(f"`{ir.show(e)}` holds {len(always)} values but output `{output.name}` holds at most "
+                          f"{lt.max_len}", span, "widen the bound (`list[..N] of ...`) or give fewer values",
+                          code="E204")
+        fixed = all(isinstance(c, ir.Lit) and c.value is True for c in e.conds)
+        if isinstance(lt, ir.ListType) and fixed and len(always) < lt.min_len:
+            self.mismatch(f"`{ir.show(e)}` holds {len(always)} value{'' if len(always) == 1 else 's'} but output "
+                          f"`{output.name}` holds at least {lt.min_len}", span,
+                          "give more values, or lower the bound (`list[..N] of ...`)", code="E204")
+
+    def output_value(self, output: ir.Output, e: Any, span: ir.Span) -> None:
+        """An assigned or default value against the output's declared type (E204)."""
+        if isinstance(output.type, ir.ListType):
+            if isinstance(output.type.item, ir.EnumType):
+                self.list_output_value(output, output.type.item, e, span)
+            return  # any other list output is E201 (`_scalar_only`)
+        if isinstance(e, ir.ListLit):
+            self.infer(e)  # a list for an output of one value: says so
+            return
+        t = self.infer(e)
+        ot = output.type
+        if t is None:
+            return
+        name = output.name
+        if self.scalar_output(name, ot, t, e, span):
+            return
+        if isinstance(ot, ir.EnumType):
+            if isinstance(t, _Sym):
+                self.enum_value(ot, t, ir.Var(name=name), code="E204")
+            elif isinstance(t, ir.EnumType):
+                extra = [v for v in t.values if v not in ot.values]
+                if extra:
+                    self.mismatch(f"`{ir.show(e)}` can be {_quote_list(extra)}, which is not a value of "
+                                  f"output `{name}`", span, "the output's values are " + _quote_list(ot.values),
+                                  code="E204")
+            else:
+                self.mismatch(f"output `{name}` is an enum but `{ir.show(e)}` is {_kind(t)}", span,
+                              "its values are " + _quote_list(ot.values), code="E204")
+            return
+        if isinstance(t, _Sym):
+            if t.bare:
+                self.undefined(t, f"as the value of output `{name}`")
+            else:
+                self.mismatch(f"output `{name}` is {_kind(ot)} but is given a string", span,
+                              "strings are only values of enum outputs", code="E204")
+            return
+        if isinstance(ot, ir.BoolType):
+            if not isinstance(t, ir.BoolType):
+                self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span,
+                              "give it `true`, `false` or a condition", code="E204")
+            return
+        if not isinstance(ot, ir.NumType):
+            return  # dates and strings were handled by `scalar_output`; lists and records are E201
+        if not isinstance(t, ir.NumType):
+            self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
+                          f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")
+            return
+        if isinstance(e, ir.Lit) and not isinstance(e.value, bool):
+            value = e.value
+            if ot.kind == "int" and isinstance(value, float) and not value.is_integer():
+                self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` is not", span,
+                              "use a whole number, or declare the output as float", code="E204")
+            elif isinstance(value, (int, float)) and not ot.contains(value):
+                self.mismatch(f"`{ir.show(e)}` is outside the range {ot.describe()} of output `{name}`",
+                              span, "use a value inside the range, or widen the declaration", code="E204")
+        elif ot.kind == "int" and t.kind == "float":
+            self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` may be fractional", span,
+                          "round it in the SOP, or declare the output as float", code="E204")
 
     def arg_value(self, param: ir.Output, e: Any, span: ir.Span) -> None:
         """An action argument against its parameter: a list or record by shape, anything else as an output."""

@@ -240,7 +240,7 @@ def reads_positions(scenario: ir.Scenario) -> bool:
             return True
         return any(walk(c) for c in ir.children(e))
 
-    exprs = [v.expr for v in scenario.variables.values() if v.expr is not None]
+    exprs: list[Any] = [v.expr for v in scenario.variables.values() if v.expr is not None]
     for st in scenario.stages.values():
         exprs += [st.subject] + [b.guard for b in st.branches]
         for b in st.branches:
