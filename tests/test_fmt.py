@@ -242,3 +242,12 @@ def test_volatile_prints_back_and_stays() -> None:
     assert "system Up: bool money volatile" in once
     assert format_text(once) == once
     assert parse_text(once).items[0].volatile
+
+
+def test_for_each_steps_and_positions_print_back_and_stay() -> None:
+    text = (Path(__file__).resolve().parent / "data" / "refunds.sop").read_text(encoding="utf-8")
+    once = format_text(text)
+    assert "-> for f in Fees where f.refundable do Refund(fee_id = f.id, amount = f.amount)" in once
+    assert "first(Legs).origin == CDG" in once and "origin = Legs[0].origin" in once
+    assert format_text(once) == once
+    assert _program(once) == _program(text)
