@@ -873,10 +873,15 @@ def show_call(action: str, args: list[OutputAssign]) -> str:
     return f"{action}({', '.join(f'{a.name} = {show(a.value)}' for a in args)})"
 
 
+EACH_WRITTEN = "#each"  # in an analysis form, the argument holding a for-each step as written (see `lower`)
+
+
 def show_step(call: ActionCall) -> str:
     """A step as written, without `do`: `Reset(mode = Soft)`, or the head of a for-each step and its call
     (`for f in Fees where f.ok do Refund(id = f.id)`)."""
     if call.each is None:
+        if call.args and call.args[0].name == EACH_WRITTEN and isinstance(call.args[0].value, Lit):
+            return str(call.args[0].value.value)
         return show_call(call.action, call.args)
     where = "" if call.cond is None else f" where {show(call.cond)}"
     return f"for {call.each} in {show(call.source, 5)}{where} do {show_call(call.action, call.args)}"

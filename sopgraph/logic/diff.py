@@ -136,7 +136,7 @@ def _path_table(scenario: ir.Scenario, clock: _Clock) -> tuple[dict[str, str], b
         parts = [f"{s} [{label}]" if label else s for s, label in zip(info.stages, info.labels, strict=False)]
         # the actions as written, steps on the way and arguments included (`do Pay(amount = Payout)`):
         # a changed argument or step is a changed outcome
-        outcome = " -> ".join(f"do {call}" for call in (info.actions or [info.action]))
+        outcome = " -> ".join(call if call.startswith("for ") else f"do {call}" for call in (info.actions or [info.action]))
         fixed = {k: v for k, v in info.finals.items() if k != "Action" and v is not None}
         if fixed:
             outcome += " {" + ", ".join(f"{k} = {_show(v)}" for k, v in fixed.items()) + "}"
@@ -415,7 +415,8 @@ def _outcome(side: _Side, leaf: _Leaf) -> tuple[str, tuple[tuple[str, str], ...]
         for expr in call.exprs()[:2 if call.cond is not None else 1] if call.each is not None else ():
             _lets_read(side.scenario, expr, lets)
     outs += [(f"let {n}", show_expr(side.scenario.variables[n].expr)) for n in sorted(lets)]
-    return " -> ".join(ir.show_call(name, args) for name, args in calls), tuple(outs)
+    return " -> ".join(ir.show_step(step) for step in leaf[1]) + (" -> " if leaf[1] else "") \
+        + ir.show_call(*calls[-1]), tuple(outs)
 
 
 def _calls(leaf: _Leaf) -> list[tuple[str, list[ir.OutputAssign]]]:

@@ -23,12 +23,13 @@ goes the other way. Lists are bounded (at most `ir.LIST_MAX_LIMIT` items), which
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from sopgraph.errors import Error
 from sopgraph.language import ir
-from sopgraph.logic.unroll import Unrolled, UnrollError, structure_signature, unrolled_for
+from sopgraph.logic.unroll import LOOK_SEP, Unrolled, UnrollError, structure_signature, unrolled_for
 
 
 class LowerError(Error):
@@ -272,10 +273,13 @@ def _assigns(lw: _Lowering, assigns: list[ir.OutputAssign], action: str | None =
 
 
 def _step(lw: _Lowering, call: ir.ActionCall) -> ir.ActionCall:
-    """A step lowered. A for-each step stays the step of its action, without arguments: how many times
-    it is carried out is no part of a route (its list and arguments are read by the engine only)."""
+    """A step lowered. A for-each step stays the step of its action, its one argument the step as
+    written (`ir.EACH_WRITTEN`, shown by `ir.show_step`): how many times it is carried out is no part of
+    a route (its list and arguments are read by the engine only), but a changed step is a changed outcome."""
     if call.each is not None:
-        return ir.ActionCall(action=call.action, span=call.span)
+        text = re.sub(rf"(\w){re.escape(LOOK_SEP)}\d+\b", r"\1", ir.show_step(call))  # `Fees#2` (a look) as written
+        written = ir.OutputAssign(name=ir.EACH_WRITTEN, value=ir.Lit(value=text, span=call.span))
+        return ir.ActionCall(action=call.action, args=[written], span=call.span)
     return call.model_copy(update={"args": _assigns(lw, call.args, call.action)})
 
 
