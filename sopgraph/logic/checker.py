@@ -37,19 +37,19 @@ from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
 from sopgraph.logic.datacheck import (
     DataTyping,
-    _add,
-    _all_bounded,
-    _as_float,
-    _bool,
-    _kind,
-    _Lazy,
-    _mul_bounds,
-    _num,
-    _quote_list,
-    _span_or,
-    _Sym,
-    _Ty,
+    Lazy,
+    Sym,
+    Ty,
+    add_bound,
+    all_bounded,
+    as_float,
+    bool_of,
+    kind_of,
     length_facts,
+    mul_bounds,
+    num_of,
+    quote_list,
+    span_or,
 )
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.lower import structured
@@ -113,7 +113,7 @@ def _check_data_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
     """A list's length bounds (E203) and a record's field names (E102), then their inner types."""
     out: list[Diagnostic] = []
     if isinstance(vtype, ir.ListType):
-        where = _span_or(vtype.span, span)
+        where = span_or(vtype.span, span)
         if vtype.max_len > ir.LIST_MAX_LIMIT:
             out.append(error("E203", f"the list `{owner}` may hold {vtype.max_len} items; lists hold at most "
                              f"{ir.LIST_MAX_LIMIT}", where,
@@ -128,10 +128,10 @@ def _check_data_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
         for field in vtype.fields:
             if field.name in seen:
                 out.append(error("E102", f"field `{field.name}` of `{owner}` is declared twice",
-                                 _span_or(field.span, span), "rename one of them"))
+                                 span_or(field.span, span), "rename one of them"))
             seen.add(field.name)
             if "." in field.name:
-                out.append(error("E001", f"record field `{field.name}` contains a dot", _span_or(field.span, span),
+                out.append(error("E001", f"record field `{field.name}` contains a dot", span_or(field.span, span),
                                  "a field name is one word; nest records for structure"))
             out += _check_type_decl(f"{owner}.{field.name}", field.type, span)
     return out
@@ -145,8 +145,8 @@ def _scalar_only(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
     hint = "use an enum, bool, int or float"
     if owner.startswith("output "):
         hint += "; a list output holds enum values: `list of A | B | C`"
-    return [error("E201", f"`{owner}` is {_kind(vtype)}; outputs and action parameters hold one value",
-                  _span_or(vtype.span, span), hint)]
+    return [error("E201", f"`{owner}` is {kind_of(vtype)}; outputs and action parameters hold one value",
+                  span_or(vtype.span, span), hint)]
 
 
 def _enum_list(vtype: Any) -> bool:
@@ -160,7 +160,7 @@ def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
         inverted = vtype.lo is not None and vtype.hi is not None and vtype.lo > vtype.hi
         what = "inverted" if inverted else "empty"
         out.append(error("E203", f"the range of `{owner}` is {what}: {vtype.describe()} contains no value",
-                         _span_or(vtype.span, span),
+                         span_or(vtype.span, span),
                          "write the lower bound first, e.g. `int[1..5]`" if inverted
                          else "widen the range or close its bounds, e.g. `int[1..2]`"))
     if isinstance(vtype, ir.EnumType):
@@ -168,9 +168,9 @@ def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
         for value in vtype.values:
             if value in seen:
                 out.append(error("E102", f"enum value `{value}` of `{owner}` is listed twice",
-                                 _span_or(vtype.span, span), "remove the repeated value"))
+                                 span_or(vtype.span, span), "remove the repeated value"))
             seen.add(value)
-            out += _quoted_value_problems(owner, value, _span_or(vtype.span, span))
+            out += _quoted_value_problems(owner, value, span_or(vtype.span, span))
     return out
 
 
@@ -214,7 +214,7 @@ def check_declarations(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnos
             if attr not in ir.ACTION_ATTRIBUTES:
                 out.append(error("E106", f"unknown attribute `{attr}` on action `{action.name}`", span,
                                  suggest(attr, ir.ACTION_ATTRIBUTES)
-                                 or "attributes are " + _quote_list(ir.ACTION_ATTRIBUTES)))
+                                 or "attributes are " + quote_list(ir.ACTION_ATTRIBUTES)))
             elif attr in seen:
                 out.append(warning("W403", f"attribute `{attr}` is listed twice on `{action.name}`", span,
                                    "remove the repeated attribute"))
@@ -260,7 +260,7 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
             tgt = branch.target
             if tgt.kind == "stage":
                 if tgt.stage not in scenario.stages:
-                    span = _span_or(tgt.span, branch.span)
+                    span = span_or(tgt.span, branch.span)
                     name = tgt.stage or ""
                     hint = suggest(name, scenario.stages)
                     if hint is None and name in scenario.actions:
@@ -275,7 +275,7 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
                                      hint or "declare it with `stage " + name + " { ... }`"))
                 continue
             if tgt.action not in scenario.actions:
-                span = _span_or(tgt.span, branch.span)
+                span = span_or(tgt.span, branch.span)
                 name = tgt.action or ""
                 hint = suggest(name, scenario.actions)
                 if hint is None and name in scenario.stages:
@@ -315,16 +315,16 @@ class _Typer(ScalarTyping, DataTyping):
     def __init__(self, scenario: ir.Scenario):
         self.s = scenario
         self.out: list[Diagnostic] = []
-        self.derived: dict[str, _Ty] = {}
+        self.derived: dict[str, Ty] = {}
         self.visiting: list[str] = []
         self.reads: list[ir.Span] = []  # where each derived variable being visited was read
         self.suggest = _Suggester()
         self.cycles: set[frozenset[str]] = set()
-        self.items: dict[str, _Ty] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
+        self.items: dict[str, Ty] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
         self.lengths: dict[str, int] = {}  # lists known to hold at least so many items (`len(L) > 0 and …`)
 
     # -- reporting
-    def undefined(self, sym: _Sym, context: str, fallback: str | None = None) -> None:
+    def undefined(self, sym: Sym, context: str, fallback: str | None = None) -> None:
         """A bare name where no enum gives it meaning: a variable that is not declared."""
         if not sym.bare:
             self.out.append(error("E201", f'the string "{sym.value}" is used {context}', sym.span,
@@ -361,7 +361,7 @@ class _Typer(ScalarTyping, DataTyping):
                      "a derived variable cannot depend on itself; compute it from fields and system variables")
 
     # -- variables
-    def var_type(self, name: str, span: ir.Span) -> _Ty:
+    def var_type(self, name: str, span: ir.Span) -> Ty:
         var = self.s.variables.get(name)
         if var is None:
             return None
@@ -382,11 +382,11 @@ class _Typer(ScalarTyping, DataTyping):
         t = self.infer(var.expr) if var.expr is not None else None
         self.visiting.pop()
         self.reads.pop()
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             self.undefined(t, "as the whole value of a derived variable")
             t = None
         elif ir.is_structured(t):
-            self.mismatch(f"derived variable `{name}` is {_kind(t)}: a `let` gives one value", var.span,
+            self.mismatch(f"derived variable `{name}` is {kind_of(t)}: a `let` gives one value", var.span,
                           "compute a single value from it, e.g. `len(...)`, `any(x in ... where ...)` or a field")
             t = None
         self.derived[name] = t
@@ -414,7 +414,7 @@ class _Typer(ScalarTyping, DataTyping):
         if self.plainly_bool(e):
             return
         t = self.infer(e)
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             self.undefined(t, "as a condition")
         elif t is not None and not isinstance(t, ir.BoolType):
             hint = None
@@ -425,59 +425,59 @@ class _Typer(ScalarTyping, DataTyping):
             elif isinstance(t, ir.ListType):
                 hint = f"test its items: `any(x in {ir.show(e)} where ...)`, or its length: `len({ir.show(e)}) > 0`"
             elif isinstance(t, ir.RecordType):
-                hint = "read one of its fields: " + _quote_list(f"{ir.show(e)}.{f.name}" for f in t.fields)
-            self.mismatch(f"{what} `{ir.show(e)}` is {_kind(t)}, not a condition", e.span, hint)
+                hint = "read one of its fields: " + quote_list(f"{ir.show(e)}.{f.name}" for f in t.fields)
+            self.mismatch(f"{what} `{ir.show(e)}` is {kind_of(t)}, not a condition", e.span, hint)
 
-    def expect_num(self, e: Any, t: _Ty, what: str) -> ir.NumType | None:
+    def expect_num(self, e: Any, t: Ty, what: str) -> ir.NumType | None:
         if isinstance(t, ir.NumType):
             return t
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             self.undefined(t, f"in {what}")
         elif t is not None:
             hint = "arithmetic works on int and float values only"
             if isinstance(t, ir.BoolType):
                 hint += f"; to count a condition as a number, weigh it: `count(2: {ir.show(e)})` is 2 when it holds"
-            self.mismatch(f"{what} on {_kind(t)}: `{ir.show(e)}` is not a number", e.span, hint)
+            self.mismatch(f"{what} on {kind_of(t)}: `{ir.show(e)}` is not a number", e.span, hint)
         return None
 
     # -- inference
-    def infer(self, e: Any) -> _Ty:
+    def infer(self, e: Any) -> Ty:
         if isinstance(e, ir.Lit):
             v = e.value
             if isinstance(v, bool):
-                return _bool(e.span)
+                return bool_of(e.span)
             if isinstance(v, (int, float)):
-                exact = _as_float(v)
-                return _num("int" if isinstance(v, int) else "float", exact, exact)
-            return _Sym(v, e.bare, e.span)
+                exact = as_float(v)
+                return num_of("int" if isinstance(v, int) else "float", exact, exact)
+            return Sym(v, e.bare, e.span)
         if isinstance(e, ir.Var):
             return self.var_type(e.name, e.span)
         if isinstance(e, ir.Unary):
             if e.op == "not":
                 self.expect_bool(e.operand, "`not` of")
-                return _bool(e.span)
+                return bool_of(e.span)
             inner_t = self.infer(e.operand)
             if isinstance(inner_t, ir.TimeType) and inner_t.kind == "duration":
                 return inner_t
             t = self.expect_num(e.operand, inner_t, "negation")
             if t is None:
                 return None
-            return _num(t.kind, None if t.hi is None else -t.hi, None if t.lo is None else -t.lo)
+            return num_of(t.kind, None if t.hi is None else -t.hi, None if t.lo is None else -t.lo)
         if isinstance(e, ir.Binary):
             return self.binary(e)
         if isinstance(e, ir.Compare):
             self.compare(e)
-            return _bool(e.span)
+            return bool_of(e.span)
         if isinstance(e, ir.InSet):
             self.membership(e.operand, self.infer(e.operand), e.values, "`in` set")
-            return _bool(e.span)
+            return bool_of(e.span)
         if isinstance(e, ir.BoolOp):
             if e.op == "and" and any(isinstance(o, (ir.Compare, ir.Quant)) for o in e.operands[:-1]):
                 self.conjunction(e.operands)
             else:
                 for operand in e.operands:
                     self.expect_bool(operand, f"`{e.op}` needs conditions, but")
-            return _bool(e.span)
+            return bool_of(e.span)
         if isinstance(e, ir.Call):
             return self.call(e)
         if isinstance(e, ir.CaseExpr):
@@ -490,7 +490,7 @@ class _Typer(ScalarTyping, DataTyping):
             return self.matches_type(e)
         return self.infer_data(e)
 
-    def binary(self, e: ir.Binary) -> _Ty:
+    def binary(self, e: ir.Binary) -> Ty:
         what = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}[e.op]
         la, lb = self.infer(e.left), self.infer(e.right)
         handled, scalar = self.temporal_binary(e, la, lb)
@@ -502,18 +502,18 @@ class _Typer(ScalarTyping, DataTyping):
             return None
         kind: ir.NumKind = "int" if a.kind == b.kind == "int" and e.op != "/" else "float"
         if e.op == "+":
-            return _num(kind, _add(a.lo, b.lo), _add(a.hi, b.hi))
+            return num_of(kind, add_bound(a.lo, b.lo), add_bound(a.hi, b.hi))
         if e.op == "-":
-            return _num(kind, _add(a.lo, b.hi, -1), _add(a.hi, b.lo, -1))
+            return num_of(kind, add_bound(a.lo, b.hi, -1), add_bound(a.hi, b.lo, -1))
         if e.op == "*":
-            return _num(kind, *_mul_bounds(a, b))
-        return _num(kind, None, None)
+            return num_of(kind, *mul_bounds(a, b))
+        return num_of(kind, None, None)
 
-    def call(self, e: ir.Call) -> _Ty:
+    def call(self, e: ir.Call) -> Ty:
         if e.func == "count":
             for arg in e.args:
                 self.expect_bool(arg, "`count` counts conditions, but")
-            return _num("int", 0.0, float(len(e.args)))
+            return num_of("int", 0.0, float(len(e.args)))
         inferred = [self.infer(a) for a in e.args]
         handled, scalar = self.temporal_extreme(e, inferred)
         if handled:
@@ -527,14 +527,14 @@ class _Typer(ScalarTyping, DataTyping):
         his = [n.hi for n in nums]
         if e.func == "min":
             # min(x, y) lies below every argument's upper bound, above the lowest lower bound.
-            lo = _all_bounded(los, min)
+            lo = all_bounded(los, min)
             bounded = [h for h in his if h is not None]
             hi = min(bounded) if bounded else None
         else:
             bounded = [lo_ for lo_ in los if lo_ is not None]
             lo = max(bounded) if bounded else None
-            hi = _all_bounded(his, max)
-        return _num(kind, lo, hi)
+            hi = all_bounded(his, max)
+        return num_of(kind, lo, hi)
 
     def conjunction(self, operands: list[Any]) -> None:
         """`A and B and …`: each operand typed knowing the ones before it hold (`len(L) > 0 and first(L)…`)."""
@@ -548,7 +548,7 @@ class _Typer(ScalarTyping, DataTyping):
         finally:
             self.lengths = saved
 
-    def case(self, e: ir.CaseExpr) -> _Ty:
+    def case(self, e: ir.CaseExpr) -> Ty:
         types = []
         for arm in e.arms:
             self.expect_bool(arm.when, "`when` needs a condition, but")
@@ -558,23 +558,23 @@ class _Typer(ScalarTyping, DataTyping):
         known = [(x, t) for x, t in types if t is not None]
         if not known:
             return None
-        has_value = [t for _, t in known if isinstance(t, (_Sym, ir.EnumType))]
+        has_value = [t for _, t in known if isinstance(t, (Sym, ir.EnumType))]
         if len(has_value) == len(known):
             values: dict[str, None] = {}
             for _, t in known:
-                for v in ([t.value] if isinstance(t, _Sym) else t.values):  # type: ignore[union-attr]
+                for v in ([t.value] if isinstance(t, Sym) else t.values):  # type: ignore[union-attr]
                     values.setdefault(v, None)
             return ir.EnumType(values=list(values), span=e.span)
         # Mixed: bare names among numbers/bools are names that were meant to be variables.
         for _x, t in known:
-            if isinstance(t, _Sym):
+            if isinstance(t, Sym):
                 self.undefined(t, "as a `case` result")
-        rest = [(x, t) for x, t in known if not isinstance(t, _Sym)]
+        rest = [(x, t) for x, t in known if not isinstance(t, Sym)]
         first_x, first = rest[0]
         for x, t in rest[1:]:
             if type(t) is not type(first):
-                self.mismatch(f"`case` results have different types: `{ir.show(first_x)}` is {_kind(first)} "
-                              f"but `{ir.show(x)}` is {_kind(t)}", x.span,
+                self.mismatch(f"`case` results have different types: `{ir.show(first_x)}` is {kind_of(first)} "
+                              f"but `{ir.show(x)}` is {kind_of(t)}", x.span,
                               "every arm of a `case` must give the same type")
                 return None
         if isinstance(first, ir.NumType):
@@ -582,7 +582,7 @@ class _Typer(ScalarTyping, DataTyping):
             kind: ir.NumKind = "int" if all(n.kind == "int" for n in nums) else "float"
             los = [n.lo for n in nums]
             his = [n.hi for n in nums]
-            return _num(kind, _all_bounded(los, min), _all_bounded(his, max))
+            return num_of(kind, all_bounded(los, min), all_bounded(his, max))
         if isinstance(first, ir.EnumType):
             values = {}
             for _, t in rest:
@@ -596,8 +596,8 @@ class _Typer(ScalarTyping, DataTyping):
         if lt is None or rt is None:
             return
         ordering = e.op not in ("==", "!=")
-        shown = _Lazy(e)
-        if isinstance(lt, _Sym) and isinstance(rt, _Sym):
+        shown = Lazy(e)
+        if isinstance(lt, Sym) and isinstance(rt, Sym):
             if lt.bare:
                 self.undefined(lt, "in a comparison")
             elif rt.bare:
@@ -613,7 +613,7 @@ class _Typer(ScalarTyping, DataTyping):
         else:
             left_e, right_e = e.left, e.right
         if isinstance(lt, ir.EnumType):
-            if isinstance(rt, _Sym):
+            if isinstance(rt, Sym):
                 if ordering:
                     self.mismatch(f"enum values have no order: `{shown}`", e.span,
                                   "use `==`, `!=` or `in { ... }` with enum values")
@@ -627,12 +627,12 @@ class _Typer(ScalarTyping, DataTyping):
                                   f"`{shown}` is constant", e.span,
                                   "compare each variable with one of its own values")
             else:
-                self.mismatch(f"comparing an enum with {_kind(rt)}: `{shown}`", e.span,
+                self.mismatch(f"comparing an enum with {kind_of(rt)}: `{shown}`", e.span,
                               self.collision_hint(lt, right_e)
-                              or f"`{ir.show(left_e)}` is one of " + _quote_list(lt.values))
+                              or f"`{ir.show(left_e)}` is one of " + quote_list(lt.values))
             return
-        if isinstance(lt, _Sym) or isinstance(rt, _Sym):
-            sym, other = (lt, rt) if isinstance(lt, _Sym) else (rt, lt)
+        if isinstance(lt, Sym) or isinstance(rt, Sym):
+            sym, other = (lt, rt) if isinstance(lt, Sym) else (rt, lt)
             if isinstance(other, ir.BoolType):
                 self.undefined(sym, "in a comparison with a bool",  # type: ignore[arg-type]
                                "a bool is compared with `true` or `false`")
@@ -645,7 +645,7 @@ class _Typer(ScalarTyping, DataTyping):
             return
         if isinstance(lt, ir.NumType) and isinstance(rt, ir.NumType):
             return
-        self.mismatch(f"comparing {_kind(lt)} with {_kind(rt)}: `{shown}`", e.span,
+        self.mismatch(f"comparing {kind_of(lt)} with {kind_of(rt)}: `{shown}`", e.span,
                       "both sides of a comparison must be of the same kind")
 
     def collision_hint(self, enum: ir.EnumType, other: Any) -> str | None:
@@ -654,10 +654,10 @@ class _Typer(ScalarTyping, DataTyping):
                     f'write the value as "{other.name}"')
         return None
 
-    def enum_value(self, enum: ir.EnumType, sym: _Sym, subject: Any, code: str = "E202") -> bool:
+    def enum_value(self, enum: ir.EnumType, sym: Sym, subject: Any, code: str = "E202") -> bool:
         if sym.value in enum.values:
             return True
-        hint = "its values are " + _quote_list(enum.values)
+        hint = "its values are " + quote_list(enum.values)
         close = self.suggest(sym.value, enum.values)
         if close:
             hint = f"{close} ({hint})"
@@ -667,27 +667,27 @@ class _Typer(ScalarTyping, DataTyping):
         self.out.append(error(code, f"`{sym.value}` is not a value of {owner}", sym.span, hint))
         return False
 
-    def membership(self, subject: Any, st: _Ty, values: list[ir.Lit], what: str) -> None:
+    def membership(self, subject: Any, st: Ty, values: list[ir.Lit], what: str) -> None:
         """Values of a `match` arm or an `in { ... }` set against the subject's type."""
         if _plain_members(st, values):
             return
-        if isinstance(st, _Sym):
+        if isinstance(st, Sym):
             self.undefined(st, f"as the subject of {what}")
             return
         if st is None or self.scalar_member(subject, st, values, what):
             return
         if ir.is_structured(st):
-            self.mismatch(f"{what} on `{ir.show(subject)}`, which is {_kind(st)}", subject.span,
+            self.mismatch(f"{what} on `{ir.show(subject)}`, which is {kind_of(st)}", subject.span,
                           "match a single value: a field, `len(...)` or a condition")
             return
         for lit in values:
             lt = self.infer(lit)
             if isinstance(st, ir.EnumType):
-                if isinstance(lt, _Sym):
+                if isinstance(lt, Sym):
                     self.enum_value(st, lt, subject)
                 else:
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, not a value of "
-                                  f"`{ir.show(subject)}`", lit.span, "its values are " + _quote_list(st.values))
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is {kind_of(lt)}, not a value of "
+                                  f"`{ir.show(subject)}`", lit.span, "its values are " + quote_list(st.values))
             elif isinstance(st, ir.BoolType):
                 if not isinstance(lt, ir.BoolType):
                     self.mismatch(f"{what} value `{ir.show(lit)}` is not a bool, but `{ir.show(subject)}` is",
@@ -713,7 +713,7 @@ def _typer(scenario: ir.Scenario) -> _Typer:
     return typer
 
 
-def _plain_members(st: _Ty, values: list[ir.Lit]) -> bool:
+def _plain_members(st: Ty, values: list[ir.Lit]) -> bool:
     """Whether every value is, by its exact type, one of the enum `st`'s values (a string) or a bool
     for the bool `st`: what `membership` accepts without a word (most match arms of a large file)."""
     kind = type(st)
@@ -755,11 +755,11 @@ def check_types(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     typer = _typer(scenario)
     for output in scenario.outputs.values():
         if output.default is not None:
-            typer.output_value(output, output.default, _span_or(output.default.span, output.span))
+            typer.output_value(output, output.default, span_or(output.default.span, output.span))
     for stage in scenario.stages.values():
         if stage.kind == "match" and stage.subject is not None:
             st = typer.infer(stage.subject)
-            if isinstance(st, _Sym):
+            if isinstance(st, Sym):
                 typer.undefined(st, "as the subject of `match`")
                 st = None
             for branch in stage.branches:
@@ -778,7 +778,7 @@ def check_types(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
                 if declared_output is None:
                     typer.infer(assign.value)  # still report undefined names inside
                 else:
-                    typer.output_value(declared_output, assign.value, _span_or(assign.value.span, assign.span))
+                    typer.output_value(declared_output, assign.value, span_or(assign.value.span, assign.span))
     return typer.out
 
 
@@ -1086,7 +1086,7 @@ def check_structure(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic
         if len(scc) > len(cycle) - 1:
             notes.append(f"{len(scc)} stages are caught in this loop: {members}")
         out.append(error("E302", "cycle in the stage graph: " + _cycle_text(cycle),
-                         _span_or(branch.target.span, branch.span),
+                         span_or(branch.target.span, branch.span),
                          "values are fixed while the engine decides, so a cycle that can be entered never "
                          "ends; route this branch to a later stage or an action, or add guards that rule "
                          "the loop out", notes=notes))

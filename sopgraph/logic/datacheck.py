@@ -20,7 +20,7 @@ from sopgraph.language.fastparse import mk
 from sopgraph.logic.scalarcheck import time_kind_text
 
 
-def _quote_list(values: Iterable[str], limit: int = 8) -> str:
+def quote_list(values: Iterable[str], limit: int = 8) -> str:
     items = [f"`{v}`" for v in values]
     if len(items) > limit:
         return ", ".join(items[:limit]) + f", ... ({len(items)} in all)"
@@ -28,12 +28,12 @@ def _quote_list(values: Iterable[str], limit: int = 8) -> str:
 
 
 
-def _span_or(span: ir.Span, fallback: ir.Span) -> ir.Span:
+def span_or(span: ir.Span, fallback: ir.Span) -> ir.Span:
     return span if span.line else fallback
 
 
 @dataclass(frozen=True)
-class _Sym:
+class Sym:
     """A bare identifier or quoted string: an enum value if the context has an enum, else a name
     that is not declared."""
     value: str
@@ -41,15 +41,15 @@ class _Sym:
     span: ir.Span
 
 
-_Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.TimeType | ir.StringType | ir.ListType | ir.RecordType | _Sym | None
+Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.TimeType | ir.StringType | ir.ListType | ir.RecordType | Sym | None
 
 
-def _kind(t: _Ty) -> str:
+def kind_of(t: Ty) -> str:
     if isinstance(t, ir.ListType):
         return "a list"
     if isinstance(t, ir.RecordType):
         return f"a record ({t.alias})" if t.alias else "a record"
-    if isinstance(t, _Sym):
+    if isinstance(t, Sym):
         return f"the value `{t.value}`" if t.bare else f'the string "{t.value}"'
     if isinstance(t, ir.EnumType):
         return "an enum (" + ir.describe_type(t) + ")" if len(t.values) <= 6 else "an enum"
@@ -62,7 +62,7 @@ def _kind(t: _Ty) -> str:
     return "unknown"
 
 
-def _all_bounded(bounds: list[float | None], pick: Callable[[list[float]], float]) -> float | None:
+def all_bounded(bounds: list[float | None], pick: Callable[[list[float]], float]) -> float | None:
     """`pick` of the bounds when every one is finite; None (unbounded) when any is."""
     finite = [b for b in bounds if b is not None]
     return pick(finite) if len(finite) == len(bounds) else None
@@ -71,7 +71,7 @@ def _all_bounded(bounds: list[float | None], pick: Callable[[list[float]], float
 _FLOAT_OR_NONE = (float, type(None))
 
 
-def _num(kind: ir.NumKind, lo: float | None, hi: float | None) -> ir.NumType:
+def num_of(kind: ir.NumKind, lo: float | None, hi: float | None) -> ir.NumType:
     """`ir.NumType(...)` of the given bounds; built without validation when they are already floats
     (or None) and the kind a known one: what validation would give, at a third of the cost (the
     checker types every literal and comparison of a large file)."""
@@ -84,18 +84,18 @@ def _sum_bounds(item: ir.NumType | None, max_len: int | None) -> ir.NumType:
     """The type of `sum(V for x in L …)`: V's kind, between `max_len` times V's bounds and 0 (any item may be
     left out)."""
     if item is None:
-        return _num("float", None, None)
+        return num_of("float", None, None)
     lo = None if item.lo is None or max_len is None else min(0.0, item.lo * max_len)
     hi = None if item.hi is None or max_len is None else max(0.0, item.hi * max_len)
-    return _num(item.kind, lo, hi)
+    return num_of(item.kind, lo, hi)
 
 
-def _bool(span: ir.Span) -> ir.BoolType:
+def bool_of(span: ir.Span) -> ir.BoolType:
     """`ir.BoolType(span=span)` without validation (a span is always a `Span` here)."""
     return mk(ir.BoolType, span=span)
 
 
-def _mul_bounds(a: ir.NumType, b: ir.NumType) -> tuple[float | None, float | None]:
+def mul_bounds(a: ir.NumType, b: ir.NumType) -> tuple[float | None, float | None]:
     if None in (a.lo, a.hi, b.lo, b.hi):
         # Keep the common case exact: a non-negative quantity times a non-negative constant.
         if (a.lo is not None and a.lo >= 0 and b.lo is not None and b.lo >= 0):
@@ -106,7 +106,7 @@ def _mul_bounds(a: ir.NumType, b: ir.NumType) -> tuple[float | None, float | Non
     return min(products), max(products)
 
 
-def _as_float(value: int | float) -> float | None:
+def as_float(value: int | float) -> float | None:
     """A literal as a bound; integers too large for a float are simply unbounded."""
     try:
         return float(value)
@@ -114,11 +114,11 @@ def _as_float(value: int | float) -> float | None:
         return None
 
 
-def _add(x: float | None, y: float | None, sign: int = 1) -> float | None:
+def add_bound(x: float | None, y: float | None, sign: int = 1) -> float | None:
     return None if x is None or y is None else x + sign * y
 
 
-class _Lazy:
+class Lazy:
     """An expression unparsed only if a message needs it (checks of clean code stay cheap)."""
     def __init__(self, expr: Any):
         self.expr = expr
@@ -144,17 +144,17 @@ class DataTyping:
 
     def mismatch(self, message: str, span: ir.Span, hint: str | None = None, code: str = "E201") -> None: ...
 
-    def undefined(self, sym: _Sym, context: str, fallback: str | None = None) -> None: ...
+    def undefined(self, sym: Sym, context: str, fallback: str | None = None) -> None: ...
 
-    def enum_value(self, enum: ir.EnumType, sym: _Sym, subject: Any, code: str = "E202") -> bool:
+    def enum_value(self, enum: ir.EnumType, sym: Sym, subject: Any, code: str = "E202") -> bool:
         raise NotImplementedError  # provided by the host
 
     def expect_bool(self, e: Any, what: str) -> None: ...
 
-    def expect_num(self, e: Any, t: _Ty, what: str) -> ir.NumType | None: ...
+    def expect_num(self, e: Any, t: Ty, what: str) -> ir.NumType | None: ...
 
     # -- lists, records, weighted counts
-    def infer_data(self, e: Any) -> _Ty:
+    def infer_data(self, e: Any) -> Ty:
         if isinstance(e, ir.Get):
             return self.get(e)
         if isinstance(e, ir.ListLit):  # only a list output's value (`output_value`) may be a list
@@ -176,41 +176,41 @@ class DataTyping:
             else:
                 self.items[e.var] = saved
             if e.func == "count":
-                return _num("int", 0.0, float(lt.max_len) if lt is not None else None)
+                return num_of("int", 0.0, float(lt.max_len) if lt is not None else None)
             if e.func == "sum":
                 return _sum_bounds(total, lt.max_len if lt is not None else None)
-            return _bool(e.span)
+            return bool_of(e.span)
         if isinstance(e, ir.Length):
             lt = self.list_of(e.operand, "`len`")
-            return _num("int", float(lt.min_len), float(lt.max_len)) if lt is not None else _num("int", 0.0, None)
+            return num_of("int", float(lt.min_len), float(lt.max_len)) if lt is not None else num_of("int", 0.0, None)
         if isinstance(e, ir.Member):
             self.member(e)
-            return _bool(e.span)
+            return bool_of(e.span)
         if isinstance(e, ir.Index):
             return self.position(e)
         if isinstance(e, ir.Weighted):
             for arg in e.args:
                 self.expect_bool(arg, "`count` counts conditions, but")
             kind: ir.NumKind = "int" if all(isinstance(w, int) for w in e.weights) else "float"
-            return _num(kind, 0.0, _as_float(sum(e.weights)))
+            return num_of(kind, 0.0, as_float(sum(e.weights)))
         return None
 
-    def get(self, e: ir.Get) -> _Ty:
+    def get(self, e: ir.Get) -> Ty:
         t = self.infer(e.base)
         if t is None:
             return None
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             self.undefined(t, f"before `.{e.field}`")
             return None
         if not isinstance(t, ir.RecordType):
-            self.mismatch(f"`{ir.show(e.base)}` is {_kind(t)}, not a record: it has no field `{e.field}`", e.span,
+            self.mismatch(f"`{ir.show(e.base)}` is {kind_of(t)}, not a record: it has no field `{e.field}`", e.span,
                           "only records have fields (`type R = record { a: bool }`)")
             return None
         field = t.field(e.field)
         if field is None:
             names = [f.name for f in t.fields]
             self.out.append(error("E101", f"`{ir.show(e.base)}` has no field `{e.field}`", e.span,
-                                  self.suggest(e.field, names) or "its fields are " + _quote_list(names)))
+                                  self.suggest(e.field, names) or "its fields are " + quote_list(names)))
             return None
         return field.type
 
@@ -218,10 +218,10 @@ class DataTyping:
         t = self.infer(e)
         if isinstance(t, ir.ListType):
             return t
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             self.undefined(t, f"as the list of {what}")
         elif t is not None:
-            self.mismatch(f"{what} needs a list, but `{ir.show(e)}` is {_kind(t)}", e.span,
+            self.mismatch(f"{what} needs a list, but `{ir.show(e)}` is {kind_of(t)}", e.span,
                           "declare the variable as `list of T`")
         return None
 
@@ -231,22 +231,22 @@ class DataTyping:
         if lt is None or ot is None:
             return
         item = lt.item
-        shown = _Lazy(e)
+        shown = Lazy(e)
         if ir.is_structured(item):
             self.mismatch(f"`{shown}`: the items of `{ir.show(e.source)}` are {'records' if isinstance(item, ir.RecordType) else 'lists'}, which `in` "
                           "cannot compare", e.span, f"test a field: `any(x in {ir.show(e.source)} where x.FIELD == ...)`")
-        elif isinstance(item, ir.EnumType) and isinstance(ot, _Sym):
+        elif isinstance(item, ir.EnumType) and isinstance(ot, Sym):
             self.enum_value(item, ot, e.source)
-        elif isinstance(ot, _Sym):
+        elif isinstance(ot, Sym):
             self.undefined(ot, "before `in`")
         elif type(ot) is not type(item) or (isinstance(ot, ir.EnumType) and isinstance(item, ir.EnumType)
                                             and not set(ot.values) & set(item.values)):
-            self.mismatch(f"`{shown}`: `{ir.show(e.operand)}` is {_kind(ot)} but the items of "
-                          f"`{ir.show(e.source)}` are {_kind(item)}", e.span,
+            self.mismatch(f"`{shown}`: `{ir.show(e.operand)}` is {kind_of(ot)} but the items of "
+                          f"`{ir.show(e.source)}` are {kind_of(item)}", e.span,
                           "compare values of the same kind")
 
     # -- positions: `first(L)`, `last(L)`, `L[k]` (docs/language.md §7)
-    def position(self, e: ir.Func | ir.Index) -> _Ty:
+    def position(self, e: ir.Func | ir.Index) -> Ty:
         """The item type of a list read by position. E213 when the position can never exist (the list
         holds fewer items at most); W309 when the list may be shorter and no test of the same condition
         (`len(L) > k`, `any(x in L where …)`) says it is not: the run fails there (§8)."""
@@ -325,8 +325,8 @@ class DataTyping:
         if isinstance(e, ir.CaseExpr):
             for arm in e.arms:
                 self.expect_bool(arm.when, "the condition")
-                self.list_output_value(output, item_type, arm.then, _span_or(arm.then.span, span))
-            self.list_output_value(output, item_type, e.otherwise, _span_or(e.otherwise.span, span))
+                self.list_output_value(output, item_type, arm.then, span_or(arm.then.span, span))
+            self.list_output_value(output, item_type, e.otherwise, span_or(e.otherwise.span, span))
             return
         if not isinstance(e, ir.ListLit):
             self.infer(e)
@@ -336,7 +336,7 @@ class DataTyping:
             return
         each = output.model_copy(update={"type": item_type})
         for item, cond in zip(e.items, e.conds, strict=True):
-            self.output_value(each, item, _span_or(item.span, span))
+            self.output_value(each, item, span_or(item.span, span))
             if not (isinstance(cond, ir.Lit) and cond.value is True):
                 self.expect_bool(cond, "the condition of a list item")
         lt = output.type
@@ -369,34 +369,34 @@ class DataTyping:
         if self.scalar_output(name, ot, t, e, span):
             return
         if isinstance(ot, ir.EnumType):
-            if isinstance(t, _Sym):
+            if isinstance(t, Sym):
                 self.enum_value(ot, t, ir.Var(name=name), code="E204")
             elif isinstance(t, ir.EnumType):
                 extra = [v for v in t.values if v not in ot.values]
                 if extra:
-                    self.mismatch(f"`{ir.show(e)}` can be {_quote_list(extra)}, which is not a value of "
-                                  f"output `{name}`", span, "the output's values are " + _quote_list(ot.values),
+                    self.mismatch(f"`{ir.show(e)}` can be {quote_list(extra)}, which is not a value of "
+                                  f"output `{name}`", span, "the output's values are " + quote_list(ot.values),
                                   code="E204")
             else:
-                self.mismatch(f"output `{name}` is an enum but `{ir.show(e)}` is {_kind(t)}", span,
-                              "its values are " + _quote_list(ot.values), code="E204")
+                self.mismatch(f"output `{name}` is an enum but `{ir.show(e)}` is {kind_of(t)}", span,
+                              "its values are " + quote_list(ot.values), code="E204")
             return
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             if t.bare:
                 self.undefined(t, f"as the value of output `{name}`")
             else:
-                self.mismatch(f"output `{name}` is {_kind(ot)} but is given a string", span,
+                self.mismatch(f"output `{name}` is {kind_of(ot)} but is given a string", span,
                               "strings are only values of enum outputs", code="E204")
             return
         if isinstance(ot, ir.BoolType):
             if not isinstance(t, ir.BoolType):
-                self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span,
+                self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {kind_of(t)}", span,
                               "give it `true`, `false` or a condition", code="E204")
             return
         if not isinstance(ot, ir.NumType):
             return  # dates and strings were handled by `scalar_output`; lists and records are E201
         if not isinstance(t, ir.NumType):
-            self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
+            self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {kind_of(t)}", span,
                           f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")
             return
         if isinstance(e, ir.Lit) and not isinstance(e.value, bool):
@@ -431,12 +431,12 @@ class DataTyping:
         got = self.infer(e)
         if got is None:
             return
-        if isinstance(got, _Sym):
+        if isinstance(got, Sym):
             self.undefined(got, f"as the value of `{owner}`")
             return
         problem = shape_problem(want, got)
         if problem:
-            self.mismatch(f"`{owner}` is {ir.describe_type(want)} but `{ir.show(e)}` is {_kind(got)}: {problem}",
+            self.mismatch(f"`{owner}` is {ir.describe_type(want)} but `{ir.show(e)}` is {kind_of(got)}: {problem}",
                           span, "pass a variable, item or field declared with the same type (a `type` alias helps)")
 
 
@@ -491,12 +491,12 @@ def shape_problem(want: Any, got: Any) -> str | None:
         return None
     if isinstance(want, ir.EnumType):
         if not isinstance(got, ir.EnumType):
-            return f"{_kind(got)} is not an enum"
+            return f"{kind_of(got)} is not an enum"
         extra = [v for v in got.values if v not in want.values]
-        return f"it can be {_quote_list(extra)}, which the parameter does not take" if extra else None
+        return f"it can be {quote_list(extra)}, which the parameter does not take" if extra else None
     if isinstance(want, ir.NumType):
         return None if isinstance(got, ir.NumType) and not (want.kind == "int" and got.kind == "float") else \
-            f"{_kind(got)} is not {'an integer' if want.kind == 'int' else 'a number'}"
+            f"{kind_of(got)} is not {'an integer' if want.kind == 'int' else 'a number'}"
     if type(want) is not type(got) or (isinstance(want, ir.TimeType) and want.kind != got.kind):
-        return f"{_kind(got)} is not {_kind(want)}"
+        return f"{kind_of(got)} is not {kind_of(want)}"
     return None
