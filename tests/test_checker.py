@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -796,3 +797,47 @@ def test_an_action_named_as_a_stage_is_one_error_not_also_unused() -> None:
                                      'stage s { when Vip -> Refund\n otherwise -> do No }\n').diagnostics
     assert [d.code for d in found] == ["E103"]
     assert "do Refund" in (found[0].hint or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# For-each steps, list positions, list and record arguments (docs/language.md §5.5, §6.5, §7)
+
+REFUNDS_TEXT = (Path(__file__).resolve().parent / "data" / "refunds.sop").read_text(encoding="utf-8")
+
+
+def _diags(text: str) -> list[Any]:
+    return [d for d in check(sopgraph.load(text=text, check=False)) if d.severity != "info"]
+
+
+def test_for_each_positions_and_data_arguments_check_clean() -> None:
+    assert _diags(REFUNDS_TEXT) == []
+
+
+@pytest.mark.parametrize(("edit", "code", "fragment"), [
+    (("origin = Legs[0].origin", "origin = Legs[4].origin"), "E213", "`Legs[4]` is past the end: `Legs` holds at most 4 items"),
+    (("len(Attempts) > 0 and last(Attempts) > 3", "last(Attempts) > 3"), "W309", "`last(Attempts)` may be past the end: `Attempts` may be empty"),
+    (("amount = f.amount", "amount = f.nope"), "E101", "`f` has no field `nope`"),
+    (("fees = Fees,", "fees = Legs,"), "E201", "`Legs` is a list: it has no field `id`"),
+    (("for f in Fees where f.refundable", "for f in Legs where f.refundable"), "E101", "`f` has no field `refundable`"),
+    (("for f in Fees where f.refundable", "for f in Fees where f.amount"), "E201", "needs a condition"),
+    (("for f in Fees where f.refundable", "for f in len(Fees) where f"), "E201", "needs a list"),
+    (("first(Legs).origin", "first(Legs, Legs).origin"), "E201", "`first` takes 1 argument, not 2"),
+])
+def test_data_steps_and_positions_are_checked_where_written(edit: tuple[str, str], code: str, fragment: str) -> None:
+    text = REFUNDS_TEXT.replace(*edit)
+    assert text != REFUNDS_TEXT
+    found = [d for d in _diags(text) if d.code == code]
+    assert found and fragment in found[0].message, [d.message for d in _diags(text)]
+    line = text[:text.index(edit[1])].count("\n") + 1
+    assert found[0].span is not None and found[0].span.line == line
+
+
+def test_a_length_test_in_the_same_condition_or_arm_guards_a_position() -> None:
+    guarded = REFUNDS_TEXT.replace("otherwise when len(Attempts) > 0 and last(Attempts) > 3 -> do Retry",
+                                   "otherwise when len(Attempts) >= 2 and Attempts[1] > 3 -> do Retry")
+    assert not [d for d in _diags(guarded) if d.code == "W309"]
+    short = guarded.replace("len(Attempts) >= 2", "len(Attempts) >= 1")
+    assert [d.code for d in _diags(short) if d.code == "W309"] == ["W309"]
+    case = REFUNDS_TEXT.replace('system Attempts', 'let Slow = case { when len(Attempts) > 0 -> last(Attempts) otherwise -> 0 }\n'
+                                'system Attempts').replace("last(Attempts) > 3", "Slow > 3")
+    assert not [d for d in _diags(case) if d.code == "W309"]

@@ -339,3 +339,15 @@ def test_diff_answers_within_its_cpu_budget_and_says_where_it_stopped() -> None:
     result = CliRunner().invoke(main, ["diff", str(TELECOM), str(TELECOM), "--cpu-budget", "0"])
     assert result.exit_code == 3, result.output
     assert "CPU budget" in result.output and "raise --cpu-budget" in result.output
+
+
+def test_a_changed_for_each_step_is_a_changed_path() -> None:
+    text = (ROOT / "tests" / "data" / "refunds.sop").read_text(encoding="utf-8")
+    old, new = _load(text), _load(text.replace("where f.refundable do Refund", "where f.refundable and f.amount > 2 do Refund"))
+    report = diff(old, new)
+    shown = render_text(report)
+    assert "(+0 added, -0 removed, 1 changed)" in shown
+    assert "for f in Fees where f.refundable and f.amount > 2 do Refund(fee_id = f.id, amount = f.amount)" in shown
+    assert "equivalent (proven)" not in shown
+    same = diff(old, _load(text))
+    assert "equivalent (proven)" in render_text(same)

@@ -654,3 +654,52 @@ def test_a_list_output_outside_its_length_is_refused_in_every_engine_form() -> N
     with pytest.raises(DecideError, match="has 1 value; it holds at least 2"):
         interpret(at_least, {"DeviceBroken": False, "NoSignal": True, "BillingIssue": False})
     _same(at_least, _engines(at_least), {"DeviceBroken": False, "NoSignal": True, "BillingIssue": False})
+
+
+# ---------------------------------------------------------------------------------------------
+# For-each steps and list positions: one action per item, a read past the end fails the decision
+
+REFUNDS_SOP = Path(__file__).resolve().parent / "data" / "refunds.sop"
+TWO_REFUNDABLE = {
+    "Fees": [[{"id": "A1", "amount": 5, "refundable": True}, {"id": "B2", "amount": 7, "refundable": False},
+              {"id": "C3", "amount": 9, "refundable": True}]],
+    "Legs": [{"origin": "CDG", "flown": True}, {"origin": "JFK", "flown": False}], "Attempts": []}
+
+
+def _forms(scenario: ir.Scenario) -> list[Any]:
+    tree = Engine(scenario)
+    saved = engine_mod._expanded_size
+    engine_mod._expanded_size = lambda s: None  # the table-driven loop form
+    try:
+        loop = Engine(scenario)
+    finally:
+        engine_mod._expanded_size = saved
+    assert (tree.mode, loop.mode) == ("tree", "loop")
+    return [tree.decide, loop.decide, lambda v: interpret(scenario, v)]
+
+
+def test_a_for_each_step_carries_the_action_out_once_per_item() -> None:
+    REFUNDS = sopgraph.load(REFUNDS_SOP)  # noqa: N806 - the program under test
+    statement = {"name": "Statement", "args": {"fees": TWO_REFUNDABLE["Fees"][0], "origin": "CDG"}}
+    expected = [{"name": "Refund", "args": {"fee_id": "A1", "amount": 5}},
+                {"name": "Refund", "args": {"fee_id": "C3", "amount": 9}}, statement, {"name": "Close", "args": {}}]
+    for decide_with in _forms(REFUNDS):
+        d = decide_with(TWO_REFUNDABLE)
+        assert (d.path, d.actions) == (["fees", "done"], expected)
+    none = {**TWO_REFUNDABLE, "Fees": [[{"id": "A1", "amount": 5, "refundable": False}]]}
+    assert [a["name"] for a in decide(REFUNDS, none).actions] == ["Nothing"]
+
+
+def test_a_list_position_past_the_end_fails_the_decision() -> None:
+    REFUNDS = sopgraph.load(REFUNDS_SOP)  # noqa: N806 - the program under test
+    no_legs = {**TWO_REFUNDABLE, "Legs": []}
+    with pytest.raises(DecideError, match="has 0 items; it holds at least 1"):
+        decide(REFUNDS, no_legs)
+    text = REFUNDS_SOP.read_text(encoding="utf-8")
+    unguarded = sopgraph.load(text=text.replace("len(Attempts) > 0 and last(Attempts) > 3", "last(Attempts) > 3"),
+                              check=False)
+    plain = {**TWO_REFUNDABLE, "Fees": [[]]}
+    for decide_with in _forms(unguarded):
+        with pytest.raises(DecideError, match=r"`last\(Attempts\)` is past the end: the list is empty"):
+            decide_with(plain)
+        assert decide_with({**plain, "Attempts": [1, 5]}).finals == {"Action": "Retry"}

@@ -533,3 +533,36 @@ def test_affects_parses_the_same(decl: str) -> None:
         assert fragments == []  # read by the fast path itself
         action = next(i for i in program.items if getattr(i, "name", "") == "Restart")
         assert action.affects[:1] == ["Up"]
+
+
+@pytest.mark.parametrize("decl", [
+    'system Up: bool volatile "u"',
+    'system Up: bool hidden volatile "u"',
+    'system Up: int[0..3] unit "bars" volatile',
+    'system Up: bool volatile volatile',
+    'system volatile: bool "a name still"',
+])
+def test_volatile_parses_the_same(decl: str) -> None:
+    text = (decl + '\naction Go "g"\naction Fix "f" affects Up\n'
+            "stage s { observe Up when Up -> do Fix -> s up to 2 times otherwise -> do Go }\n")
+    assert_same(text)
+    program, _ = fast_items(text)
+    var = next(i for i in program.items if getattr(i, "role", "") == "system")
+    assert var.volatile == ("bool volatile" in decl or "volatile volatile" in decl or '" volatile' in decl
+                            or "hidden volatile" in decl or '"bars" volatile' in decl)
+
+
+@pytest.mark.parametrize("arm", [
+    "when any(f in Fees where f.ok) -> for f in Fees where f.ok do Pay(id = f.id) -> s2",
+    "when len(Fees) > 0 -> for f in Fees do Pay(id = f.id) -> do Pay(id = first(Fees).id) -> s2",
+    "when len(Fees) > 1 and Fees[1].ok -> do Pay(id = last(Fees).id)",
+    "when len(Fees) > 1 and Fees[-1].ok -> s2",           # not a position: both refuse it
+    "when len(Fees) > 1 and Fees[1.5].ok -> s2",          # not a whole number: both refuse it
+    "when len(Fees) > 0 -> for f in Fees where do Pay(id = f.id) -> s2",  # no condition: both refuse it
+])
+def test_for_each_steps_and_positions_parse_the_same(arm: str) -> None:
+    text = ('system Fees: list[..3] of record { id: string, ok: bool } "f"\naction Pay(id: string) "p"\n'
+            f'action Go "g"\nstage s {{ {arm} otherwise -> do Go }}\nstage s2 {{ -> do Go }}\n')
+    assert_same(text)
+    refused = "[-1]" in arm or "[1.5]" in arm or "where do" in arm
+    assert isinstance(outcome(text, "t.sop", fast=False), list) == refused

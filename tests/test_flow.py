@@ -411,3 +411,20 @@ def test_w303_on_a_field_tested_again_says_it_keeps_its_value() -> None:
                   'stage s { when Late -> do Ask -> t\n otherwise -> do Go }\n'
                   'stage t { when Late -> do Human\n otherwise -> do Go }\n')
     assert "keeps one value" not in system
+
+
+def test_the_flow_checks_see_only_looks_that_can_happen() -> None:
+    # `recheck` looks at ServiceRestored after switching airplane mode off, which affects nothing: with
+    # `affects` on the restart only, its look is the first one again and its `when ServiceRestored` arm
+    # is dead (W303); marked `volatile`, the variable may change by itself and the arm lives
+    from test_unroll import RESTART_AFFECTS, VOLATILE
+
+    def check(text: str) -> list:
+        loaded = load_source(text=text, name="n.sop")
+        assert loaded.scenario is not None
+        return sopgraph_check(loaded.scenario)
+
+    held = [d for d in check(RESTART_AFFECTS) if d.code in ("W303", "W304")]
+    assert [(d.code, d.span.line) for d in held] == [("W303", 84)]
+    assert "recheck" in held[0].message
+    assert not [d for d in check(VOLATILE) if d.code in ("W303", "W304")]

@@ -233,3 +233,21 @@ def test_enum_values_that_are_not_names_keep_their_quotes() -> None:
     out = format_text(text)
     assert 'type T = "5+ times" | Never | "count" | "a|b"' in out and 'field G: Low | "Very high"' in out
     assert _program(out) == _program(text)
+
+
+def test_volatile_prints_back_and_stays() -> None:
+    text = ('system Up: bool money volatile "u"\naction Go "g"\naction Fix "f" affects Up\n'
+            "stage s { observe Up when Up -> do Fix -> s up to 2 times otherwise -> do Go }\n")
+    once = format_text(text)
+    assert "system Up: bool money volatile" in once
+    assert format_text(once) == once
+    assert parse_text(once).items[0].volatile
+
+
+def test_for_each_steps_and_positions_print_back_and_stay() -> None:
+    text = (Path(__file__).resolve().parent / "data" / "refunds.sop").read_text(encoding="utf-8")
+    once = format_text(text)
+    assert "-> for f in Fees where f.refundable do Refund(fee_id = f.id, amount = f.amount)" in once
+    assert "first(Legs).origin == CDG" in once and "origin = Legs[0].origin" in once
+    assert format_text(once) == once
+    assert _program(once) == _program(text)

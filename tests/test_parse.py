@@ -491,3 +491,30 @@ def test_list_output_mistakes_are_located_errors(text: str, code: str, fragment:
     errors = _errors(text)
     assert any(d.code == code and (fragment in d.message or fragment in (d.hint or "")) for d in errors), [
         (d.code, d.message, d.hint) for d in errors]
+
+
+# ---------------------------------------------------------------------------------------------
+# For-each steps and list positions (docs/language.md §6.5, §7)
+
+REFUNDS = Path(__file__).resolve().parent / "data" / "refunds.sop"
+
+
+def test_for_each_steps_and_positions_parse_into_the_ir() -> None:
+    scenario = load_source(REFUNDS).scenario
+    target = scenario.stages["fees"].branches[0].target
+    each, statement = target.steps
+    assert (each.action, each.each, ir.show(each.source), ir.show(each.cond)) == ("Refund", "f", "Fees", "f.refundable")
+    assert [(a.name, ir.show(a.value)) for a in each.args] == [("fee_id", "f.id"), ("amount", "f.amount")]
+    assert isinstance(each.args[0].value, ir.Get) and isinstance(each.args[0].value.base, ir.Item)
+    origin = statement.args[1].value
+    assert isinstance(origin, ir.Get) and isinstance(origin.base, ir.Index) and origin.base.index == 0
+    guard = scenario.stages["fees"].branches[0].guard
+    assert "first(Legs).origin == CDG" in ir.show(guard)
+    assert ir.show_step(each) == "for f in Fees where f.refundable do Refund(fee_id = f.id, amount = f.amount)"
+    assert target.describe() == "for f in Fees do Refund -> do Statement -> done"
+
+
+def test_a_list_position_is_a_whole_number() -> None:
+    with pytest.raises(SopError) as exc:
+        parse_text('system L: list[..3] of int[0..9] "l"\naction Go "g"\nstage s { when L[1.5] > 2 -> do Go otherwise -> do Go }\n')
+    assert "a list position is a whole number" in str(exc.value.diagnostics[0].message)

@@ -384,3 +384,17 @@ def test_a_retry_line_without_a_condition_reads_as_each_time_up_to_its_bound() -
     assert ("  - each time → carry out Remind, then go to check (at most 2 times in this conversation; "
             "after that, skip this line)") in text
     assert "  - otherwise → final action Human (end)" in text
+
+
+def test_for_each_steps_and_data_parameters_in_the_agent_s_text_and_tools() -> None:
+    from sopgraph.simulation.agents import tool_schemas
+
+    scenario = sopgraph.load(Path(__file__).resolve().parent / "data" / "refunds.sop")
+    text = prompts.sop_flow_text(scenario)
+    assert ("for each f in Fees where f.refundable is true, carry out Refund (fee_id = f.id, amount = f.amount) "
+            "(once per item), then carry out Statement") in text
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in tool_schemas(scenario)}
+    fees = tools["Statement"]["properties"]["fees"]
+    assert fees["type"] == "array" and fees["maxItems"] == 4
+    assert fees["items"]["properties"]["refundable"] == {"type": "boolean"}
+    assert fees["items"]["required"] == ["id", "amount", "refundable"]

@@ -230,3 +230,21 @@ def test_every_shipped_program_steps_to_decide_s_answer(path: Path) -> None:
         expected = _outcome(lambda r=row: engine.decide(r))
         assert _outcome(lambda r=row: _stepped(scenario, r)) == expected, row
         assert _outcome(lambda r=row: sopgraph.decide(scenario, r)) == expected, row
+
+
+def test_a_for_each_step_is_one_act_per_item_with_typed_arguments() -> None:
+    scenario = sopgraph.load(Path(__file__).resolve().parent / "data" / "refunds.sop")
+    fees = [{"id": "A1", "amount": 5, "refundable": True}, {"id": "C3", "amount": 9, "refundable": True}]
+    session = start(scenario, {"Legs": [{"origin": "CDG", "flown": True}], "Attempts": []})
+    events = []
+    for event in session:
+        if isinstance(event, Need):
+            assert (event.variable, event.look) == ("Fees", 1)
+            session.provide("Fees", fees)
+        events.append(event.record())
+    acts = [e for e in events if "act" in e]
+    assert acts[:2] == [{"act": "Refund", "args": {"fee_id": "A1", "amount": 5}, "final": False},
+                        {"act": "Refund", "args": {"fee_id": "C3", "amount": 9}, "final": False}]
+    assert acts[2] == {"act": "Statement", "args": {"fees": fees, "origin": "CDG"}, "final": False}
+    assert acts[3]["act"] == "Close" and acts[3]["final"]
+    assert isinstance(acts[0]["args"]["amount"], int)

@@ -1035,3 +1035,21 @@ def test_coverage_gaps_leaves_an_intent_balanced_sample_alone() -> None:
     small = cov.model_copy(update={"feasible_paths": 15, "per_path": {"P0": 3}})
     covered, want, gaps = coverage_gaps(small, [Skip(kind="path", name=f"U{i}", reason="why") for i in range(14)], 12)
     assert (covered, want, len(gaps)) == (1, 12, 14) and gaps[0] == ("U0", "why")
+
+
+def test_cases_of_for_each_steps_carry_one_action_per_item_and_replay() -> None:
+    scenario = sopgraph.load(Path(__file__).resolve().parent / "data" / "refunds.sop")
+    result = sopgraph.synthesize(scenario, 12, seed=4)
+    assert len({c.path_id for c in result.cases}) == 3
+    refunded = 0
+    for case in result.cases:
+        values = {**case.truth, **case.system}
+        decision = sopgraph.decide(scenario, values)
+        assert (decision.path, decision.actions) == (case.expected_path, case.expected_actions)
+        if case.expected_path == ["fees", "done"]:
+            fees = case.system["Fees"][0]
+            names = [a["name"] for a in case.expected_actions]
+            assert names.count("Refund") == sum(f["refundable"] for f in fees) >= 1
+            assert case.expected_actions[names.index("Statement")]["args"]["fees"] == fees
+            refunded += 1
+    assert refunded

@@ -3,23 +3,28 @@ check, decide (both engine forms and the interpreter), paths and synthesis — n
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from click.testing import CliRunner
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from test_engine import PROC_VALUES as _PROC_VALUES
 from test_engine import _procedure as _random_procedure
 
 import sopgraph
+from sopgraph.cli import main as cli_main
 from sopgraph.language import ir
+from sopgraph.language.fmt import format_text
 from sopgraph.logic import engine as engine_mod
 from sopgraph.logic.checker import check
 from sopgraph.logic.engine import DecideError, Engine, interpret
 from sopgraph.logic.paths import count_paths, iter_paths
 from sopgraph.logic.unroll import unroll
+from sopgraph.simulation.agents import tool_schemas
 
 OBSERVED_LIST = """
 scenario obs "observed list"
@@ -297,3 +302,171 @@ def _step_outcome(scenario: ir.Scenario, values: dict[str, Any]) -> Any:
 
 def _unsized(outcome: Any) -> Any:
     return re.sub(r" \(the list has \d+ values?\)", "", outcome) if isinstance(outcome, str) else outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# `volatile`: a variable that changes on its own (every look may differ, whatever the actions)
+
+VOLATILE = RESTART_AFFECTS.replace(
+    'system ServiceRestored: bool\n', 'system ServiceRestored: bool volatile\n')
+QUEUE = """
+scenario q "queue"
+system Busy: bool "The line is busy right now."
+system Sig: bool "The phone has signal."
+action Reset "r" affects Sig
+action Wait "w"
+action Done "d"
+stage a { observe Busy, Sig when Busy -> do Wait -> b otherwise when not Sig -> do Reset -> b otherwise -> do Done }
+stage b { observe Busy, Sig when Busy or not Sig -> do Done otherwise -> do Wait }
+"""
+
+
+def test_a_volatile_variable_sees_a_new_value_at_every_look() -> None:
+    s = sopgraph.load(text=VOLATILE)
+    assert s.variables["ServiceRestored"].volatile
+    values = {**STILL, "ServiceRestored": [False, True]}
+    # nothing was done before `recheck`, yet its look is a new one (the second value)
+    expected = (["account", "status", "recheck"], {"Action": "CloseFixed"}, [
+        {"name": "AskAirplaneOff", "args": {}}, {"name": "CloseFixed", "args": {}}])
+    assert _outcome(lambda v: interpret(s, v), values) == expected
+    for eng in _engines(s):
+        assert _outcome(eng.decide, values) == expected
+    assert count_paths(s).feasible == 14  # every look sequence again, as without `affects`
+    session = sopgraph.start(s, STILL)
+    asked = [e.look for e in session if isinstance(e, sopgraph.Need) and session.provide(e.variable, e.look == 2) is None]
+    assert asked == [1, 2]
+
+
+def test_with_affects_a_variable_nothing_changes_keeps_its_first_look() -> None:
+    s = sopgraph.load(text=QUEUE, check=False)
+    # `Busy` is affected by nothing and not volatile: `b` sees the first look again (W308 says so)
+    values = {"Busy": [True, False], "Sig": [True, True]}
+    assert sopgraph.decide(s, values).finals == {"Action": "Done"}
+    assert unroll(s).looks == {"Busy": 1, "Sig": 2}
+    warn = [d for d in check(s) if d.code == "W308"]
+    assert len(warn) == 1 and "`Busy`" in warn[0].message and warn[0].span.line == 9
+    assert "volatile" in (warn[0].hint or "")
+    busy = sopgraph.load(text=QUEUE.replace('system Busy: bool', 'system Busy: bool volatile'), check=False)
+    assert sopgraph.decide(busy, values).finals == {"Action": "Wait"}
+    assert not [d for d in check(busy) if d.code == "W308"]
+    assert count_paths(busy).feasible > count_paths(s).feasible
+    for p in iter_paths(s):
+        assert p.witness is not None and interpret(s, p.witness).path == p.stages
+        assert len(p.witness["Busy"]) == 1
+
+
+def test_volatile_on_a_variable_no_stage_observes_is_e110() -> None:
+    text = QUEUE.replace('system Busy: bool "The line is busy right now."',
+                         'system Busy: bool "The line is busy right now."\nfield Mood: Calm | Upset volatile "m"')
+    errors = [d for d in check(sopgraph.load(text=text, check=False)) if d.is_error]
+    assert [e.code for e in errors] == ["E110"] and "`Mood` is marked `volatile`" in errors[0].message
+    assert errors[0].span.line == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Property: for-each steps, positions, list and record arguments over observed lists, in every command
+
+DATA_HEAD = [
+    'type Item = record { amount: int[0..50], ok: bool }',
+    'system Items: list[..3] of Item "items"',
+    'system Box: record { level: int[0..5], open: bool } "box"',
+    'system Tags: list[1..2] of Red | Blue "tags"',
+    'system Flag: bool "flag"',
+    'action Note "note"',
+    'action Pay(amount: int[0..50]) "pay"',
+    'action Keep(items: list[..3] of Item, box: record { level: int[0..5], open: bool }) "keep"',
+    'action Tag(tag: Red | Blue) "tag"',
+    'action Go "go"',
+]
+DATA_GUARDS = [*GUARDS, "len(Items) > 0 and first(Items).ok", "last(Tags) == Red", "Tags[0] == Blue",
+               "len(Items) >= 2 and Items[1].amount > 10", "any(i in Items where i.ok) and last(Items).amount > 5"]
+DATA_STEPS = [
+    "do Note -> ", "for i in Items where i.ok do Pay(amount = i.amount) -> ", "for i in Items do Pay(amount = 0) -> ",
+    "do Keep(items = Items, box = Box) -> ", "for t in Tags do Tag(tag = t) -> ", "do Tag(tag = first(Tags)) -> ",
+    "do Pay(amount = last(Items).amount) -> ",
+]
+
+
+@st.composite
+def _data_program(draw: Any) -> str:
+    n = draw(st.integers(1, 3))
+    lines = list(DATA_HEAD)
+    if draw(st.booleans()):
+        lines[5] = 'action Note "note" affects Items'
+    if draw(st.booleans()):
+        lines[2] = 'system Box: record { level: int[0..5], open: bool } volatile "box"'
+
+    def target(i: int) -> str:
+        steps = "".join(draw(st.lists(st.sampled_from(DATA_STEPS), max_size=2)))
+        leaf = draw(st.sampled_from(["do Go", "do Pay(amount = Box.level)", "do Keep(items = Items, box = Box)"]))
+        return steps + draw(st.sampled_from([f"s{j}" for j in range(i + 1, n)] + [leaf]))
+
+    for i in range(n):
+        observed = draw(st.lists(st.sampled_from(["Items", "Box", "Tags"]), unique=True, max_size=3))
+        if i == 0:
+            observed = ["Items", "Box", "Tags"]
+        observe = f"observe {', '.join(observed)} " if observed else ""
+        arms = [f"when {draw(st.sampled_from(DATA_GUARDS))} -> {target(i)}" for _ in range(draw(st.integers(1, 2)))]
+        if i + 1 < n and draw(st.booleans()):
+            arms.append(f"when {draw(st.sampled_from(DATA_GUARDS))} -> s{draw(st.integers(0, i))} up to 2 times")
+        arms.append(f"otherwise -> {target(i)}")
+        lines.append(f"stage s{i} {{ {observe}{' '.join(arms)} }}")
+    return "\n".join(lines) + "\n"
+
+
+def _invoke(args: list[str], stdin: str | None = None) -> Any:
+    result = CliRunner().invoke(cli_main, args, input=stdin)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"sop {' '.join(args[:1])} raised {result.exception!r}:\n{result.output[-2000:]}") \
+            from result.exception
+    assert "Traceback" not in result.output
+    return result
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True,
+          phases=[Phase.explicit, Phase.generate])  # a failure shrinks for minutes: it is printed as found
+@given(_data_program(), st.lists(VALUES, min_size=1, max_size=3))
+def test_no_command_crashes_on_for_each_steps_positions_and_data_arguments(
+        tmp_path_factory: Any, text: str, rows: list[dict[str, Any]]) -> None:
+    path = tmp_path_factory.mktemp("data") / "p.sop"
+    path.write_text(text, encoding="utf-8")
+    checked = _invoke(["check", str(path)])
+    assert checked.exit_code in (0, 1)
+    scenario = sopgraph.load(text=text, check=False)
+    clean = not any(d.is_error for d in check(scenario))
+    assert (checked.exit_code == 0) == clean, checked.output
+    for values in rows:
+        _invoke(["decide", str(path), "--values", json.dumps(values)])
+        _invoke(["step", str(path), "--values", json.dumps(values)], stdin="")
+    for args in (["paths", "--count"], ["paths"], ["synth", "-n", "4", "--seed", "1"], ["render", "--format", "dot"],
+                 ["render", "--format", "mmd"], ["schema", "agent-output"], ["prompt"], ["compile"]):
+        _invoke([*args, str(path)])
+    if not clean:
+        return
+    formatted = format_text(text)
+    assert format_text(formatted) == formatted
+    assert sopgraph.load(text=formatted).model_dump(exclude={"span"}) is not None
+    assert tool_schemas(scenario)
+    engines = _engines(scenario)
+    for values in rows:
+        expected = _outcome(lambda v: interpret(scenario, v), values)
+        for eng in engines:
+            assert _outcome(eng.decide, values) == expected, eng.mode
+        if not isinstance(expected, str):  # the session, stepped from nothing, reports the same actions
+            session = sopgraph.start(scenario)
+            acts = []
+            for event in session:
+                if isinstance(event, sopgraph.Need):
+                    value = values.get(event.variable)
+                    if event.look is not None:
+                        value = value[event.look - 1] if isinstance(value, list) and event.look <= len(value) else None
+                    session.provide(event.variable, value)
+                elif isinstance(event, sopgraph.Act):
+                    acts.append({"name": event.action, "args": event.args})
+            assert acts == expected[2]
+    for p in iter_paths(scenario, limit=30):
+        if p.witness is not None:
+            assert interpret(scenario, p.witness).path == p.stages
+    for case in sopgraph.synthesize(scenario, 4, seed=2).cases:
+        d = sopgraph.decide(scenario, {**case.truth, **case.system})
+        assert (d.path, d.actions) == (case.expected_path, case.expected_actions)

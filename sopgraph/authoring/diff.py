@@ -136,7 +136,7 @@ def _path_table(scenario: ir.Scenario, clock: _Clock) -> tuple[dict[str, str], b
         parts = [f"{s} [{label}]" if label else s for s, label in zip(info.stages, info.labels, strict=False)]
         # the actions as written, steps on the way and arguments included (`do Pay(amount = Payout)`):
         # a changed argument or step is a changed outcome
-        outcome = " -> ".join(f"do {call}" for call in (info.actions or [info.action]))
+        outcome = " -> ".join(call if call.startswith("for ") else f"do {call}" for call in (info.actions or [info.action]))
         fixed = {k: v for k, v in info.finals.items() if k != "Action" and v is not None}
         if fixed:
             outcome += " {" + ", ".join(f"{k} = {_show(v)}" for k, v in fixed.items()) + "}"
@@ -366,7 +366,9 @@ class _Walk:
             other = self.new.scenario.outputs.get(name)
             if other is not None:
                 pairs.append((_output_expr(old_target, name, out.default), _output_expr(new_target, name, other.default)))
-        for (_, old_args), (_, new_args) in zip(old_calls, new_calls, strict=True):
+        for (name, old_args), (_, new_args) in zip(old_calls, new_calls, strict=True):
+            if name.startswith("for "):
+                continue  # arguments over an item: compared as written (`_outcome`), not as values
             by_name = {arg.name: arg.value for arg in new_args}
             pairs += [(arg.value, by_name.get(arg.name)) for arg in old_args]
         found: list[domain.Box] = []
@@ -409,14 +411,27 @@ def _outcome(side: _Side, leaf: _Leaf) -> tuple[str, tuple[tuple[str, str], ...]
     for _, args in calls:
         for arg in args:
             _lets_read(side.scenario, arg.value, lets)
+    for call in leaf[1]:
+        for expr in call.exprs()[:2 if call.cond is not None else 1] if call.each is not None else ():
+            _lets_read(side.scenario, expr, lets)
     outs += [(f"let {n}", show_expr(side.scenario.variables[n].expr)) for n in sorted(lets)]
-    return " -> ".join(ir.show_call(name, args) for name, args in calls), tuple(outs)
+    return " -> ".join(ir.show_step(step) for step in leaf[1]) + (" -> " if leaf[1] else "") \
+        + ir.show_call(*calls[-1]), tuple(outs)
 
 
 def _calls(leaf: _Leaf) -> list[tuple[str, list[ir.OutputAssign]]]:
     """The actions a route carries out, in order, with their arguments: the steps, then the final action."""
     target, steps, _ = leaf
-    return [*((c.action, c.args) for c in steps), (str(target.action), target.args)]
+    return [*((_step_name(c), c.args) for c in steps), (str(target.action), target.args)]
+
+
+def _step_name(call: ir.ActionCall) -> str:
+    """A step's action, with the head of a for-each step (`for f in Fees where f.ok do Refund`): a
+    changed list or condition is a changed outcome."""
+    if call.each is None:
+        return call.action
+    where = "" if call.cond is None else f" where {ir.show(call.cond)}"
+    return f"for {call.each} in {ir.show(call.source)}{where} do {call.action}"
 
 
 def _output_expr(target: ir.Target, name: str, default: Any) -> Any:

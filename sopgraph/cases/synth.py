@@ -59,7 +59,7 @@ from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for, looks_taken
-from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form
+from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form, reads_positions
 from sopgraph.logic.paths import trace, used_looks
 from sopgraph.logic.procheck import source_terms
 from sopgraph.logic.unroll import Unrolled, UnrollError, held_variables, look_name
@@ -936,8 +936,14 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
     flat = synthesize_stream(unrolled.scenario, profile, n, seed, the_plan=the_plan, **options)
     enum_lists = {name: values for name, values in _enum_lists(scenario).items() if name not in unrolled.looks}
     held = held_variables(scenario)
+    # the analysis form reports a for-each step once and leaves list or record arguments out: the trace
+    # of such a program is the source engine's
+    # (and a list position read past the end fails the source's run where the analysis form reads on)
+    retrace = any(c.each is not None for st in scenario.stages.values() for b in st.branches for c in b.target.steps) \
+        or any(ir.is_structured(p.type) for a in scenario.actions.values() for p in a.params) \
+        or reads_positions(scenario)
 
-    def lift(line: str) -> str:
+    def lift(line: str) -> str | None:
         row = json.loads(line)
         row["expected_path"] = [unrolled.origin.get(s, s) for s in row["expected_path"]]
         if row.get("intent_generated"):  # its description is the path's conditions: in source terms
@@ -958,11 +964,19 @@ def _synthesize_procedure(scenario: ir.Scenario, profile: Profile, n: int, seed:
             if key == "user_facts":
                 values = {k: v for k, v in values.items() if k in (row.get(key) or {}) or v}
             row[key] = values
+        if retrace:
+            try:
+                decision = engine_for(scenario).decide({**row["truth"], **row["system"]})
+            except DecideError:  # a list position past the end on the way (W309): the run fails, no case
+                return None
+            if decision.path != row["expected_path"] or decision.finals != row["expected_finals"]:
+                return None
+            row["expected_actions"] = decision.actions
         if enum_lists:
             _spread_repeats(scenario, row, enum_lists)
         return json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
-    return SynthStream(map(lift, flat), flat.skipped, lambda: flat.coverage)
+    return SynthStream((line for line in map(lift, flat) if line is not None), flat.skipped, lambda: flat.coverage)
 
 
 def _enum_lists(scenario: ir.Scenario) -> dict[str, list[str]]:

@@ -228,7 +228,7 @@ def _build(scenario: ir.Scenario) -> nx.DiGraph:
                 "span": str(branch.span),
             }
             if tgt.steps:
-                record["steps"] = [ir.show_call(c.action, c.args) for c in tgt.steps]
+                record["steps"] = [ir.show_step(c) for c in tgt.steps]
             if branch.limit is not None:
                 record["limit"] = branch.limit
             if g.has_edge(stage.id, node):

@@ -53,6 +53,7 @@ CODES: dict[str, str] = {
     "E210": "invalid date, datetime or duration literal",
     "E211": "bad pattern",
     "E212": "bad optional value or default",
+    "E213": "a list position past the end",
     "I210": "no example strings for a pattern",
     # flow
     "E301": "non-exhaustive branching",
@@ -66,6 +67,8 @@ CODES: dict[str, str] = {
     "W305": "duplicate match value",
     "W306": "optional value read while it may be missing",
     "W307": "a retry that observes nothing: every round takes the same branches",
+    "W308": "a look that nothing can change",
+    "W309": "a list position that may be past the end",
     "I301": "flow analysis skipped (program too large)",
     "I302": "flow analysis incomplete (a work budget ran out or a question stayed undecided)",
     "I303": "optional-value analysis incomplete (a work budget ran out or a read stayed undecided)",

@@ -381,7 +381,10 @@ class _Exprs(_Reader):
             if type(value) is int or type(value) is float:
                 return _lit(value=-value, span=self.cover(inner))
             return mk(ir.Unary, op="neg", operand=inner, span=self.cover(inner))
-        return self.atom()
+        out = self.atom()
+        if self.k == "o" and self.v == "[":
+            raise _Bail  # `Legs[0]`: Lark's
+        return out
 
     def atom(self) -> Any:
         k, v = self.k, self.v
@@ -556,44 +559,8 @@ class _Exprs(_Reader):
 # Declarations and stages
 
 
-class _Items(_Exprs):
-    def item(self) -> Any:
-        word = self.v if self.k == "n" else ""
-        if word == "stage":
-            return self.stage()
-        if word == "field":
-            return self.variable("field")
-        if word == "system":
-            return self.variable("system")
-        if word == "let":
-            self.advance()
-            name, span = self.name()
-            self.expect("=")
-            expr = self.expr()
-            return mk(ir.Variable, name=name, role="derived", expr=expr, description=self.text_opt() or "",
-                      span=span)
-        if word == "action":
-            return self.action()
-        if word == "output":
-            return self.output()
-        if word == "scenario":
-            self.advance()
-            name, span = self.name()
-            texts: list[str] = []
-            while (text := self.text_opt()) is not None:
-                texts.append(text)
-            meta = self.meta_block() if self.at("{") else []
-            return mk(ScenarioHeader, name=name, title=texts[0] if texts else "", description="\n".join(texts[1:]),
-                      meta=meta, span=self.cover(span, meta))
-        if word == "include":
-            self.advance()
-            tok, span = self.string()
-            return mk(Include, path=unquote(tok), span=span)
-        if word == "start":
-            self.advance()
-            name, span = self.name()
-            return mk(StartDecl, stage=name, span=span)
-        raise _Bail
+class _Decls(_Exprs):
+    """Declarations: the scenario header, fields and system variables with their types, actions, outputs."""
 
     def meta_block(self) -> list[Any]:
         """`{ key "value" ... }` after the scenario header: any name is a key, reserved words too
@@ -690,7 +657,7 @@ class _Items(_Exprs):
         if self.at("="):
             self.advance()
             kw["default"] = self.value()
-        while self.k == "n" and self.v in ("unit", "money", "hidden"):
+        while self.k == "n" and self.v in ("unit", "money", "hidden", "volatile"):
             word = self.v
             self.advance()
             kw[word] = unquote(self.string()[0]) if word == "unit" else True
@@ -784,6 +751,47 @@ class _Items(_Exprs):
                   span=span)
 
     # -- stages
+class _Items(_Decls):
+    """Top-level items (`item`) and stages with their decisions, arms and targets."""
+
+    def item(self) -> Any:
+        word = self.v if self.k == "n" else ""
+        if word == "stage":
+            return self.stage()
+        if word == "field":
+            return self.variable("field")
+        if word == "system":
+            return self.variable("system")
+        if word == "let":
+            self.advance()
+            name, span = self.name()
+            self.expect("=")
+            expr = self.expr()
+            return mk(ir.Variable, name=name, role="derived", expr=expr, description=self.text_opt() or "",
+                      span=span)
+        if word == "action":
+            return self.action()
+        if word == "output":
+            return self.output()
+        if word == "scenario":
+            self.advance()
+            name, span = self.name()
+            texts: list[str] = []
+            while (text := self.text_opt()) is not None:
+                texts.append(text)
+            meta = self.meta_block() if self.at("{") else []
+            return mk(ScenarioHeader, name=name, title=texts[0] if texts else "", description="\n".join(texts[1:]),
+                      meta=meta, span=self.cover(span, meta))
+        if word == "include":
+            self.advance()
+            tok, span = self.string()
+            return mk(Include, path=unquote(tok), span=span)
+        if word == "start":
+            self.advance()
+            name, span = self.name()
+            return mk(StartDecl, stage=name, span=span)
+        raise _Bail
+
     def stage(self) -> ir.Stage:
         quick = self.quick_stage()
         if quick is not None:
@@ -1059,6 +1067,8 @@ class _Items(_Exprs):
     def target(self) -> Any:
         if self.k == "n" and self.v == "do":
             return self.do_target()
+        if self.k == "n" and self.v == "for":
+            raise _Bail  # `for f in L do A -> t`: Lark's
         name, span = self.name()
         return _target(kind="stage", stage=name, span=span)
 

@@ -160,6 +160,10 @@ def _get(e: ir.Get) -> tuple[str, int]:
     return f"{show_expr(e.base, 9)}.{e.field}", 9
 
 
+def _index(e: ir.Index) -> tuple[str, int]:
+    return f"{show_expr(e.base, 9)}[{e.index}]", 9
+
+
 def _item(e: ir.Item) -> tuple[str, int]:
     return e.name, 9
 
@@ -202,7 +206,7 @@ EXPR_PRINTERS: dict[type, ExprPrinter] = {
     ir.Lit: _lit, ir.Var: _var, ir.Unary: _unary, ir.Binary: _binary, ir.Compare: _compare,
     ir.InSet: _in_set, ir.BoolOp: _bool_op, ir.Call: _call, ir.CaseArm: _case_arm, ir.CaseExpr: _case,
     ir.Get: _get, ir.Item: _item, ir.Quant: _quant, ir.Length: _length, ir.Member: _member,
-    ir.Weighted: _weighted, ir.ListLit: _list_lit,
+    ir.Weighted: _weighted, ir.ListLit: _list_lit, ir.Index: _index,
     ir.TimeLit: _time_lit, ir.Func: _func, ir.Matches: _matches,
 }
 
@@ -337,6 +341,8 @@ def _variable(node: ir.Variable, depth: int) -> list[Line]:
             head += " money"
         if node.hidden:
             head += " hidden"
+        if node.volatile:
+            head += " volatile"
     return _described(head, node.description, node, depth)
 
 
@@ -385,7 +391,10 @@ def _action_param(node: ir.ActionParam, depth: int) -> list[Line]:
 
 
 def _action_call(node: ir.ActionCall, depth: int) -> list[Line]:
-    return [Line(_call_text(node.action, node.args))]
+    if node.each is None:
+        return [Line(_call_text(node.action, node.args))]
+    where = "" if node.cond is None else f" where {show_expr(node.cond)}"  # `for f in L where C do A(...)`
+    return [Line(f"for {node.each} in {show_expr(node.source, 5)}{where} {_call_text(node.action, node.args)}")]
 
 
 def _target(node: ir.Target, depth: int) -> list[Line]:

@@ -505,17 +505,27 @@ class ListLit(Node):
         return out
 
 
-FUNCTIONS = ("abs", "days_between", "missing")  # names a `Func` may call (dates are literals)
+class Index(Node):
+    """`Legs[0]`: the item at a position of a list (0 is the first). Reading past the end fails the run
+    like reading a missing value (docs/language.md §7); `first(L)` and `last(L)` are `Func`s."""
+
+    kind: Literal["index"] = "index"
+    base: Expr
+    index: int
+
+
+FUNCTIONS = ("abs", "days_between", "missing", "first", "last")  # names a `Func` may call (dates are literals)
+POSITIONS = ("first", "last")  # `first(L)`, `last(L)`: an item of a list by its position
 
 
 Expr = Annotated[
     Lit | Var | Unary | Binary | Compare | InSet | BoolOp | Call | CaseExpr | TimeLit | Func | Matches | Get | Item
-    | Quant | Length | Member | Weighted | ListLit,
+    | Quant | Length | Member | Weighted | ListLit | Index,
     Field(discriminator="kind"),
 ]
 
 for _model in (Unary, Binary, Compare, InSet, BoolOp, Call, CaseArm, CaseExpr, Func, Matches, Get, Quant, Length,
-               Member, Weighted, ListLit):
+               Member, Weighted, ListLit, Index):
     _model.model_rebuild()
 
 
@@ -538,6 +548,7 @@ class Variable(Node):
     hidden: bool = False
     expr: Expr | None = None
     observed: bool = False  # some stage observes it: its input is a list, one value per look
+    volatile: bool = False  # `volatile`: changes on its own, every look may differ whatever the actions
     optional: bool = False  # `T?`: may be missing from the input; test it with `missing(X)`
     default: Lit | TimeLit | None = None  # `= value`: used when the input leaves it out
 
@@ -588,10 +599,21 @@ class OutputAssign(Node):
 
 
 class ActionCall(Node):
-    """One action carried out on the way (`do Reboot(mode = Soft) -> check`): name and arguments."""
+    """One action carried out on the way (`do Reboot(mode = Soft) -> check`): name and arguments.
+    A for-each step (`for f in Fees where f.refundable do Refund(fee_id = f.id) -> next`) carries the
+    action out once per item of `source` for which `cond` holds, in list order, the item variable
+    `each` in scope in `cond` and the arguments."""
 
     action: str
     args: list[OutputAssign] = Field(default_factory=list)
+    each: str | None = None
+    source: Expr | None = None
+    cond: Expr | None = None
+
+    def exprs(self) -> list[Any]:
+        """Every expression of the call: the list and condition of a for-each step, then the arguments."""
+        head = [] if self.source is None else [self.source] if self.cond is None else [self.source, self.cond]
+        return head + [a.value for a in self.args]
 
 
 class Target(Node):
@@ -614,7 +636,8 @@ class Target(Node):
             end = f"do {self.action}"
         if not self.steps:
             return end
-        return " -> ".join([*(f"do {c.action}" for c in self.steps), end])
+        return " -> ".join([*(f"for {c.each} in {show(c.source)} do {c.action}" if c.each else f"do {c.action}"
+                              for c in self.steps), end])
 
 
 class Branch(Node):
@@ -820,6 +843,8 @@ def _show_data(e: object) -> tuple[str, int]:
         return f"count({args})", 9
     if isinstance(e, ListLit):
         return "[" + ", ".join(show_list_item(i, c, show) for i, c in zip(e.items, e.conds, strict=True)) + "]", 9
+    if isinstance(e, Index):
+        return f"{show(e.base, 9)}[{e.index}]", 9
     return str(e), 9
 
 
@@ -846,6 +871,20 @@ def show_call(action: str, args: list[OutputAssign]) -> str:
     if not args:
         return action
     return f"{action}({', '.join(f'{a.name} = {show(a.value)}' for a in args)})"
+
+
+EACH_WRITTEN = "#each"  # in an analysis form, the argument holding a for-each step as written (see `lower`)
+
+
+def show_step(call: ActionCall) -> str:
+    """A step as written, without `do`: `Reset(mode = Soft)`, or the head of a for-each step and its call
+    (`for f in Fees where f.ok do Refund(id = f.id)`)."""
+    if call.each is None:
+        if call.args and call.args[0].name == EACH_WRITTEN and isinstance(call.args[0].value, Lit):
+            return str(call.args[0].value.value)
+        return show_call(call.action, call.args)
+    where = "" if call.cond is None else f" where {show(call.cond)}"
+    return f"for {call.each} in {show(call.source, 5)}{where} do {show_call(call.action, call.args)}"
 
 
 def branch_label(stage: Stage, branch: Branch) -> str:
@@ -881,6 +920,7 @@ _CHILDREN: dict[type, Callable[[Any], list[Any]]] = {
     Member: lambda e: [e.operand, e.source],
     Weighted: lambda e: list(e.args),
     ListLit: lambda e: [*e.items, *e.conds],
+    Index: lambda e: [e.base],
 }
 _LEAVES = frozenset((Lit, Var, Item, TimeLit))
 
@@ -951,4 +991,6 @@ def _children_of_subclass(expr: Any) -> list[Any]:
         return list(expr.args)
     if isinstance(expr, ListLit):
         return [*expr.items, *expr.conds]
+    if isinstance(expr, Index):
+        return [expr.base]
     return []

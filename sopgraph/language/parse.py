@@ -239,10 +239,8 @@ def _with_child_meta(func: Any, _data: str, children: list[Any], _meta: Any) -> 
     return func(_ChildMeta(children), children)
 
 
-@v_args(wrapper=_with_child_meta)
-class ToIR(Transformer):
-    """Tree → IR nodes. Kept mechanical: all cross-item logic lives in `_resolve`. Public because
-    the formatter (`fmt`) builds its program from the same tree the parser does."""
+class _Builder(Transformer):
+    """What every part of the tree → IR builder shares: the file, and spans from Lark's positions."""
 
     def __init__(self, file: str):
         super().__init__()
@@ -251,6 +249,12 @@ class ToIR(Transformer):
     def _sp(self, meta: Any) -> ir.Span:
         # private (leading underscore): `v_args` would otherwise wrap it anew on every access
         return _span(self.file, meta)
+
+
+@v_args(wrapper=_with_child_meta)
+class _DeclarationsToIR(_Builder):
+    """Declarations and types: the scenario header, includes, fields, system and derived variables,
+    actions, outputs, `type` aliases, lists and records."""
 
     # -- helpers for tokens
     def text(self, meta, children):
@@ -314,6 +318,9 @@ class ToIR(Transformer):
 
     def hidden_attr(self, meta, children):
         return ("hidden", True)
+
+    def volatile_attr(self, meta, children):
+        return ("volatile", True)
 
     def output_decl(self, meta, children):
         name_tok, vtype, *rest = children
@@ -440,6 +447,11 @@ class ToIR(Transformer):
     def decl_default(self, meta, children):
         return ("default", children[0])
 
+
+@v_args(wrapper=_with_child_meta)
+class _ExpressionsToIR(_Builder):
+    """Expressions: operators, literals (numbers, durations, dates), functions, list and record reads."""
+
     def duration_lit(self, meta, children):
         number, unit = children
         amount = _number(str(number))
@@ -455,6 +467,19 @@ class ToIR(Transformer):
         if name in ("date", "datetime"):
             return self._time_literal(name, args, meta)
         return ir.Func(name=name, args=args, span=self._sp(meta))
+
+    def index_expr(self, meta, children):
+        base, _open, number, _close = children
+        if "." in str(number):
+            raise _BadToken(number, f"a list position is a whole number, not `{number}`", "write `L[0]` for the first item")
+        return ir.Index(base=base, index=int(str(number)), span=self._sp(meta))
+
+    def get_expr(self, meta, children):
+        base, name = children
+        out = base
+        for field in str(name).split("."):
+            out = ir.Get(base=out, field=field, span=self._sp(meta))
+        return out
 
     def _time_literal(self, kind: str, args: list[Any], meta: Any) -> ir.TimeLit:
         span = self._sp(meta)
@@ -474,123 +499,7 @@ class ToIR(Transformer):
         return ir.Matches(operand=operand, pattern=pattern, pattern_span=_tok_span(self.file, tok),
                           span=self._sp(meta))
 
-    # -- stages
-    def stage_decl(self, meta, children):
-        name_tok = children[0]
-        rest = children[1:]
-        title = rest[0] if rest and isinstance(rest[0], str) else ""
-        body = rest[-1]
-        return ir.Stage(id=str(name_tok), title=title, span=_tok_span(self.file, name_tok), **body)
-
-    def stage_body(self, meta, children):
-        texts = [c for c in children if isinstance(c, str)]
-        classify = next((c for c in children if isinstance(c, tuple) and c[0] == "classify"), None)
-        observe = next((c for c in children if isinstance(c, tuple) and c[0] == "observe"), None)
-        decision = children[-1]
-        out = dict(decision)
-        out["text"] = "\n".join(texts)
-        out["classify"] = classify[1] if classify else []
-        out["observe"] = observe[1] if observe else []
-        return out
-
-    def classify_stmt(self, meta, children):
-        return ("classify", [str(c) for c in children])
-
-    def observe_stmt(self, meta, children):
-        return ("observe", [str(c) for c in children])
-
-    def goto(self, meta, children):
-        limit = children[1] if len(children) > 1 else None
-        first = ir.Branch(target=children[0], limit=limit, span=self._sp(meta))
-        if limit is None:
-            return {"kind": "goto", "branches": [first]}
-        # `-> t up to N times [otherwise -> u]`: a bounded jump, then what to do once it is spent
-        return {"kind": "when", "branches": [first, *children[2:]]}
-
-    def limit(self, meta, children):
-        return int(_number(str(children[-1])))
-
-    def match_block(self, meta, children):
-        subject, *arms = children
-        branches = []
-        for arm in arms:
-            if isinstance(arm, ir.Branch):
-                branches.append(arm)
-            else:
-                values, target, span, limit = arm
-                guard = ir.InSet(operand=subject, values=values, span=span)
-                branches.append(ir.Branch(guard=guard, target=target, values=values, limit=limit,
-                                          span=span))
-        return {"kind": "match", "subject": subject, "branches": branches}
-
-    def match_arm(self, meta, children):
-        limit = children.pop() if isinstance(children[-1], int) and not isinstance(children[-1], bool) else None
-        *values, target = children
-        return (values, target, self._sp(meta), limit)
-
-    def when_block(self, meta, children):
-        return {"kind": "when", "branches": list(children)}
-
-    def when_arm(self, meta, children):
-        limit = children[2] if len(children) > 2 else None
-        return ir.Branch(guard=children[0], target=children[1], limit=limit, span=self._sp(meta))
-
-    def else_when_arm(self, meta, children):
-        branch = self.when_arm(meta, children)
-        branch.ordered = True
-        return branch
-
-    def otherwise_arm(self, meta, children):
-        limit = children[1] if len(children) > 1 else None
-        return ir.Branch(guard=None, target=children[0], limit=limit, span=self._sp(meta))
-
-    def stage_target(self, meta, children):
-        return ir.Target(kind="stage", stage=str(children[0]), span=self._sp(meta))
-
-    def action_target(self, meta, children):
-        (name, _span_), *rest = children
-        args = next((c[1] for c in rest if isinstance(c, tuple)), [])
-        outputs = next((c for c in rest if isinstance(c, list)), [])
-        return ir.Target(kind="action", action=name, outputs=outputs, args=args, span=self._sp(meta))
-
-    def step_target(self, meta, children):
-        (name, span), *rest = children
-        args = next((c[1] for c in rest if isinstance(c, tuple)), [])
-        nxt: ir.Target = rest[-1]
-        call = ir.ActionCall(action=name, args=args, span=span)
-        nxt.steps.insert(0, call)
-        nxt.span = self._sp(meta)
-        return nxt
-
-    def call_args(self, meta, children):
-        return ("args", [c for c in children if c is not None])
-
-    def call_arg(self, meta, children):
-        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self._sp(meta))
-
-    def output_block(self, meta, children):
-        return list(children)
-
-    def output_assign(self, meta, children):
-        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self._sp(meta))
-
-    # -- subflows
-    def subflow_decl(self, meta, children):
-        name = children[0]
-        params = [str(c) for c in children[1:] if isinstance(c, Token)]
-        stages = [c for c in children[1:] if isinstance(c, ir.Stage)]
-        uses = [c for c in children[1:] if isinstance(c, Use)]
-        return Subflow(name=str(name), params=params, stages=stages, uses=uses, span=_tok_span(self.file, name))
-
-    def use_decl(self, meta, children):
-        sub, inst, *binds = children
-        return Use(subflow=str(sub), instance=str(inst), bindings=dict(b for b in binds if b),
-                   span=_tok_span(self.file, inst))
-
-    def binding(self, meta, children):
-        return (str(children[0]), children[1])
-
-    # -- expressions
+    # -- operators and atoms
     def or_op(self, meta, children):
         return self._flatten("or", meta, children)
 
@@ -766,6 +675,144 @@ class ToIR(Transformer):
 # Syntax errors, named by what the user was writing (the catalogue: `syntax_errors`)
 
 
+@v_args(wrapper=_with_child_meta)
+class ToIR(_DeclarationsToIR, _ExpressionsToIR):
+    """Tree → IR nodes. Kept mechanical: all cross-item logic lives in `_resolve`. Public because
+    the formatter (`fmt`) builds its program from the same tree the parser does. Declarations and
+    expressions are built by its two bases; stages, their decisions and subflows here."""
+
+    # -- stages
+    def stage_decl(self, meta, children):
+        name_tok = children[0]
+        rest = children[1:]
+        title = rest[0] if rest and isinstance(rest[0], str) else ""
+        body = rest[-1]
+        return ir.Stage(id=str(name_tok), title=title, span=_tok_span(self.file, name_tok), **body)
+
+    def stage_body(self, meta, children):
+        texts = [c for c in children if isinstance(c, str)]
+        classify = next((c for c in children if isinstance(c, tuple) and c[0] == "classify"), None)
+        observe = next((c for c in children if isinstance(c, tuple) and c[0] == "observe"), None)
+        decision = children[-1]
+        out = dict(decision)
+        out["text"] = "\n".join(texts)
+        out["classify"] = classify[1] if classify else []
+        out["observe"] = observe[1] if observe else []
+        return out
+
+    def classify_stmt(self, meta, children):
+        return ("classify", [str(c) for c in children])
+
+    def observe_stmt(self, meta, children):
+        return ("observe", [str(c) for c in children])
+
+    def goto(self, meta, children):
+        limit = children[1] if len(children) > 1 else None
+        first = ir.Branch(target=children[0], limit=limit, span=self._sp(meta))
+        if limit is None:
+            return {"kind": "goto", "branches": [first]}
+        # `-> t up to N times [otherwise -> u]`: a bounded jump, then what to do once it is spent
+        return {"kind": "when", "branches": [first, *children[2:]]}
+
+    def limit(self, meta, children):
+        return int(_number(str(children[-1])))
+
+    def match_block(self, meta, children):
+        subject, *arms = children
+        branches = []
+        for arm in arms:
+            if isinstance(arm, ir.Branch):
+                branches.append(arm)
+            else:
+                values, target, span, limit = arm
+                guard = ir.InSet(operand=subject, values=values, span=span)
+                branches.append(ir.Branch(guard=guard, target=target, values=values, limit=limit,
+                                          span=span))
+        return {"kind": "match", "subject": subject, "branches": branches}
+
+    def match_arm(self, meta, children):
+        limit = children.pop() if isinstance(children[-1], int) and not isinstance(children[-1], bool) else None
+        *values, target = children
+        return (values, target, self._sp(meta), limit)
+
+    def when_block(self, meta, children):
+        return {"kind": "when", "branches": list(children)}
+
+    def when_arm(self, meta, children):
+        limit = children[2] if len(children) > 2 else None
+        return ir.Branch(guard=children[0], target=children[1], limit=limit, span=self._sp(meta))
+
+    def else_when_arm(self, meta, children):
+        branch = self.when_arm(meta, children)
+        branch.ordered = True
+        return branch
+
+    def otherwise_arm(self, meta, children):
+        limit = children[1] if len(children) > 1 else None
+        return ir.Branch(guard=None, target=children[0], limit=limit, span=self._sp(meta))
+
+    def stage_target(self, meta, children):
+        return ir.Target(kind="stage", stage=str(children[0]), span=self._sp(meta))
+
+    def action_target(self, meta, children):
+        (name, _span_), *rest = children
+        args = next((c[1] for c in rest if isinstance(c, tuple)), [])
+        outputs = next((c for c in rest if isinstance(c, list)), [])
+        return ir.Target(kind="action", action=name, outputs=outputs, args=args, span=self._sp(meta))
+
+    def step_target(self, meta, children):
+        (name, span), *rest = children
+        args = next((c[1] for c in rest if isinstance(c, tuple)), [])
+        nxt: ir.Target = rest[-1]
+        call = ir.ActionCall(action=name, args=args, span=span)
+        nxt.steps.insert(0, call)
+        nxt.span = self._sp(meta)
+        return nxt
+
+    def each_target(self, meta, children):
+        var_tok, source, *rest = children
+        cond = rest.pop(0)[1] if isinstance(rest[0], tuple) and rest[0][0] == "where" else None
+        (name, span), *rest = rest
+        args = next((c[1] for c in rest if isinstance(c, tuple)), [])
+        nxt: ir.Target = rest[-1]
+        call = ir.ActionCall(action=name, args=args, each=str(var_tok), source=source, cond=cond,
+                             span=_tok_span(self.file, var_tok))
+        nxt.steps.insert(0, call)
+        nxt.span = self._sp(meta)
+        return nxt
+
+    def each_where(self, meta, children):
+        return ("where", children[0])
+
+    def call_args(self, meta, children):
+        return ("args", [c for c in children if c is not None])
+
+    def call_arg(self, meta, children):
+        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self._sp(meta))
+
+    def output_block(self, meta, children):
+        return list(children)
+
+    def output_assign(self, meta, children):
+        return ir.OutputAssign(name=str(children[0]), value=children[1], span=self._sp(meta))
+
+    # -- subflows
+    def subflow_decl(self, meta, children):
+        name = children[0]
+        params = [str(c) for c in children[1:] if isinstance(c, Token)]
+        stages = [c for c in children[1:] if isinstance(c, ir.Stage)]
+        uses = [c for c in children[1:] if isinstance(c, Use)]
+        return Subflow(name=str(name), params=params, stages=stages, uses=uses, span=_tok_span(self.file, name))
+
+    def use_decl(self, meta, children):
+        sub, inst, *binds = children
+        return Use(subflow=str(sub), instance=str(inst), bindings=dict(b for b in binds if b),
+                   span=_tok_span(self.file, inst))
+
+    def binding(self, meta, children):
+        return (str(children[0]), children[1])
+
+
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
     """The diagnostic for a syntax error in `text`. The catalogue is matched by parser state, and
     state numbers belong to one Lark instance: the error is found again with `parser()`, whose states
@@ -822,8 +869,7 @@ def _target_expressions(target: ir.Target) -> Iterator[Any]:
     for assign in target.args:
         yield assign.value
     for step in target.steps:
-        for assign in step.args:
-            yield assign.value
+        yield from step.exprs()
 
 
 def _program_expressions(items: Iterable[Any]) -> Iterator[Any]:
@@ -1340,6 +1386,8 @@ def _fix_data(expr: Any, scope: frozenset[str], fix: Any) -> None:
         expr.source = fix(expr.source, scope)
     elif isinstance(expr, ir.Weighted):
         expr.args = [fix(a, scope) for a in expr.args]
+    elif isinstance(expr, ir.Index):
+        expr.base = fix(expr.base, scope)
 
 
 NOW = "now"
@@ -1359,7 +1407,7 @@ def scenario_expressions(scenario: ir.Scenario) -> list[Any]:
                 out.append(branch.guard)
             target = branch.target
             if target.outputs or target.args or target.steps:  # most targets have none: no lists built
-                out += [a.value for a in [*target.outputs, *target.args, *(x for c in target.steps for x in c.args)]]
+                out += [a.value for a in [*target.outputs, *target.args]] + [x for c in target.steps for x in c.exprs()]
     return out
 
 
@@ -1477,7 +1525,7 @@ def _fixer(names: dict[str, ir.Variable]) -> Callable[..., Any]:
                 arm.when = fix(arm.when, scope)
                 arm.then = fix(arm.then, scope)
             expr.otherwise = fix(expr.otherwise, scope)
-        elif isinstance(expr, (ir.Get, ir.Quant, ir.Length, ir.Member, ir.Weighted)):
+        elif isinstance(expr, (ir.Get, ir.Quant, ir.Length, ir.Member, ir.Weighted, ir.Index)):
             _fix_data(expr, scope, fix)
         elif isinstance(expr, ir.ListLit):  # `[Billing, Network when NoSignal]`
             expr.items = [fix(i, scope) for i in expr.items]
@@ -1535,5 +1583,10 @@ def _resolve_names(scenario: ir.Scenario) -> None:
             for assign in target.args:
                 _fix_field(assign, "value", fix(assign.value))
             for call in target.steps:
+                scope = frozenset() if call.each is None else frozenset((call.each,))
+                if call.source is not None:
+                    _fix_field(call, "source", fix(call.source))
+                if call.cond is not None:
+                    _fix_field(call, "cond", fix(call.cond, scope))
                 for assign in call.args:
-                    _fix_field(assign, "value", fix(assign.value))
+                    _fix_field(assign, "value", fix(assign.value, scope))

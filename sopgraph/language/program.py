@@ -12,7 +12,7 @@ KEYWORDS = ["scenario", "include", "start", "field", "system", "let", "action", 
 # Words with a meaning in one place only (`type X = …`, `up to N times`, the types `date`, `string`, …,
 # `X matches "p"`, `list[..n] of T`, `record {…}`): still usable as names.
 CONTEXT_KEYWORDS = ["type", "up", "to", "times", "date", "datetime", "duration", "string", "matches", "list",
-                    "of", "record", "sum", "for", "open", "affects"]
+                    "of", "record", "sum", "for", "open", "affects", "volatile"]
 RESERVED = frozenset(KEYWORDS)
 
 

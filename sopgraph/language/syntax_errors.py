@@ -389,10 +389,9 @@ def _list_index(at: At) -> tuple[str, str] | None:
         return None
     name = listed.group(1)
     item = name[:1].lower()
-    return (f"`{name}[…]`: list items are not read by position",
-            f"test the items (`any({item} in {name} where {item}.…)`, `all(…)`, `count(…)`, `len({name})`), "
-            f"or give the one item the rule needs as a system variable of its own "
-            f"(`system Latest{name.rstrip('s')}: …`)")
+    return (f"`{name}[…]`: a list position is a whole number written in the SOP",
+            f"write `{name}[0]` for the first item, `first({name})` or `last({name})`; to find an item by what it "
+            f"holds, test the items (`any({item} in {name} where {item}.…)`, `count(…)`)")
 
 
 def _second_otherwise(at: At) -> tuple[str, str] | None:

@@ -33,14 +33,29 @@ from sopgraph.language.diagnostics import (
     sort_key,
     warning,
 )
-from sopgraph.language.fastparse import mk
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
+from sopgraph.logic.datacheck import (
+    DataTyping,
+    Lazy,
+    Sym,
+    Ty,
+    add_bound,
+    all_bounded,
+    as_float,
+    bool_of,
+    kind_of,
+    length_facts,
+    mul_bounds,
+    num_of,
+    quote_list,
+    span_or,
+)
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.lower import structured
 from sopgraph.logic.optcheck import optional_read_diagnostics
 from sopgraph.logic.ranges import output_range_diagnostics
-from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars, time_kind_text
+from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -79,17 +94,6 @@ class _Suggester:
         return did_you_mean(name, pool)
 
 
-def _quote_list(values: Iterable[str], limit: int = 8) -> str:
-    items = [f"`{v}`" for v in values]
-    if len(items) > limit:
-        return ", ".join(items[:limit]) + f", ... ({len(items)} in all)"
-    return ", ".join(items)
-
-
-def _span_or(span: ir.Span, fallback: ir.Span) -> ir.Span:
-    return span if span.line else fallback
-
-
 # ---------------------------------------------------------------------------------------------
 # Pass 1: declarations (ranges, enum values, action attributes, classify lists, the entry)
 
@@ -109,7 +113,7 @@ def _check_data_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
     """A list's length bounds (E203) and a record's field names (E102), then their inner types."""
     out: list[Diagnostic] = []
     if isinstance(vtype, ir.ListType):
-        where = _span_or(vtype.span, span)
+        where = span_or(vtype.span, span)
         if vtype.max_len > ir.LIST_MAX_LIMIT:
             out.append(error("E203", f"the list `{owner}` may hold {vtype.max_len} items; lists hold at most "
                              f"{ir.LIST_MAX_LIMIT}", where,
@@ -124,10 +128,10 @@ def _check_data_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
         for field in vtype.fields:
             if field.name in seen:
                 out.append(error("E102", f"field `{field.name}` of `{owner}` is declared twice",
-                                 _span_or(field.span, span), "rename one of them"))
+                                 span_or(field.span, span), "rename one of them"))
             seen.add(field.name)
             if "." in field.name:
-                out.append(error("E001", f"record field `{field.name}` contains a dot", _span_or(field.span, span),
+                out.append(error("E001", f"record field `{field.name}` contains a dot", span_or(field.span, span),
                                  "a field name is one word; nest records for structure"))
             out += _check_type_decl(f"{owner}.{field.name}", field.type, span)
     return out
@@ -141,8 +145,8 @@ def _scalar_only(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
     hint = "use an enum, bool, int or float"
     if owner.startswith("output "):
         hint += "; a list output holds enum values: `list of A | B | C`"
-    return [error("E201", f"`{owner}` is {_kind(vtype)}; outputs and action parameters hold one value",
-                  _span_or(vtype.span, span), hint)]
+    return [error("E201", f"`{owner}` is {kind_of(vtype)}; outputs and action parameters hold one value",
+                  span_or(vtype.span, span), hint)]
 
 
 def _enum_list(vtype: Any) -> bool:
@@ -156,7 +160,7 @@ def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
         inverted = vtype.lo is not None and vtype.hi is not None and vtype.lo > vtype.hi
         what = "inverted" if inverted else "empty"
         out.append(error("E203", f"the range of `{owner}` is {what}: {vtype.describe()} contains no value",
-                         _span_or(vtype.span, span),
+                         span_or(vtype.span, span),
                          "write the lower bound first, e.g. `int[1..5]`" if inverted
                          else "widen the range or close its bounds, e.g. `int[1..2]`"))
     if isinstance(vtype, ir.EnumType):
@@ -164,9 +168,9 @@ def _check_type_decl(owner: str, vtype: Any, span: ir.Span) -> list[Diagnostic]:
         for value in vtype.values:
             if value in seen:
                 out.append(error("E102", f"enum value `{value}` of `{owner}` is listed twice",
-                                 _span_or(vtype.span, span), "remove the repeated value"))
+                                 span_or(vtype.span, span), "remove the repeated value"))
             seen.add(value)
-            out += _quoted_value_problems(owner, value, _span_or(vtype.span, span))
+            out += _quoted_value_problems(owner, value, span_or(vtype.span, span))
     return out
 
 
@@ -202,15 +206,15 @@ def check_declarations(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnos
         if not _enum_list(output.type):  # a list of enum values is an output's one structured type
             out += _scalar_only(f"output {output.name}", output.type, output.span)
     for action in scenario.actions.values():
-        for param in action.params:
-            out += _scalar_only(f"parameter {param.name} of {action.name}", param.type, param.span)
+        for param in action.params:  # lists and records too (docs/language.md §5.5)
+            out += _check_type_decl(f"parameter {param.name} of {action.name}", param.type, param.span)
         seen: set[str] = set()
         spans = list(action.attribute_spans) + [action.span] * len(action.attributes)
         for attr, span in zip(action.attributes, spans, strict=False):
             if attr not in ir.ACTION_ATTRIBUTES:
                 out.append(error("E106", f"unknown attribute `{attr}` on action `{action.name}`", span,
                                  suggest(attr, ir.ACTION_ATTRIBUTES)
-                                 or "attributes are " + _quote_list(ir.ACTION_ATTRIBUTES)))
+                                 or "attributes are " + quote_list(ir.ACTION_ATTRIBUTES)))
             elif attr in seen:
                 out.append(warning("W403", f"attribute `{attr}` is listed twice on `{action.name}`", span,
                                    "remove the repeated attribute"))
@@ -256,7 +260,7 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
             tgt = branch.target
             if tgt.kind == "stage":
                 if tgt.stage not in scenario.stages:
-                    span = _span_or(tgt.span, branch.span)
+                    span = span_or(tgt.span, branch.span)
                     name = tgt.stage or ""
                     hint = suggest(name, scenario.stages)
                     if hint is None and name in scenario.actions:
@@ -271,7 +275,7 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
                                      hint or "declare it with `stage " + name + " { ... }`"))
                 continue
             if tgt.action not in scenario.actions:
-                span = _span_or(tgt.span, branch.span)
+                span = span_or(tgt.span, branch.span)
                 name = tgt.action or ""
                 hint = suggest(name, scenario.actions)
                 if hint is None and name in scenario.stages:
@@ -300,124 +304,27 @@ def check_targets(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
 # Pass 3: types
 
 
-@dataclass(frozen=True)
-class _Sym:
-    """A bare identifier or quoted string: an enum value if the context has an enum, else a name
-    that is not declared."""
-    value: str
-    bare: bool
-    span: ir.Span
-
-
-_Ty = ir.EnumType | ir.BoolType | ir.NumType | ir.TimeType | ir.StringType | ir.ListType | ir.RecordType | _Sym | None
-
-
-def _kind(t: _Ty) -> str:
-    if isinstance(t, ir.ListType):
-        return "a list"
-    if isinstance(t, ir.RecordType):
-        return f"a record ({t.alias})" if t.alias else "a record"
-    if isinstance(t, _Sym):
-        return f"the value `{t.value}`" if t.bare else f'the string "{t.value}"'
-    if isinstance(t, ir.EnumType):
-        return "an enum (" + ir.describe_type(t) + ")" if len(t.values) <= 6 else "an enum"
-    if isinstance(t, ir.BoolType):
-        return "a bool"
-    if isinstance(t, ir.NumType):
-        return "a number" if t.kind == "float" else "an integer"
-    if isinstance(t, (ir.TimeType, ir.StringType)):
-        return time_kind_text(t)
-    return "unknown"
-
-
-def _all_bounded(bounds: list[float | None], pick: Callable[[list[float]], float]) -> float | None:
-    """`pick` of the bounds when every one is finite; None (unbounded) when any is."""
-    finite = [b for b in bounds if b is not None]
-    return pick(finite) if len(finite) == len(bounds) else None
-
-
-_FLOAT_OR_NONE = (float, type(None))
-
-
-def _num(kind: ir.NumKind, lo: float | None, hi: float | None) -> ir.NumType:
-    """`ir.NumType(...)` of the given bounds; built without validation when they are already floats
-    (or None) and the kind a known one: what validation would give, at a third of the cost (the
-    checker types every literal and comparison of a large file)."""
-    if type(lo) in _FLOAT_OR_NONE and type(hi) in _FLOAT_OR_NONE and (kind == "int" or kind == "float"):
-        return mk(ir.NumType, kind=kind, lo=lo, hi=hi, lo_open=lo is None, hi_open=hi is None)
-    return ir.NumType(kind=kind, lo=lo, hi=hi, lo_open=lo is None, hi_open=hi is None)
-
-
-def _sum_bounds(item: ir.NumType | None, max_len: int | None) -> ir.NumType:
-    """The type of `sum(V for x in L …)`: V's kind, between `max_len` times V's bounds and 0 (any item may be
-    left out)."""
-    if item is None:
-        return _num("float", None, None)
-    lo = None if item.lo is None or max_len is None else min(0.0, item.lo * max_len)
-    hi = None if item.hi is None or max_len is None else max(0.0, item.hi * max_len)
-    return _num(item.kind, lo, hi)
-
-
-def _bool(span: ir.Span) -> ir.BoolType:
-    """`ir.BoolType(span=span)` without validation (a span is always a `Span` here)."""
-    return mk(ir.BoolType, span=span)
-
-
-def _mul_bounds(a: ir.NumType, b: ir.NumType) -> tuple[float | None, float | None]:
-    if None in (a.lo, a.hi, b.lo, b.hi):
-        # Keep the common case exact: a non-negative quantity times a non-negative constant.
-        if (a.lo is not None and a.lo >= 0 and b.lo is not None and b.lo >= 0):
-            hi = None if (a.hi is None or b.hi is None) else a.hi * b.hi
-            return a.lo * b.lo, hi
-        return None, None
-    products = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]  # type: ignore[operator]
-    return min(products), max(products)
-
-
-def _as_float(value: int | float) -> float | None:
-    """A literal as a bound; integers too large for a float are simply unbounded."""
-    try:
-        return float(value)
-    except OverflowError:
-        return None
-
-
-def _add(x: float | None, y: float | None, sign: int = 1) -> float | None:
-    return None if x is None or y is None else x + sign * y
-
-
-class _Lazy:
-    """An expression unparsed only if a message needs it (checks of clean code stay cheap)."""
-    def __init__(self, expr: Any):
-        self.expr = expr
-
-    def __str__(self) -> str:
-        return ir.show(self.expr)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
-
-
 def _cycle_text(cycle: list[str]) -> str:
     if len(cycle) <= 12:
         return " -> ".join(cycle)
     return " -> ".join(cycle[:6]) + " -> ... -> " + " -> ".join(cycle[-4:]) + f" ({len(cycle) - 1} stages)"
 
 
-class _Typer(ScalarTyping):
+class _Typer(ScalarTyping, DataTyping):
     """Infers expression types, reporting each misuse once, and derived variables' types."""
     def __init__(self, scenario: ir.Scenario):
         self.s = scenario
         self.out: list[Diagnostic] = []
-        self.derived: dict[str, _Ty] = {}
+        self.derived: dict[str, Ty] = {}
         self.visiting: list[str] = []
         self.reads: list[ir.Span] = []  # where each derived variable being visited was read
         self.suggest = _Suggester()
         self.cycles: set[frozenset[str]] = set()
-        self.items: dict[str, _Ty] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
+        self.items: dict[str, Ty] = {}  # item variables of the enclosing `any`/`all`/`count(… where …)`
+        self.lengths: dict[str, int] = {}  # lists known to hold at least so many items (`len(L) > 0 and …`)
 
     # -- reporting
-    def undefined(self, sym: _Sym, context: str, fallback: str | None = None) -> None:
+    def undefined(self, sym: Sym, context: str, fallback: str | None = None) -> None:
         """A bare name where no enum gives it meaning: a variable that is not declared."""
         if not sym.bare:
             self.out.append(error("E201", f'the string "{sym.value}" is used {context}', sym.span,
@@ -454,7 +361,7 @@ class _Typer(ScalarTyping):
                      "a derived variable cannot depend on itself; compute it from fields and system variables")
 
     # -- variables
-    def var_type(self, name: str, span: ir.Span) -> _Ty:
+    def var_type(self, name: str, span: ir.Span) -> Ty:
         var = self.s.variables.get(name)
         if var is None:
             return None
@@ -475,11 +382,11 @@ class _Typer(ScalarTyping):
         t = self.infer(var.expr) if var.expr is not None else None
         self.visiting.pop()
         self.reads.pop()
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             self.undefined(t, "as the whole value of a derived variable")
             t = None
         elif ir.is_structured(t):
-            self.mismatch(f"derived variable `{name}` is {_kind(t)}: a `let` gives one value", var.span,
+            self.mismatch(f"derived variable `{name}` is {kind_of(t)}: a `let` gives one value", var.span,
                           "compute a single value from it, e.g. `len(...)`, `any(x in ... where ...)` or a field")
             t = None
         self.derived[name] = t
@@ -507,7 +414,7 @@ class _Typer(ScalarTyping):
         if self.plainly_bool(e):
             return
         t = self.infer(e)
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             self.undefined(t, "as a condition")
         elif t is not None and not isinstance(t, ir.BoolType):
             hint = None
@@ -518,56 +425,59 @@ class _Typer(ScalarTyping):
             elif isinstance(t, ir.ListType):
                 hint = f"test its items: `any(x in {ir.show(e)} where ...)`, or its length: `len({ir.show(e)}) > 0`"
             elif isinstance(t, ir.RecordType):
-                hint = "read one of its fields: " + _quote_list(f"{ir.show(e)}.{f.name}" for f in t.fields)
-            self.mismatch(f"{what} `{ir.show(e)}` is {_kind(t)}, not a condition", e.span, hint)
+                hint = "read one of its fields: " + quote_list(f"{ir.show(e)}.{f.name}" for f in t.fields)
+            self.mismatch(f"{what} `{ir.show(e)}` is {kind_of(t)}, not a condition", e.span, hint)
 
-    def expect_num(self, e: Any, t: _Ty, what: str) -> ir.NumType | None:
+    def expect_num(self, e: Any, t: Ty, what: str) -> ir.NumType | None:
         if isinstance(t, ir.NumType):
             return t
-        if isinstance(t, _Sym):
+        if isinstance(t, Sym):
             self.undefined(t, f"in {what}")
         elif t is not None:
             hint = "arithmetic works on int and float values only"
             if isinstance(t, ir.BoolType):
                 hint += f"; to count a condition as a number, weigh it: `count(2: {ir.show(e)})` is 2 when it holds"
-            self.mismatch(f"{what} on {_kind(t)}: `{ir.show(e)}` is not a number", e.span, hint)
+            self.mismatch(f"{what} on {kind_of(t)}: `{ir.show(e)}` is not a number", e.span, hint)
         return None
 
     # -- inference
-    def infer(self, e: Any) -> _Ty:
+    def infer(self, e: Any) -> Ty:
         if isinstance(e, ir.Lit):
             v = e.value
             if isinstance(v, bool):
-                return _bool(e.span)
+                return bool_of(e.span)
             if isinstance(v, (int, float)):
-                exact = _as_float(v)
-                return _num("int" if isinstance(v, int) else "float", exact, exact)
-            return _Sym(v, e.bare, e.span)
+                exact = as_float(v)
+                return num_of("int" if isinstance(v, int) else "float", exact, exact)
+            return Sym(v, e.bare, e.span)
         if isinstance(e, ir.Var):
             return self.var_type(e.name, e.span)
         if isinstance(e, ir.Unary):
             if e.op == "not":
                 self.expect_bool(e.operand, "`not` of")
-                return _bool(e.span)
+                return bool_of(e.span)
             inner_t = self.infer(e.operand)
             if isinstance(inner_t, ir.TimeType) and inner_t.kind == "duration":
                 return inner_t
             t = self.expect_num(e.operand, inner_t, "negation")
             if t is None:
                 return None
-            return _num(t.kind, None if t.hi is None else -t.hi, None if t.lo is None else -t.lo)
+            return num_of(t.kind, None if t.hi is None else -t.hi, None if t.lo is None else -t.lo)
         if isinstance(e, ir.Binary):
             return self.binary(e)
         if isinstance(e, ir.Compare):
             self.compare(e)
-            return _bool(e.span)
+            return bool_of(e.span)
         if isinstance(e, ir.InSet):
             self.membership(e.operand, self.infer(e.operand), e.values, "`in` set")
-            return _bool(e.span)
+            return bool_of(e.span)
         if isinstance(e, ir.BoolOp):
-            for operand in e.operands:
-                self.expect_bool(operand, f"`{e.op}` needs conditions, but")
-            return _bool(e.span)
+            if e.op == "and" and any(isinstance(o, (ir.Compare, ir.Quant)) for o in e.operands[:-1]):
+                self.conjunction(e.operands)
+            else:
+                for operand in e.operands:
+                    self.expect_bool(operand, f"`{e.op}` needs conditions, but")
+            return bool_of(e.span)
         if isinstance(e, ir.Call):
             return self.call(e)
         if isinstance(e, ir.CaseExpr):
@@ -575,102 +485,12 @@ class _Typer(ScalarTyping):
         if isinstance(e, ir.TimeLit):
             return ir.TimeType(kind=e.unit, span=e.span)
         if isinstance(e, ir.Func):
-            return self.func(e)
+            return self.position(e) if e.name in ir.POSITIONS else self.func(e)
         if isinstance(e, ir.Matches):
             return self.matches_type(e)
         return self.infer_data(e)
 
-    # -- lists, records, weighted counts
-    def infer_data(self, e: Any) -> _Ty:
-        if isinstance(e, ir.Get):
-            return self.get(e)
-        if isinstance(e, ir.ListLit):  # only a list output's value (`output_value`) may be a list
-            self.mismatch(f"`{ir.show(e)}` is a list, which only a list output takes as its value", e.span,
-                          "declare `output NAME: list of A | B` and set it in a leaf: `do Go { NAME = [A, B] }`")
-            return None
-        if isinstance(e, ir.Item):
-            return self.items.get(e.name)
-        if isinstance(e, ir.Quant):
-            lt = self.list_of(e.source, f"`{e.func}(... where ...)`")
-            saved = self.items.get(e.var)
-            self.items[e.var] = lt.item if lt is not None else None
-            self.expect_bool(e.cond, f"`{e.func}(... where ...)` needs a condition, but")
-            total = None
-            if e.func == "sum" and e.value is not None:
-                total = self.expect_num(e.value, self.infer(e.value), "`sum(...)`")
-            if saved is None:
-                self.items.pop(e.var, None)
-            else:
-                self.items[e.var] = saved
-            if e.func == "count":
-                return _num("int", 0.0, float(lt.max_len) if lt is not None else None)
-            if e.func == "sum":
-                return _sum_bounds(total, lt.max_len if lt is not None else None)
-            return _bool(e.span)
-        if isinstance(e, ir.Length):
-            lt = self.list_of(e.operand, "`len`")
-            return _num("int", float(lt.min_len), float(lt.max_len)) if lt is not None else _num("int", 0.0, None)
-        if isinstance(e, ir.Member):
-            self.member(e)
-            return _bool(e.span)
-        if isinstance(e, ir.Weighted):
-            for arg in e.args:
-                self.expect_bool(arg, "`count` counts conditions, but")
-            kind: ir.NumKind = "int" if all(isinstance(w, int) for w in e.weights) else "float"
-            return _num(kind, 0.0, _as_float(sum(e.weights)))
-        return None
-
-    def get(self, e: ir.Get) -> _Ty:
-        t = self.infer(e.base)
-        if t is None:
-            return None
-        if isinstance(t, _Sym):
-            self.undefined(t, f"before `.{e.field}`")
-            return None
-        if not isinstance(t, ir.RecordType):
-            self.mismatch(f"`{ir.show(e.base)}` is {_kind(t)}, not a record: it has no field `{e.field}`", e.span,
-                          "only records have fields (`type R = record { a: bool }`)")
-            return None
-        field = t.field(e.field)
-        if field is None:
-            names = [f.name for f in t.fields]
-            self.out.append(error("E101", f"`{ir.show(e.base)}` has no field `{e.field}`", e.span,
-                                  self.suggest(e.field, names) or "its fields are " + _quote_list(names)))
-            return None
-        return field.type
-
-    def list_of(self, e: Any, what: str) -> ir.ListType | None:
-        t = self.infer(e)
-        if isinstance(t, ir.ListType):
-            return t
-        if isinstance(t, _Sym):
-            self.undefined(t, f"as the list of {what}")
-        elif t is not None:
-            self.mismatch(f"{what} needs a list, but `{ir.show(e)}` is {_kind(t)}", e.span,
-                          "declare the variable as `list of T`")
-        return None
-
-    def member(self, e: ir.Member) -> None:
-        lt = self.list_of(e.source, "`in`")
-        ot = self.infer(e.operand)
-        if lt is None or ot is None:
-            return
-        item = lt.item
-        shown = _Lazy(e)
-        if ir.is_structured(item):
-            self.mismatch(f"`{shown}`: the items of `{ir.show(e.source)}` are {'records' if isinstance(item, ir.RecordType) else 'lists'}, which `in` "
-                          "cannot compare", e.span, f"test a field: `any(x in {ir.show(e.source)} where x.FIELD == ...)`")
-        elif isinstance(item, ir.EnumType) and isinstance(ot, _Sym):
-            self.enum_value(item, ot, e.source)
-        elif isinstance(ot, _Sym):
-            self.undefined(ot, "before `in`")
-        elif type(ot) is not type(item) or (isinstance(ot, ir.EnumType) and isinstance(item, ir.EnumType)
-                                            and not set(ot.values) & set(item.values)):
-            self.mismatch(f"`{shown}`: `{ir.show(e.operand)}` is {_kind(ot)} but the items of "
-                          f"`{ir.show(e.source)}` are {_kind(item)}", e.span,
-                          "compare values of the same kind")
-
-    def binary(self, e: ir.Binary) -> _Ty:
+    def binary(self, e: ir.Binary) -> Ty:
         what = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}[e.op]
         la, lb = self.infer(e.left), self.infer(e.right)
         handled, scalar = self.temporal_binary(e, la, lb)
@@ -682,18 +502,18 @@ class _Typer(ScalarTyping):
             return None
         kind: ir.NumKind = "int" if a.kind == b.kind == "int" and e.op != "/" else "float"
         if e.op == "+":
-            return _num(kind, _add(a.lo, b.lo), _add(a.hi, b.hi))
+            return num_of(kind, add_bound(a.lo, b.lo), add_bound(a.hi, b.hi))
         if e.op == "-":
-            return _num(kind, _add(a.lo, b.hi, -1), _add(a.hi, b.lo, -1))
+            return num_of(kind, add_bound(a.lo, b.hi, -1), add_bound(a.hi, b.lo, -1))
         if e.op == "*":
-            return _num(kind, *_mul_bounds(a, b))
-        return _num(kind, None, None)
+            return num_of(kind, *mul_bounds(a, b))
+        return num_of(kind, None, None)
 
-    def call(self, e: ir.Call) -> _Ty:
+    def call(self, e: ir.Call) -> Ty:
         if e.func == "count":
             for arg in e.args:
                 self.expect_bool(arg, "`count` counts conditions, but")
-            return _num("int", 0.0, float(len(e.args)))
+            return num_of("int", 0.0, float(len(e.args)))
         inferred = [self.infer(a) for a in e.args]
         handled, scalar = self.temporal_extreme(e, inferred)
         if handled:
@@ -707,40 +527,54 @@ class _Typer(ScalarTyping):
         his = [n.hi for n in nums]
         if e.func == "min":
             # min(x, y) lies below every argument's upper bound, above the lowest lower bound.
-            lo = _all_bounded(los, min)
+            lo = all_bounded(los, min)
             bounded = [h for h in his if h is not None]
             hi = min(bounded) if bounded else None
         else:
             bounded = [lo_ for lo_ in los if lo_ is not None]
             lo = max(bounded) if bounded else None
-            hi = _all_bounded(his, max)
-        return _num(kind, lo, hi)
+            hi = all_bounded(his, max)
+        return num_of(kind, lo, hi)
 
-    def case(self, e: ir.CaseExpr) -> _Ty:
+    def conjunction(self, operands: list[Any]) -> None:
+        """`A and B and …`: each operand typed knowing the ones before it hold (`len(L) > 0 and first(L)…`)."""
+        saved = self.lengths
+        self.lengths = dict(saved)
+        try:
+            for operand in operands:
+                self.expect_bool(operand, "`and` needs conditions, but")
+                for name, n in length_facts(operand).items():
+                    self.lengths[name] = max(self.lengths.get(name, 0), n)
+        finally:
+            self.lengths = saved
+
+    def case(self, e: ir.CaseExpr) -> Ty:
+        types = []
         for arm in e.arms:
             self.expect_bool(arm.when, "`when` needs a condition, but")
-        exprs = [arm.then for arm in e.arms] + [e.otherwise]
-        types = [(x, self.infer(x)) for x in exprs]
+            with self.knowing(arm.when):
+                types.append((arm.then, self.infer(arm.then)))
+        types.append((e.otherwise, self.infer(e.otherwise)))
         known = [(x, t) for x, t in types if t is not None]
         if not known:
             return None
-        has_value = [t for _, t in known if isinstance(t, (_Sym, ir.EnumType))]
+        has_value = [t for _, t in known if isinstance(t, (Sym, ir.EnumType))]
         if len(has_value) == len(known):
             values: dict[str, None] = {}
             for _, t in known:
-                for v in ([t.value] if isinstance(t, _Sym) else t.values):  # type: ignore[union-attr]
+                for v in ([t.value] if isinstance(t, Sym) else t.values):  # type: ignore[union-attr]
                     values.setdefault(v, None)
             return ir.EnumType(values=list(values), span=e.span)
         # Mixed: bare names among numbers/bools are names that were meant to be variables.
         for _x, t in known:
-            if isinstance(t, _Sym):
+            if isinstance(t, Sym):
                 self.undefined(t, "as a `case` result")
-        rest = [(x, t) for x, t in known if not isinstance(t, _Sym)]
+        rest = [(x, t) for x, t in known if not isinstance(t, Sym)]
         first_x, first = rest[0]
         for x, t in rest[1:]:
             if type(t) is not type(first):
-                self.mismatch(f"`case` results have different types: `{ir.show(first_x)}` is {_kind(first)} "
-                              f"but `{ir.show(x)}` is {_kind(t)}", x.span,
+                self.mismatch(f"`case` results have different types: `{ir.show(first_x)}` is {kind_of(first)} "
+                              f"but `{ir.show(x)}` is {kind_of(t)}", x.span,
                               "every arm of a `case` must give the same type")
                 return None
         if isinstance(first, ir.NumType):
@@ -748,7 +582,7 @@ class _Typer(ScalarTyping):
             kind: ir.NumKind = "int" if all(n.kind == "int" for n in nums) else "float"
             los = [n.lo for n in nums]
             his = [n.hi for n in nums]
-            return _num(kind, _all_bounded(los, min), _all_bounded(his, max))
+            return num_of(kind, all_bounded(los, min), all_bounded(his, max))
         if isinstance(first, ir.EnumType):
             values = {}
             for _, t in rest:
@@ -762,8 +596,8 @@ class _Typer(ScalarTyping):
         if lt is None or rt is None:
             return
         ordering = e.op not in ("==", "!=")
-        shown = _Lazy(e)
-        if isinstance(lt, _Sym) and isinstance(rt, _Sym):
+        shown = Lazy(e)
+        if isinstance(lt, Sym) and isinstance(rt, Sym):
             if lt.bare:
                 self.undefined(lt, "in a comparison")
             elif rt.bare:
@@ -779,7 +613,7 @@ class _Typer(ScalarTyping):
         else:
             left_e, right_e = e.left, e.right
         if isinstance(lt, ir.EnumType):
-            if isinstance(rt, _Sym):
+            if isinstance(rt, Sym):
                 if ordering:
                     self.mismatch(f"enum values have no order: `{shown}`", e.span,
                                   "use `==`, `!=` or `in { ... }` with enum values")
@@ -793,12 +627,12 @@ class _Typer(ScalarTyping):
                                   f"`{shown}` is constant", e.span,
                                   "compare each variable with one of its own values")
             else:
-                self.mismatch(f"comparing an enum with {_kind(rt)}: `{shown}`", e.span,
+                self.mismatch(f"comparing an enum with {kind_of(rt)}: `{shown}`", e.span,
                               self.collision_hint(lt, right_e)
-                              or f"`{ir.show(left_e)}` is one of " + _quote_list(lt.values))
+                              or f"`{ir.show(left_e)}` is one of " + quote_list(lt.values))
             return
-        if isinstance(lt, _Sym) or isinstance(rt, _Sym):
-            sym, other = (lt, rt) if isinstance(lt, _Sym) else (rt, lt)
+        if isinstance(lt, Sym) or isinstance(rt, Sym):
+            sym, other = (lt, rt) if isinstance(lt, Sym) else (rt, lt)
             if isinstance(other, ir.BoolType):
                 self.undefined(sym, "in a comparison with a bool",  # type: ignore[arg-type]
                                "a bool is compared with `true` or `false`")
@@ -811,7 +645,7 @@ class _Typer(ScalarTyping):
             return
         if isinstance(lt, ir.NumType) and isinstance(rt, ir.NumType):
             return
-        self.mismatch(f"comparing {_kind(lt)} with {_kind(rt)}: `{shown}`", e.span,
+        self.mismatch(f"comparing {kind_of(lt)} with {kind_of(rt)}: `{shown}`", e.span,
                       "both sides of a comparison must be of the same kind")
 
     def collision_hint(self, enum: ir.EnumType, other: Any) -> str | None:
@@ -820,10 +654,10 @@ class _Typer(ScalarTyping):
                     f'write the value as "{other.name}"')
         return None
 
-    def enum_value(self, enum: ir.EnumType, sym: _Sym, subject: Any, code: str = "E202") -> bool:
+    def enum_value(self, enum: ir.EnumType, sym: Sym, subject: Any, code: str = "E202") -> bool:
         if sym.value in enum.values:
             return True
-        hint = "its values are " + _quote_list(enum.values)
+        hint = "its values are " + quote_list(enum.values)
         close = self.suggest(sym.value, enum.values)
         if close:
             hint = f"{close} ({hint})"
@@ -833,27 +667,27 @@ class _Typer(ScalarTyping):
         self.out.append(error(code, f"`{sym.value}` is not a value of {owner}", sym.span, hint))
         return False
 
-    def membership(self, subject: Any, st: _Ty, values: list[ir.Lit], what: str) -> None:
+    def membership(self, subject: Any, st: Ty, values: list[ir.Lit], what: str) -> None:
         """Values of a `match` arm or an `in { ... }` set against the subject's type."""
         if _plain_members(st, values):
             return
-        if isinstance(st, _Sym):
+        if isinstance(st, Sym):
             self.undefined(st, f"as the subject of {what}")
             return
         if st is None or self.scalar_member(subject, st, values, what):
             return
         if ir.is_structured(st):
-            self.mismatch(f"{what} on `{ir.show(subject)}`, which is {_kind(st)}", subject.span,
+            self.mismatch(f"{what} on `{ir.show(subject)}`, which is {kind_of(st)}", subject.span,
                           "match a single value: a field, `len(...)` or a condition")
             return
         for lit in values:
             lt = self.infer(lit)
             if isinstance(st, ir.EnumType):
-                if isinstance(lt, _Sym):
+                if isinstance(lt, Sym):
                     self.enum_value(st, lt, subject)
                 else:
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is {_kind(lt)}, not a value of "
-                                  f"`{ir.show(subject)}`", lit.span, "its values are " + _quote_list(st.values))
+                    self.mismatch(f"{what} value `{ir.show(lit)}` is {kind_of(lt)}, not a value of "
+                                  f"`{ir.show(subject)}`", lit.span, "its values are " + quote_list(st.values))
             elif isinstance(st, ir.BoolType):
                 if not isinstance(lt, ir.BoolType):
                     self.mismatch(f"{what} value `{ir.show(lit)}` is not a bool, but `{ir.show(subject)}` is",
@@ -865,98 +699,6 @@ class _Typer(ScalarTyping):
                 elif st.kind == "int" and isinstance(lit.value, float) and not lit.value.is_integer():
                     self.mismatch(f"{what} value `{ir.show(lit)}` is not an integer, but "
                                   f"`{ir.show(subject)}` is", lit.span, "this arm can never match; use whole numbers")
-
-    def list_output_value(self, output: ir.Output, item_type: ir.EnumType, e: Any, span: ir.Span) -> None:
-        """A list output's value: a list `[A, B when C]` of values of its enum, or a `case` choosing such lists
-        (E204); the conditions are conditions (E201)."""
-        if isinstance(e, ir.CaseExpr):
-            for arm in e.arms:
-                self.expect_bool(arm.when, "the condition")
-                self.list_output_value(output, item_type, arm.then, _span_or(arm.then.span, span))
-            self.list_output_value(output, item_type, e.otherwise, _span_or(e.otherwise.span, span))
-            return
-        if not isinstance(e, ir.ListLit):
-            self.infer(e)
-            self.mismatch(f"output `{output.name}` is a list but `{ir.show(e)}` is not", span,
-                          f"give it a list of its values: `[{item_type.values[0]}, ...]`, an item kept only when a "
-                          "condition holds written `A when C`", code="E204")
-            return
-        each = output.model_copy(update={"type": item_type})
-        for item, cond in zip(e.items, e.conds, strict=True):
-            self.output_value(each, item, _span_or(item.span, span))
-            if not (isinstance(cond, ir.Lit) and cond.value is True):
-                self.expect_bool(cond, "the condition of a list item")
-        lt = output.type
-        always = {i.value for i, c in zip(e.items, e.conds, strict=True)
-                  if isinstance(i, ir.Lit) and isinstance(c, ir.Lit) and c.value is True}
-        if isinstance(lt, ir.ListType) and len(always) > lt.max_len:
-            self.mismatch(f"`{ir.show(e)}` holds {len(always)} values but output `{output.name}` holds at most "
-                          f"{lt.max_len}", span, "widen the bound (`list[..N] of ...`) or give fewer values",
-                          code="E204")
-        fixed = all(isinstance(c, ir.Lit) and c.value is True for c in e.conds)
-        if isinstance(lt, ir.ListType) and fixed and len(always) < lt.min_len:
-            self.mismatch(f"`{ir.show(e)}` holds {len(always)} value{'' if len(always) == 1 else 's'} but output "
-                          f"`{output.name}` holds at least {lt.min_len}", span,
-                          "give more values, or lower the bound (`list[..N] of ...`)", code="E204")
-
-    def output_value(self, output: ir.Output, e: Any, span: ir.Span) -> None:
-        """An assigned or default value against the output's declared type (E204)."""
-        if isinstance(output.type, ir.ListType):
-            if isinstance(output.type.item, ir.EnumType):
-                self.list_output_value(output, output.type.item, e, span)
-            return  # any other list output is E201 (`_scalar_only`)
-        if isinstance(e, ir.ListLit):
-            self.infer(e)  # a list for an output of one value: says so
-            return
-        t = self.infer(e)
-        ot = output.type
-        if t is None:
-            return
-        name = output.name
-        if self.scalar_output(name, ot, t, e, span):
-            return
-        if isinstance(ot, ir.EnumType):
-            if isinstance(t, _Sym):
-                self.enum_value(ot, t, ir.Var(name=name), code="E204")
-            elif isinstance(t, ir.EnumType):
-                extra = [v for v in t.values if v not in ot.values]
-                if extra:
-                    self.mismatch(f"`{ir.show(e)}` can be {_quote_list(extra)}, which is not a value of "
-                                  f"output `{name}`", span, "the output's values are " + _quote_list(ot.values),
-                                  code="E204")
-            else:
-                self.mismatch(f"output `{name}` is an enum but `{ir.show(e)}` is {_kind(t)}", span,
-                              "its values are " + _quote_list(ot.values), code="E204")
-            return
-        if isinstance(t, _Sym):
-            if t.bare:
-                self.undefined(t, f"as the value of output `{name}`")
-            else:
-                self.mismatch(f"output `{name}` is {_kind(ot)} but is given a string", span,
-                              "strings are only values of enum outputs", code="E204")
-            return
-        if isinstance(ot, ir.BoolType):
-            if not isinstance(t, ir.BoolType):
-                self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {_kind(t)}", span,
-                              "give it `true`, `false` or a condition", code="E204")
-            return
-        if not isinstance(ot, ir.NumType):
-            return  # dates and strings were handled by `scalar_output`; lists and records are E201
-        if not isinstance(t, ir.NumType):
-            self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {_kind(t)}", span,
-                          f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")
-            return
-        if isinstance(e, ir.Lit) and not isinstance(e.value, bool):
-            value = e.value
-            if ot.kind == "int" and isinstance(value, float) and not value.is_integer():
-                self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` is not", span,
-                              "use a whole number, or declare the output as float", code="E204")
-            elif isinstance(value, (int, float)) and not ot.contains(value):
-                self.mismatch(f"`{ir.show(e)}` is outside the range {ot.describe()} of output `{name}`",
-                              span, "use a value inside the range, or widen the declaration", code="E204")
-        elif ot.kind == "int" and t.kind == "float":
-            self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` may be fractional", span,
-                          "round it in the SOP, or declare the output as float", code="E204")
 
 
 def _typer(scenario: ir.Scenario) -> _Typer:
@@ -971,7 +713,7 @@ def _typer(scenario: ir.Scenario) -> _Typer:
     return typer
 
 
-def _plain_members(st: _Ty, values: list[ir.Lit]) -> bool:
+def _plain_members(st: Ty, values: list[ir.Lit]) -> bool:
     """Whether every value is, by its exact type, one of the enum `st`'s values (a string) or a bool
     for the bool `st`: what `membership` accepts without a word (most match arms of a large file)."""
     kind = type(st)
@@ -1013,11 +755,11 @@ def check_types(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
     typer = _typer(scenario)
     for output in scenario.outputs.values():
         if output.default is not None:
-            typer.output_value(output, output.default, _span_or(output.default.span, output.span))
+            typer.output_value(output, output.default, span_or(output.default.span, output.span))
     for stage in scenario.stages.values():
         if stage.kind == "match" and stage.subject is not None:
             st = typer.infer(stage.subject)
-            if isinstance(st, _Sym):
+            if isinstance(st, Sym):
                 typer.undefined(st, "as the subject of `match`")
                 st = None
             for branch in stage.branches:
@@ -1036,7 +778,7 @@ def check_types(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
                 if declared_output is None:
                     typer.infer(assign.value)  # still report undefined names inside
                 else:
-                    typer.output_value(declared_output, assign.value, _span_or(assign.value.span, assign.span))
+                    typer.output_value(declared_output, assign.value, span_or(assign.value.span, assign.span))
     return typer.out
 
 
@@ -1344,7 +1086,7 @@ def check_structure(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic
         if len(scc) > len(cycle) - 1:
             notes.append(f"{len(scc)} stages are caught in this loop: {members}")
         out.append(error("E302", "cycle in the stage graph: " + _cycle_text(cycle),
-                         _span_or(branch.target.span, branch.span),
+                         span_or(branch.target.span, branch.span),
                          "values are fixed while the engine decides, so a cycle that can be entered never "
                          "ends; route this branch to a later stage or an action, or add guards that rule "
                          "the loop out", notes=notes))
@@ -1497,9 +1239,11 @@ def check_procedures(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnosti
     # bounds, no observation and no loop (as `topology` found them)
     calls = (not isinstance(graph, Topology) or graph.calls
              or any(a.params for a in scenario.actions.values()))
-    found = procheck.check_calls(scenario, typer.output_value) if calls else []
+    found = procheck.check_calls(scenario, typer.arg_value, typer.call_scope) if calls else []
     found += [d.model_copy(update={"message": d.message.replace("output `", "parameter `")})
               for d in typer.out]
+    if any(v.volatile for v in scenario.variables.values()):
+        found += procheck.check_volatile(scenario)
     if _procedural(scenario, graph):
         found += procheck.check_observations(scenario)
         if not any(d.is_error for d in found):

@@ -172,6 +172,26 @@ def export_value(vtype: Any, value: Any) -> Any:
     return value
 
 
+def export_arg(ptype: Any, value: Any) -> Any:
+    """An action argument as reported: a list or record argument item by item and field by field (a copy,
+    dates and durations inside as text, a list in its own order), anything else as `export_value` does."""
+    if isinstance(ptype, ir.ListType) and isinstance(value, list):
+        return [export_arg(ptype.item, x) for x in value]
+    if isinstance(ptype, ir.RecordType) and isinstance(value, Mapping):
+        return {f.name: export_arg(f.type, value.get(f.name)) for f in ptype.fields}
+    return export_value(ptype, value)
+
+
+def at_position(items: Any, k: int, label: str) -> Any:
+    """`L[k]`, `first(L)` (k = 0), `last(L)` (k = -1): the item, or DecideError past the end (like reading
+    a missing value: the decision cannot be made on these values)."""
+    n = len(items)
+    if -n <= k < n:
+        return items[k]
+    held = "is empty" if n == 0 else f"has {n} item{'s' if n != 1 else ''}"
+    raise DecideError(f"`{label}` is past the end: the list {held}")
+
+
 def validate_data(label: str, owner: str, vtype: Any, value: Any) -> Any:
     """A list or record value checked whole, item by item and field by field (`label` names the
     part, `Segments[2].cabin`; `owner` is the input variable). Returns a normalised copy."""
@@ -447,6 +467,8 @@ class Interpreter:
     def func(self, e: ir.Func) -> Any:
         if e.name == "missing":
             return self.missing(e.args[0])
+        if e.name in ir.POSITIONS:
+            return at_position(self.eval(e.args[0]), 0 if e.name == "first" else -1, ir.show(e))
         args = [self.eval(a) for a in e.args]
         if e.name == "abs":
             return abs(args[0])
@@ -514,7 +536,26 @@ class Interpreter:
             return _wcount(tuple(self.eval(a) for a in e.args), tuple(e.weights))
         if isinstance(e, ir.ListLit):  # the items whose condition holds, in written order
             return [self.eval(i) for i, c in zip(e.items, e.conds, strict=True) if self.eval(c)]
+        if isinstance(e, ir.Index):
+            return at_position(self.eval(e.base), e.index, ir.show(e))
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
+
+    def each_calls(self, call: ir.ActionCall) -> list[dict[str, Any]]:
+        """A for-each step: the action once per item of its list for which its condition holds, in order."""
+        var = call.each or ""
+        out = []
+        saved = self.items.get(var, _UNSET)
+        try:
+            for item in list(self.eval(call.source)):
+                self.items[var] = item
+                if call.cond is None or self.eval(call.cond):
+                    out.append(_call(self, call.action, call.args))
+        finally:
+            if saved is _UNSET:
+                self.items.pop(var, None)
+            else:
+                self.items[var] = saved
+        return out
 
     def _with_item(self, e: ir.Quant, item: Any, expr: Any = None, index: int = 0) -> Any:
         """`expr` (default: the condition) evaluated with the item variable bound to `item` (item `index`)."""
@@ -660,7 +701,7 @@ def leaf_finals(scenario: ir.Scenario, target: ir.Target, evaluate,
 def _call(it: Interpreter, name: str, args: list[ir.OutputAssign]) -> dict[str, Any]:
     action = it.s.actions.get(name)
     types = {p.name: p.type for p in action.params} if action is not None else {}
-    return {"name": name, "args": {a.name: export_value(types.get(a.name), it.eval(a.value)) for a in args}}
+    return {"name": name, "args": {a.name: export_arg(types.get(a.name), it.eval(a.value)) for a in args}}
 
 
 def max_steps(scenario: ir.Scenario) -> int:
@@ -737,10 +778,14 @@ def walk(scenario: ir.Scenario, values: Mapping[str, Any],
                     break
             if chosen is not None:
                 for c in chosen.target.steps:
-                    act = yield from _asking(lambda c=c: _call(it, c.action, c.args), stage_id)
-                    it.acted(c.action)
-                    actions.append(act)
-                    yield act
+                    if c.each is not None:  # `for x in L where C do A(...)`: one action per item
+                        acts = yield from _asking(lambda c=c: it.each_calls(c), stage_id)
+                    else:
+                        acts = [(yield from _asking(lambda c=c: _call(it, c.action, c.args), stage_id))]
+                    it.acted(c.action)  # a for-each step counts as done for `affects`, items or not
+                    for act in acts:
+                        actions.append(act)
+                        yield act
         except DecideError as exc:
             where = f" (needed at {stage_id})" if exc.variable else f" (at {stage_id})"
             raise DecideError(exc.message + where, exc.variable, stage_id, part=exc.part, read=exc.read) from None
@@ -794,6 +839,9 @@ def reference_trace(scenario: ir.Scenario, values: Mapping[str, Any]) -> list[di
 # Generated engine
 
 
+_CallCode = tuple[str, list[tuple[str, Any]], ir.ActionCall | None]  # an action call as `_Gen` emits it
+
+
 class _Gen:
     """Emits Python source for one scenario."""
 
@@ -808,7 +856,8 @@ class _Gen:
         self.stage = ""  # the display id of the stage being emitted (a request names it)
         self.ns: dict[str, Any] = {"_div": _div, "_bad": self._bad, "DecideError": DecideError,
                                    "_INF": math.inf, "_out": self._out, "_exp": export_value,
-                                   "_days_between": scalars.days_between, "_time": scalars.parse_temporal}
+                                   "_days_between": scalars.days_between, "_time": scalars.parse_temporal,
+                                   "_at": at_position, "_exa": export_arg}
         self.lines: list[str] = []
         self.var_index = {name: i for i, name in enumerate(scenario.variables)}
         self.consts = 0
@@ -953,6 +1002,8 @@ class _Gen:
                 if self.stepping:
                     return f"(v.get({name!r}) is None and _absent(v, {name!r}))"
                 return f"(v.get({name!r}) is None)"
+            if e.name in ir.POSITIONS:
+                return f"_at({self.expr(e.args[0])}, {0 if e.name == 'first' else -1}, {self.const(ir.show(e))})"
             code = ", ".join(self.expr(a) for a in e.args)
             return f"abs({code})" if e.name == "abs" else f"_days_between({code})"
         if isinstance(e, ir.Matches):
@@ -993,6 +1044,8 @@ class _Gen:
             parts = [self.expr(i) if isinstance(c, ir.Lit) and c.value is True
                      else f"*(({self.expr(i)},) if {self.expr(c)} else ())" for i, c in zip(e.items, e.conds, strict=True)]
             return "[" + ", ".join(parts) + "]"
+        if isinstance(e, ir.Index):
+            return f"_at({self.expr(e.base)}, {e.index}, {self.const(ir.show(e))})"
         raise TypeError(f"unknown expression {e!r}")  # pragma: no cover
 
     def case_function(self, e: ir.CaseExpr) -> str:
@@ -1026,21 +1079,27 @@ class _Gen:
             return k
         return "{**" + k + ", " + ", ".join(f"{n!r}: {c}" for n, c in dynamic) + "}"
 
-    def calls(self, target: ir.Target) -> list[tuple[str, list[tuple[str, Any]]]]:
+    def calls(self, target: ir.Target) -> list[_CallCode]:
         """The actions a target carries out (steps, then the final action if a leaf) as
-        (name, [(param, expr)])."""
-        out = [(c.action, [(a.name, a.value) for a in c.args]) for c in target.steps]
+        (name, [(param, expr)], the for-each step or None)."""
+        out: list[_CallCode] = [(c.action, [(a.name, a.value) for a in c.args], c if c.each is not None else None)
+                                for c in target.steps]
         if target.kind == "action":
-            out.append((target.action or "", [(a.name, a.value) for a in target.args]))
+            out.append((target.action or "", [(a.name, a.value) for a in target.args], None))
         return out
 
-    def action_code(self, call: tuple[str, list[tuple[str, Any]]]) -> str:
-        """Code of one action carried out, `{"name", "args"}` (a constant when its arguments are)."""
-        n, args = call
-        if all(isinstance(e, ir.Lit) for _, e in args):
+    def action_code(self, call: _CallCode) -> str:
+        """Code of one action carried out, `{"name", "args"}` (a constant when its arguments are); for a
+        for-each step, the list of its actions (a comprehension over the items)."""
+        n, args, each = call
+        if each is None and all(isinstance(e, ir.Lit) for _, e in args):
             return self.const({"name": n, "args": {p: e.value for p, e in args}})
         body = ", ".join(f"{p!r}: {self.arg_code(n, p, e)}" for p, e in args)
-        return f"{{'name': {n!r}, 'args': {{{body}}}}}"
+        one = f"{{'name': {n!r}, 'args': {{{body}}}}}"
+        if each is None:
+            return one
+        cond = "" if each.cond is None else f" if {self.expr(each.cond)}"
+        return f"[{one} for I_{each.each} in {self.expr(each.source)}{cond}]"
 
     def step_lines(self, target: ir.Target, indent: str) -> list[str]:
         """In the stepping form, each action on the way of `target` yielded as it is carried out."""
@@ -1048,7 +1107,10 @@ class _Gen:
         if self.stepping:
             for call in self.calls(target)[:len(target.steps)]:
                 out += self.retry(indent, "a", self.action_code(call))
-                out.append(f"{indent}yield a")
+                if call[2] is not None:
+                    out.append(f"{indent}yield from a")
+                else:
+                    out.append(f"{indent}yield a")
         return out
 
     def leaf_return(self, indent: str, code: str) -> list[str]:
@@ -1057,25 +1119,26 @@ class _Gen:
             return [f"{indent}return {code}"]
         return [*self.retry(indent, "r", f"({code})"), f"{indent}return r"]
 
-    def actions_code(self, calls: list[tuple[str, list[tuple[str, Any]]]]) -> str:
+    def actions_code(self, calls: list[_CallCode]) -> str:
         """Code building the action list: a constant when every argument is a literal."""
-        if all(isinstance(e, ir.Lit) for _, args in calls for _, e in args):
-            return self.const([{"name": n, "args": {p: e.value for p, e in args}} for n, args in calls])
+        if all(each is None for _, _, each in calls) and all(
+                isinstance(e, ir.Lit) for _, args, _ in calls for _, e in args):
+            return self.const([{"name": n, "args": {p: e.value for p, e in args}} for n, args, _ in calls])
         items = []
-        for n, args in calls:
-            if all(isinstance(e, ir.Lit) for _, e in args):
-                items.append(self.const({"name": n, "args": {p: e.value for p, e in args}}))
-            else:
-                body = ", ".join(f"{p!r}: {self.arg_code(n, p, e)}" for p, e in args)
-                items.append(f"{{'name': {n!r}, 'args': {{{body}}}}}")
+        for call in calls:
+            code = self.action_code(call)
+            items.append(f"*{code}" if call[2] is not None else code)
         return "[" + ", ".join(items) + "]"
 
     def arg_code(self, action: str, param: str, e: Any) -> str:
-        """An argument's code; dates and durations are reported as text (like the interpreter)."""
+        """An argument's code; dates and durations are reported as text (like the interpreter), lists
+        and records as copies (`export_arg`)."""
         decl = self.s.actions.get(action)
         ptype = next((p.type for p in decl.params if p.name == param), None) if decl is not None else None
         if isinstance(ptype, ir.TimeType):
             return f"_exp({self.const(ptype)}, {self.expr(e)})"
+        if ir.is_structured(ptype):
+            return f"_exa({self.const(ptype)}, {self.expr(e)})"
         return self.expr(e)
 
     def branch_code(self, stage: ir.Stage, emit_target, indent: str) -> list[str]:

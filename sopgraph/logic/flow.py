@@ -543,7 +543,7 @@ def _effects(a: ir.Target, b: ir.Target) -> tuple[str, str]:
 
 
 def _written(t: ir.Target) -> str:
-    steps = [f"do {ir.show_call(c.action, c.args)}" for c in t.steps]
+    steps = [text if text.startswith("for ") else f"do {text}" for text in map(ir.show_step, t.steps)]
     if t.kind == "stage":
         return " -> ".join([*steps, str(t.stage)])
     sets = ", ".join(f"{o.name} = {ir.show(o.value)}" for o in t.outputs)

@@ -23,12 +23,13 @@ goes the other way. Lists are bounded (at most `ir.LIST_MAX_LIMIT` items), which
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from sopgraph.errors import Error
 from sopgraph.language import ir
-from sopgraph.logic.unroll import Unrolled, UnrollError, structure_signature, unrolled_for
+from sopgraph.logic.unroll import LOOK_SEP, Unrolled, UnrollError, structure_signature, unrolled_for
 
 
 class LowerError(Error):
@@ -99,6 +100,10 @@ class _Lowering:
             return env[e.name]
         if isinstance(e, ir.Get):
             return f"{self.path(e.base, env)}.{e.field}"
+        if isinstance(e, ir.Index):
+            return f"{self.path(e.base, env)}[{e.index}]"
+        if isinstance(e, ir.Func) and e.name == "first" and len(e.args) == 1:
+            return f"{self.path(e.args[0], env)}[0]"
         raise LowerError(f"`{ir.show(e)}` is not a variable, item or field")
 
     def expr(self, e: Any, env: Mapping[str, str]) -> Any:
@@ -110,7 +115,10 @@ class _Lowering:
     def _expr(self, e: Any, env: Mapping[str, str]) -> Any:
         if e is None:
             return None
-        if isinstance(e, (ir.Item, ir.Get)):
+        last = _last_in(e)
+        if last is not None:  # `last(L)…`: the item at len(L) - 1, one arm per possible length
+            return self.last(e, last, env)
+        if isinstance(e, (ir.Item, ir.Get, ir.Index)) or isinstance(e, ir.Func) and e.name == "first":
             name = self.path(e, env)
             if name not in self.variables:
                 raise LowerError(f"`{ir.show(e)}` is not a single value")
@@ -162,6 +170,20 @@ class _Lowering:
                               for a in e.arms]
         return e.model_copy(update=update)
 
+    def last(self, e: Any, last: ir.Func, env: Mapping[str, str]) -> Any:
+        """`last(L)` (or a field of it) as `case { when len(L) == 1 -> L[0]… when len(L) == n -> L[n-1]… }`;
+        an empty list reads the first item's variable (the engine refuses the read: §8)."""
+        src, lt = self._list(last.args[0], env)
+        arms = []
+        for n in range(max(1, lt.min_len), lt.max_len + 1):
+            at = ir.Index(base=last.args[0], index=n - 1, span=last.span)
+            then = self._expr(_swap(e, last, at), env)
+            arms.append(ir.CaseArm(when=ir.Compare(op="==", left=ir.Var(name=len_name(src)), right=ir.Lit(value=n)),
+                                   then=then, span=e.span))
+        if not arms:
+            raise LowerError(f"`{ir.show(e)}`: the list is always empty")
+        return ir.CaseExpr(arms=arms[:-1], otherwise=arms[-1].then, span=e.span) if len(arms) > 1 else arms[0].then
+
     def _list(self, e: Any, env: Mapping[str, str]) -> tuple[str, ir.ListType]:
         src = self.path(e, env)
         lt = self.types.get(src)
@@ -212,8 +234,53 @@ class _Lowering:
         return alls[0] if len(alls) == 1 else ir.BoolOp(op="and", operands=alls, span=e.span)
 
 
-def _assigns(lw: _Lowering, assigns: list[ir.OutputAssign]) -> list[ir.OutputAssign]:
-    return [a.model_copy(update={"value": lw.expr(a.value, {})}) for a in assigns]
+def reads_positions(scenario: ir.Scenario) -> bool:
+    """Whether some expression reads a list by position (`first(L)`, `last(L)`, `L[k]`)."""
+    def walk(e: Any) -> bool:
+        if isinstance(e, ir.Index) or isinstance(e, ir.Func) and e.name in ir.POSITIONS:
+            return True
+        return any(walk(c) for c in ir.children(e))
+
+    exprs: list[Any] = [v.expr for v in scenario.variables.values() if v.expr is not None]
+    for st in scenario.stages.values():
+        exprs += [st.subject] + [b.guard for b in st.branches]
+        for b in st.branches:
+            exprs += [a.value for a in [*b.target.outputs, *b.target.args]]
+            exprs += [x for c in b.target.steps for x in c.exprs()]
+    return any(walk(e) for e in exprs if e is not None)
+
+
+def _last_in(e: Any) -> ir.Func | None:
+    """The `last(L)` a read by position starts from (`last(L)`, `last(L).a`, `last(L).legs[0]`), or None."""
+    while isinstance(e, (ir.Get, ir.Index)):
+        e = e.base
+    return e if isinstance(e, ir.Func) and e.name == "last" and len(e.args) == 1 else None
+
+
+def _swap(e: Any, old: Any, new: Any) -> Any:
+    """`e` with its base chain's `old` node replaced by `new`."""
+    if e is old:
+        return new
+    return e.model_copy(update={"base": _swap(e.base, old, new)})
+
+
+def _assigns(lw: _Lowering, assigns: list[ir.OutputAssign], action: str | None = None) -> list[ir.OutputAssign]:
+    """Assignments lowered; the list and record arguments of `action` are left out (no plain form, and
+    no route reads them: they are reported, never tested)."""
+    decl = lw.s.actions.get(action or "")
+    whole = {p.name for p in decl.params if ir.is_structured(p.type)} if decl is not None else set()
+    return [a.model_copy(update={"value": lw.expr(a.value, {})}) for a in assigns if a.name not in whole]
+
+
+def _step(lw: _Lowering, call: ir.ActionCall) -> ir.ActionCall:
+    """A step lowered. A for-each step stays the step of its action, its one argument the step as
+    written (`ir.EACH_WRITTEN`, shown by `ir.show_step`): how many times it is carried out is no part of
+    a route (its list and arguments are read by the engine only), but a changed step is a changed outcome."""
+    if call.each is not None:
+        text = re.sub(rf"(\w){re.escape(LOOK_SEP)}\d+\b", r"\1", ir.show_step(call))  # `Fees#2` (a look) as written
+        written = ir.OutputAssign(name=ir.EACH_WRITTEN, value=ir.Lit(value=text, span=call.span))
+        return ir.ActionCall(action=call.action, args=[written], span=call.span)
+    return call.model_copy(update={"args": _assigns(lw, call.args, call.action)})
 
 
 def lower(scenario: ir.Scenario) -> tuple[ir.Scenario, dict[str, Any], dict[str, str]]:
@@ -231,8 +298,8 @@ def lower(scenario: ir.Scenario) -> tuple[ir.Scenario, dict[str, Any], dict[str,
         for b in st.branches:
             t = b.target
             target = t.model_copy(update={
-                "outputs": _assigns(lw, t.outputs), "args": _assigns(lw, t.args),
-                "steps": [c.model_copy(update={"args": _assigns(lw, c.args)}) for c in t.steps]})
+                "outputs": _assigns(lw, t.outputs), "args": _assigns(lw, t.args, t.action),
+                "steps": [_step(lw, c) for c in t.steps]})
             branches.append(b.model_copy(update={"guard": lw.expr(b.guard, {}), "target": target}))
         stages[sid] = st.model_copy(update={"branches": branches, "subject": lw.expr(st.subject, {})})
     for st in scenario.stages.values():  # whole guards too (their lowered text nests the parts)
@@ -330,6 +397,7 @@ class Lowered(Unrolled):
         self.texts = sorted(texts.items(), key=lambda kv: -len(kv[0]))  # longest first
         self.plain_keys = {name: _plain_keys(name, t) for name, t in roots.items()}
         self._lowering: _Lowering | None = None
+        self.positions = reads_positions(inner.scenario_source)  # its witnesses need the source's word
 
     def flatten(self, values: Mapping[str, Any]) -> dict[str, Any]:
         out = self.inner.flatten(values) if self.inner.looks else dict(values)

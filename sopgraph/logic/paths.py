@@ -545,7 +545,7 @@ class Explorer:
         out: list[str] = []
         for si, bi in zip(stages, branches, strict=True):
             t = self.stage_objs[si].branches[bi].target
-            out += [ir.show_call(c.action, c.args) for c in t.steps]
+            out += [ir.show_step(c) for c in t.steps]
             if t.kind == "action":
                 out.append(ir.show_call(t.action or "", t.args))
         return out
@@ -739,7 +739,7 @@ def lift_path(info: PathInfo, u: Unrolled) -> PathInfo:
             lifted = u.lift(w)
             for name in u.looks:
                 lifted[name] = lifted.get(name, [])[:looks.get(name, 0)]
-            update[key] = lifted
+            update[key] = lifted if not _past_the_end(u, lifted, stages) else None
     constraints = dict(info.constraints)
     if isinstance(u, Lowered):
         constraints = {k: u.missing_in_source_terms(v) for k, v in constraints.items()}
@@ -751,6 +751,17 @@ def lift_path(info: PathInfo, u: Unrolled) -> PathInfo:
     update["constraints"] = constraints
     update["labels"] = _source_labels(u.scenario_source, stages, info.branches, info.labels, looks)
     return info.model_copy(update=update)
+
+
+def _past_the_end(u: Unrolled, values: Mapping[str, Any], stages: list[str]) -> bool:
+    """Whether the source refuses a witness the analysis form routes along the path: a list position read
+    past the end (W309) fails the source's run, where the analysis form reads an item variable."""
+    if not (isinstance(u, Lowered) and u.positions):
+        return False
+    try:
+        return trace(u.scenario_source, values)[0] != stages
+    except DecideError:
+        return True
 
 
 _LOOK = re.compile(rf"([^\W\d][\w.]*){re.escape(LOOK_SEP)}(\d+)\b")

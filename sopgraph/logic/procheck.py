@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sopgraph.language import ir
@@ -18,65 +19,88 @@ from sopgraph.language.compile import stage_reads
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error, warning
 from sopgraph.logic.lower import Lowered, analysis_form
 from sopgraph.logic.paths import explorer_for, used_looks
-from sopgraph.logic.unroll import LOOK_SEP, Unrolled, UnrollError, unbounded_cycle, unrolled_for
+from sopgraph.logic.unroll import (
+    LOOK_SEP,
+    Unrolled,
+    UnrollError,
+    affects_of,
+    held_variables,
+    unbounded_cycle,
+    unrolled_for,
+)
 
 # output_value(output, expr, span) of the checker's typer: checks a value against a declared type
 ValueCheck = Callable[[ir.Output, Any, ir.Span], None]
 
 
-def _calls(scenario: ir.Scenario) -> list[tuple[ir.Stage, ir.Branch, str, list[ir.OutputAssign], ir.Span]]:
-    """Every action call: (stage, branch, action, arguments, span) for steps and final actions."""
-    out = []
+def _calls(scenario: ir.Scenario) -> list[tuple[ir.Stage, ir.Branch, str, list[ir.OutputAssign], ir.Span,
+                                              ir.ActionCall | None]]:
+    """Every action call: (stage, branch, action, arguments, span, the step or None for a final action)."""
+    out: list[tuple[ir.Stage, ir.Branch, str, list[ir.OutputAssign], ir.Span, ir.ActionCall | None]] = []
     for stage in scenario.stages.values():
         for branch in stage.branches:
             t = branch.target
             for call in t.steps:
-                out.append((stage, branch, call.action, call.args, call.span if call.span.line else t.span))
+                out.append((stage, branch, call.action, call.args, call.span if call.span.line else t.span, call))
             if t.kind == "action" and (t.args or (t.action in scenario.actions
                                                    and scenario.actions[t.action].params)):
-                out.append((stage, branch, t.action or "", t.args, t.span))
+                out.append((stage, branch, t.action or "", t.args, t.span, None))
     return out
 
 
-def check_calls(scenario: ir.Scenario, value_check: ValueCheck) -> list[Diagnostic]:
+def check_calls(scenario: ir.Scenario, value_check: ValueCheck,
+                scope: Callable[[ir.ActionCall | None, ir.Branch], AbstractContextManager[Any]] | None = None,
+                ) -> list[Diagnostic]:
     """Undefined actions in steps (E104); arguments that are unknown, missing, repeated or of the
-    wrong type for the action's parameters (E109)."""
+    wrong type for the action's parameters (E109). `scope(call, branch)`: the context the arguments are
+    typed in (the item variable of a for-each step; what the branch's condition says)."""
     out: list[Diagnostic] = []
-    for stage, branch, name, args, span in _calls(scenario):
-        action = scenario.actions.get(name)
-        if action is None:
-            if any(c.action == name for c in branch.target.steps):
-                out.append(error("E104", f"undefined action `{name}`", span,
-                                 did_you_mean(name, scenario.actions)
-                                 or f'declare it with `action {name} "what it does"`'))
+    for stage, branch, name, args, span, call in _calls(scenario):
+        if scope is not None:
+            with scope(call, branch):
+                out += _check_call(scenario, value_check, stage, branch, name, args, span)
+        else:
+            out += _check_call(scenario, value_check, stage, branch, name, args, span)
+    return out
+
+
+def _check_call(scenario: ir.Scenario, value_check: ValueCheck, stage: ir.Stage, branch: ir.Branch, name: str,
+                args: list[ir.OutputAssign], span: ir.Span) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    action = scenario.actions.get(name)
+    if action is None:
+        if any(c.action == name for c in branch.target.steps):
+            out.append(error("E104", f"undefined action `{name}`", span,
+                             did_you_mean(name, scenario.actions)
+                             or f'declare it with `action {name} "what it does"`'))
+        return out
+    params = {p.name: p for p in action.params}
+    given: set[str] = set()
+    for arg in args:
+        param = params.get(arg.name)
+        if param is None:
+            hint = did_you_mean(arg.name, params) or (
+                f"its parameters are {', '.join(f'`{p}`' for p in params)}" if params
+                else f"`{name}` takes no arguments")
+            out.append(error("E109", f"action `{name}` has no parameter `{arg.name}`", arg.span, hint))
             continue
-        params = {p.name: p for p in action.params}
-        given: set[str] = set()
-        for arg in args:
-            param = params.get(arg.name)
-            if param is None:
-                hint = did_you_mean(arg.name, params) or (
-                    f"its parameters are {', '.join(f'`{p}`' for p in params)}" if params
-                    else f"`{name}` takes no arguments")
-                out.append(error("E109", f"action `{name}` has no parameter `{arg.name}`", arg.span, hint))
-                continue
-            if arg.name in given:
-                out.append(error("E102", f"argument `{arg.name}` is given twice", arg.span, "keep one"))
-            given.add(arg.name)
-            value_check(ir.Output(name=f"{name}.{arg.name}", type=param.type), arg.value,
-                        arg.value.span if arg.value.span.line else arg.span)
-        missing = [p for p in params if p not in given]
-        if missing:
-            out.append(error("E109", f"`do {name}` at stage `{stage.id}` does not give "
-                             f"{', '.join(f'`{m}`' for m in missing)}", span,
-                             f"write `do {name}({', '.join(f'{m} = ...' for m in missing)})`"))
+        if arg.name in given:
+            out.append(error("E102", f"argument `{arg.name}` is given twice", arg.span, "keep one"))
+        given.add(arg.name)
+        value_check(ir.Output(name=f"{name}.{arg.name}", type=param.type), arg.value,
+                    arg.value.span if arg.value.span.line else arg.span)
+    missing = [p for p in params if p not in given]
+    if missing:
+        out.append(error("E109", f"`do {name}` at stage `{stage.id}` does not give "
+                         f"{', '.join(f'`{m}`' for m in missing)}", span,
+                         f"write `do {name}({', '.join(f'{m} = ...' for m in missing)})`"))
     return out
 
 
 def check_observations(scenario: ir.Scenario) -> list[Diagnostic]:
     """`observe` of undeclared or non-system variables (E101/E110); zero bounds (E112); `affects`
     naming a variable no stage observes (E101/E110)."""
-    out: list[Diagnostic] = check_affects(scenario)
+    out: list[Diagnostic] = check_affects(scenario) + check_constant_looks(scenario)
     for stage in scenario.stages.values():
         for name in stage.observe:
             var = scenario.variables.get(name)
@@ -109,6 +133,44 @@ def check_affects(scenario: ir.Scenario) -> list[Diagnostic]:
                 out.append(error("E110", f"action `{action.name}` affects `{name}`, which no stage observes",
                                  span, f"an action changes what the next look sees: add `observe {name}` to the "
                                  "stage that checks it again, or remove it from `affects`"))
+    return out
+
+
+def check_volatile(scenario: ir.Scenario) -> list[Diagnostic]:
+    """`volatile` on a variable no stage observes (E110): only looks can change."""
+    out: list[Diagnostic] = []
+    observed = set(scenario.observed)
+    for var in scenario.variables.values():
+        if var.volatile and var.name not in observed:
+            what = "a field: the agent infers it once" if var.role == "field" else "it is never looked at anew"
+            out.append(error("E110", f"`{var.name}` is marked `volatile` but no stage observes it ({what})",
+                             var.span, f"add `observe {var.name}` to the stages that look at it, or drop `volatile`"))
+    return out
+
+
+def check_constant_looks(scenario: ir.Scenario) -> list[Diagnostic]:
+    """W308: in a procedure that says how its world changes, a variable looked at again that no
+    action affects and that is not `volatile`: every look sees the value of the first."""
+    out: list[Diagnostic] = []
+    held = held_variables(scenario)
+    affected = set().union(*affects_of(scenario).values())
+    sites: dict[str, list[ir.Stage]] = {}
+    for stage in scenario.stages.values():
+        for name in stage.observe:
+            sites.setdefault(name, []).append(stage)
+    succ = {sid: {b.target.stage for b in st.branches if b.target.kind == "stage" and b.target.stage}
+            for sid, st in scenario.stages.items()}
+    for name, stages in sites.items():
+        if name not in held or name in affected:
+            continue
+        again = stages[1] if len(stages) > 1 else next(
+            (st for st in stages if any(st.id in _reach(succ, n) for n in succ.get(st.id, ()))), None)
+        if again is None:
+            continue
+        out.append(warning("W308", f"`{name}` is looked at again at stage `{again.id}`, but no action affects it: "
+                           "every look sees the value of the first", again.span,
+                           f"add `affects {name}` to the actions that change it, or mark it `volatile` "
+                           f"(`system {name}: … volatile`) if it changes on its own"))
     return out
 
 

@@ -77,23 +77,34 @@ class Unrolled:
 
 
 def affects_of(scenario: ir.Scenario) -> dict[str, frozenset[str]]:
-    """Per action, the observed variables it can change (`action A "…" affects X, Y`). An observed
-    variable some action affects is *held*: a look at it sees a new value only if such an action was
-    carried out since the previous look (otherwise the same value again); one no action affects
-    changes on its own, every look a new value."""
-    signature = tuple((id(a), tuple(a.affects)) for a in scenario.actions.values()) + (tuple(scenario.observed),)
-    return scenario.cached_analysis("affects", signature, lambda: _affects(scenario))
-
-
-def _affects(scenario: ir.Scenario) -> dict[str, frozenset[str]]:
-    observed = set(scenario.observed)
-    return {a.name: frozenset(n for n in a.affects if n in observed) for a in scenario.actions.values()
-            if any(n in observed for n in a.affects)}
+    """Per action, the observed variables it can change (`action A "…" affects X, Y`)."""
+    return _world(scenario)[0]
 
 
 def held_variables(scenario: ir.Scenario) -> frozenset[str]:
-    """The observed variables some action affects (see `affects_of`)."""
-    return frozenset().union(*affects_of(scenario).values())
+    """The observed variables a look sees anew only after an action that affects them (otherwise the
+    previous look's value again). A procedure that says how its world changes (some `affects`, or
+    some `volatile` variable) holds every observed variable not marked `volatile`; one that says
+    neither holds none: every look is a new value, as before `affects` existed."""
+    return _world(scenario)[1]
+
+
+def _world(scenario: ir.Scenario) -> tuple[dict[str, frozenset[str]], frozenset[str]]:
+    observed = scenario.observed
+    variables = scenario.variables
+    signature = (tuple((id(a), tuple(a.affects)) for a in scenario.actions.values()) + (tuple(observed),)
+                 + tuple(name in variables and variables[name].volatile for name in observed))
+    return scenario.cached_analysis("affects", signature, lambda: _affects(scenario))
+
+
+def _affects(scenario: ir.Scenario) -> tuple[dict[str, frozenset[str]], frozenset[str]]:
+    observed = scenario.observed
+    seen = set(observed)
+    affects = {a.name: frozenset(n for n in a.affects if n in seen) for a in scenario.actions.values()
+               if any(n in seen for n in a.affects)}
+    volatile = {n for n in observed if n in scenario.variables and scenario.variables[n].volatile}
+    held = frozenset(n for n in observed if n not in volatile) if affects or volatile else frozenset()
+    return affects, held
 
 
 def path_looks(scenario: ir.Scenario, stages: list[str], branches: list[int]) -> dict[str, int]:
@@ -225,7 +236,7 @@ def _relevance(scenario: ir.Scenario, bounded: list[tuple[str, int]], observed: 
         exprs = [st.subject, *(b.guard for b in st.branches)]
         for b in st.branches:
             exprs += [a.value for a in [*b.target.outputs, *b.target.args]]
-            exprs += [a.value for c in b.target.steps for a in c.args]
+            exprs += [x for c in b.target.steps for x in c.exprs()]
         for e in exprs:
             names |= rn.observed_reads(e)
         uses[sid] = names
@@ -253,8 +264,8 @@ def _rename_target(t: ir.Target, rn: _Renamer, looks: Mapping[str, int], stage: 
     return ir.Target(
         kind=t.kind, stage=stage, action=t.action, span=t.span,
         outputs=_rename_assigns(t.outputs, rn, looks), args=_rename_assigns(t.args, rn, looks),
-        steps=[ir.ActionCall(action=c.action, args=_rename_assigns(c.args, rn, looks), span=c.span)
-               for c in t.steps])
+        steps=[ir.ActionCall(action=c.action, args=_rename_assigns(c.args, rn, looks), span=c.span, each=c.each,
+                             source=rn.rename(c.source, looks), cond=rn.rename(c.cond, looks)) for c in t.steps])
 
 
 def unroll(scenario: ir.Scenario, limit: int = UNROLL_LIMIT) -> Unrolled:

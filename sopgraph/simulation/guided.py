@@ -32,7 +32,7 @@ from sopgraph.language import ir
 from sopgraph.logic.engine import (
     DecideError,
     Interpreter,
-    export_value,
+    export_arg,
     leaf_finals,
     max_steps,
     validate_value,
@@ -102,7 +102,8 @@ def walk(scenario: ir.Scenario, known: Mapping[str, Any]) -> Walk:
             if chosen is None:
                 return Walk(path, stage=stage.id, error=f"no branch of `{stage.id}` applies to these values",
                             actions=actions)
-            steps = [_call(it, c.action, c.args) for c in chosen.target.steps]
+            steps = [a for c in chosen.target.steps
+                     for a in (it.each_calls(c) if c.each is not None else [_call(it, c.action, c.args)])]
             if chosen.target.kind == "action":
                 finals = leaf_finals(scenario, chosen.target, it.eval, stage.id)
                 final = _call(it, chosen.target.action or "", chosen.target.args)
@@ -121,7 +122,7 @@ def _call(it: Interpreter, name: str, args: list[ir.OutputAssign]) -> dict[str, 
     engine's trace reports them (`Decision.actions`)."""
     action = it.s.actions.get(name)
     types = {p.name: p.type for p in action.params} if action is not None else {}
-    return {"name": name, "args": {a.name: export_value(types.get(a.name), it.eval(a.value)) for a in args}}
+    return {"name": name, "args": {a.name: export_arg(types.get(a.name), it.eval(a.value)) for a in args}}
 
 
 def _choose(it: Interpreter, stage: ir.Stage, fired: dict[tuple[str, int], int]) -> ir.Branch | None:

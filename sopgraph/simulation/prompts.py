@@ -283,8 +283,17 @@ def _call_text(scenario: ir.Scenario, action: str, args: list[ir.OutputAssign]) 
     return f"{action} ({', '.join(f'{a.name} = {_output_value(scenario, a.value)}' for a in args)})"
 
 
+def _step_text(scenario: ir.Scenario, call: ir.ActionCall) -> str:
+    """`carry out A (x = 1)`; a for-each step: `for each f in Fees where f.refundable, carry out Refund (…)`."""
+    text = f"carry out {_call_text(scenario, call.action, call.args)}"
+    if call.each is None:
+        return text
+    where = "" if call.cond is None else f" where {plain(call.cond, scenario)}"
+    return f"for each {call.each} in {plain(call.source, scenario)}{where}, {text} (once per item)"
+
+
 def _target_text(scenario: ir.Scenario, target: ir.Target) -> str:
-    steps = "".join(f"carry out {_call_text(scenario, c.action, c.args)}, then " for c in target.steps)
+    steps = "".join(f"{_step_text(scenario, c)}, then " for c in target.steps)
     if target.kind == "stage":
         return f"{steps}go to {target.stage}"
     text = f"{steps}final action {_call_text(scenario, target.action or '', target.args)}"
