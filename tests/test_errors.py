@@ -61,7 +61,7 @@ def _entry_points(tmp: Path) -> dict[str, Callable[[], object]]:
     """Each public entry point of a stage, given input of the right type that it cannot use."""
     from sopgraph.authoring import diff, validate
     from sopgraph.cases.profiles import load_profile
-    from sopgraph.evaluation.score import score_run
+    from sopgraph.evaluation.score import ScoreConfig, score_run
     from sopgraph.simulation.gateway import Gateway, parse_model_option
     from sopgraph.simulation.judge import parse_judge_turns
     from sopgraph.simulation.runner import read_cases
@@ -100,6 +100,8 @@ def _entry_points(tmp: Path) -> dict[str, Callable[[], object]]:
         "models: an option without a model": lambda: parse_model_option("agent="),
         "gateway: a concurrency below one": lambda: Gateway(concurrency=0, cache=False),
         "judge turns: not a turn": lambda: parse_judge_turns("first,abc"),
+        "score: a confidence outside (0, 1)": lambda: ScoreConfig(confidence=2),
+        "score: a weight of the wrong type": lambda: ScoreConfig(w_path="heavy"),
     }
 
 
@@ -107,7 +109,8 @@ def test_every_public_entry_point_reports_bad_input_as_a_sopgraph_error(tmp_path
     """The session (which `sop step` drives; its line protocol answers bad lines in tests/test_cli_lang.py),
     validate, diff, profiles, the run store, scoring, runs, model options and the gateway: what a user gets
     wrong is a `sopgraph.Error`, never a bare ValueError. (A wrong *type* of argument stays the caller's
-    TypeError/AttributeError; a pydantic record built with bad fields raises pydantic's ValidationError.)"""
+    TypeError/AttributeError; a pydantic *record* built with bad fields raises pydantic's ValidationError,
+    but a configuration such as ScoreConfig is bad input: a sopgraph.Error.)"""
     escaped = {}
     for name, call in _entry_points(tmp_path).items():
         try:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sopgraph.errors import Error
 from sopgraph.evaluation import stats
@@ -121,6 +121,16 @@ class ScoreConfig(BaseModel):
     token_tiers: tuple[float, float, float] = (5e6, 25e6, 100e6)
     numeric_tolerance: float = 1e-6
 
+    def __init__(self, **data: Any) -> None:
+        """As pydantic's, but a bad setting is a ScoreError (a `sopgraph.Error`), so that `except
+        sopgraph.Error` holds for scoring's configuration too (pydantic's ValidationError is no subclass)."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
+                                 for e in exc.errors()[:6])
+            raise ScoreError(f"score configuration: {problems}") from None
+
     @model_validator(mode="after")
     def _check(self) -> ScoreConfig:
         unknown = set(self.chat_weights) - set(CHAT_DIMENSIONS)
@@ -140,7 +150,7 @@ class ScoreConfig(BaseModel):
         if name not in WEIGHT_PRESETS:
             raise ScoreError(f"unknown weight preset {name!r}; known: {', '.join(WEIGHT_PRESETS)}")
         c, p, f = WEIGHT_PRESETS[name]
-        return cls(weights=name, w_classification=c, w_path=p, w_finals=f, **overrides)  # type: ignore[arg-type]
+        return cls(weights=name, w_classification=c, w_path=p, w_finals=f, **overrides)
 
     def describe(self) -> str:
         """One human paragraph with every weight and policy (printed beside every result)."""
