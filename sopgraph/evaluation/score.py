@@ -88,6 +88,10 @@ class ScoreError(Error):
     """A user-facing problem with the inputs of scoring (bad run, ambiguous judgment set...)."""
 
 
+class ScoreConfigError(ScoreError, ValueError):
+    """A bad scoring setting: a ScoreError, and still the ValueError pydantic's validation raised before."""
+
+
 class ScoreConfig(BaseModel):
     """Every weight and policy of scoring in one place; printed with every result."""
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -129,7 +133,7 @@ class ScoreConfig(BaseModel):
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
                                  for e in exc.errors()[:6])
-            raise ScoreError(f"score configuration: {problems}") from None
+            raise ScoreConfigError(f"score configuration: {problems}") from None
 
     @model_validator(mode="after")
     def _check(self) -> ScoreConfig:
