@@ -193,3 +193,39 @@ def many_intents_profile(n: int, *, seed: int = 0) -> str:
         if i % 3 == 0:
             out.append("    pushes_for: []")
     return "\n".join(out) + "\n"
+
+
+SPLITTING_ROUTES = """\
+type Item = record { amount: int[0..50], ok: bool }
+system Items: list[..2] of Item "items"
+system Box: record { level: int[0..5], open: bool } "box"
+system Tags: list[1..2] of Red | Blue "tags"
+system Flag: bool "flag"
+action Note "note"
+action Pay(amount: int[0..200]) "pay"
+action Go "go"
+stage s0 { observe Box, Items, Tags when Blue not in Tags -> do Note -> do Note -> s1 when sum(i.amount for i in Items) > 40 -> do Note -> do Pay(amount = len(Tags)) when Box.level >= 3 -> s0 up to 2 times otherwise -> do Note -> do Pay(amount = Box.level) -> s2 }
+stage s1 { observe Items, Tags, Box when Red in Tags -> s2 when count(i in Items where i.amount > 20) >= 1 -> do Pay(amount = 0) -> do Note -> s2 when Box.level >= 3 -> s0 up to 2 times otherwise -> do Pay(amount = len(Tags)) -> s2 }
+stage s2 { observe Tags, Box when Red in Tags -> do Pay(amount = len(Tags)) -> do Go when all(t in Tags where t == Red) -> do Note -> do Note -> do Go otherwise -> do Go }
+"""
+"""A procedure from test_unroll's generator (observed lists and records, re-checks): every stage splits
+each box of a route's region (list membership over the looks), so a whole route's region grows with the
+product of the splits. `sop check` ran for minutes (3.6 GB) and `iter_paths` did not end (issue 31)."""
+
+
+def box_counter(limit: int):
+    """A `Space.constrain_region` wrapper that counts the boxes it returns and raises past `limit`
+    (so a test of the bound fails fast on code without it); returns (wrapper, stats)."""
+    from sopgraph.logic import domain
+
+    original = domain.Space.constrain_region
+    stats = {"boxes": 0}
+
+    def counted(self, region, f, *args):  # noqa: ANN001, ANN202 - a test double
+        out = original(self, region, f, *args)
+        stats["boxes"] += len(out)
+        if stats["boxes"] > limit:
+            raise RuntimeError(f"more than {limit} boxes")
+        return out
+
+    return counted, stats

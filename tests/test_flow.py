@@ -411,3 +411,41 @@ def test_w303_on_a_field_tested_again_says_it_keeps_its_value() -> None:
                   'stage s { when Late -> do Ask -> t\n otherwise -> do Go }\n'
                   'stage t { when Late -> do Human\n otherwise -> do Go }\n')
     assert "keeps one value" not in system
+
+
+def test_a_route_whose_region_splits_at_every_stage_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole-route regions of the witness searches are capped (MAX_REGION, each step charged): the
+    analysis ends with I302 instead of multiplying boxes for minutes."""
+    from helpers import SPLITTING_ROUTES, box_counter
+
+    from sopgraph import load
+    from sopgraph.logic import domain
+    from sopgraph.logic.flow import FlowWork
+    from sopgraph.logic.lower import analysis_form
+
+    counted, stats = box_counter(200_000)
+    monkeypatch.setattr(domain.Space, "constrain_region", counted)
+    flat = analysis_form(load(text=SPLITTING_ROUTES, check=False)).scenario
+    work = FlowWork()
+    found = flow_diagnostics(flat, work=work)
+    notes = [d for d in found if d.code == "I302"]
+    assert notes and "bound on states or region size" in notes[0].message
+    assert any(d.code == "W301" for d in found)  # what was found before the bound is still reported
+    assert stats["boxes"] < 200_000 and not work.out_of_time
+
+
+def test_past_its_cpu_budget_the_flow_analysis_says_where_and_on_what() -> None:
+    from helpers import SPLITTING_ROUTES
+
+    from sopgraph import load
+    from sopgraph.logic.flow import FlowWork
+    from sopgraph.logic.lower import analysis_form
+
+    flat = analysis_form(load(text=SPLITTING_ROUTES, check=False)).scenario
+    work = FlowWork()
+    found = flow_diagnostics(flat, work=work, cpu_budget=0.0)
+    (note,) = [d for d in found if d.code == "I302"]
+    assert work.out_of_time
+    assert "CPU budget (0 s of CPU) at stage `s0`" in note.message
+    assert "while exploring which values reach each stage" in note.message
+    assert note.span is not None and note.span.line == 9  # the stage, not the file's header

@@ -1034,3 +1034,29 @@ def test_coverage_gaps_leaves_an_intent_balanced_sample_alone() -> None:
     small = cov.model_copy(update={"feasible_paths": 15, "per_path": {"P0": 3}})
     covered, want, gaps = coverage_gaps(small, [Skip(kind="path", name=f"U{i}", reason="why") for i in range(14)], 12)
     assert (covered, want, len(gaps)) == (1, 12, 14) and gaps[0] == ("U0", "why")
+
+
+def test_paths_the_proof_gives_up_on_are_still_planned_by_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When neither the witness search nor the solver finds values for a path (here: made to give up on
+    every path), the plan samples members of the path's region and keeps the ones the engine routes there."""
+    from sopgraph.logic import domain
+    from sopgraph.logic.paths import verify
+
+    scenario = sopgraph.load(ROOT / "examples" / "claim_intake.sop")  # dates, optional values, re-checks
+    profile = default_profile(scenario)
+    expected = [e.id for e in plan(scenario, profile).paths]
+    assert len(expected) >= 10
+    monkeypatch.setattr(domain.Space, "witness", lambda self, box, style="representative", rng=None: None)
+    planned = plan(scenario, profile)
+    assert [e.id for e in planned.paths] == expected
+    for entry in planned.paths:  # the plan's form of the procedure (each look its own variable)
+        assert verify(planned.scenario, entry.witness, entry.stages, entry.branches) is not None
+    assert not [s for s in planned.skipped if s.kind == "path"]
+
+
+def test_past_its_cpu_budget_the_plan_says_where_it_stopped() -> None:
+    scenario = sopgraph.load(ROOT / "examples" / "claim_intake.sop")
+    planned = plan(scenario, default_profile(scenario), cpu_budget=0.0)
+    (skip,) = [s for s in planned.skipped if s.name == "budget"]
+    assert planned.paths == []
+    assert "CPU budget (0 s of CPU) at path P01 (" in skip.reason

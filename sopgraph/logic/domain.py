@@ -771,10 +771,19 @@ class Space:
         self._cons[key] = res
         return res
 
-    def constrain_region(self, region: Iterable[Box], f: Formula) -> tuple[Box, ...]:
+    def constrain_region(self, region: Iterable[Box], f: Formula, cap: int | None = None) -> tuple[Box, ...]:
+        """The boxes of `region` where `f` holds. With `cap`, a result that would exceed `cap` boxes keeps
+        the region's boxes and attaches `f` to each as one residual literal instead: the same set, only
+        decided lazily (by witness search and the solver). Why: along a long route every stage can split
+        each box, and the product of the splits made one path's region cost minutes (issue 31)."""
+        region = tuple(region)
         out: list[Box] = []
         for b in region:
             out.extend(self.constrain(b, f))
+            if cap is not None and len(out) > cap:
+                rid = self.formula_residual(f)
+                out = [self.box(b2.doms, b2.resid | {(rid, True)}) for b2 in region if (rid, False) not in b2.resid]
+                break
         return self.normalize(out)
 
     def add_residual(self, box: Box, rid: int, truth: bool) -> tuple[Box, ...]:

@@ -69,6 +69,7 @@ Region = tuple[Box, ...]
 ID_COUNT_BUDGET = 50_000  # DP states spent on the id width before falling back to WIDE_IDS
 COUNT_BUDGET = 100_000  # DP states of one count (paths or stage sequences) before it stops, incomplete
 WIDE_IDS = 12
+FULL_REGION_CAP = 128  # boxes of one path's whole region; past it, the next guard is kept as a residual literal
 
 
 class _Budget(Exception):
@@ -465,7 +466,7 @@ class Explorer:
         sp = self.sp
         region: Region = (sp.full,)
         for si, bi in zip(stages, branches, strict=True):
-            region = sp.constrain_region(region, self.fire(si, bi))
+            region = sp.constrain_region(region, self.fire(si, bi), FULL_REGION_CAP)
             if not region:
                 break
         return region
@@ -486,7 +487,7 @@ class Explorer:
             del fulls[k + 1:]
             for si, bi in dec[k:]:
                 cur = fulls[-1]
-                fulls.append(sp.constrain_region(cur, self.fire(si, bi)) if cur else ())
+                fulls.append(sp.constrain_region(cur, self.fire(si, bi), FULL_REGION_CAP) if cur else ())
             prev[:] = dec
             return fulls[-1]
 
