@@ -449,3 +449,16 @@ def test_past_its_cpu_budget_the_flow_analysis_says_where_and_on_what() -> None:
     assert "CPU budget (0 s of CPU) at stage `s0`" in note.message
     assert "while exploring which values reach each stage" in note.message
     assert note.span is not None and note.span.line == 9  # the stage, not the file's header
+
+
+def test_sop_check_takes_a_cpu_budget_and_says_where_it_stopped() -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    sop = Path(__file__).resolve().parent.parent / "examples" / "bike_rental.sop"
+    result = CliRunner().invoke(main, ["check", "--cpu-budget", "0", str(sop)])
+    assert result.exit_code == 0, result.output
+    assert "info[I302]: flow analysis incomplete: the analysis reached its CPU budget (0 s of CPU) at stage " \
+           "`step1` while exploring which values reach each stage" in result.output
+    assert "I302" not in CliRunner().invoke(main, ["check", str(sop)]).output  # the default budget is ample

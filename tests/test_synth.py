@@ -1011,6 +1011,7 @@ def test_synth_fails_loudly_when_paths_cannot_be_covered(tmp_path, monkeypatch) 
     res = r.invoke(main, ["synth", str(sop), "-n", "20", "-o", str(out), "-q"])
     assert res.exit_code == 0, res.output  # every path covered: no complaint
     monkeypatch.setattr(synth_mod.paths_mod, "iter_paths", only_first_has_a_witness)
+    monkeypatch.setattr(synth_mod, "_sampled_witness", lambda *args: None)  # and sampling finds none either
     res = r.invoke(main, ["synth", str(sop), "-n", "20", "-o", str(out), "-q"])
     assert res.exit_code == EXIT_COVERAGE == 5, res.output
     assert "error: the cases cover 1 of the 12 paths -n 20 allows" in res.stderr
