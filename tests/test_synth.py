@@ -1061,3 +1061,16 @@ def test_past_its_cpu_budget_the_plan_says_where_it_stopped() -> None:
     (skip,) = [s for s in planned.skipped if s.name == "budget"]
     assert planned.paths == []
     assert "CPU budget (0 s of CPU) at path P01 (" in skip.reason
+
+
+def test_sop_synth_out_of_its_cpu_budget_exits_5_and_says_where(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    out = tmp_path / "cases.jsonl"
+    res = CliRunner().invoke(main, ["synth", str(ROOT / "examples" / "bike_rental.sop"), "-n", "5", "-q",
+                                    "-o", str(out), "--cpu-budget", "0"])
+    assert res.exit_code == 5, res.output
+    assert "synthesis reached its CPU budget (0 s of CPU) at path P01 (step1 -> " in res.stderr
+    assert "(raise --cpu-budget)" in res.stderr

@@ -28,6 +28,7 @@ from sopgraph.cases.synth import (
     synthesize_stream,
 )
 from sopgraph.language.diagnostics import SopError, render_all
+from sopgraph.logic.budget import SYNTH_CPU_BUDGET
 from sopgraph.perf import batch_gc
 
 from .checkcmd import diagnostic_record
@@ -66,10 +67,12 @@ def coverage_gaps(cov: Coverage, skipped: Sequence[Skip], n: int) -> tuple[int, 
     why = {s.name: s.reason for s in skipped if s.kind == "path" or (s.kind == "pair" and " @ " not in s.name)}
     unproducible = [pid for pid in why if not cov.per_path.get(pid)]
     every_path = cov.min_per_path >= 1 and n >= cov.feasible_paths
-    if covered >= want or not (every_path or cov.feasible_paths - len(unproducible) < want):
+    stopped = [s.reason for s in skipped if s.kind == "paths" and s.name == "budget"]  # out of CPU budget
+    if covered >= want or not (every_path or stopped or cov.feasible_paths - len(unproducible) < want):
         return None
     missing = [pid for pid, c in cov.per_path.items() if not c] + [pid for pid in why if pid not in cov.per_path]
     gaps = [(pid, why.get(pid, "no case was drawn on it (raise -n, or --min-per-path 1)")) for pid in missing]
+    gaps += [("(the rest)", reason + " (raise --cpu-budget)") for reason in stopped[:1]]
     return covered, want, gaps
 
 
@@ -124,12 +127,16 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 @click.option("-q", "--quiet", is_flag=True, help="No summary table.")
 @click.option("--allow-gaps", is_flag=True,
               help=f"Exit 0 even when the cases cover fewer paths than -n allows (default: exit {EXIT_COVERAGE}).")
+@click.option("--cpu-budget", default=SYNTH_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
+              help="CPU seconds for planning the cases (paths, witnesses, intents); past it the later paths get no "
+                   "cases, and the skip says where planning stopped.")
 @click.option("--cases", "n_deprecated", type=int, default=None, hidden=True,
               help="Deprecated alias of --count (in `sop run`, --cases names a case file).")
 def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None,
               min_per_path: int | None,
               balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
-              coverage_out: Path | None, quiet: bool, allow_gaps: bool, n_deprecated: int | None) -> None:
+              coverage_out: Path | None, quiet: bool, allow_gaps: bool, n_deprecated: int | None,
+              cpu_budget: float = SYNTH_CPU_BUDGET) -> None:
     """Synthesize test cases for FILE: intent-balanced sampling over feasible paths, then supplementation
     so that every path is covered (SAGE's two-stage scheme). Output: JSON Lines of `Case` records.
 
@@ -141,19 +148,19 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
         n = n_deprecated
     with batch_gc():  # a batch command (see `perf.batch_gc`): the profile and the plan live until exit
         stream = _synth(file, n, seed, out, profile_path, min_per_path, balance, intensity, personas, languages,
-                        coverage_out, quiet)
+                        coverage_out, quiet, cpu_budget)
     if report_coverage_gaps(stream.coverage, stream.skipped, n, allow_gaps):
         sys.exit(EXIT_COVERAGE)
 
 
 def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None, min_per_path: int | None,
            balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
-           coverage_out: Path | None, quiet: bool) -> SynthStream:
+           coverage_out: Path | None, quiet: bool, cpu_budget: float = SYNTH_CPU_BUDGET) -> SynthStream:
     scenario = load_or_exit(file)
     profile = load_profile_or_exit(file, scenario, profile_path)
     try:
         mix = parse_mix(intensity)
-        the_plan = plan(scenario, profile, sample=n, seed=seed)
+        the_plan = plan(scenario, profile, sample=n, seed=seed, cpu_budget=cpu_budget)
         stream = synthesize_stream(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
                                    intensity_mix=mix, use_intent_intensity=mix is None,
                                    personas=_split_multi(personas) or None,
