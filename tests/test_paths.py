@@ -747,3 +747,13 @@ def test_a_route_whose_region_splits_at_every_stage_is_listed_with_witnesses(mon
     for p in listed:
         assert decide(scenario, p.witness).path == p.stages
     assert stats["boxes"] < 200_000
+
+
+def test_sop_paths_stops_listing_at_its_cpu_budget_and_says_after_which_path() -> None:
+    sop = Path(__file__).resolve().parent.parent / "examples" / "bike_rental.sop"
+    res = CliRunner().invoke(cli, ["paths", "--format", "jsonl", "--cpu-budget", "0", str(sop)])
+    assert res.exit_code == 0, res.output
+    assert [json.loads(line)["id"] for line in res.stdout.splitlines()] == ["P01"]
+    assert "the listing reached its CPU budget (0 s of CPU) after path P01 (step1 -> " in res.stderr
+    full = CliRunner().invoke(cli, ["paths", "--format", "jsonl", str(sop)])
+    assert len(full.stdout.splitlines()) == 7 and "CPU budget" not in full.stderr
