@@ -30,8 +30,10 @@ Public API (stable; other modules build on it):
 
 Internally a per-scenario `Space` (see `space_for`) interns boxes and compiled formulas and
 memoises `constrain` per (box, formula), which is what keeps path counting and enumeration fast.
-This module holds the space, its boxes and the witness search; guards compile to formulas in
-`guards` (the compiler) and `formula` (formulas and their simplifying constructors), below it.
+This module holds the space's compiled constraints; the space is built in layers below it: `spacecore`
+(boxes, per-variable domains), `spacesearch` (feasibility and the witness search) and `spacetext` (regions
+in words). Guards compile to formulas in `guards` (the compiler) and `formula` (formulas and their
+simplifying constructors), below it.
 """
 
 from __future__ import annotations
