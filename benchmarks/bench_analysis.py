@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import random
 import resource
@@ -52,57 +53,8 @@ def _helpers():
 
 
 def weighted_sop(k: int, n: int, *, weighted: bool, seed: int = 0) -> str:
-    """`k` weighted scores over `n` shared indicators (bools, enum tests, thresholds), a referral
-    tier from the highest score, and a second look at the main score: the fraud-referral shape.
-    `weighted` writes each score `count(2: A, 1: B, …)`, else the same score as a sum of counts grouped
-    by weight (`count(B) + 2 * count(A)`); the two files decide identically."""
-    rng = random.Random(seed)
-    lines = [f'scenario referral_{k}_{n} "Referral {k}x{n}" "Synthetic weighted-indicator referral SOP."', ""]
-    conds: list[str] = []
-    for i in range(n):
-        if i % 3 == 0:
-            lines.append(f'field F{i}: bool "flag {i}"')
-            conds.append(f"F{i}")
-        elif i % 3 == 1:
-            lines.append(f'field F{i}: Low{i} | Mid{i} | High{i} "graded {i}"')
-            conds.append(f"F{i} == High{i}")
-        else:
-            lines.append(f'system F{i}: int[0..1000] "amount {i}"')
-            conds.append(f"F{i} > {rng.randrange(100, 900, 50)}")
-    per = max(3, min(n, (2 * n) // max(k, 1) + 1))
-    total = 0
-    for j in range(k):
-        picked = rng.sample(conds, per)
-        weights = [rng.choice((1, 2, 3)) for _ in picked]
-        total = max(total, sum(weights))
-        if weighted:
-            body = "count(" + ", ".join(f"{w}: {c}" for w, c in zip(weights, picked, strict=True)) + ")"
-        else:
-            groups: dict[int, list[str]] = {}
-            for w, c in zip(weights, picked, strict=True):
-                groups.setdefault(w, []).append(c)
-            body = " + ".join((f"count({', '.join(cs)})" if w == 1 else f"{w} * count({', '.join(cs)})")
-                              for w, cs in sorted(groups.items()))
-        lines.append(f'let S{j} = {body} "score {j}"')
-    lines.append("let Top = max(" + ", ".join(f"S{j}" for j in range(k)) + ")" if k > 1 else "let Top = S0")
-    hi, mid = max(3, (2 * total) // 3), max(2, total // 3)
-    lines += ["", 'action Clear "no referral" [ends_dialogue]', 'action Review "manual review"',
-              'action Refer "refer to the fraud team" [escalation]', 'action Hold "hold the payment"', "",
-              'stage triage "Triage" {',
-              f"    when Top >= {hi} -> refer",
-              f"    when Top >= {mid} -> review",
-              "    otherwise -> do Clear",
-              "}",
-              'stage refer "Refer" {',
-              f"    when S0 >= {hi} and {conds[0]} -> do Hold",
-              "    otherwise -> do Refer",
-              "}",
-              'stage review "Review" {',
-              f"    when S0 >= {mid} -> do Review",
-              f"    when {conds[1]} -> do Hold",
-              "    otherwise -> do Clear",
-              "}"]
-    return "\n".join(lines) + "\n"
+    """Shape (a): `tests/helpers.weighted_sop` (the tests use the same generator)."""
+    return _helpers().weighted_sop(k, n, weighted=weighted, seed=seed)
 
 
 def string_sop(literals: int, *, seed: int = 0) -> str:
@@ -342,16 +294,39 @@ def shape_d(d: Path, cap: float, quick: bool) -> None:
     three("policy (~60 lines)", p, d, cap)
 
 
+def _test_programs(n: int, seed: int) -> list[str]:
+    """`n` programs from the tests' random generators (hypothesis strategies, seeded: the same list every
+    run): test_unroll's procedures over observed lists and records, and test_engine's procedures with
+    `affects`. One of these kept `sop check` busy for minutes before the region caps (issue 31)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
+    from test_unroll import _held_procedure, _program
+
+    out: list[str] = []
+
+    @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.one_of(_program(), _held_procedure()))
+    def collect(text: str) -> None:
+        if text not in out:
+            out.append(text)
+
+    hseed(seed)(collect)()
+    return out
+
+
 def shape_e(d: Path, cap: float, quick: bool) -> None:
-    """Programs of at most 100 lines from the project's generator (`benchmarks/gen_sop.py`, every kind, many
-    seeds): the distribution of `sop check` CPU seconds (target: every one < 2 s)."""
+    """Programs of at most 100 lines from the project's generators (`benchmarks/gen_sop.py`, every kind, many
+    seeds; and the tests' random procedures): the distribution of `sop check` CPU seconds (target: every
+    one < 2 s). The full run checks a bigger sample than `--quick`."""
     spec = importlib.util.spec_from_file_location("gen_sop", ROOT / "benchmarks" / "gen_sop.py")
     assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     print("(e) generated programs of at most 100 lines: sop check")
-    times: list[float] = []
-    seeds = range(3) if quick else range(12)
+    files: list[Path] = []
+    seeds = range(3) if quick else range(25)
     for kind in gen.KINDS:
         for seed in seeds:
             stages = 4 + (seed * 7) % 20
@@ -361,12 +336,25 @@ def shape_e(d: Path, cap: float, quick: bool) -> None:
                 text = gen.generate(stages, kind=kind, seed=seed)
             p = d / f"gen_{kind}_{seed}.sop"
             p.write_text(text)
-            t, code, _ = run_cpu(["check", str(p)], cap)
-            times.append(t if code >= 0 else cap)
+            files.append(p)
+    for i, text in enumerate(_test_programs(10 if quick else 150, seed=31)):
+        if len(text.splitlines()) <= 100:
+            p = d / f"test_gen_{i}.sop"
+            p.write_text(text)
+            files.append(p)
+    times: list[tuple[float, str]] = []
+    for p in files:
+        t, code, _ = run_cpu(["check", str(p)], cap)
+        times.append((t if code >= 0 else cap, p.name))
     times.sort()
-    p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
-    print(f"  {len(times)} programs: median {times[len(times) // 2]:.2f} s  p99 {p99:.2f} s  max {times[-1]:.2f} s  "
-          f"{'met' if times[-1] < 2.0 else 'NOT met'} (< 2 s)")
+    values = [t for t, _ in times]
+    p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
+    edges = [0.5, 0.75, 1.0, 1.5, 2.0, 5.0, math.inf]
+    counts = [sum(1 for t in values if lo <= t < hi) for lo, hi in zip([0.0, *edges[:-1]], edges, strict=True)]
+    buckets = "  ".join(f"<{hi:g}s: {c}" if hi != math.inf else f">=5s: {c}" for hi, c in zip(edges, counts, strict=True))
+    print(f"  {len(values)} programs: median {values[len(values) // 2]:.2f} s  p99 {p99:.2f} s  max {values[-1]:.2f} s "
+          f"({times[-1][1]})  {'met' if values[-1] < 2.0 else 'NOT met'} (< 2 s)")
+    print(f"  distribution: {buckets}")
 
 
 def main(argv: list[str] | None = None) -> int:

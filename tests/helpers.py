@@ -89,6 +89,62 @@ def scoring_sop(k: int, n: int, *, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def weighted_sop(k: int, n: int, *, weighted: bool, seed: int = 0) -> str:
+    """`k` weighted scores over `n` shared indicators (bools, enum tests, thresholds), a referral
+    tier from the highest score, and a second look at the main score: the fraud-referral shape.
+    `weighted` writes each score `count(2: A, 1: B, …)`, else the same score as a sum of counts grouped
+    by weight (`count(B) + 2 * count(A)`); the two files decide identically."""
+    import random
+
+    rng = random.Random(seed)
+    lines = [f'scenario referral_{k}_{n} "Referral {k}x{n}" "Synthetic weighted-indicator referral SOP."', ""]
+    conds: list[str] = []
+    for i in range(n):
+        if i % 3 == 0:
+            lines.append(f'field F{i}: bool "flag {i}"')
+            conds.append(f"F{i}")
+        elif i % 3 == 1:
+            lines.append(f'field F{i}: Low{i} | Mid{i} | High{i} "graded {i}"')
+            conds.append(f"F{i} == High{i}")
+        else:
+            lines.append(f'system F{i}: int[0..1000] "amount {i}"')
+            conds.append(f"F{i} > {rng.randrange(100, 900, 50)}")
+    per = max(3, min(n, (2 * n) // max(k, 1) + 1))
+    total = 0
+    for j in range(k):
+        picked = rng.sample(conds, per)
+        weights = [rng.choice((1, 2, 3)) for _ in picked]
+        total = max(total, sum(weights))
+        if weighted:
+            body = "count(" + ", ".join(f"{w}: {c}" for w, c in zip(weights, picked, strict=True)) + ")"
+        else:
+            groups: dict[int, list[str]] = {}
+            for w, c in zip(weights, picked, strict=True):
+                groups.setdefault(w, []).append(c)
+            body = " + ".join((f"count({', '.join(cs)})" if w == 1 else f"{w} * count({', '.join(cs)})")
+                              for w, cs in sorted(groups.items()))
+        lines.append(f'let S{j} = {body} "score {j}"')
+    lines.append("let Top = max(" + ", ".join(f"S{j}" for j in range(k)) + ")" if k > 1 else "let Top = S0")
+    hi, mid = max(3, (2 * total) // 3), max(2, total // 3)
+    lines += ["", 'action Clear "no referral" [ends_dialogue]', 'action Review "manual review"',
+              'action Refer "refer to the fraud team" [escalation]', 'action Hold "hold the payment"', "",
+              'stage triage "Triage" {',
+              f"    when Top >= {hi} -> refer",
+              f"    when Top >= {mid} -> review",
+              "    otherwise -> do Clear",
+              "}",
+              'stage refer "Refer" {',
+              f"    when S0 >= {hi} and {conds[0]} -> do Hold",
+              "    otherwise -> do Refer",
+              "}",
+              'stage review "Review" {',
+              f"    when S0 >= {mid} -> do Review",
+              f"    when {conds[1]} -> do Hold",
+              "    otherwise -> do Clear",
+              "}"]
+    return "\n".join(lines) + "\n"
+
+
 def done_dialogues(run_dir: Path) -> int:
     """Done dialogues of a run, read without opening the store (a killed or running writer may still be
     creating it), for the kill -9 + resume tests."""
@@ -137,3 +193,39 @@ def many_intents_profile(n: int, *, seed: int = 0) -> str:
         if i % 3 == 0:
             out.append("    pushes_for: []")
     return "\n".join(out) + "\n"
+
+
+SPLITTING_ROUTES = """\
+type Item = record { amount: int[0..50], ok: bool }
+system Items: list[..2] of Item "items"
+system Box: record { level: int[0..5], open: bool } "box"
+system Tags: list[1..2] of Red | Blue "tags"
+system Flag: bool "flag"
+action Note "note"
+action Pay(amount: int[0..200]) "pay"
+action Go "go"
+stage s0 { observe Box, Items, Tags when Blue not in Tags -> do Note -> do Note -> s1 when sum(i.amount for i in Items) > 40 -> do Note -> do Pay(amount = len(Tags)) when Box.level >= 3 -> s0 up to 2 times otherwise -> do Note -> do Pay(amount = Box.level) -> s2 }
+stage s1 { observe Items, Tags, Box when Red in Tags -> s2 when count(i in Items where i.amount > 20) >= 1 -> do Pay(amount = 0) -> do Note -> s2 when Box.level >= 3 -> s0 up to 2 times otherwise -> do Pay(amount = len(Tags)) -> s2 }
+stage s2 { observe Tags, Box when Red in Tags -> do Pay(amount = len(Tags)) -> do Go when all(t in Tags where t == Red) -> do Note -> do Note -> do Go otherwise -> do Go }
+"""
+"""A procedure from test_unroll's generator (observed lists and records, re-checks): every stage splits
+each box of a route's region (list membership over the looks), so a whole route's region grows with the
+product of the splits. `sop check` ran for minutes (3.6 GB) and `iter_paths` did not end (issue 31)."""
+
+
+def box_counter(limit: int):
+    """A `Space.constrain_region` wrapper that counts the boxes it returns and raises past `limit`
+    (so a test of the bound fails fast on code without it); returns (wrapper, stats)."""
+    from sopgraph.logic import domain
+
+    original = domain.Space.constrain_region
+    stats = {"boxes": 0}
+
+    def counted(self, region, f, *args):  # noqa: ANN001, ANN202 - a test double
+        out = original(self, region, f, *args)
+        stats["boxes"] += len(out)
+        if stats["boxes"] > limit:
+            raise RuntimeError(f"more than {limit} boxes")
+        return out
+
+    return counted, stats

@@ -428,3 +428,53 @@ def test_the_flow_checks_see_only_looks_that_can_happen() -> None:
     assert [(d.code, d.span.line) for d in held] == [("W303", 84)]
     assert "recheck" in held[0].message
     assert not [d for d in check(VOLATILE) if d.code in ("W303", "W304")]
+
+def test_a_route_whose_region_splits_at_every_stage_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole-route regions of the witness searches are capped (MAX_REGION, each step charged): the
+    analysis ends with I302 instead of multiplying boxes for minutes."""
+    from helpers import SPLITTING_ROUTES, box_counter
+
+    from sopgraph import load
+    from sopgraph.logic import domain
+    from sopgraph.logic.flow import FlowWork
+    from sopgraph.logic.lower import analysis_form
+
+    counted, stats = box_counter(200_000)
+    monkeypatch.setattr(domain.Space, "constrain_region", counted)
+    flat = analysis_form(load(text=SPLITTING_ROUTES, check=False)).scenario
+    work = FlowWork()
+    found = flow_diagnostics(flat, work=work)
+    notes = [d for d in found if d.code == "I302"]
+    assert notes and "bound on states or region size" in notes[0].message
+    assert any(d.code == "W301" for d in found)  # what was found before the bound is still reported
+    assert stats["boxes"] < 200_000 and not work.out_of_time
+
+
+def test_past_its_cpu_budget_the_flow_analysis_says_where_and_on_what() -> None:
+    from helpers import SPLITTING_ROUTES
+
+    from sopgraph import load
+    from sopgraph.logic.flow import FlowWork
+    from sopgraph.logic.lower import analysis_form
+
+    flat = analysis_form(load(text=SPLITTING_ROUTES, check=False)).scenario
+    work = FlowWork()
+    found = flow_diagnostics(flat, work=work, cpu_budget=0.0)
+    (note,) = [d for d in found if d.code == "I302"]
+    assert work.out_of_time
+    assert "CPU budget (0 s of CPU) at stage `s0`" in note.message
+    assert "while exploring which values reach each stage" in note.message
+    assert note.span is not None and note.span.line == 9  # the stage, not the file's header
+
+
+def test_sop_check_takes_a_cpu_budget_and_says_where_it_stopped() -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    sop = Path(__file__).resolve().parent.parent / "examples" / "bike_rental.sop"
+    result = CliRunner().invoke(main, ["check", "--cpu-budget", "0", str(sop)])
+    assert result.exit_code == 0, result.output
+    assert "info[I302]: flow analysis incomplete: the analysis reached its CPU budget (0 s of CPU) at stage " \
+           "`step1` while exploring which values reach each stage" in result.output
+    assert "I302" not in CliRunner().invoke(main, ["check", str(sop)]).output  # the default budget is ample

@@ -729,3 +729,31 @@ def test_a_procedure_s_path_numbers_the_looks_its_decisions_read() -> None:
     assert wheres[("Pay", 3)] == "Balance (look 1) <= Limit and Balance (look 2) > Limit"
     assert wheres[("Human", 4)] == ("not (Balance (look 1) > Limit and Mood == Calm) and "
                                     "not (Balance (look 2) > Limit and Mood == Calm)")
+
+
+def test_a_route_whose_region_splits_at_every_stage_is_listed_with_witnesses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past FULL_REGION_CAP boxes a route's next guard is kept as one residual literal (the same set,
+    decided lazily): listing the paths ends, and every listed path still has a verified witness."""
+    from helpers import SPLITTING_ROUTES, box_counter
+
+    from sopgraph import load
+    from sopgraph.logic import domain
+
+    counted, stats = box_counter(200_000)
+    monkeypatch.setattr(domain.Space, "constrain_region", counted)
+    scenario = load(text=SPLITTING_ROUTES, check=False)
+    listed = list(iter_paths(scenario, limit=40))
+    assert len(listed) == 40 and all(p.witness is not None for p in listed)
+    for p in listed:
+        assert decide(scenario, p.witness).path == p.stages
+    assert stats["boxes"] < 200_000
+
+
+def test_sop_paths_stops_listing_at_its_cpu_budget_and_says_after_which_path() -> None:
+    sop = Path(__file__).resolve().parent.parent / "examples" / "bike_rental.sop"
+    res = CliRunner().invoke(cli, ["paths", "--format", "jsonl", "--cpu-budget", "0", str(sop)])
+    assert res.exit_code == 0, res.output
+    assert [json.loads(line)["id"] for line in res.stdout.splitlines()] == ["P01"]
+    assert "the listing reached its CPU budget (0 s of CPU) after path P01 (step1 -> " in res.stderr
+    full = CliRunner().invoke(cli, ["paths", "--format", "jsonl", str(sop)])
+    assert len(full.stdout.splitlines()) == 7 and "CPU budget" not in full.stderr

@@ -1012,6 +1012,7 @@ def test_synth_fails_loudly_when_paths_cannot_be_covered(tmp_path, monkeypatch) 
     res = r.invoke(main, ["synth", str(sop), "-n", "20", "-o", str(out), "-q"])
     assert res.exit_code == 0, res.output  # every path covered: no complaint
     monkeypatch.setattr(synth_mod.paths_mod, "iter_paths", only_first_has_a_witness)
+    monkeypatch.setattr(synth_mod, "_sampled_witness", lambda *args: None)  # and sampling finds none either
     res = r.invoke(main, ["synth", str(sop), "-n", "20", "-o", str(out), "-q"])
     assert res.exit_code == EXIT_COVERAGE == 5, res.output
     assert "error: the cases cover 1 of the 12 paths -n 20 allows" in res.stderr
@@ -1053,3 +1054,41 @@ def test_cases_of_for_each_steps_carry_one_action_per_item_and_replay() -> None:
             assert case.expected_actions[names.index("Statement")]["args"]["fees"] == fees
             refunded += 1
     assert refunded
+
+def test_paths_the_proof_gives_up_on_are_still_planned_by_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When neither the witness search nor the solver finds values for a path (here: made to give up on
+    every path), the plan samples members of the path's region and keeps the ones the engine routes there."""
+    from sopgraph.logic import domain
+    from sopgraph.logic.paths import verify
+
+    scenario = sopgraph.load(ROOT / "examples" / "claim_intake.sop")  # dates, optional values, re-checks
+    profile = default_profile(scenario)
+    expected = [e.id for e in plan(scenario, profile).paths]
+    assert len(expected) >= 10
+    monkeypatch.setattr(domain.Space, "witness", lambda self, box, style="representative", rng=None: None)
+    planned = plan(scenario, profile)
+    assert [e.id for e in planned.paths] == expected
+    for entry in planned.paths:  # the plan's form of the procedure (each look its own variable)
+        assert verify(planned.scenario, entry.witness, entry.stages, entry.branches) is not None
+    assert not [s for s in planned.skipped if s.kind == "path"]
+
+
+def test_past_its_cpu_budget_the_plan_says_where_it_stopped() -> None:
+    scenario = sopgraph.load(ROOT / "examples" / "claim_intake.sop")
+    planned = plan(scenario, default_profile(scenario), cpu_budget=0.0)
+    (skip,) = [s for s in planned.skipped if s.name == "budget"]
+    assert planned.paths == []
+    assert "CPU budget (0 s of CPU) at path P01 (" in skip.reason
+
+
+def test_sop_synth_out_of_its_cpu_budget_exits_5_and_says_where(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from sopgraph.cli import main
+
+    out = tmp_path / "cases.jsonl"
+    res = CliRunner().invoke(main, ["synth", str(ROOT / "examples" / "bike_rental.sop"), "-n", "5", "-q",
+                                    "-o", str(out), "--cpu-budget", "0"])
+    assert res.exit_code == 5, res.output
+    assert "synthesis reached its CPU budget (0 s of CPU) at path P01 (step1 -> " in res.stderr
+    assert "(raise --cpu-budget)" in res.stderr

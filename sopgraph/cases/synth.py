@@ -57,6 +57,7 @@ from sopgraph.language.diagnostics import Diagnostic, did_you_mean, mark_text_va
 from sopgraph.language.parse import scenario_expressions
 from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
+from sopgraph.logic.budget import SYNTH_CPU_BUDGET, CpuBudget
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for, looks_taken
 from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form, reads_positions
@@ -240,6 +241,7 @@ class Plan:
     # intent name → a number equal for intents with equal conditions (`conditions_key`, computed once)
     condition_class: dict[str, int] = field(default_factory=dict)
     skipped: list[Skip] = field(default_factory=list)
+    clock: CpuBudget = field(default_factory=CpuBudget)  # the synthesis's CPU budget (see `plan`)
     _patterns: dict[str, list[str]] | None = None
 
     @property
@@ -262,13 +264,16 @@ PLAN_PATH_LIMIT = 2_000  # past this many feasible paths, synthesis samples path
 
 
 def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, seed: int = 0,
-         form: Unrolled | None = None) -> Plan:
+         form: Unrolled | None = None, cpu_budget: float | CpuBudget = SYNTH_CPU_BUDGET) -> Plan:
     """Enumerate the feasible paths and decide which intents can reach which path. With `sample`
     (the number of cases wanted) and more than `PLAN_PATH_LIMIT` feasible paths, `sample` distinct
     paths are drawn instead, stratified by action (each action equally likely, then uniform among
     its paths; deterministic per seed): synthesis at any size never enumerates every path. A
     procedure is planned on its unrolled form (see `_synthesize_procedure`); `form` is that form,
-    so that the descriptions of generated intents speak of the source's lists, looks and guards."""
+    so that the descriptions of generated intents speak of the source's lists, looks and guards.
+    Within `cpu_budget` CPU seconds: past it, the paths not yet planned are reported as skipped (where the
+    planning stopped); a path without a proven witness is still planned when sampling finds one."""
+    clock = cpu_budget if isinstance(cpu_budget, CpuBudget) else CpuBudget(cpu_budget)
     if needs_analysis_form(scenario):
         try:
             plain, intents = lowered_intents(scenario, profile.intents)  # lists/records: plain conditions
@@ -286,7 +291,7 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
                 update["intents"] = intents
             if update:
                 profile = profile.model_copy(update=update)
-            return plan(flat, profile, sample=sample, seed=seed, form=form)
+            return plan(flat, profile, sample=sample, seed=seed, form=form, cpu_budget=clock)
         except (UnrollError, LowerError) as exc:
             raise SynthError(f"cannot synthesize cases: {exc}") from None
     count = paths_mod.count_paths(scenario)
@@ -307,12 +312,22 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
                             reason=f"{uncounted}: only the first {PLAN_PATH_LIMIT:,} are considered"))
     else:
         infos = paths_mod.iter_paths(scenario, written=form is None)
+    rng = random.Random(seed)
     for info in infos:
-        if info.witness is None:
-            skipped.append(Skip(kind="path", name=info.id, reason="feasibility unknown: no witness found "
-                                "(residual conditions the solver could neither satisfy nor refute)"))
-            continue
+        if clock.out():
+            skipped.append(Skip(kind="paths", name="budget", reason=(
+                f"synthesis reached its CPU budget ({clock.describe()}) at path {info.id} "
+                f"({' -> '.join(info.stages)}): it and the later paths were not planned")))
+            break
         region = list(explorer.full_region([explorer.idx[sid] for sid in info.stages], info.branches))
+        if info.witness is None:
+            sampled = _sampled_witness(scenario, domain.space_for(scenario), info, region, rng, clock)
+            if sampled is None:
+                skipped.append(Skip(kind="path", name=info.id, reason=(
+                    f"feasibility unknown: no witness found at {' -> '.join(info.stages)} (residual conditions "
+                    "the solver could neither satisfy nor refute, and sampling their values found none)")))
+                continue
+            info = info.model_copy(update={"witness": sampled[0], "status": "feasible"})
         entries.append(PathEntry(
             index=len(entries), id=info.id, stages=list(info.stages), branches=list(info.branches),
             action=info.action, finals=dict(info.finals), witness=dict(info.witness), region=region,
@@ -351,7 +366,33 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     return Plan(scenario=scenario, profile=profile, paths=entries, feasible=count.feasible,
                 stage_sequences=count.stage_sequences, exact=count.exact, intent_paths=intent_paths,
                 unreached_intents=unreached, regions=regions, ambiguous=ambiguous, skipped=skipped,
-                condition_class=condition_class, counted=count.complete)
+                condition_class=condition_class, counted=count.complete, clock=clock)
+
+
+SAMPLES_PER_PATH = 200  # random members of a path's region tried when the proof gave up on its witness
+
+
+def _sampled_witness(scenario: ir.Scenario, space: domain.Space, info: Any, region: Sequence[Any],
+                     rng: random.Random, clock: CpuBudget) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(values, finals) the engine routes along `info`'s path, found by sampling: random members of the
+    region's boxes (each variable within its box's domain, the residual conditions ignored), each run
+    through the reference engine. Why: when neither the witness search nor the solver decides a path (a
+    residual past their budgets), it may still be easy to hit at random; deterministic for the seed."""
+    boxes = list(region)
+    if not boxes:
+        return None
+    for k in range(SAMPLES_PER_PATH):
+        if clock.out():
+            return None
+        values = space.pick_all(boxes[k % len(boxes)], "representative", rng)
+        if values is None:
+            continue
+        if space.time_names:  # dates and times as the engine takes them (the space counts seconds)
+            values = scalardom.to_input(space.time_names, values)
+        finals = paths_mod.verify(scenario, values, info.stages, info.branches)
+        if finals is not None:
+            return values, finals
+    return None
 
 
 def _path_reads(scenario: ir.Scenario, stages: Sequence[str]) -> frozenset[str]:
@@ -1069,6 +1110,11 @@ def _usable_pairs(p: Plan, skipped: list[Skip]) -> dict[int, list[str]]:
     witnesses: dict[tuple[int, str], tuple[Any, dict[str, Any] | None]] = {}  # see `_base_candidates`
     verdicts, classes, templates = p.base_verdicts, p.condition_class, p.templates
     for entry in p.paths:
+        if p.clock.out():
+            skipped.append(Skip(kind="paths", name="budget", reason=(
+                f"synthesis reached its CPU budget ({p.clock.describe()}) while matching intents at path "
+                f"{entry.id} ({' -> '.join(entry.stages)}): it and the later paths get no cases")))
+            break
         names: list[str] = []
         for name in entry.intents:
             number = classes.get(name)

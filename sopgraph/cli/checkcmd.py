@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from contextlib import nullcontext
@@ -12,7 +13,8 @@ import click
 
 from sopgraph.cli.params import include_dirs, keep_until_exit, owns_process
 from sopgraph.language.diagnostics import SourceLines, sort_key
-from sopgraph.logic.checker import Checked, check_file
+from sopgraph.logic.budget import CHECK_CPU_BUDGET
+from sopgraph.logic.checker import PASSES, Checked, Pass, check_file, check_flow
 from sopgraph.perf import batch_gc, build_then_freeze
 
 
@@ -60,6 +62,14 @@ def _profile_result(result: Checked, path: Path) -> Checked | None:
     return Checked(file=str(profile_path_for(path)), diagnostics=sorted(diags, key=sort_key), sources=sources)
 
 
+def _passes(cpu_budget: float) -> tuple[Pass, ...] | None:
+    """The checker's passes with the flow pass given `cpu_budget` (None: the default passes)."""
+    if cpu_budget == CHECK_CPU_BUDGET:
+        return None
+    flow = functools.partial(check_flow, cpu_budget=cpu_budget)
+    return tuple(Pass(p.name, flow, p.blocked_by) if p.name == "flow" else p for p in PASSES)
+
+
 ECHO_BATCH = 1000  # rendered diagnostics written at once (100k warnings were 200k writes and flushes)
 
 
@@ -73,7 +83,10 @@ def _plural(n: int, word: str) -> str:
               help="Rendered diagnostics, or a JSON array of diagnostic records.")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--no-profile", is_flag=True, help="Do not check the user profile beside each FILE.")
-def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool) -> None:
+@click.option("--cpu-budget", default=CHECK_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
+              help="CPU seconds for the flow analysis of each FILE; past it, an I302 note says at which stage "
+                   "and on which question it stopped (what was found so far is still reported).")
+def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool, cpu_budget: float) -> None:
     """Statically check FILE... (names, types, flow, reachability, unused declarations).
 
     The user profile beside a FILE (NAME.profile.yaml next to NAME.sop) is checked too, once
@@ -83,16 +96,17 @@ def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool)
     Exit status: 0 when there are no errors (warnings allowed unless --strict), 1 otherwise.
     """
     with batch_gc():  # a batch command: see `perf.batch_gc`
-        _check_files(files, fmt, strict, no_profile)
+        _check_files(files, fmt, strict, no_profile, cpu_budget)
 
 
-def _check_files(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool) -> None:
+def _check_files(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool,
+                 cpu_budget: float = CHECK_CPU_BUDGET) -> None:
     results: list[Checked] = []
     profile_results: list[Checked] = []
     # As the process, the loading runs without the cyclic collector and its IR is frozen (`perf.build_then_freeze`)
     loading = build_then_freeze if owns_process() else nullcontext
     for f in files:
-        result = check_file(f, include_path=include_dirs(), loading=loading)
+        result = check_file(f, include_path=include_dirs(), loading=loading, passes=_passes(cpu_budget))
         results.append(result)
         profile = None if no_profile else _profile_result(result, f)
         if profile is not None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
+from sopgraph.logic.budget import PATHS_CPU_BUDGET, CpuBudget
 from sopgraph.logic.paths import COUNT_BUDGET, count_paths, iter_paths, sample_paths
 
 from .params import fail, load_or_exit, sop_file
@@ -50,6 +52,20 @@ def _table(infos: list[Any], title: str) -> None:
     Console(soft_wrap=False, width=max(100, Console().width)).print(table)
 
 
+def _within(stream: Iterator[Any], clock: CpuBudget) -> Iterator[Any]:
+    """The paths of `stream` until `clock` runs out; then a note on stderr says after which path the
+    listing stopped (the paths listed are complete and verified; the later ones were not looked at)."""
+    last = None
+    for info in stream:
+        yield info
+        last = info
+        if clock.out():
+            after = f"after path {last.id} ({' -> '.join(last.stages)})"
+            click.echo(f"note: the listing reached its CPU budget ({clock.describe()}) {after}; the later paths "
+                       "were not listed (raise --cpu-budget, or use --limit N / --sample N)", err=True)
+            return
+
+
 def _relation(text: str) -> str:
     if text[:1] in "<>=!" or text.startswith("in ") or text.startswith("("):
         return text
@@ -67,7 +83,10 @@ def _relation(text: str) -> str:
 @click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
               help="N paths drawn uniformly at random (with replacement) instead of the full list.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --sample.")
-def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample: int | None, seed: int) -> None:
+@click.option("--cpu-budget", default=PATHS_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
+              help="CPU seconds for listing paths; past it the listing stops and says after which path.")
+def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample: int | None, seed: int,
+              cpu_budget: float = PATHS_CPU_BUDGET) -> None:
     """List the feasible paths of FILE: decisions from the entry stage to an action.
 
     Each path has a stable id (P + depth-first rank), its stages, final outputs, the constraints its
@@ -99,7 +118,7 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
         title = f"{scenario.name}: {len(infos)} sampled paths (seed {seed})"
         stream = iter(infos)
     else:
-        stream = iter_paths(scenario, limit=limit)
+        stream = _within(iter_paths(scenario, limit=limit), CpuBudget(cpu_budget))
         title = f"{scenario.name}: feasible paths"
     out = sys.stdout
     if fmt == "jsonl":

@@ -32,6 +32,7 @@ from sopgraph.cases.synth import (
 )
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError, render_all
+from sopgraph.logic.budget import SYNTH_CPU_BUDGET
 from sopgraph.perf import batch_gc
 
 from .checkcmd import diagnostic_record
@@ -70,10 +71,12 @@ def coverage_gaps(cov: Coverage, skipped: Sequence[Skip], n: int) -> tuple[int, 
     why = {s.name: s.reason for s in skipped if s.kind == "path" or (s.kind == "pair" and " @ " not in s.name)}
     unproducible = [pid for pid in why if not cov.per_path.get(pid)]
     every_path = cov.min_per_path >= 1 and n >= cov.feasible_paths
-    if covered >= want or not (every_path or cov.feasible_paths - len(unproducible) < want):
+    stopped = [s.reason for s in skipped if s.kind == "paths" and s.name == "budget"]  # out of CPU budget
+    if covered >= want or not (every_path or stopped or cov.feasible_paths - len(unproducible) < want):
         return None
     missing = [pid for pid, c in cov.per_path.items() if not c] + [pid for pid in why if pid not in cov.per_path]
     gaps = [(pid, why.get(pid, "no case was drawn on it (raise -n, or --min-per-path 1)")) for pid in missing]
+    gaps += [("(the rest)", reason + " (raise --cpu-budget)") for reason in stopped[:1]]
     return covered, want, gaps
 
 
@@ -136,13 +139,17 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 @click.option("--expect", "expects", multiple=True, metavar="OUTPUT=COLUMN",
               help="With --like: the column holding the decided action, as for `sop validate` (optional here).")
 @now_option("with --like, the day a date in a numeric column counts to")
+@click.option("--cpu-budget", default=SYNTH_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
+              help="CPU seconds for planning the cases (paths, witnesses, intents); past it the later paths get no "
+                   "cases, and the skip says where planning stopped.")
 @click.option("--cases", "n_deprecated", type=int, default=None, hidden=True,
               help="Deprecated alias of --count (in `sop run`, --cases names a case file).")
 def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None,
               min_per_path: int | None,
               balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
               coverage_out: Path | None, quiet: bool, allow_gaps: bool, like: Path | None, maps: tuple[str, ...],
-              expects: tuple[str, ...], now: str | None, n_deprecated: int | None) -> None:
+              expects: tuple[str, ...], now: str | None, n_deprecated: int | None,
+              cpu_budget: float = SYNTH_CPU_BUDGET) -> None:
     """Synthesize test cases for FILE: intent-balanced sampling over feasible paths, then supplementation
     so that every path is covered (SAGE's two-stage scheme). Output: JSON Lines of `Case` records.
 
@@ -156,7 +163,7 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
         fail("--map, --expect and --now describe the rows of --like ROWS; give --like")
     with batch_gc():  # a batch command (see `perf.batch_gc`): the profile and the plan live until exit
         stream = _synth(file, n, seed, out, profile_path, min_per_path, balance, intensity, personas, languages,
-                        coverage_out, quiet, (like, maps, expects, now))
+                        coverage_out, quiet, (like, maps, expects, now), cpu_budget)
     if report_coverage_gaps(stream.coverage, stream.skipped, n, allow_gaps):
         sys.exit(EXIT_COVERAGE)
 
@@ -164,15 +171,15 @@ def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Pat
 def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None, min_per_path: int | None,
            balance: str, intensity: str, personas: tuple[str, ...], languages: tuple[str, ...],
            coverage_out: Path | None, quiet: bool,
-           like: tuple[Path | None, tuple[str, ...], tuple[str, ...], str | None] = (None, (), (), None)
-           ) -> SynthStream:
+           like: tuple[Path | None, tuple[str, ...], tuple[str, ...], str | None] = (None, (), (), None),
+           cpu_budget: float = SYNTH_CPU_BUDGET) -> SynthStream:
     scenario = load_or_exit(file)
     profile = load_profile_or_exit(file, scenario, profile_path)
     if like[0] is not None:
         profile = _fitted(scenario, profile, *like, quiet=quiet)
     try:
         mix = parse_mix(intensity)
-        the_plan = plan(scenario, profile, sample=n, seed=seed)
+        the_plan = plan(scenario, profile, sample=n, seed=seed, cpu_budget=cpu_budget)
         stream = synthesize_stream(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
                                    intensity_mix=mix, use_intent_intensity=mix is None,
                                    personas=_split_multi(personas) or None,

@@ -12,6 +12,7 @@ on `Variable.type`, so later stages (flow analysis, prompts, the engine's caller
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -1224,12 +1225,13 @@ def _needs_analysis_form(scenario: ir.Scenario, graph: StageGraph) -> bool:
     return _procedural(scenario, graph) or structured(scenario)
 
 
-def check_flow(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
+def check_flow(scenario: ir.Scenario, graph: StageGraph, *, cpu_budget: float | None = None) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 from the constraint domain (`sopgraph.logic.flow`); procedures
-    are analysed unrolled (`procheck.procedure_flow`)."""
+    are analysed unrolled (`procheck.procedure_flow`). `cpu_budget`: CPU seconds (default: the flow's)."""
+    flow = flow_diagnostics if cpu_budget is None else functools.partial(flow_diagnostics, cpu_budget=cpu_budget)
     if _needs_analysis_form(scenario, graph):  # procedures unrolled, lists and records lowered
-        return procheck.procedure_flow(scenario, flow_diagnostics)
-    return list(flow_diagnostics(scenario))
+        return procheck.procedure_flow(scenario, flow)
+    return list(flow(scenario))
 
 
 def check_procedures(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
@@ -1401,17 +1403,19 @@ class Checked(BaseModel):
 
 def check_file(path: str | Path, *, text: str | None = None, name: str | None = None,
                include_path: Sequence[str | Path] = (),
-               loading: Callable[[], AbstractContextManager[object]] = nullcontext) -> Checked:
+               loading: Callable[[], AbstractContextManager[object]] = nullcontext,
+               passes: tuple[Pass, ...] | None = None) -> Checked:
     """Load and check one file. Static checks run when the loader built a scenario and found no
     errors other than duplicate declarations (whose later copies it drops), so nothing is reported
     twice and a broken include or subflow does not cascade into undefined-stage errors. The loading
-    runs inside `loading()`: the application's choice (`sop check` gives `perf.build_then_freeze`)."""
+    runs inside `loading()`: the application's choice (`sop check` gives `perf.build_then_freeze`). `passes`: the
+    static passes to run (default: all; `sop check --cpu-budget` gives the flow pass its budget)."""
     with loading():
         loaded = load_source(path, text=text, name=name, include_path=include_path)
     diags = list(loaded.diagnostics)
     sources = dict(loaded.sources)
     if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
-        checked = check(loaded.scenario)
+        checked = check(loaded.scenario) if passes is None else check(loaded.scenario, passes)
         if not diags and all(d.code != "E006" for d in checked):
             # already sorted and without repeats: `check` returns them so, but for E006 (not deduplicated)
             return Checked(file=name or str(path), diagnostics=checked, sources=sources, scenario=loaded.scenario)

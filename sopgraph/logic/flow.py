@@ -32,6 +32,7 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.compile import reads
 from sopgraph.language.diagnostics import Diagnostic, error, warning
+from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget
 from sopgraph.logic.domain import Box, Space, relation_text
 from sopgraph.logic.engine import DecideError, Interpreter
 from sopgraph.logic.paths import Explorer, explorer_for, trace
@@ -55,12 +56,14 @@ class FlowWork:
     steps: int = 0  # region operations charged against STEP_BUDGET
     contexts: int = 0  # contexts kept for the witness searches
     skipped: bool = False  # too large to start (I301)
+    out_of_time: bool = False  # stopped at its CPU budget
 
 
 def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
-                     work: FlowWork | None = None) -> list[Diagnostic]:
+                     work: FlowWork | None = None, cpu_budget: float = CHECK_CPU_BUDGET) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 for a scenario whose names resolve (see the module docstring).
-    Pass a `FlowWork` as `work` to learn what the analysis spent."""
+    Pass a `FlowWork` as `work` to learn what the analysis spent. Past `cpu_budget` CPU seconds the
+    analysis stops and I302 says at which stage and on which question (`math.inf`: no CPU budget)."""
     work = FlowWork() if work is None else work
     n_vars = sum(1 for v in scenario.variables.values() if v.role != "derived")
     if n_vars * len(scenario.stages) > MAX_WORK:
@@ -76,11 +79,12 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
                  "the engine still refuses values no branch covers at run time",
         )]
     try:
-        flow = _Flow(scenario, budget)
+        flow = _Flow(scenario, budget, CpuBudget(cpu_budget))
         try:
             return flow.run()
         finally:
             work.states, work.steps = flow.states, STEP_BUDGET - flow.steps_left
+            work.out_of_time = flow.out_of_time
             work.contexts = sum(len(c) for c in flow.contexts.values())
     except RecursionError:
         return []
@@ -103,9 +107,12 @@ def _steps(prefix: Any) -> list[tuple[int, int]]:
 
 
 class _Flow:
-    def __init__(self, scenario: ir.Scenario, budget: int):
+    def __init__(self, scenario: ir.Scenario, budget: int, clock: CpuBudget | None = None):
         self.s = scenario
         self.budget = budget
+        self.clock = clock or CpuBudget()
+        self.out_of_time = False  # the CPU budget ran out (`stopped_at`: where; `asking`: on what)
+        self.asking = "exploring which values reach each stage"  # the question being decided, for I302
         self.ex: Explorer = explorer_for(scenario)
         self.sp: Space = self.ex.sp
         self.complete = True
@@ -124,7 +131,8 @@ class _Flow:
         """Charge `n` region operations at stage `si`; False once the budget is spent (the rest
         of the analysis is then skipped and reported as not proven, never guessed)."""
         self.steps_left -= n
-        if self.steps_left < 0:
+        if self.steps_left < 0 or self.clock.out():
+            self.out_of_time = self.out_of_time or self.steps_left >= 0
             if self.stopped_at is None:
                 self.stopped_at = si
             self.complete = False
@@ -142,7 +150,7 @@ class _Flow:
     def _spend_check(self) -> bool:
         """Witness checks are bounded so that huge SOPs stay linear; past the bound, stop looking."""
         self.checks_left -= 1
-        return self.checks_left >= 0
+        return self.checks_left >= 0 and not self.clock.out()
 
     def run(self) -> list[Diagnostic]:
         out: list[Diagnostic] = []
@@ -179,7 +187,12 @@ class _Flow:
         proven and where (the stage, and the question), so a clean result is never mistaken for a proof."""
         what: list[str] = []
         at: int | None = None  # the stage the note points at
-        if self.stopped_at is not None:
+        if self.stopped_at is not None and self.out_of_time:
+            at = self.stopped_at
+            what.append(f"the analysis reached its CPU budget ({self.clock.describe()}) at stage `{self.ex.ids[at]}` "
+                        f"while {self.asking}; overlaps, exhaustiveness and never-taken branches from there on were "
+                        "not checked")
+        elif self.stopped_at is not None:
             at = self.stopped_at
             what.append(f"the analysis reached its work budget ({STEP_BUDGET:,} region operations) at stage "
                         f"`{self.ex.ids[at]}`; overlaps, exhaustiveness and never-taken branches from there on were "
@@ -243,9 +256,22 @@ class _Flow:
                         nxt.append((ck, (prefix, si, bi)))
             stack.extend(reversed(nxt))  # depth-first in declaration order
 
-    def full_context(self, prefix: Any) -> tuple[Box, ...]:
-        steps = _steps(prefix)
-        return self.ex.full_region([s for s, _ in steps], [b for _, b in steps])
+    def full_context(self, prefix: Any, si: int, *formulas: Any) -> tuple[Box, ...] | None:
+        """The region of the whole route to `si` over every variable, then constrained by `formulas`;
+        None when it grows past MAX_REGION boxes or the budget (each step is charged): a route whose
+        region splits at every stage made one witness search cost minutes (issue 31)."""
+        sp = self.sp
+        region: tuple[Box, ...] = (sp.full,)
+        for f in [self.ex.fire(s, b) for s, b in _steps(prefix)] + list(formulas):
+            region = sp.constrain_region(region, f)
+            if not region:
+                break
+            if len(region) > MAX_REGION or not self.spend(si, len(region)):
+                self.complete = False
+                if self.bounded_at is None:
+                    self.bounded_at = si
+                return None
+        return region
 
     def via(self, prefix: Any, si: int) -> str:
         ids = [self.ex.ids[s] for s, _ in _steps(prefix)] + [self.ex.ids[si]]
@@ -270,9 +296,10 @@ class _Flow:
                     break
             if not rest or sp.decide_region(rest) is False:
                 continue
-            full = self.full_context(prefix)
-            for f in falses:
-                full = sp.constrain_region(full, f)
+            self.asking = f"looking for values no branch of `{stage.id}` covers"
+            full = self.full_context(prefix, si, *falses)
+            if full is None:
+                return None
             for box in full:
                 w = sp.witness(box, "representative")
                 if w is not None and self._refused_at(w, stage.id):
@@ -334,6 +361,8 @@ class _Flow:
                 if self._special_case_first(si, guards[i], gj, ctxs):
                     continue  # `when A and B -> …` before `when A -> …`: the special case written first
                 fire_i = self.ex.fire(si, i)
+                self.asking = (f"checking whether `{ir.show(stage.branches[j].guard)}` overlaps "
+                               f"`{ir.show(stage.branches[i].guard)}` in `{stage.id}`")
                 for region, prefix in ctxs[:MAX_CONTEXTS]:
                     if not self.spend(si, len(region)):
                         return out
@@ -341,7 +370,9 @@ class _Flow:
                             for b3 in sp.constrain(b2, gj[0])]
                     if not both or sp.decide_region(both) is False:
                         continue
-                    full = sp.constrain_region(sp.constrain_region(self.full_context(prefix), fire_i), gj[0])
+                    full = self.full_context(prefix, si, fire_i, gj[0])
+                    if full is None:
+                        return out
                     w = self._overlap_witness(full, prefix, si, i, stage.branches[j].guard)
                     if w is not None:
                         found = (i, prefix, w)

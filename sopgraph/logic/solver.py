@@ -112,14 +112,15 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
             exact_goal.append(term)
     if not goal:
         return None, False
-    result, model = _check(z3, tr, goal, z3.SolverFor("QF_LIA") if tr.exact and not tr.reals else z3.Solver())
+    linear = tr.exact and not tr.reals
+    result, model = _check(z3, tr, goal, "QF_LIA" if linear else None)
     if result == z3.unsat:
         if tr.exact:
             return None, True
         # Refuted over the rationals with float arithmetic somewhere: rounding might still satisfy it,
         # unless the literals without float arithmetic are already contradictory on their own
         # (`count(…) != 0` beside an item that is not returned, next to a sum of prices).
-        if exact_goal and len(exact_goal) < len(goal) and _check(z3, tr, exact_goal, z3.Solver())[0] == z3.unsat:
+        if exact_goal and len(exact_goal) < len(goal) and _check(z3, tr, exact_goal, None)[0] == z3.unsat:
             return None, True
         return None, None
     if result != z3.sat:
@@ -127,15 +128,33 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
     return tr.assignment(model), False
 
 
-def _check(z3: Any, tr: _Translator, goal: list[Any], solver: Any) -> tuple[Any, Any]:
-    """z3's verdict on the box's domains and `goal` within the deterministic budget, and its model."""
+def _check(z3: Any, tr: _Translator, goal: list[Any], logic: str | None) -> tuple[Any, Any]:
+    """z3's verdict on the box's domains and `goal` within the deterministic budget, and its model.
+
+    The query is copied into a context of its own (`translate`, done inside z3) and solved there: the
+    solver's choices follow the ids of the terms it sees, and in the space's context those ids depend on
+    every query asked before (and on which ones the domain's memos skipped). A fresh context numbers
+    the query's terms by its own structure, so the same question gets the same answer whatever the
+    process did earlier, and the resource limit counts this query alone."""
+    ctx = z3.Context()
+    solver = z3.SolverFor(logic, ctx=ctx) if logic else z3.Solver(ctx=ctx)
     solver.set("rlimit", RLIMIT)
-    solver.add(*tr.domains(), *goal)
     try:
+        solver.add(*[t.translate(ctx) for t in (*tr.domains(), *goal)])
         result = solver.check()
     except z3.Z3Exception:  # pragma: no cover - resource exhaustion surfaces as unknown
         return None, None
-    return result, solver.model() if result == z3.sat else None
+    return result, _Model(solver.model(), ctx) if result == z3.sat else None
+
+
+class _Model:
+    """A model of a query solved in its own context, read with the space's terms."""
+
+    def __init__(self, model: Any, ctx: Any):
+        self.model, self.ctx = model, ctx
+
+    def eval(self, term: Any, model_completion: bool = False) -> Any:
+        return self.model.eval(term.translate(self.ctx), model_completion=model_completion)
 
 
 class _Translator:
@@ -152,7 +171,13 @@ class _Translator:
         # residuals and derived variables are kept on the space and reused by every later query:
         # the z3 Python API costs far more than the solving on list-heavy SOPs. Enum ids are shared
         # for the same reason.
-        shared = space.__dict__.setdefault("_z3_shared", {"memo": {}, "enums": {}, "patterns": {}, "doms": {}})
+        # Each space has its own z3 context: terms, their ids and the solver's heuristics then depend only on
+        # this space's queries, never on what other analyses did earlier in the process (determinism).
+        shared = space.__dict__.get("_z3_shared")
+        if shared is None:
+            shared = space.__dict__["_z3_shared"] = {"memo": {}, "enums": {}, "patterns": {}, "doms": {},
+                                                     "ctx": z3.Context()}
+        self.ctx = shared["ctx"]
         self.memo: dict[Any, tuple[tuple[str, Any], bool, bool, int, frozenset[Any]]] = shared["memo"]
         self.enum_ids: dict[str, int] = shared["enums"]
         self.pattern_ids: dict[tuple[int, str], int] = shared["patterns"]
@@ -211,12 +236,12 @@ class _Translator:
         if x is None:
             name = f"v{i}"
             if kind == "bool":
-                x = self.z3.Bool(name)
+                x = self.z3.Bool(name, self.ctx)
             elif kind == "float":
-                x = self.z3.Real(name)
+                x = self.z3.Real(name, self.ctx)
                 self.reals = True
             elif kind in ("int", "enum"):
-                x = self.z3.Int(name)
+                x = self.z3.Int(name, self.ctx)
             else:
                 raise _Unsupported(kind)
             self.vars[i] = x
@@ -232,7 +257,7 @@ class _Translator:
             reading.add(-i - 1)  # recorded apart from the value's own reads (see `memoized`)
         x = self.absent.get(i)
         if x is None:
-            x = self.absent[i] = self.z3.Bool(f"m{i}")
+            x = self.absent[i] = self.z3.Bool(f"m{i}", self.ctx)
         return x
 
     def pattern_atom(self, i: int, pattern: str) -> Any:
@@ -245,7 +270,7 @@ class _Translator:
         x = self.patterns.get((i, pattern))
         if x is None:  # named by a number the space keeps: memoized terms of earlier queries use the same Bool
             number = self.pattern_ids.setdefault((i, pattern), len(self.pattern_ids))
-            x = self.patterns[i, pattern] = self.z3.Bool(f"p{number}")
+            x = self.patterns[i, pattern] = self.z3.Bool(f"p{number}", self.ctx)
         return x
 
     def dom(self, i: int, d: Any) -> Any:
@@ -267,12 +292,12 @@ class _Translator:
             vals = [v for j, v in enumerate(self.sp.values[i]) if d >> j & 1]
             if kind == "bool":
                 if len(vals) == 2:
-                    return z3.BoolVal(True)
-                return z3.BoolVal(False) if not vals else (x if vals[0] else z3.Not(x))
+                    return z3.BoolVal(True, self.ctx)
+                return z3.BoolVal(False, self.ctx) if not vals else (x if vals[0] else z3.Not(x))
             if i in self.sp.text_enums and d & 1:  # the first value stands for every other text
-                others = z3.And([x != self.enum_id(v) for v in self.sp.values[i][1:]])
-                return z3.Or([x == self.enum_id(v) for v in vals[1:]] + [others])
-            return z3.Or([x == self.enum_id(v) for v in vals]) if vals else z3.BoolVal(False)
+                others = z3.And([x != self.enum_id(v) for v in self.sp.values[i][1:]], self.ctx)
+                return z3.Or([x == self.enum_id(v) for v in vals[1:]] + [others], self.ctx)
+            return z3.Or([x == self.enum_id(v) for v in vals], self.ctx) if vals else z3.BoolVal(False, self.ctx)
         parts = []
         if d.lo != -math.inf:
             lo = self.num(d.lo)
@@ -283,18 +308,18 @@ class _Translator:
         parts += [x != self.num(e) for e in d.excl]
         if i in self.sp.dates:  # a date is a whole day of seconds (its midnight, UTC)
             parts.append(x % DAY_SECONDS == 0)
-        return z3.And(parts) if parts else z3.BoolVal(True)
+        return z3.And(parts, self.ctx) if parts else z3.BoolVal(True, self.ctx)
 
     def num(self, value: float) -> Any:
         if isinstance(value, bool):
             raise _Unsupported("bool as number")
         if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-            return self.z3.IntVal(int(value))
+            return self.z3.IntVal(int(value), self.ctx)
         if not math.isfinite(value):
             raise _Unsupported("non-finite constant")
         self.reals = True
         exact = Fraction(value)  # the float itself, not the decimal it was written as
-        return self.z3.RealVal(f"{exact.numerator}/{exact.denominator}")
+        return self.z3.RealVal(f"{exact.numerator}/{exact.denominator}", self.ctx)
 
     def domains(self) -> list[Any]:
         doms = self.box.doms
@@ -317,15 +342,15 @@ class _Translator:
         z3 = self.z3
         self.tick()
         if f.kind == "T":
-            return z3.BoolVal(True)
+            return z3.BoolVal(True, self.ctx)
         if f.kind == "F":
-            return z3.BoolVal(False)
+            return z3.BoolVal(False, self.ctx)
         if f.kind == "atom":
             return self.dom(f.var, f.dom)
         if f.kind == "and":
-            return z3.And([self.formula(p) for p in f.parts])
+            return z3.And([self.formula(p) for p in f.parts], self.ctx)
         if f.kind == "or":
-            return z3.Or([self.formula(p) for p in f.parts])
+            return z3.Or([self.formula(p) for p in f.parts], self.ctx)
         return self.literal(f.rid, f.truth)
 
     def tick(self) -> None:
@@ -341,10 +366,10 @@ class _Translator:
         if isinstance(e, ir.Lit):
             v = e.value
             if isinstance(v, bool):
-                return "bool", z3.BoolVal(v)
+                return "bool", z3.BoolVal(v, self.ctx)
             if isinstance(v, (int, float)):
                 return "num", self.num(v)
-            return "enum", z3.IntVal(self.enum_id(v))
+            return "enum", z3.IntVal(self.enum_id(v), self.ctx)
         if isinstance(e, ir.TimeLit):  # dates, datetimes and durations are seconds, as in the space
             return "num", self.num(e.value)
         if isinstance(e, ir.Var):
@@ -373,16 +398,16 @@ class _Translator:
         if isinstance(e, ir.InSet):
             kind, x = self.expr(e.operand)
             hits = [x == self.expr(v)[1] for v in e.values]
-            inside = z3.Or(hits) if hits else z3.BoolVal(False)
+            inside = z3.Or(hits) if hits else z3.BoolVal(False, self.ctx)
             return "bool", (z3.Not(inside) if e.negated else inside)
         if isinstance(e, ir.BoolOp):
             parts = [self.truthy(*self.expr(o)) for o in e.operands]
-            return "bool", (z3.And(parts) if e.op == "and" else z3.Or(parts))
+            return "bool", (z3.And(parts, self.ctx) if e.op == "and" else z3.Or(parts, self.ctx))
         if isinstance(e, ir.Weighted):  # as the sum of counts it equals (`guards.weighted_as_counts`)
             return self.expr(weighted_as_counts(e))
         if isinstance(e, ir.Call):
             if e.func == "count":
-                return "num", z3.Sum([z3.If(self.truthy(*self.expr(a)), 1, 0) for a in e.args])
+                return "num", z3.Sum([z3.If(self.truthy(*self.expr(a)), 1, 0, self.ctx) for a in e.args])
             args = [self.expr(a)[1] for a in e.args]
             best = args[0]
             for x in args[1:]:
@@ -414,7 +439,7 @@ class _Translator:
             (_, a), (_, b) = self.expr(e.args[0]), self.expr(e.args[1])
             self.exact = False
             self.reals = True
-            return "num", z3.ToReal(b - a) / z3.RealVal(DAY_SECONDS) if not z3.is_real(b - a) else (b - a) / DAY_SECONDS
+            return "num", z3.ToReal(b - a) / z3.RealVal(DAY_SECONDS, self.ctx) if not z3.is_real(b - a) else (b - a) / DAY_SECONDS
         if e.name == "missing" and len(e.args) == 1 and isinstance(e.args[0], ir.Var):
             i = self.sp.index.get(e.args[0].name)
             if i is not None and i in self.sp.optional:

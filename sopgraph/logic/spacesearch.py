@@ -1,0 +1,426 @@
+"""The witness search of a constraint space: deciding boxes (members found by search or by the solver),
+picking values. The layer above `spacecore` (see there)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from sopgraph.language import ir, scalars
+from sopgraph.logic import diffbound, solver
+from sopgraph.logic.formula import Formula
+from sopgraph.logic.guards import NEGATED_OP
+from sopgraph.logic.intervals import (  # re-exported: NumDom and the num_* operations are the domain's API
+    NO_POINTS,
+    NO_VALUE,
+    NumDom,
+    num_meet,
+    pick_num,
+)
+from sopgraph.logic.scalardom import (
+    DAY,
+    pick_time,
+    string_candidates,
+    time_candidates,
+    to_input,
+    typical,
+)
+from sopgraph.logic.spacecore import (
+    CANONICAL_OP,
+    INF,
+    REFUTED_COMBOS,
+    SEARCH_COMBOS,
+    SOLVER_FIRST_VARS,
+    Box,
+    SpaceCore,
+    numeric_consts,
+    one_call,
+    strict_reads,
+)
+
+
+class SpaceSearch(SpaceCore):
+    """Feasibility of boxes and their witnesses: a member found by search, or by the solver (`solver`)."""
+
+    def lit_text(self, rid: int, truth: bool) -> str:
+        """A residual literal as text: as first written with this truth, else a false difference literal
+        or comparison as its complement (`A >= B`), not `not (…)`."""
+        shown = self._res_shown.get((rid, truth))
+        if shown is not None:
+            return shown
+        if truth:
+            return self.res_text[rid]
+        pqk = self.diffs.get(rid)
+        if pqk is not None:
+            p, q, k = pqk
+            return self._diff_text(q, p, -k - 1)
+        expr = self.res_exprs[rid]
+        if isinstance(expr, ir.Compare) and expr.op in CANONICAL_OP:
+            return f"{ir.show(expr.left)} {NEGATED_OP[expr.op]} {ir.show(expr.right)}"
+        text = self.res_text[rid]
+        return f"not {text}" if one_call(text) else f"not ({text})"
+
+    def _var(self, i: int) -> ir.Var:
+        return ir.Var.model_construct(kind="var", name=self.names[i], span=ir.NO_SPAN)
+
+    def _diff_text(self, p: int, q: int, k: int) -> str:
+        """`x_p - x_q <= k` as people write it: `BookedAt > now - 24 hours` rather than in seconds."""
+        timed = p in self.time_kinds or q in self.time_kinds
+        if k == -1 or (timed and (k + 1) % 60 == 0 and k % 60) or (not timed and abs(k + 1) < abs(k)):
+            # a strict bound reads rounder: `Amount > Limit`, `BookedAt > now - 1 day`
+            lhs, op, rhs, off = self.names[q], ">", self.names[p], -(k + 1)
+        else:
+            lhs, op, rhs, off = self.names[p], "<=", self.names[q], k
+        if off == 0:
+            return f"{lhs} {op} {rhs}"
+        amount = scalars.format_duration(abs(off)) if timed else str(abs(off))
+        return f"{lhs} {op} {rhs} {'+' if off > 0 else '-'} {amount}"
+
+    def note_undecided(self, box: Box) -> None:
+        """Count a feasibility question left open and remember (the first few of) its conditions, so
+        the I302 that reports it can say which question it was."""
+        self.undecided += 1
+        if len(self.undecided_texts) < 5:
+            text = " and ".join(f"`{self.lit_text(rid, truth)}`" for rid, truth in sorted(box.resid))
+            text = text if len(text) <= 200 else text[:197] + "..."
+            if text not in self.undecided_texts:
+                self.undecided_texts.append(text)
+
+    def _finite_values(self, i: int, d: Any, limit: int) -> list | None:
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            return self.dom_values(i, d)
+        if k == "int" and d.lo != -INF and d.hi != INF and d.hi - d.lo < limit:
+            return [x for x in range(int(d.lo), int(d.hi) + 1) if x not in d.excl]
+        if k == "float" and d.lo == d.hi:
+            return [d.lo]
+        return None
+
+    def decide(self, box: Box) -> bool | None:
+        """True: a member exists; False: proven empty; None: undecided."""
+        if not box.resid:
+            return True
+        hit = self._decided.get(box)
+        if hit is None:
+            w, exhaustive = self._search_or_solve(box, "boundary", None)
+            hit = (True if w is not None else (False if exhaustive else None), w)
+            self._decided[box] = hit
+        return hit[0]
+
+    def decide_region(self, region: Iterable[Box]) -> bool | None:
+        status: bool | None = False
+        for b in region:
+            s = self.decide(b)
+            if s:
+                return True
+            if s is None:
+                status = None
+        return status
+
+    def witness(self, box: Box, style: str = "representative",
+                rng: random.Random | None = None) -> dict[str, Any] | None:
+        """A member of the box in the engine's input form (dates and durations as text)."""
+        w = self._witness(box, style, rng)
+        if w is not None and not self.box_contains(box, w):  # defensive: never hand out a non-member
+            return None
+        return to_input(self.time_names, w) if w is not None and self.time_names else w
+
+    def _witness(self, box: Box, style: str, rng: random.Random | None) -> dict[str, Any] | None:
+        if not box.resid:
+            return self.pick_all(box, style, rng)
+        if style == "boundary" and rng is None:
+            self.decide(box)
+            hit = self._decided.get(box)
+            if hit is not None and hit[1] is not None:
+                return dict(hit[1])
+        w, _ = self._search_or_solve(box, style, rng)
+        return w
+
+    def _search_or_solve(self, box: Box, style: str, rng: random.Random | None) -> tuple[dict | None, bool]:
+        """Witness search and the SMT solver (`solver`): the search first when the residuals read
+        few variables (cheap, and it varies witnesses), the solver first when they read many (the
+        search's few thousand candidates would be a needle-in-a-haystack guess). A solver model is
+        kept only if the reference interpreter confirms it. Residuals that share no variable are
+        decided one group at a time (`_solve_groups`)."""
+        if self._reads_missing(box):
+            return None, True
+        groups = self._resid_groups(box)
+        if len(groups) > 1:
+            return self._solve_groups(box, groups, style, rng)
+        if any(rid in self.diffs for rid, _t in box.resid):
+            verdict, w = self._solve_diffs(box, style, rng)
+            if verdict == "empty":
+                return None, True
+            if w is not None:
+                return w, False
+        rvars = {v for rid, _t in box.resid for v in self.res_vars[rid]}
+        solver_first = len(rvars) > SOLVER_FIRST_VARS
+        if not solver_first:
+            w, exhaustive = self._search(box, style, rng)
+            if w is not None or exhaustive:
+                return w, exhaustive
+        model, empty = solver.solve(self, box)
+        if model is not None and self.box_contains(box, model):
+            return self._near_reference(box, model), False
+        if empty:
+            return None, True
+        if solver_first:  # after an inexact refutation only a short search (for a rounding witness)
+            w, exhaustive = self._search(box, style, rng, REFUTED_COMBOS if empty is None else SEARCH_COMBOS)
+            if w is not None or exhaustive:
+                return w, exhaustive
+        self.note_undecided(box)
+        return None, False
+
+    def _near_reference(self, box: Box, model: dict[str, Any]) -> dict[str, Any]:
+        """The solver leaves a moment nothing pins at 0, which reads as 1970 (`LostAt=1970-01-01`, and
+        an item "at 1969-12-31T23:59:59" just before it). Comparisons between moments only see their
+        differences: moved together by whole days so that the latest sits at the reference moment, the
+        model usually still holds; that one is kept, else the model as it was."""
+        solved = {v for rid, _t in box.resid for v in self.res_vars[rid]}  # the rest was picked, not solved
+        moments = [self.names[i] for i, kind in self.time_kinds.items() if kind != "duration" and i in solved
+                   and isinstance(model.get(self.names[i]), int) and not isinstance(model.get(self.names[i]), bool)]
+        if not moments:
+            return model
+        latest = max(model[n] for n in moments)
+        shift = (typical("date") - latest) // DAY * DAY
+        if abs(shift) < 365 * DAY:  # already near the reference
+            return model
+        moved = {**model, **{n: model[n] + shift for n in moments}}
+        return moved if self.box_contains(box, moved) else model
+
+    def _reads_missing(self, box: Box) -> bool:
+        """True when the box says `missing(X)` and another of its residuals always reads `X`: the engine
+        refuses every such assignment, so the box is empty. (The search cannot show it, since the other
+        variables of that residual have unbounded candidates, and the solver does not model absence.)"""
+        absent: set[str] = set()
+        for rid, truth in box.resid:
+            pred = self.res_exprs[rid]
+            if truth and isinstance(pred, ir.Func) and pred.name == "missing" and isinstance(pred.args[0], ir.Var):
+                absent.add(pred.args[0].name)
+        if not absent:
+            return False
+        for rid, _truth in box.resid:
+            pred = self.res_exprs[rid]
+            if isinstance(pred, Formula) or (isinstance(pred, ir.Func) and pred.name == "missing"):
+                continue
+            if not absent.isdisjoint(self._strict(pred)):
+                return True
+        return False
+
+    def _strict(self, expr: Any) -> frozenset[str]:
+        hit = self._strict_reads.get(id(expr))
+        if hit is None or hit[0] is not expr:
+            hit = (expr, strict_reads(self.scenario, expr))
+            self._strict_reads[id(expr)] = hit
+        return hit[1]
+
+    def _resid_groups(self, box: Box) -> list[frozenset]:
+        """The box's residual literals split into groups that read disjoint sets of variables."""
+        res_vars = self.res_vars
+        groups: list[tuple[set[int], list]] = []
+        for lit in sorted(box.resid):
+            reads = set(res_vars[lit[0]])
+            joined = [g for g in groups if g[0] & reads]
+            if not joined:
+                groups.append((reads, [lit]))
+                continue
+            first = joined[0]
+            first[0].update(reads)
+            first[1].append(lit)
+            for g in joined[1:]:
+                first[0].update(g[0])
+                first[1].extend(g[1])
+                groups.remove(g)
+        return [frozenset(lits) for _reads, lits in groups]
+
+    def _solve_groups(self, box: Box, groups: list[frozenset], style: str,
+                      rng: random.Random | None) -> tuple[dict | None, bool]:
+        """Independent residual groups (e.g. a score over some inputs, a pattern on a text, a date
+        window) decided one by one: the box has a member iff every group does, and the members of
+        the groups combine, since no two read the same variable. Searching them together would
+        multiply their candidate lists (and the solver gives up on the whole when one part is a
+        construct it does not model)."""
+        merged = self.pick_all(box, style, rng)
+        if merged is None:
+            return None, False
+        for lits in groups:
+            w, exhaustive = self._search_or_solve(self.box(box.doms, lits), style, rng)
+            if w is None:
+                return None, exhaustive  # one empty group empties the box; an undecided one was counted
+            for i in {v for rid, _t in lits for v in self.res_vars[rid]}:
+                merged[self.names[i]] = w[self.names[i]]
+        if not all(self.eval_resid(rid, truth, merged) for rid, truth in box.resid):
+            self.note_undecided(box)  # defensive: groups that do not combine (a read the split did not see)
+            return None, False
+        return merged, False
+
+    def _solve_diffs(self, box: Box, style: str, rng: random.Random | None) -> tuple[str, dict | None]:
+        """The box's difference literals as one difference-bound system (`diffbound`): "empty" is exact;
+        a member is returned when every residual is a difference literal (else the system's solution
+        only seeds nothing and the caller searches)."""
+        cons: list[tuple[int, int, int]] = []
+        for rid, truth in box.resid:
+            pqk = self.diffs.get(rid)
+            if pqk is not None:
+                p, q, k = pqk
+                cons.append((p, q, k) if truth else (q, p, -k - 1))
+        involved = {v for p, q, _k in cons for v in (p, q)}
+        bounds: dict[int, tuple[float, float]] = {}
+        for i in involved:
+            d = box.doms[i]
+            lo = d.lo + 1 if d.lo_open else d.lo  # ints: closed already; kept general
+            hi = d.hi - 1 if d.hi_open else d.hi
+            bounds[i] = (lo, hi)
+
+        def pick(i: int, lo: float, hi: float) -> Any:
+            d = num_meet(box.doms[i], NumDom(lo, hi, False, False, NO_POINTS), True)
+            if d is None:
+                return None
+            x = self.pick(i, d, style, rng)
+            return None if x is NO_VALUE else x
+
+        verdict, values = diffbound.solve(involved, cons, bounds, self.dates & involved, pick)
+        if verdict != "sat" or values is None or len(cons) != len(box.resid):
+            return verdict, None
+        w = self.pick_all(box, style, rng)
+        if w is None:
+            return "unknown", None
+        for i, x in values.items():
+            w[self.names[i]] = x
+        return ("sat", w) if self.box_contains(box, w) else ("unknown", None)
+
+    def pick_all(self, box: Box, style: str, rng: random.Random | None) -> dict[str, Any] | None:
+        out: dict[str, Any] = {}
+        for i, n in enumerate(self.names):
+            v = self.pick(i, box.doms[i], style, rng)
+            if v is NO_VALUE:
+                return None
+            out[n] = v
+        return out
+
+    def pick(self, i: int, d: Any, style: str, rng: random.Random | None) -> Any:
+        if i in self.time_kinds:
+            return pick_time(self.time_kinds[i], d, style, rng)
+        if i in self.strings:
+            return self.string_samples[i][0]
+        if i in self.structured:
+            return copy.deepcopy(self.structured[i][0])
+        k = self.kinds[i]
+        if k == "enum" or k == "bool":
+            vals = self.dom_values(i, d)
+            if not vals:
+                return NO_VALUE
+            return rng.choice(vals) if rng is not None else vals[0]
+        if k == "none":
+            return NO_VALUE
+        return pick_num(d, k == "int", style, rng)
+
+    def _candidates(self, i: int, d: Any, style: str, rng: random.Random | None,
+                    consts: list[float]) -> tuple[list, bool]:
+        """Candidate values for variable i in witness search; bool = the list is the whole domain."""
+        if i in self.optional:  # missing is a value of its own
+            cands, whole = self._candidates_present(i, d, style, rng, consts)
+            return (cands[:1] + [None] + cands[1:], whole) if d == self.full_doms[i] else (cands, whole)
+        return self._candidates_present(i, d, style, rng, consts)
+
+    def _candidates_present(self, i: int, d: Any, style: str, rng: random.Random | None,
+                            consts: list[float]) -> tuple[list, bool]:
+        if i in self.time_kinds:
+            return time_candidates(self.time_kinds[i], d, style, rng, consts), False
+        if i in self.strings:
+            return string_candidates(self.names[i], self.res_exprs, *self.string_samples[i]), False
+        if i in self.structured:
+            return copy.deepcopy(self.structured[i]), False
+        k = self.kinds[i]
+        if i in self.text_enums and d & 1:  # other texts: also those a residual compares it with
+            vals = self.dom_values(i, d)
+            known = set(self.values[i])
+            vals += [x for x in string_candidates(self.names[i], self.res_exprs, vals[0]) if x not in known]
+            return vals, False
+        if k == "enum" or k == "bool":
+            vals = self.dom_values(i, d)
+            if rng is not None:
+                vals = vals[:]
+                rng.shuffle(vals)
+            return vals, True
+        if k == "none":
+            return [], False
+        finite = self._finite_values(i, d, 16)
+        if finite is not None:
+            first = pick_num(d, k == "int", style, rng)
+            return [first] + [x for x in finite if x != first], True
+        is_int = k == "int"
+        raw: list[float] = [pick_num(d, is_int, style, rng), pick_num(d, is_int, "boundary", None),
+                            pick_num(d, is_int, "representative", None)]
+        for c in consts:
+            raw += [c, c + 1, c - 1]
+            if not is_int:
+                raw += [c + 0.5, c - 0.5]
+        raw += [0, 1, -1, 100, 1000]
+        if d.lo != -INF:
+            raw += [d.lo, d.lo + 1, d.lo + 2]
+        if d.hi != INF:
+            raw += [d.hi, d.hi - 1, d.hi - 2]
+        if d.lo != -INF and d.hi != INF:
+            raw.append((d.lo + d.hi) / 2)
+        out: list = []
+        seen: set = set()
+        for x in raw:
+            if x is NO_VALUE or isinstance(x, bool):
+                continue
+            if is_int:
+                if isinstance(x, float):
+                    if not math.isfinite(x) or not x.is_integer():
+                        continue
+                    x = int(x)
+            else:
+                if not math.isfinite(x):
+                    continue
+                x = float(x)
+            if x in seen or not d.contains(x):
+                continue
+            seen.add(x)
+            out.append(x)
+            if len(out) >= 14:
+                break
+        return out, False
+
+    def _search(self, box: Box, style: str, rng: random.Random | None,
+                limit: int = SEARCH_COMBOS) -> tuple[dict | None, bool]:
+        base = self.pick_all(box, style, rng)
+        if base is None:
+            return None, False
+        lits = sorted(box.resid)
+        rvars: dict[int, None] = {}
+        consts: list[float] = []
+        for rid, _t in lits:
+            for v in self.res_vars[rid]:
+                rvars.setdefault(v, None)
+            pred = self.res_exprs[rid]
+            if isinstance(pred, Formula):
+                if pred.src is not None:
+                    consts += numeric_consts(pred.src[0])
+            else:
+                consts += numeric_consts(pred)
+        order = list(rvars)
+        cand_lists = []
+        exhaustive = True
+        for i in order:
+            cands, whole = self._candidates(i, box.doms[i], style, rng, consts)
+            if not cands:
+                return None, False
+            cand_lists.append(cands)
+            exhaustive = exhaustive and whole
+        for tried, combo in enumerate(itertools.product(*cand_lists)):
+            if tried >= limit:
+                return None, False
+            values = dict(base)
+            for i, v in zip(order, combo, strict=True):
+                values[self.names[i]] = v
+            if all(self.eval_resid(rid, truth, values) for rid, truth in lits):
+                return values, False
+        return None, exhaustive
