@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sopgraph.authoring.validate import ValidateError, plan_columns, prepare_rows, reference_time
+from sopgraph.authoring.validate import ValidateError, plan_columns, prepare_rows, reference_time, row_columns
 from sopgraph.cases.patterns import random_match
 from sopgraph.cases.profiles import Generator, Profile
 from sopgraph.language import ir, scalars
@@ -55,14 +55,7 @@ def fit(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect: Map
     if not rows:
         raise ValidateError(f"{source or 'the data'}: no rows to fit values from")
     now_text, today = reference_time(now)
-    columns = sorted({k for r in rows for k in r if k != "_line"})
-    inside: dict[str, set[str]] = {}  # as `sop validate` maps them: keys inside nested objects too
-    for r in rows:
-        for column, value in r.items():
-            if isinstance(value, dict):
-                for name in value:
-                    inside.setdefault(name, set()).add(column)
-    nested = {name: sorted(inside[name]) for name in sorted(inside)}
+    columns, nested = row_columns(rows)  # as `sop validate` maps them: keys inside nested objects too
     try:
         plan = plan_columns(scenario, columns, expect or {}, mapping or {}, nested)
     except ValidateError:

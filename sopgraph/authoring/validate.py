@@ -1192,20 +1192,26 @@ def _link_shared(groups: Sequence[Group]) -> None:
             c.groups = where[c.key]
 
 
+def row_columns(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], dict[str, list[str]]]:
+    """The rows' columns, and each key of nested objects with the columns holding it (one pass): what
+    `plan_columns` maps variables to (`sop validate`, and `sop synth --like` reading rows the same way)."""
+    columns = sorted({k for r in rows for k in r if k != "_line"})
+    inside: dict[str, set[str]] = {}
+    for r in rows:
+        for column, value in r.items():
+            if isinstance(value, dict):
+                for name in value:
+                    inside.setdefault(name, set()).add(column)
+    return columns, {name: sorted(inside[name]) for name in sorted(inside)}
+
+
 def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect: Mapping[str, str],
              mapping: Mapping[str, str] | None = None, now: str | dt.date | None = None,
              budget: int = DEFAULT_BUDGET, file: str = "", data: str = "") -> Report:
     """Decide every row, compare, group the mismatches and search explaining edits. `now` is `--now`:
     the program's `now` and the day that dates in numeric columns count to."""
     now_text, today = reference_time(now)
-    columns = sorted({k for r in rows for k in r if k != "_line"})
-    inside: dict[str, set[str]] = {}  # a key of nested objects -> the columns holding it (one pass)
-    for r in rows:
-        for column, value in r.items():
-            if isinstance(value, dict):
-                for name in value:
-                    inside.setdefault(name, set()).add(column)
-    nested = {name: sorted(inside[name]) for name in sorted(inside)}
+    columns, nested = row_columns(rows)
     plan = plan_columns(scenario, columns, expect, mapping or {}, nested)
     results = prepare_rows(scenario, rows, plan, today, now_text)
     decide_rows(scenario, results)

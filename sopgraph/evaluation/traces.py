@@ -114,20 +114,7 @@ def trace_scores(agent: Sequence[Call], ref: Sequence[Call], prohibited: frozens
 def _all_matched(agent: Sequence[Call], ref: Sequence[Call], same: Callable[[Any, Any], bool]) -> bool:
     """Whether every reference action can be paired with its own call of that name whose arguments
     agree (a bipartite matching: an action required twice needs two calls)."""
-    fits = [[j for j, c in enumerate(agent) if str(c.get("name")) == str(want.get("name")) and all(
-        same((c.get("args") or {}).get(k), v) for k, v in (want.get("args") or {}).items())] for want in ref]
-    owner: dict[int, int] = {}
-
-    def place(i: int, seen: set[int]) -> bool:
-        for j in fits[i]:
-            if j not in seen:
-                seen.add(j)
-                if j not in owner or place(owner[j], seen):
-                    owner[j] = i
-                    return True
-        return False
-
-    return all(place(i, set()) for i in range(len(ref)))
+    return _matching(agent, ref, same) == len(ref)
 
 
 def journey_coverage(visited: set[str], ref_path: Sequence[str]) -> float:
