@@ -62,6 +62,7 @@ def _entry_points(tmp: Path) -> dict[str, Callable[[], object]]:
     from sopgraph.authoring import diff, validate
     from sopgraph.cases.profiles import load_profile
     from sopgraph.evaluation.score import ScoreConfig, score_run
+    from sopgraph.logic.domain import full_box, witness
     from sopgraph.simulation.gateway import Gateway, parse_model_option
     from sopgraph.simulation.judge import parse_judge_turns
     from sopgraph.simulation.runner import read_cases
@@ -99,6 +100,7 @@ def _entry_points(tmp: Path) -> dict[str, Callable[[], object]]:
         "run: no such cases file": lambda: read_cases(tmp / "missing.jsonl"),
         "models: an option without a model": lambda: parse_model_option("agent="),
         "gateway: a concurrency below one": lambda: Gateway(concurrency=0, cache=False),
+        "witness: an unknown style": lambda: witness(scenario, full_box(scenario), style="x"),
         "judge turns: not a turn": lambda: parse_judge_turns("first,abc"),
         "score: a confidence outside (0, 1)": lambda: ScoreConfig(confidence=2),
         "score: a weight of the wrong type": lambda: ScoreConfig(w_path="heavy"),

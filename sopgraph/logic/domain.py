@@ -43,6 +43,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from sopgraph.errors import ArgumentError
 from sopgraph.language import ir
 from sopgraph.logic.formula import FALSE, TRUE, Formula, mk_and, negate_exact
 from sopgraph.logic.guards import GuardCompiler, OverBudget
@@ -506,7 +507,7 @@ def witness(scenario: ir.Scenario, box: Box, *, style: str = "representative",
     """A concrete assignment of every field and system variable inside `box`, or None (`space`: the
     scenario's `space_for`, when a caller making many witnesses fetched it once)."""
     if style not in ("representative", "boundary"):
-        raise ValueError(f"unknown witness style {style!r}")
+        raise ArgumentError(f"unknown witness style {style!r}")
     return (space if space is not None else space_for(scenario)).witness(box, style, rng)
 
 
