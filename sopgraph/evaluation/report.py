@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -684,20 +684,26 @@ def _chat_cell(inp: ReportInput, m: Metric | None) -> str:
 _TRACE_METRICS = ("trace_precision", "trace_recall", "trace_order", "journey_coverage", "tau2_pass")
 
 
-def _trace_section(series: list[_Series], hrefs: dict[str, str]) -> str:
-    """Action-trace scores per model and scenario, or "" when no agent acted (SAGE-mode runs only)."""
-    rows = []
+def _groups_with(series: list[_Series], names: tuple[str, ...]) -> Iterator[tuple[_Series, Any]]:
+    """(series, its model × scenario group) for the groups where any of the metrics `names` has a value."""
     for s in series:
         for g in s.inp.run.aggregate(["model", "scenario"]):
             m = g.metrics
-            if g.key["model"] != s.model or all(m.get(k) is None or m[k].value is None for k in _TRACE_METRICS):
-                continue
-            pk = g.tau2_pass_k[-1] if g.tau2_pass_k else None
-            rows.append(f"<tr><td class='l'><a href='{hrefs[f'{s.sid}:worst']}'>{esc(s.label)}</a></td>"
-                        f"<td class='l'>{esc(g.key['scenario'])}</td>"
-                        + "".join(_cell(m.get(k)) for k in _TRACE_METRICS)
-                        + (f"<td>{_pct(pk.value)} <span class='ci'>k={len(g.tau2_pass_k)}</span></td>"
-                           if pk and pk.value is not None else "<td>–</td>") + "</tr>")
+            if g.key["model"] == s.model and any(m.get(k) is not None and m[k].value is not None for k in names):
+                yield s, g
+
+
+def _trace_section(series: list[_Series], hrefs: dict[str, str]) -> str:
+    """Action-trace scores per model and scenario, or "" when no agent acted (SAGE-mode runs only)."""
+    rows = []
+    for s, g in _groups_with(series, _TRACE_METRICS):
+        m = g.metrics
+        pk = g.tau2_pass_k[-1] if g.tau2_pass_k else None
+        rows.append(f"<tr><td class='l'><a href='{hrefs[f'{s.sid}:worst']}'>{esc(s.label)}</a></td>"
+                    f"<td class='l'>{esc(g.key['scenario'])}</td>"
+                    + "".join(_cell(m.get(k)) for k in _TRACE_METRICS)
+                    + (f"<td>{_pct(pk.value)} <span class='ci'>k={len(g.tau2_pass_k)}</span></td>"
+                       if pk and pk.value is not None else "<td>–</td>") + "</tr>")
     if not rows:
         return ""
     head = ("<tr><th class='l'>Model</th><th class='l'>Scenario</th><th>Precision</th><th>Recall</th>"
@@ -716,17 +722,14 @@ _STEP_METRICS = ("step_recall", "step_precision", "step_order", "steps_followed"
 def _steps_section(series: list[_Series], hrefs: dict[str, str]) -> str:
     """Procedure-step scores per model and scenario, or "" when no agent acted through tools."""
     rows = []
-    for s in series:
-        for g in s.inp.run.aggregate(["model", "scenario"]):
-            m = g.metrics
-            if g.key["model"] != s.model or all(m.get(k) is None or m[k].value is None for k in _STEP_METRICS):
-                continue
-            div = m.get("first_divergence")
-            rows.append(f"<tr><td class='l'><a href='{hrefs[f'{s.sid}:worst']}'>{esc(s.label)}</a></td>"
-                        f"<td class='l'>{esc(g.key['scenario'])}</td>"
-                        + "".join(_cell(m.get(k)) for k in _STEP_METRICS[:4])
-                        + (f"<td>{div.value:.1f}</td>" if div is not None and div.value is not None else "<td>–</td>")
-                        + _cell(m.get("end_state")) + "</tr>")
+    for s, g in _groups_with(series, _STEP_METRICS):
+        m = g.metrics
+        div = m.get("first_divergence")
+        rows.append(f"<tr><td class='l'><a href='{hrefs[f'{s.sid}:worst']}'>{esc(s.label)}</a></td>"
+                    f"<td class='l'>{esc(g.key['scenario'])}</td>"
+                    + "".join(_cell(m.get(k)) for k in _STEP_METRICS[:4])
+                    + (f"<td>{div.value:.1f}</td>" if div is not None and div.value is not None else "<td>–</td>")
+                    + _cell(m.get("end_state")) + "</tr>")
     if not rows:
         return ""
     head = ("<tr><th class='l'>Model</th><th class='l'>Scenario</th><th>Recall</th><th>Precision</th><th>Order</th>"
