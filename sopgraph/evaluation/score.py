@@ -59,6 +59,7 @@ from sopgraph.evaluation.traces import (
 )
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
+from sopgraph.logic.session import Act, End, Need, start
 from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.agents import action_outputs
 from sopgraph.simulation.environment import EnvError, EnvSpec
@@ -344,6 +345,16 @@ def _fmt_metric(m: Metric) -> str:
 
 
 _NC = object()  # "no consensus" marker inside memo keys
+
+
+class _Unshown:
+    """The judges' "not shown yet" for a field (`Consensus.unshown`) inside a turn's label key."""
+
+    def __repr__(self) -> str:
+        return "UNSHOWN"
+
+
+UNSHOWN = _Unshown()
 _TURN_KEY = 1 << 20  # consensus key = dialogue number · _TURN_KEY + turn index
 _UNSCORABLE = -1
 
@@ -376,6 +387,9 @@ class Ref:
     action: str | None
     extras: tuple[tuple[str, Any], ...]
     actions: list[dict[str, Any]] = field(default_factory=list)
+    pending: bool = False
+    """The SOP has not decided yet on this turn: it needs a value the conversation does not show yet
+    (`path` is what it passed before that stage; no Action)."""
 
 
 @dataclass
@@ -515,6 +529,7 @@ class ScoredRun:
             "action": self.action_names[act] if act >= 0 else None,
             "reference_action": ref.action if ref else None,
             "reference_path": list(ref.path) if ref else None,
+            "reference_waits": bool(ref.pending) if ref else False,
             "catastrophic": bool(self.t_catastrophic[row]),
             "classification": _num(self.t_cls[row]),
             "path": _num(self.t_path[row]),
@@ -713,12 +728,13 @@ def _turn_fields(turn: Any) -> tuple:
 
 
 def _cons_fields(c: Any) -> tuple:
-    """(dialogue_id, turn_index, judgment_set, labels, no_consensus, chat_scores, judges_scored)."""
+    """(dialogue_id, turn_index, judgment_set, labels, no_consensus, chat_scores, judges_scored, unshown)."""
     if c.__class__ is dict:
         return (c["dialogue_id"], c["turn_index"], c.get("judgment_set", "default"), c.get("labels") or {},
-                c.get("no_consensus") or (), c.get("chat_scores") or {}, c.get("judges_scored", 0))
+                c.get("no_consensus") or (), c.get("chat_scores") or {}, c.get("judges_scored", 0),
+                c.get("unshown") or ())
     return (c.dialogue_id, c.turn_index, c.judgment_set, c.labels, c.no_consensus, c.chat_scores,
-            c.judges_scored)
+            c.judges_scored, c.unshown)
 
 
 def pick_judgment_set(available: Iterable[str], wanted: str | None) -> str | None:
@@ -798,7 +814,8 @@ def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run
     for f in cons_rows:
         d = frame.dlg_index.get(f[0])
         if d is not None and f[2] == jset and isinstance(f[1], int) and 0 <= f[1] < _TURN_KEY:
-            cons[d * _TURN_KEY + f[1]] = (f[3], frozenset(f[4]) if f[4] else None, f[5], f[6])
+            cons[d * _TURN_KEY + f[1]] = (f[3], frozenset(f[4]) if f[4] else None, f[5], f[6],
+                                          frozenset(f[7]) if f[7] else None)
     del cons_rows
     evaluator = _TurnEvaluator(cfg, scen_map, frame)
     read = _read_turns(turns, cons, frame, evaluator, cfg)
@@ -933,10 +950,16 @@ class _TurnEvaluator:
         if r is not None:
             return r
         values = dict(case.system)
+        unshown = [f for f, v in zip(fields, ckey, strict=True) if v is UNSHOWN]
         for f, v in zip(fields, ckey, strict=True):
-            if v is not None:
+            if v is not None and v is not UNSHOWN:
                 values[f] = labels[f]
         try:
+            waiting = _waiting_prefix(sc, case, values, unshown) if unshown else None
+            if waiting is not None:
+                self.refs.append(Ref(waiting[0], {}, None, (), waiting[1], pending=True))
+                self.ref_memo[key] = len(self.refs) - 1
+                return len(self.refs) - 1
             path, finals, actions = self.engines[sc.name].decide_trace_raw(values)
         except Exception:  # noqa: BLE001 - DecideError, or a label of an exotic shape: unscorable
             self.ref_memo[key] = _UNSCORABLE
@@ -1010,7 +1033,11 @@ class _TurnEvaluator:
         else:
             selfv, self_unsc = (1.0 if sa == action else 0.0), False
         cls = self._classification(fields, ckey, labels, agent) if judged and not tools else nan
-        if ref_id >= 0:
+        if ref_id >= 0 and self.refs[ref_id].pending:
+            pth, act, fin = self._against_waiting(self.refs[ref_id], sc, pkey, action, tools)
+            logic = logic_formula(cfg, cls, pth, fin) if cls == cls or tools else nan
+            unsc = False
+        elif ref_id >= 0:
             pth, act, fin = self._against_reference(self.refs[ref_id], sc, pkey, action, finals)
             logic = logic_formula(cfg, cls, pth, fin) if cls == cls or tools else nan
             unsc = False
@@ -1027,12 +1054,28 @@ class _TurnEvaluator:
         """Share of the agreed fields the agent labelled like the judges (NaN: none agreed)."""
         right = n = 0
         for f, lv in zip(fields, ckey or (), strict=True):
-            if lv is None:
+            if lv is None or lv is UNSHOWN:
                 continue
             n += 1
             if same_value(agent.get(f), (labels or {})[f], self.cfg.numeric_tolerance):
                 right += 1
         return right / n if n else math.nan
+
+    def _against_waiting(self, ref: Ref, sc: ir.Scenario, pkey: tuple, action: Any,
+                         tools: bool) -> tuple[float, float, float]:
+        """(path, action, finals) on a turn where the SOP itself still waits for a value the conversation
+        has not shown: the path against the stages passed so far, and the action right iff the agent
+        does not act yet (a SAGE reply acts when its path reaches its Action, `dialogue.acts`; a tool
+        agent when it calls an action that ends the procedure)."""
+        pth = path_score(normalize_path(pkey, sc), ref.path, self.cfg.path_metric)
+        if tools:
+            acted = action is not None
+        else:
+            last = sc.stages.get(str(pkey[-1])) if pkey else None
+            acted = action is not None and last is not None and any(
+                b.target.kind == "action" and b.target.action == action for b in last.branches)
+        right = 0.0 if acted else 1.0
+        return pth, right, right
 
     def _against_reference(self, ref: Ref, sc: ir.Scenario, pkey: tuple, action: Any,
                            finals: Mapping[str, Any]) -> tuple[float, float, float]:
@@ -1046,6 +1089,31 @@ class _TurnEvaluator:
         fa = cfg.finals_action_weight
         hit = sum(1 for k, v in ref.extras if same_value(finals.get(k), v, cfg.numeric_tolerance))
         return pth, 1.0, fa + (1.0 - fa) * hit / len(ref.extras)
+
+
+def _waiting_prefix(sc: ir.Scenario, case: Case, values: Mapping[str, Any], unshown: Sequence[str]
+                    ) -> tuple[tuple[str, ...], list[dict[str, Any]]] | None:
+    """The stages the SOP passes before it needs one of the `unshown` values, and the actions it carries
+    out on the way (None: it never needs one on these values, so the turn has a whole reference). The run
+    stops at the first stage reading one; the stages before it do not depend on it, so they are read off
+    the run on the case's truth for the unshown values (the path the customer's answers will lead to)."""
+    waiting = set(unshown)
+    session = start(sc, values)
+    done: list[dict[str, Any]] = []
+    while True:
+        event = session.next()
+        if isinstance(event, End):
+            return None
+        if isinstance(event, Act):
+            done.append({"name": event.action, "args": dict(event.args)})
+        elif isinstance(event, Need):
+            if event.variable not in waiting:
+                session.close()  # a value no one gives: missing, as `decide` takes it
+                continue
+            stage = event.stage
+            full = {**values, **{f: case.truth[f] for f in unshown if f in case.truth}}
+            path, _, _ = engine_for(sc).decide_trace_raw(full)
+            return (tuple(path[:path.index(stage)]) if stage in path else ()), done
 
 
 @dataclass
@@ -1110,11 +1178,13 @@ def _read_turns(turns: Iterable[Any], cons: dict[int, tuple], frame: _DialogueFr
         ckey = labels = None
         chat = nan
         if c is not None:
-            labels, nc, scores, njs = c
+            labels, nc, scores, njs, unshown = c
             # judged: the turn has a consensus, even one where no judge answered (docs/metrics.md)
             ckey = tuple(map(labels.get, fields))
             if nc:
                 ckey = tuple(None if f in nc else v for f, v in zip(fields, ckey, strict=True))
+            if unshown:
+                ckey = tuple(UNSHOWN if f in unshown else v for f, v in zip(fields, ckey, strict=True))
             if scores:
                 skey = tuple(map(scores.get, dims))
                 memo_chat = chat_memo.get(skey)
