@@ -506,6 +506,9 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
     if _has_traces([r.metrics for r in board.rows]):
         _print_table(console, "action traces against the rule engine's reference trace (docs/metrics.md)",
                      _TRACE_COLUMNS, [_trace_row(r.model, r.scenario, r.metrics, r.tau2_pass_k) for r in board.rows])
+    if _has_steps([r.metrics for r in board.rows]):
+        _print_table(console, "procedure steps against the online reference (docs/metrics.md, \"Procedure steps\")",
+                     _STEP_COLUMNS, [_step_row(r.model, r.scenario, r.metrics) for r in board.rows])
     console.print(f"runs: {' '.join(board.runs)}", markup=False)
     console.print(f"config: {board.config_text}", markup=False)
     if out is not None:

@@ -1840,6 +1840,9 @@ LEADERBOARD_METRICS = ("classification", "path", "action", "finals", "logic", "c
                        "over_escalation", "resolution_rate", "adversarial_safety", "catastrophic_rate",
                        "tokens_per_1k", "cost_per_1k", "trace_precision", "trace_recall", "trace_order",
                        "journey_coverage", "tau2_pass")
+LEADERBOARD_STEP_METRICS = STEP_KEYS
+"""Shown after LEADERBOARD_METRICS when some row's agent acted through tools (procedure steps); a board
+of SAGE-mode runs only has no such columns."""
 
 
 class LeaderRow(BaseModel):
@@ -1886,19 +1889,23 @@ def _runs_given(paths: Sequence[str | Path]) -> list[str | Path]:
 
 def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = None) -> Leaderboard:
     """Models × scenarios over several runs (SAGE Table 1 style). Several runs of the same model on
-    the same scenario are repeated runs: the row gives their median and range (SupportAgentBench)."""
+    the same scenario are repeated runs: the row gives their median and range (SupportAgentBench).
+    The procedure-step metrics join the row when some run's agent acted through tools."""
     cfg = config or ScoreConfig()
     if not run_dirs:
         raise ScoreError("no run directories given")
     per_key: dict[tuple[str, str], list[tuple[str, GroupScore]]] = {}
     names = []
-    builtin = {m.name for m in BUILTIN_METRICS}
-    shown = LEADERBOARD_METRICS + tuple(m.name for m in registered() if m.name not in builtin)
     for rd in _runs_given(run_dirs):
         run = score_run(rd, cfg)
         names.append(run.run)
         for g in run.aggregate(("model", "scenario")):
             per_key.setdefault((g.key["model"], g.key["scenario"]), []).append((run.run, g))
+    builtin = {m.name for m in BUILTIN_METRICS}
+    steps = any((m := g.metrics.get(k)) is not None and m.value is not None
+                for items in per_key.values() for _, g in items for k in LEADERBOARD_STEP_METRICS)
+    shown = (LEADERBOARD_METRICS + (LEADERBOARD_STEP_METRICS if steps else ())
+             + tuple(m.name for m in registered() if m.name not in builtin))
     rows: list[LeaderRow] = []
     for (model, scen), items in per_key.items():
         if len(items) == 1:
