@@ -479,7 +479,8 @@ def _file_console():
 def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **opts: Any) -> None:
     """Models × scenarios over runs (SAGE Table 1 style). Repeated runs of a model on a scenario
     give the median with the range; a single run gives its bootstrap CI. `*` rows average scenarios.
-    A directory of runs (`runs/`) stands for the runs inside it."""
+    A directory of runs (`runs/`) stands for the runs inside it. Procedure-step scores (as in `sop score`)
+    are shown when some run's agent acted through tools."""
     cfg = guard(lambda: _config(**opts))
     board = guard(lambda: leaderboard(list(run_dirs), cfg))
     if fmt == "json":
