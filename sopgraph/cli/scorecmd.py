@@ -479,7 +479,8 @@ def _file_console():
 def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **opts: Any) -> None:
     """Models × scenarios over runs (SAGE Table 1 style). Repeated runs of a model on a scenario
     give the median with the range; a single run gives its bootstrap CI. `*` rows average scenarios.
-    A directory of runs (`runs/`) stands for the runs inside it."""
+    A directory of runs (`runs/`) stands for the runs inside it. Procedure-step scores (as in `sop score`)
+    are shown when some run's agent acted through tools."""
     cfg = guard(lambda: _config(**opts))
     board = guard(lambda: leaderboard(list(run_dirs), cfg))
     if fmt == "json":
@@ -506,6 +507,9 @@ def leaderboard_cmd(run_dirs: tuple[Path, ...], fmt: str, out: Path | None, **op
     if _has_traces([r.metrics for r in board.rows]):
         _print_table(console, "action traces against the rule engine's reference trace (docs/metrics.md)",
                      _TRACE_COLUMNS, [_trace_row(r.model, r.scenario, r.metrics, r.tau2_pass_k) for r in board.rows])
+    if _has_steps([r.metrics for r in board.rows]):
+        _print_table(console, "procedure steps against the online reference (docs/metrics.md, \"Procedure steps\")",
+                     _STEP_COLUMNS, [_step_row(r.model, r.scenario, r.metrics) for r in board.rows])
     console.print(f"runs: {' '.join(board.runs)}", markup=False)
     console.print(f"config: {board.config_text}", markup=False)
     if out is not None:

@@ -457,6 +457,8 @@ class ScoredRun:
     # per dialogue: where a tool agent first left the procedure (`traces.Divergence.record()`), else None
     d_divergence: list[dict[str, Any] | None] = field(default_factory=list)
     env: EnvSpec | None = None  # the run's environment (docs/environments.md), if it had one
+    # per dialogue of a run with an environment: the Action of the environment's reference decision
+    d_reference_action: list[str | None] = field(default_factory=list)
     metrics: tuple[MetricDef, ...] = field(default_factory=registered)  # the registry when the run was scored
     _dialogue_index: dict[str, int] = field(default_factory=dict)
     _turn_rows: dict[int, np.ndarray] | None = None
@@ -489,6 +491,14 @@ class ScoredRun:
     def case_of(self, d: int) -> Case | None:
         c = int(self.d_case[d])
         return self.cases[c] if c >= 0 else None
+
+    def expected_action(self, d: int) -> str | None:
+        """The Action dialogue `d` is expected to end in: the environment's reference decision in a run
+        with one, else the case's recorded decision."""
+        if d < len(self.d_reference_action) and self.d_reference_action[d] is not None:
+            return self.d_reference_action[d]
+        case = self.case_of(d)
+        return case.expected_finals.get("Action") if case else None
 
     @property
     def valid(self) -> np.ndarray:
@@ -817,11 +827,81 @@ def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run
             cons[d * _TURN_KEY + f[1]] = (f[3], frozenset(f[4]) if f[4] else None, f[5], f[6],
                                           frozenset(f[7]) if f[7] else None)
     del cons_rows
+    references = _References(cfg, scen_map, cases, env)
+    if env is not None:
+        frame.follow(references)
     evaluator = _TurnEvaluator(cfg, scen_map, frame)
     read = _read_turns(turns, cons, frame, evaluator, cfg)
     tcols = _turn_columns(read, evaluator, frame, cfg)
     return _assemble(cfg, run, scen_map, cases, dialogues, jset, frame, evaluator, read, tcols, consensus_labels,
-                     env)
+                     env, references, cons)
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """The decision a dialogue's outcome is judged against when the run has an environment."""
+    action: str | None
+    path: tuple[str, ...]
+    trace: list[dict[str, Any]]
+    escalates: bool
+
+
+class _References:
+    """With an environment (docs/environments.md), the reference decision of a case is the engine session
+    stepped against a fresh environment — its fields from the case's truth, or under
+    `pass_reference=consensus` from the final turn's consensus labels — not the case's recorded decision:
+    the pass criterion (final Action), escalation, the trace scores and journey coverage all judge against
+    it. `None` where the run has no environment for the case's scenario (the case's own decision stands)."""
+
+    def __init__(self, cfg: ScoreConfig, scen_map: Mapping[str, ir.Scenario], cases: Sequence[Case],
+                 env: EnvSpec | None):
+        same = lambda a, b: same_value(a, b, cfg.numeric_tolerance)  # noqa: E731
+        self.scorers = {name: ProcedureScorer(s, env if env is not None and env.scenario.name == name else None, same)
+                        for name, s in scen_map.items()}
+        self.cases = cases
+        self.only = next(iter(scen_map.values())) if len(scen_map) == 1 else None
+        self.scen_map = scen_map
+        self._memo: dict[tuple[int, str | None], _Reference | None] = {}
+
+    def scorer(self, case: Case) -> ProcedureScorer | None:
+        sc = self.scen_map.get(case.scenario) or self.only
+        return None if sc is None else self.scorers[sc.name]
+
+    def of_case(self, ci: int) -> _Reference | None:
+        """The environment's decision for case `ci` on its truth (the case's own when they do not decide)."""
+        return self._of(ci, None)
+
+    def of_labels(self, ci: int, labels: Mapping[str, Any]) -> _Reference | None:
+        """The environment's decision for case `ci` on judges' labels (None when these do not decide)."""
+        return self._of(ci, dict(labels))
+
+    def _of(self, ci: int, labels: dict[str, Any] | None) -> _Reference | None:
+        case = self.cases[ci]
+        key = (ci, None if labels is None else repr(sorted(labels.items(), key=lambda kv: kv[0])))
+        if key in self._memo:
+            return self._memo[key]
+        scorer = self.scorer(case)
+        ref: _Reference | None = None
+        if scorer is not None and scorer.env is not None:
+            try:
+                steps, decision = scorer.decision(case, labels)
+                action = decision.finals.get("Action")
+                ref = _Reference(action, tuple(decision.path), steps, self._escalates(scorer, action))
+            except DecideError:
+                if labels is None:  # the case's own decision (a case the SOP has since changed under)
+                    action = case.expected_finals.get("Action")
+                    ref = _Reference(action, tuple(case.expected_path),
+                                     case_reference_trace(scorer.scenario, case, scorer.params),
+                                     self._escalates(scorer, action))
+            except EnvError as exc:
+                raise ScoreError(f"case {case.id}: {exc}") from None
+        self._memo[key] = ref
+        return ref
+
+    @staticmethod
+    def _escalates(scorer: ProcedureScorer, action: Any) -> bool:
+        actions = scorer.scenario.actions
+        return bool(action) and action in actions and "escalation" in actions[action].attributes
 
 
 @dataclass
@@ -911,6 +991,22 @@ class _DialogueFrame:
             case_ctx.append(ctx_ids[ckey])
         f.d_ctx = [case_ctx[c] if c >= 0 else -1 for c in f.d_case.tolist()]
         return f
+
+    def follow(self, references: _References) -> None:
+        """With an environment: the expected Action of each case with a dialogue is the environment's
+        reference decision, and so are whether it must be escalated and its resolvable / must-escalate
+        bucket (a case whose recorded decision the environment does not give is judged by the environment)."""
+        resolvable, must = BUCKETS.index("resolvable"), BUCKETS.index("must-escalate")
+        for i, ci in enumerate(self.d_case.tolist()):
+            if ci < 0 or self.d_status[i] != 0:
+                continue
+            ref = references.of_case(ci)
+            if ref is None:
+                continue
+            self.case_expected_action[ci] = ref.action
+            self.d_expected_escalation[i] = escalates = ref.escalates
+            if self.d_bucket[i] in (resolvable, must):
+                self.d_bucket[i] = must if escalates else resolvable
 
 
 # One evaluated turn outcome: (format error, judged, unscorable, self-unscorable, reference id,
@@ -1301,7 +1397,8 @@ def _per_dialogue(a_dlg: np.ndarray, weights: np.ndarray | None, D: int, dtype: 
 
 def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], cases: Sequence[Case],
               dialogues: Sequence[Dialogue], jset: str | None, frame: _DialogueFrame, ev: _TurnEvaluator,
-              read: _ReadTurns, tc: dict[str, Any], consensus_labels: dict, env: EnvSpec | None = None) -> ScoredRun:
+              read: _ReadTurns, tc: dict[str, Any], consensus_labels: dict, env: EnvSpec | None,
+              references: _References, cons: dict[int, tuple]) -> ScoredRun:
     """Dialogue outcomes (final action right, pass, safety, cost) and the ScoredRun."""
     D, T = len(dialogues), len(read.t_d)
     a_dlg = tc["dlg"]
@@ -1317,9 +1414,11 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
     rows = np.flatnonzero(tc["final"])
     d_final_row[a_dlg[rows]] = rows
     d_turns = _per_dialogue(a_dlg, None, D, np.int64)
-    d_final_right, d_final_fmt = _final_outcomes(cfg, frame, ev, tc, d_final_row, T)
+    d_ref = _dialogue_references(cfg, frame, tc, d_final_row, references, cons) if env is not None else [None] * D
+    d_final_right, d_final_fmt = _final_outcomes(cfg, frame, ev, tc, d_final_row, T, d_ref)
     d_overall = _sage_overall_by(a_dlg, tc["selected"], tc["cls"], tc["path"], tc["fin"], tc["chat"], D, cfg)
-    trace, divergence = _trace_columns(cfg, cases, frame, read, tc, scen_map, ev.refs, d_final_row, env)
+    trace, divergence = _trace_columns(cfg, cases, frame, read, tc, scen_map, ev.refs, d_final_row, references,
+                                       d_ref)
     passed = d_final_row >= 0
     if cfg.pass_final_action:
         passed &= d_final_right
@@ -1366,28 +1465,46 @@ def _assemble(cfg: ScoreConfig, run: str, scen_map: dict[str, ir.Scenario], case
         t_logic=tc["logic"], t_chat=tc["chat"], t_overall=tc["overall"], t_self=tc["self"],
         t_chat_len=tc["clen"], t_outcome=tc["outcome"], outcome_paths=tc["outcome_paths"],
         counts=counts, consensus_labels=consensus_labels, d_divergence=divergence, env=env,
-        _dialogue_index=frame.dlg_index,
+        d_reference_action=[None if r is None else r.action for r in d_ref], _dialogue_index=frame.dlg_index,
     )
+
+
+def _dialogue_references(cfg: ScoreConfig, frame: _DialogueFrame, tc: dict[str, Any], d_final_row: np.ndarray,
+                         references: _References, cons: dict[int, tuple]) -> list[_Reference | None]:
+    """Per done dialogue of a run with an environment, the environment's reference decision for the
+    values `pass_reference` names: the case's truth, or the final turn's consensus labels when that turn
+    is judged and scorable (falling back to the case's truth when the labels do not decide)."""
+    out: list[_Reference | None] = [None] * len(d_final_row)
+    for d in np.flatnonzero(frame.d_status == 0).tolist():
+        ci = int(frame.d_case[d])
+        row = int(d_final_row[d])
+        ref = None
+        if cfg.pass_reference == "consensus" and row >= 0 and int(tc["ref"][row]) >= 0:
+            c = cons.get(d * _TURN_KEY + int(tc["index"][row]))
+            if c is not None:
+                labels, nc = c[0], c[1]
+                ref = references.of_labels(ci, {k: v for k, v in labels.items() if not nc or k not in nc})
+        out[d] = ref or references.of_case(ci)
+    return out
 
 
 def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFrame, read: _ReadTurns,
                    tc: dict[str, Any], scen_map: Mapping[str, ir.Scenario], refs: Sequence[Ref],
-                   d_final_row: np.ndarray, env: EnvSpec | None = None
+                   d_final_row: np.ndarray, references: _References, d_ref: Sequence[_Reference | None]
                    ) -> tuple[dict[str, np.ndarray], list[dict[str, Any] | None]]:
     """Per-dialogue trace scores: precision, recall, order, journey coverage, tau2 pass (0/1). The
     reference is the engine's decision for the values `pass_reference` names: the case's truth and
-    system state (`case`; with an environment, the session stepped against a fresh one), or the final
-    turn's consensus labels and system state (`consensus`, falling back to the case when that turn is
-    unjudged or unscorable), as for the pass criterion. A tool agent's calls are also scored as
-    procedure steps (`traces.ProcedureScorer`: recall, precision, order, first divergence, end state),
-    with where it first diverged per dialogue."""
+    system state (`case`), or the final turn's consensus labels and system state (`consensus`, falling
+    back to the case when that turn is unjudged or unscorable), as for the pass criterion; with an
+    environment, the session on those values stepped against a fresh one (`d_ref`). A tool agent's calls
+    are also scored as procedure steps (`traces.ProcedureScorer`: recall, precision, order, first
+    divergence, end state), with where it first diverged per dialogue."""
     D = len(frame.d_status)
     out = {k: np.full(D, np.nan) for k in ("trace_precision", "trace_recall", "trace_order", "journey_coverage",
                                            "tau2_pass", *STEP_KEYS)}
     divergence: list[dict[str, Any] | None] = [None] * D
     same = lambda a, b: same_value(a, b, cfg.numeric_tolerance)  # noqa: E731
-    scorers = {name: ProcedureScorer(s, env if env is not None and env.scenario.name == name else None, same)
-               for name, s in scen_map.items()}
+    scorers = references.scorers
     params = {name: action_outputs(s) for name, s in scen_map.items()}
     only = next(iter(scen_map.values())) if len(scen_map) == 1 else None
     visited: dict[int, set[str]] = {}
@@ -1417,15 +1534,18 @@ def _trace_columns(cfg: ScoreConfig, cases: Sequence[Case], frame: _DialogueFram
             agent = sage_trace((read.last.get(d) or (0, None))[1], params[sc.name])
         row = int(d_final_row[d])
         rid = int(tc["ref"][row]) if cfg.pass_reference == "consensus" and row >= 0 else -1
-        if rid >= 0:
+        env_ref = d_ref[d]
+        ref_path: Sequence[str]
+        if env_ref is not None:
+            ref, ref_path = env_ref.trace, env_ref.path
+        elif rid >= 0:
             if rid not in cons_refs:
                 r = refs[rid]
                 cons_refs[rid] = (with_final_outputs(r.actions, r.finals, params[sc.name]), r.path)
             ref, ref_path = cons_refs[rid]
         else:
             if ci not in case_refs:
-                case_refs[ci] = (_env_reference(scorer, case) if scorer.env is not None
-                                 else case_reference_trace(sc, case, params[sc.name]), case.expected_path)
+                case_refs[ci] = (case_reference_trace(sc, case, params[sc.name]), case.expected_path)
             ref, ref_path = case_refs[ci]
         p, r_, o, ok = trace_scores(agent, ref, frozenset(case.prohibited_actions), same)
         out["trace_precision"][d], out["trace_recall"][d], out["trace_order"][d] = p, r_, o
@@ -1438,19 +1558,11 @@ def _dialogue_id(frame: _DialogueFrame, d: int) -> str:
     return next((k for k, v in frame.dlg_index.items() if v == d), str(d))
 
 
-def _env_reference(scorer: ProcedureScorer, case: Case) -> list[dict[str, Any]]:
-    """A case's reference trace against the run's environment (the case's own when it does not decide)."""
-    try:
-        return scorer.reference(case)
-    except DecideError:
-        return case_reference_trace(scorer.scenario, case, scorer.params)
-    except EnvError as exc:
-        raise ScoreError(f"case {case.id}: {exc}") from None
-
-
 def _final_outcomes(cfg: ScoreConfig, frame: _DialogueFrame, ev: _TurnEvaluator, tc: dict[str, Any],
-                    d_final_row: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
-    """(final Action right, final turn a format error) per dialogue."""
+                    d_final_row: np.ndarray, T: int, d_ref: Sequence[_Reference | None] = ()
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(final Action right, final turn a format error) per dialogue; the right Action is the case's, or the
+    consensus reference's (`pass_reference`), or with an environment its reference decision's (`d_ref`)."""
     D = len(d_final_row)
     ref_action_code = np.array([ev.action_code.get(r.action, -2) if r.action is not None else -2 for r in ev.refs]
                                + [-2], np.int64)  # index -1 → last element (-2: matches nothing)
@@ -1468,6 +1580,9 @@ def _final_outcomes(cfg: ScoreConfig, frame: _DialogueFrame, ev: _TurnEvaluator,
         target = np.where(cons_code != -2, cons_code, exp_code)
     else:
         target = exp_code
+    for d, ref in enumerate(d_ref):
+        if ref is not None:
+            target[d] = -2 if ref.action is None else ev.action_code.get(ref.action, -3)
     d_final_right = has_final & (final_act >= 0) & (final_act == target)
     d_final_fmt = has_final & (tc["fmt"][fr] if T else False)
     return d_final_right, d_final_fmt
@@ -1910,6 +2025,9 @@ LEADERBOARD_METRICS = ("classification", "path", "action", "finals", "logic", "c
                        "over_escalation", "resolution_rate", "adversarial_safety", "catastrophic_rate",
                        "tokens_per_1k", "cost_per_1k", "trace_precision", "trace_recall", "trace_order",
                        "journey_coverage", "tau2_pass")
+LEADERBOARD_STEP_METRICS = STEP_KEYS
+"""Shown after LEADERBOARD_METRICS when some row's agent acted through tools (procedure steps); a board
+of SAGE-mode runs only has no such columns."""
 
 
 class LeaderRow(BaseModel):
@@ -1956,19 +2074,23 @@ def _runs_given(paths: Sequence[str | Path]) -> list[str | Path]:
 
 def leaderboard(run_dirs: Sequence[str | Path], config: ScoreConfig | None = None) -> Leaderboard:
     """Models × scenarios over several runs (SAGE Table 1 style). Several runs of the same model on
-    the same scenario are repeated runs: the row gives their median and range (SupportAgentBench)."""
+    the same scenario are repeated runs: the row gives their median and range (SupportAgentBench).
+    The procedure-step metrics join the row when some run's agent acted through tools."""
     cfg = config or ScoreConfig()
     if not run_dirs:
         raise ScoreError("no run directories given")
     per_key: dict[tuple[str, str], list[tuple[str, GroupScore]]] = {}
     names = []
-    builtin = {m.name for m in BUILTIN_METRICS}
-    shown = LEADERBOARD_METRICS + tuple(m.name for m in registered() if m.name not in builtin)
     for rd in _runs_given(run_dirs):
         run = score_run(rd, cfg)
         names.append(run.run)
         for g in run.aggregate(("model", "scenario")):
             per_key.setdefault((g.key["model"], g.key["scenario"]), []).append((run.run, g))
+    builtin = {m.name for m in BUILTIN_METRICS}
+    steps = any((m := g.metrics.get(k)) is not None and m.value is not None
+                for items in per_key.values() for _, g in items for k in LEADERBOARD_STEP_METRICS)
+    shown = (LEADERBOARD_METRICS + (LEADERBOARD_STEP_METRICS if steps else ())
+             + tuple(m.name for m in registered() if m.name not in builtin))
     rows: list[LeaderRow] = []
     for (model, scen), items in per_key.items():
         if len(items) == 1:
@@ -2211,10 +2333,8 @@ def _flips(run_a: ScoredRun, run_b: ScoredRun, ka: dict[tuple, int], kb: dict[tu
         x, y = float(ok_a[da]), float(ok_b[db])
         if x != x or y != y or bool(x) == bool(y):
             continue
-        case = run_a.case_of(da)
         flips.append(Flip(case_id=key[0], trial=key[1], model_a=run_a.model_of(da), model_b=run_b.model_of(db),
                           a_pass=bool(x), b_pass=bool(y), a_final_action=_final_action(run_a, da),
-                          b_final_action=_final_action(run_b, db),
-                          expected_action=case.expected_finals.get("Action") if case else None))
+                          b_final_action=_final_action(run_b, db), expected_action=run_a.expected_action(da)))
     flips.sort(key=lambda f: (f.a_pass, f.case_id, f.trial))
     return flips

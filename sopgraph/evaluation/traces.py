@@ -19,13 +19,14 @@ not only the final answer. Per dialogue (docs/metrics.md, "Trace scores"):
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sopgraph.language import ir
-from sopgraph.logic.engine import DecideError, engine_for
+from sopgraph.logic.engine import DecideError, Decision, engine_for
 from sopgraph.logic.session import End, Need, start
 from sopgraph.records import Case
 from sopgraph.simulation.agents import action_outputs
@@ -184,6 +185,14 @@ def step_session(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any,
     agent's call (not the step) is carried out, so each next step is what the procedure says given
     what the agent did to the world. Returns the session's steps (the final one with the outputs its
     branch assigns) and the first divergence. DecideError when the values do not decide."""
+    steps, divergence, _ = _step(scenario, truth, world, follow, same, params)
+    return steps, divergence
+
+
+def _step(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any, follow: Sequence[Call] | None,
+          same: Callable[[Any, Any], bool], params: Mapping[str, list[str]] | None
+          ) -> tuple[list[dict[str, Any]], Divergence | None, Decision | None]:
+    """`step_session`, also returning the session's decision (path, finals) when it reached its end."""
     params = params if params is not None else action_outputs(scenario)
     lookup = world.spec.lookup
     session = start(scenario, {k: v for k, v in truth.items()
@@ -191,6 +200,7 @@ def step_session(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any,
                                and scenario.variables[k].role == "field"})
     steps: list[dict[str, Any]] = []
     divergence: Divergence | None = None
+    decision: Decision | None = None
     for _ in range(MAX_STEP_EVENTS):
         event = session.next()
         if isinstance(event, Need):
@@ -200,12 +210,14 @@ def step_session(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any,
             session.provide(event.variable, value)
             continue
         if isinstance(event, End):
+            decision = event.decision
             break
         step: dict[str, Any] = {"name": event.action, "args": dict(event.args)}
         if event.final:
             end = session.next()
             assert isinstance(end, End)
-            step = with_final_outputs([step], end.decision.finals, params)[-1]
+            decision = end.decision
+            step = with_final_outputs([step], decision.finals, params)[-1]
         steps.append(step)
         if follow is None:
             world.call(step["name"], step["args"])
@@ -225,7 +237,7 @@ def step_session(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any,
             divergence = Divergence(len(steps) + 1, None, _plain(follow[len(steps)]))
         for done in follow[len(steps):]:
             world.call(str(done.get("name")), dict(done.get("args") or {}))
-    return steps, divergence
+    return steps, divergence, decision
 
 
 def _plain(call: Call) -> dict[str, Any]:
@@ -299,7 +311,7 @@ class ProcedureScorer:
         self.scenario, self.env, self.same = scenario, env, same
         self.spec = BackendSpec.of(scenario)
         self.params = action_outputs(scenario)
-        self._refs: dict[str, list[dict[str, Any]]] = {}
+        self._refs: dict[Any, tuple[list[dict[str, Any]], Decision]] = {}  # (case id, fields) → steps, decision
         self._ref_states: dict[str, str] = {}  # case id → end state after its reference trace (replayed once)
 
     def _world(self, case: Case) -> Backend:
@@ -311,13 +323,23 @@ class ProcedureScorer:
     def reference(self, case: Case) -> list[dict[str, Any]]:
         """The reference trace of a case against a fresh environment (the session's own actions change
         it); DecideError when the values do not decide, EnvError when the environment fails."""
-        if case.id not in self._refs:
+        return self.decision(case)[0]
+
+    def decision(self, case: Case, fields: Mapping[str, Any] | None = None) -> tuple[list[dict[str, Any]], Decision]:
+        """The reference trace and the decision (path, finals) of the session stepped against a fresh
+        world for the case, its fields from `fields` (judges' labels) or else the case's truth; memoised.
+        DecideError when the values do not decide, EnvError when the environment fails."""
+        truth = case.truth if fields is None else fields
+        key = (case.id, None if fields is None else json.dumps(fields, sort_keys=True, default=str))
+        if key not in self._refs:
             try:
-                self._refs[case.id], _ = step_session(self.scenario, case.truth, self._world(case), None, self.same,
-                                                      self.params)
+                steps, _, decision = _step(self.scenario, truth, self._world(case), None, self.same, self.params)
             except InfraFailure as exc:
                 raise EnvError(exc.message) from None
-        return self._refs[case.id]
+            if decision is None:  # (a session that ends always gives its decision)
+                raise DecideError("the procedure did not reach its end")
+            self._refs[key] = (steps, decision)
+        return self._refs[key]
 
     def score(self, case: Case, agent: Sequence[Call]) -> tuple[dict[str, float], Divergence | None]:
         """The step metrics of one dialogue (NaN where undefined: values that do not decide)."""
