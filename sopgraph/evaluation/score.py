@@ -818,7 +818,7 @@ def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run
         for f in cons_rows:
             if f[2] == jset:
                 consensus_labels[(f[0], f[1])] = {k: v for k, v in f[3].items() if not f[4] or k not in f[4]}
-    frame = _DialogueFrame.build(scen_map, cases, dialogues)
+    frame = _DialogueFrame.build(scen_map, cases, dialogues, per_case=env is not None)
     # consensus by (dialogue number, turn index) packed in one int: the cheapest key to look up
     cons: dict[int, tuple] = {}
     for f in cons_rows:
@@ -830,7 +830,7 @@ def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run
     references = _References(cfg, scen_map, cases, env)
     if env is not None:
         frame.follow(references)
-    evaluator = _TurnEvaluator(cfg, scen_map, frame)
+    evaluator = _TurnEvaluator(cfg, scen_map, frame, references if env is not None else None)
     read = _read_turns(turns, cons, frame, evaluator, cfg)
     tcols = _turn_columns(read, evaluator, frame, cfg)
     return _assemble(cfg, run, scen_map, cases, dialogues, jset, frame, evaluator, read, tcols, consensus_labels,
@@ -925,7 +925,9 @@ class _DialogueFrame:
 
     @classmethod
     def build(cls, scen_map: Mapping[str, ir.Scenario], cases: Sequence[Case],
-              dialogues: Sequence[Dialogue]) -> _DialogueFrame:
+              dialogues: Sequence[Dialogue], per_case: bool = False) -> _DialogueFrame:
+        """`per_case`: every case is its own scoring context (with an environment, the world a reference
+        is stepped against is made from the case, not only from its system state)."""
         only = next(iter(scen_map.values())) if len(scen_map) == 1 else None
         case_index = {c.id: i for i, c in enumerate(cases)}
         D = len(dialogues)
@@ -938,9 +940,9 @@ class _DialogueFrame:
         case_sys_id: list[int] = []
         case_prohibited: list[frozenset] = []
         sys_ids: dict[Any, int] = {}
-        for case in cases:
+        for n, case in enumerate(cases):
             case_scen.append(scen_map.get(case.scenario) or only)
-            key = tuple(sorted((k, _freeze(v)) for k, v in case.system.items()))
+            key = (n,) if per_case else tuple(sorted((k, _freeze(v)) for k, v in case.system.items()))
             case_sys_id.append(sys_ids.setdefault(key, len(sys_ids)))
             case_prohibited.append(frozenset(case.prohibited_actions))
             f.case_expected_action.append(case.expected_finals.get("Action"))
@@ -1017,8 +1019,10 @@ _OUTCOME_WIDTH = 16
 class _TurnEvaluator:
     """Scores one distinct (context, consensus, agent output) outcome; memoises the engine calls."""
 
-    def __init__(self, cfg: ScoreConfig, scen_map: Mapping[str, ir.Scenario], frame: _DialogueFrame):
+    def __init__(self, cfg: ScoreConfig, scen_map: Mapping[str, ir.Scenario], frame: _DialogueFrame,
+                 references: _References | None = None):
         self.cfg = cfg
+        self.references = references  # with an environment: each turn's reference is stepped against it
         self.ctx_info = frame.ctx_info
         fields = {name: tuple(v.name for v in s.fields) for name, s in scen_map.items()}
         outputs = {name: tuple(s.outputs) for name, s in scen_map.items()}
@@ -1051,12 +1055,14 @@ class _TurnEvaluator:
             if v is not None and v is not UNSHOWN:
                 values[f] = labels[f]
         try:
-            waiting = _waiting_prefix(sc, case, values, unshown) if unshown else None
+            waiting = self._waiting(sc, case, values, unshown, fields, ckey) if unshown else None
             if waiting is not None:
                 self.refs.append(Ref(waiting[0], {}, None, (), waiting[1], pending=True))
                 self.ref_memo[key] = len(self.refs) - 1
                 return len(self.refs) - 1
-            path, finals, actions = self.engines[sc.name].decide_trace_raw(values)
+            path, finals, actions = self._decide(sc, case, values, fields, ckey)
+        except EnvError as exc:
+            raise ScoreError(f"case {case.id}: {exc}") from None
         except Exception:  # noqa: BLE001 - DecideError, or a label of an exotic shape: unscorable
             self.ref_memo[key] = _UNSCORABLE
             return _UNSCORABLE
@@ -1067,6 +1073,27 @@ class _TurnEvaluator:
         self.refs.append(Ref(tuple(path), dict(finals), finals.get("Action"), extras, list(actions)))
         self.ref_memo[key] = len(self.refs) - 1
         return len(self.refs) - 1
+
+    def _waiting(self, sc: ir.Scenario, case: Case, values: Mapping[str, Any], unshown: list[str],
+                 fields: tuple[str, ...], ckey: tuple) -> tuple[tuple[str, ...], list[dict[str, Any]]] | None:
+        """Where the SOP waits for a field not shown yet (None: it needs none): the engine's run, or with an
+        environment the session stepped against a fresh world for the case."""
+        scorer = self.references.scorer(case) if self.references is not None else None
+        if scorer is None or scorer.env is None:
+            return _waiting_prefix(sc, case, values, unshown)
+        labels = {f: values[f] for f, v in zip(fields, ckey, strict=True) if v is not None and v is not UNSHOWN}
+        return scorer.waiting(case, labels, unshown)
+
+    def _decide(self, sc: ir.Scenario, case: Case, values: Mapping[str, Any], fields: tuple[str, ...],
+                ckey: tuple) -> tuple[Any, Any, Any]:
+        """(path, finals, actions) on these values: the engine's, or with an environment the session stepped
+        against a fresh world for the case on the judges' labels (the world answers the looks)."""
+        scorer = self.references.scorer(case) if self.references is not None else None
+        if scorer is None or scorer.env is None:
+            return self.engines[sc.name].decide_trace_raw(values)
+        labels = {f: values[f] for f, v in zip(fields, ckey, strict=True) if v is not None and v is not UNSHOWN}
+        _, decision = scorer.decision(case, labels)
+        return decision.path, decision.finals, decision.actions
 
     def self_action(self, sc: ir.Scenario, sys_id: int, case: Case, akey: tuple, agent: Mapping[str, Any],
                     fields: tuple[str, ...]) -> Any:
