@@ -140,12 +140,15 @@ class Judgment(Record):
 
 
 class Consensus(Record):
-    """Majority-vote labels of a judged turn; `no_consensus` lists fields left out."""
+    """Majority-vote labels of a judged turn; `no_consensus` lists fields the judges split on, `unshown`
+    the fields no answering judge labelled (the conversation does not show them yet: the per-turn
+    reference stops where the SOP needs one, docs/metrics.md)."""
 
     judgment_set: str = "default"
     dialogue_id: str
     turn_index: int
     labels: dict[str, Any]
     no_consensus: list[str] = Field(default_factory=list)
+    unshown: list[str] = Field(default_factory=list)
     chat_scores: dict[str, float] = Field(default_factory=dict)  # dimension → mean over judges
     judges_scored: int = 0

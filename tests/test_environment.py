@@ -61,14 +61,25 @@ def _follow(request: dict[str, Any], skip: str | None = None, pause: bool = Fals
     """Replay the session over the calls made so far, then make the next ones: a lookup per value the
     session needs (asked again within the turn), each action it takes; `skip`: never take that action;
     `pause`: end the first turn after the first step (the customer is asked to wait)."""
+    from sopgraph.simulation.providers import names_value
+
     case = CASES[request["dialogue_id"].split("#")[0]]
     sc = sopgraph.load(NO_SERVICE)
     fields = {v.name for v in sc.fields}
-    session = sopgraph.start(sc, {k: v for k, v in case.truth.items() if k in fields})
+    session = sopgraph.start(sc)
     history, known = _history(request["messages"]), request["context"]["system"]
+    heard = [str(m.get("content") or "") for m in request["messages"] if m["role"] == "user"]
+    asked = [str(m.get("content") or "") for m in request["messages"] if m["role"] == "assistant"]
     done, calls = 0, []
     while True:
         event = session.next()
+        if isinstance(event, Need) and event.variable in fields:
+            # the customer's facts come from the customer: asked for until named (twice at most)
+            name = event.variable
+            if any(names_value(t, name) for t in heard) or sum(names_value(t, name) for t in asked) >= 2:
+                session.provide(name, case.truth.get(name))
+                continue
+            return {"reply": f"Could you tell me your {name}?", "tool_calls": calls}
         if isinstance(event, Need):
             if event.variable in known and event.look is None:
                 session.provide(event.variable, known[event.variable])

@@ -738,6 +738,11 @@ def test_builtin_calls_carry_their_provider_and_a_logged_one_its_price(
     assert not {"custom_llm_provider", "input_cost_per_token", "output_cost_per_token"} & real_kwargs.keys()
 
 
+JUDGE_PROMPT = ("## Conversation\n[Turn 1]\nCustomer: My intent is a refund; f is 1.\nAgent: Noted.\n\n"
+                "## Output format\n")
+"""What the scripted judge reads: the conversation of a judge prompt (it labels what the customer named)."""
+
+
 def test_direct_litellm_call_reaches_builtin() -> None:
     """The same path any litellm caller takes: metadata carries the context."""
     litellm = gw.load_litellm()
@@ -745,11 +750,11 @@ def test_direct_litellm_call_reaches_builtin() -> None:
     response = run(
         litellm.acompletion(
             model="scripted/truth",
-            messages=[{"role": "user", "content": "judge this"}],
+            messages=[{"role": "user", "content": JUDGE_PROMPT}],
             metadata={gw.CONTEXT_METADATA_KEY: ctx},
         )
     )
-    assert json.loads(response.choices[0].message.content)["labels"] == {"f": 1}
+    assert json.loads(response.choices[0].message.content)["labels"] == {"f": 1}  # the customer named f
 
 
 @pytest.mark.parametrize("via_litellm", [False, True])
@@ -862,10 +867,9 @@ def test_pydantic_objects_in_context_reach_builtins(gateway: Gateway) -> None:
         truth: dict[str, str]
 
     ctx = {"case": FakeCase(id="c1", truth={"intent": "refund"})}
-    completion = run(
-        gateway.complete(ModelSpec(role="judge1", model="scripted/truth"), MESSAGES, context=ctx)
-    )
-    assert json.loads(completion.text)["labels"] == {"intent": "refund"}
+    completion = run(gateway.complete(ModelSpec(role="judge1", model="scripted/truth"),
+                                      [{"role": "user", "content": JUDGE_PROMPT}], context=ctx))
+    assert json.loads(completion.text)["labels"] == {"intent": "refund"}  # the customer named the intent
 
 
 def test_an_unpriced_model_gets_a_zero_per_call_price_after_its_first_answer(

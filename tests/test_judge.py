@@ -128,6 +128,21 @@ def test_unscored_judges_are_left_out_of_votes_and_scores():
     assert c0.labels == {} and c0.no_consensus == FIELDS and c0.chat_scores == {}
 
 
+def test_a_field_no_answering_judge_labels_is_not_shown_yet():
+    """Every judge that answered left Angry null: the conversation does not show it yet (not a split);
+    with no judge answering at all there is nothing to read, so that stays no consensus."""
+    js = [_j("j1", {"Want": "Info", "Angry": None, "Items": 4}), _j("j2", {"Want": "Info", "Angry": None}),
+          _j("j3", None)]
+    c = consensus(FIELDS, js, judgment_set="s", dialogue_id="d", turn_index=1)
+    assert c.labels == {"Want": "Info", "Items": 4}
+    assert c.unshown == ["Angry"] and c.no_consensus == []
+    split = consensus(FIELDS, [_j("j1", {"Angry": True}), _j("j2", {"Angry": False}), _j("j3", {"Angry": None})],
+                      judgment_set="s", dialogue_id="d", turn_index=1)
+    assert split.no_consensus == ["Angry"] and split.unshown == ["Want", "Items"]
+    c0 = consensus(FIELDS, [_j("j1", None)], judgment_set="s", dialogue_id="d", turn_index=1)
+    assert c0.unshown == [] and c0.no_consensus == FIELDS
+
+
 def test_votes_compare_numbers_by_value():
     js = [_j("a", {"Items": 2}), _j("b", {"Items": 2.0}), _j("c", {"Items": 3})]
     assert consensus(["Items"], js, judgment_set="s", dialogue_id="d", turn_index=1).labels == {"Items": 2}

@@ -250,14 +250,32 @@ def test_scripted_user_chinese() -> None:
 
 
 # --------------------------------------------------------------------------- scripted judge
-def test_scripted_truth_judge() -> None:
-    reply = json.loads(
-        providers.respond("scripted/truth", [{"role": "user", "content": "turn"}], make_ctx("judge"))
-    )
-    assert reply["labels"] == CASE["truth"]
-    assert reply["scores"] == dict.fromkeys(providers.CHAT_DIMENSIONS, 6)
-    assert set(reply["reasons"]) == {"labels", *providers.CHAT_DIMENSIONS}
-    partial = json.loads(providers.respond("scripted/truth", [], {"case": {"truth": {"extra": 1}}}))
+def _judge_prompt(*exchanges: tuple[str, str]) -> list[dict[str, str]]:
+    """A judge prompt whose conversation has these (customer, agent) exchanges, as prompts.dialogue_text
+    writes it (the field names also appear outside the conversation, as in the real prompt)."""
+    from sopgraph.simulation.prompts import dialogue_text
+
+    rows = [{"user_text": u, "agent_text": a} for u, a in exchanges]
+    return [{"role": "user", "content": "## Classification fields\nintent, item_state\n\n## Conversation\n"
+             + dialogue_text(rows) + "\n\n## Output format\n{\"labels\": {\"intent\": 1}}"}]
+
+
+def test_scripted_truth_judge_labels_what_the_customer_has_said() -> None:
+    nothing = json.loads(providers.respond("scripted/truth", _judge_prompt(("Hello there.", "Hi!")),
+                                           make_ctx("judge")))
+    assert nothing["labels"] == {"intent": None, "item_state": None}  # not shown yet: null
+    assert nothing["scores"] == dict.fromkeys(providers.CHAT_DIMENSIONS, 6)
+    assert set(nothing["reasons"]) == {"labels", *providers.CHAT_DIMENSIONS}
+    one = json.loads(providers.respond("scripted/truth", _judge_prompt(
+        ("My intent: refund.", "Could you tell me the item state?"),
+        ("It is, well,\nbroken. Item state: damaged.", "Thanks.")), make_ctx("judge")))
+    assert one["labels"] == CASE["truth"]
+    # the agent naming a field is not the customer showing it
+    asked = json.loads(providers.respond("scripted/truth", _judge_prompt(
+        ("My intent: refund.", "What is the item state?")), make_ctx("judge")))
+    assert asked["labels"] == {"intent": "refund", "item_state": None}
+    partial = json.loads(providers.respond("scripted/truth", _judge_prompt(("extra: 1", "ok")),
+                                           {"case": {"truth": {"extra": 1}}}))
     assert partial["labels"] == {"extra": 1}
 
 
@@ -340,7 +358,7 @@ def test_every_builtin_through_the_gateway(tmp_path: Path) -> None:
     assert json.loads(out["baseline/oracle"])["classification_output"] == CASE["truth"]
     assert out["baseline/oracle-tools"].endswith("refund_full.")  # its calls went as function calls
     assert json.loads(out["baseline/always-comply"])["finals"]["Action"] == "refund_double"
-    assert json.loads(out["scripted/truth"])["labels"] == CASE["truth"]
+    assert json.loads(out["scripted/truth"])["labels"] == dict.fromkeys(CASE["truth"])  # nothing said yet
     assert "refund double" in out["scripted/user"]
     assert out["scripted/author"].startswith("```sop\nscenario draft")
     for model in AGENT_BASELINES:

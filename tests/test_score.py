@@ -250,6 +250,38 @@ def test_no_consensus_on_a_needed_field_is_unscorable_and_counted(telecom) -> No
     assert g.metrics["path"].n == 1 and g.metrics["classification"].n == 2
 
 
+def test_a_field_not_shown_yet_makes_the_turn_wait_where_the_sop_needs_it(telecom) -> None:
+    """The judges left EmotionTag null (the customer has not shown it): the SOP's answer on that turn is
+    "passed step1, step2, step5; needs EmotionTag at step7" — no Action yet. An agent asking there is
+    right on every dimension; one that already acts is wrong on action; neither is unscorable."""
+    case = make_case(telecom, "c", CANCEL_ANGRY, CONTRACT)
+    d = dialogue(case)
+    shown = {k: v for k, v in case.truth.items() if k != "EmotionTag"}
+    waiting = Consensus(dialogue_id=d.id, turn_index=1, labels=shown, unshown=["EmotionTag"],
+                        chat_scores=dict.fromkeys(CHAT_DIMENSIONS, 6), judges_scored=3)
+    asking = turn(d.id, 1, labels=case.truth, path=["step1", "step2", "step5"], action="TransHuman")
+    acting = turn(d.id, 1, labels=case.truth, path=case.expected_path, action="TransHuman")
+    for t, right in ((asking, 1.0), (acting, 0.0)):
+        run = score_records(telecom, [case], [d], [t], [waiting])
+        rec = run.turn_record(0)
+        assert rec["reference_path"] == ["step1", "step2", "step5"] and rec["reference_action"] is None
+        assert rec["reference_waits"]
+        assert rec["path"] == 1.0 and rec["classification"] == 1.0  # the 3 shown fields
+        assert rec["action_acc"] == right and rec["finals"] == right
+        assert rec["logic"] == pytest.approx(0.4 * 1.0 + 0.4 * 1.0 + 0.2 * right)
+        assert not rec["unscorable"]
+        assert run.counts["unscorable_turns"] == 0 and run.counts["no_consensus_fields"] == 0
+    # shown by the next turn: the whole reference again
+    later = score_records(telecom, [case], [d], [oracle_turn(case, d.id, 1)], [cons(d.id, 1, case.truth)])
+    assert later.turn_record(0)["reference_action"] == "TransHuman"
+    # a field not shown that this path never reads leaves the reference whole
+    unread = Consensus(dialogue_id=d.id, turn_index=1, labels={k: v for k, v in case.truth.items()
+                                                                 if k != "ConsumptionProfile"},
+                       unshown=["ConsumptionProfile"], chat_scores={}, judges_scored=3)
+    whole = score_records(telecom, [case], [d], [oracle_turn(case, d.id, 1)], [unread]).turn_record(0)
+    assert whole["reference_action"] == "TransHuman" and whole["logic"] == pytest.approx(1.0)
+
+
 def test_engine_error_on_an_out_of_domain_label_is_unscorable(telecom) -> None:
     case = make_case(telecom, "c", CANCEL_ANGRY, CONTRACT)
     d = dialogue(case)

@@ -127,3 +127,15 @@ def test_compare_names_the_environments_expected_action(runs) -> None:
     assert result.b_only == 2
     assert [(f.a_final_action, f.b_final_action, f.expected_action) for f in result.flipped] == [
         ("ReplaceSim", "CloseFixed", "CloseFixed"), ("TransHuman", "CloseFixed", "CloseFixed")]
+
+
+def test_every_turn_is_scored_against_the_environment(runs) -> None:
+    """The per-turn reference (path, Action, finals, logic) is the session stepped against a fresh phone on the
+    judges' labels: the oracle following the phone is right on every turn, the agent replaying the
+    recorded decision is wrong on its answer."""
+    oracle, rec = _group(score_run(runs["oracle"], CFG)), _group(score_run(runs["recorded"], CFG))
+    for name in ("path", "action", "finals", "logic"):
+        assert oracle[name].value == 1.0 and oracle[name].n > 0, name
+    assert rec["action"].value == 0.0
+    plain = _group(score_run(runs["oracle-no-env"], CFG))
+    assert all(plain[name].value == 1.0 for name in ("path", "action", "finals", "logic"))

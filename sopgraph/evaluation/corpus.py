@@ -273,7 +273,10 @@ def dialogue_records(run: ScoredRun, turns_of: Any, *, fmt: Format = "openai", m
                     labels = dict(o.classification_output)
                     cons_labels = _consensus_labels(run, r)
                     labels.update(cons_labels)
-                    reply = agent_json(labels, list(ref.path), ref.finals, o.chat,
+                    # a turn where the SOP still waits for a value: the stages passed and the actions done so
+                    # far, heading for the case's decision (what the reference oracle says while it asks)
+                    finals = case.expected_finals if ref.pending else ref.finals
+                    reply = agent_json(labels, list(ref.path), finals, o.chat,
                                        actions=ref.actions if scenario.traced else ())
                 else:
                     fallback += 1

@@ -1169,7 +1169,8 @@ def _dialogue_html(ii: int, run: ScoredRun, d: int, did: str, case: Case | None,
                 own = (f"<div>agent: <code>{esc(' > '.join(map(str, t.output.now_path)))} ⇒ "
                        f"{esc(t.output.finals.get('Action'))}</code></div><div>labels: <code>{esc(labels)}</code></div>")
             ref = ("<div>reference: <code>" + esc(" > ".join(rec["reference_path"] or [])) + " ⇒ "
-                   + esc(rec["reference_action"] or "–") + "</code></div>") if rec["reference_action"] else \
+                   + esc(rec["reference_action"] or "(asks: a value is not shown yet)") + "</code></div>") \
+                if rec["reference_action"] or rec["reference_waits"] else \
                 ("<div class='note'>reference: " + ("unscorable (no consensus on a needed field)" if rec["unscorable"]
                                                    else "judged" if rec["judged"] else "not judged") + "</div>")
             flags = ""

@@ -59,6 +59,7 @@ from sopgraph.evaluation.traces import (
 )
 from sopgraph.language import ir
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for
+from sopgraph.logic.session import Act, End, Need, start
 from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.agents import action_outputs
 from sopgraph.simulation.environment import EnvError, EnvSpec
@@ -344,6 +345,16 @@ def _fmt_metric(m: Metric) -> str:
 
 
 _NC = object()  # "no consensus" marker inside memo keys
+
+
+class _Unshown:
+    """The judges' "not shown yet" for a field (`Consensus.unshown`) inside a turn's label key."""
+
+    def __repr__(self) -> str:
+        return "UNSHOWN"
+
+
+UNSHOWN = _Unshown()
 _TURN_KEY = 1 << 20  # consensus key = dialogue number · _TURN_KEY + turn index
 _UNSCORABLE = -1
 
@@ -376,6 +387,9 @@ class Ref:
     action: str | None
     extras: tuple[tuple[str, Any], ...]
     actions: list[dict[str, Any]] = field(default_factory=list)
+    pending: bool = False
+    """The SOP has not decided yet on this turn: it needs a value the conversation does not show yet
+    (`path` is what it passed before that stage; no Action)."""
 
 
 @dataclass
@@ -525,6 +539,7 @@ class ScoredRun:
             "action": self.action_names[act] if act >= 0 else None,
             "reference_action": ref.action if ref else None,
             "reference_path": list(ref.path) if ref else None,
+            "reference_waits": bool(ref.pending) if ref else False,
             "catastrophic": bool(self.t_catastrophic[row]),
             "classification": _num(self.t_cls[row]),
             "path": _num(self.t_path[row]),
@@ -723,12 +738,13 @@ def _turn_fields(turn: Any) -> tuple:
 
 
 def _cons_fields(c: Any) -> tuple:
-    """(dialogue_id, turn_index, judgment_set, labels, no_consensus, chat_scores, judges_scored)."""
+    """(dialogue_id, turn_index, judgment_set, labels, no_consensus, chat_scores, judges_scored, unshown)."""
     if c.__class__ is dict:
         return (c["dialogue_id"], c["turn_index"], c.get("judgment_set", "default"), c.get("labels") or {},
-                c.get("no_consensus") or (), c.get("chat_scores") or {}, c.get("judges_scored", 0))
+                c.get("no_consensus") or (), c.get("chat_scores") or {}, c.get("judges_scored", 0),
+                c.get("unshown") or ())
     return (c.dialogue_id, c.turn_index, c.judgment_set, c.labels, c.no_consensus, c.chat_scores,
-            c.judges_scored)
+            c.judges_scored, c.unshown)
 
 
 def pick_judgment_set(available: Iterable[str], wanted: str | None) -> str | None:
@@ -802,18 +818,19 @@ def _score_records(scenarios, cases, dialogues, turns, consensus, config, *, run
         for f in cons_rows:
             if f[2] == jset:
                 consensus_labels[(f[0], f[1])] = {k: v for k, v in f[3].items() if not f[4] or k not in f[4]}
-    frame = _DialogueFrame.build(scen_map, cases, dialogues)
+    frame = _DialogueFrame.build(scen_map, cases, dialogues, per_case=env is not None)
     # consensus by (dialogue number, turn index) packed in one int: the cheapest key to look up
     cons: dict[int, tuple] = {}
     for f in cons_rows:
         d = frame.dlg_index.get(f[0])
         if d is not None and f[2] == jset and isinstance(f[1], int) and 0 <= f[1] < _TURN_KEY:
-            cons[d * _TURN_KEY + f[1]] = (f[3], frozenset(f[4]) if f[4] else None, f[5], f[6])
+            cons[d * _TURN_KEY + f[1]] = (f[3], frozenset(f[4]) if f[4] else None, f[5], f[6],
+                                          frozenset(f[7]) if f[7] else None)
     del cons_rows
     references = _References(cfg, scen_map, cases, env)
     if env is not None:
         frame.follow(references)
-    evaluator = _TurnEvaluator(cfg, scen_map, frame)
+    evaluator = _TurnEvaluator(cfg, scen_map, frame, references if env is not None else None)
     read = _read_turns(turns, cons, frame, evaluator, cfg)
     tcols = _turn_columns(read, evaluator, frame, cfg)
     return _assemble(cfg, run, scen_map, cases, dialogues, jset, frame, evaluator, read, tcols, consensus_labels,
@@ -908,7 +925,9 @@ class _DialogueFrame:
 
     @classmethod
     def build(cls, scen_map: Mapping[str, ir.Scenario], cases: Sequence[Case],
-              dialogues: Sequence[Dialogue]) -> _DialogueFrame:
+              dialogues: Sequence[Dialogue], per_case: bool = False) -> _DialogueFrame:
+        """`per_case`: every case is its own scoring context (with an environment, the world a reference
+        is stepped against is made from the case, not only from its system state)."""
         only = next(iter(scen_map.values())) if len(scen_map) == 1 else None
         case_index = {c.id: i for i, c in enumerate(cases)}
         D = len(dialogues)
@@ -921,9 +940,9 @@ class _DialogueFrame:
         case_sys_id: list[int] = []
         case_prohibited: list[frozenset] = []
         sys_ids: dict[Any, int] = {}
-        for case in cases:
+        for n, case in enumerate(cases):
             case_scen.append(scen_map.get(case.scenario) or only)
-            key = tuple(sorted((k, _freeze(v)) for k, v in case.system.items()))
+            key = (n,) if per_case else tuple(sorted((k, _freeze(v)) for k, v in case.system.items()))
             case_sys_id.append(sys_ids.setdefault(key, len(sys_ids)))
             case_prohibited.append(frozenset(case.prohibited_actions))
             f.case_expected_action.append(case.expected_finals.get("Action"))
@@ -1000,8 +1019,10 @@ _OUTCOME_WIDTH = 16
 class _TurnEvaluator:
     """Scores one distinct (context, consensus, agent output) outcome; memoises the engine calls."""
 
-    def __init__(self, cfg: ScoreConfig, scen_map: Mapping[str, ir.Scenario], frame: _DialogueFrame):
+    def __init__(self, cfg: ScoreConfig, scen_map: Mapping[str, ir.Scenario], frame: _DialogueFrame,
+                 references: _References | None = None):
         self.cfg = cfg
+        self.references = references  # with an environment: each turn's reference is stepped against it
         self.ctx_info = frame.ctx_info
         fields = {name: tuple(v.name for v in s.fields) for name, s in scen_map.items()}
         outputs = {name: tuple(s.outputs) for name, s in scen_map.items()}
@@ -1029,11 +1050,19 @@ class _TurnEvaluator:
         if r is not None:
             return r
         values = dict(case.system)
+        unshown = [f for f, v in zip(fields, ckey, strict=True) if v is UNSHOWN]
         for f, v in zip(fields, ckey, strict=True):
-            if v is not None:
+            if v is not None and v is not UNSHOWN:
                 values[f] = labels[f]
         try:
-            path, finals, actions = self.engines[sc.name].decide_trace_raw(values)
+            waiting = self._waiting(sc, case, values, unshown, fields, ckey) if unshown else None
+            if waiting is not None:
+                self.refs.append(Ref(waiting[0], {}, None, (), waiting[1], pending=True))
+                self.ref_memo[key] = len(self.refs) - 1
+                return len(self.refs) - 1
+            path, finals, actions = self._decide(sc, case, values, fields, ckey)
+        except EnvError as exc:
+            raise ScoreError(f"case {case.id}: {exc}") from None
         except Exception:  # noqa: BLE001 - DecideError, or a label of an exotic shape: unscorable
             self.ref_memo[key] = _UNSCORABLE
             return _UNSCORABLE
@@ -1044,6 +1073,27 @@ class _TurnEvaluator:
         self.refs.append(Ref(tuple(path), dict(finals), finals.get("Action"), extras, list(actions)))
         self.ref_memo[key] = len(self.refs) - 1
         return len(self.refs) - 1
+
+    def _waiting(self, sc: ir.Scenario, case: Case, values: Mapping[str, Any], unshown: list[str],
+                 fields: tuple[str, ...], ckey: tuple) -> tuple[tuple[str, ...], list[dict[str, Any]]] | None:
+        """Where the SOP waits for a field not shown yet (None: it needs none): the engine's run, or with an
+        environment the session stepped against a fresh world for the case."""
+        scorer = self.references.scorer(case) if self.references is not None else None
+        if scorer is None or scorer.env is None:
+            return _waiting_prefix(sc, case, values, unshown)
+        labels = {f: values[f] for f, v in zip(fields, ckey, strict=True) if v is not None and v is not UNSHOWN}
+        return scorer.waiting(case, labels, unshown)
+
+    def _decide(self, sc: ir.Scenario, case: Case, values: Mapping[str, Any], fields: tuple[str, ...],
+                ckey: tuple) -> tuple[Any, Any, Any]:
+        """(path, finals, actions) on these values: the engine's, or with an environment the session stepped
+        against a fresh world for the case on the judges' labels (the world answers the looks)."""
+        scorer = self.references.scorer(case) if self.references is not None else None
+        if scorer is None or scorer.env is None:
+            return self.engines[sc.name].decide_trace_raw(values)
+        labels = {f: values[f] for f, v in zip(fields, ckey, strict=True) if v is not None and v is not UNSHOWN}
+        _, decision = scorer.decision(case, labels)
+        return decision.path, decision.finals, decision.actions
 
     def self_action(self, sc: ir.Scenario, sys_id: int, case: Case, akey: tuple, agent: Mapping[str, Any],
                     fields: tuple[str, ...]) -> Any:
@@ -1106,7 +1156,11 @@ class _TurnEvaluator:
         else:
             selfv, self_unsc = (1.0 if sa == action else 0.0), False
         cls = self._classification(fields, ckey, labels, agent) if judged and not tools else nan
-        if ref_id >= 0:
+        if ref_id >= 0 and self.refs[ref_id].pending:
+            pth, act, fin = self._against_waiting(self.refs[ref_id], sc, pkey, action, tools)
+            logic = logic_formula(cfg, cls, pth, fin) if cls == cls or tools else nan
+            unsc = False
+        elif ref_id >= 0:
             pth, act, fin = self._against_reference(self.refs[ref_id], sc, pkey, action, finals)
             logic = logic_formula(cfg, cls, pth, fin) if cls == cls or tools else nan
             unsc = False
@@ -1123,12 +1177,28 @@ class _TurnEvaluator:
         """Share of the agreed fields the agent labelled like the judges (NaN: none agreed)."""
         right = n = 0
         for f, lv in zip(fields, ckey or (), strict=True):
-            if lv is None:
+            if lv is None or lv is UNSHOWN:
                 continue
             n += 1
             if same_value(agent.get(f), (labels or {})[f], self.cfg.numeric_tolerance):
                 right += 1
         return right / n if n else math.nan
+
+    def _against_waiting(self, ref: Ref, sc: ir.Scenario, pkey: tuple, action: Any,
+                         tools: bool) -> tuple[float, float, float]:
+        """(path, action, finals) on a turn where the SOP itself still waits for a value the conversation
+        has not shown: the path against the stages passed so far, and the action right iff the agent
+        does not act yet (a SAGE reply acts when its path reaches its Action, `dialogue.acts`; a tool
+        agent when it calls an action that ends the procedure)."""
+        pth = path_score(normalize_path(pkey, sc), ref.path, self.cfg.path_metric)
+        if tools:
+            acted = action is not None
+        else:
+            last = sc.stages.get(str(pkey[-1])) if pkey else None
+            acted = action is not None and last is not None and any(
+                b.target.kind == "action" and b.target.action == action for b in last.branches)
+        right = 0.0 if acted else 1.0
+        return pth, right, right
 
     def _against_reference(self, ref: Ref, sc: ir.Scenario, pkey: tuple, action: Any,
                            finals: Mapping[str, Any]) -> tuple[float, float, float]:
@@ -1142,6 +1212,31 @@ class _TurnEvaluator:
         fa = cfg.finals_action_weight
         hit = sum(1 for k, v in ref.extras if same_value(finals.get(k), v, cfg.numeric_tolerance))
         return pth, 1.0, fa + (1.0 - fa) * hit / len(ref.extras)
+
+
+def _waiting_prefix(sc: ir.Scenario, case: Case, values: Mapping[str, Any], unshown: Sequence[str]
+                    ) -> tuple[tuple[str, ...], list[dict[str, Any]]] | None:
+    """The stages the SOP passes before it needs one of the `unshown` values, and the actions it carries
+    out on the way (None: it never needs one on these values, so the turn has a whole reference). The run
+    stops at the first stage reading one; the stages before it do not depend on it, so they are read off
+    the run on the case's truth for the unshown values (the path the customer's answers will lead to)."""
+    waiting = set(unshown)
+    session = start(sc, values)
+    done: list[dict[str, Any]] = []
+    while True:
+        event = session.next()
+        if isinstance(event, End):
+            return None
+        if isinstance(event, Act):
+            done.append({"name": event.action, "args": dict(event.args)})
+        elif isinstance(event, Need):
+            if event.variable not in waiting:
+                session.close()  # a value no one gives: missing, as `decide` takes it
+                continue
+            stage = event.stage
+            full = {**values, **{f: case.truth[f] for f in unshown if f in case.truth}}
+            path, _, _ = engine_for(sc).decide_trace_raw(full)
+            return (tuple(path[:path.index(stage)]) if stage in path else ()), done
 
 
 @dataclass
@@ -1206,11 +1301,13 @@ def _read_turns(turns: Iterable[Any], cons: dict[int, tuple], frame: _DialogueFr
         ckey = labels = None
         chat = nan
         if c is not None:
-            labels, nc, scores, njs = c
+            labels, nc, scores, njs, unshown = c
             # judged: the turn has a consensus, even one where no judge answered (docs/metrics.md)
             ckey = tuple(map(labels.get, fields))
             if nc:
                 ckey = tuple(None if f in nc else v for f, v in zip(fields, ckey, strict=True))
+            if unshown:
+                ckey = tuple(UNSHOWN if f in unshown else v for f, v in zip(fields, ckey, strict=True))
             if scores:
                 skey = tuple(map(scores.get, dims))
                 memo_chat = chat_memo.get(skey)

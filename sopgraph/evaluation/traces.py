@@ -189,10 +189,18 @@ def step_session(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any,
     return steps, divergence
 
 
+class _Waits(Exception):  # noqa: N818 - not an error: the run stopped where it needs a value not shown yet
+    def __init__(self, stage: str | None, steps: list[dict[str, Any]]):
+        super().__init__(stage)
+        self.stage = stage
+        self.steps = steps
+
+
 def _step(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any, follow: Sequence[Call] | None,
-          same: Callable[[Any, Any], bool], params: Mapping[str, list[str]] | None
-          ) -> tuple[list[dict[str, Any]], Divergence | None, Decision | None]:
-    """`step_session`, also returning the session's decision (path, finals) when it reached its end."""
+          same: Callable[[Any, Any], bool], params: Mapping[str, list[str]] | None,
+          wait_for: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], Divergence | None, Decision | None]:
+    """`step_session`, also returning the session's decision (path, finals) when it reached its end.
+    `wait_for`: fields not shown yet; the first one the run needs raises `_Waits` (its stage, the steps so far)."""
     params = params if params is not None else action_outputs(scenario)
     lookup = world.spec.lookup
     session = start(scenario, {k: v for k, v in truth.items()
@@ -205,6 +213,8 @@ def _step(scenario: ir.Scenario, truth: Mapping[str, Any], world: Any, follow: S
         event = session.next()
         if isinstance(event, Need):
             var = scenario.variables[event.variable]
+            if event.variable in wait_for:
+                raise _Waits(event.stage, steps)
             value = (truth.get(event.variable) if var.role == "field"
                      else world.call(lookup, {"name": event.variable})["value"])
             session.provide(event.variable, value)
@@ -340,6 +350,23 @@ class ProcedureScorer:
                 raise DecideError("the procedure did not reach its end")
             self._refs[key] = (steps, decision)
         return self._refs[key]
+
+    def waiting(self, case: Case, fields: Mapping[str, Any], unshown: Sequence[str]
+                ) -> tuple[tuple[str, ...], list[dict[str, Any]]] | None:
+        """Where the session stepped against a fresh world on the judges' `fields` stops for one of the
+        `unshown` fields: (the stages passed before that stage, the steps taken so far), or None when it
+        needs none of them. The stages passed are read off the run on the case's truth for the unshown
+        fields (the world answers the same up to there). DecideError / EnvError as `decision`."""
+        try:
+            _step(self.scenario, fields, self._world(case), None, self.same, self.params, frozenset(unshown))
+            return None
+        except _Waits as waits:
+            _, decision = self.decision(case, {**{f: case.truth[f] for f in unshown if f in case.truth}, **fields})
+            path = decision.path
+            prefix = tuple(path[:path.index(waits.stage)]) if waits.stage in path else ()
+            return prefix, waits.steps
+        except InfraFailure as exc:
+            raise EnvError(exc.message) from None
 
     def score(self, case: Case, agent: Sequence[Call]) -> tuple[dict[str, float], Divergence | None]:
         """The step metrics of one dialogue (NaN where undefined: values that do not decide)."""

@@ -16,10 +16,15 @@ Policies (all documented in docs/running.md):
   whose model cannot be reached (`InfraFailure`) or that raises is unscored. Nothing here crashes.
 - **Consensus (tie policy)**: per field, among the judges that gave a non-null label, a value wins
   iff it has a strict majority of those votes (> half). Otherwise — a 1-1-1 split, a 1-1 split
-  between two answering judges, or no answering judge — the field has **no consensus**: it is left
-  out of the turn's labels, listed in `Consensus.no_consensus`, and excluded from that turn's
+  between two answering judges, or no judge answering at all — the field has **no consensus**: it is
+  left out of the turn's labels, listed in `Consensus.no_consensus`, and excluded from that turn's
   classification metric (counted in reports). A single answering judge is a strict majority of one.
   (SAGE's code breaks ties by the lexicographically smallest value; we refuse to invent a truth.)
+  A field that every judge with a labels object left null is **not shown yet** (`Consensus.unshown`):
+  not a disagreement, and the per-turn reference stops where the SOP needs it (evaluation/score.py).
+  SAGE's judge prompt asks for a label always; the built-in scripted judge abstains on what the
+  customer has not said, so an agent that asks before it acts is not scored against values it could
+  not have had.
 - **Chat quality**: each dimension averaged over the judges that returned valid scores.
 - **Agreement** (`agreement`): per-field Fleiss' kappa over judged turns, per-dimension score
   spread (mean absolute deviation, range), and a self-preference flag when a judge's model is the
@@ -374,6 +379,8 @@ def consensus(fields: Sequence[str], judgments: Sequence[Judgment], *, judgment_
     """Majority vote per field and mean chat scores (tie policy in the module docstring)."""
     labels: dict[str, Any] = {}
     no_consensus: list[str] = []
+    unshown: list[str] = []
+    answered = any(j.labels is not None for j in judgments)
     for name in fields:
         votes: list[Any] = [j.labels[name] for j in judgments
                             if j.labels is not None and j.labels.get(name) is not None]
@@ -383,14 +390,17 @@ def consensus(fields: Sequence[str], judgments: Sequence[Judgment], *, judgment_
             key, n = max(counts.items(), key=lambda kv: (kv[1], kv[0]))
             if n * 2 > len(votes):
                 winner = next(v for v in votes if _vote_key(v) == key)
-        if winner is None:
-            no_consensus.append(name)
-        else:
+        if winner is not None:
             labels[name] = winner
+        elif answered and not votes:
+            unshown.append(name)
+        else:
+            no_consensus.append(name)
     scored = [j.scores for j in judgments if j.scores is not None]
     chat = {d: round(sum(s[d] for s in scored) / len(scored), 6) for d in CHAT_DIMENSIONS} if scored else {}
     return Consensus(sop_hash=sop_hash, judgment_set=judgment_set, dialogue_id=dialogue_id,
-                     turn_index=turn_index, labels=labels, no_consensus=no_consensus, chat_scores=chat,
+                     turn_index=turn_index, labels=labels, no_consensus=no_consensus, unshown=unshown,
+                     chat_scores=chat,
                      judges_scored=len(scored))
 
 

@@ -535,9 +535,10 @@ def _truth_decision(sop: ir.Scenario, case: Mapping[str, Any]) -> Decision | Non
 
 
 def _path_so_far(sop: ir.Scenario, path: Sequence[str], stage: str | None, action: Any) -> list[str]:
-    """The stages of `path` up to `stage` (its first visit), without the trailing ones that have a branch
-    doing `action`: a SAGE reply whose path reaches its Action has carried it out (`dialogue.acts`)."""
-    upto = list(path[:path.index(stage) + 1]) if stage in path else []
+    """The stages of `path` passed before `stage` (its first visit: the one waiting for the value), without
+    the trailing ones that have a branch doing `action`: a SAGE reply whose path reaches its Action has
+    carried it out (`dialogue.acts`). The scorer's reference on such a turn is the same prefix."""
+    upto = list(path[:path.index(stage)]) if stage in path else []
     while upto and any(b.target.kind == "action" and b.target.action == action
                        for b in sop.stages[upto[-1]].branches):
         upto.pop()
@@ -1319,17 +1320,35 @@ def scripted_user(messages: Messages, context: Context) -> str:
 
 
 # --------------------------------------------------------------------------- scripted judge
+_CUSTOMER_SAID: Final = re.compile(r"^Customer: (.*?)\n(?=Agent(?: \(action: [^\n]*\))?: )", re.MULTILINE | re.DOTALL)
+
+
+def _customer_said(messages: Messages) -> list[str]:
+    """What the customer said in the conversation the judge reads (the `## Conversation` part of its
+    prompt, `prompts.dialogue_text`)."""
+    prompt = "\n".join(_texts(messages, "user"))
+    start = prompt.find("## Conversation\n")
+    if start < 0:
+        return []
+    end = prompt.find("\n## ", start + 1)
+    return _CUSTOMER_SAID.findall(prompt[start:end if end >= 0 else len(prompt)])
+
+
 def scripted_truth(messages: Messages, context: Context) -> str:
-    """Judge that copies every classification label from the case truth and gives fixed chat scores."""
+    """Judge that copies the case truth's label of every field the customer has named so far and leaves
+    the others null (not shown yet: it labels what the conversation shows, as a careful reader would),
+    with fixed chat scores."""
     case = _case(context)
     truth = _as_dict(case.get("truth"))
     names = list(_fields(context)) or list(truth)
     for name in truth:
         if name not in names:
             names.append(name)
-    labels = {name: truth.get(name) for name in names}
+    said = _customer_said(messages)
+    labels = {name: truth.get(name) if any(_names(t, name) for t in said) else None for name in names}
     scores = dict.fromkeys(CHAT_DIMENSIONS, SCRIPTED_CHAT_SCORE)
-    reasons = {"labels": "Scripted judge: labels copied from the case truth."}
+    reasons = {"labels": "Scripted judge: labels copied from the case truth for the fields the customer has "
+                         "named; the others are not shown yet (null)."}
     for dim in CHAT_DIMENSIONS:
         reasons[dim] = f"Scripted judge: fixed score {SCRIPTED_CHAT_SCORE}; chat quality is not assessed."
     return _dumps({"labels": labels, "scores": scores, "reasons": reasons})
