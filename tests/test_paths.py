@@ -757,3 +757,18 @@ def test_sop_paths_stops_listing_at_its_cpu_budget_and_says_after_which_path() -
     assert "the listing reached its CPU budget (0 s of CPU) after path P01 (step1 -> " in res.stderr
     full = CliRunner().invoke(cli, ["paths", "--format", "jsonl", str(sop)])
     assert len(full.stdout.splitlines()) == 7 and "CPU budget" not in full.stderr
+
+
+def test_listed_actions_keep_their_list_and_record_arguments() -> None:
+    """The analysis form leaves list and record arguments out (nothing routes on them); a path still shows
+    each action as the SOP writes it, the engine's trace agreeing on the arguments it carries out."""
+    import sopgraph
+
+    sc = sopgraph.load(Path(__file__).resolve().parent / "data" / "refunds.sop")
+    first = next(iter_paths(sc))
+    assert first.actions == ["for f in Fees where f.refundable do Refund(fee_id = f.id, amount = f.amount)",
+                             "Statement(fees = Fees, origin = Legs[0].origin)", "Close"]
+    assert first.witness is not None
+    traced = decide(sc, first.witness)
+    statement = next(a for a in traced.actions if a["name"] == "Statement")
+    assert statement["args"]["fees"] in first.witness["Fees"]  # one look of the observed list

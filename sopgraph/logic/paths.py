@@ -336,13 +336,7 @@ class Explorer(RegionGraph):
 
     def action_trace(self, stages: Sequence[int], branches: Sequence[int]) -> list[str]:
         """The actions a path carries out, as written (`Reset(mode = Soft)`), the final one last."""
-        out: list[str] = []
-        for si, bi in zip(stages, branches, strict=True):
-            t = self.stage_objs[si].branches[bi].target
-            out += [ir.show_step(c) for c in t.steps]
-            if t.kind == "action":
-                out.append(ir.show_call(t.action or "", t.args))
-        return out
+        return written_actions([self.stage_objs[si] for si in stages], branches)
 
     def find_witness(self, region: Region, stage_ids: list[str], branches: Sequence[int], style: str,
                      rng: random.Random | None = None) -> tuple[dict, dict] | None:
@@ -520,10 +514,25 @@ def _unrolled(scenario: ir.Scenario) -> Unrolled | None:
     return analysis_form(scenario) if needs_analysis_form(scenario) else None
 
 
+def written_actions(stages: Sequence[ir.Stage], branches: Sequence[int]) -> list[str]:
+    """The actions of the branches taken, as written (`Reset(mode = Soft)`), the final one last."""
+    out: list[str] = []
+    for st, bi in zip(stages, branches, strict=True):
+        t = st.branches[bi].target
+        out += [ir.show_step(c) for c in t.steps]
+        if t.kind == "action":
+            out.append(ir.show_call(t.action or "", t.args))
+    return out
+
+
 def lift_path(info: PathInfo, u: Unrolled) -> PathInfo:
-    """A path of the unrolled form in the source's terms: stage ids, observed values as lists."""
+    """A path of the unrolled form in the source's terms: stage ids, observed values as lists, the actions
+    as the source writes them (the analysis form leaves list and record arguments out)."""
     stages = [u.origin.get(s, s) for s in info.stages]
     update: dict[str, Any] = {"stages": stages}
+    source = u.scenario_source.stages
+    if all(s in source and 0 <= b < len(source[s].branches) for s, b in zip(stages, info.branches, strict=True)):
+        update["actions"] = written_actions([source[s] for s in stages], info.branches)
     # the path's own looks (a held variable looked at again with nothing done is the same look):
     # later entries of the lists are never read
     looks = path_looks(u.scenario_source, stages, list(info.branches))
