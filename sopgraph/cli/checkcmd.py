@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from contextlib import nullcontext
@@ -14,7 +13,7 @@ import click
 from sopgraph.cli.params import include_dirs, keep_until_exit, owns_process
 from sopgraph.language.diagnostics import SourceLines, sort_key
 from sopgraph.logic.budget import CHECK_CPU_BUDGET
-from sopgraph.logic.checker import PASSES, Checked, Pass, check_file, check_flow
+from sopgraph.logic.checker import Checked, check_file
 from sopgraph.perf import batch_gc, build_then_freeze
 
 
@@ -62,14 +61,6 @@ def _profile_result(result: Checked, path: Path) -> Checked | None:
     return Checked(file=str(profile_path_for(path)), diagnostics=sorted(diags, key=sort_key), sources=sources)
 
 
-def _passes(cpu_budget: float) -> tuple[Pass, ...] | None:
-    """The checker's passes with the flow pass given `cpu_budget` (None: the default passes)."""
-    if cpu_budget == CHECK_CPU_BUDGET:
-        return None
-    flow = functools.partial(check_flow, cpu_budget=cpu_budget)
-    return tuple(Pass(p.name, flow, p.blocked_by) if p.name == "flow" else p for p in PASSES)
-
-
 ECHO_BATCH = 1000  # rendered diagnostics written at once (100k warnings were 200k writes and flushes)
 
 
@@ -84,8 +75,10 @@ def _plural(n: int, word: str) -> str:
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--no-profile", is_flag=True, help="Do not check the user profile beside each FILE.")
 @click.option("--cpu-budget", default=CHECK_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
-              help="CPU seconds for the flow analysis of each FILE; past it, an I302 note says at which stage "
-                   "and on which question it stopped (what was found so far is still reported).")
+              metavar="SECONDS",
+              help="CPU seconds for the analyses of each FILE (flow up to 75 %, output ranges, optional reads); "
+                   "past it, a note (I302, I304, I303) says at which stage and on which question each stopped "
+                   "(what was found so far is still reported; the exit status is unchanged).")
 def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool, cpu_budget: float) -> None:
     """Statically check FILE... (names, types, flow, reachability, unused declarations).
 
@@ -106,7 +99,7 @@ def _check_files(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bo
     # As the process, the loading runs without the cyclic collector and its IR is frozen (`perf.build_then_freeze`)
     loading = build_then_freeze if owns_process() else nullcontext
     for f in files:
-        result = check_file(f, include_path=include_dirs(), loading=loading, passes=_passes(cpu_budget))
+        result = check_file(f, include_path=include_dirs(), loading=loading, cpu_budget=cpu_budget)
         results.append(result)
         profile = None if no_profile else _profile_result(result, f)
         if profile is not None:

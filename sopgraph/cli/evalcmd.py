@@ -20,11 +20,12 @@ import click
 from sopgraph.cases.synth import SynthError, parse_mix, plan, synthesize_stream
 from sopgraph.evaluation.report import report_for_runs
 from sopgraph.evaluation.score import ScoreConfig, score_run
+from sopgraph.logic.budget import LOAD_CPU_BUDGET
 from sopgraph.simulation.gateway import ModelOptionError, parse_model_option
 from sopgraph.simulation.runner import RunError, in_own_loop, run
 from sopgraph.simulation.store import STORE_FILE
 
-from .params import fail, load_or_exit, sop_file
+from .params import LOAD_ONLY, cpu_budget_option, fail, load_or_exit, sop_file
 from .runcmd import EXIT_INFRA
 from .scorecmd import EXIT_GATE, gate_options, guard, parse_gate, render_score, report_gate
 from .synthcmd import EXIT_COVERAGE, load_profile_or_exit, report_coverage_gaps
@@ -104,9 +105,10 @@ def _synth_cases(file: Path, scenario: Any, profile_path: Path | None, n: int, s
                    "(docs/environments.md).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no score tables.")
 @gate_options
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
 def eval_cmd(file: Path, models: tuple[str, ...], n: int, seed: int, out: Path, profile_path: Path | None,
              trials: int, max_turns: int, concurrency: int, allow_gaps: bool, env: str | None, quiet: bool,
-             fail_under: tuple[str, ...], fail_over: tuple[str, ...]) -> None:
+             fail_under: tuple[str, ...], fail_over: tuple[str, ...], cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Evaluate an agent on FILE in one command: synthesize cases, run and judge the dialogues, score
     them, write the HTML report, and check the --fail-under / --fail-over thresholds.
 
@@ -120,7 +122,7 @@ def eval_cmd(file: Path, models: tuple[str, ...], n: int, seed: int, out: Path, 
         fail(str(exc), code=2)
     if not any(s.role == "agent" for s in specs):
         fail("no agent model: pass --model agent=PROVIDER/MODEL (offline floor: --model agent=baseline/oracle)", code=2)
-    scenario = load_or_exit(file)
+    scenario = load_or_exit(file, cpu_budget=cpu_budget)
     wanted = _manifest(file, scenario, n, seed, profile_path, models, trials, max_turns)
     if env is not None:  # (absent otherwise: an evaluation without an environment keeps its manifest)
         wanted["env"] = env

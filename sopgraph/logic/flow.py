@@ -32,7 +32,7 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.compile import reads
 from sopgraph.language.diagnostics import Diagnostic, error, warning
-from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget
+from sopgraph.logic.budget import CHECK_CPU_BUDGET, FLOW_SHARE, CpuBudget, OutOfCpu, active, budget_of
 from sopgraph.logic.domain import Box, Space, relation_text
 from sopgraph.logic.engine import DecideError, Interpreter
 from sopgraph.logic.paths import Explorer, explorer_for, trace
@@ -60,10 +60,12 @@ class FlowWork:
 
 
 def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
-                     work: FlowWork | None = None, cpu_budget: float = CHECK_CPU_BUDGET) -> list[Diagnostic]:
+                     work: FlowWork | None = None,
+                     cpu_budget: float | CpuBudget = CHECK_CPU_BUDGET * FLOW_SHARE) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 for a scenario whose names resolve (see the module docstring).
-    Pass a `FlowWork` as `work` to learn what the analysis spent. Past `cpu_budget` CPU seconds the
-    analysis stops and I302 says at which stage and on which question (`math.inf`: no CPU budget)."""
+    Pass a `FlowWork` as `work` to learn what the analysis spent. Past `cpu_budget` CPU seconds (or a
+    `CpuBudget`: a part of a command's) the analysis stops and I302 says at which stage and on which
+    question (`math.inf`: no CPU budget)."""
     work = FlowWork() if work is None else work
     n_vars = sum(1 for v in scenario.variables.values() if v.role != "derived")
     if n_vars * len(scenario.stages) > MAX_WORK:
@@ -79,9 +81,10 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
                  "the engine still refuses values no branch covers at run time",
         )]
     try:
-        flow = _Flow(scenario, budget, CpuBudget(cpu_budget))
+        flow = _Flow(scenario, budget, budget_of(cpu_budget, CHECK_CPU_BUDGET * FLOW_SHARE))
         try:
-            return flow.run()
+            with active(flow.clock):
+                return flow.run()
         finally:
             work.states, work.steps = flow.states, STEP_BUDGET - flow.steps_left
             work.out_of_time = flow.out_of_time
@@ -126,11 +129,13 @@ class _Flow:
         self.bounded_at: int | None = None  # stage where the exploration met its bound on states or region size
         self.reads: dict[tuple[int, int], frozenset[int]] = {}
         self.states = 0  # states explored so far
+        self.at = 0  # the stage of the latest charge (where a question cut short by the CPU budget was asked)
 
     def spend(self, si: int, n: int = 1) -> bool:
         """Charge `n` region operations at stage `si`; False once the budget is spent (the rest
         of the analysis is then skipped and reported as not proven, never guessed)."""
         self.steps_left -= n
+        self.at = si
         if self.steps_left < 0 or self.clock.out():
             self.out_of_time = self.out_of_time or self.steps_left >= 0
             if self.stopped_at is None:
@@ -147,6 +152,13 @@ class _Flow:
             self.reads[key] = hit
         return hit
 
+    def ran_out(self) -> None:
+        """The CPU budget ran out inside a question (`budget.OutOfCpu`): stop where it was asked."""
+        self.complete = False
+        self.out_of_time = True
+        if self.stopped_at is None:
+            self.stopped_at = self.at
+
     def _spend_check(self) -> bool:
         """Witness checks are bounded so that huge SOPs stay linear; past the bound, stop looking."""
         self.checks_left -= 1
@@ -157,22 +169,32 @@ class _Flow:
         out += self.duplicate_match_values()
         if self.ex.start is None:
             return out
-        self.explore()
+        try:
+            self.explore()
+        except OutOfCpu:
+            self.ran_out()
         overlaps: list[tuple[int, int, Diagnostic]] = []
         for si in range(len(self.ex.ids)):
             ctxs = self.contexts.get(si)
-            if not ctxs:
+            if not ctxs or self.out_of_time:
                 continue
             stage = self.ex.stage_objs[si]
             undecided = self.sp.undecided
-            d = self.non_exhaustive(si, stage, ctxs)
-            if d is not None:
-                out.append(d)
-            if stage.kind == "when":
-                overlaps += self.overlaps(si, stage, ctxs)
+            try:
+                d = self.non_exhaustive(si, stage, ctxs)
+                if d is not None:
+                    out.append(d)
+                if stage.kind == "when":
+                    overlaps += self.overlaps(si, stage, ctxs)
+            except OutOfCpu:
+                self.ran_out()
             if self.sp.undecided > undecided and self.undecided_at is None:
                 self.undecided_at = si
-        dead = self.dead_branches() if self.complete else []
+        try:
+            dead = self.dead_branches() if self.complete else []
+        except OutOfCpu:
+            self.ran_out()
+            dead = []
         dead_keys = {(si, bi) for si, bi, _d in dead}
         # a later guard that is entirely shadowed gets W303/W304 instead of W301
         out += [d for si, bi, d in overlaps if (si, bi) not in dead_keys]
