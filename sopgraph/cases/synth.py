@@ -1501,12 +1501,20 @@ def _quote(names: list[str]) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
 
-def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None) -> list[Diagnostic]:
+def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None,
+                        cpu_budget: float | CpuBudget = SYNTH_CPU_BUDGET) -> list[Diagnostic]:
     """Coverage problems of a profile: intents reaching no feasible path (W601) and feasible paths that
     no intent reaches (W602). Hook for `sop check` when a profile sits beside the `.sop`
-    (`the_plan`: a `synth.plan(scenario, profile)` already computed, to avoid redoing it)."""
-    p = the_plan if the_plan is not None else plan(scenario, profile)
+    (`the_plan`: a `synth.plan(scenario, profile)` already computed, to avoid redoing it; else planned
+    within `cpu_budget`: past it, I605 says where planning stopped, and the later paths are not checked)."""
+    p = the_plan if the_plan is not None else plan(scenario, profile, cpu_budget=cpu_budget)
     diags: list[Diagnostic] = []
+    for skip in p.skipped:
+        if skip.name == "budget":
+            diags.append(Diagnostic(code="I605", severity="info", message=f"profile check incomplete: {skip.reason}",
+                                    span=profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1),
+                                    hint="intents and paths from there on were not checked (W601, W602); raise "
+                                         "--cpu-budget"))
     for name in p.unreached_intents:
         intent = profile.intents[name]
         diags.append(warning("W601", f"intent `{name}` reaches no feasible path of the SOP "
@@ -1541,9 +1549,11 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
     return diags
 
 
-def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario) -> tuple[list[Diagnostic], dict[str, str]]:
+def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario,
+                         cpu_budget: float | CpuBudget = SYNTH_CPU_BUDGET) -> tuple[list[Diagnostic], dict[str, str]]:
     """Every diagnostic of the profile beside a `.sop` (none when there is no profile), and its source
-    text for rendering. The one call `sop check` needs to report profile problems with the scenario's."""
+    text for rendering. The one call `sop check` needs to report profile problems with the scenario's
+    (within `cpu_budget`: `sop check` gives it what the file's analyses left of the file's budget)."""
     path = profile_path_for(sop_path)
     if not path.is_file():
         return [], {}
@@ -1552,5 +1562,5 @@ def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario) -> tuple[l
         return problems, {}
     profile, diags = parse_profile(text, scenario, file=str(path))
     if profile is not None:
-        diags = diags + profile_diagnostics(scenario, profile)
+        diags = diags + profile_diagnostics(scenario, profile, cpu_budget=cpu_budget)
     return diags, {str(path): text}

@@ -32,11 +32,11 @@ from sopgraph.cases.synth import (
 )
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError, render_all
-from sopgraph.logic.budget import LOAD_CPU_BUDGET, LOAD_SHARE, SYNTH_CPU_BUDGET, CpuBudget
+from sopgraph.logic.budget import LOAD_SHARE, PATHS_CPU_BUDGET, SYNTH_CPU_BUDGET, CpuBudget
 from sopgraph.perf import batch_gc
 
 from .checkcmd import diagnostic_record
-from .params import LOAD_ONLY, cpu_budget_option, fail, load_or_exit, now_option, sop_file
+from .params import cpu_budget_option, fail, load_or_exit, now_option, sop_file
 
 
 def load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
@@ -327,15 +327,20 @@ def profiles_group() -> None:
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write it (default: NAME.profile.yaml beside the .sop).")
 @click.option("--force", is_flag=True, help="Overwrite an existing profile.")
-@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
-def profiles_init_cmd(file: Path, out: Path | None, force: bool, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
+@cpu_budget_option(PATHS_CPU_BUDGET, "past it the paths are no longer read: a note on stderr says after how many, "
+                   "and the profile is written from those")
+def profiles_init_cmd(file: Path, out: Path | None, force: bool, cpu_budget: float = PATHS_CPU_BUDGET) -> None:
     """Write a starter profile for FILE: one intent per combination of classification values its paths
     require, described from the fields' `Value = meaning` texts, ready to edit."""
-    scenario = load_or_exit(file, cpu_budget=cpu_budget)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: loading checks, then reading the paths
+    scenario = load_or_exit(file, cpu_budget=clock.share(LOAD_SHARE))
     target = out or profile_path_for(file)
     if target.exists() and not force:
         fail(f"{target} exists; pass --force to overwrite it, or -o to write elsewhere")
-    text, intents, read = starter_profile(scenario)
+    text, intents, read = starter_profile(scenario, clock=clock)
+    if clock.out():
+        click.echo(f"note: reading the paths reached the CPU budget ({clock.describe()}) after {read} path"
+                   f"{'' if read == 1 else 's'}: the intents cover those (raise --cpu-budget)", err=True)
     try:
         target.write_text(text, encoding="utf-8")
     except OSError as exc:
@@ -350,8 +355,10 @@ def profiles_init_cmd(file: Path, out: Path | None, force: bool, cpu_budget: flo
               help="The scenario (default: the .sop beside the profile).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
-@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
-def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
+@cpu_budget_option(SYNTH_CPU_BUDGET, "past it the paths not yet planned are not checked, and an I605 note says "
+                   "where planning stopped")
+def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool,
+                       cpu_budget: float = SYNTH_CPU_BUDGET) -> None:
     """Check a profile FILE (or the profile beside a .sop FILE) against its scenario: syntax, names,
     values, impossible intents, intents reaching no path and paths no intent reaches."""
     if file.suffix == ".sop":
@@ -363,11 +370,12 @@ def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool
         fail(f"no scenario found for {file} (looked for {sop}); pass --sop FILE")
     if not file.is_file():
         fail(f"no profile {file}")
-    scenario = load_or_exit(sop, cpu_budget=cpu_budget)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: loading checks, then planning
+    scenario = load_or_exit(sop, cpu_budget=clock.share(LOAD_SHARE))
     text = file.read_text(encoding="utf-8")
     profile, diags = parse_profile(text, scenario, file=str(file))
     if profile is not None:
-        diags += profile_diagnostics(scenario, profile)
+        diags += profile_diagnostics(scenario, profile, cpu_budget=clock)
     errors = sum(1 for d in diags if d.is_error)
     warnings = sum(1 for d in diags if d.severity == "warning")
     if fmt == "json":

@@ -91,6 +91,7 @@ CODES: dict[str, str] = {
     "W602": "feasible path reached by no intent",
     "W603": "action named in pushes_for is not risky",
     "W604": "strong-intensity intent without pushes_for",
+    "I605": "profile check incomplete (its CPU budget ran out; the later paths were not checked)",
     "W403": "repeated entry",
 }
 

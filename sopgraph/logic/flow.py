@@ -25,9 +25,9 @@ failure yields no flow diagnostics rather than a crashed `sop check`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sopgraph.language import ir
 from sopgraph.language.compile import reads
@@ -43,6 +43,7 @@ MAX_REGION = 256  # boxes in one region before the exploration is considered too
 MAX_WITNESS_CHECKS = 200  # engine runs to verify E301/W301 witnesses (each costs a walk of the path)
 
 
+_T = TypeVar("_T")
 MAX_WORK = 10_000_000  # stages x variables: regions are dense tuples over every variable
 STEP_BUDGET = 200_000  # region operations (constrain/decide) of the whole analysis: a deterministic bound
 
@@ -93,6 +94,17 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
         return []
     except Exception:  # noqa: BLE001 - `sop check` must never crash on a flow analysis bug
         return []
+
+
+def _guarded(flow: _Flow, part: Callable[..., _T], *args: Any) -> _T | None:
+    """`part(*args)`, or None when the CPU budget ran out inside one of its questions (`budget.OutOfCpu`,
+    raised by the space once `flow_diagnostics` made the budget active): the analysis stops where it was asked."""
+    try:
+        return part(*args)
+    except OutOfCpu:
+        flow.complete, flow.out_of_time = False, True
+        flow.stopped_at = flow.at if flow.stopped_at is None else flow.stopped_at
+        return None
 
 
 def _where(span: ir.Span) -> tuple[str, int, int]:
@@ -152,13 +164,6 @@ class _Flow:
             self.reads[key] = hit
         return hit
 
-    def ran_out(self) -> None:
-        """The CPU budget ran out inside a question (`budget.OutOfCpu`): stop where it was asked."""
-        self.complete = False
-        self.out_of_time = True
-        if self.stopped_at is None:
-            self.stopped_at = self.at
-
     def _spend_check(self) -> bool:
         """Witness checks are bounded so that huge SOPs stay linear; past the bound, stop looking."""
         self.checks_left -= 1
@@ -169,32 +174,22 @@ class _Flow:
         out += self.duplicate_match_values()
         if self.ex.start is None:
             return out
-        try:
-            self.explore()
-        except OutOfCpu:
-            self.ran_out()
+        _guarded(self, self.explore)
         overlaps: list[tuple[int, int, Diagnostic]] = []
         for si in range(len(self.ex.ids)):
             ctxs = self.contexts.get(si)
-            if not ctxs or self.out_of_time:
+            if not ctxs:
                 continue
             stage = self.ex.stage_objs[si]
             undecided = self.sp.undecided
-            try:
-                d = self.non_exhaustive(si, stage, ctxs)
-                if d is not None:
-                    out.append(d)
-                if stage.kind == "when":
-                    overlaps += self.overlaps(si, stage, ctxs)
-            except OutOfCpu:
-                self.ran_out()
+            d = _guarded(self, self.non_exhaustive, si, stage, ctxs)
+            if d is not None:
+                out.append(d)
+            if stage.kind == "when":
+                overlaps += _guarded(self, self.overlaps, si, stage, ctxs) or []
             if self.sp.undecided > undecided and self.undecided_at is None:
                 self.undecided_at = si
-        try:
-            dead = self.dead_branches() if self.complete else []
-        except OutOfCpu:
-            self.ran_out()
-            dead = []
+        dead = (_guarded(self, self.dead_branches) or []) if self.complete else []
         dead_keys = {(si, bi) for si, bi, _d in dead}
         # a later guard that is entirely shadowed gets W303/W304 instead of W301
         out += [d for si, bi, d in overlaps if (si, bi) not in dead_keys]
