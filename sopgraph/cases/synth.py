@@ -307,7 +307,8 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
         except OutOfCpu:
             drawn = []
             skipped.append(Skip(kind="paths", name="budget", reason=(
-                f"synthesis reached its CPU budget ({clock.describe()}) while drawing {sample} paths: none was planned")))
+                f"synthesis reached its CPU budget ({clock.describe()}) while drawing {sample} paths"
+                + (f" ({count.stopped})" if count.stopped else "") + ": none was planned")))
         infos: Iterable[Any] = sorted(drawn, key=lambda info: (info.rank, info.id))
         if not count.complete:
             skipped.append(Skip(kind="paths", name="count", reason=f"{uncounted}: paths drawn by a random walk, "
