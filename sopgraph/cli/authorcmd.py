@@ -146,7 +146,7 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: st
         except RunError as exc:
             fail(str(exc), 2)
     report = semantic_diff(a, b, cases=cases, budget=budget, old_name=str(old), new_name=str(new),
-                           cpu_budget=max(0.0, clock.left()))
+                           cpu_budget=clock)
     if fmt == "json":
         data = report.model_dump()
         data.update(equivalent=report.equivalent, proven=report.proven)
