@@ -96,6 +96,8 @@ COMMANDS = {
         LOAD_NOTE, "reading the paths reached the CPU budget (0 s of CPU) after 0 paths"]),
     "profiles check": (["profiles", "check", "{profile}", "--sop", "{sop}"], 0, [
         LOAD_NOTE, "info[I605]: profile check incomplete: synthesis reached its CPU budget (0 s of CPU)"]),
+    # the run stops for want of a model, after the load-time checks said where they stopped
+    "run": (["run", "{sop}", "--cases", "{dir}/cases.jsonl", "-o", "{dir}/run"], 1, [LOAD_NOTE, "no agent model"]),
     "coverage": (["coverage", "{sop}", "--cases", "{dir}/cases.jsonl"], 0, [
         LOAD_NOTE, "listing the feasible paths reached the CPU budget (0 s of CPU): path totals are lower bounds"]),
 }
