@@ -159,6 +159,7 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
         counted = count_paths(scenario, cpu_budget=clock)
         total = counted.feasible
         shown = (f"{len(infos)} of {total}" if len(infos) < total else f"{total}") if counted.complete \
-            else f"{len(infos)} of at least {total:,}" if counted.stopped else f"{len(infos)} of more than {total:,}"
+            else f"{len(infos)} of more than {total:,}" if not counted.stopped \
+            else f"{len(infos)} of at least {total:,}" if total else f"{len(infos)} of an uncounted number of"
         title = f"{scenario.name}: {shown} feasible paths"
     _table(infos, title)
