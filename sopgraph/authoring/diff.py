@@ -527,6 +527,21 @@ def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled
     joint, a, b = joint_scenario(flat_old, flat_new)
     walk = _Walk(joint, a, b, budget, clock)
     out = _Compared()
+    try:
+        _walk_leaves(walk, out, joint, forms, (old, new, flat_old, flat_new), max_witnesses, clock)
+    except OutOfCpu:  # inside a feasibility question (`budget.active`): what was found so far stands
+        walk.exhausted = walk.out_of_time = True
+        walk.where = walk.where or "a feasibility question of the product walk"
+    out.exhausted, out.out_of_time, out.where = walk.exhausted, walk.out_of_time, walk.where
+    return out
+
+
+def _walk_leaves(walk: _Walk, out: _Compared, joint: ir.Scenario, forms: tuple[Unrolled, Unrolled] | None,
+                 programs: tuple[ir.Scenario, ir.Scenario, ir.Scenario, ir.Scenario], max_witnesses: int,
+                 clock: CpuBudget) -> None:
+    """The pairs of leaves (OLD, NEW) that end differently, each checked for a verified witness (into `out`)."""
+    old, new, flat_old, flat_new = programs
+    a, b = walk.old, walk.new
     for old_leaf in walk.leaves(a, [domain.full_box(joint)]):
         want = _outcome(a, old_leaf)
         for new_leaf in walk.leaves(b, old_leaf[2]):
@@ -549,8 +564,6 @@ def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled
                 out.witnesses.append(found)
         if walk.exhausted:
             break
-    out.exhausted, out.out_of_time, out.where = walk.exhausted, walk.out_of_time, walk.where
-    return out
 
 
 def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
