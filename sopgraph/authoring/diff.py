@@ -532,7 +532,8 @@ def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled
     except OutOfCpu:  # inside a feasibility question (`budget.active`): what was found so far stands
         walk.exhausted = walk.out_of_time = True
         walk.where = walk.where or "a feasibility question of the product walk"
-    out.exhausted, out.out_of_time, out.where = walk.exhausted, walk.out_of_time, walk.where
+    # a witness search cut short by the clock left its region undecided: say that the budget did it
+    out.exhausted, out.out_of_time, out.where = walk.exhausted, walk.out_of_time or clock.out(), walk.where
     return out
 
 
