@@ -475,7 +475,7 @@ def test_every_code_used_is_registered() -> None:
 def fake_flow(monkeypatch: pytest.MonkeyPatch):
     calls: list[str] = []
 
-    def flow_diagnostics(sc: ir.Scenario) -> list[Diagnostic]:
+    def flow_diagnostics(sc: ir.Scenario, **_budget: object) -> list[Diagnostic]:
         calls.append(sc.name)
         return [Diagnostic(code="W301", severity="warning", message="overlap", span=sc.span,
                            witness={"Vip": True})]

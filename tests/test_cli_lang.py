@@ -83,7 +83,7 @@ def test_decide_refuses_an_output_outside_its_range(tmp_path, monkeypatch):
     refused = run("decide", str(sop), "--values", '{"Reason": "Sick"}')
     assert refused.exit_code == 1 and "E204" in refused.output  # decide loads only checked programs
     # where the static search finds no witness (bounded), decide time still enforces the range
-    monkeypatch.setattr("sopgraph.logic.checker.output_range_diagnostics", lambda scenario: [])
+    monkeypatch.setattr("sopgraph.logic.checker.output_range_diagnostics", lambda scenario, **_budget: [])
     one = run("decide", str(sop), "--values", '{"Reason": "Other", "NightlyRate": 89}')
     assert one.exit_code == 1
     assert json.loads(one.stdout) == {

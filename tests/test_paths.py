@@ -102,7 +102,8 @@ def test_toy_telecom_paths() -> None:
     sc = load_text(TOY)
     paths = list(iter_paths(sc))
     assert [p.id for p in paths] == [f"P{i:02d}" for i in range(1, 13)]
-    assert count_paths(sc).model_dump() == {"feasible": 12, "stage_sequences": 9, "exact": True, "complete": True}
+    assert count_paths(sc).model_dump() == {"feasible": 12, "stage_sequences": 9, "exact": True, "complete": True,
+                                          "stopped": None}
     for p in paths:
         check_path_record(sc, p)
     p3 = paths[2]
@@ -366,7 +367,8 @@ def test_cli_paths(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert r.output.strip() == "12 feasible paths, 9 distinct stage sequences"
     r = runner.invoke(cli, ["paths", str(f), "--count", "--format", "json"])
-    assert json.loads(r.output) == {"feasible": 12, "stage_sequences": 9, "exact": True, "complete": True}
+    assert json.loads(r.output) == {"feasible": 12, "stage_sequences": 9, "exact": True, "complete": True,
+                                       "stopped": None}
     r = runner.invoke(cli, ["paths", str(f), "--format", "json"])
     data = json.loads(r.output)
     assert [d["id"] for d in data] == [f"P{i:02d}" for i in range(1, 13)]
@@ -749,15 +751,25 @@ def test_a_route_whose_region_splits_at_every_stage_is_listed_with_witnesses(mon
     assert stats["boxes"] < 200_000
 
 
-def test_sop_paths_stops_listing_at_its_cpu_budget_and_says_after_which_path() -> None:
+def test_sop_paths_stops_listing_at_its_cpu_budget_and_says_after_which_path(capsys) -> None:
+    from sopgraph.cli.pathscmd import _within
+    from sopgraph.logic.budget import CpuBudget
+
     sop = Path(__file__).resolve().parent.parent / "examples" / "bike_rental.sop"
+    # the whole command draws on the budget, and each path is found under it: at 0 s, none is listed
     res = CliRunner().invoke(cli, ["paths", "--format", "jsonl", "--cpu-budget", "0", str(sop)])
     assert res.exit_code == 0, res.output
-    assert [json.loads(line)["id"] for line in res.stdout.splitlines()] == ["P01"]
-    assert "the listing reached its CPU budget (0 s of CPU) after path P01 (step1 -> " in res.stderr
+    assert res.stdout == ""
+    assert "the listing reached its CPU budget (0 s of CPU) before the first path" in res.stderr
     full = CliRunner().invoke(cli, ["paths", "--format", "jsonl", str(sop)])
     assert len(full.stdout.splitlines()) == 7 and "CPU budget" not in full.stderr
 
+    clock = CpuBudget(1.0)
+    stream = _within(iter_paths(load_source(sop).scenario), clock)
+    assert next(stream).id == "P01"
+    clock.deadline = -math.inf  # runs out once the first path was listed
+    assert list(stream) == []
+    assert "the listing reached its CPU budget (1 s of CPU) after path P01 (step1 -> " in capsys.readouterr().err
 
 def test_listed_actions_keep_their_list_and_record_arguments() -> None:
     """The analysis form leaves list and record arguments out (nothing routes on them); a path still shows

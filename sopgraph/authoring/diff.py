@@ -15,9 +15,9 @@ and they disagree. The walk is bounded (`budget` regions); what it could not set
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +29,7 @@ from sopgraph.language.compile import reads as compile_reads
 from sopgraph.language.diagnostics import text_names
 from sopgraph.language.fmt import show_expr
 from sopgraph.logic import domain
+from sopgraph.logic.budget import CpuBudget, OutOfCpu, active, budget_of
 from sopgraph.logic.engine import DecideError, Decision, interpret
 from sopgraph.logic.lower import analysis_form, needs_analysis_form
 from sopgraph.logic.paths import iter_paths, used_looks
@@ -40,24 +41,6 @@ PATH_LIMIT = 5_000  # paths listed per version
 RETRY_BUDGET = 2_000  # regions of the second, lowered comparison (lists and records)
 MAX_WITNESSES = 20
 CPU_BUDGET = 20.0  # CPU seconds of the whole comparison (paths, product walk, witnesses) before it answers
-
-
-class _Clock:
-    """The comparison's CPU deadline (`time.process_time`): every loop of `sop diff` asks it, so the command
-    answers (exit 3 with the reason) within its budget instead of running on (issue 31)."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self.deadline = time.process_time() + seconds
-
-    def out(self) -> bool:
-        return time.process_time() > self.deadline
-
-    def share(self, fraction: float) -> _Clock:
-        """A clock for one part of the work: `fraction` of the whole budget, never past its deadline."""
-        part = _Clock(self.seconds * fraction)
-        part.deadline = min(part.deadline, self.deadline)
-        return part
 
 
 class DiffError(Error):
@@ -126,10 +109,19 @@ class DiffReport(BaseModel):
 # Paths added, removed, changed
 
 
-def _path_table(scenario: ir.Scenario, clock: _Clock) -> tuple[dict[str, str], bool]:
+def _path_table(scenario: ir.Scenario, clock: CpuBudget) -> tuple[dict[str, str], bool]:
     table: dict[str, str] = {}
     truncated = False
-    for i, info in enumerate(iter_paths(scenario, witnesses=False)):
+    infos = iter_paths(scenario, witnesses=False)
+    for i in itertools.count():
+        try:
+            with active(clock):  # one path whose branches cost more than the budget left ends the listing too
+                info = next(infos)
+        except StopIteration:
+            break
+        except OutOfCpu:
+            truncated = True
+            break
         if i >= PATH_LIMIT or clock.out():
             truncated = True
             break
@@ -155,10 +147,10 @@ def _show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def path_changes(old: ir.Scenario, new: ir.Scenario, report: DiffReport, clock: _Clock | None = None) -> None:
+def path_changes(old: ir.Scenario, new: ir.Scenario, report: DiffReport, clock: CpuBudget | None = None) -> None:
     """Paths added, removed and changed; the listings stop at `PATH_LIMIT` paths or a quarter of the CPU
     budget each (`[listing truncated]`), which leaves the comparison of decisions its time."""
-    clock = clock or _Clock(CPU_BUDGET)
+    clock = clock or CpuBudget(CPU_BUDGET)
     a, ta = _path_table(old, clock.share(0.25))
     b, tb = _path_table(new, clock.share(0.25))
     report.paths_old, report.paths_new, report.paths_truncated = len(a), len(b), ta or tb
@@ -307,7 +299,7 @@ def joint_scenario(old: ir.Scenario, new: ir.Scenario) -> tuple[ir.Scenario, _Si
 
 
 class _Walk:
-    def __init__(self, joint: ir.Scenario, old: _Side, new: _Side, budget: int, clock: _Clock):
+    def __init__(self, joint: ir.Scenario, old: _Side, new: _Side, budget: int, clock: CpuBudget):
         self.joint = joint
         self.old = old
         self.new = new
@@ -461,7 +453,7 @@ def _decide(scenario: ir.Scenario, values: Mapping[str, Any]) -> Decision | None
 
 
 def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport, budget: int,
-                         max_witnesses: int = MAX_WITNESSES, clock: _Clock | None = None) -> None:
+                         max_witnesses: int = MAX_WITNESSES, clock: CpuBudget | None = None) -> None:
     """Inputs on which OLD and NEW decide differently. A procedure is compared in its unrolled form
     (one variable per look, one stage copy per visit: `unroll`), where every look can take its own
     value. Lists and records are compared as they are written (the witness search tries sample lists);
@@ -469,7 +461,7 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
     `lower`: item conditions decided exactly) within `RETRY_BUDGET` regions, and that answer is kept
     when it is complete. Witnesses are lifted back to the source form and verified there by the engine.
     Everything runs within `clock` (CPU seconds): past it, the answer says where the walk stopped."""
-    clock = clock or _Clock(CPU_BUDGET)
+    clock = clock or CpuBudget(CPU_BUDGET)
     for name in sorted(set(old.variables) | set(new.variables)):
         in_old, in_new = name in old.variables, name in new.variables
         if in_old != in_new and (old.variables.get(name) or new.variables[name]).role != "derived":
@@ -477,13 +469,19 @@ def decision_differences(old: ir.Scenario, new: ir.Scenario, report: DiffReport,
     report.text_inputs = sorted(text_names(old) | text_names(new))
     try:
         forms = (analysis_form(old), analysis_form(new)) if old.procedural or new.procedural else None
-        first = _compare(old, new, forms, budget, max_witnesses, clock)
-        if first.undecided and not first.exhausted and (needs_analysis_form(old) or needs_analysis_form(new)):
-            lowered = (analysis_form(old), analysis_form(new))
-            if lowered != forms:
-                retry = _compare(old, new, lowered, min(budget, RETRY_BUDGET), max_witnesses, clock)
-                if not retry.exhausted and retry.undecided < first.undecided:
-                    first = retry
+        with active(clock):  # a question past the budget stops the walk (`budget.OutOfCpu`, below)
+            first = _compare(old, new, forms, budget, max_witnesses, clock)
+            if first.undecided and not first.exhausted and (needs_analysis_form(old) or needs_analysis_form(new)):
+                lowered = (analysis_form(old), analysis_form(new))
+                if lowered != forms:
+                    retry = _compare(old, new, lowered, min(budget, RETRY_BUDGET), max_witnesses, clock)
+                    if not retry.exhausted and retry.undecided < first.undecided:
+                        first = retry
+    except OutOfCpu:
+        report.unproven.append(f"the comparison stopped at its CPU budget of {clock.seconds:g} s while deciding "
+                               "which branches the values reaching a stage can take: routes not reached may "
+                               "still differ (raise --cpu-budget)")
+        return
     except UnrollError as exc:
         report.unproven.append(f"the programs could not be put in analysis form for the comparison: {exc}")
         report.compared = False
@@ -522,13 +520,29 @@ class _Compared(BaseModel):
 
 
 def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled] | None, budget: int,
-             max_witnesses: int, clock: _Clock) -> _Compared:
+             max_witnesses: int, clock: CpuBudget) -> _Compared:
     """One product walk of the two versions (in `forms` when given), raising DiffError when no input
     is valid for both."""
     flat_old, flat_new = (forms[0].scenario, forms[1].scenario) if forms else (old, new)
     joint, a, b = joint_scenario(flat_old, flat_new)
     walk = _Walk(joint, a, b, budget, clock)
     out = _Compared()
+    try:
+        _walk_leaves(walk, out, joint, forms, (old, new, flat_old, flat_new), max_witnesses, clock)
+    except OutOfCpu:  # inside a feasibility question (`budget.active`): what was found so far stands
+        walk.exhausted = walk.out_of_time = True
+        walk.where = walk.where or "a feasibility question of the product walk"
+    # a witness search cut short by the clock left its region undecided: say that the budget did it
+    out.exhausted, out.out_of_time, out.where = walk.exhausted, walk.out_of_time or clock.out(), walk.where
+    return out
+
+
+def _walk_leaves(walk: _Walk, out: _Compared, joint: ir.Scenario, forms: tuple[Unrolled, Unrolled] | None,
+                 programs: tuple[ir.Scenario, ir.Scenario, ir.Scenario, ir.Scenario], max_witnesses: int,
+                 clock: CpuBudget) -> None:
+    """The pairs of leaves (OLD, NEW) that end differently, each checked for a verified witness (into `out`)."""
+    old, new, flat_old, flat_new = programs
+    a, b = walk.old, walk.new
     for old_leaf in walk.leaves(a, [domain.full_box(joint)]):
         want = _outcome(a, old_leaf)
         for new_leaf in walk.leaves(b, old_leaf[2]):
@@ -551,8 +565,6 @@ def _compare(old: ir.Scenario, new: ir.Scenario, forms: tuple[Unrolled, Unrolled
                 out.witnesses.append(found)
         if walk.exhausted:
             break
-    out.exhausted, out.out_of_time, out.where = walk.exhausted, walk.out_of_time, walk.where
-    return out
 
 
 def _lifted(found: Witness, forms: tuple[Unrolled, Unrolled], old: ir.Scenario,
@@ -587,7 +599,7 @@ def _differing(values: dict[str, Any], old: ir.Scenario, new: ir.Scenario) -> Wi
 
 
 def _verified_witness(joint: ir.Scenario, boxes: Sequence[domain.Box], old: ir.Scenario,
-                      new: ir.Scenario, clock: _Clock) -> Witness | None:
+                      new: ir.Scenario, clock: CpuBudget) -> Witness | None:
     for box in boxes:
         if clock.out():
             return None
@@ -626,11 +638,11 @@ def case_changes(new: ir.Scenario, cases: Sequence[Case], report: DiffReport) ->
 
 
 def diff(old: ir.Scenario, new: ir.Scenario, *, cases: Sequence[Case] = (), budget: int = DEFAULT_BUDGET,
-         old_name: str = "OLD", new_name: str = "NEW", cpu_budget: float = CPU_BUDGET) -> DiffReport:
+         old_name: str = "OLD", new_name: str = "NEW", cpu_budget: float | CpuBudget = CPU_BUDGET) -> DiffReport:
     """The semantic diff of two versions (`sop diff`), answered within `cpu_budget` CPU seconds (past it,
     `unproven` says where the comparison stopped) and `budget` regions of the product walk."""
     report = DiffReport(old=old_name, new=new_name, paths_old=0, paths_new=0)
-    clock = _Clock(cpu_budget)
+    clock = budget_of(cpu_budget, CPU_BUDGET)  # seconds, or the command's budget (its loading took a part)
     path_changes(old, new, report, clock)
     decision_differences(old, new, report, budget, clock=clock)
     if cases:

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.language.fmt import print_node, show_expr
+from sopgraph.logic.budget import VALIDATE_CPU_BUDGET, CpuBudget, budget_of
 from sopgraph.logic.engine import NOW, DecideError, Decision, Interpreter, interpret
 
 DEFAULT_BUDGET = 300  # candidate edits tried per mismatch group
@@ -1077,9 +1078,9 @@ def _row_ok(scenario: ir.Scenario, row: RowResult) -> bool:
 
 def search(scenario: ir.Scenario, stage_ids: Sequence[str], group: Sequence[RowResult],
            rows: Sequence[RowResult], budget: int = DEFAULT_BUDGET,
-           keep: int = 3) -> tuple[list[Candidate], int, bool]:
+           keep: int = 3, clock: CpuBudget | None = None) -> tuple[list[Candidate], int, bool]:
     """The best single edits at the given stages (deepest first, sharing one budget):
-    (candidates ranked by fixes minus breaks, edits tried, budget hit)."""
+    (candidates ranked by fixes minus breaks, edits tried, budget hit: `budget` edits, or `clock` out)."""
     found: list[Candidate] = []
     tried = 0
     seen: set[tuple[str, str, str]] = set()
@@ -1091,7 +1092,7 @@ def search(scenario: ir.Scenario, stage_ids: Sequence[str], group: Sequence[RowR
         if key in seen:
             continue
         seen.add(key)
-        if tried >= budget:
+        if tried >= budget or (clock is not None and clock.out()):
             return _best(found, keep), tried, True
         tried += 1
         try:
@@ -1137,6 +1138,7 @@ class Group(BaseModel):
     candidates: list[Candidate] = Field(default_factory=list)
     tried: int = 0
     budget_hit: bool = False
+    out_of_time: bool = False  # the search stopped at the command's CPU budget (`budget_hit` too)
     stopped: list[str] = Field(default_factory=list)  # where rows that lack a value stopped (`stage (Var)`)
 
 
@@ -1207,9 +1209,13 @@ def row_columns(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], dict[str,
 
 def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect: Mapping[str, str],
              mapping: Mapping[str, str] | None = None, now: str | dt.date | None = None,
-             budget: int = DEFAULT_BUDGET, file: str = "", data: str = "") -> Report:
+             budget: int = DEFAULT_BUDGET, file: str = "", data: str = "",
+             cpu_budget: float | CpuBudget = VALIDATE_CPU_BUDGET) -> Report:
     """Decide every row, compare, group the mismatches and search explaining edits. `now` is `--now`:
-    the program's `now` and the day that dates in numeric columns count to."""
+    the program's `now` and the day that dates in numeric columns count to. The edit search stops at
+    `cpu_budget` (CPU seconds, or the command's `CpuBudget`): the group where it stopped says so, later
+    groups are not searched; every row is still decided and compared."""
+    clock = budget_of(cpu_budget, VALIDATE_CPU_BUDGET)
     now_text, today = reference_time(now)
     columns, nested = row_columns(rows)
     plan = plan_columns(scenario, columns, expect, mapping or {}, nested)
@@ -1240,7 +1246,8 @@ def validate(scenario: ir.Scenario, rows: Sequence[Mapping[str, Any]], *, expect
                       stopped=sorted({f"{r.path[-1]} ({r.needs})" for r in members if r.needs and r.path}))
         if stage != "-":
             group.candidates, group.tried, group.budget_hit = search(scenario, routes[(stage, want, got)],
-                                                                     members, results, budget)
+                                                                     members, results, budget, clock=clock)
+            group.out_of_time = group.budget_hit and clock.out()
         groups.append(group)
     _link_shared(groups)
     correct = sum(1 for r in results if r.ok)
@@ -1317,9 +1324,12 @@ def render_text(report: Report, *, max_rows: int = 10) -> str:
                        f"values leads to {g.expected} from there")
         for c in g.candidates:
             out.append(f"  - {_shared(c, number)}")
-        if g.stage != "-" and not g.candidates:
+        if g.stage != "-" and not g.candidates and not g.out_of_time:
             out.append(f"  no single edit of {g.stage} explains these rows ({g.tried} tried)")
-        if g.budget_hit:
+        if g.out_of_time:
+            out.append(f"  (search stopped at its CPU budget at stage {g.stage} after {g.tried} candidate edits; "
+                       "raise --cpu-budget)")
+        elif g.budget_hit:
             out.append(f"  (search stopped at the budget of {g.tried} candidate edits; raise --budget)")
     return "\n".join(out) + "\n"
 

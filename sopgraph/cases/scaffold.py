@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.program import value_meaning
 from sopgraph.logic import paths as paths_mod
+from sopgraph.logic.budget import CpuBudget, OutOfCpu, active
 from sopgraph.logic.guards import NEGATED_OP
 
 NAME_RE = re.compile(r"^[^\W\d]\w*$")
@@ -301,15 +304,27 @@ def _starter_description(scenario: ir.Scenario, requires: dict[str, Any], relati
     return text[:1].upper() + text[1:] + "."
 
 
-def starter_profile(scenario: ir.Scenario) -> tuple[str, int, int]:
+def _within(infos: Iterator[Any], clock: CpuBudget | None) -> Iterator[Any]:
+    """The paths of `infos`, each found with `clock` active, until it runs out (None: all of them)."""
+    while clock is None or not clock.out():
+        try:
+            with active(clock) if clock is not None else nullcontext():
+                info = next(infos)
+        except (StopIteration, OutOfCpu):
+            return
+        yield info
+
+
+def starter_profile(scenario: ir.Scenario, *, clock: CpuBudget | None = None) -> tuple[str, int, int]:
     """A profile to edit for `scenario`: one intent per distinct set of field values its paths require
     (the classification fields of enum and bool type, read from each path's constraints), described
     from the fields' `Value = meaning` texts, with the paths and final actions each one reaches in a
     comment; and every system variable under `variables:` with what the user knows of it. Returns
-    (YAML text, intents, paths read). It loads without errors; its descriptions are a first draft."""
+    (YAML text, intents, paths read). It loads without errors; its descriptions are a first draft.
+    Within `clock` (a command's CPU budget): past it, no more paths are read (`clock.out()` tells)."""
     groups: dict[str, dict[str, Any]] = {}
     read = 0
-    for info in paths_mod.iter_paths(scenario, limit=_PATHS_READ, witnesses=False):
+    for info in _within(paths_mod.iter_paths(scenario, limit=_PATHS_READ, witnesses=False), clock):
         read += 1
         requires = _field_requires(scenario, info.constraints)
         relations = _field_relations(scenario, info)

@@ -57,7 +57,7 @@ from sopgraph.language.diagnostics import Diagnostic, did_you_mean, mark_text_va
 from sopgraph.language.parse import scenario_expressions
 from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
-from sopgraph.logic.budget import SYNTH_CPU_BUDGET, CpuBudget
+from sopgraph.logic.budget import SYNTH_CPU_BUDGET, CpuBudget, OutOfCpu, active
 from sopgraph.logic.domain import NumDom
 from sopgraph.logic.engine import DecideError, Interpreter, engine_for, looks_taken
 from sopgraph.logic.lower import LowerError, analysis_form, needs_analysis_form, reads_positions
@@ -294,14 +294,21 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
             return plan(flat, profile, sample=sample, seed=seed, form=form, cpu_budget=clock)
         except (UnrollError, LowerError) as exc:
             raise SynthError(f"cannot synthesize cases: {exc}") from None
-    count = paths_mod.count_paths(scenario)
+    count = paths_mod.count_paths(scenario, cpu_budget=clock)
     explorer = paths_mod.explorer_for(scenario)
     entries: list[PathEntry] = []
     skipped: list[Skip] = []
-    uncounted = f"more than {count.feasible:,} feasible paths (too many to count)"
+    uncounted = count.stopped or f"more than {count.feasible:,} feasible paths (too many to count)"
     if sample is not None and (count.feasible > PLAN_PATH_LIMIT or not count.complete):
-        drawn = paths_mod.sample_paths(scenario, max(1, sample), seed=seed, weights="action", unique=True,
-                                       written=form is None)
+        try:
+            with active(clock):
+                drawn = paths_mod.sample_paths(scenario, max(1, sample), seed=seed, weights="action", unique=True,
+                                               written=form is None)
+        except OutOfCpu:
+            drawn = []
+            skipped.append(Skip(kind="paths", name="budget", reason=(
+                f"synthesis reached its CPU budget ({clock.describe()}) while drawing {sample} paths"
+                + (f" ({count.stopped})" if count.stopped else "") + ": none was planned")))
         infos: Iterable[Any] = sorted(drawn, key=lambda info: (info.rank, info.id))
         if not count.complete:
             skipped.append(Skip(kind="paths", name="count", reason=f"{uncounted}: paths drawn by a random walk, "
@@ -313,7 +320,7 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
     else:
         infos = paths_mod.iter_paths(scenario, written=form is None)
     rng = random.Random(seed)
-    for info in infos:
+    for info in _within(infos, clock, skipped):
         if clock.out():
             skipped.append(Skip(kind="paths", name="budget", reason=(
                 f"synthesis reached its CPU budget ({clock.describe()}) at path {info.id} "
@@ -370,6 +377,27 @@ def plan(scenario: ir.Scenario, profile: Profile, *, sample: int | None = None, 
 
 
 SAMPLES_PER_PATH = 200  # random members of a path's region tried when the proof gave up on its witness
+
+
+def _within(infos: Iterable[Any], clock: CpuBudget, skipped: list[Skip]) -> Iterator[Any]:
+    """The paths of `infos`, each found with `clock` active: a path whose branches cost more than the
+    budget left ends the listing with a skip that says after which path (instead of running on)."""
+    it = iter(infos)
+    last = None
+    while True:
+        try:
+            with active(clock):
+                info = next(it)
+        except StopIteration:
+            return
+        except OutOfCpu:
+            after = f"after path {last.id} ({' -> '.join(last.stages)})" if last is not None else "before the first path"
+            skipped.append(Skip(kind="paths", name="budget", reason=(
+                f"synthesis reached its CPU budget ({clock.describe()}) while listing the paths, {after}: the later "
+                "paths were not planned")))
+            return
+        last = info
+        yield info
 
 
 def _sampled_witness(scenario: ir.Scenario, space: domain.Space, info: Any, region: Sequence[Any],
@@ -1474,12 +1502,20 @@ def _quote(names: list[str]) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
 
-def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None) -> list[Diagnostic]:
+def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: Any = None,
+                        cpu_budget: float | CpuBudget = SYNTH_CPU_BUDGET) -> list[Diagnostic]:
     """Coverage problems of a profile: intents reaching no feasible path (W601) and feasible paths that
     no intent reaches (W602). Hook for `sop check` when a profile sits beside the `.sop`
-    (`the_plan`: a `synth.plan(scenario, profile)` already computed, to avoid redoing it)."""
-    p = the_plan if the_plan is not None else plan(scenario, profile)
+    (`the_plan`: a `synth.plan(scenario, profile)` already computed, to avoid redoing it; else planned
+    within `cpu_budget`: past it, I605 says where planning stopped, and the later paths are not checked)."""
+    p = the_plan if the_plan is not None else plan(scenario, profile, cpu_budget=cpu_budget)
     diags: list[Diagnostic] = []
+    for skip in p.skipped:
+        if skip.name == "budget":
+            diags.append(Diagnostic(code="I605", severity="info", message=f"profile check incomplete: {skip.reason}",
+                                    span=profile.intents_span or ir.Span(file=profile.file or "<profile>", line=1, col=1),
+                                    hint="intents and paths from there on were not checked (W601, W602); raise "
+                                         "--cpu-budget"))
     for name in p.unreached_intents:
         intent = profile.intents[name]
         diags.append(warning("W601", f"intent `{name}` reaches no feasible path of the SOP "
@@ -1514,9 +1550,11 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
     return diags
 
 
-def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario) -> tuple[list[Diagnostic], dict[str, str]]:
+def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario,
+                         cpu_budget: float | CpuBudget = SYNTH_CPU_BUDGET) -> tuple[list[Diagnostic], dict[str, str]]:
     """Every diagnostic of the profile beside a `.sop` (none when there is no profile), and its source
-    text for rendering. The one call `sop check` needs to report profile problems with the scenario's."""
+    text for rendering. The one call `sop check` needs to report profile problems with the scenario's
+    (within `cpu_budget`: `sop check` gives it what the file's analyses left of the file's budget)."""
     path = profile_path_for(sop_path)
     if not path.is_file():
         return [], {}
@@ -1525,5 +1563,5 @@ def check_profile_beside(sop_path: str | Path, scenario: ir.Scenario) -> tuple[l
         return problems, {}
     profile, diags = parse_profile(text, scenario, file=str(path))
     if profile is not None:
-        diags = diags + profile_diagnostics(scenario, profile)
+        diags = diags + profile_diagnostics(scenario, profile, cpu_budget=cpu_budget)
     return diags, {str(path): text}

@@ -19,6 +19,7 @@ import click
 
 from sopgraph._version import __version__
 from sopgraph.errors import Error
+from sopgraph.logic.budget import OutOfCpu
 from sopgraph.perf import tune_gc_for_cli
 
 
@@ -60,6 +61,11 @@ class _Sop(click.Group):
         except sqlite3.DatabaseError as exc:
             click.echo(f"error: a run store could not be read ({exc}); restore it from a backup or start a "
                        "new run in another directory", err=True)
+            ctx.exit(1)
+        except OutOfCpu as stop:
+            # An analysis that made its budget active catches this and says where it stopped; one that
+            # did not is a bug, but the command still ends with a line, never a traceback.
+            click.echo(f"error: {stop} (raise --cpu-budget)", err=True)
             ctx.exit(1)
         except Error as exc:
             # The one mapping of the library's root error: a problem sopgraph reports (bad input, a store

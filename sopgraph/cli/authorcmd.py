@@ -22,13 +22,14 @@ from sopgraph.authoring.validate import (
     render_text,
     validate,
 )
-from sopgraph.language.diagnostics import SopError
+from sopgraph.language.diagnostics import SopError, render_all
 from sopgraph.language.fmt import format_text
 from sopgraph.language.ir import Scenario
-from sopgraph.logic.checker import load
+from sopgraph.logic.budget import LOAD_SHARE, VALIDATE_CPU_BUDGET, CpuBudget
+from sopgraph.logic.checker import load_noted
 from sopgraph.simulation.runner import RunError, read_cases
 
-from .params import fail, load_or_exit, now_option, sop_file
+from .params import cpu_budget_option, fail, include_dirs, load_or_exit, now_option, sop_file
 
 
 @click.command("fmt")
@@ -94,15 +95,18 @@ def fmt_cmd(files: tuple[Path, ...], check: bool, show_diff: bool, to_stdout: bo
 @click.option("--min-accuracy", default=None, type=click.FloatRange(0, 1),
               help="Exit 1 when accuracy is below this (0..1).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@cpu_budget_option(VALIDATE_CPU_BUDGET, "past it the search for explaining edits stops and the group where it "
+                   "stopped says so (every row is still decided; the exit status is unchanged)")
 def validate_cmd(file: Path, data: Path, expects: tuple[str, ...], maps: tuple[str, ...], now: str | None,
-                 budget: int, min_accuracy: float | None, fmt: str) -> None:
+                 budget: int, min_accuracy: float | None, fmt: str, cpu_budget: float = VALIDATE_CPU_BUDGET) -> None:
     """Decide every row of labelled data with FILE; report accuracy, a confusion matrix, and where
     and why the SOP disagrees (with the nearest edits that explain the rows)."""
-    scenario = load_or_exit(file)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: loading checks, then the edit search
+    scenario = load_or_exit(file, cpu_budget=clock.share(LOAD_SHARE))
     try:
         report = validate(scenario, read_rows(data), expect=parse_pairs(expects, "--expect"),
                           mapping=parse_pairs(maps, "--map"), now=now, budget=budget, file=str(file),
-                          data=str(data))
+                          data=str(data), cpu_budget=clock)
     except ValidateError as exc:
         fail(str(exc), 2)
     if fmt == "json":
@@ -121,10 +125,10 @@ def validate_cmd(file: Path, data: Path, expects: tuple[str, ...], maps: tuple[s
               help="Test cases (JSON Lines): report those whose reference path or finals change.")
 @click.option("--budget", default=DIFF_BUDGET, show_default=True, type=click.IntRange(1),
               help="Regions the equivalence check may explore.")
-@click.option("--cpu-budget", default=DIFF_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
-              help="CPU seconds the comparison may take before it answers (exit 3 says where it stopped).")
+@cpu_budget_option(DIFF_CPU_BUDGET, "past it the comparison answers: exit 3 says where it stopped")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, cpu_budget: float, fmt: str) -> None:
+def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, fmt: str,
+             cpu_budget: float = DIFF_CPU_BUDGET) -> None:
     """Semantic diff of two versions of an SOP: paths added, removed and changed; inputs on which
     they decide differently (verified by the engine); cases whose expectations change.
 
@@ -132,8 +136,9 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, cpu_bud
     an input changed type so that no input is valid for both), 2 error (a file does not load, bad cases file),
     3 no difference found but not proven (the budget ran out, or outputs written differently stayed undecided).
     """
-    a = _load_or_2(old)
-    b = _load_or_2(new)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: both files' loading checks, then the comparison
+    a = _load_or_2(old, clock.share(LOAD_SHARE / 2))
+    b = _load_or_2(new, clock.share(LOAD_SHARE / 2))
     cases = []
     if cases_path is not None:
         try:
@@ -141,7 +146,7 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, cpu_bud
         except RunError as exc:
             fail(str(exc), 2)
     report = semantic_diff(a, b, cases=cases, budget=budget, old_name=str(old), new_name=str(new),
-                           cpu_budget=cpu_budget)
+                           cpu_budget=clock)
     if fmt == "json":
         data = report.model_dump()
         data.update(equivalent=report.equivalent, proven=report.proven)
@@ -151,10 +156,15 @@ def diff_cmd(old: Path, new: Path, cases_path: Path | None, budget: int, cpu_bud
     sys.exit(1 if not report.equivalent else 0 if report.proven else 3)
 
 
-def _load_or_2(path: Path) -> Scenario:
-    """Like load_or_exit, but exit 2: for `sop diff`, 1 means "different"."""
+def _load_or_2(path: Path, clock: CpuBudget) -> Scenario:
+    """Like load_or_exit (the load-time checks within `clock`, their notes on stderr), but exit 2: for
+    `sop diff`, 1 means "different". The flow proofs are `sop check`'s: they would take the comparison's time."""
     try:
-        return load(path)
+        loaded = load_noted(path, flow=False, include_path=include_dirs(), cpu_budget=clock)
     except SopError as exc:
         click.echo(exc.render(), err=True)
         sys.exit(2)
+    for text in render_all(loaded.diagnostics, loaded.sources):
+        click.echo(text, err=True)
+    assert loaded.scenario is not None
+    return loaded.scenario

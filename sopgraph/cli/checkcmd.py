@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from contextlib import nullcontext
@@ -13,8 +12,8 @@ import click
 
 from sopgraph.cli.params import include_dirs, keep_until_exit, owns_process
 from sopgraph.language.diagnostics import SourceLines, sort_key
-from sopgraph.logic.budget import CHECK_CPU_BUDGET
-from sopgraph.logic.checker import PASSES, Checked, Pass, check_file, check_flow
+from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget
+from sopgraph.logic.checker import Checked, check_file
 from sopgraph.perf import batch_gc, build_then_freeze
 
 
@@ -46,9 +45,10 @@ def render(diag: Any, sources: dict[str, str], split: dict[str, SourceLines] | N
     return text
 
 
-def _profile_result(result: Checked, path: Path) -> Checked | None:
+def _profile_result(result: Checked, path: Path, clock: CpuBudget) -> Checked | None:
     """The user profile beside the `.sop` (NAME.profile.yaml) is part of the scenario: check it too,
-    once the program itself has no errors, as a result of its own (its file name, its own counts)."""
+    once the program itself has no errors, as a result of its own (its file name, its own counts),
+    within what the file's analyses left of `clock`."""
     if result.scenario is None or result.errors:
         return None
     # Imported here: profiles and synthesis (yaml, the solver) cost start-up that `--no-profile` and a
@@ -56,18 +56,10 @@ def _profile_result(result: Checked, path: Path) -> Checked | None:
     from sopgraph.cases.profiles import profile_path_for
     from sopgraph.cases.synth import check_profile_beside
 
-    diags, sources = check_profile_beside(path, result.scenario)
+    diags, sources = check_profile_beside(path, result.scenario, cpu_budget=clock)
     if not diags and not sources:
         return None
     return Checked(file=str(profile_path_for(path)), diagnostics=sorted(diags, key=sort_key), sources=sources)
-
-
-def _passes(cpu_budget: float) -> tuple[Pass, ...] | None:
-    """The checker's passes with the flow pass given `cpu_budget` (None: the default passes)."""
-    if cpu_budget == CHECK_CPU_BUDGET:
-        return None
-    flow = functools.partial(check_flow, cpu_budget=cpu_budget)
-    return tuple(Pass(p.name, flow, p.blocked_by) if p.name == "flow" else p for p in PASSES)
 
 
 ECHO_BATCH = 1000  # rendered diagnostics written at once (100k warnings were 200k writes and flushes)
@@ -84,8 +76,11 @@ def _plural(n: int, word: str) -> str:
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--no-profile", is_flag=True, help="Do not check the user profile beside each FILE.")
 @click.option("--cpu-budget", default=CHECK_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
-              help="CPU seconds for the flow analysis of each FILE; past it, an I302 note says at which stage "
-                   "and on which question it stopped (what was found so far is still reported).")
+              metavar="SECONDS",
+              help="CPU seconds for the analyses of each FILE (flow up to 75 %, output ranges, optional reads, then "
+                   "the profile beside it); past it, a note (I302, I304, I303, I605) says at which stage and on "
+                   "which question each stopped (what was found so far is still reported; the exit status is "
+                   "unchanged).")
 def check_cmd(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bool, cpu_budget: float) -> None:
     """Statically check FILE... (names, types, flow, reachability, unused declarations).
 
@@ -106,9 +101,10 @@ def _check_files(files: tuple[Path, ...], fmt: str, strict: bool, no_profile: bo
     # As the process, the loading runs without the cyclic collector and its IR is frozen (`perf.build_then_freeze`)
     loading = build_then_freeze if owns_process() else nullcontext
     for f in files:
-        result = check_file(f, include_path=include_dirs(), loading=loading, passes=_passes(cpu_budget))
+        clock = CpuBudget(cpu_budget)  # each FILE's one budget: its analyses, then its profile's
+        result = check_file(f, include_path=include_dirs(), loading=loading, cpu_budget=clock)
         results.append(result)
-        profile = None if no_profile else _profile_result(result, f)
+        profile = None if no_profile else _profile_result(result, f, clock)
         if profile is not None:
             results.append(profile)
             profile_results.append(profile)

@@ -20,11 +20,12 @@ import click
 from sopgraph.cases.synth import SynthError, parse_mix, plan, synthesize_stream
 from sopgraph.evaluation.report import report_for_runs
 from sopgraph.evaluation.score import ScoreConfig, score_run
+from sopgraph.logic.budget import LOAD_SHARE, SYNTH_CPU_BUDGET, CpuBudget
 from sopgraph.simulation.gateway import ModelOptionError, parse_model_option
 from sopgraph.simulation.runner import RunError, in_own_loop, run
 from sopgraph.simulation.store import STORE_FILE
 
-from .params import fail, load_or_exit, sop_file
+from .params import cpu_budget_option, fail, load_or_exit, sop_file
 from .runcmd import EXIT_INFRA
 from .scorecmd import EXIT_GATE, gate_options, guard, parse_gate, render_score, report_gate
 from .synthcmd import EXIT_COVERAGE, load_profile_or_exit, report_coverage_gaps
@@ -65,12 +66,13 @@ def _check_manifest(out: Path, wanted: dict[str, Any]) -> bool:
 
 
 def _synth_cases(file: Path, scenario: Any, profile_path: Path | None, n: int, seed: int, target: Path,
-                 allow_gaps: bool) -> str:
+                 allow_gaps: bool, clock: CpuBudget | None = None) -> str:
     """Write the cases (atomically: an interrupted synthesis leaves no half file) and check coverage."""
     profile = load_profile_or_exit(file, scenario, profile_path)
     try:
         stream = synthesize_stream(scenario, profile, n, seed, intensity_mix=parse_mix("zero=1,weak=1,strong=1"),
-                                   the_plan=plan(scenario, profile, sample=n, seed=seed))
+                                   the_plan=plan(scenario, profile, sample=n, seed=seed,
+                                                 cpu_budget=clock or SYNTH_CPU_BUDGET))
         tmp = target.with_name(target.name + ".part")
         stream.write(tmp)
     except SynthError as exc:
@@ -104,9 +106,11 @@ def _synth_cases(file: Path, scenario: Any, profile_path: Path | None, n: int, s
                    "(docs/environments.md).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no score tables.")
 @gate_options
+@cpu_budget_option(SYNTH_CPU_BUDGET, "the checks at loading and planning the cases: past it, as for `sop synth` "
+                   "(the skip says where planning stopped)")
 def eval_cmd(file: Path, models: tuple[str, ...], n: int, seed: int, out: Path, profile_path: Path | None,
              trials: int, max_turns: int, concurrency: int, allow_gaps: bool, env: str | None, quiet: bool,
-             fail_under: tuple[str, ...], fail_over: tuple[str, ...]) -> None:
+             fail_under: tuple[str, ...], fail_over: tuple[str, ...], cpu_budget: float = SYNTH_CPU_BUDGET) -> None:
     """Evaluate an agent on FILE in one command: synthesize cases, run and judge the dialogues, score
     them, write the HTML report, and check the --fail-under / --fail-over thresholds.
 
@@ -120,7 +124,8 @@ def eval_cmd(file: Path, models: tuple[str, ...], n: int, seed: int, out: Path, 
         fail(str(exc), code=2)
     if not any(s.role == "agent" for s in specs):
         fail("no agent model: pass --model agent=PROVIDER/MODEL (offline floor: --model agent=baseline/oracle)", code=2)
-    scenario = load_or_exit(file)
+    clock = CpuBudget(cpu_budget)  # the command's one budget for its analyses: loading checks, then planning
+    scenario = load_or_exit(file, cpu_budget=clock.share(LOAD_SHARE))
     wanted = _manifest(file, scenario, n, seed, profile_path, models, trials, max_turns)
     if env is not None:  # (absent otherwise: an evaluation without an environment keeps its manifest)
         wanted["env"] = env
@@ -130,7 +135,7 @@ def eval_cmd(file: Path, models: tuple[str, ...], n: int, seed: int, out: Path, 
     if resuming and cases.is_file():
         click.echo(f"cases   {cases} (kept)", err=True)
     else:
-        said = _synth_cases(file, scenario, profile_path, n, seed, cases, allow_gaps)
+        said = _synth_cases(file, scenario, profile_path, n, seed, cases, allow_gaps, clock)
         (out / MANIFEST).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         click.echo(f"cases   {cases} ({said})", err=True)
     resume = (run_dir / STORE_FILE).exists()

@@ -13,10 +13,11 @@ import click
 
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
 from sopgraph.language.render import to_dot
+from sopgraph.logic.budget import LOAD_CPU_BUDGET
 from sopgraph.logic.engine import DecideError, engine_for, has_action_trace, undeclared_inputs
 from sopgraph.logic.session import End, Need, Session, start
 
-from .params import load_or_exit, now_option, sop_file, write_output
+from .params import LOAD_ONLY, cpu_budget_option, load_or_exit, now_option, sop_file, write_output
 
 
 @click.command("compile")
@@ -25,9 +26,10 @@ from .params import load_or_exit, now_option, sop_file, write_output
               help="Write here instead of stdout.")
 @click.option("--format", "fmt", type=click.Choice(["json", "graphml", "dot"]), default="json",
               show_default=True, help="node-link JSON, GraphML, or Graphviz DOT.")
-def compile_cmd(file: Path, out: Path | None, fmt: str) -> None:
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
+def compile_cmd(file: Path, out: Path | None, fmt: str, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Compile FILE into its SOP graph (deterministic output)."""
-    scenario = load_or_exit(file)
+    scenario = load_or_exit(file, cpu_budget=cpu_budget)
     graph = compile_graph(scenario)
     if fmt == "json":
         text = graph_to_json(graph)
@@ -44,7 +46,8 @@ def compile_cmd(file: Path, out: Path | None, fmt: str) -> None:
 @click.option("--values", "values_json", default=None, metavar="JSON",
               help="One JSON object of field/system values. Without it, JSON Lines are read from stdin.")
 @now_option("for every input that does not give its own")
-def decide_cmd(file: Path, values_json: str | None, now: str | None) -> None:
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
+def decide_cmd(file: Path, values_json: str | None, now: str | None, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Reference path and finals for values (one JSON line out per input, in order).
 
     Output per line: {"path": [...], "finals": {...}} or {"error": "..."}; the batch continues
@@ -56,7 +59,7 @@ def decide_cmd(file: Path, values_json: str | None, now: str | None) -> None:
     [{"name", "args"}, ...] in order. A program that reads `now` needs the reference time: a
     "now" key in the line, or --now for every line (never the clock).
     """
-    scenario = load_or_exit(file)
+    scenario = load_or_exit(file, cpu_budget=cpu_budget)
     engine = engine_for(scenario)
     with_actions = has_action_trace(scenario)
     if values_json is not None:
@@ -95,7 +98,8 @@ def decide_cmd(file: Path, values_json: str | None, now: str | None) -> None:
               help="Values known before the run starts (one JSON object; observed variables: the list of "
                    "their looks so far). The rest are asked for on stdout.")
 @now_option("if the program reads it and --values does not give it")
-def step_cmd(file: Path, values_json: str | None, now: str | None) -> None:
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
+def step_cmd(file: Path, values_json: str | None, now: str | None, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Run FILE step by step over JSON Lines: a line protocol for programs in any language.
 
     The tool writes one JSON object per line to stdout (flushed at once) and reads one per line from
@@ -107,7 +111,7 @@ def step_cmd(file: Path, values_json: str | None, now: str | None) -> None:
     the request again. A run that fails (a value the engine refuses, no branch applies) ends with
     {"error": ...} and exit 1, and so does input that ends before the run does. See docs/step.md.
     """
-    scenario = load_or_exit(file)
+    scenario = load_or_exit(file, cpu_budget=cpu_budget)
     given: dict[str, Any] = {}
     if values_json is not None:
         parsed, record = parse_line(values_json, 1)

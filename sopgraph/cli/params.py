@@ -11,9 +11,10 @@ import click
 
 from sopgraph.cli import KEEP_UNTIL_EXIT, OWNS_PROCESS
 from sopgraph.language import scalars
-from sopgraph.language.diagnostics import SopError
+from sopgraph.language.diagnostics import SopError, render_all
 from sopgraph.language.ir import Scenario
-from sopgraph.logic.checker import load
+from sopgraph.logic.budget import CpuBudget
+from sopgraph.logic.checker import load_noted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,17 +83,36 @@ def keep_until_exit(value: object) -> None:
         root.obj[KEEP_UNTIL_EXIT] = value
 
 
-def load_or_exit(path: Path, *, check: bool = True, flow: bool = False) -> Scenario:
+def cpu_budget_option(default: float, what: str) -> Callable[[F], F]:
+    """`--cpu-budget SECONDS`: the one CPU budget of a command, shared by all its analyses; `what` says
+    what the command does past it (every command stops its analyses and says where; none fails for it)."""
+    return click.option("--cpu-budget", "cpu_budget", default=default, show_default=True, metavar="SECONDS",
+                        type=click.FloatRange(min=0),
+                        help=f"CPU seconds for the analyses of this command (loading checks included); {what}.")
+
+
+LOAD_ONLY = "past it, a note on stderr says which load-time check stopped, where and on what; the command goes on"
+"""`cpu_budget_option`'s text for a command whose only analyses are the load-time checks."""
+
+
+def load_or_exit(path: Path, *, check: bool = True, flow: bool = False,
+                 cpu_budget: float | CpuBudget | None = None) -> Scenario:
     """Load (and check) a `.sop` file; on problems print compiler diagnostics and exit 1.
     Commands that only run an SOP skip the flow proofs (`flow=False`): names, types and structure
-    are checked, exhaustiveness is enforced by the engine at run time; `sop check` proves the rest."""
+    are checked, exhaustiveness is enforced by the engine at run time; `sop check` proves the rest.
+    The checks' analyses draw on `cpu_budget` (the command's `--cpu-budget`, or its part of it); a check
+    cut short prints its located note (I302-I304) on stderr and the command goes on."""
     try:
-        return load(path, check=check, flow=flow, include_path=include_dirs())
+        loaded = load_noted(path, check=check, flow=flow, include_path=include_dirs(), cpu_budget=cpu_budget)
     except SopError as exc:
         click.echo(exc.render(), err=True)
         n = sum(1 for d in exc.diagnostics if d.is_error)
         click.echo(f"\n{n} error{'s' if n != 1 else ''} in {path}", err=True)
         sys.exit(1)
+    for text in render_all(loaded.diagnostics, loaded.sources):
+        click.echo(text, err=True)
+    assert loaded.scenario is not None
+    return loaded.scenario
 
 
 def write_output(text: str, out: Path | None) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
-from sopgraph.logic.budget import PATHS_CPU_BUDGET, CpuBudget
+from sopgraph.logic.budget import LOAD_SHARE, PATHS_CPU_BUDGET, CpuBudget, OutOfCpu, active
 from sopgraph.logic.paths import COUNT_BUDGET, count_paths, iter_paths, sample_paths
 
-from .params import fail, load_or_exit, sop_file
+from .params import cpu_budget_option, fail, load_or_exit, sop_file
 
 MAX_LISTED = 100_000  # a table or JSON array beyond this needs --limit / --sample / jsonl
 
@@ -54,16 +54,36 @@ def _table(infos: list[Any], title: str) -> None:
 
 def _within(stream: Iterator[Any], clock: CpuBudget) -> Iterator[Any]:
     """The paths of `stream` until `clock` runs out; then a note on stderr says after which path the
-    listing stopped (the paths listed are complete and verified; the later ones were not looked at)."""
+    listing stopped (the paths listed are complete and verified; the later ones were not looked at).
+    Each path is found with `clock` active, so one costly path does not run past it either."""
     last = None
-    for info in stream:
-        yield info
-        last = info
-        if clock.out():
-            after = f"after path {last.id} ({' -> '.join(last.stages)})"
+    while True:
+        try:
+            with active(clock):
+                info = next(stream)
+        except StopIteration:
+            return
+        except OutOfCpu:
+            info = None
+        if info is not None:
+            yield info
+            last = info
+        if info is None or clock.out():
+            after = f"after path {last.id} ({' -> '.join(last.stages)})" if last is not None else "before the first path"
             click.echo(f"note: the listing reached its CPU budget ({clock.describe()}) {after}; the later paths "
                        "were not listed (raise --cpu-budget, or use --limit N / --sample N)", err=True)
             return
+
+
+def _sampled(scenario: Any, n: int, seed: int, clock: CpuBudget) -> list[Any]:
+    """`sample_paths` within `clock`: past it, nothing is drawn and a note on stderr says so."""
+    try:
+        with active(clock):
+            return sample_paths(scenario, n, seed=seed)
+    except OutOfCpu:
+        click.echo(f"note: sampling reached its CPU budget ({clock.describe()}) before {n} paths were drawn and "
+                   "verified; none is shown (raise --cpu-budget, or use --limit N)", err=True)
+        return []
 
 
 def _relation(text: str) -> str:
@@ -83,8 +103,8 @@ def _relation(text: str) -> str:
 @click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
               help="N paths drawn uniformly at random (with replacement) instead of the full list.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --sample.")
-@click.option("--cpu-budget", default=PATHS_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
-              help="CPU seconds for listing paths; past it the listing stops and says after which path.")
+@cpu_budget_option(PATHS_CPU_BUDGET, "past it the listing stops and says after which path, and a count is "
+                   "a lower bound that says at which stage it stopped (exit 0 either way)")
 def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample: int | None, seed: int,
               cpu_budget: float = PATHS_CPU_BUDGET) -> None:
     """List the feasible paths of FILE: decisions from the entry stage to an action.
@@ -93,10 +113,15 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
     values must meet, and witnesses (values the rule engine routes along it). Paths marked `(?)`
     could be neither proven feasible nor refuted.
     """
-    scenario = load_or_exit(file)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: loading checks, count, listing
+    scenario = load_or_exit(file, cpu_budget=clock.share(LOAD_SHARE))
     if count_only:
-        c = count_paths(scenario)
-        if fmt == "table" and not c.complete:
+        c = count_paths(scenario, cpu_budget=clock)
+        if fmt == "table" and c.stopped:
+            known = f"at least {c.feasible:,} feasible paths (a lower bound)" if c.feasible \
+                else "the number of feasible paths is unknown"
+            click.echo(f"{known}: {c.stopped}; raise --cpu-budget, or list some with --limit N or --sample N")
+        elif fmt == "table" and not c.complete:
             click.echo(f"more than {c.feasible:,} feasible paths: too many to count (the count stopped at its "
                        f"budget of {COUNT_BUDGET:,} states); list some with --limit N or --sample N")
         elif fmt == "table":
@@ -108,17 +133,17 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
     if sample is not None and limit is not None:
         fail("use either --sample or --limit, not both", 2)
     if sample is None and limit is None and fmt != "jsonl":
-        counted = count_paths(scenario)
-        if counted.feasible > MAX_LISTED or not counted.complete:
+        counted = count_paths(scenario, cpu_budget=clock)
+        if counted.feasible > MAX_LISTED or (not counted.complete and not counted.stopped):
             many = f"{counted.feasible}" if counted.complete else f"more than {counted.feasible:,}"
             fail(f"{scenario.name} has {many} feasible paths: list them with --format jsonl, or use "
                  f"--limit N, --sample N or --count", 2)
     if sample is not None:
-        infos = sample_paths(scenario, sample, seed=seed)
+        infos = _sampled(scenario, sample, seed, clock)
         title = f"{scenario.name}: {len(infos)} sampled paths (seed {seed})"
-        stream = iter(infos)
+        stream: Iterator[Any] = iter(infos)
     else:
-        stream = _within(iter_paths(scenario, limit=limit), CpuBudget(cpu_budget))
+        stream = _within(iter_paths(scenario, limit=limit), clock)
         title = f"{scenario.name}: feasible paths"
     out = sys.stdout
     if fmt == "jsonl":
@@ -131,9 +156,10 @@ def paths_cmd(file: Path, fmt: str, limit: int | None, count_only: bool, sample:
         click.echo(json.dumps([p.model_dump(mode="json") for p in infos], indent=2, ensure_ascii=False))
         return
     if sample is None:
-        counted = count_paths(scenario)
+        counted = count_paths(scenario, cpu_budget=clock)
         total = counted.feasible
         shown = (f"{len(infos)} of {total}" if len(infos) < total else f"{total}") if counted.complete \
-            else f"{len(infos)} of more than {total:,}"
+            else f"{len(infos)} of more than {total:,}" if not counted.stopped \
+            else f"{len(infos)} of at least {total:,}" if total else f"{len(infos)} of an uncounted number of"
         title = f"{scenario.name}: {shown} feasible paths"
     _table(infos, title)

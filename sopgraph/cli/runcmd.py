@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from sopgraph.logic.budget import LOAD_CPU_BUDGET
 from sopgraph.simulation.gateway import (
     DEFAULT_BASE_DELAY,
     DEFAULT_MAX_DELAY,
@@ -22,7 +23,7 @@ from sopgraph.simulation.judge import parse_judge_turns
 from sopgraph.simulation.runner import RunError, in_own_loop, rejudge, run
 from sopgraph.simulation.store import RunStore, StoreError
 
-from .params import fail, load_or_exit
+from .params import LOAD_ONLY, cpu_budget_option, fail, load_or_exit
 
 EXIT_INFRA = 3  # the run finished but some dialogues are infra failures (resume to retry them)
 
@@ -86,11 +87,12 @@ def _model_options(values: tuple[str, ...]) -> list[Any]:
 @_quiet
 @_progress
 @_format
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
 def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], trials: int, concurrency: int,
             max_turns: int, workers: int, judge_turns: str, ray: str | None, structured: bool, env: str | None,
             out: Path | None, resume_dir: Path | None,
             retries: int, retry_delay: float, retry_max_delay: float, no_preflight: bool, no_cache: bool,
-            quiet: bool, progress: str, fmt: str) -> None:
+            quiet: bool, progress: str, fmt: str, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Simulate dialogues of FILE's cases with the agent under test, judge them, store the run.
 
     Exit status: 0 all dialogues done, 1 usage or input error, 3 some dialogues failed for
@@ -111,7 +113,7 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         if out is None:
             fail("missing -o RUN_DIR")
 
-        load_or_exit(file)  # compiler-style diagnostics before anything starts
+        load_or_exit(file, cpu_budget=cpu_budget)  # compiler-style diagnostics before anything starts
         scenario = file
         specs = _model_options(models)
         if not any(s.role == "agent" for s in specs):

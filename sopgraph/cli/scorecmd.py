@@ -43,9 +43,10 @@ from sopgraph.evaluation.shards import (
     write_corpus,
 )
 from sopgraph.language.render import RenderError
+from sopgraph.logic.budget import LOAD_CPU_BUDGET, LOAD_SHARE, PATHS_CPU_BUDGET, CpuBudget
 from sopgraph.simulation.runner import RunError, read_cases
 
-from .params import fail, load_or_exit, sop_file, write_output
+from .params import LOAD_ONLY, cpu_budget_option, fail, load_or_exit, sop_file, write_output
 
 _run_dir = click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 
@@ -603,22 +604,27 @@ def _p(p: float) -> str:
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Picture file for --render.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@cpu_budget_option(PATHS_CPU_BUDGET, "past it the path totals are lower bounds and a note on stderr says so")
 def coverage_cmd(file: Path, cases_path: Path | None, run_dir: Path | None, render_fmt: str | None,
-                 heat: str | None, out: Path | None, fmt: str) -> None:
+                 heat: str | None, out: Path | None, fmt: str, cpu_budget: float = PATHS_CPU_BUDGET) -> None:
     """Node, edge and path coverage of FILE's graph by cases and/or by what agents traversed;
     lists what is uncovered and optionally renders the graph coloured by frequency."""
     if (cases_path is None) == (run_dir is None):
         fail("give exactly one of --cases FILE or --run RUN_DIR")
     if render_fmt is not None and out is None:
         fail("--render needs -o OUT")
-    scenario = load_or_exit(file)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: loading checks, then listing the paths
+    scenario = load_or_exit(file, cpu_budget=clock.share(LOAD_SHARE))
     cases = None
     if cases_path is not None:
         try:
             cases = read_cases(cases_path, scenario)
         except RunError as exc:
             fail(str(exc))
-    report = guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir))
+    report = guard(lambda: coverage_report(scenario, cases=cases, run_dir=run_dir, cpu_budget=clock))
+    if clock.out():
+        click.echo(f"note: listing the feasible paths reached the CPU budget ({clock.describe()}): path totals are "
+                   "lower bounds and paths past it are not listed as uncovered (raise --cpu-budget)", err=True)
     if run_dir is not None and report.expected is not None and report.expected.walks:
 
         store = open_run(run_dir)
@@ -818,14 +824,15 @@ def export_cmd(run_dir: Path, fmt: Format, min_overall: float | None, reference:
               help="Mixed into every case's seed (what the simulated customers hold back); 0 keeps the cases' "
                    "own. Recorded in the manifest.")
 @_shard_options
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
 def synth_dialogues_cmd(file: Path, cases_path: Path, models: tuple[str, ...], fmt: str, trials: int,
                         max_turns: int, concurrency: int, min_logic: float | None, out: Path | None,
                         shard_size: int | None, file_format: str, seed: int, resume: bool, ray: str | None,
-                        workers: int | None) -> None:
+                        workers: int | None, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Gold-path synthesis: the agent model is given each case's reference classification, path and
     finals and only writes the conversation; the dialogues are written as a training corpus (one JSON
     Lines file, or a sharded corpus directory with a manifest)."""
-    scenario = load_or_exit(file)
+    scenario = load_or_exit(file, cpu_budget=cpu_budget)
     if _sharded(out, shard_size, file_format, resume, ray):
         assert out is not None
         manifest = guard(lambda: write_corpus(

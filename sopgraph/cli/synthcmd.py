@@ -32,11 +32,11 @@ from sopgraph.cases.synth import (
 )
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError, render_all
-from sopgraph.logic.budget import SYNTH_CPU_BUDGET
+from sopgraph.logic.budget import LOAD_SHARE, PATHS_CPU_BUDGET, SYNTH_CPU_BUDGET, CpuBudget
 from sopgraph.perf import batch_gc
 
 from .checkcmd import diagnostic_record
-from .params import fail, load_or_exit, now_option, sop_file
+from .params import cpu_budget_option, fail, load_or_exit, now_option, sop_file
 
 
 def load_profile_or_exit(sop_path: Path, scenario, profile_path: Path | None):
@@ -63,15 +63,16 @@ def coverage_gaps(cov: Coverage, skipped: Sequence[Skip], n: int) -> tuple[int, 
     (n reaches the path count and at least one case per path was asked for) or when the paths synthesis
     could produce are fewer than -n allows (paths of unknown feasibility, paths without an engine-verified
     witness). A sample of fewer cases than paths that repeats a path is the intent balance at work, not a
-    gap. Uncountable path sets (drawn by a random walk) are not checked."""
-    if not cov.paths_counted or n <= 0:
+    gap. Uncountable path sets (drawn by a random walk) are not checked, unless the CPU budget ran out
+    (then the count itself may have stopped, and -n is what was asked)."""
+    stopped = [s.reason for s in skipped if s.kind == "paths" and s.name == "budget"]  # out of CPU budget
+    if n <= 0 or not (cov.paths_counted or stopped):
         return None
     covered = sum(1 for c in cov.per_path.values() if c)
-    want = min(n, cov.feasible_paths)
+    want = min(n, cov.feasible_paths) if cov.paths_counted else n
     why = {s.name: s.reason for s in skipped if s.kind == "path" or (s.kind == "pair" and " @ " not in s.name)}
     unproducible = [pid for pid in why if not cov.per_path.get(pid)]
     every_path = cov.min_per_path >= 1 and n >= cov.feasible_paths
-    stopped = [s.reason for s in skipped if s.kind == "paths" and s.name == "budget"]  # out of CPU budget
     if covered >= want or not (every_path or stopped or cov.feasible_paths - len(unproducible) < want):
         return None
     missing = [pid for pid, c in cov.per_path.items() if not c] + [pid for pid in why if pid not in cov.per_path]
@@ -88,7 +89,8 @@ def report_coverage_gaps(cov: Coverage, skipped: Sequence[Skip], n: int, allow: 
     covered, want, gaps = found
     head = "warning" if allow else "error"
     click.echo(f"{head}: the cases cover {covered} of the {want} paths -n {n} allows "
-               f"({cov.feasible_paths} feasible paths); {len(gaps)} without a case:", err=True)
+               f"({cov.feasible_paths if cov.paths_counted else 'uncounted'} feasible paths); {len(gaps)} without "
+               "a case:", err=True)
     for pid, reason in gaps[:TABLE_ROWS]:
         action = cov.path_actions.get(pid)
         click.echo(f"  {pid}{f' ({action})' if action else ''}: {reason}", err=True)
@@ -139,9 +141,8 @@ def _split_multi(values: tuple[str, ...]) -> list[str]:
 @click.option("--expect", "expects", multiple=True, metavar="OUTPUT=COLUMN",
               help="With --like: the column holding the decided action, as for `sop validate` (optional here).")
 @now_option("with --like, the day a date in a numeric column counts to")
-@click.option("--cpu-budget", default=SYNTH_CPU_BUDGET, show_default=True, type=click.FloatRange(min=0),
-              help="CPU seconds for planning the cases (paths, witnesses, intents); past it the later paths get no "
-                   "cases, and the skip says where planning stopped.")
+@cpu_budget_option(SYNTH_CPU_BUDGET, "planning the cases (paths, witnesses, intents) included: past it the later "
+                   "paths get no cases, the skip says where planning stopped, and the exit status is 5")
 @click.option("--cases", "n_deprecated", type=int, default=None, hidden=True,
               help="Deprecated alias of --count (in `sop run`, --cases names a case file).")
 def synth_cmd(file: Path, n: int, seed: int, out: Path | None, profile_path: Path | None,
@@ -173,13 +174,14 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
            coverage_out: Path | None, quiet: bool,
            like: tuple[Path | None, tuple[str, ...], tuple[str, ...], str | None] = (None, (), (), None),
            cpu_budget: float = SYNTH_CPU_BUDGET) -> SynthStream:
-    scenario = load_or_exit(file)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: loading checks, then planning
+    scenario = load_or_exit(file, cpu_budget=clock.share(LOAD_SHARE))
     profile = load_profile_or_exit(file, scenario, profile_path)
     if like[0] is not None:
         profile = _fitted(scenario, profile, *like, quiet=quiet)
     try:
         mix = parse_mix(intensity)
-        the_plan = plan(scenario, profile, sample=n, seed=seed, cpu_budget=cpu_budget)
+        the_plan = plan(scenario, profile, sample=n, seed=seed, cpu_budget=clock)
         stream = synthesize_stream(scenario, profile, n, seed, min_per_path=min_per_path, balance=balance,
                                    intensity_mix=mix, use_intent_intensity=mix is None,
                                    personas=_split_multi(personas) or None,
@@ -192,7 +194,7 @@ def _synth(file: Path, n: int, seed: int, out: Path | None, profile_path: Path |
         coverage_out.write_text(json.dumps(stream.coverage.model_dump(mode="json"), indent=2, sort_keys=True)
                                 + "\n", encoding="utf-8")
     cov = stream.coverage
-    if not cov.paths_counted:
+    if not cov.paths_counted and not any(s.name == "budget" for s in stream.skipped):
         click.echo(f"note: {n} cases over more than {cov.feasible_paths:,} feasible paths (too many to count): "
                    "the paths are drawn by a random walk", err=True)
     elif cov.min_per_path == 0 and min_per_path is None and cov.feasible_paths > n:
@@ -325,14 +327,20 @@ def profiles_group() -> None:
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write it (default: NAME.profile.yaml beside the .sop).")
 @click.option("--force", is_flag=True, help="Overwrite an existing profile.")
-def profiles_init_cmd(file: Path, out: Path | None, force: bool) -> None:
+@cpu_budget_option(PATHS_CPU_BUDGET, "past it the paths are no longer read: a note on stderr says after how many, "
+                   "and the profile is written from those")
+def profiles_init_cmd(file: Path, out: Path | None, force: bool, cpu_budget: float = PATHS_CPU_BUDGET) -> None:
     """Write a starter profile for FILE: one intent per combination of classification values its paths
     require, described from the fields' `Value = meaning` texts, ready to edit."""
-    scenario = load_or_exit(file)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: loading checks, then reading the paths
+    scenario = load_or_exit(file, cpu_budget=clock.share(LOAD_SHARE))
     target = out or profile_path_for(file)
     if target.exists() and not force:
         fail(f"{target} exists; pass --force to overwrite it, or -o to write elsewhere")
-    text, intents, read = starter_profile(scenario)
+    text, intents, read = starter_profile(scenario, clock=clock)
+    if clock.out():
+        click.echo(f"note: reading the paths reached the CPU budget ({clock.describe()}) after {read} path"
+                   f"{'' if read == 1 else 's'}: the intents cover those (raise --cpu-budget)", err=True)
     try:
         target.write_text(text, encoding="utf-8")
     except OSError as exc:
@@ -347,7 +355,10 @@ def profiles_init_cmd(file: Path, out: Path | None, force: bool) -> None:
               help="The scenario (default: the .sop beside the profile).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
-def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool) -> None:
+@cpu_budget_option(SYNTH_CPU_BUDGET, "past it the paths not yet planned are not checked, and an I605 note says "
+                   "where planning stopped")
+def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool,
+                       cpu_budget: float = SYNTH_CPU_BUDGET) -> None:
     """Check a profile FILE (or the profile beside a .sop FILE) against its scenario: syntax, names,
     values, impossible intents, intents reaching no path and paths no intent reaches."""
     if file.suffix == ".sop":
@@ -359,11 +370,12 @@ def profiles_check_cmd(file: Path, sop_path: Path | None, fmt: str, strict: bool
         fail(f"no scenario found for {file} (looked for {sop}); pass --sop FILE")
     if not file.is_file():
         fail(f"no profile {file}")
-    scenario = load_or_exit(sop)
+    clock = CpuBudget(cpu_budget)  # the command's one budget: loading checks, then planning
+    scenario = load_or_exit(sop, cpu_budget=clock.share(LOAD_SHARE))
     text = file.read_text(encoding="utf-8")
     profile, diags = parse_profile(text, scenario, file=str(file))
     if profile is not None:
-        diags += profile_diagnostics(scenario, profile)
+        diags += profile_diagnostics(scenario, profile, cpu_budget=clock)
     errors = sum(1 for d in diags if d.is_error)
     warnings = sum(1 for d in diags if d.severity == "warning")
     if fmt == "json":

@@ -13,10 +13,11 @@ from pydantic import ValidationError
 from sopgraph.cases.profiles import profile_json_schema
 from sopgraph.language.render import RenderError, format_for, render
 from sopgraph.language.schema import BUILTIN_SCHEMAS, SchemaEntry, SchemaError
+from sopgraph.logic.budget import LOAD_CPU_BUDGET
 from sopgraph.records import Case
 from sopgraph.simulation import prompts
 
-from .params import fail, load_or_exit, sop_file, write_output
+from .params import LOAD_ONLY, cpu_budget_option, fail, load_or_exit, sop_file, write_output
 
 # `sop schema` serves the language's schemas plus the profile file's, which the cases layer owns.
 SCHEMAS = BUILTIN_SCHEMAS.with_entries(
@@ -35,9 +36,10 @@ ROLES = ("agent", "user", "judge")
               default=None, metavar="JSON",
               help='Colour by counts: {"nodes": {"step3": 12, ...}, "edges": [["step2", "step3", 12], ...]}; '
                    "items without a count are drawn as uncovered.")
-def render_cmd(file: Path, out: Path | None, fmt: str | None, heat_file: Path | None) -> None:
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
+def render_cmd(file: Path, out: Path | None, fmt: str | None, heat_file: Path | None, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Draw FILE's SOP graph (Graphviz SVG/PNG/DOT or Mermaid)."""
-    scenario = load_or_exit(file)
+    scenario = load_or_exit(file, cpu_budget=cpu_budget)
     try:
         kind = format_for(out, fmt)
         heat = read_heat(heat_file) if heat_file is not None else None
@@ -93,14 +95,15 @@ def _count(value: Any) -> float:
               help="Judge only: the 1-based turn to judge (default: the last).")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write here instead of stdout.")
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
 def prompt_cmd(file: Path, role: str, case_arg: str | None, case_id: str | None, dialogue_file: Path | None,
-               turn_index: int | None, out: Path | None) -> None:
+               turn_index: int | None, out: Path | None, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Print the prompt a model reads for FILE (deterministic text).
 
     Without --case the agent role prints the SOP text and output format; with a case it prints the full
     system prompt including that case's system values. The user and judge roles need a case.
     """
-    scenario = load_or_exit(file)
+    scenario = load_or_exit(file, cpu_budget=cpu_budget)
     case = _read_case(case_arg, case_id) if case_arg is not None else None
     if case is not None and case.scenario and case.scenario != scenario.name:
         click.echo(f"warning: case {case.id} is for scenario `{case.scenario}`, not `{scenario.name}`",
@@ -175,7 +178,8 @@ def _read_dialogue(path: Path) -> list[Any]:
 @click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write here instead of stdout.")
-def schema_cmd(name: str | None, file: Path | None, out: Path | None) -> None:
+@cpu_budget_option(LOAD_CPU_BUDGET, LOAD_ONLY)
+def schema_cmd(name: str | None, file: Path | None, out: Path | None, cpu_budget: float = LOAD_CPU_BUDGET) -> None:
     """Print a JSON Schema: NAME is ir, a record (case, turn, ...) or a per-scenario schema
     (agent-output, judge-output) generated from FILE. Without NAME, list the names."""
     if name is None:
@@ -185,7 +189,7 @@ def schema_cmd(name: str | None, file: Path | None, out: Path | None) -> None:
             needs = "  [needs FILE]" if entry.needs_scenario else ""
             click.echo(f"{n:<{width}}  {entry.description}{needs}")
         return
-    scenario = load_or_exit(file) if file is not None else None
+    scenario = load_or_exit(file, cpu_budget=cpu_budget) if file is not None else None
     try:
         schema = SCHEMAS.get(name, scenario)
     except SchemaError as exc:

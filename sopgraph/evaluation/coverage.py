@@ -21,6 +21,7 @@ nodes and edges still count, the walk is counted as invalid (with the reason) an
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from sopgraph.evaluation.score import normalize_path, open_run
 from sopgraph.language import ir
 from sopgraph.language.compile import ACTION_PREFIX, END, START, action_node, compile_graph
 from sopgraph.language.render import render
+from sopgraph.logic.budget import CpuBudget, OutOfCpu, active
 from sopgraph.logic.paths import count_paths, iter_paths
 
 PATH_LIMIT = 200_000  # enumerate at most this many feasible paths (beyond: count only)
@@ -98,14 +100,18 @@ Walk = tuple[Sequence[str], str | None] | tuple[Sequence[str], str | None, str |
 
 def feasible_paths(scenario: ir.Scenario, limit: int = PATH_LIMIT) -> tuple[dict[tuple, list[str]], bool]:
     """(stage ids, Action) → ids of the feasible paths with those stages and Action (in `sop paths`
-    order), and exactness (False when more than `limit` paths exist)."""
+    order), and exactness (False when more than `limit` paths exist, or a CPU budget made active by the
+    caller ran out: `budget.active`)."""
     out: dict[tuple, list[str]] = {}
     exact = True
-    for i, p in enumerate(iter_paths(scenario, witnesses=False)):
-        if i >= limit:
-            exact = False
-            break
-        out.setdefault((tuple(p.stages), p.action), []).append(p.id)
+    try:
+        for i, p in enumerate(iter_paths(scenario, witnesses=False)):
+            if i >= limit:
+                exact = False
+                break
+            out.setdefault((tuple(p.stages), p.action), []).append(p.id)
+    except OutOfCpu:
+        exact = False
     return out, exact
 
 
@@ -250,9 +256,15 @@ def run_coverage(scenario: ir.Scenario, store: Any, *, graph: Any = None,
 
 
 def coverage_report(scenario: ir.Scenario, *, cases: Sequence[Any] | None = None,
-                    run_dir: str | Path | None = None) -> CoverageReport:
-    """Coverage by cases (expected paths) and, for a run, by the agents' final-turn paths."""
+                    run_dir: str | Path | None = None, cpu_budget: CpuBudget | None = None) -> CoverageReport:
+    """Coverage by cases (expected paths) and, for a run, by the agents' final-turn paths. The feasible
+    paths are listed and counted within `cpu_budget` (past it, path totals are lower bounds)."""
     g = compile_graph(scenario)
+    with active(cpu_budget) if cpu_budget is not None else nullcontext():
+        return _report(scenario, g, cases, run_dir)
+
+
+def _report(scenario: ir.Scenario, g: Any, cases: Sequence[Any] | None, run_dir: str | Path | None) -> CoverageReport:
     paths = feasible_paths(scenario)
     report = CoverageReport(scenario=scenario.name, sop_hash=scenario.source_hash)
     if run_dir is not None:

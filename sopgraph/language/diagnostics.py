@@ -72,6 +72,7 @@ CODES: dict[str, str] = {
     "I301": "flow analysis skipped (program too large)",
     "I302": "flow analysis incomplete (a work budget ran out or a question stayed undecided)",
     "I303": "optional-value analysis incomplete (a work budget ran out or a read stayed undecided)",
+    "I304": "output-range check incomplete (its CPU budget ran out; the later assignments were not checked)",
     # hygiene
     "W401": "unused declaration",
     "W402": "missing description",
@@ -90,6 +91,7 @@ CODES: dict[str, str] = {
     "W602": "feasible path reached by no intent",
     "W603": "action named in pushes_for is not risky",
     "W604": "strong-intensity intent without pushes_for",
+    "I605": "profile check incomplete (its CPU budget ran out; the later paths were not checked)",
     "W403": "repeated entry",
 }
 

@@ -36,6 +36,7 @@ from sopgraph.language.diagnostics import (
 )
 from sopgraph.language.parse import MAX_DEPTH, load_source
 from sopgraph.logic import domain, procheck
+from sopgraph.logic.budget import CHECK_CPU_BUDGET, FLOW_SHARE, RANGES_SHARE, CpuBudget, budget_of
 from sopgraph.logic.datacheck import (
     DataTyping,
     Lazy,
@@ -55,7 +56,7 @@ from sopgraph.logic.datacheck import (
 from sopgraph.logic.flow import flow_diagnostics
 from sopgraph.logic.lower import structured
 from sopgraph.logic.optcheck import optional_read_diagnostics
-from sopgraph.logic.ranges import output_range_diagnostics
+from sopgraph.logic.ranges import has_checked_outputs, output_range_diagnostics
 from sopgraph.logic.scalarcheck import ScalarTyping, check_scalars
 
 if TYPE_CHECKING:
@@ -65,15 +66,21 @@ StageGraph: TypeAlias = "Topology | nx.DiGraph"
 """What the passes get as the stage graph: `compile.topology`'s structure (what `check` builds), or a
 compiled `nx.DiGraph`; the passes read only `succ`, `pred` and `in`."""
 PassFn = Callable[[ir.Scenario, StageGraph], list[Diagnostic]]
+BudgetedFn = Callable[[ir.Scenario, StageGraph, CpuBudget], list[Diagnostic]]
 
 
 @dataclass(frozen=True)
 class Pass:
     """One static check. It is skipped when an earlier pass reported an error whose code starts
-    with one of `blocked_by` (its findings would only be consequences of that error)."""
+    with one of `blocked_by` (its findings would only be consequences of that error). An analysis that
+    can run long also has `budgeted`: `check` then calls it with its part of the check's CPU budget, which
+    leaves `share` (a fraction of the whole) for it when the passes before it run (`run` is the same
+    analysis within its default budget, for callers that run one pass alone)."""
     name: str
     run: PassFn
     blocked_by: tuple[str, ...] = ()
+    budgeted: BudgetedFn | None = None
+    share: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1225,12 +1232,15 @@ def _needs_analysis_form(scenario: ir.Scenario, graph: StageGraph) -> bool:
     return _procedural(scenario, graph) or structured(scenario)
 
 
-def check_flow(scenario: ir.Scenario, graph: StageGraph, *, cpu_budget: float | None = None) -> list[Diagnostic]:
+def check_flow(scenario: ir.Scenario, graph: StageGraph, *,
+               cpu_budget: float | CpuBudget | None = None) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 from the constraint domain (`sopgraph.logic.flow`); procedures
-    are analysed unrolled (`procheck.procedure_flow`). `cpu_budget`: CPU seconds (default: the flow's)."""
-    flow = flow_diagnostics if cpu_budget is None else functools.partial(flow_diagnostics, cpu_budget=cpu_budget)
+    are analysed unrolled (`procheck.procedure_flow`). `cpu_budget`: CPU seconds or a `CpuBudget`
+    (default: the flow's part of `sop check`'s)."""
+    clock = budget_of(cpu_budget, CHECK_CPU_BUDGET * FLOW_SHARE)
+    flow = functools.partial(flow_diagnostics, cpu_budget=clock)
     if _needs_analysis_form(scenario, graph):  # procedures unrolled, lists and records lowered
-        return procheck.procedure_flow(scenario, flow)
+        return procheck.procedure_flow(scenario, flow, clock)
     return list(flow(scenario))
 
 
@@ -1254,13 +1264,25 @@ def check_procedures(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnosti
     return found
 
 
-def check_output_ranges(scenario: ir.Scenario, graph: StageGraph) -> list[Diagnostic]:
+def check_output_ranges(scenario: ir.Scenario, graph: StageGraph, *,
+                        cpu_budget: float | CpuBudget | None = None) -> list[Diagnostic]:
     """E204 for assignments some feasible path drives outside the output's range (`sopgraph.logic.ranges`).
     Procedures, lists and records are searched in their analysis form, as the flow pass is: on the
-    source form their paths and values cannot be explored, so nothing would ever be found."""
+    source form their paths and values cannot be explored, so nothing would ever be found. Past
+    `cpu_budget` (default: `sop check`'s) an I304 note says where the search stopped."""
+    if not has_checked_outputs(scenario):
+        return []  # nothing to check: no analysis form, no path walked
+    clock = budget_of(cpu_budget, CHECK_CPU_BUDGET)
+    search = functools.partial(output_range_diagnostics, cpu_budget=clock)
     if _needs_analysis_form(scenario, graph):
-        return procheck.procedure_flow(scenario, output_range_diagnostics)
-    return output_range_diagnostics(scenario)
+        return procheck.procedure_flow(scenario, search, clock)
+    return search(scenario)
+
+
+def check_optional_reads(scenario: ir.Scenario, graph: StageGraph, *,
+                         cpu_budget: float | CpuBudget | None = None) -> list[Diagnostic]:
+    """W306 and I303 from `sopgraph.logic.optcheck`, within `cpu_budget` (default: `sop check`'s)."""
+    return optional_read_diagnostics(scenario, cpu_budget=budget_of(cpu_budget, CHECK_CPU_BUDGET))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1278,10 +1300,12 @@ PASSES: tuple[Pass, ...] = (
     Pass("unused", check_unused),
     Pass("descriptions", check_descriptions),
     Pass("procedures", check_procedures, blocked_by=("E1", "E2")),
-    Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304")),
-    Pass("output ranges", check_output_ranges, blocked_by=("E1", "E2", "E302", "E303", "E304")),
-    Pass("optional reads", lambda s, g: optional_read_diagnostics(s),
-         blocked_by=("E1", "E2", "E302", "E303", "E304")),
+    Pass("flow", check_flow, blocked_by=("E1", "E2", "E302", "E303", "E304"),
+         budgeted=lambda s, g, clock: check_flow(s, g, cpu_budget=clock), share=FLOW_SHARE),
+    Pass("output ranges", check_output_ranges, blocked_by=("E1", "E2", "E302", "E303", "E304"),
+         budgeted=lambda s, g, clock: check_output_ranges(s, g, cpu_budget=clock), share=RANGES_SHARE - FLOW_SHARE),
+    Pass("optional reads", check_optional_reads, blocked_by=("E1", "E2", "E302", "E303", "E304"),
+         budgeted=lambda s, g, clock: check_optional_reads(s, g, cpu_budget=clock), share=1 - RANGES_SHARE),
 )
 CHEAP_PASSES: tuple[Pass, ...] = tuple(p for p in PASSES if p.name not in ("flow", "optional reads"))
 
@@ -1357,22 +1381,32 @@ def check_depth(scenario: ir.Scenario, expressions: list[Any] | None = None) -> 
 
 
 def check(scenario: ir.Scenario, passes: tuple[Pass, ...] = PASSES, *,
-          graph: StageGraph | None = None) -> list[Diagnostic]:
+          graph: StageGraph | None = None, cpu_budget: float | CpuBudget | None = None) -> list[Diagnostic]:
     """Run every pass and return all diagnostics, sorted by file, line and column. Expressions
     nested too deeply (E006) are reported alone: nothing else can safely walk them. Pass the
     scenario's compiled `graph` when you have it (the passes only read its nodes and edges) to avoid
-    building one; otherwise only its structure is built (`compile.topology`)."""
+    building one; otherwise only its structure is built (`compile.topology`). The analyses that can run
+    long share one CPU budget, `cpu_budget` (seconds or a command's `CpuBudget`; default
+    `CHECK_CPU_BUDGET`, counted from here): each gets what the ones before it left, less the shares of
+    the ones after it; past its part, each says in a note what it did not prove and where."""
     expressions = _expressions(scenario)  # one list for the depth check and the scalar pass (no pass changes them)
     found: list[Diagnostic] = check_depth(scenario, expressions)
     if found:
         return sorted(found, key=sort_key)
     if graph is None:
         graph = topology(scenario)
-    for p in passes:
+    clock = budget_of(cpu_budget, CHECK_CPU_BUDGET)
+    for at, p in enumerate(passes):
         if p.blocked_by and any(d.is_error and d.code.startswith(p.blocked_by) for d in found):
             continue
         try:
-            found += check_scalars(scenario, expressions) if p is _SCALARS else p.run(scenario, graph)
+            if p is _SCALARS:
+                found += check_scalars(scenario, expressions)
+            elif p.budgeted is not None:  # its part: what is left, less the shares of the analyses after it
+                later = sum(q.share for q in passes[at + 1:] if q.budgeted is not None)
+                found += p.budgeted(scenario, graph, clock.leaving(min(later, 1.0)))
+            else:
+                found += p.run(scenario, graph)
         except RecursionError:
             found.append(error("E001", "the program is nested too deeply to check", scenario.span,
                                "split very long or deeply nested expressions into derived variables"))
@@ -1404,18 +1438,18 @@ class Checked(BaseModel):
 def check_file(path: str | Path, *, text: str | None = None, name: str | None = None,
                include_path: Sequence[str | Path] = (),
                loading: Callable[[], AbstractContextManager[object]] = nullcontext,
-               passes: tuple[Pass, ...] | None = None) -> Checked:
+               passes: tuple[Pass, ...] | None = None, cpu_budget: float | CpuBudget | None = None) -> Checked:
     """Load and check one file. Static checks run when the loader built a scenario and found no
     errors other than duplicate declarations (whose later copies it drops), so nothing is reported
     twice and a broken include or subflow does not cascade into undefined-stage errors. The loading
     runs inside `loading()`: the application's choice (`sop check` gives `perf.build_then_freeze`). `passes`: the
-    static passes to run (default: all; `sop check --cpu-budget` gives the flow pass its budget)."""
+    static passes to run (default: all); `cpu_budget`: the analyses' CPU budget (see `check`)."""
     with loading():
         loaded = load_source(path, text=text, name=name, include_path=include_path)
     diags = list(loaded.diagnostics)
     sources = dict(loaded.sources)
     if loaded.scenario is not None and all(d.code == "E102" for d in diags if d.is_error):
-        checked = check(loaded.scenario) if passes is None else check(loaded.scenario, passes)
+        checked = check(loaded.scenario, PASSES if passes is None else passes, cpu_budget=cpu_budget)
         if not diags and all(d.code != "E006" for d in checked):
             # already sorted and without repeats: `check` returns them so, but for E006 (not deduplicated)
             return Checked(file=name or str(path), diagnostics=checked, sources=sources, scenario=loaded.scenario)
@@ -1424,24 +1458,45 @@ def check_file(path: str | Path, *, text: str | None = None, name: str | None = 
                    scenario=loaded.scenario)
 
 
+BUDGET_NOTES = ("I302", "I303", "I304")
+"""The notes of analyses that stopped short (a budget, an open question): what a command that loads shows."""
+
+
 def load(path: str | Path | None = None, *, text: str | None = None, check: bool = True,
-         flow: bool = True, include_path: Sequence[str | Path] = ()) -> ir.Scenario:
+         flow: bool = True, include_path: Sequence[str | Path] = (),
+         cpu_budget: float | CpuBudget | None = None) -> ir.Scenario:
     """Load a `.sop` program (file or text), merge includes, inline subflows and, by default,
     run the static checker. Raises `SopError` (with every diagnostic) if there are errors.
-    `flow=False` runs the cheap passes only (names, types, structure): what a command that just
-    runs the SOP needs; the flow proofs (exhaustiveness, overlaps, dead branches) are `sop check`'s."""
-    loaded = load_source(path, text=text, include_path=include_path)
-    diagnostics = list(loaded.diagnostics)
-    if loaded.scenario is not None and check and not any(d.is_error for d in diagnostics):
-        diagnostics += check_scenario(loaded.scenario, PASSES if flow else CHEAP_PASSES)
-    errors = [d for d in diagnostics if d.is_error]
-    if errors or loaded.scenario is None:
-        raise SopError(errors or diagnostics, loaded.sources)
+    `flow=False` runs the cheap passes only (names, types, structure, output ranges): what a command
+    that just runs the SOP needs; the flow proofs (exhaustiveness, overlaps, dead branches) are `sop
+    check`'s. `cpu_budget`: the CPU budget of the checks' analyses (see `check`)."""
+    loaded = load_noted(path, text=text, check=check, flow=flow, include_path=include_path, cpu_budget=cpu_budget)
+    assert loaded.scenario is not None  # `load_noted` raises otherwise
     return loaded.scenario
 
 
+def load_noted(path: str | Path | None = None, *, text: str | None = None, check: bool = True,
+               flow: bool = True, include_path: Sequence[str | Path] = (),
+               cpu_budget: float | CpuBudget | None = None) -> Checked:
+    """`load`, as a `Checked` whose diagnostics are the notes (`BUDGET_NOTES`) of the analyses that did not
+    prove everything, for a command to show: a load-time check cut short by its CPU budget says so
+    instead of passing silently. Raises `SopError` as `load` does."""
+    loaded = load_source(path, text=text, include_path=include_path)
+    diagnostics = list(loaded.diagnostics)
+    if loaded.scenario is not None and check and not any(d.is_error for d in diagnostics):
+        diagnostics += check_scenario(loaded.scenario, PASSES if flow else CHEAP_PASSES, cpu_budget=cpu_budget)
+    errors = [d for d in diagnostics if d.is_error]
+    if errors or loaded.scenario is None:
+        raise SopError(errors or diagnostics, loaded.sources)
+    return Checked(file=str(path) if path is not None else "<text>", sources=dict(loaded.sources),
+                   diagnostics=[d for d in diagnostics if d.code in BUDGET_NOTES], scenario=loaded.scenario)
+
+
 __all__ = [
+    "BUDGET_NOTES",
     "load",
+    "load_noted",
+    "check_optional_reads",
     "PASSES",
     "CHEAP_PASSES",
     "Checked",

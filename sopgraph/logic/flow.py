@@ -25,14 +25,14 @@ failure yields no flow diagnostics rather than a crashed `sop check`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sopgraph.language import ir
 from sopgraph.language.compile import reads
 from sopgraph.language.diagnostics import Diagnostic, error, warning
-from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget
+from sopgraph.logic.budget import CHECK_CPU_BUDGET, FLOW_SHARE, CpuBudget, OutOfCpu, active, budget_of
 from sopgraph.logic.domain import Box, Space, relation_text
 from sopgraph.logic.engine import DecideError, Interpreter
 from sopgraph.logic.paths import Explorer, explorer_for, trace
@@ -43,6 +43,7 @@ MAX_REGION = 256  # boxes in one region before the exploration is considered too
 MAX_WITNESS_CHECKS = 200  # engine runs to verify E301/W301 witnesses (each costs a walk of the path)
 
 
+_T = TypeVar("_T")
 MAX_WORK = 10_000_000  # stages x variables: regions are dense tuples over every variable
 STEP_BUDGET = 200_000  # region operations (constrain/decide) of the whole analysis: a deterministic bound
 
@@ -60,10 +61,12 @@ class FlowWork:
 
 
 def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
-                     work: FlowWork | None = None, cpu_budget: float = CHECK_CPU_BUDGET) -> list[Diagnostic]:
+                     work: FlowWork | None = None,
+                     cpu_budget: float | CpuBudget = CHECK_CPU_BUDGET * FLOW_SHARE) -> list[Diagnostic]:
     """E301/W301/W303/W304/W305 for a scenario whose names resolve (see the module docstring).
-    Pass a `FlowWork` as `work` to learn what the analysis spent. Past `cpu_budget` CPU seconds the
-    analysis stops and I302 says at which stage and on which question (`math.inf`: no CPU budget)."""
+    Pass a `FlowWork` as `work` to learn what the analysis spent. Past `cpu_budget` CPU seconds (or a
+    `CpuBudget`: a part of a command's) the analysis stops and I302 says at which stage and on which
+    question (`math.inf`: no CPU budget)."""
     work = FlowWork() if work is None else work
     n_vars = sum(1 for v in scenario.variables.values() if v.role != "derived")
     if n_vars * len(scenario.stages) > MAX_WORK:
@@ -79,9 +82,10 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
                  "the engine still refuses values no branch covers at run time",
         )]
     try:
-        flow = _Flow(scenario, budget, CpuBudget(cpu_budget))
+        flow = _Flow(scenario, budget, budget_of(cpu_budget, CHECK_CPU_BUDGET * FLOW_SHARE))
         try:
-            return flow.run()
+            with active(flow.clock):
+                return flow.run()
         finally:
             work.states, work.steps = flow.states, STEP_BUDGET - flow.steps_left
             work.out_of_time = flow.out_of_time
@@ -90,6 +94,17 @@ def flow_diagnostics(scenario: ir.Scenario, *, budget: int = DEFAULT_BUDGET,
         return []
     except Exception:  # noqa: BLE001 - `sop check` must never crash on a flow analysis bug
         return []
+
+
+def _guarded(flow: _Flow, part: Callable[..., _T], *args: Any) -> _T | None:
+    """`part(*args)`, or None when the CPU budget ran out inside one of its questions (`budget.OutOfCpu`,
+    raised by the space once `flow_diagnostics` made the budget active): the analysis stops where it was asked."""
+    try:
+        return part(*args)
+    except OutOfCpu:
+        flow.complete, flow.out_of_time = False, True
+        flow.stopped_at = flow.at if flow.stopped_at is None else flow.stopped_at
+        return None
 
 
 def _where(span: ir.Span) -> tuple[str, int, int]:
@@ -126,11 +141,13 @@ class _Flow:
         self.bounded_at: int | None = None  # stage where the exploration met its bound on states or region size
         self.reads: dict[tuple[int, int], frozenset[int]] = {}
         self.states = 0  # states explored so far
+        self.at = 0  # the stage of the latest charge (where a question cut short by the CPU budget was asked)
 
     def spend(self, si: int, n: int = 1) -> bool:
         """Charge `n` region operations at stage `si`; False once the budget is spent (the rest
         of the analysis is then skipped and reported as not proven, never guessed)."""
         self.steps_left -= n
+        self.at = si
         if self.steps_left < 0 or self.clock.out():
             self.out_of_time = self.out_of_time or self.steps_left >= 0
             if self.stopped_at is None:
@@ -157,7 +174,7 @@ class _Flow:
         out += self.duplicate_match_values()
         if self.ex.start is None:
             return out
-        self.explore()
+        _guarded(self, self.explore)
         overlaps: list[tuple[int, int, Diagnostic]] = []
         for si in range(len(self.ex.ids)):
             ctxs = self.contexts.get(si)
@@ -165,14 +182,14 @@ class _Flow:
                 continue
             stage = self.ex.stage_objs[si]
             undecided = self.sp.undecided
-            d = self.non_exhaustive(si, stage, ctxs)
+            d = _guarded(self, self.non_exhaustive, si, stage, ctxs)
             if d is not None:
                 out.append(d)
             if stage.kind == "when":
-                overlaps += self.overlaps(si, stage, ctxs)
+                overlaps += _guarded(self, self.overlaps, si, stage, ctxs) or []
             if self.sp.undecided > undecided and self.undecided_at is None:
                 self.undecided_at = si
-        dead = self.dead_branches() if self.complete else []
+        dead = (_guarded(self, self.dead_branches) or []) if self.complete else []
         dead_keys = {(si, bi) for si, bi, _d in dead}
         # a later guard that is entirely shadowed gets W303/W304 instead of W301
         out += [d for si, bi, d in overlaps if (si, bi) not in dead_keys]

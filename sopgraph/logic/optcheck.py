@@ -11,8 +11,9 @@ For each read site the pass builds the condition "evaluation gets to this read o
 `and`/`or` and `case` arms included, derived variables followed — conjoined with `missing(X)`, and asks
 the constraint domain whether it holds on some region reaching the stage (the same bounded exploration
 as the flow checks). A candidate is reported only when the reference engine, given the example with
-`X` left out, refuses it with "`X` is missing" at that stage. A work budget bounds the exploration;
-what it cannot settle is reported as I303 (never assumed safe silently).
+`X` left out, refuses it with "`X` is missing" at that stage. A work budget and a CPU budget bound the
+exploration; what it cannot settle is reported as I303 (never assumed safe silently), located at the stage
+where it stopped and naming the read it was deciding.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, warning
+from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget, OutOfCpu, active, budget_of
 from sopgraph.logic.domain import Box
 from sopgraph.logic.engine import DecideError, optional_field_names, run
 from sopgraph.logic.lower import (
@@ -39,6 +41,7 @@ MAX_STATES = 5_000  # (stage, region) states explored
 STEP_BUDGET = 60_000  # region operations (constrain / decide) of the whole pass
 MAX_NODES = 4_000  # nodes of one read condition (long `and` chains grow quadratically)
 MAX_WITNESSES = 8  # example assignments tried per candidate read
+_EXPLORING = "exploring which values reach each stage"
 
 
 class _TooBig(Exception):
@@ -282,7 +285,11 @@ def _live(ex: Explorer, checks: list[list[_Check]]) -> list[frozenset[int]]:
 class _Pass:
     def __init__(self, form: ir.Scenario, optionals: list[_Optional], source_id: Callable[[str], str],
                  lift: Callable[[dict[str, Any]], dict[str, Any]],
-                 example: Callable[[dict[str, Any]], None]):
+                 example: Callable[[dict[str, Any]], None], clock: CpuBudget | None = None):
+        self.clock = clock or CpuBudget()
+        self.out_of_time = False  # stopped at the CPU budget (`stopped_at`: where; `asking`: on what)
+        self.asking = _EXPLORING
+        self.at = 0  # the stage being explored
         self.form = form
         self.optionals = optionals
         self.source_id = source_id
@@ -313,16 +320,30 @@ class _Pass:
 
     def spend(self, n: int, si: int) -> bool:
         self.steps -= n
+        self.at = si
+        if self.steps >= 0 and self.clock.out():
+            self.out_of_time = True
+            self.steps = -1
         if self.steps < 0:
             self.complete = False
             self.stopped_at = si if self.stopped_at is None else self.stopped_at
         return self.steps >= 0
 
     def run(self) -> list[Diagnostic]:
+        """The reads reported, and the note on what was not proven; within the CPU budget."""
+        try:
+            with active(self.clock):
+                self.explore()
+        except OutOfCpu:
+            self.out_of_time, self.complete = True, False
+            self.stopped_at = self.at if self.stopped_at is None else self.stopped_at
+        return self.out + self.note()
+
+    def explore(self) -> None:
         ex = self.ex
         rk = ex.root_key()
         if rk is None:
-            return []
+            return
         seen = {rk}
         stack: list[tuple[tuple, Any]] = [(rk, None)]
         while stack:
@@ -337,6 +358,7 @@ class _Pass:
                 self.check(c, si, region, prefix)
             nvk = ex.next_visited(si, vk)
             nxt = []
+            self.asking = _EXPLORING
             for bi, kind, tgt, creg, _u in ex.children(si, region):
                 if kind == "stage" and tgt not in nvk:
                     ck = (tgt, creg, nvk)
@@ -344,12 +366,12 @@ class _Pass:
                         seen.add(ck)
                         nxt.append((ck, (prefix, si, bi)))
             stack.extend(reversed(nxt))
-        return self.out + self.note()
 
     def check(self, c: _Check, si: int, region: tuple[Box, ...], prefix: Any) -> None:
         key = (c.name, c.span.line, c.span.col, c.span.file)
         if key in self.done or not self.spend(len(region), si):
             return
+        self.asking = f"deciding whether {self._read_text(c, si)} can be read while it is missing"
         sp = self.sp
         f = sp.formula(c.cond, True)
         boxes = [b2 for b in region for b2 in sp.constrain(b, f)]
@@ -414,8 +436,11 @@ class _Pass:
         """I303 when reads stayed unproven: located at the first such read (or where the budget ran out),
         naming each read's variable and branch, so the user knows what to test or rewrite."""
         what = []
-        if not self.complete:
-            where = f" at stage `{self.source_id(self.ex.ids[self.stopped_at])}`" if self.stopped_at is not None else ""
+        where = f" at stage `{self.source_id(self.ex.ids[self.stopped_at])}`" if self.stopped_at is not None else ""
+        if self.out_of_time:
+            what.append(f"the analysis reached its CPU budget ({self.clock.describe()}){where} while {self.asking}; "
+                        "reads of optional values from there on were not checked")
+        elif not self.complete:
             what.append(f"the analysis reached its work budget ({MAX_STATES:,} states, {STEP_BUDGET:,} region "
                         f"operations){where}")
         if self.unproven:
@@ -487,9 +512,11 @@ def _example_runner(unrolled: Unrolled | None, form: ir.Scenario) -> Callable[[d
     return on_form
 
 
-def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
+def optional_read_diagnostics(scenario: ir.Scenario, *,
+                              cpu_budget: float | CpuBudget = CHECK_CPU_BUDGET) -> list[Diagnostic]:
     """W306 for each read of an optional value that some feasible path reaches with the value missing
-    (a verified example in `witness`); I303 when the bounded analysis could not settle every read."""
+    (a verified example in `witness`); I303 when the bounded analysis could not settle every read (past
+    `cpu_budget`, CPU seconds or a command's `CpuBudget`, it says where it stopped and on which read)."""
     names = [n for n, v in scenario.variables.items() if v.optional and v.role != "derived"]
     if (not names and not optional_field_names(scenario)) or not scenario.stages:
         return []
@@ -516,7 +543,8 @@ def optional_read_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
         return unrolled.lift(values)
 
     try:
-        return _Pass(form, optionals, source_id, lift, _example_runner(unrolled, form)).run()
+        return _Pass(form, optionals, source_id, lift, _example_runner(unrolled, form),
+                     budget_of(cpu_budget, CHECK_CPU_BUDGET)).run()
     except RecursionError:
         return []
     except Exception:  # noqa: BLE001 - `sop check` must never crash on an analysis bug

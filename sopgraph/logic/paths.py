@@ -52,12 +52,14 @@ import json
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from sopgraph.language import ir
 from sopgraph.language.compile import reads as compile_reads
+from sopgraph.logic.budget import CpuBudget, OutOfCpu, active, check_active
 from sopgraph.logic.domain import Box, variables_signature
 from sopgraph.logic.engine import DecideError, Interpreter, interpret, looks_taken, run
 from sopgraph.logic.guards import NEGATED_OP
@@ -102,7 +104,8 @@ class PathCount(BaseModel):
     feasible: int  # when not `complete`: a lower bound (the paths through one counted state)
     stage_sequences: int  # when not `complete`: a lower bound likewise, 0 when not reached
     exact: bool
-    complete: bool = True  # False: the count stopped at COUNT_BUDGET states (the paths are too many)
+    complete: bool = True  # False: the count stopped at COUNT_BUDGET states (the paths are too many) or its CPU budget
+    stopped: str | None = None  # past the CPU budget: where and on what the count stopped (else None)
 
 
 # A child of a state: (branch index, kind, target, child region, uncertain)
@@ -119,6 +122,7 @@ class Explorer(RegionGraph):
         self.count_memo: dict[tuple, int] = {}
         self.seq_memo: dict[tuple, int] = {}
         self._total: PathCount | None = None
+        self._counting: int | None = None  # the stage whose branches the count is deciding (for `stopped`)
         self._width: int | None = None
 
     # -- dynamic programming ---------------------------------------------------------------------
@@ -142,6 +146,8 @@ class Explorer(RegionGraph):
                 expanded += 1
                 if max_states is not None and expanded > max_states:
                     raise _Budget
+                self._counting = key[0]
+                check_active()  # a count past its CPU budget stops here (`count`)
                 exp = expand(key)
                 pending[key] = exp
             missing = [ck for _, ck in exp[1] if ck not in memo and ck not in pending]
@@ -192,7 +198,9 @@ class Explorer(RegionGraph):
             return None
         return (self.start, self.root_region(), frozenset())
 
-    def count(self) -> PathCount:
+    def count(self, clock: CpuBudget | None = None) -> PathCount:
+        """The counts, within `clock` when given: past it, an incomplete count with lower bounds whose
+        `stopped` says at which stage it was deciding the branches (not kept: a later call goes on)."""
         if self._total is not None:
             return self._total
         rk = self.root_key()
@@ -201,8 +209,15 @@ class Explorer(RegionGraph):
             return self._total
         # `uncertain` is sticky: set whenever an undecided child was met
         try:
-            n = self._evaluate(rk, self._expand_paths, self.count_memo, COUNT_BUDGET)
-            s = self._evaluate(rk, self._expand_seqs, self.seq_memo, COUNT_BUDGET)
+            with active(clock) if clock is not None else nullcontext():
+                n = self._evaluate(rk, self._expand_paths, self.count_memo, COUNT_BUDGET)
+                s = self._evaluate(rk, self._expand_seqs, self.seq_memo, COUNT_BUDGET)
+        except OutOfCpu as stop:
+            at = self.ids[self._counting] if self._counting is not None else self.ids[rk[0]]
+            return PathCount(feasible=max(self.count_memo.values(), default=0),
+                             stage_sequences=max(self.seq_memo.values(), default=0), exact=False, complete=False,
+                             stopped=f"the count reached its CPU budget ({stop.clock.describe()}) at stage `{at}` "
+                                     "while deciding which of its branches the values reaching it can take")
         except _Budget:  # too many paths to count: say so, with lower bounds, instead of running on
             lower = max(self.count_memo.values(), default=1)
             seqs = max(self.seq_memo.values(), default=0)
@@ -895,11 +910,20 @@ def iter_paths(scenario: ir.Scenario, *, limit: int | None = None,
             return
 
 
-def count_paths(scenario: ir.Scenario) -> PathCount:
+def count_paths(scenario: ir.Scenario, *, cpu_budget: float | CpuBudget | None = None) -> PathCount:
     """Number of feasible paths and of distinct stage sequences, without enumerating them. For a
-    procedure, `stage_sequences` counts sequences of stage visits of the unrolled form."""
+    procedure, `stage_sequences` counts sequences of stage visits of the unrolled form. Past `cpu_budget`
+    (CPU seconds or a command's `CpuBudget`; None: no limit but the count of states) the count is
+    incomplete, with lower bounds, and `stopped` says where (in the source's stage ids)."""
+    clock = CpuBudget(cpu_budget) if isinstance(cpu_budget, (int, float)) else cpu_budget
     u = _unrolled(scenario)
-    return explorer_for(u.scenario if u else scenario).count()
+    counted = explorer_for(u.scenario if u else scenario).count(clock)
+    if u is not None and counted.stopped:
+        for cid in sorted(u.origin, key=len, reverse=True):  # a copy `check#3` is stage `check`
+            if f"`{cid}`" in counted.stopped and u.origin[cid] != cid:
+                counted.stopped = counted.stopped.replace(f"`{cid}`", f"`{u.origin[cid]}`")
+                break
+    return counted
 
 
 def path_by_decisions(scenario: ir.Scenario, stages: Sequence[str], branches: Sequence[int],

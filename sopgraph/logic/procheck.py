@@ -17,6 +17,7 @@ from sopgraph.language import ir
 from sopgraph.language.compile import reads as compile_reads
 from sopgraph.language.compile import stage_reads
 from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error, warning
+from sopgraph.logic.budget import CpuBudget
 from sopgraph.logic.lower import Lowered, analysis_form
 from sopgraph.logic.paths import explorer_for, used_looks
 from sopgraph.logic.unroll import (
@@ -258,10 +259,11 @@ def _system_reads(scenario: ir.Scenario, stages: list[ir.Stage]) -> list[str]:
     return list(found)
 
 
-def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Diagnostic]]) -> list[Diagnostic]:
+def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Diagnostic]],
+                   clock: CpuBudget | None = None) -> list[Diagnostic]:
     """The flow analysis of a procedure, run on its unrolled form and mapped back: a finding about
     any copy of a stage is a finding about the stage; "never" claims (W303/W304) hold only if they
-    hold for every copy where the branch is live."""
+    hold for every copy where the branch is live (known from a path count within `clock`, when given)."""
     try:
         unrolled = analysis_form(scenario)
     except UnrollError:
@@ -270,7 +272,8 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
         return []
     flat = unrolled.scenario
     found = flow(flat)
-    taken = _taken_branches(flat, unrolled.origin)
+    # only "never" claims need the branches some path takes: a count over every path, not asked otherwise
+    taken = _taken_branches(flat, unrolled.origin, clock) if any(d.code in ("W303", "W304") for d in found) else None
     spans: dict[tuple[int, int, str], tuple[str, int]] = {}
     for sid, st in scenario.stages.items():
         for bi, b in enumerate(st.branches):
@@ -311,11 +314,12 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
     return unique
 
 
-def _taken_branches(flat: ir.Scenario, origin: dict[str, str]) -> set[tuple[str, int]] | None:
+def _taken_branches(flat: ir.Scenario, origin: dict[str, str],
+                    clock: CpuBudget | None = None) -> set[tuple[str, int]] | None:
     """(source stage, branch) pairs some feasible path of the unrolled form takes (None when the
-    exploration is not exact: then no "never" claim is made)."""
+    exploration is not exact or ran out of `clock`: then no "never" claim is made)."""
     ex = explorer_for(flat)
-    total = ex.count()
+    total = ex.count(clock)
     if not total.exact:
         return None
     out: set[tuple[str, int]] = set()

@@ -7,7 +7,8 @@ that ends in a leaf assigning a bounded numeric output, it constrains the path's
 value is below the lower bound, or above the upper bound" and looks for a witness. A witness is
 reported only after the reference engine has routed it along that very path and refused the output,
 so a diagnostic is never a guess. The search is bounded (paths and engine runs); past the bounds it
-says nothing more, and the decide-time check still holds.
+says nothing more, and the decide-time check still holds. Past its CPU budget it says where it stopped
+(I304: the stage, and the assignment it was checking), for the assignments from there on are unchecked.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any
 
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import Diagnostic, error
+from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget, OutOfCpu, active, budget_of
 from sopgraph.logic.engine import DecideError, Interpreter, interpret
 from sopgraph.logic.formula import Formula
 from sopgraph.logic.paths import explorer_for, trace
 
 MAX_PATHS = 5_000  # feasible paths enumerated looking for leaves that set bounded outputs
 MAX_CHECKS = 200  # engine runs to verify witnesses
+_LISTING = "listing the paths that end in a leaf setting a checked output"
 
 
 def _outside(value: Any, otype: ir.NumType | ir.ListType) -> ir.Expr | None:
@@ -68,11 +71,16 @@ def _checked(otype: Any) -> bool:
     return isinstance(otype, ir.NumType) and (otype.lo is not None or otype.hi is not None)
 
 
+def has_checked_outputs(scenario: ir.Scenario) -> bool:
+    """Whether the program has an output this pass checks (else there is nothing to search)."""
+    return any(_checked(o.type) for o in scenario.outputs.values())
+
+
 def _checked_leaves(scenario: ir.Scenario) -> dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]]:
     """(stage id, branch index) -> the assignments of bounded numeric outputs (and list outputs) that are not
     literals (literals are checked by the type pass)."""
     out: dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]] = {}
-    if not any(_checked(o.type) for o in scenario.outputs.values()):
+    if not has_checked_outputs(scenario):
         return out  # no bounded numeric output: no assignment to check, no walk over every branch
     for sid, stage in scenario.stages.items():
         for bi, branch in enumerate(stage.branches):
@@ -85,37 +93,82 @@ def _checked_leaves(scenario: ir.Scenario) -> dict[tuple[str, int], list[tuple[i
     return out
 
 
-def output_range_diagnostics(scenario: ir.Scenario) -> list[Diagnostic]:
-    """E204 for each assignment that some feasible path can drive outside its output's range."""
+def output_range_diagnostics(scenario: ir.Scenario, *,
+                             cpu_budget: float | CpuBudget = CHECK_CPU_BUDGET) -> list[Diagnostic]:
+    """E204 for each assignment that some feasible path can drive outside its output's range; past
+    `cpu_budget` (CPU seconds or a command's `CpuBudget`), the ones found so far and an I304 note."""
     leaves = _checked_leaves(scenario)
     if not leaves:
         return []
+    search = _Search(scenario, leaves, budget_of(cpu_budget, CHECK_CPU_BUDGET))
     try:
-        return _search(scenario, leaves)
+        with active(search.clock):
+            search.run()
+    except OutOfCpu:
+        search.out_of_time = True
     except (RecursionError, DecideError):
         return []
+    return search.found + search.note()
 
 
-def _search(scenario: ir.Scenario,
-            leaves: dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]]) -> list[Diagnostic]:
-    ex = explorer_for(scenario)
-    sp = ex.sp
-    region_of = ex.prefix_regions()
-    formulas: dict[int, Formula] = {}
-    done: set[int] = set()  # ids of assignments already reported
-    found: list[Diagnostic] = []
-    checks = MAX_CHECKS
-    wanted = sum(len(v) for v in leaves.values())
-    for n, (stages, branches, _action) in enumerate(ex.iter_raw()):
-        if n >= MAX_PATHS or checks <= 0 or len(done) >= wanted:
-            break
-        sid = ex.ids[stages[-1]]
-        todo = [(a, o) for a, o in leaves.get((sid, branches[-1]), []) if id(a) not in done]
-        if not todo:
-            continue
-        region = region_of(stages, branches)
-        stage_ids = [ex.ids[s] for s in stages]
+class _Search:
+    """The walk over the feasible paths that end in a leaf setting a checked output (see the module)."""
+
+    def __init__(self, scenario: ir.Scenario,
+                 leaves: dict[tuple[str, int], list[tuple[ir.OutputAssign, ir.Output]]], clock: CpuBudget):
+        self.scenario = scenario
+        self.leaves = leaves
+        self.clock = clock
+        self.ex = explorer_for(scenario)
+        self.found: list[Diagnostic] = []
+        self.out_of_time = False
+        self.at: int | None = None  # the stage of the path (its last) being looked at
+        self.asking = _LISTING
+
+    def note(self) -> list[Diagnostic]:
+        """I304 when the CPU budget cut the search short: where (the stage) and on what."""
+        if not self.out_of_time:
+            return []
+        ex = self.ex
+        stage = ex.stage_objs[self.at if self.at is not None else (ex.start or 0)] if ex.stage_objs else None
+        where = f" at stage `{stage.id}`" if stage is not None else ""
+        return [Diagnostic(
+            code="I304", severity="info",
+            message=f"output-range check incomplete: it reached its CPU budget ({self.clock.describe()}){where} "
+                    f"while {self.asking}; assignments from there on were not checked against their outputs' ranges",
+            span=stage.span if stage is not None else self.scenario.span,
+            hint="the engine still refuses an output outside its range when it decides; raise --cpu-budget "
+                 "to check them statically")]
+
+    def run(self) -> None:
+        ex, leaves = self.ex, self.leaves
+        region_of = ex.prefix_regions()
+        formulas: dict[int, Formula] = {}
+        done: set[int] = set()  # ids of assignments already reported
+        checks = MAX_CHECKS
+        wanted = sum(len(v) for v in leaves.values())
+        for n, (stages, branches, _action) in enumerate(ex.iter_raw()):
+            if n >= MAX_PATHS or checks <= 0 or len(done) >= wanted:
+                break
+            if self.clock.out():
+                self.out_of_time = True
+                return
+            self.at = stages[-1]
+            sid = ex.ids[stages[-1]]
+            todo = [(a, o) for a, o in leaves.get((sid, branches[-1]), []) if id(a) not in done]
+            if not todo:
+                continue
+            region = region_of(stages, branches)
+            stage_ids = [ex.ids[s] for s in stages]
+            checks = self._leaf(todo, region, stage_ids, list(branches), formulas, done, checks)
+            self.asking = _LISTING
+
+    def _leaf(self, todo: list[tuple[ir.OutputAssign, ir.Output]], region: Any, stage_ids: list[str],
+              branches: list[int], formulas: dict[int, Formula], done: set[int], checks: int) -> int:
+        """Look for values that drive each assignment of one leaf outside its range; the checks left."""
+        sp, scenario, found = self.ex.sp, self.scenario, self.found
         for assign, output in todo:
+            self.asking = f"looking for values that drive `{assign.name} = {ir.show(assign.value)}` outside its range"
             f = formulas.get(id(assign))
             if f is None:
                 bad = _outside(assign.value, output.type)  # type: ignore[arg-type]
@@ -134,7 +187,7 @@ def _search(scenario: ir.Scenario,
                     break
                 if checks <= 0:
                     break
-    return found
+        return checks
 
 
 def _refused(scenario: ir.Scenario, values: dict[str, Any], stages: list[str], branches: list[int],
@@ -187,4 +240,4 @@ def _diagnostic(assign: ir.OutputAssign, output: ir.Output, witness: dict[str, A
     )
 
 
-__all__ = ["MAX_CHECKS", "MAX_PATHS", "output_range_diagnostics"]
+__all__ = ["MAX_CHECKS", "MAX_PATHS", "has_checked_outputs", "output_range_diagnostics"]

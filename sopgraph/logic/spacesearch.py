@@ -12,6 +12,7 @@ from typing import Any
 
 from sopgraph.language import ir, scalars
 from sopgraph.logic import diffbound, solver
+from sopgraph.logic.budget import check_active
 from sopgraph.logic.formula import Formula
 from sopgraph.logic.guards import NEGATED_OP
 from sopgraph.logic.intervals import (  # re-exported: NumDom and the num_* operations are the domain's API
@@ -106,6 +107,7 @@ class SpaceSearch(SpaceCore):
             return True
         hit = self._decided.get(box)
         if hit is None:
+            check_active()  # an analysis past its CPU budget stops before a new question (see `budget`)
             w, exhaustive = self._search_or_solve(box, "boundary", None)
             hit = (True if w is not None else (False if exhaustive else None), w)
             self._decided[box] = hit
@@ -137,6 +139,7 @@ class SpaceSearch(SpaceCore):
             hit = self._decided.get(box)
             if hit is not None and hit[1] is not None:
                 return dict(hit[1])
+        check_active()
         w, _ = self._search_or_solve(box, style, rng)
         return w
 

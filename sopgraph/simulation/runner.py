@@ -59,6 +59,7 @@ from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.schema import agent_output_schema
+from sopgraph.logic.budget import LOAD_CPU_BUDGET
 from sopgraph.logic.checker import load
 from sopgraph.records import Case, Dialogue, Turn
 from sopgraph.simulation import distributed
@@ -691,7 +692,9 @@ def _load(path: str | Path | None) -> ir.Scenario:
     if path is None:
         raise RunError("no scenario file given")
     try:
-        return load(path, flow=False)  # running needs no flow proofs (`sop check` does them)
+        # running needs no flow proofs (`sop check` does them); the load-time checks get the budget of a
+        # command that only loads (`sop run` has checked the file once already, within its own)
+        return load(path, flow=False, cpu_budget=LOAD_CPU_BUDGET)
     except SopError as exc:
         raise RunError(f"{path}: the SOP has errors:\n{exc.render()}") from None
     except OSError as exc:
