@@ -771,6 +771,7 @@ def test_sop_paths_stops_listing_at_its_cpu_budget_and_says_after_which_path(cap
     assert list(stream) == []
     assert "the listing reached its CPU budget (1 s of CPU) after path P01 (step1 -> " in capsys.readouterr().err
 
+
 def test_listed_actions_keep_their_list_and_record_arguments() -> None:
     """The analysis form leaves list and record arguments out (nothing routes on them); a path still shows
     each action as the SOP writes it, the engine's trace agreeing on the arguments it carries out."""
