@@ -170,3 +170,55 @@ def test_synthesis_gives_the_same_bytes_on_a_second_run_in_the_same_process() ->
     first = synthesize(scenario, 30, seed=1).lines
     assert synthesize(scenario, 30, seed=1).lines == first  # same scenario object: its space is reused
     assert synthesize(load(text=text), 30, seed=1).lines == first  # a fresh load after other work
+
+
+REPEATED = """
+scenario m "M"
+field A: X | Y | Z "a"
+field B1: bool "b1"
+field B2: bool "b2"
+field B3: bool "b3"
+field B4: bool "b4"
+field B5: bool "b5"
+field B6: bool "b6"
+system N: int[1..6] "n"
+action P "p"
+action Q "q"
+stage s { when count(B1, B2, B3, B4, B5, B6) >= N + 3 and A == X -> do P  otherwise -> do Q }
+"""
+
+
+def test_a_query_asked_again_from_another_box_is_solved_once(monkeypatch) -> None:
+    """Boxes that differ only in a variable the residuals do not read (here `A`) ask z3 the same query: on a
+    list of order lines two of three queries were such repeats, each paying for a context and a solve
+    (docs/performance.md). The answer is a function of the query alone, so it is memoised per space; the
+    model is the same and the variable outside the query still comes from each box."""
+    import z3
+
+    from sopgraph.logic import solver
+
+    sc = load(text=REPEATED)
+    sp = domain.space_for(sc)
+    guard = sc.stages["s"].branches[0].guard
+    assert guard is not None
+    (scored,) = [b for b in sp.constrain(sp.full, sp.formula(guard.operands[0], True)) if b.resid]
+    boxes = [b for value in ("X", "Y") for b in sp.constrain(scored, sp.formula(
+        guard.operands[1].model_copy(update={"right": guard.operands[1].right.model_copy(update={"value": value})}),
+        True))]
+    assert len(boxes) == 2 and boxes[0] != boxes[1] and boxes[0].resid == boxes[1].resid
+    made: list[object] = []
+    real = z3.Context
+
+    def counting(*args: object, **kwargs: object) -> object:
+        made.append(None)
+        return real(*args, **kwargs)
+
+    solver.solve(sp, boxes[0])  # the space's own context is made here, before counting
+    monkeypatch.setattr(z3, "Context", counting)
+    first, empty_first = solver.solve(sp, boxes[1])
+    again, empty_again = solver.solve(sp, boxes[0])
+    assert made == []  # both answers came from the first solve: no new context, no new solve
+    assert first is not None and again is not None and not empty_first and not empty_again
+    assert (first["A"], again["A"]) == ("Y", "X")
+    assert {k: v for k, v in first.items() if k != "A"} == {k: v for k, v in again.items() if k != "A"}
+    assert sum(first[f"B{i}"] for i in range(1, 7)) >= first["N"] + 3

@@ -65,6 +65,7 @@ class Box(Protocol):
 DAY_SECONDS = 86_400
 RLIMIT = 5_000_000  # z3 resource units per query (deterministic); a scoring SOP needs ~1e5
 MAX_TERMS = 20_000  # expression nodes translated per query before giving up (undecided)
+MAX_MEMO = 50_000  # distinct queries remembered per space (answers and their terms), then forgotten
 
 
 class _Unsupported(Exception):
@@ -128,33 +129,70 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
     return tr.assignment(model), False
 
 
-def _check(z3: Any, tr: _Translator, goal: list[Any], logic: str | None) -> tuple[Any, Any]:
+def _check(z3: Any, tr: _Translator, goal: list[Any], logic: str | None) -> tuple[Any, _Model | None]:
     """z3's verdict on the box's domains and `goal` within the deterministic budget, and its model.
 
     The query is copied into a context of its own (`translate`, done inside z3) and solved there: the
     solver's choices follow the ids of the terms it sees, and in the space's context those ids depend on
     every query asked before (and on which ones the domain's memos skipped). A fresh context numbers
     the query's terms by its own structure, so the same question gets the same answer whatever the
-    process did earlier, and the resource limit counts this query alone."""
+    process did earlier, and the resource limit counts this query alone.
+
+    The answer is therefore a function of the query alone, and it is memoised per space (`_query_key`):
+    boxes that differ only in variables the residuals do not read ask the same query (on a list of order
+    lines, two of three queries repeat), and each distinct query then costs one context and one solve."""
+    terms = [*tr.domains(), *goal]
+    key = _query_key(terms, logic)
+    hit = tr.checks.get(key)
+    if hit is not None:
+        return hit[0], hit[1]
     ctx = z3.Context()
     solver = z3.SolverFor(logic, ctx=ctx) if logic else z3.Solver(ctx=ctx)
     solver.set("rlimit", RLIMIT)
     try:
-        solver.add(*[t.translate(ctx) for t in (*tr.domains(), *goal)])
+        solver.add(*[t.translate(ctx) for t in terms])
         result = solver.check()
     except z3.Z3Exception:  # pragma: no cover - resource exhaustion surfaces as unknown
-        return None, None
-    return result, _Model(solver.model(), ctx) if result == z3.sat else None
+        result = None
+    model = _Model(z3, solver.model()) if result == z3.sat else None
+    if len(tr.checks) >= MAX_MEMO:
+        tr.checks.clear()
+    # the terms are kept with the answer: z3 reuses the id of a term nobody holds, and the key must
+    # never come to name another query
+    tr.checks[key] = (result, model, terms)
+    tr.stats["solved"] = tr.stats.get("solved", 0) + 1
+    return result, model
+
+
+def _query_key(terms: list[Any], logic: str | None) -> tuple:
+    """The query as the ids of its terms in the space's context. z3 shares structurally equal terms
+    (one id per distinct term of a context), so equal keys are equal queries; far cheaper than the
+    query's text (`sexpr`). Sound only while the terms stay alive (see `_check`)."""
+    return (logic, *(t.get_id() for t in terms))
 
 
 class _Model:
-    """A model of a query solved in its own context, read with the space's terms."""
+    """What a model says of the query's constants, read out once (as Python values) so that the model's
+    context can be released and a memoised answer costs no z3 call. A constant the model leaves out
+    takes z3's completion default (false, 0)."""
 
-    def __init__(self, model: Any, ctx: Any):
-        self.model, self.ctx = model, ctx
+    def __init__(self, z3: Any, model: Any):
+        self.values: dict[str, Any] = {}
+        for d in model.decls():
+            if d.arity() != 0:
+                continue
+            v = model[d]
+            if z3.is_bool(v):
+                self.values[d.name()] = z3.is_true(v)
+            elif z3.is_int_value(v):
+                self.values[d.name()] = v.as_long()
+            elif z3.is_rational_value(v):
+                self.values[d.name()] = v.as_fraction()
+            else:  # an algebraic number (an irrational root): no float stands for it
+                self.values[d.name()] = None
 
-    def eval(self, term: Any, model_completion: bool = False) -> Any:
-        return self.model.eval(term.translate(self.ctx), model_completion=model_completion)
+    def value(self, name: str, default: Any) -> Any:
+        return self.values.get(name, default)
 
 
 class _Translator:
@@ -176,12 +214,14 @@ class _Translator:
         shared = space.__dict__.get("_z3_shared")
         if shared is None:
             shared = space.__dict__["_z3_shared"] = {"memo": {}, "enums": {}, "patterns": {}, "doms": {},
-                                                     "ctx": z3.Context()}
+                                                     "checks": {}, "stats": {}, "ctx": z3.Context()}
         self.ctx = shared["ctx"]
         self.memo: dict[Any, tuple[tuple[str, Any], bool, bool, int, frozenset[Any]]] = shared["memo"]
         self.enum_ids: dict[str, int] = shared["enums"]
         self.pattern_ids: dict[tuple[int, str], int] = shared["patterns"]
         self.dom_memo: dict[tuple[int, Any], tuple[Any, bool]] = shared["doms"]
+        self.checks: dict[tuple, tuple[Any, _Model | None, list[Any]]] = shared["checks"]  # see `_check`
+        self.stats: dict[str, int] = shared["stats"]  # "solved": distinct queries solved (for tests, benchmarks)
         # base variables (and `missing`, pattern tests: see `missing_var`, `pattern_atom`) read by the
         # translations in progress
         self.reading: list[set[Any]] = []
@@ -323,8 +363,10 @@ class _Translator:
 
     def domains(self) -> list[Any]:
         doms = self.box.doms
-        present = [self.z3.Not(m) for i, m in self.absent.items() if doms[i] != self.sp.full_doms[i]]
-        return [self.dom(i, doms[i]) for i in list(self.vars)] + present
+        # in variable order: a query replayed from memoised translations reads its variables in
+        # another order than the one that built them, and must still be the same query (`_query_key`)
+        present = [self.z3.Not(self.absent[i]) for i in sorted(self.absent) if doms[i] != self.sp.full_doms[i]]
+        return [self.dom(i, doms[i]) for i in sorted(self.vars)] + present
 
     # -- residual literals -----------------------------------------------------------------------
 
@@ -469,12 +511,11 @@ class _Translator:
 
     # -- models ----------------------------------------------------------------------------------
 
-    def matching_string(self, model: Any, i: int, picked: Any) -> Any:
+    def matching_string(self, model: _Model, i: int, picked: Any) -> Any:
         """A value of string variable `i` that matches exactly the patterns the model says it matches:
         the box's pick, its plausible samples, or an example built from one of the patterns; the pick
         when none fits (the caller's check then refuses the assignment)."""
-        wanted = [(p, self.z3.is_true(model.eval(x, model_completion=True)))
-                  for (j, p), x in self.patterns.items() if j == i]
+        wanted = [(p, bool(model.value(f"p{self.pattern_ids[j, p]}", False))) for j, p in self.patterns if j == i]
         candidates: list[Any] = [picked, *self.sp.string_samples.get(i, ())]
         for p, _truth in wanted:
             try:
@@ -486,7 +527,7 @@ class _Translator:
                 return c
         return picked
 
-    def assignment(self, model: Any) -> dict[str, Any] | None:
+    def assignment(self, model: _Model) -> dict[str, Any] | None:
         """Every base variable: the model's value where the query constrained it, else a pick
         from the box (the caller verifies the whole assignment)."""
         sp = self.sp
@@ -494,28 +535,25 @@ class _Translator:
         names = {v: k for k, v in self.enum_ids.items()}
         out: dict[str, Any] = {}
         for i, n in enumerate(sp.names):
-            gone = self.absent.get(i)
-            if gone is not None and self.z3.is_true(model.eval(gone, model_completion=True)):
+            if i in self.absent and model.value(f"m{i}", False):
                 out[n] = None
                 continue
-            x = self.vars.get(i)
-            if x is None:
+            if i not in self.vars:
                 out[n] = sp.pick(i, self.box.doms[i], "representative", None)
                 if i in tested:
                     out[n] = self.matching_string(model, i, out[n])
                 continue
-            val = model.eval(x, model_completion=True)
             kind = sp.kinds[i]
             if kind == "bool":
-                out[n] = self.z3.is_true(val)
+                out[n] = bool(model.value(f"v{i}", False))
             elif kind == "enum":
-                out[n] = names.get(val.as_long())
+                out[n] = names.get(model.value(f"v{i}", 0))
                 if i in sp.text_enums and not isinstance(out[n], str):  # some other text: its sample
                     out[n] = sp.values[i][0]
             elif kind == "int":
-                out[n] = val.as_long()
+                out[n] = model.value(f"v{i}", 0)
             else:
-                frac = val.as_fraction() if hasattr(val, "as_fraction") else None
+                frac = model.value(f"v{i}", Fraction(0))
                 if frac is None:
                     return None
                 out[n] = float(frac)
