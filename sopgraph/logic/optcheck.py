@@ -337,7 +337,11 @@ class _Pass:
                 self.check(c, si, region, prefix)
             nvk = ex.next_visited(si, vk)
             nxt = []
-            for bi, kind, tgt, creg, _u in ex.children(si, region):
+            # only the stages a branch goes on to are walked: a stage whose branches all end in actions
+            # needs no children, and deciding which of them are feasible was half of this pass on a
+            # list of records (the reads' own conditions are decided by `check`)
+            onward = any(kind == "stage" for kind, _t in ex.targets[si])
+            for bi, kind, tgt, creg, _u in ex.children(si, region) if onward else ():
                 if kind == "stage" and tgt not in nvk:
                     ck = (tgt, creg, nvk)
                     if ck not in seen:
