@@ -179,17 +179,17 @@ class _Model:
     def __init__(self, z3: Any, model: Any):
         self.values: dict[str, Any] = {}
         for d in model.decls():
-            if d.arity() != 0:
+            name = d.name()
+            if name[:1] not in ("v", "m", "p") or d.arity() != 0:  # z3's own functions (`/0`, ...)
                 continue
             v = model[d]
-            if z3.is_bool(v):
-                self.values[d.name()] = z3.is_true(v)
-            elif z3.is_int_value(v):
-                self.values[d.name()] = v.as_long()
-            elif z3.is_rational_value(v):
-                self.values[d.name()] = v.as_fraction()
+            if z3.is_true(v) or z3.is_false(v):
+                self.values[name] = z3.is_true(v)
+            elif z3.is_int_value(v) or z3.is_rational_value(v):
+                exact = Fraction(v.as_string())  # one call: `as_fraction` makes three
+                self.values[name] = int(exact) if z3.is_int_value(v) else exact
             else:  # an algebraic number (an irrational root): no float stands for it
-                self.values[d.name()] = None
+                self.values[name] = None
 
     def value(self, name: str, default: Any) -> Any:
         return self.values.get(name, default)
@@ -214,13 +214,15 @@ class _Translator:
         shared = space.__dict__.get("_z3_shared")
         if shared is None:
             shared = space.__dict__["_z3_shared"] = {"memo": {}, "enums": {}, "patterns": {}, "doms": {},
-                                                     "checks": {}, "stats": {}, "ctx": z3.Context()}
+                                                     "checks": {}, "stats": {}, "atoms": {},
+                                                     "ctx": z3.Context()}
         self.ctx = shared["ctx"]
         self.memo: dict[Any, tuple[tuple[str, Any], bool, bool, int, frozenset[Any]]] = shared["memo"]
         self.enum_ids: dict[str, int] = shared["enums"]
         self.pattern_ids: dict[tuple[int, str], int] = shared["patterns"]
         self.dom_memo: dict[tuple[int, Any], tuple[Any, bool]] = shared["doms"]
         self.checks: dict[tuple, tuple[Any, _Model | None, list[Any]]] = shared["checks"]  # see `_check`
+        self.atoms: dict[str, Any] = shared["atoms"]  # name -> the variable's z3 constant
         self.stats: dict[str, int] = shared["stats"]  # "solved": distinct queries solved (for tests, benchmarks)
         # base variables (and `missing`, pattern tests: see `missing_var`, `pattern_atom`) read by the
         # translations in progress
@@ -274,17 +276,16 @@ class _Translator:
         kind = self.sp.kinds[i]
         x = self.vars.get(i)
         if x is None:
-            name = f"v{i}"
-            if kind == "bool":
-                x = self.z3.Bool(name, self.ctx)
-            elif kind == "float":
-                x = self.z3.Real(name, self.ctx)
-                self.reals = True
-            elif kind in ("int", "enum"):
-                x = self.z3.Int(name, self.ctx)
-            else:
+            if kind not in ("bool", "float", "int", "enum"):
                 raise _Unsupported(kind)
+            name = f"v{i}"
+            x = self.atoms.get(name)
+            if x is None:  # once per space, like the translations that use it
+                make = self.z3.Bool if kind == "bool" else self.z3.Real if kind == "float" else self.z3.Int
+                x = self.atoms[name] = make(name, self.ctx)
             self.vars[i] = x
+        if kind == "float":
+            self.reals = True
         if kind == "enum":
             return "enum", x
         return ("bool" if kind == "bool" else "num"), x
@@ -297,7 +298,11 @@ class _Translator:
             reading.add(-i - 1)  # recorded apart from the value's own reads (see `memoized`)
         x = self.absent.get(i)
         if x is None:
-            x = self.absent[i] = self.z3.Bool(f"m{i}", self.ctx)
+            name = f"m{i}"
+            x = self.atoms.get(name)
+            if x is None:
+                x = self.atoms[name] = self.z3.Bool(name, self.ctx)
+            self.absent[i] = x
         return x
 
     def pattern_atom(self, i: int, pattern: str) -> Any:
