@@ -441,3 +441,58 @@ def guard_of_text(decls: str, score: str) -> tuple[ir.Scenario, Any]:
     loaded = load_source(None, text=src)
     assert loaded.scenario is not None, [d.message for d in loaded.diagnostics]
     return loaded.scenario, loaded.scenario.stages["s"].branches[0].guard
+
+
+GROUPS = """
+scenario g "G"
+field A: X | Y | Z "a"
+field B1: bool "b1"
+field B2: bool "b2"
+field B3: bool "b3"
+field B4: bool "b4"
+field B5: bool "b5"
+field B6: bool "b6"
+system N: int[1..6] "n"
+system M1: int[0..100] "m1"
+system M2: int[0..100] "m2"
+action P "p"
+action Q "q"
+stage s { when count(B1, B2, B3, B4, B5, B6) >= N + 3 -> u  otherwise -> do Q }
+stage u { when M1 + M2 > 150 -> t  otherwise -> do Q }
+stage t { when A == X -> do P  otherwise -> do Q }
+"""
+
+
+def test_a_group_of_residuals_asked_again_from_another_box_is_decided_once(monkeypatch) -> None:
+    """Residuals that read disjoint variables are decided group by group; boxes that differ only outside a
+    group (here in `A`) ask it the same question. Its answer depends only on its literals and on the domains
+    of the variables it reads, so the second box reuses it: on a list of records five of six group
+    questions were such repeats (docs/performance.md). The witnesses still differ where the boxes do."""
+    from sopgraph.logic import domain
+    from sopgraph.logic.spacesearch import SpaceSearch
+
+    sc = load_source(None, text=GROUPS).scenario
+    assert sc is not None
+    sp = domain.space_for(sc)
+    scored = next(b2 for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True))
+                  for b2 in sp.constrain(b, sp.formula(sc.stages["u"].branches[0].guard, True))
+                  if len(sp._resid_groups(b2)) == 2)
+    guard = sc.stages["t"].branches[0].guard
+    boxes = [*sp.constrain(scored, sp.formula(guard, True)), *sp.constrain(scored, sp.formula(guard, False))]
+    assert len(boxes) == 2 and boxes[0].resid == boxes[1].resid
+    asked: list[object] = []
+    real = SpaceSearch._search_or_solve
+
+    def counting(self: SpaceSearch, box: domain.Box, style: str, rng: object) -> tuple:
+        asked.append(box)
+        return real(self, box, style, rng)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    assert sp.decide(boxes[0]) is True
+    assert len(asked) == 3  # the box, then each of its two groups
+    assert sp.decide(boxes[1]) is True
+    assert len(asked) == 4  # the box alone: both groups were answered before
+    first, second = sp.witness(boxes[0], "boundary"), sp.witness(boxes[1], "boundary")
+    assert first is not None and second is not None
+    assert first["A"] == "X" and second["A"] != "X"
+    assert {k: v for k, v in first.items() if k != "A"} == {k: v for k, v in second.items() if k != "A"}

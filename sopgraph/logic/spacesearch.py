@@ -248,15 +248,38 @@ class SpaceSearch(SpaceCore):
         if merged is None:
             return None, False
         for lits in groups:
-            w, exhaustive = self._search_or_solve(self.box(box.doms, lits), style, rng)
+            w, exhaustive = self._decide_group(box, lits, style, rng)
             if w is None:
                 return None, exhaustive  # one empty group empties the box; an undecided one was counted
-            for i in {v for rid, _t in lits for v in self.res_vars[rid]}:
-                merged[self.names[i]] = w[self.names[i]]
+            merged.update(w)
         if not all(self.eval_resid(rid, truth, merged) for rid, truth in box.resid):
             self.note_undecided(box)  # defensive: groups that do not combine (a read the split did not see)
             return None, False
         return merged, False
+
+    def _decide_group(self, box: Box, lits: frozenset, style: str,
+                      rng: random.Random | None) -> tuple[dict | None, bool]:
+        """One group of `_solve_groups`: the values of the variables it reads, and whether its search was
+        exhaustive. Without a random source that is a function of the literals and of those variables'
+        domains alone, so it is memoised on them: boxes that differ elsewhere (another order line's
+        flags) ask the same group again, and on a list of records five of six group questions repeat.
+        A repeat of an undecided question is counted again, as a fresh search would."""
+        reads = sorted({v for rid, _t in lits for v in self.res_vars[rid]})
+        key = (lits, tuple(box.doms[i] for i in reads), style) if rng is None else None
+        hit = self._groups.get(key) if key is not None else None
+        sub = self.box(box.doms, lits)
+        if hit is not None:
+            for _ in range(hit[2]):
+                self.note_undecided(sub)
+            return (dict(hit[0]) if hit[0] is not None else None), hit[1]
+        open_before = self.undecided
+        w, exhaustive = self._search_or_solve(sub, style, rng)
+        found = {self.names[i]: w[self.names[i]] for i in reads} if w is not None else None
+        if key is not None:
+            if len(self._groups) >= 200_000:
+                self._groups.clear()
+            self._groups[key] = (found, exhaustive, self.undecided - open_before)
+        return (dict(found) if found is not None else None), exhaustive
 
     def _solve_diffs(self, box: Box, style: str, rng: random.Random | None) -> tuple[str, dict | None]:
         """The box's difference literals as one difference-bound system (`diffbound`): "empty" is exact;
