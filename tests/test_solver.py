@@ -4,6 +4,7 @@ arithmetic rounds in the engine and not in z3, so such a query is never trusted 
 
 from __future__ import annotations
 
+from sopgraph.language.parse import load_source
 from sopgraph.logic import domain, paths
 from sopgraph.logic.checker import load
 from sopgraph.logic.engine import decide
@@ -222,3 +223,23 @@ def test_a_query_asked_again_from_another_box_is_solved_once(monkeypatch) -> Non
     assert (first["A"], again["A"]) == ("Y", "X")
     assert {k: v for k, v in first.items() if k != "A"} == {k: v for k, v in again.items() if k != "A"}
     assert sum(first[f"B{i}"] for i in range(1, 7)) >= first["N"] + 3
+
+
+def test_the_generated_order_shape_is_a_valid_program_of_lists_sums_and_patterns() -> None:
+    """`benchmarks/gen_sop.py --kind orders` (the shape of `ORDER`, generated for the fuzz benchmark) gives
+    programs that load without errors, use every construct of the shape, and are the same for a seed."""
+    from helpers import gen_sop
+
+    gen = gen_sop()
+    assert "orders" in gen.KINDS
+    seen = ""
+    for seed in range(8):
+        text = gen.generate(1 + seed % 5, kind="orders", seed=seed)
+        assert gen.generate(1 + seed % 5, kind="orders", seed=seed) == text
+        loaded = load_source(None, text=text)
+        assert loaded.scenario is not None
+        assert not [d for d in loaded.diagnostics if d.severity == "error"], [d.message for d in loaded.diagnostics]
+        seen += text
+    for construct in ("list[1..", "sum(l.price for l in Lines", "any(l in Lines", "all(l in Lines", "matches",
+                      "missing(Coupon)", "count(l in Lines"):
+        assert construct in seen
