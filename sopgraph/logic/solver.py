@@ -124,7 +124,7 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
         if exact_goal and len(exact_goal) < len(goal) and _check(z3, tr, exact_goal, None)[0] == z3.unsat:
             return None, True
         return None, None
-    if result != z3.sat:
+    if result != z3.sat or model is None:
         return None, False
     return tr.assignment(model), False
 
