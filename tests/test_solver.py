@@ -239,3 +239,31 @@ def test_the_generated_order_shape_is_a_valid_program_of_lists_sums_and_patterns
     for construct in ("list[1..", "sum(l.price for l in Lines", "any(l in Lines", "all(l in Lines", "matches",
                       "missing(Coupon)", "count(l in Lines"):
         assert construct in seen
+
+
+TWO_PATTERNS = """
+scenario p "P"
+system OrderId: string "the order number"
+action A "a"
+action B "b"
+action C "c"
+stage s {
+    when OrderId matches "ORD-0.*" -> do A
+    when not (OrderId matches "ORD-[0-9]{6}") -> do B
+    otherwise -> do C
+}
+"""
+
+
+def test_two_patterns_on_one_string_get_a_witness_with_both_truths() -> None:
+    """The solver says "matches `ORD-[0-9]{6}`, not `ORD-0.*`"; every example built from the two patterns starts
+    `ORD-0`, so the path to C stayed unknown and the check said I302 (found by the generated `orders` shape).
+    An example with one character changed (`ORD-100000`) has both truths."""
+    sc = load(text=TWO_PATTERNS, flow=False)
+    found = {p.action: p for p in paths.iter_paths(sc)}
+    assert {a: p.status for a, p in found.items()} == {"A": "feasible", "B": "feasible", "C": "feasible"}
+    witness = found["C"].witness
+    assert witness is not None and decide(sc, witness).finals["Action"] == "C"
+    from sopgraph.logic.checker import check_file
+
+    assert not [d for d in check_file("p.sop", text=TWO_PATTERNS).diagnostics if d.code in ("I302", "I303")]

@@ -65,6 +65,8 @@ class Box(Protocol):
 DAY_SECONDS = 86_400
 RLIMIT = 5_000_000  # z3 resource units per query (deterministic); a scoring SOP needs ~1e5
 MAX_TERMS = 20_000  # expression nodes translated per query before giving up (undecided)
+VARIANT_LENGTH = 40  # candidate strings up to this long are also tried with one character changed
+VARIANT_CHARS = "1a9zZ_- ."  # the characters tried there: another digit, letter, case, separator
 MAX_MEMO = 50_000  # distinct queries remembered per space (answers and their terms), then forgotten
 
 
@@ -530,6 +532,16 @@ class _Translator:
         for c in candidates:
             if isinstance(c, str) and all(scalars.matches(p, c) == truth for p, truth in wanted):
                 return c
+        # one pattern's example with one character changed: `ORD-100000` matches `ORD-[0-9]{6}` and not
+        # `ORD-0.*`, where every example above starts `ORD-0`
+        for c in candidates:
+            if not isinstance(c, str) or len(c) > VARIANT_LENGTH:
+                continue
+            for k in range(len(c)):
+                for ch in VARIANT_CHARS:
+                    v = c[:k] + ch + c[k + 1:]
+                    if v != c and all(scalars.matches(p, v) == truth for p, truth in wanted):
+                        return v
         return picked
 
     def assignment(self, model: _Model) -> dict[str, Any] | None:
