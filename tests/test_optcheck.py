@@ -301,3 +301,39 @@ stage s2 "second" {
     (warning,) = w306(body)
     assert "Voucher" in warning.message
     assert asked == ["s1"]
+
+
+def test_stages_after_the_last_read_of_an_optional_value_are_not_walked(monkeypatch) -> None:
+    """A stage from which no read of an optional value lies ahead needs no walking: on generated order SOPs the
+    pass split every stage of programs that read their optional coupon only in the first stage, or nowhere."""
+    from sopgraph.logic.pathgraph import RegionGraph
+
+    asked: list[str] = []
+    real = RegionGraph.children
+
+    def children(self: RegionGraph, si: int, region: tuple) -> tuple:
+        asked.append(self.ids[si])
+        return real(self, si, region)
+
+    monkeypatch.setattr(RegionGraph, "children", children)
+    body = """
+stage s1 "first" {
+    when Want == Other -> s2
+    otherwise -> s3
+}
+stage s2 "second" {
+    when Voucher > 10 -> do Pay(amount = Voucher)
+    otherwise -> s3
+}
+stage s3 "third" {
+    when Fee > 5 -> s4
+    otherwise -> do Stop
+}
+stage s4 "fourth" {
+    when Fee > 50 -> do Stop
+    otherwise -> do Pay(amount = Fee)
+}
+"""
+    (warning,) = w306(body)
+    assert "Voucher" in warning.message
+    assert asked == ["s1"]
