@@ -496,3 +496,40 @@ def test_a_group_of_residuals_asked_again_from_another_box_is_decided_once(monke
     assert first is not None and second is not None
     assert first["A"] == "X" and second["A"] != "X"
     assert {k: v for k, v in first.items() if k != "A"} == {k: v for k, v in second.items() if k != "A"}
+
+
+PICKED = """
+scenario k "K"
+system M1: int[0..100] "m1"
+system M2: int[0..100] "m2"
+system M3: int[0..100] "m3"
+action P "p"
+action Q "q"
+stage s { when M1 + M2 + M3 < 150 -> do P  otherwise -> do Q }
+"""
+
+
+def test_a_box_whose_own_pick_satisfies_its_residuals_is_decided_without_a_search(monkeypatch) -> None:
+    """Deciding a box needs one member; its boundary pick often is one, and checking it costs one evaluation
+    where the search or a solver query costs a context each (a four-stage generated order SOP: 25 s of CPU,
+    then 1.2 s). The witness, when asked for, is still the one the search or the solver gives."""
+    from sopgraph.logic import domain
+    from sopgraph.logic.spacesearch import SpaceSearch
+
+    sc = load_source(None, text=PICKED).scenario
+    assert sc is not None
+    sp = domain.space_for(sc)
+    (box,) = [b for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True)) if b.resid]
+    asked: list[object] = []
+    real = SpaceSearch._search_or_solve
+
+    def counting(self: SpaceSearch, b: domain.Box, style: str, rng: object) -> tuple:
+        asked.append(b)
+        return real(self, b, style, rng)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    assert sp.decide(box) is True
+    assert asked == []
+    witness = sp.witness(box, "boundary")
+    assert witness is not None and witness["M1"] + witness["M2"] + witness["M3"] < 150
+    assert len(asked) == 1 and sp.undecided == 0

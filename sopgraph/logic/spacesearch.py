@@ -106,10 +106,20 @@ class SpaceSearch(SpaceCore):
             return True
         hit = self._decided.get(box)
         if hit is None:
-            w, exhaustive = self._search_or_solve(box, "boundary", None)
-            hit = (True if w is not None else (False if exhaustive else None), w)
+            if self._pick_is_member(box):
+                # decided without a search or a solver query (one per box on a list of records, most of
+                # the analysis' time); the witness itself is computed as before, when one is asked for
+                hit = (True, None)
+            else:
+                w, exhaustive = self._search_or_solve(box, "boundary", None)
+                hit = (True if w is not None else (False if exhaustive else None), w)
             self._decided[box] = hit
         return hit[0]
+
+    def _pick_is_member(self, box: Box) -> bool:
+        """Whether the box's own boundary pick (one value per variable, no search) satisfies its residuals."""
+        w = self.pick_all(box, "boundary", None)
+        return w is not None and self.box_contains(box, w)
 
     def decide_region(self, region: Iterable[Box]) -> bool | None:
         status: bool | None = False
@@ -137,6 +147,14 @@ class SpaceSearch(SpaceCore):
             hit = self._decided.get(box)
             if hit is not None and hit[1] is not None:
                 return dict(hit[1])
+            if hit is not None and hit[0] is True:  # decided by its pick (`decide`): the witness is looked for now
+                open_before, texts_before = self.undecided, list(self.undecided_texts)
+                w, _ = self._search_or_solve(box, style, rng)
+                if w is None:  # the pick is a member: the question is not open
+                    self.undecided, self.undecided_texts = open_before, texts_before
+                    w = self.pick_all(box, "boundary", None)
+                self._decided[box] = (True, w)
+                return dict(w) if w is not None else None
         w, _ = self._search_or_solve(box, style, rng)
         return w
 
