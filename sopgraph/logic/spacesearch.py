@@ -106,20 +106,39 @@ class SpaceSearch(SpaceCore):
             return True
         hit = self._decided.get(box)
         if hit is None:
-            if self._pick_is_member(box):
-                # decided without a search or a solver query (one per box on a list of records, most of
-                # the analysis' time); the witness itself is computed as before, when one is asked for
-                hit = (True, None)
+            # decided without a search or a solver query where the box's own pick does (one query per box
+            # on a list of records was most of the analysis' time); the witness itself is computed as before,
+            # when one is asked for
+            quick = self._decide_by_pick(box)
+            if quick is not None:
+                hit = (quick[0], None)
             else:
                 w, exhaustive = self._search_or_solve(box, "boundary", None)
                 hit = (True if w is not None else (False if exhaustive else None), w)
             self._decided[box] = hit
         return hit[0]
 
-    def _pick_is_member(self, box: Box) -> bool:
-        """Whether the box's own boundary pick (one value per variable, no search) satisfies its residuals."""
+    def _decide_by_pick(self, box: Box) -> tuple[bool | None] | None:
+        """(True,) when the box's boundary pick (one value per variable, no search) satisfies its residuals, or
+        does once the residual groups it fails are answered as `_solve_groups` answers them (memoised);
+        (False,) or (None,) when such a group is proven empty or stays undecided (counted there, once); None
+        when the usual search must decide."""
         w = self.pick_all(box, "boundary", None)
-        return w is not None and self.box_contains(box, w)
+        if w is None:
+            return None
+        if self.box_contains(box, w):
+            return (True,)
+        groups = self._resid_groups(box)
+        if len(groups) < 2 or self._reads_missing(box):
+            return None
+        for lits in groups:
+            if all(self.eval_resid(rid, truth, w) for rid, truth in lits):
+                continue
+            found, exhaustive = self._decide_group(box, lits, "boundary", None)
+            if found is None:
+                return (False if exhaustive else None,)
+            w.update(found)
+        return (True,) if self.box_contains(box, w) else None
 
     def decide_region(self, region: Iterable[Box]) -> bool | None:
         status: bool | None = False
