@@ -111,23 +111,23 @@ class SpaceSearch(SpaceCore):
             # when one is asked for
             quick = self._decide_by_pick(box)
             if quick is not None:
-                hit = (quick[0], None)
+                hit = (quick[0], None)  # the member is not kept: the witness asked for later is the search's
             else:
                 w, exhaustive = self._search_or_solve(box, "boundary", None)
                 hit = (True if w is not None else (False if exhaustive else None), w)
             self._decided[box] = hit
         return hit[0]
 
-    def _decide_by_pick(self, box: Box) -> tuple[bool | None] | None:
-        """(True,) when the box's boundary pick (one value per variable, no search) satisfies its residuals, or
-        does once the residual groups it fails are answered as `_solve_groups` answers them (memoised);
-        (False,) or (None,) when such a group is proven empty or stays undecided (counted there, once); None
-        when the usual search must decide."""
+    def _decide_by_pick(self, box: Box) -> tuple[bool | None, dict | None] | None:
+        """(True, member) when the box's boundary pick (one value per variable, no search) satisfies its
+        residuals, or does once the residual groups it fails are answered as `_solve_groups` answers them
+        (memoised); (False, None) or (None, None) when such a group is proven empty or stays undecided (counted
+        there, once); None when the usual search must decide."""
         w = self.pick_all(box, "boundary", None)
         if w is None:
             return None
         if self.box_contains(box, w):
-            return (True,)
+            return True, w
         groups = self._resid_groups(box)
         if len(groups) < 2 or self._reads_missing(box):
             return None
@@ -136,9 +136,9 @@ class SpaceSearch(SpaceCore):
                 continue
             found, exhaustive = self._decide_group(box, lits, "boundary", None)
             if found is None:
-                return (False if exhaustive else None,)
+                return (False if exhaustive else None), None
             w.update(found)
-        return (True,) if self.box_contains(box, w) else None
+        return (True, w) if self.box_contains(box, w) else None
 
     def decide_region(self, region: Iterable[Box]) -> bool | None:
         status: bool | None = False
@@ -169,9 +169,10 @@ class SpaceSearch(SpaceCore):
             if hit is not None and hit[0] is True:  # decided by its pick (`decide`): the witness is looked for now
                 open_before, texts_before = self.undecided, list(self.undecided_texts)
                 w, _ = self._search_or_solve(box, style, rng)
-                if w is None:  # the pick is a member: the question is not open
+                if w is None:  # the pick (with its groups' answers, memoised) is a member: the question is not open
                     self.undecided, self.undecided_texts = open_before, texts_before
-                    w = self.pick_all(box, "boundary", None)
+                    quick = self._decide_by_pick(box)
+                    w = quick[1] if quick is not None else None
                 self._decided[box] = (True, w)
                 return dict(w) if w is not None else None
         w, _ = self._search_or_solve(box, style, rng)
