@@ -16,8 +16,12 @@ diagnostics and every branching is exhaustive):
 - `mixed`: a random DAG over shared variables (enums revisited by later stages, int/float
   thresholds, a derived affine variable, `count(...)`, `and`/`or`), so many graph paths are
   infeasible and feasibility depends on the whole prefix.
+- `orders`: the shape of an order-refund SOP: a list of 1-M order lines (records with a float price, an int
+  quantity and bool flags), a float sum of some lines' prices, `any`/`all`/`count` over the lines, string
+  fields tested with `matches` (one optional, read behind `missing`), enum fields; `stages` stages of one
+  or two such tests each, every stage going on to the next or ending in an action.
 
-CLI: `python benchmarks/gen_sop.py STAGES [--kind diamond|chain|mixed] [--seed N] [-o FILE]`.
+CLI: `python benchmarks/gen_sop.py STAGES [--kind diamond|chain|mixed|realistic|orders] [--seed N] [-o FILE]`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import random
 import sys
 from pathlib import Path
 
-KINDS = ("diamond", "chain", "mixed", "realistic")
+KINDS = ("diamond", "chain", "mixed", "realistic", "orders")
 
 
 def _sid(i: int, n: int) -> str:
@@ -41,7 +45,8 @@ def generate(stages: int, *, kind: str = "diamond", seed: int = 0) -> str:
     if stages < 1:
         raise ValueError("stages must be >= 1")
     rng = random.Random(seed)
-    return {"diamond": _diamond, "chain": _chain, "mixed": _mixed, "realistic": _realistic}[kind](stages, rng, seed)
+    builders = {"diamond": _diamond, "chain": _chain, "mixed": _mixed, "realistic": _realistic, "orders": _orders}
+    return builders[kind](stages, rng, seed)
 
 
 def _header(name: str, lines: list[str]) -> None:
@@ -229,6 +234,47 @@ def _realistic(n: int, rng: random.Random, seed: int) -> str:
         else:
             body = f"    when Days > {rng.randrange(7, 365, 7)} -> {ahead(i)}\n    otherwise -> {nxt}"
         lines.append(f'stage {sid} "stage {i}" {{\n    "Step {i} of the procedure."\n{body}\n}}')
+    return "\n".join(lines) + "\n"
+
+
+def _orders(n: int, rng: random.Random, seed: int) -> str:
+    lines: list[str] = []
+    _header(f"orders_{n}_{seed}", lines)
+    most = rng.choice((3, 4, 5, 6))
+    digits = rng.choice((5, 6, 8))
+    lines += [
+        "type Line = record { price: float[0..2000], qty: int[1..10], returned: bool, food: bool }",
+        'field Reason: Damaged | Unwanted | Late "why the customer writes"',
+        'field Mood: Calm | Angry "how the customer sounds"',
+        f'system Lines: list[1..{most}] of Line "the order lines"',
+        'system OrderId: string "the order number"',
+        'system Coupon: string? "a coupon code, if any"',
+        'let Refund = sum(l.price for l in Lines where l.returned) "what the returned lines cost"',
+        'let Perishable = any(l in Lines where l.returned and l.food) "a returned line is food"',
+        'let AllBack = all(l in Lines where l.returned) "every line comes back"',
+        "",
+    ]
+    actions = _actions(lines, 5)
+
+    def test() -> str:
+        t = rng.randrange(100, 1500, 50)
+        return rng.choice((
+            f'not (OrderId matches "ORD-[0-9]{{{digits}}}")',
+            "count(l in Lines where l.returned) == 0",
+            f"Perishable and Reason != {rng.choice(('Damaged', 'Late'))}",
+            'Reason == Late and not missing(Coupon) and Coupon matches "(?i)late.*"',
+            f"Refund > {t} and Mood == Angry",
+            f"AllBack and Refund < {t}",
+            f"any(l in Lines where l.qty > {rng.randint(1, 9)} and l.price > {rng.randrange(50, 1000, 50)}.5)",
+            f"sum(l.qty for l in Lines where l.food) >= {rng.randint(2, 12)}",
+            f'Mood == Calm and OrderId matches "ORD-0.*" and Refund <= {t}',
+        ))
+
+    ids = [_sid(i, n) for i in range(1, n + 1)]
+    for i in range(1, n + 1):
+        nxt = ids[i] if i < n else f"do {actions[0]}"
+        arms = [f"    when {test()} -> do {rng.choice(actions)}" for _ in range(rng.choice((1, 2)))]
+        lines.append(f'stage {ids[i - 1]} "stage {i}" {{\n' + "\n".join(arms) + f"\n    otherwise -> {nxt}\n}}")
     return "\n".join(lines) + "\n"
 
 

@@ -441,3 +441,125 @@ def guard_of_text(decls: str, score: str) -> tuple[ir.Scenario, Any]:
     loaded = load_source(None, text=src)
     assert loaded.scenario is not None, [d.message for d in loaded.diagnostics]
     return loaded.scenario, loaded.scenario.stages["s"].branches[0].guard
+
+
+GROUPS = """
+scenario g "G"
+field A: X | Y | Z "a"
+field B1: bool "b1"
+field B2: bool "b2"
+field B3: bool "b3"
+field B4: bool "b4"
+field B5: bool "b5"
+field B6: bool "b6"
+system N: int[1..6] "n"
+system M1: int[0..100] "m1"
+system M2: int[0..100] "m2"
+action P "p"
+action Q "q"
+stage s { when count(B1, B2, B3, B4, B5, B6) >= N + 3 -> u  otherwise -> do Q }
+stage u { when M1 + M2 > 150 -> t  otherwise -> do Q }
+stage t { when A == X -> do P  otherwise -> do Q }
+"""
+
+
+def test_a_group_of_residuals_asked_again_from_another_box_is_decided_once(monkeypatch) -> None:
+    """Residuals that read disjoint variables are decided group by group; boxes that differ only outside a
+    group (here in `A`) ask it the same question. Its answer depends only on its literals and on the domains
+    of the variables it reads, so the second box reuses it: on a list of records five of six group
+    questions were such repeats (docs/performance.md). The witnesses still differ where the boxes do."""
+    from sopgraph.logic import domain
+    from sopgraph.logic.spacesearch import SpaceSearch
+
+    sc = load_source(None, text=GROUPS).scenario
+    assert sc is not None
+    sp = domain.space_for(sc)
+    scored = next(b2 for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True))
+                  for b2 in sp.constrain(b, sp.formula(sc.stages["u"].branches[0].guard, True))
+                  if len(sp._resid_groups(b2)) == 2)
+    guard = sc.stages["t"].branches[0].guard
+    boxes = [*sp.constrain(scored, sp.formula(guard, True)), *sp.constrain(scored, sp.formula(guard, False))]
+    assert len(boxes) == 2 and boxes[0].resid == boxes[1].resid
+    asked: list[object] = []
+    real = SpaceSearch._search_or_solve
+
+    def counting(self: SpaceSearch, box: domain.Box, style: str, rng: object) -> tuple:
+        asked.append(box)
+        return real(self, box, style, rng)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    assert sp.decide(boxes[0]) is True
+    assert len(asked) == 2  # each of its two groups (its own pick satisfies neither)
+    assert sp.decide(boxes[1]) is True
+    assert len(asked) == 2  # nothing new: both groups were answered before
+    first, second = sp.witness(boxes[0], "boundary"), sp.witness(boxes[1], "boundary")
+    assert first is not None and second is not None
+    assert first["A"] == "X" and second["A"] != "X"
+    assert {k: v for k, v in first.items() if k != "A"} == {k: v for k, v in second.items() if k != "A"}
+
+
+PICKED = """
+scenario k "K"
+system M1: int[0..100] "m1"
+system M2: int[0..100] "m2"
+system M3: int[0..100] "m3"
+action P "p"
+action Q "q"
+stage s { when M1 + M2 + M3 < 150 -> do P  otherwise -> do Q }
+"""
+
+
+def test_a_box_whose_own_pick_satisfies_its_residuals_is_decided_without_a_search(monkeypatch) -> None:
+    """Deciding a box needs one member; its boundary pick often is one, and checking it costs one evaluation
+    where the search or a solver query costs a context each (a four-stage generated order SOP: 25 s of CPU,
+    then 1.2 s). The witness, when asked for, is still the one the search or the solver gives."""
+    from sopgraph.logic import domain
+    from sopgraph.logic.spacesearch import SpaceSearch
+
+    sc = load_source(None, text=PICKED).scenario
+    assert sc is not None
+    sp = domain.space_for(sc)
+    (box,) = [b for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True)) if b.resid]
+    asked: list[object] = []
+    real = SpaceSearch._search_or_solve
+
+    def counting(self: SpaceSearch, b: domain.Box, style: str, rng: object) -> tuple:
+        asked.append(b)
+        return real(self, b, style, rng)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    assert sp.decide(box) is True
+    assert asked == []
+    witness = sp.witness(box, "boundary")
+    assert witness is not None and witness["M1"] + witness["M2"] + witness["M3"] < 150
+    assert len(asked) == 1 and sp.undecided == 0
+
+
+HALF_PICKED = GROUPS.replace("M1 + M2 > 150", "M1 + M2 < 150")
+
+
+def test_only_the_residual_groups_a_box_s_pick_fails_are_searched(monkeypatch) -> None:
+    """A box with two independent residual groups whose pick satisfies one of them: only the other is searched
+    (or solved) to decide the box; on `ORDER` about half of the group questions were such (docs/performance.md)."""
+    from sopgraph.logic import domain
+    from sopgraph.logic.spacesearch import SpaceSearch
+
+    sc = load_source(None, text=HALF_PICKED).scenario
+    assert sc is not None
+    sp = domain.space_for(sc)
+    box = next(b2 for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True))
+               for b2 in sp.constrain(b, sp.formula(sc.stages["u"].branches[0].guard, True))
+               if len(sp._resid_groups(b2)) == 2)
+    asked: list[domain.Box] = []
+    real = SpaceSearch._search_or_solve
+
+    def counting(self: SpaceSearch, b: domain.Box, style: str, rng: object) -> tuple:
+        asked.append(b)
+        return real(self, b, style, rng)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    assert sp.decide(box) is True
+    assert len(asked) == 1 and "count(" in sp.res_text[next(iter(asked[0].resid))[0]]
+    witness = sp.witness(box, "boundary")
+    assert witness is not None and witness["M1"] + witness["M2"] < 150
+    assert sum(witness[f"B{i}"] for i in range(1, 7)) >= witness["N"] + 3

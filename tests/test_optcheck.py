@@ -272,3 +272,68 @@ def test_optional_list_paths_and_witnesses_in_source_terms() -> None:
     assert len(paths[1].witness["Segs"]) >= 3 and isinstance(paths[2].witness["Segs"], list)
     for p in paths:
         assert run(s, p.witness)[0].finals["Action"] == p.action
+
+
+def test_a_stage_whose_branches_all_end_in_actions_is_not_split_into_children(monkeypatch) -> None:
+    """The walk only needs the children of a stage to go on to other stages: on a list of order lines the
+    pass spent half its time deciding which branches of the last stage were feasible, and used none of it
+    (docs/performance.md). The reads there are still checked, each under its own condition."""
+    from sopgraph.logic.pathgraph import RegionGraph
+
+    asked: list[str] = []
+    real = RegionGraph.children
+
+    def children(self: RegionGraph, si: int, region: tuple) -> tuple:
+        asked.append(self.ids[si])
+        return real(self, si, region)
+
+    monkeypatch.setattr(RegionGraph, "children", children)
+    body = """
+stage s1 "first" {
+    when Want == Other -> do Stop
+    otherwise -> s2
+}
+stage s2 "second" {
+    when Voucher > 10 -> do Pay(amount = Voucher)
+    otherwise -> do Stop
+}
+"""
+    (warning,) = w306(body)
+    assert "Voucher" in warning.message
+    assert asked == ["s1"]
+
+
+def test_stages_after_the_last_read_of_an_optional_value_are_not_walked(monkeypatch) -> None:
+    """A stage from which no read of an optional value lies ahead needs no walking: on generated order SOPs the
+    pass split every stage of programs that read their optional coupon only in the first stage, or nowhere."""
+    from sopgraph.logic.pathgraph import RegionGraph
+
+    asked: list[str] = []
+    real = RegionGraph.children
+
+    def children(self: RegionGraph, si: int, region: tuple) -> tuple:
+        asked.append(self.ids[si])
+        return real(self, si, region)
+
+    monkeypatch.setattr(RegionGraph, "children", children)
+    body = """
+stage s1 "first" {
+    when Want == Other -> s2
+    otherwise -> s3
+}
+stage s2 "second" {
+    when Voucher > 10 -> do Pay(amount = Voucher)
+    otherwise -> s3
+}
+stage s3 "third" {
+    when Fee > 5 -> s4
+    otherwise -> do Stop
+}
+stage s4 "fourth" {
+    when Fee > 50 -> do Stop
+    otherwise -> do Pay(amount = Fee)
+}
+"""
+    (warning,) = w306(body)
+    assert "Voucher" in warning.message
+    assert asked == ["s1"]

@@ -282,6 +282,24 @@ def _live(ex: Explorer, checks: list[list[_Check]]) -> list[frozenset[int]]:
     return [frozenset(s) for s in live]
 
 
+def _needed(ex: Explorer, checks: list[list[_Check]]) -> list[bool]:
+    """Per stage: whether it or a stage after it reads an optional value (the walk stops elsewhere)."""
+    n = len(ex.ids)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for si, row in enumerate(ex.targets):
+        for kind, t in row:
+            if kind == "stage" and t >= 0:
+                preds[t].append(si)
+    needed = [bool(checks[si]) for si in range(n)]
+    work = [si for si in range(n) if needed[si]]
+    while work:
+        for p in preds[work.pop()]:
+            if not needed[p]:
+                needed[p] = True
+                work.append(p)
+    return needed
+
+
 class _Pass:
     def __init__(self, form: ir.Scenario, optionals: list[_Optional], source_id: Callable[[str], str],
                  lift: Callable[[dict[str, Any]], dict[str, Any]],
@@ -309,6 +327,7 @@ class _Pass:
                     big_keys.add((c.name, c.span.line, c.span.col, c.span.file))
                     self.too_big.append((c, si))
         self.ex.live = _live(self.ex, self.checks)
+        self.needed = _needed(self.ex, self.checks)
         self.steps = STEP_BUDGET
         self.states = 0
         self.complete = True
@@ -358,9 +377,14 @@ class _Pass:
                 self.check(c, si, region, prefix)
             nvk = ex.next_visited(si, vk)
             nxt = []
+            # only stages from which a read is still ahead are walked (`needed`): a stage whose branches
+            # all end in actions, or lead only where nothing optional is read, needs no children, and
+            # deciding which of them are feasible was half of this pass on a list of records (the reads'
+            # own conditions are decided by `check`)
             self.asking = _EXPLORING
-            for bi, kind, tgt, creg, _u in ex.children(si, region):
-                if kind == "stage" and tgt not in nvk:
+            onward = any(kind == "stage" and t >= 0 and self.needed[t] for kind, t in ex.targets[si])
+            for bi, kind, tgt, creg, _u in ex.children(si, region) if onward else ():
+                if kind == "stage" and tgt not in nvk and self.needed[tgt]:
                     ck = (tgt, creg, nvk)
                     if ck not in seen:
                         seen.add(ck)

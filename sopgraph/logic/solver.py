@@ -65,6 +65,9 @@ class Box(Protocol):
 DAY_SECONDS = 86_400
 RLIMIT = 5_000_000  # z3 resource units per query (deterministic); a scoring SOP needs ~1e5
 MAX_TERMS = 20_000  # expression nodes translated per query before giving up (undecided)
+VARIANT_LENGTH = 40  # candidate strings up to this long are also tried with one character changed
+VARIANT_CHARS = "1a9zZ_- ."  # the characters tried there: another digit, letter, case, separator
+MAX_MEMO = 50_000  # distinct queries remembered per space (answers and their terms), then forgotten
 
 
 class _Unsupported(Exception):
@@ -123,38 +126,120 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
         if exact_goal and len(exact_goal) < len(goal) and _check(z3, tr, exact_goal, None)[0] == z3.unsat:
             return None, True
         return None, None
-    if result != z3.sat:
+    if result != z3.sat or model is None:
         return None, False
     return tr.assignment(model), False
 
 
-def _check(z3: Any, tr: _Translator, goal: list[Any], logic: str | None) -> tuple[Any, Any]:
+def _check(z3: Any, tr: _Translator, goal: list[Any], logic: str | None) -> tuple[Any, _Model | None]:
     """z3's verdict on the box's domains and `goal` within the deterministic budget, and its model.
 
     The query is copied into a context of its own (`translate`, done inside z3) and solved there: the
     solver's choices follow the ids of the terms it sees, and in the space's context those ids depend on
     every query asked before (and on which ones the domain's memos skipped). A fresh context numbers
     the query's terms by its own structure, so the same question gets the same answer whatever the
-    process did earlier, and the resource limit counts this query alone."""
+    process did earlier, and the resource limit counts this query alone.
+
+    The answer is therefore a function of the query alone, and it is memoised per space (`_query_key`):
+    boxes that differ only in variables the residuals do not read ask the same query (on a list of order
+    lines, two of three queries repeat), and each distinct query then costs one context and one solve."""
+    terms = [*tr.domains(), *goal]
+    key = _query_key(terms, logic)
+    hit = tr.checks.get(key)
+    if hit is not None:
+        return hit[0], hit[1]
     ctx = z3.Context()
     solver = z3.SolverFor(logic, ctx=ctx) if logic else z3.Solver(ctx=ctx)
     solver.set("rlimit", RLIMIT)
     try:
-        solver.add(*[t.translate(ctx) for t in (*tr.domains(), *goal)])
+        solver.add(*[t.translate(ctx) for t in terms])
         result = solver.check()
     except z3.Z3Exception:  # pragma: no cover - resource exhaustion surfaces as unknown
-        return None, None
-    return result, _Model(solver.model(), ctx) if result == z3.sat else None
+        result = None
+    model = _Model(z3, solver.model()) if result == z3.sat else None
+    if len(tr.checks) >= MAX_MEMO:
+        tr.checks.clear()
+    # the terms are kept with the answer: z3 reuses the id of a term nobody holds, and the key must
+    # never come to name another query
+    tr.checks[key] = (result, model, terms)
+    tr.stats["solved"] = tr.stats.get("solved", 0) + 1
+    return result, model
+
+
+def _query_key(terms: list[Any], logic: str | None) -> tuple:
+    """The query as the ids of its terms in the space's context. z3 shares structurally equal terms
+    (one id per distinct term of a context), so equal keys are equal queries; far cheaper than the
+    query's text (`sexpr`). Sound only while the terms stay alive (see `_check`)."""
+    return (logic, *(t.get_id() for t in terms))
 
 
 class _Model:
-    """A model of a query solved in its own context, read with the space's terms."""
+    """What a model says of the query's constants, read out once (as Python values) so that the model's
+    context can be released and a memoised answer costs no z3 call. A constant the model leaves out
+    takes z3's completion default (false, 0)."""
 
-    def __init__(self, model: Any, ctx: Any):
-        self.model, self.ctx = model, ctx
+    def __init__(self, z3: Any, model: Any):
+        self.values: dict[str, Any] = {}
+        try:  # the model's text in one call: the z3 API costs ~4 calls per constant (6 ms on 30 of them)
+            self.values = _read_model(model.sexpr())
+        except (ValueError, ZeroDivisionError):  # pragma: no cover - a form the reader does not know
+            self.values = {}
+            self._read_api(z3, model)
 
-    def eval(self, term: Any, model_completion: bool = False) -> Any:
-        return self.model.eval(term.translate(self.ctx), model_completion=model_completion)
+    def _read_api(self, z3: Any, model: Any) -> None:
+        for d in model.decls():
+            name = d.name()
+            if name[:1] not in ("v", "m", "p") or d.arity() != 0:  # z3's own functions (`/0`, ...)
+                continue
+            v = model[d]
+            if z3.is_true(v) or z3.is_false(v):
+                self.values[name] = z3.is_true(v)
+            elif z3.is_int_value(v) or z3.is_rational_value(v):
+                exact = Fraction(v.as_string())  # one call: `as_fraction` makes three
+                self.values[name] = int(exact) if z3.is_int_value(v) else exact
+            else:  # an algebraic number (an irrational root): no float stands for it
+                self.values[name] = None
+
+    def value(self, name: str, default: Any) -> Any:
+        return self.values.get(name, default)
+
+
+def _read_model(text: str) -> dict[str, Any]:
+    """`(define-fun v3 () Real (/ 1.0 3.0))` ... → {"v3": Fraction(1, 3)}: the constants of a model's text (ints
+    as int, reals as Fraction, an algebraic number as None); functions (`/0`) are skipped. Raises ValueError
+    on a form it does not know."""
+    out: dict[str, Any] = {}
+    for chunk in text.split("(define-fun ")[1:]:
+        head, _, rest = chunk.partition(")")
+        name = head.split(" (", 1)[0]
+        if head != f"{name} (" or name[:1] not in ("v", "m", "p"):
+            continue  # a function with arguments, or a name the translation did not make
+        sort, value = rest.split(None, 1)
+        value = " ".join(value.split())
+        if sort not in ("Int", "Real", "Bool") or not value.endswith(")"):
+            raise ValueError(f"model entry {chunk[:40]!r}")
+        value = value[:-1].strip()  # the define-fun's own parenthesis
+        if sort == "Bool":
+            if value not in ("true", "false"):
+                raise ValueError(f"model bool {value[:20]!r}")
+            out[name] = value == "true"
+        elif value.startswith("(root-obj"):
+            out[name] = None
+        else:
+            number = _number(value)
+            out[name] = int(number) if sort == "Int" else number
+    return out
+
+
+def _number(text: str) -> Fraction:
+    """`5`, `(- 5)`, `2.0`, `(/ 1.0 3.0)`, `(- (/ 7.0 2.0))` as exact fractions."""
+    t = text.strip()
+    if t.startswith("(- ") and t.endswith(")"):
+        return -_number(t[3:-1])
+    if t.startswith("(/ ") and t.endswith(")"):
+        num, den = t[3:-1].split()
+        return Fraction(num) / Fraction(den)
+    return Fraction(t)
 
 
 class _Translator:
@@ -176,12 +261,16 @@ class _Translator:
         shared = space.__dict__.get("_z3_shared")
         if shared is None:
             shared = space.__dict__["_z3_shared"] = {"memo": {}, "enums": {}, "patterns": {}, "doms": {},
+                                                     "checks": {}, "stats": {}, "atoms": {},
                                                      "ctx": z3.Context()}
         self.ctx = shared["ctx"]
         self.memo: dict[Any, tuple[tuple[str, Any], bool, bool, int, frozenset[Any]]] = shared["memo"]
         self.enum_ids: dict[str, int] = shared["enums"]
         self.pattern_ids: dict[tuple[int, str], int] = shared["patterns"]
         self.dom_memo: dict[tuple[int, Any], tuple[Any, bool]] = shared["doms"]
+        self.checks: dict[tuple, tuple[Any, _Model | None, list[Any]]] = shared["checks"]  # see `_check`
+        self.atoms: dict[str, Any] = shared["atoms"]  # name -> the variable's z3 constant
+        self.stats: dict[str, int] = shared["stats"]  # "solved": distinct queries solved (for tests, benchmarks)
         # base variables (and `missing`, pattern tests: see `missing_var`, `pattern_atom`) read by the
         # translations in progress
         self.reading: list[set[Any]] = []
@@ -234,17 +323,16 @@ class _Translator:
         kind = self.sp.kinds[i]
         x = self.vars.get(i)
         if x is None:
-            name = f"v{i}"
-            if kind == "bool":
-                x = self.z3.Bool(name, self.ctx)
-            elif kind == "float":
-                x = self.z3.Real(name, self.ctx)
-                self.reals = True
-            elif kind in ("int", "enum"):
-                x = self.z3.Int(name, self.ctx)
-            else:
+            if kind not in ("bool", "float", "int", "enum"):
                 raise _Unsupported(kind)
+            name = f"v{i}"
+            x = self.atoms.get(name)
+            if x is None:  # once per space, like the translations that use it
+                make = self.z3.Bool if kind == "bool" else self.z3.Real if kind == "float" else self.z3.Int
+                x = self.atoms[name] = make(name, self.ctx)
             self.vars[i] = x
+        if kind == "float":
+            self.reals = True
         if kind == "enum":
             return "enum", x
         return ("bool" if kind == "bool" else "num"), x
@@ -257,7 +345,11 @@ class _Translator:
             reading.add(-i - 1)  # recorded apart from the value's own reads (see `memoized`)
         x = self.absent.get(i)
         if x is None:
-            x = self.absent[i] = self.z3.Bool(f"m{i}", self.ctx)
+            name = f"m{i}"
+            x = self.atoms.get(name)
+            if x is None:
+                x = self.atoms[name] = self.z3.Bool(name, self.ctx)
+            self.absent[i] = x
         return x
 
     def pattern_atom(self, i: int, pattern: str) -> Any:
@@ -323,8 +415,10 @@ class _Translator:
 
     def domains(self) -> list[Any]:
         doms = self.box.doms
-        present = [self.z3.Not(m) for i, m in self.absent.items() if doms[i] != self.sp.full_doms[i]]
-        return [self.dom(i, doms[i]) for i in list(self.vars)] + present
+        # in variable order: a query replayed from memoised translations reads its variables in
+        # another order than the one that built them, and must still be the same query (`_query_key`)
+        present = [self.z3.Not(self.absent[i]) for i in sorted(self.absent) if doms[i] != self.sp.full_doms[i]]
+        return [self.dom(i, doms[i]) for i in sorted(self.vars)] + present
 
     # -- residual literals -----------------------------------------------------------------------
 
@@ -469,12 +563,11 @@ class _Translator:
 
     # -- models ----------------------------------------------------------------------------------
 
-    def matching_string(self, model: Any, i: int, picked: Any) -> Any:
+    def matching_string(self, model: _Model, i: int, picked: Any) -> Any:
         """A value of string variable `i` that matches exactly the patterns the model says it matches:
         the box's pick, its plausible samples, or an example built from one of the patterns; the pick
         when none fits (the caller's check then refuses the assignment)."""
-        wanted = [(p, self.z3.is_true(model.eval(x, model_completion=True)))
-                  for (j, p), x in self.patterns.items() if j == i]
+        wanted = [(p, bool(model.value(f"p{self.pattern_ids[j, p]}", False))) for j, p in self.patterns if j == i]
         candidates: list[Any] = [picked, *self.sp.string_samples.get(i, ())]
         for p, _truth in wanted:
             try:
@@ -484,9 +577,19 @@ class _Translator:
         for c in candidates:
             if isinstance(c, str) and all(scalars.matches(p, c) == truth for p, truth in wanted):
                 return c
+        # one pattern's example with one character changed: `ORD-100000` matches `ORD-[0-9]{6}` and not
+        # `ORD-0.*`, where every example above starts `ORD-0`
+        for c in candidates:
+            if not isinstance(c, str) or len(c) > VARIANT_LENGTH:
+                continue
+            for k in range(len(c)):
+                for ch in VARIANT_CHARS:
+                    v = c[:k] + ch + c[k + 1:]
+                    if v != c and all(scalars.matches(p, v) == truth for p, truth in wanted):
+                        return v
         return picked
 
-    def assignment(self, model: Any) -> dict[str, Any] | None:
+    def assignment(self, model: _Model) -> dict[str, Any] | None:
         """Every base variable: the model's value where the query constrained it, else a pick
         from the box (the caller verifies the whole assignment)."""
         sp = self.sp
@@ -494,28 +597,25 @@ class _Translator:
         names = {v: k for k, v in self.enum_ids.items()}
         out: dict[str, Any] = {}
         for i, n in enumerate(sp.names):
-            gone = self.absent.get(i)
-            if gone is not None and self.z3.is_true(model.eval(gone, model_completion=True)):
+            if i in self.absent and model.value(f"m{i}", False):
                 out[n] = None
                 continue
-            x = self.vars.get(i)
-            if x is None:
+            if i not in self.vars:
                 out[n] = sp.pick(i, self.box.doms[i], "representative", None)
                 if i in tested:
                     out[n] = self.matching_string(model, i, out[n])
                 continue
-            val = model.eval(x, model_completion=True)
             kind = sp.kinds[i]
             if kind == "bool":
-                out[n] = self.z3.is_true(val)
+                out[n] = bool(model.value(f"v{i}", False))
             elif kind == "enum":
-                out[n] = names.get(val.as_long())
+                out[n] = names.get(model.value(f"v{i}", 0))
                 if i in sp.text_enums and not isinstance(out[n], str):  # some other text: its sample
                     out[n] = sp.values[i][0]
             elif kind == "int":
-                out[n] = val.as_long()
+                out[n] = model.value(f"v{i}", 0)
             else:
-                frac = val.as_fraction() if hasattr(val, "as_fraction") else None
+                frac = model.value(f"v{i}", Fraction(0))
                 if frac is None:
                     return None
                 out[n] = float(frac)

@@ -108,10 +108,39 @@ class SpaceSearch(SpaceCore):
         hit = self._decided.get(box)
         if hit is None:
             check_active()  # an analysis past its CPU budget stops before a new question (see `budget`)
-            w, exhaustive = self._search_or_solve(box, "boundary", None)
-            hit = (True if w is not None else (False if exhaustive else None), w)
+            # decided without a search or a solver query where the box's own pick does (one query per box
+            # on a list of records was most of the analysis' time); the witness itself is computed as before,
+            # when one is asked for
+            quick = self._decide_by_pick(box)
+            if quick is not None:
+                hit = (quick[0], None)  # the member is not kept: the witness asked for later is the search's
+            else:
+                w, exhaustive = self._search_or_solve(box, "boundary", None)
+                hit = (True if w is not None else (False if exhaustive else None), w)
             self._decided[box] = hit
         return hit[0]
+
+    def _decide_by_pick(self, box: Box) -> tuple[bool | None, dict | None] | None:
+        """(True, member) when the box's boundary pick (one value per variable, no search) satisfies its
+        residuals, or does once the residual groups it fails are answered as `_solve_groups` answers them
+        (memoised); (False, None) or (None, None) when such a group is proven empty or stays undecided (counted
+        there, once); None when the usual search must decide."""
+        w = self.pick_all(box, "boundary", None)
+        if w is None:
+            return None
+        if self.box_contains(box, w):
+            return True, w
+        groups = self._resid_groups(box)
+        if len(groups) < 2 or self._reads_missing(box):
+            return None
+        for lits in groups:
+            if all(self.eval_resid(rid, truth, w) for rid, truth in lits):
+                continue
+            found, exhaustive = self._decide_group(box, lits, "boundary", None)
+            if found is None:
+                return (False if exhaustive else None), None
+            w.update(found)
+        return (True, w) if self.box_contains(box, w) else None
 
     def decide_region(self, region: Iterable[Box]) -> bool | None:
         status: bool | None = False
@@ -139,6 +168,16 @@ class SpaceSearch(SpaceCore):
             hit = self._decided.get(box)
             if hit is not None and hit[1] is not None:
                 return dict(hit[1])
+            if hit is not None and hit[0] is True:  # decided by its pick (`decide`): the witness is looked for now
+                check_active()
+                open_before, texts_before = self.undecided, list(self.undecided_texts)
+                w, _ = self._search_or_solve(box, style, rng)
+                if w is None:  # the pick (with its groups' answers, memoised) is a member: the question is not open
+                    self.undecided, self.undecided_texts = open_before, texts_before
+                    quick = self._decide_by_pick(box)
+                    w = quick[1] if quick is not None else None
+                self._decided[box] = (True, w)
+                return dict(w) if w is not None else None
         check_active()
         w, _ = self._search_or_solve(box, style, rng)
         return w
@@ -251,15 +290,38 @@ class SpaceSearch(SpaceCore):
         if merged is None:
             return None, False
         for lits in groups:
-            w, exhaustive = self._search_or_solve(self.box(box.doms, lits), style, rng)
+            w, exhaustive = self._decide_group(box, lits, style, rng)
             if w is None:
                 return None, exhaustive  # one empty group empties the box; an undecided one was counted
-            for i in {v for rid, _t in lits for v in self.res_vars[rid]}:
-                merged[self.names[i]] = w[self.names[i]]
+            merged.update(w)
         if not all(self.eval_resid(rid, truth, merged) for rid, truth in box.resid):
             self.note_undecided(box)  # defensive: groups that do not combine (a read the split did not see)
             return None, False
         return merged, False
+
+    def _decide_group(self, box: Box, lits: frozenset, style: str,
+                      rng: random.Random | None) -> tuple[dict | None, bool]:
+        """One group of `_solve_groups`: the values of the variables it reads, and whether its search was
+        exhaustive. Without a random source that is a function of the literals and of those variables'
+        domains alone, so it is memoised on them: boxes that differ elsewhere (another order line's
+        flags) ask the same group again, and on a list of records five of six group questions repeat.
+        A repeat of an undecided question is counted again, as a fresh search would."""
+        reads = sorted({v for rid, _t in lits for v in self.res_vars[rid]})
+        key = (lits, tuple(box.doms[i] for i in reads), style) if rng is None else None
+        hit = self._groups.get(key) if key is not None else None
+        sub = self.box(box.doms, lits)
+        if hit is not None:
+            for _ in range(hit[2]):
+                self.note_undecided(sub)
+            return (dict(hit[0]) if hit[0] is not None else None), hit[1]
+        open_before = self.undecided
+        w, exhaustive = self._search_or_solve(sub, style, rng)
+        found = {self.names[i]: w[self.names[i]] for i in reads} if w is not None else None
+        if key is not None:
+            if len(self._groups) >= 200_000:
+                self._groups.clear()
+            self._groups[key] = (found, exhaustive, self.undecided - open_before)
+        return (dict(found) if found is not None else None), exhaustive
 
     def _solve_diffs(self, box: Box, style: str, rng: random.Random | None) -> tuple[str, dict | None]:
         """The box's difference literals as one difference-bound system (`diffbound`): "empty" is exact;
