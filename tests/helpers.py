@@ -229,3 +229,31 @@ def box_counter(limit: int):
         return out
 
     return counted, stats
+
+
+ORDER = """
+scenario o "O"
+type Line = record { price: float[0..2000], returned: bool, food: bool }
+field Reason: Damaged | Unwanted | Late "r"
+field Mood: Calm | Angry "m"
+system Lines: list[1..6] of Line "lines"
+system OrderId: string "the order number"
+system Coupon: string? "a coupon code, if any"
+let Refund = sum(l.price for l in Lines where l.returned)
+let Perishable = any(l in Lines where l.returned and l.food)
+action Reject "r"
+action Ask "a"
+action Voucher "v"
+action Human "h"
+action Pay "p"
+stage s {
+    when not (OrderId matches "ORD-[0-9]{6}") -> do Reject
+    when count(l in Lines where l.returned) == 0 -> do Ask
+    when Perishable and Reason != Damaged -> do Reject
+    when Reason == Late and not missing(Coupon) and Coupon matches "(?i)late.*" -> do Voucher
+    when Refund > 500 and Mood == Angry -> do Human
+    otherwise -> do Pay
+}
+"""
+"""A 23-line order SOP: a list of 1-6 order lines, a float sum of the returned prices, `any(…)` over them and
+two `matches` tests (issue 31: it took 16 s of CPU to check; tests/test_solver.py, tests/test_budget.py)."""

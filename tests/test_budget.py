@@ -14,35 +14,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import ORDER
 
 from sopgraph.cli import main
 from sopgraph.records import Case, Persona
 
-COSTLY = """
-scenario o "O"
-type Line = record { price: float[0..2000], returned: bool, food: bool }
-field Reason: Damaged | Unwanted | Late "r"
-field Mood: Calm | Angry "m"
-system Lines: list[1..6] of Line "lines"
-system OrderId: string "the order number"
-system Coupon: string? "a coupon code, if any"
-let Refund = sum(l.price for l in Lines where l.returned)
-let Perishable = any(l in Lines where l.returned and l.food)
-output Fee: float[0..20000] "what is paid back"
-action Reject "r"
-action Ask "a"
-action Voucher "v"
-action Human "h"
-action Pay "p"
-stage s {
-    when not (OrderId matches "ORD-[0-9]{6}") -> do Reject
-    when count(l in Lines where l.returned) == 0 -> do Ask
-    when Perishable and Reason != Damaged -> do Reject
-    when Reason == Late and not missing(Coupon) and Coupon matches "(?i)late.*" -> do Voucher
-    when Refund > 500 and Mood == Angry -> do Human
-    otherwise -> do Pay { Fee = Refund }
-}
-"""
+COSTLY = ORDER.replace('action Reject "r"', 'output Fee: float[0..20000] "what is paid back"\naction Reject "r"').replace(
+    "otherwise -> do Pay\n", "otherwise -> do Pay { Fee = Refund }\n")
 """`tests/test_solver.py`'s ORDER with a bounded output, so that the load-time output-range check has work."""
 
 VALUES = {"Reason": "Damaged", "Mood": "Calm", "Lines": [{"price": 10, "returned": True, "food": False}],

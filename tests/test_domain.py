@@ -443,6 +443,21 @@ def guard_of_text(decls: str, score: str) -> tuple[ir.Scenario, Any]:
     return loaded.scenario, loaded.scenario.stages["s"].branches[0].guard
 
 
+def _searches(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The boxes the space searches or asks the solver about from now on (a spy on `_search_or_solve`)."""
+    from sopgraph.logic.spacesearch import SpaceSearch
+
+    asked: list = []
+    real = SpaceSearch._search_or_solve
+
+    def counting(self: SpaceSearch, box: object, style: str, rng: object) -> tuple:
+        asked.append(box)
+        return real(self, box, style, rng)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    return asked
+
+
 GROUPS = """
 scenario g "G"
 field A: X | Y | Z "a"
@@ -469,7 +484,6 @@ def test_a_group_of_residuals_asked_again_from_another_box_is_decided_once(monke
     of the variables it reads, so the second box reuses it: on a list of records five of six group
     questions were such repeats (docs/performance.md). The witnesses still differ where the boxes do."""
     from sopgraph.logic import domain
-    from sopgraph.logic.spacesearch import SpaceSearch
 
     sc = load_source(None, text=GROUPS).scenario
     assert sc is not None
@@ -480,14 +494,7 @@ def test_a_group_of_residuals_asked_again_from_another_box_is_decided_once(monke
     guard = sc.stages["t"].branches[0].guard
     boxes = [*sp.constrain(scored, sp.formula(guard, True)), *sp.constrain(scored, sp.formula(guard, False))]
     assert len(boxes) == 2 and boxes[0].resid == boxes[1].resid
-    asked: list[object] = []
-    real = SpaceSearch._search_or_solve
-
-    def counting(self: SpaceSearch, box: domain.Box, style: str, rng: object) -> tuple:
-        asked.append(box)
-        return real(self, box, style, rng)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    asked = _searches(monkeypatch)
     assert sp.decide(boxes[0]) is True
     assert len(asked) == 2  # each of its two groups (its own pick satisfies neither)
     assert sp.decide(boxes[1]) is True
@@ -514,20 +521,12 @@ def test_a_box_whose_own_pick_satisfies_its_residuals_is_decided_without_a_searc
     where the search or a solver query costs a context each (a four-stage generated order SOP: 25 s of CPU,
     then 1.2 s). The witness, when asked for, is still the one the search or the solver gives."""
     from sopgraph.logic import domain
-    from sopgraph.logic.spacesearch import SpaceSearch
 
     sc = load_source(None, text=PICKED).scenario
     assert sc is not None
     sp = domain.space_for(sc)
     (box,) = [b for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True)) if b.resid]
-    asked: list[object] = []
-    real = SpaceSearch._search_or_solve
-
-    def counting(self: SpaceSearch, b: domain.Box, style: str, rng: object) -> tuple:
-        asked.append(b)
-        return real(self, b, style, rng)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    asked = _searches(monkeypatch)
     assert sp.decide(box) is True
     assert asked == []
     witness = sp.witness(box, "boundary")
@@ -542,7 +541,6 @@ def test_only_the_residual_groups_a_box_s_pick_fails_are_searched(monkeypatch) -
     """A box with two independent residual groups whose pick satisfies one of them: only the other is searched
     (or solved) to decide the box; on `ORDER` about half of the group questions were such (docs/performance.md)."""
     from sopgraph.logic import domain
-    from sopgraph.logic.spacesearch import SpaceSearch
 
     sc = load_source(None, text=HALF_PICKED).scenario
     assert sc is not None
@@ -550,14 +548,7 @@ def test_only_the_residual_groups_a_box_s_pick_fails_are_searched(monkeypatch) -
     box = next(b2 for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True))
                for b2 in sp.constrain(b, sp.formula(sc.stages["u"].branches[0].guard, True))
                if len(sp._resid_groups(b2)) == 2)
-    asked: list[domain.Box] = []
-    real = SpaceSearch._search_or_solve
-
-    def counting(self: SpaceSearch, b: domain.Box, style: str, rng: object) -> tuple:
-        asked.append(b)
-        return real(self, b, style, rng)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(SpaceSearch, "_search_or_solve", counting)
+    asked = _searches(monkeypatch)
     assert sp.decide(box) is True
     assert len(asked) == 1 and "count(" in sp.res_text[next(iter(asked[0].resid))[0]]
     witness = sp.witness(box, "boundary")

@@ -274,10 +274,8 @@ def test_optional_list_paths_and_witnesses_in_source_terms() -> None:
         assert run(s, p.witness)[0].finals["Action"] == p.action
 
 
-def test_a_stage_whose_branches_all_end_in_actions_is_not_split_into_children(monkeypatch) -> None:
-    """The walk only needs the children of a stage to go on to other stages: on a list of order lines the
-    pass spent half its time deciding which branches of the last stage were feasible, and used none of it
-    (docs/performance.md). The reads there are still checked, each under its own condition."""
+def _walked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The stages whose children are asked for from now on (a spy on `RegionGraph.children`)."""
     from sopgraph.logic.pathgraph import RegionGraph
 
     asked: list[str] = []
@@ -288,6 +286,14 @@ def test_a_stage_whose_branches_all_end_in_actions_is_not_split_into_children(mo
         return real(self, si, region)
 
     monkeypatch.setattr(RegionGraph, "children", children)
+    return asked
+
+
+def test_a_stage_whose_branches_all_end_in_actions_is_not_split_into_children(monkeypatch) -> None:
+    """The walk only needs the children of a stage to go on to other stages: on a list of order lines the
+    pass spent half its time deciding which branches of the last stage were feasible, and used none of it
+    (docs/performance.md). The reads there are still checked, each under its own condition."""
+    asked = _walked(monkeypatch)
     body = """
 stage s1 "first" {
     when Want == Other -> do Stop
@@ -306,16 +312,7 @@ stage s2 "second" {
 def test_stages_after_the_last_read_of_an_optional_value_are_not_walked(monkeypatch) -> None:
     """A stage from which no read of an optional value lies ahead needs no walking: on generated order SOPs the
     pass split every stage of programs that read their optional coupon only in the first stage, or nowhere."""
-    from sopgraph.logic.pathgraph import RegionGraph
-
-    asked: list[str] = []
-    real = RegionGraph.children
-
-    def children(self: RegionGraph, si: int, region: tuple) -> tuple:
-        asked.append(self.ids[si])
-        return real(self, si, region)
-
-    monkeypatch.setattr(RegionGraph, "children", children)
+    asked = _walked(monkeypatch)
     body = """
 stage s1 "first" {
     when Want == Other -> s2

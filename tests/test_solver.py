@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from helpers import ORDER
+
 from sopgraph.language.parse import load_source
 from sopgraph.logic import domain, paths
 from sopgraph.logic.checker import load
@@ -108,30 +110,6 @@ def test_a_date_is_a_whole_day_for_the_solver() -> None:
     assert counted.complete and counted.exact and counted.feasible == 2
 
 
-ORDER = """
-scenario o "O"
-type Line = record { price: float[0..2000], returned: bool, food: bool }
-field Reason: Damaged | Unwanted | Late "r"
-field Mood: Calm | Angry "m"
-system Lines: list[1..6] of Line "lines"
-system OrderId: string "the order number"
-system Coupon: string? "a coupon code, if any"
-let Refund = sum(l.price for l in Lines where l.returned)
-let Perishable = any(l in Lines where l.returned and l.food)
-action Reject "r"
-action Ask "a"
-action Voucher "v"
-action Human "h"
-action Pay "p"
-stage s {
-    when not (OrderId matches "ORD-[0-9]{6}") -> do Reject
-    when count(l in Lines where l.returned) == 0 -> do Ask
-    when Perishable and Reason != Damaged -> do Reject
-    when Reason == Late and not missing(Coupon) and Coupon matches "(?i)late.*" -> do Voucher
-    when Refund > 500 and Mood == Angry -> do Human
-    otherwise -> do Pay
-}
-"""
 
 
 def test_pattern_tests_and_float_sums_leave_no_question_undecided() -> None:
