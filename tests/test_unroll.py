@@ -468,3 +468,17 @@ def test_no_command_crashes_on_for_each_steps_positions_and_data_arguments(
     for case in sopgraph.synthesize(scenario, 4, seed=2).cases:
         d = sopgraph.decide(scenario, {**case.truth, **case.system})
         assert (d.path, d.actions) == (case.expected_path, case.expected_actions)
+
+
+def test_a_look_is_named_after_the_item_or_field_read_of_it() -> None:
+    """Diagnostics and path constraints on an unrolled procedure name a look in the source's terms: the
+    analysis form's `Fees#2[0].refundable` is `Fees[0].refundable (look 2)` (it read `Fees (look 2)[0]…`), and a
+    variable looked at once needs no look at all."""
+    from sopgraph.logic.paths import _look_text
+    from sopgraph.logic.procheck import _source_ids
+
+    text = "`Fees#2[0].refundable` and Fees#1.len and Fixed#1"
+    assert _source_ids(text, {}, {"Fees": 2, "Fixed": 1}) == (
+        "`Fees[0].refundable (look 2)` and Fees.len (look 1) and Fixed")
+    assert _look_text("Fees#2[1].amount > 3 and Fixed#1", {"Fees": 2, "Fixed": 1}) == (
+        "Fees[1].amount (look 2) > 3 and Fixed")

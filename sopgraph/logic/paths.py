@@ -582,15 +582,15 @@ def _past_the_end(u: Unrolled, values: Mapping[str, Any], stages: list[str]) -> 
         return True
 
 
-_LOOK = re.compile(rf"([^\W\d][\w.]*){re.escape(LOOK_SEP)}(\d+)\b")
+_LOOK = re.compile(rf"([^\W\d][\w.]*){re.escape(LOOK_SEP)}(\d+)\b((?:\[\d+\]|\.[^\W\d]\w*)*)")
 
 
 def _look_text(text: str, looks: Mapping[str, int]) -> str:
     """`Fixed#2` (the analysis' name for the second look at `Fixed`) as `Fixed (look 2)`, and as
     plain `Fixed` when the path looks once."""
     def one(m: re.Match[str]) -> str:
-        name, k = m.group(1), int(m.group(2))
-        return name if k == 1 and looks.get(name, 0) <= 1 else f"{name} (look {k})"
+        name, k, read = m.group(1), int(m.group(2)), m.group(3)  # the look said after an item or field read of it
+        return name + read if k == 1 and looks.get(name, 0) <= 1 else f"{name}{read} (look {k})"
     return _LOOK.sub(one, text) if LOOK_SEP in text else text
 
 

@@ -344,5 +344,9 @@ def _source_ids(text: str, origin: dict[str, str], looks: dict[str, int]) -> str
             text = text.replace(f"`{cid}`", f"`{origin[cid]}` (on a later visit)").replace(cid, origin[cid])
     if looks:
         names = "|".join(re.escape(n) for n in sorted(looks, key=len, reverse=True))
-        text = re.sub(rf"\b({names}){re.escape(LOOK_SEP)}(\d+)", lambda m: f"{m.group(1)} (look {m.group(2)})", text)
+        # the look is said after the item or field read of it: `Fees#1[0].refundable` → `Fees[0].refundable (look 1)`,
+        # and not at all for a variable looked at once
+        text = re.sub(rf"\b({names}){re.escape(LOOK_SEP)}(\d+)((?:\[\d+\]|\.[^\W\d]\w*)*)",
+                      lambda m: m.group(1) + m.group(3) + (f" (look {m.group(2)})" if looks.get(m.group(1), 0) > 1
+                                                            else ""), text)
     return text
