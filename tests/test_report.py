@@ -437,3 +437,12 @@ def test_chinese_text_renders_with_the_report_fonts(tmp_path) -> None:
         _chromium(tmp_path, page, f"--screenshot={shot}")
         shots.append(_png_rows(shot.read_bytes()))
     assert shots[0] != shots[1], "Chinese text renders as missing-glyph boxes: install fonts-wqy-microhei"
+
+
+def test_a_turn_where_the_sop_still_waits_shows_its_reference_as_asking(offline_runs) -> None:
+    """The built-in judges label what the customer has said; on a turn where the SOP still needs a value not
+    given yet, the reference is the stages passed and no action (docs/metrics.md §1): the dialogue pages say
+    so rather than a bare "judged"."""
+    text = report_for_runs([offline_runs[0]], ScoreConfig(bootstrap=0))
+    assert "⇒ (asks: a value is not shown yet)</code>" in text
+    assert "<div class='note'>reference: judged</div>" not in text
