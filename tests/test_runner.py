@@ -105,7 +105,13 @@ def _scan_for_key(run_dir: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------- offline default
 
-def test_offline_oracle_run_with_cli(tmp_path):
+def test_offline_oracle_run_with_cli(tmp_path, monkeypatch):
+    import sopgraph.simulation.runner as runner_module
+
+    def loaded_twice(path):  # `sop run` checks the file, then hands the runner what it loaded
+        raise AssertionError(f"{path} loaded again")
+
+    monkeypatch.setattr(runner_module, "_load", loaded_twice)
     sc = load(ROOT / "scenarios" / "telecom_package.sop")
     cases = []
     for i, (ct, status, pen) in enumerate([("Change", "NoContract", 0), ("Cancel", "Contracted", 300),

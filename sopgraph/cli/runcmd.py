@@ -113,7 +113,8 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         if out is None:
             fail("missing -o RUN_DIR")
 
-        load_or_exit(file, cpu_budget=cpu_budget)  # compiler-style diagnostics before anything starts
+        # compiler-style diagnostics before anything starts; the runner takes the loaded scenario (not loaded twice)
+        loaded = load_or_exit(file, cpu_budget=cpu_budget)
         scenario = file
         specs = _model_options(models)
         if not any(s.role == "agent" for s in specs):
@@ -124,7 +125,7 @@ def run_cmd(file: Path | None, cases: Path | None, models: tuple[str, ...], tria
         except ValueError as exc:
             fail(str(exc))
         kwargs = {"trials": trials, "max_turns": max_turns, "judge_turns": judge_turns, "structured": structured,
-                  "env": env,
+                  "env": env, "loaded": loaded,
                   "gateway_options": {"max_retries": retries, "base_delay": retry_delay,
                                       "max_delay": retry_max_delay, "cache": not no_cache}}
         target = out

@@ -398,6 +398,7 @@ async def run(
     preflight: bool = True,
     ray: str | None = None,
     env: str | None = None,
+    loaded: ir.Scenario | None = None,
 ) -> RunSummary:
     """Run (or resume) an evaluation into `out_dir` and return its summary.
 
@@ -411,7 +412,9 @@ async def run(
     `json_schema` structured output is switched to `json_object` (noted in the run). `ray`: run the
     dialogues on Ray (`local` starts an instance on this machine, with `workers` CPUs if > 1; else the
     address of a cluster to join; see `_execute_ray`). `env`: `python:MODULE:FACTORY`, the environment a
-    tool-acting agent acts on instead of the case-scripted backend (docs/environments.md; kept for resume)."""
+    tool-acting agent acts on instead of the case-scripted backend (docs/environments.md; kept for resume).
+    `loaded`: the scenario of the file `scenario_path`, already loaded and checked by the caller (`sop run`):
+    not loaded again (a costly file's load-time checks would run twice), the path still recorded for resume."""
     started = time.perf_counter()
     progress_mode(progress)  # a bad value is refused before anything starts
     if workers < 1:
@@ -463,7 +466,8 @@ async def run(
     else:
         if trials < 1 or max_turns < 1 or concurrency < 1:
             raise RunError("trials, max-turns and concurrency must be >= 1")
-        scenario = scenario_path if isinstance(scenario_path, ir.Scenario) else _load(scenario_path)
+        scenario = (scenario_path if isinstance(scenario_path, ir.Scenario)
+                    else loaded if loaded is not None else _load(scenario_path))
         cases = (list(cases_path) if isinstance(cases_path, Sequence) and not isinstance(cases_path, str)
                  else read_cases(cases_path, scenario))  # type: ignore[arg-type]
         warnings += _check_cases(scenario, cases, str(cases_path) if isinstance(cases_path, str | Path)
