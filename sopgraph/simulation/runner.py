@@ -413,8 +413,7 @@ async def run(
     dialogues on Ray (`local` starts an instance on this machine, with `workers` CPUs if > 1; else the
     address of a cluster to join; see `_execute_ray`). `env`: `python:MODULE:FACTORY`, the environment a
     tool-acting agent acts on instead of the case-scripted backend (docs/environments.md; kept for resume).
-    `loaded`: the scenario of the file `scenario_path`, already loaded and checked by the caller (`sop run`):
-    not loaded again (a costly file's load-time checks would run twice), the path still recorded for resume."""
+    `loaded`: the caller's checked load of `scenario_path` (not loaded twice; the path kept for resume)."""
     started = time.perf_counter()
     progress_mode(progress)  # a bad value is refused before anything starts
     if workers < 1:
@@ -466,8 +465,7 @@ async def run(
     else:
         if trials < 1 or max_turns < 1 or concurrency < 1:
             raise RunError("trials, max-turns and concurrency must be >= 1")
-        scenario = (scenario_path if isinstance(scenario_path, ir.Scenario)
-                    else loaded if loaded is not None else _load(scenario_path))
+        scenario = scenario_path if isinstance(scenario_path, ir.Scenario) else loaded or _load(scenario_path)
         cases = (list(cases_path) if isinstance(cases_path, Sequence) and not isinstance(cases_path, str)
                  else read_cases(cases_path, scenario))  # type: ignore[arg-type]
         warnings += _check_cases(scenario, cases, str(cases_path) if isinstance(cases_path, str | Path)
