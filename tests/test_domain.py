@@ -458,6 +458,20 @@ def _searches(monkeypatch: pytest.MonkeyPatch) -> list:
     return asked
 
 
+def _two_group_box(text: str) -> tuple:
+    """(scenario, space, a box of it) where the first branches of stages `s` and `u` hold and the box's
+    residuals fall into two independent groups."""
+    from sopgraph.logic import domain
+
+    sc = load_source(None, text=text).scenario
+    assert sc is not None
+    sp = domain.space_for(sc)
+    box = next(b2 for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True))
+               for b2 in sp.constrain(b, sp.formula(sc.stages["u"].branches[0].guard, True))
+               if len(sp._resid_groups(b2)) == 2)
+    return sc, sp, box
+
+
 GROUPS = """
 scenario g "G"
 field A: X | Y | Z "a"
@@ -483,14 +497,8 @@ def test_a_group_of_residuals_asked_again_from_another_box_is_decided_once(monke
     group (here in `A`) ask it the same question. Its answer depends only on its literals and on the domains
     of the variables it reads, so the second box reuses it: on a list of records five of six group
     questions were such repeats (docs/performance.md). The witnesses still differ where the boxes do."""
-    from sopgraph.logic import domain
 
-    sc = load_source(None, text=GROUPS).scenario
-    assert sc is not None
-    sp = domain.space_for(sc)
-    scored = next(b2 for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True))
-                  for b2 in sp.constrain(b, sp.formula(sc.stages["u"].branches[0].guard, True))
-                  if len(sp._resid_groups(b2)) == 2)
+    sc, sp, scored = _two_group_box(GROUPS)
     guard = sc.stages["t"].branches[0].guard
     boxes = [*sp.constrain(scored, sp.formula(guard, True)), *sp.constrain(scored, sp.formula(guard, False))]
     assert len(boxes) == 2 and boxes[0].resid == boxes[1].resid
@@ -540,14 +548,8 @@ HALF_PICKED = GROUPS.replace("M1 + M2 > 150", "M1 + M2 < 150")
 def test_only_the_residual_groups_a_box_s_pick_fails_are_searched(monkeypatch) -> None:
     """A box with two independent residual groups whose pick satisfies one of them: only the other is searched
     (or solved) to decide the box; on `ORDER` about half of the group questions were such (docs/performance.md)."""
-    from sopgraph.logic import domain
 
-    sc = load_source(None, text=HALF_PICKED).scenario
-    assert sc is not None
-    sp = domain.space_for(sc)
-    box = next(b2 for b in sp.constrain(sp.full, sp.formula(sc.stages["s"].branches[0].guard, True))
-               for b2 in sp.constrain(b, sp.formula(sc.stages["u"].branches[0].guard, True))
-               if len(sp._resid_groups(b2)) == 2)
+    _, sp, box = _two_group_box(HALF_PICKED)
     asked = _searches(monkeypatch)
     assert sp.decide(box) is True
     assert len(asked) == 1 and "count(" in sp.res_text[next(iter(asked[0].resid))[0]]

@@ -1074,25 +1074,33 @@ class _TurnEvaluator:
         self.ref_memo[key] = len(self.refs) - 1
         return len(self.refs) - 1
 
+    def _env_scorer(self, case: Case) -> ProcedureScorer | None:
+        """The scorer that steps the session against the run's environment for `case` (None: no environment)."""
+        scorer = self.references.scorer(case) if self.references is not None else None
+        return scorer if scorer is not None and scorer.env is not None else None
+
+    @staticmethod
+    def _shown(values: Mapping[str, Any], fields: tuple[str, ...], ckey: tuple) -> dict[str, Any]:
+        """The judges' labels the turn has (neither without consensus nor not shown yet)."""
+        return {f: values[f] for f, v in zip(fields, ckey, strict=True) if v is not None and v is not UNSHOWN}
+
     def _waiting(self, sc: ir.Scenario, case: Case, values: Mapping[str, Any], unshown: list[str],
                  fields: tuple[str, ...], ckey: tuple) -> tuple[tuple[str, ...], list[dict[str, Any]]] | None:
         """Where the SOP waits for a field not shown yet (None: it needs none): the engine's run, or with an
         environment the session stepped against a fresh world for the case."""
-        scorer = self.references.scorer(case) if self.references is not None else None
-        if scorer is None or scorer.env is None:
+        scorer = self._env_scorer(case)
+        if scorer is None:
             return _waiting_prefix(sc, case, values, unshown)
-        labels = {f: values[f] for f, v in zip(fields, ckey, strict=True) if v is not None and v is not UNSHOWN}
-        return scorer.waiting(case, labels, unshown)
+        return scorer.waiting(case, self._shown(values, fields, ckey), unshown)
 
     def _decide(self, sc: ir.Scenario, case: Case, values: Mapping[str, Any], fields: tuple[str, ...],
                 ckey: tuple) -> tuple[Any, Any, Any]:
         """(path, finals, actions) on these values: the engine's, or with an environment the session stepped
         against a fresh world for the case on the judges' labels (the world answers the looks)."""
-        scorer = self.references.scorer(case) if self.references is not None else None
-        if scorer is None or scorer.env is None:
+        scorer = self._env_scorer(case)
+        if scorer is None:
             return self.engines[sc.name].decide_trace_raw(values)
-        labels = {f: values[f] for f, v in zip(fields, ckey, strict=True) if v is not None and v is not UNSHOWN}
-        _, decision = scorer.decision(case, labels)
+        _, decision = scorer.decision(case, self._shown(values, fields, ckey))
         return decision.path, decision.finals, decision.actions
 
     def self_action(self, sc: ir.Scenario, sys_id: int, case: Case, akey: tuple, agent: Mapping[str, Any],
