@@ -53,6 +53,57 @@ def test_float_arithmetic_is_never_refuted_by_the_rationals() -> None:
     assert boxes and all(domain.is_feasible(sc, b) is not False for b in boxes)
 
 
+EDGE = """
+scenario e "E"
+system A: float[0..1] "a"
+system B: float[0..1] "b"
+action X "x"
+action Y "y"
+stage s { when A <= 0.1 and B <= 0.2 and A + B >= 0.30000000000000004 -> do X  otherwise -> do Y }
+"""
+
+
+def test_a_region_that_only_rounding_reaches_is_not_refuted() -> None:
+    """Over the rationals A + B stays below 0.30000000000000004 here; in floats 0.1 + 0.2 reaches it. The query
+    with the rounding bound must not be refuted (it is a question the search then answers)."""
+    sc = load(text=EDGE)
+    assert decide(sc, {"A": 0.1, "B": 0.2}).finals["Action"] == "X"
+    boxes = domain.constrain(sc, domain.full_box(sc), sc.stages["s"].branches[0].guard)
+    assert boxes and all(domain.is_feasible(sc, b) is not False for b in boxes)
+    assert {p.action for p in paths.iter_paths(sc)} == {"X", "Y"}
+
+
+REFUND = """
+scenario r "R"
+type Line = record { price: float[0..2000], back: bool }
+system Lines: list[1..3] of Line "lines"
+let Refund = sum(l.price for l in Lines where l.back) "refund"
+action X "x"
+action Y "y"
+action Z "z"
+stage s { when Refund <= 1300 -> do X  otherwise -> t }
+stage t { when Refund <= 1250 -> do Y  when Refund * 0.5 + 10 > 1000 -> do X  otherwise -> do Z }
+"""
+
+
+def test_a_float_sum_compared_twice_is_one_value_whatever_its_rounding() -> None:
+    """`Refund <= 1250` after `Refund <= 1300` failed: the engine computes the same sum to the same float both
+    times, so the branch is never taken whatever the rounding (a variable of its own per computation, tied to
+    the exact sum within its rounding error). Before, float arithmetic made every refutation untrusted: the
+    path stayed "(?)" and `sop check` said I302 instead of W303."""
+    sc = load(text=REFUND)
+    found = {tuple(p.labels): p.status for p in paths.iter_paths(sc)}
+    assert found == {("Refund <= 1300",): "feasible", ("otherwise", "Refund * 0.5 + 10 > 1000"): "feasible",
+                     ("otherwise", "otherwise"): "feasible"}
+    assert paths.count_paths(sc).feasible == 3
+    from sopgraph.logic.flow import flow_diagnostics
+    from sopgraph.logic.lower import analysis_form
+
+    found_d = flow_diagnostics(analysis_form(sc).scenario)
+    assert [d.code for d in found_d if d.code.startswith(("W303", "W304", "I302"))] == ["W303"]
+    assert "Refund <= 1250" in next(d.message for d in found_d if d.code == "W303")
+
+
 def test_counts_over_float_amounts_of_a_list_are_exact() -> None:
     """tests/data/lost_card_lists.sop: 56 feasible paths, counted exactly (undecided regions made it an
     upper bound of 212, and `sop check` 34 s of CPU)."""

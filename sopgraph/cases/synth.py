@@ -406,7 +406,7 @@ def _sampled_witness(scenario: ir.Scenario, space: domain.Space, info: Any, regi
     region's boxes (each variable within its box's domain, the residual conditions ignored), each run
     through the reference engine. Why: when neither the witness search nor the solver decides a path (a
     residual past their budgets), it may still be easy to hit at random; deterministic for the seed."""
-    boxes = list(region)
+    boxes = [b2 for b in region for b2 in space.unfold(b)]
     if not boxes:
         return None
     for k in range(SAMPLES_PER_PATH):

@@ -20,7 +20,7 @@ import click
 from sopgraph._version import __version__
 from sopgraph.errors import Error
 from sopgraph.logic.budget import OutOfCpu
-from sopgraph.perf import tune_gc_for_cli
+from sopgraph.perf import tune_gc_for_cli, tune_malloc_for_cli
 
 
 class _Sop(click.Group):
@@ -33,6 +33,7 @@ class _Sop(click.Group):
         # Process-wide settings belong to the application, not to the library (issue 8): a test or a
         # script invoking `main.main(...)` directly keeps its own collector settings.
         tune_gc_for_cli()
+        tune_malloc_for_cli()
         obj = kwargs.setdefault("obj", {})
         if isinstance(obj, dict):
             obj[OWNS_PROCESS] = True  # commands may apply their own process-wide collector policy

@@ -83,6 +83,10 @@ from sopgraph.logic.spacecore import (  # noqa: F401 - re-exported: the domain A
 from sopgraph.logic.spacetext import SpaceText
 
 
+BOX_SPLIT = 4  # pieces one condition may cut one box into before it is kept as a literal (`Space.split`)
+REGION_CAP = 64  # boxes of a region a condition may make before it is kept on each box (`constrain_region`)
+
+
 class Space(SpaceText):
     """Per-scenario analysis context: variable layout, interned boxes, compiled formulas, memos. The
     compiled constraints live here; the layers below are `spacecore`, `spacesearch` and `spacetext`."""
@@ -379,20 +383,61 @@ class Space(SpaceText):
         self._cons[key] = res
         return res
 
-    def constrain_region(self, region: Iterable[Box], f: Formula, cap: int | None = None) -> tuple[Box, ...]:
-        """The boxes of `region` where `f` holds. With `cap`, a result that would exceed `cap` boxes keeps
-        the region's boxes and attaches `f` to each as one residual literal instead: the same set, only
-        decided lazily (by witness search and the solver). Why: along a long route every stage can split
-        each box, and the product of the splits made one path's region cost minutes (issue 31)."""
+    def constrain_region(self, region: Iterable[Box], f: Formula, cap: int | None = REGION_CAP) -> tuple[Box, ...]:
+        """The boxes of `region` where `f` holds, split where that is cheap (`split`). Past `cap` boxes the
+        region's boxes keep `f` as one residual literal each instead: the same set, only decided lazily (by
+        witness search and the solver). Why: along a long route every stage can split each box, and the
+        product of the splits made one path's region cost minutes (issue 31)."""
         region = tuple(region)
         out: list[Box] = []
         for b in region:
-            out.extend(self.constrain(b, f))
+            out.extend(self.split(b, f))
             if cap is not None and len(out) > cap:
-                rid = self.formula_residual(f)
-                out = [self.box(b2.doms, b2.resid | {(rid, True)}) for b2 in region if (rid, False) not in b2.resid]
+                out = [b3 for b2 in region for b3 in self.add_literal(b2, f)]
                 break
         return self.normalize(out)
+
+    def split(self, box: Box, f: Formula) -> tuple[Box, ...]:
+        """`constrain`, unless `f` would cut `box` into more than `BOX_SPLIT` pieces: then `box` keeps `f` as one
+        residual literal (`add_literal`). A condition on one or two variables cuts a box in two or three; a
+        negated `any(l in Lines where ...)` cuts it once per order line and per field, and the next such
+        condition multiplies the pieces, each a question for the solver later."""
+        out = self.constrain(box, f)
+        if len(out) <= BOX_SPLIT:
+            return out
+        if f.kind == "and":  # the parts that cut little still narrow the box (`Mood == Calm` beside a count)
+            parts: Sequence[Box] = (box,)
+            for p in f.parts:
+                parts = [b2 for b in parts for b2 in self.split(b, p)]
+                if not parts:
+                    return ()
+            if len(parts) <= BOX_SPLIT:
+                return self.normalize(parts)
+        return self.add_literal(box, f)
+
+    def unfold(self, box: Box, limit: int = 256) -> tuple[Box, ...]:
+        """`box` with the conditions `split` kept whole cut into boxes again, as far as `limit` boxes allow: a
+        member picked at random in one of them satisfies those conditions (`cases.synth` samples regions)."""
+        out: Sequence[Box] = (box,)
+        for rid, truth in sorted(box.resid):
+            f = self.res_exprs[rid]
+            if not truth or not isinstance(f, Formula):
+                continue
+            cut = [b2 for b in out for b2 in self.constrain(self.box(b.doms, b.resid - {(rid, True)}), f)]
+            if len(cut) > limit:
+                break
+            out = cut
+        return tuple(out)
+
+    def add_literal(self, box: Box, f: Formula) -> tuple[Box, ...]:
+        """`box` where formula `f` holds, with `f` kept whole as one residual literal (a residual literal stays
+        itself): the same set as `constrain`, not split into boxes."""
+        if f.kind == "res":
+            return self.add_residual(box, f.rid, f.truth)
+        rid = self.formula_residual(f)
+        if (rid, False) in box.resid:
+            return ()
+        return (self.box(box.doms, box.resid | {(rid, True)}),)
 
     def add_residual(self, box: Box, rid: int, truth: bool) -> tuple[Box, ...]:
         """Boxes of `box` where residual `rid` has truth `truth`: split into points when its

@@ -308,7 +308,7 @@ class _Flow:
                 return None
             rest: Sequence[Box] = region
             for f in falses:
-                rest = [b2 for b in rest for b2 in sp.constrain(b, f)]
+                rest = [b2 for b in rest for b2 in sp.split(b, f)]
                 if not rest:
                     break
             if not rest or sp.decide_region(rest) is False:
@@ -383,8 +383,8 @@ class _Flow:
                 for region, prefix in ctxs[:MAX_CONTEXTS]:
                     if not self.spend(si, len(region)):
                         return out
-                    both = [b3 for b in region for b2 in sp.constrain(b, fire_i)
-                            for b3 in sp.constrain(b2, gj[0])]
+                    both = [b3 for b in region for b2 in sp.split(b, fire_i)
+                            for b3 in sp.split(b2, gj[0])]
                     if not both or sp.decide_region(both) is False:
                         continue
                     full = self.full_context(prefix, si, fire_i, gj[0])
@@ -428,7 +428,7 @@ class _Flow:
         for region, _prefix in ctxs[:MAX_CONTEXTS]:
             if not self.spend(si, len(region)):
                 return False
-            rest = [b3 for b in region for b2 in sp.constrain(b, gi[0]) for b3 in sp.constrain(b2, gj[1])]
+            rest = [b3 for b in region for b2 in sp.split(b, gi[0]) for b3 in sp.split(b2, gj[1])]
             if rest and sp.decide_region(rest) is not False:
                 return False
         return True

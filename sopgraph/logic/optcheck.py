@@ -321,7 +321,7 @@ class _Pass:
         big_keys: set[tuple[str, int, int, str]] = set()
         for si, st in enumerate(self.ex.stage_objs):
             found, big = _stage_checks(self.t, st, optionals)
-            self.checks.append(found)
+            self.checks.append([c for c in found if not self._guarded_where_read(c)])
             for c in big:  # once per read as written (copies of a stage share it)
                 if (c.name, c.span.line, c.span.col, c.span.file) not in big_keys:
                     big_keys.add((c.name, c.span.line, c.span.col, c.span.file))
@@ -336,6 +336,15 @@ class _Pass:
         self.open_keys: set[tuple[str, int, int, str]] = set()  # their (variable, line, col, file)
         self.done: set[tuple[str, int, int, str]] = set()  # (variable, line, col, file) reported or proven
         self.out: list[Diagnostic] = []
+
+    def _guarded_where_read(self, c: _Check) -> bool:
+        """Whether the read cannot happen with its value missing whatever the path (`not missing(X) and X …`):
+        its condition is empty on every value, so no path needs exploring for it (this pass walked every
+        stage before such a read, deciding which branches each region takes)."""
+        try:
+            return not self.sp.constrain(self.sp.full, self.sp.formula(c.cond, True))
+        except Exception:  # noqa: BLE001 - not settled here: the walk decides it as before
+            return False
 
     def spend(self, n: int, si: int) -> bool:
         self.steps -= n
@@ -398,7 +407,7 @@ class _Pass:
         self.asking = f"deciding whether {self._read_text(c, si)} can be read while it is missing"
         sp = self.sp
         f = sp.formula(c.cond, True)
-        boxes = [b2 for b in region for b2 in sp.constrain(b, f)]
+        boxes = [b2 for b in region for b2 in sp.split(b, f)]
         status = sp.decide_region(boxes) if boxes else False
         if status is False:
             return

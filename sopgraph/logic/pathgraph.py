@@ -8,12 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from sopgraph.language import ir
-from sopgraph.logic.domain import Box, Space, space_for
+from sopgraph.logic.domain import REGION_CAP, Box, Space, space_for
 from sopgraph.logic.formula import Formula
 
 Region = tuple[Box, ...]
 Child = tuple[int, str, Any, Region, bool]  # (branch, "stage" | "action", target, child region, undecided)
-
 
 class RegionGraph:
     """The stage graph as the path analyses walk it: compiled branch formulas, the variables still read
@@ -192,8 +191,12 @@ class RegionGraph:
                 boxes = []
                 nrest: list[Box] = []
                 for b in rest:
-                    boxes.extend(sp.constrain(b, gt))
-                    nrest.extend(sp.constrain(b, gf))
+                    boxes.extend(sp.split(b, gt))
+                    nrest.extend(sp.split(b, gf))
+                    if len(boxes) + len(nrest) > REGION_CAP:  # each kept as a literal on every box
+                        boxes = [b3 for b2 in rest for b3 in sp.add_literal(b2, gt)]
+                        nrest = [b3 for b2 in rest for b3 in sp.add_literal(b2, gf)]
+                        break
                 rest = nrest
             if not boxes:
                 continue

@@ -10,12 +10,19 @@ An SMT solver answers these questions directly: integer arithmetic, `count` as a
 
 Soundness rules:
 - every witness the solver proposes is re-checked by the caller with the reference interpreter;
-- "unsat" is trusted (the region is proven empty) only when the query is exact: no arithmetic on a
-  float value (`+`, `-`, `*` round in the engine, not in z3's rationals), no nonlinear product, no
-  division. Float variables and non-integer constants that are only compared are exact: a constant is
-  translated as the rational its float is (`0.1` as 3602879701896397/2**55), and every float is a
-  rational, so a comparison the reals cannot satisfy no float satisfies either. An inexact query that
-  is refuted is still empty when its exact literals alone are refuted;
+- "unsat" is trusted (the region is proven empty) only when the query is exact: no nonlinear product,
+  no division, and float arithmetic only where its rounding is bounded. Float variables and non-integer
+  constants that are only compared are exact: a constant is translated as the rational its float is
+  (`0.1` as 3602879701896397/2**55), and every float is a rational, so a comparison the reals cannot
+  satisfy no float satisfies either. A compared value computed in floats (`sum(l.price for l in Lines)`,
+  `Fee * 0.5 + 10`) is compared through a variable of its own, the engine's float result, tied to the
+  exact rational value within the rounding error its operations can make on the box's ranges
+  (`rounding_error`); one such variable per distinct computation, since the engine computes the same
+  expression to the same float every time (`Refund <= 1250` and `Refund > 1300` contradict whatever the
+  rounding). A query is first solved with no rounding (the model to try); refuted so, it is asked again
+  with the rounding allowed, and only that refutation is trusted. Where a range is unbounded the rounding
+  has no bound and the query stays inexact. An inexact query that is refuted is still empty when its
+  exact literals alone are refuted;
 - what the translation cannot model is relaxed, never guessed: a literal it cannot take is left out,
   a pattern test on a string is a free Bool (`pattern_atom`); a refuted relaxation refutes the query;
 - each query has a deterministic resource limit (`rlimit`, z3's count of internal steps, not wall
@@ -68,6 +75,7 @@ MAX_TERMS = 20_000  # expression nodes translated per query before giving up (un
 VARIANT_LENGTH = 40  # candidate strings up to this long are also tried with one character changed
 VARIANT_CHARS = "1a9zZ_- ."  # the characters tried there: another digit, letter, case, separator
 MAX_MEMO = 50_000  # distinct queries remembered per space (answers and their terms), then forgotten
+UNIT_ROUNDOFF = 2.0 ** -53  # a float operation's relative error (round to nearest)
 
 
 class _Unsupported(Exception):
@@ -100,6 +108,7 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
     exact_goal: list[Any] = []  # the literals whose translation is exact (see below)
     for rid, truth in sorted(box.resid):
         was_exact, tr.exact = tr.exact, True
+        tr.lit_rounds = set()
         try:
             term = tr.literal(rid, truth)
         except (_Unsupported, RecursionError, z3.Z3Exception):
@@ -111,17 +120,23 @@ def solve(space: Space, box: Box) -> tuple[dict[str, Any] | None, bool | None]:
         finally:
             literal_exact, tr.exact = tr.exact, was_exact and tr.exact
         goal.append(term)
-        if literal_exact:
+        if literal_exact and not tr.lit_rounds:
             exact_goal.append(term)
     if not goal:
         return None, False
     linear = tr.exact and not tr.reals
-    result, model = _check(z3, tr, goal, "QF_LIA" if linear else None)
+    rounded = sorted(tr.rounds_used)
+    tied = [tr.rounded[t][0] == tr.rounded[t][1] for t in rounded]  # first: the exact values (a model to try)
+    result, model = _check(z3, tr, goal + tied, "QF_LIA" if linear else None)
     if result == z3.unsat:
-        if tr.exact:
+        if tr.exact and rounded:
+            loose = tr.rounding_bounds(rounded)
+            if loose is not None and _check(z3, tr, goal + loose, None)[0] == z3.unsat:
+                return None, True
+        elif tr.exact:
             return None, True
-        # Refuted over the rationals with float arithmetic somewhere: rounding might still satisfy it,
-        # unless the literals without float arithmetic are already contradictory on their own
+        # Refuted over the rationals with unbounded float arithmetic somewhere: rounding might still satisfy
+        # it, unless the literals without float arithmetic are already contradictory on their own
         # (`count(…) != 0` beside an item that is not returned, next to a sum of prices).
         if exact_goal and len(exact_goal) < len(goal) and _check(z3, tr, exact_goal, None)[0] == z3.unsat:
             return None, True
@@ -261,8 +276,8 @@ class _Translator:
         shared = space.__dict__.get("_z3_shared")
         if shared is None:
             shared = space.__dict__["_z3_shared"] = {"memo": {}, "enums": {}, "patterns": {}, "doms": {},
-                                                     "checks": {}, "stats": {}, "atoms": {},
-                                                     "ctx": z3.Context()}
+                                                     "checks": {}, "stats": {}, "atoms": {}, "shapes": {},
+                                                     "rounded": {}, "ctx": z3.Context()}
         self.ctx = shared["ctx"]
         self.memo: dict[Any, tuple[tuple[str, Any], bool, bool, int, frozenset[Any]]] = shared["memo"]
         self.enum_ids: dict[str, int] = shared["enums"]
@@ -271,6 +286,12 @@ class _Translator:
         self.checks: dict[tuple, tuple[Any, _Model | None, list[Any]]] = shared["checks"]  # see `_check`
         self.atoms: dict[str, Any] = shared["atoms"]  # name -> the variable's z3 constant
         self.stats: dict[str, int] = shared["stats"]  # "solved": distinct queries solved (for tests, benchmarks)
+        # numeric term id -> (term, shape): how the engine computes it, for its rounding error (`rounding_error`)
+        self.shapes: dict[int, tuple[Any, tuple]] = shared["shapes"]
+        # computed float term id -> (its own variable, the term, its shape): see the module docstring
+        self.rounded: dict[int, tuple[Any, Any, tuple]] = shared["rounded"]
+        self.rounds_used: set[int] = set()  # those the query compares
+        self.lit_rounds: set[int] = set()  # those the literal being translated compares
         # base variables (and `missing`, pattern tests: see `missing_var`, `pattern_atom`) read by the
         # translations in progress
         self.reading: list[set[Any]] = []
@@ -300,7 +321,9 @@ class _Translator:
             return term
         term, exact, reals, terms, reads = hit
         for i in reads:
-            if isinstance(i, tuple):
+            if isinstance(i, tuple) and i[0] == "round":
+                self.round_used(i[1])
+            elif isinstance(i, tuple):
                 self.pattern_atom(*i)
             elif i >= 0:
                 self.base(i)
@@ -330,6 +353,8 @@ class _Translator:
             if x is None:  # once per space, like the translations that use it
                 make = self.z3.Bool if kind == "bool" else self.z3.Real if kind == "float" else self.z3.Int
                 x = self.atoms[name] = make(name, self.ctx)
+                if kind != "bool":
+                    self.note_shape(x, ("v", i))
             self.vars[i] = x
         if kind == "float":
             self.reals = True
@@ -424,8 +449,8 @@ class _Translator:
 
     def literal(self, rid: int, truth: bool) -> Any:
         pred = self.sp.res_exprs[rid]
-        if type(pred).__name__ == "Formula":
-            f = self.formula(pred)
+        if type(pred).__name__ == "Formula":  # translated once per space, like an expression's
+            _, f = self.memoized(("resid", rid), lambda: ("bool", self.formula(pred)))
         else:
             kind, f = self.memoized(("resid", rid), lambda: self.expr(pred))
             if kind != "bool":
@@ -474,24 +499,27 @@ class _Translator:
             kind, x = self.expr(e.operand)
             if e.op == "not":
                 return "bool", z3.Not(self.truthy(kind, x))
-            return "num", -x
+            return "num", self.note_shape(-x, ("neg", self.shape(x)))
         if isinstance(e, ir.Binary):
             if e.op == "/":
                 raise _Unsupported("division")
             (_, a), (_, b) = self.expr(e.left), self.expr(e.right)
             if e.op == "*" and not (self.is_const(a) or self.is_const(b)):
                 self.exact = False  # nonlinear: z3 may answer unknown, never trust unsat blindly
-            if self.z3.is_real(a) or self.z3.is_real(b):
-                self.exact = False  # float arithmetic rounds; z3's rationals do not
-            return "num", (a + b if e.op == "+" else a - b if e.op == "-" else a * b)
+            # float arithmetic rounds, z3's rationals do not: its bound is added where the value is compared
+            real = bool(self.z3.is_real(a) or self.z3.is_real(b))
+            out = a + b if e.op == "+" else a - b if e.op == "-" else a * b
+            return "num", self.note_shape(out, (e.op, real, self.shape(a), self.shape(b)))
         if isinstance(e, ir.Compare):
             (_, a), (_, b) = self.expr(e.left), self.expr(e.right)
+            a, b = self.settled(a), self.settled(b)
             ops = {"==": lambda: a == b, "!=": lambda: a != b, "<": lambda: a < b, "<=": lambda: a <= b,
                    ">": lambda: a > b, ">=": lambda: a >= b}
             return "bool", ops[e.op]()
         if isinstance(e, ir.InSet):
             kind, x = self.expr(e.operand)
-            hits = [x == self.expr(v)[1] for v in e.values]
+            x = self.settled(x) if kind == "num" else x
+            hits = [x == self.settled(self.expr(v)[1]) for v in e.values]
             inside = z3.Or(hits) if hits else z3.BoolVal(False, self.ctx)
             return "bool", (z3.Not(inside) if e.negated else inside)
         if isinstance(e, ir.BoolOp):
@@ -501,11 +529,15 @@ class _Translator:
             return self.expr(weighted_as_counts(e))
         if isinstance(e, ir.Call):
             if e.func == "count":
-                return "num", z3.Sum([z3.If(self.truthy(*self.expr(a)), 1, 0, self.ctx) for a in e.args])
+                total = z3.Sum([z3.If(self.truthy(*self.expr(a)), 1, 0, self.ctx) for a in e.args])
+                return "num", self.note_shape(total, ("c", float(len(e.args))))
             args = [self.expr(a)[1] for a in e.args]
             best = args[0]
             for x in args[1:]:
-                best = z3.If(x < best, x, best) if e.func == "min" else z3.If(x > best, x, best)
+                # which one the engine picks depends on the computed values: compared as computed
+                sx, sb = self.settled(x), self.settled(best)
+                pick = z3.If(sx < sb, x, best) if e.func == "min" else z3.If(sx > sb, x, best)
+                best = self.note_shape(pick, ("ite", self.shape(x), self.shape(best)))
             return "num", best
         if isinstance(e, ir.Matches) and isinstance(e.operand, ir.Var):
             i = self.sp.index.get(e.operand.name)
@@ -517,7 +549,8 @@ class _Translator:
                 k2, then = self.expr(arm.then)
                 if k2 != kind:
                     raise _Unsupported("mixed case results")
-                out = z3.If(self.truthy(*self.expr(arm.when)), then, out)
+                picked = z3.If(self.truthy(*self.expr(arm.when)), then, out)
+                out = self.note_shape(picked, ("ite", self.shape(then), self.shape(out))) if kind == "num" else picked
             return kind, out
         raise _Unsupported(type(e).__name__)
 
@@ -528,7 +561,7 @@ class _Translator:
         z3 = self.z3
         if e.name == "abs" and len(e.args) == 1:
             _, x = self.expr(e.args[0])
-            return "num", z3.If(x < 0, -x, x)
+            return "num", self.note_shape(z3.If(self.settled(x) < 0, -x, x), ("neg", self.shape(x)))
         if e.name == "days_between" and len(e.args) == 2:
             (_, a), (_, b) = self.expr(e.args[0]), self.expr(e.args[1])
             self.exact = False
@@ -540,6 +573,53 @@ class _Translator:
                 return "bool", self.missing_var(i)
         raise _Unsupported(f"function {e.name}")
 
+    # -- float rounding (see the module docstring) -------------------------------------------------
+
+    def note_shape(self, term: Any, shape: tuple) -> Any:
+        """Remember how the engine computes numeric `term` (kept with the term: an id names it while it lives)."""
+        self.shapes.setdefault(term.get_id(), (term, shape))
+        return term
+
+    def shape(self, term: Any) -> tuple:
+        hit = self.shapes.get(term.get_id())
+        if hit is not None:
+            return hit[1]
+        if self.z3.is_int_value(term) or self.z3.is_rational_value(term):
+            return ("c", abs(float(Fraction(term.as_string()))))
+        return ("?",)  # not known: no bound on its rounding
+
+    def settled(self, term: Any) -> Any:
+        """The value the engine compares: `term` itself, or for one computed with float arithmetic a variable
+        of its own (the same for every comparison of the same computation), tied to it by the query."""
+        if not self.z3.is_real(term) or not _rounds(self.shape(term)):
+            return term
+        key = term.get_id()
+        hit = self.rounded.get(key)
+        if hit is None:
+            hit = self.rounded[key] = (self.z3.Real(f"r{len(self.rounded)}", self.ctx), term, self.shape(term))
+        self.round_used(key)
+        return hit[0]
+
+    def round_used(self, key: int) -> None:
+        for reading in self.reading:
+            reading.add(("round", key))  # replayed by `memoized` like a variable read
+        self.rounds_used.add(key)
+        self.lit_rounds.add(key)
+
+    def rounding_bounds(self, keys: list[int]) -> list[Any] | None:
+        """`|R - T| <= error` for each rounded value of the query on this box's ranges; None when one has no
+        bound (a range without an end)."""
+        out = []
+        for key in keys:
+            r, t, shape = self.rounded[key]
+            err = rounding_error(shape, self.box.doms)
+            if not math.isfinite(err):
+                return None
+            e = Fraction(err)
+            bound = self.z3.RealVal(f"{e.numerator}/{e.denominator}", self.ctx)
+            out += [r - t <= bound, t - r <= bound]
+        return out
+
     def is_const(self, x: Any) -> bool:
         return bool(self.z3.is_int_value(x) or self.z3.is_rational_value(x))
 
@@ -547,7 +627,7 @@ class _Translator:
         if kind == "bool":
             return x
         if kind == "num":
-            return x != 0
+            return self.settled(x) != 0
         raise _Unsupported("enum as condition")
 
     def var(self, name: str) -> tuple[str, Any]:
@@ -620,3 +700,54 @@ class _Translator:
                     return None
                 out[n] = float(frac)
         return out
+
+
+def _rounds(shape: tuple) -> bool:
+    """Whether a value so computed may be rounded: some float `+`, `-` or `*` in it, or an unknown part."""
+    kind = shape[0]
+    if kind in ("+", "-", "*"):
+        return bool(shape[1]) or _rounds(shape[2]) or _rounds(shape[3])
+    if kind in ("neg", "ite"):
+        return any(_rounds(s) for s in shape[1:])
+    return kind == "?"
+
+
+def rounding_error(shape: tuple, doms: tuple) -> float:
+    """A bound on |engine's float result - exact rational value| of a computation of this shape when every
+    variable lies in its domain (`doms`); inf when a range has no end. Each float operation errs by at most
+    the unit roundoff of its result's magnitude; the bound counts it twice, and an int operand converted to
+    a float as well (beyond 2**53 it rounds), so it is generous: it only has to be a bound."""
+    return _err_mag(shape, doms)[0] * 2 + 1e-300
+
+
+def _err_mag(shape: tuple, doms: tuple) -> tuple[float, float]:
+    """(error bound, bound on the magnitude of the exact value)."""
+    kind = shape[0]
+    if kind == "c":
+        return 0.0, shape[1]
+    if kind == "v":
+        d = doms[shape[1]]
+        lo, hi = getattr(d, "lo", -math.inf), getattr(d, "hi", math.inf)
+        return 0.0, max(abs(lo), abs(hi))
+    if kind == "neg":
+        return _err_mag(shape[1], doms)
+    if kind == "ite":
+        (ea, ma), (eb, mb) = _err_mag(shape[1], doms), _err_mag(shape[2], doms)
+        return max(ea, eb), max(ma, mb)
+    if kind in ("+", "-", "*"):
+        (ea, ma), (eb, mb) = _err_mag(shape[2], doms), _err_mag(shape[3], doms)
+        if not all(math.isfinite(x) for x in (ea, ma, eb, mb)):
+            return math.inf, math.inf
+        real = shape[1]
+        if kind == "*":
+            mag = ma * mb
+            err = ma * eb + mb * ea + ea * eb
+            if real:
+                err += UNIT_ROUNDOFF * (ma + ea) * (mb + eb) + UNIT_ROUNDOFF * (ma * (mb + eb) + mb * (ma + ea))
+            return err, mag
+        mag = ma + mb
+        err = ea + eb
+        if real:
+            err += UNIT_ROUNDOFF * (mag + ea + eb) + UNIT_ROUNDOFF * mag
+        return err, mag
+    return math.inf, math.inf

@@ -29,6 +29,7 @@ from sopgraph.logic.scalardom import (
 INF = math.inf
 SEARCH_COMBOS = 4096  # candidate assignments tried per residual witness search
 REFUTED_COMBOS = 256  # … after the solver refuted the rational relaxation (float arithmetic)
+QUICK_COMBOS = 256  # … tried before the solver on a question (no random source), the rest after it
 MAX_SPLIT = 256  # boxes one constraint may split a box into; beyond, the constraint stays a residual
 EXPAND_VARS = 6  # aggregates (count/min/max/case) over more base variables are kept whole
 MAX_ALTERNATIVES = 8  # boxes of a region described one by one (`describe_region`)
