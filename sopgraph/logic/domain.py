@@ -251,12 +251,21 @@ class Space(SpaceText):
                 raise OverBudget
             f = GuardCompiler(self).cond(expr, truth, 0)
         except OverBudget:
-            # too large to expand into boxes (e.g. `max` of several `count`s over shared inputs):
-            # keep it whole as a residual, decided by witness search and the solver
-            self.note_unproven(expr)
-            f = self.residual(expr, truth)
+            f = self._parts_or_whole(expr, truth)
         self._formula_cache[key] = (expr, f)
         return f
+
+    def _parts_or_whole(self, expr: Any, truth: bool) -> Formula:
+        """A condition too large to expand into boxes (e.g. `max` of several `count`s over shared inputs) is kept
+        whole as a residual, decided by witness search and the solver; an `and` that holds (an `or` that fails,
+        a `not`) is the conjunction of its operands' conditions, so only the large operands are kept whole and
+        the others (`not missing(X)`, `Mood == Calm`) still narrow the boxes."""
+        if isinstance(expr, ir.Unary) and expr.op == "not":
+            return self.formula(expr.operand, not truth)
+        if isinstance(expr, ir.BoolOp) and (expr.op == "and") == truth:
+            return mk_and(self, [self.formula(o, truth) for o in expr.operands])
+        self.note_unproven(expr)
+        return self.residual(expr, truth)
 
     def term(self, expr: Any) -> list[tuple[Formula, tuple]]:
         """Guarded values of an expression: [(condition, value)], conditions pairwise disjoint.
@@ -312,13 +321,15 @@ class Space(SpaceText):
         parts.append(self.formula(own, True) if own is not None else TRUE)
         return mk_and(self, parts)
 
-    def constrain(self, box: Box, f: Formula) -> tuple[Box, ...]:
+    def constrain(self, box: Box, f: Formula, cap: int = MAX_SPLIT) -> tuple[Box, ...]:
+        """The boxes of `box` where `f` holds; a part that would cut it into more than `cap` boxes is kept as a
+        residual literal instead (the same set)."""
         kind = f.kind
         if kind == "T":
             return (box,)
         if kind == "F":
             return ()
-        key = (box, f)
+        key: tuple = (box, f) if cap == MAX_SPLIT else (box, f, cap)
         hit = self._cons.get(key)
         if hit is not None:
             return hit
@@ -334,16 +345,18 @@ class Space(SpaceText):
                 res = (self.with_dom(box, i, d),)
         elif kind == "and":
             cur_boxes: Sequence[Box] = (box,)
-            for p in f.parts:
+            # atoms first: they never cut the box, and one that empties it ends the work before a wide part
+            # is split (or kept whole) in vain (`missing(X)` beside a read guarded by `not missing(X)`)
+            for p in sorted(f.parts, key=lambda q: q.kind != "atom"):
                 nxt: list[Box] = []
                 for b in cur_boxes:
-                    nxt.extend(self.constrain(b, p))
+                    nxt.extend(self.constrain(b, p, cap))
                 cur_boxes = nxt
-                if not nxt or len(nxt) > MAX_SPLIT:
+                if not nxt or len(nxt) > cap:
                     break
             res = dedupe_boxes(cur_boxes)
-            if len(res) > MAX_SPLIT:
-                res = self.add_residual(box, self.formula_residual(f), True)
+            if len(res) > cap:
+                res = self._kept(box, f, cap)
         elif kind == "or":
             out: list[Box] = []
             aborted = False
@@ -353,27 +366,27 @@ class Space(SpaceText):
                 last = len(parts) - 1
                 for k, p in enumerate(parts):
                     for b in rest:
-                        out.extend(self.constrain(b, p))
+                        out.extend(self.constrain(b, p, cap))
                     if k == last:
                         break
                     nrest: list[Box] = []
                     pn = negate_exact(self, p)
                     for b in rest:
-                        nrest.extend(self.constrain(b, pn))
+                        nrest.extend(self.constrain(b, pn, cap))
                     rest = nrest
                     if not rest:
                         break
-                    if len(out) + len(rest) > MAX_SPLIT:
+                    if len(out) + len(rest) > cap:
                         aborted = True
                         break
             else:
                 for p in f.parts:
-                    out.extend(self.constrain(box, p))
-                    if len(out) > MAX_SPLIT:
+                    out.extend(self.constrain(box, p, cap))
+                    if len(out) > cap:
                         aborted = True
                         break
-            if aborted or len(out) > MAX_SPLIT:
-                res = self.add_residual(box, self.formula_residual(f), True)
+            if aborted or len(out) > cap:
+                res = self._kept(box, f, cap)
             else:
                 res = dedupe_boxes(out)
         else:  # residual literal
@@ -382,6 +395,13 @@ class Space(SpaceText):
             self._cons.clear()
         self._cons[key] = res
         return res
+
+    def _kept(self, box: Box, f: Formula, cap: int) -> tuple[Box, ...]:
+        """`box` where `f` holds, `f` kept as a residual literal: past `MAX_SPLIT` cut into points where its
+        variables have few values (`add_residual`); under a smaller cap (`split`) attached as it is."""
+        if cap == MAX_SPLIT:
+            return self.add_residual(box, self.formula_residual(f), True)
+        return self.add_literal(box, f)
 
     def constrain_region(self, region: Iterable[Box], f: Formula, cap: int | None = REGION_CAP) -> tuple[Box, ...]:
         """The boxes of `region` where `f` holds, split where that is cheap (`split`). Past `cap` boxes the
@@ -398,22 +418,12 @@ class Space(SpaceText):
         return self.normalize(out)
 
     def split(self, box: Box, f: Formula) -> tuple[Box, ...]:
-        """`constrain`, unless `f` would cut `box` into more than `BOX_SPLIT` pieces: then `box` keeps `f` as one
-        residual literal (`add_literal`). A condition on one or two variables cuts a box in two or three; a
-        negated `any(l in Lines where ...)` cuts it once per order line and per field, and the next such
-        condition multiplies the pieces, each a question for the solver later."""
-        out = self.constrain(box, f)
-        if len(out) <= BOX_SPLIT:
-            return out
-        if f.kind == "and":  # the parts that cut little still narrow the box (`Mood == Calm` beside a count)
-            parts: Sequence[Box] = (box,)
-            for p in f.parts:
-                parts = [b2 for b in parts for b2 in self.split(b, p)]
-                if not parts:
-                    return ()
-            if len(parts) <= BOX_SPLIT:
-                return self.normalize(parts)
-        return self.add_literal(box, f)
+        """`constrain`, keeping as one residual literal each part of `f` that would cut `box` into more than
+        `BOX_SPLIT` pieces. A condition on one or two variables cuts a box in two or three; a negated
+        `any(l in Lines where ...)` cuts it once per order line and per field, and the next such condition
+        multiplied the pieces, each a question for the solver later (the parts that cut little, such as
+        `Mood == Calm` beside a count, still narrow the box)."""
+        return self.constrain(box, f, BOX_SPLIT)
 
     def unfold(self, box: Box, limit: int = 256) -> tuple[Box, ...]:
         """`box` with the conditions `split` kept whole cut into boxes again, as far as `limit` boxes allow: a

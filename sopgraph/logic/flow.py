@@ -522,9 +522,9 @@ class _Flow:
                 if stage.kind == "match" and br.values and all(
                         (type(v.value).__name__, v.value) in self._earlier_values(stage, bi) for v in br.values):
                     continue  # every value is a duplicate: already W305
-                local = sp.constrain(sp.full, self.ex.fire(si, bi))
+                local = sp.split(sp.full, self.ex.fire(si, bi))
                 if not local or sp.decide_region(local) is False:
-                    own = sp.constrain(sp.full, sp.formula(br.guard, True)) if br.guard is not None else [sp.full]
+                    own = sp.split(sp.full, sp.formula(br.guard, True)) if br.guard is not None else [sp.full]
                     if br.guard is not None and (not own or sp.decide_region(own) is False):
                         why = f"the guard `{ir.show(br.guard)}` is never true"
                     else:
