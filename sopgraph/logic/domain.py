@@ -82,7 +82,6 @@ from sopgraph.logic.spacecore import (  # noqa: F401 - re-exported: the domain A
 )
 from sopgraph.logic.spacetext import SpaceText
 
-
 BOX_SPLIT = 4  # pieces one condition may cut one box into before it is kept as a literal (`Space.split`)
 REGION_CAP = 64  # boxes of a region a condition may make before it is kept on each box (`constrain_region`)
 
