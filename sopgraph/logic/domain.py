@@ -31,7 +31,7 @@ Public API (stable; other modules build on it):
 Internally a per-scenario `Space` (see `space_for`) interns boxes and compiled formulas and
 memoises `constrain` per (box, formula), which is what keeps path counting and enumeration fast.
 This module holds the space's compiled constraints; the space is built in layers below it: `spacecore`
-(boxes, per-variable domains), `spacesearch` (feasibility and the witness search) and `spacetext` (regions
+(boxes, per-variable domains), `spacepick` (picks and the candidate search), `spacesearch` (feasibility, witnesses) and `spacetext` (regions
 in words). Guards compile to formulas in `guards` (the compiler) and `formula` (formulas and their
 simplifying constructors), below it.
 """

@@ -201,20 +201,14 @@ class RegionGraph:
             if not boxes:
                 continue
             uncertain = False
-            member = False  # a box of this branch is known to have a member
             kept: list[Box] = []
             for b in boxes:
-                # once the branch is known feasible, its other boxes are kept undecided (not proven empty): each
-                # question costs a solver query, and a box that is empty stays empty under later conditions,
-                # where it is decided if it matters
-                if b.resid and not member:
+                if b.resid:
                     s = sp.decide(b)
                     if s is False:
                         continue
                     if s is None:
                         uncertain = True
-                    else:
-                        member = True
                 kept.append(b)
             if not kept:
                 continue

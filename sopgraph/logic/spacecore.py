@@ -153,6 +153,7 @@ class SpaceCore:
         self._formula_cache: dict[tuple[int, bool | None], tuple[Any, Any]] = {}
         self._cons: dict[tuple[Box, Formula], tuple[Box, ...]] = {}
         self._decided: dict[Box, tuple[bool | None, dict | None]] = {}
+        self._members: list[dict] = []  # the latest members decisions found (`SpaceSearch.decide`)
         self._groups: dict[tuple, tuple[dict | None, bool, int]] = {}  # see `SpaceSearch._decide_group`
         self.res_exprs: list[Any] = []
         self.res_vars: list[tuple[int, ...]] = []
