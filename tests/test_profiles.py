@@ -237,6 +237,21 @@ def test_a_huge_condition_is_quoted_short_and_still_named(toy: ir.Scenario, cond
     assert source[caret.index("^")] == text.splitlines()[2][bad.span.col - 1]
 
 
+def test_an_impossible_intent_with_a_huge_condition_is_described_short(toy: ir.Scenario) -> None:
+    bad = one(diags_of('intents:\n  a:\n    when: "' + "Fee > 1 and " * 800 + 'Fee < 1"\n', toy), "E607")
+    assert len(bad.message) < 250 and "can never hold" in bad.message and " … " in bad.message and bad.message.endswith(" and Fee < 1)")
+
+
+def test_an_unreached_intent_with_a_huge_condition_is_described_short(toy: ir.Scenario) -> None:
+    """W601 (an intent that reaches no path: `10 / Fee` fails for Fee 0) quotes its conditions short too."""
+    text = 'intents:\n  a:\n    when: "Kind == Buy and Fee < 1 and ' + "Fee < 2 and " * 600 + 'Fee < 3"\n'
+    profile, diags = parse_profile(text, toy, file="p.profile.yaml")
+    assert profile is not None and not diags
+    bad = one(profile_diagnostics(toy, profile), "W601")
+    assert len(bad.message) < 250 and "reaches no feasible path" in bad.message
+    assert "(Kind == Buy and Fee < 1 and Fee < 2" in bad.message and bad.message.endswith(" and Fee < 3)")
+
+
 def test_a_short_condition_is_quoted_whole(toy: ir.Scenario) -> None:
     bad = one(diags_of('intents:\n  a:\n    when: "Kind == Byu and Fee > 2 and not Member"\n', toy), "E605")
     assert bad.message == "`Byu` is not a value of `Kind` (condition `Kind == Byu and Fee > 2 and not Member`)"
