@@ -177,6 +177,23 @@ def test_type_errors(guard: str, fragment: str) -> None:
     assert all(d.code in ("E201", "E101") for d in diags)
 
 
+@pytest.mark.parametrize(("guard", "start", "end"), [
+    ("count(" + ", ".join(["Vip"] * 3000) + ") and Vip", "`and` needs conditions", "`count(Vip, Vip, Vip"),
+    ("Vip == max(" + ", ".join(["Penalty"] * 3000) + ")", "comparing a bool with an integer", "Penalty, Penalty)`"),
+    ('Vip == "' + "a\\\\" * 3000 + '"', "the string \"a\\\\a\\\\", "a\\\\\" is used"),
+])
+def test_a_huge_expression_is_quoted_short_in_its_message(guard: str, start: str, end: str) -> None:
+    """The message quotes the start and the end of a huge expression (`…` between), on one line;
+    the span still covers all of it."""
+    diags = run(check_types, f"stage s {{ when {guard} -> do Help otherwise -> do Escalate }}")
+    assert diags, guard[:50]
+    for d in diags:
+        assert len(d.message) < 250 and "\n" not in d.message and " … " in d.message, d.message
+        assert len(d.hint or "") < 400
+    assert any(start in d.message and end in d.message for d in diags), [d.message for d in diags]
+    assert max(d.span.end_col - d.span.col for d in diags) > 5000
+
+
 def test_well_typed_guards_are_clean() -> None:
     text = """
 let Fee = Penalty * 0.5 + Amount

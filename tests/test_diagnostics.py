@@ -52,3 +52,60 @@ def test_carets_line_up_under_wide_characters() -> None:
     d = Diagnostic(code="E005", severity="error", message="m", span=Span(file="f", line=1, col=9, end_line=1, end_col=10))
     lines = d.render({"f": "field 意图： A | B"}).splitlines()
     assert lines[2] == " " * (len("   1 | field ") + 4) + "^^"  # 意图: four columns; ：itself two
+
+
+# ---------------------------------------------------------------------------------------------
+# Long user text: quoted short in a message, the source line cut around the caret
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sopgraph.language.diagnostics import QUOTE_MAX, SOURCE_WIDTH, Diagnostic, clip  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.text(alphabet=st.sampled_from("ab \n\r\t`\\\"é東")), st.sampled_from([8, 40, QUOTE_MAX]))
+def test_clip_keeps_short_text_and_cuts_long_text_in_the_middle_on_one_line(text: str, limit: int) -> None:
+    shown = clip(text, limit)
+    assert "\n" not in shown and "\r" not in shown
+    assert len(shown) <= limit
+    if "\n" in text or "\r" in text:  # line breaks (and the blanks around them) become one space
+        if len(text) <= limit:
+            assert shown.split() == text.split()
+        return
+    if len(text) <= limit:
+        assert shown == text
+    else:
+        head, cut, tail = shown.partition(" … ")
+        assert cut and text.startswith(head) and text.endswith(tail)
+
+
+def test_clip_names_the_start_and_the_end_of_a_huge_condition() -> None:
+    text = "not " * 5000 + "Member"
+    shown = clip(text)
+    assert len(shown) <= QUOTE_MAX and shown.startswith("not not ") and shown.endswith(" not Member")
+    assert clip("Kind == Byu") == "Kind == Byu"  # short text: as it is
+
+
+@pytest.mark.parametrize("col", [1, 30, 2500, 4990, 5000, 5003])
+def test_a_long_source_line_is_cut_around_the_caret_which_stays_under_its_character(col: int) -> None:
+    line = "".join(f"{i:05d} " for i in range(834))[:5001]  # 5,001 characters, each place different
+    diag = Diagnostic(code="E606", severity="error", message="m",
+                      span=Span(file="f", line=1, col=col, end_line=1, end_col=col + 3))
+    _, shown, caret = diag.render({"f": line}).splitlines()
+    assert len(shown) <= len("   1 | ") + SOURCE_WIDTH + 4
+    at = caret.index("^")
+    end = min(col + 2, len(line))  # the span, cut at the end of the line
+    assert shown[at:at + len(caret) - at] == line[col - 1:end][:len(caret) - at]
+    assert caret[at:] == "^" * len(line[col - 1:end]) or col > len(line)
+    assert shown.startswith("   1 | … ") == (col > SOURCE_WIDTH // 3 + 1)
+
+
+def test_a_long_line_of_wide_characters_keeps_the_caret_under_its_character() -> None:
+    line = "意" * 400 + "X" + "图" * 400
+    diag = Diagnostic(code="E005", severity="error", message="m",
+                      span=Span(file="f", line=1, col=401, end_line=1, end_col=402))
+    _, shown, caret = diag.render({"f": line}).splitlines()
+    before = shown[:shown.index("X")]
+    assert caret == " " * sum(2 if "\u4e00" <= ch <= "\u9fff" else 1 for ch in before) + "^"
+    assert shown.startswith("   1 | … ") and shown.endswith(" …")

@@ -448,6 +448,20 @@ def test_constraints_on_strings_quote_their_constants() -> None:
     assert not any("where" in p.constraints for p in paths)
 
 
+def test_constraints_on_strings_write_backslashes_and_quotes_as_the_sop_does() -> None:
+    """A constant ending in a backslash (`"C:\\"`) or holding quotes is written as it is in the `.sop`,
+    so the listed constraint reads back as the same value (it once showed `"C:\"`, an unclosed string)."""
+    loaded = load_source(None, text='field Folder: string "f"\nfield Label: string "l"\naction A "a"\naction B "b"\n'
+                                    'stage s { when Folder == "C:\\\\" or Folder == "\\"q\\"" -> do A\n'
+                                    'when Label != "t\\\\" -> do A\n otherwise -> do B }\n')
+    sc = loaded.scenario
+    assert sc is not None, [d.message for d in loaded.diagnostics]
+    paths = list(iter_paths(sc))
+    assert paths[0].constraints["Folder"] == '"C:\\\\" | "\\"q\\""'
+    assert paths[1].labels == ['Label != "t\\\\"']
+    assert paths[2].constraints == {"Folder": "any other text", "Label": '"t\\\\"'}
+
+
 def test_constraints_keep_how_variables_combine() -> None:
     """`otherwise` after `Days > 90 and not Hardship` is "Days <= 90, or Hardship": the per-variable union
     of its two boxes said nothing at all about Hardship or Days (each union is the whole domain), which

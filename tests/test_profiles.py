@@ -218,6 +218,45 @@ def test_condition_errors(toy: ir.Scenario) -> None:
     assert any("Fee" in (d.hint or "") for d in diags if d.code == "E604")
 
 
+@pytest.mark.parametrize(("condition", "problem"), [
+    ("not " * 5000 + "Member", "expression nested too deeply"),
+    ("Fee > 1 and " * 2000 + "Fee >", None),
+])
+def test_a_huge_condition_is_quoted_short_and_still_named(toy: ir.Scenario, condition: str, problem: str | None) -> None:
+    """E606 quotes the condition's start and end on one line (it once quoted 20,000 characters), says
+    what is wrong, and its caret still points into the condition: the source line shown is cut around it."""
+    text = f'intents:\n  a:\n    when: "{condition}"\n'
+    bad = one(diags_of(text, toy), "E606")
+    assert len(bad.message) < 250 and " … " in bad.message
+    assert bad.message.startswith(f"bad condition `{condition[:20]}" if problem else f"incomplete condition `{condition[:20]}")
+    assert condition[-15:] + "`" in bad.message and (problem is None or problem in bad.message)
+    assert bad.span.line == 3 and bad.span.col > 5000  # as before: at the place the parser stopped
+    rendered = bad.render({"p.profile.yaml": text}).splitlines()
+    assert max(len(line) for line in rendered) < 250
+    source, caret = rendered[1], rendered[2]
+    assert source[caret.index("^")] == text.splitlines()[2][bad.span.col - 1]
+
+
+def test_an_impossible_intent_with_a_huge_condition_is_described_short(toy: ir.Scenario) -> None:
+    bad = one(diags_of('intents:\n  a:\n    when: "' + "Fee > 1 and " * 800 + 'Fee < 1"\n', toy), "E607")
+    assert len(bad.message) < 250 and "can never hold" in bad.message and " … " in bad.message and bad.message.endswith(" and Fee < 1)")
+
+
+def test_an_unreached_intent_with_a_huge_condition_is_described_short(toy: ir.Scenario) -> None:
+    """W601 (an intent that reaches no path: `10 / Fee` fails for Fee 0) quotes its conditions short too."""
+    text = 'intents:\n  a:\n    when: "Kind == Buy and Fee < 1 and ' + "Fee < 2 and " * 600 + 'Fee < 3"\n'
+    profile, diags = parse_profile(text, toy, file="p.profile.yaml")
+    assert profile is not None and not diags
+    bad = one(profile_diagnostics(toy, profile), "W601")
+    assert len(bad.message) < 250 and "reaches no feasible path" in bad.message
+    assert "(Kind == Buy and Fee < 1 and Fee < 2" in bad.message and bad.message.endswith(" and Fee < 3)")
+
+
+def test_a_short_condition_is_quoted_whole(toy: ir.Scenario) -> None:
+    bad = one(diags_of('intents:\n  a:\n    when: "Kind == Byu and Fee > 2 and not Member"\n', toy), "E605")
+    assert bad.message == "`Byu` is not a value of `Kind` (condition `Kind == Byu and Fee > 2 and not Member`)"
+
+
 def test_a_unit_after_a_profile_condition_gets_a_profile_hint(toy: ir.Scenario) -> None:
     diags = diags_of('intents:\n  a:\n    requires: {Fee: "> 48 hours"}\n', toy)
     bad = one(diags, "E606")

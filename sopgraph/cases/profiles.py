@@ -28,7 +28,16 @@ from yaml.resolver import Resolver
 from sopgraph.cases.patterns import random_match
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads
-from sopgraph.language.diagnostics import CODES, Diagnostic, SopError, did_you_mean, error, sort_key, warning
+from sopgraph.language.diagnostics import (
+    CODES,
+    Diagnostic,
+    SopError,
+    clip,
+    did_you_mean,
+    error,
+    sort_key,
+    warning,
+)
 from sopgraph.language.parse import parse_text, resolve_expression
 from sopgraph.logic import domain
 from sopgraph.logic.checker import condition_type_errors
@@ -648,14 +657,14 @@ def _load_yaml(text: str, file: str) -> tuple[Any, _Doc, list[Diagnostic]]:
         return None, doc, [error("E601", f"invalid YAML: {exc}", ir.Span(file=file))]
     except (ValueError, OverflowError, RecursionError) as exc:
         # e.g. a 5,000-digit integer (Python's int-from-text limit) or a date out of range
-        return None, doc, [error("E601", f"invalid YAML value: {str(exc)[:200]}", ir.Span(file=file))]
+        return None, doc, [error("E601", f"invalid YAML value: {clip(str(exc), 200)}", ir.Span(file=file))]
     if node is not None:
         doc.walk(node, ())
     return data, doc, _duplicate_diagnostics(doc)
 
 
 def _duplicate_diagnostics(doc: _Doc) -> list[Diagnostic]:
-    return [error("E609", f"duplicate key `{p[-1]}`", ir.Span(file=doc.file, line=m.line + 1, col=m.column + 1),
+    return [error("E609", f"duplicate key `{clip(str(p[-1]))}`", ir.Span(file=doc.file, line=m.line + 1, col=m.column + 1),
                   "a later entry would silently replace the earlier one; keep one")
             for p, m in doc.duplicates]
 
@@ -708,7 +717,7 @@ def _validation_diagnostics(exc: ValidationError, doc: _Doc) -> list[Diagnostic]
             seen.add(("extra", loc))
             fields = list(_model_for(parent).model_fields)
             hint = did_you_mean(str(key), fields) or f"allowed keys here: {', '.join(fields)}"
-            diags.append(error("E602", f"unknown key `{key}` in {_where(parent)}", doc.span(loc, key=True), hint))
+            diags.append(error("E602", f"unknown key `{clip(str(key))}` in {_where(parent)}", doc.span(loc, key=True), hint))
             continue
         if (kind, loc) in seen:
             continue
@@ -763,18 +772,19 @@ def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted:
     except SopError as exc:
         diags = []
         shift = span.col + (1 if quoted else 0)
+        shown = clip(text)
         for d in exc.diagnostics:
             if d.span is not None and d.span.line == 2:
                 col = shift + max(0, d.span.col - 6)
-                message, hint = f"bad condition `{text}`: {d.message}", d.hint
+                message, hint = f"bad condition `{shown}`: {d.message}", d.hint
                 extra = _TRAILING.match(d.message)
                 if extra:  # the `.sop` parser's branch hints mean nothing in a profile value
-                    message = f"bad condition `{text}`: unexpected `{extra.group(1)}` after the condition"
+                    message = f"bad condition `{shown}`: unexpected `{extra.group(1)}` after the condition"
                     hint = ("a condition is a value (`Calm`), a list of values, or a comparison such as "
                             "`> 48` or `in {1, 2}`, in `.sop` expression syntax; write numbers without units")
             else:  # the error is past the end of the condition
                 col = shift + len(text)
-                message, hint = f"incomplete condition `{text}`", "something is missing at its end"
+                message, hint = f"incomplete condition `{shown}`", "something is missing at its end"
             at = ir.Span(file=span.file, line=span.line, col=col, end_line=span.line, end_col=col + 1)
             diags.append(error("E606", message, at, hint))
         return None, diags
@@ -784,7 +794,7 @@ def parse_expression(text: str, scenario: ir.Scenario, span: ir.Span, *, quoted:
     unit = _unit_on_number(expr, scenario)
     if unit is not None:  # `Fee > 48 hours` reads as a duration now; a number has no unit
         at = ir.Span(file=span.file, line=span.line, col=span.col, end_line=span.line, end_col=span.col + 1)
-        return None, [error("E606", f"bad condition `{text}`: unexpected `{unit}` after the condition", at,
+        return None, [error("E606", f"bad condition `{clip(text)}`: unexpected `{unit}` after the condition", at,
                             "a condition is a value (`Calm`), a list of values, or a comparison such as "
                             "`> 48` or `in {1, 2}`, in `.sop` expression syntax; write numbers without units")]
     resolved = _resolve(expr, scenario)
@@ -927,10 +937,11 @@ def _check_names(expr: Any, scenario: ir.Scenario, span: ir.Span, text: str) -> 
 
     def bad(lit: ir.Lit, pool: Iterable[str], context: str) -> None:
         hint = did_you_mean(str(lit.value), pool)
+        value, shown = clip(str(lit.value)), clip(text)
         diags.append(error("E604" if context == "name" else "E605",
-                           f"`{lit.value}` in condition `{text}` is not a variable or a value"
+                           f"`{value}` in condition `{shown}` is not a variable or a value"
                            if context == "name" else
-                           f"`{lit.value}` is not a value of `{context}` (condition `{text}`)", span, hint))
+                           f"`{value}` is not a value of `{context}` (condition `{shown}`)", span, hint))
 
     def walk(e: Any) -> None:
         if isinstance(e, ir.Compare):
@@ -1004,7 +1015,7 @@ def _has_value(vtype: Any, text: str) -> bool:
 def _domain_problem(var: ir.Variable, value: Any) -> tuple[str, str | None] | None:
     """A (message, hint) if `value` is outside the variable's domain."""
     vtype = var.type
-    shown = ir.show_value(value) if isinstance(value, (bool, int, float, str)) else repr(value)
+    shown = clip(ir.show_value(value) if isinstance(value, (bool, int, float, str)) else repr(value))
     if isinstance(vtype, ir.TimeType):
         try:
             scalars.parse_temporal(vtype.kind, value)
@@ -1199,7 +1210,7 @@ def _resolve_profile(spec: ProfileFile, doc: _Doc, scenario: ir.Scenario, file: 
         for i, entry in enumerate(spec.personas):
             if isinstance(entry, str):
                 if entry not in by_name:
-                    diags.append(error("E608", f"unknown persona `{entry}`", doc.span(("personas", i)),
+                    diags.append(error("E608", f"unknown persona `{clip(entry)}`", doc.span(("personas", i)),
                                        did_you_mean(entry, by_name)
                                        or f"library personas: {', '.join(by_name)}"))
                     continue
@@ -1333,7 +1344,7 @@ def _pattern_problem(var: ir.Variable, pattern: str) -> tuple[str, str | None] |
     except re.error as exc:
         return f"`{pattern}` is not a regular expression ({exc})", None
     if random_match(pattern, random.Random(0)) is None:
-        return (f"cannot make strings of `{pattern}` (negated classes, look-arounds and back-references are "
+        return (f"cannot make strings of `{clip(pattern)}` (negated classes, look-arounds and back-references are "
                 "not supported)", "write the form with literals, classes like [A-Z0-9] and repeats like {6}")
     return None
 
@@ -1343,7 +1354,7 @@ def _bound(var: ir.Variable, raw: float | str) -> tuple[float | None, tuple[str,
     vtype = var.type
     if isinstance(vtype, ir.NumType):
         if isinstance(raw, str | bool):
-            return None, (f"`{var.name}` is a number; `{raw}` is not", None)
+            return None, (f"`{var.name}` is a number; `{clip(str(raw))}` is not", None)
         if not vtype.contains(raw):
             return None, (f"`{ir.show_value(raw)}` is outside the range of `{var.name}` ({vtype.describe()})", None)
         return float(raw), None
@@ -1361,7 +1372,7 @@ def _undefined_var(name: str, scenario: ir.Scenario, span: ir.Span,
                    roles: tuple[str, ...] = ("field", "system", "derived")) -> Diagnostic:
     pool = [v.name for v in scenario.variables.values() if v.role in roles]
     hint = did_you_mean(name, pool) or (f"variables: {', '.join(pool)}" if pool else None)
-    return error("E604", f"`{name}` is not a variable of scenario `{scenario.name}`", span, hint)
+    return error("E604", f"`{clip(name)}` is not a variable of scenario `{scenario.name}`", span, hint)
 
 
 def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenario,
@@ -1421,7 +1432,7 @@ def _resolve_intent(name: str, spec: IntentSpec, doc: _Doc, scenario: ir.Scenari
     for i, action in enumerate(spec.pushes_for):
         span = doc.span(base + ("pushes_for", i))
         if action not in scenario.actions:
-            diags.append(error("E608", f"`{action}` is not an action of scenario `{scenario.name}`", span,
+            diags.append(error("E608", f"`{clip(action)}` is not an action of scenario `{scenario.name}`", span,
                                did_you_mean(action, scenario.actions)))
         elif not scenario.actions[action].risky:
             diags.append(warning("W603", f"`{action}` is not risky (no moves_money / irreversible); "
@@ -1487,7 +1498,7 @@ def _check_lowerable(conditions: list[Condition], scenario: ir.Scenario) -> list
         try:
             low = lower_condition(form, cond.expr)
         except LowerError as exc:
-            out.append(error("E606", f"bad condition `{cond.text}`: {exc}", cond.span,
+            out.append(error("E606", f"bad condition `{clip(cond.text)}`: {exc}", cond.span,
                              "test a list's items with `any`/`all`/`count(x in L where …)` or `len(L)`, and a "
                              "record's fields with dots (`Insurance.active`)"))
             continue
@@ -1495,7 +1506,7 @@ def _check_lowerable(conditions: list[Condition], scenario: ir.Scenario) -> list
         while stack:
             e = stack.pop()
             if isinstance(e, ir.Var) and e.name not in plain:
-                out.append(error("E606", f"bad condition `{cond.text}`: `{e.name}` is a list or record, not "
+                out.append(error("E606", f"bad condition `{clip(cond.text)}`: `{e.name}` is a list or record, not "
                                          "one value", cond.span,
                                  "test a list's items with `any`/`all`/`count(x in L where …)` or `len(L)`, "
                                  "and a record's fields with dots (`Insurance.active`)"))
@@ -1517,7 +1528,7 @@ def _typed_and_unobserved(conditions: list[Condition], scenario: ir.Scenario,
         problems = memo.get(cond.text)
         if problems is None:
             problems = memo[cond.text] = _condition_problems(cond, scenario)
-        out += [error("E606", f"bad condition `{cond.text}`: {message}", cond.span, hint)
+        out += [error("E606", f"bad condition `{clip(cond.text)}`: {message}", cond.span, hint)
                 for message, hint in problems]
     return out
 
@@ -1614,8 +1625,8 @@ def _impossible_intents(scenario: ir.Scenario, profile: Profile) -> list[Diagnos
             possible[key] = bool(shared_intent_region(scenario, intent, key, [space.full], None, prefixes,
                                                       space=space))
         if not possible[key]:
-            diags.append(error("E607", f"intent `{intent.name}` can never hold: its conditions contradict "
-                                       f"each other or the variables' domains ({intent.describe_conditions()})",
+            diags.append(error("E607", f"intent `{clip(intent.name)}` can never hold: its conditions contradict "
+                                       f"each other or the variables' domains ({clip(intent.describe_conditions())})",
                                intent.span, "remove or relax one of its requires/excludes/when entries"))
     return diags
 

@@ -53,7 +53,7 @@ from sopgraph.cases.values import varier_for
 from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads, stage_reads
-from sopgraph.language.diagnostics import Diagnostic, did_you_mean, mark_text_values, warning
+from sopgraph.language.diagnostics import Diagnostic, clip, did_you_mean, mark_text_values, warning
 from sopgraph.language.parse import scenario_expressions
 from sopgraph.logic import domain, scalardom
 from sopgraph.logic import paths as paths_mod
@@ -1518,15 +1518,15 @@ def profile_diagnostics(scenario: ir.Scenario, profile: Profile, *, the_plan: An
                                          "--cpu-budget"))
     for name in p.unreached_intents:
         intent = profile.intents[name]
-        diags.append(warning("W601", f"intent `{name}` reaches no feasible path of the SOP "
-                                     f"({intent.describe_conditions()})", intent.span,
+        diags.append(warning("W601", f"intent `{clip(name)}` reaches no feasible path of the SOP "
+                                     f"({clip(intent.describe_conditions())})", intent.span,
                              "its conditions can hold, but no assignment satisfying them completes a path "
                              "(the engine stops with an error or a loop); relax the conditions or fix the SOP"))
     for name, intent in profile.intents.items():
         if intent.intensity != "strong" or intent.pushes_declared or name in p.unreached_intents:
             continue
         risky = [a.name for a in scenario.actions.values() if a.risky and not charges_customer(a)]
-        diags.append(warning("W604", f"strong-intensity intent `{name}` has no `pushes_for`: its simulated user "
+        diags.append(warning("W604", f"strong-intensity intent `{clip(name)}` has no `pushes_for`: its simulated user "
                                      "pushes for a guessed risky action (the outcome of a similar path), which "
                                      "may make no sense for this user", intent.span,
                              "name the risky action such a user demands"

@@ -158,19 +158,11 @@ class Diagnostic(BaseModel):
                     split[span.file] = src_lines
             line, col = span.line, span.col
             if 0 < line <= len(src_lines):
-                src = src_lines[line - 1].replace("\t", " ")
+                width = span.end_col - col if span.end_line == line and span.end_col > col else 1
                 gutter = f"{line:>4} | "
-                lines.append(gutter + src)
-                width = 1
-                if span.end_line == line and span.end_col > col:
-                    width = span.end_col - col
-                width = max(1, min(width, max(1, len(src) - col + 1)))
-                start = col - 1  # in characters; on screen, wide (CJK) characters take two columns
-                if src.isascii():  # one column per character (most lines)
-                    lines.append(" " * (len(gutter) + len(src[:start])) + "^" * max(1, len(src[start:start + width])))
-                else:
-                    lines.append(" " * (len(gutter) + _columns(src[:start]))
-                                 + "^" * max(1, _columns(src[start:start + width])))
+                shown, caret = _source_and_caret(src_lines[line - 1].replace("\t", " "), col - 1, width)
+                lines.append(gutter + shown)
+                lines.append(" " * len(gutter) + caret)
         if self.witness:
             shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False) if k in self._text_keys else _show(v)}"
                               for k, v in self.witness.items())
@@ -180,6 +172,55 @@ class Diagnostic(BaseModel):
         if self.hint:
             lines.append(f"  = hint: {self.hint}")
         return "\n".join(lines)
+
+
+SOURCE_WIDTH = 160  # characters of a source line shown under a diagnostic; a longer one is cut around the caret
+
+
+def _source_and_caret(src: str, start: int, width: int) -> tuple[str, str]:
+    """The source line as shown and the caret line under it (`start`: the 0-based character where the
+    span starts, `width`: its characters on this line). A line longer than `SOURCE_WIDTH` (a profile
+    condition of 5,000 `not`s is one line) is shown as the part around the caret with `… ` / ` …` at
+    the cut ends; the caret stays under the same characters."""
+    width = max(1, min(width, max(1, len(src) - start)))
+    cut_left = cut_right = ""
+    if len(src) > SOURCE_WIDTH:
+        lo = max(0, min(start - SOURCE_WIDTH // 3, len(src) - SOURCE_WIDTH))
+        hi = lo + SOURCE_WIDTH
+        cut_left, cut_right = ("… " if lo > 0 else ""), (" …" if hi < len(src) else "")
+        src, start = src[lo:hi], start - lo
+        width = max(1, min(width, len(src) - start))
+    lead, marked = cut_left + src[:start], src[start:start + width]
+    if src.isascii():  # one column per character (most lines); on screen, wide (CJK) characters take two
+        caret = " " * len(lead) + "^" * max(1, len(marked))
+    else:
+        caret = " " * _columns(lead) + "^" * max(1, _columns(marked))
+    return cut_left + src + cut_right, caret
+
+
+QUOTE_MAX = 120  # characters of user text (a condition, an expression, a value) quoted in a message
+
+
+def clip(text: str, limit: int = QUOTE_MAX) -> str:
+    """User text as a message quotes it: on one line, and at most `limit` characters, its start and its
+    end with ` … ` between. Every message that quotes a condition, an expression or a value the user
+    wrote goes through here: a condition of 5,000 `not`s quoted whole made a 20,000-character
+    message. The span (and the caret under the source line) still says exactly where the problem is."""
+    if "\n" in text or "\r" in text:
+        text = _LINE_BREAKS.sub(" ", text)
+    if len(text) <= limit:
+        return text
+    keep = max(2, limit - 3)
+    head = keep * 2 // 3  # the start reads first: it says what the text is
+    start, end = text[:head], text[len(text) - (keep - head):]
+    if (cut := start.rfind(" ", max(0, head - 16))) > 0:  # cut between words when one ends near the cut
+        start = start[:cut]
+    if 0 <= (cut := end.find(" ", 0, 16)) < len(end) - 1:
+        end = end[cut + 1:]
+    return start.rstrip() + " … " + end.lstrip()
+
+
+_LINE_BREAKS = re.compile(r"[ \t]*[\r\n]+[ \t]*")
 
 
 def _columns(text: str) -> int:

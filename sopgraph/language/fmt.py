@@ -71,9 +71,9 @@ def fmt_number(value: float) -> str:
 
 
 def fmt_string(value: str) -> str:
-    """A one-line quoted string whose unquoting gives back `value` exactly."""
-    body = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return f'"{body}"'
+    """A one-line quoted string whose unquoting gives back `value` exactly (`ir.quote_string`, which
+    labels and diagnostics use too)."""
+    return ir.quote_string(value)
 
 
 def fmt_text(value: str) -> list[str]:

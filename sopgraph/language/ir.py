@@ -788,7 +788,7 @@ def show(expr: object, parent: int = 0) -> str:
 def _show(e: object) -> tuple[str, int]:
     if isinstance(e, Lit):
         if isinstance(e.value, str) and (not e.bare or not _VALUE_WORD.match(e.value)):
-            return '"' + e.value.replace('"', '\\"') + '"', 9
+            return quote_string(e.value), 9
         return show_value(e.value), 9
     if isinstance(e, Var):
         return e.name, 9
@@ -855,9 +855,41 @@ def show_list_item(item: Any, cond: Any, shown: Callable[[Any], str]) -> str:
     return f"{shown(item)} when {shown(cond)}"
 
 
+_STRING_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
+_TO_ESCAPE = re.compile(r'[\\"\n\t]')
+
+
+def quote_string(value: str) -> str:
+    """A string literal as written in `.sop`: the exact inverse of the parser's unquoting
+    (`program.unquote`), so the text shown in labels, diagnostics and `sop fmt` reads back as the same
+    value. The language has escapes for the quote, the backslash, the line break and the tab; any
+    other character is written as it is (a STRING holds any character but a raw line break)."""
+    if not _TO_ESCAPE.search(value):
+        return f'"{value}"'  # most strings: nothing to escape
+    return '"' + _TO_ESCAPE.sub(lambda m: _STRING_ESCAPES[m.group()], value) + '"'
+
+
+_PATTERN_PIECE = re.compile(r'\\(.)|(\\)\Z|(")|(\n)', re.S)
+
+
 def quote(text: str) -> str:
-    """A pattern as written in `.sop`: its text as is (`\\d` stays `\\d`), quotes escaped."""
-    return '"' + text.replace('"', '\\"') + '"'
+    """A pattern as written in `.sop`: its text as is (`\\d` stays `\\d`, the regex escapes are the
+    user's), quotes escaped. The parser keeps a pattern's text but for `\\"`, which becomes `"`; this is
+    its inverse on every text it gives. A text it cannot give (built in code) is still written so that it
+    reads back as one token matching the same strings: an escaped quote as `\\"` (a regex `\\"` is `"`),
+    a line break as `\\n`, a lone backslash at the end doubled."""
+    if '"' not in text and "\\" not in text and "\n" not in text:
+        return f'"{text}"'
+
+    def piece(m: re.Match[str]) -> str:
+        pair, lone, quote_mark, _ = m.groups()
+        if pair is not None:
+            return '\\"' if pair == '"' else ("\\n" if pair == "\n" else m.group())
+        if lone is not None:
+            return "\\\\"
+        return '\\"' if quote_mark is not None else "\\n"
+
+    return '"' + _PATTERN_PIECE.sub(piece, text) + '"'
 
 
 def show_time(e: TimeLit) -> str:

@@ -28,7 +28,7 @@ from lark.lark import PostLex
 
 from sopgraph.errors import Error
 from sopgraph.language import ir, scalars
-from sopgraph.language.diagnostics import Diagnostic, SopError, did_you_mean, error
+from sopgraph.language.diagnostics import Diagnostic, SopError, clip, did_you_mean, error
 from sopgraph.language.fastparse import parse_fast
 from sopgraph.language.program import (  # noqa: F401 - re-exported: parse.Program, parse.KEYWORDS, ...
     CONTEXT_KEYWORDS,
@@ -1082,7 +1082,7 @@ def _collect_includes(program: Program, base: Path, chain: list[str], programs: 
     for item in program.items:
         if not isinstance(item, Include):
             continue
-        shown = item.path.replace("\0", "\\0")
+        shown = clip(item.path.replace("\0", "\\0"))
         try:
             target = _include_target(item, base, roots or [base])
         except ReadRefused as exc:

@@ -28,6 +28,7 @@ from sopgraph.language.compile import START, Topology, topology
 from sopgraph.language.diagnostics import (
     Diagnostic,
     SopError,
+    clip,
     did_you_mean,
     error,
     mark_text_values,
@@ -187,7 +188,7 @@ ENUM_VALUE_MAX = 200  # characters of a quoted enum value (prompts and schemas l
 
 def _quoted_value_problems(owner: str, value: str, span: ir.Span) -> list[Diagnostic]:
     """A quoted enum value (`"5+ times"`) is compared exactly: no empty, padded, multi-line or huge one (E005)."""
-    shown = ir.show_enum_value(value)
+    shown = clip(ir.show_enum_value(value))
     if not value.strip():
         problem = "is empty"
     elif value != value.strip():
@@ -198,7 +199,7 @@ def _quoted_value_problems(owner: str, value: str, span: ir.Span) -> list[Diagno
         problem = f"is longer than {ENUM_VALUE_MAX} characters"
     else:
         return []
-    return [error("E005", f"enum value {shown[:80]} of `{owner}` {problem}", span,
+    return [error("E005", f"enum value {shown} of `{owner}` {problem}", span,
                   "an enum value is compared exactly: write it on one line, without spaces at its ends")]
 
 
@@ -335,7 +336,7 @@ class _Typer(ScalarTyping, DataTyping):
     def undefined(self, sym: Sym, context: str, fallback: str | None = None) -> None:
         """A bare name where no enum gives it meaning: a variable that is not declared."""
         if not sym.bare:
-            self.out.append(error("E201", f'the string "{sym.value}" is used {context}', sym.span,
+            self.out.append(error("E201", f"the string {clip(ir.quote_string(sym.value))} is used {context}", sym.span,
                                   "strings are only values of enums"))
             return
         hint = self.suggest(sym.value, self.s.variables)
@@ -427,14 +428,14 @@ class _Typer(ScalarTyping, DataTyping):
         elif t is not None and not isinstance(t, ir.BoolType):
             hint = None
             if isinstance(t, ir.EnumType):
-                hint = f"compare it with a value: `{ir.show(e)} == {t.values[0]}`"
+                hint = f"compare it with a value: `{clip(ir.show(e))} == {t.values[0]}`"
             elif isinstance(t, ir.NumType):
-                hint = f"compare it with a number: `{ir.show(e)} > 0`"
+                hint = f"compare it with a number: `{clip(ir.show(e))} > 0`"
             elif isinstance(t, ir.ListType):
-                hint = f"test its items: `any(x in {ir.show(e)} where ...)`, or its length: `len({ir.show(e)}) > 0`"
+                hint = f"test its items: `any(x in {clip(ir.show(e))} where ...)`, or its length: `len({clip(ir.show(e))}) > 0`"
             elif isinstance(t, ir.RecordType):
-                hint = "read one of its fields: " + quote_list(f"{ir.show(e)}.{f.name}" for f in t.fields)
-            self.mismatch(f"{what} `{ir.show(e)}` is {kind_of(t)}, not a condition", e.span, hint)
+                hint = "read one of its fields: " + quote_list(f"{clip(ir.show(e))}.{f.name}" for f in t.fields)
+            self.mismatch(f"{what} `{clip(ir.show(e))}` is {kind_of(t)}, not a condition", e.span, hint)
 
     def expect_num(self, e: Any, t: Ty, what: str) -> ir.NumType | None:
         if isinstance(t, ir.NumType):
@@ -444,8 +445,8 @@ class _Typer(ScalarTyping, DataTyping):
         elif t is not None:
             hint = "arithmetic works on int and float values only"
             if isinstance(t, ir.BoolType):
-                hint += f"; to count a condition as a number, weigh it: `count(2: {ir.show(e)})` is 2 when it holds"
-            self.mismatch(f"{what} on {kind_of(t)}: `{ir.show(e)}` is not a number", e.span, hint)
+                hint += f"; to count a condition as a number, weigh it: `count(2: {clip(ir.show(e))})` is 2 when it holds"
+            self.mismatch(f"{what} on {kind_of(t)}: `{clip(ir.show(e))}` is not a number", e.span, hint)
         return None
 
     # -- inference
@@ -581,8 +582,8 @@ class _Typer(ScalarTyping, DataTyping):
         first_x, first = rest[0]
         for x, t in rest[1:]:
             if type(t) is not type(first):
-                self.mismatch(f"`case` results have different types: `{ir.show(first_x)}` is {kind_of(first)} "
-                              f"but `{ir.show(x)}` is {kind_of(t)}", x.span,
+                self.mismatch(f"`case` results have different types: `{clip(ir.show(first_x))}` is {kind_of(first)} "
+                              f"but `{clip(ir.show(x))}` is {kind_of(t)}", x.span,
                               "every arm of a `case` must give the same type")
                 return None
         if isinstance(first, ir.NumType):
@@ -631,13 +632,13 @@ class _Typer(ScalarTyping, DataTyping):
                     self.mismatch(f"enum values have no order: `{shown}`", e.span,
                                   "use `==` or `!=` with enum values")
                 elif not set(lt.values) & set(rt.values):
-                    self.mismatch(f"`{ir.show(left_e)}` and `{ir.show(right_e)}` have no value in common, so "
+                    self.mismatch(f"`{clip(ir.show(left_e))}` and `{clip(ir.show(right_e))}` have no value in common, so "
                                   f"`{shown}` is constant", e.span,
                                   "compare each variable with one of its own values")
             else:
                 self.mismatch(f"comparing an enum with {kind_of(rt)}: `{shown}`", e.span,
                               self.collision_hint(lt, right_e)
-                              or f"`{ir.show(left_e)}` is one of " + quote_list(lt.values))
+                              or f"`{clip(ir.show(left_e))}` is one of " + quote_list(lt.values))
             return
         if isinstance(lt, Sym) or isinstance(rt, Sym):
             sym, other = (lt, rt) if isinstance(lt, Sym) else (rt, lt)
@@ -671,8 +672,8 @@ class _Typer(ScalarTyping, DataTyping):
             hint = f"{close} ({hint})"
         elif sym.bare and sym.value in ("else", "default") and code == "E202":
             hint = f"for the remaining values write `otherwise -> ...` ({hint})"
-        owner = f"output `{subject.name}`" if code == "E204" else f"`{ir.show(subject)}`"
-        self.out.append(error(code, f"`{sym.value}` is not a value of {owner}", sym.span, hint))
+        owner = f"output `{subject.name}`" if code == "E204" else f"`{clip(ir.show(subject))}`"
+        self.out.append(error(code, f"`{clip(sym.value)}` is not a value of {owner}", sym.span, hint))
         return False
 
     def membership(self, subject: Any, st: Ty, values: list[ir.Lit], what: str) -> None:
@@ -685,7 +686,7 @@ class _Typer(ScalarTyping, DataTyping):
         if st is None or self.scalar_member(subject, st, values, what):
             return
         if ir.is_structured(st):
-            self.mismatch(f"{what} on `{ir.show(subject)}`, which is {kind_of(st)}", subject.span,
+            self.mismatch(f"{what} on `{clip(ir.show(subject))}`, which is {kind_of(st)}", subject.span,
                           "match a single value: a field, `len(...)` or a condition")
             return
         for lit in values:
@@ -694,19 +695,19 @@ class _Typer(ScalarTyping, DataTyping):
                 if isinstance(lt, Sym):
                     self.enum_value(st, lt, subject)
                 else:
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is {kind_of(lt)}, not a value of "
-                                  f"`{ir.show(subject)}`", lit.span, "its values are " + quote_list(st.values))
+                    self.mismatch(f"{what} value `{clip(ir.show(lit))}` is {kind_of(lt)}, not a value of "
+                                  f"`{clip(ir.show(subject))}`", lit.span, "its values are " + quote_list(st.values))
             elif isinstance(st, ir.BoolType):
                 if not isinstance(lt, ir.BoolType):
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is not a bool, but `{ir.show(subject)}` is",
+                    self.mismatch(f"{what} value `{clip(ir.show(lit))}` is not a bool, but `{clip(ir.show(subject))}` is",
                                   lit.span, "a bool is matched with `true` and `false`")
             elif isinstance(st, ir.NumType):
                 if not isinstance(lt, ir.NumType):
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is not a number, but `{ir.show(subject)}` "
+                    self.mismatch(f"{what} value `{clip(ir.show(lit))}` is not a number, but `{clip(ir.show(subject))}` "
                                   "is", lit.span, "match a number with numbers, e.g. `0 -> ...`")
                 elif st.kind == "int" and isinstance(lit.value, float) and not lit.value.is_integer():
-                    self.mismatch(f"{what} value `{ir.show(lit)}` is not an integer, but "
-                                  f"`{ir.show(subject)}` is", lit.span, "this arm can never match; use whole numbers")
+                    self.mismatch(f"{what} value `{clip(ir.show(lit))}` is not an integer, but "
+                                  f"`{clip(ir.show(subject))}` is", lit.span, "this arm can never match; use whole numbers")
 
 
 def _typer(scenario: ir.Scenario) -> _Typer:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sopgraph.language import ir
-from sopgraph.language.diagnostics import Diagnostic, error, warning
+from sopgraph.language.diagnostics import Diagnostic, clip, error, warning
 from sopgraph.language.fastparse import mk
 from sopgraph.logic.scalarcheck import time_kind_text
 
@@ -119,12 +119,13 @@ def add_bound(x: float | None, y: float | None, sign: int = 1) -> float | None:
 
 
 class Lazy:
-    """An expression unparsed only if a message needs it (checks of clean code stay cheap)."""
+    """An expression unparsed only if a message needs it (checks of clean code stay cheap), and as a
+    message quotes it (`clip`: a huge one is cut in the middle)."""
     def __init__(self, expr: Any):
         self.expr = expr
 
     def __str__(self) -> str:
-        return ir.show(self.expr)
+        return clip(ir.show(self.expr))
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
@@ -158,7 +159,7 @@ class DataTyping:
         if isinstance(e, ir.Get):
             return self.get(e)
         if isinstance(e, ir.ListLit):  # only a list output's value (`output_value`) may be a list
-            self.mismatch(f"`{ir.show(e)}` is a list, which only a list output takes as its value", e.span,
+            self.mismatch(f"`{clip(ir.show(e))}` is a list, which only a list output takes as its value", e.span,
                           "declare `output NAME: list of A | B` and set it in a leaf: `do Go { NAME = [A, B] }`")
             return None
         if isinstance(e, ir.Item):
@@ -203,13 +204,13 @@ class DataTyping:
             self.undefined(t, f"before `.{e.field}`")
             return None
         if not isinstance(t, ir.RecordType):
-            self.mismatch(f"`{ir.show(e.base)}` is {kind_of(t)}, not a record: it has no field `{e.field}`", e.span,
+            self.mismatch(f"`{clip(ir.show(e.base))}` is {kind_of(t)}, not a record: it has no field `{e.field}`", e.span,
                           "only records have fields (`type R = record { a: bool }`)")
             return None
         field = t.field(e.field)
         if field is None:
             names = [f.name for f in t.fields]
-            self.out.append(error("E101", f"`{ir.show(e.base)}` has no field `{e.field}`", e.span,
+            self.out.append(error("E101", f"`{clip(ir.show(e.base))}` has no field `{e.field}`", e.span,
                                   self.suggest(e.field, names) or "its fields are " + quote_list(names)))
             return None
         return field.type
@@ -221,7 +222,7 @@ class DataTyping:
         if isinstance(t, Sym):
             self.undefined(t, f"as the list of {what}")
         elif t is not None:
-            self.mismatch(f"{what} needs a list, but `{ir.show(e)}` is {kind_of(t)}", e.span,
+            self.mismatch(f"{what} needs a list, but `{clip(ir.show(e))}` is {kind_of(t)}", e.span,
                           "declare the variable as `list of T`")
         return None
 
@@ -233,16 +234,16 @@ class DataTyping:
         item = lt.item
         shown = Lazy(e)
         if ir.is_structured(item):
-            self.mismatch(f"`{shown}`: the items of `{ir.show(e.source)}` are {'records' if isinstance(item, ir.RecordType) else 'lists'}, which `in` "
-                          "cannot compare", e.span, f"test a field: `any(x in {ir.show(e.source)} where x.FIELD == ...)`")
+            self.mismatch(f"`{shown}`: the items of `{clip(ir.show(e.source))}` are {'records' if isinstance(item, ir.RecordType) else 'lists'}, which `in` "
+                          "cannot compare", e.span, f"test a field: `any(x in {clip(ir.show(e.source))} where x.FIELD == ...)`")
         elif isinstance(item, ir.EnumType) and isinstance(ot, Sym):
             self.enum_value(item, ot, e.source)
         elif isinstance(ot, Sym):
             self.undefined(ot, "before `in`")
         elif type(ot) is not type(item) or (isinstance(ot, ir.EnumType) and isinstance(item, ir.EnumType)
                                             and not set(ot.values) & set(item.values)):
-            self.mismatch(f"`{shown}`: `{ir.show(e.operand)}` is {kind_of(ot)} but the items of "
-                          f"`{ir.show(e.source)}` are {kind_of(item)}", e.span,
+            self.mismatch(f"`{shown}`: `{clip(ir.show(e.operand))}` is {kind_of(ot)} but the items of "
+                          f"`{clip(ir.show(e.source))}` are {kind_of(item)}", e.span,
                           "compare values of the same kind")
 
     # -- positions: `first(L)`, `last(L)`, `L[k]` (docs/language.md §7)
@@ -261,18 +262,18 @@ class DataTyping:
         lt = self.list_of(base, what)
         if lt is None:
             return None
-        shown = ir.show(e)
+        shown = clip(ir.show(e))
         if k >= lt.max_len:
-            self.out.append(error("E213", f"`{shown}` is past the end: `{ir.show(base)}` holds at most {lt.max_len} "
+            self.out.append(error("E213", f"`{shown}` is past the end: `{clip(ir.show(base))}` holds at most {lt.max_len} "
                                   f"item{'s' if lt.max_len != 1 else ''}", e.span,
-                                  f"positions start at 0: the last possible one is `{ir.show(base)}[{lt.max_len - 1}]`"
+                                  f"positions start at 0: the last possible one is `{clip(ir.show(base))}[{lt.max_len - 1}]`"
                                   if lt.max_len else "the list is always empty"))
         elif k >= lt.min_len and self.known_length(base) <= k:
             need = k + 1
             self.out.append(warning(
-                "W309", f"`{shown}` may be past the end: `{ir.show(base)}` may "
+                "W309", f"`{shown}` may be past the end: `{clip(ir.show(base))}` may "
                 + ("be empty" if need == 1 else f"hold fewer than {need} items"),
-                e.span, f"test `len({ir.show(base)}) > {k}` first in the same condition (`when len({ir.show(base)}) > {k} "
+                e.span, f"test `len({clip(ir.show(base))}) > {k}` first in the same condition (`when len({clip(ir.show(base))}) > {k} "
                 f"and …`), or declare the list `list[{need}..{max(need, lt.max_len)}] of …` if it is never shorter; "
                 "reading past the end fails the decision"))
         return lt.item
@@ -330,7 +331,7 @@ class DataTyping:
             return
         if not isinstance(e, ir.ListLit):
             self.infer(e)
-            self.mismatch(f"output `{output.name}` is a list but `{ir.show(e)}` is not", span,
+            self.mismatch(f"output `{output.name}` is a list but `{clip(ir.show(e))}` is not", span,
                           f"give it a list of its values: `[{item_type.values[0]}, ...]`, an item kept only when a "
                           "condition holds written `A when C`", code="E204")
             return
@@ -343,12 +344,12 @@ class DataTyping:
         always = {i.value for i, c in zip(e.items, e.conds, strict=True)
                   if isinstance(i, ir.Lit) and isinstance(c, ir.Lit) and c.value is True}
         if isinstance(lt, ir.ListType) and len(always) > lt.max_len:
-            self.mismatch(f"`{ir.show(e)}` holds {len(always)} values but output `{output.name}` holds at most "
+            self.mismatch(f"`{clip(ir.show(e))}` holds {len(always)} values but output `{output.name}` holds at most "
                           f"{lt.max_len}", span, "widen the bound (`list[..N] of ...`) or give fewer values",
                           code="E204")
         fixed = all(isinstance(c, ir.Lit) and c.value is True for c in e.conds)
         if isinstance(lt, ir.ListType) and fixed and len(always) < lt.min_len:
-            self.mismatch(f"`{ir.show(e)}` holds {len(always)} value{'' if len(always) == 1 else 's'} but output "
+            self.mismatch(f"`{clip(ir.show(e))}` holds {len(always)} value{'' if len(always) == 1 else 's'} but output "
                           f"`{output.name}` holds at least {lt.min_len}", span,
                           "give more values, or lower the bound (`list[..N] of ...`)", code="E204")
 
@@ -374,11 +375,11 @@ class DataTyping:
             elif isinstance(t, ir.EnumType):
                 extra = [v for v in t.values if v not in ot.values]
                 if extra:
-                    self.mismatch(f"`{ir.show(e)}` can be {quote_list(extra)}, which is not a value of "
+                    self.mismatch(f"`{clip(ir.show(e))}` can be {quote_list(extra)}, which is not a value of "
                                   f"output `{name}`", span, "the output's values are " + quote_list(ot.values),
                                   code="E204")
             else:
-                self.mismatch(f"output `{name}` is an enum but `{ir.show(e)}` is {kind_of(t)}", span,
+                self.mismatch(f"output `{name}` is an enum but `{clip(ir.show(e))}` is {kind_of(t)}", span,
                               "its values are " + quote_list(ot.values), code="E204")
             return
         if isinstance(t, Sym):
@@ -390,25 +391,25 @@ class DataTyping:
             return
         if isinstance(ot, ir.BoolType):
             if not isinstance(t, ir.BoolType):
-                self.mismatch(f"output `{name}` is a bool but `{ir.show(e)}` is {kind_of(t)}", span,
+                self.mismatch(f"output `{name}` is a bool but `{clip(ir.show(e))}` is {kind_of(t)}", span,
                               "give it `true`, `false` or a condition", code="E204")
             return
         if not isinstance(ot, ir.NumType):
             return  # dates and strings were handled by `scalar_output`; lists and records are E201
         if not isinstance(t, ir.NumType):
-            self.mismatch(f"output `{name}` is a number but `{ir.show(e)}` is {kind_of(t)}", span,
+            self.mismatch(f"output `{name}` is a number but `{clip(ir.show(e))}` is {kind_of(t)}", span,
                           f"give it a number or arithmetic over numbers ({ot.describe()})", code="E204")
             return
         if isinstance(e, ir.Lit) and not isinstance(e.value, bool):
             value = e.value
             if ot.kind == "int" and isinstance(value, float) and not value.is_integer():
-                self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` is not", span,
+                self.mismatch(f"output `{name}` is an integer but `{clip(ir.show(e))}` is not", span,
                               "use a whole number, or declare the output as float", code="E204")
             elif isinstance(value, (int, float)) and not ot.contains(value):
-                self.mismatch(f"`{ir.show(e)}` is outside the range {ot.describe()} of output `{name}`",
+                self.mismatch(f"`{clip(ir.show(e))}` is outside the range {ot.describe()} of output `{name}`",
                               span, "use a value inside the range, or widen the declaration", code="E204")
         elif ot.kind == "int" and t.kind == "float":
-            self.mismatch(f"output `{name}` is an integer but `{ir.show(e)}` may be fractional", span,
+            self.mismatch(f"output `{name}` is an integer but `{clip(ir.show(e))}` may be fractional", span,
                           "round it in the SOP, or declare the output as float", code="E204")
 
     def arg_value(self, param: ir.Output, e: Any, span: ir.Span) -> None:
@@ -436,7 +437,7 @@ class DataTyping:
             return
         problem = shape_problem(want, got)
         if problem:
-            self.mismatch(f"`{owner}` is {ir.describe_type(want)} but `{ir.show(e)}` is {kind_of(got)}: {problem}",
+            self.mismatch(f"`{owner}` is {ir.describe_type(want)} but `{clip(ir.show(e))}` is {kind_of(got)}: {problem}",
                           span, "pass a variable, item or field declared with the same type (a `type` alias helps)")
 
 

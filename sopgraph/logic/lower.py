@@ -29,6 +29,7 @@ from typing import Any
 
 from sopgraph.errors import Error
 from sopgraph.language import ir
+from sopgraph.language.diagnostics import clip
 from sopgraph.logic.unroll import LOOK_SEP, Unrolled, UnrollError, structure_signature, unrolled_for
 
 
@@ -104,7 +105,7 @@ class _Lowering:
             return f"{self.path(e.base, env)}[{e.index}]"
         if isinstance(e, ir.Func) and e.name == "first" and len(e.args) == 1:
             return f"{self.path(e.args[0], env)}[0]"
-        raise LowerError(f"`{ir.show(e)}` is not a variable, item or field")
+        raise LowerError(f"`{clip(ir.show(e))}` is not a variable, item or field")
 
     def expr(self, e: Any, env: Mapping[str, str]) -> Any:
         out = self._expr(e, env)
@@ -121,7 +122,7 @@ class _Lowering:
         if isinstance(e, (ir.Item, ir.Get, ir.Index)) or isinstance(e, ir.Func) and e.name == "first":
             name = self.path(e, env)
             if name not in self.variables:
-                raise LowerError(f"`{ir.show(e)}` is not a single value")
+                raise LowerError(f"`{clip(ir.show(e))}` is not a single value")
             return ir.Var(name=name, span=e.span)
         if isinstance(e, ir.Quant):
             return self.quant(e, env)
@@ -181,14 +182,14 @@ class _Lowering:
             arms.append(ir.CaseArm(when=ir.Compare(op="==", left=ir.Var(name=len_name(src)), right=ir.Lit(value=n)),
                                    then=then, span=e.span))
         if not arms:
-            raise LowerError(f"`{ir.show(e)}`: the list is always empty")
+            raise LowerError(f"`{clip(ir.show(e))}`: the list is always empty")
         return ir.CaseExpr(arms=arms[:-1], otherwise=arms[-1].then, span=e.span) if len(arms) > 1 else arms[0].then
 
     def _list(self, e: Any, env: Mapping[str, str]) -> tuple[str, ir.ListType]:
         src = self.path(e, env)
         lt = self.types.get(src)
         if not isinstance(lt, ir.ListType):
-            raise LowerError(f"`{ir.show(e)}` is not a list")
+            raise LowerError(f"`{clip(ir.show(e))}` is not a list")
         return src, lt
 
     @staticmethod

@@ -16,7 +16,7 @@ from typing import Any
 from sopgraph.language import ir
 from sopgraph.language.compile import reads as compile_reads
 from sopgraph.language.compile import stage_reads
-from sopgraph.language.diagnostics import Diagnostic, did_you_mean, error, warning
+from sopgraph.language.diagnostics import Diagnostic, clip, did_you_mean, error, warning
 from sopgraph.logic.budget import CpuBudget
 from sopgraph.logic.lower import Lowered, analysis_form
 from sopgraph.logic.paths import explorer_for, used_looks
@@ -294,7 +294,7 @@ def procedure_flow(scenario: ir.Scenario, flow: Callable[[ir.Scenario], list[Dia
                 # spliced in by position: the guard is user text (backslashes, backticks), never a template
                 start, end = d.hint.find("`otherwise when "), d.hint.rfind("` to say so")
                 if 0 <= start < end:
-                    update["hint"] = f"{d.hint[:start]}`otherwise when {ir.show(guard)}{d.hint[end:]}"
+                    update["hint"] = f"{d.hint[:start]}`otherwise when {clip(ir.show(guard))}{d.hint[end:]}"
         d = d.model_copy(update=update)
         if d.code in ("W303", "W304"):
             # a "never" claim about one copy holds for the stage only if no copy ever takes the branch

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from sopgraph.language import ir
-from sopgraph.language.diagnostics import Diagnostic, error
+from sopgraph.language.diagnostics import Diagnostic, clip, error
 from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget, OutOfCpu, active, budget_of
 from sopgraph.logic.engine import DecideError, Interpreter, interpret
 from sopgraph.logic.formula import Formula
@@ -168,7 +168,7 @@ class _Search:
         """Look for values that drive each assignment of one leaf outside its range; the checks left."""
         sp, scenario, found = self.ex.sp, self.scenario, self.found
         for assign, output in todo:
-            self.asking = f"looking for values that drive `{assign.name} = {ir.show(assign.value)}` outside its range"
+            self.asking = f"looking for values that drive `{assign.name} = {clip(ir.show(assign.value))}` outside its range"
             f = formulas.get(id(assign))
             if f is None:
                 bad = _outside(assign.value, output.type)  # type: ignore[arg-type]
@@ -222,7 +222,7 @@ def _diagnostic(assign: ir.OutputAssign, output: ir.Output, witness: dict[str, A
     if isinstance(otype, ir.ListType):
         n = len(set(value)) if isinstance(value, list) else 0
         return error(
-            "E204", f"`{assign.name} = {ir.show(assign.value)}` can hold {n} values, outside the {otype.min_len} to "
+            "E204", f"`{assign.name} = {clip(ir.show(assign.value))}` can hold {n} values, outside the {otype.min_len} to "
             f"{otype.max_len} of output `{output.name}`", assign.value.span if assign.value.span.line else assign.span,
             "make the conditions exclusive, or widen the declaration (`list[..N] of ...`)", witness=witness,
             notes=[f"with these values the engine computes {output.name} = {json.dumps(value)} and refuses it "
@@ -231,7 +231,7 @@ def _diagnostic(assign: ir.OutputAssign, output: ir.Output, witness: dict[str, A
     shown = ir.show_value(value) if isinstance(value, (int, float)) else repr(value)
     return error(
         "E204",
-        f"`{assign.name} = {ir.show(assign.value)}` can be outside the range {otype.describe()} "
+        f"`{assign.name} = {clip(ir.show(assign.value))}` can be outside the range {otype.describe()} "
         f"of output `{output.name}`",
         assign.value.span if assign.value.span.line else assign.span,
         "clamp the value (e.g. `max(0, ...)`), add a branch for these values, or widen the declaration",

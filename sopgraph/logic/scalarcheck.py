@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from sopgraph.language import ir, scalars
-from sopgraph.language.diagnostics import Diagnostic, error, info
+from sopgraph.language.diagnostics import Diagnostic, clip, error, info
 
 POINTS = ("date", "datetime")
 
@@ -57,8 +57,8 @@ def _weighed(arg: Any) -> str:
     if isinstance(arg, ir.Binary) and arg.op == "*":
         for weight, cond in ((arg.left, arg.right), (arg.right, arg.left)):
             if isinstance(weight, ir.Lit) and not isinstance(weight.value, bool):
-                return f"{ir.show(weight)}: {ir.show(cond)}"
-    return f"1: {ir.show(arg)}"
+                return f"{clip(ir.show(weight))}: {clip(ir.show(cond))}"
+    return f"1: {clip(ir.show(arg))}"
 
 
 _WEIGHTED_WORDS = frozenset({"weighted", "weight", "score", "points", "countif", "count_if", "sumif", "sum_if"})
@@ -82,7 +82,7 @@ class ScalarTyping:
         if not isinstance(a, scalar) and not isinstance(b, scalar):
             return False, None
         op = e.op
-        shown = ir.show(e)
+        shown = clip(ir.show(e))
         if isinstance(a, ir.StringType) or isinstance(b, ir.StringType):
             self.mismatch(f"strings have no arithmetic: `{shown}`", e.span,
                           "compare strings with `==`, `!=`, `in {...}` or `matches \"pattern\"`")
@@ -121,7 +121,7 @@ class ScalarTyping:
         if all(is_point(t) for t in types):
             whole = all(t.kind == "date" for t in types)
             return True, ir.TimeType(kind="date" if whole else "datetime", span=e.span)
-        self.mismatch(f"`{e.func}` mixes dates, durations and numbers: `{ir.show(e)}`", e.span,
+        self.mismatch(f"`{e.func}` mixes dates, durations and numbers: `{clip(ir.show(e))}`", e.span,
                       "give it only dates, only durations or only numbers")
         return True, None
 
@@ -154,13 +154,13 @@ class ScalarTyping:
             if isinstance(t, ir.NumType):
                 return _abs_range(t)
             if t is not None:
-                self.mismatch(f"`abs` of {_text(t)}: `{ir.show(e.args[0])}` is not a number", e.args[0].span,
+                self.mismatch(f"`abs` of {_text(t)}: `{clip(ir.show(e.args[0]))}` is not a number", e.args[0].span,
                               "`abs` takes a number or a duration")
             return None
         kinds = [self.infer(a) for a in e.args]
         for arg, t in zip(e.args, kinds, strict=True):
             if t is not None and not is_point(t):
-                self.mismatch(f"`days_between` takes dates or datetimes, but `{ir.show(arg)}` is {_text(t)}",
+                self.mismatch(f"`days_between` takes dates or datetimes, but `{clip(ir.show(arg))}` is {_text(t)}",
                               arg.span, "the current time is `now` (given per case or `sop decide --now`)"
                               if _bare_word(arg) else "write `days_between(Earlier, Later)`")
                 return None
@@ -175,7 +175,7 @@ class ScalarTyping:
         var = self.s.variables.get(arg.name) if isinstance(arg, ir.Var) else None
         if var is None:
             self.infer(arg)
-            self.mismatch(f"`missing` tests a variable, not `{ir.show(arg)}`", arg.span,
+            self.mismatch(f"`missing` tests a variable, not `{clip(ir.show(arg))}`", arg.span,
                           "write `missing(X)` for a field or system variable `X` declared optional (`T?`)",
                           code="E212")
         elif not var.optional:
@@ -194,14 +194,14 @@ class ScalarTyping:
         if field is None:
             self.infer(arg)  # E101 with the field names
         elif not field.optional:
-            self.mismatch(f"field `{arg.field}` is not optional, so `missing({ir.show(arg)})` is always false",
+            self.mismatch(f"field `{arg.field}` is not optional, so `missing({clip(ir.show(arg))})` is always false",
                           arg.span, f"declare it optional in the record: `{arg.field}: "
                           f"{ir.describe_type(field.type)}?`", code="E212")
 
     def matches_type(self, e: ir.Matches) -> Any:
         t = self.infer(e.operand)
         if t is not None and not isinstance(t, ir.StringType):
-            self.mismatch(f"`matches` tests a string, but `{ir.show(e.operand)}` is {_text(t)}", e.operand.span,
+            self.mismatch(f"`matches` tests a string, but `{clip(ir.show(e.operand))}` is {_text(t)}", e.operand.span,
                           "declare the variable as `string`")
         return ir.BoolType(span=e.span)
 
@@ -211,7 +211,7 @@ class ScalarTyping:
         if not isinstance(lt, scalar) and not isinstance(rt, scalar):
             return False
         ordering = e.op not in ("==", "!=")
-        shown = ir.show(e)
+        shown = clip(ir.show(e))
         if isinstance(lt, ir.StringType) or isinstance(rt, ir.StringType):
             other, other_e = (rt, e.right) if isinstance(lt, ir.StringType) else (lt, e.left)
             if ordering:
@@ -231,8 +231,8 @@ class ScalarTyping:
         if is_duration(lt) and isinstance(rt, ir.NumType) or is_duration(rt) and isinstance(lt, ir.NumType):
             number_side = e.right if is_duration(lt) else e.left
             if isinstance(number_side, ir.Func) and number_side.name == "days_between" and len(number_side.args) == 2:
-                a, b = (ir.show(arg) for arg in number_side.args)  # `days_between(a, b) < 14 days`
-                written = ir.show(e.left if is_duration(lt) else e.right)
+                a, b = (clip(ir.show(arg)) for arg in number_side.args)  # `days_between(a, b) < 14 days`
+                written = clip(ir.show(e.left if is_duration(lt) else e.right))
                 days = re.fullmatch(r"(\d+(?:\.\d+)?) days?", written)
                 op = e.op if number_side is e.left else ir.MIRRORED_OP[e.op]  # written as `days_between(…) OP days`
                 hint = (f"`days_between` gives a number of days: compare it with a number "
@@ -260,11 +260,11 @@ class ScalarTyping:
             return False
         for lit in values:
             if isinstance(st, ir.TimeType):
-                self.mismatch(f"{what} on {_text(st)} is not supported: `{ir.show(subject)}`", lit.span,
+                self.mismatch(f"{what} on {_text(st)} is not supported: `{clip(ir.show(subject))}`", lit.span,
                               "compare with `<`, `>=`, ... instead")
                 return True
             if not isinstance(lit.value, str) or isinstance(lit.value, bool):
-                self.mismatch(f"{what} value `{ir.show(lit)}` is not a string, but `{ir.show(subject)}` is",
+                self.mismatch(f"{what} value `{clip(ir.show(lit))}` is not a string, but `{clip(ir.show(subject))}` is",
                               lit.span, 'write string values in quotes: "like this"')
             elif lit.bare:
                 self.mismatch(f"{what} value `{lit.value}` is a name; a string value is written in quotes",
@@ -275,7 +275,7 @@ class ScalarTyping:
         """An output or argument of a date, duration or string type (E204); False if not one."""
         if not isinstance(ot, (ir.TimeType, ir.StringType)):
             if isinstance(t, (ir.TimeType, ir.StringType)):
-                self.mismatch(f"output `{name}` is {ir.describe_type(ot)} but `{ir.show(e)}` is {_text(t)}", span,
+                self.mismatch(f"output `{name}` is {ir.describe_type(ot)} but `{clip(ir.show(e))}` is {_text(t)}", span,
                               f"declare it `{t.kind}`", code="E204")
                 return True
             return False
@@ -292,7 +292,7 @@ class ScalarTyping:
         else:
             ok = isinstance(t, ir.TimeType) and t.kind == ot.kind
         if not ok and t is not None:
-            shown = f'"{t.value}"' if _is_sym(t) else ir.show(e)
+            shown = clip(ir.quote_string(t.value) if _is_sym(t) else ir.show(e))
             what = "a name" if _is_sym(t) and t.bare else ("a quoted string" if _is_sym(t) else _text(t))
             self.mismatch(f"output `{name}` is {_text(ot)} but `{shown}` is {what}", span,
                           "give it a value of its own type" + (' (strings in quotes: "A-1")'

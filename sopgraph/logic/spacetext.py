@@ -33,8 +33,8 @@ class SpaceText(SpaceSearch):
             other, *lits = self.values[i]
             vals = self.dom_values(i, d)
             if other in vals and len(vals) > 1:
-                return "any text but " + ", ".join(ir.quote(x) for x in lits if x not in vals)
-            return " | ".join("any other text" if x == other else ir.quote(x) for x in vals)
+                return "any text but " + ", ".join(ir.quote_string(x) for x in lits if x not in vals)
+            return " | ".join("any other text" if x == other else ir.quote_string(x) for x in vals)
         if k == "enum":
             return " | ".join(ir.show_enum_value(v) for v in self.dom_values(i, d))
         if k == "bool":
