@@ -52,8 +52,10 @@ class _Syntax:
 
     def __init__(self, name: str):
         # One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds:
-        # n NAME, d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
-        self.token = re.compile(rf'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
+        # n NAME, d NUMBER, l LONG_STRING, s STRING, o operator or punctuation. The skip is possessive
+        # (`*+`): a comment ending the file must not give its last characters back as a token
+        # (`field A: bool # x?` with no line break after it would read `?`).
+        self.token = re.compile(rf'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*+(?:
             (?P<n>{name})
            |(?P<d>[0-9]+(?:\.[0-9]+)?)
            |(?P<l>"""[\s\S]*?""")
@@ -533,8 +535,10 @@ class _Exprs(_Reader):
 
     def number_or_duration(self) -> Any:
         text, span = self.number()
-        if self.k == "n" and self.v in _TIME_UNITS:
-            unit, unit_span = self.v, self.span_at(self.s, self.e)
+        unit = self.v.partition(".")[0] if self.k == "n" else ""
+        if unit in _TIME_UNITS:  # `2 days.x`: Lark's TIME_UNIT stops before the dot (`.x` reads a field)
+            unit_span = self.span_at(self.s, self.s + len(unit))
+            self.e = self.s + len(unit)
             self.advance()
             seconds = number(text) * scalars.unit_seconds(unit)
             if isinstance(seconds, float) and seconds.is_integer():
