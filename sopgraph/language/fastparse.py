@@ -1,14 +1,19 @@
-"""The parser's fast path: a hand-written recursive-descent reader of the regular forms of the language
-that builds the SAME raw program (equal nodes, equal spans) as the Lark parser in `parse`.
+"""The parser's fast path: a hand-written recursive-descent reader of the language that builds the SAME
+raw program (equal nodes, equal spans) as the Lark parser in `parse`.
 
 Why: Lark's LALR parser with its lexer and tree callbacks costs about 0.3 ms per stage (a 100k-stage
-file took 30 s of CPU just to parse); this reader takes a fraction of it. It is a fast path, not a
-second parser: each top-level item it does not fully recognise (subflows, `type` declarations,
-records, lists, meta blocks, anything malformed, any word it does not expect) is handed to Lark as a
-fragment placed at the same line and column, and a fragment Lark rejects makes the whole file go
-through Lark, so every diagnostic for malformed input is exactly Lark's. Spans follow the Lark
-builder's rule (`parse._ChildMeta`): a node spans from its first to its last positioned child,
-keywords not counted. tests/test_fastparse.py proves the two paths build equal programs.
+file took 30 s of CPU just to parse); this reader takes a fraction of it. And building Lark's parser
+costs a few hundred milliseconds of every command that needs it: every form of a valid file (lists,
+records, `type` declarations, `sum(… for …)`, field reads, positions, for-each steps, subflows, uses)
+is read here, so checking a valid file does not build it (`sop fmt` still does, for the comments). It
+is a fast path, not a second parser: each top-level item it does not fully recognise (anything
+malformed, any word it does not expect, a number of more than 300 digits) is handed to Lark as a fragment placed at the same line and column,
+and a fragment Lark rejects makes the whole file go through Lark, so every diagnostic for malformed
+input is exactly Lark's. Spans follow the Lark builder's rule (`parse._ChildMeta`): a node spans from
+its first to its last positioned child, keywords not counted (the named tokens `sum`, `[` and `]`
+count). Where Lark's contextual lexer reads a word as a keyword (`sum` where an expression starts,
+`for` where a target stands, `date` or `list` where a type is written), it is no name here either.
+tests/test_fastparse.py proves the two paths build equal programs.
 """
 
 from __future__ import annotations
@@ -924,7 +929,138 @@ class _Decls(_Exprs):
         return mk(TypeDecl, name=name, type=vtype, description=self.text_opt() or "", span=span)
 
 
-class _Items(_Decls):
+class _QuickStages(_Decls):
+    """Whole stages and arms of the commonest one-line shapes, read with one regex per line (the bulk of
+    large files), built as the token reader (`_Items`) builds them: same nodes, same spans."""
+
+    def quick_arm(self, pattern: re.Pattern[str], *, ordered: bool = False) -> Any | None:
+        """A `when` or `otherwise` arm of the commonest one-line shapes (`_Syntax.when_arm`, `_Syntax.otherwise_arm`),
+        read with one regex and built as the token reader builds it (same nodes, same spans); None
+        when the arm is anything else, or goes on after its target (the token reader takes it)."""
+        m = pattern.match(self.text, self.s)
+        if m is None or not _arm_ok(m):
+            return None
+        saved = (self.k, self.v, self.s, self.e)
+        self.e = m.end()
+        self.advance()
+        if (self.k == "o" and self.v in _GOES_ON) or (self.k == "n" and self.v == "up"):
+            self.k, self.v, self.s, self.e = saved
+            return None
+        return self.arm_nodes(m, ordered)
+
+    def arm_nodes(self, m: re.Match[str], ordered: bool) -> Any:
+        """The branch of an arm matched by `_Syntax.when_arm`/`otherwise_arm` (or `q_when`/`q_otherwise`)."""
+        guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
+        nl = self.newlines
+        i = bisect_left(nl, m.start(5))
+        line, base, file = i + 1, (nl[i - 1] if i else -1), self.file
+        target_span = _make_span(file, line, m.start(5) - base, line, m.end(5) - base)
+        if do:
+            target = _target(kind="action", action=intern(target_name), outputs=[], args=[], span=target_span)
+        else:
+            target = _target(kind="stage", stage=intern(target_name), span=target_span)
+        if not guard_name:
+            return _branch(guard=None, target=target, limit=None, span=target_span)
+        col = m.start(1) - base
+        left = _var(name=intern(guard_name), span=_make_span(file, line, col, line, m.end(1) - base))
+        guard = left
+        if op is not None:
+            right_span = _make_span(file, line, m.start(3) - base, line, m.end(3) - base)
+            right = (_lit(value=number(operand), span=right_span) if operand[0].isdigit()
+                     else _var(name=intern(operand), span=right_span))
+            guard = _compare(op=op, left=left, right=right, span=_make_span(file, line, col, line, right_span.end_col))
+        return _branch(guard=guard, target=target, limit=None, ordered=ordered,
+                       span=_make_span(file, line, col, line, target_span.end_col))
+
+    def quick_stage(self) -> Any | None:
+        """A whole stage of the commonest shapes (`_Syntax.stage_head`, then `q_match` and `q_match_arm`s or
+        `q_when`s, a `q_otherwise`, `_Q_CLOSE`s), one regex per line, built as the token reader builds
+        it (same nodes, same spans); None for anything else: the token reader takes the stage."""
+        text = self.text
+        m = self.syntax.stage_head.match(text, self.s)
+        if m is None or m.group(1) in RESERVED:
+            return None
+        head = self.syntax.q_match.match(text, m.end())
+        subject = None
+        if head is not None:
+            if head.group(1) in _NO_OPERAND:
+                return None
+            subject = _var(name=intern(head.group(1)), span=self.span_at(head.start(1), head.end(1)))
+            found = self.quick_match_arms(subject, head.end())
+        else:
+            found = self.quick_when_arms(m.end())
+        if found is None:
+            return None
+        branches, end = found
+        close = _Q_CLOSE.match(text, end)
+        if close is None:
+            return None
+        self.e = close.end()
+        self.advance()
+        return _stage(id=intern(m.group(1)), title=unquote(m.group(2)), span=self.span_at(m.start(1), m.end(1)),
+                      text="", classify=[], observe=[], kind="when" if subject is None else "match", subject=subject,
+                      branches=branches)
+
+    def quick_otherwise(self, branches: list[Any], pos: int) -> tuple[list[Any], int] | None:
+        """`branches` with an `otherwise -> [do] NAME` line at `pos` (if one is there), and where they end."""
+        o = self.syntax.q_otherwise.match(self.text, pos)
+        if o is None:
+            return branches, pos
+        if not _arm_ok(o):
+            return None
+        branches.append(self.arm_nodes(o, False))
+        return branches, o.end()
+
+    def quick_when_arms(self, pos: int) -> tuple[list[Any], int] | None:
+        """The `when` lines of a quick stage (and its `otherwise` line), and where they end."""
+        branches: list[Any] = []
+        while (a := self.syntax.q_when.match(self.text, pos)) is not None:
+            if not _arm_ok(a):
+                return None
+            branches.append(self.arm_nodes(a, False))
+            pos = a.end()
+        if not branches:
+            return None  # `otherwise` alone: the token reader's (and Lark's) error
+        return self.quick_otherwise(branches, pos)
+
+    def quick_match_arms(self, subject: Any, pos: int) -> tuple[list[Any], int] | None:
+        """The arms of a quick stage's `match` block up to its closing brace, and where they end."""
+        text, file, nl, nowhere = self.text, self.file, self.newlines, self.nowhere
+        branches: list[Any] = []
+        while (a := self.syntax.q_match_arm.match(text, pos)) is not None:
+            value, do, target_name = a.group(1, 2, 3)
+            if target_name in _NO_TARGET or len(value) > 300:
+                return None
+            i = bisect_left(nl, a.start(1))
+            line, base = i + 1, (nl[i - 1] if i else -1)
+            target_span = span = _make_span(file, line, a.start(3) - base, line, a.end(3) - base)
+            if value in RESERVED:
+                if value != "true" and value != "false":
+                    break  # `otherwise` (or a keyword, which the closing brace then refuses)
+                lit = _lit(value=value == "true", span=nowhere)
+            else:
+                col = a.start(1) - base
+                value_span = _make_span(file, line, col, line, a.end(1) - base)
+                lit = (_lit(value=number(value), span=value_span) if value[0].isdigit()
+                       else _lit(value=intern(value), bare=True, span=value_span))
+                span = _make_span(file, line, col, line, target_span.end_col)
+            if do:
+                target = _target(kind="action", action=intern(target_name), outputs=[], args=[], span=target_span)
+            else:
+                target = _target(kind="stage", stage=intern(target_name), span=target_span)
+            guard = _inset(operand=subject, values=[lit], span=span)
+            branches.append(_branch(guard=guard, target=target, values=[lit], limit=None, span=span))
+            pos = a.end()
+        if not branches:
+            return None
+        found = self.quick_otherwise(branches, pos)
+        if found is None:
+            return None
+        close = _Q_CLOSE.match(text, found[1])
+        return None if close is None else (found[0], close.end())
+
+
+class _Items(_QuickStages):
     """Top-level items (`item`) and stages with their decisions, arms and targets."""
 
     def item(self) -> Any:
@@ -1078,131 +1214,6 @@ class _Items(_Decls):
             break
         return {"kind": "when", "branches": branches}
 
-    def quick_arm(self, pattern: re.Pattern[str], *, ordered: bool = False) -> Any | None:
-        """A `when` or `otherwise` arm of the commonest one-line shapes (`_Syntax.when_arm`, `_Syntax.otherwise_arm`),
-        read with one regex and built as the token reader builds it (same nodes, same spans); None
-        when the arm is anything else, or goes on after its target (the token reader takes it)."""
-        m = pattern.match(self.text, self.s)
-        if m is None or not _arm_ok(m):
-            return None
-        saved = (self.k, self.v, self.s, self.e)
-        self.e = m.end()
-        self.advance()
-        if (self.k == "o" and self.v in _GOES_ON) or (self.k == "n" and self.v == "up"):
-            self.k, self.v, self.s, self.e = saved
-            return None
-        return self.arm_nodes(m, ordered)
-
-    def arm_nodes(self, m: re.Match[str], ordered: bool) -> Any:
-        """The branch of an arm matched by `_Syntax.when_arm`/`otherwise_arm` (or `q_when`/`q_otherwise`)."""
-        guard_name, op, operand, do, target_name = m.group(1, 2, 3, 4, 5)
-        nl = self.newlines
-        i = bisect_left(nl, m.start(5))
-        line, base, file = i + 1, (nl[i - 1] if i else -1), self.file
-        target_span = _make_span(file, line, m.start(5) - base, line, m.end(5) - base)
-        if do:
-            target = _target(kind="action", action=intern(target_name), outputs=[], args=[], span=target_span)
-        else:
-            target = _target(kind="stage", stage=intern(target_name), span=target_span)
-        if not guard_name:
-            return _branch(guard=None, target=target, limit=None, span=target_span)
-        col = m.start(1) - base
-        left = _var(name=intern(guard_name), span=_make_span(file, line, col, line, m.end(1) - base))
-        guard = left
-        if op is not None:
-            right_span = _make_span(file, line, m.start(3) - base, line, m.end(3) - base)
-            right = (_lit(value=number(operand), span=right_span) if operand[0].isdigit()
-                     else _var(name=intern(operand), span=right_span))
-            guard = _compare(op=op, left=left, right=right, span=_make_span(file, line, col, line, right_span.end_col))
-        return _branch(guard=guard, target=target, limit=None, ordered=ordered,
-                       span=_make_span(file, line, col, line, target_span.end_col))
-
-    def quick_stage(self) -> Any | None:
-        """A whole stage of the commonest shapes (`_Syntax.stage_head`, then `q_match` and `q_match_arm`s or
-        `q_when`s, a `q_otherwise`, `_Q_CLOSE`s), one regex per line, built as the token reader builds
-        it (same nodes, same spans); None for anything else: the token reader takes the stage."""
-        text = self.text
-        m = self.syntax.stage_head.match(text, self.s)
-        if m is None or m.group(1) in RESERVED:
-            return None
-        head = self.syntax.q_match.match(text, m.end())
-        subject = None
-        if head is not None:
-            if head.group(1) in _NO_OPERAND:
-                return None
-            subject = _var(name=intern(head.group(1)), span=self.span_at(head.start(1), head.end(1)))
-            found = self.quick_match_arms(subject, head.end())
-        else:
-            found = self.quick_when_arms(m.end())
-        if found is None:
-            return None
-        branches, end = found
-        close = _Q_CLOSE.match(text, end)
-        if close is None:
-            return None
-        self.e = close.end()
-        self.advance()
-        return _stage(id=intern(m.group(1)), title=unquote(m.group(2)), span=self.span_at(m.start(1), m.end(1)),
-                      text="", classify=[], observe=[], kind="when" if subject is None else "match", subject=subject,
-                      branches=branches)
-
-    def quick_otherwise(self, branches: list[Any], pos: int) -> tuple[list[Any], int] | None:
-        """`branches` with an `otherwise -> [do] NAME` line at `pos` (if one is there), and where they end."""
-        o = self.syntax.q_otherwise.match(self.text, pos)
-        if o is None:
-            return branches, pos
-        if not _arm_ok(o):
-            return None
-        branches.append(self.arm_nodes(o, False))
-        return branches, o.end()
-
-    def quick_when_arms(self, pos: int) -> tuple[list[Any], int] | None:
-        """The `when` lines of a quick stage (and its `otherwise` line), and where they end."""
-        branches: list[Any] = []
-        while (a := self.syntax.q_when.match(self.text, pos)) is not None:
-            if not _arm_ok(a):
-                return None
-            branches.append(self.arm_nodes(a, False))
-            pos = a.end()
-        if not branches:
-            return None  # `otherwise` alone: the token reader's (and Lark's) error
-        return self.quick_otherwise(branches, pos)
-
-    def quick_match_arms(self, subject: Any, pos: int) -> tuple[list[Any], int] | None:
-        """The arms of a quick stage's `match` block up to its closing brace, and where they end."""
-        text, file, nl, nowhere = self.text, self.file, self.newlines, self.nowhere
-        branches: list[Any] = []
-        while (a := self.syntax.q_match_arm.match(text, pos)) is not None:
-            value, do, target_name = a.group(1, 2, 3)
-            if target_name in _NO_TARGET or len(value) > 300:
-                return None
-            i = bisect_left(nl, a.start(1))
-            line, base = i + 1, (nl[i - 1] if i else -1)
-            target_span = span = _make_span(file, line, a.start(3) - base, line, a.end(3) - base)
-            if value in RESERVED:
-                if value != "true" and value != "false":
-                    break  # `otherwise` (or a keyword, which the closing brace then refuses)
-                lit = _lit(value=value == "true", span=nowhere)
-            else:
-                col = a.start(1) - base
-                value_span = _make_span(file, line, col, line, a.end(1) - base)
-                lit = (_lit(value=number(value), span=value_span) if value[0].isdigit()
-                       else _lit(value=intern(value), bare=True, span=value_span))
-                span = _make_span(file, line, col, line, target_span.end_col)
-            if do:
-                target = _target(kind="action", action=intern(target_name), outputs=[], args=[], span=target_span)
-            else:
-                target = _target(kind="stage", stage=intern(target_name), span=target_span)
-            guard = _inset(operand=subject, values=[lit], span=span)
-            branches.append(_branch(guard=guard, target=target, values=[lit], limit=None, span=span))
-            pos = a.end()
-        if not branches:
-            return None
-        found = self.quick_otherwise(branches, pos)
-        if found is None:
-            return None
-        close = _Q_CLOSE.match(text, found[1])
-        return None if close is None else (found[0], close.end())
 
     def when_arm(self, *, ordered: bool) -> Any:
         self.expect("when")
