@@ -99,12 +99,14 @@ def test_scoring_family_parses_the_same() -> None:
 
 
 def test_unrecognised_items_go_to_lark_at_their_position() -> None:
+    """An item the fast path does not read (here a number of more than 300 digits, which Lark reads when
+    it fits a float) goes to Lark alone, placed at its line and column; the items around it stay fast."""
     text = ('scenario s "S" {\n  owner "ops"\n}\nfield A: Yes | No\n'
-            "type T = record { a: bool }\nsystem R: T\n"
+            f"type T = record {{ a: bool }}\nsystem R: T\nlet Big = {'9' * 301}\n"
             "stage one {\n  when A == Yes and R.a -> do Go\n  otherwise -> do Go\n}\naction Go\n")
     program, fragments = fast_items(text)
     assert program is not None
-    assert [f.split()[0] for f in fragments] == ["type"]
+    assert [f.split()[0] for f in fragments] == ["let"]
     assert_same(text)
 
 
@@ -566,3 +568,263 @@ def test_for_each_steps_and_positions_parse_the_same(arm: str) -> None:
     assert_same(text)
     refused = "[-1]" in arm or "[1.5]" in arm or "where do" in arm
     assert isinstance(outcome(text, "t.sop", fast=False), list) == refused
+
+
+# ---------------------------------------------------------------------------------------------
+# Lists, records, `type` declarations, `sum(… for …)`, field reads, positions, list values, for-each
+# steps, subflows and uses: read by the fast path itself (a file using them no longer builds Lark's
+# parser, a few hundred milliseconds of every command), into Lark's nodes.
+
+
+def _orders_programs() -> list[str]:
+    """The `orders` programs of benchmarks/bench_analysis.py shape (e): seeds 0-24, at most 100 lines."""
+    gen = gen_sop()
+    out = []
+    for seed in range(25):
+        stages = 4 + (seed * 7) % 20
+        text = gen.generate(stages, kind="orders", seed=seed)
+        while len(text.splitlines()) > 100 and stages > 1:
+            stages -= 1
+            text = gen.generate(stages, kind="orders", seed=seed)
+        out.append(text)
+    return out
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_shipped_programs_are_read_without_lark(path: Path) -> None:
+    text = path.read_text(encoding="utf-8").replace("\r\n", "\n")
+    if isinstance(outcome(text, str(path), fast=False), list):
+        return  # a golden syntax error: Lark's diagnostics (test_shipped_programs_parse_the_same)
+    program, fragments = fast_items(text, str(path))
+    assert program is not None and fragments == []
+
+
+def test_orders_programs_parse_the_same_without_lark() -> None:
+    for text in _orders_programs():
+        assert_same(text)
+        program, fragments = fast_items(text)
+        assert program is not None and fragments == []
+
+
+@pytest.mark.parametrize("text", [
+    "let X = sum + 1\n",                                     # `sum` where an expression starts: the keyword
+    "field sum: bool\nlet X = sum\n",
+    "stage s { when sum -> t }\n",
+    "stage s { when N > sum -> t }\n",
+    "stage s { match sum { A -> t } }\n",
+    "stage s { when X -> for\n when Y -> t }\n",              # `for` where a target stands: the keyword
+    "stage s { match X { A -> for } }\n",
+    "stage s { match X { A -> for\n B -> t } }\n",
+    "stage s {\n    when X -> for\n    otherwise -> t\n}\n",
+    "field X: date | A\n",                                   # a type's word first: the type, then `|`
+    "field X: list | A\n",
+    "system X: string | A\n",
+])
+def test_keywords_only_where_they_stand_are_refused_alike(text: str) -> None:
+    """Words that are names elsewhere but keywords where an expression or a target starts (`sum`, `for`)
+    or where a type is written (`date`, `list`): Lark refuses them there, and so does the fast path (it
+    used to read them as names)."""
+    assert isinstance(outcome(text, "t.sop", fast=False), list)
+    assert_same(text)
+
+
+STRUCTURED = '''type Fee = record { id: string, amount: int[0..100], refundable: bool, }
+type Leg = record open {
+    origin: CDG | "J F K",
+    flown: bool?,
+    inner: record { at: datetime? }
+} "a leg"
+type Kind = A | "b c"
+type Words = date | list | sum "names here, not types"
+field for: bool
+field of: Words
+system Fees: list[..4] of Fee "fees"
+system Legs: list(0..4) of Leg
+system Tries: list[1.5..3.5) of int[0..10]?
+system Big: list[..12345678901234567891] of bool
+system Any: list of list[2..] of Kind
+action Pay(id: string, all_fees: list[..4] of Fee) "pay"
+action Go "go"
+output Kinds: list[..3] of A | "b c" = [A, "b c"]
+output None_: list of A | B = []
+let Total = sum(f.amount for f in Fees where f.refundable and not (f.id matches "x-[0-9]+"))
+let Every = sum(f.amount for f in Fees)
+let Wrong = sum(Total, 1)
+let Nothing = sum()
+let First = first(Legs).origin
+let Deep = Legs[0].inner.at
+let Spaced = (Legs [ 1 ]) . origin
+let Lit = [A, B when Total > 3][0]
+let Count = count(l in Legs where l.flown) + len(Fees) - -Fees[2].amount
+stage s {
+    for f in Fees where f.refundable do Pay(id = f.id, all_fees = Fees) -> t
+}
+stage w {
+    when for and Legs[0].sum -> do for
+    otherwise -> w2
+}
+stage w2 { match of { list -> do Go  date, sum -> s } }
+stage t {
+    when Total > 3 -> for f in Fees do Go -> do Pay(id = last(Fees).id, all_fees = Fees) -> u
+    when Every > 1 -> do Go { Kinds = [
+        A when Total > 1,
+        "b c"
+    ] }
+    otherwise -> for l in Legs where l.flown do Go -> u
+}
+subflow retry(again, done) {
+    stage u { match Kind_ { A -> again  otherwise -> do Go } }
+    use other as inner(next -> done)
+}
+subflow other(next) { stage v { -> next } }
+use retry as r1(again -> s, done -> do Go { Kinds = [] })
+use retry as r2()
+'''
+
+
+def test_structured_forms_parse_the_same_without_lark() -> None:
+    assert not isinstance(outcome(STRUCTURED, "t.sop", fast=False), list)
+    assert_same(STRUCTURED)
+    program, fragments = fast_items(STRUCTURED)
+    assert program is not None and fragments == []
+    big = next(i for i in program.items if getattr(i, "name", "") == "Big")
+    assert big.type.max_len == 12345678901234567891  # read as written, not through a float
+
+
+@pytest.mark.parametrize("text", [
+    "field A: bool # x?",            # a comment ends the file: none of it is read as a token (`?` was)
+    "let X = A // B",
+    'let X = A # "a text"',
+    "let X = 2 days.origin\n",       # Lark's TIME_UNIT stops before the dot: a field of a duration
+    "let X = 2 days .origin + 1.5 weeks\n",
+])
+def test_token_edges_parse_the_same_without_lark(text: str) -> None:
+    assert not isinstance(outcome(text, "t.sop", fast=False), list)
+    assert_same(text)
+    program, fragments = fast_items(text)
+    assert program is not None and fragments == []
+
+
+@pytest.mark.parametrize("text", [
+    "let X = sum(f.a for f.b in L)\n", "let X = sum(f.a for f not in L)\n", "let X = sum(f.a for f in {A})\n",
+    "let X = sum(f.a for L)\n", "let X = sum(f.a for f in L where)\n", "let X = sum(a,)\n", "let X = sum\n",
+    "let X = L[1.5]\n", "let X = L[-1]\n", "let X = L[]\n", "let X = L.\n", "let X = first(L).count\n", "let X = L..a\n",
+    "let X = A in [A, B]\n", "let X = A not in []\n", "let X = [A,]\n", "let X = [,]\n", "let X = [A B]\n",
+    "system L: list[..3]\n", "system L: list of\n", "system L: list[a..3] of int\n", "system L: list[..3] of int??\n",
+    "system R: record { }\n", "system R: record { a: bool,, }\n", "system R: record { a: bool?? }\n",
+    "system R: record open open { a: bool }\n", "system R: record { count: bool }\n", "system R: record a { b: bool }\n",
+    "type T = A\n", "type T = record\n", "type T = A |\n", "type = A | B\n", "type T: A | B\n",
+    "output O: list of A | B = [A when B]\n", "output O: list of A | B = [A,]\n", "field F: list of A | B = [A]\n",
+    "stage s { -> for f in L do Go }\n", "stage s { -> for f in L where do Go -> t }\n", "stage s { -> for in L do Go -> t }\n",
+    'stage s { -> for f in L do "where" -> t }\n', "stage s { -> for f in L do Go { O = 1 } -> t }\n",
+    "subflow f() { }\n", "subflow f(a,) { stage s { -> a } }\n", "subflow f(a) { stage s { -> a } field X: bool }\n",
+    "use f as g(a -> )\n", "use f g(a -> t)\n", "use f as g(a -> t,)\n", "use f as g(a t)\n",
+])
+def test_malformed_structured_forms_get_lark_diagnostics(text: str) -> None:
+    """What the fast path does not fully recognise goes to Lark: the same diagnostics, never a wrong parse."""
+    assert isinstance(outcome(text, "t.sop", fast=False), list), text
+    assert_same(text)
+
+
+# Generated programs of the new forms, with the boundary values of each: list bounds open and closed,
+# left out, 0, negative, fractional, beyond the largest list; optional and open records, nested types;
+# every postfix read; sums with and without `where`; keywords and context words where names stand.
+_NAME = st.sampled_from(["a", "L", "x.y", "f", "for", "sum", "of", "open", "list", "type", "date", "where", "count"])
+_LO = st.sampled_from(["", "0", "1", "-1", "2.5", "32", "0.0", "99999999999999999999"])
+_HI = st.sampled_from(["", "0", "3", "4.5", "32", "33", "100"])
+_BOUNDS = st.one_of(st.just(""), st.builds(lambda a, lo, hi, b: f"{a}{lo}..{hi}{b}", st.sampled_from("[("), _LO, _HI,
+                                           st.sampled_from("])")))
+_WS = st.sampled_from([" ", " ", "", "\n    ", "  # note\n"])
+_SCALAR = st.sampled_from(["bool", "int", "float[0..2000]", "int(1..10]", "string", "date", "datetime", "duration",
+                           "A | B", '"c d" | E', "Line", "list", "record", "open"])
+
+
+def _types(inner: Any) -> Any:
+    field = st.builds(lambda n, t, q, w: f"{w}{n}: {t}{'?' if q else ''}", _NAME, inner, st.booleans(), _WS)
+    record = st.builds(lambda op, fields, trail, w: f"record {op}{{{', '.join(fields)}{',' if trail else ''}{w}}}",
+                       st.sampled_from(["", "open ", "open"]), st.lists(field, min_size=1, max_size=3), st.booleans(), _WS)
+    return st.one_of(st.builds(lambda b, t, w: f"list{b}{w}of {t}", _BOUNDS, inner, _WS), record)
+
+
+_TYPE = st.recursive(_SCALAR, _types, max_leaves=5)
+_HEAD = st.sampled_from(["x in L", "l in Lines", "x.y in L", "x not in L", "x in {A}", "x in [A]", "x", "x in L and y"])
+_ATOM = st.sampled_from(["L", "Lines", "first(L)", "x", "3", "2.5", "true", '"s"', "len(L)", "[A, B when x]", "[]",
+                         "(a + 1)", "missing(x)", "sum", "sum()", "2 days", "for", "of", "date(\"2026-01-02\")"])
+
+
+def _exprs(inner: Any) -> Any:
+    return st.one_of(
+        st.builds(lambda e, w, f: f"{e}{w}.{f}", inner, st.sampled_from(["", " "]), _NAME),
+        st.builds(lambda e, n: f"{e}[{n}]", inner, st.sampled_from(["0", "1", "31", " 2 ", "1.5", "-1", ""])),
+        st.builds(lambda v, h, c, w: f"sum({v}{w}for {h}{'' if c is None else ' where ' + c})", inner, _HEAD,
+                  st.none() | inner, _WS),
+        st.builds(lambda fn, h, c: f"{fn}({h} where {c})", st.sampled_from(["any", "all", "count"]), _HEAD, inner),
+        st.builds(lambda a, op, b: f"{a} {op} {b}", inner, st.sampled_from(["+", "-", "*", "==", "<", ">=", "and",
+                                                                           "or", "in", "not in"]), inner),
+        st.builds(lambda e: f'{e} matches "[A-Z]+"', inner),
+        st.builds(lambda args: f"sum({', '.join(args)})", st.lists(inner, max_size=2)),
+        st.builds(lambda items, w: f"[{w}{', '.join(items)}{w}]", st.lists(inner, max_size=3), _WS),
+        st.builds(lambda e: f"-{e}", inner), st.builds(lambda e: f"not {e}", inner), st.builds(lambda e: f"({e})", inner),
+    )
+
+
+_EXPR = st.recursive(_ATOM, _exprs, max_leaves=6)
+_TARGET = st.one_of(st.sampled_from(["t", "do Go", "for", "do Go { O = [A] }"]), st.builds(
+    lambda v, src, c, t: f"for {v} in {src}{'' if c is None else ' where ' + c} do Pay(id = {v}.id) -> {t}",
+    _NAME, _ATOM, st.none() | _EXPR, st.sampled_from(["t", "do Go", "for f in L do Go -> t"])))
+_ITEM = st.one_of(
+    st.builds(lambda n, t, d: f"type {n} = {t}{d}", _NAME, st.one_of(_TYPE.filter(lambda t: t.startswith("record")),
+                                                                    st.sampled_from(["A | B", "date | list", "A"])),
+              st.sampled_from(["", ' "doc"'])),
+    st.builds(lambda role, n, t, q: f"{role} {n}: {t}{'?' if q else ''}", st.sampled_from(["field", "system"]), _NAME,
+              _TYPE, st.booleans()),
+    st.builds(lambda n, e: f"let {n} = {e}", _NAME, _EXPR),
+    st.builds(lambda t, v: f"output O: {t}{v}", _TYPE, st.sampled_from(["", " = []", " = [A, B]", " = [A when B]", " = A"])),
+    st.builds(lambda t: f"action Pay(id: {t}) \"p\"", _TYPE),
+    st.builds(lambda g, a, b: f"stage s {{\n    when {g} -> {a}\n    otherwise -> {b}\n}}", _EXPR, _TARGET, _TARGET),
+    st.builds(lambda t: f"stage s {{ {t} }}", _TARGET),
+    st.builds(lambda p, t: f"subflow sf({p}) {{ stage u {{ -> {t} }} }}", st.sampled_from(["", "p", "p, q", "for"]), _TARGET),
+    st.builds(lambda b: f"use sf as u1({b})", st.sampled_from(["", "p -> t", "p -> do Go, q -> for f in L do Go -> t"])),
+)
+STRUCTURED_PROGRAMS = st.lists(_ITEM, min_size=1, max_size=6).map(lambda items: "\n".join(items) + "\n")
+
+
+@EXAMPLES
+@given(STRUCTURED_PROGRAMS)
+def test_generated_structured_programs_parse_the_same_without_lark(text: str) -> None:
+    """Same program or same diagnostics on both paths; and what Lark reads, the fast path reads by itself."""
+    assert_same(text)
+    if not isinstance(outcome(text, "t.sop", fast=False), list):
+        program, fragments = fast_items(text)
+        assert program is not None and fragments == [], fragments
+
+
+STRUCTURED_SEEDS = [
+    *((ROOT / "tests" / "data" / name).read_text(encoding="utf-8") for name in (
+        "refunds.sop", "fee_refund.sop", "lang_list_outputs.sop", "lang_open_records.sop", "lang_optional_fields.sop",
+        "lost_card_lists.sop")),
+    *((ROOT / "examples" / name).read_text(encoding="utf-8") for name in ("mobile_data.sop", "claim_intake.sop")),
+    _orders_programs()[0], STRUCTURED,
+]
+_STRUCTURED_STRAY = [".", "[0]", "[", "]", "for", "where", "sum", "of", "open", "record", "list", "type", "?", "in",
+                     "f in L", ",", "{", "}", "->", "do", "when", "use", "subflow", "as", "\n"]
+
+
+@settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), max_examples=150)
+@given(st.sampled_from(range(len(STRUCTURED_SEEDS))), st.lists(MUTATION, min_size=1, max_size=3),
+       st.sampled_from(_STRUCTURED_STRAY))
+def test_mutated_structured_text_parses_the_same(seed: int, edits: list[tuple[str, int, int]], stray: str) -> None:
+    """The differential fuzz above, over programs full of lists, records, sums and subflows, with the words
+    and signs of those forms strayed in; and what Lark reads of it, the fast path reads by itself."""
+    text = STRUCTURED_SEEDS[seed]
+    for op, a, b in edits:
+        if op == "stray":
+            toks = [m.start() for m in _WORD_TOKEN.finditer(text)] or [0]
+            at = toks[a % len(toks)]
+            text = text[:at] + stray + text[at:]
+        else:
+            text = mutate_text(text, op, a, b)
+    assert_same(text)
+    if not isinstance(outcome(text, "t.sop", fast=False), list):
+        program, fragments = fast_items(text)
+        assert program is not None and fragments == [], fragments

@@ -1,19 +1,25 @@
-"""The parser's fast path: a hand-written recursive-descent reader of the regular forms of the language
-that builds the SAME raw program (equal nodes, equal spans) as the Lark parser in `parse`.
+"""The parser's fast path: a hand-written recursive-descent reader of the language that builds the SAME
+raw program (equal nodes, equal spans) as the Lark parser in `parse`.
 
 Why: Lark's LALR parser with its lexer and tree callbacks costs about 0.3 ms per stage (a 100k-stage
-file took 30 s of CPU just to parse); this reader takes a fraction of it. It is a fast path, not a
-second parser: each top-level item it does not fully recognise (subflows, `type` declarations,
-records, lists, meta blocks, anything malformed, any word it does not expect) is handed to Lark as a
-fragment placed at the same line and column, and a fragment Lark rejects makes the whole file go
-through Lark, so every diagnostic for malformed input is exactly Lark's. Spans follow the Lark
-builder's rule (`parse._ChildMeta`): a node spans from its first to its last positioned child,
-keywords not counted. tests/test_fastparse.py proves the two paths build equal programs.
+file took 30 s of CPU just to parse); this reader takes a fraction of it. And building Lark's parser
+costs a few hundred milliseconds of every command that needs it: every form of a valid file (lists,
+records, `type` declarations, `sum(… for …)`, field reads, positions, for-each steps, subflows, uses)
+is read here, so checking a valid file does not build it (`sop fmt` still does, for the comments). It
+is a fast path, not a second parser: each top-level item it does not fully recognise (anything
+malformed, any word it does not expect, a number of more than 300 digits) is handed to Lark as a fragment placed at the same line and column,
+and a fragment Lark rejects makes the whole file go through Lark, so every diagnostic for malformed
+input is exactly Lark's. Spans follow the Lark builder's rule (`parse._ChildMeta`): a node spans from
+its first to its last positioned child, keywords not counted (the named tokens `sum`, `[` and `]`
+count). Where Lark's contextual lexer reads a word as a keyword (`sum` where an expression starts,
+`for` where a target stands, `date` or `list` where a type is written), it is no name here either.
+tests/test_fastparse.py proves the two paths build equal programs.
 """
 
 from __future__ import annotations
 
 import keyword
+import math
 import re
 from bisect import bisect_left
 from collections.abc import Callable
@@ -21,7 +27,18 @@ from sys import intern
 from typing import Any
 
 from sopgraph.language import ir, scalars
-from sopgraph.language.program import RESERVED, Include, Program, ScenarioHeader, StartDecl, number, unquote
+from sopgraph.language.program import (
+    RESERVED,
+    Include,
+    Program,
+    ScenarioHeader,
+    StartDecl,
+    Subflow,
+    TypeDecl,
+    Use,
+    number,
+    unquote,
+)
 
 _ASCII_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _ANY_NAME = r"[^\W\d]\w*(?:\.[^\W\d]\w*)*"  # letters of any script, digits, `_` (the grammar's NAME)
@@ -40,13 +57,15 @@ class _Syntax:
 
     def __init__(self, name: str):
         # One token after optional whitespace and comments (the grammar's %ignore WS / COMMENT). Kinds:
-        # n NAME, d NUMBER, l LONG_STRING, s STRING, o operator or punctuation.
-        self.token = re.compile(rf'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*(?:
+        # n NAME, d NUMBER, l LONG_STRING, s STRING, o operator or punctuation. The skip is possessive
+        # (`*+`): a comment ending the file must not give its last characters back as a token
+        # (`field A: bool # x?` with no line break after it would read `?`).
+        self.token = re.compile(rf'''(?:[ \t\f\r\n]+|(?:\#|//)[^\n]*)*+(?:
             (?P<n>{name})
            |(?P<d>[0-9]+(?:\.[0-9]+)?)
            |(?P<l>"""[\s\S]*?""")
            |(?P<s>"(?:[^"\\\n]|\\.)*")
-           |(?P<o>->|==|!=|<=|>=|\.\.|[<>{{}}()\[\],:=|?+\-*/])
+           |(?P<o>->|==|!=|<=|>=|\.\.|[<>{{}}()\[\],:=|?+\-*/.])
         )''', re.X)
         self.simple_arm = re.compile(rf"({name}|[0-9]+(?:\.[0-9]+)?)[ \t]*->[ \t]*({name})")
         # `when NAME [CMP NUMBER-or-NAME] -> [do] NAME` and `otherwise -> [do] NAME` on one line: the
@@ -81,6 +100,10 @@ _SKIP = re.compile(r"(?:[ \t\f\r\n]+|(?:#|//)[^\n]*)*")
 _TIME_UNITS = frozenset(("week", "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second",
                          "seconds"))
 _COMP = frozenset(("==", "!=", "<", "<=", ">", ">="))
+# Words Lark reads as keywords where a target or an expression starts (not names there, though not reserved)
+_NO_TARGET = RESERVED | {"for"}
+_NO_OPERAND = RESERVED | {"sum"}
+_TYPE_WORDS = frozenset(("date", "datetime", "duration", "string", "list", "record"))  # types' (non-reserved) words
 _TOP = frozenset(("scenario", "include", "start", "field", "system", "let", "action", "output", "stage",
                   "subflow", "use"))
 MAX_FALLBACKS = 64  # items handed to Lark one by one; past this the whole file goes to Lark
@@ -161,6 +184,12 @@ _num_type = _maker(ir.NumType)
 _make_span = ir.make_span
 
 
+def _list_bound(value: float, is_open: bool, step: int) -> int:
+    """A list's length bound as a whole number (an open bound excludes its value): `parse._list_bound`."""
+    n = math.ceil(value) if step > 0 else math.floor(value)
+    return int(n + step) if is_open and float(value).is_integer() else int(n)
+
+
 def _first_last(parts: tuple[Any, ...]) -> tuple[ir.Span | None, ir.Span | None]:
     first = last = None
     for part in parts:
@@ -185,7 +214,7 @@ def _arm_ok(m: re.Match[str]) -> bool:
     """An arm matched by `_Syntax.when_arm`/`otherwise_arm` the regex may build: no reserved word where a
     name stands, no huge number (Lark reports those)."""
     guard_name, operand, target_name = m.group(1, 3, 5)
-    if target_name in RESERVED or guard_name in RESERVED or operand in RESERVED:
+    if target_name in _NO_TARGET or guard_name in _NO_OPERAND or operand in _NO_OPERAND:
         return False
     return not (operand and operand[0].isdigit() and len(operand) > 300)
 
@@ -344,6 +373,8 @@ class _Exprs(_Reader):
             values = self.value_set()
             return _inset(operand=left, values=values, negated=negated, span=self.cover(left, values))
         source = self.sum()
+        if type(source) is ir.ListLit:
+            raise _Bail  # `X in [A, B]`: Lark's E001 (a set is written in braces)
         return mk(ir.Member, operand=left, source=source, negated=negated, span=self.cover(left, source))
 
     def value_set(self) -> list[Any]:
@@ -382,9 +413,30 @@ class _Exprs(_Reader):
                 return _lit(value=-value, span=self.cover(inner))
             return mk(ir.Unary, op="neg", operand=inner, span=self.cover(inner))
         out = self.atom()
-        if self.k == "o" and self.v == "[":
-            raise _Bail  # `Legs[0]`: Lark's
+        while self.k == "o" and (self.v == "." or self.v == "["):
+            out = self.get(out) if self.v == "." else self.index(out)
         return out
+
+    def get(self, base: Any) -> Any:
+        """`first(Legs).origin` (the grammar's `get_expr`): one `Get` per part of a dotted name, each
+        spanning the base and the whole name. (`l.price` is one NAME: a `Var`, as in Lark.)"""
+        self.advance()
+        name, span = self.name()
+        whole = self.cover(base, span)
+        for field in name.split("."):
+            base = mk(ir.Get, base=base, field=intern(field), span=whole)
+        return base
+
+    def index(self, base: Any) -> Any:
+        """`Legs[0]` (the grammar's `index_expr`): a whole number in brackets, spanning up to `]`."""
+        open_span = self.span_at(self.s, self.e)  # `[` and `]` are named tokens: `true[0]` spans from `[`
+        self.advance()
+        text, _ = self.number()
+        if "." in text or not self.at("]"):
+            raise _Bail  # `L[1.5]`: Lark's error
+        close = self.span_at(self.s, self.e)
+        self.advance()
+        return mk(ir.Index, base=base, index=int(text), span=self.cover(base, open_span, close))
 
     def atom(self) -> Any:
         k, v = self.k, self.v
@@ -394,6 +446,8 @@ class _Exprs(_Reader):
             tok, span = self.string()
             return _lit(value=unquote(tok), span=span)
         if k == "o":
+            if v == "[":
+                return self.list_lit()
             if v != "(":
                 raise _Bail
             self.advance()
@@ -405,14 +459,63 @@ class _Exprs(_Reader):
         if v in RESERVED:
             return self.keyword_atom(v)
         name, span = self.name()
+        if name == "sum":  # where an expression starts, `sum` is the keyword: `sum` alone is Lark's error
+            return self.summation(span)
         if not self.at("("):
             return _var(name=name, span=span)
-        if name == "sum":
-            raise _Bail  # `sum(V for x in L …)`: Lark's
         args = self.args()
         if name in ("date", "datetime"):
             return self.time_literal(name, args, self.cover(span, args))
         return mk(ir.Func, name=name, args=args, span=self.cover(span, args))
+
+    def summation(self, span: ir.Span) -> Any:
+        """`sum(V for x in L [where C])` (a `Quant`; without `where` its condition is `true`, spanning the
+        whole sum) or `sum(A, B)` (a `Func` the checker refuses). The span starts at `sum` (a named token)."""
+        self.expect("(")
+        if self.at(")"):
+            self.advance()
+            return mk(ir.Func, name="sum", args=[], span=span)
+        first = self.expr()
+        if not self.at("for"):
+            args = [first]
+            while self.at(","):
+                self.advance()
+                args.append(self.expr())
+            self.expect(")")
+            return mk(ir.Func, name="sum", args=args, span=self.cover(span, args))
+        self.advance()
+        head = self.expr()
+        cond = None
+        if self.at("where"):
+            self.advance()
+            cond = self.expr()
+        self.expect(")")
+        if not (type(head) is ir.Member and not head.negated and type(head.operand) is ir.Var
+                and "." not in head.operand.name):
+            raise _Bail  # Lark's E001 names the mistake
+        whole = self.cover(span, first, head, cond)
+        return mk(ir.Quant, func="sum", var=head.operand.name, source=head.source,
+                  cond=mk(ir.Lit, value=True, span=whole) if cond is None else cond, value=first, span=whole)
+
+    def list_lit(self) -> Any:
+        """`[Billing, Network when NoSignal]` (a list output's value): spans from `[` to `]`; an item
+        written without `when` is kept always (a `true` without position)."""
+        open_span = self.span_at(self.s, self.e)
+        self.advance()
+        items: list[Any] = []
+        conds: list[Any] = []
+        while not self.at("]"):
+            if items:
+                self.expect(",")
+            items.append(self.expr())
+            if self.k == "n" and self.v == "when":
+                self.advance()
+                conds.append(self.expr())
+            else:
+                conds.append(mk(ir.Lit, value=True))
+        close = self.span_at(self.s, self.e)
+        self.advance()
+        return mk(ir.ListLit, items=items, conds=conds, span=self.cover(open_span, close))
 
     def args(self) -> list[Any]:
         self.expect("(")
@@ -437,8 +540,10 @@ class _Exprs(_Reader):
 
     def number_or_duration(self) -> Any:
         text, span = self.number()
-        if self.k == "n" and self.v in _TIME_UNITS:
-            unit, unit_span = self.v, self.span_at(self.s, self.e)
+        unit = self.v.partition(".")[0] if self.k == "n" else ""
+        if unit in _TIME_UNITS:  # `2 days.x`: Lark's TIME_UNIT stops before the dot (`.x` reads a field)
+            unit_span = self.span_at(self.s, self.s + len(unit))
+            self.e = self.s + len(unit)
             self.advance()
             seconds = number(text) * scalars.unit_seconds(unit)
             if isinstance(seconds, float) and seconds.is_integer():
@@ -601,8 +706,10 @@ class _Decls(_Exprs):
         if word == "string":
             self.advance()
             return mk(ir.StringType, span=self.cover())
-        if word in ("list", "record"):
-            raise _Bail
+        if word == "list":
+            return self.list_type()
+        if word == "record":
+            return self.record_type()
         name, span = self.name()
         if not self.at("|"):
             return mk(ir.EnumType, values=[], alias=name, span=span)
@@ -623,18 +730,61 @@ class _Decls(_Exprs):
             return unquote(tok), span
         return self.name()
 
+    def list_type(self) -> Any:
+        """`list[lo..hi] of T`: its length bounds as whole numbers (`_list_bound`), its span the item type's."""
+        self.advance()
+        kw: dict[str, int] = {}
+        if self.k == "o" and self.v in ("[", "("):
+            left, lo, hi, right = self.bounds()
+            if lo is not None:
+                kw["min_len"] = _list_bound(lo, left == "(", +1)
+            if hi is not None:
+                kw["max_len"] = _list_bound(hi, right == ")", -1)
+        self.expect("of")
+        item = self.vtype()
+        return mk(ir.ListType, item=item, span=self.cover(item), **kw)
+
+    def record_type(self) -> Any:
+        """`record [open] { a: T, b: T?, }`: spans from the first field's name to the last's."""
+        self.advance()
+        is_open = self.k == "n" and self.v == "open"
+        if is_open:
+            self.advance()
+        self.expect("{")
+        fields: list[Any] = []
+        while True:
+            name, span = self.name()
+            self.expect(":")
+            ftype = self.vtype()
+            optional = self.at("?")
+            if optional:
+                self.advance()
+            fields.append(mk(ir.RecordField, name=name, type=ftype, optional=optional, span=span))
+            if not self.at(","):
+                break
+            self.advance()
+            if self.at("}"):
+                break
+        self.expect("}")
+        return mk(ir.RecordType, fields=fields, open=is_open, span=self.cover(fields))
+
     def range(self) -> dict[str, Any]:
+        left, lo, hi, right = self.bounds()
+        return {"lo": None if lo is None else float(lo), "hi": None if hi is None else float(hi),
+                "lo_open": left == "(" or lo is None, "hi_open": right == ")" or hi is None}
+
+    def bounds(self) -> tuple[str, int | float | None, int | float | None, str]:
+        """`[lo..hi]`, `(lo..]`, `[..hi)`: the brackets and the bounds as written (None where left out)."""
         left = self.v
         self.advance()
         lo = None if self.at("..") else self.bound()
         self.expect("..")
         hi = None if self.k == "o" and self.v in ("]", ")") else self.bound()
         right = self.v
-        if right not in ("]", ")"):
+        if self.k != "o" or right not in ("]", ")"):
             raise _Bail
         self.advance()
-        return {"lo": None if lo is None else float(lo), "hi": None if hi is None else float(hi),
-                "lo_open": left == "(" or lo is None, "hi_open": right == ")" or hi is None}
+        return left, lo, hi, right
 
     def bound(self) -> int | float:
         negative = self.k == "o" and self.v == "-"
@@ -674,8 +824,8 @@ class _Decls(_Exprs):
             return None
         enum = m.group(6)
         values = [intern(v) for v in self.syntax.names.findall(enum)] if enum else []
-        if any(v in RESERVED for v in values):
-            return None
+        if any(v in RESERVED for v in values) or (values and values[0] in _TYPE_WORDS):
+            return None  # a keyword; or a type's word first (`date | A`): Lark reads the type, then refuses `|`
         saved = (self.k, self.v, self.s, self.e)
         self.e = m.end()
         self.advance()
@@ -744,119 +894,44 @@ class _Decls(_Exprs):
         default = None
         if self.at("="):
             self.advance()
-            default = self.value()
+            default = self.list_value() if self.at("[") else self.value()
             if type(default) is ir.TimeLit:  # `= 2 days`: finals report durations as text
                 default = _lit(value=scalars.format_temporal(default.unit, default.value), span=default.span)
         return mk(ir.Output, name=name, type=vtype, default=default, description=self.text_opt() or "",
                   span=span)
 
-    # -- stages
-class _Items(_Decls):
-    """Top-level items (`item`) and stages with their decisions, arms and targets."""
-
-    def item(self) -> Any:
-        word = self.v if self.k == "n" else ""
-        if word == "stage":
-            return self.stage()
-        if word == "field":
-            return self.variable("field")
-        if word == "system":
-            return self.variable("system")
-        if word == "let":
-            self.advance()
-            name, span = self.name()
-            self.expect("=")
-            expr = self.expr()
-            return mk(ir.Variable, name=name, role="derived", expr=expr, description=self.text_opt() or "",
-                      span=span)
-        if word == "action":
-            return self.action()
-        if word == "output":
-            return self.output()
-        if word == "scenario":
-            self.advance()
-            name, span = self.name()
-            texts: list[str] = []
-            while (text := self.text_opt()) is not None:
-                texts.append(text)
-            meta = self.meta_block() if self.at("{") else []
-            return mk(ScenarioHeader, name=name, title=texts[0] if texts else "", description="\n".join(texts[1:]),
-                      meta=meta, span=self.cover(span, meta))
-        if word == "include":
-            self.advance()
-            tok, span = self.string()
-            return mk(Include, path=unquote(tok), span=span)
-        if word == "start":
-            self.advance()
-            name, span = self.name()
-            return mk(StartDecl, stage=name, span=span)
-        raise _Bail
-
-    def stage(self) -> ir.Stage:
-        quick = self.quick_stage()
-        if quick is not None:
-            return quick
-        m = self.syntax.stage_head.match(self.text, self.s)
-        if m is not None and m.group(1) not in RESERVED:
-            name, span, title = intern(m.group(1)), self.span_at(m.start(1), m.end(1)), unquote(m.group(2))
-            self.e = m.end()
-            self.advance()
-        else:
-            self.advance()
-            name, span = self.name()
-            title = self.text_opt() or ""
-            self.expect("{")
-        texts: list[str] = []
-        while (text := self.text_opt()) is not None:
-            texts.append(text)
-        classify = self.names_after("classify")
-        observe = self.names_after("observe")
-        decision = self.decision()
-        self.expect("}")
-        return mk(ir.Stage, id=name, title=title, span=span, text="\n".join(texts), classify=classify,
-                  observe=observe, **decision)
-
-    def names_after(self, word: str) -> list[str]:
-        if not (self.k == "n" and self.v == word):
-            return []
+    def list_value(self) -> Any:
+        """`= [Billing, Network]`: a list output's default, values only (each kept always)."""
+        open_span = self.span_at(self.s, self.e)
         self.advance()
-        names = [self.name()[0]]
-        while self.at(","):
-            self.advance()
-            names.append(self.name()[0])
-        return names
+        items: list[Any] = []
+        while not self.at("]"):
+            if items:
+                self.expect(",")
+            items.append(self.value())
+        close = self.span_at(self.s, self.e)
+        self.advance()
+        return mk(ir.ListLit, items=items, conds=[mk(ir.Lit, value=True) for _ in items],
+                  span=self.cover(open_span, close))
 
-    def decision(self) -> dict[str, Any]:
-        if self.at("->") or self.at("do"):
-            if self.at("->"):
-                self.advance()
-                target = self.target()
-            else:
-                target = self.do_target()
-            limit = self.limit()
-            if limit is None:
-                return {"kind": "goto", "branches": [_branch(target=target, limit=None, span=self.cover(target))]}
-            rest = [self.otherwise_arm()] if self.at("otherwise") else []
-            first = _branch(target=target, limit=limit, span=self.cover(target, rest))
-            return {"kind": "when", "branches": [first, *rest]}
-        if self.at("match"):
-            return self.match_block()
-        if not self.at("when"):
-            raise _Bail
-        branches: list[Any] = []
-        while self.at("when") or self.at("otherwise"):
-            if self.at("when"):
-                branches.append(self.quick_arm(self.syntax.when_arm, ordered=False) or self.when_arm(ordered=False))
-                continue
-            saved = (self.k, self.v, self.s, self.e)
-            self.advance()
-            if self.at("when"):
-                branches.append(self.quick_arm(self.syntax.when_arm, ordered=True) or self.when_arm(ordered=True))
-                continue
-            self.k, self.v, self.s, self.e = saved
-            branches.append(self.quick_arm(self.syntax.otherwise_arm) or self.otherwise_arm())
-            break
-        return {"kind": "when", "branches": branches}
+    def type_decl(self) -> Any:
+        """`type Name = A | B | "c d"` (two values at least) or `type Name = record {…}`, and a text."""
+        self.advance()
+        name, span = self.name()
+        self.expect("=")
+        if self.k == "n" and self.v == "record":
+            vtype = self.record_type()
+        else:
+            first, first_span = self.enum_value()  # a name here, even `date` or `list`: no type is written
+            if not self.at("|"):
+                raise _Bail
+            vtype = self.enum_rest(first, first_span)
+        return mk(TypeDecl, name=name, type=vtype, description=self.text_opt() or "", span=span)
+
+
+class _QuickStages(_Decls):
+    """Whole stages and arms of the commonest one-line shapes, read with one regex per line (the bulk of
+    large files), built as the token reader (`_Items`) builds them: same nodes, same spans."""
 
     def quick_arm(self, pattern: re.Pattern[str], *, ordered: bool = False) -> Any | None:
         """A `when` or `otherwise` arm of the commonest one-line shapes (`_Syntax.when_arm`, `_Syntax.otherwise_arm`),
@@ -908,7 +983,7 @@ class _Items(_Decls):
         head = self.syntax.q_match.match(text, m.end())
         subject = None
         if head is not None:
-            if head.group(1) in RESERVED:
+            if head.group(1) in _NO_OPERAND:
                 return None
             subject = _var(name=intern(head.group(1)), span=self.span_at(head.start(1), head.end(1)))
             found = self.quick_match_arms(subject, head.end())
@@ -954,7 +1029,7 @@ class _Items(_Decls):
         branches: list[Any] = []
         while (a := self.syntax.q_match_arm.match(text, pos)) is not None:
             value, do, target_name = a.group(1, 2, 3)
-            if target_name in RESERVED or len(value) > 300:
+            if target_name in _NO_TARGET or len(value) > 300:
                 return None
             i = bisect_left(nl, a.start(1))
             line, base = i + 1, (nl[i - 1] if i else -1)
@@ -984,6 +1059,162 @@ class _Items(_Decls):
         close = _Q_CLOSE.match(text, found[1])
         return None if close is None else (found[0], close.end())
 
+
+class _Items(_QuickStages):
+    """Top-level items (`item`) and stages with their decisions, arms and targets."""
+
+    def item(self) -> Any:
+        word = self.v if self.k == "n" else ""
+        if word == "stage":
+            return self.stage()
+        if word == "field":
+            return self.variable("field")
+        if word == "system":
+            return self.variable("system")
+        if word == "let":
+            self.advance()
+            name, span = self.name()
+            self.expect("=")
+            expr = self.expr()
+            return mk(ir.Variable, name=name, role="derived", expr=expr, description=self.text_opt() or "",
+                      span=span)
+        if word == "action":
+            return self.action()
+        if word == "output":
+            return self.output()
+        if word == "scenario":
+            self.advance()
+            name, span = self.name()
+            texts: list[str] = []
+            while (text := self.text_opt()) is not None:
+                texts.append(text)
+            meta = self.meta_block() if self.at("{") else []
+            return mk(ScenarioHeader, name=name, title=texts[0] if texts else "", description="\n".join(texts[1:]),
+                      meta=meta, span=self.cover(span, meta))
+        if word == "include":
+            self.advance()
+            tok, span = self.string()
+            return mk(Include, path=unquote(tok), span=span)
+        if word == "start":
+            self.advance()
+            name, span = self.name()
+            return mk(StartDecl, stage=name, span=span)
+        if word == "type":
+            return self.type_decl()
+        if word == "subflow":
+            return self.subflow()
+        if word == "use":
+            return self.use()
+        raise _Bail
+
+    def subflow(self) -> Subflow:
+        """`subflow Name(p, q) { stages and uses }` (one of them at least)."""
+        self.advance()
+        name, span = self.name()
+        self.expect("(")
+        params: list[str] = []
+        while not self.at(")"):
+            if params:
+                self.expect(",")
+            params.append(self.name()[0])
+        self.advance()
+        self.expect("{")
+        stages: list[Any] = []
+        uses: list[Any] = []
+        while not self.at("}"):
+            if self.k == "n" and self.v == "stage":
+                stages.append(self.stage())
+            elif self.k == "n" and self.v == "use":
+                uses.append(self.use())
+            else:
+                raise _Bail
+        if not stages and not uses:
+            raise _Bail
+        self.advance()
+        return mk(Subflow, name=name, params=params, stages=stages, uses=uses, span=span)
+
+    def use(self) -> Use:
+        """`use Subflow as instance(param -> target, …)`: spans the instance's name."""
+        self.advance()
+        subflow = self.name()[0]
+        self.expect("as")
+        instance, span = self.name()
+        self.expect("(")
+        bindings: list[tuple[str, Any]] = []
+        while not self.at(")"):
+            if bindings:
+                self.expect(",")
+            param = self.name()[0]
+            self.expect("->")
+            bindings.append((param, self.target()))
+        self.advance()
+        return mk(Use, subflow=subflow, instance=instance, bindings=dict(bindings), span=span)
+
+    def stage(self) -> ir.Stage:
+        quick = self.quick_stage()
+        if quick is not None:
+            return quick
+        m = self.syntax.stage_head.match(self.text, self.s)
+        if m is not None and m.group(1) not in RESERVED:
+            name, span, title = intern(m.group(1)), self.span_at(m.start(1), m.end(1)), unquote(m.group(2))
+            self.e = m.end()
+            self.advance()
+        else:
+            self.advance()
+            name, span = self.name()
+            title = self.text_opt() or ""
+            self.expect("{")
+        texts: list[str] = []
+        while (text := self.text_opt()) is not None:
+            texts.append(text)
+        classify = self.names_after("classify")
+        observe = self.names_after("observe")
+        decision = self.decision()
+        self.expect("}")
+        return mk(ir.Stage, id=name, title=title, span=span, text="\n".join(texts), classify=classify,
+                  observe=observe, **decision)
+
+    def names_after(self, word: str) -> list[str]:
+        if not (self.k == "n" and self.v == word):
+            return []
+        self.advance()
+        names = [self.name()[0]]
+        while self.at(","):
+            self.advance()
+            names.append(self.name()[0])
+        return names
+
+    def decision(self) -> dict[str, Any]:
+        if self.at("->") or self.at("do") or self.at("for"):
+            if self.at("->"):
+                self.advance()
+            target = self.target()
+            limit = self.limit()
+            if limit is None:
+                return {"kind": "goto", "branches": [_branch(target=target, limit=None, span=self.cover(target))]}
+            rest = [self.otherwise_arm()] if self.at("otherwise") else []
+            first = _branch(target=target, limit=limit, span=self.cover(target, rest))
+            return {"kind": "when", "branches": [first, *rest]}
+        if self.at("match"):
+            return self.match_block()
+        if not self.at("when"):
+            raise _Bail
+        branches: list[Any] = []
+        while self.at("when") or self.at("otherwise"):
+            if self.at("when"):
+                branches.append(self.quick_arm(self.syntax.when_arm, ordered=False) or self.when_arm(ordered=False))
+                continue
+            saved = (self.k, self.v, self.s, self.e)
+            self.advance()
+            if self.at("when"):
+                branches.append(self.quick_arm(self.syntax.when_arm, ordered=True) or self.when_arm(ordered=True))
+                continue
+            self.k, self.v, self.s, self.e = saved
+            branches.append(self.quick_arm(self.syntax.otherwise_arm) or self.otherwise_arm())
+            break
+        return {"kind": "when", "branches": branches}
+
+
     def when_arm(self, *, ordered: bool) -> Any:
         self.expect("when")
         guard = self.expr()
@@ -1010,7 +1241,7 @@ class _Items(_Decls):
 
     def match_block(self) -> dict[str, Any]:
         m = self.syntax.match_head.match(self.text, self.s)
-        if m is not None and m.group(1) not in RESERVED:
+        if m is not None and m.group(1) not in _NO_OPERAND:
             subject = _var(name=intern(m.group(1)), span=self.span_at(m.start(1), m.end(1)))
             self.e = m.end()
             self.advance()
@@ -1049,7 +1280,7 @@ class _Items(_Decls):
         if m is None:
             return None
         value, stage = m.group(1, 2)
-        if stage in RESERVED or len(value) > 300:
+        if stage in _NO_TARGET or len(value) > 300:
             return None
         if value in RESERVED:
             if value != "true" and value != "false":
@@ -1067,10 +1298,33 @@ class _Items(_Decls):
     def target(self) -> Any:
         if self.k == "n" and self.v == "do":
             return self.do_target()
-        if self.k == "n" and self.v == "for":
-            raise _Bail  # `for f in L do A -> t`: Lark's
+        if self.k == "n" and self.v == "for":  # where a target stands, `for` is the keyword
+            return self.each_target()
         name, span = self.name()
         return _target(kind="stage", stage=name, span=span)
+
+    def each_target(self) -> Any:
+        """`for f in L [where C] do A(args) -> next`: the action once per item, a step of the next target,
+        which then spans from the item's name to its own end (the `where` and the arguments hold no place)."""
+        self.advance()
+        each, each_span = self.name()
+        self.expect("in")
+        source = self.sum()
+        cond = None
+        if self.at("where"):
+            self.advance()
+            cond = self.expr()
+        self.expect("do")
+        name, span = self.action_name()
+        if name == "where":
+            raise _Bail  # `do "where"`: Lark's builder reads the name as a `where` part
+        args: list[Any] = self.assigns("(", ")") if self.at("(") else []
+        self.expect("->")
+        nxt = self.target()
+        nxt.steps.insert(0, mk(ir.ActionCall, action=name, args=args, each=each, source=source, cond=cond,
+                               span=each_span))
+        _set(nxt, "span", self.cover(each_span, source, span, nxt))
+        return nxt
 
     def do_target(self) -> Any:
         self.advance()
