@@ -291,6 +291,29 @@ def test_generated_order_programs_are_analysed_completely() -> None:
     assert never >= 15
 
 
+DIVIDED = """
+scenario d "D"
+type Line = record { price: float[0..1000], qty: int[1..10] }
+system Lines: list[1..3] of Line "lines"
+action X "x"
+action Y "y"
+action Z "z"
+stage s { when any(l in Lines where l.price / l.qty > 90.5 and l.qty > 2) -> do X  otherwise -> t }
+stage t { when any(l in Lines where l.price / l.qty > 50.5) -> do Y  otherwise -> do Z }
+"""
+
+
+def test_a_condition_kept_whole_that_the_solver_cannot_model_is_decided_on_its_pieces() -> None:
+    """A negated `any(...)` over three lines is kept on its box as one literal (it would cut it into many pieces);
+    the solver does not model division, and the search over all the lines' variables at once finds nothing, so
+    the question stayed open (I302, the path to X "unknown"). Asked again on the pieces, each is decided."""
+    from sopgraph.logic.checker import check_file
+
+    assert not [d.message for d in check_file("d.sop", text=DIVIDED).diagnostics if d.code == "I302"]
+    sc = load(text=DIVIDED)
+    assert {p.action: p.status for p in paths.iter_paths(sc)} == {"X": "feasible", "Y": "feasible", "Z": "feasible"}
+
+
 TWO_PATTERNS = """
 scenario p "P"
 system OrderId: string "the order number"

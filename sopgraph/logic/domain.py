@@ -31,8 +31,8 @@ Public API (stable; other modules build on it):
 Internally a per-scenario `Space` (see `space_for`) interns boxes and compiled formulas and
 memoises `constrain` per (box, formula), which is what keeps path counting and enumeration fast.
 This module holds the space's compiled constraints; the space is built in layers below it: `spacecore`
-(boxes, per-variable domains), `spacepick` (picks and the candidate search), `spacesearch` (feasibility, witnesses) and `spacetext` (regions
-in words). Guards compile to formulas in `guards` (the compiler) and `formula` (formulas and their
+(boxes, per-variable domains), `spacepick` (picks and the candidate search), `spacesearch` (feasibility,
+witnesses) and `spacetext` (regions in words). Guards compile to formulas in `guards` (the compiler) and `formula` (formulas and their
 simplifying constructors), below it.
 """
 
@@ -45,6 +45,7 @@ from typing import Any
 
 from sopgraph.errors import ArgumentError
 from sopgraph.language import ir
+from sopgraph.logic.budget import check_active
 from sopgraph.logic.formula import FALSE, TRUE, Formula, mk_and, negate_exact
 from sopgraph.logic.guards import GuardCompiler, OverBudget
 from sopgraph.logic.intervals import (  # noqa: F401 - re-exported: NumDom and the num_* operations are the domain's API
@@ -437,6 +438,33 @@ class Space(SpaceText):
                 break
             out = cut
         return tuple(out)
+
+    def _search_or_solve(self, box: Box, style: str, rng: random.Random | None) -> tuple[dict | None, bool]:
+        """The search and the solver (`SpaceSearch`); on a box they leave open that carries conditions `split` kept
+        whole, the same question again on its pieces (`unfold`): the solver does not model every construct a kept
+        condition may hold (a division, a date difference), which the pieces' own domains and search decide as
+        they did before such conditions were kept whole."""
+        open_before, texts_before = self.undecided, list(self.undecided_texts)
+        w, exhaustive = super()._search_or_solve(box, style, rng)
+        if w is not None or exhaustive:
+            return w, exhaustive
+        pieces = self.unfold(box)
+        if pieces == (box,):
+            return w, exhaustive
+        after, texts_after = self.undecided, list(self.undecided_texts)
+        empty = True
+        for piece in pieces:
+            check_active()
+            wp, ex = self._search_or_solve(piece, style, rng)
+            if wp is not None:
+                self.undecided, self.undecided_texts = open_before, texts_before
+                return wp, False
+            empty = empty and ex
+        if empty:
+            self.undecided, self.undecided_texts = open_before, texts_before
+            return None, True
+        self.undecided, self.undecided_texts = after, texts_after
+        return None, False
 
     def add_literal(self, box: Box, f: Formula) -> tuple[Box, ...]:
         """`box` where formula `f` holds, with `f` kept whole as one residual literal (a residual literal stays

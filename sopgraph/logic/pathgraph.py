@@ -14,6 +14,7 @@ from sopgraph.logic.formula import Formula
 Region = tuple[Box, ...]
 Child = tuple[int, str, Any, Region, bool]  # (branch, "stage" | "action", target, child region, undecided)
 
+
 class RegionGraph:
     """The stage graph as the path analyses walk it: compiled branch formulas, the variables still read
     from each stage on (`live`), the stages on cycles, and the feasible children of a stage under a region
