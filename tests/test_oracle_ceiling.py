@@ -259,10 +259,14 @@ stage fraud "Fraud check" {
 """A hidden system value read mid-procedure, which the customer knows (`user_knows`) and the agent must ask
 for: until the customer names it the oracles wait at `fraud`, and so must the reference of the turn."""
 
-EDGES = {"refund_check": (REFUND_OR_ASK, ())}
+EDGES = {"refund_check": (REFUND_OR_ASK, ()), "card_unblock": (CARD_UNBLOCK, ("FraudFlag",))}
+HIDDEN_NOT_TURN_AWARE = pytest.mark.xfail(strict=True, reason=(
+    "open: the judges label the fields only, so nothing tells the scorer on which turn the customer gave a hidden "
+    "value; the reference takes it from the system state from turn 1 while the oracles ask for it first"))
 
 
-@pytest.mark.parametrize("name", sorted(EDGES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=HIDDEN_NOT_TURN_AWARE) if n == "card_unblock" else n
+                                  for n in sorted(EDGES)])
 def test_oracles_are_ceilings_on_every_turn_of_the_edge_shapes(name: str, tmp_path: Path) -> None:
     """Every turn judged and scored (not only SAGE's 1, 5, 10, 15 and final), both oracles, every metric."""
     from sopgraph.cases.profiles import default_profile

@@ -4,7 +4,6 @@ that could do the Action the reply carries (the protocol reads such a path as th
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
