@@ -181,3 +181,113 @@ def test_the_tool_oracle_asks_the_question_and_reads_each_answer_before_it_acts(
     reported = [r["results"][0].get("observed") for r in rounds if r["tool_calls"]
                 and r["tool_calls"][0]["name"] == "AskSecurityQuestion"]
     assert reported == [{"AnswerCorrect": False}, {"AnswerCorrect": False}]
+
+
+# --------------------------------------------------------------------------- edge shapes, every turn judged
+REFUND_OR_ASK = """\
+scenario refund_check "Refund check"
+    "An agent refunds a duplicate charge at once, any other request after asking why the customer wants it back."
+{
+    domain "ecommerce"
+    language "en"
+}
+
+field Request: Duplicate | Other
+    "What the customer reports. Duplicate = charged twice for one order; Other = any other refund request."
+
+field Reason: Damaged | ChangedMind
+    "Why the customer wants the money back. Damaged = the item arrived broken; ChangedMind = no longer wanted."
+
+action Refund "Refund the order." [ends_dialogue]
+action Decline "Decline the refund and explain the return policy." [ends_dialogue]
+
+stage intake "Intake" {
+    classify Request
+    when Request == Duplicate -> do Refund
+    otherwise -> reason
+}
+
+stage reason "Reason" {
+    classify Reason
+    when Reason == Damaged -> do Refund
+    otherwise -> do Decline
+}
+"""
+"""A stage passed while the SOP waits (`intake`, waiting at `reason` for the Reason) can itself do the
+case's final action (`Refund`): a SAGE reply heading for Refund cannot state `intake` without having
+refunded (`dialogue.acts`), so the oracle states the path short of it, and the reference of that turn must
+agree (`score._against_waiting`); it used to keep `intake` (path 0 on the turn)."""
+
+CARD_UNBLOCK = """\
+scenario card_unblock "Card unblock"
+    "An agent unblocks a card unless the fraud team has flagged the account; a flagged account goes to a specialist."
+{
+    domain "banking"
+    language "en"
+}
+
+field Request: Unblock | Other
+    "What the caller wants. Unblock = use a blocked card again; Other = anything else."
+
+system CardActive: bool
+    "Whether the card exists and is not cancelled."
+
+system FraudFlag: bool hidden
+    "Set by the fraud team on a suspicious account; not in the agent's prompt, the caller has been told."
+
+action UnblockCard "Unblock the card." [ends_dialogue]
+action TransferSpecialist "Hand the caller to a fraud specialist." [escalation]
+action Reissue "Offer a new card." [ends_dialogue]
+action Explain "Explain what the agent can help with." [ends_dialogue]
+
+stage intake "Intake" {
+    classify Request
+    when Request == Unblock -> card
+    otherwise -> do Explain
+}
+
+stage card "Card state" {
+    when CardActive -> fraud
+    otherwise -> do Reissue
+}
+
+stage fraud "Fraud check" {
+    when FraudFlag -> do TransferSpecialist
+    otherwise -> do UnblockCard
+}
+"""
+"""A hidden system value read mid-procedure, which the customer knows (`user_knows`) and the agent must ask
+for: until the customer names it the oracles wait at `fraud`, and so must the reference of the turn."""
+
+EDGES = {"refund_check": (REFUND_OR_ASK, ()), "card_unblock": (CARD_UNBLOCK, ("FraudFlag",))}
+HIDDEN_NOT_TURN_AWARE = pytest.mark.xfail(strict=True, reason=(
+    "open: the judges label the fields only, so nothing tells the scorer on which turn the customer gave a hidden "
+    "value; the reference takes it from the system state from turn 1 while the oracles ask for it first"))
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=HIDDEN_NOT_TURN_AWARE) if n == "card_unblock" else n
+                                  for n in sorted(EDGES)])
+def test_oracles_are_ceilings_on_every_turn_of_the_edge_shapes(name: str, tmp_path: Path) -> None:
+    """Every turn judged and scored (not only SAGE's 1, 5, 10, 15 and final), both oracles, every metric."""
+    from sopgraph.cases.profiles import default_profile
+
+    text, known = EDGES[name]
+    path = tmp_path / f"{name}.sop"
+    path.write_text(text, encoding="utf-8")
+    scenario = sopgraph.load(path)
+    profile = default_profile(scenario)
+    profile = profile.model_copy(update={"user_knows": {**profile.user_knows, **dict.fromkeys(known, True)}})
+    cases = list(synthesize(scenario, profile, 6, seed=1, min_per_path=1).cases)
+    waited = 0
+    for agent in ORACLES:
+        out = tmp_path / agent.replace("/", "-")
+        run_sync(scenario, cases, [f"agent={agent}"], str(out), trials=1, progress=False, judge_turns="all")
+        run = score_run(out, ScoreConfig(bootstrap=0, turns="all"))
+        assert run.counts["done"] == len(cases) and run.counts["format_errors"] == 0, run.counts
+        off = [f"{g.key.get('depth', 'all')}: {why}" for g in [next(iter(run.aggregate(["model"]))),
+                                                             *run.aggregate(["depth"])]
+               for m in registered() if m.better != "neither" and m.name not in CHAT_JUDGED
+               for why in [_off_ceiling(m, g)] if why is not None]
+        assert not off, (agent, off)
+        waited += sum(1 for r in run.t_ref.tolist() if r >= 0 and run.refs[r].pending and run.refs[r].path)
+    assert waited  # the shape is exercised: turns waiting after passing a stage

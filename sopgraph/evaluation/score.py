@@ -63,6 +63,7 @@ from sopgraph.logic.session import Act, End, Need, start
 from sopgraph.records import CHAT_DIMENSIONS, INTENSITIES, Case, Consensus, Dialogue, Turn
 from sopgraph.simulation.agents import action_outputs
 from sopgraph.simulation.environment import EnvError, EnvSpec
+from sopgraph.simulation.providers import short_of_acting
 from sopgraph.simulation.store import STORE_FILE, RunStore, StoreError
 
 SCORE_VERSION = 1
@@ -1197,14 +1198,23 @@ class _TurnEvaluator:
         """(path, action, finals) on a turn where the SOP itself still waits for a value the conversation
         has not shown: the path against the stages passed so far, and the action right iff the agent
         does not act yet (a SAGE reply acts when its path reaches its Action, `dialogue.acts`; a tool
-        agent when it calls an action that ends the procedure)."""
-        pth = path_score(normalize_path(pkey, sc), ref.path, self.cfg.path_metric)
+        agent when it calls an action that ends the procedure).
+
+        A SAGE reply carries on every turn the Action it heads for (unscored on such a turn), and a path
+        ending at a stage that could do it reads as done; so the path of a reply that does not act is held
+        to the stages passed short of such a stage (`providers.short_of_acting`, what the SAGE oracle
+        states). Why the reference gives way and not the oracle: the whole prefix with that Action is no
+        waiting reply at all (SAGE's metric compares the agent's path with the path the engine reaches on
+        what is known, and no reply that waits can state it). Trimmed by the reply's own Action, not the
+        case's: a reply that states every passed stage and does not act keeps its full path score."""
         if tools:
             acted = action is not None
         else:
             last = sc.stages.get(str(pkey[-1])) if pkey else None
             acted = action is not None and last is not None and any(
                 b.target.kind == "action" and b.target.action == action for b in last.branches)
+        passed = ref.path if tools or acted else tuple(short_of_acting(sc, ref.path, action))
+        pth = path_score(normalize_path(pkey, sc), passed, self.cfg.path_metric)
         right = 0.0 if acted else 1.0
         return pth, right, right
 

@@ -534,15 +534,23 @@ def _truth_decision(sop: ir.Scenario, case: Mapping[str, Any]) -> Decision | Non
         return None
 
 
-def _path_so_far(sop: ir.Scenario, path: Sequence[str], stage: str | None, action: Any) -> list[str]:
-    """The stages of `path` passed before `stage` (its first visit: the one waiting for the value), without
-    the trailing ones that have a branch doing `action`: a SAGE reply whose path reaches its Action has
-    carried it out (`dialogue.acts`). The scorer's reference on such a turn is the same prefix."""
-    upto = list(path[:path.index(stage)]) if stage in path else []
-    while upto and any(b.target.kind == "action" and b.target.action == action
-                       for b in sop.stages[upto[-1]].branches):
+def short_of_acting(sop: ir.Scenario, path: Sequence[str], action: Any) -> list[str]:
+    """`path` (the stages passed while the SOP waits for a value) without its trailing stages that have a
+    branch doing `action`. Why: a SAGE reply carries on every turn the Action it heads for, and one whose
+    `now_path` ends at a stage that can do it has carried it out (`dialogue.acts`), so these are the stages a
+    reply that does not act yet can state. The SAGE oracle reports this path; the scorer's reference of a
+    waiting turn, for a SAGE reply, is the same (`score.Evaluator._against_waiting`)."""
+    upto = list(path)
+    while upto and (stage := sop.stages.get(upto[-1])) is not None and any(
+            b.target.kind == "action" and b.target.action == action for b in stage.branches):
         upto.pop()
     return upto
+
+
+def _path_so_far(sop: ir.Scenario, path: Sequence[str], stage: str | None, action: Any) -> list[str]:
+    """The stages of `path` passed before `stage` (its first visit: the one waiting for the value), short
+    of acting on `action` (`short_of_acting`)."""
+    return short_of_acting(sop, path[:path.index(stage)] if stage in path else [], action)
 
 
 def _oracle_steps(messages: Messages, context: Context, sop: ir.Scenario) -> str | None:
