@@ -35,14 +35,13 @@ def test_compared_floats_are_decided_exactly() -> None:
     assert paths.count_paths(sc).feasible == 2
 
 
-ROUNDED = """
-scenario r "R"
-system A: float[0..1] "a"
-system B: float[0..1] "b"
-action X "x"
-action Y "y"
-stage s { when A == 0.1 and B == 0.2 and A + B == 0.30000000000000004 -> do X  otherwise -> do Y }
-"""
+def _two_floats(guard: str) -> str:
+    """A program whose one branch takes `guard` over two floats A and B in [0, 1]."""
+    return (f'scenario r "R"\nsystem A: float[0..1] "a"\nsystem B: float[0..1] "b"\naction X "x"\naction Y "y"\n'
+            f"stage s {{ when {guard} -> do X  otherwise -> do Y }}\n")
+
+
+ROUNDED = _two_floats("A == 0.1 and B == 0.2 and A + B == 0.30000000000000004")
 
 
 def test_float_arithmetic_is_never_refuted_by_the_rationals() -> None:
@@ -53,14 +52,7 @@ def test_float_arithmetic_is_never_refuted_by_the_rationals() -> None:
     assert boxes and all(domain.is_feasible(sc, b) is not False for b in boxes)
 
 
-EDGE = """
-scenario e "E"
-system A: float[0..1] "a"
-system B: float[0..1] "b"
-action X "x"
-action Y "y"
-stage s { when A <= 0.1 and B <= 0.2 and A + B >= 0.30000000000000004 -> do X  otherwise -> do Y }
-"""
+EDGE = _two_floats("A <= 0.1 and B <= 0.2 and A + B >= 0.30000000000000004")
 
 
 def test_a_region_that_only_rounding_reaches_is_not_refuted() -> None:
