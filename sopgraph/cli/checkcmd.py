@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from sopgraph.cases.profilefile import profile_path_for
 from sopgraph.cli.params import include_dirs, keep_until_exit, owns_process
 from sopgraph.language.diagnostics import SourceLines, sort_key
 from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget
@@ -49,11 +50,10 @@ def _profile_result(result: Checked, path: Path, clock: CpuBudget) -> Checked | 
     """The user profile beside the `.sop` (NAME.profile.yaml) is part of the scenario: check it too,
     once the program itself has no errors, as a result of its own (its file name, its own counts),
     within what the file's analyses left of `clock`."""
-    if result.scenario is None or result.errors:
+    if result.scenario is None or result.errors or not profile_path_for(path).is_file():
         return None
-    # Imported here: profiles and synthesis (yaml, the solver) cost start-up that `--no-profile` and a
-    # program with errors never need.
-    from sopgraph.cases.profiles import profile_path_for
+    # Imported here: profiles and synthesis (yaml, pydantic models, the solver: ~0.1 s) cost start-up that
+    # `--no-profile`, a program with errors and a program without a profile never need.
     from sopgraph.cases.synth import check_profile_beside
 
     diags, sources = check_profile_beside(path, result.scenario, cpu_budget=clock)
