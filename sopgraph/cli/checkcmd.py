@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from sopgraph.cases.profilefile import profile_path_for
 from sopgraph.cli.params import include_dirs, keep_until_exit, owns_process
 from sopgraph.language.diagnostics import SourceLines, sort_key
 from sopgraph.logic.budget import CHECK_CPU_BUDGET, CpuBudget
@@ -50,7 +49,11 @@ def _profile_result(result: Checked, path: Path, clock: CpuBudget) -> Checked | 
     """The user profile beside the `.sop` (NAME.profile.yaml) is part of the scenario: check it too,
     once the program itself has no errors, as a result of its own (its file name, its own counts),
     within what the file's analyses left of `clock`."""
-    if result.scenario is None or result.errors or not profile_path_for(path).is_file():
+    if result.scenario is None or result.errors:
+        return None
+    from sopgraph.cases.profilefile import profile_path_for
+
+    if not profile_path_for(path).is_file():
         return None
     # Imported here: profiles and synthesis (yaml, pydantic models, the solver: ~0.1 s) cost start-up that
     # `--no-profile`, a program with errors and a program without a profile never need.
