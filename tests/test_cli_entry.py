@@ -130,7 +130,7 @@ NOT_LOADED_BY = {
     "decide": ("lark", "networkx", "yaml", *MODEL_LIBRARIES),
     "paths": ("lark", "networkx", "yaml", *MODEL_LIBRARIES),
     "compile": ("lark", "yaml", *MODEL_LIBRARIES),
-    "synth": MODEL_LIBRARIES,
+    "synth": ("lark", "networkx", *MODEL_LIBRARIES),
 }
 
 
