@@ -123,7 +123,8 @@ def test_import_and_sop_check_load_only_what_they_use() -> None:
 
 # What each common command must not import (start-up time): the Lark parser (the fast path reads every
 # valid file), networkx (only pictures and graph exports), yaml with the profile reader and synthesis (only
-# when a profile lies beside the file), and the model gateway with its libraries (no model is called).
+# when a profile lies beside the file), and the model gateway with its libraries (no model is called);
+# `sop --help` imports every command module, but still no HTTP client (an HTTP agent's run imports it).
 MODEL_LIBRARIES = ("litellm", "aiohttp", "httpx", "sopgraph.simulation")
 NOT_LOADED_BY = {
     "check": ("lark", "networkx", "yaml", "sopgraph.cases.profiles", "sopgraph.cases.synth", *MODEL_LIBRARIES),
@@ -131,6 +132,7 @@ NOT_LOADED_BY = {
     "paths": ("lark", "networkx", "yaml", *MODEL_LIBRARIES),
     "compile": ("lark", "yaml", *MODEL_LIBRARIES),
     "synth": ("lark", "networkx", *MODEL_LIBRARIES),
+    "--help": ("aiohttp", "litellm"),  # every command module, but no HTTP client or model library
 }
 
 
@@ -141,7 +143,7 @@ def test_common_commands_load_no_parser_graph_profile_or_model_library_they_do_n
     the command's usual one); what it imported is compared with what it must not need."""
     sop = tmp_path / "bike.sop"
     sop.write_text((ROOT / "examples" / "bike_rental.sop").read_text(encoding="utf-8"), encoding="utf-8")
-    args = {"synth": ["synth", str(sop), "-n", "3", "-q"]}.get(command, [command, str(sop)])
+    args = {"synth": ["synth", str(sop), "-n", "3", "-q"], "--help": ["--help"]}.get(command, [command, str(sop)])
     script = ("import json, sys\n"
               "from sopgraph.cli import main\n"
               "try:\n    main(sys.argv[2:])\n"
