@@ -124,7 +124,7 @@ def test_import_and_sop_check_load_only_what_they_use() -> None:
 # What each common command must not import (start-up time): the Lark parser (the fast path reads every
 # valid file), networkx (only pictures and graph exports), yaml with the profile reader and synthesis (only
 # when a profile lies beside the file), and the model gateway with its libraries (no model is called);
-# `sop --help` imports every command module, but still no HTTP client (an HTTP agent's run imports it).
+# `sop --help` imports every command module, but still no HTTP client (an HTTP agent's run imports it) nor networkx.
 MODEL_LIBRARIES = ("litellm", "aiohttp", "httpx", "sopgraph.simulation")
 NOT_LOADED_BY = {
     "check": ("lark", "networkx", "yaml", "sopgraph.cases.profiles", "sopgraph.cases.synth", *MODEL_LIBRARIES),
@@ -132,7 +132,7 @@ NOT_LOADED_BY = {
     "paths": ("lark", "networkx", "yaml", *MODEL_LIBRARIES),
     "compile": ("lark", "yaml", *MODEL_LIBRARIES),
     "synth": ("lark", "networkx", *MODEL_LIBRARIES),
-    "--help": ("aiohttp", "litellm"),  # every command module, but no HTTP client or model library
+    "--help": ("aiohttp", "litellm", "networkx"),  # every command module, but no HTTP client, model library or graph
 }
 
 
