@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -118,6 +119,42 @@ def test_import_and_sop_check_load_only_what_they_use() -> None:
         import sopgraph
 
         sopgraph.nope  # noqa: B018
+
+
+# What each common command must not import (start-up time): the Lark parser (the fast path reads every
+# valid file), networkx (only pictures and graph exports), yaml with the profile reader and synthesis (only
+# when a profile lies beside the file), and the model gateway with its libraries (no model is called);
+# `sop --help` imports every command module, but still no HTTP client (an HTTP agent's run imports it) nor networkx.
+MODEL_LIBRARIES = ("litellm", "aiohttp", "httpx", "sopgraph.simulation")
+NOT_LOADED_BY = {
+    "check": ("lark", "networkx", "yaml", "sopgraph.cases.profiles", "sopgraph.cases.synth", *MODEL_LIBRARIES),
+    "decide": ("lark", "networkx", "yaml", *MODEL_LIBRARIES),
+    "paths": ("lark", "networkx", "yaml", *MODEL_LIBRARIES),
+    "compile": ("lark", "yaml", *MODEL_LIBRARIES),
+    "synth": ("lark", "networkx", *MODEL_LIBRARIES),
+    "--help": ("aiohttp", "litellm", "networkx"),  # every command module, but no HTTP client, model library or graph
+}
+
+
+@pytest.mark.parametrize("command", sorted(NOT_LOADED_BY))
+def test_common_commands_load_no_parser_graph_profile_or_model_library_they_do_not_use(
+        command: str, tmp_path: Path) -> None:
+    """Each command runs in a fresh process on a valid file without a profile beside it (the output is
+    the command's usual one); what it imported is compared with what it must not need."""
+    sop = tmp_path / "bike.sop"
+    sop.write_text((ROOT / "examples" / "bike_rental.sop").read_text(encoding="utf-8"), encoding="utf-8")
+    args = {"synth": ["synth", str(sop), "-n", "3", "-q"], "--help": ["--help"]}.get(command, [command, str(sop)])
+    script = ("import json, sys\n"
+              "from sopgraph.cli import main\n"
+              "try:\n    main(sys.argv[2:])\n"
+              "except SystemExit:\n    pass\n"
+              "banned = tuple(p + '.' for p in json.loads(sys.argv[1]))\n"
+              "sys.stderr.write(json.dumps(sorted(m for m in sys.modules if (m + '.').startswith(banned))))\n")
+    line = '{"Request": "Return", "Damaged": false, "HoursLate": 0, "Member": true}\n'  # for `sop decide`
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(NOT_LOADED_BY[command]), *args], input=line,
+                          capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.stdout.strip(), proc.stderr  # the command did its work
+    assert proc.stderr.splitlines()[-1] == "[]", proc.stderr
 
 
 def test_sop_check_as_the_process_loads_without_the_collector_and_freezes_the_ir(warned: Path) -> None:

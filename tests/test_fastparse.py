@@ -22,7 +22,8 @@ from test_fuzz import GRAMMAR_PROGRAMS
 
 from sopgraph.language import fastparse
 from sopgraph.language.diagnostics import SopError
-from sopgraph.language.parse import KEYWORDS, _lark_program, parse_text
+from sopgraph.language.larkparse import lark_program
+from sopgraph.language.parse import KEYWORDS, parse_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted([*ROOT.glob("scenarios/*.sop"), *ROOT.glob("examples/**/*.sop"), *ROOT.glob("tests/golden/*.sop"),
@@ -75,7 +76,7 @@ def fast_items(text: str, file: str = "t.sop") -> tuple[Any, list[str]]:
 
     def lark_items(fragment: str) -> list[Any]:
         fragments.append(fragment.strip())
-        return _lark_program(fragment, file).items
+        return lark_program(fragment, file).items
 
     return fastparse.parse_fast(text, file, lark_items), fragments
 

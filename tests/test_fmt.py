@@ -23,9 +23,11 @@ from test_fastparse import MUTATION, MUTATION_SEEDS, mutate_text
 from sopgraph.cli import main
 from sopgraph.language import ir
 from sopgraph.language import parse as parse_mod
+from sopgraph.language import program as program_mod
 from sopgraph.language.diagnostics import SopError
 from sopgraph.language.fmt import EXPR_PRINTERS, PRINTERS, fmt_number, format_scenario, format_text
-from sopgraph.language.parse import load_source, parse_text, parser
+from sopgraph.language.larkparse import parser
+from sopgraph.language.parse import load_source, parse_text
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -119,7 +121,7 @@ def test_every_ir_node_type_has_a_printer() -> None:
 def test_numbers_print_in_the_grammar_and_read_back(value: float) -> None:
     text = fmt_number(value)
     assert re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", text)
-    assert type(parse_mod._number(text.lstrip("-"), text.startswith("-"))) is type(value)
+    assert type(program_mod.number(text.lstrip("-"), text.startswith("-"))) is type(value)
     assert float(text) == value
 
 

@@ -25,7 +25,8 @@ import sopgraph
 from sopgraph.cli import main
 from sopgraph.language.compile import compile_graph, graph_to_json
 from sopgraph.language.diagnostics import CODES, SopError
-from sopgraph.language.parse import KEYWORDS, parser
+from sopgraph.language.larkparse import parser
+from sopgraph.language.parse import KEYWORDS
 from sopgraph.logic.checker import check_file
 from sopgraph.logic.engine import DecideError, engine_for
 

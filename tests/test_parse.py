@@ -239,7 +239,7 @@ def test_include_cycle(tmp_path: Path) -> None:
 
 
 def test_keywords_list_matches_the_grammar() -> None:
-    from sopgraph.language.parse import parser
+    from sopgraph.language.larkparse import parser
 
     literal = {t.pattern.value for t in parser().terminals if t.pattern.type == "str"}
     words = {w for w in literal if w.isalpha()}

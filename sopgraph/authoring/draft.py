@@ -30,7 +30,8 @@ from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.diagnostics import SopError, render_all
 from sopgraph.language.fmt import format_text
-from sopgraph.language.parse import grammar_path, parse_text
+from sopgraph.language.larkparse import grammar_path
+from sopgraph.language.parse import parse_text
 from sopgraph.logic.checker import check_file
 from sopgraph.simulation.gateway import Gateway, ModelSpec
 

@@ -26,6 +26,7 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from sopgraph.cases.patterns import random_match
+from sopgraph.cases.profilefile import PROFILE_SUFFIX, profile_path_for, sop_path_for  # noqa: F401 - re-exported
 from sopgraph.language import ir, scalars
 from sopgraph.language.compile import reads
 from sopgraph.language.diagnostics import (
@@ -46,7 +47,6 @@ from sopgraph.logic.unroll import UnrollError
 from sopgraph.records import INTENSITIES, Intensity, Persona
 
 PROFILE_VERSION = 1
-PROFILE_SUFFIX = ".profile.yaml"
 
 # Stable diagnostic codes of profiles (E6xx errors, W6xx warnings). Never renumber.
 PROFILE_CODES: dict[str, str] = {code: text for code, text in CODES.items() if code[1] == "6"}
@@ -1056,20 +1056,6 @@ def default_profile(scenario: ir.Scenario) -> Profile:
     profile, diags = parse_profile("{}\n", scenario, file="<default profile>")
     assert profile is not None, diags
     return profile
-
-
-def profile_path_for(sop_path: str | Path) -> Path:
-    """`scenarios/x.sop` → `scenarios/x.profile.yaml`."""
-    p = Path(sop_path)
-    return p.with_name(p.name[: -len(p.suffix)] + PROFILE_SUFFIX if p.suffix else p.name + PROFILE_SUFFIX)
-
-
-def sop_path_for(profile_path: str | Path) -> Path:
-    """`scenarios/x.profile.yaml` → `scenarios/x.sop`."""
-    p = Path(profile_path)
-    name = p.name
-    base = name[: -len(PROFILE_SUFFIX)] if name.endswith(PROFILE_SUFFIX) else p.stem
-    return p.with_name(base + ".sop")
 
 
 def load_profile(path: str | Path, scenario: ir.Scenario, *, text: str | None = None) -> Profile:

@@ -88,9 +88,9 @@ def main(ctx: click.Context, include_path: tuple[Path, ...]) -> None:
     ctx.ensure_object(dict)
     ctx.obj["include_path"] = tuple(include_path)
     # The CLI owns its terminal: litellm's "Give Feedback" prints and log lines would garble tables
-    # and JSON output. Library users keep litellm's own settings. `sop check` never loads the gateway
-    # (start-up time: ~0.05 s); every other command quiets it before it runs.
-    if ctx.invoked_subcommand != "check":
+    # and JSON output. Library users keep litellm's own settings. The commands that never load the
+    # gateway skip it (start-up time: ~0.05 s); every other command quiets it before it runs.
+    if COMMAND_INDEX.get(ctx.invoked_subcommand or "") not in MODEL_FREE_MODULES:
         from sopgraph.simulation.gateway import quiet_litellm_output
 
         quiet_litellm_output()
@@ -107,6 +107,12 @@ COMMAND_INDEX = {"check": "checkcmd", "compile": "lang", "decide": "lang", "step
 """Where the authoring commands live, so that `sop check` imports its own module and not the simulation
 and evaluation stages (httpx, numpy, the runner: ~0.4 s of start-up). A shortcut only: a command not
 listed is found by importing every module (tests/test_layout.py checks the index against the modules)."""
+
+
+MODEL_FREE_MODULES = frozenset({"checkcmd", "lang", "pathscmd", "synthcmd"})
+"""The command modules whose commands never load the model gateway (their library calls stay in the
+language, logic and cases stages, below the simulation: import-linter's layers), so quieting litellm
+would only cost them its import (tests/test_cli_entry.py checks that none of them loads it)."""
 
 
 def command_module(name: str) -> ModuleType:

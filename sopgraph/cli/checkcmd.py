@@ -51,9 +51,12 @@ def _profile_result(result: Checked, path: Path, clock: CpuBudget) -> Checked | 
     within what the file's analyses left of `clock`."""
     if result.scenario is None or result.errors:
         return None
-    # Imported here: profiles and synthesis (yaml, the solver) cost start-up that `--no-profile` and a
-    # program with errors never need.
-    from sopgraph.cases.profiles import profile_path_for
+    from sopgraph.cases.profilefile import profile_path_for
+
+    if not profile_path_for(path).is_file():
+        return None
+    # Imported here: profiles and synthesis (yaml, pydantic models, the solver: ~0.1 s) cost start-up that
+    # `--no-profile`, a program with errors and a program without a profile never need.
     from sopgraph.cases.synth import check_profile_beside
 
     diags, sources = check_profile_beside(path, result.scenario, cpu_budget=clock)

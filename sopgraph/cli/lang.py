@@ -12,7 +12,6 @@ from typing import Any, BinaryIO, TextIO
 import click
 
 from sopgraph.language.compile import compile_graph, graph_to_graphml, graph_to_json
-from sopgraph.language.render import to_dot
 from sopgraph.logic.budget import LOAD_CPU_BUDGET
 from sopgraph.logic.engine import DecideError, engine_for, has_action_trace, undeclared_inputs
 from sopgraph.logic.session import End, Need, Session, start
@@ -36,6 +35,7 @@ def compile_cmd(file: Path, out: Path | None, fmt: str, cpu_budget: float = LOAD
     elif fmt == "graphml":
         text = graph_to_graphml(graph)
     else:
+        from sopgraph.language.render import to_dot  # here: networkx costs `sop decide` ~0.1 s of start-up
 
         text = to_dot(scenario, graph)
     write_output(text, out)

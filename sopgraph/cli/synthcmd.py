@@ -9,8 +9,6 @@ from pathlib import Path
 
 import click
 
-from sopgraph.authoring.like import fit, with_fit
-from sopgraph.authoring.validate import ValidateError, parse_pairs, read_rows
 from sopgraph.cases.profiles import (
     Profile,
     default_profile,
@@ -215,6 +213,10 @@ def _fitted(scenario: ir.Scenario, profile: Profile, rows: Path | None, maps: tu
             expects: tuple[str, ...], now: str | None, *, quiet: bool) -> Profile:
     """The profile with the value distributions of `--like ROWS` (`authoring.like`)."""
     assert rows is not None
+    # Imported here: fitting reads rows as validation does (`sop fmt`'s printer, lark: ~0.05 s of start-up)
+    from sopgraph.authoring.like import fit, with_fit
+    from sopgraph.authoring.validate import ValidateError, parse_pairs, read_rows
+
     try:
         fitted = fit(scenario, read_rows(rows), expect=parse_pairs(expects, "--expect"),
                      mapping=parse_pairs(maps, "--map"), now=now, source=str(rows))

@@ -9,7 +9,7 @@ is read here, so checking a valid file does not build it (`sop fmt` still does, 
 is a fast path, not a second parser: each top-level item it does not fully recognise (anything
 malformed, any word it does not expect, a number of more than 300 digits) is handed to Lark as a fragment placed at the same line and column,
 and a fragment Lark rejects makes the whole file go through Lark, so every diagnostic for malformed
-input is exactly Lark's. Spans follow the Lark builder's rule (`parse._ChildMeta`): a node spans from
+input is exactly Lark's. Spans follow the Lark builder's rule (`larkparse._ChildMeta`): a node spans from
 its first to its last positioned child, keywords not counted (the named tokens `sum`, `[` and `]`
 count). Where Lark's contextual lexer reads a word as a keyword (`sum` where an expression starts,
 `for` where a target stands, `date` or `list` where a type is written), it is no name here either.
@@ -185,7 +185,7 @@ _make_span = ir.make_span
 
 
 def _list_bound(value: float, is_open: bool, step: int) -> int:
-    """A list's length bound as a whole number (an open bound excludes its value): `parse._list_bound`."""
+    """A list's length bound as a whole number (an open bound excludes its value): `larkparse._list_bound`."""
     n = math.ceil(value) if step > 0 else math.floor(value)
     return int(n + step) if is_open and float(value).is_integer() else int(n)
 
@@ -297,7 +297,7 @@ class _Reader:
         return value
 
     def cover(self, *parts: Any) -> ir.Span:
-        """The span of a rule from its children, as `parse._span(_ChildMeta(children))` computes it."""
+        """The span of a rule from its children, as `larkparse._span(_ChildMeta(children))` computes it."""
         first, last = _first_last(parts)
         if first is None or last is None:
             return self.nowhere

@@ -21,20 +21,16 @@ from typing import Any
 from lark import Lark, Token, Tree
 
 from sopgraph.language import ir
+from sopgraph.language.larkparse import PARSE_FAILURES, KeywordGlue, ToIR, grammar_path, parse_error
 from sopgraph.language.parse import (
-    PARSE_FAILURES,
     RESERVED,
     Include,
-    KeywordGlue,
     Program,
     ScenarioHeader,
     StartDecl,
     Subflow,
-    ToIR,
     TypeDecl,
     Use,
-    grammar_path,
-    parse_error,
     parse_text,
 )
 

@@ -23,13 +23,14 @@ import subprocess
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any, Literal
 
 from sopgraph.errors import Error
 from sopgraph.language import ir
 from sopgraph.language.compile import ACTION_PREFIX, END, START, compile_graph
+
+if TYPE_CHECKING:
+    import networkx as nx  # the graphs come from `compile_graph`; importing the module needs no networkx
 
 Format = Literal["dot", "svg", "png", "mmd"]
 FORMATS: tuple[str, ...] = ("svg", "png", "dot", "mmd")

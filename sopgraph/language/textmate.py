@@ -12,7 +12,7 @@ import re
 import sys
 from typing import Any
 
-from sopgraph.language.parse import parser
+from sopgraph.language.larkparse import parser
 
 # Keyword → scope. A keyword the grammar gains later and this table does not name still gets
 # `keyword.other.sop`, so highlighting never silently misses one.

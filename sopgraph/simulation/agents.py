@@ -35,9 +35,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from sopgraph.errors import Error
 from sopgraph.language import ir
@@ -46,6 +44,9 @@ from sopgraph.records import AgentOutput
 from sopgraph.simulation import providers
 from sopgraph.simulation.backend import Backend, BackendSpec, visible_system, with_assigned_outputs
 from sopgraph.simulation.gateway import DEFAULT_MAX_ANSWER_BYTES, InfraFailure, ModelSpec, answer_size
+
+if TYPE_CHECKING:
+    import aiohttp  # imported where an HTTP agent is called: ~0.1 s of every command's start-up
 
 PROTOCOL = "sopgraph.agent/1"
 AGENT_KINDS = ("sage", "tools", "http", "python", "guided")
@@ -323,6 +324,8 @@ class ToolAgent:
                 raise AgentError(f"{self.model}: the answer is {size:,} bytes serialized, over the limit of "
                                  f"{self.max_answer_bytes:,} (max_answer_bytes=)")
             return result, latency
+        import aiohttp  # here: only an HTTP agent needs it (start-up of every other command)
+
         session = self._http()
         data = json.dumps(request, ensure_ascii=False).encode()
         location: str | None = None
@@ -396,6 +399,8 @@ class ToolAgent:
         """This loop's keep-alive pool (one per run and loop; no connection limit: `limit` is the cap).
         aiohttp, not httpx: httpx's pool assigns requests to connections in O(in flight × connections),
         which at 64 requests in flight cost more CPU than the rest of the harness."""
+        import aiohttp
+
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session_loop is not loop:
             self._session = aiohttp.ClientSession(
