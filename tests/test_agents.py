@@ -339,7 +339,11 @@ def test_a_real_ctrl_c_still_stops_a_run_whose_agent_is_stuck(tmp_path, bike, ca
     cases_file = tmp_path / "cases.jsonl"
     cases_file.write_text("".join(json.dumps(c.model_dump(mode="json")) + "\n" for c in cases))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    code = "import sys; from sopgraph.cli import main; sys.exit(main())"
+    # Ctrl-C reaches a command run in the foreground, where Python turns SIGINT into KeyboardInterrupt; a test run
+    # started in the background (`make` from a script's `&`) hands its children SIGINT ignored, so the child
+    # restores the foreground's handler first
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from sopgraph.cli import main; sys.exit(main())")
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", code, "run", str(BIKE), "--cases", str(cases_file),
                              "--model", "agent=python:tests.test_agents:stuck_agent", "-q", "-o", str(out)],
