@@ -481,3 +481,18 @@ def test_sop_check_takes_a_cpu_budget_and_says_where_it_stopped() -> None:
     assert "info[I302]: flow analysis incomplete: the analysis reached its CPU budget (0 s of CPU) at stage " \
            "`step1` while exploring which values reach each stage" in result.output
     assert "I302" not in CliRunner().invoke(main, ["check", str(sop)]).output  # the default budget is ample
+
+
+def test_a_huge_guard_is_quoted_short_in_the_flow_warnings() -> None:
+    """W301 and W303 quote the guards they are about; a guard thousands of characters long is clipped (its start
+    and end on one line), the span still points at it."""
+    from sopgraph.logic.checker import check_file
+
+    big = " or ".join(f"N == {k}" for k in range(600))
+    text = ("scenario h \"H\"\nsystem N: int[0..1000] \"n\"\naction A \"a\"\naction B \"b\"\n"
+            f"stage s {{ when N >= 0 -> do A  when {big} -> do B  otherwise -> do A }}\n")
+    found = [d for d in check_file("h.sop", text=text).diagnostics if d.code in ("W301", "W303", "W304")]
+    assert found
+    for d in found:
+        assert len(d.message) < 400 and all(len(n) < 400 for n in d.notes) and len(d.hint or "") < 400, d.code
+        assert " … " in d.message + "".join(d.notes)

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from sopgraph.language import ir
 from sopgraph.language.compile import reads
-from sopgraph.language.diagnostics import Diagnostic, error, warning
+from sopgraph.language.diagnostics import Diagnostic, clip, error, warning
 from sopgraph.logic.budget import CHECK_CPU_BUDGET, FLOW_SHARE, CpuBudget, OutOfCpu, active, budget_of
 from sopgraph.logic.domain import Box, Space, relation_text
 from sopgraph.logic.engine import DecideError, Interpreter
@@ -378,8 +378,8 @@ class _Flow:
                 if self._special_case_first(si, guards[i], gj, ctxs):
                     continue  # `when A and B -> …` before `when A -> …`: the special case written first
                 fire_i = self.ex.fire(si, i)
-                self.asking = (f"checking whether `{ir.show(stage.branches[j].guard)}` overlaps "
-                               f"`{ir.show(stage.branches[i].guard)}` in `{stage.id}`")
+                self.asking = (f"checking whether `{clip(ir.show(stage.branches[j].guard))}` overlaps "
+                               f"`{clip(ir.show(stage.branches[i].guard))}` in `{stage.id}`")
                 for region, prefix in ctxs[:MAX_CONTEXTS]:
                     if not self.spend(si, len(region)):
                         return out
@@ -404,14 +404,14 @@ class _Flow:
             w = self._route_values(w, prefix, si)
             out.append((si, j, warning(
                 "W301",
-                f"guard `{ir.show(bj_.guard)}` overlaps the earlier guard `{ir.show(bi_.guard)}` "
+                f"guard `{clip(ir.show(bj_.guard))}` overlaps the earlier guard `{clip(ir.show(bi_.guard))}` "
                 f"of `{stage.id}`: both hold for some values that reach it, and the earlier branch wins",
                 bj_.guard.span if bj_.guard is not None and bj_.guard.span.line else bj_.span,
                 ("make the guards exclusive, or put the more specific one first; if the earlier branch "
-                 f"should win, write `otherwise when {ir.show(bj_.guard)}` to say so"),
+                 f"should win, write `otherwise when {clip(ir.show(bj_.guard))}` to say so"),
                 witness=w,
                 notes=[f"reached via {self.via(prefix, si)}",
-                       f"for these values the engine takes `{ir.branch_label(stage, bi_)} -> {took}`, "
+                       f"for these values the engine takes `{clip(ir.branch_label(stage, bi_))} -> {took}`, "
                        f"never `{missed}`"],
             )))
         return out
@@ -516,7 +516,7 @@ class _Flow:
                     continue
                 if br.target.kind == "stage" and br.target.stage not in self.s.stages:
                     continue  # undefined target: the checker's E103
-                label = ir.branch_label(stage, br) or "->"
+                label = clip(ir.branch_label(stage, br) or "->")
                 target = br.target.describe()
                 span = br.guard.span if br.guard is not None and br.guard.span.line else br.span
                 if stage.kind == "match" and br.values and all(
@@ -526,9 +526,9 @@ class _Flow:
                 if not local or sp.decide_region(local) is False:
                     own = sp.split(sp.full, sp.formula(br.guard, True)) if br.guard is not None else [sp.full]
                     if br.guard is not None and (not own or sp.decide_region(own) is False):
-                        why = f"the guard `{ir.show(br.guard)}` is never true"
+                        why = f"the guard `{clip(ir.show(br.guard))}` is never true"
                     else:
-                        earlier = [ir.branch_label(stage, b) for b in stage.branches[:bi]]
+                        earlier = [clip(ir.branch_label(stage, b)) for b in stage.branches[:bi]]
                         why = "the earlier branches already cover every case: " + "; ".join(
                             f"`{e}`" for e in earlier)
                     out.append((si, bi, warning(
@@ -544,7 +544,7 @@ class _Flow:
                 if reach:
                     notes.append(f"every path reaching `{stage.id}` has {reach}")
                 if br.guard is not None:
-                    notes.append(f"this branch needs `{ir.show(br.guard)}`"
+                    notes.append(f"this branch needs `{clip(ir.show(br.guard))}`"
                                  + (" after the earlier guards are false" if bi else ""))
                 else:
                     notes.append("the earlier guards already hold for every value that reaches it")
