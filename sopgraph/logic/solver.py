@@ -21,9 +21,8 @@ Soundness rules:
   expression to the same float every time (`Refund <= 1250` and `Refund > 1300` contradict whatever the
   rounding). Such a query is solved with the rounding allowed: refuted so, the region is empty; its model
   is kept when the engine agrees, else the query is solved again with the exact values (no rounding) for
-  a model away from the boundary. Where a range is unbounded the rounding
-  has no bound and the query stays inexact. An inexact query that is refuted is still empty when its
-  exact literals alone are refuted;
+  a model away from the boundary. Where a range is unbounded the rounding has no bound and the query stays
+  inexact. An inexact query that is refuted is still empty when its exact literals alone are refuted;
 - what the translation cannot model is relaxed, never guessed: a literal it cannot take is left out,
   a pattern test on a string is a free Bool (`pattern_atom`); a refuted relaxation refutes the query;
 - each query has a deterministic resource limit (`rlimit`, z3's count of internal steps, not wall
